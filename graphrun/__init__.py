@@ -1,0 +1,26 @@
+"""graphrun: run PyTorch inference through CUDA Graphs, driven by one YAML file."""
+
+__version__ = "0.1.0"
+
+from .errors import (CaptureError, GraphrunError, InputError, Interrupted,  # noqa: E402
+                     ModelError, OutputError, SpecError)
+from .spec_load import load_spec  # noqa: E402
+
+
+def run(spec, **kwargs):
+    """The whole job: the spec's input file -> outputs + manifest (see pipeline.run)."""
+    from .pipeline import run as _run
+
+    return _run(spec, **kwargs)
+
+
+def __getattr__(name):
+    if name == "Runner":  # imports torch; `graphrun validate` need not pay for it
+        from .runner import Runner
+
+        return Runner
+    raise AttributeError(name)
+
+
+__all__ = ["load_spec", "run", "Runner", "GraphrunError", "SpecError", "InputError",
+           "ModelError", "CaptureError", "OutputError", "Interrupted", "__version__"]

@@ -1,0 +1,124 @@
+"""Shape buckets: one graph per combination of the axes' values; picking and padding to one.
+
+A bucket is a tuple of sizes in axis order (batch first), e.g. (8,) or (8, 64). A batch of
+records goes to the smallest bucket that covers it on every axis: `bisect` per axis, as the
+axes are independent.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from .spec import BATCH, PipelineSpec
+
+
+@dataclass(frozen=True, order=True)
+class Bucket:
+    sizes: tuple[int, ...]  # in axis order, batch first
+    axes: tuple[str, ...]
+
+    @property
+    def batch(self) -> int:
+        return self.sizes[0]
+
+    def size(self, axis: str) -> int:
+        return self.sizes[self.axes.index(axis)]
+
+    def shape(self, dims: list) -> tuple[int, ...]:
+        """Concrete shape of a buffer whose spec shape is `dims` (names and ints)."""
+        return tuple(self.size(d) if isinstance(d, str) else d for d in dims)
+
+    @property
+    def name(self) -> str:
+        return ",".join(f"{a}={s}" for a, s in zip(self.axes, self.sizes))
+
+    @property
+    def volume(self) -> int:
+        return int(np.prod(self.sizes))
+
+
+class BucketTable:
+    """The buckets still in use (a memory budget or a failed capture can drop some)."""
+
+    def __init__(self, spec: PipelineSpec):
+        self.axes = tuple(spec.axes)
+        self.values = {a: list(spec.buckets[a]) for a in self.axes}
+        self.all = sorted((Bucket(s, self.axes) for s in
+                           itertools.product(*(self.values[a] for a in self.axes))),
+                          key=lambda b: b.sizes, reverse=True)  # largest first
+        self.dropped: set[Bucket] = set()
+        self._picked: dict[tuple, Bucket | None] = {}  # the hot path asks the same few questions
+
+    @property
+    def active(self) -> list[Bucket]:
+        return [b for b in self.all if b not in self.dropped]
+
+    def drop(self, bucket: Bucket) -> None:
+        self.dropped.add(bucket)
+        self._picked.clear()
+
+    @property
+    def max_batch(self) -> int:
+        return max((b.batch for b in self.active), default=0)
+
+    def pick(self, n: int, lengths: dict[str, int]) -> Bucket | None:
+        """Smallest active bucket with batch >= n and every other axis >= its length."""
+        want = (n,) + tuple(lengths.get(a, 1) for a in self.axes[1:])
+        if want not in self._picked:
+            self._picked[want] = self._smallest_covering(want)
+        return self._picked[want]
+
+    def _smallest_covering(self, want: tuple[int, ...]) -> Bucket | None:
+        best = None
+        for b in self.active:
+            if all(s >= w for s, w in zip(b.sizes, want)):
+                if best is None or (b.volume, b.sizes) < (best.volume, best.sizes):
+                    best = b
+        return best
+
+    def smallest_cover(self, axis: str, length: int) -> int | None:
+        values = self.values[axis]
+        i = bisect.bisect_left(values, length)
+        return values[i] if i < len(values) else None
+
+
+def split_sizes(n: int, largest: int) -> list[int]:
+    """Oversize 'split': a batch of n records as chunks of the largest batch bucket."""
+    return [min(largest, n - start) for start in range(0, n, largest)]
+
+
+def pad_into(dst: np.ndarray, rows: np.ndarray | list[np.ndarray], pad: float) -> None:
+    """Write real rows into the bucket-shaped host array `dst` and pad everything else.
+
+    dst: [B_bucket, *bucket dims]; rows: dense [n, *dims<=bucket] or n per-record arrays.
+    """
+    n = len(rows)
+    if isinstance(rows, np.ndarray) and rows.shape[1:] == dst.shape[1:]:
+        dst[:n] = rows  # dense and already bucket-shaped: one copy, the common npy case
+        if n < dst.shape[0]:
+            dst[n:] = pad
+        return
+    dst[...] = pad
+    for i, row in enumerate(rows):
+        dst[(i,) + tuple(slice(0, s) for s in np.shape(row))] = row
+
+
+def cut_rows(full: np.ndarray, n: int, dims: list, lengths: dict[str, np.ndarray]
+             ) -> np.ndarray | list[np.ndarray]:
+    """Real outputs out of a bucket-shaped output: the first n rows, each record cut back to its
+    own length on every non-batch named axis. Dense when no such axis (a copy, since `full`
+    is a reused staging buffer)."""
+    ragged = [(i, d) for i, d in enumerate(dims) if i > 0 and isinstance(d, str) and d != BATCH]
+    if not ragged:
+        return np.array(full[:n])
+    out = []
+    for r in range(n):
+        idx = [r] + [slice(None)] * (len(dims) - 1)
+        for i, axis in ragged:
+            idx[i] = slice(0, int(lengths[axis][r]))
+        out.append(np.array(full[tuple(idx)]))
+    return out

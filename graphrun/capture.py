@@ -1,0 +1,152 @@
+"""Capture: one CUDA graph per bucket, largest first, into one shared memory pool.
+
+Per bucket: `warmup_iters` eager runs on a side stream (lazy init, cuBLAS workspaces, autotuning
+and torch.compile's compilation happen there, outside the capture), then one run captured into a
+CUDAGraph. The step that is captured reads the static input views and copies the model's returns
+into the static output views, so a replay leaves its results at fixed addresses that no other
+graph's pool memory can overlap. Captured largest first, the smaller graphs fit in the blocks the
+largest one left in the shared pool, which is why one pool costs about as much as the largest
+bucket alone.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .buckets import Bucket
+from .errors import CaptureError, GraphrunError, ModelError
+from .models.load import call_model, name_outputs
+
+MiB = 1 << 20
+
+
+@dataclass
+class BucketState:
+    """What the runner knows about one bucket: how to run it, and what it cost."""
+
+    bucket: Bucket
+    status: str = "pending"  # captured | eager | skipped
+    reason: str | None = None
+    graph: torch.cuda.CUDAGraph | None = None
+    run: Callable[[], None] | None = None  # graph.replay, or the eager step
+    copies: tuple | None = None  # ([(device view, host view)], [(host view, device view)])
+    warmup_s: float | None = None
+    capture_s: float | None = None
+    memory_bytes: int | None = None
+    verify: dict | None = None
+    eager_us: float | None = None
+    replay_us: float | None = None
+    stats: dict = field(default_factory=lambda: {"batches": 0, "records": 0, "padded_rows": 0})
+
+
+def make_step(model: torch.nn.Module, call: str, inputs: dict[str, torch.Tensor],
+              outputs: dict[str, torch.Tensor]) -> Callable[[], None]:
+    """The unit that is warmed up, captured and replayed: static inputs -> static outputs."""
+    names = list(outputs)
+
+    def step() -> None:
+        got = name_outputs(call_model(model, inputs, call), names)
+        for name, t in got.items():
+            dst = outputs[name]
+            if t.shape != dst.shape:
+                raise ModelError(
+                    f"output {name!r} has shape {list(t.shape)} but the spec's outputs.{name}."
+                    f"shape gives {list(dst.shape)} for this bucket; fix outputs.{name}.shape")
+            dst.copy_(t)
+
+    return step
+
+
+def warm_up(step: Callable[[], None], iters: int, stream: torch.cuda.Stream | None) -> float:
+    """Eager runs before capture, on a side stream on CUDA so the capture stream starts clean."""
+    t0 = time.perf_counter()
+    if stream is None:
+        for _ in range(iters):
+            step()
+        return time.perf_counter() - t0
+    stream.wait_stream(torch.cuda.current_stream(stream.device))
+    with torch.cuda.stream(stream):
+        for _ in range(iters):
+            step()
+    torch.cuda.current_stream(stream.device).wait_stream(stream)
+    torch.cuda.synchronize(stream.device)
+    return time.perf_counter() - t0
+
+
+def peak_step_bytes(step: Callable[[], None], device: torch.device) -> int:
+    """Memory one eager run takes beyond what is allocated already: the bucket's pool estimate."""
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    step()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - base
+
+
+def capture_graph(step: Callable[[], None], bucket: Bucket, *, stream: torch.cuda.Stream,
+                  pool) -> tuple[torch.cuda.CUDAGraph, float, int]:
+    """Capture one run of `step`; return the graph, the seconds it took and the pool growth."""
+    device = stream.device
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()  # so that reserved memory growth is this graph's pool alone
+    before = torch.cuda.memory_reserved(device)
+    graph = torch.cuda.CUDAGraph()
+    t0 = time.perf_counter()
+    try:
+        with torch.cuda.graph(graph, pool=pool, stream=stream):
+            step()
+    except GraphrunError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure inside capture is explained below
+        _recover_after_failed_capture(device)
+        raise explain_capture_failure(exc, bucket) from exc
+    torch.cuda.synchronize(device)
+    return graph, time.perf_counter() - t0, torch.cuda.memory_reserved(device) - before
+
+
+def _recover_after_failed_capture(device: torch.device) -> None:
+    """A failed capture can leave a sticky error on the stream; clear what can be cleared."""
+    try:
+        torch.cuda.synchronize(device)
+    except Exception:  # noqa: BLE001 - the original error is what the user needs to see
+        pass
+
+
+REMEDIES = [
+    "remove host synchronisations from forward: .item(), .tolist(), .cpu(), .numpy(), print() "
+    "of a tensor, and Python `if` on a tensor's value (use torch.where instead)",
+    "create tensors on the model's device (device=x.device) or register constants as buffers; "
+    "a CPU tensor cannot take part in a graph",
+    "keep shapes static: no nonzero(), masked_select(), boolean-mask indexing or unique() "
+    "whose output size depends on the data",
+    "set capture.on_failure: eager to run this bucket eagerly (recorded in the manifest), or "
+    "capture.backend: eager to run every bucket eagerly",
+]
+
+
+def explain_capture_failure(exc: BaseException, bucket: Bucket) -> CaptureError:
+    """A capture error that names the bucket, the model line that failed and what to do."""
+    where = _model_frame(exc)
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = f"CUDA graph capture failed: {type(exc).__name__}: {first}"
+    if where:
+        text += f"\n  at {where}"
+    return CaptureError(text, bucket=bucket.name, remedies=REMEDIES)
+
+
+def _model_frame(exc: BaseException) -> str | None:
+    """The innermost frame outside torch and graphrun: the model's own line, where it failed."""
+    torch_dir = str(Path(torch.__file__).parent)
+    own_dir = str(Path(__file__).parent)
+    found = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if frame.filename.startswith((torch_dir, own_dir)) or frame.filename.startswith("<"):
+            continue
+        found = f"{frame.filename}:{frame.lineno} in {frame.name}: {(frame.line or '').strip()}"
+    return found

@@ -1,0 +1,123 @@
+"""The command line: a thin layer over the Python API.
+
+A user error (GraphrunError) prints one message and exits non-zero, without a traceback unless
+--debug is given; anything else is a bug in graphrun and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from . import __version__
+from .errors import GraphrunError, Interrupted
+
+_debug = False
+
+
+def _fail(err: GraphrunError) -> None:
+    if _debug:
+        raise err
+    click.echo(f"error: {err}", err=True)
+    sys.exit(err.exit_code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="graphrun")
+@click.option("--debug", is_flag=True, help="Show Python tracebacks for user errors too.")
+def main(debug: bool) -> None:
+    """graphrun: run PyTorch inference through CUDA Graphs, driven by one YAML file."""
+    global _debug
+    _debug = debug
+
+
+@main.command()
+@click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a spec key, e.g. --set capture.warmup_iters=5 (repeatable).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Output folder (default: the spec's output.dir).")
+@click.option("--resume", is_flag=True, help="Continue an interrupted run in the output folder.")
+@click.option("--overwrite", is_flag=True, help="Replace graphrun's files in the output folder.")
+@click.option("--start", type=click.IntRange(min=0), default=0,
+              help="First input record to read (for one slice per process).")
+@click.option("--stop", type=click.IntRange(min=0), default=None,
+              help="Input record to stop before.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary table.")
+def run(spec, overrides, out, resume, overwrite, start, stop, quiet) -> None:
+    """Run SPEC: read its input, replay every batch, write outputs and manifest.json."""
+    from .pipeline import run as run_pipeline
+    from .spec_load import load_spec
+
+    if resume and overwrite:
+        _fail(GraphrunError("--resume and --overwrite contradict each other: pick one"))
+    show = not quiet and sys.stdout.isatty()
+    try:
+        pipeline = load_spec(spec, overrides)
+        manifest = run_pipeline(pipeline, out=out, resume=resume, overwrite=overwrite,
+                                show=show, start=start, stop=stop)
+    except Interrupted as err:
+        click.echo(f"graphrun: {err}", err=True)
+        sys.exit(err.exit_code)
+    except GraphrunError as err:
+        _fail(err)
+    else:
+        t = manifest.totals
+        dest = out or pipeline.output.dir
+        if not quiet:
+            click.echo(f"{manifest.status}: {t.records_out} records out, {t.records_rejected} "
+                       f"rejected, {t.batches} batches, {t.records_per_s:,.0f} records/s "
+                       f"-> {dest}/manifest.json")
+
+
+@main.command()
+@click.argument("specs", nargs=-1, required=True,
+                type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a spec key before validating (repeatable).")
+def validate(specs, overrides) -> None:
+    """Check SPEC files: one line per file, every error with file:line:col."""
+    from .spec_load import load_spec
+
+    failed = 0
+    for path in specs:
+        try:
+            load_spec(path, overrides)
+            click.echo(f"{path}: ok")
+        except GraphrunError as err:
+            if _debug:
+                raise
+            failed += 1
+            click.echo(f"{path}: invalid\n{err}", err=True)
+    sys.exit(1 if failed else 0)
+
+
+@main.command()
+@click.argument("kind", type=click.Choice(["pipeline", "manifest", "all"]), default="all")
+@click.option("--check", is_flag=True, help="Exit 1 if the checked-in schema is stale.")
+@click.option("--stdout", "to_stdout", is_flag=True, help="Print instead of writing the file.")
+def schema(kind, check, to_stdout) -> None:
+    """Write (or --check) schemas/{pipeline,manifest}.schema.json from the models."""
+    from .schemas import path_of, render
+
+    stale = []
+    for k in (("pipeline", "manifest") if kind == "all" else (kind,)):
+        text, path = render(k), path_of(k)
+        if to_stdout:
+            click.echo(text, nl=False)
+        elif check:
+            current = path.read_text() if path.is_file() else None
+            if current != text:
+                stale.append(str(path))
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            click.echo(f"wrote {path}")
+    if stale:
+        click.echo("stale schema(s): " + ", ".join(stale) + "; run `graphrun schema` and commit",
+                   err=True)
+        sys.exit(1)
+    if check:
+        click.echo("schemas are current")

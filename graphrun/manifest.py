@@ -1,0 +1,142 @@
+"""The manifest: what a run did and what every part of it cost. schemas/manifest.schema.json is
+generated from these models; every run's manifest.json validates against it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import socket
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MANIFEST_VERSION = 1
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Environment(_M):
+    graphrun: str
+    python: str
+    torch: str
+    cuda: Optional[str] = Field(None, description="CUDA version torch was built with.")
+    gpu: Optional[str] = None
+    driver: Optional[str] = None
+    host: str
+    platform: str
+    device: str = Field(..., description="The device the run used.")
+    backend: str = Field(..., description="cuda-graph or eager.")
+
+
+class VerifyResult(_M):
+    passed: bool
+    max_abs_err: float
+    max_rel_err: float
+    pad_isolated: Optional[bool] = Field(None, description="null for a bucket of batch 1.")
+    failures: list[str] = Field(default_factory=list)
+
+
+class BucketReport(_M):
+    name: str = Field(..., description='"batch=8" or "batch=8,seq=64".')
+    sizes: dict[str, int]
+    status: Literal["captured", "eager", "skipped"]
+    reason: Optional[str] = None
+    warmup_s: Optional[float] = None
+    capture_s: Optional[float] = None
+    memory_bytes: Optional[int] = Field(None, description="Pool growth while capturing it.")
+    verify: Optional[VerifyResult] = None
+    batches: int = 0
+    records: int = 0
+    padded_rows: int = 0
+    latency_us: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="phase (h2d, replay, d2h, e2e) -> percentile -> us.")
+    eager_us: Optional[float] = Field(None, description="Median eager step (report.baseline).")
+    replay_us: Optional[float] = Field(None, description="Median replay measured beside it.")
+    speedup: Optional[float] = None
+
+
+class Totals(_M):
+    records_in: int
+    records_out: int
+    records_rejected: int
+    batches: int
+    wall_s: float
+    setup_s: float = Field(..., description="Model build, buffers, capture and verify.")
+    records_per_s: float
+    capture_s: float
+    capture_memory_bytes: int
+    padding_ratio: float = Field(..., description="Padded rows / rows run.")
+    device_busy_fraction: Optional[float] = Field(
+        None, description="Sum of per-batch device time (h2d+replay+d2h) / streaming wall time.")
+
+
+class FileEntry(_M):
+    path: str
+    rows: int
+    sha256: str
+    bytes: int
+
+
+class Manifest(_M):
+    manifest_version: Literal[1] = MANIFEST_VERSION
+    status: Literal["completed", "interrupted", "failed"]
+    error: Optional[str] = None
+    name: str
+    started_at: str
+    finished_at: str
+    spec: dict[str, Any] = Field(..., description="The resolved spec, overrides applied.")
+    spec_sha256: str
+    input: dict[str, Any] = Field(..., description="path, format, sha256, slice.")
+    environment: Optional[Environment] = Field(None, description="null when the run "
+                                               "failed before its device was set up.")
+    buckets: list[BucketReport]
+    totals: Totals
+    files: list[FileEntry]
+    rejects: dict[str, Any] = Field(..., description="path and count of rejects.jsonl.")
+    resumed_from: Optional[int] = Field(None, description="First input record of this run "
+                                        "when it resumed an earlier one.")
+    warnings: list[str] = Field(default_factory=list)
+
+
+def spec_digest(spec_json: dict) -> str:
+    return hashlib.sha256(json.dumps(spec_json, sort_keys=True).encode()).hexdigest()
+
+
+def environment(device, backend: str) -> Environment:
+    import sys
+
+    import torch
+
+    from . import __version__
+
+    gpu = driver = None
+    if device.type == "cuda":
+        gpu = torch.cuda.get_device_name(device)
+        driver = _driver_version()
+    return Environment(graphrun=__version__, python=sys.version.split()[0],
+                       torch=torch.__version__, cuda=torch.version.cuda, gpu=gpu, driver=driver,
+                       host=socket.gethostname(), platform=platform.platform(),
+                       device=str(device), backend=backend)
+
+
+def _driver_version() -> Optional[str]:
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            line = f.readline()
+        return line.split("Kernel Module")[1].split()[0] if "Kernel Module" in line else None
+    except (OSError, IndexError):
+        return None
+
+
+def write_manifest(manifest: Manifest, path) -> None:
+    """Written under a temporary name and renamed, so a reader never sees half a manifest."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(manifest.model_dump_json(indent=2))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

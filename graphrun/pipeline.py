@@ -1,0 +1,196 @@
+"""run(spec): the whole job, file -> outputs + manifest. The spine of graphrun; one screen.
+
+spec -> Runner (model, static buffers, capture, verify) -> stream (read, check, batch) ->
+replay (pad, copy, replay, copy back, cut) -> write (shards, rejects, journal) -> manifest.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+
+from .errors import GraphrunError, Interrupted
+from .manifest import (BucketReport, FileEntry, Manifest, Totals, environment, spec_digest,
+                       write_manifest)
+from .progress import Progress, count_records, summary_table
+from .runner import Runner
+from .stream import read_batches
+from .timing import PHASES, percentiles, spread_warning
+from .write import ShardWriter, prepare_out_dir, sha256_file
+
+
+def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite: bool = False,
+        show: bool = False, start: int = 0, stop: int | None = None) -> Manifest:
+    """Run the pipeline; returns the manifest (also written to <out>/manifest.json).
+
+    start/stop select a slice of the input's records (one process per GPU reads its own)."""
+    out_dir = Path(out).resolve() if out else spec.output.dir
+    spec_json = spec.model_dump(mode="json")
+    job = RunState(spec, out_dir, spec_json)
+    fingerprint = {"spec_sha256": job.spec_sha, "input_sha256": job.input_sha,
+                   "slice": [start, stop]}
+    resume_point = prepare_out_dir(out_dir, resume=resume, overwrite=overwrite,
+                                   fingerprint=fingerprint)
+    if resume_point is not None:
+        job.resumed_from = start = max(start, resume_point.next_index)
+        job.records_in = resume_point.rows + resume_point.rejects
+    with StopSignals() as stop_signal:
+        writer = latencies = t0 = None
+        progress = Progress(show, total=count_records(spec, start, stop) if show else None)
+        try:
+            job.runner = runner = Runner(spec, log=_log_and(job.warn) if show else job.warn)
+            writer = ShardWriter(spec, out_dir, resume=resume_point)
+            latencies = open(out_dir / "latencies.jsonl", "a" if resume_point else "w")
+            t0 = time.perf_counter()
+            for rb in read_batches(spec, start=start, stop=stop):
+                for r in rb.rejects:
+                    writer.reject(r.index, r.id, r.where, r.reason)
+                n = len(rb.ids)
+                job.records_in += n + len(rb.rejects)
+                if n:
+                    outs, ran = runner.run_rows(rb.fields, n, rb.lengths)
+                    writer.write(rb.indices, rb.ids, outs)
+                    job.log_batches(latencies, ran, n)
+                progress.advance(n + len(rb.rejects))
+                if stop_signal.signum:
+                    break
+            job.status = "interrupted" if stop_signal.signum else "completed"
+        except GraphrunError as err:
+            job.status, job.error = "failed", str(err)
+            raise
+        finally:
+            job.stream_s = time.perf_counter() - t0 if t0 else 0.0
+            progress.close()
+            if latencies:
+                latencies.close()
+            if writer:
+                job.files = writer.close()
+                job.records_out, job.rejected = writer.rows_written, writer.rejects_written
+            manifest = job.manifest()
+            write_manifest(manifest, out_dir / "manifest.json")
+            if job.runner:
+                job.runner.close()
+    if show:
+        summary_table(manifest)
+    if stop_signal.signum:
+        raise Interrupted(stop_signal.signum)
+    return manifest
+
+
+def _log_and(then):
+    def log(msg: str) -> None:
+        print(msg)
+        then(msg)
+    return log
+
+
+class RunState:
+    """What the spine accumulates for the manifest."""
+
+    def __init__(self, spec, out_dir: Path, spec_json: dict):
+        self.spec, self.out_dir, self.spec_json = spec, out_dir, spec_json
+        self.spec_sha = spec_digest(spec_json)
+        self.input_sha = sha256_file(spec.data.path)
+        self.started = _now()
+        self.status, self.error = "failed", None
+        self.records_in = self.records_out = self.rejected = self.batches = 0
+        self.resumed_from = None
+        self.runner = None
+        self.files = []
+        self.stream_s = 0.0
+        self.warnings: list[str] = []
+        self.samples: dict = {}  # bucket -> phase -> [us]
+        self.device_us = 0.0
+
+    def warn(self, msg: str) -> None:
+        if msg.startswith("warning: "):
+            self.warnings.append(msg[len("warning: "):])
+
+    def log_batches(self, latencies, ran: list, n: int) -> None:
+        for bucket, times in ran:
+            self.batches += 1
+            name = bucket.name if bucket else "oversize-eager"
+            phases = self.samples.setdefault(name, {})
+            for phase, us in times.items():
+                phases.setdefault(phase, []).append(us)
+            self.device_us += sum(times.get(p, 0.0) for p in PHASES)
+            latencies.write(json.dumps({"batch": self.batches, "bucket": name, "records": n,
+                                        **{f"{p}_us": round(v, 2) for p, v in times.items()}})
+                            + "\n")
+
+    def manifest(self) -> Manifest:
+        runner, spec = self.runner, self.spec
+        ps = spec.report.percentiles
+        buckets, capture_s, capture_mem, rows_run, padded = [], 0.0, 0, 0, 0
+        for state in (runner.states.values() if runner else []):
+            lat = {ph: percentiles(v, ps) for ph, v in self.samples.get(state.bucket.name,
+                                                                          {}).items()}
+            speedup = (state.eager_us / state.replay_us
+                       if state.eager_us and state.replay_us else None)
+            buckets.append(BucketReport(
+                name=state.bucket.name, sizes=dict(zip(state.bucket.axes, state.bucket.sizes)),
+                status=state.status if state.status != "pending" else "skipped",
+                reason=state.reason, warmup_s=state.warmup_s, capture_s=state.capture_s,
+                memory_bytes=state.memory_bytes, verify=state.verify, latency_us=lat,
+                eager_us=state.eager_us, replay_us=state.replay_us, speedup=speedup,
+                **state.stats))
+            capture_s += state.capture_s or 0.0
+            capture_mem += state.memory_bytes or 0
+            rows_run += state.stats["records"] + state.stats["padded_rows"]
+            padded += state.stats["padded_rows"]
+            for phase, values in self.samples.get(state.bucket.name, {}).items():
+                w = spread_warning(values, f"bucket {state.bucket.name} {phase}")
+                if w:
+                    self.warnings.append(w)
+        wall = self.stream_s + (runner.setup_s if runner else 0.0)
+        totals = Totals(
+            records_in=self.records_in, records_out=self.records_out,
+            records_rejected=self.rejected, batches=self.batches, wall_s=wall,
+            setup_s=runner.setup_s if runner else 0.0,
+            records_per_s=(self.records_out / self.stream_s) if self.stream_s else 0.0,
+            capture_s=capture_s, capture_memory_bytes=capture_mem,
+            padding_ratio=padded / rows_run if rows_run else 0.0,
+            device_busy_fraction=(min(1.0, self.device_us / 1e6 / self.stream_s)
+                                  if self.stream_s and runner and runner.cuda else None))
+        env = environment(runner.device, runner.backend) if runner else None
+        return Manifest(
+            status=self.status, error=self.error, name=spec.name, started_at=self.started,
+            finished_at=_now(), spec=self.spec_json, spec_sha256=self.spec_sha,
+            input={"path": str(spec.data.path), "format": spec.data.path.suffix.lstrip("."),
+                   "sha256": self.input_sha},
+            environment=env, buckets=buckets, totals=totals,
+            files=[FileEntry(**vars(f)) if not isinstance(f, dict) else FileEntry(**f)
+                   for f in self.files],
+            rejects={"path": "rejects.jsonl", "count": self.rejected},
+            resumed_from=self.resumed_from, warnings=self.warnings)
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+class StopSignals:
+    """SIGINT/SIGTERM set a flag; the loop finishes the batch in flight, commits and stops."""
+
+    def __init__(self):
+        self.signum = 0
+        self._old = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum:  # a second signal: stop now
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,97 @@
+"""What a person watching sees: a progress bar while running, a table at the end (rich).
+
+Both are shown only when asked (`show`: the CLI passes it when stdout is a terminal and
+--quiet is not given); the manifest holds everything either way.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+
+import numpy as np
+
+
+class Progress:
+    def __init__(self, show: bool, total: int | None):
+        self._bar = None
+        if not show:
+            return
+        from rich.progress import (BarColumn, MofNCompleteColumn, TextColumn,
+                                   TimeRemainingColumn)
+        from rich.progress import Progress as RichProgress
+
+        self._bar = RichProgress(TextColumn("records"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("[progress.data.speed]{task.fields[rate]}"),
+                                 TimeRemainingColumn(), transient=False)
+        self._task = self._bar.add_task("run", total=total, rate="")
+        self._bar.start()
+
+    def advance(self, n: int) -> None:
+        if self._bar is None:
+            return
+        self._bar.advance(self._task, n)
+        speed = self._bar.tasks[0].speed
+        if speed:
+            self._bar.update(self._task, rate=f"{speed:,.0f} rec/s")
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+def count_records(spec, start: int = 0, stop: int | None = None) -> int | None:
+    """Records the run will read, cheaply (a line count, an array header, Parquet metadata)."""
+    path = spec.data.path
+    try:
+        if path.suffix == ".jsonl":
+            total = 0
+            with open(path, "rb") as f:
+                for line in f:
+                    total += bool(line.strip())
+        elif path.suffix == ".npy":
+            total = len(np.load(path, mmap_mode="r"))
+        elif path.suffix == ".npz":
+            with zipfile.ZipFile(path) as z:
+                name = next(iter(spec.inputs)) + ".npy"
+                with z.open(name) as f:
+                    version = np.lib.format.read_magic(f)
+                    total = np.lib.format._read_array_header(f, version)[0][0]
+        elif path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            total = pq.ParquetFile(path).metadata.num_rows
+        else:
+            return None
+    except (OSError, ValueError, KeyError, StopIteration, json.JSONDecodeError):
+        return None
+    end = total if stop is None else min(stop, total)
+    return max(0, end - start)
+
+
+def summary_table(manifest) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"graphrun: {manifest.name} ({manifest.status})")
+    for col in ("bucket", "status", "batches", "records", "padded", "replay p50 us",
+                "e2e p50 us", "capture ms", "pool MiB", "verify"):
+        table.add_column(col, justify="left" if col in ("bucket", "status") else "right")
+    for b in manifest.buckets:
+        replay = b.latency_us.get("replay", {}).get("p50")
+        e2e = b.latency_us.get("e2e", {}).get("p50")
+        verify = "-" if b.verify is None else ("ok" if b.verify.passed else "FAILED")
+        table.add_row(b.name, b.status, str(b.batches), str(b.records), str(b.padded_rows),
+                      f"{replay:.1f}" if replay else "-", f"{e2e:.1f}" if e2e else "-",
+                      f"{b.capture_s * 1e3:.1f}" if b.capture_s else "-",
+                      f"{b.memory_bytes / 2**20:.1f}" if b.memory_bytes else "-", verify)
+    console = Console()
+    console.print(table)
+    t = manifest.totals
+    console.print(f"records in {t.records_in}, out {t.records_out}, rejected "
+                  f"{t.records_rejected}; {t.batches} batches; {t.records_per_s:,.0f} "
+                  f"records/s; setup {t.setup_s:.2f} s, capture {t.capture_s:.2f} s; "
+                  f"padding {t.padding_ratio:.1%}")
+    for w in manifest.warnings:
+        console.print(f"[yellow]warning:[/yellow] {w}")

@@ -1,0 +1,324 @@
+"""Runner: the model, its static buffers and one captured graph per bucket, ready to replay.
+
+    with graphrun.Runner(spec) as runner:
+        out = runner.run_batch({"tokens": t, "positions": p})   # real rows in, real rows out
+
+Setup follows the flow: model -> static buffers -> capture (per bucket, largest first) ->
+verify. A batch then goes: pad into the pinned host staging views -> copy into the static
+device views -> replay (or the eager step) -> copy the static outputs to pinned host views ->
+cut the real rows out. The CPU path is the same with the `eager` backend.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+
+from .buckets import Bucket, BucketTable, cut_rows, pad_into, split_sizes
+from .buffers import TORCH_DTYPES, BufferSet, host_dtype
+from .capture import (MiB, BucketState, capture_graph, make_step, peak_step_bytes, warm_up)
+from .errors import CaptureError, GraphrunError, InputError, ModelError
+from .models.load import build_model, call_model, name_outputs
+from .spec import BATCH, PipelineSpec
+from .timing import BatchTimer
+from .verify import fill_synthetic, verify_bucket
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise GraphrunError(f"device {name!r} asked for, but this machine has no CUDA "
+                                "(torch.cuda.is_available() is False): set device: auto or cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise GraphrunError(f"device {name!r} does not exist: this machine has "
+                                f"{torch.cuda.device_count()} CUDA device(s)")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def resolve_backend(name: str, device: torch.device) -> str:
+    if name == "auto":
+        return "cuda-graph" if device.type == "cuda" else "eager"
+    if name == "cuda-graph" and device.type != "cuda":
+        raise GraphrunError(f"capture.backend: cuda-graph needs a CUDA device, but the device is "
+                            f"{device}: set capture.backend: auto or eager")
+    return name
+
+
+def compile_model(model: torch.nn.Module, n_shapes: int) -> torch.nn.Module:
+    """torch.compile with its own CUDA graphs off (graphrun captures), one static graph per shape."""
+    import torch._dynamo.config as dynamo_config
+
+    for knob in ("recompile_limit", "cache_size_limit"):  # renamed across torch versions
+        if hasattr(dynamo_config, knob):
+            setattr(dynamo_config, knob, max(getattr(dynamo_config, knob), n_shapes + 8))
+    return torch.compile(model, dynamic=False, options={"triton.cudagraphs": False})
+
+
+class Runner:
+    def __init__(self, spec: PipelineSpec, *, log=None):
+        self.spec = spec
+        self.log = log or (lambda msg: None)
+        self.device = resolve_device(spec.device)
+        self.backend = resolve_backend(spec.capture.backend, self.device)
+        self.cuda = self.device.type == "cuda"
+        self.table = BucketTable(spec)
+        self.input_specs = spec.inputs
+        self.output_dims = {n: o.shape for n, o in spec.outputs.items()}
+        self.states: dict[Bucket, BucketState] = {b: BucketState(b) for b in self.table.all}
+        self.graph_pool = None
+        self.timer = BatchTimer(self.device)
+        self.setup_s = 0.0
+        t0 = time.perf_counter()
+        with self._device_ctx(), torch.inference_mode():
+            self.model = build_model(spec, self.device)
+            if spec.model.compile:
+                self.model = compile_model(self.model, len(self.table.all))
+            self._allocate()
+            self._prepare_buckets()
+        self.setup_s = time.perf_counter() - t0
+
+    # -- setup: buffers, capture, verify ------------------------------------------------------
+
+    def _device_ctx(self):
+        return torch.cuda.device(self.device) if self.cuda else nullcontext()
+
+    def _allocate(self) -> None:
+        """Static input buffers at the largest bucket; outputs after one probe run gives dtypes."""
+        largest = self.table.all[0]
+        in_dims = {n: i.shape for n, i in self.input_specs.items()}
+        in_dtypes = {n: TORCH_DTYPES[i.dtype] for n, i in self.input_specs.items()}
+        self.inputs = BufferSet(in_dims, in_dtypes, largest, self.device)
+        self.host_in = BufferSet(in_dims, {n: host_dtype(d) for n, d in in_dtypes.items()},
+                                 largest, torch.device("cpu"), pin=self.cuda)
+        views = self.inputs.views(largest)
+        fill_synthetic(views, self.input_specs, torch.Generator().manual_seed(0))
+        probe = name_outputs(call_model(self.model, views, self.spec.model.call),
+                             list(self.output_dims))
+        out_dtypes = {n: t.dtype for n, t in probe.items()}
+        for n, spec in self.spec.outputs.items():
+            if spec.dtype:
+                out_dtypes[n] = TORCH_DTYPES[spec.dtype]
+        self.outputs = BufferSet(self.output_dims, out_dtypes, largest, self.device)
+        self.host_out = BufferSet(self.output_dims,
+                                  {n: host_dtype(d) for n, d in out_dtypes.items()},
+                                  largest, torch.device("cpu"), pin=self.cuda)
+
+    def _prepare_buckets(self) -> None:
+        cap = self.spec.capture
+        stream = torch.cuda.Stream(self.device) if self.cuda else None
+        if self.backend == "cuda-graph" and cap.pool == "shared":
+            self.graph_pool = torch.cuda.graph_pool_handle()
+        budget = cap.memory_budget_mib * MiB if cap.memory_budget_mib else None
+        spent = 0
+        for bucket in self.table.all:  # largest first
+            state = self.states[bucket]
+            step = state.run = self.step(bucket)
+            # eager needs no warm-up but one run, which surfaces shape errors before any data
+            iters = cap.warmup_iters if self.backend == "cuda-graph" or self.spec.model.compile else 1
+            state.warmup_s = warm_up(step, max(iters, 1), stream)
+            if self.backend != "cuda-graph":
+                state.status = "eager"
+                state.reason = "backend eager" if self.cuda else "no CUDA device: backend eager"
+                self._verify(state, step)
+                continue
+            if budget is not None and not self._fits(state, step, budget, spent):
+                continue
+            try:
+                state.graph, state.capture_s, state.memory_bytes = capture_graph(
+                    step, bucket, stream=stream,
+                    pool=self.graph_pool if cap.pool == "shared" else None)
+                state.status = "captured"
+                state.run = state.graph.replay
+            except CaptureError as err:
+                self._fall_back(state, err)
+                continue
+            spent += state.memory_bytes
+            self._verify(state, step)
+            self.log(f"captured {bucket.name} in {state.capture_s * 1e3:.1f} ms")
+
+    def _fits(self, state: BucketState, step, budget: float, spent: int) -> bool:
+        """memory_budget_mib: a bucket whose pool would pass the budget is dropped, not run."""
+        need = peak_step_bytes(step, self.device)
+        # in a shared pool, smaller buckets reuse the largest captured one's blocks
+        total = max(spent, need) if self.spec.capture.pool == "shared" else spent + need
+        if total <= budget:
+            return True
+        state.status = "skipped"
+        state.reason = (f"needs about {need / MiB:.1f} MiB; with {spent / MiB:.1f} MiB already "
+                        f"taken that passes memory_budget_mib={budget / MiB:g}")
+        self.table.drop(state.bucket)
+        self.log(f"warning: bucket {state.bucket.name} dropped: {state.reason}")
+        return False
+
+    def _fall_back(self, state: BucketState, err: CaptureError) -> None:
+        if self.spec.capture.on_failure == "error":
+            raise err
+        state.graph = None
+        state.run = self.step(state.bucket)
+        state.status = "eager"
+        state.reason = str(err)
+        self.log(f"warning: bucket {state.bucket.name} runs eagerly: {err}")
+
+    def _verify(self, state: BucketState, step) -> None:
+        cap = self.spec.capture
+        if not cap.verify.enabled:
+            return
+        bucket = state.bucket
+        state.verify = verify_bucket(bucket, state.run, step, self.inputs.views(bucket),
+                                     self.outputs.views(bucket), self.input_specs,
+                                     cap.verify.rtol, cap.verify.atol)
+        if not state.verify["passed"]:
+            err = CaptureError("verification failed: " + "; ".join(state.verify["failures"]),
+                               bucket=bucket.name,
+                               remedies=["fix the model so that rows are independent",
+                                         "loosen capture.verify.rtol / atol if the differences "
+                                         "are rounding", "set capture.on_failure: eager"])
+            if state.graph is None or cap.on_failure == "error":
+                raise err
+            self._fall_back(state, err)
+
+    def step(self, bucket: Bucket):
+        return make_step(self.model, self.spec.model.call, self.inputs.views(bucket),
+                         self.outputs.views(bucket))
+
+    # -- running batches ---------------------------------------------------------------------
+
+    def execute(self, bucket: Bucket) -> dict[str, float]:
+        """Host staging views of `bucket` -> device -> replay -> host output views. Phase times."""
+        state = self.states[bucket]
+        if state.copies is None:  # (dst, src) pairs, built once: the hot path only copies
+            state.copies = (
+                [(d, self.host_in.view(n, bucket)) for n, d in self.inputs.views(bucket).items()],
+                [(self.host_out.view(n, bucket), s) for n, s in self.outputs.views(bucket).items()])
+        copies_in, copies_out = state.copies
+        with self._device_ctx(), torch.inference_mode():
+            t = self.timer.start()
+            for dst, src in copies_in:
+                dst.copy_(src, non_blocking=True)
+            self.timer.mark(t, "h2d")
+            state.run()
+            self.timer.mark(t, "replay")
+            for dst, src in copies_out:
+                dst.copy_(src, non_blocking=True)
+            self.timer.mark(t, "d2h")
+            return self.timer.finish(t)
+
+    def run_padded(self, fields: dict, n: int, lengths: dict[str, np.ndarray]):
+        """Real rows (n of them) through the right bucket; returns (outputs, bucket, timings)."""
+        want = {a: int(lengths[a].max()) if len(lengths[a]) else 1 for a in lengths}
+        bucket = self.table.pick(n, want)
+        if bucket is None:
+            raise InputError(f"no bucket covers {n} records with lengths {want}")
+        for name, rows in fields.items():
+            pad_into(self.host_in.numpy_view(name, bucket), rows, self.input_specs[name].pad)
+        times = self.execute(bucket)
+        outs = {name: cut_rows(self.host_out.numpy_view(name, bucket), n, dims, lengths)
+                for name, dims in self.output_dims.items()}
+        stats = self.states[bucket].stats
+        stats["batches"] += 1
+        stats["records"] += n
+        stats["padded_rows"] += bucket.batch - n
+        return outs, bucket, times
+
+    def run_batch(self, inputs: dict) -> dict[str, np.ndarray | list[np.ndarray]]:
+        """The Python API: arrays or tensors of real rows (a dense array [n, ...] or a list of
+        per-record arrays per input) -> real output rows, cut to each record's length."""
+        fields, n, lengths = self._as_rows(inputs)
+        return self.run_rows(fields, n, lengths)[0]
+
+    def run_rows(self, fields: dict, n: int, lengths: dict[str, np.ndarray]):
+        """n real rows, any n: through one bucket, or per data.oversize when n is larger than
+        every batch bucket. Returns (outputs, [(bucket or None, phase times)])."""
+        largest = self.table.max_batch
+        if n <= largest:
+            outs, bucket, times = self.run_padded(fields, n, lengths)
+            return outs, [(bucket, times)]
+        oversize = self.spec.data.oversize
+        if oversize == "error":
+            raise InputError(f"a batch of {n} records is larger than the largest batch bucket "
+                             f"({largest}): add a bucket or set data.oversize: split")
+        if oversize == "eager":
+            t0 = time.perf_counter()
+            outs = self.run_unbucketed(fields, n, lengths)
+            return outs, [(None, {"e2e": (time.perf_counter() - t0) * 1e6})]
+        parts, ran, start = [], [], 0
+        for size in split_sizes(n, largest):
+            sl = slice(start, start + size)
+            outs, bucket, times = self.run_padded({k: v[sl] for k, v in fields.items()}, size,
+                                                  {a: v[sl] for a, v in lengths.items()})
+            parts.append(outs)
+            ran.append((bucket, times))
+            start += size
+        return {name: _concat([p[name] for p in parts]) for name in self.output_dims}, ran
+
+    def run_unbucketed(self, fields: dict, n: int, lengths: dict[str, np.ndarray]):
+        """oversize: eager - the model called directly at the batch's own padded size."""
+        sizes = {BATCH: n, **{a: int(v.max()) for a, v in lengths.items()}}
+        with self._device_ctx(), torch.inference_mode():
+            tensors = {}
+            for name, spec in self.input_specs.items():
+                shape = tuple(sizes[d] if isinstance(d, str) else d for d in spec.shape)
+                host = np.empty(shape, dtype=self.host_in.flat[name].numpy().dtype)
+                pad_into(host, fields[name], spec.pad)
+                tensors[name] = torch.from_numpy(host).to(self.device,
+                                                          self.inputs.flat[name].dtype)
+            got = name_outputs(call_model(self.model, tensors, self.spec.model.call),
+                               list(self.output_dims))
+            return {name: cut_rows(got[name].float().cpu().numpy()
+                                   if got[name].dtype == torch.bfloat16 else got[name].cpu().numpy(),
+                                   n, self.output_dims[name], lengths)
+                    for name in self.output_dims}
+
+    def _as_rows(self, inputs: dict):
+        """Validate API inputs: names, counts, per-record lengths on the non-batch axes."""
+        missing = set(self.input_specs) - set(inputs)
+        extra = set(inputs) - set(self.input_specs)
+        if missing or extra:
+            raise InputError(f"run_batch expects inputs {list(self.input_specs)}; missing "
+                             f"{sorted(missing)}, unknown {sorted(extra)}")
+        fields, counts = {}, set()
+        lengths: dict[str, list[int]] = {a: [] for a in self.table.axes[1:]}
+        for name, spec in self.input_specs.items():
+            value = inputs[name]
+            if isinstance(value, torch.Tensor):
+                value = value.detach().cpu()
+                value = value.float().numpy() if value.dtype == torch.bfloat16 else value.numpy()
+            rows = value if isinstance(value, np.ndarray) else [np.asarray(r) for r in value]
+            fields[name] = rows
+            counts.add(len(rows))
+            for i, dim in enumerate(spec.shape[1:], start=1):
+                if isinstance(dim, str) and not lengths[dim]:
+                    lengths[dim] = [np.shape(r)[i - 1] for r in rows]
+        if len(counts) != 1:
+            raise InputError(f"run_batch inputs disagree on the number of records: {counts}")
+        return fields, counts.pop(), {a: np.asarray(v, dtype=np.int64) for a, v in lengths.items()}
+
+    # -- lifetime ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        for state in self.states.values():
+            state.graph = state.run = state.copies = None
+        self.graph_pool = None
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+
+    def __enter__(self) -> "Runner":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _concat(parts: list) -> np.ndarray | list:
+    if isinstance(parts[0], np.ndarray):
+        return np.concatenate(parts)
+    return [row for p in parts for row in p]

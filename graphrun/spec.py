@@ -1,0 +1,210 @@
+"""The pipeline spec, version 1: the single source of truth for keys, defaults and docs.
+
+schemas/pipeline.schema.json and the README's spec reference are generated from these models.
+Per-field rules live here; rules that tie several keys together live in spec_checks.py, and
+YAML loading with line/column tracking in spec_load.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, PrivateAttr, field_validator
+
+FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+INT_DTYPES = ("int64", "int32", "int16", "int8", "uint8")
+DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
+
+DType = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8",
+                "uint8", "bool"]
+ModelDType = Literal["float32", "float16", "bfloat16"]
+Dim = Union[PositiveInt, str]
+
+BATCH = "batch"
+
+
+class Strict(BaseModel):
+    """Unknown keys are errors at every depth."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class ModelSpec(Strict):
+    """Where the model comes from and how it is prepared. Exactly one source."""
+
+    builtin: Optional[str] = Field(
+        None, description="A reference model shipped in graphrun: mlp, decoder or encoder.")
+    target: Optional[str] = Field(
+        None, description='"package.module:callable" returning an nn.Module, called with `args`; '
+        "modules beside the spec are importable.")
+    exported: Optional[Path] = Field(
+        None, description="A torch.export archive (.pt2), relative to the spec's folder.")
+    torchscript: Optional[Path] = Field(
+        None, description="A TorchScript file (.pt), relative to the spec's folder.")
+    args: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments for the builtin or target builder.")
+    weights: Optional[Path] = Field(
+        None, description="Optional state dict loaded into the model: .pt (weights_only) or "
+        ".safetensors, relative to the spec's folder.")
+    dtype: ModelDType = Field("float32", description="Parameter dtype of the model.")
+    compile: bool = Field(
+        False, description="torch.compile the model (its own CUDA graphs off) before graphrun "
+        "captures it.")
+    call: Literal["keyword", "positional"] = Field(
+        "keyword", description="keyword: model(name=tensor, ...); positional: model(t1, t2, ...) "
+        "in the order the inputs are listed (usual for exported and TorchScript models).")
+
+
+class InputSpec(Strict):
+    """One static input buffer. Names in `shape` are bucket axes; integers are fixed sizes."""
+
+    shape: list[Dim] = Field(
+        ..., min_length=1, description="Dimensions; the first must be `batch`. A name is a "
+        "bucket axis, an integer a fixed size.")
+    dtype: DType = Field("float32", description="Element type of the buffer.")
+    range: Optional[tuple[float, float]] = Field(
+        None, description="Integer inputs only: allowed values lo <= x < hi, checked on the host "
+        "before the copy (an out-of-range index on the GPU kills the CUDA context).")
+    pad: float = Field(0, description="Value written into padded rows and padded positions.")
+    finite: bool = Field(False, description="Float inputs: reject records holding NaN or Inf.")
+
+
+class OutputSpec(Strict):
+    """How one of the model's returns is named, unpadded and stored."""
+
+    shape: list[Dim] = Field(
+        ..., min_length=1, description="Dimensions; the first must be `batch`. Axes other than "
+        "batch are cut back to each record's own length.")
+    dtype: Optional[DType] = Field(
+        None, description="Cast to this dtype when written; null keeps the model's dtype.")
+
+
+class VerifySpec(Strict):
+    """Replay-against-eager check run once per bucket before it is trusted."""
+
+    enabled: bool = Field(True, description="Check replay == eager and pad isolation per bucket.")
+    rtol: float = Field(1e-3, ge=0, description="Relative tolerance.")
+    atol: float = Field(1e-3, ge=0, description="Absolute tolerance.")
+
+
+class CaptureSpec(Strict):
+    """How graphs are captured."""
+
+    backend: Literal["auto", "cuda-graph", "eager"] = Field(
+        "auto", description="auto: cuda-graph on a CUDA device, eager elsewhere.")
+    warmup_iters: int = Field(3, ge=0, description="Eager runs per bucket on a side stream "
+                              "before capture.")
+    pool: Literal["shared", "per-graph"] = Field(
+        "shared", description="shared: one memory pool for all graphs (captured largest first); "
+        "per-graph: a pool each.")
+    verify: VerifySpec = Field(default_factory=VerifySpec)
+    on_failure: Literal["error", "eager"] = Field(
+        "error", description="When a bucket cannot be captured or fails verification: stop, or "
+        "run that bucket eagerly (recorded in the manifest).")
+    memory_budget_mib: Optional[float] = Field(
+        None, gt=0, description="Drop the largest buckets whose capture would exceed this many "
+        "MiB, instead of running out of memory.")
+
+
+class DataSpec(Strict):
+    """The input file and how it is batched."""
+
+    path: Path = Field(..., description=".jsonl, .npy, .npz or .parquet, relative to the spec's "
+                       "folder.")
+    id_field: Optional[str] = Field(
+        None, description="Field (or .npz array / Parquet column) holding record ids; otherwise "
+        "a record's position is its id.")
+    batch_size: PositiveInt = Field(32, description="Records per batch.")
+    oversize: Literal["split", "eager", "error"] = Field(
+        "split", description="For a batch larger than every batch bucket: split it across "
+        "buckets, run it eagerly, or stop.")
+    on_bad_record: Literal["error", "skip"] = Field(
+        "error", description="error: stop at the first bad record; skip: write it to "
+        "rejects.jsonl with the reason and go on.")
+
+
+class OutputConfig(Strict):
+    """Where and how outputs are written."""
+
+    dir: Path = Field(..., description="Output folder, relative to the spec's folder.")
+    format: Literal["npy", "jsonl", "parquet"] = Field("npy", description="Shard format.")
+    rows_per_file: PositiveInt = Field(100000, description="Records per output shard.")
+
+
+class ReportSpec(Strict):
+    """What the manifest reports."""
+
+    percentiles: list[float] = Field(
+        default_factory=lambda: [50.0, 90.0, 99.0],
+        description="Latency percentiles reported per bucket and phase.")
+    baseline: Literal["none", "eager"] = Field(
+        "none", description="eager: also time eager per bucket and report the speedup.")
+
+    @field_validator("percentiles")
+    @classmethod
+    def _in_range(cls, v: list[float]) -> list[float]:
+        for p in v:
+            if not 0 < p <= 100:
+                raise ValueError(f"percentiles must lie in (0, 100] (got {p:g})")
+        return v
+
+
+class PipelineSpec(Strict):
+    """A graphrun pipeline: model, static buffers, buckets, capture, data, output, report."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True,
+                              json_schema_extra={"title": "graphrun pipeline spec, version 1"})
+
+    version: Literal[1] = Field(..., description="Spec format version; 1.")
+    name: str = Field(..., min_length=1, description="Name of the pipeline, used in reports.")
+    device: str = Field("auto", description="auto (cuda if present, else cpu) | cpu | cuda | "
+                        "cuda:N.")
+    model: ModelSpec
+    inputs: dict[str, InputSpec] = Field(
+        ..., min_length=1, description="Static input buffers by name, in the model's call order.")
+    outputs: dict[str, OutputSpec] = Field(
+        ..., min_length=1, description="Names for the model's returns: a tensor, a tuple in this "
+        "order, or a dict with these keys.")
+    buckets: dict[str, list[PositiveInt]] = Field(
+        ..., description="Values per bucket axis; one graph per combination. `batch` is "
+        "required; values are sorted on load.")
+    capture: CaptureSpec = Field(default_factory=CaptureSpec)
+    data: DataSpec
+    output: OutputConfig
+    report: ReportSpec = Field(default_factory=ReportSpec)
+
+    # The spec file this came from (None when built in Python); targets import beside it.
+    _source: Optional[Path] = PrivateAttr(None)
+
+    @property
+    def base_dir(self) -> Path:
+        return self._source.parent if self._source else Path.cwd()
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        ok = v in ("auto", "cpu", "cuda") or (v.startswith("cuda:") and v[5:].isdigit())
+        if not ok:
+            raise ValueError(f"must be auto, cpu, cuda or cuda:N (got {v!r})")
+        return v
+
+    @field_validator("buckets")
+    @classmethod
+    def _sorted(cls, v: dict[str, list[int]]) -> dict[str, list[int]]:
+        for axis, values in v.items():
+            dup = sorted({x for x in values if values.count(x) > 1})
+            if dup:
+                raise ValueError(f"{axis}: duplicate bucket values {dup}")
+            if not values:
+                raise ValueError(f"{axis}: needs at least one value")
+        return {axis: sorted(values) for axis, values in v.items()}
+
+    # Convenience views used along the flow.
+    @property
+    def axes(self) -> list[str]:
+        """Bucket axes, batch first, then in the order they appear in `buckets`."""
+        return [BATCH] + [a for a in self.buckets if a != BATCH]
+
+    def max_size(self, axis: str) -> int:
+        return max(self.buckets[axis])

@@ -1,0 +1,130 @@
+"""Rules that tie several spec keys together. Each returns (key path, message), all at once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+from .spec import BATCH, FLOAT_DTYPES, INT_DTYPES, PipelineSpec
+
+Found = Iterator[tuple[tuple, str]]
+DATA_SUFFIXES = (".jsonl", ".npy", ".npz", ".parquet")
+
+
+def resolve_paths(spec: PipelineSpec, base_dir: Path) -> PipelineSpec:
+    """Relative paths in the spec are relative to the spec's folder, not the working directory."""
+    def abs_(p: Path | None) -> Path | None:
+        return None if p is None else (p if p.is_absolute() else (base_dir / p)).resolve()
+
+    spec.model.exported = abs_(spec.model.exported)
+    spec.model.torchscript = abs_(spec.model.torchscript)
+    spec.model.weights = abs_(spec.model.weights)
+    spec.data.path = abs_(spec.data.path)
+    spec.output.dir = abs_(spec.output.dir)
+    return spec
+
+
+def check_spec(spec: PipelineSpec) -> list[tuple[tuple, str]]:
+    found = []
+    for rule in (_model_source, _axes, _ranges, _ragged_npy, _batch_size, _files):
+        found.extend(rule(spec))
+    return found
+
+
+def _model_source(spec: PipelineSpec) -> Found:
+    m = spec.model
+    given = [k for k in ("builtin", "target", "exported", "torchscript") if getattr(m, k)]
+    if not given:
+        yield ("model",), ("no model source: give exactly one of builtin, target, exported, "
+                           "torchscript")
+    elif len(given) > 1:
+        yield ("model", given[1]), (f"two model sources ({' and '.join(given)}): keep exactly "
+                                    "one")
+    if m.builtin:
+        from .models import BUILTINS
+
+        if m.builtin not in BUILTINS:
+            yield ("model", "builtin"), (f"unknown builtin {m.builtin!r}; the builtins are "
+                                         f"{', '.join(sorted(BUILTINS))}")
+    if m.target and ":" not in m.target:
+        yield ("model", "target"), (f"expected 'package.module:callable' or 'file.py:callable' "
+                                    f"(got {m.target!r})")
+
+
+def _axes(spec: PipelineSpec) -> Found:
+    if BATCH not in spec.buckets:
+        yield ("buckets",), "the record axis 'batch' needs bucket values, e.g. batch: [1, 8, 32]"
+    used: set[str] = set()
+    for kind, table in (("inputs", spec.inputs), ("outputs", spec.outputs)):
+        for name, item in table.items():
+            if item.shape[0] != BATCH:
+                yield (kind, name, "shape", 0), (f"the first dimension must be 'batch', the "
+                                                 f"record axis (got {item.shape[0]!r})")
+            for i, dim in enumerate(item.shape):
+                if isinstance(dim, str):
+                    if kind == "inputs":
+                        used.add(dim)
+                    if dim not in spec.buckets and dim != BATCH:
+                        yield (kind, name, "shape", i), (
+                            f"axis {dim!r} has no bucket values: add buckets.{dim}: [...] or "
+                            "use a fixed integer size")
+            extra = [d for d in item.shape[1:] if d == BATCH]
+            if extra:
+                yield (kind, name, "shape"), "'batch' may appear only as the first dimension"
+    for axis in spec.buckets:
+        if axis not in used:
+            yield ("buckets", axis), (f"bucket axis {axis!r} is used by no input shape; remove it "
+                                      "or use it in an input")
+
+
+def _ranges(spec: PipelineSpec) -> Found:
+    for name, item in spec.inputs.items():
+        if item.range is None:
+            continue
+        lo, hi = item.range
+        if item.dtype not in INT_DTYPES:
+            yield ("inputs", name, "range"), (f"range applies to integer inputs only "
+                                              f"(dtype is {item.dtype}); remove it")
+        elif lo >= hi:
+            yield ("inputs", name, "range"), f"needs lo < hi (got [{lo:g}, {hi:g}])"
+        elif lo != int(lo) or hi != int(hi):
+            yield ("inputs", name, "range"), f"bounds must be integers (got [{lo:g}, {hi:g}])"
+    for name, item in spec.inputs.items():
+        if item.finite and item.dtype not in FLOAT_DTYPES:
+            yield ("inputs", name, "finite"), (f"finite applies to float inputs only (dtype is "
+                                               f"{item.dtype}); remove it")
+
+
+def _ragged_npy(spec: PipelineSpec) -> Found:
+    if spec.output.format != "npy":
+        return
+    for name, item in spec.outputs.items():
+        ragged = [d for d in item.shape[1:] if isinstance(d, str)]
+        if ragged:
+            yield ("outputs", name, "shape"), (
+                f"axis {ragged[0]!r} varies per record, which npy files cannot hold: set "
+                "output.format to jsonl or parquet")
+
+
+def _batch_size(spec: PipelineSpec) -> Found:
+    if BATCH not in spec.buckets or spec.data.oversize == "split":
+        return
+    largest = max(spec.buckets[BATCH])
+    if spec.data.batch_size > largest:
+        yield ("data", "batch_size"), (
+            f"{spec.data.batch_size} is larger than the largest batch bucket ({largest}) and "
+            f"oversize is {spec.data.oversize!r}: lower batch_size, add a bucket, or set "
+            "data.oversize: split")
+
+
+def _files(spec: PipelineSpec) -> Found:
+    path = spec.data.path
+    if path.suffix not in DATA_SUFFIXES:
+        yield ("data", "path"), (f"unknown input format {path.suffix or '(no suffix)'!r}: use "
+                                 f"one of {', '.join(DATA_SUFFIXES)}")
+    elif not path.is_file():
+        yield ("data", "path"), f"input file not found: {path}"
+    for key in ("exported", "torchscript", "weights"):
+        p = getattr(spec.model, key)
+        if p is not None and not p.is_file():
+            yield ("model", key), f"file not found: {p}"

@@ -1,0 +1,57 @@
+"""Shared test helpers: small specs written into tmp_path, and the cuda marker's skip."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+MLP_SPEC = """\
+version: 1
+name: tiny-mlp
+device: cpu
+model:
+  builtin: mlp
+  args: {in_features: 4, hidden: 8, layers: 2, out_features: 3}
+inputs:
+  x: {shape: [batch, 4], dtype: float32}
+outputs:
+  scores: {shape: [batch, 3]}
+buckets:
+  batch: [1, 2, 4]
+capture:
+  warmup_iters: 1
+data:
+  path: data.jsonl
+  batch_size: 4
+output:
+  dir: out
+"""
+
+
+@pytest.fixture
+def write_spec(tmp_path):
+    """write_spec(text, data=None) -> path of a spec in tmp_path with a small data.jsonl."""
+
+    def write(text: str = MLP_SPEC, *, name: str = "pipeline.yaml",
+              data: str | None = None) -> Path:
+        (tmp_path / "data.jsonl").write_text(
+            data if data is not None else
+            "".join(f'{{"x": [{i}, 1, 2, 3]}}\n' for i in range(10)))
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(text))
+        return path
+
+    return write
