@@ -99,12 +99,16 @@ def validate(specs, overrides) -> None:
 @click.option("--check", is_flag=True, help="Exit 1 if the checked-in schema is stale.")
 @click.option("--stdout", "to_stdout", is_flag=True, help="Print instead of writing the file.")
 def schema(kind, check, to_stdout) -> None:
-    """Write (or --check) schemas/{pipeline,manifest}.schema.json from the models."""
-    from .schemas import path_of, render
+    """Write (or --check) schemas/{pipeline,manifest}.schema.json and the README's spec
+    reference from the models."""
+    from .schemas import README, path_of, readme_with_reference, render
 
     stale = []
-    for k in (("pipeline", "manifest") if kind == "all" else (kind,)):
-        text, path = render(k), path_of(k)
+    targets = [(k, path_of(k), render(k))
+               for k in (("pipeline", "manifest") if kind == "all" else (kind,))]
+    if kind in ("all", "pipeline") and README.is_file() and not to_stdout:
+        targets.append(("readme", README, readme_with_reference(README.read_text())))
+    for k, path, text in targets:
         if to_stdout:
             click.echo(text, nl=False)
         elif check:

@@ -78,7 +78,7 @@ class Runner:
         self.setup_s = 0.0
         t0 = time.perf_counter()
         with self._device_ctx(), torch.inference_mode():
-            self.model = build_model(spec, self.device)
+            self.model = build_model(spec, self.device, spec.base_dir)
             if spec.model.compile:
                 self.model = compile_model(self.model, len(self.table.all))
             self._allocate()

@@ -34,7 +34,7 @@ class ModelSpec(Strict):
     """Where the model comes from and how it is prepared. Exactly one source."""
 
     builtin: Optional[str] = Field(
-        None, description="A reference model shipped in graphrun: mlp, decoder or encoder.")
+        None, description="A reference model shipped in graphrun: mlp or decoder.")
     target: Optional[str] = Field(
         None, description='"package.module:callable" returning an nn.Module, called with `args`; '
         "modules beside the spec are importable.")

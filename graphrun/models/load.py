@@ -1,0 +1,317 @@
+"""The model step: build or load the spec's model, load its weights, put it on the device.
+
+Also how the model is called with the static inputs and how its return is named.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+
+from graphrun.errors import ModelError
+from graphrun.models.decoder import build_decoder
+from graphrun.models.mlp import build_mlp
+from graphrun.spec import BATCH, PipelineSpec
+
+# name -> builder(**args) -> nn.Module. The spec checker lists these names.
+BUILTINS: dict[str, Callable[..., nn.Module]] = {"mlp": build_mlp, "decoder": build_decoder}
+
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def build_model(spec: PipelineSpec, device: torch.device,
+                base_dir: Path | None = None) -> nn.Module:
+    """The spec's model with its weights, on `device` in the spec's dtype, eval, no grad.
+
+    base_dir is the spec's folder: `target` modules and relative .py paths are found there.
+    """
+    m = spec.model
+    if m.builtin is not None:
+        model = _build(f"builtin {m.builtin!r}", _builtin(m.builtin), m.args,
+                       spec.max_size(BATCH), wrap=(TypeError, ValueError, RuntimeError))
+    elif m.target is not None:
+        model = _build(f"model.target {m.target!r}", _resolve_target(m.target, base_dir),
+                       m.args, spec.max_size(BATCH), wrap=(Exception,))
+    elif m.exported is not None:
+        model = _load_exported(m.exported, device)
+    else:
+        assert m.torchscript is not None, "the spec checker ensures one model source"
+        model = _load_torchscript(m.torchscript, device)
+    if m.weights is not None:
+        _load_weights(model, m.weights)
+    model = model.to(device=device, dtype=TORCH_DTYPES[m.dtype])
+    # An exported program's train/eval mode is fixed at export; .eval() raises on it.
+    if m.exported is None:
+        model.eval()
+    for param in model.parameters():  # a ScriptModule has no requires_grad_()
+        param.requires_grad_(False)
+    return model
+
+
+def call_model(model: nn.Module, inputs: dict[str, torch.Tensor], call: str) -> Any:
+    """keyword: model(name=tensor, ...); positional: model(t1, t2, ...) in the inputs' order."""
+    if call == "keyword":
+        return model(**inputs)
+    if call == "positional":
+        return model(*inputs.values())
+    raise ValueError(f"call must be 'keyword' or 'positional', not {call!r}")
+
+
+def name_outputs(ret: Any, names: list[str]) -> dict[str, torch.Tensor]:
+    """Name the model's return: a tensor (one name), a tuple/list in order, or a dict by key."""
+    if isinstance(ret, torch.Tensor):
+        if len(names) != 1:
+            raise _outputs_error(ret, names, f"return a tuple of {len(names)} tensors in that "
+                                 "order or a dict with those keys")
+        return {names[0]: ret}
+    if isinstance(ret, (tuple, list)):
+        if len(ret) != len(names):
+            raise _outputs_error(ret, names, "list as many outputs as the model returns, "
+                                 "in order")
+        named = dict(zip(names, ret))
+    elif isinstance(ret, Mapping):
+        missing = [n for n in names if n not in ret]
+        if missing:
+            raise _outputs_error(ret, names, f"the model returns no {missing}; name the "
+                                 "outputs after the keys it returns")
+        named = {n: ret[n] for n in names}
+    else:
+        raise _outputs_error(ret, names, "the model must return a tensor, a tuple/list or "
+                             "a dict of tensors")
+    bad = [n for n, v in named.items() if not isinstance(v, torch.Tensor)]
+    if bad:
+        raise _outputs_error(ret, names, f"outputs {bad} are not tensors")
+    return named
+
+
+# Building from a builder (builtin or target).
+
+def _builtin(name: str) -> Callable[..., nn.Module]:
+    if name not in BUILTINS:
+        raise ModelError(f"model.builtin: unknown builtin {name!r}; "
+                         f"choose one of: {', '.join(BUILTINS)}")
+    return BUILTINS[name]
+
+
+def _build(what: str, builder: Callable[..., Any], args: dict[str, Any], max_batch: int,
+           wrap: tuple[type[Exception], ...]) -> nn.Module:
+    """builder(**args), plus max_batch (the largest batch bucket) when the builder takes it."""
+    params = inspect.signature(builder).parameters
+    args = dict(args)
+    if "max_batch" in params:
+        args.setdefault("max_batch", max_batch)
+    _check_args(what, builder, args)
+    try:
+        model = builder(**args)
+    except ModelError:
+        raise
+    except wrap as e:
+        raise ModelError(f"{what} could not be built from model.args {args}: "
+                         f"{type(e).__name__}: {e}") from e
+    if not isinstance(model, nn.Module):
+        raise ModelError(f"{what} returned {_describe(model)}, not a torch.nn.Module; "
+                         "make it return the module")
+    return model
+
+
+def _check_args(what: str, builder: Callable[..., Any], args: dict[str, Any]) -> None:
+    sig = inspect.signature(builder)
+    try:
+        sig.bind(**args)
+    except TypeError as e:
+        accepted = [n for n, p in sig.parameters.items()
+                    if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        unknown = [a for a in args if a not in sig.parameters]
+        problem = f"unknown argument {unknown[0]!r}" if unknown else str(e)
+        raise ModelError(f"model.args: {what}: {problem}; it accepts: "
+                         f"{', '.join(accepted) or 'no arguments'}") from None
+
+
+# Finding a target: "package.module:callable" or "path/to/file.py:callable".
+
+def _resolve_target(target: str, base_dir: Path | None) -> Callable[..., Any]:
+    module_part, sep, attr = target.rpartition(":")
+    if not sep or not module_part or not attr:
+        raise ModelError(f"model.target {target!r}: expected 'package.module:callable' or "
+                         "'path/to/file.py:callable'")
+    if module_part.endswith(".py"):
+        module = _import_file(target, _resolve_path(Path(module_part), base_dir))
+    else:
+        module = _import_module(target, module_part, base_dir)
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            defined = sorted(n for n, v in vars(module).items()
+                             if callable(v) and not n.startswith("_"))
+            raise ModelError(f"model.target {target!r}: {module.__name__} has no attribute "
+                             f"{attr!r}; callables it defines: {', '.join(defined) or 'none'}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ModelError(f"model.target {target!r}: {attr} is {_describe(obj)}, not a callable")
+    return obj
+
+
+def _import_module(target: str, name: str, base_dir: Path | None) -> Any:
+    try:
+        with _on_sys_path(base_dir):
+            return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        where = f"beside the spec ({base_dir})" if base_dir else "on the Python path"
+        raise ModelError(f"model.target {target!r}: cannot import {name!r} ({e}); put the "
+                         f"module {where}, install its package, or give a file path such as "
+                         "'models/net.py:build'") from e
+    except Exception as e:
+        raise ModelError(f"model.target {target!r}: importing {name!r} failed: "
+                         f"{type(e).__name__}: {e}") from e
+
+
+def _import_file(target: str, path: Path) -> Any:
+    """Import a .py file under a name unique to its path; its folder is importable meanwhile."""
+    if not path.is_file():
+        raise ModelError(f"model.target {target!r}: file not found: {path}")
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:12]
+    name = f"graphrun_target_{path.stem}_{digest}"
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module  # so dataclasses, pickling and the like can find it
+    try:
+        with _on_sys_path(path.parent):
+            module_spec.loader.exec_module(module)
+    except Exception as e:
+        del sys.modules[name]
+        raise ModelError(f"model.target {target!r}: importing {path} failed: "
+                         f"{type(e).__name__}: {e}") from e
+    return module
+
+
+@contextmanager
+def _on_sys_path(folder: Path | None) -> Iterator[None]:
+    """folder first on sys.path during the import only."""
+    if folder is None:
+        yield
+        return
+    entry = str(folder)
+    sys.path.insert(0, entry)
+    importlib.invalidate_caches()  # the folder's files may be newer than the finders' caches
+    try:
+        yield
+    finally:
+        sys.path.remove(entry)
+
+
+def _resolve_path(path: Path, base_dir: Path | None) -> Path:
+    if path.is_absolute() or base_dir is None:
+        return path.resolve()
+    return (base_dir / path).resolve()
+
+
+# Loading archives and weights.
+
+def _load_exported(path: Path, device: torch.device) -> nn.Module:
+    _require_file("model.exported", path)
+    try:
+        program = torch.export.load(str(path))
+    except Exception as e:
+        raise ModelError(f"model.exported {path}: not a loadable torch.export archive "
+                         f"({type(e).__name__}: {e}); write it with torch.export.save") from e
+    try:
+        from torch.export.passes import move_to_device_pass
+    except ImportError:  # torch < 2.6: build_model's .to(device) moves parameters and buffers
+        return program.module()
+    # Also moves constants baked into the graph, which module.to(device) alone would miss.
+    return move_to_device_pass(program, device).module()
+
+
+def _load_torchscript(path: Path, device: torch.device) -> nn.Module:
+    _require_file("model.torchscript", path)
+    try:
+        return torch.jit.load(str(path), map_location=device)
+    except Exception as e:
+        raise ModelError(f"model.torchscript {path}: not a loadable TorchScript file "
+                         f"({type(e).__name__}: {e}); write it with torch.jit.save") from e
+
+
+def _load_weights(model: nn.Module, path: Path) -> None:
+    """Load a full state dict (strict): every key the model has, and no other."""
+    state = _read_state_dict(path)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} missing (e.g. {', '.join(missing[:5])})")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected (e.g. {', '.join(unexpected[:5])})")
+        raise ModelError(f"model.weights {path}: keys do not match the model: "
+                         f"{'; '.join(parts)}; save model.state_dict() of the same model and "
+                         "args")
+    reshaped = [f"{k}: file {list(v.shape)}, model {list(expected[k].shape)}"
+                for k, v in state.items() if v.shape != expected[k].shape]
+    if reshaped:
+        raise ModelError(f"model.weights {path}: {len(reshaped)} tensors have other shapes "
+                         f"than the model's (e.g. {'; '.join(reshaped[:3])}); check model.args "
+                         "against the model the weights were saved from")
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise ModelError(f"model.weights {path}: {e}") from e
+
+
+def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    _require_file("model.weights", path)
+    if path.suffix == ".safetensors":
+        try:
+            from safetensors.torch import load_file
+        except ImportError:
+            raise ModelError(f"model.weights {path}: reading .safetensors needs the safetensors "
+                             "package: `pip install safetensors`, or convert the weights to a "
+                             ".pt state dict") from None
+        return load_file(str(path), device="cpu")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ModelError(f"model.weights {path}: cannot read it as a .pt state dict with "
+                         f"weights_only=True ({type(e).__name__}: {e}); save "
+                         "model.state_dict() with torch.save") from e
+    if not isinstance(state, Mapping):
+        raise ModelError(f"model.weights {path}: holds {_describe(state)}, not a state dict; "
+                         "save model.state_dict() with torch.save")
+    not_tensors = [k for k, v in state.items() if not isinstance(v, torch.Tensor)]
+    if not_tensors:
+        raise ModelError(f"model.weights {path}: entries {not_tensors[:5]} are not tensors "
+                         "(a training checkpoint?); save model.state_dict() itself")
+    return dict(state)
+
+
+def _require_file(key: str, path: Path) -> None:
+    if not path.is_file():
+        raise ModelError(f"{key}: file not found: {path}")
+
+
+def _outputs_error(ret: Any, names: list[str], remedy: str) -> ModelError:
+    return ModelError(f"the model returned {_describe(ret)}, but the spec's outputs expect "
+                     f"{len(names)} named {names}; {remedy}")
+
+
+def _describe(obj: Any) -> str:
+    """A short account of a value: what it is and, for tensors, its shape and dtype."""
+    if isinstance(obj, torch.Tensor):
+        return f"a tensor {list(obj.shape)} {str(obj.dtype).removeprefix('torch.')}"
+    if isinstance(obj, (tuple, list)):
+        kinds = ", ".join(_describe(x) for x in obj[:4]) + (", ..." if len(obj) > 4 else "")
+        return f"a {type(obj).__name__} of {len(obj)} ({kinds})"
+    if isinstance(obj, Mapping):
+        return f"a dict with keys {list(obj)}"
+    return f"a {type(obj).__name__}"

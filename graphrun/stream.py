@@ -1,0 +1,564 @@
+"""The stream step: read the input file chunk by chunk, check every record, and hand out batches
+of data.batch_size valid records.
+
+Memory stays at about one chunk whatever the file's size: JSONL is read line by line, .npy is
+memory-mapped, .npz members are memory-mapped when stored and decompressed front to back when
+deflated, Parquet is read with iter_batches. The checks themselves live in records.py.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import struct
+import zipfile
+from collections import deque
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from graphrun.errors import InputError
+from graphrun.records import (Candidates, Field, Reject, RecordBatch, RecordChecker,
+                              dense_if_uniform, field_from_values, numpy_dtype, shape_problem)
+from graphrun.spec import PipelineSpec
+
+__all__ = ["Reject", "RecordBatch", "read_batches", "FORMATS"]
+
+FORMATS = (".jsonl", ".npy", ".npz", ".parquet")
+JSONL_CHUNK_RECORDS = 1024  # JSONL records parsed before their fields are converted together
+JSONL_CHUNK_BYTES = 4 << 20  # ... or fewer, when the lines are long
+ARRAY_CHUNK_BYTES = 16 << 20  # npy/npz/parquet rows read at once: about this many bytes
+PARQUET_CHUNK_ROWS = 4096
+REJECTS_HELD = 4096  # a longer run of bad records is handed out without waiting for a full batch
+
+
+def read_batches(spec: PipelineSpec, *, start: int = 0, stop: int | None = None
+                 ) -> Iterator[RecordBatch]:
+    """Batches of spec.data.batch_size valid records (the last may be smaller) from the records
+    with ordinals in [start, stop). Each batch carries the rejects met before its last record, so
+    records and rejects come out in file order; a batch may hold only rejects. With
+    on_bad_record: error the first bad record raises InputError (after the full batches before
+    it)."""
+    if start < 0 or (stop is not None and stop < start):
+        raise ValueError(f"need 0 <= start <= stop (got start={start}, stop={stop})")
+    path = Path(spec.data.path)
+    readers = {".jsonl": _jsonl_chunks, ".npy": _npy_chunks, ".npz": _npz_chunks,
+               ".parquet": _parquet_chunks}
+    reader = readers.get(path.suffix.lower())
+    if reader is None:
+        raise InputError(f"unknown input format {path.suffix or '(no suffix)'!r}; accepted: "
+                         f"{', '.join(FORMATS)}", where=str(path))
+    if not path.is_file():
+        raise InputError("input file not found", where=str(path))
+    checker = RecordChecker(spec)
+    checked = (checker.check(c) for c in reader(path, spec, start, stop))
+    yield from _regroup(checked, spec)
+
+
+# ---- batching ----------------------------------------------------------------------------------
+
+def _regroup(chunks: Iterator[RecordBatch], spec: PipelineSpec) -> Iterator[RecordBatch]:
+    batch_size, stop_at_bad = spec.data.batch_size, spec.data.on_bad_record == "error"
+    held = _Held(_empty_batch(spec))
+    rejects: deque[Reject] = deque()  # rejects not yet handed out, in file order
+    for chunk in chunks:
+        bad = chunk.rejects[0] if stop_at_bad and chunk.rejects else None
+        if bad is not None:  # keep the records before it, hand out the full batches, then raise
+            chunk = _slice(chunk, 0, int(np.searchsorted(chunk.indices, bad.index)))
+        rejects.extend(chunk.rejects)
+        held.add(chunk)
+        while len(held) >= batch_size:
+            batch = held.pop(batch_size)
+            last = batch.indices[-1]
+            while rejects and rejects[0].index < last:
+                batch.rejects.append(rejects.popleft())
+            yield batch
+        if len(rejects) >= REJECTS_HELD:
+            yield _with_rejects(held.pop(len(held)), rejects)
+        if bad is not None:
+            raise InputError(bad.reason, where=bad.where, record_id=bad.id)
+    if len(held) or rejects:
+        yield _with_rejects(held.pop(len(held)), rejects)
+
+
+def _with_rejects(batch: RecordBatch, rejects: deque[Reject]) -> RecordBatch:
+    batch.rejects.extend(rejects)
+    rejects.clear()
+    return batch
+
+
+class _Held:
+    """Valid records waiting for a full batch: checked chunks in file order, and how many
+    records of the first were handed out already."""
+
+    def __init__(self, empty: RecordBatch):
+        self.empty = empty  # a batch of no records, each input and axis present
+        self.chunks: deque[RecordBatch] = deque()
+        self.cursor = 0
+        self.count = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def add(self, chunk: RecordBatch) -> None:
+        if len(chunk):
+            self.chunks.append(chunk)
+            self.count += len(chunk)
+
+    def pop(self, k: int) -> RecordBatch:
+        """The next k records as one batch (without rejects)."""
+        parts = []
+        self.count -= k
+        while k > 0:
+            chunk = self.chunks[0]
+            take = min(k, len(chunk) - self.cursor)
+            parts.append(_slice(chunk, self.cursor, self.cursor + take))
+            self.cursor += take
+            k -= take
+            if self.cursor == len(chunk):
+                self.chunks.popleft()
+                self.cursor = 0
+        if len(parts) <= 1:
+            return parts[0] if parts else _slice(self.empty, 0, 0)
+        return RecordBatch(
+            indices=np.concatenate([p.indices for p in parts]),
+            ids=[i for p in parts for i in p.ids],
+            where=[w for p in parts for w in p.where],
+            fields={name: _concat_records([p.fields[name] for p in parts])
+                    for name in parts[0].fields},
+            lengths={axis: np.concatenate([p.lengths[axis] for p in parts])
+                     for axis in parts[0].lengths},
+        )
+
+
+def _empty_batch(spec: PipelineSpec) -> RecordBatch:
+    """No records: each input [0, ...] in its dtype, named axes 0 long."""
+    fields = {name: np.empty([0] + [d if isinstance(d, int) else 0 for d in inp.shape[1:]],
+                             numpy_dtype(inp.dtype)) for name, inp in spec.inputs.items()}
+    axes = {d for inp in spec.inputs.values() for d in inp.shape[1:] if isinstance(d, str)}
+    return RecordBatch(np.empty(0, np.int64), [], [], fields,
+                       {axis: np.empty(0, np.int64) for axis in spec.axes[1:] if axis in axes})
+
+
+def _slice(batch: RecordBatch, lo: int, hi: int) -> RecordBatch:
+    """Records [lo, hi) of a batch, without its rejects."""
+    return RecordBatch(batch.indices[lo:hi], batch.ids[lo:hi], batch.where[lo:hi],
+                       {name: r[lo:hi] for name, r in batch.fields.items()},
+                       {axis: n[lo:hi] for axis, n in batch.lengths.items()})
+
+
+def _concat_records(parts: list) -> np.ndarray | list:
+    if all(isinstance(p, np.ndarray) for p in parts) and len({p.shape[1:] for p in parts}) == 1:
+        return np.concatenate(parts)
+    return dense_if_uniform([a for p in parts for a in p])
+
+
+# ---- JSONL -------------------------------------------------------------------------------------
+
+def _jsonl_chunks(path: Path, spec: PipelineSpec, start: int, stop: int | None
+                  ) -> Iterator[Candidates]:
+    chunk = _JsonlChunk(spec, path.name)
+    index = -1  # ordinal of the current record; blank lines are not records
+    with _open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if line.isspace():
+                continue
+            index += 1
+            if index < start:  # records before start are counted, not parsed
+                continue
+            if stop is not None and index >= stop:
+                break
+            chunk.add(index, lineno, line)
+            if chunk.full():
+                yield chunk.candidates()
+                chunk = _JsonlChunk(spec, path.name)
+    if chunk.lines:
+        yield chunk.candidates()
+
+
+def _open(path: Path):
+    try:
+        return open(path, "rb")
+    except OSError as e:
+        raise InputError(f"cannot read the input file: {e.strerror}", where=str(path)) from e
+
+
+class _JsonlChunk:
+    """Consecutive lines of a JSONL file, parsed and checked together."""
+
+    def __init__(self, spec: PipelineSpec, file: str):
+        self.spec, self.file = spec, file
+        self.id_field = spec.data.id_field
+        self.expected = set(spec.inputs) | ({self.id_field} if self.id_field else set())
+        self.lines: list[bytes] = []
+        self.linenos: list[int] = []
+        self.indices: list[int] = []
+        self.nbytes = 0
+
+    def add(self, index: int, lineno: int, line: bytes) -> None:
+        self.lines.append(line)
+        self.linenos.append(lineno)
+        self.indices.append(index)
+        self.nbytes += len(line)
+
+    def full(self) -> bool:
+        return len(self.lines) >= JSONL_CHUNK_RECORDS or self.nbytes >= JSONL_CHUNK_BYTES
+
+    def candidates(self) -> Candidates:
+        records = _parse_together(self.lines)
+        reasons = [""] * len(self.lines)
+        if records is None:  # some line is bad: parse line by line for its reason
+            records, reasons = zip(*map(_parse_line, self.lines))
+        id_field, expected = self.id_field, self.expected
+        good, rejects = [], []
+        for p, record in enumerate(records):
+            if (not reasons[p] and type(record) is dict and record.keys() == expected
+                    and (id_field is None or type(record[id_field]) in (str, int))):
+                good.append(p)
+                continue
+            rid, reason = self._record_problem(record) if not reasons[p] else (None, reasons[p])
+            where = f"{self.file}:{self.linenos[p]}"
+            rejects.append(Reject(self.indices[p], rid if id_field else self.indices[p], where,
+                                  reason))
+        records = [records[p] for p in good]
+        fields, problems = self._fields(records, [self.lines[p] for p in good])
+        return Candidates(
+            indices=np.array([self.indices[p] for p in good], np.int64),
+            ids=[r[id_field] for r in records] if id_field else None,
+            where=[f"{self.file}:{self.linenos[p]}" for p in good],
+            fields=fields, problems=problems, rejects=rejects)
+
+    def _fields(self, records: list[dict], lines: list[bytes]
+                ) -> tuple[dict[str, Field], dict[int, str]]:
+        # numpy reads a bool among numbers as 0/1 without a trace: find the lines that may hold one
+        suspects = [p for p, line in enumerate(lines) if b"true" in line or b"false" in line]
+        fields, problems = {}, {}
+        for name, inp in self.spec.inputs.items():
+            fields[name], found = field_from_values(name, inp, [r[name] for r in records],
+                                                    suspects)
+            for p, reason in found.items():
+                problems.setdefault(p, reason)
+        return fields, problems
+
+    def _record_problem(self, record) -> tuple[object, str]:
+        """(id if readable, reason) for a parsed value that is not a good record."""
+        expected = ", ".join(sorted(self.expected))
+        if not isinstance(record, dict):
+            return None, f"the record is {_json_kind(record)}; expected an object with fields {expected}"
+        rid = None
+        if self.id_field:
+            rid = record.get(self.id_field)
+            if rid is None:
+                return None, f"missing id: field {self.id_field!r} is absent or null"
+            if type(rid) not in (str, int):
+                return None, (f"id field {self.id_field!r} must be a string or an integer, got "
+                              f"{_json_kind(rid)}")
+        missing = [k for k in self.spec.inputs if k not in record]
+        if missing:
+            return rid, f"missing field {missing[0]!r} (expected fields: {expected})"
+        unknown = [k for k in record if k not in self.expected]
+        return rid, f"unknown field {unknown[0]!r} (expected fields: {expected})"
+
+
+def _parse_together(lines: list[bytes]) -> list | None:
+    """All lines parsed by one json.loads (several times faster than one call per line), or
+    None if any line is bad. Each line is wrapped as [marker, line] with a random marker per
+    line, so that a line that is not exactly one JSON value cannot pass: a line that holds a
+    comma-separated pair or ends mid-value shifts or swallows the markers."""
+    base = random.getrandbits(48)
+    text = b"[" + b",".join([b"[%d,%b]" % (base + k, line) for k, line in enumerate(lines)]) + b"]"
+    try:
+        parsed = json.loads(text.decode("utf-8"))
+    except ValueError:  # also UnicodeDecodeError
+        return None
+    if len(parsed) != len(lines) or sum(map(len, parsed)) != 2 * len(parsed):
+        return None
+    if [e[0] for e in parsed] != list(range(base, base + len(lines))):
+        return None
+    return [e[1] for e in parsed]
+
+
+def _parse_line(line: bytes) -> tuple[object, str]:
+    """(value, "") or (None, reason)."""
+    truncated = "truncated last line (the file ends mid-record)"
+    last = not line.endswith(b"\n")  # only the file's last line can lack one
+    try:
+        return json.loads(line.decode("utf-8")), ""
+    except UnicodeDecodeError as e:
+        return None, truncated if last else (
+            f"invalid UTF-8 (byte 0x{line[e.start]:02x} at byte {e.start + 1} of the line)")
+    except ValueError as e:
+        return None, truncated if last else f"invalid JSON: {e.msg} (column {e.colno})"
+
+
+def _json_kind(value) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if value is None:
+        return "null"
+    return {dict: "an object", list: "an array", str: "a string"}.get(type(value), "a number")
+
+
+# ---- .npy and .npz: dense arrays, one per input -------------------------------------------------
+
+def _npy_chunks(path: Path, spec: PipelineSpec, start: int, stop: int | None
+                ) -> Iterator[Candidates]:
+    if len(spec.inputs) != 1:
+        raise InputError(f"a .npy file holds one array but the spec has inputs "
+                         f"{', '.join(spec.inputs)}; use .npz with one array per input",
+                         where=path.name)
+    if spec.data.id_field:
+        raise InputError(f"a .npy file holds no ids but data.id_field is "
+                         f"{spec.data.id_field!r}; use .npz with an id array or drop id_field",
+                         where=path.name)
+    try:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot read the .npy file: {e}", where=path.name) from e
+    name = next(iter(spec.inputs))
+    _check_array(spec, name, array, f"{path.name}")
+    yield from _dense_chunks(spec, path.name, {name: array}, None, len(array), start, stop)
+
+
+def _npz_chunks(path: Path, spec: PipelineSpec, start: int, stop: int | None
+                ) -> Iterator[Candidates]:
+    id_field = spec.data.id_field
+    try:
+        zf = zipfile.ZipFile(path)
+    except (OSError, zipfile.BadZipFile) as e:
+        raise InputError(f"cannot read the .npz file: {e}", where=path.name) from e
+    with zf:
+        members = {n[:-4]: n for n in zf.namelist() if n.endswith(".npy")}
+        wanted = list(spec.inputs) + ([id_field] if id_field else [])
+        missing = [n for n in wanted if n not in members]
+        if missing:
+            raise InputError(f"array {missing[0]!r} is missing (arrays in the file: "
+                             f"{', '.join(members) or 'none'})", where=path.name)
+        arrays = {n: _npz_member(path, zf, members[n]) for n in wanted}
+        counts = {n: a.shape[0] if a.shape else None for n, a in arrays.items()}
+        if len(set(counts.values())) != 1 or None in counts.values():
+            raise InputError(f"arrays must all have the same number of records (first "
+                             f"dimension): {counts}", where=path.name)
+        for name in spec.inputs:
+            _check_array(spec, name, arrays[name], f"{path.name}[{name}]")
+        ids = arrays.pop(id_field) if id_field else None
+        if ids is not None and (ids.ndim != 1 or ids.dtype.kind not in "iuUS"):
+            raise InputError(f"ids {id_field!r} must be a 1-d array of integers or strings "
+                             f"(one scalar per record), got {ids.dtype} of shape {ids.shape}",
+                             where=path.name)
+        yield from _dense_chunks(spec, path.name, arrays, ids, counts[wanted[0]], start, stop)
+
+
+def _npz_member(path: Path, zf: zipfile.ZipFile, member: str):
+    """A stored member as a memory map; a deflated one as rows read front to back."""
+    info = zf.getinfo(member)
+    if info.compress_type != zipfile.ZIP_STORED:
+        return _DeflatedRows(zf.open(member), path.name)
+    with open(path, "rb") as f:
+        f.seek(info.header_offset)
+        header = f.read(30)  # zip local file header; the data follow its name and extra field
+        if header[:4] != b"PK\x03\x04":
+            raise InputError(f"corrupt .npz member {member!r}", where=path.name)
+        name_len, extra_len = struct.unpack("<HH", header[26:30])
+        f.seek(info.header_offset + 30 + name_len + extra_len)
+        shape, fortran, dtype = _read_npy_header(f, f"{path.name}[{member}]")
+        offset = f.tell()
+    if dtype.hasobject:
+        raise InputError(f"{member}: object arrays are not supported", where=path.name)
+    if int(np.prod(shape)) == 0:
+        return np.empty(shape, dtype)
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape,
+                     order="F" if fortran else "C")
+
+
+def _read_npy_header(f, where: str) -> tuple[tuple, bool, np.dtype]:
+    try:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            return np.lib.format.read_array_header_1_0(f)
+        if version == (2, 0):
+            return np.lib.format.read_array_header_2_0(f)
+    except ValueError as e:
+        raise InputError(f"not a valid .npy array: {e}", where=where) from e
+    raise InputError(f".npy format version {version} is not supported (1.0 and 2.0 are)",
+                     where=where)
+
+
+class _DeflatedRows:
+    """Rows of a compressed .npz member, decompressed front to back: one chunk in memory."""
+
+    def __init__(self, file, where: str):
+        self.file = file
+        self.shape, fortran, self.dtype = _read_npy_header(file, where)
+        if fortran and len(self.shape) > 1:
+            raise InputError("a compressed Fortran-ordered array cannot be read row by row; "
+                             "save it C-ordered or with np.savez (uncompressed)", where=where)
+        if self.dtype.hasobject:
+            raise InputError("object arrays are not supported", where=where)
+        self.ndim = len(self.shape)
+        self.row_bytes = self.dtype.itemsize * int(np.prod(self.shape[1:]))
+        self.row = 0  # next row the file will give
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        assert rows.start >= self.row, "compressed rows are read front to back"
+        while self.row < rows.start:  # skip in bounded steps
+            step = min(rows.start - self.row, max(1, ARRAY_CHUNK_BYTES // max(self.row_bytes, 1)))
+            self.file.read(step * self.row_bytes)
+            self.row += step
+        n = rows.stop - rows.start
+        data = self.file.read(n * self.row_bytes)
+        self.row = rows.stop
+        return np.frombuffer(data, self.dtype).reshape((n,) + tuple(self.shape[1:]))
+
+
+def _check_array(spec: PipelineSpec, name: str, array, where: str) -> None:
+    """Whole-file problems of a dense array: every record would fail, so they are errors even
+    with on_bad_record: skip."""
+    inp = spec.inputs[name]
+    if array.dtype.kind not in "biuf":
+        raise InputError(f"{name}: dtype {array.dtype} is not numeric", where=where)
+    if array.dtype.kind == "b" and inp.dtype != "bool":
+        raise InputError(f"{name}: booleans where {inp.dtype} numbers are expected", where=where)
+    if array.ndim == 0:
+        raise InputError(f"{name}: a 0-d array has no records; expected [N, ...]", where=where)
+    reason, _ = shape_problem(name, inp, tuple(array.shape[1:]), spec)
+    if reason:
+        raise InputError(f"{reason} (array shape {list(array.shape)})", where=where)
+
+
+def _dense_chunks(spec: PipelineSpec, file: str, arrays: dict, ids, n_rows: int, start: int,
+                  stop: int | None) -> Iterator[Candidates]:
+    """Chunks of rows [start, stop) of arrays that all have n_rows rows."""
+    stop = n_rows if stop is None else min(stop, n_rows)
+    row_bytes = sum(a.dtype.itemsize * int(np.prod(a.shape[1:])) for a in arrays.values())
+    step = max(1, ARRAY_CHUNK_BYTES // max(row_bytes, 1))
+    for lo in range(start, stop, step):
+        hi = min(lo + step, stop)
+        yield Candidates(
+            indices=np.arange(lo, hi, dtype=np.int64),
+            ids=_ids(ids[lo:hi]) if ids is not None else None,
+            where=[f"{file}[row {i}]" for i in range(lo, hi)],
+            fields={name: Field(dense=a[lo:hi]) for name, a in arrays.items()},
+        )
+
+
+def _ids(ids: np.ndarray) -> list:
+    return ids.astype(str).tolist() if ids.dtype.kind == "S" else ids.tolist()
+
+
+# ---- Parquet ------------------------------------------------------------------------------------
+
+def _parquet_chunks(path: Path, spec: PipelineSpec, start: int, stop: int | None
+                    ) -> Iterator[Candidates]:
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as e:  # pyarrow raises ArrowInvalid, OSError, ... for unreadable files
+        raise InputError(f"cannot read the Parquet file: {e}", where=path.name) from e
+    id_field = spec.data.id_field
+    columns = list(spec.inputs) + ([id_field] if id_field else [])
+    _check_parquet_schema(spec, pf.schema_arrow, path.name)
+    meta = pf.metadata
+    stop = meta.num_rows if stop is None else min(stop, meta.num_rows)
+    groups, first_row, row = [], None, 0  # the row groups holding rows [start, stop)
+    for g in range(meta.num_row_groups):
+        n = meta.row_group(g).num_rows
+        if row + n > start and row < stop:
+            groups.append(g)
+            first_row = row if first_row is None else first_row
+        row += n
+    if not groups or start >= stop:
+        return
+    row = first_row
+    for rb in pf.iter_batches(batch_size=PARQUET_CHUNK_ROWS, row_groups=groups, columns=columns):
+        lo, hi = max(start - row, 0), min(stop - row, rb.num_rows)
+        if hi > lo:
+            yield _parquet_candidates(spec, path.name, rb.slice(lo, hi - lo), row + lo)
+        row += rb.num_rows
+        if row >= stop:
+            break
+
+
+def _check_parquet_schema(spec: PipelineSpec, schema, file: str) -> None:
+    import pyarrow as pa
+
+    names = schema.names
+    id_field = spec.data.id_field
+    for name in list(spec.inputs) + ([id_field] if id_field else []):
+        if name not in names:
+            raise InputError(f"column {name!r} is missing (columns: {', '.join(names)})",
+                             where=file)
+    for name, inp in spec.inputs.items():
+        t, depth = schema.field(name).type, 0
+        while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+            t, depth = t.value_type, depth + 1
+        numeric = pa.types.is_integer(t) or pa.types.is_floating(t)
+        if not (numeric or (pa.types.is_boolean(t) and inp.dtype == "bool")):
+            raise InputError(f"column {name!r} holds {t}; expected {inp.dtype} numbers",
+                             where=file)
+        if depth != len(inp.shape) - 1:
+            raise InputError(f"column {name!r} nests lists {depth} deep; input shape "
+                             f"{inp.shape} needs {len(inp.shape) - 1} (one per dimension after "
+                             f"batch)", where=file)
+    if id_field:
+        t = schema.field(id_field).type
+        if not (pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)):
+            raise InputError(f"id column {id_field!r} must hold integers or strings (one scalar "
+                             f"per record), got {t}", where=file)
+
+
+def _parquet_candidates(spec: PipelineSpec, file: str, rb, first: int) -> Candidates:
+    n = rb.num_rows
+    fields, problems = {}, {}
+    for name, inp in spec.inputs.items():
+        col = rb.column(name)
+        dense = _arrow_records(col, len(inp.shape) - 1)
+        if dense is not None:
+            fields[name] = dense
+            continue
+        # nulls or ragged nested lists: read as Python values for a reason per record
+        fields[name], found = field_from_values(name, inp, col.to_pylist())
+        for p, reason in found.items():
+            problems.setdefault(p, reason)
+    ids = None
+    if spec.data.id_field:
+        ids = rb.column(spec.data.id_field).to_pylist()
+        for p, rid in enumerate(ids):
+            if rid is None:
+                problems.setdefault(p, f"missing id: {spec.data.id_field!r} is null")
+    return Candidates(np.arange(first, first + n, dtype=np.int64), ids,
+                      [f"{file}[row {i}]" for i in range(first, first + n)], fields, problems)
+
+
+def _arrow_records(col, rank: int) -> Field | None:
+    """Records of a (nested) list column without copying through Python: dense [n, ...] when all
+    share a shape, else one array per record when only the outermost length varies; None when
+    there are nulls or inner dimensions vary."""
+    import pyarrow.compute as pc
+
+    outer, inner, level = None, [], col
+    for depth in range(rank):
+        if level.null_count:
+            return None
+        lengths = pc.list_value_length(level).to_numpy(zero_copy_only=False)  # one per list
+        if depth == 0:
+            outer = lengths
+        elif len(lengths) and (lengths != lengths[0]).any():
+            return None
+        else:
+            inner.append(int(lengths[0]) if len(lengths) else 0)
+        level = level.flatten()
+    if level.null_count:
+        return None
+    values = level.to_numpy(zero_copy_only=False)
+    n = len(col)
+    if rank == 0:
+        return Field(dense=values)
+    if 0 in inner:
+        return None
+    if (outer == outer[0]).all():
+        return Field(dense=values.reshape((n, int(outer[0]), *inner)))
+    ends = np.cumsum(outer) * int(np.prod(inner))
+    return Field(arrays=[v.reshape((-1, *inner)) for v in np.split(values, ends[:-1])])

@@ -1,0 +1,69 @@
+"""Bucket choice, padding into bucket-shaped staging, cutting real rows back out."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from graphrun.buckets import BucketTable, cut_rows, pad_into, split_sizes
+from graphrun.spec import PipelineSpec
+
+
+def make_spec(buckets, inputs=None):
+    return PipelineSpec.model_validate({
+        "version": 1, "name": "t", "model": {"builtin": "mlp"},
+        "inputs": inputs or {"x": {"shape": ["batch", "seq"]}},
+        "outputs": {"y": {"shape": ["batch", "seq"]}},
+        "buckets": buckets, "data": {"path": "d.jsonl"}, "output": {"dir": "o"}})
+
+
+def test_buckets_are_every_combination_largest_first():
+    table = BucketTable(make_spec({"batch": [1, 4], "seq": [8, 16]}))
+    assert [b.sizes for b in table.all] == [(4, 16), (4, 8), (1, 16), (1, 8)]
+    assert table.all[0].name == "batch=4,seq=16"
+
+
+@pytest.mark.parametrize("n,seq,want", [(1, 1, (1, 8)), (1, 8, (1, 8)), (1, 9, (1, 16)),
+                                        (2, 3, (4, 8)), (4, 16, (4, 16)), (3, 12, (4, 16))])
+def test_pick_is_the_smallest_bucket_covering_every_axis(n, seq, want):
+    table = BucketTable(make_spec({"batch": [1, 4], "seq": [8, 16]}))
+    assert table.pick(n, {"seq": seq}).sizes == want
+
+
+def test_pick_returns_none_beyond_the_largest_and_skips_dropped_buckets():
+    table = BucketTable(make_spec({"batch": [1, 4, 8], "seq": [8]}))
+    assert table.pick(9, {"seq": 1}) is None
+    assert table.pick(2, {"seq": 17}) is None
+    table.drop(table.pick(3, {"seq": 8}))  # batch=4 gone: 3 records now take batch=8
+    assert table.pick(3, {"seq": 8}).sizes == (8, 8)
+    table.drop(table.all[0])
+    assert table.max_batch == 1
+
+
+def test_split_sizes_cover_the_batch_in_largest_bucket_chunks():
+    assert split_sizes(10, 4) == [4, 4, 2]
+    assert split_sizes(8, 4) == [4, 4]
+    assert sum(split_sizes(1001, 32)) == 1001
+
+
+def test_pad_into_dense_rows_pads_the_rest():
+    dst = np.full((4, 3), 7.0, dtype=np.float32)
+    pad_into(dst, np.ones((2, 3), dtype=np.float32), pad=-1)
+    assert dst.tolist() == [[1, 1, 1], [1, 1, 1], [-1, -1, -1], [-1, -1, -1]]
+
+
+def test_pad_into_ragged_rows_pads_each_record_to_the_bucket():
+    dst = np.zeros((3, 4), dtype=np.int64)
+    pad_into(dst, [np.array([1, 2]), np.array([3, 4, 5])], pad=9)
+    assert dst.tolist() == [[1, 2, 9, 9], [3, 4, 5, 9], [9, 9, 9, 9]]
+
+
+def test_cut_rows_returns_real_rows_each_at_its_own_length():
+    full = np.arange(3 * 4 * 2).reshape(3, 4, 2)
+    rows = cut_rows(full, 2, ["batch", "seq", 2], {"seq": np.array([1, 3])})
+    assert [r.shape for r in rows] == [(1, 2), (3, 2)]
+    np.testing.assert_array_equal(rows[1], full[1, :3])
+    dense = cut_rows(full, 2, ["batch", 4, 2], {})
+    assert dense.shape == (2, 4, 2)
+    full[0] = -1  # staging is reused: the cut must be a copy
+    assert dense[0, 0, 0] == 0

@@ -1,0 +1,168 @@
+"""The Runner on the CPU (eager backend): the same flow the graph backend uses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from graphrun import CaptureError, InputError, ModelError, Runner
+from graphrun.models.load import build_model
+from graphrun.spec import PipelineSpec
+
+ENCODER = Path(__file__).resolve().parent.parent / "examples" / "models" / "tiny_encoder.py"
+
+ROW_MIXER = """
+import torch
+class Mixer(torch.nn.Module):
+    def forward(self, x):
+        return x - x.mean(dim=0, keepdim=True)   # every row depends on the whole batch
+def build():
+    return Mixer()
+"""
+
+WRONG_SHAPE = """
+import torch
+class Wrong(torch.nn.Module):
+    def forward(self, x):
+        return x[:, :2]
+def build():
+    return Wrong()
+"""
+
+
+def mlp_spec(tmp_path, **over):
+    (tmp_path / "d.jsonl").write_text("")
+    raw = {"version": 1, "name": "t", "device": "cpu",
+           "model": {"builtin": "mlp",
+                     "args": {"in_features": 4, "hidden": 8, "layers": 2, "out_features": 3}},
+           "inputs": {"x": {"shape": ["batch", 4]}},
+           "outputs": {"y": {"shape": ["batch", 3]}},
+           "buckets": {"batch": [1, 2, 4]},
+           "data": {"path": str(tmp_path / "d.jsonl")}, "output": {"dir": str(tmp_path / "o")}}
+    for key, value in over.items():
+        node = raw
+        *parents, last = key.split("__")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+    return PipelineSpec.model_validate(raw)
+
+
+def target_spec(tmp_path, source: str, out_shape=("batch", 4)):
+    (tmp_path / "m.py").write_text(source)
+    return mlp_spec(tmp_path, model={"target": f"{tmp_path / 'm.py'}:build"},
+                    outputs={"y": {"shape": list(out_shape)}})
+
+
+def eager_alone(spec, x: np.ndarray) -> np.ndarray:
+    model = build_model(spec, torch.device("cpu"))
+    with torch.inference_mode():
+        return np.stack([model(x=torch.from_numpy(row[None]))[0].numpy() for row in x])
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_run_batch_equals_eager_on_each_record_alone(tmp_path, n):
+    spec = mlp_spec(tmp_path)
+    x = np.random.default_rng(n).standard_normal((n, 4), dtype=np.float32)
+    with Runner(spec) as runner:
+        out = runner.run_batch({"x": x})
+        assert out["y"].shape == (n, 3)
+        np.testing.assert_allclose(out["y"], eager_alone(spec, x), rtol=1e-5, atol=1e-6)
+        stats = runner.states[runner.table.pick(n, {})].stats
+        assert stats["records"] == n and stats["padded_rows"] == runner.table.pick(n, {}).batch - n
+
+
+def test_padding_values_never_change_real_rows(tmp_path):
+    x = np.random.default_rng(0).standard_normal((3, 4), dtype=np.float32)
+    with Runner(mlp_spec(tmp_path)) as a, Runner(mlp_spec(tmp_path, inputs={
+            "x": {"shape": ["batch", 4], "pad": 1e6}})) as b:
+        np.testing.assert_array_equal(a.run_batch({"x": x})["y"], b.run_batch({"x": x})["y"])
+
+
+def test_oversize_split_runs_the_batch_in_chunks(tmp_path):
+    spec = mlp_spec(tmp_path)
+    x = np.random.default_rng(1).standard_normal((11, 4), dtype=np.float32)
+    with Runner(spec) as runner:
+        out, ran = runner.run_rows({"x": x}, 11, {})
+        assert [b.batch for b, _ in ran] == [4, 4, 4]
+        np.testing.assert_allclose(out["y"], eager_alone(spec, x), rtol=1e-5, atol=1e-6)
+
+
+def test_oversize_eager_and_error(tmp_path):
+    x = np.random.default_rng(2).standard_normal((6, 4), dtype=np.float32)
+    spec = mlp_spec(tmp_path, data__oversize="eager")
+    with Runner(spec) as runner:
+        out, ran = runner.run_rows({"x": x}, 6, {})
+        assert ran[0][0] is None
+        np.testing.assert_allclose(out["y"], eager_alone(spec, x), rtol=1e-5, atol=1e-6)
+    with Runner(mlp_spec(tmp_path, data__oversize="error", data__batch_size=4)) as runner:
+        with pytest.raises(InputError, match="larger than the largest batch bucket"):
+            runner.run_batch({"x": x})
+
+
+def test_run_batch_accepts_tensors_and_rejects_wrong_names(tmp_path):
+    with Runner(mlp_spec(tmp_path)) as runner:
+        out = runner.run_batch({"x": torch.ones(2, 4)})
+        assert out["y"].shape == (2, 3)
+        with pytest.raises(InputError, match="missing \\['x'\\], unknown \\['z'\\]"):
+            runner.run_batch({"z": np.ones((2, 4))})
+
+
+def test_variable_length_records_are_cut_back_to_their_length(tmp_path):
+    spec = PipelineSpec.model_validate({
+        "version": 1, "name": "enc", "device": "cpu",
+        "model": {"target": f"{ENCODER}:build",
+                  "args": {"vocab": 50, "d_model": 16, "heads": 2, "layers": 1, "max_len": 8}},
+        "inputs": {"tokens": {"shape": ["batch", "seq"], "dtype": "int64", "range": [0, 50]},
+                   "mask": {"shape": ["batch", "seq"], "dtype": "int64", "range": [0, 2]}},
+        "outputs": {"hidden": {"shape": ["batch", "seq", 16]}, "pooled": {"shape": ["batch", 16]}},
+        "buckets": {"batch": [1, 4], "seq": [4, 8]},
+        "data": {"path": str(tmp_path / "d.jsonl")}, "output": {"dir": "o", "format": "jsonl"}})
+    (tmp_path / "d.jsonl").write_text("")
+    rng = np.random.default_rng(3)
+    tokens = [rng.integers(0, 50, size=k) for k in (2, 7, 5)]
+    masks = [np.ones(k, dtype=np.int64) for k in (2, 7, 5)]
+    with Runner(spec) as runner:
+        out = runner.run_batch({"tokens": tokens, "mask": masks})
+        model = runner.model
+        assert [h.shape for h in out["hidden"]] == [(2, 16), (7, 16), (5, 16)]
+        for i, (t, m) in enumerate(zip(tokens, masks)):
+            with torch.inference_mode():
+                alone = model(tokens=torch.from_numpy(t)[None], mask=torch.from_numpy(m)[None])
+            np.testing.assert_allclose(out["hidden"][i], alone["hidden"][0].numpy(), atol=1e-5)
+            np.testing.assert_allclose(out["pooled"][i], alone["pooled"][0].numpy(), atol=1e-5)
+
+
+def test_verify_catches_a_model_that_mixes_rows(tmp_path):
+    with pytest.raises(CaptureError) as info:
+        Runner(target_spec(tmp_path, ROW_MIXER))
+    text = str(info.value)
+    assert "bucket batch=4" in text and "padded rows change real rows of output(s) y" in text
+    assert "1. fix the model" in text
+
+
+def test_verify_off_lets_such_a_model_run(tmp_path):
+    spec = target_spec(tmp_path, ROW_MIXER)
+    spec.capture.verify.enabled = False
+    with Runner(spec) as runner:
+        assert all(s.verify is None for s in runner.states.values())
+
+
+def test_output_shape_mismatch_names_the_output_and_the_fix(tmp_path):
+    with pytest.raises(ModelError, match=r"output 'y' has shape \[4, 2\] but the spec's "
+                                         r"outputs.y.shape gives \[4, 4\]"):
+        Runner(target_spec(tmp_path, WRONG_SHAPE))
+
+
+def test_cuda_graph_backend_without_cuda_is_a_clear_error(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    from graphrun import GraphrunError
+
+    with pytest.raises(GraphrunError, match="cuda-graph needs a CUDA device"):
+        Runner(mlp_spec(tmp_path, capture__backend="cuda-graph"))
+    with pytest.raises(GraphrunError, match="no CUDA"):
+        Runner(mlp_spec(tmp_path, device="cuda"))
