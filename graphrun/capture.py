@@ -131,10 +131,20 @@ REMEDIES = [
 
 
 def explain_capture_failure(exc: BaseException, bucket: Bucket) -> CaptureError:
-    """A capture error that names the bucket, the model line that failed and what to do."""
-    where = _model_frame(exc)
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    text = f"CUDA graph capture failed: {type(exc).__name__}: {first}"
+    """A capture error that names the bucket, the model line that failed and what to do.
+
+    When an operation inside the capture fails, leaving torch.cuda.graph raises a second error
+    ("operation failed due to a previous error during capture") with the first as its
+    __context__: the first is the one that says what the model did, so report that one.
+    """
+    chain = []
+    while exc is not None and exc not in chain:
+        chain.append(exc)
+        exc = exc.__context__ or exc.__cause__
+    where = next((w for w in map(_model_frame, chain) if w), None)
+    cause = next((e for e in chain if _model_frame(e)), chain[-1])
+    first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+    text = f"CUDA graph capture failed: {type(cause).__name__}: {first}"
     if where:
         text += f"\n  at {where}"
     return CaptureError(text, bucket=bucket.name, remedies=REMEDIES)

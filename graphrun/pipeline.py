@@ -43,6 +43,8 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
         progress = Progress(show, total=count_records(spec, start, stop) if show else None)
         try:
             job.runner = runner = Runner(spec, log=_log_and(job.warn) if show else job.warn)
+            if spec.report.baseline == "eager":
+                runner.measure_baseline()
             writer = ShardWriter(spec, out_dir, resume=resume_point)
             latencies = open(out_dir / "latencies.jsonl", "a" if resume_point else "w")
             t0 = time.perf_counter()

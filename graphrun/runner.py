@@ -189,6 +189,28 @@ class Runner:
         return make_step(self.model, self.spec.model.call, self.inputs.views(bucket),
                          self.outputs.views(bucket))
 
+    def measure_baseline(self, iters: int = 20) -> None:
+        """report.baseline: eager, median eager step and median replay of each bucket, timed
+        side by side on the same inputs (CUDA events on the GPU, host clocks on the CPU)."""
+        with self._device_ctx(), torch.inference_mode():
+            for bucket, state in self.states.items():
+                if state.run is None:
+                    continue
+                fill_synthetic(self.inputs.views(bucket), self.input_specs,
+                               torch.Generator().manual_seed(bucket.volume))
+                state.eager_us = self._median_us(self.step(bucket), iters)
+                state.replay_us = self._median_us(state.run, iters)
+
+    def _median_us(self, fn, iters: int) -> float:
+        fn()  # one untimed call: caches warm
+        times = []
+        for _ in range(iters):
+            t = self.timer.start()
+            fn()
+            self.timer.mark(t, "run")
+            times.append(self.timer.finish(t)["run"])
+        return float(np.median(times))
+
     # -- running batches ---------------------------------------------------------------------
 
     def execute(self, bucket: Bucket) -> dict[str, float]:

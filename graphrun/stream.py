@@ -26,8 +26,7 @@ from graphrun.spec import PipelineSpec
 __all__ = ["Reject", "RecordBatch", "read_batches", "FORMATS"]
 
 FORMATS = (".jsonl", ".npy", ".npz", ".parquet")
-JSONL_CHUNK_RECORDS = 1024  # JSONL records parsed before their fields are converted together
-JSONL_CHUNK_BYTES = 4 << 20  # ... or fewer, when the lines are long
+JSONL_CHUNK_BYTES = 256 << 10  # JSONL lines parsed and converted together: about this many bytes
 ARRAY_CHUNK_BYTES = 16 << 20  # npy/npz/parquet rows read at once: about this many bytes
 PARQUET_CHUNK_ROWS = 4096
 REJECTS_HELD = 4096  # a longer run of bad records is handed out without waiting for a full batch
@@ -142,9 +141,10 @@ def _empty_batch(spec: PipelineSpec) -> RecordBatch:
 
 
 def _slice(batch: RecordBatch, lo: int, hi: int) -> RecordBatch:
-    """Records [lo, hi) of a batch, without its rejects."""
+    """Records [lo, hi) of a batch, without its rejects; dense where their shapes agree."""
     return RecordBatch(batch.indices[lo:hi], batch.ids[lo:hi], batch.where[lo:hi],
-                       {name: r[lo:hi] for name, r in batch.fields.items()},
+                       {name: r[lo:hi] if isinstance(r, np.ndarray) else dense_if_uniform(r[lo:hi])
+                        for name, r in batch.fields.items()},
                        {axis: n[lo:hi] for axis, n in batch.lengths.items()})
 
 
@@ -158,23 +158,19 @@ def _concat_records(parts: list) -> np.ndarray | list:
 
 def _jsonl_chunks(path: Path, spec: PipelineSpec, start: int, stop: int | None
                   ) -> Iterator[Candidates]:
-    chunk = _JsonlChunk(spec, path.name)
-    index = -1  # ordinal of the current record; blank lines are not records
+    lineno, index = 1, 0  # line number of the block's first line, ordinal of its first record
     with _open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if line.isspace():
-                continue
-            index += 1
-            if index < start:  # records before start are counted, not parsed
-                continue
+        while lines := f.readlines(JSONL_CHUNK_BYTES):  # whole lines, about this many bytes
+            rows = [i for i, line in enumerate(lines) if not line.isspace()]  # blank: no record
+            lo = max(start - index, 0)  # records before start are counted, not parsed
+            hi = len(rows) if stop is None else min(stop - index, len(rows))
+            if hi > lo:
+                yield _jsonl_candidates(spec, path.name, [lines[i] for i in rows[lo:hi]],
+                                        [lineno + i for i in rows[lo:hi]], index + lo)
+            index += len(rows)
+            lineno += len(lines)
             if stop is not None and index >= stop:
                 break
-            chunk.add(index, lineno, line)
-            if chunk.full():
-                yield chunk.candidates()
-                chunk = _JsonlChunk(spec, path.name)
-    if chunk.lines:
-        yield chunk.candidates()
 
 
 def _open(path: Path):
@@ -184,88 +180,66 @@ def _open(path: Path):
         raise InputError(f"cannot read the input file: {e.strerror}", where=str(path)) from e
 
 
-class _JsonlChunk:
-    """Consecutive lines of a JSONL file, parsed and checked together."""
+def _jsonl_candidates(spec: PipelineSpec, file: str, lines: list[bytes], linenos: list[int],
+                      first: int) -> Candidates:
+    """lines [n]: consecutive records, the first with ordinal `first`."""
+    id_field = spec.data.id_field
+    expected = set(spec.inputs) | ({id_field} if id_field else set())
+    records = _parse_together(lines)
+    reasons = [""] * len(lines)
+    if records is None:  # some line is bad: parse line by line for its reason
+        records, reasons = zip(*map(_parse_line, lines))
+    good, rejects = [], []
+    for p, record in enumerate(records):
+        if (not reasons[p] and type(record) is dict and record.keys() == expected
+                and (id_field is None or type(record[id_field]) in (str, int))):
+            good.append(p)
+            continue
+        rid, reason = (None, reasons[p]) if reasons[p] else _record_problem(spec, record)
+        rejects.append(Reject(first + p, rid if id_field else first + p,
+                              f"{file}:{linenos[p]}", reason))
+    records = [records[p] for p in good]
+    # numpy reads a bool among numbers as 0/1 without a trace: note the lines that may hold one
+    suspects = [k for k, p in enumerate(good) if b"true" in lines[p] or b"false" in lines[p]]
+    fields, problems = {}, {}
+    for name, inp in spec.inputs.items():
+        fields[name], found = field_from_values(name, inp, [r[name] for r in records], suspects)
+        for k, reason in found.items():
+            problems.setdefault(k, reason)
+    return Candidates(
+        indices=np.array(good, np.int64) + first,
+        ids=[r[id_field] for r in records] if id_field else None,
+        where=[f"{file}:{linenos[p]}" for p in good],
+        fields=fields, problems=problems, rejects=rejects)
 
-    def __init__(self, spec: PipelineSpec, file: str):
-        self.spec, self.file = spec, file
-        self.id_field = spec.data.id_field
-        self.expected = set(spec.inputs) | ({self.id_field} if self.id_field else set())
-        self.lines: list[bytes] = []
-        self.linenos: list[int] = []
-        self.indices: list[int] = []
-        self.nbytes = 0
 
-    def add(self, index: int, lineno: int, line: bytes) -> None:
-        self.lines.append(line)
-        self.linenos.append(lineno)
-        self.indices.append(index)
-        self.nbytes += len(line)
-
-    def full(self) -> bool:
-        return len(self.lines) >= JSONL_CHUNK_RECORDS or self.nbytes >= JSONL_CHUNK_BYTES
-
-    def candidates(self) -> Candidates:
-        records = _parse_together(self.lines)
-        reasons = [""] * len(self.lines)
-        if records is None:  # some line is bad: parse line by line for its reason
-            records, reasons = zip(*map(_parse_line, self.lines))
-        id_field, expected = self.id_field, self.expected
-        good, rejects = [], []
-        for p, record in enumerate(records):
-            if (not reasons[p] and type(record) is dict and record.keys() == expected
-                    and (id_field is None or type(record[id_field]) in (str, int))):
-                good.append(p)
-                continue
-            rid, reason = self._record_problem(record) if not reasons[p] else (None, reasons[p])
-            where = f"{self.file}:{self.linenos[p]}"
-            rejects.append(Reject(self.indices[p], rid if id_field else self.indices[p], where,
-                                  reason))
-        records = [records[p] for p in good]
-        fields, problems = self._fields(records, [self.lines[p] for p in good])
-        return Candidates(
-            indices=np.array([self.indices[p] for p in good], np.int64),
-            ids=[r[id_field] for r in records] if id_field else None,
-            where=[f"{self.file}:{self.linenos[p]}" for p in good],
-            fields=fields, problems=problems, rejects=rejects)
-
-    def _fields(self, records: list[dict], lines: list[bytes]
-                ) -> tuple[dict[str, Field], dict[int, str]]:
-        # numpy reads a bool among numbers as 0/1 without a trace: find the lines that may hold one
-        suspects = [p for p, line in enumerate(lines) if b"true" in line or b"false" in line]
-        fields, problems = {}, {}
-        for name, inp in self.spec.inputs.items():
-            fields[name], found = field_from_values(name, inp, [r[name] for r in records],
-                                                    suspects)
-            for p, reason in found.items():
-                problems.setdefault(p, reason)
-        return fields, problems
-
-    def _record_problem(self, record) -> tuple[object, str]:
-        """(id if readable, reason) for a parsed value that is not a good record."""
-        expected = ", ".join(sorted(self.expected))
-        if not isinstance(record, dict):
-            return None, f"the record is {_json_kind(record)}; expected an object with fields {expected}"
-        rid = None
-        if self.id_field:
-            rid = record.get(self.id_field)
-            if rid is None:
-                return None, f"missing id: field {self.id_field!r} is absent or null"
-            if type(rid) not in (str, int):
-                return None, (f"id field {self.id_field!r} must be a string or an integer, got "
-                              f"{_json_kind(rid)}")
-        missing = [k for k in self.spec.inputs if k not in record]
-        if missing:
-            return rid, f"missing field {missing[0]!r} (expected fields: {expected})"
-        unknown = [k for k in record if k not in self.expected]
-        return rid, f"unknown field {unknown[0]!r} (expected fields: {expected})"
+def _record_problem(spec: PipelineSpec, record) -> tuple[object, str]:
+    """(id if readable, reason) for a parsed line that is not a good record."""
+    id_field = spec.data.id_field
+    expected = sorted(set(spec.inputs) | ({id_field} if id_field else set()))
+    fields = ", ".join(expected)
+    if not isinstance(record, dict):
+        return None, f"the record is {_json_kind(record)}; expected an object with fields {fields}"
+    rid = None
+    if id_field:
+        rid = record.get(id_field)
+        if rid is None:
+            return None, f"missing id: field {id_field!r} is absent or null"
+        if type(rid) not in (str, int):
+            return None, (f"id field {id_field!r} must be a string or an integer, got "
+                          f"{_json_kind(rid)}")
+    missing = [k for k in spec.inputs if k not in record]
+    if missing:
+        return rid, f"missing field {missing[0]!r} (expected fields: {fields})"
+    unknown = [k for k in record if k not in expected]
+    return rid, f"unknown field {unknown[0]!r} (expected fields: {fields})"
 
 
 def _parse_together(lines: list[bytes]) -> list | None:
     """All lines parsed by one json.loads (several times faster than one call per line), or
     None if any line is bad. Each line is wrapped as [marker, line] with a random marker per
-    line, so that a line that is not exactly one JSON value cannot pass: a line that holds a
-    comma-separated pair or ends mid-value shifts or swallows the markers."""
+    line, so that a line that is not exactly one JSON value cannot pass: a line holding two
+    values or ending mid-value adds, shifts or swallows markers."""
     base = random.getrandbits(48)
     text = b"[" + b",".join([b"[%d,%b]" % (base + k, line) for k, line in enumerate(lines)]) + b"]"
     try:

@@ -1,0 +1,190 @@
+"""CUDA graph capture and replay on a GPU (marked `cuda`; skipped where there is none)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import graphrun
+from graphrun import CaptureError, Runner
+from graphrun.models.load import build_model, call_model, name_outputs
+from graphrun.spec import PipelineSpec
+
+pytestmark = pytest.mark.cuda
+ROOT = Path(__file__).resolve().parent.parent
+PIPELINES = sorted((ROOT / "pipelines").glob("*.yaml"))
+
+SYNCS_ON_ITEM = """
+import torch
+class Syncs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+    def forward(self, x):
+        scale = x.abs().max().item()   # a host sync: not allowed while capturing
+        return self.lin(x) / (1 + scale)
+def build():
+    return Syncs()
+"""
+
+
+def small_spec(tmp_path, **over) -> PipelineSpec:
+    (tmp_path / "d.jsonl").write_text("")
+    raw = {"version": 1, "name": "t", "device": "cuda",
+           "model": {"builtin": "mlp",
+                     "args": {"in_features": 32, "hidden": 64, "layers": 4, "out_features": 8}},
+           "inputs": {"x": {"shape": ["batch", 32]}},
+           "outputs": {"y": {"shape": ["batch", 8]}},
+           "buckets": {"batch": [1, 2, 4, 8, 16, 32]},
+           "data": {"path": str(tmp_path / "d.jsonl")}, "output": {"dir": str(tmp_path / "o")}}
+    raw.update(over)
+    return PipelineSpec.model_validate(raw)
+
+
+def test_every_bucket_is_captured_and_verified(tmp_path):
+    with Runner(small_spec(tmp_path)) as runner:
+        assert runner.backend == "cuda-graph"
+        for state in runner.states.values():
+            assert state.status == "captured", state.reason
+            assert state.verify["passed"], state.verify
+            assert state.verify["pad_isolated"] is (True if state.bucket.batch > 1 else None)
+            assert state.capture_s > 0
+
+
+@pytest.mark.parametrize("path", PIPELINES, ids=[p.stem for p in PIPELINES])
+def test_replay_equals_eager_per_record_for_shipped_pipelines(path):
+    spec = graphrun.load_spec(path)
+    records = _records(spec, 40)
+    with Runner(spec) as runner:
+        assert {s.status for s in runner.states.values()} == {"captured"}
+        model = runner.model
+        for start in range(0, len(records), 7):  # odd batch sizes: padding in most buckets
+            chunk = records[start:start + 7]
+            batch = {k: [np.asarray(r[k]) for r in chunk] for k in spec.inputs}
+            batch = {k: np.stack(v) if len({a.shape for a in v}) == 1 else v
+                     for k, v in batch.items()}
+            out = runner.run_batch(batch)
+            for i, rec in enumerate(chunk):
+                with torch.inference_mode():
+                    inputs = {k: torch.as_tensor(np.asarray(rec[k]))[None].to(
+                        runner.device, runner.inputs.flat[k].dtype) for k in spec.inputs}
+                    want = name_outputs(call_model(model, inputs, spec.model.call),
+                                        list(spec.outputs))
+                for name in spec.outputs:
+                    np.testing.assert_allclose(out[name][i], want[name][0].float().cpu().numpy(),
+                                               rtol=1e-3, atol=1e-3)
+
+
+def _records(spec, n):
+    path = spec.data.path
+    if path.suffix == ".npy":
+        return [{next(iter(spec.inputs)): row} for row in np.load(path)[:n]]
+    return [json.loads(line) for line in path.read_text().splitlines()[:n]]
+
+
+def test_decoder_bf16_buckets_capture_and_match_eager(tmp_path):
+    spec = small_spec(tmp_path, model={"builtin": "decoder", "dtype": "bfloat16",
+                                       "args": {"layers": 4, "d_model": 256, "heads": 4,
+                                                "vocab": 2048, "max_len": 256}},
+                      inputs={"tokens": {"shape": ["batch", 1], "dtype": "int64",
+                                         "range": [0, 2048]},
+                              "positions": {"shape": ["batch"], "dtype": "int64",
+                                            "range": [0, 256]}},
+                      outputs={"logits": {"shape": ["batch", 1, 2048]}},
+                      capture={"verify": {"rtol": 2e-2, "atol": 2e-2}})
+    with Runner(spec) as runner:
+        assert all(s.status == "captured" and s.verify["passed"]
+                   for s in runner.states.values())
+        rng = np.random.default_rng(0)
+        tokens = rng.integers(0, 2048, size=(5, 1))
+        positions = rng.integers(0, 256, size=5)
+        out = runner.run_batch({"tokens": tokens, "positions": positions})["logits"]
+        with torch.inference_mode():
+            want = runner.model(tokens=torch.as_tensor(tokens, device="cuda"),
+                                positions=torch.as_tensor(positions, device="cuda"))
+        np.testing.assert_allclose(out, want.float().cpu().numpy(), rtol=2e-2, atol=2e-2)
+
+
+def test_shared_pool_takes_less_memory_than_a_pool_per_graph(tmp_path):
+    def total(pool):
+        spec = small_spec(tmp_path, capture={"pool": pool},
+                          model={"builtin": "mlp", "args": {"in_features": 32, "hidden": 1024,
+                                                            "layers": 8, "out_features": 8}})
+        with Runner(spec) as runner:
+            return sum(s.memory_bytes for s in runner.states.values())
+
+    shared, separate = total("shared"), total("per-graph")
+    assert shared < separate, (shared, separate)
+
+
+def test_host_sync_in_forward_fails_with_the_model_line_and_remedies(tmp_path):
+    (tmp_path / "m.py").write_text(SYNCS_ON_ITEM)
+    spec = small_spec(tmp_path, model={"target": f"{tmp_path / 'm.py'}:build"},
+                      inputs={"x": {"shape": ["batch", 4]}}, outputs={"y": {"shape": ["batch", 4]}})
+    with pytest.raises(CaptureError) as info:
+        Runner(spec)
+    text = str(info.value)
+    assert "bucket batch=32" in text and "CUDA graph capture failed" in text
+    assert f"{tmp_path / 'm.py'}:7 in forward" in text and ".item()" in text
+    assert "1. remove host synchronisations" in text
+
+
+def test_on_failure_eager_runs_the_uncapturable_buckets_eagerly(tmp_path):
+    (tmp_path / "m.py").write_text(SYNCS_ON_ITEM)
+    spec = small_spec(tmp_path, model={"target": f"{tmp_path / 'm.py'}:build"},
+                      inputs={"x": {"shape": ["batch", 4]}}, outputs={"y": {"shape": ["batch", 4]}},
+                      capture={"on_failure": "eager"})
+    with Runner(spec) as runner:
+        assert {s.status for s in runner.states.values()} == {"eager"}
+        assert all("CUDA graph capture failed" in s.reason for s in runner.states.values())
+        x = np.random.default_rng(0).standard_normal((3, 4), dtype=np.float32)
+        out = runner.run_batch({"x": x})["y"]
+        with torch.inference_mode():
+            want = runner.model(torch.as_tensor(x, device="cuda")).cpu().numpy()
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+
+
+def test_memory_budget_drops_the_largest_buckets(tmp_path):
+    args = {"in_features": 32, "hidden": 4096, "layers": 4, "out_features": 8}
+    spec = small_spec(tmp_path, model={"builtin": "mlp", "args": args},
+                      buckets={"batch": [1, 64, 4096]}, capture={"memory_budget_mib": 8})
+    with Runner(spec) as runner:
+        states = {s.bucket.batch: s for s in runner.states.values()}
+        assert states[4096].status == "skipped" and "memory_budget_mib=8" in states[4096].reason
+        assert states[1].status == "captured"
+        assert runner.table.max_batch < 4096
+        x = np.random.default_rng(0).standard_normal((100, 32), dtype=np.float32)
+        out, ran = runner.run_rows({"x": x}, 100, {})  # split over the buckets still there
+        assert out["y"].shape == (100, 8) and all(b.batch < 4096 for b, _ in ran)
+
+
+def test_compile_true_is_captured_and_matches_eager(tmp_path):
+    spec = small_spec(tmp_path, model={"builtin": "mlp", "compile": True,
+                                       "args": {"in_features": 32, "hidden": 64, "layers": 2,
+                                                "out_features": 8}},
+                      buckets={"batch": [1, 4]})
+    with Runner(spec) as runner:
+        assert {s.status for s in runner.states.values()} == {"captured"}
+        x = np.random.default_rng(0).standard_normal((3, 32), dtype=np.float32)
+        out = runner.run_batch({"x": x})["y"]
+        eager = build_model(spec, torch.device("cuda"))
+        with torch.inference_mode():
+            want = eager(torch.as_tensor(x, device="cuda")).cpu().numpy()
+        np.testing.assert_allclose(out, want, rtol=1e-3, atol=1e-3)
+
+
+def test_graphrun_run_on_the_gpu_writes_a_manifest_with_captured_buckets(tmp_path):
+    spec = graphrun.load_spec(ROOT / "pipelines" / "decoder-step.yaml",
+                              ["report.baseline=eager"])
+    m = graphrun.run(spec, out=tmp_path / "o")
+    assert m.status == "completed" and m.environment.backend == "cuda-graph"
+    assert m.environment.gpu
+    assert all(b.status == "captured" for b in m.buckets)
+    assert m.totals.records_out == 2000
+    used = [b for b in m.buckets if b.batches]
+    assert all(b.latency_us["replay"]["p50"] > 0 for b in used)
+    assert all(b.speedup and b.speedup > 1 for b in m.buckets), [b.speedup for b in m.buckets]

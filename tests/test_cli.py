@@ -1,0 +1,105 @@
+"""The command line: exit codes, one clear message per user error, no traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from graphrun.cli import main
+from tests.conftest import MLP_SPEC
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli(*args):
+    return CliRunner().invoke(main, list(map(str, args)))
+
+
+def test_validate_every_shipped_pipeline_ok():
+    pipelines = sorted((ROOT / "pipelines").glob("*.yaml"))
+    result = cli("validate", *pipelines)
+    assert result.exit_code == 0, result.output
+    assert result.output.count(": ok") == len(pipelines) >= 3
+
+
+def test_every_shipped_pipeline_points_editors_at_the_schema():
+    for path in (ROOT / "pipelines").glob("*.yaml"):
+        first = path.read_text().splitlines()[0]
+        assert first == "# yaml-language-server: $schema=../schemas/pipeline.schema.json", path
+
+
+def test_validate_reports_each_file_and_fails_if_any_fails(write_spec):
+    good = write_spec()
+    bad = write_spec(MLP_SPEC.replace("warmup_iters: 1", "warmup_iters: -1"), name="bad.yaml")
+    result = cli("validate", good, bad)
+    assert result.exit_code == 1
+    assert f"{good}: ok" in result.output
+    assert f"{bad}: invalid" in result.output
+    assert f"{bad}:14:17: capture.warmup_iters: must be >= 0 (got -1)" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_run_with_a_bad_spec_exits_2_with_one_message_and_no_traceback(write_spec):
+    bad = write_spec(MLP_SPEC.replace("builtin: mlp", "builtin: nope"))
+    result = cli("run", bad)
+    assert result.exit_code == 2
+    assert result.output.startswith(f"error: {bad}:5:12: model.builtin: unknown builtin 'nope'")
+    assert "Traceback" not in result.output
+
+
+def test_debug_shows_the_traceback(write_spec):
+    bad = write_spec(MLP_SPEC.replace("builtin: mlp", "builtin: nope"))
+    proc = subprocess.run([sys.executable, "-m", "graphrun", "--debug", "run", str(bad)],
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+def test_run_writes_outputs_and_manifest_and_set_overrides_apply(write_spec, tmp_path):
+    spec = write_spec()
+    result = cli("run", spec, "--set", "output.format=jsonl", "--set", "buckets.batch=[1,8]",
+                 "-q")
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["status"] == "completed"
+    assert manifest["totals"]["records_out"] == 10
+    assert manifest["spec"]["output"]["format"] == "jsonl"
+    assert [b["name"] for b in manifest["buckets"]] == ["batch=8", "batch=1"]
+    lines = (tmp_path / "out" / "part-00000.jsonl").read_text().splitlines()
+    assert [json.loads(l)["id"] for l in lines] == list(range(10))
+
+
+def test_rerun_into_the_same_folder_is_refused_then_overwrite_works(write_spec, tmp_path):
+    spec = write_spec()
+    assert cli("run", spec, "-q").exit_code == 0
+    again = cli("run", spec, "-q")
+    assert again.exit_code == 2 and "--overwrite" in again.output
+    assert cli("run", spec, "-q", "--overwrite").exit_code == 0
+    assert "pick one" in cli("run", spec, "--resume", "--overwrite").output
+
+
+def test_schema_check_passes_on_the_checked_in_schemas_and_readme():
+    result = cli("schema", "--check")
+    assert result.exit_code == 0, result.output
+
+
+def test_schema_check_fails_on_a_stale_schema(monkeypatch, tmp_path):
+    from graphrun import schemas
+
+    (tmp_path / "pipeline.schema.json").write_text("{}\n")
+    monkeypatch.setattr(schemas, "SCHEMA_DIR", tmp_path)
+    result = cli("schema", "pipeline", "--check")
+    assert result.exit_code == 1 and "stale" in result.output
+
+
+def test_readme_spec_reference_lists_every_key():
+    from graphrun.schemas import spec_reference
+
+    readme = (ROOT / "README.md").read_text()
+    assert spec_reference() in readme
+    for key in ("capture.verify.rtol", "data.on_bad_record", "inputs.<name>.range"):
+        assert f"`{key}`" in readme

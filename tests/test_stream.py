@@ -1,0 +1,547 @@
+"""The stream step: reading JSONL, npy, npz and Parquet in chunks, checking every record."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from graphrun import stream
+from graphrun.errors import InputError
+from graphrun.spec import PipelineSpec
+from graphrun.stream import read_batches
+
+DECODER = {"tokens": {"shape": ["batch", 1], "dtype": "int64", "range": [0, 100]},
+           "positions": {"shape": ["batch"], "dtype": "int64"}}
+SEQ = {"tokens": {"shape": ["batch", "seq"], "dtype": "int64", "range": [0, 100]},
+       "mask": {"shape": ["batch", "seq"], "dtype": "bool"}}
+PAIRS = {"xy": {"shape": ["batch", "seq", 2], "dtype": "int64"}}
+FLOATS = {"x": {"shape": ["batch", 3], "dtype": "float32", "finite": True}}
+SMALL = {"v": {"shape": ["batch"], "dtype": "int8"}}
+BUCKETS = {"batch": [1, 2, 4], "seq": [4]}
+
+
+def make_spec(path: Path, inputs: dict, **data) -> PipelineSpec:
+    buckets = BUCKETS if any("seq" in i["shape"] for i in inputs.values()) else {"batch": [1, 4]}
+    return PipelineSpec.model_validate({
+        "version": 1, "name": "t", "model": {"builtin": "mlp"}, "inputs": inputs,
+        "outputs": {"y": {"shape": ["batch"]}}, "buckets": buckets,
+        "data": {"path": str(path), **data}, "output": {"dir": str(path.parent / "out")},
+    })
+
+
+def write_jsonl(path: Path, records: list) -> Path:
+    """records: dicts (dumped as JSON) or bytes/str (written as they are, one per line)."""
+    with open(path, "wb") as f:
+        for r in records:
+            raw = r if isinstance(r, bytes) else r.encode() if isinstance(r, str) else \
+                json.dumps(r).encode()
+            f.write(raw + b"\n")
+    return path
+
+
+def decoder_records(n: int) -> list[dict]:
+    return [{"id": f"r{i}", "tokens": [i % 100], "positions": i} for i in range(n)]
+
+
+def everything(spec: PipelineSpec, **kw):
+    """(valid ids in order, rejects in order, batches)."""
+    batches = list(read_batches(spec, **kw))
+    ids = [i for b in batches for i in b.ids]
+    return ids, [r for b in batches for r in b.rejects], batches
+
+
+# ---- values, order, ids, batches ------------------------------------------------------------
+
+def test_jsonl_values_order_and_batches(tmp_path):
+    path = write_jsonl(tmp_path / "data.jsonl", decoder_records(2) + [""] + decoder_records(5)[2:])
+    batches = list(read_batches(make_spec(path, DECODER, id_field="id", batch_size=2)))
+
+    assert [len(b) for b in batches] == [2, 2, 1]
+    first = batches[0]
+    assert first.ids == ["r0", "r1"]
+    assert first.indices.tolist() == [0, 1] and first.indices.dtype == np.int64
+    assert first.where == ["data.jsonl:1", "data.jsonl:2"]
+    assert batches[1].where == ["data.jsonl:4", "data.jsonl:5"]  # the blank line 3 is no record
+    assert batches[1].indices.tolist() == [2, 3]
+    np.testing.assert_array_equal(first.fields["tokens"], [[0], [1]])
+    assert first.fields["tokens"].dtype == np.int64
+    np.testing.assert_array_equal(batches[2].fields["positions"], [4])
+    assert first.lengths == {} and all(b.rejects == [] for b in batches)
+
+
+def test_ids_default_to_ordinals(tmp_path):
+    records = [{"tokens": [i], "positions": i} for i in range(3)]
+    path = write_jsonl(tmp_path / "data.jsonl", [""] + records)
+    ids, _, _ = everything(make_spec(path, DECODER))
+    assert ids == [0, 1, 2]
+
+
+def test_dtypes_bfloat16_as_float32_and_bool(tmp_path):
+    inputs = {"h": {"shape": ["batch", 2], "dtype": "bfloat16"},
+              "m": {"shape": ["batch", 2], "dtype": "bool"},
+              "f": {"shape": ["batch"], "dtype": "float16"}}
+    path = write_jsonl(tmp_path / "d.jsonl", [{"h": [1, 2.5], "m": [True, 0], "f": 3}])
+    (batch,) = read_batches(make_spec(path, inputs))
+    assert batch.fields["h"].dtype == np.float32
+    np.testing.assert_array_equal(batch.fields["h"], [[1.0, 2.5]])
+    assert batch.fields["m"].dtype == np.bool_ and batch.fields["m"].tolist() == [[True, False]]
+    assert batch.fields["f"].dtype == np.float16
+
+
+def test_integral_floats_are_integers(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"tokens": [3.0], "positions": 1e1}])
+    (batch,) = read_batches(make_spec(path, DECODER))
+    assert batch.fields["tokens"].tolist() == [[3]] and batch.fields["positions"].tolist() == [10]
+
+
+def test_variable_length_records_give_lengths_and_lists(tmp_path):
+    records = [{"tokens": [1, 2, 3], "mask": [1, 1, 0]}, {"tokens": [4], "mask": [True]},
+               {"tokens": [5, 6], "mask": [1, 1]}, {"tokens": [7, 8], "mask": [0, 1]}]
+    path = write_jsonl(tmp_path / "d.jsonl", records)
+    first, second = read_batches(make_spec(path, SEQ, batch_size=2))
+
+    assert first.lengths["seq"].tolist() == [3, 1] and first.lengths["seq"].dtype == np.int64
+    assert isinstance(first.fields["tokens"], list)  # shapes differ: one array per record
+    assert [a.tolist() for a in first.fields["tokens"]] == [[1, 2, 3], [4]]
+    assert first.fields["mask"][0].dtype == np.bool_
+    assert second.lengths["seq"].tolist() == [2, 2]
+    np.testing.assert_array_equal(second.fields["tokens"], [[5, 6], [7, 8]])  # same shape: dense
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 60, 1 << 20])
+def test_batches_do_not_depend_on_chunks(tmp_path, monkeypatch, chunk_bytes):
+    monkeypatch.setattr(stream, "JSONL_CHUNK_BYTES", chunk_bytes)
+    records = [{"tokens": list(range(1 + i % 4)), "mask": [1] * (1 + i % 4)} for i in range(11)]
+    path = write_jsonl(tmp_path / "d.jsonl", records)
+    batches = list(read_batches(make_spec(path, SEQ, batch_size=4)))
+    assert [len(b) for b in batches] == [4, 4, 3]
+    tokens = [a.tolist() for b in batches for a in b.fields["tokens"]]
+    assert tokens == [r["tokens"] for r in records]
+    assert [n for b in batches for n in b.lengths["seq"].tolist()] == [1, 2, 3, 4] * 2 + [1, 2, 3]
+
+
+def test_empty_file_gives_no_batches(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", ["", "  "])
+    assert list(read_batches(make_spec(path, DECODER))) == []
+
+
+def test_unknown_suffix_names_accepted_formats(tmp_path):
+    path = tmp_path / "data.csv"
+    path.write_text("a,b\n")
+    with pytest.raises(InputError, match=r"'\.csv'.*\.jsonl, \.npy, \.npz, \.parquet"):
+        list(read_batches(make_spec(path, DECODER)))
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(InputError, match="not found"):
+        list(read_batches(make_spec(tmp_path / "nope.jsonl", DECODER)))
+
+
+# ---- start / stop ---------------------------------------------------------------------------
+
+def write_decoder_file(tmp_path: Path, fmt: str, n: int) -> Path:
+    tokens = np.arange(n, dtype=np.int64).reshape(n, 1) % 100
+    positions = np.arange(n, dtype=np.int64)
+    ids = np.array([f"r{i}" for i in range(n)])
+    path = tmp_path / f"data.{fmt}"
+    if fmt == "jsonl":
+        write_jsonl(path, decoder_records(n))
+    elif fmt == "npz":
+        np.savez(path, tokens=tokens, positions=positions, id=ids)
+    elif fmt == "parquet":
+        table = pa.table({"id": ids, "tokens": tokens.tolist(), "positions": positions})
+        pq.write_table(table, path, row_group_size=3)  # several row groups to seek across
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "npz", "parquet"])
+@pytest.mark.parametrize("start,stop", [(0, None), (4, None), (4, 7), (0, 3), (9, 10), (10, 10),
+                                        (12, None)])
+def test_start_stop_select_ordinals(tmp_path, fmt, start, stop):
+    path = write_decoder_file(tmp_path, fmt, 10)
+    spec = make_spec(path, DECODER, id_field="id", batch_size=2)
+    batches = list(read_batches(spec, start=start, stop=stop))
+    expected = list(range(10))[start:stop]
+    assert [i for b in batches for i in b.indices.tolist()] == expected
+    assert [i for b in batches for i in b.ids] == [f"r{i}" for i in expected]
+    assert [p for b in batches for p in b.fields["positions"].tolist()] == expected
+    assert all(len(b) == 2 for b in batches[:-1])
+
+
+def test_npy_start_stop(tmp_path):
+    np.save(tmp_path / "x.npy", np.arange(30, dtype=np.float32).reshape(10, 3))
+    spec = make_spec(tmp_path / "x.npy", FLOATS, batch_size=4)
+    batches = list(read_batches(spec, start=3, stop=8))
+    assert [b.indices.tolist() for b in batches] == [[3, 4, 5, 6], [7]]
+    assert batches[1].where == ["x.npy[row 7]"] and batches[1].ids == [7]
+    np.testing.assert_array_equal(batches[1].fields["x"], [[21, 22, 23]])
+
+
+def test_records_before_start_are_not_parsed(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", ["not json"] + decoder_records(3)[1:])
+    ids, rejects, _ = everything(make_spec(path, DECODER, id_field="id"), start=1)
+    assert ids == ["r1", "r2"] and rejects == []
+
+
+# ---- bad JSONL records ----------------------------------------------------------------------
+
+def good(inputs: dict, i: int) -> dict:
+    if inputs is DECODER:
+        return {"id": f"r{i}", "tokens": [i], "positions": i}
+    if inputs is SEQ:
+        return {"id": f"r{i}", "tokens": [i, i], "mask": [1, 0]}
+    if inputs is PAIRS:
+        return {"id": f"r{i}", "xy": [[i, i]]}
+    if inputs is SMALL:
+        return {"id": f"r{i}", "v": i}
+    return {"id": f"r{i}", "x": [i, i, i]}
+
+
+BAD_JSONL = [  # (inputs, line 3 of 5, the record id a reject carries, reason)
+    (DECODER, b'{"id": "r2", "tokens": ["\xff"], "positions": 2}', None, "invalid UTF-8"),
+    (DECODER, '{"id": "r2", "tokens": [2,}', None, "invalid JSON: Expecting value (column 27)"),
+    (DECODER, '{"id": "r2", "tokens": [2], "positions": 2} {"id": "r9"}', None, "invalid JSON"),
+    (DECODER, "[1, 2]", None, "the record is an array; expected an object"),
+    (DECODER, {"id": "r2", "tokens": [2]}, "r2", "missing field 'positions'"),
+    (DECODER, {"id": "r2", "tokens": [2], "positions": 2, "extra": 1}, "r2",
+     "unknown field 'extra'"),
+    (DECODER, {"tokens": [2], "positions": 2}, None, "missing id: field 'id' is absent"),
+    (DECODER, {"id": None, "tokens": [2], "positions": 2}, None, "missing id"),
+    (DECODER, {"id": ["r2"], "tokens": [2], "positions": 2}, None,
+     "id field 'id' must be a string or an integer, got an array"),
+    (DECODER, {"id": "r1", "tokens": [2], "positions": 2}, "r1", "duplicate id 'r1'"),
+    (DECODER, {"id": "r2", "tokens": [[2]], "positions": 2}, "r2",
+     "tokens: expected rank 1 per record (shape [1]"),
+    (DECODER, {"id": "r2", "tokens": 2, "positions": 2}, "r2", "tokens: expected rank 1"),
+    (DECODER, {"id": "r2", "tokens": [2, 3], "positions": 2}, "r2",
+     "tokens: dimension 0 of a record must be 1 (shape [1]), got 2"),
+    (DECODER, {"id": "r2", "tokens": ["a"], "positions": 2}, "r2",
+     "tokens: non-numeric value 'a' (a string)"),
+    (DECODER, {"id": "r2", "tokens": [None], "positions": 2}, "r2", "tokens: null value"),
+    (DECODER, {"id": "r2", "tokens": [{"a": 1}], "positions": 2}, "r2", "a JSON object"),
+    (DECODER, {"id": "r2", "tokens": [2.5], "positions": 2}, "r2",
+     "tokens: non-integral value 2.5 where int64 is expected"),
+    (DECODER, {"id": "r2", "tokens": [2], "positions": True}, "r2",
+     "positions: boolean value where int64 numbers are expected"),
+    (DECODER, {"id": "r2", "tokens": [100], "positions": 2}, "r2",
+     "tokens: value 100 is outside range [0, 100) (lo <= x < hi)"),
+    (DECODER, {"id": "r2", "tokens": [-1], "positions": 2}, "r2", "value -1 is outside range"),
+    (DECODER, {"id": "r2", "tokens": [2], "positions": 2**70}, "r2", "does not fit in 64 bits"),
+    (SMALL, {"id": "r2", "v": 300}, "r2", "v: value 300 does not fit int8 (-128..127)"),
+    (FLOATS, '{"id": "r2", "x": [1, NaN, 2]}', "r2", "x: value nan is NaN or Inf (finite: true)"),
+    (FLOATS, '{"id": "r2", "x": [1, -Infinity, 2]}', "r2", "x: value -inf is NaN or Inf"),
+    (FLOATS, {"id": "r2", "x": [1, False, 2]}, "r2", "boolean value where float32"),
+    (SEQ, {"id": "r2", "tokens": [], "mask": []}, "r2", "tokens: seq length is 0"),
+    (SEQ, {"id": "r2", "tokens": [1] * 5, "mask": [1] * 5}, "r2",
+     "tokens: seq length 5 exceeds the largest seq bucket 4: add a bucket of at least 5 to "
+     "buckets.seq or shorten the record"),
+    (SEQ, {"id": "r2", "tokens": [1, 2, 3], "mask": [1, 1]}, "r2",
+     "inputs tokens and mask disagree on the seq length: 3 vs 2"),
+    (SEQ, {"id": "r2", "tokens": [1, 2], "mask": [1, 2]}, "r2",
+     "mask: value 2 where a boolean (true/false or 0/1) is expected"),
+    (PAIRS, {"id": "r2", "xy": [[1, 2], [3]]}, "r2", "xy: ragged nested lists"),
+    (PAIRS, {"id": "r2", "xy": [[1, 2], 3]}, "r2", "xy: ragged nested lists"),
+]
+
+
+@pytest.mark.parametrize("inputs,bad,rid,reason", BAD_JSONL)
+def test_bad_jsonl_record_is_skipped_with_reason(tmp_path, inputs, bad, rid, reason):
+    records = [good(inputs, i) for i in range(5)]
+    records[2] = bad
+    path = write_jsonl(tmp_path / "data.jsonl", records)
+    spec = make_spec(path, inputs, id_field="id", batch_size=2, on_bad_record="skip")
+    ids, rejects, batches = everything(spec)
+
+    assert ids == ["r0", "r1", "r3", "r4"]
+    (reject,) = rejects
+    assert (reject.index, reject.id, reject.where) == (2, rid, "data.jsonl:3")
+    assert reason in reject.reason
+    assert sum(len(b) + len(b.rejects) for b in batches) == 5
+
+
+@pytest.mark.parametrize("inputs,bad,rid,reason", BAD_JSONL)
+def test_bad_jsonl_record_stops_the_run(tmp_path, inputs, bad, rid, reason):
+    records = [good(inputs, i) for i in range(5)]
+    records[2] = bad
+    path = write_jsonl(tmp_path / "data.jsonl", records)
+    spec = make_spec(path, inputs, id_field="id", batch_size=2, on_bad_record="error")
+    batches = []
+    with pytest.raises(InputError) as err:
+        for b in read_batches(spec):
+            batches.append(b)
+    assert str(err.value).startswith("data.jsonl:3: ")
+    assert reason in str(err.value)
+    assert err.value.where == "data.jsonl:3" and err.value.record_id == rid
+    assert [b.ids for b in batches] == [["r0", "r1"]]  # the full batch before it came out
+
+
+def test_truncated_last_line(tmp_path):
+    path = tmp_path / "data.jsonl"
+    write_jsonl(path, decoder_records(2))
+    with open(path, "ab") as f:
+        f.write(b'{"id": "r2", "tokens": [')
+    spec = make_spec(path, DECODER, id_field="id", on_bad_record="skip")
+    ids, (reject,), _ = everything(spec)
+    assert ids == ["r0", "r1"]
+    assert (reject.index, reject.where) == (2, "data.jsonl:3")
+    assert reject.reason == "truncated last line (the file ends mid-record)"
+
+
+def test_last_line_without_newline_is_fine_when_whole(tmp_path):
+    path = tmp_path / "data.jsonl"
+    path.write_text(json.dumps(decoder_records(1)[0]))
+    assert everything(make_spec(path, DECODER, id_field="id"))[0] == ["r0"]
+
+
+def test_record_split_over_two_lines_is_rejected_twice(tmp_path):
+    records = decoder_records(4)
+    lines = [json.dumps(r) for r in records]
+    half = len(lines[1]) // 2
+    lines[1:2] = [lines[1][:half], lines[1][half:]]  # the two halves parse only when joined
+    path = write_jsonl(tmp_path / "d.jsonl", lines)
+    ids, rejects, _ = everything(make_spec(path, DECODER, id_field="id", on_bad_record="skip"))
+    assert ids == ["r0", "r2", "r3"]
+    assert [(r.where, r.reason.split(":")[0]) for r in rejects] == [
+        ("d.jsonl:2", "invalid JSON"), ("d.jsonl:3", "invalid JSON")]
+
+
+def test_bool_input_takes_true_false_and_0_1(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"tokens": [1, 2], "mask": [True, 0]}])
+    (batch,) = read_batches(make_spec(path, SEQ))
+    assert batch.fields["mask"].tolist() == [[True, False]]
+
+
+def test_id_in_text_true_does_not_make_a_bool(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"id": "true", "tokens": [1], "positions": 2}])
+    assert everything(make_spec(path, DECODER, id_field="id"))[0] == ["true"]
+
+
+def test_skip_counts_add_up_and_rejects_keep_file_order(tmp_path):
+    records = decoder_records(12)
+    for i in (0, 3, 4, 5, 11):
+        records[i] = {**records[i], "tokens": [1000]}
+    path = write_jsonl(tmp_path / "d.jsonl", records)
+    spec = make_spec(path, DECODER, id_field="id", batch_size=3, on_bad_record="skip")
+    batches = list(read_batches(spec))
+
+    assert [b.indices.tolist() for b in batches] == [[1, 2, 6], [7, 8, 9], [10]]
+    assert [[r.index for r in b.rejects] for b in batches] == [[0, 3, 4, 5], [], [11]]
+    assert sum(len(b) + len(b.rejects) for b in batches) == 12
+
+
+def test_all_bad_gives_a_batch_of_rejects_only(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", ["nope", "[]"])
+    (batch,) = read_batches(make_spec(path, SEQ, on_bad_record="skip"))
+    assert len(batch) == 0 and [r.index for r in batch.rejects] == [0, 1]
+    assert batch.fields["tokens"].shape == (0, 0) and batch.fields["mask"].dtype == np.bool_
+    assert batch.lengths["seq"].tolist() == []
+
+
+def test_long_run_of_bad_records_is_handed_out_early(tmp_path, monkeypatch):
+    monkeypatch.setattr(stream, "REJECTS_HELD", 3)
+    monkeypatch.setattr(stream, "JSONL_CHUNK_BYTES", 1)  # one line per chunk
+    records = decoder_records(10)
+    for i in range(1, 8):
+        records[i] = "bad"
+    path = write_jsonl(tmp_path / "d.jsonl", records)
+    spec = make_spec(path, DECODER, id_field="id", batch_size=4, on_bad_record="skip")
+    batches = list(read_batches(spec))
+    assert [b.indices.tolist() for b in batches] == [[0], [], [8, 9]]
+    assert [[r.index for r in b.rejects] for b in batches] == [[1, 2, 3], [4, 5, 6], [7]]
+
+
+# ---- npy -------------------------------------------------------------------------------------
+
+def test_npy_dense_values(tmp_path):
+    data = np.arange(15, dtype=np.float64).reshape(5, 3)
+    np.save(tmp_path / "x.npy", data)
+    batches = list(read_batches(make_spec(tmp_path / "x.npy", FLOATS, batch_size=2)))
+    assert [b.ids for b in batches] == [[0, 1], [2, 3], [4]]
+    assert all(isinstance(b.fields["x"], np.ndarray) for b in batches)
+    assert batches[0].fields["x"].dtype == np.float32
+    np.testing.assert_array_equal(np.concatenate([b.fields["x"] for b in batches]), data)
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 40, 1 << 20])
+def test_npy_checks_values_across_chunks(tmp_path, monkeypatch, chunk_bytes):
+    monkeypatch.setattr(stream, "ARRAY_CHUNK_BYTES", chunk_bytes)
+    data = np.ones((7, 3), np.float32)
+    data[1, 2], data[5, 0] = np.nan, np.inf
+    np.save(tmp_path / "x.npy", data)
+    spec = make_spec(tmp_path / "x.npy", FLOATS, batch_size=2, on_bad_record="skip")
+    ids, rejects, batches = everything(spec)
+    assert ids == [0, 2, 3, 4, 6]
+    assert [(r.index, r.id, r.where) for r in rejects] == [(1, 1, "x.npy[row 1]"),
+                                                          (5, 5, "x.npy[row 5]")]
+    assert "NaN or Inf" in rejects[0].reason
+    assert [len(b) for b in batches] == [2, 2, 1]
+
+
+def test_npy_range_error_names_the_row(tmp_path):
+    np.save(tmp_path / "t.npy", np.array([[1], [2], [500]]))
+    spec = make_spec(tmp_path / "t.npy", {"tokens": DECODER["tokens"]})
+    with pytest.raises(InputError, match=r"^t\.npy\[row 2\]: record 2: tokens: value 500 is "
+                                         r"outside range \[0, 100\)"):
+        list(read_batches(spec))
+
+
+def test_npy_float_to_int_checks_integral(tmp_path):
+    np.save(tmp_path / "t.npy", np.array([[1.0], [2.5]]))
+    spec = make_spec(tmp_path / "t.npy", {"tokens": DECODER["tokens"]}, on_bad_record="skip")
+    ids, (reject,), batches = everything(spec)
+    assert ids == [0] and batches[0].fields["tokens"].dtype == np.int64
+    assert "non-integral value 2.5" in reject.reason
+
+
+@pytest.mark.parametrize("array,message", [
+    (np.zeros((4, 2), np.float32), r"dimension 0 of a record must be 3 .*array shape \[4, 2\]"),
+    (np.zeros((4,), np.float32), "expected rank 1"),
+    (np.array([["a", "b", "c"]]), "not numeric"),
+    (np.zeros((2, 3), bool), "booleans where float32"),
+])
+def test_npy_whole_file_problems_raise_even_when_skipping(tmp_path, array, message):
+    np.save(tmp_path / "x.npy", array)
+    with pytest.raises(InputError, match=message):
+        list(read_batches(make_spec(tmp_path / "x.npy", FLOATS, on_bad_record="skip")))
+
+
+def test_npy_needs_a_single_input_and_no_id_field(tmp_path):
+    np.save(tmp_path / "x.npy", np.zeros((2, 1)))
+    with pytest.raises(InputError, match="use .npz"):
+        list(read_batches(make_spec(tmp_path / "x.npy", DECODER)))
+    with pytest.raises(InputError, match="holds no ids"):
+        list(read_batches(make_spec(tmp_path / "x.npy", FLOATS, id_field="id")))
+
+
+def test_npy_seq_axis_lengths_and_bucket_limit(tmp_path):
+    np.save(tmp_path / "t.npy", np.ones((3, 4), np.int64))
+    (batch,) = read_batches(make_spec(tmp_path / "t.npy", {"tokens": SEQ["tokens"]}))
+    assert batch.lengths["seq"].tolist() == [4, 4, 4]
+    np.save(tmp_path / "t.npy", np.ones((3, 5), np.int64))
+    with pytest.raises(InputError, match="exceeds the largest seq bucket 4"):
+        list(read_batches(make_spec(tmp_path / "t.npy", {"tokens": SEQ["tokens"]})))
+
+
+# ---- npz -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("save", [np.savez, np.savez_compressed])
+def test_npz_values_ids_and_duplicates(tmp_path, save, monkeypatch):
+    monkeypatch.setattr(stream, "ARRAY_CHUNK_BYTES", 50)  # several chunks per member
+    n = 9
+    ids = np.array([10, 11, 12, 11, 14, 15, 16, 17, 18])
+    tokens = (np.arange(n) * 7 % 100).reshape(n, 1)
+    tokens[6, 0] = 100  # out of range
+    save(tmp_path / "d.npz", tokens=tokens, positions=np.arange(n), key=ids)
+    spec = make_spec(tmp_path / "d.npz", DECODER, id_field="key", batch_size=4,
+                     on_bad_record="skip")
+    got, rejects, batches = everything(spec)
+    assert got == [10, 11, 12, 14, 15, 17, 18]
+    assert [(r.index, r.id, r.where) for r in rejects] == [(3, 11, "d.npz[row 3]"),
+                                                          (6, 16, "d.npz[row 6]")]
+    assert "duplicate id 11" in rejects[0].reason and "outside range" in rejects[1].reason
+    np.testing.assert_array_equal(np.concatenate([b.fields["positions"] for b in batches]),
+                                  [0, 1, 2, 4, 5, 7, 8])
+    assert list(read_batches(spec, start=7))[0].ids == [17, 18]
+
+
+def test_npz_stored_members_are_memory_mapped(tmp_path):
+    np.savez(tmp_path / "d.npz", x=np.arange(12, dtype=np.float32).reshape(4, 3))
+    import zipfile
+    with zipfile.ZipFile(tmp_path / "d.npz") as zf:
+        member = stream._npz_member(tmp_path / "d.npz", zf, "x.npy")
+    assert isinstance(member, np.memmap)
+    np.testing.assert_array_equal(member[2], [6, 7, 8])
+
+
+@pytest.mark.parametrize("arrays,message", [
+    ({"tokens": np.zeros((3, 1)), "positions": np.zeros(2)}, "same number of records"),
+    ({"tokens": np.zeros((3, 1))}, "array 'positions' is missing"),
+    ({"tokens": np.zeros((3, 1)), "positions": np.zeros(3), "id": np.zeros((3, 2))},
+     "one scalar per record"),
+])
+def test_npz_whole_file_problems(tmp_path, arrays, message):
+    np.savez(tmp_path / "d.npz", **arrays)
+    spec = make_spec(tmp_path / "d.npz", DECODER, id_field="id" if "id" in arrays else None,
+                     on_bad_record="skip")
+    with pytest.raises(InputError, match=message):
+        list(read_batches(spec))
+
+
+def test_npz_string_ids(tmp_path):
+    np.savez(tmp_path / "d.npz", x=np.zeros((2, 3)), id=np.array([b"a", b"b"]))
+    ids, _, _ = everything(make_spec(tmp_path / "d.npz", FLOATS, id_field="id"))
+    assert ids == ["a", "b"]
+
+
+# ---- Parquet ---------------------------------------------------------------------------------
+
+def test_parquet_variable_lengths_stay_columnar(tmp_path):
+    table = pa.table({"id": ["a", "b", "c"], "tokens": [[1, 2, 3], [4], [5, 6]],
+                      "mask": [[True, True, False], [True], [True, True]]})
+    pq.write_table(table, tmp_path / "d.parquet")
+    first, second = read_batches(make_spec(tmp_path / "d.parquet", SEQ, id_field="id",
+                                           batch_size=2))
+    assert first.ids == ["a", "b"] and first.where == ["d.parquet[row 0]", "d.parquet[row 1]"]
+    assert [a.tolist() for a in first.fields["tokens"]] == [[1, 2, 3], [4]]
+    assert first.lengths["seq"].tolist() == [3, 1]
+    assert second.fields["mask"].tolist() == [[True, True]]
+
+
+def test_parquet_fixed_size_lists_are_dense(tmp_path):
+    x = pa.FixedSizeListArray.from_arrays(pa.array(np.arange(12, dtype=np.float32)), 3)
+    pq.write_table(pa.table({"x": x}), tmp_path / "d.parquet")
+    (batch,) = read_batches(make_spec(tmp_path / "d.parquet", FLOATS))
+    np.testing.assert_array_equal(batch.fields["x"], np.arange(12).reshape(4, 3))
+
+
+def test_parquet_nested_lists(tmp_path):
+    table = pa.table({"xy": [[[1, 2], [3, 4]], [[5, 6]], [[7, 8], [9]]]})
+    pq.write_table(table, tmp_path / "d.parquet")
+    spec = make_spec(tmp_path / "d.parquet", PAIRS, on_bad_record="skip")
+    ids, (reject,), batches = everything(spec)
+    assert ids == [0, 1] and [a.shape for a in batches[0].fields["xy"]] == [(2, 2), (1, 2)]
+    assert reject.index == 2 and "ragged nested lists" in reject.reason
+
+
+def test_parquet_nulls_and_checks(tmp_path):
+    table = pa.table({"id": ["a", None, "c", "d", "e", "c", "a"],
+                      "tokens": [[1], [2], None, [None], [300], [6], [7]],
+                      "positions": [0, 1, 2, 3, 4, 5, 6]})
+    pq.write_table(table, tmp_path / "d.parquet")
+    spec = make_spec(tmp_path / "d.parquet", DECODER, id_field="id", on_bad_record="skip")
+    ids, rejects, _ = everything(spec)
+    assert ids == ["a", "c"]  # the first "c" was rejected, so its id was not taken
+    assert [(r.index, r.id, r.where) for r in rejects] == [
+        (1, None, "d.parquet[row 1]"), (2, "c", "d.parquet[row 2]"), (3, "d", "d.parquet[row 3]"),
+        (4, "e", "d.parquet[row 4]"), (6, "a", "d.parquet[row 6]")]
+    reasons = [r.reason for r in rejects]
+    assert "missing id" in reasons[0] and "null value" in reasons[1]
+    assert "null value" in reasons[2] and "value 300 is outside range" in reasons[3]
+    assert "duplicate id 'a'" in reasons[4]
+
+
+def test_parquet_bad_record_error_names_the_row(tmp_path):
+    table = pa.table({"tokens": [[1], [2, 3]], "positions": [0, 1]})
+    pq.write_table(table, tmp_path / "d.parquet")
+    with pytest.raises(InputError, match=r"^d\.parquet\[row 1\]: record 1: tokens: dimension 0"):
+        list(read_batches(make_spec(tmp_path / "d.parquet", DECODER)))
+
+
+@pytest.mark.parametrize("columns,message", [
+    ({"tokens": [[1]]}, "column 'positions' is missing"),
+    ({"tokens": [["a"]], "positions": [1]}, "column 'tokens' holds string"),
+    ({"tokens": [1], "positions": [1]}, "column 'tokens' nests lists 0 deep"),
+    ({"tokens": [[True]], "positions": [1]}, "holds bool"),
+    ({"tokens": [[1]], "positions": [1], "id": [[1]]}, "one scalar per record"),
+])
+def test_parquet_whole_file_problems(tmp_path, columns, message):
+    pq.write_table(pa.table(columns), tmp_path / "d.parquet")
+    spec = make_spec(tmp_path / "d.parquet", DECODER, id_field="id" if "id" in columns else None,
+                     on_bad_record="skip")
+    with pytest.raises(InputError, match=message):
+        list(read_batches(spec))
