@@ -58,3 +58,20 @@ class BufferSet:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.flat.values())
+
+
+class HostSlot:
+    """One set of pinned host staging buffers (inputs and outputs) and, per bucket, the
+    (destination, source) pairs of its copies, built once so the hot path only copies."""
+
+    def __init__(self, inputs: BufferSet, outputs: BufferSet):
+        self.inputs, self.outputs = inputs, outputs
+        self._copies: dict[Bucket, tuple[list, list]] = {}
+
+    def copies(self, bucket: Bucket, device_in: BufferSet, device_out: BufferSet
+               ) -> tuple[list, list]:
+        if bucket not in self._copies:
+            self._copies[bucket] = (
+                [(d, self.inputs.view(n, bucket)) for n, d in device_in.views(bucket).items()],
+                [(self.outputs.view(n, bucket), s) for n, s in device_out.views(bucket).items()])
+        return self._copies[bucket]

@@ -35,7 +35,6 @@ class BucketState:
     reason: str | None = None
     graph: torch.cuda.CUDAGraph | None = None
     run: Callable[[], None] | None = None  # graph.replay, or the eager step
-    copies: tuple | None = None  # ([(device view, host view)], [(host view, device view)])
     warmup_s: float | None = None
     capture_s: float | None = None
     memory_bytes: int | None = None

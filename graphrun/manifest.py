@@ -71,7 +71,15 @@ class Totals(_M):
     capture_memory_bytes: int
     padding_ratio: float = Field(..., description="Padded rows / rows run.")
     device_busy_fraction: Optional[float] = Field(
-        None, description="Sum of per-batch device time (h2d+replay+d2h) / streaming wall time.")
+        None, description="GPU runs: sum of per-batch device time (h2d + replay + d2h, CUDA "
+        "events) / wall time of the streaming part of the run.")
+    device_idle_fraction: Optional[float] = Field(
+        None, description="GPU runs: 1 - device_busy_fraction, the share of the streaming wall "
+        "time the device waited for the host.")
+    host_phase_s: dict[str, float] = Field(
+        default_factory=dict, description="Where the host's streaming time went: read_wait "
+        "(waiting for parsed batches), stage (padding and launching), device_wait (waiting for "
+        "results), write (handing results to the writer).")
 
 
 class FileEntry(_M):

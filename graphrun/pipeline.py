@@ -17,6 +17,7 @@ from .errors import GraphrunError, Interrupted
 from .manifest import (BucketReport, FileEntry, Manifest, Totals, environment, spec_digest,
                        write_manifest)
 from .progress import Progress, count_records, summary_table
+from .replay import replay_stream
 from .runner import Runner
 from .stream import read_batches
 from .timing import PHASES, percentiles, spread_warning
@@ -24,10 +25,12 @@ from .write import ShardWriter, prepare_out_dir, sha256_file
 
 
 def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite: bool = False,
-        show: bool = False, start: int = 0, stop: int | None = None) -> Manifest:
+        show: bool = False, start: int = 0, stop: int | None = None,
+        overlap: bool = True) -> Manifest:
     """Run the pipeline; returns the manifest (also written to <out>/manifest.json).
 
-    start/stop select a slice of the input's records (one process per GPU reads its own)."""
+    start/stop select a slice of the input's records (one process per GPU reads its own);
+    overlap=False runs the serial data path (for comparison: see replay.py)."""
     out_dir = Path(out).resolve() if out else spec.output.dir
     spec_json = spec.model_dump(mode="json")
     job = RunState(spec, out_dir, spec_json)
@@ -48,18 +51,12 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
             writer = ShardWriter(spec, out_dir, resume=resume_point)
             latencies = open(out_dir / "latencies.jsonl", "a" if resume_point else "w")
             t0 = time.perf_counter()
-            for rb in read_batches(spec, start=start, stop=stop):
-                for r in rb.rejects:
-                    writer.reject(r.index, r.id, r.where, r.reason)
-                n = len(rb.ids)
-                job.records_in += n + len(rb.rejects)
-                if n:
-                    outs, ran = runner.run_rows(rb.fields, n, rb.lengths)
-                    writer.write(rb.indices, rb.ids, outs)
-                    job.log_batches(latencies, ran, n)
-                progress.advance(n + len(rb.rejects))
-                if stop_signal.signum:
-                    break
+            job.host_s = replay_stream(
+                runner, read_batches(spec, start=start, stop=stop), writer,
+                on_batches=lambda ran, n: job.log_batches(latencies, ran, n),
+                on_read=lambda n, rejected: (job.count(n, rejected),
+                                             progress.advance(n + rejected)),
+                should_stop=lambda: bool(stop_signal.signum), overlap=overlap)
             job.status = "interrupted" if stop_signal.signum else "completed"
         except GraphrunError as err:
             job.status, job.error = "failed", str(err)
@@ -107,6 +104,10 @@ class RunState:
         self.warnings: list[str] = []
         self.samples: dict = {}  # bucket -> phase -> [us]
         self.device_us = 0.0
+        self.host_s: dict[str, float] = {}
+
+    def count(self, n: int, rejected: int) -> None:
+        self.records_in += n + rejected
 
     def warn(self, msg: str) -> None:
         if msg.startswith("warning: "):
@@ -149,6 +150,8 @@ class RunState:
                 if w:
                     self.warnings.append(w)
         wall = self.stream_s + (runner.setup_s if runner else 0.0)
+        busy = (min(1.0, self.device_us / 1e6 / self.stream_s)
+                if self.stream_s and runner and runner.cuda else None)
         totals = Totals(
             records_in=self.records_in, records_out=self.records_out,
             records_rejected=self.rejected, batches=self.batches, wall_s=wall,
@@ -156,8 +159,9 @@ class RunState:
             records_per_s=(self.records_out / self.stream_s) if self.stream_s else 0.0,
             capture_s=capture_s, capture_memory_bytes=capture_mem,
             padding_ratio=padded / rows_run if rows_run else 0.0,
-            device_busy_fraction=(min(1.0, self.device_us / 1e6 / self.stream_s)
-                                  if self.stream_s and runner and runner.cuda else None))
+            device_busy_fraction=busy,
+            device_idle_fraction=None if busy is None else 1.0 - busy,
+            host_phase_s=self.host_s)
         env = environment(runner.device, runner.backend) if runner else None
         return Manifest(
             status=self.status, error=self.error, name=spec.name, started_at=self.started,

@@ -71,7 +71,7 @@ class Candidates:
     rejects: list[Reject] = field(default_factory=list)  # records that never became candidates
 
 
-# ---- from JSON-like values (JSONL lines, Parquet columns with nulls or ragged lists) ----------
+# ---- from the file's values: JSON-like lists (JSONL; Parquet with nulls) or Arrow columns ----
 
 def field_from_values(name: str, inp: InputSpec, values: list,
                       bool_suspects: list[int] = ()) -> tuple[Field, dict[int, str]]:
@@ -104,6 +104,38 @@ def field_from_values(name: str, inp: InputSpec, values: list,
         else:
             arrays[p] = a
     return Field(arrays=arrays), problems
+
+
+def field_from_arrow(col, rank: int) -> Field | None:
+    """Records of a (nested) list column without copying through Python: dense [n, ...] when all
+    share a shape, else one array per record when only the outermost length varies; None when
+    there are nulls or inner dimensions vary."""
+    import pyarrow.compute as pc
+
+    outer, inner, level = None, [], col
+    for depth in range(rank):
+        if level.null_count:
+            return None
+        lengths = pc.list_value_length(level).to_numpy(zero_copy_only=False)  # one per list
+        if depth == 0:
+            outer = lengths
+        elif len(lengths) and (lengths != lengths[0]).any():
+            return None
+        else:
+            inner.append(int(lengths[0]) if len(lengths) else 0)
+        level = level.flatten()
+    if level.null_count:
+        return None
+    values = level.to_numpy(zero_copy_only=False)
+    n = len(col)
+    if rank == 0:
+        return Field(dense=values)
+    if 0 in inner:
+        return None
+    if (outer == outer[0]).all():
+        return Field(dense=values.reshape((n, int(outer[0]), *inner)))
+    ends = np.cumsum(outer) * int(np.prod(inner))
+    return Field(arrays=[v.reshape((-1, *inner)) for v in np.split(values, ends[:-1])])
 
 
 def _as_dense(values: list) -> np.ndarray | None:
@@ -266,7 +298,8 @@ def check_values(name: str, inp: InputSpec, records: Records, positions: np.ndar
             " (finite: true)"))
     if isinstance(records, np.ndarray):
         return converted.reshape(records.shape)
-    return [seg.reshape(a.shape) for seg, a in zip(np.split(converted, starts[1:]), records)]
+    return [converted[s:e].reshape(a.shape)
+            for s, e, a in zip(starts.tolist(), ends.tolist(), records)]
 
 
 def _num(x: float):
@@ -326,29 +359,36 @@ class RecordChecker:
                      for name, inp in self.spec.inputs.items()}
         axes = check_shared_axes(per_input, problems)
 
-        shaped = np.array([p for p in range(n) if p not in problems], np.int64)  # [g]
+        shaped = _not_in(np.arange(n), problems)  # [g] positions with a good shape
         converted = {name: check_values(name, inp, _records_at(c.fields[name], shaped, n),
                                         shaped, problems)
                      for name, inp in self.spec.inputs.items()}
         if c.ids is not None:
             check_duplicate_ids(c.ids, shaped, self.seen_ids, problems)
 
-        keep = np.array([p not in problems for p in shaped.tolist()], bool)  # [g]
-        good = shaped[keep]
-        fields = {name: take(r, np.flatnonzero(keep)) if not keep.all()
+        good = _not_in(shaped, problems)  # [k] positions of valid records
+        kept = np.flatnonzero(np.isin(shaped, good, assume_unique=True))  # [k] into shaped
+        fields = {name: take(r, kept) if len(kept) < len(shaped)
                   else r if isinstance(r, np.ndarray) else dense_if_uniform(r)
                   for name, r in converted.items()}
         ids = c.ids if c.ids is not None else c.indices.tolist()
         rejects = c.rejects + [Reject(int(c.indices[p]), ids[p], c.where[p], reason)
                                for p, reason in problems.items()]
+        everyone = len(good) == n
         return RecordBatch(
-            indices=c.indices[good],
-            ids=[ids[p] for p in good.tolist()],
-            where=[c.where[p] for p in good.tolist()],
+            indices=c.indices if everyone else c.indices[good],
+            ids=ids if everyone else [ids[p] for p in good.tolist()],
+            where=c.where if everyone else [c.where[p] for p in good.tolist()],
             fields=fields,
             lengths={axis: axes[axis][good] for axis in self.spec.axes[1:] if axis in axes},
             rejects=sorted(rejects, key=lambda r: r.index),
         )
+
+
+def _not_in(positions: np.ndarray, problems: dict[int, str]) -> np.ndarray:
+    if not problems:
+        return positions
+    return positions[~np.isin(positions, np.fromiter(problems, np.int64, len(problems)))]
 
 
 def _records_at(f: Field, positions: np.ndarray, n: int) -> Records:

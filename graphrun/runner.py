@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from .buckets import Bucket, BucketTable, cut_rows, pad_into, split_sizes
-from .buffers import TORCH_DTYPES, BufferSet, host_dtype
+from .buffers import TORCH_DTYPES, BufferSet, HostSlot, host_dtype
 from .capture import (MiB, BucketState, capture_graph, make_step, peak_step_bytes, warm_up)
 from .errors import CaptureError, GraphrunError, InputError, ModelError
 from .models.load import build_model, call_model, name_outputs
@@ -96,8 +96,6 @@ class Runner:
         in_dims = {n: i.shape for n, i in self.input_specs.items()}
         in_dtypes = {n: TORCH_DTYPES[i.dtype] for n, i in self.input_specs.items()}
         self.inputs = BufferSet(in_dims, in_dtypes, largest, self.device)
-        self.host_in = BufferSet(in_dims, {n: host_dtype(d) for n, d in in_dtypes.items()},
-                                 largest, torch.device("cpu"), pin=self.cuda)
         views = self.inputs.views(largest)
         fill_synthetic(views, self.input_specs, torch.Generator().manual_seed(0))
         probe = name_outputs(call_model(self.model, views, self.spec.model.call),
@@ -107,9 +105,13 @@ class Runner:
             if spec.dtype:
                 out_dtypes[n] = TORCH_DTYPES[spec.dtype]
         self.outputs = BufferSet(self.output_dims, out_dtypes, largest, self.device)
-        self.host_out = BufferSet(self.output_dims,
-                                  {n: host_dtype(d) for n, d in out_dtypes.items()},
-                                  largest, torch.device("cpu"), pin=self.cuda)
+        # Two host slots: while the device runs the batch staged in one, the host pads the
+        # next batch into the other and cuts the previous one's outputs.
+        self.slots = [HostSlot(
+            BufferSet(in_dims, {n: host_dtype(d) for n, d in in_dtypes.items()}, largest,
+                      torch.device("cpu"), pin=self.cuda),
+            BufferSet(self.output_dims, {n: host_dtype(d) for n, d in out_dtypes.items()},
+                      largest, torch.device("cpu"), pin=self.cuda)) for _ in range(2)]
 
     def _prepare_buckets(self) -> None:
         cap = self.spec.capture
@@ -213,41 +215,52 @@ class Runner:
 
     # -- running batches ---------------------------------------------------------------------
 
-    def execute(self, bucket: Bucket) -> dict[str, float]:
-        """Host staging views of `bucket` -> device -> replay -> host output views. Phase times."""
-        state = self.states[bucket]
-        if state.copies is None:  # (dst, src) pairs, built once: the hot path only copies
-            state.copies = (
-                [(d, self.host_in.view(n, bucket)) for n, d in self.inputs.views(bucket).items()],
-                [(self.host_out.view(n, bucket), s) for n, s in self.outputs.views(bucket).items()])
-        copies_in, copies_out = state.copies
-        with self._device_ctx(), torch.inference_mode():
-            t = self.timer.start()
-            for dst, src in copies_in:
-                dst.copy_(src, non_blocking=True)
-            self.timer.mark(t, "h2d")
-            state.run()
-            self.timer.mark(t, "replay")
-            for dst, src in copies_out:
-                dst.copy_(src, non_blocking=True)
-            self.timer.mark(t, "d2h")
-            return self.timer.finish(t)
-
-    def run_padded(self, fields: dict, n: int, lengths: dict[str, np.ndarray]):
-        """Real rows (n of them) through the right bucket; returns (outputs, bucket, timings)."""
-        want = {a: int(lengths[a].max()) if len(lengths[a]) else 1 for a in lengths}
+    def stage(self, fields: dict, n: int, lengths: dict[str, np.ndarray], slot: int) -> Bucket:
+        """Pick the bucket for n real rows and pad them into host slot `slot`'s staging views."""
+        want = {a: int(v.max()) if len(v) else 1 for a, v in lengths.items()}
         bucket = self.table.pick(n, want)
         if bucket is None:
             raise InputError(f"no bucket covers {n} records with lengths {want}")
+        staging = self.slots[slot].inputs
         for name, rows in fields.items():
-            pad_into(self.host_in.numpy_view(name, bucket), rows, self.input_specs[name].pad)
-        times = self.execute(bucket)
-        outs = {name: cut_rows(self.host_out.numpy_view(name, bucket), n, dims, lengths)
+            pad_into(staging.numpy_view(name, bucket), rows, self.input_specs[name].pad)
+        return bucket
+
+    def launch(self, bucket: Bucket, slot: int) -> list:
+        """Enqueue: staged inputs -> static views -> replay -> static outputs -> host slot.
+        Returns the timing marks; on the GPU nothing has waited yet."""
+        copies_in, copies_out = self.slots[slot].copies(bucket, self.inputs, self.outputs)
+        run = self.states[bucket].run
+        with self._device_ctx(), torch.inference_mode():
+            marks = self.timer.start()
+            for dst, src in copies_in:
+                dst.copy_(src, non_blocking=True)
+            self.timer.mark(marks, "h2d")
+            run()
+            self.timer.mark(marks, "replay")
+            for dst, src in copies_out:
+                dst.copy_(src, non_blocking=True)
+            self.timer.mark(marks, "d2h")
+        return marks
+
+    def collect(self, bucket: Bucket, slot: int, marks: list, n: int,
+                lengths: dict[str, np.ndarray]):
+        """Wait for a launched batch; return its real rows and phase times."""
+        times = self.timer.finish(marks)
+        host = self.slots[slot].outputs
+        outs = {name: cut_rows(host.numpy_view(name, bucket), n, dims, lengths)
                 for name, dims in self.output_dims.items()}
         stats = self.states[bucket].stats
         stats["batches"] += 1
         stats["records"] += n
         stats["padded_rows"] += bucket.batch - n
+        return outs, times
+
+    def run_padded(self, fields: dict, n: int, lengths: dict[str, np.ndarray]):
+        """Real rows (n of them) through the right bucket, waiting for the result:
+        (outputs, bucket, timings)."""
+        bucket = self.stage(fields, n, lengths, 0)
+        outs, times = self.collect(bucket, 0, self.launch(bucket, 0), n, lengths)
         return outs, bucket, times
 
     def run_batch(self, inputs: dict) -> dict[str, np.ndarray | list[np.ndarray]]:
@@ -288,7 +301,7 @@ class Runner:
             tensors = {}
             for name, spec in self.input_specs.items():
                 shape = tuple(sizes[d] if isinstance(d, str) else d for d in spec.shape)
-                host = np.empty(shape, dtype=self.host_in.flat[name].numpy().dtype)
+                host = np.empty(shape, dtype=self.slots[0].inputs.flat[name].numpy().dtype)
                 pad_into(host, fields[name], spec.pad)
                 tensors[name] = torch.from_numpy(host).to(self.device,
                                                           self.inputs.flat[name].dtype)
@@ -327,7 +340,8 @@ class Runner:
 
     def close(self) -> None:
         for state in self.states.values():
-            state.graph = state.run = state.copies = None
+            state.graph = state.run = None
+        self.slots = []
         self.graph_pool = None
         if self.cuda:
             torch.cuda.synchronize(self.device)

@@ -1,9 +1,14 @@
 """The stream step: read the input file chunk by chunk, check every record, and hand out batches
 of data.batch_size valid records.
 
-Memory stays at about one chunk whatever the file's size: JSONL is read line by line, .npy is
-memory-mapped, .npz members are memory-mapped when stored and decompressed front to back when
-deflated, Parquet is read with iter_batches. The checks themselves live in records.py.
+Memory stays at about one chunk whatever the file's size: JSONL is read in blocks of whole
+lines (~256 KiB), .npy is memory-mapped, .npz members are memory-mapped when stored and
+decompressed front to back when deflated, Parquet is read with iter_batches. The checks
+themselves live in records.py.
+
+JSONL parsing is the bottleneck: a block's lines are parsed by one json.loads call (see
+_parse_together) and each input's values converted by one np.asarray; a block with a bad line,
+or with records of different shapes, falls back to one call per line or per record.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ import numpy as np
 
 from graphrun.errors import InputError
 from graphrun.records import (Candidates, Field, Reject, RecordBatch, RecordChecker,
-                              dense_if_uniform, field_from_values, numpy_dtype, shape_problem)
+                              dense_if_uniform, field_from_arrow, field_from_values, numpy_dtype,
+                              shape_problem)
 from graphrun.spec import PipelineSpec
 
 __all__ = ["Reject", "RecordBatch", "read_batches", "FORMATS"]
@@ -111,10 +117,10 @@ class _Held:
         self.count -= k
         while k > 0:
             chunk = self.chunks[0]
-            take = min(k, len(chunk) - self.cursor)
-            parts.append(_slice(chunk, self.cursor, self.cursor + take))
-            self.cursor += take
-            k -= take
+            step = min(k, len(chunk) - self.cursor)
+            parts.append(_slice(chunk, self.cursor, self.cursor + step))
+            self.cursor += step
+            k -= step
             if self.cursor == len(chunk):
                 self.chunks.popleft()
                 self.cursor = 0
@@ -328,7 +334,7 @@ def _npz_member(path: Path, zf: zipfile.ZipFile, member: str):
     """A stored member as a memory map; a deflated one as rows read front to back."""
     info = zf.getinfo(member)
     if info.compress_type != zipfile.ZIP_STORED:
-        return _DeflatedRows(zf.open(member), path.name)
+        return _DeflatedRows(zf.open(member), f"{path.name}[{member}]")
     with open(path, "rb") as f:
         f.seek(info.header_offset)
         header = f.read(30)  # zip local file header; the data follow its name and extra field
@@ -363,7 +369,7 @@ class _DeflatedRows:
     """Rows of a compressed .npz member, decompressed front to back: one chunk in memory."""
 
     def __init__(self, file, where: str):
-        self.file = file
+        self.file, self.where = file, where
         self.shape, fortran, self.dtype = _read_npy_header(file, where)
         if fortran and len(self.shape) > 1:
             raise InputError("a compressed Fortran-ordered array cannot be read row by row; "
@@ -382,6 +388,9 @@ class _DeflatedRows:
             self.row += step
         n = rows.stop - rows.start
         data = self.file.read(n * self.row_bytes)
+        if len(data) != n * self.row_bytes:
+            raise InputError("the compressed array ends early (the file is truncated)",
+                             where=self.where)
         self.row = rows.stop
         return np.frombuffer(data, self.dtype).reshape((n,) + tuple(self.shape[1:]))
 
@@ -413,7 +422,7 @@ def _dense_chunks(spec: PipelineSpec, file: str, arrays: dict, ids, n_rows: int,
             indices=np.arange(lo, hi, dtype=np.int64),
             ids=_ids(ids[lo:hi]) if ids is not None else None,
             where=[f"{file}[row {i}]" for i in range(lo, hi)],
-            fields={name: Field(dense=a[lo:hi]) for name, a in arrays.items()},
+            fields={name: Field(dense=np.asarray(a[lo:hi])) for name, a in arrays.items()},
         )
 
 
@@ -488,9 +497,9 @@ def _parquet_candidates(spec: PipelineSpec, file: str, rb, first: int) -> Candid
     fields, problems = {}, {}
     for name, inp in spec.inputs.items():
         col = rb.column(name)
-        dense = _arrow_records(col, len(inp.shape) - 1)
-        if dense is not None:
-            fields[name] = dense
+        columnar = field_from_arrow(col, len(inp.shape) - 1)
+        if columnar is not None:
+            fields[name] = columnar
             continue
         # nulls or ragged nested lists: read as Python values for a reason per record
         fields[name], found = field_from_values(name, inp, col.to_pylist())
@@ -504,35 +513,3 @@ def _parquet_candidates(spec: PipelineSpec, file: str, rb, first: int) -> Candid
                 problems.setdefault(p, f"missing id: {spec.data.id_field!r} is null")
     return Candidates(np.arange(first, first + n, dtype=np.int64), ids,
                       [f"{file}[row {i}]" for i in range(first, first + n)], fields, problems)
-
-
-def _arrow_records(col, rank: int) -> Field | None:
-    """Records of a (nested) list column without copying through Python: dense [n, ...] when all
-    share a shape, else one array per record when only the outermost length varies; None when
-    there are nulls or inner dimensions vary."""
-    import pyarrow.compute as pc
-
-    outer, inner, level = None, [], col
-    for depth in range(rank):
-        if level.null_count:
-            return None
-        lengths = pc.list_value_length(level).to_numpy(zero_copy_only=False)  # one per list
-        if depth == 0:
-            outer = lengths
-        elif len(lengths) and (lengths != lengths[0]).any():
-            return None
-        else:
-            inner.append(int(lengths[0]) if len(lengths) else 0)
-        level = level.flatten()
-    if level.null_count:
-        return None
-    values = level.to_numpy(zero_copy_only=False)
-    n = len(col)
-    if rank == 0:
-        return Field(dense=values)
-    if 0 in inner:
-        return None
-    if (outer == outer[0]).all():
-        return Field(dense=values.reshape((n, int(outer[0]), *inner)))
-    ends = np.cumsum(outer) * int(np.prod(inner))
-    return Field(arrays=[v.reshape((-1, *inner)) for v in np.split(values, ends[:-1])])
