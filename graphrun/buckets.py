@@ -107,18 +107,18 @@ def pad_into(dst: np.ndarray, rows: np.ndarray | list[np.ndarray], pad: float) -
         dst[(i,) + tuple(slice(0, s) for s in np.shape(row))] = row
 
 
-def cut_rows(full: np.ndarray, n: int, dims: list, lengths: dict[str, np.ndarray]
+def cut_rows(rows: np.ndarray, dims: list, lengths: dict[str, np.ndarray]
              ) -> np.ndarray | list[np.ndarray]:
-    """Real outputs out of a bucket-shaped output: the first n rows, each record cut back to its
-    own length on every non-batch named axis. Dense when no such axis (a copy, since `full`
-    is a reused staging buffer)."""
+    """Real outputs: `rows` holds the batch's n real rows (a fresh array, not the staging
+    buffer); each record is cut back to its own length on every non-batch named axis.
+    Dense (as given) when the output has no such axis, else a list of per-record views."""
     ragged = [(i, d) for i, d in enumerate(dims) if i > 0 and isinstance(d, str) and d != BATCH]
     if not ragged:
-        return np.array(full[:n])
+        return rows
     out = []
-    for r in range(n):
+    for r in range(len(rows)):
         idx = [r] + [slice(None)] * (len(dims) - 1)
         for i, axis in ragged:
             idx[i] = slice(0, int(lengths[axis][r]))
-        out.append(np.array(full[tuple(idx)]))
+        out.append(rows[tuple(idx)])
     return out

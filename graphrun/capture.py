@@ -45,12 +45,21 @@ class BucketState:
 
 
 def make_step(model: torch.nn.Module, call: str, inputs: dict[str, torch.Tensor],
-              outputs: dict[str, torch.Tensor]) -> Callable[[], None]:
-    """The unit that is warmed up, captured and replayed: static inputs -> static outputs."""
+              outputs: dict[str, torch.Tensor],
+              model_dtypes: dict[str, torch.dtype] | None = None) -> Callable[[], None]:
+    """The unit that is warmed up, captured and replayed: static inputs -> static outputs.
+
+    An input whose static buffer is staged in another dtype than the model takes (bfloat16 is
+    staged as float32, since numpy has none) is cast here, inside the graph, so the copy from
+    the host stays a plain copy instead of a copy plus a conversion kernel launched per batch.
+    """
     names = list(outputs)
+    casts = {n: d for n, d in (model_dtypes or {}).items() if inputs[n].dtype != d}
 
     def step() -> None:
-        got = name_outputs(call_model(model, inputs, call), names)
+        args = {n: t.to(casts[n]) if n in casts else t for n, t in inputs.items()}
+        with torch.inference_mode():
+            got = name_outputs(call_model(model, args, call), names)
         for name, t in got.items():
             dst = outputs[name]
             if t.shape != dst.shape:
@@ -93,20 +102,39 @@ def capture_graph(step: Callable[[], None], bucket: Bucket, *, stream: torch.cud
     """Capture one run of `step`; return the graph, the seconds it took and the pool growth."""
     device = stream.device
     torch.cuda.synchronize(device)
-    torch.cuda.empty_cache()  # so that reserved memory growth is this graph's pool alone
+    # Reserved memory only grows by the segments this graph's private pool takes: the general
+    # pool's cached blocks are not usable inside a capture. (torch.cuda.graph would also empty
+    # the cache before every capture, which makes the next bucket's warm-up allocate afresh.)
     before = torch.cuda.memory_reserved(device)
     graph = torch.cuda.CUDAGraph()
     t0 = time.perf_counter()
-    try:
-        with torch.cuda.graph(graph, pool=pool, stream=stream):
+    with torch.cuda.stream(stream):
+        graph.capture_begin(*(() if pool is None else (pool,)), capture_error_mode="global")
+        try:
             step()
-    except GraphrunError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any failure inside capture is explained below
-        _recover_after_failed_capture(device)
-        raise explain_capture_failure(exc, bucket) from exc
+        except GraphrunError:
+            _end_failed_capture(graph, device)
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure inside capture is explained
+            _end_failed_capture(graph, device)
+            raise explain_capture_failure(exc, bucket) from exc
+        try:
+            graph.capture_end()
+        except Exception as exc:  # noqa: BLE001 - e.g. an op the capture invalidated
+            _end_failed_capture(graph, device)
+            raise explain_capture_failure(exc, bucket) from exc
     torch.cuda.synchronize(device)
     return graph, time.perf_counter() - t0, torch.cuda.memory_reserved(device) - before
+
+
+def _end_failed_capture(graph: torch.cuda.CUDAGraph, device: torch.device) -> None:
+    """End a capture that failed (ending it raises: it was invalidated) and clear what a failed
+    capture leaves on the stream, so the next bucket, or eager, can run."""
+    try:
+        graph.capture_end()
+    except Exception:  # noqa: BLE001 - the original error is what the user needs to see
+        pass
+    _recover_after_failed_capture(device)
 
 
 def _recover_after_failed_capture(device: torch.device) -> None:
@@ -132,9 +160,8 @@ REMEDIES = [
 def explain_capture_failure(exc: BaseException, bucket: Bucket) -> CaptureError:
     """A capture error that names the bucket, the model line that failed and what to do.
 
-    When an operation inside the capture fails, leaving torch.cuda.graph raises a second error
-    ("operation failed due to a previous error during capture") with the first as its
-    __context__: the first is the one that says what the model did, so report that one.
+    If the error came with others chained to it (as __context__ or __cause__), the one raised
+    in the model's own code is the one that says what the model did: report that one.
     """
     chain = []
     while exc is not None and exc not in chain:

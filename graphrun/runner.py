@@ -77,10 +77,12 @@ class Runner:
         self.timer = BatchTimer(self.device)
         self.setup_s = 0.0
         t0 = time.perf_counter()
-        with self._device_ctx(), torch.inference_mode():
-            self.model = build_model(spec, self.device, spec.base_dir)
+        with self._device_ctx():
+            with torch.inference_mode():
+                self.model = build_model(spec, self.device, spec.base_dir)
             if spec.model.compile:
                 self.model = compile_model(self.model, len(self.table.all))
+            # Buffers are made outside inference mode: they are written in place per batch.
             self._allocate()
             self._prepare_buckets()
         self.setup_s = time.perf_counter() - t0
@@ -90,16 +92,27 @@ class Runner:
     def _device_ctx(self):
         return torch.cuda.device(self.device) if self.cuda else nullcontext()
 
+    def _switch_device(self):
+        """A device context only where another device is current (a multi-GPU process)."""
+        if self.cuda and torch.cuda.current_device() != self.device.index:
+            return torch.cuda.device(self.device)
+        return nullcontext()
+
     def _allocate(self) -> None:
         """Static input buffers at the largest bucket; outputs after one probe run gives dtypes."""
         largest = self.table.all[0]
         in_dims = {n: i.shape for n, i in self.input_specs.items()}
-        in_dtypes = {n: TORCH_DTYPES[i.dtype] for n, i in self.input_specs.items()}
+        self.model_dtypes = {n: TORCH_DTYPES[i.dtype] for n, i in self.input_specs.items()}
+        # Static inputs in the host's dtype (bfloat16 staged as float32): the cast to the
+        # model's dtype happens inside the captured step, not as a kernel per copy.
+        in_dtypes = {n: host_dtype(d) for n, d in self.model_dtypes.items()}
         self.inputs = BufferSet(in_dims, in_dtypes, largest, self.device)
         views = self.inputs.views(largest)
         fill_synthetic(views, self.input_specs, torch.Generator().manual_seed(0))
-        probe = name_outputs(call_model(self.model, views, self.spec.model.call),
-                             list(self.output_dims))
+        with torch.inference_mode():
+            probe = name_outputs(call_model(
+                self.model, {n: v.to(self.model_dtypes[n]) for n, v in views.items()},
+                self.spec.model.call), list(self.output_dims))
         out_dtypes = {n: t.dtype for n, t in probe.items()}
         for n, spec in self.spec.outputs.items():
             if spec.dtype:
@@ -107,11 +120,12 @@ class Runner:
         self.outputs = BufferSet(self.output_dims, out_dtypes, largest, self.device)
         # Two host slots: while the device runs the batch staged in one, the host pads the
         # next batch into the other and cuts the previous one's outputs.
+        # Outputs come back in the device's dtype (bfloat16: half the bytes of float32) and
+        # are converted while the real rows are cut out.
         self.slots = [HostSlot(
-            BufferSet(in_dims, {n: host_dtype(d) for n, d in in_dtypes.items()}, largest,
-                      torch.device("cpu"), pin=self.cuda),
-            BufferSet(self.output_dims, {n: host_dtype(d) for n, d in out_dtypes.items()},
-                      largest, torch.device("cpu"), pin=self.cuda)) for _ in range(2)]
+            BufferSet(in_dims, in_dtypes, largest, torch.device("cpu"), pin=self.cuda),
+            BufferSet(self.output_dims, out_dtypes, largest, torch.device("cpu"), pin=self.cuda))
+            for _ in range(2)]
 
     def _prepare_buckets(self) -> None:
         cap = self.spec.capture
@@ -189,7 +203,7 @@ class Runner:
 
     def step(self, bucket: Bucket):
         return make_step(self.model, self.spec.model.call, self.inputs.views(bucket),
-                         self.outputs.views(bucket))
+                         self.outputs.views(bucket), self.model_dtypes)
 
     def measure_baseline(self, iters: int = 20) -> None:
         """report.baseline: eager, median eager step and median replay of each bucket, timed
@@ -207,7 +221,7 @@ class Runner:
         fn()  # one untimed call: caches warm
         times = []
         for _ in range(iters):
-            t = self.timer.start()
+            t = self.timer.start(slot=len(self.slots))
             fn()
             self.timer.mark(t, "run")
             times.append(self.timer.finish(t)["run"])
@@ -228,11 +242,12 @@ class Runner:
 
     def launch(self, bucket: Bucket, slot: int) -> list:
         """Enqueue: staged inputs -> static views -> replay -> static outputs -> host slot.
-        Returns the timing marks; on the GPU nothing has waited yet."""
+        Returns the timing marks; on the GPU nothing has waited yet. The hot path: no context
+        managers unless the device must be switched, events reused, copies prebuilt."""
         copies_in, copies_out = self.slots[slot].copies(bucket, self.inputs, self.outputs)
         run = self.states[bucket].run
-        with self._device_ctx(), torch.inference_mode():
-            marks = self.timer.start()
+        with self._switch_device():
+            marks = self.timer.start(slot)
             for dst, src in copies_in:
                 dst.copy_(src, non_blocking=True)
             self.timer.mark(marks, "h2d")
@@ -245,10 +260,10 @@ class Runner:
 
     def collect(self, bucket: Bucket, slot: int, marks: list, n: int,
                 lengths: dict[str, np.ndarray]):
-        """Wait for a launched batch; return its real rows and phase times."""
+        """Wait for a launched batch; return its real rows (fresh arrays) and phase times."""
         times = self.timer.finish(marks)
         host = self.slots[slot].outputs
-        outs = {name: cut_rows(host.numpy_view(name, bucket), n, dims, lengths)
+        outs = {name: cut_rows(_fresh_rows(host.view(name, bucket), n), dims, lengths)
                 for name, dims in self.output_dims.items()}
         stats = self.states[bucket].stats
         stats["batches"] += 1
@@ -303,14 +318,11 @@ class Runner:
                 shape = tuple(sizes[d] if isinstance(d, str) else d for d in spec.shape)
                 host = np.empty(shape, dtype=self.slots[0].inputs.flat[name].numpy().dtype)
                 pad_into(host, fields[name], spec.pad)
-                tensors[name] = torch.from_numpy(host).to(self.device,
-                                                          self.inputs.flat[name].dtype)
+                tensors[name] = torch.from_numpy(host).to(self.device, self.model_dtypes[name])
             got = name_outputs(call_model(self.model, tensors, self.spec.model.call),
                                list(self.output_dims))
-            return {name: cut_rows(got[name].float().cpu().numpy()
-                                   if got[name].dtype == torch.bfloat16 else got[name].cpu().numpy(),
-                                   n, self.output_dims[name], lengths)
-                    for name in self.output_dims}
+            return {name: cut_rows(_fresh_rows(got[name].cpu(), n), self.output_dims[name],
+                                   lengths) for name in self.output_dims}
 
     def _as_rows(self, inputs: dict):
         """Validate API inputs: names, counts, per-record lengths on the non-batch axes."""
@@ -352,6 +364,12 @@ class Runner:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _fresh_rows(host: torch.Tensor, n: int) -> np.ndarray:
+    """The first n rows of a host tensor as a new numpy array (bfloat16 -> float32)."""
+    rows = host[:n]
+    return rows.float().numpy() if rows.dtype == torch.bfloat16 else rows.numpy().copy()
 
 
 def _concat(parts: list) -> np.ndarray | list:

@@ -16,32 +16,40 @@ PHASES = ("h2d", "replay", "d2h")
 
 
 class BatchTimer:
+    """Marks phases of a batch. Events are created once per (slot, mark) and reused: a slot is
+    only timed again after finish() waited for its last event."""
+
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
+        self._events: dict[tuple[int, int], torch.cuda.Event] = {}
 
-    def start(self) -> list:
-        marks: list = [("start", time.perf_counter(), self._event())]
+    def start(self, slot: int = 0) -> list:
+        marks: list = [slot]
+        self._mark(marks, "start")
         return marks
 
     def mark(self, marks: list, phase: str) -> None:
-        marks.append((phase, time.perf_counter(), self._event()))
+        self._mark(marks, phase)
+
+    def _mark(self, marks: list, phase: str) -> None:
+        event = None
+        if self.cuda:
+            key = (marks[0], len(marks))
+            event = self._events.get(key)
+            if event is None:
+                event = self._events[key] = torch.cuda.Event(enable_timing=True)
+            event.record()
+        marks.append((phase, time.perf_counter(), event))
 
     def finish(self, marks: list) -> dict[str, float]:
         """Wait for the batch's last copy and return microseconds per phase, plus e2e."""
         if self.cuda:
             marks[-1][2].synchronize()
         out = {}
-        for (_, t0, e0), (phase, t1, e1) in zip(marks, marks[1:]):
+        for (_, t0, e0), (phase, t1, e1) in zip(marks[1:], marks[2:]):
             out[phase] = e0.elapsed_time(e1) * 1e3 if self.cuda else (t1 - t0) * 1e6
-        out["e2e"] = (time.perf_counter() - marks[0][1]) * 1e6
+        out["e2e"] = (time.perf_counter() - marks[1][1]) * 1e6
         return out
-
-    def _event(self):
-        if not self.cuda:
-            return None
-        ev = torch.cuda.Event(enable_timing=True)
-        ev.record()
-        return ev
 
 
 def percentiles(values: list[float], ps: list[float]) -> dict[str, float]:

@@ -59,11 +59,8 @@ def test_pad_into_ragged_rows_pads_each_record_to_the_bucket():
 
 
 def test_cut_rows_returns_real_rows_each_at_its_own_length():
-    full = np.arange(3 * 4 * 2).reshape(3, 4, 2)
-    rows = cut_rows(full, 2, ["batch", "seq", 2], {"seq": np.array([1, 3])})
-    assert [r.shape for r in rows] == [(1, 2), (3, 2)]
-    np.testing.assert_array_equal(rows[1], full[1, :3])
-    dense = cut_rows(full, 2, ["batch", 4, 2], {})
-    assert dense.shape == (2, 4, 2)
-    full[0] = -1  # staging is reused: the cut must be a copy
-    assert dense[0, 0, 0] == 0
+    rows = np.arange(2 * 4 * 2).reshape(2, 4, 2)
+    cut = cut_rows(rows, ["batch", "seq", 2], {"seq": np.array([1, 3])})
+    assert [r.shape for r in cut] == [(1, 2), (3, 2)]
+    np.testing.assert_array_equal(cut[1], rows[1, :3])
+    assert cut_rows(rows, ["batch", 4, 2], {}) is rows

@@ -129,7 +129,7 @@ def test_host_sync_in_forward_fails_with_the_model_line_and_remedies(tmp_path):
         Runner(spec)
     text = str(info.value)
     assert "bucket batch=32" in text and "CUDA graph capture failed" in text
-    assert f"{tmp_path / 'm.py'}:7 in forward" in text and ".item()" in text
+    assert f"{tmp_path / 'm.py'}:8 in forward" in text and ".item()" in text
     assert "1. remove host synchronisations" in text
 
 
