@@ -448,7 +448,7 @@ def graphrun_variants(runner: Runner, case: Case, label: str, batches, np_sets, 
             phases: list[dict] = []
             prepare(0)
             inner()
-            check = compare(staging_out.numpy_view(case.out_name, bucket), refs[b])
+            check = compare(staging_out.view(case.out_name, bucket).float().numpy(), refs[b])
             timing = time_steps(lambda i: phases.append(inner()), iters, warmup, cuda, prepare)
             ph = {k: np.median([p[k] for p in phases[warmup:]]) for k in ("h2d", "replay", "d2h")}
             record(rows, f"{label} inner (staged)", b, timing, check,
@@ -642,9 +642,10 @@ def report(res: Results, args, cuda: bool) -> str:
              f"{N_SETS} distinct random input sets cycled. 'time / hand-written' = median / "
              "median of b (1.00x = as fast as the seed's loop); 'speedup vs eager' = a's median / "
              f"median. Outputs checked against a (eager) with rtol = atol = {RTOL:g}.",
-             "graphrun stages bf16 tensors as float32 on the host (numpy has no bfloat16), so its "
-             "copies move twice the bytes of a/b/d for bf16 inputs/outputs and convert on the "
-             "device; b32 is the seed's loop with that same host layout.",
+             "graphrun stages bf16 inputs as float32 on the host (numpy has no bfloat16) and casts "
+             "them inside the captured graph; outputs come back to the host in bf16 and are "
+             "converted to float32 numpy while cutting the real rows (API path only). b32 is the "
+             "seed's loop with float32 host staging for inputs and outputs.",
              "graphrun's inner path (execute(bucket), or launch + timer.finish where the Runner "
              "has host slots) records 4 CUDA events per step for its phase timings (part of its "
              "overhead); c/e steps end in an event synchronize, a/b/d in "
