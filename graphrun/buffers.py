@@ -40,6 +40,7 @@ class BufferSet:
             self.flat[name] = torch.empty(numel, dtype=dtypes[name], device=device,
                                           pin_memory=pin and device.type == "cpu")
         self._views: dict[tuple[str, Bucket], torch.Tensor] = {}
+        self._numpy: dict[tuple[str, Bucket], np.ndarray] = {}
 
     def view(self, name: str, bucket: Bucket) -> torch.Tensor:
         key = (name, bucket)
@@ -53,7 +54,10 @@ class BufferSet:
 
     def numpy_view(self, name: str, bucket: Bucket) -> np.ndarray:
         """The host view as a numpy array sharing memory (host buffers only)."""
-        return self.view(name, bucket).numpy()
+        key = (name, bucket)
+        if key not in self._numpy:
+            self._numpy[key] = self.view(name, bucket).numpy()
+        return self._numpy[key]
 
     @property
     def nbytes(self) -> int:

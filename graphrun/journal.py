@@ -190,6 +190,13 @@ def prepare_out_dir(out_dir: Path, *, resume: bool, overwrite: bool,
         if not own:
             raise OutputError(f"output folder {out_dir} is not empty ({_names(foreign)}); "
                               "pick a new or empty folder")
+        if not foreign and _nothing_committed(out_dir):
+            # An earlier attempt failed at setup or stopped before its first commit: nothing
+            # here is worth protecting or resuming, and sending the user to --resume (refused
+            # once the spec is fixed) or --overwrite helps nobody. Start over in the folder.
+            _remove(out_dir, own)
+            _start(out_dir, fingerprint)
+            return None
         raise OutputError(f"output folder {out_dir} exists and holds a run; pass --resume to "
                           "continue it or --overwrite to replace it")
     _check_fingerprint(out_dir, fingerprint)
@@ -210,6 +217,20 @@ def _start(out_dir: Path, fingerprint: dict) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, out_dir / RUN_JSON)
     fsync_dir(out_dir)
+
+
+def _nothing_committed(out_dir: Path) -> bool:
+    """No shard was ever committed (no whole journal line) and no manifest says the run
+    completed (a completed run whose every record was rejected has rejects but no journal)."""
+    if read_journal(out_dir) is not None:
+        return False
+    path = out_dir / "manifest.json"
+    if not path.exists():
+        return True
+    try:
+        return json.loads(path.read_text()).get("status") != "completed"
+    except (ValueError, AttributeError):
+        return False  # unreadable: keep refusing rather than guess
 
 
 def _split_entries(out_dir: Path) -> tuple[list[Path], list[Path]]:

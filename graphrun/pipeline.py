@@ -61,7 +61,17 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
         except GraphrunError as err:
             job.status, job.error = "failed", str(err)
             raise
+        except KeyboardInterrupt:
+            # A second SIGINT/SIGTERM (StopSignals): stopped at once, the batch in flight
+            # dropped. What is complete is still committed below, so this is an interruption
+            # like the first signal's (manifest, exit 130/143, --resume), not a failure.
+            job.status = "interrupted"
+            raise Interrupted(stop_signal.signum or signal.SIGINT) from None
+        except BaseException as err:  # not a user error: a bug in graphrun or in the model
+            job.error = f"{type(err).__name__}: {err}"  # the manifest says why it failed
+            raise
         finally:
+            stop_signal.hold()  # a signal now must not cut the commit and manifest below short
             job.stream_s = time.perf_counter() - t0 if t0 else 0.0
             progress.close()
             if latencies:
@@ -180,16 +190,23 @@ def _now() -> str:
 
 
 class StopSignals:
-    """SIGINT/SIGTERM set a flag; the loop finishes the batch in flight, commits and stops."""
+    """SIGINT/SIGTERM set a flag; the loop finishes the batch in flight, commits and stops.
+    A second signal stops at once (KeyboardInterrupt), except after hold(): from there on the
+    run only commits and writes its manifest, which must not be cut short."""
 
     def __init__(self):
         self.signum = 0
         self._old = {}
+        self._held = False
 
     def _handle(self, signum, frame) -> None:
-        if self.signum:  # a second signal: stop now
+        first = not self.signum
+        self.signum = signum  # the latest: the exit code names the signal that stopped the run
+        if not first and not self._held:  # a second signal: stop now
             raise KeyboardInterrupt
-        self.signum = signum
+
+    def hold(self) -> None:
+        self._held = True
 
     def __enter__(self) -> "StopSignals":
         if threading.current_thread() is threading.main_thread():

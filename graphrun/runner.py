@@ -155,6 +155,10 @@ class Runner:
                 state.run = state.graph.replay
             except CaptureError as err:
                 self._fall_back(state, err)
+                if self.graph_pool is not None:
+                    # torch leaves a failed capture's pool marked as being recorded to (its
+                    # capture_end raised before releasing it): later graphs share a new pool.
+                    self.graph_pool = torch.cuda.graph_pool_handle()
                 continue
             spent += state.memory_bytes
             self._verify(state, step)
@@ -240,22 +244,27 @@ class Runner:
             pad_into(staging.numpy_view(name, bucket), rows, self.input_specs[name].pad)
         return bucket
 
-    def launch(self, bucket: Bucket, slot: int) -> list:
+    def launch(self, bucket: Bucket, slot: int, *, timed: bool = True) -> list:
         """Enqueue: staged inputs -> static views -> replay -> static outputs -> host slot.
         Returns the timing marks; on the GPU nothing has waited yet. The hot path: no context
-        managers unless the device must be switched, events reused, copies prebuilt."""
+        managers unless the device must be switched, events reused, copies prebuilt.
+        timed=False (the run_batch API, which returns no timings) records only the last mark,
+        to wait on."""
         copies_in, copies_out = self.slots[slot].copies(bucket, self.inputs, self.outputs)
         run = self.states[bucket].run
+        timer = self.timer
         with self._switch_device():
-            marks = self.timer.start(slot)
+            marks = timer.start(slot) if timed else [slot]
             for dst, src in copies_in:
                 dst.copy_(src, non_blocking=True)
-            self.timer.mark(marks, "h2d")
+            if timed:
+                timer.mark(marks, "h2d")
             run()
-            self.timer.mark(marks, "replay")
+            if timed:
+                timer.mark(marks, "replay")
             for dst, src in copies_out:
                 dst.copy_(src, non_blocking=True)
-            self.timer.mark(marks, "d2h")
+            timer.mark(marks, "d2h")
         return marks
 
     def collect(self, bucket: Bucket, slot: int, marks: list, n: int,
@@ -271,17 +280,21 @@ class Runner:
         stats["padded_rows"] += bucket.batch - n
         return outs, times
 
-    def run_padded(self, fields: dict, n: int, lengths: dict[str, np.ndarray]):
+    def run_padded(self, fields: dict, n: int, lengths: dict[str, np.ndarray], *,
+                   timed: bool = True):
         """Real rows (n of them) through the right bucket, waiting for the result:
         (outputs, bucket, timings)."""
         bucket = self.stage(fields, n, lengths, 0)
-        outs, times = self.collect(bucket, 0, self.launch(bucket, 0), n, lengths)
+        marks = self.launch(bucket, 0, timed=timed)
+        outs, times = self.collect(bucket, 0, marks, n, lengths)
         return outs, bucket, times
 
     def run_batch(self, inputs: dict) -> dict[str, np.ndarray | list[np.ndarray]]:
         """The Python API: arrays or tensors of real rows (a dense array [n, ...] or a list of
         per-record arrays per input) -> real output rows, cut to each record's length."""
         fields, n, lengths = self._as_rows(inputs)
+        if n <= self.table.max_batch:
+            return self.run_padded(fields, n, lengths, timed=False)[0]
         return self.run_rows(fields, n, lengths)[0]
 
     def run_rows(self, fields: dict, n: int, lengths: dict[str, np.ndarray]):

@@ -3,8 +3,10 @@ of data.batch_size valid records.
 
 Memory stays at about one chunk whatever the file's size: JSONL is read in blocks of whole
 lines (~256 KiB), .npy is memory-mapped, .npz members are memory-mapped when stored and
-decompressed front to back when deflated, Parquet is read with iter_batches. The checks
-themselves live in records.py.
+decompressed front to back when deflated, Parquet is read with iter_batches. A mapped chunk's
+pages are released once it is read (see _release_rows), and a dense chunk is capped in records
+too, as each record also costs Python objects (its `where`, its id). The checks themselves live
+in records.py.
 
 JSONL parsing is the bottleneck: a block's lines are parsed by one json.loads call (see
 _parse_together) and each input's values converted by one np.asarray; a block with a bad line,
@@ -14,6 +16,7 @@ or with records of different shapes, falls back to one call per line or per reco
 from __future__ import annotations
 
 import json
+import mmap
 import random
 import struct
 import zipfile
@@ -34,6 +37,10 @@ __all__ = ["Reject", "RecordBatch", "read_batches", "FORMATS"]
 FORMATS = (".jsonl", ".npy", ".npz", ".parquet")
 JSONL_CHUNK_BYTES = 256 << 10  # JSONL lines parsed and converted together: about this many bytes
 ARRAY_CHUNK_BYTES = 16 << 20  # npy/npz/parquet rows read at once: about this many bytes
+# ... and at most this many: each record also costs ~150 bytes of Python objects (its `where`
+# string, its id) whatever its array bytes, so a 16 MiB chunk of narrow records (4 floats) would
+# be 1M records and ~150 MB, all read at once from a file of up to that many records.
+ARRAY_CHUNK_ROWS = 16384
 PARQUET_CHUNK_ROWS = 4096
 REJECTS_HELD = 4096  # a longer run of bad records is handed out without waiting for a full batch
 
@@ -415,7 +422,8 @@ def _dense_chunks(spec: PipelineSpec, file: str, arrays: dict, ids, n_rows: int,
     """Chunks of rows [start, stop) of arrays that all have n_rows rows."""
     stop = n_rows if stop is None else min(stop, n_rows)
     row_bytes = sum(a.dtype.itemsize * int(np.prod(a.shape[1:])) for a in arrays.values())
-    step = max(1, ARRAY_CHUNK_BYTES // max(row_bytes, 1))
+    step = min(ARRAY_CHUNK_ROWS, max(1, ARRAY_CHUNK_BYTES // max(row_bytes, 1)))
+    mapped = [a for a in [*arrays.values(), ids] if isinstance(a, np.memmap)]
     for lo in range(start, stop, step):
         hi = min(lo + step, stop)
         yield Candidates(
@@ -424,6 +432,33 @@ def _dense_chunks(spec: PipelineSpec, file: str, arrays: dict, ids, n_rows: int,
             where=[f"{file}[row {i}]" for i in range(lo, hi)],
             fields={name: Field(dense=np.asarray(a[lo:hi])) for name, a in arrays.items()},
         )
+        for a in mapped:  # the chunk was checked, so converted to fresh arrays, by now
+            _release_rows(a, lo, hi)
+
+
+def _release_rows(array: np.memmap, lo: int, hi: int) -> None:
+    """Unmap the pages of rows [lo, hi) of a memory-mapped array from this process.
+
+    A mapped page that was read stays in the process (and in its RSS) until it is unmapped, so
+    one pass over a memory-mapped file grows RSS to the file's size. MADV_DONTNEED on a
+    read-only shared file mapping only drops the pages from this process: the data stay in the
+    page cache, and reading them again maps them again (the same bytes). Rows of a Fortran-
+    ordered array are not contiguous: those are left mapped."""
+    mm = getattr(array, "_mmap", None)  # numpy's mmap.mmap under a np.memmap
+    if mm is None or not hasattr(mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    if array.ndim > 1 and not array.flags.c_contiguous:
+        return
+    row_bytes = array.dtype.itemsize * int(np.prod(array.shape[1:]))
+    # np.memmap maps from `offset` rounded down to the allocation granularity
+    first = array.offset % mmap.ALLOCATIONGRANULARITY + lo * row_bytes
+    end = array.offset % mmap.ALLOCATIONGRANULARITY + hi * row_bytes
+    if end > len(mm):  # not the layout assumed above: leave it
+        return
+    first -= first % mmap.PAGESIZE  # madvise works on whole pages; the page straddling
+    end -= end % mmap.PAGESIZE  # `end` is released with the next chunk
+    if end > first:
+        mm.madvise(mmap.MADV_DONTNEED, first, end - first)
 
 
 def _ids(ids: np.ndarray) -> list:

@@ -45,6 +45,8 @@ class BatchTimer:
         """Wait for the batch's last copy and return microseconds per phase, plus e2e."""
         if self.cuda:
             marks[-1][2].synchronize()
+        if len(marks) < 3:  # untimed: only the last mark, to wait on
+            return {}
         out = {}
         for (_, t0, e0), (phase, t1, e1) in zip(marks[1:], marks[2:]):
             out[phase] = e0.elapsed_time(e1) * 1e3 if self.cuda else (t1 - t0) * 1e6
