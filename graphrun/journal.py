@@ -170,7 +170,11 @@ def is_own(name: str) -> bool:
 
 def prepare_out_dir(out_dir: Path, *, resume: bool, overwrite: bool,
                     fingerprint: dict) -> ResumePoint | None:
-    """Make `out_dir` ready for a run; return where to resume, or None to start from record 0."""
+    """Make `out_dir` ready for a run; return where to resume, or None to start from record 0.
+
+    A new or empty folder is used as is. Otherwise: --overwrite replaces graphrun's own files
+    (never others'); --resume continues the run there if its fingerprint matches; a plain run
+    is refused, unless the run there ended (failed or interrupted) before committing anything."""
     out_dir = Path(out_dir)
     if resume and overwrite:
         raise OutputError("--resume and --overwrite exclude each other; pass one of them")
@@ -190,10 +194,10 @@ def prepare_out_dir(out_dir: Path, *, resume: bool, overwrite: bool,
         if not own:
             raise OutputError(f"output folder {out_dir} is not empty ({_names(foreign)}); "
                               "pick a new or empty folder")
-        if not foreign and _nothing_committed(out_dir):
-            # An earlier attempt failed at setup or stopped before its first commit: nothing
-            # here is worth protecting or resuming, and sending the user to --resume (refused
-            # once the spec is fixed) or --overwrite helps nobody. Start over in the folder.
+        if not foreign and _ended_with_nothing_committed(out_dir):
+            # An earlier attempt failed (e.g. at setup) or was stopped before its first commit:
+            # nothing here is worth protecting or resuming, and sending the user to --resume
+            # (refused once the spec is fixed) or --overwrite helps nobody. Start over in it.
             _remove(out_dir, own)
             _start(out_dir, fingerprint)
             return None
@@ -219,18 +223,18 @@ def _start(out_dir: Path, fingerprint: dict) -> None:
     fsync_dir(out_dir)
 
 
-def _nothing_committed(out_dir: Path) -> bool:
-    """No shard was ever committed (no whole journal line) and no manifest says the run
-    completed (a completed run whose every record was rejected has rejects but no journal)."""
+def _ended_with_nothing_committed(out_dir: Path) -> bool:
+    """The last attempt ended (its manifest says failed or interrupted) and never committed a
+    shard (no whole journal line). Without a manifest the folder may belong to a run still in
+    setup, and a completed run whose every record was rejected has rejects but no journal:
+    both are kept."""
     if read_journal(out_dir) is not None:
         return False
-    path = out_dir / "manifest.json"
-    if not path.exists():
-        return True
     try:
-        return json.loads(path.read_text()).get("status") != "completed"
-    except (ValueError, AttributeError):
-        return False  # unreadable: keep refusing rather than guess
+        status = json.loads((out_dir / "manifest.json").read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        return False  # absent or unreadable: keep refusing rather than guess
+    return status in ("failed", "interrupted")
 
 
 def _split_entries(out_dir: Path) -> tuple[list[Path], list[Path]]:
