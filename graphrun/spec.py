@@ -8,7 +8,7 @@ YAML loading with line/column tracking in spec_load.py.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, PrivateAttr, field_validator
 
@@ -19,7 +19,9 @@ DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
 DType = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8",
                 "uint8", "bool"]
 ModelDType = Literal["float32", "float16", "bfloat16"]
-Dim = Union[PositiveInt, str]
+# Sizes are strict integers: YAML's `true` or `1e30` is no size.
+Size = Annotated[int, Field(strict=True, gt=0, le=2**31 - 1)]
+Dim = Union[Size, str]
 
 BATCH = "batch"
 
@@ -113,8 +115,8 @@ class DataSpec(Strict):
     path: Path = Field(..., description=".jsonl, .npy, .npz or .parquet, relative to the spec's "
                        "folder.")
     id_field: Optional[str] = Field(
-        None, description="Field (or .npz array / Parquet column) holding record ids; otherwise "
-        "a record's position is its id.")
+        None, min_length=1, description="Field (or .npz array / Parquet column) holding record "
+        "ids; otherwise a record's position is its id.")
     batch_size: PositiveInt = Field(32, description="Records per batch.")
     oversize: Literal["split", "eager", "error"] = Field(
         "split", description="For a batch larger than every batch bucket: split it across "
@@ -166,7 +168,7 @@ class PipelineSpec(Strict):
     outputs: dict[str, OutputSpec] = Field(
         ..., min_length=1, description="Names for the model's returns: a tensor, a tuple in this "
         "order, or a dict with these keys.")
-    buckets: dict[str, list[PositiveInt]] = Field(
+    buckets: dict[str, list[Size]] = Field(
         ..., description="Values per bucket axis; one graph per combination. `batch` is "
         "required; values are sorted on load.")
     capture: CaptureSpec = Field(default_factory=CaptureSpec)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Iterator
 
@@ -12,9 +13,12 @@ DATA_SUFFIXES = (".jsonl", ".npy", ".npz", ".parquet")
 
 
 def resolve_paths(spec: PipelineSpec, base_dir: Path) -> PipelineSpec:
-    """Relative paths in the spec are relative to the spec's folder, not the working directory."""
+    """Relative paths in the spec are relative to the spec's folder, not the working directory.
+    (A path that cannot be resolved, e.g. holding a NUL byte, is kept and reported by _files.)"""
     def abs_(p: Path | None) -> Path | None:
-        return None if p is None else (p if p.is_absolute() else (base_dir / p)).resolve()
+        if p is None or "\x00" in str(p):
+            return p
+        return (p if p.is_absolute() else (base_dir / p)).resolve()
 
     spec.model.exported = abs_(spec.model.exported)
     spec.model.torchscript = abs_(spec.model.torchscript)
@@ -82,7 +86,9 @@ def _ranges(spec: PipelineSpec) -> Found:
         if item.range is None:
             continue
         lo, hi = item.range
-        if item.dtype not in INT_DTYPES:
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            yield ("inputs", name, "range"), f"bounds must be finite numbers (got [{lo}, {hi}])"
+        elif item.dtype not in INT_DTYPES:
             yield ("inputs", name, "range"), (f"range applies to integer inputs only "
                                               f"(dtype is {item.dtype}); remove it")
         elif lo >= hi:
@@ -118,7 +124,12 @@ def _batch_size(spec: PipelineSpec) -> Found:
 
 
 def _files(spec: PipelineSpec) -> Found:
+    for key, p in (("data", "path"), spec.data.path), (("output", "dir"), spec.output.dir):
+        if "\x00" in str(p):
+            yield key, "a path cannot hold a NUL character"
     path = spec.data.path
+    if "\x00" in str(path):
+        return
     if path.suffix not in DATA_SUFFIXES:
         yield ("data", "path"), (f"unknown input format {path.suffix or '(no suffix)'!r}: use "
                                  f"one of {', '.join(DATA_SUFFIXES)}")

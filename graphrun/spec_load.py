@@ -92,7 +92,10 @@ def parse_yaml(text: str, source: str) -> tuple[Any, Positions]:
     """Parse YAML text into Python values plus the position of every node."""
     pos = Positions(source)
     problems: list[Problem] = []
-    loader = _UniqueKeyLoader(text)
+    try:
+        loader = _UniqueKeyLoader(text)  # the reader checks characters as it is built
+    except yaml.YAMLError as exc:
+        raise SpecError([Problem(source, "", f"not a YAML text: {exc}")]) from None
     try:
         node = loader.get_single_node()
         data = {} if node is None else _to_python(node, (), pos, problems, loader)

@@ -88,7 +88,9 @@ def _regroup(chunks: Iterator[RecordBatch], spec: PipelineSpec) -> Iterator[Reco
             yield batch
         if len(rejects) >= REJECTS_HELD:
             yield _with_rejects(held.pop(len(held)), rejects)
-        if bad is not None:
+        if bad is not None:  # the records before the bad one are still written
+            if len(held) or rejects:
+                yield _with_rejects(held.pop(len(held)), rejects)
             raise InputError(bad.reason, where=bad.where, record_id=bad.id)
     if len(held) or rejects:
         yield _with_rejects(held.pop(len(held)), rejects)
@@ -301,7 +303,7 @@ def _npy_chunks(path: Path, spec: PipelineSpec, start: int, stop: int | None
                          where=path.name)
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError) as e:
+    except Exception as e:  # noqa: BLE001 - a damaged header raises all sorts (TokenError, ...)
         raise InputError(f"cannot read the .npy file: {e}", where=path.name) from e
     name = next(iter(spec.inputs))
     _check_array(spec, name, array, f"{path.name}")
@@ -490,13 +492,27 @@ def _parquet_chunks(path: Path, spec: PipelineSpec, start: int, stop: int | None
     if not groups or start >= stop:
         return
     row = first_row
-    for rb in pf.iter_batches(batch_size=PARQUET_CHUNK_ROWS, row_groups=groups, columns=columns):
+    for rb in _parquet_batches(pf, path.name, groups, columns):
         lo, hi = max(start - row, 0), min(stop - row, rb.num_rows)
         if hi > lo:
             yield _parquet_candidates(spec, path.name, rb.slice(lo, hi - lo), row + lo)
         row += rb.num_rows
         if row >= stop:
             break
+
+
+def _parquet_batches(pf, file: str, groups: list[int], columns: list[str]) -> Iterator:
+    """pyarrow's record batches; a damaged page becomes an InputError naming the file."""
+    batches = pf.iter_batches(batch_size=PARQUET_CHUNK_ROWS, row_groups=groups, columns=columns)
+    while True:
+        try:
+            rb = next(batches)
+        except StopIteration:
+            return
+        except Exception as e:  # noqa: BLE001 - ArrowInvalid, OSError, ... from a damaged file
+            raise InputError(f"cannot decode the Parquet file: {type(e).__name__}: {e}",
+                             where=file) from e
+        yield rb
 
 
 def _check_parquet_schema(spec: PipelineSpec, schema, file: str) -> None:

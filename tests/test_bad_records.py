@@ -208,15 +208,9 @@ def test_jsonl_error_stops_with_file_line_and_reason(tmp_path, name, line, rid, 
     assert not (tmp_path / "out" / "rejects.jsonl").exists()
 
 
-# stream._regroup raises at the first bad record after handing out only the *full* batches
-# before it: the records held for the next batch (here r4, r5) are never run or written.
-REGROUP_DROPS_HELD = pytest.mark.xfail(
-    strict=True, reason="stream._regroup drops the partial batch held before the first bad "
-    "record with on_bad_record: error (reported; stream.py is not ours to edit)")
-
-
-@pytest.mark.parametrize("before", [pytest.param(6, marks=REGROUP_DROPS_HELD), 4,
-                                    pytest.param(1, marks=REGROUP_DROPS_HELD)])
+# The records held for a partial batch before the first bad record (here r4, r5) are run and
+# written too, not only the full batches before it.
+@pytest.mark.parametrize("before", [6, 4, 1])
 def test_jsonl_error_commits_every_record_before_the_bad_one(tmp_path, before):
     lines = [with_(i) for i in range(before)] + [with_(50, k=11)] + [with_(60)]
     (tmp_path / "data.jsonl").write_bytes(b"\n".join(lines) + b"\n")
@@ -277,7 +271,6 @@ def test_npy_error_names_the_row_and_reason(tmp_path):
     assert manifest(tmp_path / "out")["status"] == "failed"
 
 
-@REGROUP_DROPS_HELD
 def test_npy_error_commits_the_rows_before_the_bad_one(tmp_path):
     a = np.ones((10, 4), np.float32)
     a[6, 2] = np.nan
@@ -371,13 +364,6 @@ def test_parquet_error_names_the_row(tmp_path):
 
 # ---- damaged files: one message, never a traceback -----------------------------------------------
 
-STREAM_LETS_LIBRARY_ERRORS_OUT = pytest.mark.xfail(
-    strict=True, reason="stream.py catches only (OSError, ValueError) around np.load and "
-    "nothing around pq iter_batches: numpy's tokenize.TokenError and pyarrow's errors while "
-    "decoding a page escape as tracebacks (reported; stream.py is not ours to edit)")
-
-
-@STREAM_LETS_LIBRARY_ERRORS_OUT
 def test_npy_with_a_damaged_header_is_an_input_error(tmp_path):
     np.save(tmp_path / "data.npy", np.ones((8, 4), np.float32))
     raw = (tmp_path / "data.npy").read_bytes()
@@ -387,7 +373,6 @@ def test_npy_with_a_damaged_header_is_an_input_error(tmp_path):
     assert result.exit_code == 2 and result.output.startswith("error: data.npy: ")
 
 
-@STREAM_LETS_LIBRARY_ERRORS_OUT
 def test_parquet_with_a_damaged_page_is_an_input_error(tmp_path):
     rows = [good(i) for i in range(8)]
     table = pa.table({"id": [r["id"] for r in rows],
