@@ -9,10 +9,13 @@ An output folder holds, besides the shards (see write.py for their names):
                     files are renamed into place:
                     {"shard": k, "files": [{"path", "rows", "sha256", "bytes"}], "rows": total
                      rows so far, "next_index": input ordinal after the shard's last row,
+                     "read_from": first ordinal of the batch holding that row,
                      "rejects_bytes": size of rejects.jsonl then, "rejects": its line count}
     rejects.jsonl   {"index", "id", "where", "reason"} per rejected record.
 
-Resuming reads the last whole journal line: reading restarts at next_index, shard numbering at
+Resuming reads the last whole journal line: reading restarts at read_from (the start of the
+batch that held the last committed row, so batching is as before; rows and rejects below
+next_index are dropped as they come again), shard numbering at
 k + 1, and rejects.jsonl is cut back to rejects_bytes, so nothing after the last commit is kept
 and nothing before it is repeated.
 """
@@ -51,12 +54,21 @@ class FileInfo:
 class ResumePoint:
     """Where a run stands after its last committed shard."""
 
-    next_index: int  # input ordinal to read from
+    next_index: int  # input ordinal after the last committed record
     shard: int  # number of the next shard to write
     rows: int  # output rows committed
     rejects: int  # lines committed in rejects.jsonl
     rejects_bytes: int  # its committed size; anything past it is cut on resume
     files: list[FileInfo] = field(default_factory=list)  # every committed shard file
+    # Where reading restarts: the first ordinal of the batch holding the last committed row,
+    # so the records after it are batched (and padded to buckets) exactly as before, and a
+    # resumed run's outputs are bit-identical to an uninterrupted one. Rows and rejects below
+    # next_index that this re-reads are dropped by the writer.
+    read_from: int | None = None
+
+    @property
+    def start(self) -> int:
+        return self.next_index if self.read_from is None else self.read_from
 
 
 def sha256_file(path: Path) -> str:
@@ -102,9 +114,10 @@ def cut_torn_tail(path: Path) -> None:
 
 
 def append_journal(out_dir: Path, shard: int, files: list[FileInfo], rows: int,
-                   next_index: int, rejects_bytes: int, rejects: int) -> None:
+                   next_index: int, rejects_bytes: int, rejects: int, read_from: int) -> None:
     line = {"shard": shard, "files": [asdict(f) for f in files], "rows": rows,
-            "next_index": next_index, "rejects_bytes": rejects_bytes, "rejects": rejects}
+            "next_index": next_index, "read_from": read_from,
+            "rejects_bytes": rejects_bytes, "rejects": rejects}
     append_durably(out_dir / JOURNAL, (json.dumps(line) + "\n").encode())
 
 
@@ -122,7 +135,8 @@ def read_journal(out_dir: Path) -> ResumePoint | None:
             files += [FileInfo(**f) for f in line["files"]]
             point = ResumePoint(next_index=line["next_index"], shard=line["shard"] + 1,
                                 rows=line["rows"], rejects=line["rejects"],
-                                rejects_bytes=line["rejects_bytes"], files=files)
+                                rejects_bytes=line["rejects_bytes"], files=files,
+                                read_from=line.get("read_from"))
         except (ValueError, KeyError, TypeError) as e:
             raise OutputError(f"{path}:{number} is not a journal line ({e!r}); the folder "
                               "cannot be resumed; rerun with --overwrite") from None

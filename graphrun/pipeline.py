@@ -13,6 +13,8 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
+
 from .errors import GraphrunError, Interrupted
 from .manifest import (BucketReport, FileEntry, Manifest, Totals, environment, spec_digest,
                        write_manifest)
@@ -39,7 +41,10 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     resume_point = prepare_out_dir(out_dir, resume=resume, overwrite=overwrite,
                                    fingerprint=fingerprint)
     if resume_point is not None:
-        job.resumed_from = start = max(start, resume_point.next_index)
+        # Re-read from the start of the batch that held the last committed row, so batches
+        # (and their buckets) are as before; the records below next_index are not counted again.
+        job.resumed_from = job.count_from = resume_point.next_index
+        start = max(start, resume_point.start)
         job.records_in = resume_point.rows + resume_point.rejects
     with StopSignals() as stop_signal:
         writer = latencies = t0 = None
@@ -54,9 +59,8 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
             job.host_s = replay_stream(
                 runner, read_batches(spec, start=start, stop=stop), writer,
                 on_batches=lambda ran, n: job.log_batches(latencies, ran, n),
-                on_read=lambda n, rejected: (job.count(n, rejected),
-                                             progress.advance(n + rejected)),
-                should_stop=lambda: bool(stop_signal.signum), overlap=overlap)
+                on_read=lambda rb: progress.advance(job.count(rb)),
+                should_stop=lambda: bool(stop_signal.signum), start=start, overlap=overlap)
             job.status = "interrupted" if stop_signal.signum else "completed"
         except GraphrunError as err:
             job.status, job.error = "failed", str(err)
@@ -77,8 +81,11 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
             if latencies:
                 latencies.close()
             if writer:
-                job.files = writer.close()
+                # interrupted: only complete shards are committed, so that --resume writes the
+                # same shards as an uninterrupted run; a failure commits all it has before it
+                job.files = writer.close(partial=job.status != "interrupted")
                 job.records_out, job.rejected = writer.rows_written, writer.rejects_written
+            job.settle_counts()
             manifest = job.manifest()
             write_manifest(manifest, out_dir / "manifest.json")
             if job.runner:
@@ -108,6 +115,7 @@ class RunState:
         self.status, self.error = "failed", None
         self.records_in = self.records_out = self.rejected = self.batches = 0
         self.resumed_from = None
+        self.count_from = 0  # records below it were committed by the run this one resumes
         self.runner = None
         self.files = []
         self.stream_s = 0.0
@@ -116,8 +124,23 @@ class RunState:
         self.device_us = 0.0
         self.host_s: dict[str, float] = {}
 
-    def count(self, n: int, rejected: int) -> None:
-        self.records_in += n + rejected
+    def count(self, rb) -> int:
+        """Count a record batch's records and rejects (those not committed by an earlier run)."""
+        new = int(np.count_nonzero(rb.indices >= self.count_from)) + sum(
+            r.index >= self.count_from for r in rb.rejects)
+        self.records_in += new
+        return new
+
+    def settle_counts(self) -> None:
+        """A completed run's records_in is counted as read, independently of the writer's
+        counts, so in = out + rejected checks them. A stopped run accounts only for what it
+        committed; what it read beyond that is read again by --resume."""
+        committed = self.records_out + self.rejected
+        if self.status != "completed" and self.records_in != committed:
+            self.warnings.append(
+                f"{self.records_in - committed} records read after the last commit were not "
+                "committed; --resume reads them again")
+            self.records_in = committed
 
     def warn(self, msg: str) -> None:
         if msg.startswith("warning: "):

@@ -36,12 +36,16 @@ class Launched:
     lengths: dict
     indices: np.ndarray
     ids: list
+    batch_start: int
 
 
 def replay_stream(runner, batches: Iterable, writer, *, on_batches: Callable,
-                  on_read: Callable, should_stop: Callable[[], bool],
+                  on_read: Callable, should_stop: Callable[[], bool], start: int = 0,
                   overlap: bool = True) -> dict[str, float]:
-    """Run every record batch; return host seconds per phase (where the host spent the run)."""
+    """Run every record batch; return host seconds per phase (where the host spent the run).
+
+    start: the first input ordinal read; each batch's first covered ordinal goes to the writer,
+    which journals it so that --resume re-reads whole batches (see journal.py)."""
     host = {"read_wait": 0.0, "stage": 0.0, "device_wait": 0.0, "write": 0.0}
     sink = BackgroundWriter(writer) if overlap else writer
     source = prefetch(batches, depth=4) if overlap else iter(batches)
@@ -52,7 +56,7 @@ def replay_stream(runner, batches: Iterable, writer, *, on_batches: Callable,
         t0 = time.perf_counter()
         outs, times = runner.collect(item.bucket, item.slot, item.marks, item.n, item.lengths)
         t1 = time.perf_counter()
-        sink.write(item.indices, item.ids, outs)
+        sink.write(item.indices, item.ids, outs, item.batch_start)
         host["device_wait"] += t1 - t0
         host["write"] += time.perf_counter() - t1
         on_batches([(item.bucket, times)], item.n)
@@ -72,13 +76,14 @@ def replay_stream(runner, batches: Iterable, writer, *, on_batches: Callable,
             for r in rb.rejects:
                 sink.reject(r.index, r.id, r.where, r.reason)
             n = len(rb.ids)
-            on_read(n, len(rb.rejects))
+            on_read(rb)
+            batch_start, start = start, _covered_to(rb, start) + 1
             for part in _parts(runner, rb, n):
                 if part is None:  # data.oversize: eager, run at the batch's own size
                     while pending:
                         finish(pending.popleft())
                     outs, ran = runner.run_rows(rb.fields, n, rb.lengths)
-                    sink.write(rb.indices, rb.ids, outs)
+                    sink.write(rb.indices, rb.ids, outs, batch_start)
                     on_batches(ran, n)
                     continue
                 fields, k, lengths, indices, ids = part
@@ -88,7 +93,8 @@ def replay_stream(runner, batches: Iterable, writer, *, on_batches: Callable,
                 host["stage"] += time.perf_counter() - t0
                 if pending:
                     finish(pending.popleft())
-                pending.append(Launched(bucket, slot, marks, k, lengths, indices, ids))
+                pending.append(Launched(bucket, slot, marks, k, lengths, indices, ids,
+                                        batch_start))
                 slot ^= 1
                 if not overlap:
                     finish(pending.popleft())
@@ -102,6 +108,16 @@ def replay_stream(runner, batches: Iterable, writer, *, on_batches: Callable,
         if isinstance(sink, BackgroundWriter):
             sink.join()
     return host
+
+
+def _covered_to(rb, start: int) -> int:
+    """The last input ordinal a record batch accounts for (a record or a reject)."""
+    last = start - 1
+    if len(rb.indices):
+        last = max(last, int(rb.indices[-1]))
+    if rb.rejects:
+        last = max(last, max(r.index for r in rb.rejects))
+    return last
 
 
 def _parts(runner, rb, n: int) -> Iterator:
@@ -211,6 +227,13 @@ class BackgroundWriter:
         self._queue.put(("reject", args))
 
     def join(self) -> None:
+        """Wait until everything queued is written. A second Ctrl-C while waiting must not
+        leave this thread writing while the caller closes the writer: keep waiting."""
         self._queue.put(_DONE)
-        self._thread.join()
+        while True:
+            try:
+                self._thread.join()
+                break
+            except KeyboardInterrupt:
+                continue
         self._raise()

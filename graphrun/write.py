@@ -66,6 +66,8 @@ class ShardWriter:
         self._shard, self._rows, self._files = point.shard, point.rows, list(point.files)
         self._rejects, self._rejects_bytes = point.rejects, point.rejects_bytes
         self._last_index = point.next_index - 1
+        self._committed_below = point.next_index  # rows/rejects below it are already committed
+        self._batch_start = point.start
         if resume is None:
             check_fresh(self.out_dir)
         else:
@@ -79,13 +81,23 @@ class ShardWriter:
     def rejects_written(self) -> int:
         return self._rejects + len(self._pending)
 
-    def write(self, indices: np.ndarray, ids: list, outputs: Outputs) -> None:
-        """Real rows only: indices [n] increasing input ordinals, outputs name -> [n, ...]."""
+    def write(self, indices: np.ndarray, ids: list, outputs: Outputs,
+              batch_start: int | None = None) -> None:
+        """Real rows only: indices [n] increasing input ordinals, outputs name -> [n, ...].
+        batch_start: the first input ordinal the batch covers (where a resume re-reads it)."""
         indices = np.asarray(indices, dtype=np.int64).reshape(-1)
         ids = list(ids)
         self._check_batch(indices, ids, outputs)
+        if len(indices) and indices[0] < self._committed_below:  # re-read after a resume
+            keep = int(np.searchsorted(indices, self._committed_below))
+            indices, ids = indices[keep:], ids[keep:]
+            outputs = {k: v[keep:] for k, v in outputs.items()}
         if len(indices) == 0:
             return
+        if indices[0] <= self._last_index:
+            raise ValueError(f"indices must increase past {self._last_index} "
+                             f"(got {indices[:5].tolist()}...)")
+        self._batch_start = int(indices[0]) if batch_start is None else int(batch_start)
         # Rejects below this batch can no longer fall after any future shard's next_index.
         self._flush_rejects(below=int(indices[0]), durable=False)
         outputs = {name: self._cast(name, outputs[name]) for name in self.names}
@@ -104,16 +116,26 @@ class ShardWriter:
     def reject(self, index: int, id, where: str, reason: str) -> None:
         if self._closed:
             raise ValueError("reject() after close()")
+        if index < self._committed_below:  # re-read after a resume: committed already
+            return
         line = json.dumps({"index": int(index), "id": _plain(id), "where": where,
                            "reason": reason})
         self._pending.append((int(index), (line + "\n").encode()))
 
-    def close(self) -> list[FileInfo]:
-        """Commit the last partial shard, write every reject, return all committed files."""
+    def close(self, *, partial: bool = True) -> list[FileInfo]:
+        """Commit the last partial shard and every reject; return all committed files.
+
+        partial=False (an interrupted run) commits only complete shards and the rejects below
+        them: the partial shard is dropped, so --resume writes the same shards as a run that
+        was never interrupted."""
         if not self._closed:
-            if self._shard_rows:
+            if self._shard_rows and partial:
                 self._commit()
-            self._flush_rejects(below=None, durable=True)
+            elif self._sink is not None:
+                self._sink.abort()
+                self._sink, self._shard_rows = None, 0
+            self._flush_rejects(below=None if partial else self._committed_below, durable=True)
+            self._pending = []
             fsync_dir(self.out_dir)
             self._closed = True
         return list(self._files)
@@ -136,9 +158,10 @@ class ShardWriter:
         fsync_dir(self.out_dir)  # the renames, and rejects.jsonl if it was just created
         self._rows += self._shard_rows
         append_journal(self.out_dir, self._shard, infos, self._rows, next_index,
-                       self._rejects_bytes, self._rejects)
+                       self._rejects_bytes, self._rejects, self._batch_start)
         self._files += infos
         self._shard += 1
+        self._committed_below = next_index
         self._shard_rows = 0
         self._sink = None
 
@@ -174,9 +197,8 @@ class ShardWriter:
         lengths = {name: len(v) for name, v in outputs.items()}
         if len(ids) != n or any(k != n for k in lengths.values()):
             raise ValueError(f"{n} indices, {len(ids)} ids and output lengths {lengths} differ")
-        if n and (indices[0] <= self._last_index or np.any(np.diff(indices) <= 0)):
-            raise ValueError(f"indices must increase past {self._last_index} "
-                             f"(got {indices[:5].tolist()}...)")
+        if n and np.any(np.diff(indices) <= 0):
+            raise ValueError(f"indices must increase (got {indices[:5].tolist()}...)")
 
     def _cast(self, name: str, value) -> np.ndarray | list[np.ndarray]:
         if isinstance(value, np.ndarray):
@@ -262,6 +284,11 @@ class _NpySink:
         f.write(header)
         return f, dtype, len(header)
 
+    def abort(self) -> None:
+        for f, _, _ in self.files.values():
+            f.close()
+            Path(f.name).unlink(missing_ok=True)
+
     def finish(self) -> list[tuple[Path, str]]:
         ids_tmp = self.out_dir / f".{self.stem}.ids.npy.tmp"
         with open(ids_tmp, "wb") as f:
@@ -292,6 +319,10 @@ class _JsonlSink:
             row = {"id": _plain(rid)}
             row.update((name, v[i].tolist()) for name, v in outputs.items())
             self.f.write(json.dumps(row, separators=(",", ":")) + "\n")
+
+    def abort(self) -> None:
+        self.f.close()
+        self.tmp.unlink(missing_ok=True)
 
     def finish(self) -> list[tuple[Path, str]]:
         _close_durably(self.f)
@@ -347,6 +378,11 @@ class _ParquetSink:
         if as_int and int_column is not False:
             return pa.array([int(x) for x in self.ids], pa.int64())
         return pa.array([str(x) for x in self.ids], pa.string())
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.tmp.unlink(missing_ok=True)
 
     def finish(self) -> list[tuple[Path, str]]:
         if self.ids:
