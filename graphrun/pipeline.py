@@ -7,6 +7,7 @@ replay (pad, copy, replay, copy back, cut) -> write (shards, rejects, journal) -
 from __future__ import annotations
 
 import datetime as dt
+from array import array
 import json
 import signal
 import threading
@@ -152,7 +153,7 @@ class RunState:
             name = bucket.name if bucket else "oversize-eager"
             phases = self.samples.setdefault(name, {})
             for phase, us in times.items():
-                phases.setdefault(phase, []).append(us)
+                phases.setdefault(phase, array("d")).append(us)  # 8 bytes a batch per phase
             self.device_us += sum(times.get(p, 0.0) for p in PHASES)
             latencies.write(json.dumps({"batch": self.batches, "bucket": name, "records": n,
                                         **{f"{p}_us": round(v, 2) for p, v in times.items()}})

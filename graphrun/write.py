@@ -238,8 +238,13 @@ def _plain(x):
 
 
 def _all_ints(ids: list) -> bool:
-    return all(isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
-               for x in ids)
+    """Every id an integer (bools are not): one numpy conversion, not a Python test per id."""
+    if not len(ids):
+        return True
+    try:
+        return np.asarray(ids).dtype.kind in "iu"
+    except (ValueError, OverflowError):  # ragged or huge: not a plain integer column
+        return False
 
 
 def _close_durably(f) -> None:
