@@ -122,3 +122,40 @@ def cut_rows(rows: np.ndarray, dims: list, lengths: dict[str, np.ndarray]
             idx[i] = slice(0, int(lengths[axis][r]))
         out.append(rows[tuple(idx)])
     return out
+
+
+def rows_from_inputs(inputs: dict, specs: dict, axes: tuple[str, ...]):
+    """The Python API's batch -> (fields, n, lengths), checked as the reader checks records:
+    the names, one record count, and integer ranges (an out-of-range index on the GPU kills
+    the CUDA context). inputs: name -> dense array/tensor [n, ...] or n per-record arrays."""
+    import torch
+
+    from .errors import InputError
+
+    missing, extra = set(specs) - set(inputs), set(inputs) - set(specs)
+    if missing or extra:
+        raise InputError(f"run_batch expects inputs {list(specs)}; missing {sorted(missing)}, "
+                         f"unknown {sorted(extra)}")
+    fields, counts = {}, set()
+    lengths: dict[str, list[int]] = {a: [] for a in axes[1:]}
+    for name, spec in specs.items():
+        value = inputs[name]
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu()
+            value = value.float().numpy() if value.dtype == torch.bfloat16 else value.numpy()
+        rows = value if isinstance(value, np.ndarray) else [np.asarray(r) for r in value]
+        fields[name] = rows
+        counts.add(len(rows))
+        for i, dim in enumerate(spec.shape[1:], start=1):
+            if isinstance(dim, str) and not lengths[dim]:
+                lengths[dim] = [np.shape(r)[i - 1] for r in rows]
+        if spec.range is not None and len(rows):
+            lo, hi = spec.range
+            flat = rows if isinstance(rows, np.ndarray) else np.concatenate(
+                [np.ravel(r) for r in rows])
+            if flat.size and (flat.min() < lo or flat.max() >= hi):
+                raise InputError(f"input {name!r} holds values outside its range [{lo:g}, "
+                                 f"{hi:g}) (min {flat.min()}, max {flat.max()})")
+    if len(counts) != 1:
+        raise InputError(f"run_batch inputs disagree on the number of records: {counts}")
+    return fields, counts.pop(), {a: np.asarray(v, dtype=np.int64) for a, v in lengths.items()}

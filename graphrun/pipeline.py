@@ -29,11 +29,13 @@ from .write import ShardWriter, prepare_out_dir, sha256_file
 
 def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite: bool = False,
         show: bool = False, start: int = 0, stop: int | None = None,
-        overlap: bool = True) -> Manifest:
+        overlap: bool | None = None) -> Manifest:
     """Run the pipeline; returns the manifest (also written to <out>/manifest.json).
 
-    start/stop select a slice of the input's records (one process per GPU reads its own);
-    overlap=False runs the serial data path (for comparison: see replay.py)."""
+    start/stop select a slice of the input's records (one process per GPU reads its own).
+    overlap: the overlapped data path (replay.py); None (the default) uses it on a GPU and not
+    on the CPU, where the reader and writer threads would compete with torch's own threads for
+    the cores that run the model (measured slower there: benchmarks/RESULTS.md)."""
     out_dir = Path(out).resolve() if out else spec.output.dir
     spec_json = spec.model_dump(mode="json")
     job = RunState(spec, out_dir, spec_json)
@@ -57,6 +59,8 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
             writer = ShardWriter(spec, out_dir, resume=resume_point)
             latencies = open(out_dir / "latencies.jsonl", "a" if resume_point else "w")
             t0 = time.perf_counter()
+            if overlap is None:
+                overlap = runner.cuda
             job.host_s = replay_stream(
                 runner, read_batches(spec, start=start, stop=stop), writer,
                 on_batches=lambda ran, n: job.log_batches(latencies, ran, n),

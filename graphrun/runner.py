@@ -17,49 +17,15 @@ from contextlib import nullcontext
 import numpy as np
 import torch
 
-from .buckets import Bucket, BucketTable, cut_rows, pad_into, split_sizes
+from .buckets import Bucket, BucketTable, cut_rows, pad_into, rows_from_inputs, split_sizes
 from .buffers import TORCH_DTYPES, BufferSet, HostSlot, host_dtype
 from .capture import (MiB, BucketState, capture_graph, make_step, peak_step_bytes, warm_up)
-from .errors import CaptureError, GraphrunError, InputError, ModelError
-from .models.load import build_model, call_model, name_outputs
+from .errors import CaptureError, InputError
+from .device import resolve_backend, resolve_device
+from .models.load import build_model, call_model, compile_model, name_outputs
 from .spec import BATCH, PipelineSpec
 from .timing import BatchTimer
 from .verify import fill_synthetic, verify_bucket
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise GraphrunError(f"device {name!r} asked for, but this machine has no CUDA "
-                                "(torch.cuda.is_available() is False): set device: auto or cpu")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise GraphrunError(f"device {name!r} does not exist: this machine has "
-                                f"{torch.cuda.device_count()} CUDA device(s)")
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
-def resolve_backend(name: str, device: torch.device) -> str:
-    if name == "auto":
-        return "cuda-graph" if device.type == "cuda" else "eager"
-    if name == "cuda-graph" and device.type != "cuda":
-        raise GraphrunError(f"capture.backend: cuda-graph needs a CUDA device, but the device is "
-                            f"{device}: set capture.backend: auto or eager")
-    return name
-
-
-def compile_model(model: torch.nn.Module, n_shapes: int) -> torch.nn.Module:
-    """torch.compile with its own CUDA graphs off (graphrun captures), one static graph per shape."""
-    import torch._dynamo.config as dynamo_config
-
-    for knob in ("recompile_limit", "cache_size_limit"):  # renamed across torch versions
-        if hasattr(dynamo_config, knob):
-            setattr(dynamo_config, knob, max(getattr(dynamo_config, knob), n_shapes + 8))
-    return torch.compile(model, dynamic=False, options={"triton.cudagraphs": False})
 
 
 class Runner:
@@ -292,7 +258,7 @@ class Runner:
     def run_batch(self, inputs: dict) -> dict[str, np.ndarray | list[np.ndarray]]:
         """The Python API: arrays or tensors of real rows (a dense array [n, ...] or a list of
         per-record arrays per input) -> real output rows, cut to each record's length."""
-        fields, n, lengths = self._as_rows(inputs)
+        fields, n, lengths = rows_from_inputs(inputs, self.input_specs, self.table.axes)
         if n <= self.table.max_batch:
             return self.run_padded(fields, n, lengths, timed=False)[0]
         return self.run_rows(fields, n, lengths)[0]
@@ -336,30 +302,6 @@ class Runner:
                                list(self.output_dims))
             return {name: cut_rows(_fresh_rows(got[name].cpu(), n), self.output_dims[name],
                                    lengths) for name in self.output_dims}
-
-    def _as_rows(self, inputs: dict):
-        """Validate API inputs: names, counts, per-record lengths on the non-batch axes."""
-        missing = set(self.input_specs) - set(inputs)
-        extra = set(inputs) - set(self.input_specs)
-        if missing or extra:
-            raise InputError(f"run_batch expects inputs {list(self.input_specs)}; missing "
-                             f"{sorted(missing)}, unknown {sorted(extra)}")
-        fields, counts = {}, set()
-        lengths: dict[str, list[int]] = {a: [] for a in self.table.axes[1:]}
-        for name, spec in self.input_specs.items():
-            value = inputs[name]
-            if isinstance(value, torch.Tensor):
-                value = value.detach().cpu()
-                value = value.float().numpy() if value.dtype == torch.bfloat16 else value.numpy()
-            rows = value if isinstance(value, np.ndarray) else [np.asarray(r) for r in value]
-            fields[name] = rows
-            counts.add(len(rows))
-            for i, dim in enumerate(spec.shape[1:], start=1):
-                if isinstance(dim, str) and not lengths[dim]:
-                    lengths[dim] = [np.shape(r)[i - 1] for r in rows]
-        if len(counts) != 1:
-            raise InputError(f"run_batch inputs disagree on the number of records: {counts}")
-        return fields, counts.pop(), {a: np.asarray(v, dtype=np.int64) for a, v in lengths.items()}
 
     # -- lifetime ------------------------------------------------------------------------------
 

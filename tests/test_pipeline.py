@@ -87,3 +87,17 @@ def test_existing_output_folder_is_not_clobbered(tmp_path):
         graphrun.run(spec, out=tmp_path / "o", stop=10)
     m = graphrun.run(spec, out=tmp_path / "o", stop=12, overwrite=True)
     assert m.totals.records_out == 12
+
+
+@pytest.mark.parametrize("fmt", ["npy", "jsonl", "parquet"])
+def test_overlapped_and_serial_paths_write_the_same_files(tmp_path, fmt):
+    spec = graphrun.load_spec(ROOT / "pipelines" / "decoder-step.yaml",
+                              ["data.batch_size=5", f"output.format={fmt}",
+                               "output.rows_per_file=37"])
+    runs = {}
+    for overlap in (True, False):
+        out = tmp_path / f"overlap-{overlap}"
+        m = graphrun.run(spec, out=out, stop=300, overlap=overlap)
+        assert m.totals.records_out == 300 and m.totals.batches == 60
+        runs[overlap] = {p.name: p.read_bytes() for p in sorted(out.glob("part-*"))}
+    assert len(runs[True]) >= 9 and runs[True] == runs[False]

@@ -166,3 +166,22 @@ def test_cuda_graph_backend_without_cuda_is_a_clear_error(tmp_path):
         Runner(mlp_spec(tmp_path, capture__backend="cuda-graph"))
     with pytest.raises(GraphrunError, match="no CUDA"):
         Runner(mlp_spec(tmp_path, device="cuda"))
+
+
+def test_run_batch_checks_integer_ranges_before_the_copy(tmp_path):
+    (tmp_path / "d.jsonl").write_text("")
+    spec = PipelineSpec.model_validate({
+        "version": 1, "name": "dec", "device": "cpu",
+        "model": {"builtin": "decoder",
+                  "args": {"layers": 1, "d_model": 16, "heads": 2, "vocab": 50, "max_len": 8}},
+        "inputs": {"tokens": {"shape": ["batch", 1], "dtype": "int64", "range": [0, 50]},
+                   "positions": {"shape": ["batch"], "dtype": "int64", "range": [0, 8]}},
+        "outputs": {"logits": {"shape": ["batch", 1, 50]}},
+        "buckets": {"batch": [1, 2]},
+        "data": {"path": str(tmp_path / "d.jsonl")}, "output": {"dir": str(tmp_path / "o")}})
+    with Runner(spec) as runner:
+        ok = runner.run_batch({"tokens": np.array([[3], [49]]), "positions": np.array([0, 7])})
+        assert ok["logits"].shape == (2, 1, 50)
+        with pytest.raises(InputError, match=r"input 'tokens' holds values outside its range "
+                                             r"\[0, 50\) \(min 3, max 50\)"):
+            runner.run_batch({"tokens": np.array([[3], [50]]), "positions": np.array([0, 7])})

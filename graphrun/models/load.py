@@ -315,3 +315,13 @@ def _describe(obj: Any) -> str:
     if isinstance(obj, Mapping):
         return f"a dict with keys {list(obj)}"
     return f"a {type(obj).__name__}"
+
+
+def compile_model(model: torch.nn.Module, n_shapes: int) -> torch.nn.Module:
+    """torch.compile with its own CUDA graphs off (graphrun captures), one static graph per shape."""
+    import torch._dynamo.config as dynamo_config
+
+    for knob in ("recompile_limit", "cache_size_limit"):  # renamed across torch versions
+        if hasattr(dynamo_config, knob):
+            setattr(dynamo_config, knob, max(getattr(dynamo_config, knob), n_shapes + 8))
+    return torch.compile(model, dynamic=False, options={"triton.cudagraphs": False})
