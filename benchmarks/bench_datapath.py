@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pyarrow.compute  # noqa: F401 - imported before any timing (stream.py imports lazily)
+import pyarrow.compute  # noqa: F401 - imported before any timing (formats.py imports it lazily)
 import pyarrow.parquet  # noqa: F401
 import torch
 

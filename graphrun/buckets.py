@@ -12,7 +12,9 @@ import itertools
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
+from .errors import InputError
 from .spec import BATCH, PipelineSpec
 
 
@@ -20,6 +22,13 @@ from .spec import BATCH, PipelineSpec
 class Bucket:
     sizes: tuple[int, ...]  # in axis order, batch first
     axes: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        # Buckets key the per-batch lookups (states, views, copies): hash once, not per lookup.
+        object.__setattr__(self, "_hash", hash((self.sizes, self.axes)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def batch(self) -> int:
@@ -128,12 +137,8 @@ def rows_from_inputs(inputs: dict, specs: dict, axes: tuple[str, ...]):
     """The Python API's batch -> (fields, n, lengths), checked as the reader checks records:
     the names, one record count, and integer ranges (an out-of-range index on the GPU kills
     the CUDA context). inputs: name -> dense array/tensor [n, ...] or n per-record arrays."""
-    import torch
-
-    from .errors import InputError
-
-    missing, extra = set(specs) - set(inputs), set(inputs) - set(specs)
-    if missing or extra:
+    if len(inputs) != len(specs) or not all(name in inputs for name in specs):
+        missing, extra = set(specs) - set(inputs), set(inputs) - set(specs)
         raise InputError(f"run_batch expects inputs {list(specs)}; missing {sorted(missing)}, "
                          f"unknown {sorted(extra)}")
     fields, counts = {}, set()

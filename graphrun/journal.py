@@ -1,6 +1,6 @@
 """The output folder's bookkeeping: run.json, the crash-safe journal, and resume.
 
-An output folder holds, besides the shards (see write.py for their names):
+An output folder holds, besides the shards (see sinks.py for their names):
 
     run.json        the run's fingerprint ({"spec_sha256": ..., "input_sha256": ...}), written
                     when the folder is first prepared; --resume refuses a folder whose
@@ -37,7 +37,7 @@ RUN_JSON = "run.json"
 # Every name graphrun writes into an output folder; --overwrite removes these and nothing else.
 OWN_PATTERNS = ("part-*", JOURNAL, REJECTS, "manifest.json", "latencies.jsonl", ".*.tmp",
                 RUN_JSON)
-SHARD_TEMPS = ".part-*.tmp"  # a shard being written (write.py)
+SHARD_TEMPS = ".part-*.tmp"  # a shard being written (sinks.py)
 
 
 @dataclass(frozen=True)

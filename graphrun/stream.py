@@ -1,12 +1,10 @@
 """The stream step: read the input file chunk by chunk, check every record, and hand out batches
 of data.batch_size valid records.
 
-Memory stays at about one chunk whatever the file's size: JSONL is read in blocks of whole
-lines (~256 KiB), .npy is memory-mapped, .npz members are memory-mapped when stored and
-decompressed front to back when deflated, Parquet is read with iter_batches. A mapped chunk's
-pages are released once it is read (see _release_rows), and a dense chunk is capped in records
-too, as each record also costs Python objects (its `where`, its id). The checks themselves live
-in records.py.
+This module holds the entry point, the batching and the JSONL reader; formats.py reads .npy,
+.npz and Parquet. Memory stays at about one chunk whatever the file's size: JSONL is read in
+blocks of whole lines (~256 KiB), the other formats as formats.py says. The checks themselves
+live in records.py.
 
 JSONL parsing is the bottleneck: a block's lines are parsed by one json.loads call (see
 _parse_together) and each input's values converted by one np.asarray; a block with a bad line,
@@ -16,10 +14,7 @@ or with records of different shapes, falls back to one call per line or per reco
 from __future__ import annotations
 
 import json
-import mmap
 import random
-import struct
-import zipfile
 from collections import deque
 from pathlib import Path
 from typing import Iterator
@@ -27,21 +22,15 @@ from typing import Iterator
 import numpy as np
 
 from graphrun.errors import InputError
-from graphrun.records import (Candidates, Field, Reject, RecordBatch, RecordChecker,
-                              dense_if_uniform, field_from_arrow, field_from_values, numpy_dtype,
-                              shape_problem)
+from graphrun.formats import _npy_chunks, _npz_chunks, _parquet_chunks
+from graphrun.records import (Candidates, Reject, RecordBatch, RecordChecker, dense_if_uniform,
+                              field_from_values, numpy_dtype)
 from graphrun.spec import PipelineSpec
 
 __all__ = ["Reject", "RecordBatch", "read_batches", "FORMATS"]
 
 FORMATS = (".jsonl", ".npy", ".npz", ".parquet")
 JSONL_CHUNK_BYTES = 256 << 10  # JSONL lines parsed and converted together: about this many bytes
-ARRAY_CHUNK_BYTES = 16 << 20  # npy/npz/parquet rows read at once: about this many bytes
-# ... and at most this many: each record also costs ~150 bytes of Python objects (its `where`
-# string, its id) whatever its array bytes, so a 16 MiB chunk of narrow records (4 floats) would
-# be 1M records and ~150 MB, all read at once from a file of up to that many records.
-ARRAY_CHUNK_ROWS = 16384
-PARQUET_CHUNK_ROWS = 4096
 REJECTS_HELD = 4096  # a longer run of bad records is handed out without waiting for a full batch
 
 
@@ -287,280 +276,3 @@ def _json_kind(value) -> str:
     if value is None:
         return "null"
     return {dict: "an object", list: "an array", str: "a string"}.get(type(value), "a number")
-
-
-# ---- .npy and .npz: dense arrays, one per input -------------------------------------------------
-
-def _npy_chunks(path: Path, spec: PipelineSpec, start: int, stop: int | None
-                ) -> Iterator[Candidates]:
-    if len(spec.inputs) != 1:
-        raise InputError(f"a .npy file holds one array but the spec has inputs "
-                         f"{', '.join(spec.inputs)}; use .npz with one array per input",
-                         where=path.name)
-    if spec.data.id_field:
-        raise InputError(f"a .npy file holds no ids but data.id_field is "
-                         f"{spec.data.id_field!r}; use .npz with an id array or drop id_field",
-                         where=path.name)
-    try:
-        array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except Exception as e:  # noqa: BLE001 - a damaged header raises all sorts (TokenError, ...)
-        raise InputError(f"cannot read the .npy file: {e}", where=path.name) from e
-    name = next(iter(spec.inputs))
-    _check_array(spec, name, array, f"{path.name}")
-    yield from _dense_chunks(spec, path.name, {name: array}, None, len(array), start, stop)
-
-
-def _npz_chunks(path: Path, spec: PipelineSpec, start: int, stop: int | None
-                ) -> Iterator[Candidates]:
-    id_field = spec.data.id_field
-    try:
-        zf = zipfile.ZipFile(path)
-    except (OSError, zipfile.BadZipFile) as e:
-        raise InputError(f"cannot read the .npz file: {e}", where=path.name) from e
-    with zf:
-        members = {n[:-4]: n for n in zf.namelist() if n.endswith(".npy")}
-        wanted = list(spec.inputs) + ([id_field] if id_field else [])
-        missing = [n for n in wanted if n not in members]
-        if missing:
-            raise InputError(f"array {missing[0]!r} is missing (arrays in the file: "
-                             f"{', '.join(members) or 'none'})", where=path.name)
-        arrays = {n: _npz_member(path, zf, members[n]) for n in wanted}
-        counts = {n: a.shape[0] if a.shape else None for n, a in arrays.items()}
-        if len(set(counts.values())) != 1 or None in counts.values():
-            raise InputError(f"arrays must all have the same number of records (first "
-                             f"dimension): {counts}", where=path.name)
-        for name in spec.inputs:
-            _check_array(spec, name, arrays[name], f"{path.name}[{name}]")
-        ids = arrays.pop(id_field) if id_field else None
-        if ids is not None and (ids.ndim != 1 or ids.dtype.kind not in "iuUS"):
-            raise InputError(f"ids {id_field!r} must be a 1-d array of integers or strings "
-                             f"(one scalar per record), got {ids.dtype} of shape {ids.shape}",
-                             where=path.name)
-        yield from _dense_chunks(spec, path.name, arrays, ids, counts[wanted[0]], start, stop)
-
-
-def _npz_member(path: Path, zf: zipfile.ZipFile, member: str):
-    """A stored member as a memory map; a deflated one as rows read front to back."""
-    info = zf.getinfo(member)
-    if info.compress_type != zipfile.ZIP_STORED:
-        return _DeflatedRows(zf.open(member), f"{path.name}[{member}]")
-    with open(path, "rb") as f:
-        f.seek(info.header_offset)
-        header = f.read(30)  # zip local file header; the data follow its name and extra field
-        if header[:4] != b"PK\x03\x04":
-            raise InputError(f"corrupt .npz member {member!r}", where=path.name)
-        name_len, extra_len = struct.unpack("<HH", header[26:30])
-        f.seek(info.header_offset + 30 + name_len + extra_len)
-        shape, fortran, dtype = _read_npy_header(f, f"{path.name}[{member}]")
-        offset = f.tell()
-    if dtype.hasobject:
-        raise InputError(f"{member}: object arrays are not supported", where=path.name)
-    if int(np.prod(shape)) == 0:
-        return np.empty(shape, dtype)
-    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape,
-                     order="F" if fortran else "C")
-
-
-def _read_npy_header(f, where: str) -> tuple[tuple, bool, np.dtype]:
-    try:
-        version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            return np.lib.format.read_array_header_1_0(f)
-        if version == (2, 0):
-            return np.lib.format.read_array_header_2_0(f)
-    except ValueError as e:
-        raise InputError(f"not a valid .npy array: {e}", where=where) from e
-    raise InputError(f".npy format version {version} is not supported (1.0 and 2.0 are)",
-                     where=where)
-
-
-class _DeflatedRows:
-    """Rows of a compressed .npz member, decompressed front to back: one chunk in memory."""
-
-    def __init__(self, file, where: str):
-        self.file, self.where = file, where
-        self.shape, fortran, self.dtype = _read_npy_header(file, where)
-        if fortran and len(self.shape) > 1:
-            raise InputError("a compressed Fortran-ordered array cannot be read row by row; "
-                             "save it C-ordered or with np.savez (uncompressed)", where=where)
-        if self.dtype.hasobject:
-            raise InputError("object arrays are not supported", where=where)
-        self.ndim = len(self.shape)
-        self.row_bytes = self.dtype.itemsize * int(np.prod(self.shape[1:]))
-        self.row = 0  # next row the file will give
-
-    def __getitem__(self, rows: slice) -> np.ndarray:
-        assert rows.start >= self.row, "compressed rows are read front to back"
-        while self.row < rows.start:  # skip in bounded steps
-            step = min(rows.start - self.row, max(1, ARRAY_CHUNK_BYTES // max(self.row_bytes, 1)))
-            self.file.read(step * self.row_bytes)
-            self.row += step
-        n = rows.stop - rows.start
-        data = self.file.read(n * self.row_bytes)
-        if len(data) != n * self.row_bytes:
-            raise InputError("the compressed array ends early (the file is truncated)",
-                             where=self.where)
-        self.row = rows.stop
-        return np.frombuffer(data, self.dtype).reshape((n,) + tuple(self.shape[1:]))
-
-
-def _check_array(spec: PipelineSpec, name: str, array, where: str) -> None:
-    """Whole-file problems of a dense array: every record would fail, so they are errors even
-    with on_bad_record: skip."""
-    inp = spec.inputs[name]
-    if array.dtype.kind not in "biuf":
-        raise InputError(f"{name}: dtype {array.dtype} is not numeric", where=where)
-    if array.dtype.kind == "b" and inp.dtype != "bool":
-        raise InputError(f"{name}: booleans where {inp.dtype} numbers are expected", where=where)
-    if array.ndim == 0:
-        raise InputError(f"{name}: a 0-d array has no records; expected [N, ...]", where=where)
-    reason, _ = shape_problem(name, inp, tuple(array.shape[1:]), spec)
-    if reason:
-        raise InputError(f"{reason} (array shape {list(array.shape)})", where=where)
-
-
-def _dense_chunks(spec: PipelineSpec, file: str, arrays: dict, ids, n_rows: int, start: int,
-                  stop: int | None) -> Iterator[Candidates]:
-    """Chunks of rows [start, stop) of arrays that all have n_rows rows."""
-    stop = n_rows if stop is None else min(stop, n_rows)
-    row_bytes = sum(a.dtype.itemsize * int(np.prod(a.shape[1:])) for a in arrays.values())
-    step = min(ARRAY_CHUNK_ROWS, max(1, ARRAY_CHUNK_BYTES // max(row_bytes, 1)))
-    mapped = [a for a in [*arrays.values(), ids] if isinstance(a, np.memmap)]
-    for lo in range(start, stop, step):
-        hi = min(lo + step, stop)
-        yield Candidates(
-            indices=np.arange(lo, hi, dtype=np.int64),
-            ids=_ids(ids[lo:hi]) if ids is not None else None,
-            where=[f"{file}[row {i}]" for i in range(lo, hi)],
-            fields={name: Field(dense=np.asarray(a[lo:hi])) for name, a in arrays.items()},
-        )
-        for a in mapped:  # the chunk was checked, so converted to fresh arrays, by now
-            _release_rows(a, lo, hi)
-
-
-def _release_rows(array: np.memmap, lo: int, hi: int) -> None:
-    """Unmap the pages of rows [lo, hi) of a memory-mapped array from this process.
-
-    A mapped page that was read stays in the process (and in its RSS) until it is unmapped, so
-    one pass over a memory-mapped file grows RSS to the file's size. MADV_DONTNEED on a
-    read-only shared file mapping only drops the pages from this process: the data stay in the
-    page cache, and reading them again maps them again (the same bytes). Rows of a Fortran-
-    ordered array are not contiguous: those are left mapped."""
-    mm = getattr(array, "_mmap", None)  # numpy's mmap.mmap under a np.memmap
-    if mm is None or not hasattr(mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
-        return
-    if array.ndim > 1 and not array.flags.c_contiguous:
-        return
-    row_bytes = array.dtype.itemsize * int(np.prod(array.shape[1:]))
-    # np.memmap maps from `offset` rounded down to the allocation granularity
-    first = array.offset % mmap.ALLOCATIONGRANULARITY + lo * row_bytes
-    end = array.offset % mmap.ALLOCATIONGRANULARITY + hi * row_bytes
-    if end > len(mm):  # not the layout assumed above: leave it
-        return
-    first -= first % mmap.PAGESIZE  # madvise works on whole pages; the page straddling
-    end -= end % mmap.PAGESIZE  # `end` is released with the next chunk
-    if end > first:
-        mm.madvise(mmap.MADV_DONTNEED, first, end - first)
-
-
-def _ids(ids: np.ndarray) -> list:
-    return ids.astype(str).tolist() if ids.dtype.kind == "S" else ids.tolist()
-
-
-# ---- Parquet ------------------------------------------------------------------------------------
-
-def _parquet_chunks(path: Path, spec: PipelineSpec, start: int, stop: int | None
-                    ) -> Iterator[Candidates]:
-    import pyarrow.parquet as pq
-
-    try:
-        pf = pq.ParquetFile(path)
-    except Exception as e:  # pyarrow raises ArrowInvalid, OSError, ... for unreadable files
-        raise InputError(f"cannot read the Parquet file: {e}", where=path.name) from e
-    id_field = spec.data.id_field
-    columns = list(spec.inputs) + ([id_field] if id_field else [])
-    _check_parquet_schema(spec, pf.schema_arrow, path.name)
-    meta = pf.metadata
-    stop = meta.num_rows if stop is None else min(stop, meta.num_rows)
-    groups, first_row, row = [], None, 0  # the row groups holding rows [start, stop)
-    for g in range(meta.num_row_groups):
-        n = meta.row_group(g).num_rows
-        if row + n > start and row < stop:
-            groups.append(g)
-            first_row = row if first_row is None else first_row
-        row += n
-    if not groups or start >= stop:
-        return
-    row = first_row
-    for rb in _parquet_batches(pf, path.name, groups, columns):
-        lo, hi = max(start - row, 0), min(stop - row, rb.num_rows)
-        if hi > lo:
-            yield _parquet_candidates(spec, path.name, rb.slice(lo, hi - lo), row + lo)
-        row += rb.num_rows
-        if row >= stop:
-            break
-
-
-def _parquet_batches(pf, file: str, groups: list[int], columns: list[str]) -> Iterator:
-    """pyarrow's record batches; a damaged page becomes an InputError naming the file."""
-    batches = pf.iter_batches(batch_size=PARQUET_CHUNK_ROWS, row_groups=groups, columns=columns)
-    while True:
-        try:
-            rb = next(batches)
-        except StopIteration:
-            return
-        except Exception as e:  # noqa: BLE001 - ArrowInvalid, OSError, ... from a damaged file
-            raise InputError(f"cannot decode the Parquet file: {type(e).__name__}: {e}",
-                             where=file) from e
-        yield rb
-
-
-def _check_parquet_schema(spec: PipelineSpec, schema, file: str) -> None:
-    import pyarrow as pa
-
-    names = schema.names
-    id_field = spec.data.id_field
-    for name in list(spec.inputs) + ([id_field] if id_field else []):
-        if name not in names:
-            raise InputError(f"column {name!r} is missing (columns: {', '.join(names)})",
-                             where=file)
-    for name, inp in spec.inputs.items():
-        t, depth = schema.field(name).type, 0
-        while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-            t, depth = t.value_type, depth + 1
-        numeric = pa.types.is_integer(t) or pa.types.is_floating(t)
-        if not (numeric or (pa.types.is_boolean(t) and inp.dtype == "bool")):
-            raise InputError(f"column {name!r} holds {t}; expected {inp.dtype} numbers",
-                             where=file)
-        if depth != len(inp.shape) - 1:
-            raise InputError(f"column {name!r} nests lists {depth} deep; input shape "
-                             f"{inp.shape} needs {len(inp.shape) - 1} (one per dimension after "
-                             f"batch)", where=file)
-    if id_field:
-        t = schema.field(id_field).type
-        if not (pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)):
-            raise InputError(f"id column {id_field!r} must hold integers or strings (one scalar "
-                             f"per record), got {t}", where=file)
-
-
-def _parquet_candidates(spec: PipelineSpec, file: str, rb, first: int) -> Candidates:
-    n = rb.num_rows
-    fields, problems = {}, {}
-    for name, inp in spec.inputs.items():
-        col = rb.column(name)
-        columnar = field_from_arrow(col, len(inp.shape) - 1)
-        if columnar is not None:
-            fields[name] = columnar
-            continue
-        # nulls or ragged nested lists: read as Python values for a reason per record
-        fields[name], found = field_from_values(name, inp, col.to_pylist())
-        for p, reason in found.items():
-            problems.setdefault(p, reason)
-    ids = None
-    if spec.data.id_field:
-        ids = rb.column(spec.data.id_field).to_pylist()
-        for p, rid in enumerate(ids):
-            if rid is None:
-                problems.setdefault(p, f"missing id: {spec.data.id_field!r} is null")
-    return Candidates(np.arange(first, first + n, dtype=np.int64), ids,
-                      [f"{file}[row {i}]" for i in range(first, first + n)], fields, problems)

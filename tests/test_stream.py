@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from graphrun import stream
+from graphrun import formats, stream
 from graphrun.errors import InputError
 from graphrun.spec import PipelineSpec
 from graphrun.stream import read_batches
@@ -372,7 +372,7 @@ def test_npy_dense_values(tmp_path):
 
 @pytest.mark.parametrize("chunk_bytes", [1, 40, 1 << 20])
 def test_npy_checks_values_across_chunks(tmp_path, monkeypatch, chunk_bytes):
-    monkeypatch.setattr(stream, "ARRAY_CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(formats, "ARRAY_CHUNK_BYTES", chunk_bytes)
     data = np.ones((7, 3), np.float32)
     data[1, 2], data[5, 0] = np.nan, np.inf
     np.save(tmp_path / "x.npy", data)
@@ -434,7 +434,7 @@ def test_npy_seq_axis_lengths_and_bucket_limit(tmp_path):
 
 @pytest.mark.parametrize("save", [np.savez, np.savez_compressed])
 def test_npz_values_ids_and_duplicates(tmp_path, save, monkeypatch):
-    monkeypatch.setattr(stream, "ARRAY_CHUNK_BYTES", 50)  # several chunks per member
+    monkeypatch.setattr(formats, "ARRAY_CHUNK_BYTES", 50)  # several chunks per member
     n = 9
     ids = np.array([10, 11, 12, 11, 14, 15, 16, 17, 18])
     tokens = (np.arange(n) * 7 % 100).reshape(n, 1)
@@ -456,7 +456,7 @@ def test_npz_stored_members_are_memory_mapped(tmp_path):
     np.savez(tmp_path / "d.npz", x=np.arange(12, dtype=np.float32).reshape(4, 3))
     import zipfile
     with zipfile.ZipFile(tmp_path / "d.npz") as zf:
-        member = stream._npz_member(tmp_path / "d.npz", zf, "x.npy")
+        member = formats._npz_member(tmp_path / "d.npz", zf, "x.npy")
     assert isinstance(member, np.memmap)
     np.testing.assert_array_equal(member[2], [6, 7, 8])
 

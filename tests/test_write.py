@@ -12,7 +12,7 @@ import pytest
 
 from graphrun.errors import OutputError
 from graphrun.spec import PipelineSpec
-from graphrun import write as write_mod
+from graphrun import sinks
 from graphrun.write import ShardWriter, prepare_out_dir, read_journal, sha256_file
 
 FP = {"spec_sha256": "a" * 64, "input_sha256": "b" * 64}
@@ -168,7 +168,7 @@ def test_parquet_table_holds_id_scalar_and_ragged_list_columns(tmp_path):
 
 
 def test_parquet_string_ids_and_row_groups_cut_by_bytes(tmp_path, monkeypatch):
-    monkeypatch.setattr(write_mod._ParquetSink, "row_group_bytes", 40)  # 5 rows of y (8 B)
+    monkeypatch.setattr(sinks._ParquetSink, "row_group_bytes", 40)  # 5 rows of y (8 B)
     w = ShardWriter(make_spec(tmp_path, "parquet", rows_per_file=12), tmp_path / "out")
     rows = make_rows(12, ragged=False)
     for b in range(0, 12, 7):
@@ -244,7 +244,7 @@ def test_read_journal_refuses_a_corrupt_middle_line(tmp_path):
 
 @pytest.mark.parametrize("fmt", ["npy", "jsonl", "parquet"])
 def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, monkeypatch, fmt):
-    monkeypatch.setattr(write_mod._ParquetSink, "row_group_bytes", 48)
+    monkeypatch.setattr(sinks._ParquetSink, "row_group_bytes", 48)
     spec = make_spec(tmp_path, fmt, rows_per_file=4, outputs=None if fmt == "npy" else RAGGED)
     n, rejected = 22, {2, 7, 8, 15, 20, 21}
     rows, ids = make_rows(n, ragged=fmt != "npy"), [f"id{i}" for i in range(n)]
