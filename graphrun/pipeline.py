@@ -7,11 +7,11 @@ replay (pad, copy, replay, copy back, cut) -> write (shards, rejects, journal) -
 from __future__ import annotations
 
 import datetime as dt
-from array import array
 import json
 import signal
 import threading
 import time
+from array import array
 from pathlib import Path
 
 import numpy as np
@@ -34,8 +34,8 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
 
     start/stop select a slice of the input's records (one process per GPU reads its own).
     overlap: the overlapped data path (replay.py); None (the default) uses it on a GPU and not
-    on the CPU, where the reader and writer threads would compete with torch's own threads for
-    the cores that run the model (measured slower there: benchmarks/RESULTS.md)."""
+    on the CPU, where the reader and writer threads compete with torch's own threads for the
+    cores that run the model (on 2 cores: 0.75 s overlapped vs 0.65 s serial for 1M records)."""
     out_dir = Path(out).resolve() if out else spec.output.dir
     spec_json = spec.model_dump(mode="json")
     job = RunState(spec, out_dir, spec_json)
