@@ -19,7 +19,8 @@ from typing import Iterator
 import numpy as np
 
 from graphrun.errors import InputError
-from graphrun.records import Candidates, Field, field_from_arrow, field_from_values, shape_problem
+from graphrun.records import (Candidates, Field, RowWhere, field_from_arrow, field_from_values,
+                              shape_problem)
 from graphrun.spec import PipelineSpec
 
 ARRAY_CHUNK_BYTES = 16 << 20  # npy/npz/parquet rows read at once: about this many bytes
@@ -172,7 +173,7 @@ def _dense_chunks(spec: PipelineSpec, file: str, arrays: dict, ids, n_rows: int,
         yield Candidates(
             indices=np.arange(lo, hi, dtype=np.int64),
             ids=_ids(ids[lo:hi]) if ids is not None else None,
-            where=[f"{file}[row {i}]" for i in range(lo, hi)],
+            where=RowWhere(file, np.arange(lo, hi, dtype=np.int64)),
             fields={name: Field(dense=np.asarray(a[lo:hi])) for name, a in arrays.items()},
         )
         for a in mapped:  # the chunk was checked, so converted to fresh arrays, by now
@@ -304,4 +305,4 @@ def _parquet_candidates(spec: PipelineSpec, file: str, rb, first: int) -> Candid
             if rid is None:
                 problems.setdefault(p, f"missing id: {spec.data.id_field!r} is null")
     return Candidates(np.arange(first, first + n, dtype=np.int64), ids,
-                      [f"{file}[row {i}]" for i in range(first, first + n)], fields, problems)
+                      RowWhere(file, np.arange(first, first + n, dtype=np.int64)), fields, problems)

@@ -23,8 +23,8 @@ import numpy as np
 
 from graphrun.errors import InputError
 from graphrun.formats import _npy_chunks, _npz_chunks, _parquet_chunks
-from graphrun.records import (Candidates, Reject, RecordBatch, RecordChecker, dense_if_uniform,
-                              field_from_values, numpy_dtype)
+from graphrun.records import (Candidates, Reject, RecordBatch, RecordChecker, concat_where,
+                              dense_if_uniform, field_from_values, numpy_dtype)
 from graphrun.spec import PipelineSpec
 
 __all__ = ["Reject", "RecordBatch", "read_batches", "FORMATS"]
@@ -127,7 +127,7 @@ class _Held:
         return RecordBatch(
             indices=np.concatenate([p.indices for p in parts]),
             ids=[i for p in parts for i in p.ids],
-            where=[w for p in parts for w in p.where],
+            where=concat_where([p.where for p in parts]),
             fields={name: _concat_records([p.fields[name] for p in parts])
                     for name in parts[0].fields},
             lengths={axis: np.concatenate([p.lengths[axis] for p in parts])
