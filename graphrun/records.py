@@ -330,7 +330,8 @@ def check_values(name: str, inp: InputSpec, records: Records, positions: np.ndar
         lo, hi = (_num(x) for x in inp.range)
         flag(~((flat >= lo) & (flat < hi)),
              lambda v: f"value {v} is outside range [{lo}, {hi}) (lo <= x < hi)")
-    converted = flat.astype(target)
+    with np.errstate(invalid="ignore", over="ignore"):  # bad values were flagged above
+        converted = flat.astype(target)
     if inp.finite and target.kind == "f":
         # checked after the cast: a large float64 becomes Inf in float16
         flag(~np.isfinite(converted), lambda v: (

@@ -234,7 +234,8 @@ BAD_JSONL = [  # (inputs, line 3 of 5, the record id a reject carries, reason)
     (DECODER, {"id": "r2", "tokens": [100], "positions": 2}, "r2",
      "tokens: value 100 is outside range [0, 100) (lo <= x < hi)"),
     (DECODER, {"id": "r2", "tokens": [-1], "positions": 2}, "r2", "value -1 is outside range"),
-    (DECODER, {"id": "r2", "tokens": [2], "positions": 2**70}, "r2", "does not fit in 64 bits"),
+    # json reads 2**70 as an int ("does not fit in 64 bits"), orjson as a float ("... int64")
+    (DECODER, {"id": "r2", "tokens": [2], "positions": 2**70}, "r2", "does not fit"),
     (SMALL, {"id": "r2", "v": 300}, "r2", "v: value 300 does not fit int8 (-128..127)"),
     (FLOATS, '{"id": "r2", "x": [1, NaN, 2]}', "r2", "x: value nan is NaN or Inf (finite: true)"),
     (FLOATS, '{"id": "r2", "x": [1, -Infinity, 2]}', "r2", "x: value -inf is NaN or Inf"),
@@ -548,3 +549,31 @@ def test_parquet_whole_file_problems(tmp_path, columns, message):
                      on_bad_record="skip")
     with pytest.raises(InputError, match=message):
         list(read_batches(spec))
+
+
+def test_jsonl_reads_the_same_without_orjson(tmp_path, monkeypatch):
+    """orjson is optional: without it the block parse falls back to the json module."""
+    from graphrun import stream
+
+    lines = [json.dumps({"id": f"r{i}", "tokens": [i], "positions": i}) for i in range(50)]
+    lines[7] = '{"id": "r7", "tokens": [NaN], "positions": 7}'
+    (tmp_path / "data.jsonl").write_text("\n".join(lines) + "\n")
+    spec = PipelineSpec.model_validate({
+        "version": 1, "name": "t", "model": {"builtin": "decoder"},
+        "inputs": {"tokens": {"shape": ["batch", 1], "dtype": "int64", "range": [0, 100]},
+                   "positions": {"shape": ["batch"], "dtype": "int64"}},
+        "outputs": {"logits": {"shape": ["batch", 1, 512]}}, "buckets": {"batch": [8]},
+        "data": {"path": str(tmp_path / "data.jsonl"), "id_field": "id", "batch_size": 8,
+                 "on_bad_record": "skip"},
+        "output": {"dir": str(tmp_path / "o")}})
+
+    def read():
+        batches = list(stream.read_batches(spec))
+        return ([i for b in batches for i in b.ids],
+                [(r.index, r.where, r.reason) for b in batches for r in b.rejects])
+
+    with_orjson = read()
+    monkeypatch.setattr(stream, "_orjson", None)
+    assert read() == with_orjson
+    ids, rejects = with_orjson
+    assert len(ids) == 49 and rejects[0][:2] == (7, "data.jsonl:8")
