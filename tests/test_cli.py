@@ -103,3 +103,23 @@ def test_readme_spec_reference_lists_every_key():
     assert spec_reference() in readme
     for key in ("capture.verify.rtol", "data.on_bad_record", "inputs.<name>.range"):
         assert f"`{key}`" in readme
+
+
+def test_summary_table_fits_80_columns_and_names_every_bucket(write_spec, tmp_path, capsys,
+                                                              monkeypatch):
+    import graphrun
+    from graphrun.progress import summary_table
+
+    monkeypatch.setenv("COLUMNS", "80")
+    manifest = graphrun.run(graphrun.load_spec(write_spec()), out=tmp_path / "o")
+    capsys.readouterr()
+    summary_table(manifest)
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= 80
+    header = next(line for line in lines if line.startswith("bucket"))
+    assert header.split() == ["bucket", "status", "batches", "records", "padded", "replay",
+                              "capture", "verify"]
+    for name in ("batch=4", "batch=2", "batch=1"):
+        assert any(line.startswith(name + " ") for line in lines), name
+    assert "records in 10, out 10, rejected 0" in text
