@@ -35,6 +35,7 @@ class BucketState:
     reason: str | None = None
     graph: torch.cuda.CUDAGraph | None = None
     run: Callable[[], None] | None = None  # graph.replay, or the eager step
+    check_real: bool = False  # verify the replay of the first real batch against eager
     warmup_s: float | None = None
     capture_s: float | None = None
     memory_bytes: int | None = None

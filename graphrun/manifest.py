@@ -32,12 +32,22 @@ class Environment(_M):
     backend: str = Field(..., description="cuda-graph or eager.")
 
 
+class BatchCheck(_M):
+    passed: bool
+    max_abs_err: float
+    max_rel_err: float
+    failures: list[str] = Field(default_factory=list)
+
+
 class VerifyResult(_M):
     passed: bool
     max_abs_err: float
     max_rel_err: float
     pad_isolated: Optional[bool] = Field(None, description="null for a bucket of batch 1.")
     failures: list[str] = Field(default_factory=list)
+    real_batch: Optional[BatchCheck] = Field(
+        None, description="Replay vs eager on the first real batch that reached the bucket "
+        "(captured buckets only; null if none reached it).")
 
 
 class BucketReport(_M):

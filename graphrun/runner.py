@@ -25,7 +25,7 @@ from .device import resolve_backend, resolve_device
 from .models.load import build_model, call_model, compile_model, name_outputs
 from .spec import BATCH, PipelineSpec
 from .timing import BatchTimer
-from .verify import fill_synthetic, verify_bucket
+from .verify import fill_synthetic, verify_bucket, verify_real_batch
 
 
 class Runner:
@@ -161,6 +161,7 @@ class Runner:
         state.verify = verify_bucket(bucket, state.run, step, self.inputs.views(bucket),
                                      self.outputs.views(bucket), self.input_specs,
                                      cap.verify.rtol, cap.verify.atol)
+        state.check_real = state.graph is not None  # eager needs no check against itself
         if not state.verify["passed"]:
             err = CaptureError("verification failed: " + "; ".join(state.verify["failures"]),
                                bucket=bucket.name,
@@ -170,6 +171,26 @@ class Runner:
             if state.graph is None or cap.on_failure == "error":
                 raise err
             self._fall_back(state, err)
+
+    def _verify_real(self, state: BucketState) -> bool:
+        """The first real batch of a captured bucket: replay vs eager on its inputs (the static
+        outputs then hold eager's results). False when they disagree and the bucket fell back
+        to eager (on_failure: eager); with on_failure: error that stops the run."""
+        state.check_real = False
+        cap = self.spec.capture
+        result = verify_real_batch(self.step(state.bucket), self.outputs.views(state.bucket),
+                                   cap.verify.rtol, cap.verify.atol)
+        state.verify["real_batch"] = result
+        if not result["passed"]:
+            state.verify["passed"] = False
+            err = CaptureError("verification failed: " + "; ".join(result["failures"]),
+                               bucket=state.bucket.name,
+                               remedies=["loosen capture.verify.rtol / atol if the differences "
+                                         "are rounding", "set capture.on_failure: eager"])
+            if cap.on_failure == "error":
+                raise err
+            self._fall_back(state, err)
+        return result["passed"]
 
     def step(self, bucket: Bucket):
         return make_step(self.model, self.spec.model.call, self.inputs.views(bucket),
@@ -231,6 +252,11 @@ class Runner:
             for dst, src in copies_out:
                 dst.copy_(src, non_blocking=True)
             timer.mark(marks, "d2h")
+            if self.states[bucket].check_real and not self._verify_real(self.states[bucket]):
+                # the bucket fell back to eager: this batch's outputs are eager's, copied again
+                for dst, src in copies_out:
+                    dst.copy_(src, non_blocking=True)
+                timer.mark(marks, "d2h")
         return marks
 
     def collect(self, bucket: Bucket, slot: int, marks: list, n: int,

@@ -6,6 +6,8 @@ reproduces. Two checks:
   1. replay vs eager on the same inputs, within rtol/atol;
   2. pad isolation: fill the padded rows (the second half of the batch) with other values and
      replay again: the real rows' outputs must not move.
+Then once more on the first real batch that reaches the bucket (verify_real_batch): replay vs
+eager on those inputs, as synthetic values need not exercise what real data does.
 """
 
 from __future__ import annotations
@@ -81,4 +83,24 @@ def verify_bucket(bucket: Bucket, run: Callable[[], None], eager: Callable[[], N
                 f"padded rows change real rows of output(s) {', '.join(moved)}: the model mixes "
                 "rows of the batch (e.g. batch norm in training mode, or attention across the "
                 "batch), so it cannot be padded to buckets")
+    return result
+
+
+def verify_real_batch(eager: Callable[[], None], outputs: dict[str, torch.Tensor],
+                      rtol: float, atol: float) -> dict:
+    """Right after a replay of a real batch: eager on the same static inputs; the outputs must
+    agree. The eager results are left in the static outputs (equal within tolerance)."""
+    replayed = {n: t.clone() for n, t in outputs.items()}
+    eager()
+    result = {"passed": True, "max_abs_err": 0.0, "max_rel_err": 0.0, "failures": []}
+    for name, t in outputs.items():
+        ok, max_abs, max_rel = compare(replayed[name], t, rtol, atol)
+        result["max_abs_err"] = max(result["max_abs_err"], max_abs)
+        result["max_rel_err"] = max(result["max_rel_err"], max_rel)
+        if not ok:
+            result["passed"] = False
+            result["failures"].append(
+                f"output {name!r}: on the first real batch, replay differs from eager (max abs "
+                f"error {max_abs:.3g}, max relative error {max_rel:.3g}; rtol={rtol:g}, "
+                f"atol={atol:g})")
     return result

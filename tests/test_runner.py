@@ -185,3 +185,54 @@ def test_run_batch_checks_integer_ranges_before_the_copy(tmp_path):
         with pytest.raises(InputError, match=r"input 'tokens' holds values outside its range "
                                              r"\[0, 50\) \(min 3, max 50\)"):
             runner.run_batch({"tokens": np.array([[3], [50]]), "positions": np.array([0, 7])})
+
+
+def _replay_that_drifts(runner, bucket):
+    """Stand in for a captured graph whose replay is off by 1 (what verify must catch)."""
+    step = runner.step(bucket)
+    outputs = runner.outputs.views(bucket)
+
+    def replay():
+        step()
+        for t in outputs.values():
+            t.add_(1.0)
+
+    state = runner.states[bucket]
+    state.run, state.status, state.check_real = replay, "captured", True
+
+
+def test_first_real_batch_is_verified_and_a_drifting_replay_stops_the_run(tmp_path):
+    spec = mlp_spec(tmp_path)
+    x = np.random.default_rng(5).standard_normal((3, 4), dtype=np.float32)
+    with Runner(spec) as runner:
+        bucket = runner.table.pick(3, {})
+        _replay_that_drifts(runner, bucket)
+        with pytest.raises(CaptureError, match="bucket batch=4: verification failed: output 'y': "
+                                               "on the first real batch, replay differs"):
+            runner.run_batch({"x": x})
+        assert runner.states[bucket].verify["real_batch"]["passed"] is False
+
+
+def test_first_real_batch_failure_with_on_failure_eager_gives_eager_outputs(tmp_path):
+    spec = mlp_spec(tmp_path, capture__on_failure="eager")
+    x = np.random.default_rng(6).standard_normal((3, 4), dtype=np.float32)
+    with Runner(spec) as runner:
+        bucket = runner.table.pick(3, {})
+        _replay_that_drifts(runner, bucket)
+        first = runner.run_batch({"x": x})["y"]   # the checked batch itself is eager's
+        second = runner.run_batch({"x": x})["y"]
+        state = runner.states[bucket]
+        assert state.status == "eager" and "first real batch" in state.reason
+        np.testing.assert_allclose(first, eager_alone(spec, x), rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(first, second)
+
+
+def test_a_replay_that_agrees_is_checked_once(tmp_path):
+    spec = mlp_spec(tmp_path)
+    x = np.random.default_rng(7).standard_normal((3, 4), dtype=np.float32)
+    with Runner(spec) as runner:
+        bucket = runner.table.pick(3, {})
+        state = runner.states[bucket]
+        state.check_real = True  # as after a capture
+        runner.run_batch({"x": x})
+        assert state.verify["real_batch"]["passed"] is True and state.check_real is False
