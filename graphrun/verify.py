@@ -58,18 +58,8 @@ def verify_bucket(bucket: Bucket, run: Callable[[], None], eager: Callable[[], N
     fill_synthetic(inputs, specs, gen)
     run()
     replayed = {n: t.clone() for n, t in outputs.items()}
-    eager()
-    result = {"passed": True, "max_abs_err": 0.0, "max_rel_err": 0.0, "pad_isolated": None,
-              "failures": []}
-    for name, t in outputs.items():
-        ok, max_abs, max_rel = compare(replayed[name], t, rtol, atol)
-        result["max_abs_err"] = max(result["max_abs_err"], max_abs)
-        result["max_rel_err"] = max(result["max_rel_err"], max_rel)
-        if not ok:
-            result["passed"] = False
-            result["failures"].append(
-                f"output {name!r}: replay differs from eager (max abs error {max_abs:.3g}, max "
-                f"relative error {max_rel:.3g}; rtol={rtol:g}, atol={atol:g})")
+    result = replay_against_eager(replayed, eager, outputs, rtol, atol, "")
+    result["pad_isolated"] = None
     if bucket.batch > 1:
         real = bucket.batch // 2
         fill_synthetic(inputs, specs, gen, rows=slice(real, None))
@@ -91,6 +81,13 @@ def verify_real_batch(eager: Callable[[], None], outputs: dict[str, torch.Tensor
     """Right after a replay of a real batch: eager on the same static inputs; the outputs must
     agree. The eager results are left in the static outputs (equal within tolerance)."""
     replayed = {n: t.clone() for n, t in outputs.items()}
+    return replay_against_eager(replayed, eager, outputs, rtol, atol, "on the first real batch, ")
+
+
+def replay_against_eager(replayed: dict[str, torch.Tensor], eager: Callable[[], None],
+                         outputs: dict[str, torch.Tensor], rtol: float, atol: float,
+                         when: str) -> dict:
+    """Run `eager` (it writes `outputs`) and compare with the replay's copies of them."""
     eager()
     result = {"passed": True, "max_abs_err": 0.0, "max_rel_err": 0.0, "failures": []}
     for name, t in outputs.items():
@@ -100,7 +97,6 @@ def verify_real_batch(eager: Callable[[], None], outputs: dict[str, torch.Tensor
         if not ok:
             result["passed"] = False
             result["failures"].append(
-                f"output {name!r}: on the first real batch, replay differs from eager (max abs "
-                f"error {max_abs:.3g}, max relative error {max_rel:.3g}; rtol={rtol:g}, "
-                f"atol={atol:g})")
+                f"output {name!r}: {when}replay differs from eager (max abs error "
+                f"{max_abs:.3g}, max relative error {max_rel:.3g}; rtol={rtol:g}, atol={atol:g})")
     return result
