@@ -116,6 +116,12 @@ def _batch_size(spec: PipelineSpec) -> Found:
     if BATCH not in spec.buckets or spec.data.oversize == "split":
         return
     largest = max(spec.buckets[BATCH])
+    if (spec.data.oversize == "eager" and spec.model.builtin == "decoder"
+            and spec.data.batch_size > largest):
+        yield ("data", "oversize"), (
+            f"the decoder's KV cache holds the largest batch bucket ({largest} rows), so it "
+            f"cannot run a batch of {spec.data.batch_size} eagerly: set data.oversize: split")
+        return
     if spec.data.batch_size > largest:
         yield ("data", "batch_size"), (
             f"{spec.data.batch_size} is larger than the largest batch bucket ({largest}) and "
