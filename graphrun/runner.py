@@ -20,7 +20,7 @@ import torch
 from .buckets import Bucket, BucketTable, cut_rows, pad_into, rows_from_inputs, split_sizes
 from .buffers import TORCH_DTYPES, BufferSet, HostSlot, host_dtype
 from .capture import (MiB, BucketState, capture_graph, make_step, peak_step_bytes, warm_up)
-from .errors import CaptureError, InputError
+from .errors import CaptureError, InputError, ModelError
 from .device import resolve_backend, resolve_device
 from .models.load import build_model, call_model, compile_model, name_outputs
 from .spec import BATCH, PipelineSpec
@@ -75,10 +75,7 @@ class Runner:
         self.inputs = BufferSet(in_dims, in_dtypes, largest, self.device)
         views = self.inputs.views(largest)
         fill_synthetic(views, self.input_specs, torch.Generator().manual_seed(0))
-        with torch.inference_mode():
-            probe = name_outputs(call_model(
-                self.model, {n: v.to(self.model_dtypes[n]) for n, v in views.items()},
-                self.spec.model.call), list(self.output_dims))
+        probe = self._probe(largest, {n: v.to(self.model_dtypes[n]) for n, v in views.items()})
         out_dtypes = {n: t.dtype for n, t in probe.items()}
         for n, spec in self.spec.outputs.items():
             if spec.dtype:
@@ -92,6 +89,26 @@ class Runner:
             BufferSet(in_dims, in_dtypes, largest, torch.device("cpu"), pin=self.cuda),
             BufferSet(self.output_dims, out_dtypes, largest, torch.device("cpu"), pin=self.cuda))
             for _ in range(2)]
+
+    def _probe(self, bucket: Bucket, inputs: dict[str, torch.Tensor]) -> dict:
+        """The model's first call, on sample inputs of the largest bucket. Failing here is
+        nearly always the spec and the model disagreeing: say so, with what was passed."""
+        call = self.spec.model.call
+        try:
+            with torch.inference_mode():
+                return name_outputs(call_model(self.model, inputs, call), list(self.output_dims))
+        except ModelError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - re-raised as a user error, chained
+            args = {n: f"{list(t.shape)} {str(t.dtype).replace('torch.', '')}"
+                    for n, t in inputs.items()}
+            how = "model(" + ", ".join(f"{n}={a}" if call == "keyword" else a
+                                       for n, a in args.items()) + ")"
+            raise ModelError(
+                f"the model failed on its first call, {how} for bucket {bucket.name}: "
+                f"{type(exc).__name__}: {exc}\n  check that the spec's inputs (names, shapes, "
+                "dtypes) match the model's forward, or set model.call: positional; "
+                "--debug shows the traceback") from exc
 
     def _prepare_buckets(self) -> None:
         cap = self.spec.capture

@@ -236,3 +236,20 @@ def test_a_replay_that_agrees_is_checked_once(tmp_path):
         state.check_real = True  # as after a capture
         runner.run_batch({"x": x})
         assert state.verify["real_batch"]["passed"] is True and state.check_real is False
+
+
+def test_a_model_that_does_not_take_the_spec_inputs_is_a_clear_model_error(tmp_path):
+    (tmp_path / "m.py").write_text(
+        "import torch\n"
+        "class M(torch.nn.Module):\n"
+        "    def forward(self, features):\n"
+        "        return features\n"
+        "def build():\n"
+        "    return M()\n")
+    spec = mlp_spec(tmp_path, model={"target": f"{tmp_path / 'm.py'}:build"},
+                    outputs={"y": {"shape": ["batch", 4]}})
+    with pytest.raises(ModelError) as info:
+        Runner(spec)
+    text = str(info.value)
+    assert "the model failed on its first call, model(x=[4, 4] float32) for bucket batch=4" in text
+    assert "unexpected keyword argument 'x'" in text and "model.call: positional" in text
