@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import GraphrunError, Interrupted
+from .errors import GraphrunError, Interrupted, OutputError
 from .manifest import (BucketReport, FileEntry, Manifest, Totals, environment, spec_digest,
                        write_manifest)
 from .progress import Progress, count_records, summary_table
@@ -41,8 +41,12 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     job = RunState(spec, out_dir, spec_json)
     fingerprint = {"spec_sha256": job.spec_sha, "input_sha256": job.input_sha,
                    "slice": [start, stop]}
-    resume_point = prepare_out_dir(out_dir, resume=resume, overwrite=overwrite,
-                                   fingerprint=fingerprint)
+    try:
+        resume_point = prepare_out_dir(out_dir, resume=resume, overwrite=overwrite,
+                                       fingerprint=fingerprint)
+    except OSError as err:
+        raise OutputError(f"cannot use output folder {out_dir}: {err.strerror or err}; pick a "
+                          "folder you can write to (--out or output.dir)") from err
     if resume_point is not None:
         # Re-read from the start of the batch that held the last committed row, so batches
         # (and their buckets) are as before; the records below next_index are not counted again.
@@ -70,6 +74,11 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
         except GraphrunError as err:
             job.status, job.error = "failed", str(err)
             raise
+        except OSError as err:  # the disk: full, gone, not writable
+            job.status = "failed"
+            job.error = f"writing {out_dir} failed: {err}"
+            raise OutputError(f"{job.error}; committed shards are intact, free space or fix "
+                              "the folder and run again with --resume") from err
         except KeyboardInterrupt:
             # A second SIGINT/SIGTERM (StopSignals): stopped at once, the batch in flight
             # dropped. What is complete is still committed below, so this is an interruption

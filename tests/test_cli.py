@@ -122,3 +122,26 @@ def test_summary_table_fits_80_columns_and_names_every_bucket(write_spec, tmp_pa
     for name in ("batch=4", "batch=2", "batch=1"):
         assert any(line.startswith(name + " ") for line in lines), name
     assert "records in 10, out 10, rejected 0" in text
+
+
+def test_an_output_folder_that_cannot_be_made_is_one_clear_error(write_spec, tmp_path):
+    (tmp_path / "a-file").write_text("")
+    result = cli("run", write_spec(), "-q", "--out", tmp_path / "a-file" / "sub")
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert f"cannot use output folder {tmp_path / 'a-file' / 'sub'}: Not a directory" in \
+        result.output
+
+
+def test_a_full_disk_mid_run_is_an_output_error_and_the_manifest_says_failed(
+        write_spec, tmp_path, monkeypatch):
+    from graphrun import write
+
+    def no_space(self, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(write.ShardWriter, "write", no_space)
+    result = cli("run", write_spec(), "-q")
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "No space left on device" in result.output and "--resume" in result.output
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and "No space left" in manifest["error"]
