@@ -61,13 +61,14 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
             if spec.report.baseline == "eager":
                 runner.measure_baseline()
             writer = ShardWriter(spec, out_dir, resume=resume_point)
-            latencies = open(out_dir / "latencies.jsonl", "a" if resume_point else "w")
+            latencies, job.batches_before = open_latencies(
+                out_dir / "latencies.jsonl", keep_below=start if resume_point else None)
             t0 = time.perf_counter()
             if overlap is None:
                 overlap = runner.cuda
             job.host_s = replay_stream(
                 runner, read_batches(spec, start=start, stop=stop), writer,
-                on_batches=lambda ran, n: job.log_batches(latencies, ran, n),
+                on_batches=lambda ran, n, first: job.log_batches(latencies, ran, n, first),
                 on_read=lambda rb: progress.advance(job.count(rb)),
                 should_stop=lambda: bool(stop_signal.signum), start=start, overlap=overlap)
             job.status = "interrupted" if stop_signal.signum else "completed"
@@ -111,6 +112,25 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     return manifest
 
 
+def open_latencies(path: Path, keep_below: int | None):
+    """latencies.jsonl for appending, and how many lines it holds. On resume, only the lines of
+    batches that start below `keep_below` (where reading restarts) are kept: the batches after
+    it run again."""
+    if keep_below is None or not path.exists():
+        return open(path, "w"), 0
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line).get("first", 0) < keep_below:
+                kept.append(line + "\n")
+        except ValueError:  # a line torn by a crash
+            continue
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept))
+    tmp.replace(path)
+    return open(path, "a"), len(kept)
+
+
 def _log_and(then):
     def log(msg: str) -> None:
         print(msg)
@@ -128,6 +148,7 @@ class RunState:
         self.started = _now()
         self.status, self.error = "failed", None
         self.records_in = self.records_out = self.rejected = self.batches = 0
+        self.batches_before = 0  # latencies.jsonl lines kept from the run this one resumes
         self.resumed_from = None
         self.count_from = 0  # records below it were committed by the run this one resumes
         self.runner = None
@@ -160,7 +181,7 @@ class RunState:
         if msg.startswith("warning: "):
             self.warnings.append(msg[len("warning: "):])
 
-    def log_batches(self, latencies, ran: list, n: int) -> None:
+    def log_batches(self, latencies, ran: list, n: int, first: int) -> None:
         for bucket, times in ran:
             self.batches += 1
             name = bucket.name if bucket else "oversize-eager"
@@ -168,7 +189,8 @@ class RunState:
             for phase, us in times.items():
                 phases.setdefault(phase, array("d")).append(us)  # 8 bytes a batch per phase
             self.device_us += sum(times.get(p, 0.0) for p in PHASES)
-            latencies.write(json.dumps({"batch": self.batches, "bucket": name, "records": n,
+            latencies.write(json.dumps({"batch": self.batches_before + self.batches, "first": first, "bucket": name,
+                                        "records": n,
                                         **{f"{p}_us": round(v, 2) for p, v in times.items()}})
                             + "\n")
 

@@ -59,7 +59,7 @@ def replay_stream(runner, batches: Iterable, writer, *, on_batches: Callable,
         sink.write(item.indices, item.ids, outs, item.batch_start)
         host["device_wait"] += t1 - t0
         host["write"] += time.perf_counter() - t1
-        on_batches([(item.bucket, times)], item.n)
+        on_batches([(item.bucket, times)], item.n, int(item.indices[0]))
 
     try:
         while True:
@@ -84,7 +84,7 @@ def replay_stream(runner, batches: Iterable, writer, *, on_batches: Callable,
                         finish(pending.popleft())
                     outs, ran = runner.run_rows(rb.fields, n, rb.lengths)
                     sink.write(rb.indices, rb.ids, outs, batch_start)
-                    on_batches(ran, n)
+                    on_batches(ran, n, int(rb.indices[0]))
                     continue
                 fields, k, lengths, indices, ids = part
                 t0 = time.perf_counter()

@@ -321,6 +321,13 @@ def test_a_resumed_run_batches_records_as_a_clean_run(tmp_path):
 
     assert buckets(tmp_path / "out") == buckets(tmp_path / "clean")
 
+    # latencies.jsonl: the batches re-read after the resume point are not listed twice
+    def batches(out):
+        lines = [json.loads(x) for x in (out / "latencies.jsonl").read_text().splitlines()]
+        return [(x["batch"], x["first"], x["bucket"], x["records"]) for x in lines]
+
+    assert batches(tmp_path / "out") == batches(tmp_path / "clean")
+
 
 def test_resume_of_a_completed_run_changes_nothing(job, tmp_path):
     out = tmp_path / "out"
