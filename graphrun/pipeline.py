@@ -189,8 +189,8 @@ class RunState:
             for phase, us in times.items():
                 phases.setdefault(phase, array("d")).append(us)  # 8 bytes a batch per phase
             self.device_us += sum(times.get(p, 0.0) for p in PHASES)
-            latencies.write(json.dumps({"batch": self.batches_before + self.batches, "first": first, "bucket": name,
-                                        "records": n,
+            latencies.write(json.dumps({"batch": self.batches_before + self.batches,
+                                        "first": first, "bucket": name, "records": n,
                                         **{f"{p}_us": round(v, 2) for p, v in times.items()}})
                             + "\n")
 

@@ -121,7 +121,8 @@ class Runner:
             state = self.states[bucket]
             step = state.run = self.step(bucket)
             # eager needs no warm-up but one run, which surfaces shape errors before any data
-            iters = cap.warmup_iters if self.backend == "cuda-graph" or self.spec.model.compile else 1
+            graphs_or_compile = self.backend == "cuda-graph" or self.spec.model.compile
+            iters = cap.warmup_iters if graphs_or_compile else 1
             state.warmup_s = warm_up(step, max(iters, 1), stream)
             if self.backend != "cuda-graph":
                 state.status = "eager"
@@ -178,7 +179,6 @@ class Runner:
         state.verify = verify_bucket(bucket, state.run, step, self.inputs.views(bucket),
                                      self.outputs.views(bucket), self.input_specs,
                                      cap.verify.rtol, cap.verify.atol)
-        state.check_real = state.graph is not None  # eager needs no check against itself
         if not state.verify["passed"]:
             err = CaptureError("verification failed: " + "; ".join(state.verify["failures"]),
                                bucket=bucket.name,
@@ -188,6 +188,7 @@ class Runner:
             if state.graph is None or cap.on_failure == "error":
                 raise err
             self._fall_back(state, err)
+        state.check_real = state.graph is not None  # an eager bucket needs no check against itself
 
     def _verify_real(self, state: BucketState) -> bool:
         """The first real batch of a captured bucket: replay vs eager on its inputs (the static

@@ -318,7 +318,8 @@ def _describe(obj: Any) -> str:
 
 
 def compile_model(model: torch.nn.Module, n_shapes: int) -> torch.nn.Module:
-    """torch.compile with its own CUDA graphs off (graphrun captures), one static graph per shape."""
+    """torch.compile with its own CUDA graphs off (graphrun captures them), one static graph per
+    shape."""
     import torch._dynamo.config as dynamo_config
 
     for knob in ("recompile_limit", "cache_size_limit"):  # renamed across torch versions
