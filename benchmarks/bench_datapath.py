@@ -377,6 +377,7 @@ def replay_rates(case: Case, spec: PipelineSpec, seconds: float) -> ReplayRates:
     n = len(first)
     with Runner(spec) as runner:
         with torch.inference_mode():
+            runner.host_slots(2)
             bucket = runner.stage(first.fields, n, first.lengths, 0)
             runner.stage(first.fields, n, first.lengths, 1)
             state = runner.states[bucket]

@@ -1,14 +1,23 @@
 """Replay: the record batches of the input through the runner into the writer, overlapped.
 
-Serially, the device idles while the host parses the next batch, and the host idles while the
-device replays. Overlapped (the default):
-  - a reader thread parses ahead into a bounded queue (a few batches; memory stays bounded);
-  - batch i+1 is padded into the second pinned host slot and launched (h2d, replay, d2h all
-    enqueued on the device's stream) before the host waits for batch i's last copy, so the
-    device runs i+1 while the host cuts i's outputs and hands them over;
-  - a writer thread writes shards while the main thread feeds the device.
-Order is kept everywhere: batches are collected, written and rejected in input order, so the
-outputs, the journal and --resume are the same as on the serial path.
+A batch takes four steps, each on its own thread when overlapped (the default on a GPU):
+
+    stager    read and check records, pick the bucket, pad the rows into a free pinned host
+              slot                                             (graphrun-stager thread)
+    launcher  enqueue h2d copies, replay, d2h copies and events; nothing waits here
+                                                               (the calling thread)
+    completer wait for the batch's last event, cut the real rows out, free the slot, write
+                                                               (graphrun-completer thread)
+
+The host slots (runner.host_slots) are the bounded queue between them: the stager takes a free
+slot, the completer gives it back once the outputs are out of it, so at most `slots` batches
+are in flight and memory stays bounded whatever the file's size. The launcher, which the device
+waits on, only enqueues: padding and writing happen on the other two threads (numpy copies,
+file writes, hashing and event waits release the GIL).
+
+Serially (slots=1, no threads) the same three steps run one after another per batch.
+Order is kept everywhere: batches are launched, collected, written and rejected in input
+order, so outputs, the journal and --resume are the same on both paths.
 """
 
 from __future__ import annotations
@@ -16,98 +25,118 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
 from .buckets import split_sizes
 
+SLOTS = 4  # overlapped: one being staged, one or two on the device, one being written
 _DONE = object()
 
 
 @dataclass
-class Launched:
-    bucket: object
-    slot: int
-    marks: list
-    n: int
-    lengths: dict
-    indices: np.ndarray
-    ids: list
-    batch_start: int
+class Work:
+    """One part of a record batch, handed from the stager to the launcher.
+
+    kind: "graph" (staged in `slot` for `bucket`), "eager" (data.oversize: eager, run at the
+    batch's own size from `fields`) or "none" (a batch of rejects only)."""
+    kind: str
+    n: int = 0
+    indices: np.ndarray | None = None
+    ids: list | None = None
+    lengths: dict = field(default_factory=dict)
+    batch_start: int = 0
+    bucket: object = None
+    slot: int = -1
+    fields: dict | None = None
+    rb: object = None  # the record batch, on its first part: its rejects and its count
+    last: bool = True  # the last part of its record batch: the run may stop after it
 
 
 def replay_stream(runner, batches: Iterable, writer, *, on_batches: Callable,
                   on_read: Callable, should_stop: Callable[[], bool], start: int = 0,
                   overlap: bool = True) -> dict[str, float]:
-    """Run every record batch; return host seconds per phase (where the host spent the run).
+    """Run every record batch; return host seconds per phase and thread (see PHASES_DOC).
 
     start: the first input ordinal read; each batch's first covered ordinal goes to the writer,
     which journals it so that --resume re-reads whole batches (see journal.py)."""
-    host = {"read_wait": 0.0, "stage": 0.0, "device_wait": 0.0, "write": 0.0}
-    sink = BackgroundWriter(writer) if overlap else writer
-    source = prefetch(batches, depth=4) if overlap else iter(batches)
-    pending: deque[Launched] = deque()
-    slot = 0
-
-    def finish(item: Launched) -> None:
-        t0 = time.perf_counter()
-        outs, times = runner.collect(item.bucket, item.slot, item.marks, item.n, item.lengths)
-        t1 = time.perf_counter()
-        sink.write(item.indices, item.ids, outs, item.batch_start)
-        host["device_wait"] += t1 - t0
-        host["write"] += time.perf_counter() - t1
-        on_batches([(item.bucket, times)], item.n, int(item.indices[0]))
-
+    host = dict.fromkeys(("read", "stage", "read_wait", "launch", "device_wait", "write"), 0.0)
+    pool = SlotPool(runner.host_slots(SLOTS if overlap else 1))
+    work = staged(runner, batches, pool, host, start)
+    source = Prefetch(work, depth=pool.size) if overlap else work
+    done = Completer(runner, writer, pool, on_batches, host, threaded=overlap)
     try:
         while True:
             t0 = time.perf_counter()
             try:
-                rb = next(source, _DONE)
+                item = next(source, _DONE)
             except BaseException:  # a bad record: what came before it is still written
-                while pending:
-                    finish(pending.popleft())
+                done.drain()
                 raise
             host["read_wait"] += time.perf_counter() - t0
-            if rb is _DONE:
+            if item is _DONE:
                 break
-            for r in rb.rejects:
-                sink.reject(r.index, r.id, r.where, r.reason)
-            n = len(rb.ids)
-            on_read(rb)
-            batch_start, start = start, _covered_to(rb, start) + 1
-            for part in _parts(runner, rb, n):
-                if part is None:  # data.oversize: eager, run at the batch's own size
-                    while pending:
-                        finish(pending.popleft())
-                    outs, ran = runner.run_rows(rb.fields, n, rb.lengths)
-                    sink.write(rb.indices, rb.ids, outs, batch_start)
-                    on_batches(ran, n, int(rb.indices[0]))
-                    continue
-                fields, k, lengths, indices, ids = part
+            if item.rb is not None:
+                for r in item.rb.rejects:
+                    done.reject(r)
+                on_read(item.rb)
+            if item.kind == "graph":
                 t0 = time.perf_counter()
-                bucket = runner.stage(fields, k, lengths, slot)
-                marks = runner.launch(bucket, slot)
-                host["stage"] += time.perf_counter() - t0
-                if pending:
-                    finish(pending.popleft())
-                pending.append(Launched(bucket, slot, marks, k, lengths, indices, ids,
-                                        batch_start))
-                slot ^= 1
-                if not overlap:
-                    finish(pending.popleft())
-            if should_stop():
+                marks = runner.launch(item.bucket, item.slot)
+                host["launch"] += time.perf_counter() - t0
+                done.collect(item, marks)
+            elif item.kind == "eager":  # or data.oversize: error, which run_rows raises
+                outs, ran = runner.run_rows(item.fields, item.n, item.lengths)
+                done.written(item, outs, ran)
+            if item.last and should_stop():
                 break
-        while pending:  # the batch in flight is finished, not dropped
-            finish(pending.popleft())
+        done.drain()  # the batches in flight are finished, not dropped
     finally:
+        pool.close()
         if isinstance(source, Prefetch):
             source.close()
-        if isinstance(sink, BackgroundWriter):
-            sink.join()
+        done.close()
     return host
+
+
+PHASES_DOC = ("Host seconds per phase, summed per thread: read and stage (the stager thread: "
+              "parsing and checking records, padding them into pinned slots), read_wait and "
+              "launch (the launching thread: waiting for staged batches, enqueuing copies and "
+              "replays), device_wait and write (the completer thread: waiting for results, "
+              "cutting and writing them). Serially they add up to the streaming time; "
+              "overlapped they run side by side, and the busiest thread bounds the rate.")
+
+
+def staged(runner, batches: Iterable, pool: "SlotPool", host: dict, start: int
+           ) -> Iterator[Work]:
+    """The stager: each record batch as bucket-sized parts, each padded into a free slot."""
+    source = iter(batches)
+    while True:
+        t0 = time.perf_counter()
+        rb = next(source, None)
+        host["read"] += time.perf_counter() - t0
+        if rb is None:
+            return
+        n = len(rb.ids)
+        batch_start, start = start, _covered_to(rb, start) + 1
+        parts = list(_parts(runner, rb, n))
+        if not parts:
+            yield Work("none", rb=rb, batch_start=batch_start)
+        for i, part in enumerate(parts):
+            first, last = rb if i == 0 else None, i == len(parts) - 1
+            if part is None:
+                yield Work("eager", n, rb.indices, rb.ids, rb.lengths, batch_start,
+                           fields=rb.fields, rb=first, last=last)
+                continue
+            fields, k, lengths, indices, ids = part
+            slot = pool.acquire()
+            t0 = time.perf_counter()
+            bucket = runner.stage(fields, k, lengths, slot)
+            host["stage"] += time.perf_counter() - t0
+            yield Work("graph", k, indices, ids, lengths, batch_start, bucket, slot,
+                       rb=first, last=last)
 
 
 def _covered_to(rb, start: int) -> int:
@@ -122,7 +151,7 @@ def _covered_to(rb, start: int) -> int:
 
 def _parts(runner, rb, n: int) -> Iterator:
     """A record batch as bucket-sized parts: itself, or chunks of the largest batch bucket
-    (data.oversize: split), or None for 'run it eagerly' (data.oversize: eager)."""
+    (data.oversize: split), or None for 'run it at its own size' (data.oversize: eager)."""
     if n == 0:
         return
     largest = runner.table.max_batch
@@ -140,6 +169,139 @@ def _parts(runner, rb, n: int) -> Iterator:
         start += size
 
 
+class Closed(Exception):
+    """The slot pool was closed while the stager waited for a slot: the run is ending."""
+
+
+class SlotPool:
+    """The free host slots. The stager takes one per batch, the completer gives it back."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._free: queue.Queue = queue.Queue()
+        for slot in range(size):
+            self._free.put(slot)
+        self._closed = threading.Event()
+
+    def acquire(self) -> int:
+        while True:
+            try:
+                return self._free.get(timeout=0.05)
+            except queue.Empty:
+                if self._closed.is_set():
+                    raise Closed from None
+
+    def release(self, slot: int) -> None:
+        self._free.put(slot)
+
+    def close(self) -> None:
+        self._closed.set()
+
+
+class Completer:
+    """Collects launched batches in order, frees their slots, writes their rows and rejects.
+
+    Threaded: on the graphrun-completer thread, behind a queue; an error there (the writer
+    failing, say) is raised on the launching thread at its next call. Otherwise inline."""
+
+    def __init__(self, runner, writer, pool: SlotPool, on_batches: Callable, host: dict, *,
+                 threaded: bool):
+        self.runner, self.writer, self.pool = runner, writer, pool
+        self.on_batches, self.host = on_batches, host
+        self._error: BaseException | None = None
+        self._queue: queue.Queue | None = None
+        if threaded:
+            self._queue = queue.Queue()  # bounded by the slots: a batch holds one until done
+            self._thread = threading.Thread(target=self._drain, name="graphrun-completer",
+                                            daemon=True)
+            self._thread.start()
+
+    # -- the launching thread's side --
+
+    def collect(self, item: Work, marks: list) -> None:
+        self._submit(("collect", item, marks))
+
+    def written(self, item: Work, outs: dict, ran: list) -> None:
+        self._submit(("write", item, outs, ran))
+
+    def reject(self, r) -> None:
+        self._submit(("reject", r))
+
+    def drain(self) -> None:
+        """Wait until everything submitted is done; raise what failed there."""
+        if self._queue is not None:
+            self._queue.join()
+        self._raise()
+
+    def close(self) -> None:
+        """Stop the thread once everything submitted is done. A second Ctrl-C while waiting
+        must not leave it writing while the caller closes the writer: keep waiting."""
+        if self._queue is None:
+            return
+        self._queue.put(_DONE)
+        while True:
+            try:
+                self._thread.join()
+                break
+            except KeyboardInterrupt:
+                continue
+        self._queue = None
+        self._raise()
+
+    def _submit(self, job: tuple) -> None:
+        self._raise()
+        if self._queue is None:
+            self._do(job)
+        else:
+            self._queue.put(job)
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+
+    # -- the completer's side --
+
+    def _drain(self) -> None:
+        while True:
+            job = self._queue.get()
+            try:
+                if job is _DONE:
+                    return
+                if self._error is None:
+                    self._do(job)
+                elif job[0] == "collect":  # failed: only wait for the batch and free its slot
+                    self.runner.timer.finish(job[2])
+                    self.pool.release(job[1].slot)
+            except BaseException as exc:  # noqa: BLE001 - raised on the launching thread
+                self._error = exc  # _do has freed the slot of a collect job already
+            finally:
+                self._queue.task_done()
+
+    def _do(self, job: tuple) -> None:
+        kind = job[0]
+        if kind == "reject":
+            r = job[1]
+            self.writer.reject(r.index, r.id, r.where, r.reason)
+            return
+        item = job[1]
+        if kind == "collect":
+            t0 = time.perf_counter()
+            try:
+                outs, times = self.runner.collect(item.bucket, item.slot, job[2], item.n,
+                                                  item.lengths)
+            finally:
+                self.pool.release(item.slot)
+            ran = [(item.bucket, times)]
+            self.host["device_wait"] += time.perf_counter() - t0
+        else:
+            outs, ran = job[2], job[3]
+        t0 = time.perf_counter()
+        self.writer.write(item.indices, item.ids, outs, item.batch_start)
+        self.on_batches(ran, item.n, int(item.indices[0]))
+        self.host["write"] += time.perf_counter() - t0
+
+
 class Prefetch:
     """Iterate `source` on a background thread, `depth` items ahead. An exception raised by the
     source (a bad record with on_bad_record: error) is re-raised here, in order."""
@@ -148,7 +310,7 @@ class Prefetch:
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._fill, args=(iter(source),),
-                                        name="graphrun-reader", daemon=True)
+                                        name="graphrun-stager", daemon=True)
         self._thread.start()
 
     def _fill(self, it: Iterator) -> None:
@@ -156,6 +318,8 @@ class Prefetch:
             for item in it:
                 if not self._put((True, item)):
                     return
+        except Closed:
+            return
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, in order
             self._put((False, exc))
             return
@@ -184,56 +348,3 @@ class Prefetch:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
-
-
-def prefetch(source: Iterable, depth: int) -> Prefetch:
-    return Prefetch(source, depth)
-
-
-class BackgroundWriter:
-    """The writer's write/reject calls, in order, on a background thread. An error there is
-    raised on the next call or at join()."""
-
-    def __init__(self, writer, depth: int = 8):
-        self._writer = writer
-        self._queue: queue.Queue = queue.Queue(maxsize=depth)
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._drain, name="graphrun-writer", daemon=True)
-        self._thread.start()
-
-    def _drain(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is _DONE:
-                return
-            if self._error is None:
-                method, args = item
-                try:
-                    getattr(self._writer, method)(*args)
-                except BaseException as exc:  # noqa: BLE001 - re-raised on the main thread
-                    self._error = exc
-
-    def _raise(self) -> None:
-        if self._error is not None:
-            err, self._error = self._error, None
-            raise err
-
-    def write(self, *args) -> None:
-        self._raise()
-        self._queue.put(("write", args))
-
-    def reject(self, *args) -> None:
-        self._raise()
-        self._queue.put(("reject", args))
-
-    def join(self) -> None:
-        """Wait until everything queued is written. A second Ctrl-C while waiting must not
-        leave this thread writing while the caller closes the writer: keep waiting."""
-        self._queue.put(_DONE)
-        while True:
-            try:
-                self._thread.join()
-                break
-            except KeyboardInterrupt:
-                continue
-        self._raise()

@@ -81,14 +81,22 @@ class Runner:
             if spec.dtype:
                 out_dtypes[n] = TORCH_DTYPES[spec.dtype]
         self.outputs = BufferSet(self.output_dims, out_dtypes, largest, self.device)
-        # Two host slots: while the device runs the batch staged in one, the host pads the
-        # next batch into the other and cuts the previous one's outputs.
-        # Outputs come back in the device's dtype (bfloat16: half the bytes of float32) and
-        # are converted while the real rows are cut out.
-        self.slots = [HostSlot(
-            BufferSet(in_dims, in_dtypes, largest, torch.device("cpu"), pin=self.cuda),
-            BufferSet(self.output_dims, out_dtypes, largest, torch.device("cpu"), pin=self.cuda))
-            for _ in range(2)]
+        self._slot_dims = (in_dims, in_dtypes, out_dtypes)
+        self.slots: list[HostSlot] = []
+        self.host_slots(1)
+
+    def host_slots(self, count: int) -> int:
+        """At least `count` sets of host staging buffers (pinned on a GPU); returns how many.
+        The overlapped stream (replay.py) keeps several batches in flight, one slot each.
+        Outputs come back in the device's dtype (bfloat16: half the bytes of float32) and are
+        converted while the real rows are cut out."""
+        in_dims, in_dtypes, out_dtypes = self._slot_dims
+        largest, cpu = self.table.all[0], torch.device("cpu")
+        while len(self.slots) < count:
+            self.slots.append(HostSlot(
+                BufferSet(in_dims, in_dtypes, largest, cpu, pin=self.cuda),
+                BufferSet(self.output_dims, out_dtypes, largest, cpu, pin=self.cuda)))
+        return len(self.slots)
 
     def _probe(self, bucket: Bucket, inputs: dict[str, torch.Tensor]) -> dict:
         """The model's first call, on sample inputs of the largest bucket. Failing here is
@@ -230,7 +238,7 @@ class Runner:
         fn()  # one untimed call: caches warm
         times = []
         for _ in range(iters):
-            t = self.timer.start(slot=len(self.slots))
+            t = self.timer.start(slot=-1)  # not a host slot's events
             fn()
             self.timer.mark(t, "run")
             times.append(self.timer.finish(t)["run"])
@@ -259,7 +267,7 @@ class Runner:
         run = self.states[bucket].run
         timer = self.timer
         with self._switch_device():
-            marks = timer.start(slot) if timed else [slot]
+            marks = timer.start(slot, timed=timed)
             for dst, src in copies_in:
                 dst.copy_(src, non_blocking=True)
             if timed:

@@ -23,9 +23,13 @@ class BatchTimer:
         self.cuda = device.type == "cuda"
         self._events: dict[tuple[int, int], torch.cuda.Event] = {}
 
-    def start(self, slot: int = 0) -> list:
-        marks: list = [slot]
-        self._mark(marks, "start")
+    def start(self, slot: int = 0, *, timed: bool = True) -> list:
+        """marks: [slot, stream, (phase, host time, event)...]. The stream is looked up once
+        per batch (current_stream costs microseconds) and every event is recorded on it.
+        timed=False: no start mark; only the batch's last mark, to wait on, will follow."""
+        marks: list = [slot, torch.cuda.current_stream() if self.cuda else None]
+        if timed:
+            self._mark(marks, "start")
         return marks
 
     def mark(self, marks: list, phase: str) -> None:
@@ -38,19 +42,19 @@ class BatchTimer:
             event = self._events.get(key)
             if event is None:
                 event = self._events[key] = torch.cuda.Event(enable_timing=True)
-            event.record()
+            event.record(marks[1])
         marks.append((phase, time.perf_counter(), event))
 
     def finish(self, marks: list) -> dict[str, float]:
         """Wait for the batch's last copy and return microseconds per phase, plus e2e."""
         if self.cuda:
             marks[-1][2].synchronize()
-        if len(marks) < 3:  # untimed: only the last mark, to wait on
+        if len(marks) < 4:  # untimed: only the last mark, to wait on
             return {}
         out = {}
-        for (_, t0, e0), (phase, t1, e1) in zip(marks[1:], marks[2:]):
+        for (_, t0, e0), (phase, t1, e1) in zip(marks[2:], marks[3:]):
             out[phase] = e0.elapsed_time(e1) * 1e3 if self.cuda else (t1 - t0) * 1e6
-        out["e2e"] = (time.perf_counter() - marks[1][1]) * 1e6
+        out["e2e"] = (time.perf_counter() - marks[2][1]) * 1e6
         return out
 
 

@@ -1,0 +1,161 @@
+"""replay_stream on the CPU, threaded (overlapped) and inline (serial): the same writes in the
+same order, errors from either end raised without losing what came before, stops honoured,
+and no thread left behind."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from graphrun import InputError, Runner
+from graphrun.records import RecordBatch, Reject
+from graphrun.replay import SLOTS, replay_stream
+from graphrun.spec import PipelineSpec
+
+
+def mlp_spec(tmp_path) -> PipelineSpec:
+    (tmp_path / "d.jsonl").write_text("")
+    return PipelineSpec.model_validate({
+        "version": 1, "name": "t", "device": "cpu",
+        "model": {"builtin": "mlp",
+                  "args": {"in_features": 4, "hidden": 8, "layers": 2, "out_features": 3}},
+        "inputs": {"x": {"shape": ["batch", 4]}}, "outputs": {"y": {"shape": ["batch", 3]}},
+        "buckets": {"batch": [1, 2, 4]},
+        "data": {"path": str(tmp_path / "d.jsonl"), "oversize": "split"},
+        "output": {"dir": str(tmp_path / "o")}})
+
+
+class ListWriter:
+    """Records the writer calls; optionally fails on the nth write."""
+
+    def __init__(self, fail_at: int | None = None):
+        self.calls: list = []
+        self.fail_at = fail_at
+
+    def write(self, indices, ids, outputs, batch_start=None):
+        if self.fail_at is not None and len(self.calls) == self.fail_at:
+            raise OSError(28, "No space left on device")
+        self.calls.append(("write", indices.tolist(), list(ids), outputs["y"].copy(),
+                           batch_start))
+
+    def reject(self, index, id, where, reason):
+        self.calls.append(("reject", index, id, where, reason))
+
+
+def batches(sizes: list[int], *, reject_every: int = 0, seed: int = 0) -> list[RecordBatch]:
+    """Record batches of the given sizes with consecutive ordinals; every reject_every-th
+    ordinal is a reject instead of a record."""
+    rng = np.random.default_rng(seed)
+    out, index = [], 0
+    for size in sizes:
+        indices, rejects = [], []
+        while len(indices) < size or (size == 0 and not rejects):
+            if reject_every and index % reject_every == reject_every - 1:
+                rejects.append(Reject(index, index, f"d.jsonl:{index + 1}", "bad"))
+            else:
+                indices.append(index)
+            index += 1
+        idx = np.array(indices, dtype=np.int64)
+        out.append(RecordBatch(indices=idx, ids=idx.tolist(), where=[""] * len(idx),
+                               fields={"x": rng.standard_normal((len(idx), 4)).astype("f4")},
+                               lengths={}, rejects=rejects))
+    return out
+
+
+def run(runner, source, writer, *, overlap, should_stop=lambda: False, reads=None):
+    reads = [] if reads is None else reads
+    return replay_stream(runner, source, writer, on_batches=lambda ran, n, first: None,
+                         on_read=lambda rb: reads.append(len(rb)), should_stop=should_stop,
+                         overlap=overlap)
+
+
+def no_threads_left() -> bool:
+    return not [t for t in threading.enumerate() if t.name.startswith("graphrun-")]
+
+
+@pytest.fixture
+def runner(tmp_path):
+    with Runner(mlp_spec(tmp_path)) as r:
+        yield r
+
+
+def test_overlapped_writes_what_serial_writes_in_the_same_order(runner):
+    # more batches than slots; a batch split over the largest bucket; a batch of rejects only
+    data = batches([3, 4, 7, 0, 1, 4, 2, 9, 4, 4, 3], reject_every=5)
+    serial, overlapped = ListWriter(), ListWriter()
+    run(runner, data, serial, overlap=False)
+    host = run(runner, data, overlapped, overlap=True)
+    assert len(serial.calls) == len(overlapped.calls) > 2 * SLOTS
+    for a, b in zip(serial.calls, overlapped.calls):
+        assert a[:3] == b[:3] and a[-1] == b[-1]
+        if a[0] == "write":
+            np.testing.assert_array_equal(a[3], b[3])
+    writes = [c for c in serial.calls if c[0] == "write"]
+    assert [i for c in writes for i in c[1]] == [i for rb in data for i in rb.indices.tolist()]
+    assert [c[1] for c in serial.calls if c[0] == "reject"] == \
+        [r.index for rb in data for r in rb.rejects]
+    # a split batch's parts all carry the batch's first covered ordinal, for --resume
+    split = [c for c in writes if c[4] == writes[2][4]]
+    assert sum(len(c[1]) for c in split) == 7
+    # each record's output is the model's on that record alone
+    x = np.concatenate([rb.fields["x"] for rb in data])
+    want = runner.run_batch({"x": x[:4]})["y"]
+    np.testing.assert_allclose(writes[0][3], want[:3], rtol=1e-5, atol=1e-6)
+    assert set(host) == {"read", "stage", "read_wait", "launch", "device_wait", "write"}
+    assert no_threads_left()
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlapped", "serial"])
+def test_a_writer_error_is_raised_and_nothing_after_it_is_written(runner, overlap):
+    writer = ListWriter(fail_at=3)
+    with pytest.raises(OSError, match="No space left"):
+        run(runner, batches([4] * 20), writer, overlap=overlap)
+    writes = [c for c in writer.calls if c[0] == "write"]
+    assert [c[1][0] for c in writes] == [0, 4, 8]
+    assert no_threads_left()
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlapped", "serial"])
+def test_a_bad_record_stops_the_run_after_writing_every_batch_before_it(runner, overlap):
+    def source():
+        yield from batches([4, 4, 3])
+        raise InputError("record 'r11': x: value nan is NaN or Inf", where="d.jsonl:12")
+
+    writer = ListWriter()
+    with pytest.raises(InputError, match="r11"):
+        run(runner, source(), writer, overlap=overlap)
+    assert [i for c in writer.calls for i in c[1]] == list(range(11))
+    assert no_threads_left()
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlapped", "serial"])
+def test_a_stop_finishes_the_batches_launched_and_reads_no_further(runner, overlap):
+    reads: list = []
+    writer = ListWriter()
+    run(runner, batches([4] * 50), writer, overlap=overlap, reads=reads,
+        should_stop=lambda: len(reads) >= 3)
+    assert [c[1][0] for c in writer.calls] == [0, 4, 8] and len(reads) == 3
+    assert no_threads_left()
+
+
+def test_the_overlapped_path_keeps_at_most_slots_batches_in_flight(runner):
+    held, most = set(), [0]
+    stage, collect = runner.stage, runner.collect
+
+    def staging(fields, n, lengths, slot):
+        assert slot not in held, f"slot {slot} staged while still in flight"
+        held.add(slot)
+        most[0] = max(most[0], len(held))
+        return stage(fields, n, lengths, slot)
+
+    def collecting(bucket, slot, marks, n, lengths):
+        out = collect(bucket, slot, marks, n, lengths)
+        held.discard(slot)
+        return out
+
+    runner.stage, runner.collect = staging, collecting
+    writer = ListWriter()
+    run(runner, batches([4] * 40), writer, overlap=True)
+    assert len(writer.calls) == 40 and 1 <= most[0] <= SLOTS
