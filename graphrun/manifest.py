@@ -87,9 +87,13 @@ class Totals(_M):
         None, description="GPU runs: 1 - device_busy_fraction, the share of the streaming wall "
         "time the device waited for the host.")
     host_phase_s: dict[str, float] = Field(
-        default_factory=dict, description="Where the host's streaming time went: read_wait "
-        "(waiting for parsed batches), stage (padding and launching), device_wait (waiting for "
-        "results), write (handing results to the writer).")
+        default_factory=dict, description="Host seconds per phase of the stream, summed per "
+        "thread: read and stage (the stager: parsing and checking records, padding them into "
+        "pinned slots), read_wait and launch (the launching thread: waiting for staged "
+        "batches, enqueuing copies and replays), device_wait and write (the completer: "
+        "waiting for results, cutting and writing them). Serially they add up to the "
+        "streaming time; overlapped the threads run side by side and the busiest one, with "
+        "its waits, bounds the rate.")
 
 
 class FileEntry(_M):

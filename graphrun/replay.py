@@ -58,7 +58,8 @@ class Work:
 def replay_stream(runner, batches: Iterable, writer, *, on_batches: Callable,
                   on_read: Callable, should_stop: Callable[[], bool], start: int = 0,
                   overlap: bool = True) -> dict[str, float]:
-    """Run every record batch; return host seconds per phase and thread (see PHASES_DOC).
+    """Run every record batch; return host seconds per phase and thread (manifest.py's
+    host_phase_s says which).
 
     start: the first input ordinal read; each batch's first covered ordinal goes to the writer,
     which journals it so that --resume re-reads whole batches (see journal.py)."""
@@ -99,14 +100,6 @@ def replay_stream(runner, batches: Iterable, writer, *, on_batches: Callable,
             source.close()
         done.close()
     return host
-
-
-PHASES_DOC = ("Host seconds per phase, summed per thread: read and stage (the stager thread: "
-              "parsing and checking records, padding them into pinned slots), read_wait and "
-              "launch (the launching thread: waiting for staged batches, enqueuing copies and "
-              "replays), device_wait and write (the completer thread: waiting for results, "
-              "cutting and writing them). Serially they add up to the streaming time; "
-              "overlapped they run side by side, and the busiest thread bounds the rate.")
 
 
 def staged(runner, batches: Iterable, pool: "SlotPool", host: dict, start: int

@@ -87,7 +87,10 @@ class VerifySpec(Strict):
 
     enabled: bool = Field(True, description="Check replay == eager and pad isolation per bucket.")
     rtol: float = Field(1e-3, ge=0, description="Relative tolerance.")
-    atol: float = Field(1e-3, ge=0, description="Absolute tolerance.")
+    atol: float = Field(1e-3, ge=0, description=(
+        "Absolute tolerance. bfloat16 and float16 outputs get 2 units of their precision at "
+        "the output's largest magnitude on top (capture may pick kernels that round "
+        "differently)."))
 
 
 class CaptureSpec(Strict):

@@ -253,3 +253,16 @@ def test_a_model_that_does_not_take_the_spec_inputs_is_a_clear_model_error(tmp_p
     text = str(info.value)
     assert "the model failed on its first call, model(x=[4, 4] float32) for bucket batch=4" in text
     assert "unexpected keyword argument 'x'" in text and "model.call: positional" in text
+
+
+def test_half_precision_outputs_are_compared_at_their_own_precision():
+    from graphrun.verify import compare
+
+    want = torch.tensor([4.0, 2.5, 1e-4, -3.0], dtype=torch.bfloat16)
+    # one bfloat16 unit at the largest magnitude (4: 0.03125) on every element, the near-zero
+    # one included: rounding, as kernels picked under capture give
+    nudged = want.float() + torch.tensor([0.03125, -0.0156, 0.0156, 0.0156])
+    assert compare(nudged.to(torch.bfloat16), want, 1e-3, 1e-3)[0]
+    # a real mistake is still caught, and float32 keeps the plain tolerance
+    assert not compare((want.float() * 1.1).to(torch.bfloat16), want, 1e-3, 1e-3)[0]
+    assert not compare(nudged, want.float(), 1e-3, 1e-3)[0]
