@@ -1,6 +1,8 @@
-"""Reader speed: records/s of read_batches over a decoder-like JSONL and a dense float .npy.
+"""Reader speed: records/s of read_batches over a decoder-like JSONL, and over the same dense
+floats as .npy and as Parquet (a list<float> column in row groups of 65536 records, as
+bench_datapath.py writes it).
 
-    PYTHONPATH=. python3 benchmarks/bench_reader.py [--records 200000]
+    PYTHONPATH=. python3 benchmarks/bench_reader.py [--records 200000] [--width 64]
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from graphrun.spec import PipelineSpec
 from graphrun.stream import read_batches
@@ -50,6 +54,12 @@ def write_decoder_jsonl(path: Path, n: int) -> None:
             f.write(json.dumps({"id": i, "tokens": [tokens[i]], "positions": positions[i]}) + "\n")
 
 
+def write_parquet(path: Path, x: np.ndarray) -> None:
+    offsets = pa.array(np.arange(0, x.size + 1, x.shape[1], dtype=np.int32))
+    table = pa.table({"x": pa.ListArray.from_arrays(offsets, pa.array(x.reshape(-1)))})
+    pq.write_table(table, path, row_group_size=65536)
+
+
 def records_per_second(spec: PipelineSpec, repeats: int = 3) -> tuple[int, float]:
     """Best of `repeats` full passes (the page cache is warm after the first)."""
     best = float("inf")
@@ -67,14 +77,18 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        jsonl, npy = tmp / "decode.jsonl", tmp / "x.npy"
+        jsonl, npy, parquet = tmp / "decode.jsonl", tmp / "x.npy", tmp / "x.parquet"
         write_decoder_jsonl(jsonl, args.records)
-        rng = np.random.default_rng(0)
-        np.save(npy, rng.standard_normal((args.records, args.width), dtype=np.float32))
+        x = np.random.default_rng(0).standard_normal((args.records, args.width), dtype=np.float32)
+        np.save(npy, x)
+        write_parquet(parquet, x)
+        del x
         for label, spec in [
             (f"jsonl decoder (tokens [1], positions), {jsonl.stat().st_size >> 20} MiB",
              decoder_spec(jsonl, tmp / "out")),
             (f"npy float32 [{args.records}, {args.width}]", mlp_spec(npy, tmp / "out", args.width)),
+            (f"parquet list<float32> [{args.records}, {args.width}]",
+             mlp_spec(parquet, tmp / "out", args.width)),
         ]:
             n, rate = records_per_second(spec)
             print(f"{label}: {n} records, {rate:,.0f} records/s")

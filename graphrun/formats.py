@@ -2,17 +2,21 @@
 Candidates for stream.py to check and batch.
 
 Memory stays at about one chunk whatever the file's size: .npy is memory-mapped, .npz members
-are memory-mapped when stored and decompressed front to back when deflated, Parquet is read with
-iter_batches. A mapped chunk's pages are released once it is read (see _release_rows), and a
-dense chunk is capped in records too, as each record also costs Python objects (its `where`, its
-id).
+are memory-mapped when stored and decompressed front to back when deflated. A mapped chunk's
+pages are released once it is read (see _release_rows), and a dense chunk is capped in records
+too, as each record also costs Python objects (its `where`, its id). Parquet is the exception:
+pyarrow decodes a column chunk on one thread only, so a few row groups are decoded at once,
+ahead of the reader (see _parquet_batches): a few row groups in memory, never the whole file.
 """
 
 from __future__ import annotations
 
 import mmap
+import os
 import struct
 import zipfile
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
@@ -28,7 +32,22 @@ ARRAY_CHUNK_BYTES = 16 << 20  # npy/npz/parquet rows read at once: about this ma
 # string, its id) whatever its array bytes, so a 16 MiB chunk of narrow records (4 floats) would
 # be 1M records and ~150 MB, all read at once from a file of up to that many records.
 ARRAY_CHUNK_ROWS = 16384
-PARQUET_CHUNK_ROWS = 4096
+# Parquet row groups decoded at once. A thread decodes a list<float> column at 330k (Xeon of
+# the GPU machine) to 1M (EPYC) records of 256 values a second: the GPU machine's 2.3M needs 8.
+PARQUET_THREADS = min(8, os.cpu_count() or 1)
+# Decoded Parquet row groups waiting ahead of the reader: about this many bytes at most, room
+# for 8 row groups of 65536 records of 256 float32. A row group bigger than PARQUET_GROUP_BYTES
+# is streamed chunk by chunk instead, without decoding ahead: pq.write_table writes row groups of
+# up to 1Mi rows, 1 GiB of such records.
+PARQUET_AHEAD_BYTES = 512 << 20
+PARQUET_GROUP_BYTES = 128 << 20
+# Encoded Parquet pages are read this many bytes at a time. Without it pyarrow reads a whole
+# column chunk at once, and with pre_buffer (its default) every row group's asked for at once:
+# 440 MiB held to stream 64 MiB row groups of a 440 MB file, whatever the batch size.
+PARQUET_BUFFER_BYTES = 1 << 20
+# Bytes per decoded value of each Parquet physical type; other types (strings) are counted at
+# their uncompressed size in the file.
+_PARQUET_VALUE_BYTES = {"BOOLEAN": 1, "INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8, "INT96": 12}
 
 
 # ---- .npy and .npz: dense arrays, one per input -------------------------------------------------
@@ -168,6 +187,7 @@ def _dense_chunks(spec: PipelineSpec, file: str, arrays: dict, ids, n_rows: int,
     row_bytes = sum(a.dtype.itemsize * int(np.prod(a.shape[1:])) for a in arrays.values())
     step = min(ARRAY_CHUNK_ROWS, max(1, ARRAY_CHUNK_BYTES // max(row_bytes, 1)))
     mapped = [a for a in [*arrays.values(), ids] if isinstance(a, np.memmap)]
+    behind = None  # the rows of the chunk before the last one handed out
     for lo in range(start, stop, step):
         hi = min(lo + step, stop)
         yield Candidates(
@@ -176,8 +196,14 @@ def _dense_chunks(spec: PipelineSpec, file: str, arrays: dict, ids, n_rows: int,
             where=RowWhere(file, np.arange(lo, hi, dtype=np.int64)),
             fields={name: Field(dense=np.asarray(a[lo:hi])) for name, a in arrays.items()},
         )
-        for a in mapped:  # the chunk was checked, so converted to fresh arrays, by now
-            _release_rows(a, lo, hi)
+        # Records of the file's dtype stay views of the mapping until they are padded into
+        # the host slots (no copy in between). The consumer asks for chunk k+1 only once it
+        # has staged every row of chunk k-1 (batches are regrouped across one chunk edge at
+        # most), so that chunk's pages are released now, one chunk behind.
+        if behind is not None:
+            for a in mapped:
+                _release_rows(a, *behind)
+        behind = (lo, hi)
 
 
 def _release_rows(array: np.memmap, lo: int, hi: int) -> None:
@@ -213,12 +239,7 @@ def _ids(ids: np.ndarray) -> list:
 
 def _parquet_chunks(path: Path, spec: PipelineSpec, start: int, stop: int | None
                     ) -> Iterator[Candidates]:
-    import pyarrow.parquet as pq
-
-    try:
-        pf = pq.ParquetFile(path)
-    except Exception as e:  # pyarrow raises ArrowInvalid, OSError, ... for unreadable files
-        raise InputError(f"cannot read the Parquet file: {e}", where=path.name) from e
+    pf = _open_parquet(path)
     id_field = spec.data.id_field
     columns = list(spec.inputs) + ([id_field] if id_field else [])
     _check_parquet_schema(spec, pf.schema_arrow, path.name)
@@ -234,7 +255,7 @@ def _parquet_chunks(path: Path, spec: PipelineSpec, start: int, stop: int | None
     if not groups or start >= stop:
         return
     row = first_row
-    for rb in _parquet_batches(pf, path.name, groups, columns):
+    for rb in _parquet_batches(path, pf, groups, columns):
         lo, hi = max(start - row, 0), min(stop - row, rb.num_rows)
         if hi > lo:
             yield _parquet_candidates(spec, path.name, rb.slice(lo, hi - lo), row + lo)
@@ -243,9 +264,89 @@ def _parquet_chunks(path: Path, spec: PipelineSpec, start: int, stop: int | None
             break
 
 
-def _parquet_batches(pf, file: str, groups: list[int], columns: list[str]) -> Iterator:
-    """pyarrow's record batches; a damaged page becomes an InputError naming the file."""
-    batches = pf.iter_batches(batch_size=PARQUET_CHUNK_ROWS, row_groups=groups, columns=columns)
+def _open_parquet(path: Path, metadata=None):
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path, metadata=metadata, pre_buffer=False,
+                              buffer_size=PARQUET_BUFFER_BYTES)
+    except Exception as e:  # pyarrow raises ArrowInvalid, OSError, ... for unreadable files
+        raise InputError(f"cannot read the Parquet file: {e}", where=path.name) from e
+
+
+def _parquet_batches(path: Path, pf, groups: list[int], columns: list[str]) -> Iterator:
+    """Record batches of the row groups, in file order.
+
+    pyarrow decodes a column chunk on one thread, releasing the GIL meanwhile: so up to
+    PARQUET_THREADS row groups are decoded at once, each whole on a pool thread, at most
+    PARQUET_AHEAD_BYTES ahead of the caller. A row group too big to decode whole is streamed
+    when its turn comes, and so is one whose decoding failed: a damaged page raises, naming the
+    file, after the batches before it."""
+    meta = pf.metadata
+    sizes = {g: _decoded_bytes(meta.row_group(g), columns) for g in groups}
+    rows = sum(meta.row_group(g).num_rows for g in groups)
+    step = min(ARRAY_CHUNK_ROWS, max(1, ARRAY_CHUNK_BYTES * rows // max(sum(sizes.values()), 1)))
+    todo, ahead = deque(groups), deque()  # ahead: (row group, its future; None: streamed)
+    pool = ThreadPoolExecutor(PARQUET_THREADS, thread_name_prefix="parquet")
+    try:
+        while todo or ahead:
+            _decode_ahead(todo, ahead, sizes, lambda g: pool.submit(
+                _decode_group, path, meta, g, columns, step))
+            g, future = ahead.popleft()
+            batches = _decoded(future) if future is not None else None
+            if batches is None:
+                yield from _stream_group(pf, path.name, g, columns, step)
+                continue
+            batches.reverse()
+            while batches:  # dropped one by one: each is freed once the caller is done with it
+                yield batches.pop()
+    finally:
+        pool.shutdown(cancel_futures=True)
+
+
+def _decode_ahead(todo: deque, ahead: deque, sizes: dict[int, int], decode) -> None:
+    """Move row groups from todo to ahead, starting their decoding, while fewer than
+    PARQUET_THREADS are ahead and their decoded bytes fit in PARQUET_AHEAD_BYTES (one fits
+    always). A row group bigger than PARQUET_GROUP_BYTES goes without a future: streamed."""
+    waiting = sum(sizes[g] for g, future in ahead if future is not None)
+    while todo and len(ahead) < PARQUET_THREADS and (
+            not ahead or waiting + sizes[todo[0]] <= PARQUET_AHEAD_BYTES):
+        g = todo.popleft()
+        whole = sizes[g] <= PARQUET_GROUP_BYTES
+        ahead.append((g, decode(g) if whole else None))
+        waiting += sizes[g] if whole else 0
+
+
+def _decoded_bytes(group, columns: list[str]) -> int:
+    """About how many bytes the columns of a row group take decoded: values times their width,
+    as the sizes in the metadata are of encoded pages, which a dictionary can make far smaller
+    (each of the 16M values of a float column written by bench_datapath.py takes 1.7 bytes)."""
+    total = 0
+    for i in range(group.num_columns):
+        c = group.column(i)
+        if c.path_in_schema.split(".")[0] in columns:
+            width = _PARQUET_VALUE_BYTES.get(c.physical_type)
+            total += c.num_values * width if width else c.total_uncompressed_size
+    return total
+
+
+def _decode_group(path: Path, meta, group: int, columns: list[str], step: int) -> list:
+    """One row group's record batches, on a pool thread, from a reader of its own."""
+    with _open_parquet(path, meta) as f:
+        return list(f.iter_batches(batch_size=step, row_groups=[group], columns=columns))
+
+
+def _decoded(future) -> list | None:
+    try:
+        return future.result()
+    except Exception:  # noqa: BLE001 - read again by _stream_group, which says what is wrong
+        return None
+
+
+def _stream_group(pf, file: str, group: int, columns: list[str], step: int) -> Iterator:
+    """One row group's record batches, decoded one at a time; a damaged page becomes an
+    InputError naming the file."""
+    batches = pf.iter_batches(batch_size=step, row_groups=[group], columns=columns)
     while True:
         try:
             rb = next(batches)
@@ -300,9 +401,10 @@ def _parquet_candidates(spec: PipelineSpec, file: str, rb, first: int) -> Candid
             problems.setdefault(p, reason)
     ids = None
     if spec.data.id_field:
-        ids = rb.column(spec.data.id_field).to_pylist()
-        for p, rid in enumerate(ids):
-            if rid is None:
+        col = rb.column(spec.data.id_field)
+        ids = col.to_pylist()
+        if col.null_count:  # a Python loop over the ids only when some are null
+            for p in np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False)).tolist():
                 problems.setdefault(p, f"missing id: {spec.data.id_field!r} is null")
     return Candidates(np.arange(first, first + n, dtype=np.int64), ids,
                       RowWhere(file, np.arange(first, first + n, dtype=np.int64)), fields, problems)

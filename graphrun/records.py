@@ -331,7 +331,7 @@ def check_values(name: str, inp: InputSpec, records: Records, positions: np.ndar
         flag(~((flat >= lo) & (flat < hi)),
              lambda v: f"value {v} is outside range [{lo}, {hi}) (lo <= x < hi)")
     with np.errstate(invalid="ignore", over="ignore"):  # bad values were flagged above
-        converted = flat.astype(target)
+        converted = flat.astype(target, copy=False)  # already the dtype: no copy
     if inp.finite and target.kind == "f":
         # checked after the cast: a large float64 becomes Inf in float16
         flag(~np.isfinite(converted), lambda v: (

@@ -72,7 +72,8 @@ def run(runner, source, writer, *, overlap, should_stop=lambda: False, reads=Non
 
 
 def no_threads_left() -> bool:
-    return not [t for t in threading.enumerate() if t.name.startswith("graphrun-")]
+    return not [t for t in threading.enumerate()
+                if t.name in ("graphrun-stager", "graphrun-completer")]
 
 
 @pytest.fixture

@@ -551,6 +551,104 @@ def test_parquet_whole_file_problems(tmp_path, columns, message):
         list(read_batches(spec))
 
 
+def write_row_groups(path: Path, n: int, group_rows: int) -> Path:
+    """n decoder records, id "r<i>", in row groups of group_rows rows; a null id at row 13 and an
+    out-of-range token at row 22, to be rejected."""
+    ids = [None if i == 13 else f"r{i}" for i in range(n)]
+    tokens = [[100 if i == 22 else i % 100] for i in range(n)]
+    pq.write_table(pa.table({"id": ids, "tokens": tokens, "positions": list(range(n))}), path,
+                   row_group_size=group_rows)
+    return path
+
+
+# threads, bytes decoded ahead, largest row group decoded whole (else streamed), chunk bytes
+PARQUET_READS = [(1, 1 << 30, 1 << 30, 1 << 20), (4, 1 << 30, 1 << 30, 1 << 20),
+                 (4, 1, 1 << 30, 1 << 20), (4, 1 << 30, 1, 1 << 20), (3, 1 << 30, 1 << 30, 40)]
+
+
+@pytest.mark.parametrize("threads,ahead,whole,chunk_bytes", PARQUET_READS)
+@pytest.mark.parametrize("start,stop", [(0, None), (5, 31), (7, 14), (21, 22), (35, None)])
+def test_parquet_row_groups_decoded_ahead_keep_file_order(tmp_path, monkeypatch, threads, ahead,
+                                                          whole, chunk_bytes, start, stop):
+    """However many row groups are decoded at once, or streamed, and wherever start and stop cut
+    them: the same records, rejects and locations, in file order."""
+    for name, value in [("PARQUET_THREADS", threads), ("PARQUET_AHEAD_BYTES", ahead),
+                        ("PARQUET_GROUP_BYTES", whole), ("ARRAY_CHUNK_BYTES", chunk_bytes)]:
+        monkeypatch.setattr(formats, name, value)
+    path = write_row_groups(tmp_path / "d.parquet", 40, group_rows=7)
+    spec = make_spec(path, DECODER, id_field="id", batch_size=3, on_bad_record="skip")
+    ids, rejects, batches = everything(spec, start=start, stop=stop)
+    rows = range(40)[start:stop]
+    assert ids == [f"r{i}" for i in rows if i not in (13, 22)]
+    assert [p for b in batches for p in b.fields["positions"].tolist()] == [
+        i for i in rows if i not in (13, 22)]
+    assert [w for b in batches for w in b.where] == [
+        f"d.parquet[row {i}]" for i in rows if i not in (13, 22)]
+    assert [(r.index, r.id, r.where) for r in rejects] == [
+        (i, None if i == 13 else f"r{i}", f"d.parquet[row {i}]") for i in (13, 22) if i in rows]
+
+
+@pytest.mark.parametrize("threads,ahead,most", [(4, 1 << 30, 4), (2, 1 << 30, 2), (4, 1, 1)])
+def test_parquet_decodes_a_few_row_groups_ahead_at_most(tmp_path, monkeypatch, threads, ahead,
+                                                        most):
+    """Row groups are decoded ahead of the reader by at most PARQUET_THREADS of them, and by
+    one only where PARQUET_AHEAD_BYTES holds less than two: never the whole file."""
+    monkeypatch.setattr(formats, "PARQUET_THREADS", threads)
+    monkeypatch.setattr(formats, "PARQUET_AHEAD_BYTES", ahead)
+    started = []
+    decode = formats._decode_group
+    monkeypatch.setattr(formats, "_decode_group", lambda path, meta, group, *a: (
+        started.append(group), decode(path, meta, group, *a))[1])
+    path = write_row_groups(tmp_path / "d.parquet", 40, group_rows=4)
+    spec = make_spec(path, DECODER, id_field="id", batch_size=1, on_bad_record="skip")
+    for batch in read_batches(spec):
+        if len(batch):  # held while its row group is read: the next `most` may be decoded
+            assert max(started) <= batch.indices[0] // 4 + most
+    assert started == list(range(10))
+
+
+def test_parquet_row_groups_too_big_to_decode_whole_are_streamed(tmp_path, monkeypatch):
+    """Row groups of 4, 4, 20, 4 and 8 rows, those of 20 and 8 over PARQUET_GROUP_BYTES: they
+    are streamed in their turn, the others decoded ahead, all read in file order."""
+    path = tmp_path / "d.parquet"
+    ids = np.array([f"r{i}" for i in range(40)])
+    table = pa.table({"id": ids, "tokens": (np.arange(40) % 100).reshape(40, 1).tolist(),
+                      "positions": np.arange(40)})
+    with pq.ParquetWriter(path, table.schema) as w:
+        for lo, hi, rows in [(0, 8, 4), (8, 28, 20), (28, 32, 4), (32, 40, 8)]:
+            w.write_table(table.slice(lo, hi - lo), row_group_size=rows)
+    meta = pq.ParquetFile(path).metadata
+    columns = ["id", "tokens", "positions"]
+    monkeypatch.setattr(formats, "PARQUET_GROUP_BYTES", max(
+        formats._decoded_bytes(meta.row_group(g), columns) for g in (0, 1, 3)))
+    started = []
+    decode = formats._decode_group
+    monkeypatch.setattr(formats, "_decode_group", lambda path, meta, group, *a: (
+        started.append(group), decode(path, meta, group, *a))[1])
+    ids, rejects, _ = everything(make_spec(path, DECODER, id_field="id", batch_size=3), start=2)
+    assert ids == [f"r{i}" for i in range(2, 40)] and rejects == []
+    assert [meta.row_group(g).num_rows for g in range(5)] == [4, 4, 20, 4, 8]
+    assert sorted(started) == [0, 1, 3]
+
+
+def test_parquet_damaged_row_group_in_the_middle(tmp_path, monkeypatch):
+    """The row groups before the damaged one are read (those after it may be decoded already),
+    then the damage is an InputError naming the file."""
+    monkeypatch.setattr(formats, "PARQUET_THREADS", 4)
+    path = write_row_groups(tmp_path / "d.parquet", 40, group_rows=8)
+    column = pq.ParquetFile(path).metadata.row_group(2).column(1)  # tokens of rows 16..23
+    at = column.dictionary_page_offset or column.data_page_offset
+    raw = bytearray(path.read_bytes())
+    raw[at:at + 8] = b"\xff" * 8  # its page header cannot be decoded
+    path.write_bytes(bytes(raw))
+    spec = make_spec(path, DECODER, id_field="id", batch_size=1, on_bad_record="skip")
+    read = []
+    with pytest.raises(InputError, match=r"^d\.parquet: cannot decode the Parquet file"):
+        for batch in read_batches(spec):
+            read.extend(batch.indices.tolist())
+    assert read == [i for i in range(16) if i != 13]
+
+
 def test_jsonl_reads_the_same_without_orjson(tmp_path, monkeypatch):
     """orjson is optional: without it the block parse falls back to the json module."""
     from graphrun import stream
