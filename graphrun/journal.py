@@ -5,8 +5,10 @@ An output folder holds, besides the shards (see sinks.py for their names):
     run.json        the run's fingerprint ({"spec_sha256": ..., "input_sha256": ...}), written
                     when the folder is first prepared; --resume refuses a folder whose
                     fingerprint differs.
-    journal.jsonl   one line per committed shard, appended (and fsynced) only after the shard's
-                    files are renamed into place:
+    journal.jsonl   one line per committed shard, in shard order, appended (and fsynced) only
+                    after the shard's files are fsynced and renamed into place and the rejects
+                    below its next_index are durable (write.py commits off the writer's thread,
+                    several shards at once, and keeps this order):
                     {"shard": k, "files": [{"path", "rows", "sha256", "bytes"}], "rows": total
                      rows so far, "next_index": input ordinal after the shard's last row,
                      "read_from": first ordinal of the batch holding that row,
@@ -79,8 +81,9 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def fsync_dir(path: Path) -> None:
-    """Make renames and new names in `path` durable (a file's fsync does not cover its name)."""
+def fsync_path(path: Path) -> None:
+    """fsync by name: a file's data, whichever handle wrote it; a folder's renames and new
+    names (a file's fsync does not cover its name)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -96,7 +99,7 @@ def append_durably(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     if created:
-        fsync_dir(path.parent)
+        fsync_path(path.parent)
 
 
 def truncate_durably(path: Path, size: int) -> None:
@@ -234,7 +237,7 @@ def _start(out_dir: Path, fingerprint: dict) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, out_dir / RUN_JSON)
-    fsync_dir(out_dir)
+    fsync_path(out_dir)
 
 
 def _ended_with_nothing_committed(out_dir: Path) -> bool:
@@ -266,7 +269,7 @@ def _names(paths: list, shown: int = 5) -> str:
 def _remove(out_dir: Path, paths: list[Path]) -> None:
     for p in paths:
         p.unlink()
-    fsync_dir(out_dir)
+    fsync_path(out_dir)
 
 
 def _check_fingerprint(out_dir: Path, fingerprint: dict) -> None:

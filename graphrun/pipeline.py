@@ -71,6 +71,9 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
                 on_batches=lambda ran, n, first: job.log_batches(latencies, ran, n, first),
                 on_read=lambda rb: progress.advance(job.count(rb)),
                 should_stop=lambda: bool(stop_signal.signum), start=start, overlap=overlap)
+            # Full shards commit in the background: the stream is over once they are
+            # journaled (and a commit that failed fails the run here, with its manifest).
+            writer.wait_for_commits()
             job.status = "interrupted" if stop_signal.signum else "completed"
         except GraphrunError as err:
             job.status, job.error = "failed", str(err)

@@ -1,6 +1,7 @@
 """The shard sinks of the write step: one per output.format, each writing one shard's rows into
-temp files and, at finish(), making them durable and handing back (temp path, final name) for
-ShardWriter (write.py) to rename and journal.
+temp files and, at finish(), completing and closing them and handing back (temp path, final
+name). Making them durable (hash, fsync, rename, journal) is the committer's work, off the
+writer's thread (write.py), so finish() does no fsync.
 
 The files of shard 00000 by format:
 
@@ -19,7 +20,6 @@ straight to disk.
 from __future__ import annotations
 
 import json
-import os
 import struct
 from pathlib import Path
 
@@ -45,12 +45,6 @@ def _all_ints(ids: list) -> bool:
         return np.asarray(ids).dtype.kind in "iu"
     except (ValueError, OverflowError):  # ragged or huge: not a plain integer column
         return False
-
-
-def _close_durably(f) -> None:
-    f.flush()
-    os.fsync(f.fileno())
-    f.close()
 
 
 def _npy_header(dtype: np.dtype, shape: tuple, length: int | None = None) -> bytes:
@@ -100,13 +94,11 @@ class _NpySink:
             ids = np.array(self.ids, dtype=np.int64) if _all_ints(self.ids) else \
                 np.array([str(x) for x in self.ids])
             np.save(f, ids, allow_pickle=False)
-            f.flush()
-            os.fsync(f.fileno())
         placed = [(ids_tmp, f"{self.stem}.ids.npy")]
         for name, (f, dtype, length) in self.files.items():
             f.seek(0)
             f.write(_npy_header(dtype, (len(self.ids), *self.shapes[name]), length))
-            _close_durably(f)
+            f.close()
             placed.append((Path(f.name), f"{self.stem}.{name}.npy"))
         return placed
 
@@ -130,7 +122,7 @@ class _JsonlSink:
         self.tmp.unlink(missing_ok=True)
 
     def finish(self) -> list[tuple[Path, str]]:
-        _close_durably(self.f)
+        self.f.close()
         return [(self.tmp, self.name)]
 
 
@@ -193,11 +185,6 @@ class _ParquetSink:
         if self.ids:
             self._flush()
         self.writer.close()
-        fd = os.open(self.tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
         return [(self.tmp, self.name)]
 
 

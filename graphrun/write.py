@@ -3,13 +3,15 @@
 Shards hold `output.rows_per_file` records each (the last one fewer), numbered from 00000, in
 the files sinks.py lists per format.
 
-A shard is written as `.part-00000.<suffix>.tmp`, fsynced and renamed into place when full, and
-only then journaled (journal.py), so a crash leaves committed shards plus temp files that a
-resume deletes. bfloat16 outputs are stored as float32 holding bfloat16-rounded values (numpy,
-npy and parquet have no bfloat16). Memory is the sink's: see sinks.py.
+A shard is written as `.part-00000.<suffix>.tmp`; when it is full the writer hands it to a
+committer and writes on into the next one. The committer hashes, fsyncs and renames it into
+place, and only then journals it (journal.py), in shard order; so a crash leaves committed
+shards plus temp files (or renamed but unjournaled shards) that a resume deletes. bfloat16
+outputs are stored as float32 holding bfloat16-rounded values (numpy, npy and parquet have no
+bfloat16). Memory is the sink's: see sinks.py.
 
 Rejects must reach reject() before write() is given any row with a larger ordinal: a shard's
-commit writes the rejects below its next_index, and a resume starts reading there.
+commit covers the rejects below its next_index, and a resume starts reading there.
 """
 
 from __future__ import annotations
@@ -17,13 +19,16 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from graphrun.errors import OutputError
 from graphrun.journal import (REJECTS, FileInfo, ResumePoint, append_journal, check_fresh,
-                              fsync_dir, prepare_out_dir, read_journal, restore, sha256_file)
+                              fsync_path, prepare_out_dir, read_journal, restore, sha256_file)
 from graphrun.sinks import Outputs, _JsonlSink, _NpySink, _ParquetSink, _plain
 from graphrun.spec import BATCH, PipelineSpec
 
@@ -31,10 +36,20 @@ __all__ = ["ShardWriter", "FileInfo", "ResumePoint", "prepare_out_dir", "read_jo
            "sha256_file"]
 
 SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+# sha256 re-reads at ~1 GB/s a thread: a decoder's 128 KB rows arrive at 3-4 GB/s, so several
+# files hash at once. On the H200 machine 3 hashers and 4 shards in flight keep its disk (the
+# limit, ~2 GB/s of fsync) busy; 4/6 and 8/8 were no faster (benchmarks/bench_writer.py).
+HASHERS = 3
+# Shards handed over but not yet journaled; past it the writer waits. It bounds how far the
+# writer runs ahead of the disk, and how much a crash makes a resume write again.
+IN_FLIGHT = 4
 
 
 class ShardWriter:
-    """Writes rows into shards of rows_per_file records and journals each committed shard."""
+    """Writes rows into shards of rows_per_file records and journals each committed shard.
+
+    Used from one thread; only the committer's work runs on others. An error there (a full
+    disk) is raised by the next write(), reject() or close()."""
 
     def __init__(self, spec: PipelineSpec, out_dir: Path, *, resume: ResumePoint | None = None):
         self.out_dir = Path(out_dir)
@@ -51,16 +66,19 @@ class ShardWriter:
         self._sink = None
         self._shard_rows = 0
         self._closed = False
+        self._reported = False  # a commit error was raised to the caller already
         point = resume or ResumePoint(next_index=0, shard=0, rows=0, rejects=0, rejects_bytes=0)
-        self._shard, self._rows, self._files = point.shard, point.rows, list(point.files)
+        # Counted up to the last shard handed to the committer (rejects: appended to the file).
+        self._shard, self._rows = point.shard, point.rows
         self._rejects, self._rejects_bytes = point.rejects, point.rejects_bytes
         self._last_index = point.next_index - 1
-        self._committed_below = point.next_index  # rows/rejects below it are already committed
+        self._committed_below = point.next_index  # rows/rejects below it are handed over
         self._batch_start = point.start
         if resume is None:
             check_fresh(self.out_dir)
         else:
             restore(self.out_dir, resume)
+        self._committer = _Committer(self.out_dir, point)
 
     @property
     def rows_written(self) -> int:
@@ -77,6 +95,7 @@ class ShardWriter:
         indices = np.asarray(indices, dtype=np.int64).reshape(-1)
         ids = list(ids)
         self._check_batch(indices, ids, outputs)
+        self._raise_commit_error()
         if len(indices) and indices[0] < self._committed_below:  # re-read after a resume
             keep = int(np.searchsorted(indices, self._committed_below))
             indices, ids = indices[keep:], ids[keep:]
@@ -88,7 +107,7 @@ class ShardWriter:
                              f"(got {indices[:5].tolist()}...)")
         self._batch_start = int(indices[0]) if batch_start is None else int(batch_start)
         # Rejects below this batch can no longer fall after any future shard's next_index.
-        self._flush_rejects(below=int(indices[0]), durable=False)
+        self._flush_rejects(below=int(indices[0]))
         outputs = {name: self._cast(name, outputs[name]) for name in self.names}
         start = 0
         while start < len(indices):
@@ -100,34 +119,55 @@ class ShardWriter:
             self._last_index = int(indices[stop - 1])
             start = stop
             if self._shard_rows == self.rows_per_file:
-                self._commit()
+                self._hand_over()
 
     def reject(self, index: int, id, where: str, reason: str) -> None:
         if self._closed:
             raise ValueError("reject() after close()")
+        self._raise_commit_error()
         if index < self._committed_below:  # re-read after a resume: committed already
             return
         line = json.dumps({"index": int(index), "id": _plain(id), "where": where,
                            "reason": reason})
         self._pending.append((int(index), (line + "\n").encode()))
 
+    def wait_for_commits(self) -> None:
+        """Block until every shard completed so far is journaled; raise a commit error. What
+        a crash would leave now is then exactly the journal (tests use it to stage one)."""
+        self._committer.wait()
+        self._raise_commit_error()
+
     def close(self, *, partial: bool = True) -> list[FileInfo]:
-        """Commit the last partial shard and every reject; return all committed files.
+        """Commit the last partial shard and every reject, wait for every commit; return all
+        committed files.
 
         partial=False (an interrupted run) commits only complete shards and the rejects below
         them: the partial shard is dropped, so --resume writes the same shards as a run that
-        was never interrupted."""
-        if not self._closed:
-            if self._shard_rows and partial:
-                self._commit()
-            elif self._sink is not None:
+        was never interrupted. After a failed commit nothing more is committed (the journal
+        must stay in shard order): the counts and files are the journal's."""
+        if self._closed:
+            return self._committer.files()
+        self._closed = True
+        try:
+            if self._committer.error is None:
+                if self._shard_rows and partial:
+                    self._hand_over()
+                self._flush_rejects(below=None if partial else self._committed_below)
+                self._pending = []  # partial=False: the rejects after it come again on resume
+        finally:
+            if self._sink is not None:
                 self._sink.abort()
                 self._sink, self._shard_rows = None, 0
-            self._flush_rejects(below=None if partial else self._committed_below, durable=True)
+            self._committer.close()
+        if self._committer.error is not None:
+            self._rows, self._rejects = self._committer.rows, self._committer.rejects
             self._pending = []
-            fsync_dir(self.out_dir)
-            self._closed = True
-        return list(self._files)
+            self._raise_commit_error()
+            return self._committer.files()
+        if (self.out_dir / REJECTS).exists():
+            fsync_path(self.out_dir / REJECTS)  # the rejects after the last shard
+        fsync_path(self.out_dir)
+        return self._committer.files()
 
     # --- shards ---
 
@@ -139,41 +179,48 @@ class ShardWriter:
             return _JsonlSink(self.out_dir, stem)
         return _ParquetSink(self.out_dir, stem)
 
-    def _commit(self) -> None:
-        # Order matters for a crash at any point: files in place, then rejects, then journal.
-        infos = [self._place(tmp, name) for tmp, name in self._sink.finish()]
+    def _hand_over(self) -> None:
+        """Complete the shard's files and give them to the committer; writing goes on at once."""
+        files = self._sink.finish()
         next_index = self._last_index + 1
-        self._flush_rejects(below=next_index, durable=True)
-        fsync_dir(self.out_dir)  # the renames, and rejects.jsonl if it was just created
+        # Its journal line counts the rejects below next_index: in the file before it is
+        # journaled (the committer fsyncs them).
+        self._flush_rejects(below=next_index)
         self._rows += self._shard_rows
-        append_journal(self.out_dir, self._shard, infos, self._rows, next_index,
-                       self._rejects_bytes, self._rejects, self._batch_start)
-        self._files += infos
+        self._committer.submit(_Shard(
+            number=self._shard, files=files, rows=self._shard_rows, total_rows=self._rows,
+            next_index=next_index, read_from=self._batch_start, rejects=self._rejects,
+            rejects_bytes=self._rejects_bytes))
         self._shard += 1
         self._committed_below = next_index
         self._shard_rows = 0
         self._sink = None
 
-    def _place(self, tmp: Path, name: str) -> FileInfo:
-        info = FileInfo(name, self._shard_rows, sha256_file(tmp), tmp.stat().st_size)
-        os.replace(tmp, self.out_dir / name)
-        return info
-
-    def _flush_rejects(self, below: int | None, durable: bool) -> None:
-        """Append pending rejects with index < below (all when None), in index order."""
+    def _flush_rejects(self, below: int | None) -> None:
+        """Append pending rejects with index < below (all when None), in index order. Not
+        durable here: a shard's commit, or close(), fsyncs them."""
         ready = sorted((r for r in self._pending if below is None or r[0] < below),
                        key=lambda r: r[0])
         self._pending = [r for r in self._pending if below is not None and r[0] >= below]
         data = b"".join(line for _, line in ready)
-        path = self.out_dir / REJECTS
-        if data or (durable and path.exists()):
-            with open(path, "ab") as f:
+        if data:
+            with open(self.out_dir / REJECTS, "ab") as f:
                 f.write(data)
-                if durable:  # also makes earlier non-durable appends durable
-                    f.flush()
-                    os.fsync(f.fileno())
         self._rejects += len(ready)
         self._rejects_bytes += len(data)
+
+    def _raise_commit_error(self) -> None:
+        """A failed commit stops the run: raised by every write() and reject() after it, and
+        by close() unless raised before (so that a failed run can still close and report)."""
+        err = self._committer.error
+        if err is None or (self._closed and self._reported):
+            return
+        self._reported = True
+        if isinstance(err, OSError):  # the disk: full, gone, not writable
+            raise OutputError(f"writing {self.out_dir} failed: {err}; committed shards are "
+                              "intact, free space or fix the folder and run again with "
+                              "--resume") from err
+        raise err
 
     # --- rows ---
 
@@ -199,6 +246,98 @@ class ShardWriter:
         return _round_bfloat16(a) if self._bf16[name] else a
 
 
+@dataclass(frozen=True)
+class _Shard:
+    """A complete shard handed to the committer, and what its journal line will say."""
+
+    number: int
+    files: list[tuple[Path, str]]  # (temp path, final name): complete, not yet durable
+    rows: int  # in this shard
+    total_rows: int  # in the run once it is committed
+    next_index: int
+    read_from: int
+    rejects: int  # lines and bytes of rejects.jsonl below next_index, already appended
+    rejects_bytes: int
+
+
+class _Committer:
+    """Commits the shards that the writer hands over, off the writer's thread.
+
+    Per file of a shard, at once: an fsync on one of the IN_FLIGHT sync threads (it waits on
+    the disk) and a sha256 on one of the HASHERS threads (it re-reads the file from the page
+    cache, on a CPU), so neither the disk nor the CPUs idle while the other works, and later
+    shards proceed while earlier ones finish. On the one journal thread, strictly in shard
+    order: wait for the shard's fsyncs and hashes, rename its files into place, fsync
+    rejects.jsonl (the writer appended the rejects below the shard's next_index before handing
+    it over), fsync the folder (the renames and new names), append the journal line. So a line
+    is written only after its shard's files and rejects are durable and after every earlier
+    line: after a crash the journal lists a prefix of the shards, each intact, as when commits
+    ran on the writer's thread. After a failure no later shard is renamed or journaled.
+
+    Shared with the writer's thread, under _lock: how many shards were handed over and how
+    many settled (journaled, or dropped after a failure), the first error, and what the
+    journal holds (files, rows, rejects)."""
+
+    def __init__(self, out_dir: Path, point: ResumePoint):
+        self.out_dir = out_dir
+        self._lock = threading.Condition()
+        self._handed = self._settled = 0
+        self.error: BaseException | None = None
+        self._files, self.rows, self.rejects = list(point.files), point.rows, point.rejects
+        # Threads start at the first shard and end at close().
+        self._syncers = ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="graphrun-fsync")
+        self._hashers = ThreadPoolExecutor(HASHERS, thread_name_prefix="graphrun-sha256")
+        self._journal = ThreadPoolExecutor(1, thread_name_prefix="graphrun-journal")
+
+    def submit(self, shard: _Shard) -> None:
+        """Hand over a shard; waits while IN_FLIGHT shards are not yet journaled."""
+        with self._lock:
+            self._lock.wait_for(lambda: self._handed - self._settled < IN_FLIGHT)
+            self._handed += 1
+        synced = [self._syncers.submit(fsync_path, tmp) for tmp, _ in shard.files]
+        hashed = [self._hashers.submit(sha256_file, tmp) for tmp, _ in shard.files]
+        self._journal.submit(self._commit, shard, synced, hashed)  # one thread: in order
+
+    def wait(self) -> None:
+        with self._lock:
+            self._lock.wait_for(lambda: self._settled == self._handed)
+
+    def close(self) -> None:
+        """Wait for every shard handed over to settle, then end the threads."""
+        self._journal.shutdown()  # all settled: no one waits for the pools' results any more
+        for pool in (self._syncers, self._hashers):
+            pool.shutdown(cancel_futures=True)  # after a failure: the later shards' work
+
+    def files(self) -> list[FileInfo]:
+        with self._lock:
+            return list(self._files)
+
+    def _commit(self, shard: _Shard, synced: list[Future], hashed: list[Future]) -> None:
+        try:
+            if self.error is None:
+                infos = []
+                for (tmp, name), sync, digest in zip(shard.files, synced, hashed):
+                    sync.result()  # durable before it is renamed (raises the fsync's error)
+                    infos.append(FileInfo(name, shard.rows, digest.result(), tmp.stat().st_size))
+                    os.replace(tmp, self.out_dir / name)
+                if shard.rejects_bytes:
+                    fsync_path(self.out_dir / REJECTS)
+                fsync_path(self.out_dir)
+                append_journal(self.out_dir, shard.number, infos, shard.total_rows,
+                               shard.next_index, shard.rejects_bytes, shard.rejects,
+                               shard.read_from)
+                with self._lock:
+                    self._files += infos
+                    self.rows, self.rejects = shard.total_rows, shard.rejects
+        except BaseException as err:  # noqa: BLE001 - raised on the writer's thread
+            with self._lock:
+                self.error = err
+        finally:
+            with self._lock:
+                self._settled += 1
+                self._lock.notify_all()
+
+
 def _check_outputs(spec: PipelineSpec) -> None:
     """Refuse output names and shapes the chosen format cannot store."""
     fmt = spec.output.format
@@ -215,7 +354,14 @@ def _check_outputs(spec: PipelineSpec) -> None:
 
 
 def _round_bfloat16(a: np.ndarray) -> np.ndarray:
-    """float32 -> nearest bfloat16 (ties to even), kept as float32; NaN stays NaN."""
+    """float32 -> nearest bfloat16 (ties to even), kept as float32; NaN stays NaN. One new
+    array, rounded in place (the caller's rows are left alone); uint32 wraps as before."""
     bits = np.ascontiguousarray(a).view(np.uint32)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).view(np.float32)
-    return np.where(np.isnan(a), a, rounded)
+    out = bits >> 16
+    out &= 1
+    out += 0x7FFF
+    out += bits
+    out &= 0xFFFF0000
+    rounded = out.view(np.float32)
+    np.copyto(rounded, a, where=np.isnan(a))
+    return rounded

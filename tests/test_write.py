@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +14,7 @@ import pytest
 
 from graphrun.errors import OutputError
 from graphrun.spec import PipelineSpec
-from graphrun import sinks
+from graphrun import sinks, write
 from graphrun.write import ShardWriter, prepare_out_dir, read_journal, sha256_file
 
 FP = {"spec_sha256": "a" * 64, "input_sha256": "b" * 64}
@@ -187,6 +189,7 @@ def test_temp_files_exist_only_while_a_shard_fills(tmp_path):
     w = ShardWriter(make_spec(tmp_path, rows_per_file=4), out)
     rows = make_rows(5, ragged=False)
     w.write(np.arange(5), list(range(5)), rows)
+    w.wait_for_commits()  # shard 0 is committed in the background
     assert sorted(p.name for p in out.glob(".*.tmp")) == [".part-00001.y.npy.tmp"]
     w.close()
     assert not list(out.glob(".*.tmp"))
@@ -203,6 +206,7 @@ def test_journal_and_rejects_when_a_shard_ends_mid_batch(tmp_path):
     rows = make_rows(6, ragged=False)
     # one batch of records 0..5: 2 and 5 are bad; shard 0 = rows 0, 1, 3, shard 1 = row 4
     feed(w, rows, [f"r{i}" for i in range(6)], 0, 6, rejected={2, 5})
+    w.wait_for_commits()
     journal_after_first = journal_lines(out)
     files = w.close()
     reject_lines = (out / "rejects.jsonl").read_bytes().splitlines(keepends=True)
@@ -227,6 +231,7 @@ def test_read_journal_ignores_a_torn_last_line(tmp_path):
     out = tmp_path / "out"
     w = ShardWriter(make_spec(tmp_path, rows_per_file=2), out)
     w.write(np.arange(3), [0, 1, 2], make_rows(3, ragged=False))
+    w.wait_for_commits()
     with open(out / "journal.jsonl", "ab") as f:
         f.write(b'{"shard": 1, "fi')
     point = read_journal(out)
@@ -260,6 +265,7 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, monkeypatch,
     dead = ShardWriter(spec, crashed)
     # records 0..9: shard 0 = rows 0, 1, 3, 4 committed; rows 5, 6, 9 in temp files
     feed(dead, rows, ids, 0, 5, rejected, stop_after=2)
+    dead.wait_for_commits()  # then killed: the folder is what a crash leaves
     assert list(crashed.glob(".*.tmp"))
     # What else a crash can leave: a shard renamed before its journal line, a torn journal
     # line, a reject past the last commit, a temp file of a later shard.
@@ -320,9 +326,235 @@ def test_resume_refuses_a_missing_or_changed_shard(tmp_path):
 def test_fresh_writer_refuses_a_folder_with_a_run(tmp_path):
     out = tmp_path / "out"
     spec = make_spec(tmp_path)
-    ShardWriter(spec, out).write(np.arange(3), [0, 1, 2], make_rows(3, ragged=False))
+    w = ShardWriter(spec, out)
+    w.write(np.arange(3), [0, 1, 2], make_rows(3, ragged=False))
+    w.wait_for_commits()
     with pytest.raises(OutputError, match="journal.jsonl"):
         ShardWriter(spec, out)
+
+
+# --- commits in the background ---
+
+def shard_of(path: Path) -> int | None:
+    """.part-00002.y.npy.tmp -> 2; None for other paths (the folder, rejects.jsonl)"""
+    return int(path.name[6:11]) if path.name.startswith(".part-") else None
+
+
+def failing_for(shard: int, real, error: BaseException):
+    """`real` (sha256_file or fsync_path), raising `error` for the files of one shard."""
+    def call(path):
+        if shard_of(path) == shard:
+            raise error
+        return real(path)
+    return call
+
+
+def test_journal_keeps_shard_order_when_later_shards_hash_first(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    sha256, fsync, append = write.sha256_file, write.fsync_path, write.append_journal
+    shard_2_hashed, hashed, journaled, events = threading.Event(), [], [], []
+
+    def slow_first_shard(path):
+        if shard_of(path) == 0:  # held until shard 2 is hashed on other threads
+            assert shard_2_hashed.wait(10)
+        digest = sha256(path)
+        hashed.append(path.name)
+        if {".part-00002.ids.npy.tmp", ".part-00002.y.npy.tmp"} <= set(hashed):
+            shard_2_hashed.set()
+        return digest
+
+    def checked_append(out_dir, shard, files, rows, next_index, rejects_bytes, *rest):
+        # What the line promises must be on disk before it is written.
+        in_place = all((out_dir / f.path).is_file() for f in files)
+        temps = sorted(p.name for p in out_dir.glob(f".part-{shard:05d}.*.tmp"))
+        size = (out_dir / "rejects.jsonl").stat().st_size
+        journaled.append((shard, in_place, temps, size >= rejects_bytes))
+        events.append(("line", shard))
+        append(out_dir, shard, files, rows, next_index, rejects_bytes, *rest)
+
+    monkeypatch.setattr(write, "sha256_file", slow_first_shard)
+    monkeypatch.setattr(write, "fsync_path", lambda path: events.append(("fsync", path.name))
+                        or fsync(path))
+    monkeypatch.setattr(write, "append_journal", checked_append)
+    w = ShardWriter(make_spec(tmp_path, rows_per_file=2), out)
+    rows, ids = make_rows(9, ragged=False), list(range(9))
+    feed(w, rows, ids, 0, 3, rejected={1, 5, 8})  # shards: rows 0 2 | 3 4 | 6 7
+    files = w.close()
+
+    assert hashed.index(".part-00002.y.npy.tmp") < hashed.index(".part-00000.ids.npy.tmp")
+    assert journaled == [(k, True, [], True) for k in range(3)]
+    lines_at = [i for i, e in enumerate(events) if e[0] == "line"]
+    for k, (at, before) in enumerate(zip(lines_at, [-1] + lines_at)):
+        synced = {name for _, name in events[:at]}
+        assert {f".part-{k:05d}.ids.npy.tmp", f".part-{k:05d}.y.npy.tmp"} <= synced
+        # the folder (renames) and the rejects below next_index, since the line before
+        assert {"out", "rejects.jsonl"} <= {name for _, name in events[before + 1:at]}
+    lines = journal_lines(out)
+    assert [(j["shard"], j["rows"], j["next_index"], j["rejects"]) for j in lines] == [
+        (0, 2, 3, 1), (1, 4, 5, 1), (2, 6, 8, 2)]
+    assert [f.path for f in files] == [f"part-0000{k}.{n}.npy" for k in range(3)
+                                       for n in ("ids", "y")]
+    for f in files:
+        assert f.sha256 == sha256_file(out / f.path)
+
+
+def test_the_writer_waits_while_in_flight_commits_are_all_taken(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    fsync, release = write.fsync_path, threading.Event()
+    monkeypatch.setattr(write, "IN_FLIGHT", 2)
+    monkeypatch.setattr(write, "fsync_path", lambda path: release.wait(10) and fsync(path))
+    w = ShardWriter(make_spec(tmp_path, rows_per_file=1), out)
+    rows = make_rows(4, ragged=False)
+    writing = threading.Thread(target=lambda: [
+        w.write(np.array([i]), [i], take(rows, [i])) for i in range(4)])
+    writing.start()
+    writing.join(0.3)
+    assert writing.is_alive()  # shards 0 and 1 in flight: handing over shard 2 waits
+    assert not (out / "journal.jsonl").exists()
+    release.set()
+    writing.join(10)
+    assert not writing.is_alive()
+    assert len(w.close()) == 8
+    assert [j["shard"] for j in journal_lines(out)] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("partial", [True, False])
+def test_close_waits_for_every_commit(tmp_path, monkeypatch, partial):
+    out = tmp_path / "out"
+    fsync = write.fsync_path
+    monkeypatch.setattr(write, "fsync_path", lambda path: time.sleep(0.05) or fsync(path))
+    w = ShardWriter(make_spec(tmp_path, rows_per_file=2), out)
+    rows, ids = make_rows(9, ragged=False), list(range(9))
+    feed(w, rows, ids, 0, 3, rejected={4})  # shards 0 1 | 2 3 | 5 6 | 7 8, rejects 4
+    w.write(np.array([9]), [9], make_rows(1, ragged=False, seed=1))  # a partial shard
+    files = w.close(partial=partial)
+    shards = 5 if partial else 4
+    assert [j["shard"] for j in journal_lines(out)] == list(range(shards))
+    assert len(files) == 2 * shards and not list(out.glob(".*.tmp"))
+    assert w.rows_written == 2 * shards - (0 if not partial else 1)
+    assert w.rejects_written == 1 == len((out / "rejects.jsonl").read_text().splitlines())
+
+
+def test_close_without_the_partial_shard_counts_only_the_rejects_it_wrote(tmp_path):
+    out = tmp_path / "out"
+    w = ShardWriter(make_spec(tmp_path, rows_per_file=4), out)
+    # one batch of 0..7, rejects 1 and 6: shard 0 = rows 0 2 3 4; rows 5 7 and reject 6 are
+    # past it, so an interrupted run drops them and --resume reads them again
+    feed(w, make_rows(8, ragged=False), list(range(8)), 0, 8, rejected={1, 6})
+    w.close(partial=False)
+    assert (w.rows_written, w.rejects_written) == (4, 1)
+    assert [json.loads(x)["index"] for x in (out / "rejects.jsonl").read_text().splitlines()] \
+        == [1]
+    point = read_journal(out)
+    assert (point.next_index, point.rows, point.rejects) == (5, 4, 1)
+
+
+def test_a_failed_commit_is_an_output_error_and_stops_the_journal(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    monkeypatch.setattr(write, "fsync_path", failing_for(
+        1, write.fsync_path, OSError(28, "No space left on device")))
+    w = ShardWriter(make_spec(tmp_path, rows_per_file=2), out)
+    rows = make_rows(8, ragged=False)
+    w.write(np.arange(6), list(range(6)), take(rows, list(range(6))))  # shards 0, 1, 2
+    with pytest.raises(OutputError, match=r"No space left on device; committed shards are "
+                                          r"intact.*--resume"):
+        w.wait_for_commits()
+    # Every later call says so too: nothing after a failed commit can be journaled.
+    with pytest.raises(OutputError, match="No space left"):
+        w.write(np.array([6]), [6], take(rows, [6]))
+    with pytest.raises(OutputError, match="No space left"):
+        w.reject(7, 7, "read", "bad")
+    files = w.close()  # already reported: closes, so that the run can write its manifest
+    assert [f.path for f in files] == ["part-00000.ids.npy", "part-00000.y.npy"]
+    assert [j["shard"] for j in journal_lines(out)] == [0]
+    assert not list(out.glob("part-0000[12].*"))  # shard 2 hashed, but never renamed
+    assert (w.rows_written, w.rejects_written) == (2, 0)
+    assert w.close() == files
+    point = read_journal(out)
+    assert (point.shard, point.next_index) == (1, 2)
+    ShardWriter(make_spec(tmp_path, rows_per_file=2), out, resume=point).close()
+    assert sorted(p.name for p in out.glob("part-*")) == [f.path for f in files]
+
+
+@pytest.mark.parametrize("error, raised", [(OSError(5, "Input/output error"), OutputError),
+                                           (RuntimeError("a bug"), RuntimeError)])
+def test_a_commit_error_that_only_close_sees_is_raised_there(tmp_path, monkeypatch, error,
+                                                             raised):
+    monkeypatch.setattr(write, "sha256_file", failing_for(0, write.sha256_file, error))
+    out = tmp_path / "out"
+    w = ShardWriter(make_spec(tmp_path, rows_per_file=10), out)
+    w.reject(0, 0, "read", "bad")
+    w.write(np.array([1, 2]), [1, 2], make_rows(2, ragged=False))
+    with pytest.raises(raised, match=str(error.args[-1])):
+        w.close()
+    assert w.close() == [] and not (out / "journal.jsonl").exists()
+    assert (w.rows_written, w.rejects_written) == (0, 0)
+
+
+def test_a_crash_while_a_later_shard_is_done_before_an_earlier_one(tmp_path, monkeypatch):
+    """Shard 2 is hashed and fsynced while shard 1 still hashes: it is neither renamed nor
+    journaled before shard 1, so a crash then leaves shard 0 journaled and shard 2 as temp
+    files; the resume deletes them and writes the same shards as an uninterrupted run."""
+    spec = make_spec(tmp_path, rows_per_file=3)
+    n, rejected = 14, {4, 10}
+    rows, ids = make_rows(n, ragged=False), [f"id{i}" for i in range(n)]
+    whole = tmp_path / "whole"
+    prepare_out_dir(whole, resume=False, overwrite=False, fingerprint=FP)
+    w = ShardWriter(spec, whole)
+    feed(w, rows, ids, 0, 4, rejected)
+    w.close()
+
+    crashed = tmp_path / "crashed"
+    prepare_out_dir(crashed, resume=False, overwrite=False, fingerprint=FP)
+    sha256, held, shard_2_hashed = write.sha256_file, threading.Event(), threading.Event()
+
+    def stuck_on_shard_1(path):
+        if shard_of(path) == 1:
+            held.wait(10)
+            raise OSError("the process is gone")  # never touches the folder again
+        digest = sha256(path)
+        if path.name == ".part-00002.y.npy.tmp":
+            shard_2_hashed.set()
+        return digest
+
+    monkeypatch.setattr(write, "sha256_file", stuck_on_shard_1)
+    dead = ShardWriter(spec, crashed)
+    try:
+        feed(dead, rows, ids, 0, 4, rejected, stop_after=3)  # records 0..11: shards 0, 1, 2
+        assert shard_2_hashed.wait(10)
+        time.sleep(0.05)  # shard 2's rename and line, were they not waiting, would be done
+        assert [j["shard"] for j in journal_lines(crashed)] == [0]
+        assert not list(crashed.glob("part-0000[12].*"))
+        assert (crashed / ".part-00002.y.npy.tmp").exists()
+
+        monkeypatch.setattr(write, "sha256_file", sha256)
+        point = prepare_out_dir(crashed, resume=True, overwrite=False, fingerprint=FP)
+        assert (point.shard, point.next_index) == (1, 3)
+        resumed = ShardWriter(spec, crashed, resume=point)
+        feed(resumed, rows, ids, point.start, 4, rejected)
+        resumed.close()
+    finally:
+        held.set()
+    assert dir_bytes(crashed) == dir_bytes(whole)
+
+
+def test_bfloat16_rounding_matches_the_reference_and_leaves_the_rows_alone(tmp_path):
+    rng = np.random.default_rng(5)
+    bits = rng.integers(0, 2 ** 32, 4096, dtype=np.uint64).astype(np.uint32)
+    bits[:4] = [0x7F800001, 0xFFFFFFFF, 0x7F7FFFFF, 0x3F808000]  # NaNs, max, a tie
+    a = bits.view(np.float32).reshape(64, 64)
+    before = a.copy()
+    # the formula as first written: a full pass per step
+    ref = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).view(np.float32).reshape(64, 64)
+    ref = np.where(np.isnan(a), a, ref)
+    spec = make_spec(tmp_path, rows_per_file=64,
+                     outputs={"bf": {"shape": ["batch", 64], "dtype": "bfloat16"}})
+    w = ShardWriter(spec, tmp_path / "out")
+    w.write(np.arange(64), list(range(64)), {"bf": a[:, :]})
+    w.close()
+    got = np.load(tmp_path / "out" / "part-00000.bf.npy")
+    assert got.view(np.uint32).tobytes() == ref.view(np.uint32).tobytes()
+    assert a.tobytes() == before.tobytes()
 
 
 # --- the output folder ---
