@@ -17,7 +17,7 @@ rounded to 3 decimals, so JSONL holds them exactly), then for each format:
               (shard commits included: sha256 and fsync), once per model
   serial      graphrun.run(spec, overlap=False): manifest.totals.records_per_s
   overlapped  graphrun.run(spec, overlap=True), likewise, with device idle fraction and
-              host_phase_s (where the main thread's streaming time went)
+              host_phase_s (where each thread's streaming time went)
 and once per model, on a Runner built from the same spec with its host staging filled once
 from the file's first batch:
   replay-only    the batch bucket's graph replayed back to back, one synchronize at the end
@@ -80,6 +80,7 @@ class Case:
     rows_per_file: int
     dtype: str  # model dtype
     jsonl_records: int | None = None  # fewer records in the JSONL file (its parsing is slow)
+    out_dtype: str | None = None  # outputs.<name>.dtype (None: the model's, float32 on the host)
 
     def records_in(self, fmt: str) -> int:
         return min(self.records, self.jsonl_records or self.records) if fmt == "jsonl" \
@@ -100,7 +101,7 @@ class Case:
                                  "range": [0, a["vocab"]]},
                       "positions": {"shape": ["batch"], "dtype": "int64",
                                     "range": [0, a["max_len"]]}}
-            outputs = {"logits": {"shape": ["batch", 1, a["vocab"]]}}
+            outputs = {"logits": {"shape": ["batch", 1, a["vocab"]], "dtype": self.out_dtype}}
         else:
             # numpy has no bfloat16: bf16 inputs are read as float32 and cast on the device
             inputs = {"x": {"shape": ["batch", a["in_features"]], "dtype": self.dtype}}
@@ -118,6 +119,10 @@ class Case:
         })
 
 
+# manifest.totals.host_phase_s, by thread: stager, launching thread, completer
+PHASES = ("read", "stage", "read_wait", "launch", "device_wait", "write")
+
+
 def make_cases(args, cuda: bool) -> dict[str, Case]:
     tiny = args.smoke or not cuda
     dtype = "bfloat16" if cuda else "float32"
@@ -129,7 +134,7 @@ def make_cases(args, cuda: bool) -> dict[str, Case]:
         mlp = {"in_features": 256, "hidden": 1024, "layers": 24, "out_features": 16}
     return {
         "decoder": Case("decoder", dec, 32, [1, 8, 32], args.records_decoder,
-                        args.rows_per_file_decoder, dtype),
+                        args.rows_per_file_decoder, dtype, out_dtype=args.logits_dtype),
         "mlp": Case("mlp", mlp, 1024, [1, 64, 1024], args.records, 100_000, dtype,
                     args.jsonl_records),
     }
@@ -488,10 +493,10 @@ def render(report: Report, args, cases: dict[str, Case], device: str) -> str:
               "Records/s: manifest.totals.records_per_s (records out / streaming wall time, "
               "setup and capture excluded). read-only: read_batches alone; write-only: the "
               "ShardWriter alone; replay-only: the batch bucket's graph back to back. "
-              "Host phases (overlapped run, main thread, seconds): read_wait / stage / "
-              "device_wait / write; the rest of the streaming time (records / rec/s) is the "
-              "loop's own work (logging each batch) and, overlapped, the wait for the writer "
-              "thread to drain at the end.", "",
+              "Host phases (overlapped run, seconds per thread): stager read / stage, "
+              "launching thread read_wait / launch, completer device_wait / write. "
+              "Overlapped, the three threads run side by side: the busiest bounds the rate.",
+              "",
               "| model | format | records | file MiB | read-only rec/s | write-only rec/s | "
               "serial rec/s | overlapped rec/s | overlapped / serial | replay-only rec/s | "
               "overlapped / replay | device idle | host phases s |",
@@ -504,7 +509,7 @@ def render(report: Report, args, cases: dict[str, Case], device: str) -> str:
             continue
         o, s = r.overlapped, r.serial
         host = " / ".join(f"{o.host.get(k, 0):.2f}" for k in
-                          ("read_wait", "stage", "device_wait", "write"))
+                          PHASES)
         idle = "-" if o.idle is None else f"{o.idle:.1%}"
         lines.append(
             f"| {r.model} | {r.fmt} | {r.records:,} | {r.mib:,.0f} | {fmt_rate(r.read_rate)} | "
@@ -529,7 +534,7 @@ def render(report: Report, args, cases: dict[str, Case], device: str) -> str:
             if res is None:
                 continue
             host = " / ".join(f"{res.host.get(k, 0):.2f}" for k in
-                              ("read_wait", "stage", "device_wait", "write"))
+                              PHASES)
             idle = "-" if res.idle is None else f"{res.idle:.1%}"
             warn = "; ".join(res.warnings)[:160]
             lines.append(f"| {r.model} | {r.fmt} | {label} | {fmt_rate(res.rate)} | "
@@ -541,11 +546,13 @@ def render(report: Report, args, cases: dict[str, Case], device: str) -> str:
                          f"buckets {case.buckets}, {case.records:,} records, output shards of "
                          f"{case.rows_per_file:,} rows (npy).")
     if "decoder" in cases and "decoder" in report.replay:
-        vocab = cases["decoder"].args["vocab"]
-        lines.append(f"- decoder: every record writes its logits, {vocab} float32 "
-                     f"({vocab * 4 / 1024:.0f} KB): {cases['decoder'].records:,} records are "
-                     f"{cases['decoder'].records * vocab * 4 / 1e9:.1f} GB of outputs (1M would "
-                     f"be {1e6 * vocab * 4 / 1e9:.0f} GB), hence --records-decoder.")
+        dec = cases["decoder"]
+        vocab, kind = dec.args["vocab"], dec.out_dtype or "float32"
+        width = 2 if kind in ("float16",) else 4  # bfloat16 is written as float32
+        lines.append(f"- decoder: every record writes its logits, {vocab} {kind} "
+                     f"({vocab * width / 1024:.0f} KB): {dec.records:,} records are "
+                     f"{dec.records * vocab * width / 1e9:.1f} GB of outputs (1M would "
+                     f"be {1e6 * vocab * width / 1e9:.0f} GB), hence --records-decoder.")
     lines += [f"- {n}" for n in report.notes]
     lines += ["", "Time per part (s): " + "; ".join(f"{label} {s:.1f}"
                                                    for label, s in report.timings)]
@@ -580,6 +587,9 @@ def main() -> None:
     p.add_argument("--records-decoder", type=int, default=None,
                    help="decoder records per file (default 20,000; --smoke 2,000)")
     p.add_argument("--rows-per-file-decoder", type=int, default=5000)
+    p.add_argument("--logits-dtype", default=None, choices=["float32", "float16", "bfloat16"],
+                   help="the decoder's outputs.logits.dtype (default: the model's, written as "
+                   "float32); float16 halves the bytes written")
     p.add_argument("--replay-seconds", type=float, default=None,
                    help="length of each replay loop (default 1.0; --smoke 0.2)")
     p.add_argument("--workdir", default=None, help="input and output files (default: a temp "
