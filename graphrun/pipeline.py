@@ -164,8 +164,11 @@ class RunState:
 
     def count(self, rb) -> int:
         """Count a record batch's records and rejects (those not committed by an earlier run)."""
-        new = int(np.count_nonzero(rb.indices >= self.count_from)) + sum(
-            r.index >= self.count_from for r in rb.rejects)
+        if self.count_from == 0:  # not a resume: all of them, without a pass over indices
+            new = len(rb.indices) + len(rb.rejects)
+        else:
+            new = int(np.count_nonzero(rb.indices >= self.count_from)) + sum(
+                r.index >= self.count_from for r in rb.rejects)
         self.records_in += new
         return new
 

@@ -68,6 +68,7 @@ def replay_stream(runner, batches: Iterable, writer, *, on_batches: Callable,
     work = staged(runner, batches, pool, host, start)
     source = Prefetch(work, depth=pool.size) if overlap else work
     done = Completer(runner, writer, pool, on_batches, host, threaded=overlap)
+    stream = runner.current_stream()
     try:
         while True:
             t0 = time.perf_counter()
@@ -85,7 +86,7 @@ def replay_stream(runner, batches: Iterable, writer, *, on_batches: Callable,
                 on_read(item.rb)
             if item.kind == "graph":
                 t0 = time.perf_counter()
-                marks = runner.launch(item.bucket, item.slot)
+                marks = runner.launch(item.bucket, item.slot, stream=stream)
                 host["launch"] += time.perf_counter() - t0
                 done.collect(item, marks)
             elif item.kind == "eager":  # or data.oversize: error, which run_rows raises

@@ -257,17 +257,24 @@ class Runner:
             pad_into(staging.numpy_view(name, bucket), rows, self.input_specs[name].pad)
         return bucket
 
-    def launch(self, bucket: Bucket, slot: int, *, timed: bool = True) -> list:
+    def current_stream(self):
+        """The stream launches go to from this thread (None on the CPU)."""
+        if not self.cuda:
+            return None
+        with self._switch_device():
+            return torch.cuda.current_stream()
+
+    def launch(self, bucket: Bucket, slot: int, *, timed: bool = True, stream=None) -> list:
         """Enqueue: staged inputs -> static views -> replay -> static outputs -> host slot.
         Returns the timing marks; on the GPU nothing has waited yet. The hot path: no context
         managers unless the device must be switched, events reused, copies prebuilt.
         timed=False (the run_batch API, which returns no timings) records only the last mark,
-        to wait on."""
+        to wait on. stream: this thread's current stream, if the caller looked it up already."""
         copies_in, copies_out = self.slots[slot].copies(bucket, self.inputs, self.outputs)
         run = self.states[bucket].run
         timer = self.timer
         with self._switch_device():
-            marks = timer.start(slot, timed=timed)
+            marks = timer.start(slot, timed=timed, stream=stream)
             for dst, src in copies_in:
                 dst.copy_(src, non_blocking=True)
             if timed:

@@ -47,6 +47,20 @@ def _all_ints(ids: list) -> bool:
         return False
 
 
+def _id_array(ids: list) -> np.ndarray:
+    """int64 when every id is an integer (one numpy conversion, not a Python test per id),
+    else their strings."""
+    try:
+        a = np.asarray(ids)
+    except (ValueError, OverflowError):  # ragged or huge: not a plain integer column
+        a = None
+    if not len(ids):
+        return np.zeros(0, np.int64)
+    if a is not None and a.dtype.kind in "iu" and (a.dtype.kind == "i" or a.max() < 2**63):
+        return a.astype(np.int64, copy=False)
+    return np.array([str(x) for x in ids])
+
+
 def _npy_header(dtype: np.dtype, shape: tuple, length: int | None = None) -> bytes:
     """A version 1.0 .npy header, space-padded to `length` bytes (default: a multiple of 64)."""
     text = f"{{'descr': {dtype.str!r}, 'fortran_order': False, 'shape': {shape!r}, }}"
@@ -91,9 +105,7 @@ class _NpySink:
     def finish(self) -> list[tuple[Path, str]]:
         ids_tmp = self.out_dir / f".{self.stem}.ids.npy.tmp"
         with open(ids_tmp, "wb") as f:
-            ids = np.array(self.ids, dtype=np.int64) if _all_ints(self.ids) else \
-                np.array([str(x) for x in self.ids])
-            np.save(f, ids, allow_pickle=False)
+            np.save(f, _id_array(self.ids), allow_pickle=False)
         placed = [(ids_tmp, f"{self.stem}.ids.npy")]
         for name, (f, dtype, length) in self.files.items():
             f.seek(0)

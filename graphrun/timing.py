@@ -23,11 +23,14 @@ class BatchTimer:
         self.cuda = device.type == "cuda"
         self._events: dict[tuple[int, int], torch.cuda.Event] = {}
 
-    def start(self, slot: int = 0, *, timed: bool = True) -> list:
-        """marks: [slot, stream, (phase, host time, event)...]. The stream is looked up once
-        per batch (current_stream costs microseconds) and every event is recorded on it.
+    def start(self, slot: int = 0, *, timed: bool = True, stream=None) -> list:
+        """marks: [slot, stream, (phase, host time, event)...]. Every event is recorded on
+        `stream`, by default the current one, looked up once per batch (that costs
+        microseconds: a stream of batches passes it in).
         timed=False: no start mark; only the batch's last mark, to wait on, will follow."""
-        marks: list = [slot, torch.cuda.current_stream() if self.cuda else None]
+        if stream is None and self.cuda:
+            stream = torch.cuda.current_stream()
+        marks: list = [slot, stream]
         if timed:
             self._mark(marks, "start")
         return marks

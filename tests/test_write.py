@@ -632,3 +632,13 @@ def test_write_refuses_rows_out_of_order(tmp_path):
     w.write(np.array([0, 1]), [0, 1], make_rows(2, ragged=False))
     with pytest.raises(ValueError, match="indices must increase past 1"):
         w.write(np.array([1, 2]), [1, 2], make_rows(2, ragged=False))
+
+
+def test_npy_ids_are_int64_when_every_id_is_an_integer_else_strings():
+    from graphrun.sinks import _id_array
+
+    assert _id_array([3, 1, 2]).dtype == np.int64
+    assert _id_array([]).dtype == np.int64 and len(_id_array([])) == 0
+    assert _id_array([1, "a"]).tolist() == ["1", "a"]
+    assert _id_array([True, False]).dtype.kind == "U"  # bools are not integer ids
+    assert _id_array([2**64 - 1, 1]).tolist() == [str(2**64 - 1), "1"]  # too big for int64
