@@ -86,6 +86,9 @@ class Totals(_M):
     device_idle_fraction: Optional[float] = Field(
         None, description="GPU runs: 1 - device_busy_fraction, the share of the streaming wall "
         "time the device waited for the host.")
+    overlapped: Optional[bool] = Field(
+        None, description="Whether the stream ran overlapped (stager, launching and completer "
+        "threads) or serially; null when it never started.")
     host_phase_s: dict[str, float] = Field(
         default_factory=dict, description="Host seconds per phase of the stream, summed per "
         "thread: read and stage (the stager: parsing and checking records, padding them into "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import signal
 import threading
 import time
@@ -33,9 +34,11 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     """Run the pipeline; returns the manifest (also written to <out>/manifest.json).
 
     start/stop select a slice of the input's records (one process per GPU reads its own).
-    overlap: the overlapped data path (replay.py); None (the default) uses it on a GPU and not
-    on the CPU, where the reader and writer threads compete with torch's own threads for the
-    cores that run the model (on 2 cores: 0.75 s overlapped vs 0.65 s serial for 1M records)."""
+    overlap: the overlapped data path (replay.py); None (the default) takes GRAPHRUN_OVERLAP
+    (on | off | auto) from the environment, and auto uses it on a GPU and not on the CPU, where
+    the stager and completer threads take cores from torch's own threads, which run the model
+    (2 cores: up to 10% slower overlapped, benchmarks/RESULTS.md)."""
+    overlap = overlap_choice(overlap)
     out_dir = Path(out).resolve() if out else spec.output.dir
     spec_json = spec.model_dump(mode="json")
     job = RunState(spec, out_dir, spec_json)
@@ -66,6 +69,7 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
             t0 = time.perf_counter()
             if overlap is None:
                 overlap = runner.cuda
+            job.overlapped = overlap
             job.host_s = replay_stream(
                 runner, read_batches(spec, start=start, stop=stop), writer,
                 on_batches=lambda ran, n, first: job.log_batches(latencies, ran, n, first),
@@ -115,6 +119,22 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     return manifest
 
 
+OVERLAP_ENV = "GRAPHRUN_OVERLAP"
+_OVERLAP_WORDS = {"on": True, "1": True, "true": True, "off": False, "0": False, "false": False,
+                  "auto": None, "": None}
+
+
+def overlap_choice(overlap: bool | None) -> bool | None:
+    """The caller's choice, else GRAPHRUN_OVERLAP's; None: decide by the device."""
+    if overlap is not None:
+        return overlap
+    word = os.environ.get(OVERLAP_ENV, "").strip().lower()
+    if word not in _OVERLAP_WORDS:
+        raise GraphrunError(f"{OVERLAP_ENV}={os.environ[OVERLAP_ENV]!r} is not one of on, off, "
+                            "auto; set one of those or unset it")
+    return _OVERLAP_WORDS[word]
+
+
 def open_latencies(path: Path, keep_below: int | None):
     """latencies.jsonl for appending, and how many lines it holds. On resume, only the lines of
     batches that start below `keep_below` (where reading restarts) are kept: the batches after
@@ -161,6 +181,7 @@ class RunState:
         self.samples: dict = {}  # bucket -> phase -> [us]
         self.device_us = 0.0
         self.host_s: dict[str, float] = {}
+        self.overlapped: bool | None = None
 
     def count(self, rb) -> int:
         """Count a record batch's records and rejects (those not committed by an earlier run)."""
@@ -236,7 +257,7 @@ class RunState:
             padding_ratio=padded / rows_run if rows_run else 0.0,
             device_busy_fraction=busy,
             device_idle_fraction=None if busy is None else 1.0 - busy,
-            host_phase_s=self.host_s)
+            overlapped=self.overlapped, host_phase_s=self.host_s)
         env = environment(runner.device, runner.backend) if runner else None
         return Manifest(
             status=self.status, error=self.error, name=spec.name, started_at=self.started,

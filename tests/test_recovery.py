@@ -8,6 +8,7 @@ values, no duplicates, no gaps, the same rejects.
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import subprocess
@@ -156,9 +157,14 @@ def cli(*args):
     return CliRunner().invoke(main, [str(a) for a in args])
 
 
-def start(spec: Path, out: Path, *extra: str) -> subprocess.Popen:
+def start(spec: Path, out: Path, *extra: str, overlap: bool | None = None) -> subprocess.Popen:
+    """`graphrun run` in a subprocess; overlap forces the overlapped or serial stream (the
+    CPU's default is serial; a GPU's is overlapped)."""
+    env = dict(os.environ)
+    if overlap is not None:
+        env["GRAPHRUN_OVERLAP"] = "on" if overlap else "off"
     return subprocess.Popen([sys.executable, "-m", "graphrun", "run", str(spec), "--out",
-                             str(out), "-q", *extra],
+                             str(out), "-q", *extra], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -280,10 +286,39 @@ def test_kill_9_with_commits_in_flight_then_resume_equals_a_clean_run(job, tmp_p
     assert not list(out.glob(".*.tmp"))
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_signal_stops_with_a_manifest_and_resume_completes(job, tmp_path, signum):
+@pytest.mark.parametrize("seed", [6, 7])
+def test_kill_9_of_an_overlapped_run_then_resume_equals_a_clean_run(job, tmp_path, seed,
+                                                                     monkeypatch):
+    """The GPU's default path (stager, launcher and completer threads), forced on the CPU."""
+    rng = random.Random(seed)
     out = tmp_path / "out"
-    proc = start(job.spec, out)
+    proc = start(job.spec, out, overlap=True)
+    wait_until(proc, lambda: committed(out) >= rng.randint(1, 8))
+    time.sleep(rng.uniform(0, 0.03))
+    proc.kill()
+    proc.communicate()
+    assert proc.returncode == -signal.SIGKILL
+    check_committed_files_intact(out)
+    monkeypatch.setenv("GRAPHRUN_OVERLAP", "on")
+    result = cli("run", job.spec, "--out", out, "--resume", "-q")
+    assert result.exit_code == 0, result.output
+    check_equals_clean(out, job)
+    assert manifest(out)["totals"]["overlapped"] is True
+
+
+def test_a_bad_graphrun_overlap_value_is_refused_before_any_work(job, tmp_path, monkeypatch):
+    monkeypatch.setenv("GRAPHRUN_OVERLAP", "sometimes")
+    result = cli("run", job.spec, "--out", tmp_path / "out", "-q")
+    assert result.exit_code == 2
+    assert "GRAPHRUN_OVERLAP='sometimes' is not one of on, off, auto" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlapped"])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_stops_with_a_manifest_and_resume_completes(job, tmp_path, signum, overlap):
+    out = tmp_path / "out"
+    proc = start(job.spec, out, overlap=overlap)
     wait_until(proc, lambda: committed(out) >= 3)
     proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=60)
@@ -294,6 +329,7 @@ def test_signal_stops_with_a_manifest_and_resume_completes(job, tmp_path, signum
     m = manifest(out)
     t = m["totals"]
     assert m["status"] == "interrupted" and m["error"] is None
+    assert t["overlapped"] is overlap
     assert 3 * ROWS_PER_FILE <= t["records_out"] and t["records_in"] < N_RECORDS
     assert t["records_in"] == t["records_out"] + t["records_rejected"]
     assert m["rejects"]["count"] == t["records_rejected"] == len(
@@ -308,7 +344,9 @@ def test_signal_stops_with_a_manifest_and_resume_completes(job, tmp_path, signum
     check_equals_clean(out, job)
 
 
-def test_second_sigint_stops_at_once_still_resumable(job, tmp_path):
+@pytest.mark.parametrize("overlap", ["off", "on"], ids=["serial", "overlapped"])
+def test_second_sigint_stops_at_once_still_resumable(job, tmp_path, monkeypatch, overlap):
+    monkeypatch.setenv("GRAPHRUN_OVERLAP", overlap)
     out = tmp_path / "out"
     (job.folder / "send-two-sigints").touch()
     try:
