@@ -50,12 +50,12 @@ def _all_ints(ids: list) -> bool:
 def _id_array(ids: list) -> np.ndarray:
     """int64 when every id is an integer (one numpy conversion, not a Python test per id),
     else their strings."""
+    if not len(ids):
+        return np.zeros(0, np.int64)
     try:
         a = np.asarray(ids)
     except (ValueError, OverflowError):  # ragged or huge: not a plain integer column
         a = None
-    if not len(ids):
-        return np.zeros(0, np.int64)
     if a is not None and a.dtype.kind in "iu" and (a.dtype.kind == "i" or a.max() < 2**63):
         return a.astype(np.int64, copy=False)
     return np.array([str(x) for x in ids])
