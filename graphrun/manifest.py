@@ -74,8 +74,10 @@ class Totals(_M):
     records_out: int
     records_rejected: int
     batches: int
-    wall_s: float
+    wall_s: float = Field(..., description="input_hash_s + setup_s + the streaming time.")
     setup_s: float = Field(..., description="Model build, buffers, capture and verify.")
+    input_hash_s: float = Field(0.0, description="Hashing the input file (sha256, for "
+                                "--resume's check that it did not change), before setup.")
     records_per_s: float
     capture_s: float
     capture_memory_bytes: int

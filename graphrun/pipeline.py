@@ -167,7 +167,9 @@ class RunState:
     def __init__(self, spec, out_dir: Path, spec_json: dict):
         self.spec, self.out_dir, self.spec_json = spec, out_dir, spec_json
         self.spec_sha = spec_digest(spec_json)
-        self.input_sha = sha256_file(spec.data.path)
+        t0 = time.perf_counter()
+        self.input_sha = sha256_file(spec.data.path)  # for --resume: the same input
+        self.input_hash_s = time.perf_counter() - t0
         self.started = _now()
         self.status, self.error = "failed", None
         self.records_in = self.records_out = self.rejected = self.batches = 0
@@ -245,13 +247,13 @@ class RunState:
                 w = spread_warning(values, f"bucket {state.bucket.name} {phase}")
                 if w:
                     self.warnings.append(w)
-        wall = self.stream_s + (runner.setup_s if runner else 0.0)
+        wall = self.input_hash_s + (runner.setup_s if runner else 0.0) + self.stream_s
         busy = (min(1.0, self.device_us / 1e6 / self.stream_s)
                 if self.stream_s and runner and runner.cuda else None)
         totals = Totals(
             records_in=self.records_in, records_out=self.records_out,
             records_rejected=self.rejected, batches=self.batches, wall_s=wall,
-            setup_s=runner.setup_s if runner else 0.0,
+            setup_s=runner.setup_s if runner else 0.0, input_hash_s=self.input_hash_s,
             records_per_s=(self.records_out / self.stream_s) if self.stream_s else 0.0,
             capture_s=capture_s, capture_memory_bytes=capture_mem,
             padding_ratio=padded / rows_run if rows_run else 0.0,
