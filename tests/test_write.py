@@ -642,3 +642,51 @@ def test_npy_ids_are_int64_when_every_id_is_an_integer_else_strings():
     assert _id_array([1, "a"]).tolist() == ["1", "a"]
     assert _id_array([True, False]).dtype.kind == "U"  # bools are not integer ids
     assert _id_array([2**64 - 1, 1]).tolist() == [str(2**64 - 1), "1"]  # too big for int64
+
+
+def run_writer(tmp_path: Path, name: str, n: int = 50) -> dict[str, bytes]:
+    spec = make_spec(tmp_path / name, rows_per_file=7)
+    (tmp_path / name).mkdir()
+    w = ShardWriter(spec, tmp_path / name / "out")
+    feed(w, make_rows(n, False), list(range(n)), 0, 4, rejected={5, 23})
+    w.close()
+    return dir_bytes(tmp_path / name / "out")
+
+
+def test_npy_rows_written_by_the_row_pool_give_the_same_files(tmp_path, monkeypatch):
+    inline = run_writer(tmp_path, "inline")
+    monkeypatch.setattr(sinks, "POOL_WRITE_BYTES", 1)  # every batch through the pool
+    monkeypatch.setattr(sinks, "MAX_PENDING", 2)  # and the bound on pending writes reached
+    pooled = run_writer(tmp_path, "pooled")
+    assert len(inline) > 10 and pooled == inline
+
+
+def test_a_row_pool_write_error_is_raised_and_nothing_is_committed_after_it(tmp_path,
+                                                                            monkeypatch):
+    monkeypatch.setattr(sinks, "POOL_WRITE_BYTES", 1)
+    real, calls = sinks.os.pwrite, []
+
+    def pwrite(fd, data, offset):
+        calls.append(threading.current_thread().name)
+        if len(calls) == 12:
+            raise OSError(28, "No space left on device")
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(sinks.os, "pwrite", pwrite)
+    spec = make_spec(tmp_path, rows_per_file=7)
+    w = ShardWriter(spec, tmp_path / "out")
+    with pytest.raises(OSError, match="No space left"):
+        feed(w, make_rows(60, False), list(range(60)), 0, 4, rejected=set())
+        w.close()
+    assert any(name.startswith("graphrun-rows") for name in calls)
+    w.close()  # after the error: the shard with a hole is not committed, no temp file left
+    out = tmp_path / "out"
+    committed = read_journal(out)
+    assert committed is not None and committed.rows < 60
+    want = make_rows(60, False)["y"]
+    for ids_file in sorted(out.glob("part-*.ids.npy")):
+        ids = np.load(ids_file)
+        y = np.load(out / ids_file.name.replace(".ids.", ".y."))
+        np.testing.assert_array_equal(y, want[ids])  # every committed row is whole
+    assert sum(len(np.load(f)) for f in out.glob("part-*.ids.npy")) == committed.rows
+    assert not list(out.glob(".*.tmp"))
