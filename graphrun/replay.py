@@ -265,10 +265,12 @@ class Completer:
                 if self._error is None:
                     self._do(job)
                 elif job[0] == "collect":  # failed: only wait for the batch and free its slot
-                    self.runner.timer.finish(job[2])
-                    self.pool.release(job[1].slot)
+                    try:
+                        self.runner.timer.finish(job[2])
+                    finally:
+                        self.pool.release(job[1].slot)
             except BaseException as exc:  # noqa: BLE001 - raised on the launching thread
-                self._error = exc  # _do has freed the slot of a collect job already
+                self._error = self._error or exc  # the first one; slots are freed already
             finally:
                 self._queue.task_done()
 
