@@ -202,7 +202,8 @@ class Completer:
                  threaded: bool):
         self.runner, self.writer, self.pool = runner, writer, pool
         self.on_batches, self.host = on_batches, host
-        self._error: BaseException | None = None
+        self._error: BaseException | None = None  # raised once on the launching thread
+        self._failed = False  # for good: nothing more is written after a failure
         self._queue: queue.Queue | None = None
         if threaded:
             self._queue = queue.Queue()  # bounded by the slots: a batch holds one until done
@@ -262,7 +263,7 @@ class Completer:
             try:
                 if job is _DONE:
                     return
-                if self._error is None:
+                if not self._failed:
                     self._do(job)
                 elif job[0] == "collect":  # failed: only wait for the batch and free its slot
                     try:
@@ -270,6 +271,7 @@ class Completer:
                     finally:
                         self.pool.release(job[1].slot)
             except BaseException as exc:  # noqa: BLE001 - raised on the launching thread
+                self._failed = True
                 self._error = self._error or exc  # the first one; slots are freed already
             finally:
                 self._queue.task_done()

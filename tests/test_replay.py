@@ -5,6 +5,7 @@ and no thread left behind."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -160,3 +161,38 @@ def test_the_overlapped_path_keeps_at_most_slots_batches_in_flight(runner):
     writer = ListWriter()
     run(runner, batches([4] * 40), writer, overlap=True)
     assert len(writer.calls) == 40 and 1 <= most[0] <= SLOTS
+
+
+def test_after_a_write_fails_nothing_queued_behind_it_is_written():
+    """The launching thread has seen (and cleared) the error while batches are still queued:
+    those must not be written, or the output would skip the failed batch's rows."""
+    from types import SimpleNamespace
+
+    from graphrun.replay import Completer, SlotPool, Work
+
+    cleared, waited = threading.Event(), []
+
+    class Timer:
+        def finish(self, marks):  # the completer waits for a failed run's next batch
+            waited.append(marks)
+            cleared.wait(5)
+
+    runner = SimpleNamespace(
+        timer=Timer(),
+        collect=lambda bucket, slot, marks, n, lengths: ({"y": np.zeros((n, 3))}, {}))
+    writer = ListWriter(fail_at=0)
+    pool = SlotPool(4)
+    done = Completer(runner, writer, pool, lambda *a: None, dict.fromkeys(
+        ("device_wait", "write"), 0.0), threaded=True)
+    for k in range(4):
+        pool.acquire()
+        item = Work("graph", 2, np.array([2 * k, 2 * k + 1]), [2 * k, 2 * k + 1], slot=k)
+        done.collect(item, marks=k)
+    while not waited:  # the first write failed; the second batch is being waited for
+        time.sleep(0.001)
+    with pytest.raises(OSError):
+        done.reject(Reject(99, 99, "", "bad"))  # the launching thread sees the error
+    cleared.set()
+    done.close()
+    assert writer.calls == [] and len(waited) == 3
+    assert sorted(pool.acquire() for _ in range(4)) == [0, 1, 2, 3]  # every slot freed
