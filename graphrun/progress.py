@@ -96,5 +96,28 @@ def summary_table(manifest) -> None:
                   f"{t.records_rejected}; {t.batches} batches; {t.records_per_s:,.0f} "
                   f"records/s; setup {t.setup_s:.2f} s, capture {t.capture_s:.2f} s; "
                   f"padding {t.padding_ratio:.1%}")
+    where = stream_breakdown(t)
+    if where:
+        console.print(where)
     for w in manifest.warnings:
         console.print(f"[yellow]warning:[/yellow] {w}")
+
+
+# host_phase_s keys, as the summary names them: what each thread does (replay.py)
+_STEPS = (("read", "read"), ("stage", "pad"), ("launch", "launch"),
+          ("device_wait", "device wait"), ("write", "write"))
+
+
+def stream_breakdown(totals) -> str | None:
+    """Where the streaming time went, per step, as shares of it: serially they add up to
+    about all of it; overlapped the threads run side by side, and the largest share of a
+    step that is the host's own work (not a wait) is what bounds the rate."""
+    stream = totals.wall_s - totals.setup_s - totals.input_hash_s
+    phases = totals.host_phase_s
+    if stream <= 0 or not phases:
+        return None
+    shares = [(label, phases.get(key, 0.0) / stream) for key, label in _STEPS]
+    text = ", ".join(f"{label} {share:.0%}" for label, share in shares)
+    path = "overlapped, steps side by side" if totals.overlapped else "serial"
+    own = [(share, label) for label, share in shares if label != "device wait"]
+    return f"stream ({path}): {text}; busiest: {max(own)[1]}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -122,6 +123,8 @@ def test_summary_table_fits_80_columns_and_names_every_bucket(write_spec, tmp_pa
     for name in ("batch=4", "batch=2", "batch=1"):
         assert any(line.startswith(name + " ") for line in lines), name
     assert "records in 10, out 10, rejected 0" in text
+    assert re.search(r"stream \(serial\): read \d+%, pad \d+%, launch \d+%, device wait "
+                     r"\d+%, write \d+%; busiest: \w+", " ".join(text.split())), text
 
 
 def test_an_output_folder_that_cannot_be_made_is_one_clear_error(write_spec, tmp_path):
