@@ -45,6 +45,7 @@ from graphrun.models.mlp import build_mlp
 TRIGGER = Path(__file__).with_name("send-two-sigints")
 CRASH = Path(__file__).with_name("crash")
 SLOW_COMMITS = Path(__file__).with_name("slow-commits")
+POOLED_ROWS = Path(__file__).with_name("pooled-rows")
 
 
 def slow_commits():
@@ -93,6 +94,10 @@ class Tagged(Scorer):
 def build(**args):
     if SLOW_COMMITS.exists():
         slow_commits()
+    if POOLED_ROWS.exists():  # every batch's rows written by the row pool, as big ones are
+        from graphrun import sinks
+
+        sinks.POOL_WRITE_BYTES = 1
     return Scorer(**args)
 
 
@@ -304,6 +309,33 @@ def test_kill_9_of_an_overlapped_run_then_resume_equals_a_clean_run(job, tmp_pat
     assert result.exit_code == 0, result.output
     check_equals_clean(out, job)
     assert manifest(out)["totals"]["overlapped"] is True
+
+
+@pytest.mark.parametrize("seed", [8, 9])
+def test_kill_9_while_rows_are_written_by_the_pool_then_resume_equals_a_clean_run(
+        job, tmp_path, seed, monkeypatch):
+    """npy rows of big batches are written by pool threads at their offsets: a kill may land
+    with several batches' writes pending; no shard with a hole is ever journaled."""
+    from graphrun import sinks
+
+    # the in-process resume below loads the model, which lowers the threshold: restored after
+    monkeypatch.setattr(sinks, "POOL_WRITE_BYTES", sinks.POOL_WRITE_BYTES)
+    rng = random.Random(seed)
+    out = tmp_path / "out"
+    (job.folder / "pooled-rows").touch()
+    try:
+        proc = start(job.spec, out, overlap=True)
+        wait_until(proc, lambda: committed(out) >= rng.randint(1, 8))
+        time.sleep(rng.uniform(0, 0.03))
+        proc.kill()
+        proc.communicate()
+        assert proc.returncode == -signal.SIGKILL
+        check_committed_files_intact(out)
+        result = cli("run", job.spec, "--out", out, "--resume", "-q")
+    finally:
+        (job.folder / "pooled-rows").unlink()
+    assert result.exit_code == 0, result.output
+    check_equals_clean(out, job)
 
 
 def test_a_bad_graphrun_overlap_value_is_refused_before_any_work(job, tmp_path, monkeypatch):
