@@ -193,6 +193,15 @@ def wait_until(proc: subprocess.Popen, ready, timeout: float = 60.0) -> None:
         time.sleep(0.002)
 
 
+def kill_9_after(proc: subprocess.Popen, out: Path, shards: int, pause: float) -> None:
+    """SIGKILL the run `pause` seconds after its journal holds `shards` shards."""
+    wait_until(proc, lambda: committed(out) >= shards)
+    time.sleep(pause)
+    proc.kill()
+    proc.communicate()
+    assert proc.returncode == -signal.SIGKILL
+
+
 def outputs(out: Path) -> tuple[list[int], np.ndarray]:
     """All shards concatenated in order: ids [n] and scores [n, 3]."""
     ids = [i for f in sorted(out.glob("part-*.ids.npy")) for i in np.load(f).tolist()]
@@ -274,13 +283,8 @@ def test_kill_9_with_commits_in_flight_then_resume_equals_a_clean_run(job, tmp_p
     out = tmp_path / "out"
     (job.folder / "slow-commits").touch()
     try:
-        proc = start(job.spec, out)
         k = rng.randint(1, 6)
-        wait_until(proc, lambda: committed(out) >= k)
-        time.sleep(rng.uniform(0, 0.05))
-        proc.kill()
-        proc.communicate()
-        assert proc.returncode == -signal.SIGKILL
+        kill_9_after(start(job.spec, out), out, k, rng.uniform(0, 0.05))
     finally:
         (job.folder / "slow-commits").unlink()
     check_committed_files_intact(out)
@@ -297,12 +301,8 @@ def test_kill_9_of_an_overlapped_run_then_resume_equals_a_clean_run(job, tmp_pat
     """The GPU's default path (stager, launcher and completer threads), forced on the CPU."""
     rng = random.Random(seed)
     out = tmp_path / "out"
-    proc = start(job.spec, out, overlap=True)
-    wait_until(proc, lambda: committed(out) >= rng.randint(1, 8))
-    time.sleep(rng.uniform(0, 0.03))
-    proc.kill()
-    proc.communicate()
-    assert proc.returncode == -signal.SIGKILL
+    kill_9_after(start(job.spec, out, overlap=True), out, rng.randint(1, 8),
+                 rng.uniform(0, 0.03))
     check_committed_files_intact(out)
     monkeypatch.setenv("GRAPHRUN_OVERLAP", "on")
     result = cli("run", job.spec, "--out", out, "--resume", "-q")
@@ -324,12 +324,8 @@ def test_kill_9_while_rows_are_written_by_the_pool_then_resume_equals_a_clean_ru
     out = tmp_path / "out"
     (job.folder / "pooled-rows").touch()
     try:
-        proc = start(job.spec, out, overlap=True)
-        wait_until(proc, lambda: committed(out) >= rng.randint(1, 8))
-        time.sleep(rng.uniform(0, 0.03))
-        proc.kill()
-        proc.communicate()
-        assert proc.returncode == -signal.SIGKILL
+        kill_9_after(start(job.spec, out, overlap=True), out, rng.randint(1, 8),
+                     rng.uniform(0, 0.03))
         check_committed_files_intact(out)
         result = cli("run", job.spec, "--out", out, "--resume", "-q")
     finally:
