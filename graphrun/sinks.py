@@ -44,16 +44,6 @@ def _plain(x):
     return x.item() if isinstance(x, np.generic) else x
 
 
-def _all_ints(ids: list) -> bool:
-    """Every id an integer (bools are not): one numpy conversion, not a Python test per id."""
-    if not len(ids):
-        return True
-    try:
-        return np.asarray(ids).dtype.kind in "iu"
-    except (ValueError, OverflowError):  # ragged or huge: not a plain integer column
-        return False
-
-
 def _id_array(ids: list) -> np.ndarray:
     """int64 when every id is an integer (one numpy conversion, not a Python test per id),
     else their strings."""
@@ -246,12 +236,13 @@ class _ParquetSink:
     def _id_column(self) -> pa.Array:
         # The first row group fixes the type: ints may join a string column, not the reverse.
         int_column = self.writer.schema.field("id").type == pa.int64() if self.writer else None
-        as_int = _all_ints(self.ids)
+        ids = _id_array(self.ids)
+        as_int = ids.dtype.kind == "i"
         if int_column and not as_int:
             raise OutputError(f"{self.name}: record ids mix ints and strings; parquet needs "
                               "one id type per shard")
         if as_int and int_column is not False:
-            return pa.array([int(x) for x in self.ids], pa.int64())
+            return pa.array(ids, pa.int64())
         return pa.array([str(x) for x in self.ids], pa.string())
 
     def abort(self) -> None:
