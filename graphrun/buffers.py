@@ -64,18 +64,52 @@ class BufferSet:
         return sum(t.numel() * t.element_size() for t in self.flat.values())
 
 
+class SlotCopies:
+    """One slot's copies for one bucket, as (destination, source) pairs built once, so the hot
+    path only copies. On the GPU: h2d (pinned host -> the slot's device buffers, copy-in
+    stream), to_static and from_static (slot <-> the graph's static buffers, compute stream:
+    device-to-device, a few microseconds), d2h (slot device -> pinned host, copy-out stream).
+    On the CPU the host buffers are copied to and from the static ones directly (h2d, d2h)."""
+
+    __slots__ = ("h2d", "to_static", "from_static", "d2h")
+
+    def __init__(self, h2d: list, to_static: list, from_static: list, d2h: list):
+        self.h2d, self.to_static, self.from_static, self.d2h = h2d, to_static, from_static, d2h
+
+
 class HostSlot:
-    """One set of pinned host staging buffers (inputs and outputs) and, per bucket, the
-    (destination, source) pairs of its copies, built once so the hot path only copies."""
+    """One batch in flight: pinned host staging buffers (inputs and outputs) and, on the GPU,
+    device buffers of the same layout. With its own device buffers a batch's copies need not
+    wait for the static buffers, which the batch before it may still be replaying from: the
+    copies overlap replays, and only the device-to-device copies into and out of the static
+    buffers sit on the compute stream. Outputs are in the host's dtype (a bfloat16 output is
+    cast to float32 by the device-to-device copy, not on the host)."""
 
-    def __init__(self, inputs: BufferSet, outputs: BufferSet):
+    def __init__(self, inputs: BufferSet, outputs: BufferSet,
+                 device: tuple[BufferSet, BufferSet] | None = None):
         self.inputs, self.outputs = inputs, outputs
-        self._copies: dict[Bucket, tuple[list, list]] = {}
+        self.device = device
+        self._copies: dict[Bucket, SlotCopies] = {}
 
-    def copies(self, bucket: Bucket, device_in: BufferSet, device_out: BufferSet
-               ) -> tuple[list, list]:
-        if bucket not in self._copies:
-            self._copies[bucket] = (
-                [(d, self.inputs.view(n, bucket)) for n, d in device_in.views(bucket).items()],
-                [(self.outputs.view(n, bucket), s) for n, s in device_out.views(bucket).items()])
-        return self._copies[bucket]
+    def copies(self, bucket: Bucket, static_in: BufferSet, static_out: BufferSet) -> SlotCopies:
+        c = self._copies.get(bucket)
+        if c is None:
+            host_in, host_out = self.inputs.views(bucket), self.outputs.views(bucket)
+            s_in, s_out = static_in.views(bucket), static_out.views(bucket)
+            if self.device is None:
+                c = SlotCopies([(s_in[n], host_in[n]) for n in s_in], [], [],
+                               [(host_out[n], s_out[n]) for n in s_out])
+            else:
+                d_in, d_out = self.device[0].views(bucket), self.device[1].views(bucket)
+                c = SlotCopies([(d_in[n], host_in[n]) for n in s_in],
+                               [(s_in[n], d_in[n]) for n in s_in],
+                               [(d_out[n], s_out[n]) for n in s_out],
+                               [(host_out[n], d_out[n]) for n in s_out])
+            self._copies[bucket] = c
+        return c
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of one slot: pinned host, plus as many on the device on a GPU."""
+        host = self.inputs.nbytes + self.outputs.nbytes
+        return host * 2 if self.device is not None else host

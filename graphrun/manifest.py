@@ -83,10 +83,11 @@ class Totals(_M):
     capture_memory_bytes: int
     padding_ratio: float = Field(..., description="Padded rows / rows run.")
     device_busy_fraction: Optional[float] = Field(
-        None, description="GPU runs: sum of per-batch device time (h2d + replay + d2h, CUDA "
-        "events) / wall time of the streaming part of the run. An upper bound: when the device "
-        "has caught up with the host, a stall of the launching thread between two marks of a "
-        "batch (waiting for the GIL, say) counts as that phase's time.")
+        None, description="GPU runs: sum of per-batch replay time on the compute stream (CUDA "
+        "events; the copies run beside it on their own streams) / wall time of the streaming "
+        "part of the run. An upper bound: when the device has caught up with the host, a stall "
+        "of the launching thread between two marks of a batch (waiting for the GIL, say) "
+        "counts as replay time.")
     device_idle_fraction: Optional[float] = Field(
         None, description="GPU runs: 1 - device_busy_fraction, the share of the streaming wall "
         "time the device waited for the host.")

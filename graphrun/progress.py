@@ -7,14 +7,19 @@ Both are shown only when asked (`show`: the CLI passes it when stdout is a termi
 from __future__ import annotations
 
 import json
+import time
 import zipfile
 
 import numpy as np
 
 
+UPDATE_S = 0.1  # the progress bar's counts are pushed at most this often
+
+
 class Progress:
     def __init__(self, show: bool, total: int | None):
         self._bar = None
+        self._pending, self._shown = 0, 0.0
         if not show:
             return
         from rich.progress import (BarColumn, MofNCompleteColumn, TextColumn,
@@ -28,15 +33,28 @@ class Progress:
         self._bar.start()
 
     def advance(self, n: int) -> None:
+        """Count n more records. Called on the launching thread once per batch: the bar is
+        updated at most every UPDATE_S (an update costs tens of microseconds, a GPU batch
+        may take less than a millisecond)."""
         if self._bar is None:
             return
-        self._bar.advance(self._task, n)
+        self._pending += n
+        now = time.monotonic()
+        if now - self._shown < UPDATE_S:
+            return
+        self._shown = now
+        self._flush()
+
+    def _flush(self) -> None:
+        self._bar.advance(self._task, self._pending)
+        self._pending = 0
         speed = self._bar.tasks[0].speed
         if speed:
             self._bar.update(self._task, rate=f"{speed:,.0f} rec/s")
 
     def close(self) -> None:
         if self._bar is not None:
+            self._flush()
             self._bar.stop()
             self._bar = None
 

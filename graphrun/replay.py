@@ -32,7 +32,8 @@ import numpy as np
 
 from .buckets import split_sizes
 
-SLOTS = 4  # overlapped: one being staged, one or two on the device, one being written
+SLOTS = (3, 8)  # overlapped: at least one being staged, one on the device, one being written
+SLOT_BUDGET = 512 << 20  # bytes of pinned host slots (as many again on the device), at most
 _DONE = object()
 
 
@@ -64,36 +65,14 @@ def replay_stream(runner, batches: Iterable, writer, *, on_batches: Callable,
     start: the first input ordinal read; each batch's first covered ordinal goes to the writer,
     which journals it so that --resume re-reads whole batches (see journal.py)."""
     host = dict.fromkeys(("read", "stage", "read_wait", "launch", "device_wait", "write"), 0.0)
-    pool = SlotPool(runner.host_slots(SLOTS if overlap else 1))
+    pool = SlotPool(runner.host_slots(slot_count(runner.slot_bytes) if overlap else 1))
     work = staged(runner, batches, pool, host, start)
     source = Prefetch(work, depth=pool.size) if overlap else work
     done = Completer(runner, writer, pool, on_batches, host, threaded=overlap)
     stream = runner.current_stream()
     try:
-        while True:
-            t0 = time.perf_counter()
-            try:
-                item = next(source, _DONE)
-            except BaseException:  # a bad record: what came before it is still written
-                done.drain()
-                raise
-            host["read_wait"] += time.perf_counter() - t0
-            if item is _DONE:
-                break
-            if item.rb is not None:
-                for r in item.rb.rejects:
-                    done.reject(r)
-                on_read(item.rb)
-            if item.kind == "graph":
-                t0 = time.perf_counter()
-                marks = runner.launch(item.bucket, item.slot, stream=stream)
-                host["launch"] += time.perf_counter() - t0
-                done.collect(item, marks)
-            elif item.kind == "eager":  # or data.oversize: error, which run_rows raises
-                outs, ran = runner.run_rows(item.fields, item.n, item.lengths)
-                done.written(item, outs, ran)
-            if item.last and should_stop():
-                break
+        with runner.device_context():
+            _launch_all(runner, source, done, host, stream, on_read, should_stop)
         done.drain()  # the batches in flight are finished, not dropped
     finally:
         pool.close()
@@ -101,6 +80,43 @@ def replay_stream(runner, batches: Iterable, writer, *, on_batches: Callable,
             source.close()
         done.close()
     return host
+
+
+def _launch_all(runner, source, done: "Completer", host: dict, stream, on_read: Callable,
+                should_stop: Callable[[], bool]) -> None:
+    """The launching thread's loop: each staged part launched (or run eagerly) in order."""
+    while True:
+        t0 = time.perf_counter()
+        try:
+            item = next(source, _DONE)
+        except BaseException:  # a bad record: what came before it is still written
+            done.drain()
+            raise
+        host["read_wait"] += time.perf_counter() - t0
+        if item is _DONE:
+            break
+        if item.rb is not None:
+            for r in item.rb.rejects:
+                done.reject(r)
+            on_read(item.rb)
+        if item.kind == "graph":
+            t0 = time.perf_counter()
+            marks = runner.launch(item.bucket, item.slot, stream=stream)
+            host["launch"] += time.perf_counter() - t0
+            done.collect(item, marks)
+        elif item.kind == "eager":  # or data.oversize: error, which run_rows raises
+            outs, ran = runner.run_rows(item.fields, item.n, item.lengths)
+            done.written(item, outs, ran)
+        if item.last and should_stop():
+            break
+
+
+def slot_count(slot_bytes: int) -> int:
+    """Slots for an overlapped stream: as many as SLOT_BUDGET holds, within SLOTS. More slots
+    absorb a thread's stall (a page fault, the GIL, a shard's commit) without the device
+    waiting; beyond a few they only hold memory."""
+    low, high = SLOTS
+    return max(low, min(high, SLOT_BUDGET // max(slot_bytes, 1)))
 
 
 def staged(runner, batches: Iterable, pool: "SlotPool", host: dict, start: int

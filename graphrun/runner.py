@@ -4,13 +4,15 @@
         out = runner.run_batch({"tokens": t, "positions": p})   # real rows in, real rows out
 
 Setup follows the flow: model -> static buffers -> capture (per bucket, largest first) ->
-verify. A batch then goes: pad into the pinned host staging views -> copy into the static
-device views -> replay (or the eager step) -> copy the static outputs to pinned host views ->
-cut the real rows out. The CPU path is the same with the `eager` backend.
+verify. A batch then goes: pad into a slot's pinned host staging views -> copy to the slot's
+device buffers (copy-in stream) -> into the static views, replay (or the eager step), out of
+the static views (compute stream) -> to the slot's pinned host views (copy-out stream) -> cut
+the real rows out. The CPU path is the same with the `eager` backend, without the streams.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from contextlib import nullcontext
 
@@ -41,6 +43,9 @@ class Runner:
         self.states: dict[Bucket, BucketState] = {b: BucketState(b) for b in self.table.all}
         self.graph_pool = None
         self.timer = BatchTimer(self.device)
+        # copies run on their own streams, beside the replays on the compute stream
+        self._copy_streams = ((torch.cuda.Stream(self.device), torch.cuda.Stream(self.device))
+                              if self.cuda else None)
         self.setup_s = 0.0
         t0 = time.perf_counter()
         with self._device_ctx():
@@ -81,22 +86,36 @@ class Runner:
             if spec.dtype:
                 out_dtypes[n] = TORCH_DTYPES[spec.dtype]
         self.outputs = BufferSet(self.output_dims, out_dtypes, largest, self.device)
-        self._slot_dims = (in_dims, in_dtypes, out_dtypes)
+        self._slot_dims = (in_dims, in_dtypes, {n: host_dtype(d) for n, d in out_dtypes.items()})
         self.slots: list[HostSlot] = []
         self.host_slots(1)
 
     def host_slots(self, count: int) -> int:
-        """At least `count` sets of host staging buffers (pinned on a GPU); returns how many.
-        The overlapped stream (replay.py) keeps several batches in flight, one slot each.
-        Outputs come back in the device's dtype (bfloat16: half the bytes of float32) and are
-        converted while the real rows are cut out."""
+        """At least `count` slots (host staging buffers, pinned on a GPU, and there device
+        buffers of the same layout); returns how many. The overlapped stream (replay.py) keeps
+        several batches in flight, one slot each. Outputs are in the host's dtype: a bfloat16
+        output is cast to float32 on the device, by its copy out of the static buffer."""
         in_dims, in_dtypes, out_dtypes = self._slot_dims
         largest, cpu = self.table.all[0], torch.device("cpu")
         while len(self.slots) < count:
+            on_device = None
+            if self.cuda:
+                on_device = (BufferSet(in_dims, in_dtypes, largest, self.device),
+                             BufferSet(self.output_dims, out_dtypes, largest, self.device))
             self.slots.append(HostSlot(
                 BufferSet(in_dims, in_dtypes, largest, cpu, pin=self.cuda),
-                BufferSet(self.output_dims, out_dtypes, largest, cpu, pin=self.cuda)))
+                BufferSet(self.output_dims, out_dtypes, largest, cpu, pin=self.cuda),
+                on_device))
         return len(self.slots)
+
+    @property
+    def slot_bytes(self) -> int:
+        """Host bytes of one slot (as many again on the device, on a GPU)."""
+        in_dims, in_dtypes, out_dtypes = self._slot_dims
+        largest = self.table.all[0]
+        return sum(math.prod(largest.shape(dims[n])) * dtypes[n].itemsize
+                   for dims, dtypes in ((in_dims, in_dtypes), (self.output_dims, out_dtypes))
+                   for n in dims)
 
     def _probe(self, bucket: Bucket, inputs: dict[str, torch.Tensor]) -> dict:
         """The model's first call, on sample inputs of the largest bucket. Failing here is
@@ -239,8 +258,10 @@ class Runner:
         times = []
         for _ in range(iters):
             t = self.timer.start(slot=-1)  # not a host slot's events
+            stream = torch.cuda.current_stream() if self.cuda else None
+            self.timer.begin(t, "run", stream)
             fn()
-            self.timer.mark(t, "run")
+            self.timer.end(t, "run", stream)
             times.append(self.timer.finish(t)["run"])
         return float(np.median(times))
 
@@ -264,40 +285,80 @@ class Runner:
         with self._switch_device():
             return torch.cuda.current_stream()
 
-    def launch(self, bucket: Bucket, slot: int, *, timed: bool = True, stream=None) -> list:
-        """Enqueue: staged inputs -> static views -> replay -> static outputs -> host slot.
-        Returns the timing marks; on the GPU nothing has waited yet. The hot path: no context
-        managers unless the device must be switched, events reused, copies prebuilt.
-        timed=False (the run_batch API, which returns no timings) records only the last mark,
-        to wait on. stream: this thread's current stream, if the caller looked it up already."""
-        copies_in, copies_out = self.slots[slot].copies(bucket, self.inputs, self.outputs)
-        run = self.states[bucket].run
-        timer = self.timer
-        with self._switch_device():
-            marks = timer.start(slot, timed=timed, stream=stream)
-            for dst, src in copies_in:
+    def device_context(self):
+        """The runner's device made current for a stream of launches (a no-op on the CPU)."""
+        return self._switch_device()
+
+    def launch(self, bucket: Bucket, slot: int, *, timed: bool = True, stream=None) -> object:
+        """Enqueue a staged batch; nothing waits here. Returns its timing marks, for collect().
+
+        On the GPU: the copy-in stream copies the slot's pinned inputs to its device buffers;
+        the compute stream (`stream`, this thread's current one) waits for that, copies them
+        into the static views, replays and copies the static outputs to the slot's device
+        buffers; the copy-out stream waits for that and copies them to the slot's pinned
+        outputs. The copies of one batch thus overlap the replays of its neighbours. The slot
+        must be free: its last batch collected (collect() waited for its last copy).
+        The hot path: copies prebuilt, events reused, no context managers. stream given: the
+        caller made the runner's device current (device_context()) and looked the stream up.
+        timed=False (run_batch, which returns no timings): only the events waited on."""
+        copies = self.slots[slot].copies(bucket, self.inputs, self.outputs)
+        state, timer = self.states[bucket], self.timer
+        if not self.cuda:
+            marks = timer.start(slot, timed=timed)
+            timer.begin(marks, "h2d")
+            for dst, src in copies.h2d:
+                dst.copy_(src)
+            timer.end(marks, "h2d")
+            timer.begin(marks, "replay")
+            state.run()
+            if state.check_real:
+                self._verify_real(state)
+            timer.end(marks, "replay")
+            timer.begin(marks, "d2h")
+            for dst, src in copies.d2h:
+                dst.copy_(src)
+            timer.end(marks, "d2h")
+            return marks
+        if stream is None:
+            with self._switch_device():
+                return self.launch(bucket, slot, timed=timed,
+                                   stream=torch.cuda.current_stream())
+        copy_in, copy_out = self._copy_streams
+        set_stream = torch.cuda.set_stream
+        marks = timer.start(slot, timed=timed)
+        try:
+            set_stream(copy_in)
+            timer.begin(marks, "h2d", copy_in)
+            for dst, src in copies.h2d:
                 dst.copy_(src, non_blocking=True)
-            if timed:
-                timer.mark(marks, "h2d")
-            run()
-            if timed:
-                timer.mark(marks, "replay")
-            for dst, src in copies_out:
+            staged = timer.end(marks, "h2d", copy_in)
+            set_stream(stream)
+            stream.wait_event(staged)
+            timer.begin(marks, "replay", stream)
+            for dst, src in copies.to_static:
                 dst.copy_(src, non_blocking=True)
-            timer.mark(marks, "d2h")
-            if self.states[bucket].check_real and not self._verify_real(self.states[bucket]):
-                # the bucket fell back to eager: this batch's outputs are eager's, copied again
-                for dst, src in copies_out:
-                    dst.copy_(src, non_blocking=True)
-                timer.mark(marks, "d2h")
+            state.run()
+            if state.check_real:  # the first real batch: the static outputs then hold eager's
+                self._verify_real(state)
+            for dst, src in copies.from_static:
+                dst.copy_(src, non_blocking=True)
+            done = timer.end(marks, "replay", stream)
+            set_stream(copy_out)
+            copy_out.wait_event(done)
+            timer.begin(marks, "d2h", copy_out)
+            for dst, src in copies.d2h:
+                dst.copy_(src, non_blocking=True)
+            timer.end(marks, "d2h", copy_out)
+        finally:
+            set_stream(stream)
         return marks
 
-    def collect(self, bucket: Bucket, slot: int, marks: list, n: int,
+    def collect(self, bucket: Bucket, slot: int, marks, n: int,
                 lengths: dict[str, np.ndarray]):
         """Wait for a launched batch; return its real rows (fresh arrays) and phase times."""
         times = self.timer.finish(marks)
         host = self.slots[slot].outputs
-        outs = {name: cut_rows(_fresh_rows(host.view(name, bucket), n), dims, lengths)
+        outs = {name: cut_rows(host.numpy_view(name, bucket)[:n].copy(), dims, lengths)
                 for name, dims in self.output_dims.items()}
         stats = self.states[bucket].stats
         stats["batches"] += 1

@@ -1,8 +1,11 @@
 """Per-batch phase timings: CUDA events on the GPU (never host clocks alone), host clocks on CPU.
 
-A batch's phases are h2d (host staging -> static device views), replay (the graph, or the eager
-step), d2h (static outputs -> pinned host views); e2e is the host wall time from start to the
-outputs being ready on the host. Percentiles are computed over all batches of a bucket.
+A batch's phases are h2d (pinned host slot -> the slot's device buffers, on the copy-in
+stream), replay (the step on the compute stream: slot -> static inputs, the graph or eager step,
+static outputs -> slot) and d2h (the slot's device outputs -> pinned host, on the copy-out
+stream); e2e is the host wall time from launch to the outputs being ready on the host. On the
+GPU the three run on different streams, so one batch's copies overlap its neighbours' replays.
+Percentiles are computed over all batches of a bucket.
 """
 
 from __future__ import annotations
@@ -15,49 +18,81 @@ import torch
 PHASES = ("h2d", "replay", "d2h")
 
 
+class Marks:
+    """One batch's marks: per phase [start, end] (events on the GPU, host clocks on the CPU),
+    and the last event recorded, which finish() waits on."""
+
+    __slots__ = ("slot", "timed", "t0", "spans", "last")
+
+    def __init__(self, slot: int, timed: bool):
+        self.slot, self.timed = slot, timed
+        self.t0 = time.perf_counter()
+        self.spans: dict[str, list] = {}
+        self.last = None
+
+
 class BatchTimer:
     """Marks phases of a batch. Events are created once per (slot, mark) and reused: a slot is
-    only timed again after finish() waited for its last event."""
+    only launched again after finish() waited for its last event, which every other event of
+    the batch precedes."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
-        self._events: dict[tuple[int, int], torch.cuda.Event] = {}
+        self._events: dict[tuple, torch.cuda.Event] = {}
 
-    def start(self, slot: int = 0, *, timed: bool = True, stream=None) -> list:
-        """marks: [slot, stream, (phase, host time, event)...]. Every event is recorded on
-        `stream`, by default the current one, looked up once per batch (that costs
-        microseconds: a stream of batches passes it in).
-        timed=False: no start mark; only the batch's last mark, to wait on, will follow."""
-        if stream is None and self.cuda:
-            stream = torch.cuda.current_stream()
-        marks: list = [slot, stream]
-        if timed:
-            self._mark(marks, "start")
-        return marks
+    def start(self, slot: int = 0, *, timed: bool = True) -> Marks:
+        """timed=False: only the events that later work or finish() wait on are recorded."""
+        return Marks(slot, timed)
 
-    def mark(self, marks: list, phase: str) -> None:
-        self._mark(marks, phase)
+    def _event(self, key: tuple) -> "torch.cuda.Event":
+        event = self._events.get(key)
+        if event is None:
+            event = self._events[key] = torch.cuda.Event(enable_timing=True)
+        return event
 
-    def _mark(self, marks: list, phase: str) -> None:
-        event = None
+    def begin(self, marks: Marks, phase: str, stream=None) -> None:
+        """A phase starts: on the GPU where `stream` reaches this point."""
+        if not marks.timed:
+            return
         if self.cuda:
-            key = (marks[0], len(marks))
-            event = self._events.get(key)
-            if event is None:
-                event = self._events[key] = torch.cuda.Event(enable_timing=True)
-            event.record(marks[1])
-        marks.append((phase, time.perf_counter(), event))
+            event = self._event((marks.slot, phase, 0))
+            event.record(stream)
+            marks.spans[phase] = [event, None]
+        else:
+            marks.spans[phase] = [time.perf_counter(), None]
 
-    def finish(self, marks: list) -> dict[str, float]:
-        """Wait for the batch's last copy and return microseconds per phase, plus e2e."""
-        if self.cuda:
-            marks[-1][2].synchronize()
-        if len(marks) < 4:  # untimed: only the last mark, to wait on
+    def end(self, marks: Marks, phase: str, stream=None):
+        """A phase ends; on the GPU returns its event, which other streams may wait on. Recorded
+        even untimed (it may be waited on), but then not timed."""
+        if not self.cuda:
+            if marks.timed:
+                marks.spans[phase][1] = time.perf_counter()
+            return None
+        event = marks.last = self._event((marks.slot, phase, 1))
+        event.record(stream)
+        if marks.timed:
+            marks.spans[phase][1] = event
+        return event
+
+    def point(self, marks: Marks, name: str, stream=None):
+        """An event in no phase, for other streams (or finish) to wait on (None on the CPU)."""
+        if not self.cuda:
+            return None
+        event = marks.last = self._event((marks.slot, name, 1))
+        event.record(stream)
+        return event
+
+    def finish(self, marks: Marks) -> dict[str, float]:
+        """Wait for the batch's last event and return microseconds per phase, plus e2e."""
+        if marks.last is not None:
+            marks.last.synchronize()
+        if not marks.timed:
             return {}
-        out = {}
-        for (_, t0, e0), (phase, t1, e1) in zip(marks[2:], marks[3:]):
-            out[phase] = e0.elapsed_time(e1) * 1e3 if self.cuda else (t1 - t0) * 1e6
-        out["e2e"] = (time.perf_counter() - marks[2][1]) * 1e6
+        if self.cuda:
+            out = {phase: e0.elapsed_time(e1) * 1e3 for phase, (e0, e1) in marks.spans.items()}
+        else:
+            out = {phase: (t1 - t0) * 1e6 for phase, (t0, t1) in marks.spans.items()}
+        out["e2e"] = (time.perf_counter() - marks.t0) * 1e6
         return out
 
 

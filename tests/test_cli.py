@@ -148,3 +148,17 @@ def test_a_full_disk_mid_run_is_an_output_error_and_the_manifest_says_failed(
     assert "No space left on device" in result.output and "--resume" in result.output
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["status"] == "failed" and "No space left" in manifest["error"]
+
+
+def test_the_progress_bar_counts_every_record_with_few_updates(monkeypatch):
+    from graphrun.progress import Progress
+
+    progress = Progress(True, total=1000)
+    bar, pushes = progress._bar, []
+    advance = bar.advance
+    monkeypatch.setattr(bar, "advance", lambda task, n: (pushes.append(n), advance(task, n)))
+    for _ in range(100):  # a fast run: 100 batches well within one update interval
+        progress.advance(10)
+    progress.close()
+    assert bar.tasks[0].completed == 1000 and sum(pushes) == 1000
+    assert len(pushes) < 10

@@ -12,7 +12,7 @@ import pytest
 
 from graphrun import InputError, Runner
 from graphrun.records import RecordBatch, Reject
-from graphrun.replay import SLOTS, replay_stream
+from graphrun.replay import SLOT_BUDGET, SLOTS, replay_stream, slot_count
 from graphrun.spec import PipelineSpec
 
 
@@ -89,7 +89,7 @@ def test_overlapped_writes_what_serial_writes_in_the_same_order(runner):
     serial, overlapped = ListWriter(), ListWriter()
     run(runner, data, serial, overlap=False)
     host = run(runner, data, overlapped, overlap=True)
-    assert len(serial.calls) == len(overlapped.calls) > 2 * SLOTS
+    assert len(serial.calls) == len(overlapped.calls) > 2 * SLOTS[0]
     for a, b in zip(serial.calls, overlapped.calls):
         assert a[:3] == b[:3] and a[-1] == b[-1]
         if a[0] == "write":
@@ -160,7 +160,15 @@ def test_the_overlapped_path_keeps_at_most_slots_batches_in_flight(runner):
     runner.stage, runner.collect = staging, collecting
     writer = ListWriter()
     run(runner, batches([4] * 40), writer, overlap=True)
-    assert len(writer.calls) == 40 and 1 <= most[0] <= SLOTS
+    slots = slot_count(runner.slot_bytes)
+    assert len(writer.calls) == 40 and 1 <= most[0] <= slots == len(runner.slots)
+
+
+def test_slot_count_is_what_the_budget_holds_within_bounds():
+    low, high = SLOTS
+    assert slot_count(1000) == high
+    assert slot_count(SLOT_BUDGET // (high - 1)) == high - 1
+    assert slot_count(SLOT_BUDGET) == low  # a huge bucket: still enough slots to overlap
 
 
 def test_after_a_write_fails_nothing_queued_behind_it_is_written():
