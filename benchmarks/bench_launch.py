@@ -42,7 +42,8 @@ def spec(tmp: Path, batch: int, cuda: bool) -> PipelineSpec:
     return PipelineSpec.model_validate({
         "version": 1, "name": "bench-launch", "device": "cuda" if cuda else "cpu",
         "model": {"builtin": "mlp", "args": args, "dtype": "bfloat16" if cuda else "float32"},
-        "inputs": {"x": {"shape": ["batch", args["in_features"]]}},
+        "inputs": {"x": {"shape": ["batch", args["in_features"]],
+                         "dtype": "bfloat16" if cuda else "float32"}},
         "outputs": {"y": {"shape": ["batch", 16]}},
         "buckets": {"batch": [batch]},
         "capture": {"verify": {"rtol": 2e-2, "atol": 2e-2}},

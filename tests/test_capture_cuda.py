@@ -200,6 +200,7 @@ def test_overlapped_copy_streams_give_serials_outputs_bit_for_bit(tmp_path):
     spec = small_spec(tmp_path, model={"builtin": "mlp", "dtype": "bfloat16",
                                        "args": {"in_features": 32, "hidden": 256, "layers": 8,
                                                 "out_features": 8}},
+                      inputs={"x": {"shape": ["batch", 32], "dtype": "bfloat16"}},
                       capture={"verify": {"rtol": 2e-2, "atol": 2e-2}})
     rng = np.random.default_rng(1)
     sizes = [32, 1, 7, 32, 3, 16, 32, 2, 9, 32] * 6
