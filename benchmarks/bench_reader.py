@@ -3,6 +3,15 @@ floats as .npy and as Parquet (a list<float> column in row groups of 65536 recor
 bench_datapath.py writes it).
 
     PYTHONPATH=. python3 benchmarks/bench_reader.py [--records 200000] [--width 64]
+        [--batch-size 32] [--formats jsonl,npy,parquet]
+
+Each line also gives the time per batch of that single-threaded pass: all of it is the caller's
+thread, mostly holding the GIL, which the stager of an overlapped run shares with the launching
+and completing threads. The MLP case of the GPU machine (1M records of 256 float32, batches of
+1024):
+
+    PYTHONPATH=. python3 benchmarks/bench_reader.py --records 1000000 --width 256 \
+        --batch-size 1024 --formats npy
 """
 
 from __future__ import annotations
@@ -34,13 +43,13 @@ def decoder_spec(path: Path, out: Path) -> PipelineSpec:
     })
 
 
-def mlp_spec(path: Path, out: Path, width: int) -> PipelineSpec:
+def mlp_spec(path: Path, out: Path, width: int, batch_size: int = 32) -> PipelineSpec:
     return PipelineSpec.model_validate({
         "version": 1, "name": "bench-mlp", "model": {"builtin": "mlp"},
         "inputs": {"x": {"shape": ["batch", width], "dtype": "float32", "finite": True}},
         "outputs": {"y": {"shape": ["batch", width]}},
-        "buckets": {"batch": [1, 8, 32]},
-        "data": {"path": str(path), "batch_size": 32},
+        "buckets": {"batch": sorted({1, 8, 32, batch_size})},
+        "data": {"path": str(path), "batch_size": batch_size},
         "output": {"dir": str(out)},
     })
 
@@ -60,38 +69,55 @@ def write_parquet(path: Path, x: np.ndarray) -> None:
     pq.write_table(table, path, row_group_size=65536)
 
 
-def records_per_second(spec: PipelineSpec, repeats: int = 3) -> tuple[int, float]:
-    """Best of `repeats` full passes (the page cache is warm after the first)."""
-    best = float("inf")
+def records_per_second(spec: PipelineSpec, repeats: int = 3) -> tuple[int, float, float]:
+    """(records, records/s, seconds per batch): best of `repeats` full passes (the page cache
+    is warm after the first)."""
+    best, batches = float("inf"), 0
     for _ in range(repeats):
         t0 = time.perf_counter()
-        n = sum(len(b) for b in read_batches(spec))
+        n = batches = 0
+        for b in read_batches(spec):
+            n += len(b)
+            batches += 1
         best = min(best, time.perf_counter() - t0)
-    return n, n / best
+    return n, n / best, best / max(batches, 1)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=32, help="of the npy and parquet cases")
+    parser.add_argument("--formats", default="jsonl,npy,parquet")
     args = parser.parse_args()
+    formats = args.formats.split(",")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         jsonl, npy, parquet = tmp / "decode.jsonl", tmp / "x.npy", tmp / "x.parquet"
-        write_decoder_jsonl(jsonl, args.records)
-        x = np.random.default_rng(0).standard_normal((args.records, args.width), dtype=np.float32)
-        np.save(npy, x)
-        write_parquet(parquet, x)
-        del x
-        for label, spec in [
-            (f"jsonl decoder (tokens [1], positions), {jsonl.stat().st_size >> 20} MiB",
-             decoder_spec(jsonl, tmp / "out")),
-            (f"npy float32 [{args.records}, {args.width}]", mlp_spec(npy, tmp / "out", args.width)),
-            (f"parquet list<float32> [{args.records}, {args.width}]",
-             mlp_spec(parquet, tmp / "out", args.width)),
-        ]:
-            n, rate = records_per_second(spec)
-            print(f"{label}: {n} records, {rate:,.0f} records/s")
+        cases = []
+        if "jsonl" in formats:
+            write_decoder_jsonl(jsonl, args.records)
+            cases.append((f"jsonl decoder (tokens [1], positions), "
+                          f"{jsonl.stat().st_size >> 20} MiB, batches of 32",
+                          decoder_spec(jsonl, tmp / "out")))
+        if "npy" in formats or "parquet" in formats:
+            x = np.random.default_rng(0).standard_normal((args.records, args.width),
+                                                         dtype=np.float32)
+            if "npy" in formats:
+                np.save(npy, x)
+                cases.append((f"npy float32 [{args.records}, {args.width}], batches of "
+                              f"{args.batch_size}",
+                              mlp_spec(npy, tmp / "out", args.width, args.batch_size)))
+            if "parquet" in formats:
+                write_parquet(parquet, x)
+                cases.append((f"parquet list<float32> [{args.records}, {args.width}], batches "
+                              f"of {args.batch_size}",
+                              mlp_spec(parquet, tmp / "out", args.width, args.batch_size)))
+            del x
+        for label, spec in cases:
+            n, rate, per_batch = records_per_second(spec)
+            print(f"{label}: {n} records, {rate:,.0f} records/s, {per_batch * 1e6:,.1f} us "
+                  f"per batch")
 
 
 if __name__ == "__main__":

@@ -81,7 +81,9 @@ def concat_where(parts: list):
 @dataclass
 class RecordBatch:
     indices: np.ndarray  # [n] int64 ordinals in the file
-    ids: list  # [n] id_field values, else the ordinals
+    # [n] id_field values, else the ordinals: an int64 array for ordinals and integer id
+    # arrays/columns (no Python int per record), a list otherwise (strings, JSONL ids)
+    ids: np.ndarray | list
     where: list[str] | RowWhere  # [n]
     fields: dict[str, Records]  # input -> [n, ...] when all records share a shape, else n arrays
     lengths: dict[str, np.ndarray]  # bucket axis other than batch -> [n] int64 length per record
@@ -104,7 +106,7 @@ class Candidates:
     """Records read from one chunk of the file, before their fields are checked."""
 
     indices: np.ndarray  # [n] int64 ordinals
-    ids: list | None  # [n] id_field values; None: the ordinals are the ids
+    ids: np.ndarray | list | None  # [n] id_field values (see RecordBatch); None: the ordinals
     where: list[str]  # [n]
     fields: dict[str, Field]  # one per input
     problems: dict[int, str] = field(default_factory=dict)  # position in the chunk -> reason
@@ -306,6 +308,8 @@ def check_values(name: str, inp: InputSpec, records: Records, positions: np.ndar
     ends = np.append(starts[1:], len(flat))
 
     def flag(bad: np.ndarray, describe) -> None:
+        if not bad.any():  # the common case: no per-record reduction
+            return
         for i in np.flatnonzero(np.logical_or.reduceat(bad, starts)):
             if int(positions[i]) not in problems:
                 seg = slice(starts[i], ends[i])
@@ -334,9 +338,12 @@ def check_values(name: str, inp: InputSpec, records: Records, positions: np.ndar
         converted = flat.astype(target, copy=False)  # already the dtype: no copy
     if inp.finite and target.kind == "f":
         # checked after the cast: a large float64 becomes Inf in float16
-        flag(~np.isfinite(converted), lambda v: (
-            f"value {v} is {'NaN or Inf' if not np.isfinite(v) else 'too large for ' + inp.dtype}"
-            " (finite: true)"))
+        finite = np.isfinite(converted)
+        if not finite.all():
+            flag(~finite, lambda v: (
+                f"value {v} is "
+                f"{'NaN or Inf' if not np.isfinite(v) else 'too large for ' + inp.dtype}"
+                " (finite: true)"))
     if isinstance(records, np.ndarray):
         return converted.reshape(records.shape)
     return [converted[s:e].reshape(a.shape)
@@ -356,9 +363,19 @@ def _flatten(records: Records) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate([a.reshape(-1) for a in records]), np.cumsum(sizes) - sizes
 
 
-def check_duplicate_ids(ids: list, positions: np.ndarray, seen: set,
+def check_duplicate_ids(ids: np.ndarray | list, positions: np.ndarray, seen: set,
                         problems: dict[int, str]) -> None:
-    """Only ids of records that passed every other check are remembered."""
+    """Only ids of records that passed every other check are remembered (as Python values:
+    an int64 id and the same int are one id)."""
+    if not problems:  # the common case, by set operations: no Python step per id
+        chunk = ids[positions].tolist() if isinstance(ids, np.ndarray) else (
+            [ids[p] for p in positions.tolist()] if len(positions) < len(ids) else list(ids))
+        fresh = set(chunk)
+        if len(fresh) == len(chunk) and seen.isdisjoint(fresh):
+            seen |= fresh
+            return
+    if isinstance(ids, np.ndarray):
+        ids = ids.tolist()
     for p in positions.tolist():
         if p in problems:
             continue
@@ -408,22 +425,30 @@ class RecordChecker:
             check_duplicate_ids(c.ids, shaped, self.seen_ids, problems)
 
         good = _not_in(shaped, problems)  # [k] positions of valid records
-        kept = np.flatnonzero(np.isin(shaped, good, assume_unique=True))  # [k] into shaped
-        fields = {name: take(r, kept) if len(kept) < len(shaped)
-                  else r if isinstance(r, np.ndarray) else dense_if_uniform(r)
-                  for name, r in converted.items()}
-        ids = c.ids if c.ids is not None else c.indices.tolist()
-        rejects = c.rejects + [Reject(int(c.indices[p]), ids[p], c.where[p], reason)
+        if len(good) == len(shaped):
+            fields = {name: r if isinstance(r, np.ndarray) else dense_if_uniform(r)
+                      for name, r in converted.items()}
+        else:
+            kept = np.flatnonzero(np.isin(shaped, good, assume_unique=True))  # [k] into shaped
+            fields = {name: take(r, kept) for name, r in converted.items()}
+        ids = c.ids if c.ids is not None else c.indices
+        rejects = c.rejects + [Reject(int(c.indices[p]), _plain_id(ids[p]), c.where[p], reason)
                                for p, reason in problems.items()]
         everyone = len(good) == n
         return RecordBatch(
             indices=c.indices if everyone else c.indices[good],
-            ids=ids if everyone else [ids[p] for p in good.tolist()],
+            ids=ids if everyone else ids[good] if isinstance(ids, np.ndarray)
+            else [ids[p] for p in good.tolist()],
             where=c.where if everyone else take_where(c.where, good),
             fields=fields,
             lengths={axis: axes[axis][good] for axis in self.spec.axes[1:] if axis in axes},
             rejects=sorted(rejects, key=lambda r: r.index),
         )
+
+
+def _plain_id(rid):
+    """A record id as a Python value (an int64 array's element as an int)."""
+    return rid.item() if isinstance(rid, np.generic) else rid
 
 
 def _not_in(positions: np.ndarray, problems: dict[int, str]) -> np.ndarray:

@@ -132,7 +132,7 @@ class _Held:
             return parts[0] if parts else _slice(self.empty, 0, 0)
         return RecordBatch(
             indices=np.concatenate([p.indices for p in parts]),
-            ids=[i for p in parts for i in p.ids],
+            ids=_concat_ids([p.ids for p in parts]),
             where=concat_where([p.where for p in parts]),
             fields={name: _concat_records([p.fields[name] for p in parts])
                     for name in parts[0].fields},
@@ -146,7 +146,7 @@ def _empty_batch(spec: PipelineSpec) -> RecordBatch:
     fields = {name: np.empty([0] + [d if isinstance(d, int) else 0 for d in inp.shape[1:]],
                              numpy_dtype(inp.dtype)) for name, inp in spec.inputs.items()}
     axes = {d for inp in spec.inputs.values() for d in inp.shape[1:] if isinstance(d, str)}
-    return RecordBatch(np.empty(0, np.int64), [], [], fields,
+    return RecordBatch(np.empty(0, np.int64), np.empty(0, np.int64), [], fields,
                        {axis: np.empty(0, np.int64) for axis in spec.axes[1:] if axis in axes})
 
 
@@ -156,6 +156,12 @@ def _slice(batch: RecordBatch, lo: int, hi: int) -> RecordBatch:
                        {name: r[lo:hi] if isinstance(r, np.ndarray) else dense_if_uniform(r[lo:hi])
                         for name, r in batch.fields.items()},
                        {axis: n[lo:hi] for axis, n in batch.lengths.items()})
+
+
+def _concat_ids(parts: list) -> np.ndarray | list:
+    if all(isinstance(p, np.ndarray) for p in parts):
+        return np.concatenate(parts)
+    return [i for p in parts for i in (p.tolist() if isinstance(p, np.ndarray) else p)]
 
 
 def _concat_records(parts: list) -> np.ndarray | list:

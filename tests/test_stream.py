@@ -178,7 +178,7 @@ def test_npy_start_stop(tmp_path):
     spec = make_spec(tmp_path / "x.npy", FLOATS, batch_size=4)
     batches = list(read_batches(spec, start=3, stop=8))
     assert [b.indices.tolist() for b in batches] == [[3, 4, 5, 6], [7]]
-    assert batches[1].where == ["x.npy[row 7]"] and batches[1].ids == [7]
+    assert batches[1].where == ["x.npy[row 7]"] and batches[1].ids.tolist() == [7]
     np.testing.assert_array_equal(batches[1].fields["x"], [[21, 22, 23]])
 
 
@@ -365,7 +365,9 @@ def test_npy_dense_values(tmp_path):
     data = np.arange(15, dtype=np.float64).reshape(5, 3)
     np.save(tmp_path / "x.npy", data)
     batches = list(read_batches(make_spec(tmp_path / "x.npy", FLOATS, batch_size=2)))
-    assert [b.ids for b in batches] == [[0, 1], [2, 3], [4]]
+    assert [b.ids.tolist() for b in batches] == [[0, 1], [2, 3], [4]]
+    # ordinal ids stay one int64 array per batch: no Python int per record
+    assert all(b.ids.dtype == np.int64 for b in batches)
     assert all(isinstance(b.fields["x"], np.ndarray) for b in batches)
     assert batches[0].fields["x"].dtype == np.float32
     np.testing.assert_array_equal(np.concatenate([b.fields["x"] for b in batches]), data)
@@ -450,7 +452,49 @@ def test_npz_values_ids_and_duplicates(tmp_path, save, monkeypatch):
     assert "duplicate id 11" in rejects[0].reason and "outside range" in rejects[1].reason
     np.testing.assert_array_equal(np.concatenate([b.fields["positions"] for b in batches]),
                                   [0, 1, 2, 4, 5, 7, 8])
-    assert list(read_batches(spec, start=7))[0].ids == [17, 18]
+    assert list(read_batches(spec, start=7))[0].ids.tolist() == [17, 18]
+    assert all(b.ids.dtype == np.int64 for b in batches)  # integer ids stay int64 arrays
+    assert all(type(r.id) is int for r in rejects)  # a reject's id is a plain int
+
+
+def test_integer_ids_are_int64_arrays_and_duplicates_across_chunks_are_found(tmp_path,
+                                                                              monkeypatch):
+    monkeypatch.setattr(formats, "ARRAY_CHUNK_ROWS", 3)  # chunks of 3 records
+    ids = np.array([4, 9, 2, 7, 9, 1, 2, 8], np.int32)  # 9 again in chunk 2, 2 in chunk 3
+    n = len(ids)
+    for path in (tmp_path / "d.npz", tmp_path / "d.parquet"):
+        if path.suffix == ".npz":
+            np.savez(path, tokens=np.ones((n, 1), np.int64), positions=np.arange(n), key=ids)
+        else:
+            pq.write_table(pa.table({"key": pa.array(ids), "tokens": [[1]] * n,
+                                     "positions": list(range(n))}), path, row_group_size=4)
+        spec = make_spec(path, DECODER, id_field="key", batch_size=4, on_bad_record="skip")
+        got, rejects, batches = everything(spec)
+        assert got == [4, 9, 2, 7, 1, 8], path.name
+        assert all(isinstance(b.ids, np.ndarray) and b.ids.dtype == np.int64 for b in batches)
+        assert [(r.index, r.id, r.reason) for r in rejects] == [
+            (4, 9, "duplicate id 9: an earlier record has the same id"),
+            (6, 2, "duplicate id 2: an earlier record has the same id")], path.name
+        assert all(type(r.id) is int for r in rejects)
+
+
+def test_uint64_ids_past_int64_stay_python_ints(tmp_path):
+    ids = np.array([2**63 + 5, 3], np.uint64)
+    np.savez(tmp_path / "d.npz", tokens=np.ones((2, 1), np.int64), positions=np.arange(2),
+             key=ids)
+    got, _, _ = everything(make_spec(tmp_path / "d.npz", DECODER, id_field="key"))
+    assert got == [2**63 + 5, 3] and all(type(i) is int for i in got)
+
+
+def test_parquet_integer_ids_with_a_null_are_read_as_values(tmp_path):
+    pq.write_table(pa.table({"key": pa.array([5, None, 6], pa.int64()),
+                             "tokens": [[1], [2], [3]], "positions": [0, 1, 2]}),
+                   tmp_path / "d.parquet")
+    spec = make_spec(tmp_path / "d.parquet", DECODER, id_field="key", on_bad_record="skip")
+    got, rejects, _ = everything(spec)
+    assert got == [5, 6]
+    assert [(r.index, r.id, r.reason) for r in rejects] == [
+        (1, None, "missing id: 'key' is null")]
 
 
 def test_npz_stored_members_are_memory_mapped(tmp_path):
