@@ -2,14 +2,17 @@
 (fsync, sha256, rename, rejects, journal) included.
 
     PYTHONPATH=. python3 benchmarks/bench_writer.py [--cases decoder,mlp] [--out-dir DIR]
-        [--records-decoder 20000] [--records-mlp 1000000] [--repeat 3]
+        [--records-decoder 20000] [--records-mlp 1000000] [--repeat 3] [--ids array]
 
 Cases (npy, ids = ordinals, one reject every 997 records, as bench_datapath's writer feeds it):
   decoder  32000 float32 per record (128 KB, a decoder's full logits), batches of 32,
            shards of 5000 rows: one commit every 640 MB
   mlp      16 float32 per record, batches of 1024, shards of 100,000 rows
-Each batch is one of 4 distinct random arrays, cycled (never all zeros). `stream` is the time
-of the write()/reject() calls alone, `total` adds close(), which waits for every commit: rates
+ids: `array` passes each batch's ids as the int64 array the reader hands out for ordinals and
+integer ids; `list` as a list of Python ints (JSONL ids, and every id before the reader kept them
+as arrays). Each batch is one of 4 distinct random arrays, cycled (never all zeros). `stream` is the time
+of the write()/reject() calls alone (`write us/batch`: the write() calls' time per batch, the
+writer's time on the calling thread: the completer's in a run), `total` adds close(), which waits for every commit: rates
 are taken from total, the time until the last shard is durable and journaled. Medians over
 --repeat runs; the output folder (a fresh one under --out-dir, default a temporary folder:
 put it on the disk you care about) is deleted after each run.
@@ -59,11 +62,14 @@ def make_spec(case: Case, out: Path) -> PipelineSpec:
     })
 
 
-def one_run(case: Case, records: int, out: Path, pool: list[np.ndarray]) -> tuple[float, float]:
-    """(stream seconds, total seconds) of writing `records` records into a fresh `out`."""
+def one_run(case: Case, records: int, out: Path, pool: list[np.ndarray], ids: str = "array"
+            ) -> tuple[float, float, float]:
+    """(stream seconds, total seconds, write() seconds) of writing `records` records into a
+    fresh `out`."""
     shutil.rmtree(out, ignore_errors=True)
     writer = ShardWriter(make_spec(case, out), out)
     t0 = time.perf_counter()
+    in_write = 0.0
     for k, lo in enumerate(range(0, records, case.batch)):
         hi = min(lo + case.batch, records)
         index = np.arange(lo, hi)
@@ -71,27 +77,32 @@ def one_run(case: Case, records: int, out: Path, pool: list[np.ndarray]) -> tupl
         for i in index[bad].tolist():
             writer.reject(i, i, "bench", "synthetic reject")
         good = index[~bad]
-        writer.write(good, good.tolist(), {"y": pool[k % len(pool)][:len(good)]},
-                     batch_start=lo)
+        batch_ids = good if ids == "array" else good.tolist()
+        t1 = time.perf_counter()
+        writer.write(good, batch_ids, {"y": pool[k % len(pool)][:len(good)]}, batch_start=lo)
+        in_write += time.perf_counter() - t1
     stream = time.perf_counter() - t0
     writer.close()
     total = time.perf_counter() - t0
     shutil.rmtree(out, ignore_errors=True)
-    return stream, total
+    return stream, total, in_write
 
 
-def bench(case: Case, records: int, out_dir: Path, repeat: int) -> dict:
+def bench(case: Case, records: int, out_dir: Path, repeat: int, ids: str = "array") -> dict:
     rng = np.random.default_rng(0)
     pool = [rng.standard_normal((case.batch, case.width), dtype=np.float32) for _ in range(4)]
     one_run(case, min(records, 4 * case.rows_per_file // 10 + case.batch), out_dir / "warm",
-            pool)  # warm-up: imports, page cache, allocator
-    runs = [one_run(case, records, out_dir / f"{case.name}-{r}", pool) for r in range(repeat)]
-    stream = statistics.median(s for s, _ in runs)
-    total = statistics.median(t for _, t in runs)
+            pool, ids)  # warm-up: imports, page cache, allocator
+    runs = [one_run(case, records, out_dir / f"{case.name}-{r}", pool, ids)
+            for r in range(repeat)]
+    stream = statistics.median(r[0] for r in runs)
+    total = statistics.median(r[1] for r in runs)
+    in_write = statistics.median(r[2] for r in runs)
     written = records - records // REJECT_EVERY
     mb = written * case.width * 4 / 1e6
     return {"case": case.name, "records": records, "stream_s": stream, "total_s": total,
-            "rec_s": records / total, "mb_s": mb / total, "stream_rec_s": records / stream}
+            "rec_s": records / total, "mb_s": mb / total, "stream_rec_s": records / stream,
+            "us_batch": in_write / -(-records // case.batch) * 1e6}
 
 
 def main() -> None:
@@ -101,16 +112,18 @@ def main() -> None:
     ap.add_argument("--records-decoder", type=int, default=20_000)
     ap.add_argument("--records-mlp", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--ids", choices=["array", "list"], default="array")
     args = ap.parse_args()
     records = {"decoder": args.records_decoder, "mlp": args.records_mlp}
     with tempfile.TemporaryDirectory(dir=args.out_dir, prefix="bench-writer-") as tmp:
-        print("| case | records | stream s | total s | records/s | MB/s | stream records/s |")
-        print("|---|---|---|---|---|---|---|")
+        print("| case | records | stream s | total s | records/s | MB/s | stream records/s "
+              "| write us/batch |")
+        print("|---|---|---|---|---|---|---|---|")
         for name in args.cases.split(","):
-            r = bench(CASES[name], records[name], Path(tmp), args.repeat)
+            r = bench(CASES[name], records[name], Path(tmp), args.repeat, args.ids)
             print(f"| {r['case']} | {r['records']:,} | {r['stream_s']:.2f} | {r['total_s']:.2f} "
-                  f"| {r['rec_s']:,.0f} | {r['mb_s']:,.0f} | {r['stream_rec_s']:,.0f} |",
-                  flush=True)
+                  f"| {r['rec_s']:,.0f} | {r['mb_s']:,.0f} | {r['stream_rec_s']:,.0f} "
+                  f"| {r['us_batch']:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,40 @@ def _id_array(ids: list) -> np.ndarray:
     return np.array([str(x) for x in ids])
 
 
+class _Ids:
+    """A shard's ids as the batches gave them. Batches of int64 arrays (the reader's ordinals
+    and integer ids) stay arrays and are joined by one concatenate at the end; anything else
+    is turned into Python values, as ids always were (same files either way)."""
+
+    def __init__(self):
+        self.parts: list = []
+        self.count = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def add(self, ids) -> None:
+        """ids: a list, or an array (copied: the caller may reuse its own)."""
+        if not len(ids):
+            return
+        if isinstance(ids, np.ndarray):
+            ids = ids.copy() if ids.dtype == np.int64 else ids.tolist()
+        self.parts.append(ids)
+        self.count += len(ids)
+
+    def _int64(self) -> bool:
+        return all(isinstance(p, np.ndarray) for p in self.parts)
+
+    def values(self) -> list:
+        return [x for p in self.parts for x in (p.tolist() if isinstance(p, np.ndarray) else p)]
+
+    def array(self) -> np.ndarray:
+        """What _id_array makes of all the ids."""
+        if self.parts and self._int64():
+            return np.concatenate(self.parts)
+        return _id_array(self.values())
+
+
 def _npy_header(dtype: np.dtype, shape: tuple, length: int | None = None) -> bytes:
     """A version 1.0 .npy header, space-padded to `length` bytes (default: a multiple of 64)."""
     text = f"{{'descr': {dtype.str!r}, 'fortran_order': False, 'shape': {shape!r}, }}"
@@ -82,13 +116,13 @@ class _NpySink:
         self.out_dir, self.stem = out_dir, stem
         self.rows_per_file, self.shapes = rows_per_file, shapes
         self.pool = pool
-        self.ids: list = []
+        self.ids = _Ids()
         self.files: dict[str, _RowFile] = {}
         self._pending: deque[Future] = deque()
         self.error: BaseException | None = None  # a failed write: this shard is never finished
 
-    def add(self, ids: list, outputs: Outputs) -> None:
-        self.ids += ids
+    def add(self, ids, outputs: Outputs) -> None:
+        self.ids.add(ids)
         for name, value in outputs.items():
             a = value if isinstance(value, np.ndarray) else np.stack(value)
             if a.shape[1:] != self.shapes[name]:
@@ -142,7 +176,7 @@ class _NpySink:
         self._wait()
         ids_tmp = self.out_dir / f".{self.stem}.ids.npy.tmp"
         with open(ids_tmp, "wb") as f:
-            np.save(f, _id_array(self.ids), allow_pickle=False)
+            np.save(f, self.ids.array(), allow_pickle=False)
         placed = [(ids_tmp, f"{self.stem}.ids.npy")]
         for name, f in self.files.items():
             header = _npy_header(f.dtype, (len(self.ids), *self.shapes[name]), f.header_bytes)
@@ -179,7 +213,9 @@ class _JsonlSink:
         self.name = f"{stem}.jsonl"
         self.f = open(self.tmp, "w", encoding="utf-8", newline="\n")
 
-    def add(self, ids: list, outputs: Outputs) -> None:
+    def add(self, ids, outputs: Outputs) -> None:
+        if isinstance(ids, np.ndarray):
+            ids = ids.tolist()
         for i, rid in enumerate(ids):
             row = {"id": _plain(rid)}
             row.update((name, v[i].tolist()) for name, v in outputs.items())
@@ -203,12 +239,12 @@ class _ParquetSink:
     def __init__(self, out_dir: Path, stem: str):
         self.tmp = out_dir / f".{stem}.parquet.tmp"
         self.name = f"{stem}.parquet"
-        self.ids: list = []
+        self.ids = _Ids()
         self.columns: dict[str, list] = {}
         self.bytes = 0
         self.writer: pq.ParquetWriter | None = None
 
-    def add(self, ids: list, outputs: Outputs) -> None:
+    def add(self, ids, outputs: Outputs) -> None:
         records = {name: list(v) for name, v in outputs.items()}  # per-record arrays (views)
         sizes = np.sum([[np.asarray(r).nbytes for r in rs] for rs in records.values()], axis=0)
         start = 0
@@ -216,7 +252,7 @@ class _ParquetSink:
             filled = self.bytes + np.cumsum(sizes[start:])
             k = int(np.searchsorted(filled, self.row_group_bytes))  # first row reaching the cap
             stop = min(len(ids), start + k + 1)
-            self.ids += ids[start:stop]
+            self.ids.add(ids[start:stop])
             for name, rs in records.items():
                 self.columns.setdefault(name, []).extend(rs[start:stop])
             self.bytes = int(filled[stop - start - 1])
@@ -231,19 +267,19 @@ class _ParquetSink:
         if self.writer is None:
             self.writer = pq.ParquetWriter(self.tmp, table.schema)
         self.writer.write_table(table, row_group_size=len(table))
-        self.ids, self.columns, self.bytes = [], {}, 0
+        self.ids, self.columns, self.bytes = _Ids(), {}, 0
 
     def _id_column(self) -> pa.Array:
         # The first row group fixes the type: ints may join a string column, not the reverse.
         int_column = self.writer.schema.field("id").type == pa.int64() if self.writer else None
-        ids = _id_array(self.ids)
+        ids = self.ids.array()
         as_int = ids.dtype.kind == "i"
         if int_column and not as_int:
             raise OutputError(f"{self.name}: record ids mix ints and strings; parquet needs "
                               "one id type per shard")
         if as_int and int_column is not False:
             return pa.array(ids, pa.int64())
-        return pa.array([str(x) for x in self.ids], pa.string())
+        return pa.array([str(x) for x in self.ids.values()], pa.string())
 
     def abort(self) -> None:
         if self.writer is not None:
@@ -251,7 +287,7 @@ class _ParquetSink:
         self.tmp.unlink(missing_ok=True)
 
     def finish(self) -> list[tuple[Path, str]]:
-        if self.ids:
+        if len(self.ids):
             self._flush()
         self.writer.close()
         return [(self.tmp, self.name)]

@@ -690,3 +690,61 @@ def test_a_row_pool_write_error_is_raised_and_nothing_is_committed_after_it(tmp_
         np.testing.assert_array_equal(y, want[ids])  # every committed row is whole
     assert sum(len(np.load(f)) for f in out.glob("part-*.ids.npy")) == committed.rows
     assert not list(out.glob(".*.tmp"))
+
+
+def _write_all(tmp_path: Path, name: str, fmt: str, batches: list) -> dict[str, bytes]:
+    """Write batches of (ids, first index) of 3 rows each; the output folder's files."""
+    out = tmp_path / name
+    w = ShardWriter(make_spec(tmp_path, fmt, rows_per_file=4), out)
+    rows = make_rows(3 * len(batches), ragged=False)
+    for k, (ids, first) in enumerate(batches):
+        w.write(np.arange(first, first + 3), ids, {"y": rows["y"][3 * k:3 * k + 3]})
+    w.close()
+    return {n: b for n, b in dir_bytes(out).items() if n != "journal.jsonl"}
+
+
+@pytest.mark.parametrize("fmt", ["npy", "jsonl", "parquet"])
+def test_int64_id_arrays_give_the_files_of_id_lists(tmp_path, fmt):
+    """The reader hands out ordinals and integer ids as int64 arrays: written as one array
+    (no Python int per row), the files are those of the same ids as a list."""
+    arrays = _write_all(tmp_path, "arrays", fmt,
+                        [(np.arange(k, k + 3, dtype=np.int64) * 5, k) for k in (0, 3, 6)])
+    lists = _write_all(tmp_path, "lists", fmt, [([5 * i for i in range(k, k + 3)], k)
+                                                for k in (0, 3, 6)])
+    assert len(arrays) >= 3 and arrays == lists
+    if fmt == "npy":
+        ids = np.concatenate([np.load(tmp_path / "arrays" / f"part-0000{s}.ids.npy")
+                              for s in (0, 1, 2)])
+        assert ids.dtype == np.int64 and ids.tolist() == [5 * i for i in range(9)]
+
+
+@pytest.mark.parametrize("fmt", ["npy", "jsonl"])
+def test_id_arrays_mixed_with_strings_or_other_dtypes_are_written_as_before(tmp_path, fmt):
+    mixed = [(np.array([1, 2, 3], np.int64), 0), (["a", "b", "c"], 3),
+             (np.array([7, 8, 9], np.int32), 6)]
+    as_lists = [([1, 2, 3], 0), (["a", "b", "c"], 3), ([7, 8, 9], 6)]
+    assert _write_all(tmp_path, "mixed", fmt, mixed) == _write_all(tmp_path, "lists", fmt,
+                                                                    as_lists)
+    if fmt == "npy":  # the shard holding 3 (int) and "a": strings, as for a list
+        assert np.load(tmp_path / "mixed" / "part-00000.ids.npy").tolist() == [
+            "1", "2", "3", "a"]
+
+
+def test_the_writer_keeps_no_reference_to_the_callers_id_array(tmp_path):
+    w = ShardWriter(make_spec(tmp_path, rows_per_file=4), tmp_path / "out")
+    ids = np.array([10, 11], np.int64)
+    w.write(np.array([0, 1]), ids, make_rows(2, ragged=False))
+    ids[:] = -1  # a caller reusing its buffer
+    w.close()
+    assert np.load(tmp_path / "out" / "part-00000.ids.npy").tolist() == [10, 11]
+
+
+def test_write_refuses_indices_that_do_not_increase_within_a_batch(tmp_path):
+    w = ShardWriter(make_spec(tmp_path, rows_per_file=4), tmp_path / "out")
+    for bad in ([0, 2, 1], [3, 3, 4], [5, 6, 6]):
+        with pytest.raises(ValueError, match="indices must increase"):
+            w.write(np.array(bad), np.array(bad), make_rows(3, ragged=False))
+    w.write(np.array([0, 1, 5]), np.array([0, 1, 5]), make_rows(3, ragged=False))  # gaps: fine
+    w.write(np.array([7]), np.array([7]), make_rows(1, ragged=False))
+    w.close()
+    assert np.load(tmp_path / "out" / "part-00000.ids.npy").tolist() == [0, 1, 5, 7]
