@@ -22,7 +22,6 @@ order, so outputs, the journal and --resume are the same on both paths.
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
@@ -36,8 +35,6 @@ from .buckets import split_sizes
 SLOTS = (3, 8)  # overlapped: at least one being staged, one on the device, one being written
 SLOT_BUDGET = 512 << 20  # bytes of pinned host slots (as many again on the device), at most
 _DONE = object()
-# The launching thread goes first (LaunchFirst); GRAPHRUN_LAUNCH_FIRST=0 turns it off, to measure
-LAUNCH_FIRST = os.environ.get("GRAPHRUN_LAUNCH_FIRST", "1") != "0"
 
 
 @dataclass
@@ -69,14 +66,13 @@ def replay_stream(runner, batches: Iterable, writer, *, on_batches: Callable,
     which journals it so that --resume re-reads whole batches (see journal.py)."""
     host = dict.fromkeys(("read", "stage", "read_wait", "launch", "device_wait", "write"), 0.0)
     pool = SlotPool(runner.host_slots(slot_count(runner.slot_bytes) if overlap else 1))
-    turns = _turns(runner, overlap)
-    work = staged(runner, batches, pool, host, start, turns)
+    work = staged(runner, batches, pool, host, start)
     source = Prefetch(work, depth=pool.size) if overlap else work
-    done = Completer(runner, writer, pool, on_batches, host, threaded=overlap, turns=turns)
+    done = Completer(runner, writer, pool, on_batches, host, threaded=overlap)
     stream = runner.current_stream()
     try:
         with runner.device_context():
-            _launch_all(runner, source, done, host, stream, on_read, should_stop, turns)
+            _launch_all(runner, source, done, host, stream, on_read, should_stop)
         done.drain()  # the batches in flight are finished, not dropped
     finally:
         pool.close()
@@ -86,13 +82,8 @@ def replay_stream(runner, batches: Iterable, writer, *, on_batches: Callable,
     return host
 
 
-def _turns(runner, overlap: bool) -> "LaunchFirst | NoTurns":
-    """LaunchFirst where launches are short CUDA calls; on the CPU a launch runs the model."""
-    return LaunchFirst() if overlap and LAUNCH_FIRST and runner.cuda else NoTurns()
-
-
 def _launch_all(runner, source, done: "Completer", host: dict, stream, on_read: Callable,
-                should_stop: Callable[[], bool], turns: "LaunchFirst") -> None:
+                should_stop: Callable[[], bool]) -> None:
     """The launching thread's loop: each staged part launched (or run eagerly) in order."""
     while True:
         t0 = time.perf_counter()
@@ -110,11 +101,7 @@ def _launch_all(runner, source, done: "Completer", host: dict, stream, on_read: 
             on_read(item.rb)
         if item.kind == "graph":
             t0 = time.perf_counter()
-            turns.launching()
-            try:
-                marks = runner.launch(item.bucket, item.slot, stream=stream)
-            finally:
-                turns.launched()
+            marks = runner.launch(item.bucket, item.slot, stream=stream)
             host["launch"] += time.perf_counter() - t0
             done.collect(item, marks)
         elif item.kind == "eager":  # or data.oversize: error, which run_rows raises
@@ -132,15 +119,13 @@ def slot_count(slot_bytes: int) -> int:
     return max(low, min(high, SLOT_BUDGET // max(slot_bytes, 1)))
 
 
-def staged(runner, batches: Iterable, pool: "SlotPool", host: dict, start: int,
-           turns: "LaunchFirst | NoTurns | None" = None) -> Iterator[Work]:
+def staged(runner, batches: Iterable, pool: "SlotPool", host: dict, start: int
+           ) -> Iterator[Work]:
     """The stager: each record batch as bucket-sized parts, each padded into a free slot."""
     source = iter(batches)
-    turns = turns or NoTurns()
     while True:
         t0 = time.perf_counter()
-        with turns:
-            rb = next(source, None)
+        rb = next(source, None)
         host["read"] += time.perf_counter() - t0
         if rb is None:
             return
@@ -158,8 +143,7 @@ def staged(runner, batches: Iterable, pool: "SlotPool", host: dict, start: int,
             fields, k, lengths, indices, ids = part
             slot = pool.acquire()
             t0 = time.perf_counter()
-            with turns:
-                bucket = runner.stage(fields, k, lengths, slot)
+            bucket = runner.stage(fields, k, lengths, slot)
             host["stage"] += time.perf_counter() - t0
             yield Work("graph", k, indices, ids, lengths, batch_start, bucket, slot,
                        rb=first, last=last)
@@ -231,10 +215,9 @@ class Completer:
     failing, say) is raised on the launching thread at its next call. Otherwise inline."""
 
     def __init__(self, runner, writer, pool: SlotPool, on_batches: Callable, host: dict, *,
-                 threaded: bool, turns: "LaunchFirst | NoTurns | None" = None):
+                 threaded: bool):
         self.runner, self.writer, self.pool = runner, writer, pool
         self.on_batches, self.host = on_batches, host
-        self.turns = turns or NoTurns()
         self._error: BaseException | None = None  # raised once on the launching thread
         self._failed = False  # for good: nothing more is written after a failure
         self._queue: queue.Queue | None = None
@@ -316,114 +299,21 @@ class Completer:
             self.writer.reject(r.index, r.id, r.where, r.reason)
             return
         item = job[1]
-        with self.turns:
-            if kind == "collect":
-                t0 = time.perf_counter()
-                try:
-                    self.turns.outside(self.runner.timer.wait, job[2])
-                    outs, times = self.runner.collect(item.bucket, item.slot, job[2], item.n,
-                                                      item.lengths)
-                finally:
-                    self.pool.release(item.slot)
-                ran = [(item.bucket, times)]
-                self.host["device_wait"] += time.perf_counter() - t0
-            else:
-                outs, ran = job[2], job[3]
+        if kind == "collect":
             t0 = time.perf_counter()
-            self.writer.write(item.indices, item.ids, outs, item.batch_start)
-            self.on_batches(ran, item.n, int(item.indices[0]))
-            self.host["write"] += time.perf_counter() - t0
-
-
-class LaunchFirst:
-    """Keeps the launching thread from waiting for the GIL while it launches.
-
-    A launch makes a dozen CUDA calls, each of which releases the GIL. Whenever the stager or
-    the completer is running Python at that moment, it takes the GIL, and the launch waits
-    until that thread lets go: a 50 us launch took 600 us overlapped on the H200 (bench_launch,
-    bench_datapath), and the device, fed by that one thread, waited. So the other threads run
-    their per-batch Python inside turns (`with turns:`), which the launching thread shuts:
-    launching() waits for the turns under way to end (those of its neighbours' batches, short)
-    and holds new ones until launched(). The device has several batches queued (the slots), so
-    a launch that waits for a turn to end does not leave it idle; one that waits for the GIL
-    dozens of times does. Blocking waits inside a turn (a batch's last event) go through
-    outside(), which lets the launching thread in meanwhile."""
-
-    def __init__(self):
-        self._cond = threading.Condition(threading.Lock())
-        self._launching = False
-        self._turns = 0  # turns under way
-        self._local = threading.local()  # this thread's turns, nested
-
-    def launching(self) -> None:
-        with self._cond:
-            self._launching = True
             try:
-                while self._turns:
-                    self._cond.wait()
-            except BaseException:  # Ctrl-C while waiting: the other threads must go on
-                self._launching = False
-                self._cond.notify_all()
-                raise
-
-    def launched(self) -> None:
-        with self._cond:
-            self._launching = False
-            self._cond.notify_all()
-
-    def __enter__(self) -> "LaunchFirst":
-        depth = getattr(self._local, "depth", 0)
-        self._local.depth = depth + 1
-        if depth == 0:
-            self._enter()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._local.depth -= 1
-        if self._local.depth == 0:
-            self._exit()
-
-    def _enter(self) -> None:
-        with self._cond:
-            while self._launching:
-                self._cond.wait()
-            self._turns += 1
-
-    def _exit(self) -> None:
-        with self._cond:
-            self._turns -= 1
-            if not self._turns:
-                self._cond.notify_all()
-
-    def outside(self, fn, *args):
-        """fn(*args) with this thread's turn given up meanwhile (a wait that may be long)."""
-        depth = getattr(self._local, "depth", 0)
-        if depth:
-            self._exit()
-        try:
-            return fn(*args)
-        finally:
-            if depth:
-                self._enter()
-
-
-class NoTurns:
-    """LaunchFirst's interface, doing nothing: serial runs, the CPU."""
-
-    def launching(self) -> None:
-        pass
-
-    def launched(self) -> None:
-        pass
-
-    def __enter__(self) -> "NoTurns":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        pass
-
-    def outside(self, fn, *args):
-        return fn(*args)
+                outs, times = self.runner.collect(item.bucket, item.slot, job[2], item.n,
+                                                  item.lengths)
+            finally:
+                self.pool.release(item.slot)
+            ran = [(item.bucket, times)]
+            self.host["device_wait"] += time.perf_counter() - t0
+        else:
+            outs, ran = job[2], job[3]
+        t0 = time.perf_counter()
+        self.writer.write(item.indices, item.ids, outs, item.batch_start)
+        self.on_batches(ran, item.n, int(item.indices[0]))
+        self.host["write"] += time.perf_counter() - t0
 
 
 class Prefetch:

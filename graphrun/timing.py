@@ -82,11 +82,6 @@ class BatchTimer:
         event.record(stream)
         return event
 
-    def wait(self, marks: Marks) -> None:
-        """Wait for the batch's last event (finish() then need not wait)."""
-        if marks.last is not None:
-            marks.last.synchronize()
-
     def finish(self, marks: Marks) -> dict[str, float]:
         """Wait for the batch's last event and return microseconds per phase, plus e2e."""
         if marks.last is not None:

@@ -181,9 +181,6 @@ def test_after_a_write_fails_nothing_queued_behind_it_is_written():
     cleared, waited = threading.Event(), []
 
     class Timer:
-        def wait(self, marks):
-            pass
-
         def finish(self, marks):  # the completer waits for a failed run's next batch
             waited.append(marks)
             cleared.wait(5)
@@ -207,80 +204,3 @@ def test_after_a_write_fails_nothing_queued_behind_it_is_written():
     done.close()
     assert writer.calls == [] and len(waited) == 3
     assert sorted(pool.acquire() for _ in range(4)) == [0, 1, 2, 3]  # every slot freed
-
-
-def test_launch_first_holds_new_turns_while_launching_and_waits_for_those_under_way():
-    from graphrun.replay import LaunchFirst
-
-    turns, log = LaunchFirst(), []
-    in_turn, let_go = threading.Event(), threading.Event()
-
-    def other():
-        with turns:
-            with turns:  # nested on one thread: one turn
-                in_turn.set()
-                let_go.wait(5)
-                log.append("turn ends")
-
-    t = threading.Thread(target=other)
-    t.start()
-    in_turn.wait(5)
-    threading.Timer(0.05, let_go.set).start()
-    turns.launching()  # waits for the turn under way
-    log.append("launching")
-    late = threading.Thread(target=lambda: (turns.__enter__(), log.append("late turn"),
-                                            turns.__exit__()))
-    late.start()
-    time.sleep(0.05)
-    log.append("launched")
-    turns.launched()
-    late.join(5)
-    t.join(5)
-    assert log == ["turn ends", "launching", "launched", "late turn"]
-
-
-def test_launch_first_lets_the_launch_in_while_a_turn_waits_outside():
-    from graphrun.replay import LaunchFirst
-
-    turns, log, waiting = LaunchFirst(), [], threading.Event()
-    release = threading.Event()
-
-    def wait_for_device():
-        waiting.set()
-        release.wait(5)
-        log.append("waited")
-
-    def other():
-        with turns:
-            turns.outside(wait_for_device)
-            log.append("after the wait, in a turn again")
-
-    t = threading.Thread(target=other)
-    t.start()
-    waiting.wait(5)
-    turns.launching()  # not held up by the turn that is waiting outside
-    log.append("launching")
-    release.set()
-    time.sleep(0.05)
-    log.append("launched")
-    turns.launched()
-    t.join(5)
-    assert log == ["launching", "waited", "launched", "after the wait, in a turn again"]
-
-
-def test_overlapped_with_launch_first_writes_what_serial_writes(runner, monkeypatch):
-    import graphrun.replay as replay
-    from graphrun.replay import LaunchFirst
-
-    monkeypatch.setattr(replay, "_turns", lambda r, overlap: LaunchFirst() if overlap
-                        else replay.NoTurns())
-    data = batches([3, 4, 7, 0, 1, 4, 2, 9, 4, 4, 3] * 3, reject_every=5)
-    serial, overlapped = ListWriter(), ListWriter()
-    run(runner, data, serial, overlap=False)
-    run(runner, data, overlapped, overlap=True)
-    assert len(serial.calls) == len(overlapped.calls)
-    for a, b in zip(serial.calls, overlapped.calls):
-        assert a[:3] == b[:3]
-        if a[0] == "write":
-            np.testing.assert_array_equal(a[3], b[3])
-    assert no_threads_left()
