@@ -4,7 +4,7 @@ Candidates for stream.py to check and batch.
 Memory stays at about one chunk whatever the file's size: .npy is memory-mapped, .npz members
 are memory-mapped when stored and decompressed front to back when deflated. A mapped chunk's
 pages are released once it is read (see _release_rows), and a dense chunk is capped in records
-too, as each record also costs Python objects (its `where`, its id). Parquet is the exception:
+too, as a record may also cost Python objects (a string id). Parquet is the exception:
 pyarrow decodes a column chunk on one thread only, so a few row groups are decoded at once,
 ahead of the reader (see _parquet_batches): a few row groups in memory, never the whole file.
 """
@@ -29,9 +29,9 @@ from graphrun.records import (Candidates, Field, RowWhere, field_from_arrow, fie
 from graphrun.spec import PipelineSpec
 
 ARRAY_CHUNK_BYTES = 16 << 20  # npy/npz/parquet rows read at once: about this many bytes
-# ... and at most this many: each record also costs ~150 bytes of Python objects (its `where`
-# string, its id) whatever its array bytes, so a 16 MiB chunk of narrow records (4 floats) would
-# be 1M records and ~150 MB, all read at once from a file of up to that many records.
+# ... and at most this many: a record may also cost Python objects whatever its array bytes (a
+# string id; integer ids and ordinals are int64 arrays, locations are formatted only for
+# rejects), so a 16 MiB chunk of narrow records (4 floats) would be 1M such objects at once.
 ARRAY_CHUNK_ROWS = 16384
 # Parquet row groups decoded at once. A thread decodes a list<float> column at 330k (Xeon of
 # the GPU machine) to 1M (EPYC) records of 256 values a second: the GPU machine's 2.3M needs 8.
@@ -235,9 +235,9 @@ def _release_rows(array: np.memmap, lo: int, hi: int) -> None:
 
 def _dont_need(mm: mmap.mmap, first: int, length: int) -> None:
     """madvise(MADV_DONTNEED) on bytes [first, first + length) of a mapping. mmap.madvise holds
-    the GIL through the call, which takes ~120 us for a 16 MiB chunk (the kernel unmaps 4096
-    pages), while the replay's other threads wait: libc's madvise called through ctypes
-    releases it. mmap.madvise where ctypes cannot."""
+    the GIL through the call, 0.1-0.5 ms for a 16 MiB chunk (the kernel unmaps 4096 pages) on a
+    2-core VM, while the replay's other Python threads stall: libc's madvise called through
+    ctypes releases it. mmap.madvise where ctypes cannot."""
     madvise = _libc_madvise()
     if madvise is not None:
         base = np.frombuffer(mm, np.uint8).ctypes.data  # the mapping's first byte

@@ -79,7 +79,7 @@ class _Ids:
         self.parts.append(ids)
         self.count += len(ids)
 
-    def _int64(self) -> bool:
+    def _all_arrays(self) -> bool:
         return all(isinstance(p, np.ndarray) for p in self.parts)
 
     def values(self) -> list:
@@ -87,7 +87,7 @@ class _Ids:
 
     def array(self) -> np.ndarray:
         """What _id_array makes of all the ids."""
-        if self.parts and self._int64():
+        if self.parts and self._all_arrays():  # int64 arrays: add() made lists of others
             return np.concatenate(self.parts)
         return _id_array(self.values())
 

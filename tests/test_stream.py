@@ -719,3 +719,19 @@ def test_jsonl_reads_the_same_without_orjson(tmp_path, monkeypatch):
     assert read() == with_orjson
     ids, rejects = with_orjson
     assert len(ids) == 49 and rejects[0][:2] == (7, "data.jsonl:8")
+
+
+@pytest.mark.parametrize("madvise", ["missing", "failing"])
+def test_npy_pages_released_without_libc_madvise_read_the_same(tmp_path, monkeypatch, madvise):
+    """Mapped pages are released through libc's madvise (ctypes, without the GIL); where that
+    is missing or fails, mmap.madvise does it, and the rows read are the same either way."""
+    monkeypatch.setattr(formats, "ARRAY_CHUNK_ROWS", 1024)  # 4 KiB rows: chunks of 4 MiB
+    data = np.arange(8192 * 1024, dtype=np.float32).reshape(8192, 1024)
+    np.save(tmp_path / "x.npy", data)
+    calls = []
+    fake = None if madvise == "missing" else (lambda *a: calls.append(a) or -1)
+    monkeypatch.setattr(formats, "_libc_madvise", lambda: fake)
+    spec = make_spec(tmp_path / "x.npy", {"x": {"shape": ["batch", 1024]}}, batch_size=1000)
+    got = np.concatenate([b.fields["x"] for b in read_batches(spec)])
+    np.testing.assert_array_equal(got, data)
+    assert len(calls) == (0 if madvise == "missing" else 7)  # every chunk but the last
