@@ -64,12 +64,23 @@ class BufferSet:
         return sum(t.numel() * t.element_size() for t in self.flat.values())
 
 
+SPLIT_BYTES = 512 << 10  # copies at least this big (a bucket's, one way) get their own stream
+
+
 class SlotCopies:
     """One slot's copies for one bucket, as (destination, source) pairs built once, so the hot
-    path only copies. On the GPU: h2d (pinned host -> the slot's device buffers, copy-in
-    stream), to_static and from_static (slot <-> the graph's static buffers, compute stream:
-    device-to-device, a few microseconds), d2h (slot device -> pinned host, copy-out stream).
-    On the CPU the host buffers are copied to and from the static ones directly (h2d, d2h)."""
+    path only copies.
+
+    On the GPU each direction is either split or direct. Split, a bucket's copies of at least
+    SPLIT_BYTES go through the slot's device buffers on their own stream: h2d (pinned host ->
+    slot, copy-in stream) then to_static (slot -> static views, compute stream,
+    device-to-device), and from_static (static -> slot, compute stream) then d2h (slot ->
+    pinned host, copy-out stream), so they overlap the replays of the batches before and after.
+    That costs three more CUDA calls a launch (a copy, an event, a wait), each of which lets
+    another thread take the GIL, and a device-to-device copy: worth it for a 1 MB copy (about
+    25 us on the device), not for a few kilobytes of token ids. Direct, h2d and d2h copy
+    between pinned host and the static views on the compute stream (to_static and from_static
+    empty). On the CPU every copy is direct."""
 
     __slots__ = ("h2d", "to_static", "from_static", "d2h")
 
@@ -77,18 +88,20 @@ class SlotCopies:
         self.h2d, self.to_static, self.from_static, self.d2h = h2d, to_static, from_static, d2h
 
 
+def _nbytes(views: dict[str, torch.Tensor]) -> int:
+    return sum(v.numel() * v.element_size() for v in views.values())
+
+
 class HostSlot:
     """One batch in flight: pinned host staging buffers (inputs and outputs) and, on the GPU,
-    device buffers of the same layout. With its own device buffers a batch's copies need not
-    wait for the static buffers, which the batch before it may still be replaying from: the
-    copies overlap replays, and only the device-to-device copies into and out of the static
-    buffers sit on the compute stream. Outputs are in the host's dtype (a bfloat16 output is
-    cast to float32 by the device-to-device copy, not on the host)."""
+    device buffers of the same layout for the directions that may be split (SlotCopies).
+    Outputs are in the host's dtype: a bfloat16 output is cast to float32 on the device, by
+    its copy out of the static view."""
 
     def __init__(self, inputs: BufferSet, outputs: BufferSet,
-                 device: tuple[BufferSet, BufferSet] | None = None):
+                 device: tuple[BufferSet | None, BufferSet | None] | None = None):
         self.inputs, self.outputs = inputs, outputs
-        self.device = device
+        self.device = device or (None, None)
         self._copies: dict[Bucket, SlotCopies] = {}
 
     def copies(self, bucket: Bucket, static_in: BufferSet, static_out: BufferSet) -> SlotCopies:
@@ -96,20 +109,23 @@ class HostSlot:
         if c is None:
             host_in, host_out = self.inputs.views(bucket), self.outputs.views(bucket)
             s_in, s_out = static_in.views(bucket), static_out.views(bucket)
-            if self.device is None:
-                c = SlotCopies([(s_in[n], host_in[n]) for n in s_in], [], [],
-                               [(host_out[n], s_out[n]) for n in s_out])
+            dev_in, dev_out = self.device
+            if dev_in is not None and _nbytes(host_in) >= SPLIT_BYTES:
+                d_in = dev_in.views(bucket)
+                h2d = [(d_in[n], host_in[n]) for n in s_in]
+                to_static = [(s_in[n], d_in[n]) for n in s_in]
             else:
-                d_in, d_out = self.device[0].views(bucket), self.device[1].views(bucket)
-                c = SlotCopies([(d_in[n], host_in[n]) for n in s_in],
-                               [(s_in[n], d_in[n]) for n in s_in],
-                               [(d_out[n], s_out[n]) for n in s_out],
-                               [(host_out[n], d_out[n]) for n in s_out])
-            self._copies[bucket] = c
+                h2d, to_static = [(s_in[n], host_in[n]) for n in s_in], []
+            if dev_out is not None and _nbytes(host_out) >= SPLIT_BYTES:
+                d_out = dev_out.views(bucket)
+                from_static = [(d_out[n], s_out[n]) for n in s_out]
+                d2h = [(host_out[n], d_out[n]) for n in s_out]
+            else:
+                from_static, d2h = [], [(host_out[n], s_out[n]) for n in s_out]
+            c = self._copies[bucket] = SlotCopies(h2d, to_static, from_static, d2h)
         return c
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of one slot: pinned host, plus as many on the device on a GPU."""
-        host = self.inputs.nbytes + self.outputs.nbytes
-        return host * 2 if self.device is not None else host
+
+def may_split(host: BufferSet) -> bool:
+    """Whether some bucket's copies of these buffers (sized for the largest) may be split."""
+    return host.nbytes >= SPLIT_BYTES

@@ -43,6 +43,7 @@ class BucketState:
     eager_us: float | None = None
     replay_us: float | None = None
     stats: dict = field(default_factory=lambda: {"batches": 0, "records": 0, "padded_rows": 0})
+    launches: int = 0  # batches launched: which are timed (timing.sampled)
 
 
 def make_step(model: torch.nn.Module, call: str, inputs: dict[str, torch.Tensor],

@@ -63,7 +63,9 @@ class BucketReport(_M):
     records: int = 0
     padded_rows: int = 0
     latency_us: dict[str, dict[str, float]] = Field(
-        default_factory=dict, description="phase (h2d, replay, d2h, e2e) -> percentile -> us.")
+        default_factory=dict, description="phase (h2d, replay, d2h, e2e) -> percentile -> us. "
+        "e2e over every batch; h2d, replay and d2h (CUDA events on a GPU) over the bucket's "
+        "first 256 batches and one in 8 after them.")
     eager_us: Optional[float] = Field(None, description="Median eager step (report.baseline).")
     replay_us: Optional[float] = Field(None, description="Median replay measured beside it.")
     speedup: Optional[float] = None
@@ -83,9 +85,9 @@ class Totals(_M):
     capture_memory_bytes: int
     padding_ratio: float = Field(..., description="Padded rows / rows run.")
     device_busy_fraction: Optional[float] = Field(
-        None, description="GPU runs: sum of per-batch replay time on the compute stream (CUDA "
-        "events; the copies run beside it on their own streams) / wall time of the streaming "
-        "part of the run. An upper bound: when the device has caught up with the host, a stall "
+        None, description="GPU runs: the compute stream's time (per bucket, batches x mean "
+        "replay time; CUDA events) / wall time of the streaming part of the run; big copies "
+        "run beside it, on their own streams. An upper bound: when the device has caught up with the host, a stall "
         "of the launching thread between two marks of a batch (waiting for the GIL, say) "
         "counts as replay time.")
     device_idle_fraction: Optional[float] = Field(

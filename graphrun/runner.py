@@ -20,13 +20,13 @@ import numpy as np
 import torch
 
 from .buckets import Bucket, BucketTable, cut_rows, pad_into, rows_from_inputs, split_sizes
-from .buffers import TORCH_DTYPES, BufferSet, HostSlot, host_dtype
+from .buffers import TORCH_DTYPES, BufferSet, HostSlot, host_dtype, may_split
 from .capture import (MiB, BucketState, capture_graph, make_step, peak_step_bytes, warm_up)
 from .errors import CaptureError, InputError, ModelError
 from .device import resolve_backend, resolve_device
 from .models.load import build_model, call_model, compile_model, name_outputs
 from .spec import BATCH, PipelineSpec
-from .timing import BatchTimer
+from .timing import BatchTimer, sampled
 from .verify import fill_synthetic, verify_bucket, verify_real_batch
 
 
@@ -98,19 +98,21 @@ class Runner:
         in_dims, in_dtypes, out_dtypes = self._slot_dims
         largest, cpu = self.table.all[0], torch.device("cpu")
         while len(self.slots) < count:
+            host_in = BufferSet(in_dims, in_dtypes, largest, cpu, pin=self.cuda)
+            host_out = BufferSet(self.output_dims, out_dtypes, largest, cpu, pin=self.cuda)
             on_device = None
-            if self.cuda:
-                on_device = (BufferSet(in_dims, in_dtypes, largest, self.device),
-                             BufferSet(self.output_dims, out_dtypes, largest, self.device))
-            self.slots.append(HostSlot(
-                BufferSet(in_dims, in_dtypes, largest, cpu, pin=self.cuda),
-                BufferSet(self.output_dims, out_dtypes, largest, cpu, pin=self.cuda),
-                on_device))
+            if self.cuda:  # device buffers where some bucket's copies go on their own stream
+                on_device = (
+                    BufferSet(in_dims, in_dtypes, largest, self.device)
+                    if may_split(host_in) else None,
+                    BufferSet(self.output_dims, out_dtypes, largest, self.device)
+                    if may_split(host_out) else None)
+            self.slots.append(HostSlot(host_in, host_out, on_device))
         return len(self.slots)
 
     @property
     def slot_bytes(self) -> int:
-        """Host bytes of one slot (as many again on the device, on a GPU)."""
+        """Host bytes of one slot (up to as many again on the device, on a GPU)."""
         in_dims, in_dtypes, out_dtypes = self._slot_dims
         largest = self.table.all[0]
         return sum(math.prod(largest.shape(dims[n])) * dtypes[n].itemsize
@@ -259,9 +261,9 @@ class Runner:
         for _ in range(iters):
             t = self.timer.start(slot=-1)  # not a host slot's events
             stream = torch.cuda.current_stream() if self.cuda else None
-            self.timer.begin(t, "run", stream)
+            t0 = self.timer.record(t, "run<", stream)
             fn()
-            self.timer.end(t, "run", stream)
+            t.spans["run"] = (t0, self.timer.record(t, "run", stream))
             times.append(self.timer.finish(t)["run"])
         return float(np.median(times))
 
@@ -289,68 +291,87 @@ class Runner:
         """The runner's device made current for a stream of launches (a no-op on the CPU)."""
         return self._switch_device()
 
-    def launch(self, bucket: Bucket, slot: int, *, timed: bool = True, stream=None) -> object:
-        """Enqueue a staged batch; nothing waits here. Returns its timing marks, for collect().
+    def launch(self, bucket: Bucket, slot: int, *, timed: bool | None = None,
+               stream=None) -> object:
+        """Enqueue a staged batch; nothing waits here. Returns its marks, for collect().
 
-        On the GPU: the copy-in stream copies the slot's pinned inputs to its device buffers;
-        the compute stream (`stream`, this thread's current one) waits for that, copies them
-        into the static views, replays and copies the static outputs to the slot's device
-        buffers; the copy-out stream waits for that and copies them to the slot's pinned
-        outputs. The copies of one batch thus overlap the replays of its neighbours. The slot
-        must be free: its last batch collected (collect() waited for its last copy).
-        The hot path: copies prebuilt, events reused, no context managers. stream given: the
-        caller made the runner's device current (device_context()) and looked the stream up.
-        timed=False (run_batch, which returns no timings): only the events waited on."""
+        On the GPU, on the compute stream (`stream`, this thread's current one): the inputs
+        are copied into the static views, the graph replayed, the static outputs copied out.
+        A direction whose copies are big is split (buffers.SlotCopies): the copy-in stream
+        copies the slot's pinned inputs to its device buffers and the compute stream waits for
+        that; the copy-out stream waits for the outputs copied to the slot's device buffers
+        and copies them to its pinned host outputs. Those copies then overlap the replays of
+        the batches around it. The slot must be free: its last batch collected.
+        The hot path: copies prebuilt, events reused, no context managers; every CUDA call
+        here lets another thread take the GIL, so there are as few as the copies need.
+        stream given: the caller made the runner's device current (device_context()).
+        timed: per-phase events; None: a sample of the bucket's batches (timing.sampled);
+        False (run_batch, which returns no timings): only the events waited on."""
         copies = self.slots[slot].copies(bucket, self.inputs, self.outputs)
         state, timer = self.states[bucket], self.timer
+        if timed is None:
+            timed = sampled(state.launches)
+            state.launches += 1
+        marks = timer.start(slot, timed=timed)
         if not self.cuda:
-            marks = timer.start(slot, timed=timed)
-            timer.begin(marks, "h2d")
+            t0 = timer.record(marks, "start")
             for dst, src in copies.h2d:
                 dst.copy_(src)
-            timer.end(marks, "h2d")
-            timer.begin(marks, "replay")
+            t1 = timer.record(marks, "h2d")
             state.run()
             if state.check_real:
                 self._verify_real(state)
-            timer.end(marks, "replay")
-            timer.begin(marks, "d2h")
+            t2 = timer.record(marks, "replay")
             for dst, src in copies.d2h:
                 dst.copy_(src)
-            timer.end(marks, "d2h")
+            if timed:
+                marks.spans = {"h2d": (t0, t1), "replay": (t1, t2),
+                               "d2h": (t2, timer.record(marks, "d2h"))}
             return marks
         if stream is None:
             with self._switch_device():
                 return self.launch(bucket, slot, timed=timed,
                                    stream=torch.cuda.current_stream())
+        record, set_stream = timer.record, torch.cuda.set_stream
         copy_in, copy_out = self._copy_streams
-        set_stream = torch.cuda.set_stream
-        marks = timer.start(slot, timed=timed)
         try:
-            set_stream(copy_in)
-            timer.begin(marks, "h2d", copy_in)
-            for dst, src in copies.h2d:
-                dst.copy_(src, non_blocking=True)
-            staged = timer.end(marks, "h2d", copy_in)
-            set_stream(stream)
-            stream.wait_event(staged)
-            timer.begin(marks, "replay", stream)
-            for dst, src in copies.to_static:
-                dst.copy_(src, non_blocking=True)
+            if copies.to_static:  # split: pinned -> slot (copy-in stream) -> static views
+                set_stream(copy_in)
+                h0 = record(marks, "h2d<", copy_in) if timed else None
+                for dst, src in copies.h2d:
+                    dst.copy_(src, non_blocking=True)
+                h1 = record(marks, "h2d", copy_in)
+                set_stream(stream)
+                stream.wait_event(h1)
+                r0 = record(marks, "replay<", stream) if timed else None
+                for dst, src in copies.to_static:
+                    dst.copy_(src, non_blocking=True)
+            else:
+                h0 = record(marks, "h2d<", stream) if timed else None
+                for dst, src in copies.h2d:
+                    dst.copy_(src, non_blocking=True)
+                h1 = r0 = record(marks, "h2d", stream) if timed else None
             state.run()
             if state.check_real:  # the first real batch: the static outputs then hold eager's
                 self._verify_real(state)
-            for dst, src in copies.from_static:
-                dst.copy_(src, non_blocking=True)
-            done = timer.end(marks, "replay", stream)
-            set_stream(copy_out)
-            copy_out.wait_event(done)
-            timer.begin(marks, "d2h", copy_out)
-            for dst, src in copies.d2h:
-                dst.copy_(src, non_blocking=True)
-            timer.end(marks, "d2h", copy_out)
+            if copies.from_static:  # split: static views -> slot -> pinned (copy-out stream)
+                for dst, src in copies.from_static:
+                    dst.copy_(src, non_blocking=True)
+                r1 = record(marks, "replay", stream)
+                set_stream(copy_out)
+                copy_out.wait_event(r1)
+                for dst, src in copies.d2h:
+                    dst.copy_(src, non_blocking=True)
+                d1 = record(marks, "d2h", copy_out)
+            else:
+                r1 = record(marks, "replay", stream) if timed else None
+                for dst, src in copies.d2h:
+                    dst.copy_(src, non_blocking=True)
+                d1 = record(marks, "d2h", stream)
         finally:
             set_stream(stream)
+        if timed:
+            marks.spans = {"h2d": (h0, h1), "replay": (r0, r1), "d2h": (r1, d1)}
         return marks
 
     def collect(self, bucket: Bucket, slot: int, marks, n: int,

@@ -1,11 +1,14 @@
 """Per-batch phase timings: CUDA events on the GPU (never host clocks alone), host clocks on CPU.
 
-A batch's phases are h2d (pinned host slot -> the slot's device buffers, on the copy-in
-stream), replay (the step on the compute stream: slot -> static inputs, the graph or eager step,
-static outputs -> slot) and d2h (the slot's device outputs -> pinned host, on the copy-out
-stream); e2e is the host wall time from launch to the outputs being ready on the host. On the
-GPU the three run on different streams, so one batch's copies overlap its neighbours' replays.
-Percentiles are computed over all batches of a bucket.
+A batch's phases are h2d (pinned host -> device), replay (the step on the compute stream: the
+graph or the eager step, with the device-to-device copies into and out of the static views
+where copies run on their own streams) and d2h (device -> pinned host); e2e is the host wall
+time from launch to the outputs being ready on the host. Percentiles are computed per bucket.
+
+Every event recorded is a CUDA call, and each CUDA call lets another thread take the GIL, which
+the launching thread must then wait for: so after a bucket's first TIME_ALL batches only one in
+TIME_EVERY is timed per phase (e2e, a host clock, is taken for every batch). Percentiles over
+such a sample of thousands of batches are what they would be over all of them.
 """
 
 from __future__ import annotations
@@ -16,10 +19,16 @@ import numpy as np
 import torch
 
 PHASES = ("h2d", "replay", "d2h")
+TIME_ALL, TIME_EVERY = 256, 8
+
+
+def sampled(k: int) -> bool:
+    """Whether a bucket's k-th batch (from 0) is timed per phase."""
+    return k < TIME_ALL or k % TIME_EVERY == 0
 
 
 class Marks:
-    """One batch's marks: per phase [start, end] (events on the GPU, host clocks on the CPU),
+    """One batch's marks: per phase (start, end) (events on the GPU, host clocks on the CPU),
     and the last event recorded, which finish() waits on."""
 
     __slots__ = ("slot", "timed", "t0", "spans", "last")
@@ -27,12 +36,12 @@ class Marks:
     def __init__(self, slot: int, timed: bool):
         self.slot, self.timed = slot, timed
         self.t0 = time.perf_counter()
-        self.spans: dict[str, list] = {}
+        self.spans: dict[str, tuple] = {}
         self.last = None
 
 
 class BatchTimer:
-    """Marks phases of a batch. Events are created once per (slot, mark) and reused: a slot is
+    """Marks points of a batch. Events are created once per (slot, point) and reused: a slot is
     only launched again after finish() waited for its last event, which every other event of
     the batch precedes."""
 
@@ -41,57 +50,36 @@ class BatchTimer:
         self._events: dict[tuple, torch.cuda.Event] = {}
 
     def start(self, slot: int = 0, *, timed: bool = True) -> Marks:
-        """timed=False: only the events that later work or finish() wait on are recorded."""
+        """timed=False: only the points that later work or finish() waits on are recorded."""
         return Marks(slot, timed)
 
-    def _event(self, key: tuple) -> "torch.cuda.Event":
+    def record(self, marks: Marks, point: str, stream=None):
+        """A point of the batch: on the GPU an event recorded on `stream` (returned, for other
+        streams to wait on, and the one finish() waits on until a later point), on the CPU the
+        host clock."""
+        if not self.cuda:
+            return time.perf_counter()
+        key = (marks.slot, point)
         event = self._events.get(key)
         if event is None:
             event = self._events[key] = torch.cuda.Event(enable_timing=True)
-        return event
-
-    def begin(self, marks: Marks, phase: str, stream=None) -> None:
-        """A phase starts: on the GPU where `stream` reaches this point."""
-        if not marks.timed:
-            return
-        if self.cuda:
-            event = self._event((marks.slot, phase, 0))
-            event.record(stream)
-            marks.spans[phase] = [event, None]
-        else:
-            marks.spans[phase] = [time.perf_counter(), None]
-
-    def end(self, marks: Marks, phase: str, stream=None):
-        """A phase ends; on the GPU returns its event, which other streams may wait on. Recorded
-        even untimed (it may be waited on), but then not timed."""
-        if not self.cuda:
-            if marks.timed:
-                marks.spans[phase][1] = time.perf_counter()
-            return None
-        event = marks.last = self._event((marks.slot, phase, 1))
         event.record(stream)
-        if marks.timed:
-            marks.spans[phase][1] = event
+        marks.last = event
         return event
 
-    def point(self, marks: Marks, name: str, stream=None):
-        """An event in no phase, for other streams (or finish) to wait on (None on the CPU)."""
-        if not self.cuda:
-            return None
-        event = marks.last = self._event((marks.slot, name, 1))
-        event.record(stream)
-        return event
-
-    def finish(self, marks: Marks) -> dict[str, float]:
-        """Wait for the batch's last event and return microseconds per phase, plus e2e."""
+    def wait(self, marks: Marks) -> None:
+        """Wait for the batch's last event (finish() then need not wait)."""
         if marks.last is not None:
             marks.last.synchronize()
-        if not marks.timed:
-            return {}
+
+    def finish(self, marks: Marks) -> dict[str, float]:
+        """Wait for the batch's last event; microseconds per timed phase, and e2e."""
+        if marks.last is not None:
+            marks.last.synchronize()
         if self.cuda:
-            out = {phase: e0.elapsed_time(e1) * 1e3 for phase, (e0, e1) in marks.spans.items()}
+            out = {phase: a.elapsed_time(b) * 1e3 for phase, (a, b) in marks.spans.items()}
         else:
-            out = {phase: (t1 - t0) * 1e6 for phase, (t0, t1) in marks.spans.items()}
+            out = {phase: (b - a) * 1e6 for phase, (a, b) in marks.spans.items()}
         out["e2e"] = (time.perf_counter() - marks.t0) * 1e6
         return out
 

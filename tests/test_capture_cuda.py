@@ -190,12 +190,17 @@ def test_graphrun_run_on_the_gpu_writes_a_manifest_with_captured_buckets(tmp_pat
     assert all(b.speedup and b.speedup > 1 for b in m.buckets), [b.speedup for b in m.buckets]
 
 
-def test_overlapped_copy_streams_give_serials_outputs_bit_for_bit(tmp_path):
-    """Copies on their own streams, one slot's device buffers per batch in flight: batches of
-    every bucket in a row, through all the slots, give the serial path's outputs exactly (same
-    graphs), each record the model's on it alone, with positive phase timings."""
+@pytest.mark.parametrize("split", [True, False], ids=["copy-streams", "direct"])
+def test_overlapped_copy_streams_give_serials_outputs_bit_for_bit(tmp_path, monkeypatch, split):
+    """Copies on their own streams (split: every copy, as for big ones) or on the compute
+    stream (direct: small ones), one slot per batch in flight: batches of every bucket in a
+    row, through all the slots, give the serial path's outputs exactly (same graphs), each
+    record the model's on it alone, with positive phase timings."""
+    import graphrun.buffers as buffers
     from graphrun.records import RecordBatch
     from graphrun.replay import replay_stream, slot_count
+
+    monkeypatch.setattr(buffers, "SPLIT_BYTES", 0 if split else 1 << 40)
 
     spec = small_spec(tmp_path, model={"builtin": "mlp", "dtype": "bfloat16",
                                        "args": {"in_features": 32, "hidden": 256, "layers": 8,
@@ -230,6 +235,8 @@ def test_overlapped_copy_streams_give_serials_outputs_bit_for_bit(tmp_path):
                 t for _, t in ran), on_read=lambda rb: None, should_stop=lambda: False,
                 overlap=overlap)
         assert len(runner.slots) == slot_count(runner.slot_bytes) > 2
+        copies = runner.slots[0].copies(runner.table.all[0], runner.inputs, runner.outputs)
+        assert bool(copies.to_static) == bool(copies.from_static) == split
         serial, overlapped = (np.concatenate(got[k].rows) for k in (False, True))
         assert serial.dtype == np.float32  # bf16 outputs cast on the device
         np.testing.assert_array_equal(serial, overlapped)

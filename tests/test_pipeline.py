@@ -101,3 +101,20 @@ def test_overlapped_and_serial_paths_write_the_same_files(tmp_path, fmt):
         assert m.totals.records_out == 300 and m.totals.batches == 60
         runs[overlap] = {p.name: p.read_bytes() for p in sorted(out.glob("part-*"))}
     assert len(runs[True]) >= 9 and runs[True] == runs[False]
+
+
+def test_phases_are_timed_on_a_sample_and_e2e_on_every_batch(tmp_path, monkeypatch):
+    import graphrun.timing as timing
+
+    monkeypatch.setattr(timing, "TIME_ALL", 4)
+    monkeypatch.setattr(timing, "TIME_EVERY", 3)
+    spec = graphrun.load_spec(ROOT / "pipelines" / "decoder-step.yaml", ["data.batch_size=8"])
+    m = graphrun.run(spec, out=tmp_path / "o", stop=200)
+    lines = [json.loads(x) for x in (tmp_path / "o" / "latencies.jsonl").read_text().splitlines()]
+    assert len(lines) == m.totals.batches == 25
+    assert all(line["e2e_us"] > 0 for line in lines)
+    timed = [i for i, line in enumerate(lines) if "replay_us" in line]
+    assert timed == [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24]  # one bucket: batch=8
+    assert all(lines[i]["h2d_us"] >= 0 and lines[i]["d2h_us"] >= 0 for i in timed)
+    (bucket,) = [b for b in m.buckets if b.batches]
+    assert set(bucket.latency_us) == {"h2d", "replay", "d2h", "e2e"}
