@@ -6,7 +6,8 @@ same graphs, serial path against overlapped, per input format.
         [--workdir DIR] [--out FILE] [--smoke]
 
 Models (bf16 on CUDA; tiny and float32 with --smoke or on a CPU):
-  decoder  builtin decoder 12 layers x 768, 12 heads, vocab 32000, KV cache 512; batch 32,
+  decoder  builtin decoder 12 layers x 768, 12 heads, vocab 32000 (--decoder-vocab), KV cache
+           512; batch 32,
            buckets [1, 8, 32]; inputs tokens [1] + positions, so its "npy" input is an
            uncompressed .npz (a .npy holds one array)
   mlp      builtin mlp, in 256, hidden 1024, 24 layers, out 16; batch 1024, buckets [1, 64, 1024]
@@ -130,7 +131,8 @@ def make_cases(args, cuda: bool) -> dict[str, Case]:
         dec = {"layers": 2, "d_model": 64, "heads": 4, "vocab": 512, "max_len": 64}
         mlp = {"in_features": 32, "hidden": 64, "layers": 2, "out_features": 16}
     else:
-        dec = {"layers": 12, "d_model": 768, "heads": 12, "vocab": 32000, "max_len": 512}
+        dec = {"layers": 12, "d_model": 768, "heads": 12, "vocab": args.decoder_vocab,
+               "max_len": 512}
         mlp = {"in_features": 256, "hidden": 1024, "layers": 24, "out_features": 16}
     return {
         "decoder": Case("decoder", dec, 32, [1, 8, 32], args.records_decoder,
@@ -588,6 +590,9 @@ def main() -> None:
     p.add_argument("--records-decoder", type=int, default=None,
                    help="decoder records per file (default 20,000; --smoke 2,000)")
     p.add_argument("--rows-per-file-decoder", type=int, default=5000)
+    p.add_argument("--decoder-vocab", type=int, default=32000,
+                   help="the decoder's vocabulary, so its logits' width (default 32,000; "
+                   "pipelines/decoder-step.yaml has 1,000)")
     p.add_argument("--logits-dtype", default=None, choices=["float32", "float16", "bfloat16"],
                    help="the decoder's outputs.logits.dtype (default: the model's, written as "
                    "float32); float16 halves the bytes written")

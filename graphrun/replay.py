@@ -46,7 +46,7 @@ class Work:
     kind: str
     n: int = 0
     indices: np.ndarray | None = None
-    ids: list | None = None
+    ids: "np.ndarray | list | None" = None  # int64 ordinals or ids, else the ids as read
     lengths: dict = field(default_factory=dict)
     batch_start: int = 0
     bucket: object = None
