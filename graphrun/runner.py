@@ -447,12 +447,13 @@ class Runner:
     # -- lifetime ------------------------------------------------------------------------------
 
     def close(self) -> None:
+        if self.cuda:  # nothing of any stream may still use a buffer freed below
+            torch.cuda.synchronize(self.device)
         for state in self.states.values():
             state.graph = state.run = None
         self.slots = []
         self.graph_pool = None
         if self.cuda:
-            torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
 
     def __enter__(self) -> "Runner":
