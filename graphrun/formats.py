@@ -6,7 +6,8 @@ are memory-mapped when stored and decompressed front to back when deflated. A ma
 pages are released once it is read (see _release_rows), and a dense chunk is capped in records
 too, as a record may also cost Python objects (a string id). Parquet is the exception:
 pyarrow decodes a column chunk on one thread only, so a few row groups are decoded at once,
-ahead of the reader (see _parquet_batches): a few row groups in memory, never the whole file.
+ahead of the reader, each converted and checked on the thread that decoded it (see
+_parquet_batches): a few row groups in memory, never the whole file.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from typing import Iterator
 import numpy as np
 
 from graphrun.errors import InputError
-from graphrun.records import (Candidates, Field, RowWhere, field_from_arrow, field_from_values,
-                              shape_problem)
+from graphrun.records import (Candidates, Field, Prechecked, RowWhere, field_from_arrow,
+                              field_from_values, numpy_dtype, precheck, shape_problem)
 from graphrun.spec import PipelineSpec
 
 ARRAY_CHUNK_BYTES = 16 << 20  # npy/npz/parquet rows read at once: about this many bytes
@@ -49,6 +50,11 @@ PARQUET_BUFFER_BYTES = 1 << 20
 # Bytes per decoded value of each Parquet physical type; other types (strings) are counted at
 # their uncompressed size in the file.
 _PARQUET_VALUE_BYTES = {"BOOLEAN": 1, "INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8, "INT96": 12}
+# Bytes of the Python objects a checked chunk holds per record: a string id (a str of a few
+# characters and its list slot), and a record of an input with a named axis after batch (a numpy
+# view each where the records' lengths differ).
+_PY_STR_BYTES = 64
+_PY_ARRAY_BYTES = 144
 
 
 # ---- .npy and .npz: dense arrays, one per input -------------------------------------------------
@@ -279,30 +285,25 @@ def _int64_ids(ids: np.ndarray) -> np.ndarray | list:
 # ---- Parquet ------------------------------------------------------------------------------------
 
 def _parquet_chunks(path: Path, spec: PipelineSpec, start: int, stop: int | None
-                    ) -> Iterator[Candidates]:
+                    ) -> Iterator[Candidates | Prechecked]:
     pf = _open_parquet(path)
     id_field = spec.data.id_field
     columns = list(spec.inputs) + ([id_field] if id_field else [])
     _check_parquet_schema(spec, pf.schema_arrow, path.name)
     meta = pf.metadata
     stop = meta.num_rows if stop is None else min(stop, meta.num_rows)
-    groups, first_row, row = [], None, 0  # the row groups holding rows [start, stop)
+    spans, row = [], 0  # (row group, its first row) of the row groups holding rows [start, stop)
     for g in range(meta.num_row_groups):
         n = meta.row_group(g).num_rows
         if row + n > start and row < stop:
-            groups.append(g)
-            first_row = row if first_row is None else first_row
+            spans.append((g, row))
         row += n
-    if not groups or start >= stop:
+    if not spans or start >= stop:
         return
-    row = first_row
-    for rb in _parquet_batches(path, pf, groups, columns):
-        lo, hi = max(start - row, 0), min(stop - row, rb.num_rows)
-        if hi > lo:
-            yield _parquet_candidates(spec, path.name, rb.slice(lo, hi - lo), row + lo)
-        row += rb.num_rows
-        if row >= stop:
-            break
+    for chunk in _parquet_batches(path, pf, spec, spans, columns, start, stop):
+        # prechecked on a pool thread, or a record batch left to this thread (see _pool_chunk)
+        yield chunk if isinstance(chunk, Prechecked) else _parquet_candidates(
+            spec, path.name, *chunk)
 
 
 def _open_parquet(path: Path, metadata=None):
@@ -315,32 +316,39 @@ def _open_parquet(path: Path, metadata=None):
         raise InputError(f"cannot read the Parquet file: {e}", where=path.name) from e
 
 
-def _parquet_batches(path: Path, pf, groups: list[int], columns: list[str]) -> Iterator:
-    """Record batches of the row groups, in file order.
+def _parquet_batches(path: Path, pf, spec: PipelineSpec, spans: list[tuple[int, int]],
+                     columns: list[str], start: int, stop: int) -> Iterator:
+    """The chunks of rows [start, stop) of the row groups in spans ((row group, its first row)),
+    in file order: Prechecked, or (record batch, its first row) for the caller to convert.
 
     pyarrow decodes a column chunk on one thread, releasing the GIL meanwhile: so up to
-    PARQUET_THREADS row groups are decoded at once, each whole on a pool thread, at most
-    PARQUET_AHEAD_BYTES ahead of the caller. A row group too big to decode whole is streamed
-    when its turn comes, and so is one whose decoding failed: a damaged page raises, naming the
-    file, after the batches before it."""
+    PARQUET_THREADS row groups are decoded at once, each whole on a pool thread, which also
+    converts and checks its chunks (see _pool_chunk), at most PARQUET_AHEAD_BYTES ahead of the
+    caller. A row group too big to decode whole is streamed when its turn comes, and so is one
+    whose decoding failed: a damaged page raises, naming the file, after the chunks before it."""
     meta = pf.metadata
-    sizes = {g: _decoded_bytes(meta.row_group(g), columns) for g in groups}
-    rows = sum(meta.row_group(g).num_rows for g in groups)
+    sizes = {g: _decoded_bytes(meta.row_group(g), spec) for g, _ in spans}
+    rows = sum(meta.row_group(g).num_rows for g, _ in spans)
     step = min(ARRAY_CHUNK_ROWS, max(1, ARRAY_CHUNK_BYTES * rows // max(sum(sizes.values()), 1)))
-    todo, ahead = deque(groups), deque()  # ahead: (row group, its future; None: streamed)
+    # whole batches per chunk where it can: a batch across a chunk edge is a copy of its rows
+    step -= step % spec.data.batch_size if step > spec.data.batch_size else 0
+    first = dict(spans)
+    todo, ahead = deque(first), deque()  # ahead: (row group, its future; None: streamed)
     pool = ThreadPoolExecutor(PARQUET_THREADS, thread_name_prefix="parquet")
+    chunk = functools.partial(_pool_chunk, spec, path.name)
     try:
         while todo or ahead:
             _decode_ahead(todo, ahead, sizes, lambda g: pool.submit(
-                _decode_group, path, meta, g, columns, step))
+                _decode_group, path, meta, g, columns, step, first[g], start, stop, chunk))
             g, future = ahead.popleft()
-            batches = _decoded(future) if future is not None else None
-            if batches is None:
-                yield from _stream_group(pf, path.name, g, columns, step)
+            chunks = _decoded(future) if future is not None else None
+            if chunks is None:
+                yield from _cut(_stream_group(pf, path.name, g, columns, step), first[g],
+                                start, stop)
                 continue
-            batches.reverse()
-            while batches:  # dropped one by one: each is freed once the caller is done with it
-                yield batches.pop()
+            chunks.reverse()
+            while chunks:  # dropped one by one: each is freed once the caller is done with it
+                yield chunks.pop()
     finally:
         pool.shutdown(cancel_futures=True)
 
@@ -358,23 +366,62 @@ def _decode_ahead(todo: deque, ahead: deque, sizes: dict[int, int], decode) -> N
         waiting += sizes[g] if whole else 0
 
 
-def _decoded_bytes(group, columns: list[str]) -> int:
-    """About how many bytes the columns of a row group take decoded: values times their width,
-    as the sizes in the metadata are of encoded pages, which a dictionary can make far smaller
-    (each of the 16M values of a float column written by bench_datapath.py takes 1.7 bytes)."""
-    total = 0
+def _decoded_bytes(group, spec: PipelineSpec) -> int:
+    """About how many bytes a row group of the spec's columns takes decoded and checked: values
+    times their width, the wider of the file's and the input's dtype (a checked chunk holds its
+    values converted), as the sizes in the metadata are of encoded pages, which a dictionary
+    can make far smaller (each of the 16M values of a float column written by
+    bench_datapath.py takes 1.7 bytes); and per record its ordinal and lengths, and the Python
+    objects of a string id or of a record of variable length."""
+    id_field = spec.data.id_field
+    widths = {name: numpy_dtype(inp.dtype).itemsize for name, inp in spec.inputs.items()}
+    if id_field:
+        widths[id_field] = 8
+    variable = sum(any(isinstance(d, str) for d in inp.shape[1:]) for inp in spec.inputs.values())
+    total = group.num_rows * (8 * len(spec.axes) + _PY_ARRAY_BYTES * variable)
     for i in range(group.num_columns):
         c = group.column(i)
-        if c.path_in_schema.split(".")[0] in columns:
-            width = _PARQUET_VALUE_BYTES.get(c.physical_type)
-            total += c.num_values * width if width else c.total_uncompressed_size
+        name = c.path_in_schema.split(".")[0]
+        if name not in widths:
+            continue
+        width = _PARQUET_VALUE_BYTES.get(c.physical_type)
+        if width is None:  # strings: their bytes, and a Python str each for an id
+            total += c.total_uncompressed_size + _PY_STR_BYTES * group.num_rows * (
+                name == id_field)
+        else:
+            total += c.num_values * max(width, widths[name])
     return total
 
 
-def _decode_group(path: Path, meta, group: int, columns: list[str], step: int) -> list:
-    """One row group's record batches, on a pool thread, from a reader of its own."""
+def _decode_group(path: Path, meta, group: int, columns: list[str], step: int, first: int,
+                  start: int, stop: int, chunk) -> list:
+    """The chunks of one row group's rows in [start, stop), on a pool thread, from a reader of
+    its own: each decoded record batch of `step` rows and its first row, through chunk(). The
+    group's first row is `first`."""
     with _open_parquet(path, meta) as f:
-        return list(f.iter_batches(batch_size=step, row_groups=[group], columns=columns))
+        batches = f.iter_batches(batch_size=step, row_groups=[group], columns=columns)
+        return [chunk(rb, row) for rb, row in _cut(batches, first, start, stop)]
+
+
+def _cut(batches: Iterator, row: int, start: int, stop: int) -> Iterator[tuple]:
+    """(record batch, its first row) for the rows in [start, stop) of consecutive record batches,
+    the first starting at `row`."""
+    for rb in batches:
+        lo, hi = max(start - row, 0), min(stop - row, rb.num_rows)
+        if hi > lo:
+            yield rb.slice(lo, hi - lo), row + lo
+        row += rb.num_rows
+        if row >= stop:
+            return
+
+
+def _pool_chunk(spec: PipelineSpec, file: str, rb, first: int):
+    """One chunk as a pool thread leaves it: converted and prechecked, so that the reader's
+    thread only checks its ids for duplicates. A chunk that needs its values in Python to say
+    what is wrong (nulls, ragged nested lists) is left as it is, (rb, first), for the reader's
+    thread to convert: memory stays one chunk of Python values, as the pool runs ahead."""
+    c = _parquet_candidates(spec, file, rb, first, python_values=False)
+    return (rb, first) if c is None else precheck(spec, c)
 
 
 def _decoded(future) -> list | None:
@@ -427,7 +474,10 @@ def _check_parquet_schema(spec: PipelineSpec, schema, file: str) -> None:
                              f"per record), got {t}", where=file)
 
 
-def _parquet_candidates(spec: PipelineSpec, file: str, rb, first: int) -> Candidates:
+def _parquet_candidates(spec: PipelineSpec, file: str, rb, first: int,
+                        python_values: bool = True) -> Candidates | None:
+    """The records of a record batch whose first row is `first`. Without python_values, None
+    where an input column has to be read as Python values (nulls, ragged nested lists)."""
     n = rb.num_rows
     fields, problems = {}, {}
     for name, inp in spec.inputs.items():
@@ -436,6 +486,8 @@ def _parquet_candidates(spec: PipelineSpec, file: str, rb, first: int) -> Candid
         if columnar is not None:
             fields[name] = columnar
             continue
+        if not python_values:
+            return None
         # nulls or ragged nested lists: read as Python values for a reason per record
         fields[name], found = field_from_values(name, inp, col.to_pylist())
         for p, reason in found.items():

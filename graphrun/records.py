@@ -402,6 +402,38 @@ def take(records: Records, rows: np.ndarray) -> Records:
 
 # ---- one chunk ---------------------------------------------------------------------------------
 
+@dataclass
+class Prechecked:
+    """A chunk after every check that needs no other chunk (all but duplicate ids): its
+    records' problems so far, axis lengths and values in the inputs' dtypes. A Parquet row
+    group's chunks are prechecked on the thread that decoded it (see formats._decode_group),
+    off the thread that hands out the batches."""
+
+    indices: np.ndarray  # [n] int64 ordinals
+    ids: np.ndarray | list | None  # [n], as Candidates.ids
+    where: list[str] | RowWhere  # [n]
+    rejects: list[Reject]  # records that never became candidates
+    problems: dict[int, str]  # position in the chunk -> reason
+    axes: dict[str, np.ndarray]  # axis -> [n] lengths, -1 where the shape is bad
+    shaped: np.ndarray  # [g] positions with a good shape
+    converted: dict[str, Records]  # input -> the records at `shaped`, in the input's dtype
+
+
+def precheck(spec: PipelineSpec, c: Candidates) -> Prechecked:
+    """The checks of one chunk that need nothing from the chunks before it. The chunk's fields
+    are not kept: a field converted to another dtype no longer holds the file's values."""
+    n = len(c.indices)
+    problems = dict(c.problems)
+    per_input = {name: record_lengths(name, inp, c.fields[name], spec, problems, n)
+                 for name, inp in spec.inputs.items()}
+    axes = check_shared_axes(per_input, problems)
+    shaped = _not_in(np.arange(n), problems)  # [g] positions with a good shape
+    converted = {name: check_values(name, inp, _records_at(c.fields[name], shaped, n),
+                                    shaped, problems)
+                 for name, inp in spec.inputs.items()}
+    return Prechecked(c.indices, c.ids, c.where, c.rejects, problems, axes, shaped, converted)
+
+
 class RecordChecker:
     """Checks chunk after chunk of one file; remembers the ids seen so far."""
 
@@ -409,39 +441,32 @@ class RecordChecker:
         self.spec = spec
         self.seen_ids: set = set()
 
-    def check(self, c: Candidates) -> RecordBatch:
-        """The valid records of a chunk, in file order, with the chunk's rejects."""
-        n = len(c.indices)
-        problems = dict(c.problems)
-        per_input = {name: record_lengths(name, inp, c.fields[name], self.spec, problems, n)
-                     for name, inp in self.spec.inputs.items()}
-        axes = check_shared_axes(per_input, problems)
-
-        shaped = _not_in(np.arange(n), problems)  # [g] positions with a good shape
-        converted = {name: check_values(name, inp, _records_at(c.fields[name], shaped, n),
-                                        shaped, problems)
-                     for name, inp in self.spec.inputs.items()}
-        if c.ids is not None:
-            check_duplicate_ids(c.ids, shaped, self.seen_ids, problems)
+    def check(self, c: Candidates | Prechecked) -> RecordBatch:
+        """The valid records of a chunk, in file order, with the chunk's rejects. A chunk
+        prechecked already (on another thread) is only checked for duplicate ids here."""
+        p = c if isinstance(c, Prechecked) else precheck(self.spec, c)
+        n, problems, shaped = len(p.indices), p.problems, p.shaped
+        if p.ids is not None:
+            check_duplicate_ids(p.ids, shaped, self.seen_ids, problems)
 
         good = _not_in(shaped, problems)  # [k] positions of valid records
         if len(good) == len(shaped):
             fields = {name: r if isinstance(r, np.ndarray) else dense_if_uniform(r)
-                      for name, r in converted.items()}
+                      for name, r in p.converted.items()}
         else:
             kept = np.flatnonzero(np.isin(shaped, good, assume_unique=True))  # [k] into shaped
-            fields = {name: take(r, kept) for name, r in converted.items()}
-        ids = c.ids if c.ids is not None else c.indices
-        rejects = c.rejects + [Reject(int(c.indices[p]), _plain_id(ids[p]), c.where[p], reason)
-                               for p, reason in problems.items()]
+            fields = {name: take(r, kept) for name, r in p.converted.items()}
+        ids = p.ids if p.ids is not None else p.indices
+        rejects = p.rejects + [Reject(int(p.indices[q]), _plain_id(ids[q]), p.where[q], reason)
+                               for q, reason in problems.items()]
         everyone = len(good) == n
         return RecordBatch(
-            indices=c.indices if everyone else c.indices[good],
+            indices=p.indices if everyone else p.indices[good],
             ids=ids if everyone else ids[good] if isinstance(ids, np.ndarray)
-            else [ids[p] for p in good.tolist()],
-            where=c.where if everyone else take_where(c.where, good),
+            else [ids[q] for q in good.tolist()],
+            where=p.where if everyone else take_where(p.where, good),
             fields=fields,
-            lengths={axis: axes[axis][good] for axis in self.spec.axes[1:] if axis in axes},
+            lengths={axis: p.axes[axis][good] for axis in self.spec.axes[1:] if axis in p.axes},
             rejects=sorted(rejects, key=lambda r: r.index),
         )
 

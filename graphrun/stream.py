@@ -59,6 +59,8 @@ def read_batches(spec: PipelineSpec, *, start: int = 0, stop: int | None = None
     if not path.is_file():
         raise InputError("input file not found", where=str(path))
     checker = RecordChecker(spec)
+    # a reader's chunk is Candidates, or Prechecked on another thread (Parquet's decoding pool):
+    # this thread then only checks its ids for duplicates and cuts it into batches
     checked = (checker.check(c) for c in reader(path, spec, start, stop))
     yield from _regroup(checked, spec)
 

@@ -662,14 +662,14 @@ def test_parquet_row_groups_too_big_to_decode_whole_are_streamed(tmp_path, monke
         for lo, hi, rows in [(0, 8, 4), (8, 28, 20), (28, 32, 4), (32, 40, 8)]:
             w.write_table(table.slice(lo, hi - lo), row_group_size=rows)
     meta = pq.ParquetFile(path).metadata
-    columns = ["id", "tokens", "positions"]
+    spec = make_spec(path, DECODER, id_field="id", batch_size=3)
     monkeypatch.setattr(formats, "PARQUET_GROUP_BYTES", max(
-        formats._decoded_bytes(meta.row_group(g), columns) for g in (0, 1, 3)))
+        formats._decoded_bytes(meta.row_group(g), spec) for g in (0, 1, 3)))
     started = []
     decode = formats._decode_group
     monkeypatch.setattr(formats, "_decode_group", lambda path, meta, group, *a: (
         started.append(group), decode(path, meta, group, *a))[1])
-    ids, rejects, _ = everything(make_spec(path, DECODER, id_field="id", batch_size=3), start=2)
+    ids, rejects, _ = everything(spec, start=2)
     assert ids == [f"r{i}" for i in range(2, 40)] and rejects == []
     assert [meta.row_group(g).num_rows for g in range(5)] == [4, 4, 20, 4, 8]
     assert sorted(started) == [0, 1, 3]
@@ -691,6 +691,110 @@ def test_parquet_damaged_row_group_in_the_middle(tmp_path, monkeypatch):
         for batch in read_batches(spec):
             read.extend(batch.indices.tolist())
     assert read == [i for i in range(16) if i != 13]
+
+
+def write_mixed_row_groups(path: Path) -> Path:
+    """30 records in row groups of 8: ids "r<i>" with "r3" again at row 20 (a duplicate in a
+    later row group), an int32 column `v` read as int64 with range [0, 100) (150 at row 9), a
+    float64 column `x` read as float32 with finite: true (NaN at row 17, 1e300 at row 26, Inf
+    once float32), and a null `x` at row 12 (its row group's chunk read as Python values)."""
+    n = 30
+    ids = [f"r{3 if i == 20 else i}" for i in range(n)]
+    v = pa.array([[150 if i == 9 else i] for i in range(n)], pa.list_(pa.int32()))
+    x = [None if i == 12 else [float("nan") if i == 17 else 1e300 if i == 26 else i / 2, -i]
+         for i in range(n)]
+    pq.write_table(pa.table({"id": ids, "v": v, "x": pa.array(x, pa.list_(pa.float64()))}),
+                   path, row_group_size=8)
+    return path
+
+
+MIXED = {"v": {"shape": ["batch", 1], "dtype": "int64", "range": [0, 100]},
+         "x": {"shape": ["batch", 2], "dtype": "float32", "finite": True}}
+MIXED_BAD = {9: "v: value 150 is outside range [0, 100) (lo <= x < hi)",
+             12: "x: null value where a number is expected",
+             17: "x: value nan is NaN or Inf (finite: true)",
+             20: "duplicate id 'r3': an earlier record has the same id",
+             26: "x: value 1e+300 is too large for float32 (finite: true)"}
+
+
+@pytest.mark.parametrize("start,stop", [(0, None), (3, 21), (12, 13), (13, 30)])
+def test_parquet_chunks_checked_on_the_pool_read_as_on_the_readers_thread(
+        tmp_path, monkeypatch, start, stop):
+    """Row groups decoded ahead are converted and checked (all but duplicate ids) on the pool
+    threads; a chunk with nulls is left to the reader's thread. Either way, and streamed on the
+    reader's thread, the same values, dtypes, ids, rejects and reasons, in file order."""
+    import threading
+
+    from graphrun import records
+
+    path = write_mixed_row_groups(tmp_path / "d.parquet")
+    spec = make_spec(path, MIXED, id_field="id", batch_size=3, on_bad_record="skip")
+    where = []  # (thread, first row) of each chunk prechecked
+    precheck = records.precheck
+
+    def recorded(spec, c):
+        where.append((threading.current_thread().name.split("_")[0], int(c.indices[0])))
+        return precheck(spec, c)
+
+    monkeypatch.setattr(formats, "precheck", recorded)  # on the pool threads
+    monkeypatch.setattr(records, "precheck", recorded)  # by RecordChecker.check
+
+    def read():
+        ids, rejects, batches = everything(spec, start=start, stop=stop)
+        return (ids, [(r.index, r.id, r.where, r.reason) for r in rejects],
+                [len(b) for b in batches],
+                np.concatenate([b.fields["v"] for b in batches]),
+                np.concatenate([b.fields["x"] for b in batches]))
+
+    ahead = read()
+    pooled = sorted(where)
+    where.clear()
+    monkeypatch.setattr(formats, "PARQUET_GROUP_BYTES", 1)  # every row group streamed
+    streamed = read()
+    assert {name for name, _ in where} == {"MainThread"}
+    end = 30 if stop is None else stop
+    chunks = [(max(lo, start), min(lo + 8, end)) for lo in range(0, 30, 8)
+              if lo + 8 > start and lo < end]  # one per row group, cut by start and stop
+    assert pooled == sorted(("MainThread" if lo <= 12 < hi else "parquet", lo)
+                            for lo, hi in chunks)
+    rows = range(30)[start:stop]
+    bad = {i: reason for i, reason in MIXED_BAD.items() if i in rows and (i != 20 or 3 in rows)}
+    good = [i for i in rows if i not in bad]
+    for got in (ahead, streamed):
+        ids, rejects, sizes, v, x = got
+        assert ids == [f"r{3 if i == 20 else i}" for i in good]
+        assert rejects == [(i, f"r{3 if i == 20 else i}", f"d.parquet[row {i}]", reason)
+                           for i, reason in bad.items()]
+        assert v.dtype == np.int64 and v[:, 0].tolist() == good
+        assert x.dtype == np.float32 and x.tolist() == [[i / 2, -i] for i in good]
+    assert ahead[2] == streamed[2]
+
+
+def test_parquet_chunks_hold_whole_batches(tmp_path, monkeypatch):
+    """A chunk of a row group is cut to whole batches where it can (a batch across a chunk edge
+    is a copy): chunks of 10 rows become 8 with batches of 4."""
+    monkeypatch.setattr(formats, "ARRAY_CHUNK_ROWS", 10)
+    path = write_row_groups(tmp_path / "d.parquet", 40, group_rows=20)
+    spec = make_spec(path, DECODER, id_field="id", batch_size=4, on_bad_record="skip")
+    chunks = list(formats._parquet_chunks(path, spec, 0, None))
+    assert [len(c.indices) for c in chunks] == [8, 8, 4, 8, 8, 4]
+    assert [int(c.indices[0]) for c in chunks] == [0, 8, 16, 20, 28, 36]
+    ids, rejects, batches = everything(spec)
+    assert ids == [f"r{i}" for i in range(40) if i not in (13, 22)]
+    assert [r.index for r in rejects] == [13, 22]
+
+
+@pytest.mark.parametrize("inputs,per_record", [
+    (SMALL, 4 + 8),  # int32 values read as int8: counted at their 4 bytes, and an ordinal
+    ({"v": {"shape": ["batch"], "dtype": "int64"}}, 8 + 8),  # converted to 8 bytes
+])
+def test_parquet_decoded_bytes_count_values_as_held(tmp_path, inputs, per_record):
+    """Row groups are decoded ahead as far as their bytes once decoded and converted fit in
+    PARQUET_AHEAD_BYTES: each value at the wider of the file's and the input's width."""
+    pq.write_table(pa.table({"v": pa.array(range(100), pa.int32())}), tmp_path / "d.parquet")
+    meta = pq.ParquetFile(tmp_path / "d.parquet").metadata
+    spec = make_spec(tmp_path / "d.parquet", inputs)
+    assert formats._decoded_bytes(meta.row_group(0), spec) == 100 * per_record
 
 
 def test_jsonl_reads_the_same_without_orjson(tmp_path, monkeypatch):
