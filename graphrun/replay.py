@@ -1,6 +1,6 @@
 """Replay: the record batches of the input through the runner into the writer, overlapped.
 
-A batch takes four steps, each on its own thread when overlapped (the default on a GPU):
+A batch takes three steps, each on its own thread when overlapped (the default on a GPU):
 
     stager    read and check records, pick the bucket, pad the rows into a free pinned host
               slot                                             (graphrun-stager thread)
@@ -14,6 +14,14 @@ slot, the completer gives it back once the outputs are out of it, so at most `sl
 are in flight and memory stays bounded whatever the file's size. The launcher, which the device
 waits on, only enqueues: padding and writing happen on the other two threads (numpy copies,
 file writes, hashing and event waits release the GIL).
+
+All three share the GIL, and that is what bounds the rate of small batches: each CUDA call of a
+launch releases it, and the launcher then waits until another thread lets go of it. A launch
+alone takes about 50 us on the H200; overlapped it took 180-600 us, by how many CUDA calls it
+made (bench_launch.py, bench_datapath.py). So launches make as few calls as their copies need
+(runner.launch, buffers.SlotCopies) and time their phases on a sample of batches
+(timing.sampled). Making the other threads wait while a launch runs was tried and was slower:
+the stager then fell behind (RESULTS.md, 2026-11-30).
 
 Serially (slots=1, no threads) the same three steps run one after another per batch.
 Order is kept everywhere: batches are launched, collected, written and rejected in input
