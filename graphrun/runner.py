@@ -4,10 +4,11 @@
         out = runner.run_batch({"tokens": t, "positions": p})   # real rows in, real rows out
 
 Setup follows the flow: model -> static buffers -> capture (per bucket, largest first) ->
-verify. A batch then goes: pad into a slot's pinned host staging views -> copy to the slot's
-device buffers (copy-in stream) -> into the static views, replay (or the eager step), out of
-the static views (compute stream) -> to the slot's pinned host views (copy-out stream) -> cut
-the real rows out. The CPU path is the same with the `eager` backend, without the streams.
+verify. A batch then goes: pad into a slot's pinned host staging views -> copy into the
+static device views -> replay (or the eager step) -> copy the static outputs to the slot's
+pinned host views -> cut the real rows out. Big copies go through the slot's device buffers on
+copy streams, beside other batches' replays (buffers.SlotCopies). The CPU path is the same with
+the `eager` backend, without the streams.
 """
 
 from __future__ import annotations
