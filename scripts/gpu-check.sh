@@ -6,10 +6,12 @@
 #   cuda-tests.txt   pytest -m cuda
 #   datapath.md      bench_datapath.py, every format (MLP JSONL: 50,000 records)
 #   datapath-f16.md  the decoder with float16 logits
+#   datapath-vocab1000.md  the decoder at the shipped spec's vocabulary, 100k records
+#   launch.md        bench_launch.py: host us per CUDA call and per launch
 #   writer.md        bench_writer.py on this machine's disk
 #   gil.txt          py-spy --gil samples of an overlapped MLP npy run, summed per thread
 #   capture.md       bench_capture.py without the torch.compile rows (only with --capture)
-# About 5 minutes (7 with --capture), the machine's start not counted.
+# About 7 minutes (9 with --capture), the machine's start not counted.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
@@ -20,6 +22,11 @@ python3 benchmarks/bench_datapath.py --formats npy,parquet,jsonl --jsonl-records
     --out "$OUT/datapath.md" > /dev/null 2>&1 || echo "bench_datapath failed"
 python3 benchmarks/bench_datapath.py --models decoder --formats npy --logits-dtype float16 \
     --out "$OUT/datapath-f16.md" > /dev/null 2>&1 || echo "bench_datapath (float16) failed"
+python3 benchmarks/bench_datapath.py --models decoder --decoder-vocab 1000 \
+    --records-decoder 100000 --formats npy,parquet,jsonl --out "$OUT/datapath-vocab1000.md" \
+    > /dev/null 2>&1 || echo "bench_datapath (vocab 1000) failed"
+python3 benchmarks/bench_launch.py --out "$OUT/launch.md" > /dev/null 2>&1 \
+    || echo "bench_launch failed"
 python3 benchmarks/bench_writer.py --out-dir "${TMPDIR:-/tmp}" --repeat 3 > "$OUT/writer.md" 2>&1
 if command -v py-spy > /dev/null || [ -x /tmp/site/bin/py-spy ]; then
     spy=$(command -v py-spy || echo /tmp/site/bin/py-spy)
