@@ -87,9 +87,9 @@ class Totals(_M):
     device_busy_fraction: Optional[float] = Field(
         None, description="GPU runs: the compute stream's time (per bucket, batches x mean "
         "replay time; CUDA events) / wall time of the streaming part of the run; big copies "
-        "run beside it, on their own streams. An upper bound: when the device has caught up with the host, a stall "
-        "of the launching thread between two marks of a batch (waiting for the GIL, say) "
-        "counts as replay time.")
+        "run beside it, on their own streams. An upper bound: when the device has caught up "
+        "with the host, a stall of the launching thread between two marks of a batch (waiting "
+        "for the GIL, say) counts as replay time.")
     device_idle_fraction: Optional[float] = Field(
         None, description="GPU runs: 1 - device_busy_fraction, the share of the streaming wall "
         "time the device waited for the host.")
