@@ -13,7 +13,6 @@ the `eager` backend, without the streams.
 
 from __future__ import annotations
 
-import math
 import time
 from contextlib import nullcontext
 
@@ -113,12 +112,9 @@ class Runner:
 
     @property
     def slot_bytes(self) -> int:
-        """Host bytes of one slot (up to as many again on the device, on a GPU)."""
-        in_dims, in_dtypes, out_dtypes = self._slot_dims
-        largest = self.table.all[0]
-        return sum(math.prod(largest.shape(dims[n])) * dtypes[n].itemsize
-                   for dims, dtypes in ((in_dims, in_dtypes), (self.output_dims, out_dtypes))
-                   for n in dims)
+        """Host bytes of one slot (up to as many again on the device, on a GPU); slot 0 is made
+        with the buffers."""
+        return self.slots[0].inputs.nbytes + self.slots[0].outputs.nbytes
 
     def _probe(self, bucket: Bucket, inputs: dict[str, torch.Tensor]) -> dict:
         """The model's first call, on sample inputs of the largest bucket. Failing here is

@@ -67,11 +67,6 @@ class BatchTimer:
         marks.last = event
         return event
 
-    def wait(self, marks: Marks) -> None:
-        """Wait for the batch's last event (finish() then need not wait)."""
-        if marks.last is not None:
-            marks.last.synchronize()
-
     def finish(self, marks: Marks) -> dict[str, float]:
         """Wait for the batch's last event; microseconds per timed phase, and e2e."""
         if marks.last is not None:
