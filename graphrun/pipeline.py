@@ -23,7 +23,7 @@ from .manifest import (BucketReport, FileEntry, Manifest, Totals, environment, s
 from .progress import Progress, count_records, summary_table
 from .replay import replay_stream
 from .runner import Runner
-from .stream import read_batches
+from .stream import ReadAhead, read_batches
 from .timing import PHASES, percentiles, spread_warning
 from .write import ShardWriter, prepare_out_dir, sha256_file
 
@@ -57,9 +57,12 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
         start = max(start, resume_point.start)
         job.records_in = resume_point.rows + resume_point.rejects
     with StopSignals() as stop_signal:
-        writer = latencies = t0 = None
+        writer = latencies = t0 = batches = None
         progress = Progress(show, total=count_records(spec, start, stop) if show else None)
         try:
+            # the first batch is read while the runner sets up: for a Parquet file, its first
+            # row groups decode meanwhile instead of keeping the device waiting (stream.py)
+            batches = ReadAhead(read_batches(spec, start=start, stop=stop))
             job.runner = runner = Runner(spec, log=_log_and(job.warn) if show else job.warn)
             if spec.report.baseline == "eager":
                 runner.measure_baseline()
@@ -71,7 +74,7 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
                 overlap = runner.cuda
             job.overlapped = overlap
             job.host_s = replay_stream(
-                runner, read_batches(spec, start=start, stop=stop), writer,
+                runner, batches, writer,
                 on_batches=lambda ran, n, first: job.log_batches(latencies, ran, n, first),
                 on_read=lambda rb: progress.advance(job.count(rb)),
                 should_stop=lambda: bool(stop_signal.signum), start=start, overlap=overlap)
@@ -99,6 +102,8 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
         finally:
             stop_signal.hold()  # a signal now must not cut the commit and manifest below short
             job.stream_s = time.perf_counter() - t0 if t0 else 0.0
+            if batches is not None:
+                batches.close()
             progress.close()
             if latencies:
                 latencies.close()

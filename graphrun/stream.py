@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 from collections import deque
 from pathlib import Path
 from typing import Iterator
@@ -33,7 +34,7 @@ from graphrun.records import (Candidates, Reject, RecordBatch, RecordChecker, co
                               dense_if_uniform, field_from_values, numpy_dtype)
 from graphrun.spec import PipelineSpec
 
-__all__ = ["Reject", "RecordBatch", "read_batches", "FORMATS"]
+__all__ = ["Reject", "RecordBatch", "ReadAhead", "read_batches", "FORMATS"]
 
 FORMATS = (".jsonl", ".npy", ".npz", ".parquet")
 JSONL_CHUNK_BYTES = 256 << 10  # JSONL lines parsed and converted together: about this many bytes
@@ -63,6 +64,60 @@ def read_batches(spec: PipelineSpec, *, start: int = 0, stop: int | None = None
     # this thread then only checks its ids for duplicates and cuts it into batches
     checked = (checker.check(c) for c in reader(path, spec, start, stop))
     yield from _regroup(checked, spec)
+
+
+class ReadAhead:
+    """Iterate `batches`, fetching the first batch on a thread started at once, so that the
+    input's first chunk is read while the runner sets up (loads the model, captures, verifies):
+    a Parquet row group decoded (65,536 records of 256 floats took 130 ms on the H200's host,
+    a quarter of a 1M-record run), a JSONL block parsed, a mapped file's first pages read. The
+    rest is read where it is asked for, as before; an error met on the way is raised by the
+    first next(), in order, as the plain iterator raises it.
+
+    close() waits for that thread, then closes the iterator (a Parquet reader's decoding pool
+    stops)."""
+
+    def __init__(self, batches: Iterator[RecordBatch]):
+        self._it = iter(batches)
+        self._first: tuple | None = None  # (True, batch or _END) or (False, the exception)
+        self._thread: threading.Thread | None = threading.Thread(
+            target=self._fetch, name="graphrun-read-ahead", daemon=True)
+        self._thread.start()
+
+    def _fetch(self) -> None:
+        try:
+            self._first = (True, next(self._it, _END))
+        except BaseException as exc:  # noqa: BLE001 - raised by the consumer's first next()
+            self._first = (False, exc)
+
+    def _join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()  # a KeyboardInterrupt here leaves the (daemon) thread be
+            self._thread = None
+
+    def __iter__(self) -> "ReadAhead":
+        return self
+
+    def __next__(self) -> RecordBatch:
+        if self._first is None and self._thread is None:
+            return next(self._it)
+        self._join()
+        (ok, item), self._first = self._first, None
+        if not ok:
+            raise item
+        if item is _END:
+            raise StopIteration
+        return item
+
+    def close(self) -> None:
+        self._join()
+        self._first = None
+        close = getattr(self._it, "close", None)
+        if close is not None:
+            close()
+
+
+_END = object()
 
 
 # ---- batching ----------------------------------------------------------------------------------

@@ -103,6 +103,30 @@ def test_overlapped_and_serial_paths_write_the_same_files(tmp_path, fmt):
     assert len(runs[True]) >= 9 and runs[True] == runs[False]
 
 
+def test_the_first_batch_is_read_while_the_runner_sets_up(tmp_path, monkeypatch):
+    import threading
+
+    import graphrun.pipeline as pipeline
+
+    read, seen, read_batches = threading.Event(), [], pipeline.read_batches
+
+    def reading(*args, **kwargs):
+        for batch in read_batches(*args, **kwargs):
+            read.set()
+            yield batch
+
+    class SlowSetup(pipeline.Runner):
+        def __init__(self, *args, **kwargs):
+            seen.append(read.wait(10))  # set only if reading began before setup was over
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "read_batches", reading)
+    monkeypatch.setattr(pipeline, "Runner", SlowSetup)
+    spec = graphrun.load_spec(ROOT / "pipelines" / "decoder-step.yaml", ["data.batch_size=8"])
+    m = graphrun.run(spec, out=tmp_path / "o", stop=100)
+    assert seen == [True] and m.totals.records_out == 100 and m.totals.batches == 13
+
+
 def test_phases_are_timed_on_a_sample_and_e2e_on_every_batch(tmp_path, monkeypatch):
     import graphrun.timing as timing
 

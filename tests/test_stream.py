@@ -142,6 +142,45 @@ def test_missing_file(tmp_path):
         list(read_batches(make_spec(tmp_path / "nope.jsonl", DECODER)))
 
 
+# ---- ReadAhead: the first batch read while the runner sets up --------------------------------
+
+def test_read_ahead_reads_the_first_batch_before_it_is_asked_for():
+    import threading
+
+    started, release, closed = threading.Event(), threading.Event(), []
+
+    def source():
+        started.set()
+        try:
+            yield 1
+            release.wait(5)  # the second item only once asked for: nothing beyond the first
+            yield 2
+        finally:
+            closed.append(True)
+
+    batches = stream.ReadAhead(source())
+    assert started.wait(5)  # no next() called: the thread is reading
+    assert next(batches) == 1
+    release.set()
+    assert list(batches) == [2]
+    batches.close()
+    assert closed == [True]
+
+
+def test_read_ahead_raises_a_bad_file_at_the_first_next_and_closes_early(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", ["{not json"])
+    spec = make_spec(path, DECODER, on_bad_record="error")
+    batches = stream.ReadAhead(read_batches(spec))
+    with pytest.raises(InputError, match="d.jsonl:1"):
+        next(batches)
+    assert list(batches) == []
+
+    records = write_jsonl(tmp_path / "ok.jsonl", decoder_records(10))
+    unread = stream.ReadAhead(read_batches(make_spec(records, DECODER)))
+    unread.close()  # before any next(): waits for the thread, then closes the reader
+    assert list(unread) == []
+
+
 # ---- start / stop ---------------------------------------------------------------------------
 
 def write_decoder_file(tmp_path: Path, fmt: str, n: int) -> Path:
