@@ -4,7 +4,8 @@
 # EXTRA="orjson==3.13.0 py-spy" so that JSONL parses as users' installs do and the GIL
 # profile runs. Reports go to $OUT (default ./gpu-out):
 #   cuda-tests.txt   pytest -m cuda
-#   datapath.md      bench_datapath.py, every format (MLP JSONL: 50,000 records)
+#   datapath.md      bench_datapath.py, every format (MLP JSONL: 50,000 records), the
+#                    median of 3 overlapped runs
 #   datapath-f16.md  the decoder with float16 logits
 #   datapath-vocab1000.md  the decoder at the shipped spec's vocabulary, 100k records
 #   launch.md        bench_launch.py: host us per CUDA call and per launch
@@ -19,11 +20,12 @@ mkdir -p "$OUT"
 python3 -m pytest -m cuda -q -p no:cacheprovider > "$OUT/cuda-tests.txt" 2>&1
 tail -1 "$OUT/cuda-tests.txt"
 python3 benchmarks/bench_datapath.py --formats npy,parquet,jsonl --jsonl-records 50000 \
-    --out "$OUT/datapath.md" > /dev/null 2>&1 || echo "bench_datapath failed"
+    --repeat 3 --out "$OUT/datapath.md" > /dev/null 2>&1 || echo "bench_datapath failed"
 python3 benchmarks/bench_datapath.py --models decoder --formats npy --logits-dtype float16 \
     --out "$OUT/datapath-f16.md" > /dev/null 2>&1 || echo "bench_datapath (float16) failed"
 python3 benchmarks/bench_datapath.py --models decoder --decoder-vocab 1000 \
-    --records-decoder 100000 --formats npy,parquet,jsonl --out "$OUT/datapath-vocab1000.md" \
+    --records-decoder 100000 --formats npy,parquet,jsonl --repeat 3 \
+    --out "$OUT/datapath-vocab1000.md" \
     > /dev/null 2>&1 || echo "bench_datapath (vocab 1000) failed"
 python3 benchmarks/bench_launch.py --out "$OUT/launch.md" > /dev/null 2>&1 \
     || echo "bench_launch failed"

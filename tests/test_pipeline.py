@@ -127,6 +127,23 @@ def test_the_first_batch_is_read_while_the_runner_sets_up(tmp_path, monkeypatch)
     assert seen == [True] and m.totals.records_out == 100 and m.totals.batches == 13
 
 
+def test_a_failed_setup_stops_the_read_ahead(tmp_path, monkeypatch):
+    import threading
+
+    import graphrun.pipeline as pipeline
+
+    def broken(*args, **kwargs):
+        raise graphrun.CaptureError("the model cannot be captured")
+
+    monkeypatch.setattr(pipeline, "Runner", broken)
+    spec = graphrun.load_spec(ROOT / "pipelines" / "decoder-step.yaml")
+    with pytest.raises(graphrun.CaptureError, match="cannot be captured"):
+        graphrun.run(spec, out=tmp_path / "o")
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and manifest["totals"]["records_out"] == 0
+    assert not [t for t in threading.enumerate() if t.name == "graphrun-read-ahead"]
+
+
 def test_phases_are_timed_on_a_sample_and_e2e_on_every_batch(tmp_path, monkeypatch):
     import graphrun.timing as timing
 
