@@ -95,8 +95,8 @@ def _nbytes(views: dict[str, torch.Tensor]) -> int:
 class HostSlot:
     """One batch in flight: pinned host staging buffers (inputs and outputs) and, on the GPU,
     device buffers of the same layout for the directions that may be split (SlotCopies).
-    Outputs are in the host's dtype: a bfloat16 output is cast to float32 on the device, by
-    its copy out of the static view."""
+    Outputs are in the host's dtype, as the static outputs are (a bfloat16 output is float32
+    there: the captured step casts it), so every copy is a plain one."""
 
     def __init__(self, inputs: BufferSet, outputs: BufferSet,
                  device: tuple[BufferSet | None, BufferSet | None] | None = None):

@@ -48,15 +48,20 @@ class BucketState:
 
 def make_step(model: torch.nn.Module, call: str, inputs: dict[str, torch.Tensor],
               outputs: dict[str, torch.Tensor],
-              model_dtypes: dict[str, torch.dtype] | None = None) -> Callable[[], None]:
+              model_dtypes: dict[str, torch.dtype] | None = None,
+              rounding: dict[str, torch.dtype] | None = None) -> Callable[[], None]:
     """The unit that is warmed up, captured and replayed: static inputs -> static outputs.
 
     An input whose static buffer is staged in another dtype than the model takes (bfloat16 is
     staged as float32, since numpy has none) is cast here, inside the graph, so the copy from
     the host stays a plain copy instead of a copy plus a conversion kernel launched per batch.
+    Outputs likewise: `rounding` names those whose values are of a dtype (bfloat16) that their
+    static buffer holds as another (float32); they are rounded to it first, where the model
+    gives a wider one.
     """
     names = list(outputs)
     casts = {n: d for n, d in (model_dtypes or {}).items() if inputs[n].dtype != d}
+    rounding = rounding or {}
 
     def step() -> None:
         args = {n: t.to(casts[n]) if n in casts else t for n, t in inputs.items()}
@@ -68,6 +73,8 @@ def make_step(model: torch.nn.Module, call: str, inputs: dict[str, torch.Tensor]
                 raise ModelError(
                     f"output {name!r} has shape {list(t.shape)} but the spec's outputs.{name}."
                     f"shape gives {list(dst.shape)} for this bucket; fix outputs.{name}.shape")
+            if name in rounding and t.dtype != rounding[name]:
+                t = t.to(rounding[name])
             dst.copy_(t)
 
     return step

@@ -75,6 +75,28 @@ def test_run_batch_equals_eager_on_each_record_alone(tmp_path, n):
         assert stats["records"] == n and stats["padded_rows"] == runner.table.pick(n, {}).batch - n
 
 
+@pytest.mark.parametrize("model_dtype, out_dtype", [("float32", "bfloat16"),
+                                                     ("bfloat16", None)])
+def test_bfloat16_outputs_are_float32_from_the_static_buffer_on(tmp_path, model_dtype,
+                                                                out_dtype):
+    """A bfloat16 output (outputs.y.dtype over a float32 model, or a bfloat16 model's) is
+    rounded to bfloat16 and cast to float32 inside the step: the static buffer and the host
+    copy are float32, and the values are the bfloat16 ones."""
+    spec = mlp_spec(tmp_path, model__dtype=model_dtype,
+                    inputs={"x": {"shape": ["batch", 4], "dtype": model_dtype}},
+                    outputs={"y": {"shape": ["batch", 3], "dtype": out_dtype}})
+    x = np.random.default_rng(1).standard_normal((3, 4), dtype=np.float32)
+    with Runner(spec) as runner:
+        static = runner.outputs.views(runner.table.all[0])["y"]
+        got = runner.run_batch({"x": x})["y"]
+        with torch.inference_mode():
+            want = runner.model(x=torch.from_numpy(x).to(getattr(torch, model_dtype)))
+    assert static.dtype == torch.float32 and got.dtype == np.float32
+    as_bf16 = torch.from_numpy(got).to(torch.bfloat16).float().numpy()
+    np.testing.assert_array_equal(got, as_bf16)  # bfloat16 values, held as float32
+    np.testing.assert_allclose(got, want.float().numpy(), rtol=2e-2, atol=2e-2)
+
+
 def test_padding_values_never_change_real_rows(tmp_path):
     x = np.random.default_rng(0).standard_normal((3, 4), dtype=np.float32)
     with Runner(mlp_spec(tmp_path)) as a, Runner(mlp_spec(tmp_path, inputs={
