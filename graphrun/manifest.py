@@ -80,7 +80,9 @@ class Totals(_M):
     setup_s: float = Field(..., description="Model build, buffers, capture and verify.")
     input_hash_s: float = Field(0.0, description="Hashing the input file (sha256, for "
                                 "--resume's check that it did not change), before setup.")
-    records_per_s: float
+    records_per_s: float = Field(..., description="records_out / the streaming time, which "
+                                 "starts after setup; the input's first batch is read during "
+                                 "setup, beside it.")
     capture_s: float
     capture_memory_bytes: int
     padding_ratio: float = Field(..., description="Padded rows / rows run.")
