@@ -77,8 +77,8 @@ def test_run_batch_equals_eager_on_each_record_alone(tmp_path, n):
 
 @pytest.mark.parametrize("model_dtype, out_dtype", [("float32", "bfloat16"),
                                                      ("bfloat16", None)])
-def test_bfloat16_outputs_are_float32_from_the_static_buffer_on(tmp_path, model_dtype,
-                                                                out_dtype):
+def test_bfloat16_outputs_are_cast_to_float32_inside_the_step(tmp_path, model_dtype,
+                                                              out_dtype):
     """A bfloat16 output (outputs.y.dtype over a float32 model, or a bfloat16 model's) is
     rounded to bfloat16 and cast to float32 inside the step: the static buffer and the host
     copy are float32, and the values are the bfloat16 ones."""

@@ -147,13 +147,13 @@ def test_missing_file(tmp_path):
 def test_read_ahead_reads_the_first_batch_before_it_is_asked_for():
     import threading
 
-    started, release, closed = threading.Event(), threading.Event(), []
+    started, resumed, closed = threading.Event(), threading.Event(), []
 
     def source():
         started.set()
         try:
             yield 1
-            release.wait(5)  # the second item only once asked for: nothing beyond the first
+            resumed.set()  # only once the second item is asked for
             yield 2
         finally:
             closed.append(True)
@@ -161,7 +161,7 @@ def test_read_ahead_reads_the_first_batch_before_it_is_asked_for():
     batches = stream.ReadAhead(source())
     assert started.wait(5)  # no next() called: the thread is reading
     assert next(batches) == 1
-    release.set()
+    assert not resumed.wait(0.2)  # nothing read beyond the first item
     assert list(batches) == [2]
     batches.close()
     assert closed == [True]
