@@ -97,7 +97,14 @@ class Totals(_M):
         "time the device waited for the host.")
     overlapped: Optional[bool] = Field(
         None, description="Whether the stream ran overlapped (stager, launching and completer "
-        "threads) or serially; null when it never started.")
+        "threads) or serially; with the overlap measured (the CPU's default), the path the "
+        "latest trial round chose. Null when the stream never started.")
+    overlap_trials: list[dict[str, float]] = Field(
+        default_factory=list, description="With the overlap measured (GRAPHRUN_OVERLAP=measure, "
+        "the CPU's default): records/s of the serial and the overlapped path in each trial "
+        "round, timed on the stream itself (legs of 0.25 s: serial, overlapped, overlapped, "
+        "serial). After a round the faster path runs for 30 s, overlapped only when 2% faster. "
+        "Empty when the overlap was fixed, or when the stream ended within the first round.")
     host_phase_s: dict[str, float] = Field(
         default_factory=dict, description="Host seconds per phase of the stream, summed per "
         "thread: read and stage (the stager: parsing and checking records, padding them into "

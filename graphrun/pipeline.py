@@ -21,7 +21,7 @@ from .errors import GraphrunError, Interrupted, OutputError
 from .manifest import (BucketReport, FileEntry, Manifest, Totals, environment, spec_digest,
                        write_manifest)
 from .progress import Progress, count_records, summary_table
-from .replay import replay_stream
+from .replay import OverlapTrial, replay_stream
 from .runner import Runner
 from .stream import ReadAhead, read_batches
 from .timing import PHASES, percentiles, spread_warning
@@ -30,14 +30,15 @@ from .write import ShardWriter, prepare_out_dir, sha256_file
 
 def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite: bool = False,
         show: bool = False, start: int = 0, stop: int | None = None,
-        overlap: bool | None = None) -> Manifest:
+        overlap: bool | str | None = None) -> Manifest:
     """Run the pipeline; returns the manifest (also written to <out>/manifest.json).
 
     start/stop select a slice of the input's records (one process per GPU reads its own).
-    overlap: the overlapped data path (replay.py); None (the default) takes GRAPHRUN_OVERLAP
-    (on | off | auto) from the environment, and auto uses it on a GPU and not on the CPU, where
-    the stager and completer threads take cores from torch's own threads, which run the model
-    (2 cores: up to 10% slower overlapped, benchmarks/RESULTS.md)."""
+    overlap: True for the overlapped data path (replay.py), False for the serial one, "measure"
+    to time both on the stream and keep the faster (replay.OverlapTrial); None (the default)
+    takes GRAPHRUN_OVERLAP (on | off | measure | auto) from the environment, and auto is
+    overlapped on a GPU and measured on the CPU, where torch's own threads run the model on
+    every core and neither path always wins (benchmarks/RESULTS.md)."""
     overlap = overlap_choice(overlap)
     out_dir = Path(out).resolve() if out else spec.output.dir
     spec_json = spec.model_dump(mode="json")
@@ -71,8 +72,11 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
                 out_dir / "latencies.jsonl", keep_below=start if resume_point else None)
             t0 = time.perf_counter()
             if overlap is None:
-                overlap = runner.cuda
-            job.overlapped = overlap
+                overlap = True if runner.cuda else MEASURE
+            if overlap == MEASURE:
+                overlap = job.trial = OverlapTrial()
+            else:
+                job.overlapped = overlap
             job.host_s = replay_stream(
                 runner, batches, writer,
                 on_batches=lambda ran, n, first: job.log_batches(latencies, ran, n, first),
@@ -125,18 +129,22 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
 
 
 OVERLAP_ENV = "GRAPHRUN_OVERLAP"
+MEASURE = "measure"
 _OVERLAP_WORDS = {"on": True, "1": True, "true": True, "off": False, "0": False, "false": False,
-                  "auto": None, "": None}
+                  MEASURE: MEASURE, "auto": None, "": None}
 
 
-def overlap_choice(overlap: bool | None) -> bool | None:
+def overlap_choice(overlap: bool | str | None) -> bool | str | None:
     """The caller's choice, else GRAPHRUN_OVERLAP's; None: decide by the device."""
     if overlap is not None:
+        if overlap not in (True, False, MEASURE):
+            raise GraphrunError(f"overlap={overlap!r} is not one of True, False, "
+                                f"{MEASURE!r}, None")
         return overlap
     word = os.environ.get(OVERLAP_ENV, "").strip().lower()
     if word not in _OVERLAP_WORDS:
         raise GraphrunError(f"{OVERLAP_ENV}={os.environ[OVERLAP_ENV]!r} is not one of on, off, "
-                            "auto; set one of those or unset it")
+                            "measure, auto; set one of those or unset it")
     return _OVERLAP_WORDS[word]
 
 
@@ -189,6 +197,7 @@ class RunState:
         self.bucket_batches: dict[str, int] = {}  # bucket -> batches (timed or not)
         self.host_s: dict[str, float] = {}
         self.overlapped: bool | None = None
+        self.trial: OverlapTrial | None = None  # overlap measured: what it measured
 
     def count(self, rb) -> int:
         """Count a record batch's records and rejects (those not committed by an earlier run)."""
@@ -227,6 +236,13 @@ class RunState:
                                         "first": first, "bucket": name, "records": n,
                                         **{f"{p}_us": round(v, 2) for p, v in times.items()}})
                             + "\n")
+
+    def overlapped_path(self) -> bool | None:
+        """The path the stream ran on; measured, the one its latest trial round chose (or,
+        when the stream ended within the first round, the path of its last leg)."""
+        if self.trial is None:
+            return self.overlapped
+        return self.trial.choice if self.trial.choice is not None else self.trial.last
 
     def device_s(self) -> float:
         """The compute stream's busy time: per bucket, its batches times their mean replay
@@ -275,7 +291,8 @@ class RunState:
             padding_ratio=padded / rows_run if rows_run else 0.0,
             device_busy_fraction=busy,
             device_idle_fraction=None if busy is None else 1.0 - busy,
-            overlapped=self.overlapped, host_phase_s=self.host_s)
+            overlapped=self.overlapped_path(), overlap_trials=self.trial.rounds if self.trial
+            else [], host_phase_s=self.host_s)
         env = environment(runner.device, runner.backend) if runner else None
         return Manifest(
             status=self.status, error=self.error, name=spec.name, started_at=self.started,

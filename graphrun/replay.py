@@ -26,6 +26,11 @@ the stager then fell behind (RESULTS.md, 2026-11-30).
 Serially (slots=1, no threads) the same three steps run one after another per batch.
 Order is kept everywhere: batches are launched, collected, written and rejected in input
 order, so outputs, the journal and --resume are the same on both paths.
+
+On a CPU neither path always wins: torch's own threads run the model on every core, and the
+stager and completer take cores (and the GIL) from it, so overlapped was up to 15% slower with
+JSONL and up to 9% faster with npy (RESULTS.md). There the stream is run in legs, and an
+OverlapTrial times both paths on the stream itself, then keeps the faster (see its docstring).
 """
 
 from __future__ import annotations
@@ -66,15 +71,35 @@ class Work:
 
 def replay_stream(runner, batches: Iterable, writer, *, on_batches: Callable,
                   on_read: Callable, should_stop: Callable[[], bool], start: int = 0,
-                  overlap: bool = True) -> dict[str, float]:
+                  overlap: "bool | OverlapTrial" = True) -> dict[str, float]:
     """Run every record batch; return host seconds per phase and thread (manifest.py's
     host_phase_s says which).
 
     start: the first input ordinal read; each batch's first covered ordinal goes to the writer,
-    which journals it so that --resume re-reads whole batches (see journal.py)."""
+    which journals it so that --resume re-reads whole batches (see journal.py).
+    overlap: True (threads), False (serial), or an OverlapTrial, which runs the stream in legs
+    on the path it picks per leg, and keeps what it measured."""
     host = dict.fromkeys(("read", "stage", "read_wait", "launch", "device_wait", "write"), 0.0)
+    cursor = Cursor(batches, start)
+    if not isinstance(overlap, OverlapTrial):
+        _leg(runner, cursor.take(), writer, on_batches, on_read, should_stop, host, overlap)
+        return host
+    for threaded, seconds in overlap.legs():
+        t0, records = time.perf_counter(), cursor.records
+        _leg(runner, cursor.take(seconds), writer, on_batches, on_read, should_stop, host,
+             threaded)
+        overlap.record(threaded, cursor.records - records, time.perf_counter() - t0)
+        if cursor.exhausted or should_stop():
+            break
+    return host
+
+
+def _leg(runner, batches: Iterable, writer, on_batches: Callable, on_read: Callable,
+         should_stop: Callable[[], bool], host: dict, overlap: bool) -> None:
+    """The record batches through the runner into the writer on one path, every batch
+    written (or the error raised) by the time it returns."""
     pool = SlotPool(runner.host_slots(slot_count(runner.slot_bytes) if overlap else 1))
-    work = staged(runner, batches, pool, host, start)
+    work = staged(runner, batches, pool, host)
     source = Prefetch(work, depth=pool.size) if overlap else work
     done = Completer(runner, writer, pool, on_batches, host, threaded=overlap)
     stream = runner.current_stream()
@@ -87,7 +112,72 @@ def replay_stream(runner, batches: Iterable, writer, *, on_batches: Callable,
         if isinstance(source, Prefetch):
             source.close()
         done.close()
-    return host
+
+
+class Cursor:
+    """The input's record batches, taken in legs: each with the first input ordinal it
+    accounts for (its batch_start), counting the records taken."""
+
+    def __init__(self, batches: Iterable, start: int):
+        self._it = iter(batches)
+        self.start = start
+        self.records = 0
+        self.exhausted = False
+
+    def take(self, seconds: float | None = None) -> Iterator[tuple]:
+        """(record batch, batch_start) until the input ends or, given seconds, until that long
+        has passed: checked after each batch, so a leg takes at least one and never splits
+        one."""
+        until = None if seconds is None else time.perf_counter() + seconds
+        while True:
+            rb = next(self._it, None)
+            if rb is None:
+                self.exhausted = True
+                return
+            batch_start, self.start = self.start, _covered_to(rb, self.start) + 1
+            self.records += len(rb.indices)
+            yield rb, batch_start
+            if until is not None and time.perf_counter() >= until:
+                return
+
+
+class OverlapTrial:
+    """Which path is faster on this machine, for this model and input: timed on the stream.
+
+    A round is four legs of `leg_s` each, serial, overlapped, overlapped, serial (so a trend in
+    the machine's speed over the round weighs on both paths alike); then the path with more
+    records/s over its two legs runs for `every_s` before the next round (what else runs on
+    the machine may change). Overlapped is taken only when `margin` times faster: serial is
+    the safe path, and a round is short enough to be noisy. Every leg does real work; only the
+    slower path's legs cost time (about 0.5 s in 31 s at the defaults).
+    """
+
+    def __init__(self, leg_s: float = 0.25, every_s: float = 30.0, margin: float = 1.02):
+        self.leg_s, self.every_s, self.margin = leg_s, every_s, margin
+        self.rounds: list[dict[str, float]] = []  # records/s per path, one entry per round
+        self.choice: bool | None = None  # None until a round is complete
+        self._round = {True: [0, 0.0], False: [0, 0.0]}  # path -> [records, seconds]
+        self.last: bool | None = None  # the path of the latest leg
+
+    def legs(self) -> Iterator[tuple[bool, float]]:
+        while True:
+            self._round = {True: [0, 0.0], False: [0, 0.0]}
+            for threaded in (False, True, True, False):
+                yield threaded, self.leg_s
+            self._decide()
+            yield self.choice, self.every_s
+
+    def record(self, threaded: bool, records: int, seconds: float) -> None:
+        self.last = threaded
+        acc = self._round[threaded]
+        acc[0] += records
+        acc[1] += seconds
+
+    def _decide(self) -> None:
+        serial, overlapped = (self._round[p][0] / max(self._round[p][1], 1e-9)
+                              for p in (False, True))
+        self.rounds.append({"serial": round(serial, 1), "overlapped": round(overlapped, 1)})
+        self.choice = overlapped >= self.margin * serial
 
 
 def _launch_all(runner, source, done: "Completer", host: dict, stream, on_read: Callable,
@@ -127,18 +217,18 @@ def slot_count(slot_bytes: int) -> int:
     return max(low, min(high, SLOT_BUDGET // max(slot_bytes, 1)))
 
 
-def staged(runner, batches: Iterable, pool: "SlotPool", host: dict, start: int
-           ) -> Iterator[Work]:
-    """The stager: each record batch as bucket-sized parts, each padded into a free slot."""
+def staged(runner, batches: Iterable, pool: "SlotPool", host: dict) -> Iterator[Work]:
+    """The stager: each (record batch, batch_start) as bucket-sized parts, each padded into a
+    free slot."""
     source = iter(batches)
     while True:
         t0 = time.perf_counter()
-        rb = next(source, None)
+        taken = next(source, None)
         host["read"] += time.perf_counter() - t0
-        if rb is None:
+        if taken is None:
             return
+        rb, batch_start = taken
         n = len(rb.ids)
-        batch_start, start = start, _covered_to(rb, start) + 1
         parts = list(_parts(runner, rb, n))
         if not parts:
             yield Work("none", rb=rb, batch_start=batch_start)

@@ -90,17 +90,31 @@ def test_existing_output_folder_is_not_clobbered(tmp_path):
 
 
 @pytest.mark.parametrize("fmt", ["npy", "jsonl", "parquet"])
-def test_overlapped_and_serial_paths_write_the_same_files(tmp_path, fmt):
+def test_overlapped_serial_and_measured_paths_write_the_same_files(tmp_path, fmt, monkeypatch):
+    import graphrun.pipeline as pipeline
+    from graphrun.replay import OverlapTrial
+
+    # the CPU's default, measured: here with legs of one batch, so that both paths and
+    # several switches between them happen within the 60 batches
+    monkeypatch.setattr(pipeline, "OverlapTrial", lambda: OverlapTrial(leg_s=0, every_s=0))
     spec = graphrun.load_spec(ROOT / "pipelines" / "decoder-step.yaml",
                               ["data.batch_size=5", f"output.format={fmt}",
                                "output.rows_per_file=37"])
     runs = {}
-    for overlap in (True, False):
+    for overlap in (True, False, None):
         out = tmp_path / f"overlap-{overlap}"
         m = graphrun.run(spec, out=out, stop=300, overlap=overlap)
         assert m.totals.records_out == 300 and m.totals.batches == 60
         runs[overlap] = {p.name: p.read_bytes() for p in sorted(out.glob("part-*"))}
-    assert len(runs[True]) >= 9 and runs[True] == runs[False]
+        assert (m.totals.overlap_trials != []) == (overlap is None)
+    assert len(runs[True]) >= 9 and runs[True] == runs[False] == runs[None]
+    # 60 batches, 5 legs a round: 12 rounds, each with both paths' rates
+    assert len(m.totals.overlap_trials) == 12 and isinstance(m.totals.overlapped, bool)
+    assert all(set(r) == {"serial", "overlapped"} for r in m.totals.overlap_trials)
+    from graphrun.progress import stream_breakdown
+    last = m.totals.overlap_trials[-1]
+    assert (f"measured {last['overlapped']:,.0f} records/s overlapped against "
+            f"{last['serial']:,.0f} serial") in stream_breakdown(m.totals)
 
 
 def test_the_first_batch_is_read_while_the_runner_sets_up(tmp_path, monkeypatch):

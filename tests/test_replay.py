@@ -1,6 +1,6 @@
-"""replay_stream on the CPU, threaded (overlapped) and inline (serial): the same writes in the
-same order, errors from either end raised without losing what came before, stops honoured,
-and no thread left behind."""
+"""replay_stream on the CPU, threaded (overlapped), inline (serial) and measured (legs of both,
+then the faster): the same writes in the same order, errors from either end raised without
+losing what came before, stops honoured, and no thread left behind."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from graphrun import InputError, Runner
 from graphrun.records import RecordBatch, Reject
-from graphrun.replay import SLOT_BUDGET, SLOTS, replay_stream, slot_count
+from graphrun.replay import SLOT_BUDGET, SLOTS, OverlapTrial, replay_stream, slot_count
 from graphrun.spec import PipelineSpec
 
 
@@ -66,7 +66,10 @@ def batches(sizes: list[int], *, reject_every: int = 0, seed: int = 0) -> list[R
 
 
 def run(runner, source, writer, *, overlap, should_stop=lambda: False, reads=None):
+    """overlap "measured": a trial whose every leg is one record batch."""
     reads = [] if reads is None else reads
+    if overlap == "measured":
+        overlap = OverlapTrial(leg_s=0, every_s=0)
     return replay_stream(runner, source, writer, on_batches=lambda ran, n, first: None,
                          on_read=lambda rb: reads.append(len(rb)), should_stop=should_stop,
                          overlap=overlap)
@@ -109,7 +112,7 @@ def test_overlapped_writes_what_serial_writes_in_the_same_order(runner):
     assert no_threads_left()
 
 
-@pytest.mark.parametrize("overlap", [True, False], ids=["overlapped", "serial"])
+@pytest.mark.parametrize("overlap", [True, False, "measured"])
 def test_a_writer_error_is_raised_and_nothing_after_it_is_written(runner, overlap):
     writer = ListWriter(fail_at=3)
     with pytest.raises(OSError, match="No space left"):
@@ -119,7 +122,7 @@ def test_a_writer_error_is_raised_and_nothing_after_it_is_written(runner, overla
     assert no_threads_left()
 
 
-@pytest.mark.parametrize("overlap", [True, False], ids=["overlapped", "serial"])
+@pytest.mark.parametrize("overlap", [True, False, "measured"])
 def test_a_bad_record_stops_the_run_after_writing_every_batch_before_it(runner, overlap):
     def source():
         yield from batches([4, 4, 3])
@@ -132,7 +135,7 @@ def test_a_bad_record_stops_the_run_after_writing_every_batch_before_it(runner, 
     assert no_threads_left()
 
 
-@pytest.mark.parametrize("overlap", [True, False], ids=["overlapped", "serial"])
+@pytest.mark.parametrize("overlap", [True, False, "measured"])
 def test_a_stop_finishes_the_batches_launched_and_reads_no_further(runner, overlap):
     reads: list = []
     writer = ListWriter()
@@ -140,6 +143,82 @@ def test_a_stop_finishes_the_batches_launched_and_reads_no_further(runner, overl
         should_stop=lambda: len(reads) >= 3)
     assert [c[1][0] for c in writer.calls] == [0, 4, 8] and len(reads) == 3
     assert no_threads_left()
+
+
+def test_measured_legs_write_what_serial_writes_in_the_same_order(runner):
+    """One record batch a leg: the paths alternate batch by batch, and the writes (rows, their
+    order, rejects, each batch's first covered ordinal) are those of the serial path."""
+    data = batches([3, 4, 7, 0, 1, 4, 2, 9, 4, 4, 3, 5, 2], reject_every=5)
+    serial, measured = ListWriter(), ListWriter()
+    run(runner, data, serial, overlap=False)
+    trial = OverlapTrial(leg_s=0, every_s=0)
+    run(runner, data, measured, overlap=trial)
+    assert len(serial.calls) == len(measured.calls)
+    for a, b in zip(serial.calls, measured.calls):
+        assert a[:3] == b[:3] and a[-1] == b[-1]
+        if a[0] == "write":
+            np.testing.assert_array_equal(a[3], b[3])
+    assert len(trial.rounds) == 2  # 13 batches: two rounds of 4 legs and a chosen leg each
+    assert all(r["serial"] > 0 and r["overlapped"] > 0 for r in trial.rounds)
+    assert no_threads_left()
+
+
+class ThreadedWriter(ListWriter):
+    """A writer whose write costs `cost` seconds, slept (the GIL free), and `completer_cost` on
+    the completer thread: as though overlapping cost the model that much."""
+
+    def __init__(self, cost: float, completer_cost: float | None = None):
+        super().__init__()
+        self.cost, self.threads = cost, []
+        self.completer_cost = cost if completer_cost is None else completer_cost
+
+    def write(self, indices, ids, outputs, batch_start=None):
+        name = threading.current_thread().name
+        self.threads.append(name)
+        time.sleep(self.completer_cost if name == "graphrun-completer" else self.cost)
+        super().write(indices, ids, outputs, batch_start)
+
+
+def sleepy(data, cost: float):
+    """The record batches, each read in `cost` seconds (slept: reading that frees the GIL)."""
+    for rb in data:
+        time.sleep(cost)
+        yield rb
+
+
+def test_measured_keeps_serial_when_overlapped_is_slower(runner):
+    writer = ThreadedWriter(0.002, completer_cost=0.05)
+    trial = OverlapTrial(leg_s=0.05, every_s=60)
+    run(runner, batches([4] * 80), writer, overlap=trial)
+    assert len(trial.rounds) == 1 and trial.choice is False
+    assert trial.rounds[0]["overlapped"] < trial.rounds[0]["serial"]
+    # the legs after the round ran inline: the launching thread wrote
+    assert writer.threads[-10:] == ["MainThread"] * 10
+    assert len(writer.calls) == 80 and no_threads_left()
+
+
+def test_measured_takes_overlapped_when_it_is_faster(runner):
+    # reading and writing 20 ms each: serially 40 ms a batch, overlapped about 20
+    writer = ThreadedWriter(0.02)
+    trial = OverlapTrial(leg_s=0.1, every_s=60)
+    run(runner, sleepy(batches([4] * 40), 0.02), writer, overlap=trial)
+    assert len(trial.rounds) == 1 and trial.choice is True
+    assert trial.rounds[0]["overlapped"] > trial.rounds[0]["serial"]
+    assert writer.threads[-10:] == ["graphrun-completer"] * 10
+    assert [c[1][0] for c in writer.calls] == list(range(0, 160, 4)) and no_threads_left()
+
+
+def test_a_trial_takes_overlapped_only_when_it_is_faster_by_its_margin():
+    trial = OverlapTrial(leg_s=0, every_s=0, margin=1.05)
+    legs = trial.legs()
+    for records, path in ((100, False), (104, True), (104, True), (100, False)):
+        assert next(legs)[0] is path
+        trial.record(path, records, 1.0)
+    assert next(legs) == (False, 0) and trial.rounds == [{"serial": 100.0, "overlapped": 104.0}]
+    for records, path in ((100, False), (106, True), (106, True), (100, False)):
+        assert next(legs)[0] is path
+        trial.record(path, records, 1.0)
+    assert next(legs) == (True, 0) and trial.rounds[-1]["overlapped"] == 106.0
 
 
 def test_the_overlapped_path_keeps_at_most_slots_batches_in_flight(runner):
