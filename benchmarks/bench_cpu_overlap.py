@@ -1,0 +1,116 @@
+"""The data path on the CPU: records/s of `graphrun run` on the shipped pipelines, serial against
+overlapped against measured (the CPU's default: legs of both timed on the stream, then the
+faster, replay.OverlapTrial).
+
+    python3 benchmarks/bench_cpu_overlap.py [--pipelines mlp-scorer,decoder-step,encoder]
+        [--records 200000] [--repeat 5] [--workdir DIR] [--out FILE]
+
+Inputs are made by examples/make_data.py with --records records (the encoder's texts are
+slower, so it reads a tenth of them). Each pipeline runs `--repeat` times on each path, the
+three paths in turn within a repetition (so a drift in the machine's speed weighs on all
+three); the table gives each path's median records/s (manifest totals.records_per_s), the
+ratios to serial, and what the measured runs' trial rounds saw and chose. Run it on an idle
+machine: on a shared one, only ratios within one run of this script mean anything.
+With CUDA present the runs are forced onto the CPU (device=cpu).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import graphrun  # noqa: E402
+
+PATHS = (("serial", False), ("overlapped", True), ("measured", "measure"))
+INPUTS = {"mlp-scorer": "scores.npy", "decoder-step": "decode.jsonl", "encoder": "texts.jsonl"}
+
+
+def make_inputs(workdir: Path, records: int) -> None:
+    """The shipped pipelines' inputs, `records` long (texts: a tenth)."""
+    for name, n in (("scores.npy", records), ("decode.jsonl", records),
+                    ("texts.jsonl", max(1, records // 10))):
+        if (workdir / f"{name}.{n}").exists():
+            continue
+        tmp = workdir / f"make-{n}"
+        subprocess.run([sys.executable, str(ROOT / "examples" / "make_data.py"), "--records",
+                        str(n), "--out", str(tmp)], check=True, capture_output=True)
+        (tmp / name).replace(workdir / name)
+        (workdir / f"{name}.{n}").touch()
+        shutil.rmtree(tmp)
+
+
+def run_once(pipeline: str, data: Path, out: Path, overlap) -> graphrun.Manifest:
+    spec = graphrun.load_spec(ROOT / "pipelines" / f"{pipeline}.yaml",
+                              overrides=[f"data.path={data}", "device=cpu"])
+    shutil.rmtree(out, ignore_errors=True)
+    try:
+        return graphrun.run(spec, out=out, overlap=overlap)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--pipelines", default=",".join(INPUTS))
+    p.add_argument("--records", type=int, default=200_000)
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--workdir", default=None)
+    p.add_argument("--out", default=None, help="write the markdown report here too")
+    args = p.parse_args()
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="graphrun-cpu-overlap-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    make_inputs(workdir, args.records)
+
+    lines = [f"bench_cpu_overlap.py, {datetime.date.today()}: torch {torch.__version__}, "
+             f"{os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, "
+             f"--records {args.records} --repeat {args.repeat}", "",
+             "| pipeline | serial | overlapped | measured | overlapped / serial | "
+             "measured / serial | trial rounds: overlapped / serial (chose) |",
+             "|---|---|---|---|---|---|---|"]
+    notes = []
+    for pipeline in args.pipelines.split(","):
+        data = workdir / INPUTS[pipeline]
+        rates: dict[str, list[float]] = {name: [] for name, _ in PATHS}
+        trials: list[str] = []
+        for rep in range(args.repeat):
+            for name, overlap in PATHS:
+                m = run_once(pipeline, data, workdir / "out", overlap)
+                rates[name].append(m.totals.records_per_s)
+                line = f"{pipeline} {name} {m.totals.records_per_s:,.0f} records/s"
+                if name == "measured":
+                    rounds = m.totals.overlap_trials
+                    seen = ", ".join(f"{r['overlapped'] / r['serial']:.2f}" for r in rounds)
+                    chose = "overlapped" if m.totals.overlapped else "serial"
+                    trials.append(f"{seen or '-'} ({chose})")
+                    line += f"; trial rounds {rounds}, ran {chose}"
+                print(line, flush=True)
+        med = {name: statistics.median(v) for name, v in rates.items()}
+        lines.append(
+            f"| {pipeline} ({data.name}) | {med['serial']:,.0f} | {med['overlapped']:,.0f} | "
+            f"{med['measured']:,.0f} | {med['overlapped'] / med['serial']:.3f} | "
+            f"{med['measured'] / med['serial']:.3f} | {'; '.join(trials)} |")
+        notes.append(f"{pipeline}: " + "; ".join(
+            f"{name} " + ", ".join(f"{r:,.0f}" for r in v) for name, v in rates.items()))
+    lines += ["", "Every run's records/s, in order:", ""] + [f"- {n}" for n in notes]
+    lines += ["", f"Command: `python3 {' '.join(sys.argv)}`"]
+    report = "\n".join(lines)
+    print(report)
+    if args.out:
+        Path(args.out).write_text(report + "\n")
+
+
+if __name__ == "__main__":
+    main()
