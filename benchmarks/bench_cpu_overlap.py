@@ -3,10 +3,12 @@ overlapped against measured (the CPU's default: legs of both timed on the stream
 faster, replay.OverlapTrial).
 
     python3 benchmarks/bench_cpu_overlap.py [--pipelines mlp-scorer,decoder-step,encoder]
-        [--records 200000] [--repeat 5] [--workdir DIR] [--out FILE]
+        [--records 1000000] [--repeat 3] [--workdir DIR] [--out FILE]
 
-Inputs are made by examples/make_data.py with --records records (the encoder's texts are
-slower, so it reads a tenth of them). Each pipeline runs `--repeat` times on each path, the
+Inputs are made by examples/make_data.py: --records rows for the MLP, a fifth of that many
+decode steps and a hundredth of that many texts for the encoder, so that each run streams for
+10-20 s, long beside the measured path's trial (1 s of legs after a 0.25 s warm-up, every 30 s).
+Each pipeline runs `--repeat` times on each path, the
 three paths in turn within a repetition (so a drift in the machine's speed weighs on all
 three); the table gives each path's median records/s (manifest totals.records_per_s), the
 ratios to serial, and what the measured runs' trial rounds saw and chose. Run it on an idle
@@ -21,11 +23,11 @@ import datetime
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,17 +41,19 @@ INPUTS = {"mlp-scorer": "scores.npy", "decoder-step": "decode.jsonl", "encoder":
 
 
 def make_inputs(workdir: Path, records: int) -> None:
-    """The shipped pipelines' inputs, `records` long (texts: a tenth)."""
-    for name, n in (("scores.npy", records), ("decode.jsonl", records),
-                    ("texts.jsonl", max(1, records // 10))):
-        if (workdir / f"{name}.{n}").exists():
-            continue
-        tmp = workdir / f"make-{n}"
-        subprocess.run([sys.executable, str(ROOT / "examples" / "make_data.py"), "--records",
-                        str(n), "--out", str(tmp)], check=True, capture_output=True)
-        (tmp / name).replace(workdir / name)
-        (workdir / f"{name}.{n}").touch()
-        shutil.rmtree(tmp)
+    """The shipped pipelines' inputs: `records` rows, a fifth as many decode steps, a
+    hundredth as many texts."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    import make_data
+
+    rng = np.random.default_rng(0)
+    for name, n, make in (("scores.npy", records, make_data.make_scores),
+                          ("decode.jsonl", max(1, records // 5), make_data.make_decode),
+                          ("texts.jsonl", max(1, records // 100), make_data.make_texts)):
+        done = workdir / f"{name}.{n}"  # made already, at this size
+        if not done.exists():
+            make(workdir / name, n, rng)
+            done.touch()
 
 
 def run_once(pipeline: str, data: Path, out: Path, overlap) -> graphrun.Manifest:
@@ -65,8 +69,8 @@ def run_once(pipeline: str, data: Path, out: Path, overlap) -> graphrun.Manifest
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pipelines", default=",".join(INPUTS))
-    p.add_argument("--records", type=int, default=200_000)
-    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--records", type=int, default=1_000_000)
+    p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--workdir", default=None)
     p.add_argument("--out", default=None, help="write the markdown report here too")
     args = p.parse_args()

@@ -148,7 +148,7 @@ def test_a_stop_finishes_the_batches_launched_and_reads_no_further(runner, overl
 def test_measured_legs_write_what_serial_writes_in_the_same_order(runner):
     """One record batch a leg: the paths alternate batch by batch, and the writes (rows, their
     order, rejects, each batch's first covered ordinal) are those of the serial path."""
-    data = batches([3, 4, 7, 0, 1, 4, 2, 9, 4, 4, 3, 5, 2], reject_every=5)
+    data = batches([3, 4, 7, 0, 1, 4, 2, 9, 4, 4, 3, 5, 2, 1, 4, 3, 6, 2, 4], reject_every=5)
     serial, measured = ListWriter(), ListWriter()
     run(runner, data, serial, overlap=False)
     trial = OverlapTrial(leg_s=0, every_s=0)
@@ -158,7 +158,8 @@ def test_measured_legs_write_what_serial_writes_in_the_same_order(runner):
         assert a[:3] == b[:3] and a[-1] == b[-1]
         if a[0] == "write":
             np.testing.assert_array_equal(a[3], b[3])
-    assert len(trial.rounds) == 2  # 13 batches: two rounds of 4 legs and a chosen leg each
+    # 19 batches: a warm-up leg, then two rounds of 8 legs and a chosen leg each
+    assert len(trial.rounds) == 2
     assert all(r["serial"] > 0 and r["overlapped"] > 0 for r in trial.rounds)
     assert no_threads_left()
 
@@ -187,38 +188,40 @@ def sleepy(data, cost: float):
 
 
 def test_measured_keeps_serial_when_overlapped_is_slower(runner):
-    writer = ThreadedWriter(0.002, completer_cost=0.05)
-    trial = OverlapTrial(leg_s=0.05, every_s=60)
-    run(runner, batches([4] * 80), writer, overlap=trial)
+    writer = ThreadedWriter(0.002, completer_cost=0.03)
+    trial = OverlapTrial(leg_s=0.02, every_s=60)
+    run(runner, batches([4] * 150), writer, overlap=trial)
     assert len(trial.rounds) == 1 and trial.choice is False
     assert trial.rounds[0]["overlapped"] < trial.rounds[0]["serial"]
     # the legs after the round ran inline: the launching thread wrote
     assert writer.threads[-10:] == ["MainThread"] * 10
-    assert len(writer.calls) == 80 and no_threads_left()
+    assert len(writer.calls) == 150 and no_threads_left()
 
 
 def test_measured_takes_overlapped_when_it_is_faster(runner):
     # reading and writing 20 ms each: serially 40 ms a batch, overlapped about 20
     writer = ThreadedWriter(0.02)
     trial = OverlapTrial(leg_s=0.1, every_s=60)
-    run(runner, sleepy(batches([4] * 40), 0.02), writer, overlap=trial)
+    run(runner, sleepy(batches([4] * 60), 0.02), writer, overlap=trial)
     assert len(trial.rounds) == 1 and trial.choice is True
     assert trial.rounds[0]["overlapped"] > trial.rounds[0]["serial"]
     assert writer.threads[-10:] == ["graphrun-completer"] * 10
-    assert [c[1][0] for c in writer.calls] == list(range(0, 160, 4)) and no_threads_left()
+    assert [c[1][0] for c in writer.calls] == list(range(0, 240, 4)) and no_threads_left()
 
 
 def test_a_trial_takes_overlapped_only_when_it_is_faster_by_its_margin():
     trial = OverlapTrial(leg_s=0, every_s=0, margin=1.05)
     legs = trial.legs()
-    for records, path in ((100, False), (104, True), (104, True), (100, False)):
-        assert next(legs)[0] is path
-        trial.record(path, records, 1.0)
-    assert next(legs) == (False, 0) and trial.rounds == [{"serial": 100.0, "overlapped": 104.0}]
-    for records, path in ((100, False), (106, True), (106, True), (100, False)):
-        assert next(legs)[0] is path
-        trial.record(path, records, 1.0)
-    assert next(legs) == (True, 0) and trial.rounds[-1]["overlapped"] == 106.0
+    assert next(legs) == (False, 0)
+    trial.record(False, 1, 100.0)  # the warm-up: not timed
+    order = [False, True, True, False, True, False, False, True]
+    for rate, round_ in ((104, 0), (106, 1)):
+        for path in order:
+            assert next(legs)[0] is path
+            trial.record(path, rate if path else 100, 1.0)
+        assert next(legs) == (rate >= 105, 0)
+        assert trial.rounds[round_] == {"serial": 100.0, "overlapped": float(rate)}
+        trial.record(rate >= 105, 1, 100.0)  # the chosen path's leg: not timed either
 
 
 def test_the_overlapped_path_keeps_at_most_slots_batches_in_flight(runner):
