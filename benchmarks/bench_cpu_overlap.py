@@ -7,7 +7,8 @@ faster, replay.OverlapTrial).
 
 Inputs are made by examples/make_data.py: --records rows for the MLP, a fifth of that many
 decode steps and a hundredth of that many texts for the encoder, so that each run streams for
-10-20 s, long beside the measured path's trial (1 s of legs after a 0.25 s warm-up, every 30 s).
+10-20 s: the measured path's first trial round (eight legs of 0.5 s after a 0.5 s warm-up)
+takes a quarter to half of it, and the chosen path the rest.
 Each pipeline runs `--repeat` times on each path, the
 three paths in turn within a repetition (so a drift in the machine's speed weighs on all
 three); the table gives each path's median records/s (manifest totals.records_per_s), the

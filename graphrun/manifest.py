@@ -102,9 +102,9 @@ class Totals(_M):
     overlap_trials: list[dict[str, float]] = Field(
         default_factory=list, description="With the overlap measured (GRAPHRUN_OVERLAP=measure, "
         "the CPU's default): records/s of the serial and the overlapped path in each trial "
-        "round, timed on the stream itself (after an untimed serial leg of 0.25 s, eight legs "
-        "of 0.25 s, four on each path, interleaved). After a round the faster path runs for "
-        "30 s, overlapped only when 2% faster. Empty when the overlap was fixed, or when the "
+        "round, timed on the stream itself (after an untimed serial leg of 0.5 s, eight legs "
+        "of 0.5 s, four on each path, interleaved). After a round the faster path runs for "
+        "60 s, overlapped only when 5% faster. Empty when the overlap was fixed, or when the "
         "stream ended within the first round.")
     host_phase_s: dict[str, float] = Field(
         default_factory=dict, description="Host seconds per phase of the stream, summed per "

@@ -286,3 +286,14 @@ def test_after_a_write_fails_nothing_queued_behind_it_is_written():
     done.close()
     assert writer.calls == [] and len(waited) == 3
     assert sorted(pool.acquire() for _ in range(4)) == [0, 1, 2, 3]  # every slot freed
+
+
+def test_the_manifest_describes_the_trial_the_defaults_run():
+    from graphrun.manifest import Totals
+
+    text = Totals.model_fields["overlap_trials"].description
+    t = OverlapTrial()
+    assert f"legs of {t.leg_s:g} s" in text and f"leg of {t.leg_s:g} s" in text
+    assert f"runs for {t.every_s:g} s" in text
+    assert f"only when {round((t.margin - 1) * 100)}% faster" in text
+    assert len(t.ORDER) == 8 and t.ORDER.count(True) == 4 and "eight legs" in text
