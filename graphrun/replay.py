@@ -116,7 +116,8 @@ def _leg(runner, batches: Iterable, writer, on_batches: Callable, on_read: Calla
 
 class Cursor:
     """The input's record batches, taken in legs: each with the first input ordinal it
-    accounts for (its batch_start), counting the records taken."""
+    accounts for (its batch_start), counting the records taken, rejects included (they cost
+    their parsing too)."""
 
     def __init__(self, batches: Iterable, start: int):
         self._it = iter(batches)
@@ -135,7 +136,7 @@ class Cursor:
                 self.exhausted = True
                 return
             batch_start, self.start = self.start, _covered_to(rb, self.start) + 1
-            self.records += len(rb.indices)
+            self.records += len(rb.indices) + len(rb.rejects)
             yield rb, batch_start
             if until is not None and time.perf_counter() >= until:
                 return
@@ -185,7 +186,7 @@ class OverlapTrial:
                               for p in (False, True))
         self._round = None
         self.rounds.append({"serial": round(serial, 1), "overlapped": round(overlapped, 1)})
-        self.choice = overlapped >= self.margin * serial
+        self.choice = overlapped > self.margin * serial  # a tie (0 and 0 too): serial
 
 
 def _launch_all(runner, source, done: "Completer", host: dict, stream, on_read: Callable,

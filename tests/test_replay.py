@@ -288,6 +288,25 @@ def test_after_a_write_fails_nothing_queued_behind_it_is_written():
     assert sorted(pool.acquire() for _ in range(4)) == [0, 1, 2, 3]  # every slot freed
 
 
+def test_a_trial_over_rejects_only_counts_them_and_keeps_serial(runner):
+    """Batches of rejects only: the legs still read records, and a tie stays serial."""
+    trial = OverlapTrial(leg_s=0, every_s=0)
+    writer = ListWriter()
+    run(runner, batches([0] * 12, reject_every=1), writer, overlap=trial)
+    assert [c[0] for c in writer.calls] == ["reject"] * 12
+    assert len(trial.rounds) == 1 and trial.rounds[0]["serial"] > 0
+    assert trial.rounds[0]["overlapped"] > 0 and no_threads_left()
+
+
+def test_a_tie_stays_serial():
+    trial = OverlapTrial(leg_s=0, every_s=0, margin=1.0)
+    legs = trial.legs()
+    for _ in range(9):
+        threaded, _ = next(legs)
+        trial.record(threaded, 0, 1.0)
+    assert next(legs) == (False, 0) and trial.rounds == [{"serial": 0.0, "overlapped": 0.0}]
+
+
 def test_the_manifest_describes_the_trial_the_defaults_run():
     from graphrun.manifest import Totals
 
