@@ -4,7 +4,10 @@ An output folder holds, besides the shards (see sinks.py for their names):
 
     run.json        the run's fingerprint ({"spec_sha256": ..., "input_sha256": ...}), written
                     when the folder is first prepared; --resume refuses a folder whose
-                    fingerprint differs.
+                    fingerprint differs. The input is hashed beside setup and streaming, so a
+                    new run first writes input_sha256 null, then the hash before its first
+                    journal line (write.py waits for it there): a run.json without the hash
+                    means nothing was committed.
     journal.jsonl   one line per committed shard, in shard order, appended (and fsynced) only
                     after the shard's files are fsynced and renamed into place and the rejects
                     below its next_index are durable (write.py commits off the writer's thread,
@@ -28,10 +31,12 @@ import fnmatch
 import hashlib
 import json
 import os
+import threading
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from graphrun.errors import OutputError
+from graphrun.errors import InputError, OutputError
 
 JOURNAL = "journal.jsonl"
 REJECTS = "rejects.jsonl"
@@ -79,6 +84,58 @@ def sha256_file(path: Path) -> str:
         while chunk := f.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
+
+
+class InputHash:
+    """sha256 of the input file, on a thread of its own (hashlib and file reads release the
+    GIL), so that the device does not wait for it before setup: 0.8 s a GB on the H200's
+    host. result() waits for it; stop() abandons it (a run that failed needs no hash)."""
+
+    CHUNK = 1 << 20
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.waited_s = 0.0  # how long the main thread waited in result()
+        self._digest: str | None = None
+        self._error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._hash, name="graphrun-input-hash",
+                                        daemon=True)
+        self._thread.start()
+
+    def _hash(self) -> None:
+        try:
+            h = hashlib.sha256()
+            with open(self.path, "rb") as f:
+                while not self._stop.is_set() and (chunk := f.read(self.CHUNK)):
+                    h.update(chunk)
+            if not self._stop.is_set():
+                self._digest = h.hexdigest()
+        except BaseException as err:  # noqa: BLE001 - raised by result()
+            self._error = err
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def result(self) -> str:
+        t0 = time.perf_counter()
+        self._thread.join()
+        if threading.current_thread() is threading.main_thread():
+            self.waited_s += time.perf_counter() - t0  # the run's own wait, not a committer's
+        if self._error is not None:
+            raise InputError(f"cannot read the input file to hash it (for --resume's check "
+                             f"that it did not change): {self._error}; check that it is "
+                             "readable, then run again", where=str(self.path)) from self._error
+        if self._digest is None:
+            raise OutputError(f"the input file {self.path} was not hashed (stopped)")
+        return self._digest
+
+    def stop(self) -> str | None:
+        """The hash if it is done, else None, the thread told to stop and joined."""
+        if not self.done():
+            self._stop.set()
+        self._thread.join()
+        return self._digest
 
 
 def fsync_path(path: Path) -> None:
@@ -225,11 +282,17 @@ def prepare_out_dir(out_dir: Path, *, resume: bool, overwrite: bool,
     if point is None:
         # Nothing was committed: whatever the earlier attempt left is incomplete.
         _remove(out_dir, [p for p in own if p.name != RUN_JSON])
+        write_fingerprint(out_dir, fingerprint)
     return point
 
 
 def _start(out_dir: Path, fingerprint: dict) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
+    write_fingerprint(out_dir, fingerprint)
+
+
+def write_fingerprint(out_dir: Path, fingerprint: dict) -> None:
+    """run.json, replaced durably (the input's hash is added once it is known)."""
     tmp = out_dir / f".{RUN_JSON}.tmp"
     with open(tmp, "w") as f:
         json.dump(fingerprint, f, indent=2, sort_keys=True)
@@ -282,6 +345,8 @@ def _check_fingerprint(out_dir: Path, fingerprint: dict) -> None:
     except ValueError as e:
         raise OutputError(f"{path} is not JSON ({e}); rerun with --overwrite") from None
     now = json.loads(json.dumps(fingerprint))  # compare as stored: tuples become lists
+    if before.get("input_sha256", "") is None and read_journal(out_dir) is None:
+        before["input_sha256"] = now.get("input_sha256")  # never hashed, nothing committed
     changed = [_change(k, before.get(k), now.get(k))
                for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
     if changed:

@@ -25,7 +25,8 @@ from .replay import OverlapTrial, replay_stream
 from .runner import Runner
 from .stream import ReadAhead, read_batches
 from .timing import PHASES, percentiles, spread_warning
-from .write import ShardWriter, prepare_out_dir, sha256_file
+from .journal import InputHash, write_fingerprint
+from .write import ShardWriter, prepare_out_dir
 
 
 def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite: bool = False,
@@ -43,14 +44,21 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     out_dir = Path(out).resolve() if out else spec.output.dir
     spec_json = spec.model_dump(mode="json")
     job = RunState(spec, out_dir, spec_json)
-    fingerprint = {"spec_sha256": job.spec_sha, "input_sha256": job.input_sha,
+    # The input is hashed beside setup and streaming; --resume needs it first, to compare, and
+    # a new run records it in run.json before its first journal line (journal.py).
+    fingerprint = {"spec_sha256": job.spec_sha,
+                   "input_sha256": job.input_hash.result() if resume else None,
                    "slice": [start, stop]}
     try:
         resume_point = prepare_out_dir(out_dir, resume=resume, overwrite=overwrite,
                                        fingerprint=fingerprint)
     except OSError as err:
+        job.input_hash.stop()
         raise OutputError(f"cannot use output folder {out_dir}: {err.strerror or err}; pick a "
                           "folder you can write to (--out or output.dir)") from err
+    except BaseException:
+        job.input_hash.stop()
+        raise
     if resume_point is not None:
         # Re-read from the start of the batch that held the last committed row, so batches
         # (and their buckets) are as before; the records below next_index are not counted again.
@@ -67,7 +75,9 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
             job.runner = runner = Runner(spec, log=_log_and(job.warn) if show else job.warn)
             if spec.report.baseline == "eager":
                 runner.measure_baseline()
-            writer = ShardWriter(spec, out_dir, resume=resume_point)
+            writer = ShardWriter(spec, out_dir, resume=resume_point,
+                                 before_first_journal=None if fingerprint["input_sha256"]
+                                 else lambda: job.record_input_hash(fingerprint))
             latencies, job.batches_before = open_latencies(
                 out_dir / "latencies.jsonl", keep_below=start if resume_point else None)
             t0 = time.perf_counter()
@@ -116,6 +126,7 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
                 # same shards as an uninterrupted run; a failure commits all it has before it
                 job.files = writer.close(partial=job.status != "interrupted")
                 job.records_out, job.rejected = writer.rows_written, writer.rejects_written
+            job.settle_hash(fingerprint)
             job.settle_counts()
             manifest = job.manifest()
             write_manifest(manifest, out_dir / "manifest.json")
@@ -180,9 +191,9 @@ class RunState:
     def __init__(self, spec, out_dir: Path, spec_json: dict):
         self.spec, self.out_dir, self.spec_json = spec, out_dir, spec_json
         self.spec_sha = spec_digest(spec_json)
-        t0 = time.perf_counter()
-        self.input_sha = sha256_file(spec.data.path)  # for --resume: the same input
-        self.input_hash_s = time.perf_counter() - t0
+        self.t0 = time.perf_counter()
+        self.input_hash = InputHash(spec.data.path)  # for --resume: the same input
+        self.input_sha: str | None = None
         self.started = _now()
         self.status, self.error = "failed", None
         self.records_in = self.records_out = self.rejected = self.batches = 0
@@ -208,6 +219,25 @@ class RunState:
                 r.index >= self.count_from for r in rb.rejects)
         self.records_in += new
         return new
+
+    def record_input_hash(self, fingerprint: dict) -> None:
+        """run.json gets the input's hash (waited for): before the first journal line, on the
+        committer's thread, or at the end of a run that committed nothing."""
+        fingerprint["input_sha256"] = self.input_sha = self.input_hash.result()
+        write_fingerprint(self.out_dir, fingerprint)
+
+    def settle_hash(self, fingerprint: dict) -> None:
+        """A completed run waits for the input's hash (the manifest records it); a stopped
+        or failed one takes it only if it is done (a commit waited for it)."""
+        if self.status != "completed":
+            self.input_sha = self.input_hash.stop()
+            return
+        try:
+            if fingerprint["input_sha256"] is None:  # nothing was journaled
+                self.record_input_hash(fingerprint)
+            self.input_sha = self.input_hash.result()
+        except (GraphrunError, OSError) as err:
+            self.warnings.append(f"the input was not hashed, so --resume cannot check it: {err}")
 
     def settle_counts(self) -> None:
         """A completed run's records_in is counted as read, independently of the writer's
@@ -279,13 +309,14 @@ class RunState:
                 w = spread_warning(values, f"bucket {state.bucket.name} {phase}")
                 if w:
                     self.warnings.append(w)
-        wall = self.input_hash_s + (runner.setup_s if runner else 0.0) + self.stream_s
+        wall = time.perf_counter() - self.t0
         busy = (min(1.0, self.device_s() / self.stream_s)
                 if self.stream_s and runner and runner.cuda else None)
         totals = Totals(
             records_in=self.records_in, records_out=self.records_out,
             records_rejected=self.rejected, batches=self.batches, wall_s=wall,
-            setup_s=runner.setup_s if runner else 0.0, input_hash_s=self.input_hash_s,
+            setup_s=runner.setup_s if runner else 0.0, stream_s=self.stream_s,
+            input_hash_s=self.input_hash.waited_s,
             records_per_s=(self.records_out / self.stream_s) if self.stream_s else 0.0,
             capture_s=capture_s, capture_memory_bytes=capture_mem,
             padding_ratio=padded / rows_run if rows_run else 0.0,

@@ -130,7 +130,7 @@ def stream_breakdown(totals) -> str | None:
     """Where the streaming time went, per step, as shares of it: serially they add up to
     about all of it; overlapped the threads run side by side, and the largest share of a
     step that is the host's own work (not a wait) is what bounds the rate."""
-    stream = totals.wall_s - totals.setup_s - totals.input_hash_s
+    stream = totals.stream_s
     phases = totals.host_phase_s
     if stream <= 0 or not phases:
         return None

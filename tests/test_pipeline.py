@@ -173,3 +173,93 @@ def test_phases_are_timed_on_a_sample_and_e2e_on_every_batch(tmp_path, monkeypat
     assert all(lines[i]["h2d_us"] >= 0 and lines[i]["d2h_us"] >= 0 for i in timed)
     (bucket,) = [b for b in m.buckets if b.batches]
     assert set(bucket.latency_us) == {"h2d", "replay", "d2h", "e2e"}
+
+
+def decoder_spec(*overrides):
+    return graphrun.load_spec(ROOT / "pipelines" / "decoder-step.yaml",
+                              ["data.batch_size=5", "output.rows_per_file=37", *overrides])
+
+
+def test_the_input_is_hashed_beside_setup_and_in_run_json_before_the_first_journal_line(
+        tmp_path, monkeypatch):
+    import threading
+    import time
+
+    import graphrun.pipeline as pipeline
+    from graphrun import journal, write
+
+    spec = decoder_spec()
+    want = journal.sha256_file(spec.data.path)
+    times, seen = {}, []
+    hash_file = journal.InputHash._hash
+
+    def slow_hash(self):  # 0.3 s late: setup must not wait for it
+        time.sleep(0.3)
+        hash_file(self)
+        times["hashed"] = time.perf_counter()
+
+    def runner(*a, **k):
+        times.setdefault("setup", time.perf_counter())
+        return real_runner(*a, **k)
+
+    def append(out_dir, *a, **k):  # what run.json says as each journal line is appended
+        seen.append(json.loads((out_dir / "run.json").read_text())["input_sha256"])
+        return real_append(out_dir, *a, **k)
+
+    real_runner, real_append = pipeline.Runner, write.append_journal
+    monkeypatch.setattr(journal.InputHash, "_hash", slow_hash)
+    monkeypatch.setattr(pipeline, "Runner", runner)
+    monkeypatch.setattr(write, "append_journal", append)
+    m = graphrun.run(spec, out=tmp_path / "o", stop=300, overlap=False)
+    assert times["setup"] < times["hashed"]  # setup started while the input was hashed
+    assert len(seen) == 9 and seen == [want] * 9  # 300 rows in shards of 37
+    assert m.input["sha256"] == want
+    assert json.loads((tmp_path / "o" / "run.json").read_text())["input_sha256"] == want
+    assert m.totals.wall_s >= m.totals.setup_s + m.totals.stream_s
+    assert not [t for t in threading.enumerate() if t.name == "graphrun-input-hash"]
+
+
+def test_a_run_stopped_before_its_input_was_hashed_is_resumed_from_the_start(tmp_path):
+    """run.json without the input's hash: the run committed nothing (the hash is written
+    before the first journal line), so --resume starts over in the folder."""
+    spec = decoder_spec()
+    clean = graphrun.run(spec, out=tmp_path / "clean", stop=100)
+    out = tmp_path / "o"
+    out.mkdir()
+    run_json = json.loads((tmp_path / "clean" / "run.json").read_text())
+    (out / "run.json").write_text(json.dumps({**run_json, "input_sha256": None}))
+    (out / "manifest.json").write_text(json.dumps({"status": "interrupted"}))
+    m = graphrun.run(spec, out=out, stop=100, resume=True)
+    assert m.status == "completed" and m.totals.records_out == 100
+    assert json.loads((out / "run.json").read_text()) == run_json
+    assert [f.sha256 for f in m.files] == [f.sha256 for f in clean.files]
+    # with a journal line, a run.json without the hash is not trusted
+    (out / "run.json").write_text(json.dumps({**run_json, "input_sha256": None}))
+    with pytest.raises(graphrun.OutputError, match="input_sha256 changed"):
+        graphrun.run(spec, out=out, stop=100, resume=True)
+
+
+def test_a_failed_setup_does_not_wait_for_the_input_hash(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    import graphrun.pipeline as pipeline
+    from graphrun import journal
+
+    def never_done(self):  # hashing a huge file: it only ends when told to stop
+        while not self._stop.wait(0.01):
+            pass
+
+    def failing_runner(*a, **k):
+        raise graphrun.ModelError("model: the build failed")
+
+    monkeypatch.setattr(journal.InputHash, "_hash", never_done)
+    monkeypatch.setattr(pipeline, "Runner", failing_runner)
+    t0 = time.perf_counter()
+    with pytest.raises(graphrun.ModelError):
+        graphrun.run(decoder_spec(), out=tmp_path / "o")
+    assert time.perf_counter() - t0 < 10
+    m = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert m["status"] == "failed" and m["input"]["sha256"] is None
+    assert json.loads((tmp_path / "o" / "run.json").read_text())["input_sha256"] is None
+    assert not [t for t in threading.enumerate() if t.name == "graphrun-input-hash"]
