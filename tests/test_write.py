@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -748,3 +749,29 @@ def test_write_refuses_indices_that_do_not_increase_within_a_batch(tmp_path):
     w.write(np.array([7]), np.array([7]), make_rows(1, ragged=False))
     w.close()
     assert np.load(tmp_path / "out" / "part-00000.ids.npy").tolist() == [0, 1, 5, 7]
+
+
+def test_the_input_hash_is_the_files_sha256_and_its_errors_name_the_file(tmp_path):
+    from graphrun.errors import InputError
+    from graphrun.journal import InputHash
+
+    f = tmp_path / "in.bin"
+    f.write_bytes(os.urandom(3 << 20) + b"tail")
+    assert InputHash(f).result() == sha256_file(f)
+    with pytest.raises(InputError, match="cannot read the input file to hash it") as e:
+        InputHash(tmp_path / "missing.jsonl").result()
+    assert "missing.jsonl" in str(e.value)
+
+
+def test_stopping_the_input_hash_ends_its_child_at_once(tmp_path):
+    import time
+
+    from graphrun.journal import InputHash
+
+    fifo = tmp_path / "never-written"
+    os.mkfifo(fifo)  # opening it for reading blocks until a writer comes: never
+    h = InputHash(fifo)
+    time.sleep(0.3)  # the child is started and blocked
+    t0 = time.perf_counter()
+    assert h.stop() is None and h.done()
+    assert time.perf_counter() - t0 < 5
