@@ -4,10 +4,9 @@ An output folder holds, besides the shards (see sinks.py for their names):
 
     run.json        the run's fingerprint ({"spec_sha256": ..., "input_sha256": ...}), written
                     when the folder is first prepared; --resume refuses a folder whose
-                    fingerprint differs. The input is hashed beside setup and streaming, so a
-                    new run first writes input_sha256 null, then the hash before its first
-                    journal line (write.py waits for it there): a run.json without the hash
-                    means nothing was committed.
+                    fingerprint differs. The input is hashed beside setup, so a new run
+                    first writes input_sha256 null, then the hash before it streams: a
+                    run.json without the hash means nothing was committed.
     journal.jsonl   one line per committed shard, in shard order, appended (and fsynced) only
                     after the shard's files are fsynced and renamed into place and the rejects
                     below its next_index are durable (write.py commits off the writer's thread,
@@ -89,11 +88,10 @@ def sha256_file(path: Path) -> str:
 
 
 class InputHash:
-    """sha256 of the input file, computed beside setup and streaming by a child process, so
-    that the device does not wait for it before setup (0.8 s a GB on the H200's host). A
-    thread of this process hashing it instead took the GIL from the stream's threads often
-    enough to cut the MLP's npy run from 2.38M to 1.39M records/s (RESULTS.md). result()
-    waits for it; stop() abandons it (a run that failed needs no hash)."""
+    """sha256 of the input file, computed by a child process beside setup (0.8 s a GB on the
+    H200's host, as long as the MLP's setup), not after it. In a thread of this process it
+    would take the GIL from the runner's and reader's threads now and then. result() waits
+    for it; stop() abandons it (a run that failed in setup needs no hash)."""
 
     CHILD = ("import hashlib, sys\n"
              "h = hashlib.sha256()\n"

@@ -77,16 +77,15 @@ class Totals(_M):
     records_rejected: int
     batches: int
     wall_s: float = Field(..., description="From the start of the run to its manifest: "
-                          "setup_s, stream_s, and the output folder's preparation, the last "
-                          "commits and any wait for the input's hash.")
+                          "setup_s, stream_s, and the output folder's preparation, the wait "
+                          "for the input's hash and the last commits.")
     setup_s: float = Field(..., description="Model build, buffers, capture and verify.")
     stream_s: float = Field(0.0, description="The streaming time: from the end of setup to "
                             "the last batch written.")
     input_hash_s: float = Field(0.0, description="How long the run waited for the input file's "
                                 "sha256 (for --resume's check that it did not change), which "
-                                "is computed on a thread of its own beside setup and "
-                                "streaming: --resume waits for it before setup, a completed "
-                                "run at its end.")
+                                "a child process computes beside setup: --resume waits for it "
+                                "before setup, a new run after setup, before streaming.")
     records_per_s: float = Field(..., description="records_out / the streaming time, which "
                                  "starts after setup; the input's first batch is read during "
                                  "setup, beside it.")

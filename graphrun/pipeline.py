@@ -44,8 +44,8 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     out_dir = Path(out).resolve() if out else spec.output.dir
     spec_json = spec.model_dump(mode="json")
     job = RunState(spec, out_dir, spec_json)
-    # The input is hashed beside setup and streaming; --resume needs it first, to compare, and
-    # a new run records it in run.json before its first journal line (journal.py).
+    # The input is hashed beside setup (journal.InputHash); --resume needs it first, to
+    # compare, and a new run records it in run.json once setup is done, before streaming.
     fingerprint = {"spec_sha256": job.spec_sha,
                    "input_sha256": job.input_hash.result() if resume else None,
                    "slice": [start, stop]}
@@ -75,11 +75,13 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
             job.runner = runner = Runner(spec, log=_log_and(job.warn) if show else job.warn)
             if spec.report.baseline == "eager":
                 runner.measure_baseline()
-            writer = ShardWriter(spec, out_dir, resume=resume_point,
-                                 before_first_journal=None if fingerprint["input_sha256"]
-                                 else lambda: job.record_input_hash(fingerprint))
+            writer = ShardWriter(spec, out_dir, resume=resume_point)
             latencies, job.batches_before = open_latencies(
                 out_dir / "latencies.jsonl", keep_below=start if resume_point else None)
+            if fingerprint["input_sha256"] is None:
+                # not beside the stream: the hash's reading of the file slowed the MLP's npy
+                # stream from 2.38M to 1.1-1.4M records/s on the H200 (RESULTS.md)
+                job.record_input_hash(fingerprint)
             t0 = time.perf_counter()
             if overlap is None:
                 overlap = True if runner.cuda else MEASURE
@@ -126,7 +128,7 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
                 # same shards as an uninterrupted run; a failure commits all it has before it
                 job.files = writer.close(partial=job.status != "interrupted")
                 job.records_out, job.rejected = writer.rows_written, writer.rejects_written
-            job.settle_hash(fingerprint)
+            job.settle_hash()
             job.settle_counts()
             manifest = job.manifest()
             write_manifest(manifest, out_dir / "manifest.json")
@@ -221,23 +223,15 @@ class RunState:
         return new
 
     def record_input_hash(self, fingerprint: dict) -> None:
-        """run.json gets the input's hash (waited for): before the first journal line, on the
-        committer's thread, or at the end of a run that committed nothing."""
+        """run.json gets the input's hash, waited for: before the stream starts, so before
+        any journal line (a run.json without it means nothing was committed)."""
         fingerprint["input_sha256"] = self.input_sha = self.input_hash.result()
         write_fingerprint(self.out_dir, fingerprint)
 
-    def settle_hash(self, fingerprint: dict) -> None:
-        """A completed run waits for the input's hash (the manifest records it); a stopped
-        or failed one takes it only if it is done (a commit waited for it)."""
-        if self.status != "completed":
-            self.input_sha = self.input_hash.stop()
-            return
-        try:
-            if fingerprint["input_sha256"] is None:  # nothing was journaled
-                self.record_input_hash(fingerprint)
-            self.input_sha = self.input_hash.result()
-        except (GraphrunError, OSError) as err:
-            self.warnings.append(f"the input was not hashed, so --resume cannot check it: {err}")
+    def settle_hash(self) -> None:
+        """The manifest's input hash: known once streaming started; a run that failed before
+        (in setup, say) stops the hashing instead of waiting for it."""
+        self.input_sha = self.input_hash.stop()
 
     def settle_counts(self) -> None:
         """A completed run's records_in is counted as read, independently of the writer's

@@ -52,13 +52,9 @@ class ShardWriter:
     """Writes rows into shards of rows_per_file records and journals each committed shard.
 
     Used from one thread; only the committer's work runs on others. An error there (a full
-    disk) is raised by the next write(), reject() or close().
+    disk) is raised by the next write(), reject() or close()."""
 
-    before_first_journal: called on the committer's journal thread before the first journal
-    line is appended (pipeline.py records the input's hash in run.json there)."""
-
-    def __init__(self, spec: PipelineSpec, out_dir: Path, *, resume: ResumePoint | None = None,
-                 before_first_journal=None):
+    def __init__(self, spec: PipelineSpec, out_dir: Path, *, resume: ResumePoint | None = None):
         self.out_dir = Path(out_dir)
         self.format = spec.output.format
         self.rows_per_file = spec.output.rows_per_file
@@ -90,7 +86,7 @@ class ShardWriter:
             check_fresh(self.out_dir)
         else:
             restore(self.out_dir, resume)
-        self._committer = _Committer(self.out_dir, point, before_first_journal)
+        self._committer = _Committer(self.out_dir, point)
 
     @property
     def rows_written(self) -> int:
@@ -313,9 +309,8 @@ class _Committer:
     many settled (journaled, or dropped after a failure), the first error, and what the
     journal holds (files, rows, rejects)."""
 
-    def __init__(self, out_dir: Path, point: ResumePoint, before_first_journal=None):
+    def __init__(self, out_dir: Path, point: ResumePoint):
         self.out_dir = out_dir
-        self._before_first = before_first_journal  # run once, on the journal thread
         self._lock = threading.Condition()
         self._handed = self._settled = 0
         self.error: BaseException | None = None
@@ -359,9 +354,6 @@ class _Committer:
                 if shard.rejects_bytes:
                     fsync_path(self.out_dir / REJECTS)
                 fsync_path(self.out_dir)
-                if self._before_first is not None:
-                    self._before_first()
-                    self._before_first = None
                 append_journal(self.out_dir, shard.number, infos, shard.total_rows,
                                shard.next_index, shard.rejects_bytes, shard.rejects,
                                shard.read_from)
