@@ -67,7 +67,11 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
         job.records_in = resume_point.rows + resume_point.rejects
     with StopSignals() as stop_signal:
         writer = latencies = t0 = batches = None
-        progress = Progress(show, total=count_records(spec, start, stop) if show else None)
+        try:
+            progress = Progress(show, total=count_records(spec, start, stop) if show else None)
+        except BaseException:
+            job.input_hash.stop()
+            raise
         try:
             # the first batch is read while the runner sets up: for a Parquet file, its first
             # row groups decode meanwhile instead of keeping the device waiting (stream.py)
