@@ -263,3 +263,23 @@ def test_a_failed_setup_does_not_wait_for_the_input_hash(tmp_path, monkeypatch):
     assert m["status"] == "failed" and m["input"]["sha256"] is None
     assert json.loads((tmp_path / "o" / "run.json").read_text())["input_sha256"] is None
     assert not [t for t in threading.enumerate() if t.name == "graphrun-input-hash"]
+
+
+def test_a_failure_counting_the_records_stops_the_input_hash(tmp_path, monkeypatch):
+    import threading
+
+    import graphrun.pipeline as pipeline
+    from graphrun import journal
+
+    def never_done(self):
+        while not self._stop.wait(0.01):
+            pass
+
+    def bad_count(*a, **k):
+        raise graphrun.InputError("line 7: not JSON", where="decode.jsonl:7")
+
+    monkeypatch.setattr(journal.InputHash, "_hash", never_done)
+    monkeypatch.setattr(pipeline, "count_records", bad_count)
+    with pytest.raises(graphrun.InputError, match="not JSON"):
+        graphrun.run(decoder_spec(), out=tmp_path / "o", show=True)
+    assert not [t for t in threading.enumerate() if t.name == "graphrun-input-hash"]
