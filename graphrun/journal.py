@@ -102,7 +102,7 @@ class InputHash:
 
     def __init__(self, path: Path):
         self.path = path
-        self.waited_s = 0.0  # how long the main thread waited in result()
+        self.waited_s = 0.0  # how long callers waited in result()
         self._digest: str | None = None
         self._error: BaseException | None = None
         self._stop = threading.Event()
@@ -140,8 +140,7 @@ class InputHash:
     def result(self) -> str:
         t0 = time.perf_counter()
         self._thread.join()
-        if threading.current_thread() is threading.main_thread():
-            self.waited_s += time.perf_counter() - t0  # the run's own wait, not a committer's
+        self.waited_s += time.perf_counter() - t0
         if self._error is not None:
             raise InputError(f"cannot read the input file to hash it (for --resume's check "
                              f"that it did not change): {self._error}; check that it is "
