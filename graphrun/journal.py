@@ -93,6 +93,8 @@ class InputHash:
     would take the GIL from the runner's and reader's threads now and then. result() waits
     for it; stop() abandons it (a run that failed in setup needs no hash)."""
 
+    # sha256_file's loop, standalone: the child runs isolated (-I), where graphrun may not be
+    # importable (a checkout on PYTHONPATH, as on the GPU machine)
     CHILD = ("import hashlib, sys\n"
              "h = hashlib.sha256()\n"
              "with open(sys.argv[1], 'rb') as f:\n"
