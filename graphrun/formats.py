@@ -35,13 +35,16 @@ ARRAY_CHUNK_BYTES = 16 << 20  # npy/npz/parquet rows read at once: about this ma
 # rejects), so a 16 MiB chunk of narrow records (4 floats) would be 1M such objects at once.
 ARRAY_CHUNK_ROWS = 16384
 # Parquet row groups decoded at once. A thread decodes a list<float> column at 330k (Xeon of
-# the GPU machine) to 1M (EPYC) records of 256 values a second: the GPU machine's 2.3M needs 8.
-PARQUET_THREADS = min(8, os.cpu_count() or 1)
-# Decoded Parquet row groups waiting ahead of the reader: about this many bytes at most, room
-# for 8 row groups of 65536 records of 256 float32. A row group bigger than PARQUET_GROUP_BYTES
-# is streamed chunk by chunk instead, without decoding ahead: pq.write_table writes row groups of
-# up to 1Mi rows, 1 GiB of such records.
-PARQUET_AHEAD_BYTES = 512 << 20
+# the GPU machine) to 1M (EPYC) records of 256 values a second, and the GPU machine's MLP takes
+# 2.5M: so every core but four (the stager, launcher, completer and the CUDA driver's), at most
+# 12. On its 16 cores 12 threads ran the MLP's run at 0.87-0.90x of replay, 8 at 0.81-0.86x.
+PARQUET_THREADS = max(min(os.cpu_count() or 1, 2), min(12, (os.cpu_count() or 1) - 4))
+# Decoded Parquet row groups waiting ahead of the reader, those being decoded included: about
+# this many bytes at most, room for the 12 threads' row groups of 65536 records of 256 float32
+# (64.5 MiB each; 512 MiB held the 8 threads of before to 7 at once). A row group bigger than
+# PARQUET_GROUP_BYTES is streamed chunk by chunk instead, without decoding ahead:
+# pq.write_table writes row groups of up to 1Mi rows, 1 GiB of such records.
+PARQUET_AHEAD_BYTES = 1 << 30
 PARQUET_GROUP_BYTES = 128 << 20
 # Encoded Parquet pages are read this many bytes at a time. Without it pyarrow reads a whole
 # column chunk at once, and with pre_buffer (its default) every row group's asked for at once:
