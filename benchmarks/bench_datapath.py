@@ -66,6 +66,8 @@ from graphrun.stream import read_batches  # noqa: E402
 
 FORMATS = ("jsonl", "npy", "parquet")
 WRITE_CHUNK = 65536  # records generated and written at a time (bounded memory while writing)
+# records per Parquet row group (--parquet-row-group; None: pyarrow's default, up to 1Mi)
+PARQUET_ROW_GROUP: int | None = 65536
 RTOL = ATOL = 2e-2  # bf16 logits, as bench_capture.py
 
 
@@ -201,7 +203,7 @@ def write_inputs(case: Case, n: int, workdir: Path, formats: list[str],
             tmp = workdir / f".{case.name}.{name}.npy"
             dense_tmp[name] = (tmp, np.lib.format.open_memmap(tmp, "w+", dtype, shape))
     jsonl = open(paths["jsonl"], "wb") if "jsonl" in formats else None
-    parquet = None
+    parquet, pending = None, []
     for lo in range(0, n, WRITE_CHUNK):
         hi = min(lo + WRITE_CHUNK, n)
         values = chunk_values(case, lo, hi)
@@ -221,7 +223,11 @@ def write_inputs(case: Case, n: int, workdir: Path, formats: list[str],
             table = pa.table(cols)
             if parquet is None:
                 parquet = pq.ParquetWriter(paths["parquet"], table.schema)
-            parquet.write_table(table, row_group_size=WRITE_CHUNK)
+            pending.append(table)  # written by the row group: a row group per write_table
+            if hi == n or sum(len(t) for t in pending) >= (PARQUET_ROW_GROUP or 1 << 20):
+                parquet.write_table(pa.concat_tables(pending),
+                                    row_group_size=PARQUET_ROW_GROUP)
+                pending.clear()
     if jsonl:
         jsonl.close()
     if parquet:
@@ -607,8 +613,13 @@ def main() -> None:
     p.add_argument("--workdir", default=None, help="input and output files (default: a temp "
                    "dir, removed at the end)")
     p.add_argument("--out", default=None, help="write the markdown report here too")
+    p.add_argument("--parquet-row-group", type=int, default=65536,
+                   help="records per Parquet row group (default 65,536; 0: pyarrow's default, "
+                   "as pq.write_table and pandas write: up to 1Mi records in one)")
     p.add_argument("--smoke", action="store_true", help="tiny models and files; runs on a CPU")
     args = p.parse_args()
+    global PARQUET_ROW_GROUP
+    PARQUET_ROW_GROUP = args.parquet_row_group or None
     if args.repeat < 1:
         p.error("--repeat must be at least 1")
     args.records = args.records or (20_000 if args.smoke else 1_000_000)

@@ -25,6 +25,7 @@ from typing import Iterator
 import numpy as np
 
 from graphrun.errors import InputError
+from graphrun.parquet_pages import Piece, plan_pieces, read_footer, read_piece
 from graphrun.records import (Candidates, Field, Prechecked, RowWhere, field_from_arrow,
                               field_from_values, numpy_dtype, precheck, shape_problem)
 from graphrun.spec import PipelineSpec
@@ -46,6 +47,8 @@ PARQUET_THREADS = max(min(os.cpu_count() or 1, 2), min(12, (os.cpu_count() or 1)
 # pq.write_table writes row groups of up to 1Mi rows, 1 GiB of such records.
 PARQUET_AHEAD_BYTES = 1 << 30
 PARQUET_GROUP_BYTES = 128 << 20
+# ... and cut into pieces of about this many bytes, decoded as row groups are (parquet_pages.py)
+PARQUET_PIECE_BYTES = 64 << 20
 # Encoded Parquet pages are read this many bytes at a time. Without it pyarrow reads a whole
 # column chunk at once, and with pre_buffer (its default) every row group's asked for at once:
 # 440 MiB held to stream 64 MiB row groups of a 440 MB file, whatever the batch size.
@@ -327,8 +330,10 @@ def _parquet_batches(path: Path, pf, spec: PipelineSpec, spans: list[tuple[int, 
     pyarrow decodes a column chunk on one thread, releasing the GIL meanwhile: so up to
     PARQUET_THREADS row groups are decoded at once, each whole on a pool thread, which also
     converts and checks its chunks (see _pool_chunk), at most PARQUET_AHEAD_BYTES ahead of the
-    caller. A row group too big to decode whole is streamed when its turn comes, and so is one
-    whose decoding failed: a damaged page raises, naming the file, after the chunks before it."""
+    caller. A row group too big to decode whole is cut into pieces of about PARQUET_PIECE_BYTES
+    decoded the same way (parquet_pages.py); one that cannot be cut is streamed when its turn
+    comes, and so is the rest of a row group from a piece or row group whose decoding failed:
+    a damaged page raises, naming the file, after the chunks before it."""
     meta = pf.metadata
     sizes = {g: _decoded_bytes(meta.row_group(g), spec) for g, _ in spans}
     rows = sum(meta.row_group(g).num_rows for g, _ in spans)
@@ -336,18 +341,40 @@ def _parquet_batches(path: Path, pf, spec: PipelineSpec, spans: list[tuple[int, 
     # whole batches per chunk where it can: a batch across a chunk edge is a copy of its rows
     step -= step % spec.data.batch_size if step > spec.data.batch_size else 0
     first = dict(spans)
-    todo, ahead = deque(first), deque()  # ahead: (row group, its future; None: streamed)
+    todo, ahead = deque(first), deque()  # (row group or Piece, its future; None: streamed)
     pool = ThreadPoolExecutor(PARQUET_THREADS, thread_name_prefix="parquet")
     chunk = functools.partial(_pool_chunk, spec, path.name)
+    splitter = _Splitter(path, spec, meta, sizes, first, start, stop, pool)
+
+    def size(unit) -> int:
+        if isinstance(unit, Piece):
+            return sizes[unit.group] * unit.rows // meta.row_group(unit.group).num_rows
+        return sizes[unit]
+
+    def decode(unit):
+        if isinstance(unit, Piece):
+            return pool.submit(_decode_piece, path, splitter.footer, unit, step,
+                               first[unit.group] + unit.first, start, stop, chunk)
+        return pool.submit(_decode_group, path, meta, unit, columns, step, first[unit], start,
+                           stop, chunk)
+
     try:
         while todo or ahead:
-            _decode_ahead(todo, ahead, sizes, lambda g: pool.submit(
-                _decode_group, path, meta, g, columns, step, first[g], start, stop, chunk))
-            g, future = ahead.popleft()
+            _decode_ahead(todo, ahead, size, decode, splitter)
+            unit, future = ahead.popleft()
             chunks = _decoded(future) if future is not None else None
-            if chunks is None:
+            if chunks is None:  # streamed, with the rest of its row group's pieces
+                g = unit.group if isinstance(unit, Piece) else unit
+                lo = first[g] + (unit.first if isinstance(unit, Piece) else 0)
+                for queue in (ahead, todo):
+                    rest = [u for u in queue if not _of_group(u, g)]
+                    for u in queue:
+                        if _of_group(u, g) and isinstance(u, tuple) and u[1] is not None:
+                            u[1].cancel()
+                    queue.clear()
+                    queue.extend(rest)
                 yield from _cut(_stream_group(pf, path.name, g, columns, step), first[g],
-                                start, stop)
+                                max(start, lo), stop)
                 continue
             chunks.reverse()
             while chunks:  # dropped one by one: each is freed once the caller is done with it
@@ -356,17 +383,104 @@ def _parquet_batches(path: Path, pf, spec: PipelineSpec, spans: list[tuple[int, 
         pool.shutdown(cancel_futures=True)
 
 
-def _decode_ahead(todo: deque, ahead: deque, sizes: dict[int, int], decode) -> None:
-    """Move row groups from todo to ahead, starting their decoding, while fewer than
-    PARQUET_THREADS are ahead and their decoded bytes fit in PARQUET_AHEAD_BYTES (one fits
-    always). A row group bigger than PARQUET_GROUP_BYTES goes without a future: streamed."""
-    waiting = sum(sizes[g] for g, future in ahead if future is not None)
-    while todo and len(ahead) < PARQUET_THREADS and (
-            not ahead or waiting + sizes[todo[0]] <= PARQUET_AHEAD_BYTES):
-        g = todo.popleft()
-        whole = sizes[g] <= PARQUET_GROUP_BYTES
-        ahead.append((g, decode(g) if whole else None))
-        waiting += sizes[g] if whole else 0
+def _of_group(item, g: int) -> bool:
+    """Whether a todo or ahead entry (a row group, a Piece, or either with its future) belongs
+    to row group g."""
+    unit = item[0] if isinstance(item, tuple) else item
+    return (unit.group if isinstance(unit, Piece) else unit) == g
+
+
+def _decode_ahead(todo: deque, ahead: deque, size, decode, splitter: "_Splitter") -> None:
+    """Move row groups and pieces from todo to ahead, starting their decoding, while fewer
+    than PARQUET_THREADS are ahead and their decoded bytes fit in PARQUET_AHEAD_BYTES (one fits
+    always). A row group bigger than PARQUET_GROUP_BYTES is replaced by its pieces, once cut
+    (not waited for while there is something ahead), or goes without a future: streamed."""
+    waiting = sum(size(u) for u, future in ahead if future is not None)
+    while todo and len(ahead) < PARQUET_THREADS:
+        unit = todo[0]
+        if not isinstance(unit, Piece) and size(unit) > PARQUET_GROUP_BYTES:
+            pieces = splitter.pieces(unit, wait=not ahead)
+            if pieces is _LATER:
+                break
+            todo.popleft()
+            if pieces is None:
+                ahead.append((unit, None))
+            else:
+                todo.extendleft(reversed(pieces))
+            continue
+        if ahead and waiting + size(unit) > PARQUET_AHEAD_BYTES:
+            break
+        todo.popleft()
+        ahead.append((unit, decode(unit)))
+        waiting += size(unit)
+    splitter.plan_next(todo)
+
+
+_LATER = object()
+
+
+class _Splitter:
+    """The pieces of the row groups too big to decode whole (parquet_pages.plan_pieces), cut on
+    a pool thread: the next such row group is cut while the reader is still at the ones
+    before it."""
+
+    def __init__(self, path: Path, spec: PipelineSpec, meta, sizes: dict[int, int],
+                 first: dict[int, int], start: int, stop: int, pool: ThreadPoolExecutor):
+        self.path, self.meta, self.sizes, self.first = path, meta, sizes, first
+        self.start, self.stop, self.pool = start, stop, pool
+        self.per_row = _values_per_row(spec)
+        self.footer = None
+        self.plans: dict = {}  # row group -> future of its pieces, or of None
+
+    def pieces(self, g: int, wait: bool):
+        """Its pieces; None: stream it; _LATER: not cut yet, and not to be waited for."""
+        if self.per_row is None:
+            return None
+        if g not in self.plans:
+            self.plans[g] = self.pool.submit(self._plan, g)
+        if not wait and not self.plans[g].done():
+            return _LATER
+        try:
+            return self.plans.pop(g).result()
+        except Exception:  # noqa: BLE001 - a file the plan cannot read is streamed as before
+            return None
+
+    def plan_next(self, todo: deque) -> None:
+        if self.per_row is None:
+            return
+        for unit in todo:
+            if not isinstance(unit, Piece) and self.sizes[unit] > PARQUET_GROUP_BYTES:
+                if unit not in self.plans:
+                    self.plans[unit] = self.pool.submit(self._plan, unit)
+                return
+
+    def _plan(self, g: int) -> list | None:
+        with open(self.path, "rb") as f:
+            if self.footer is None:
+                self.footer = read_footer(f)
+            n = self.meta.row_group(g).num_rows
+            piece_rows = max(1, n * PARQUET_PIECE_BYTES // max(self.sizes[g], 1))
+            pieces = plan_pieces(f, self.footer, g, self.per_row, piece_rows)
+        if pieces is None:
+            return None
+        lo, hi = self.start - self.first[g], self.stop - self.first[g]
+        return [p for p in pieces if p.first < hi and p.first + p.rows > lo]
+
+
+def _values_per_row(spec: PipelineSpec) -> dict[str, int] | None:
+    """Values a record holds in each column read (1 for the id and a scalar input); None
+    where an input's shape after batch is not fixed (its pages cannot be cut by their counts)."""
+    per_row = {}
+    for name, inp in spec.inputs.items():
+        dims = inp.shape[1:]
+        if any(not isinstance(d, int) for d in dims):
+            return None
+        per_row[name] = int(np.prod(dims)) if dims else 1
+        if per_row[name] == 0:
+            return None
+    if spec.data.id_field:
+        per_row[spec.data.id_field] = 1
+    return per_row
 
 
 def _decoded_bytes(group, spec: PipelineSpec) -> int:
@@ -404,6 +518,15 @@ def _decode_group(path: Path, meta, group: int, columns: list[str], step: int, f
     with _open_parquet(path, meta) as f:
         batches = f.iter_batches(batch_size=step, row_groups=[group], columns=columns)
         return [chunk(rb, row) for rb, row in _cut(batches, first, start, stop)]
+
+
+def _decode_piece(path: Path, footer: dict, piece: Piece, step: int, first: int, start: int,
+                  stop: int, chunk) -> list:
+    """The chunks of one piece's rows in [start, stop), as _decode_group's; its first row in
+    the file is `first`."""
+    rb = read_piece(path, footer, piece)
+    batches = (rb.slice(lo, step) for lo in range(0, rb.num_rows, step))
+    return [chunk(b, row) for b, row in _cut(batches, first, start, stop)]
 
 
 def _cut(batches: Iterator, row: int, start: int, stop: int) -> Iterator[tuple]:

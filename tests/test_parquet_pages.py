@@ -1,0 +1,227 @@
+"""Big Parquet row groups cut into pieces decoded in parallel (parquet_pages.py): the records,
+rejects and locations read are the same as when the row group is read front to back."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from graphrun import formats, parquet_pages
+from graphrun.errors import InputError
+from graphrun.parquet_pages import (PieceMismatch, decode_struct, encode_struct, plan_pieces,
+                                    read_footer)
+from graphrun.spec import PipelineSpec
+from graphrun.stream import read_batches
+from tests.test_stream import everything, make_spec
+
+VEC = {"x": {"shape": ["batch", 6], "dtype": "float32"}}
+GRID = {"x": {"shape": ["batch", 2, 3], "dtype": "float32"}}
+N = 3000
+
+
+def vectors(n: int = N, width: int = 6) -> np.ndarray:
+    return (np.arange(n * width, dtype=np.float32).reshape(n, width) % 997) / 7
+
+
+def write(path, table: pa.Table, **kw):
+    """One row group, pages of about 1 KiB: many pages to cut at."""
+    kw = {"row_group_size": None, "data_page_size": 1024, **kw}
+    pq.write_table(table, path, **kw)
+    assert pq.ParquetFile(path).metadata.num_row_groups == 1
+    return path
+
+
+def vector_table(values: list, ids=None) -> pa.Table:
+    cols = {"x": pa.array(values, type=pa.list_(pa.float32()))}
+    if ids is not None:
+        cols = {"id": ids, **cols}
+    return pa.table(cols)
+
+
+@pytest.fixture
+def small_pieces(monkeypatch):
+    """Row groups over 1 KiB decoded are cut into pieces of about 16 KiB (some 600 records of
+    6 floats); returns the rows each decoded piece starts at, in the file."""
+    monkeypatch.setattr(formats, "PARQUET_GROUP_BYTES", 1024)
+    monkeypatch.setattr(formats, "PARQUET_PIECE_BYTES", 16 << 10)
+    monkeypatch.setattr(formats, "PARQUET_THREADS", 3)
+    firsts = []
+    decode = formats._decode_piece
+
+    def decoded(path, footer, piece, *a):
+        chunks = decode(path, footer, piece, *a)
+        firsts.append(piece.first)  # decoded as planned: not read again front to back
+        return chunks
+
+    monkeypatch.setattr(formats, "_decode_piece", decoded)
+    return firsts
+
+
+def front_to_back(spec, monkeypatch, **kw):
+    """What read_batches gives with the row group streamed whole."""
+    with monkeypatch.context() as m:
+        m.setattr(formats, "_values_per_row", lambda spec: None)
+        return everything(spec, **kw)
+
+
+def same_reads(a, b) -> None:
+    ids_a, rejects_a, batches_a = a
+    ids_b, rejects_b, batches_b = b
+    assert [int(i) if not isinstance(i, str) else i for i in ids_a] == [
+        int(i) if not isinstance(i, str) else i for i in ids_b]
+    assert [(r.index, r.id, r.where, r.reason) for r in rejects_a] == [
+        (r.index, r.id, r.where, r.reason) for r in rejects_b]
+    assert [w for b in batches_a for w in b.where] == [w for b in batches_b for w in b.where]
+    xa = [np.asarray(x) for b in batches_a for x in b.fields["x"]]
+    xb = [np.asarray(x) for b in batches_b for x in b.fields["x"]]
+    assert len(xa) == len(xb) and all(np.array_equal(p, q) for p, q in zip(xa, xb))
+
+
+def test_footer_round_trip(tmp_path):
+    """The Thrift compact codec writes back the bytes it read."""
+    path = write(tmp_path / "d.parquet", vector_table(vectors().tolist(), ids=[f"r{i}" for i in
+                                                                             range(N)]))
+    raw = path.read_bytes()
+    length = int.from_bytes(raw[-8:-4], "little")
+    footer_bytes = raw[-8 - length:-8]
+    footer, used = decode_struct(footer_bytes)
+    assert used == length and encode_struct(footer) == footer_bytes
+    with open(path, "rb") as f:
+        assert read_footer(f) == footer
+
+
+@pytest.mark.parametrize("kw", [
+    {}, {"compression": "none"}, {"compression": "zstd"}, {"use_dictionary": False},
+    {"data_page_version": "2.0"}, {"write_page_index": True}])
+@pytest.mark.parametrize("start,stop", [(0, None), (777, 2222), (2999, None)])
+def test_pieces_read_what_the_row_group_holds(tmp_path, monkeypatch, small_pieces, kw, start,
+                                              stop):
+    path = write(tmp_path / "d.parquet", vector_table(vectors().tolist(), ids=np.arange(N) * 3),
+                 **kw)
+    spec = make_spec(path, VEC, id_field="id", batch_size=5)
+    got = everything(spec, start=start, stop=stop)
+    assert small_pieces  # decoded as planned, not read front to back after a failure
+    if start == 0 and stop is None:
+        assert len(small_pieces) > 2 and min(small_pieces) == 0
+    assert [int(i) for i in got[0]] == [3 * i for i in range(N)[start:stop]]
+    same_reads(got, front_to_back(spec, monkeypatch, start=start, stop=stop))
+
+
+def test_pieces_of_nested_lists_and_string_ids(tmp_path, monkeypatch, small_pieces):
+    values = vectors().reshape(N, 2, 3).tolist()
+    table = pa.table({"id": [f"r{i}" for i in range(N)],
+                      "x": pa.array(values, type=pa.list_(pa.list_(pa.float32())))})
+    path = write(tmp_path / "d.parquet", table)
+    spec = make_spec(path, GRID, id_field="id", batch_size=4)
+    got = everything(spec)
+    assert len(small_pieces) > 2
+    assert got[0] == [f"r{i}" for i in range(N)]
+    same_reads(got, front_to_back(spec, monkeypatch))
+
+
+def test_rows_starting_mid_page_are_cut_only_where_a_row_starts(tmp_path, monkeypatch,
+                                                                 small_pieces):
+    """7 values a row: pages end at multiples of pyarrow's 1024-value mini-batches, most of
+    them inside a row."""
+    values = vectors(N, 7).tolist()
+    path = write(tmp_path / "d.parquet", vector_table(values))
+    spec = make_spec(path, {"x": {"shape": ["batch", 7], "dtype": "float32"}}, batch_size=8)
+    got = everything(spec)
+    assert len(small_pieces) > 2
+    assert sum(len(b) for b in got[2]) == N
+    same_reads(got, front_to_back(spec, monkeypatch))
+
+
+@pytest.mark.parametrize("bad", ["short and long", "null row", "null value", "short"])
+def test_records_of_another_size_read_as_before(tmp_path, monkeypatch, small_pieces, bad):
+    """Rows of 5 and 7 floats (their sum as if both had 6), a null row, a null value, a short
+    row: each rejected at its own ordinal, as when the row group is read front to back."""
+    values = vectors().tolist()
+    if bad == "short and long":
+        values[1000] = values[1000][:5]
+        values[1700] = values[1700] + [1.0]
+    elif bad == "null row":
+        values[1500] = None
+    elif bad == "null value":
+        values[1500][2] = None
+    else:
+        values[40] = values[40][:5]
+    path = write(tmp_path / "d.parquet", vector_table(values, ids=np.arange(N)))
+    spec = make_spec(path, VEC, id_field="id", batch_size=5, on_bad_record="skip")
+    got = everything(spec)
+    assert got[1] and sum(len(b) for b in got[2]) == N - len(got[1])
+    same_reads(got, front_to_back(spec, monkeypatch))
+
+
+def test_a_piece_that_does_not_match_its_plan_reads_the_rest_front_to_back(
+        tmp_path, monkeypatch, small_pieces):
+    path = write(tmp_path / "d.parquet", vector_table(vectors().tolist(), ids=np.arange(N)))
+    spec = make_spec(path, VEC, id_field="id", batch_size=5)
+    read = parquet_pages.read_piece
+
+    def third_fails(path, footer, piece):
+        if piece.first == third:
+            raise PieceMismatch("as if")
+        return read(path, footer, piece)
+
+    everything(spec)
+    third = sorted(small_pieces)[2]
+    small_pieces.clear()
+
+    monkeypatch.setattr(formats, "read_piece", third_fails)
+    got = everything(spec)
+    assert [int(i) for i in got[0]] == list(range(N))
+    assert third not in small_pieces and min(small_pieces) < third
+    same_reads(got, front_to_back(spec, monkeypatch))
+
+
+def test_a_row_group_that_cannot_be_cut_is_streamed(tmp_path, monkeypatch, small_pieces):
+    """An input of a varying length per record: no count of values per row to cut pages by."""
+    seq = {"x": {"shape": ["batch", "seq"], "dtype": "float32"}}
+    values = [[float(i)] * (1 + i % 4) for i in range(N)]
+    path = write(tmp_path / "d.parquet", vector_table(values))
+    spec = seq_spec(path, seq)
+    got = everything(spec)
+    assert small_pieces == [] and sum(len(b) for b in got[2]) == N
+
+
+def seq_spec(path, inputs) -> PipelineSpec:
+    return PipelineSpec.model_validate({
+        "version": 1, "name": "t", "model": {"builtin": "mlp"}, "inputs": inputs,
+        "outputs": {"y": {"shape": ["batch"]}}, "buckets": {"batch": [1, 4], "seq": [4]},
+        "data": {"path": str(path), "batch_size": 4}, "output": {"dir": str(path.parent / "o")}})
+
+
+def test_plan_refuses_what_it_cannot_cut(tmp_path):
+    path = write(tmp_path / "d.parquet", vector_table(vectors().tolist()))
+    with open(path, "rb") as f:
+        footer = read_footer(f)
+        assert plan_pieces(f, footer, 0, {"x": 6}, 500) is not None
+        assert plan_pieces(f, footer, 0, {"x": 5}, 500) is None  # counts do not add up
+        assert plan_pieces(f, footer, 0, {"x": 6}, N) is None  # one piece
+        assert plan_pieces(f, footer, 0, {"x": 6, "y": 1}, 500) is None  # no such column
+
+
+def test_a_damaged_page_in_a_piece_names_the_file(tmp_path, monkeypatch, small_pieces):
+    """A page whose levels cannot be decoded, late in the row group: the pieces before it are
+    read, its piece fails, and the rest of the row group read front to back raises an
+    InputError naming the file."""
+    path = write(tmp_path / "d.parquet", vector_table(vectors().tolist(), ids=np.arange(N)),
+                 compression="none", use_dictionary=False)
+    with open(path, "rb") as f:
+        footer = read_footer(f)
+        pieces = plan_pieces(f, footer, 0, {"id": 1, "x": 6}, 600)
+    page = pieces[-1].columns[1].pages[-1]
+    body = page.offset + page.size - page.body  # its repetition levels' byte length first
+    raw = bytearray(path.read_bytes())
+    raw[body:body + 4] = b"\xff" * 4
+    path.write_bytes(bytes(raw))
+    spec = make_spec(path, VEC, id_field="id", batch_size=5)
+    read = []
+    with pytest.raises(InputError, match=r"^d\.parquet: cannot decode the Parquet file"):
+        for batch in read_batches(spec):
+            read += [int(i) for i in batch.ids]
+    assert sorted(small_pieces) == [0, 1024]  # the third failed
+    assert read == list(range(len(read))) and len(read) >= 2000
