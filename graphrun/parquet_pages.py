@@ -220,14 +220,15 @@ def walk_pages(f, start: int, length: int) -> list[Page]:
     """The pages of the column chunk at [start, start + length), by their headers."""
     pages, pos, end = [], start, start + length
     while pos < end:
-        for n in (512, 64 << 10, end - pos):  # a header is tens of bytes, more with statistics
+        # a header is tens of bytes, more with statistics; one over 16 MiB is taken for damage
+        for n in (512, 64 << 10, 16 << 20):
             f.seek(pos)
             data = f.read(min(n, end - pos))
             try:
                 header, used = decode_struct(data)
                 break
             except ThriftError:
-                if n >= end - pos:
+                if n >= end - pos or n == 16 << 20:
                     raise
         kind = header[1][1]
         body, raw = header[3][1], header[2][1]
@@ -260,8 +261,7 @@ def first_rep_level(f, page: Page, codec: str | None, width: int) -> int:
         levels = body[4:]  # after the rep levels' byte length
     r = _Reader(levels)
     head = r.varint()
-    first = r.byte() if (head & 1) == 0 else r.byte() & 1
-    return first & ((1 << width) - 1) if head & 1 else first
+    return r.byte() & ((1 << width) - 1)  # an RLE run's value, or a bit-packed run's first
 
 
 # ---- the plan --------------------------------------------------------------------------------
@@ -329,7 +329,7 @@ def plan_pieces(f, footer: dict, group: int, per_row: dict[str, int], piece_rows
         codec = md[4][1]
         if codec not in _CODECS:
             return None
-        start = md[11][1] if 11 in md else md[9][1]
+        start = md[11][1] if md.get(11, (0, 0))[1] > 0 else md[9][1]  # 0: none (old writers)
         pages = walk_pages(f, start, md[7][1])
         dictionary = pages[0] if pages and pages[0].kind == _DICTIONARY_PAGE else None
         data = pages[1:] if dictionary else pages

@@ -74,12 +74,23 @@ def write_jsonl(path: Path, n: int) -> None:
             f.write("".join(f'{{"x": {json.dumps(r)}}}\n' for r in rows))
 
 
-def peak_rss(tmp_path: Path, data: Path, overlap: bool) -> int:
+def write_parquet(path: Path, n: int) -> None:
+    """One row group, as pq.write_table writes up to 1Mi records."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    x = values(n)
+    pq.write_table(pa.table({"x": pa.ListArray.from_arrays(
+        pa.array(np.arange(0, 4 * n + 1, 4, dtype=np.int32)), pa.array(x.reshape(-1)))}), path,
+        row_group_size=None)
+
+
+def peak_rss(tmp_path: Path, data: Path, overlap: bool, setup: str = "") -> int:
     spec = tmp_path / f"{data.stem}.yaml"
     spec.write_text(SPEC % {"data": data.name})
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    done = subprocess.run([sys.executable, "-c", RUN, str(spec), str(tmp_path / data.stem),
+    done = subprocess.run([sys.executable, "-c", setup + RUN, str(spec), str(tmp_path / data.stem),
                            "1" if overlap else "0"], capture_output=True, text=True, env=env,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -109,6 +120,18 @@ def test_peak_rss_flat_in_jsonl_size(tmp_path):
     write_jsonl(small, 20_000)
     write_jsonl(big, 400_000)
     assert_flat(peak_rss(tmp_path, small, True), peak_rss(tmp_path, big, True), "jsonl")
+
+
+def test_peak_rss_flat_in_parquet_size(tmp_path):
+    """A row group of 1M records cut into pieces (parquet_pages.py) of about 2 MiB, decoded ahead
+    on the pool: no more memory than a file of 10,000."""
+    small, big = tmp_path / "x-10000.parquet", tmp_path / "x-1000000.parquet"
+    write_parquet(small, 10_000)
+    write_parquet(big, 1_000_000)
+    setup = ("import graphrun.formats as f\n"
+             "f.PARQUET_GROUP_BYTES, f.PARQUET_PIECE_BYTES = 4 << 20, 2 << 20\n")
+    assert_flat(peak_rss(tmp_path, small, True, setup), peak_rss(tmp_path, big, True, setup),
+                "parquet")
 
 
 def _rss_file() -> int:

@@ -225,3 +225,26 @@ def test_a_damaged_page_in_a_piece_names_the_file(tmp_path, monkeypatch, small_p
             read += [int(i) for i in batch.ids]
     assert sorted(small_pieces) == [0, 1024]  # the third failed
     assert read == list(range(len(read))) and len(read) >= 2000
+
+
+@pytest.mark.parametrize("start,stop", [(0, None), (1500, 3700), (2100, 2200)])
+def test_big_and_small_row_groups_keep_file_order(tmp_path, monkeypatch, small_pieces, start,
+                                                  stop):
+    """Row groups of 2000, 200 and 2000 records: the big ones cut into pieces, the small one
+    decoded whole, all read in file order wherever start and stop fall."""
+    table = vector_table(vectors(4200).tolist(), ids=np.arange(4200))
+    path = tmp_path / "d.parquet"
+    with pq.ParquetWriter(path, table.schema, data_page_size=1024) as w:
+        for lo, n in [(0, 2000), (2000, 200), (2200, 2000)]:
+            w.write_table(table.slice(lo, n), row_group_size=n)
+    monkeypatch.setattr(formats, "PARQUET_GROUP_BYTES", 20 << 10)  # the 200 are ~7 KiB
+    groups = []
+    decode = formats._decode_group
+    monkeypatch.setattr(formats, "_decode_group", lambda path, meta, group, *a: (
+        groups.append(group), decode(path, meta, group, *a))[1])
+    spec = make_spec(path, VEC, id_field="id", batch_size=7)
+    got = everything(spec, start=start, stop=stop)
+    assert [int(i) for i in got[0]] == list(range(4200))[start:stop]
+    if stop is None:
+        assert groups == [1] and len(small_pieces) >= 4
+    same_reads(got, front_to_back(spec, monkeypatch, start=start, stop=stop))
