@@ -3,6 +3,9 @@ rejects and locations read are the same as when the row group is read front to b
 
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -248,3 +251,24 @@ def test_big_and_small_row_groups_keep_file_order(tmp_path, monkeypatch, small_p
     if stop is None:
         assert groups == [1] and len(small_pieces) >= 4
     same_reads(got, front_to_back(spec, monkeypatch, start=start, stop=stop))
+
+
+@pytest.mark.skipif(not hasattr(os, "getpriority") or sys.platform != "linux",
+                    reason="a thread's own priority is Linux's")
+def test_decoding_threads_run_below_the_process_priority(tmp_path, monkeypatch):
+    import threading
+
+    seen = []
+    decode = formats._decode_group
+
+    def noted(*a):
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return decode(*a)
+
+    monkeypatch.setattr(formats, "_decode_group", noted)
+    table = vector_table(vectors().tolist())
+    pq.write_table(table, tmp_path / "d.parquet", row_group_size=500)
+    spec = make_spec(tmp_path / "d.parquet", VEC, batch_size=5)
+    assert sum(len(b) for b in read_batches(spec)) == N
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert len(seen) == 6 and set(seen) == {min(19, mine + formats.PARQUET_NICE)}
