@@ -5,9 +5,10 @@ Memory stays at about one chunk whatever the file's size: .npy is memory-mapped,
 are memory-mapped when stored and decompressed front to back when deflated. A mapped chunk's
 pages are released once it is read (see _release_rows), and a dense chunk is capped in records
 too, as a record may also cost Python objects (a string id). Parquet is the exception:
-pyarrow decodes a column chunk on one thread only, so a few row groups are decoded at once,
+pyarrow decodes a column chunk on one thread only, so several row groups are decoded at once,
 ahead of the reader, each converted and checked on the thread that decoded it (see
-_parquet_batches): a few row groups in memory, never the whole file.
+_parquet_batches), and a row group too big for that is cut into pieces (parquet_pages.py): at
+most PARQUET_AHEAD_BYTES of them in memory, never the whole file.
 """
 
 from __future__ import annotations
