@@ -26,7 +26,6 @@ import os
 import struct
 from dataclasses import dataclass
 
-import numpy as np
 
 # ---- Thrift compact protocol: parquet.thrift's structs as {field id: (type, value)} ----------
 _STOP, _TRUE, _FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE, _BINARY, _LIST, _SET, _MAP, _STRUCT = \
@@ -371,7 +370,8 @@ def plan_pieces(f, footer: dict, group: int, per_row: dict[str, int], piece_rows
             if p0 > 0 and repeated and first_rep_level(
                     f, data[p0], codec, repeated.bit_length()) != 0:
                 return None  # a page starting mid-row, the sizes notwithstanding
-            parts.append(ColumnPart(name, i, data[p0:p1], dictionary, levels // k - row0, lo - row0))
+            parts.append(ColumnPart(name, i, data[p0:p1], dictionary, levels // k - row0,
+                                    lo - row0))
         pieces.append(Piece(group, lo, hi - lo, parts))
     return pieces
 
@@ -416,7 +416,8 @@ class _Segments:
             if isinstance(p, bytes):
                 out.append(p[lo - at:hi - at])
             else:
-                out.append(os.pread(self._f.fileno(), hi - lo, p[0] + lo - at))
+                self._f.seek(p[0] + lo - at)  # a file of its own: one reader at a time
+                out.append(self._f.read(hi - lo))
         self.pos = max(self.pos, end)
         return b"".join(out)
 
