@@ -481,5 +481,7 @@ def read_piece(path, footer: dict, piece: Piece):
         if len(col) != part.rows:
             raise PieceMismatch(f"{part.name}: {len(col)} rows where {part.rows} were "
                                 f"planned")
-        arrays.append(col.slice(part.skip, piece.rows).combine_chunks())
+        col = col.slice(part.skip, piece.rows)
+        # one chunk as pyarrow reads a row group: a view of it (combine_chunks would copy)
+        arrays.append(col.chunk(0) if col.num_chunks == 1 else col.combine_chunks())
     return pa.RecordBatch.from_arrays(arrays, names=[part.name for part in piece.columns])
