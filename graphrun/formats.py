@@ -371,16 +371,10 @@ def _parquet_batches(path: Path, pf, spec: PipelineSpec, spans: list[tuple[int, 
             _decode_ahead(todo, ahead, size, decode, splitter)
             unit, future = ahead.popleft()
             chunks = _decoded(future) if future is not None else None
-            if chunks is None:  # streamed, with the rest of its row group's pieces
+            if chunks is None:  # streamed, from this piece on to the end of its row group
                 g = unit.group if isinstance(unit, Piece) else unit
                 lo = first[g] + (unit.first if isinstance(unit, Piece) else 0)
-                for queue in (ahead, todo):
-                    rest = [u for u in queue if not _of_group(u, g)]
-                    for u in queue:
-                        if _of_group(u, g) and isinstance(u, tuple) and u[1] is not None:
-                            u[1].cancel()
-                    queue.clear()
-                    queue.extend(rest)
+                _forget_group(todo, ahead, g)
                 yield from _cut(_stream_group(pf, path.name, g, columns, step), first[g],
                                 max(start, lo), stop)
                 continue
@@ -405,11 +399,20 @@ def _lower_priority() -> None:
         pass
 
 
-def _of_group(item, g: int) -> bool:
-    """Whether a todo or ahead entry (a row group, a Piece, or either with its future) belongs
-    to row group g."""
-    unit = item[0] if isinstance(item, tuple) else item
-    return (unit.group if isinstance(unit, Piece) else unit) == g
+def _forget_group(todo: deque, ahead: deque, g: int) -> None:
+    """Drop row group g's pieces from todo and ahead, cancelling their decoding."""
+    def of_g(unit) -> bool:
+        return (unit.group if isinstance(unit, Piece) else unit) == g
+
+    for unit, future in ahead:
+        if of_g(unit) and future is not None:
+            future.cancel()
+    kept_todo = [u for u in todo if not of_g(u)]
+    kept_ahead = [(u, f) for u, f in ahead if not of_g(u)]
+    todo.clear()
+    todo.extend(kept_todo)
+    ahead.clear()
+    ahead.extend(kept_ahead)
 
 
 def _decode_ahead(todo: deque, ahead: deque, size, decode, splitter: "_Splitter") -> None:
