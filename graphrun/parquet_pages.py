@@ -259,8 +259,8 @@ def first_rep_level(f, page: Page, codec: str | None, width: int) -> int:
                                  asbytes=True)
         levels = body[4:]  # after the rep levels' byte length
     r = _Reader(levels)
-    head = r.varint()
-    return r.byte() & ((1 << width) - 1)  # an RLE run's value, or a bit-packed run's first
+    r.varint()  # the first run's header: RLE or bit-packed, its first value comes next either way
+    return r.byte() & ((1 << width) - 1)
 
 
 # ---- the plan --------------------------------------------------------------------------------
