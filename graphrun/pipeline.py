@@ -21,7 +21,7 @@ from .errors import GraphrunError, Interrupted, OutputError
 from .manifest import (BucketReport, FileEntry, Manifest, Totals, environment, spec_digest,
                        write_manifest)
 from .progress import Progress, count_records, summary_table
-from .replay import OverlapTrial, replay_stream
+from .replay import OverlapTrial, replay_stream, slot_count
 from .runner import Runner
 from .stream import ReadAhead, read_batches
 from .timing import PHASES, percentiles, spread_warning
@@ -86,9 +86,11 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
                 # not beside the stream: the hash's reading of the file slowed the MLP's npy
                 # stream from 2.38M to 1.1-1.4M records/s on the H200 (RESULTS.md)
                 job.record_input_hash(fingerprint)
-            t0 = time.perf_counter()
             if overlap is None:
                 overlap = True if runner.cuda else MEASURE
+            if overlap is not False:  # the overlapped path's pinned slots: setup, not the stream
+                runner.host_slots(slot_count(runner.slot_bytes))
+            t0 = time.perf_counter()
             if overlap == MEASURE:
                 overlap = job.trial = OverlapTrial()
             else:
