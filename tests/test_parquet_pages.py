@@ -197,6 +197,14 @@ def seq_spec(path, inputs) -> PipelineSpec:
         "data": {"path": str(path), "batch_size": 4}, "output": {"dir": str(path.parent / "o")}})
 
 
+def test_a_column_of_too_many_pages_is_read_front_to_back(tmp_path, monkeypatch, small_pieces):
+    monkeypatch.setattr(parquet_pages, "MAX_PAGES", 10)
+    path = write(tmp_path / "d.parquet", vector_table(vectors().tolist(), ids=np.arange(N)))
+    spec = make_spec(path, VEC, id_field="id", batch_size=5)
+    got = everything(spec)
+    assert small_pieces == [] and [int(i) for i in got[0]] == list(range(N))
+
+
 def test_plan_refuses_what_it_cannot_cut(tmp_path):
     path = write(tmp_path / "d.parquet", vector_table(vectors().tolist()))
     with open(path, "rb") as f:
