@@ -14,7 +14,9 @@ falls back to one json.loads per line or one conversion per record.
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import random
 import threading
 from collections import deque
@@ -25,13 +27,14 @@ import numpy as np
 
 from graphrun.errors import InputError
 from graphrun.formats import _npy_chunks, _npz_chunks, _parquet_chunks
+from graphrun.parse_workers import parse_blocks
 try:  # optional: a faster JSON parser for the block parse (see _loads_block)
     import orjson as _orjson
 except ImportError:  # pragma: no cover - depends on the environment
     _orjson = None
 
-from graphrun.records import (Candidates, Reject, RecordBatch, RecordChecker, concat_where,
-                              dense_if_uniform, field_from_values, numpy_dtype)
+from graphrun.records import (Candidates, Prechecked, Reject, RecordBatch, RecordChecker,
+                              concat_where, dense_if_uniform, field_from_values, numpy_dtype)
 from graphrun.spec import PipelineSpec
 
 __all__ = ["Reject", "RecordBatch", "ReadAhead", "read_batches", "FORMATS"]
@@ -230,20 +233,34 @@ def _concat_records(parts: list) -> np.ndarray | list:
 # ---- JSONL -------------------------------------------------------------------------------------
 
 def _jsonl_chunks(path: Path, spec: PipelineSpec, start: int, stop: int | None
-                  ) -> Iterator[Candidates]:
-    lineno, index = 1, 0  # line number of the block's first line, ordinal of its first record
+                  ) -> Iterator[Candidates | Prechecked]:
+    """Each block's records: parsed here, or in child processes for a big file
+    (parse_workers.py)."""
     with _open(path) as f:
-        while lines := f.readlines(JSONL_CHUNK_BYTES):  # whole lines, about this many bytes
-            rows = [i for i, line in enumerate(lines) if not line.isspace()]  # blank: no record
-            lo = max(start - index, 0)  # records before start are counted, not parsed
-            hi = len(rows) if stop is None else min(stop - index, len(rows))
-            if hi > lo:
-                yield _jsonl_candidates(spec, path.name, [lines[i] for i in rows[lo:hi]],
-                                        [lineno + i for i in rows[lo:hi]], index + lo)
-            index += len(rows)
-            lineno += len(lines)
-            if stop is not None and index >= stop:
-                break
+        size = os.fstat(f.fileno()).st_size
+        yield from parse_blocks(spec, size, _jsonl_blocks(f, path.name, start, stop),
+                                functools.partial(_parse_block, spec))
+
+
+def _jsonl_blocks(f, file: str, start: int, stop: int | None) -> Iterator[tuple]:
+    """(file, lines, their line numbers, the first's ordinal) of consecutive records, about
+    JSONL_CHUNK_BYTES of whole lines at a time."""
+    lineno, index = 1, 0  # line number of the block's first line, ordinal of its first record
+    while lines := f.readlines(JSONL_CHUNK_BYTES):  # whole lines, about this many bytes
+        rows = [i for i, line in enumerate(lines) if not line.isspace()]  # blank: no record
+        lo = max(start - index, 0)  # records before start are counted, not parsed
+        hi = len(rows) if stop is None else min(stop - index, len(rows))
+        if hi > lo:
+            yield (file, [lines[i] for i in rows[lo:hi]], [lineno + i for i in rows[lo:hi]],
+                   index + lo)
+        index += len(rows)
+        lineno += len(lines)
+        if stop is not None and index >= stop:
+            break
+
+
+def _parse_block(spec: PipelineSpec, block: tuple) -> Candidates:
+    return _jsonl_candidates(spec, *block)
 
 
 def _open(path: Path):
