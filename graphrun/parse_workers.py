@@ -133,7 +133,7 @@ class ParseWorkers:
                 ok, value = _recv(self.procs[child].stdout)
                 if ok:
                     return value
-            except (EOFError, OSError, pickle.UnpicklingError):
+            except Exception:  # noqa: BLE001 - gone, or what it sent cannot be read
                 self.broken = True
         return self.parse_here(block)
 
