@@ -323,3 +323,33 @@ def test_random_files_read_as_front_to_back(tmp_path, monkeypatch, small_pieces,
     assert planned is not None or bad  # these seeds' good files all have pages to cut at
     assert small_pieces or planned is None  # planned, then decoded as planned
     same_reads(got, front_to_back(spec, monkeypatch, start=start, stop=stop))
+
+
+@pytest.mark.parametrize("kind", ["required", "large_list", "fixed_size_list", "float16"])
+def test_other_list_types_read_as_front_to_back(tmp_path, monkeypatch, small_pieces, kind):
+    """Non-nullable items and lists, large and fixed-size lists, half floats: the pieces'
+    footers carry no Arrow schema, so each decodes to a plain list of the Parquet type."""
+    x = vectors()
+    if kind == "float16":
+        x = x.astype(np.float16)
+    flat = pa.array(x.reshape(-1))
+    if kind == "required":
+        item = pa.field("item", flat.type, nullable=False)
+        col = pa.ListArray.from_arrays(pa.array(np.arange(0, x.size + 1, 6, dtype=np.int32)),
+                                       flat, type=pa.list_(item))
+        schema = pa.schema([pa.field("x", pa.list_(item), nullable=False)])
+        table = pa.Table.from_arrays([col], schema=schema)
+    elif kind == "large_list":
+        table = pa.table({"x": pa.LargeListArray.from_arrays(
+            pa.array(np.arange(0, x.size + 1, 6, dtype=np.int64)), flat)})
+    elif kind == "fixed_size_list":
+        table = pa.table({"x": pa.FixedSizeListArray.from_arrays(flat, 6)})
+    else:
+        table = pa.table({"x": pa.ListArray.from_arrays(
+            pa.array(np.arange(0, x.size + 1, 6, dtype=np.int32)), flat)})
+    path = write(tmp_path / "d.parquet", table)
+    dtype = "float16" if kind == "float16" else "float32"
+    spec = make_spec(path, {"x": {"shape": ["batch", 6], "dtype": dtype}}, batch_size=5)
+    got = everything(spec)
+    assert len(small_pieces) > 2 and sum(len(b) for b in got[2]) == N
+    same_reads(got, front_to_back(spec, monkeypatch))
