@@ -95,19 +95,25 @@ def test_children_read_variable_length_records(tmp_path, monkeypatch, children):
     same(got, here_only(spec, monkeypatch))
 
 
+def started_workers(monkeypatch, then=lambda workers: None) -> list:
+    """The children of each ParseWorkers made from now on (a list each), after then(it)."""
+    made, workers = [], parse_workers.ParseWorkers
+
+    class Noted(workers):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            made.append(list(self.procs))
+            then(self)
+
+    monkeypatch.setattr(parse_workers, "ParseWorkers", Noted)
+    return made
+
+
 def test_a_child_that_dies_leaves_its_blocks_to_this_process(tmp_path, monkeypatch, children):
     path = write_lines(tmp_path / "d.jsonl")
     spec = make_spec(path, DECODER, id_field="id", batch_size=7, on_bad_record="skip")
-    made = []
-    workers = parse_workers.ParseWorkers
-
-    class Dying(workers):
-        def __init__(self, *a, **kw):
-            super().__init__(*a, **kw)
-            made.append(self)
-            self.procs[1].kill()  # before it has parsed anything
-
-    monkeypatch.setattr(parse_workers, "ParseWorkers", Dying)
+    # the second child killed before it has parsed anything
+    made = started_workers(monkeypatch, then=lambda workers: workers.procs[1].kill())
     got = everything(spec)
     assert len(made) == 1 and children  # some blocks were parsed here
     same(got, here_only(spec, monkeypatch))
@@ -117,15 +123,7 @@ def test_the_children_end_with_the_reading(tmp_path, children, monkeypatch):
     """Stopping after two batches, or reading to the end: no child outlives the reader."""
     path = write_lines(tmp_path / "d.jsonl")
     spec = make_spec(path, DECODER, id_field="id", batch_size=7, on_bad_record="skip")
-    made = []
-    workers = parse_workers.ParseWorkers
-
-    class Noted(workers):
-        def __init__(self, *a, **kw):
-            super().__init__(*a, **kw)
-            made.append(list(self.procs))
-
-    monkeypatch.setattr(parse_workers, "ParseWorkers", Noted)
+    made = started_workers(monkeypatch)
     batches = read_batches(spec)
     next(batches), next(batches)
     batches.close()
