@@ -16,6 +16,7 @@ here instead, where an error is raised as it would have been.
 
 from __future__ import annotations
 
+import itertools
 import os
 import pickle
 import struct
@@ -168,12 +169,7 @@ def parse_blocks(spec, size: int, blocks: Iterable[tuple], parse_here: Callable)
             yield parse_here(first)
             yield from map(parse_here, blocks)
             return
-        yield from workers.map(_chain(first, blocks))
+        yield from workers.map(itertools.chain([first], blocks))
     finally:
         if workers is not None:
             workers.close()
-
-
-def _chain(first, rest: Iterator) -> Iterator:
-    yield first
-    yield from rest
