@@ -485,6 +485,7 @@ def read_piece(path, footer: dict, piece: Piece):
     arrays = []
     for part in piece.columns:
         with _column_file(path, footer, piece.group, part) as vf:
+            # pages read 1 MiB at a time, as formats.PARQUET_BUFFER_BYTES (which imports this)
             table = pq.ParquetFile(vf, pre_buffer=False, buffer_size=1 << 20).read()
         col = table.column(0)
         if len(col) != part.rows:
