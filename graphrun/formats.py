@@ -27,8 +27,10 @@ from typing import Iterator
 
 import numpy as np
 
+from graphrun.cores import usable_cores
 from graphrun.errors import InputError
-from graphrun.parquet_pages import Piece, plan_pieces, read_footer, read_piece
+from graphrun.parquet_pages import (Flat, Piece, PieceMismatch, ThriftError, plan_pieces,
+                                    read_footer, read_piece, whole_piece)
 from graphrun.records import (Candidates, Field, Prechecked, RowWhere, field_from_arrow,
                               field_from_values, numpy_dtype, precheck, shape_problem)
 from graphrun.spec import PipelineSpec
@@ -42,7 +44,7 @@ ARRAY_CHUNK_ROWS = 16384
 # the GPU machine) to 1M (EPYC) records of 256 values a second, and the GPU machine's MLP takes
 # 2.5M: so every core but four (the stager, launcher, completer and the CUDA driver's), at most
 # 12. On its 16 cores 12 threads ran the MLP's run at 0.87-0.90x of replay, 8 at 0.81-0.86x.
-PARQUET_THREADS = max(min(os.cpu_count() or 1, 2), min(12, (os.cpu_count() or 1) - 4))
+PARQUET_THREADS = max(min(usable_cores(), 2), min(12, usable_cores() - 4))
 # Decoded Parquet row groups waiting ahead of the reader, those being decoded included: about
 # this many bytes at most, room for the 12 threads' row groups of 65536 records of 256 float32
 # (64.5 MiB each; 512 MiB held the 8 threads of before to 7 at once).
@@ -361,10 +363,10 @@ def _parquet_batches(path: Path, pf, spec: PipelineSpec, spans: list[tuple[int, 
 
     def decode(unit):
         if isinstance(unit, Piece):
-            return pool.submit(_decode_piece, path, splitter.footer, unit, step,
+            return pool.submit(_decode_piece, path, splitter, unit, step,
                                first[unit.group] + unit.first, start, stop, chunk)
         return pool.submit(_decode_group, path, meta, unit, columns, step, first[unit], start,
-                           stop, chunk)
+                           stop, chunk, splitter)
 
     try:
         while todo or ahead:
@@ -454,7 +456,9 @@ class _Splitter:
         self.path, self.meta, self.sizes, self.first = path, meta, sizes, first
         self.start, self.stop, self.pool = start, stop, pool
         self.per_row = _values_per_row(spec)
-        self.footer = None
+        # pieces and whole row groups read without their levels where those check out
+        self.flat = Flat(_record_shapes(spec)) if self.per_row is not None else None
+        self.footer, self._lock = None, threading.Lock()  # the file's (Thrift), once read
         self.plans: dict = {}  # row group -> future of its pieces, or of None
 
     def pieces(self, g: int, wait: bool):
@@ -481,15 +485,48 @@ class _Splitter:
 
     def _plan(self, g: int) -> list | None:
         with open(self.path, "rb") as f:
-            if self.footer is None:
-                self.footer = read_footer(f)
             n = self.meta.row_group(g).num_rows
             piece_rows = max(1, n * PARQUET_PIECE_BYTES // max(self.sizes[g], 1))
-            pieces = plan_pieces(f, self.footer, g, self.per_row, piece_rows)
+            pieces = plan_pieces(f, self.read_footer(f), g, self.per_row, piece_rows)
         if pieces is None:
             return None
         lo, hi = self.start - self.first[g], self.stop - self.first[g]
         return [p for p in pieces if p.first < hi and p.first + p.rows > lo]
+
+    def read_footer(self, f) -> dict:
+        """The file's footer, read once; f: the file, open."""
+        with self._lock:
+            if self.footer is None:
+                self.footer = read_footer(f)
+            return self.footer
+
+    def whole(self, g: int):
+        """Row group g decoded as a piece, its columns without their levels where those check
+        out (parquet_pages.Flat); None where it is not worth trying (no column read so) or its
+        pages cannot be walked."""
+        if self.flat is None or not self.flat.trying():
+            return None
+        try:
+            with open(self.path, "rb") as f:
+                footer = self.read_footer(f)
+                piece = whole_piece(f, footer, g, self.per_row)
+        except (OSError, ThriftError):
+            return None
+        if piece is None:
+            return None
+        try:
+            return read_piece(self.path, footer, piece, self.flat)
+        except PieceMismatch:
+            return None
+
+
+def _record_shapes(spec: PipelineSpec) -> dict[str, tuple[int, ...]]:
+    """Each column's shape per record, for the inputs of a fixed shape and the id (())."""
+    shapes = {name: tuple(inp.shape[1:]) for name, inp in spec.inputs.items()
+              if all(isinstance(d, int) for d in inp.shape[1:])}
+    if spec.data.id_field:
+        shapes[spec.data.id_field] = ()
+    return shapes
 
 
 def _values_per_row(spec: PipelineSpec) -> dict[str, int] | None:
@@ -536,20 +573,25 @@ def _decoded_bytes(group, spec: PipelineSpec) -> int:
 
 
 def _decode_group(path: Path, meta, group: int, columns: list[str], step: int, first: int,
-                  start: int, stop: int, chunk) -> list:
+                  start: int, stop: int, chunk, splitter: "_Splitter") -> list:
     """The chunks of one row group's rows in [start, stop), on a pool thread, from a reader of
     its own: each decoded record batch of `step` rows and its first row, through chunk(). The
-    group's first row is `first`."""
+    group's first row is `first`. Decoded as one piece where its columns' levels can be left
+    out (_Splitter.whole), else by pyarrow."""
+    rb = splitter.whole(group)
+    if rb is not None:
+        batches = (rb.slice(lo, step) for lo in range(0, rb.num_rows, step))
+        return [chunk(b, row) for b, row in _cut(batches, first, start, stop)]
     with _open_parquet(path, meta) as f:
         batches = f.iter_batches(batch_size=step, row_groups=[group], columns=columns)
         return [chunk(rb, row) for rb, row in _cut(batches, first, start, stop)]
 
 
-def _decode_piece(path: Path, footer: dict, piece: Piece, step: int, first: int, start: int,
-                  stop: int, chunk) -> list:
+def _decode_piece(path: Path, splitter: "_Splitter", piece: Piece, step: int, first: int,
+                  start: int, stop: int, chunk) -> list:
     """The chunks of one piece's rows in [start, stop), as _decode_group's; its first row in
     the file is `first`."""
-    rb = read_piece(path, footer, piece)
+    rb = read_piece(path, splitter.footer, piece, splitter.flat)
     batches = (rb.slice(lo, step) for lo in range(0, rb.num_rows, step))
     return [chunk(b, row) for b, row in _cut(batches, first, start, stop)]
 

@@ -22,9 +22,13 @@ only cost speed: the records read are the same.
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
 
 
 # ---- Thrift compact protocol: parquet.thrift's structs as {field id: (type, value)} ----------
@@ -230,8 +234,7 @@ def walk_pages(f, start: int, length: int) -> list[Page]:
             raise ThriftError(f"more than {MAX_PAGES} pages in a column chunk")
         # a header is tens of bytes, more with statistics; one over 16 MiB is taken for damage
         for n in (512, 64 << 10, 16 << 20):
-            f.seek(pos)
-            data = f.read(min(n, end - pos))
+            data = os.pread(f.fileno(), min(n, end - pos), pos)  # one call: one turn at the GIL
             try:
                 header, used = decode_struct(data)
                 break
@@ -311,15 +314,12 @@ def _schema_subtrees(schema: list) -> dict[str, list]:
     return out
 
 
-def plan_pieces(f, footer: dict, group: int, per_row: dict[str, int], piece_rows: int
-                ) -> list[Piece] | None:
-    """Cut row group `group` into pieces of about piece_rows rows, where every column named in
-    per_row (column -> values per row, 1 for a scalar) has a page starting a row. None where it
-    cannot be cut (see the module's docstring) or would make one piece."""
+def _walk_columns(f, footer: dict, group: int, per_row: dict[str, int]) -> dict | None:
+    """Column name -> (index of its chunk, data pages, dictionary page, codec, values per row,
+    repeated levels, [(row, page) where a row starts]) for the columns named in per_row; None
+    where a column cannot be read page by page (see the module's docstring)."""
     rg = footer[4][1][1][group]
     num_rows = rg[3][1]
-    if num_rows <= piece_rows:
-        return None
     chunks: dict[str, tuple[int, dict]] = {}
     for i, cc in enumerate(rg[1][1][1]):
         md = cc[3][1]
@@ -331,8 +331,7 @@ def plan_pieces(f, footer: dict, group: int, per_row: dict[str, int], piece_rows
     if set(chunks) != set(per_row):
         return None
     subtrees = _schema_subtrees(footer[2][1][1])
-    starts: dict[str, list[tuple[int, int]]] = {}  # column -> (row, page) where rows start
-    walked: dict[str, tuple[list[Page], Page | None, str | None, int, int]] = {}
+    walked = {}
     for name, (i, md) in chunks.items():
         codec = md[4][1]
         if codec not in _CODECS:
@@ -347,13 +346,38 @@ def plan_pieces(f, footer: dict, group: int, per_row: dict[str, int], piece_rows
         if sum(p.values for p in data) != num_rows * k:  # a row of another size: as before
             return None
         repeated = sum(e.get(3, (0, 0))[1] == 2 for e in subtrees[name])
-        walked[name] = (data, dictionary, _CODECS[codec], k, repeated)
-        levels, at = 0, []
+        levels, starts = 0, []
         for j, p in enumerate(data):
             if levels % k == 0:
-                at.append((levels // k, j))
+                starts.append((levels // k, j))
             levels += p.values
-        starts[name] = at
+        walked[name] = (i, data, dictionary, _CODECS[codec], k, repeated, starts)
+    return walked
+
+
+def whole_piece(f, footer: dict, group: int, per_row: dict[str, int]) -> Piece | None:
+    """Row group `group` as one piece (for read_piece to decode); None where its columns cannot
+    be read page by page."""
+    walked = _walk_columns(f, footer, group, per_row)
+    if walked is None:
+        return None
+    rows = footer[4][1][1][group][3][1]
+    return Piece(group, 0, rows, [ColumnPart(name, i, data, dictionary, rows, 0)
+                                  for name, (i, data, dictionary, *_) in walked.items()])
+
+
+def plan_pieces(f, footer: dict, group: int, per_row: dict[str, int], piece_rows: int
+                ) -> list[Piece] | None:
+    """Cut row group `group` into pieces of about piece_rows rows, where every column named in
+    per_row (column -> values per row, 1 for a scalar) has a page starting a row. None where it
+    cannot be cut (see the module's docstring) or would make one piece."""
+    num_rows = footer[4][1][1][group][3][1]
+    if num_rows <= piece_rows:
+        return None
+    walked = _walk_columns(f, footer, group, per_row)
+    if walked is None:
+        return None
+    starts = {name: w[6] for name, w in walked.items()}
     # cut where the column of the fewest row starts has one, about piece_rows apart
     sparse = min(starts, key=lambda n: len(starts[n]))
     cuts, last = [0], 0
@@ -367,9 +391,7 @@ def plan_pieces(f, footer: dict, group: int, per_row: dict[str, int], piece_rows
     pieces = []
     for lo, hi in zip(bounds, bounds[1:]):
         parts = []
-        for name, (i, _) in chunks.items():
-            data, dictionary, codec, k, repeated = walked[name]
-            at = starts[name]
+        for name, (i, data, dictionary, codec, k, repeated, at) in walked.items():
             # the last page starting a row at or before lo, through the page ending hi's rows
             row0, p0 = max((r, j) for r, j in at if r <= lo)
             levels, p1 = row0 * k, p0
@@ -476,22 +498,416 @@ def _column_file(path, footer: dict, group: int, part: ColumnPart) -> _Segments:
     return _Segments(path, [b"PAR1", *ranges, tail + struct.pack("<I", len(tail)) + b"PAR1"])
 
 
-def read_piece(path, footer: dict, piece: Piece):
+# ---- a column read without its levels -----------------------------------------------------
+# pyarrow spends most of a list column's decoding on its levels: a list<float> column of 256
+# values a row decodes at 0.7M rows a second on the development machine, the same values as a
+# required float column (no levels) at 2.8-3.6M. Where a column's levels say just what the
+# spec's fixed shape does (every row that many values, no nulls), they are checked here and
+# dropped: pyarrow decodes the values as a required column of scalars, and they are cut into
+# rows again as lists. Levels are checked, not assumed: a section is read run by run in Python
+# until a stretch of it repeats in whole rows (a writer encodes equal rows alike: pyarrow's rep
+# levels for 256 values a row are the same 5 bytes, row after row), the repeats are compared
+# as bytes, and what is left is read run by run again. A column whose levels do not check out,
+# or that has more runs than that to read, is decoded with its levels by pyarrow as before.
+
+_REQUIRED, _OPTIONAL, _REPEATED = 0, 1, 2
+_MAX_RUNS = 1024  # runs of a page's level section read one by one, at most
+_FLAT_BYTES = 8 << 20  # values decoded together: the pages of about this many bytes
+_PLAIN = 0
+
+
+def _rep_levels(dims: tuple[int, ...]) -> np.ndarray:
+    """The repetition levels of one row of nested lists of shape dims (0 where it starts)."""
+    idx = np.indices(dims).reshape(len(dims), -1).T
+    out = np.zeros(len(idx), np.int64)
+    out[1:] = np.argmax(idx[1:] != idx[:-1], axis=1) + 1  # the outermost list that moved on
+    return out
+
+
+def _run_values(data: bytes, pos: int, width: int) -> tuple[np.ndarray | int, int, int]:
+    """One run of the RLE / bit-packed hybrid at pos: (its values, or its one value repeated,
+    how many, the position after it)."""
+    header = shift = 0
+    while True:
+        if pos >= len(data) or shift > 35:
+            raise ThriftError("truncated levels")
+        b = data[pos]
+        pos += 1
+        header |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            break
+    if header & 1:  # bit-packed: groups of 8 values of `width` bits, least significant first
+        n = (header >> 1) * width
+        if n == 0 or pos + n > len(data):
+            raise ThriftError("truncated levels")
+        bits = np.unpackbits(np.frombuffer(data, np.uint8, n, pos), bitorder="little")
+        values = (bits.reshape(-1, width).astype(np.int64) << np.arange(width)).sum(axis=1)
+        return values, len(values), pos + n
+    nbytes = (width + 7) // 8
+    if header >> 1 == 0 or pos + nbytes > len(data):
+        raise ThriftError("truncated levels")
+    return int.from_bytes(data[pos:pos + nbytes], "little"), header >> 1, pos + nbytes
+
+
+class Levels:
+    """The levels every row of a column holds: row[j] for its j-th value (repetition levels:
+    0 where the row starts; definition levels: the maximum, no nulls). `known` holds the
+    sections found to match (a writer repeats them: pages of as many rows encode alike)."""
+
+    KNOWN = 256  # sections remembered, at most
+    KNOWN_BYTES = 64 << 10  # the longest remembered
+
+    def __init__(self, row: np.ndarray):
+        self.row, self.k = row, len(row)
+        self.constant = int(row[0]) if (row == row[0]).all() else None
+        self.tiled = np.tile(row, -(-(self.k + 1024) // self.k))  # row[(at + i) % k], i < 1024
+        self.known: set[tuple[bytes, int, int, int]] = set()
+
+    def expected(self, at: int, n: int) -> np.ndarray:
+        at %= self.k
+        if at + n <= len(self.tiled):
+            return self.tiled[at:at + n]
+        return self.row[(at + np.arange(n)) % self.k]
+
+
+@functools.lru_cache(maxsize=64)
+def levels_of(row: tuple[int, ...]) -> Levels:
+    """The Levels of rows of these levels, shared by the threads reading a file's pieces."""
+    return Levels(np.array(row, np.int64))
+
+
+def levels_match(data: bytes, width: int, levels: Levels, phase: int, count: int) -> bool:
+    """Whether a section of RLE / bit-packed levels holds exactly `count` levels, the first
+    of them the row's phase-th, and nothing after them."""
+    key = (data, width, phase % levels.k, count)
+    if key in levels.known:
+        return True
+    if _levels_match(data, width, levels, phase, count):
+        if len(data) <= levels.KNOWN_BYTES and len(levels.known) < levels.KNOWN:
+            levels.known.add(key)
+        return True
+    return False
+
+
+def _levels_match(data: bytes, width: int, levels: Levels, phase: int, count: int) -> bool:
+    k, constant = levels.k, levels.constant
+    pos = done = runs = 0
+    seen: dict[int, tuple[int, int]] | None = {}  # done % k -> (pos, done) at a run's start
+    while done < count:
+        if seen is not None and done % k in seen:  # a stretch of whole rows: compare its repeats
+            p0, d0 = seen[done % k]
+            size, step = pos - p0, done - d0
+            reps = min((count - done) // step, (len(data) - pos) // size)
+            if reps:
+                stretch = np.frombuffer(data, np.uint8, size, p0)
+                block = np.frombuffer(data, np.uint8, reps * size, pos).reshape(reps, size)
+                bad = np.flatnonzero((block != stretch).any(axis=1))
+                same = int(bad[0]) if len(bad) else reps
+                pos, done = pos + same * size, done + same * step
+            seen = None
+            continue
+        if seen is not None and len(seen) < 16:
+            seen[done % k] = (pos, done)
+        runs += 1
+        if runs > _MAX_RUNS:
+            return False
+        try:
+            values, n, pos = _run_values(data, pos, width)
+        except ThriftError:
+            return False
+        m = min(n, count - done)
+        if isinstance(values, int):
+            if n > count - done:
+                return False
+            ok = values == constant if constant is not None else (
+                n <= k and (levels.expected(phase + done, n) == values).all())
+        elif constant is not None:
+            ok = (values[:m] == constant).all()
+        else:
+            ok = (values[:m] == levels.expected(phase + done, m)).all()
+        if not ok:
+            return False
+        done += m
+    return done == count and pos == len(data)
+
+
+def _flat_leaf(subtree: list, dims: tuple[int, ...]) -> tuple[dict, int, int] | None:
+    """(the leaf's SchemaElement, max repetition level, max definition level) of a column of
+    len(dims) nested lists of a primitive; None for another layout."""
+    leaf = subtree[-1]
+    if leaf.get(5, (0, 0))[1] or 1 not in leaf:  # a group, not a primitive
+        return None
+    kinds = [e.get(3, (0, _REQUIRED))[1] for e in subtree]
+    max_rep = kinds.count(_REPEATED)
+    if max_rep != len(dims):
+        return None
+    return leaf, max_rep, len(kinds) - kinds.count(_REQUIRED)
+
+
+def _page_header(kind: int, size: int, inner: int, header: dict) -> bytes:
+    return encode_struct({1: (_I32, kind), 2: (_I32, size), 3: (_I32, size), inner:
+                          (_STRUCT, header)})
+
+
+class _NotFlat(Exception):
+    """A page's levels are not those of rows of the fixed shape without nulls."""
+
+
+class _Window:
+    """Bytes of a file read _FLAT_BYTES at a time, up to `end`: the bodies of consecutive
+    pages without a call (and a wait for the GIL after it) for each."""
+
+    def __init__(self, fd: int, end: int):
+        self.fd, self.end, self.lo, self.data = fd, end, 0, b""
+
+    def get(self, offset: int, n: int) -> memoryview:
+        if not self.lo <= offset <= offset + n <= self.lo + len(self.data):
+            self.data = os.pread(self.fd, max(n, min(_FLAT_BYTES, self.end - offset)), offset)
+            self.lo = offset
+            if len(self.data) < n:
+                raise ThriftError("truncated page")
+        return memoryview(self.data)[offset - self.lo:offset - self.lo + n]
+
+
+def _flat_pages(f, part: ColumnPart, codec: str | None, max_rep: int, max_def: int,
+                rows: Levels) -> Iterator[tuple[object, int, object]]:
+    """The part's pages without their levels, uncompressed: (body, values, encoding; for the
+    dictionary page, first, its header), _NotFlat where a page's levels are not rows of rows.k
+    values (rows: their repetition levels) without nulls."""
+    import pyarrow as pa
+
+    window = _Window(f.fileno(), part.pages[-1].offset + part.pages[-1].size)
+
+    def read(page: Page):
+        return window.get(page.offset + page.size - page.body, page.body)
+
+    def inflate(body, size: int):
+        if codec is None:
+            return body
+        return pa.decompress(body, decompressed_size=size, codec=codec, asbytes=False)
+
+    if part.dictionary is not None:
+        d = part.dictionary
+        yield inflate(read(d), d.raw), 0, d.header[7][1]
+    full = levels_of((max_def,))
+    rep_width, def_width = max_rep.bit_length(), max_def.bit_length()
+    phase = 0
+    for p in part.pages:
+        body = read(p)
+        if p.kind == _DATA_PAGE:
+            h = p.header[5][1]
+            body = memoryview(inflate(body, p.raw))
+            sections, pos = [], 0
+            for width, code in ((rep_width, 4), (def_width, 3)):
+                if not width:
+                    continue
+                if h[code][1] != _RLE or pos + 4 > len(body):
+                    raise _NotFlat
+                n = int.from_bytes(body[pos:pos + 4], "little")
+                sections.append(bytes(body[pos + 4:pos + 4 + n]))
+                pos += 4 + n
+            values, encoding = body[pos:], h[2][1]
+        else:
+            h = p.header[8][1]
+            if h[2][1]:  # nulls
+                raise _NotFlat
+            def_len, rep_len = h[5][1], h[6][1]
+            sections = [body[:rep_len]] if rep_width else []
+            if def_width:
+                sections.append(body[rep_len:rep_len + def_len])
+            values, encoding = body[rep_len + def_len:], h[4][1]
+            if codec is not None and h.get(7, (_TRUE, True))[1]:
+                values = inflate(values, p.raw - rep_len - def_len)
+        if rep_width and not levels_match(sections[0], rep_width, rows, phase, p.values):
+            raise _NotFlat
+        if def_width and not levels_match(sections[-1], def_width, full, 0, p.values):
+            raise _NotFlat
+        phase = (phase + p.values) % rows.k
+        yield values, p.values, encoding
+
+
+def _decode_flat(pages: list[tuple[object, int, object]], dictionary: bool, footer: dict,
+                 name: str, md: dict, leaf: dict):
+    """Decode pages (from _flat_pages, the dictionary page first where `dictionary`) as a
+    Parquet file of one required column of the leaf's type: its values, a pyarrow array."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    count = sum(n for _, n, _ in pages)
+    parts = []
+    for i, (body, n, encoding) in enumerate(pages):
+        if i == 0 and dictionary:
+            parts.append(_page_header(_DICTIONARY_PAGE, len(body), 7, encoding))
+        else:
+            parts.append(_page_header(_DATA_PAGE, len(body), 5, {
+                1: (_I32, n), 2: (_I32, encoding), 3: (_I32, _RLE), 4: (_I32, _RLE)}))
+        parts.append(body)
+    first = 4 + (len(parts[0]) + len(parts[1]) if dictionary else 0)
+    size = sum(len(p) for p in parts)
+    column = {1: md[1], 2: md[2], 3: (_LIST, (_BINARY, [name.encode()])), 4: (_I32, 0),
+              5: (_I64, count), 6: (_I64, size), 7: (_I64, size), 9: (_I64, first)}
+    if dictionary:
+        column[11] = (_I64, 4)
+    element = {fid: v for fid, v in leaf.items() if fid not in (3, 4)}
+    element[3], element[4] = (_I32, _REQUIRED), (_BINARY, name.encode())
+    meta = {1: footer[1], 2: (_LIST, (_STRUCT, [{4: (_BINARY, b"schema"), 5: (_I32, 1)},
+                                                element])),
+            3: (_I64, count),
+            4: (_LIST, (_STRUCT, [{1: (_LIST, (_STRUCT, [{2: (_I64, 4), 3: (_STRUCT, column)}])),
+                                   2: (_I64, size), 3: (_I64, count)}]))}
+    if 6 in footer:
+        meta[6] = footer[6]
+    tail = encode_struct(meta)
+    buffer = _allocate(4 + size + len(tail) + 8)
+    blob = np.frombuffer(buffer, np.uint8)  # copies of pages release the GIL
+    blob[:4] = np.frombuffer(b"PAR1", np.uint8)
+    at = 4
+    for part in parts:
+        n = len(part)
+        blob[at:at + n] = np.frombuffer(part, np.uint8)
+        at += n
+    blob[at:] = np.frombuffer(tail + struct.pack("<I", len(tail)) + b"PAR1", np.uint8)
+    table = pq.ParquetFile(pa.BufferReader(buffer), pre_buffer=False).read(
+        use_threads=False)
+    return table.column(0).combine_chunks() if table.column(0).num_chunks != 1 else \
+        table.column(0).chunk(0)
+
+
+def _allocate(nbytes: int):
+    """A writable pyarrow buffer from pyarrow's memory pool, which keeps freed memory for the
+    next: a fresh 64 MiB numpy array each piece would be mapped, faulted in page by page and
+    unmapped (which stops every thread of the process to flush their page tables) each time."""
+    import pyarrow as pa
+
+    return pa.allocate_buffer(nbytes)
+
+
+# physical types whose PLAIN values are the values pyarrow gives, where no logical type is set
+_PLAIN_DTYPES = {1: np.dtype("<i4"), 2: np.dtype("<i8"), 4: np.dtype("<f4"), 5: np.dtype("<f8")}
+
+
+def _read_flat(path, footer: dict, group: int, part: ColumnPart, dims: tuple[int, ...]):
+    """The part's rows (a pyarrow array of lists of shape dims, or of scalars) decoded without
+    their levels; None where the column or its levels are not those of such rows.
+
+    Values PLAIN-encoded as pyarrow would give them are copied straight from their pages; other
+    pages (dictionary indices, strings, ...) are decoded by pyarrow, _FLAT_BYTES at a time."""
+    import pyarrow as pa
+
+    found = _flat_leaf(_schema_subtrees(footer[2][1][1])[part.name], dims)
+    if found is None:
+        return None
+    leaf, max_rep, max_def = found
+    md = footer[4][1][1][group][1][1][1][part.index][3][1]
+    rows = levels_of(tuple(_rep_levels(dims).tolist()) if dims else (0,))
+    decode = functools.partial(_decode_flat, dictionary=part.dictionary is not None,
+                               footer=footer, name=part.name, md=md, leaf=leaf)
+    dtype = None if 6 in leaf or 10 in leaf else _PLAIN_DTYPES.get(leaf[1][1])
+    total = part.rows * rows.k
+    buffer = _allocate(total * dtype.itemsize) if dtype is not None else None
+    out = np.frombuffer(buffer, dtype) if dtype is not None else None
+    chunks, batch, size, at = [], [], 0, 0  # at: values placed in out, or in chunks
+
+    def flush():
+        nonlocal batch, size, at
+        values = decode(dictionary + batch)
+        if out is None:
+            chunks.append(values)
+        elif len(values) > total - at:
+            raise PieceMismatch(f"{part.name}: more values than planned")
+        else:
+            out[at:at + len(values)] = values.to_numpy()
+        at += len(values)
+        batch, size = [], 0
+
+    with open(path, "rb") as f:
+        pages = _flat_pages(f, part, _CODECS[md[4][1]], max_rep, max_def, rows)
+        try:
+            dictionary = [next(pages)] if part.dictionary is not None else []
+            for page in pages:
+                if out is not None and page[2] == _PLAIN:
+                    if batch:
+                        flush()
+                    n = page[1]
+                    values = np.frombuffer(page[0], np.uint8)
+                    if n > total - at or len(values) != n * dtype.itemsize:
+                        raise PieceMismatch(f"{part.name}: a page's values are not as planned")
+                    out.view(np.uint8)[at * dtype.itemsize:(at + n) * dtype.itemsize] = values
+                    at += n
+                    continue
+                batch.append(page)
+                size += len(page[0])
+                if size >= _FLAT_BYTES:
+                    flush()
+            if batch:
+                flush()
+        except _NotFlat:
+            return None
+    if at != total:
+        raise PieceMismatch(f"{part.name}: {at} values where {part.rows} rows of {rows.k} "
+                            f"were planned")
+    if out is not None:
+        values = pa.Array.from_buffers(pa.from_numpy_dtype(dtype), total, [None, buffer])
+    elif not chunks:  # no pages: nothing to read (a piece has rows)
+        return None
+    else:
+        values = chunks[0] if len(chunks) == 1 else pa.concat_arrays(chunks)
+    for d in reversed(dims):  # the rows' lists, innermost first
+        n = len(values) // d
+        offsets = np.arange(n + 1, dtype=np.int64) * d
+        large = offsets[-1] >= 1 << 31
+        values = (pa.LargeListArray if large else pa.ListArray).from_arrays(
+            pa.array(offsets if large else offsets.astype(np.int32)), values)
+    return values
+
+
+class Flat:
+    """The columns to read without their levels (read_piece), by their shape per row (() for a
+    scalar). A column is given up on, read with its levels from then on, after GIVE_UP pieces
+    whose levels were not those of such rows (nulls, other lengths): each such try costs a
+    piece's reading. Shared by the threads reading a file."""
+
+    GIVE_UP = 2
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]]):
+        self.shapes, self.misses = dict(shapes), {}
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        return self.shapes.get(name) if self.misses.get(name, 0) < self.GIVE_UP else None
+
+    def missed(self, name: str) -> None:
+        self.misses[name] = self.misses.get(name, 0) + 1
+
+    def trying(self) -> bool:
+        return any(self.shape(name) is not None for name in self.shapes)
+
+
+def read_piece(path, footer: dict, piece: Piece, flat: Flat | None = None):
     """The piece's rows as a pyarrow RecordBatch of its columns; PieceMismatch where they do
-    not come out as planned."""
+    not come out as planned. The columns `flat` names are read without their levels where
+    those check out (see _read_flat)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     arrays = []
     for part in piece.columns:
-        with _column_file(path, footer, piece.group, part) as vf:
-            # pages read 1 MiB at a time, as formats.PARQUET_BUFFER_BYTES (which imports this)
-            table = pq.ParquetFile(vf, pre_buffer=False, buffer_size=1 << 20).read()
-        col = table.column(0)
-        if len(col) != part.rows:
-            raise PieceMismatch(f"{part.name}: {len(col)} rows where {part.rows} were "
-                                f"planned")
-        col = col.slice(part.skip, piece.rows)
-        # one chunk as pyarrow reads a row group: a view of it (combine_chunks would copy)
-        arrays.append(col.chunk(0) if col.num_chunks == 1 else col.combine_chunks())
+        col = None
+        shape = flat.shape(part.name) if flat is not None else None
+        if shape is not None:
+            col = _read_flat(path, footer, piece.group, part, shape)
+            if col is None:
+                flat.missed(part.name)
+        if col is None:
+            with _column_file(path, footer, piece.group, part) as vf:
+                # pages read 1 MiB at a time, as formats.PARQUET_BUFFER_BYTES (which imports
+                # this)
+                table = pq.ParquetFile(vf, pre_buffer=False, buffer_size=1 << 20).read()
+            col = table.column(0)
+            if len(col) != part.rows:
+                raise PieceMismatch(f"{part.name}: {len(col)} rows where {part.rows} were "
+                                    f"planned")
+            # one chunk as pyarrow reads a row group: a view of it (combine_chunks would copy)
+            col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+        arrays.append(col.slice(part.skip, piece.rows))
     return pa.RecordBatch.from_arrays(arrays, names=[part.name for part in piece.columns])

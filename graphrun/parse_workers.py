@@ -25,9 +25,11 @@ import sys
 from collections import deque
 from typing import Callable, Iterable, Iterator
 
+from graphrun.cores import usable_cores
+
 # Children parsing JSONL blocks: every core but four (as formats.PARQUET_THREADS), at most 8; none
 # on a machine of fewer than 6 cores, where they would take cores the stream needs.
-_CORES = os.cpu_count() or 1
+_CORES = usable_cores()
 JSONL_WORKERS = min(8, _CORES - 4) if _CORES >= 6 else 0
 # A file smaller than this is parsed in this process: the children take about 0.3 s to start
 # (beside the runner's setup), and a MiB is parsed here in a tenth of that to a third.

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from graphrun.cores import usable_cores
 from graphrun.errors import OutputError
 from graphrun.journal import (REJECTS, FileInfo, ResumePoint, append_journal, check_fresh,
                               fsync_path, prepare_out_dir, read_journal, restore, sha256_file)
@@ -45,7 +46,7 @@ HASHERS = 3
 IN_FLIGHT = 4
 # Threads writing the rows of big npy batches at once (sinks.py): page-cache copies run at
 # about 3 GB/s a thread.
-ROW_WRITERS = min(4, os.cpu_count() or 1)
+ROW_WRITERS = min(4, usable_cores())
 
 
 class ShardWriter:

@@ -164,10 +164,10 @@ def test_a_piece_that_does_not_match_its_plan_reads_the_rest_front_to_back(
     spec = make_spec(path, VEC, id_field="id", batch_size=5)
     read = parquet_pages.read_piece
 
-    def third_fails(path, footer, piece):
+    def third_fails(path, footer, piece, *a):
         if piece.first == third:
             raise PieceMismatch("as if")
-        return read(path, footer, piece)
+        return read(path, footer, piece, *a)
 
     everything(spec)
     third = sorted(small_pieces)[2]
