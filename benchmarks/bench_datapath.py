@@ -60,6 +60,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import graphrun  # noqa: E402
+from graphrun import formats  # noqa: E402
+from graphrun.cores import usable_cores  # noqa: E402
 from graphrun.runner import Runner  # noqa: E402
 from graphrun.spec import PipelineSpec  # noqa: E402
 from graphrun.stream import read_batches  # noqa: E402
@@ -584,7 +586,9 @@ def environment(device: str, args) -> list[str]:
             f"- device: {device}, GPU: {gpu}, torch {torch.__version__}, CUDA "
             f"{torch.version.cuda}, pyarrow {pyarrow.__version__}, numpy {np.__version__}",
             f"- host: {platform.platform()}, python {platform.python_version()}, "
-            f"{os.cpu_count()} CPUs",
+            f"{os.cpu_count()} CPUs, {usable_cores()} usable (affinity); Parquet "
+            f"{formats.PARQUET_THREADS} decoding threads, levels "
+            f"{'left out where they check out' if formats.PARQUET_FLAT else 'decoded'}",
             f"- commit: {commit or 'unknown'} (working tree may differ)",
             f"- command: python3 benchmarks/bench_datapath.py {' '.join(sys.argv[1:])}"]
 

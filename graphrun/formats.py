@@ -45,6 +45,12 @@ ARRAY_CHUNK_ROWS = 16384
 # 2.5M: so every core but four (the stager, launcher, completer and the CUDA driver's), at most
 # 12. On its 16 cores 12 threads ran the MLP's run at 0.87-0.90x of replay, 8 at 0.81-0.86x.
 PARQUET_THREADS = max(min(usable_cores(), 2), min(12, usable_cores() - 4))
+# Columns read without their levels (parquet_pages.Flat) where decoding is short of cores. It takes
+# a third of pyarrow's CPU time, but its Python runs per page (pyarrow's per batch) and so takes
+# the GIL from the launching thread more often. The MLP's run from 1M records on the H200's host:
+# 4 decoding threads (8 cores) 0.45-0.56x of replay with levels, 0.74-0.77x without; 12 threads
+# (16 cores) 0.87-0.89x with levels, 0.84-0.87x without (three calls; RESULTS.md).
+PARQUET_FLAT = PARQUET_THREADS < 8
 # Decoded Parquet row groups waiting ahead of the reader, those being decoded included: about
 # this many bytes at most, room for the 12 threads' row groups of 65536 records of 256 float32
 # (64.5 MiB each; 512 MiB held the 8 threads of before to 7 at once).
@@ -456,8 +462,10 @@ class _Splitter:
         self.path, self.meta, self.sizes, self.first = path, meta, sizes, first
         self.start, self.stop, self.pool = start, stop, pool
         self.per_row = _values_per_row(spec)
-        # pieces and whole row groups read without their levels where those check out
-        self.flat = Flat(_record_shapes(spec)) if self.per_row is not None else None
+        # pieces and whole row groups read without their levels where those check out, where
+        # decoding is short of cores
+        self.flat = Flat(_record_shapes(spec)) if (
+            self.per_row is not None and PARQUET_FLAT) else None
         self.footer, self._lock = None, threading.Lock()  # the file's (Thrift), once read
         self.plans: dict = {}  # row group -> future of its pieces, or of None
 

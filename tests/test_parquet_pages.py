@@ -43,10 +43,13 @@ def vector_table(values: list, ids=None) -> pa.Table:
     return pa.table(cols)
 
 
-@pytest.fixture
-def small_pieces(monkeypatch):
+@pytest.fixture(params=[False, True], ids=["levels", "flat"])
+def small_pieces(monkeypatch, request):
     """Row groups over 1 KiB decoded are cut into pieces of about 16 KiB (some 600 records of
-    6 floats); returns the rows each decoded piece starts at, in the file."""
+    6 floats); returns the rows each decoded piece starts at, in the file. Each test runs twice:
+    pieces decoded by pyarrow with their levels, and without them where they check out
+    (formats.PARQUET_FLAT; test_parquet_flat.py)."""
+    monkeypatch.setattr(formats, "PARQUET_FLAT", request.param)
     monkeypatch.setattr(formats, "PARQUET_GROUP_BYTES", 1024)
     monkeypatch.setattr(formats, "PARQUET_PIECE_BYTES", 16 << 10)
     monkeypatch.setattr(formats, "PARQUET_THREADS", 3)
