@@ -555,7 +555,7 @@ class Levels:
     0 where the row starts; definition levels: the maximum, no nulls). `known` holds the
     sections found to match (a writer repeats them: pages of as many rows encode alike)."""
 
-    KNOWN = 256  # sections remembered, at most
+    KNOWN = 32  # sections remembered, at most (a file's pages of as many rows, a few phases)
     KNOWN_BYTES = 64 << 10  # the longest remembered
 
     def __init__(self, row: np.ndarray):
@@ -571,7 +571,7 @@ class Levels:
         return self.row[(at + np.arange(n)) % self.k]
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=16)
 def levels_of(row: tuple[int, ...]) -> Levels:
     """The Levels of rows of these levels, shared by the threads reading a file's pieces."""
     return Levels(np.array(row, np.int64))
@@ -687,9 +687,12 @@ def _flat_pages(f, part: ColumnPart, codec: str | None, max_rep: int, max_def: i
             return body
         return pa.decompress(body, decompressed_size=size, codec=codec, asbytes=False)
 
-    if part.dictionary is not None:
+    if part.dictionary is not None:  # read alone: it is away from a piece's data pages
         d = part.dictionary
-        yield inflate(read(d), d.raw), 0, d.header[7][1]
+        body = os.pread(f.fileno(), d.body, d.offset + d.size - d.body)
+        if len(body) != d.body:
+            raise ThriftError("truncated page")
+        yield inflate(body, d.raw), 0, d.header[7][1]
     full = levels_of((max_def,))
     rep_width, def_width = max_rep.bit_length(), max_def.bit_length()
     phase = 0
@@ -713,9 +716,10 @@ def _flat_pages(f, part: ColumnPart, codec: str | None, max_rep: int, max_def: i
             if h[2][1]:  # nulls
                 raise _NotFlat
             def_len, rep_len = h[5][1], h[6][1]
-            sections = [body[:rep_len]] if rep_width else []
+            # copies: a view would keep the whole window alive in Levels.known
+            sections = [bytes(body[:rep_len])] if rep_width else []
             if def_width:
-                sections.append(body[rep_len:rep_len + def_len])
+                sections.append(bytes(body[rep_len:rep_len + def_len]))
             values, encoding = body[rep_len + def_len:], h[4][1]
             if codec is not None and h.get(7, (_TRUE, True))[1]:
                 values = inflate(values, p.raw - rep_len - def_len)
