@@ -49,13 +49,13 @@ PARQUET_THREADS = max(min(usable_cores(), 2), min(12, usable_cores() - 4))
 # Columns read without their levels (parquet_pages.Flat) where decoding is short of cores. It takes
 # a third of pyarrow's CPU time, but its Python runs per page (pyarrow's per batch) and so takes
 # the GIL from the launching thread more often. The MLP's run from 1M records on the H200's host:
-# 4 decoding threads (8 cores) 0.45-0.56x of replay with levels, 0.74-0.77x without; 12 threads
-# (16 cores) 0.87-0.89x with levels, 0.84-0.87x without (three calls; RESULTS.md). So from the
+# 4 decoding threads (8 cores) 0.41-0.60x of replay with levels, 0.61-0.85x without (five
+# calls); 12 threads (16 cores) 0.87-0.90x with levels, 0.84-0.87x without (RESULTS.md). So from the
 # start with fewer than 8 threads; with more, once the reader, past its first unit, has spent
 # PARQUET_FLAT_WAIT_S and PARQUET_FLAT_WAIT_SHARE of its own running time waiting for units to
 # be decoded (short of cores for this file and model: a slower host, wider records, a faster
 # model). On 16 cores the MLP's reader waited under 1 ms in all; on 8 cores with levels, 0.23-
-# 0.39 s, in waits of under 5 ms each.
+# 0.40 s, in waits of under 5 ms each.
 PARQUET_FLAT = PARQUET_THREADS < 8
 PARQUET_FLAT_WAIT_S = 0.05
 PARQUET_FLAT_WAIT_SHARE = 0.5
