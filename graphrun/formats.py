@@ -14,6 +14,7 @@ most PARQUET_AHEAD_BYTES of them in memory, never the whole file.
 from __future__ import annotations
 
 import functools
+import math
 import mmap
 import os
 import struct
@@ -589,17 +590,11 @@ def _record_shapes(spec: PipelineSpec) -> dict[str, tuple[int, ...]]:
 def _values_per_row(spec: PipelineSpec) -> dict[str, int] | None:
     """Values a record holds in each column read (1 for the id and a scalar input); None
     where an input's shape after batch is not fixed (its pages cannot be cut by their counts)."""
-    per_row = {}
-    for name, inp in spec.inputs.items():
-        dims = inp.shape[1:]
-        if any(not isinstance(d, int) for d in dims):
-            return None
-        per_row[name] = int(np.prod(dims)) if dims else 1
-        if per_row[name] == 0:
-            return None
-    if spec.data.id_field:
-        per_row[spec.data.id_field] = 1
-    return per_row
+    shapes = _record_shapes(spec)
+    if any(name not in shapes for name in spec.inputs):
+        return None
+    per_row = {name: math.prod(shape) for name, shape in shapes.items()}
+    return None if 0 in per_row.values() else per_row
 
 
 def _decoded_bytes(group, spec: PipelineSpec) -> int:
