@@ -3,14 +3,16 @@ floats as .npy and as Parquet (a list<float> column in row groups of 65536 recor
 with 3 decimals, as bench_datapath.py writes it: dictionary-encoded, ~1.7 bytes a value).
 
     PYTHONPATH=. python3 benchmarks/bench_reader.py [--records 200000] [--width 64]
-        [--batch-size 32] [--formats jsonl,npy,parquet]
+        [--batch-size 32] [--formats jsonl,npy,parquet] [--parquet-levels both|keep|drop]
 
 Each line also gives the time per batch of that pass, and the CPU time per batch of the
 caller's thread (time.thread_time): the part the stager of an overlapped run spends itself,
 mostly holding the GIL, which it shares with the launching and completing threads. Parquet row
 groups are decoded and checked on PARQUET_THREADS pool threads, whose time is not the caller's:
-on a machine of few cores the wall time is theirs. The MLP case of the GPU machine (1M records of
-256 float32, batches of 1024):
+on a machine of few cores the wall time is theirs. Parquet is read twice by default: its
+columns' levels decoded by pyarrow ("keep"), and checked and left out (parquet_pages._read_flat,
+"drop"), which a run does where decoding is short of cores (formats.PARQUET_FLAT). The MLP case
+of the GPU machine (1M records of 256 float32, batches of 1024):
 
     PYTHONPATH=. python3 benchmarks/bench_reader.py --records 1000000 --width 256 \
         --batch-size 1024 --formats npy,parquet
@@ -28,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from graphrun import formats
 from graphrun.spec import PipelineSpec
 from graphrun.stream import read_batches
 
@@ -102,31 +105,39 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=32, help="of the npy and parquet cases")
     parser.add_argument("--formats", default="jsonl,npy,parquet")
+    parser.add_argument("--parquet-levels", default="both", choices=["both", "keep", "drop"],
+                        help="Parquet read with its columns' levels, without, or both ways")
     args = parser.parse_args()
-    formats = args.formats.split(",")
+    wanted = args.formats.split(",")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         jsonl, npy, parquet = tmp / "decode.jsonl", tmp / "x.npy", tmp / "x.parquet"
         cases = []
-        if "jsonl" in formats:
+        if "jsonl" in wanted:
             write_decoder_jsonl(jsonl, args.records)
             cases.append((f"jsonl decoder (tokens [1], positions), "
                           f"{jsonl.stat().st_size >> 20} MiB, batches of 32",
                           decoder_spec(jsonl, tmp / "out")))
-        if "npy" in formats or "parquet" in formats:
+        if "npy" in wanted or "parquet" in wanted:
             x = mlp_values(args.records, args.width)
-            if "npy" in formats:
+            if "npy" in wanted:
                 np.save(npy, x)
                 cases.append((f"npy float32 [{args.records}, {args.width}], batches of "
                               f"{args.batch_size}",
                               mlp_spec(npy, tmp / "out", args.width, args.batch_size)))
-            if "parquet" in formats:
+            if "parquet" in wanted:
                 write_parquet(parquet, x)
-                cases.append((f"parquet list<float32> [{args.records}, {args.width}], batches "
-                              f"of {args.batch_size}",
-                              mlp_spec(parquet, tmp / "out", args.width, args.batch_size)))
+                for levels in (["keep", "drop"] if args.parquet_levels == "both"
+                               else [args.parquet_levels]):
+                    cases.append((f"parquet list<float32> [{args.records}, {args.width}], "
+                                  f"batches of {args.batch_size}, levels {levels}, "
+                                  f"{formats.PARQUET_THREADS} threads",
+                                  mlp_spec(parquet, tmp / "out", args.width, args.batch_size),
+                                  levels == "drop"))
             del x
-        for label, spec in cases:
+        for label, spec, *drop in cases:
+            formats.PARQUET_FLAT = bool(drop and drop[0])
+            formats.PARQUET_FLAT_WAIT_S = float("inf")  # as chosen: no switch on waiting
             n, rate, per_batch, cpu = records_per_second(spec)
             print(f"{label}: {n} records, {rate:,.0f} records/s, {per_batch * 1e6:,.1f} us "
                   f"per batch, caller's thread {cpu * 1e6:,.1f} us CPU per batch")
