@@ -510,7 +510,7 @@ def _column_file(path, footer: dict, group: int, part: ColumnPart) -> _Segments:
 # as bytes, and what is left is read run by run again. A column whose levels do not check out,
 # or that has more runs than that to read, is decoded with its levels by pyarrow as before.
 
-_REQUIRED, _OPTIONAL, _REPEATED = 0, 1, 2
+_REQUIRED, _REPEATED = 0, 2  # SchemaElement.repetition_type (1 is OPTIONAL)
 _MAX_RUNS = 1024  # runs of a page's level section read one by one, at most
 _FLAT_BYTES = 8 << 20  # values decoded together: the pages of about this many bytes
 _PLAIN = 0
