@@ -64,68 +64,34 @@ class BufferSet:
         return sum(t.numel() * t.element_size() for t in self.flat.values())
 
 
-SPLIT_BYTES = 512 << 10  # copies at least this big (a bucket's, one way) get their own stream
-
-
 class SlotCopies:
-    """One slot's copies for one bucket, as (destination, source) pairs built once, so the hot
-    path only copies.
+    """One slot's copies for one bucket on one lane, as (destination, source) pairs built once,
+    so the hot path only copies: h2d (pinned host staging -> the lane's static input views) and
+    d2h (the lane's static output views -> pinned host)."""
 
-    On the GPU each direction is either split or direct. Split, a bucket's copies of at least
-    SPLIT_BYTES go through the slot's device buffers on their own stream: h2d (pinned host ->
-    slot, copy-in stream) then to_static (slot -> static views, compute stream,
-    device-to-device), and from_static (static -> slot, compute stream) then d2h (slot ->
-    pinned host, copy-out stream), so they overlap the replays of the batches before and after.
-    That costs three more CUDA calls a launch (a copy, an event, a wait), each of which lets
-    another thread take the GIL, and a device-to-device copy: worth it for a 1 MB copy (about
-    25 us on the device), not for a few kilobytes of token ids. Direct, h2d and d2h copy
-    between pinned host and the static views on the compute stream (to_static and from_static
-    empty). On the CPU every copy is direct."""
+    __slots__ = ("h2d", "d2h")
 
-    __slots__ = ("h2d", "to_static", "from_static", "d2h")
-
-    def __init__(self, h2d: list, to_static: list, from_static: list, d2h: list):
-        self.h2d, self.to_static, self.from_static, self.d2h = h2d, to_static, from_static, d2h
-
-
-def _nbytes(views: dict[str, torch.Tensor]) -> int:
-    return sum(v.numel() * v.element_size() for v in views.values())
+    def __init__(self, h2d: list, d2h: list):
+        self.h2d, self.d2h = h2d, d2h
 
 
 class HostSlot:
-    """One batch in flight: pinned host staging buffers (inputs and outputs) and, on the GPU,
-    device buffers of the same layout for the directions that may be split (SlotCopies).
+    """One batch in flight: pinned host staging buffers (inputs and outputs; pinned on a GPU).
     Outputs are in the host's dtype, as the static outputs are (a bfloat16 output is float32
     there: the captured step casts it), so every copy is a plain one."""
 
-    def __init__(self, inputs: BufferSet, outputs: BufferSet,
-                 device: tuple[BufferSet | None, BufferSet | None] | None = None):
+    def __init__(self, inputs: BufferSet, outputs: BufferSet):
         self.inputs, self.outputs = inputs, outputs
-        self.device = device or (None, None)
-        self._copies: dict[Bucket, SlotCopies] = {}
+        self._copies: dict[tuple[Bucket, int], SlotCopies] = {}
 
-    def copies(self, bucket: Bucket, static_in: BufferSet, static_out: BufferSet) -> SlotCopies:
-        c = self._copies.get(bucket)
+    def copies(self, bucket: Bucket, lane: int, static_in: BufferSet,
+               static_out: BufferSet) -> SlotCopies:
+        """The copies between this slot and lane `lane`'s static buffers for `bucket`."""
+        key = (bucket, lane)
+        c = self._copies.get(key)
         if c is None:
             host_in, host_out = self.inputs.views(bucket), self.outputs.views(bucket)
             s_in, s_out = static_in.views(bucket), static_out.views(bucket)
-            dev_in, dev_out = self.device
-            if dev_in is not None and _nbytes(host_in) >= SPLIT_BYTES:
-                d_in = dev_in.views(bucket)
-                h2d = [(d_in[n], host_in[n]) for n in s_in]
-                to_static = [(s_in[n], d_in[n]) for n in s_in]
-            else:
-                h2d, to_static = [(s_in[n], host_in[n]) for n in s_in], []
-            if dev_out is not None and _nbytes(host_out) >= SPLIT_BYTES:
-                d_out = dev_out.views(bucket)
-                from_static = [(d_out[n], s_out[n]) for n in s_out]
-                d2h = [(host_out[n], d_out[n]) for n in s_out]
-            else:
-                from_static, d2h = [], [(host_out[n], s_out[n]) for n in s_out]
-            c = self._copies[bucket] = SlotCopies(h2d, to_static, from_static, d2h)
+            c = self._copies[key] = SlotCopies([(s_in[n], host_in[n]) for n in s_in],
+                                               [(host_out[n], s_out[n]) for n in s_out])
         return c
-
-
-def may_split(host: BufferSet) -> bool:
-    """Whether some bucket's copies of these buffers (sized for the largest) may be split."""
-    return host.nbytes >= SPLIT_BYTES

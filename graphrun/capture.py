@@ -36,6 +36,10 @@ class BucketState:
     graph: torch.cuda.CUDAGraph | None = None
     run: Callable[[], None] | None = None  # graph.replay, or the eager step
     check_real: bool = False  # verify the replay of the first real batch against eager
+    # The overlapped stream's second lane (Runner.add_lane): the bucket captured again on
+    # lane 1's static buffers, replayed in turn with the first graph. None: lane 0 only.
+    twin: torch.cuda.CUDAGraph | None = None
+    twin_check_real: bool = False
     warmup_s: float | None = None
     capture_s: float | None = None
     memory_bytes: int | None = None

@@ -48,6 +48,11 @@ class VerifyResult(_M):
     real_batch: Optional[BatchCheck] = Field(
         None, description="Replay vs eager on the first real batch that reached the bucket "
         "(captured buckets only; null if none reached it).")
+    twin_passed: Optional[bool] = Field(
+        None, description="The bucket's second graph (lanes: 2) checked as the first was, on "
+        "synthetic inputs; null if it has none.")
+    twin_real_batch: Optional[BatchCheck] = Field(
+        None, description="The second graph's replay vs eager on the first real batch it ran.")
 
 
 class BucketReport(_M):
@@ -58,6 +63,10 @@ class BucketReport(_M):
     warmup_s: Optional[float] = None
     capture_s: Optional[float] = None
     memory_bytes: Optional[int] = Field(None, description="Pool growth while capturing it.")
+    lanes: int = Field(
+        1, description="2: the overlapped stream captured the bucket a second time, on a "
+        "second set of static buffers, and replayed the two graphs in turn, so that one "
+        "batch's copies ran beside the other's replay; capture_s and memory_bytes include it.")
     verify: Optional[VerifyResult] = None
     batches: int = 0
     records: int = 0

@@ -298,7 +298,8 @@ class RunState:
                 name=state.bucket.name, sizes=dict(zip(state.bucket.axes, state.bucket.sizes)),
                 status=state.status if state.status != "pending" else "skipped",
                 reason=state.reason, warmup_s=state.warmup_s, capture_s=state.capture_s,
-                memory_bytes=state.memory_bytes, verify=state.verify, latency_us=lat,
+                memory_bytes=state.memory_bytes, lanes=2 if state.twin is not None else 1,
+                verify=state.verify, latency_us=lat,
                 eager_us=state.eager_us, replay_us=state.replay_us, speedup=speedup,
                 **state.stats))
             capture_s += state.capture_s or 0.0

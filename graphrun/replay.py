@@ -19,9 +19,10 @@ All three share the GIL, and that is what bounds the rate of small batches: each
 launch releases it, and the launcher then waits until another thread lets go of it. A launch
 alone takes about 50 us on the H200; overlapped it took 180-600 us, by how many CUDA calls it
 made (bench_launch.py, bench_datapath.py). So launches make as few calls as their copies need
-(runner.launch, buffers.SlotCopies) and time their phases on a sample of batches
-(timing.sampled). Making the other threads wait while a launch runs was tried and was slower:
-the stager then fell behind (RESULTS.md, 2026-11-30).
+(runner.launch) and time their phases on a sample of batches (timing.sampled). The device's
+own side of a launch is kept off the compute stream: the copies of one lane's batch run while
+the other lane's graph replays (runner.add_lane). Making the other threads wait while a
+launch runs was tried and was slower: the stager then fell behind (RESULTS.md, 2026-11-30).
 
 Serially (slots=1, no threads) the same three steps run one after another per batch.
 Order is kept everywhere: batches are launched, collected, written and rejected in input

@@ -6,9 +6,16 @@
 Setup follows the flow: model -> static buffers -> capture (per bucket, largest first) ->
 verify. A batch then goes: pad into a slot's pinned host staging views -> copy into the
 static device views -> replay (or the eager step) -> copy the static outputs to the slot's
-pinned host views -> cut the real rows out. Big copies go through the slot's device buffers on
-copy streams, beside other batches' replays (buffers.SlotCopies). The CPU path is the same with
-the `eager` backend, without the streams.
+pinned host views -> cut the real rows out. The CPU path is the same with the `eager` backend,
+without the streams.
+
+On the GPU the copies run on two copy streams, the replays on the compute stream. For the
+overlapped stream (host_slots(2) or more) every captured bucket is captured a second time, on
+a second set of static buffers ("lane 1"; add_lane), and batches take the two lanes in turn:
+while one lane's graph replays, the other lane's inputs are copied in and its last outputs
+copied out, so the compute stream runs nothing but replays. With one lane the copies into and
+out of the static buffers have to sit between the replays on the compute stream: on the H200
+that took 413 us a batch of the MLP's 397 us graph (0.96x), two lanes 398.5 us (RESULTS.md).
 """
 
 from __future__ import annotations
@@ -20,9 +27,9 @@ import numpy as np
 import torch
 
 from .buckets import Bucket, BucketTable, cut_rows, pad_into, rows_from_inputs, split_sizes
-from .buffers import TORCH_DTYPES, BufferSet, HostSlot, host_dtype, may_split
+from .buffers import TORCH_DTYPES, BufferSet, HostSlot, host_dtype
 from .capture import (MiB, BucketState, capture_graph, make_step, peak_step_bytes, warm_up)
-from .errors import CaptureError, InputError, ModelError
+from .errors import CaptureError, GraphrunError, InputError, ModelError
 from .device import resolve_backend, resolve_device
 from .models.load import build_model, call_model, compile_model, name_outputs
 from .spec import BATCH, PipelineSpec
@@ -46,6 +53,14 @@ class Runner:
         # copies run on their own streams, beside the replays on the compute stream
         self._copy_streams = ((torch.cuda.Stream(self.device), torch.cuda.Stream(self.device))
                               if self.cuda else None)
+        self._capture_stream = torch.cuda.Stream(self.device) if self.cuda else None
+        # per lane: (static inputs, static outputs); lane 1 is made by add_lane()
+        self.lanes: list[tuple[BufferSet, BufferSet]] = []
+        # per lane, the event after which its static buffers are free again (its last batch's
+        # outputs copied out); and the lane the next two-lane bucket's batch takes
+        self._lane_free: list = [None, None]
+        self._next_lane = 0
+        self._graph_bytes = 0  # pool growth of the captures so far (capture.memory_budget_mib)
         self.setup_s = 0.0
         t0 = time.perf_counter()
         with self._device_ctx():
@@ -91,34 +106,85 @@ class Runner:
         self._rounding = {n: d for n, d in out_dtypes.items() if host_dtype(d) != d}
         host_out = {n: host_dtype(d) for n, d in out_dtypes.items()}
         self.outputs = BufferSet(self.output_dims, host_out, largest, self.device)
+        self.lanes = [(self.inputs, self.outputs)]
         self._slot_dims = (in_dims, in_dtypes, host_out)
         self.slots: list[HostSlot] = []
         self.host_slots(1)
 
     def host_slots(self, count: int) -> int:
-        """At least `count` slots (host staging buffers, pinned on a GPU, and there device
-        buffers of the same layout); returns how many. The overlapped stream (replay.py) keeps
-        several batches in flight, one slot each. Outputs are in the host's dtype, as the static
-        outputs are (a bfloat16 output is float32 there, cast inside the step)."""
+        """At least `count` slots (host staging buffers, pinned on a GPU); returns how many.
+        The overlapped stream (replay.py) keeps several batches in flight, one slot each, and
+        with two or more the captured buckets get their second lane (add_lane). Outputs are in
+        the host's dtype, as the static outputs are (a bfloat16 output is float32 there, cast
+        inside the step)."""
         in_dims, in_dtypes, out_dtypes = self._slot_dims
         largest, cpu = self.table.all[0], torch.device("cpu")
         while len(self.slots) < count:
             host_in = BufferSet(in_dims, in_dtypes, largest, cpu, pin=self.cuda)
             host_out = BufferSet(self.output_dims, out_dtypes, largest, cpu, pin=self.cuda)
-            on_device = None
-            if self.cuda:  # device buffers where some bucket's copies go on their own stream
-                on_device = (
-                    BufferSet(in_dims, in_dtypes, largest, self.device)
-                    if may_split(host_in) else None,
-                    BufferSet(self.output_dims, out_dtypes, largest, self.device)
-                    if may_split(host_out) else None)
-            self.slots.append(HostSlot(host_in, host_out, on_device))
+            self.slots.append(HostSlot(host_in, host_out))
+        if count >= 2:
+            self.add_lane()
         return len(self.slots)
+
+    def add_lane(self) -> None:
+        """Lane 1: static buffers of lane 0's layout, and every captured bucket captured again
+        on them ("twin" graphs), each replayed in turn with the first one (launch). The twin
+        goes into its first graph's memory pool, on the same capture stream, so it reuses that
+        graph's blocks: the two never run at once (both replay on the compute stream, one after
+        the other). It is verified as the first graph was; a twin that cannot be captured, that
+        fails verification or that would pass capture.memory_budget_mib is dropped with a
+        warning, and its bucket runs on lane 0 alone, as before. The time counts as setup (and
+        as the bucket's capture_s), the pool growth as its memory_bytes."""
+        if len(self.lanes) > 1 or not self.cuda or self.backend != "cuda-graph":
+            return
+        t0 = time.perf_counter()
+        in_dims, in_dtypes, out_dtypes = self._slot_dims
+        largest = self.table.all[0]
+        self.lanes.append((BufferSet(in_dims, in_dtypes, largest, self.device),
+                           BufferSet(self.output_dims, out_dtypes, largest, self.device)))
+        cap = self.spec.capture
+        budget = cap.memory_budget_mib * MiB if cap.memory_budget_mib else None
+        with self._device_ctx(), torch.inference_mode():
+            for bucket, state in self.states.items():
+                if state.graph is not None:
+                    self._capture_twin(state, budget)
+        self.setup_s += time.perf_counter() - t0
+
+    def _capture_twin(self, state: BucketState, budget: float | None) -> None:
+        bucket = state.bucket
+        step = self.step(bucket, lane=1)
+        try:
+            warm_up(step, 1, self._capture_stream)  # lazy state of new tensors, outside capture
+            twin, seconds, grown = capture_graph(step, bucket, stream=self._capture_stream,
+                                                 pool=state.graph.pool())
+        except GraphrunError as err:
+            self.log(f"warning: bucket {bucket.name} runs on one lane: its second capture "
+                     f"failed: {err}")
+            return
+        state.capture_s = (state.capture_s or 0.0) + seconds
+        state.memory_bytes = (state.memory_bytes or 0) + grown
+        self._graph_bytes += grown
+        if budget is not None and self._graph_bytes > budget:
+            self.log(f"warning: bucket {bucket.name} runs on one lane: its second graph would "
+                     f"take the graphs to {self._graph_bytes / MiB:.1f} MiB, past "
+                     f"memory_budget_mib={budget / MiB:g}")
+            return
+        if self.spec.capture.verify.enabled and state.verify is not None:
+            static_in, static_out = self.lanes[1]
+            check = verify_bucket(bucket, twin.replay, step, static_in.views(bucket),
+                                  static_out.views(bucket), self.input_specs,
+                                  self.spec.capture.verify.rtol, self.spec.capture.verify.atol)
+            state.verify["twin_passed"] = check["passed"]
+            if not check["passed"]:
+                self.log(f"warning: bucket {bucket.name} runs on one lane: its second graph "
+                         f"failed verification: {'; '.join(check['failures'])}")
+                return
+        state.twin, state.twin_check_real = twin, self.spec.capture.verify.enabled
 
     @property
     def slot_bytes(self) -> int:
-        """Host bytes of one slot (up to as many again on the device, on a GPU); slot 0 is made
-        with the buffers."""
+        """Host bytes of one slot; slot 0 is made with the buffers."""
         return self.slots[0].inputs.nbytes + self.slots[0].outputs.nbytes
 
     def _probe(self, bucket: Bucket, inputs: dict[str, torch.Tensor]) -> dict:
@@ -143,7 +209,7 @@ class Runner:
 
     def _prepare_buckets(self) -> None:
         cap = self.spec.capture
-        stream = torch.cuda.Stream(self.device) if self.cuda else None
+        stream = self._capture_stream
         if self.backend == "cuda-graph" and cap.pool == "shared":
             self.graph_pool = torch.cuda.graph_pool_handle()
         budget = cap.memory_budget_mib * MiB if cap.memory_budget_mib else None
@@ -176,6 +242,7 @@ class Runner:
                     self.graph_pool = torch.cuda.graph_pool_handle()
                 continue
             spent += state.memory_bytes
+            self._graph_bytes = spent
             self._verify(state, step)
             self.log(f"captured {bucket.name} in {state.capture_s * 1e3:.1f} ms")
 
@@ -196,7 +263,8 @@ class Runner:
     def _fall_back(self, state: BucketState, err: CaptureError) -> None:
         if self.spec.capture.on_failure == "error":
             raise err
-        state.graph = None
+        state.graph = state.twin = None
+        state.check_real = state.twin_check_real = False
         state.run = self.step(state.bucket)
         state.status = "eager"
         state.reason = str(err)
@@ -221,15 +289,20 @@ class Runner:
             self._fall_back(state, err)
         state.check_real = state.graph is not None  # an eager bucket needs no check against itself
 
-    def _verify_real(self, state: BucketState) -> bool:
-        """The first real batch of a captured bucket: replay vs eager on its inputs (the static
-        outputs then hold eager's results). False when they disagree and the bucket fell back
-        to eager (on_failure: eager); with on_failure: error that stops the run."""
-        state.check_real = False
+    def _verify_real(self, state: BucketState, lane: int = 0) -> bool:
+        """The first real batch of a captured bucket on a lane: replay vs eager on its inputs
+        (the lane's static outputs then hold eager's results). False when they disagree and
+        the bucket fell back to eager (on_failure: eager); with on_failure: error that stops
+        the run."""
+        if lane == 0:
+            state.check_real = False
+        else:
+            state.twin_check_real = False
         cap = self.spec.capture
-        result = verify_real_batch(self.step(state.bucket), self.outputs.views(state.bucket),
+        result = verify_real_batch(self.step(state.bucket, lane),
+                                   self.lanes[lane][1].views(state.bucket),
                                    cap.verify.rtol, cap.verify.atol)
-        state.verify["real_batch"] = result
+        state.verify["real_batch" if lane == 0 else "twin_real_batch"] = result
         if not result["passed"]:
             state.verify["passed"] = False
             err = CaptureError("verification failed: " + "; ".join(result["failures"]),
@@ -241,9 +314,11 @@ class Runner:
             self._fall_back(state, err)
         return result["passed"]
 
-    def step(self, bucket: Bucket):
-        return make_step(self.model, self.spec.model.call, self.inputs.views(bucket),
-                         self.outputs.views(bucket), self.model_dtypes, self._rounding)
+    def step(self, bucket: Bucket, lane: int = 0):
+        """The eager step of a bucket, on a lane's static buffers."""
+        static_in, static_out = self.lanes[lane]
+        return make_step(self.model, self.spec.model.call, static_in.views(bucket),
+                         static_out.views(bucket), self.model_dtypes, self._rounding)
 
     def measure_baseline(self, iters: int = 20) -> None:
         """report.baseline: eager, median eager step and median replay of each bucket, timed
@@ -297,24 +372,28 @@ class Runner:
                stream=None) -> object:
         """Enqueue a staged batch; nothing waits here. Returns its marks, for collect().
 
-        On the GPU, on the compute stream (`stream`, this thread's current one): the inputs
-        are copied into the static views, the graph replayed, the static outputs copied out.
-        A direction whose copies are big is split (buffers.SlotCopies): the copy-in stream
-        copies the slot's pinned inputs to its device buffers and the compute stream waits for
-        that; the copy-out stream waits for the outputs copied to the slot's device buffers
-        and copies them to its pinned host outputs. Those copies then overlap the replays of
-        the batches around it. The slot must be free: its last batch collected.
+        On the GPU the batch takes a lane: the next one in turn where its bucket has a twin
+        (add_lane), else lane 0. The copy-in stream waits until the lane's last batch is out of
+        its static buffers, then copies the slot's pinned inputs into the lane's static input
+        views; the compute stream (`stream`, this thread's current one) waits for that and
+        replays; the copy-out stream waits for the replay and copies the lane's static outputs
+        to the slot's pinned outputs. The slot must be free: its last batch collected.
         The hot path: copies prebuilt, events reused, no context managers; every CUDA call
-        here lets another thread take the GIL, so there are as few as the copies need.
+        here lets another thread take the GIL, so there are as few as the lanes need.
         stream given: the caller made the runner's device current (device_context()).
         timed: per-phase events; None: a sample of the bucket's batches (timing.sampled);
         False (run_batch, which returns no timings): only the events waited on."""
-        copies = self.slots[slot].copies(bucket, self.inputs, self.outputs)
         state, timer = self.states[bucket], self.timer
+        lane = self._next_lane if state.twin is not None else 0
+        self._next_lane = lane ^ 1
+        static_in, static_out = self.lanes[lane]
+        copies = self.slots[slot].copies(bucket, lane, static_in, static_out)
         if timed is None:
             timed = sampled(state.launches)
             state.launches += 1
-        marks = timer.start(slot, timed=timed)
+        # events are reused per (slot, lane): a lane's free event is re-recorded only by its
+        # next batch, after that batch waited on it
+        marks = timer.start((slot, lane), timed=timed)
         if not self.cuda:
             t0 = timer.record(marks, "start")
             for dst, src in copies.h2d:
@@ -332,44 +411,37 @@ class Runner:
             return marks
         if stream is None:
             with self._switch_device():
+                self._next_lane = lane  # taken again by the call below
                 return self.launch(bucket, slot, timed=timed,
                                    stream=torch.cuda.current_stream())
         record, set_stream = timer.record, torch.cuda.set_stream
         copy_in, copy_out = self._copy_streams
+        free = self._lane_free[lane]
         try:
-            if copies.to_static:  # split: pinned -> slot (copy-in stream) -> static views
-                set_stream(copy_in)
-                h0 = record(marks, "h2d<", copy_in) if timed else None
-                for dst, src in copies.h2d:
-                    dst.copy_(src, non_blocking=True)
-                h1 = record(marks, "h2d", copy_in)
-                set_stream(stream)
-                stream.wait_event(h1)
-                r0 = record(marks, "replay<", stream) if timed else None
-                for dst, src in copies.to_static:
-                    dst.copy_(src, non_blocking=True)
+            set_stream(copy_in)
+            if free is not None:
+                copy_in.wait_event(free)
+            h0 = record(marks, "h2d<", copy_in) if timed else None
+            for dst, src in copies.h2d:
+                dst.copy_(src, non_blocking=True)
+            h1 = record(marks, "h2d", copy_in)
+            set_stream(stream)
+            stream.wait_event(h1)
+            r0 = record(marks, "replay<", stream) if timed else None
+            if lane == 0:
+                state.run()
+                if state.check_real:  # the first real batch: the static outputs then hold eager's
+                    self._verify_real(state)
             else:
-                h0 = record(marks, "h2d<", stream) if timed else None
-                for dst, src in copies.h2d:
-                    dst.copy_(src, non_blocking=True)
-                h1 = r0 = record(marks, "h2d", stream) if timed else None
-            state.run()
-            if state.check_real:  # the first real batch: the static outputs then hold eager's
-                self._verify_real(state)
-            if copies.from_static:  # split: static views -> slot -> pinned (copy-out stream)
-                for dst, src in copies.from_static:
-                    dst.copy_(src, non_blocking=True)
-                r1 = record(marks, "replay", stream)
-                set_stream(copy_out)
-                copy_out.wait_event(r1)
-                for dst, src in copies.d2h:
-                    dst.copy_(src, non_blocking=True)
-                d1 = record(marks, "d2h", copy_out)
-            else:
-                r1 = record(marks, "replay", stream) if timed else None
-                for dst, src in copies.d2h:
-                    dst.copy_(src, non_blocking=True)
-                d1 = record(marks, "d2h", stream)
+                state.twin.replay()
+                if state.twin_check_real:
+                    self._verify_real(state, 1)
+            r1 = record(marks, "replay", stream)
+            set_stream(copy_out)
+            copy_out.wait_event(r1)
+            for dst, src in copies.d2h:
+                dst.copy_(src, non_blocking=True)
+            d1 = self._lane_free[lane] = record(marks, "d2h", copy_out)
         finally:
             set_stream(stream)
         if timed:
@@ -452,7 +524,7 @@ class Runner:
         if self.cuda:  # nothing of any stream may still use a buffer freed below
             torch.cuda.synchronize(self.device)
         for state in self.states.values():
-            state.graph = state.run = None
+            state.graph = state.run = state.twin = None
         self.slots = []
         self.graph_pool = None
         if self.cuda:

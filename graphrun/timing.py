@@ -1,8 +1,8 @@
 """Per-batch phase timings: CUDA events on the GPU (never host clocks alone), host clocks on CPU.
 
-A batch's phases are h2d (pinned host -> device), replay (the step on the compute stream: the
-graph or the eager step, with the device-to-device copies into and out of the static views
-where copies run on their own streams) and d2h (device -> pinned host); e2e is the host wall
+A batch's phases are h2d (pinned host -> the static input views, on the copy-in stream), replay
+(the graph or the eager step, on the compute stream) and d2h (the static output views -> pinned
+host, on the copy-out stream); e2e is the host wall
 time from launch to the outputs being ready on the host. Percentiles are computed per bucket.
 
 Every event recorded is a CUDA call, and each CUDA call lets another thread take the GIL, which

@@ -66,34 +66,29 @@ def test_cut_rows_returns_real_rows_each_at_its_own_length():
     assert cut_rows(rows, ["batch", 4, 2], {}) is rows
 
 
-def test_slot_copies_split_only_big_copies_and_only_with_device_buffers():
-    """A direction's copies go through the slot's device buffers (split: two hops) when the
-    bucket's bytes that way reach SPLIT_BYTES and the slot has such buffers; else direct."""
+def test_slot_copies_pair_the_slot_with_each_lanes_static_views():
+    """A slot's copies for a bucket and a lane: its pinned inputs into that lane's static input
+    views, that lane's static outputs into its pinned outputs; built once per (bucket, lane)."""
     import torch
 
     from graphrun.buckets import Bucket
-    from graphrun.buffers import SPLIT_BYTES, BufferSet, HostSlot, may_split
+    from graphrun.buffers import BufferSet, HostSlot
 
     cpu = torch.device("cpu")
-    width = SPLIT_BYTES // 4 // 64  # float32 rows: a 64-row bucket is exactly SPLIT_BYTES
     big, small = Bucket(sizes=(64,), axes=("batch",)), Bucket(sizes=(8,), axes=("batch",))
 
     def buffers():
-        return (BufferSet({"x": ["batch", width]}, {"x": torch.float32}, big, cpu),
+        return (BufferSet({"x": ["batch", 3]}, {"x": torch.float32}, big, cpu),
                 BufferSet({"y": ["batch", 2]}, {"y": torch.float32}, big, cpu))
 
-    (s_in, s_out), (h_in, h_out), (d_in, d_out) = buffers(), buffers(), buffers()
-    assert may_split(h_in) and not may_split(h_out)
-    slot = HostSlot(h_in, h_out, (d_in, None))
-    c = slot.copies(big, s_in, s_out)
-    def ptrs(pairs):
-        return [(dst.data_ptr(), src.data_ptr()) for dst, src in pairs]
-
-    x = {name: b.flat["x"].data_ptr() for name, b in (("s", s_in), ("h", h_in), ("d", d_in))}
-    assert ptrs(c.h2d) == [(x["d"], x["h"])] and ptrs(c.to_static) == [(x["s"], x["d"])]
-    assert c.from_static == [] and c.d2h[0][1].data_ptr() == s_out.flat["y"].data_ptr()
-    c = slot.copies(small, s_in, s_out)  # 8 rows: below SPLIT_BYTES, straight to the static views
-    assert c.to_static == [] and c.h2d[0][0].data_ptr() == s_in.flat["x"].data_ptr()
-    assert c.h2d[0][0].shape == (8, width)
-    plain = HostSlot(h_in, h_out).copies(big, s_in, s_out)  # no device buffers (the CPU)
-    assert plain.to_static == plain.from_static == []
+    lanes, (h_in, h_out) = [buffers(), buffers()], buffers()
+    slot = HostSlot(h_in, h_out)
+    for lane, (s_in, s_out) in enumerate(lanes):
+        for bucket in (big, small):
+            c = slot.copies(bucket, lane, s_in, s_out)
+            assert [(d.data_ptr(), s.data_ptr(), d.shape) for d, s in c.h2d] == [
+                (s_in.flat["x"].data_ptr(), h_in.flat["x"].data_ptr(), (bucket.batch, 3))]
+            assert [(d.data_ptr(), s.data_ptr(), d.shape) for d, s in c.d2h] == [
+                (h_out.flat["y"].data_ptr(), s_out.flat["y"].data_ptr(), (bucket.batch, 2))]
+            assert slot.copies(bucket, lane, s_in, s_out) is c
+    assert slot.copies(big, 0, *lanes[0]) is not slot.copies(big, 1, *lanes[1])

@@ -288,3 +288,17 @@ def test_half_precision_outputs_are_compared_at_their_own_precision():
     # a real mistake is still caught, and float32 keeps the plain tolerance
     assert not compare((want.float() * 1.1).to(torch.bfloat16), want, 1e-3, 1e-3)[0]
     assert not compare(nudged, want.float(), 1e-3, 1e-3)[0]
+
+
+def test_on_the_cpu_more_slots_add_no_second_lane(tmp_path):
+    """The second lane (a twin graph per bucket) is for captured graphs: on the CPU more host
+    slots leave one lane, and batches on every slot still give eager's outputs."""
+    spec = mlp_spec(tmp_path)
+    x = np.random.default_rng(8).standard_normal((3, 4), dtype=np.float32)
+    with Runner(spec) as runner:
+        assert runner.host_slots(4) == 4 and len(runner.lanes) == 1
+        assert all(s.twin is None for s in runner.states.values())
+        for slot in range(4):
+            bucket = runner.stage({"x": x}, 3, {}, slot)
+            outs, _ = runner.collect(bucket, slot, runner.launch(bucket, slot), 3, {})
+            np.testing.assert_allclose(outs["y"], eager_alone(spec, x), rtol=1e-5, atol=1e-6)
