@@ -24,7 +24,7 @@ from .progress import Progress, count_records, summary_table
 from .replay import OverlapTrial, replay_stream, slot_count
 from .runner import Runner
 from .stream import ReadAhead, read_batches
-from .timing import PHASES, percentiles, spread_warning
+from .timing import percentiles, spread_warning
 from .journal import InputHash, write_fingerprint
 from .write import ShardWriter, prepare_out_dir
 

@@ -276,7 +276,10 @@ def test_overlapped_stream_on_two_lanes_gives_serials_outputs_bit_for_bit(tmp_pa
         serial, overlapped = (np.concatenate(got[k].rows) for k in (False, True))
         assert serial.dtype == np.float32  # bf16 outputs cast on the device
         np.testing.assert_array_equal(serial, overlapped)
-        assert all(t["h2d"] > 0 and t["replay"] > 0 and t["d2h"] > 0 for t in got[True].times)
+        # every batch timed but the first real one of each second graph (its check's time)
+        timed = [t for t in got[True].times if "replay" in t]
+        assert len(timed) >= len(got[True].times) - len(runner.states)
+        assert all(t["h2d"] > 0 and t["replay"] > 0 and t["d2h"] > 0 for t in timed)
         x = np.concatenate([rb.fields["x"] for rb in data])
         with torch.inference_mode():
             want = runner.model(torch.as_tensor(x, device="cuda").to(torch.bfloat16))
