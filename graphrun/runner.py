@@ -404,15 +404,15 @@ class Runner:
                 dst.copy_(src)
             t1 = timer.record(marks, "h2d")
             state.run()
-            if state.check_real:  # the verification's time is not the replay's
+            t2 = after = timer.record(marks, "replay")
+            if state.check_real:  # the check's time is not the replay's
                 self._verify_real(state)
-                timed = False
-            t2 = timer.record(marks, "replay")
+                after = timer.record(marks, "checked")
             for dst, src in copies.d2h:
                 dst.copy_(src)
             if timed:
                 marks.spans = {"h2d": (t0, t1), "replay": (t1, t2),
-                               "d2h": (t2, timer.record(marks, "d2h"))}
+                               "d2h": (after, timer.record(marks, "d2h"))}
             return marks
         if stream is None:
             with self._switch_device():
@@ -433,28 +433,22 @@ class Runner:
             set_stream(stream)
             stream.wait_event(h1)
             r0 = record(marks, "replay<", stream) if timed else None
-            # the first real batch of a lane is checked against eager (the static outputs then
-            # hold eager's), and its phases are not timed: that is the check's time
-            if lane == 0:
-                state.run()
-                if state.check_real:
-                    self._verify_real(state)
-                    timed = False
-            else:
-                state.twin.replay()
-                if state.twin_check_real:
-                    self._verify_real(state, 1)
-                    timed = False
-            r1 = record(marks, "replay", stream)
+            (state.run if lane == 0 else state.twin.replay)()
+            r1 = after = record(marks, "replay", stream)
+            if state.check_real if lane == 0 else state.twin_check_real:
+                # the lane's first real batch, checked against eager: the static outputs then
+                # hold eager's, and are copied out after the check (its time is not the replay's)
+                self._verify_real(state, lane)
+                after = record(marks, "checked", stream)
             set_stream(copy_out)
-            copy_out.wait_event(r1)
+            copy_out.wait_event(after)
             for dst, src in copies.d2h:
                 dst.copy_(src, non_blocking=True)
             d1 = self._lane_free[lane] = record(marks, "d2h", copy_out)
         finally:
             set_stream(stream)
         if timed:
-            marks.spans = {"h2d": (h0, h1), "replay": (r0, r1), "d2h": (r1, d1)}
+            marks.spans = {"h2d": (h0, h1), "replay": (r0, r1), "d2h": (after, d1)}
         return marks
 
     def collect(self, bucket: Bucket, slot: int, marks, n: int,

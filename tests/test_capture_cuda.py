@@ -268,18 +268,16 @@ def test_overlapped_stream_on_two_lanes_gives_serials_outputs_bit_for_bit(tmp_pa
         assert len(runner.slots) == slot_count(runner.slot_bytes) > 2
         for bucket, state in runner.states.items():
             assert state.twin is not None and state.verify["twin_passed"], state.verify
-            if state.stats["batches"] >= 2:  # both lanes ran it
+            if not state.twin_check_real:  # its second graph ran a real batch, checked
                 assert state.verify["twin_real_batch"]["passed"], state.verify
-                assert not state.twin_check_real
+        # batches take the lanes in turn, whatever their bucket: 60 batches ran the twins
+        assert sum(not s.twin_check_real for s in runner.states.values()) >= 3
             # the twin went into the first graph's pool, reusing its blocks
             assert state.memory_bytes - grown[False][bucket] <= 2 << 20, state.memory_bytes
         serial, overlapped = (np.concatenate(got[k].rows) for k in (False, True))
         assert serial.dtype == np.float32  # bf16 outputs cast on the device
         np.testing.assert_array_equal(serial, overlapped)
-        # every batch timed but the first real one of each second graph (its check's time)
-        timed = [t for t in got[True].times if "replay" in t]
-        assert len(timed) >= len(got[True].times) - len(runner.states)
-        assert all(t["h2d"] > 0 and t["replay"] > 0 and t["d2h"] > 0 for t in timed)
+        assert all(t["h2d"] > 0 and t["replay"] > 0 and t["d2h"] > 0 for t in got[True].times)
         x = np.concatenate([rb.fields["x"] for rb in data])
         with torch.inference_mode():
             want = runner.model(torch.as_tensor(x, device="cuda").to(torch.bfloat16))
