@@ -46,8 +46,13 @@ import numpy as np
 
 from .buckets import split_sizes
 
-SLOTS = (3, 8)  # overlapped: at least one being staged, one on the device, one being written
-SLOT_BUDGET = 512 << 20  # bytes of pinned host slots (as many again on the device), at most
+# overlapped: at least one being staged, one on the device, one being written; at most 16, as
+# the batches queued on the device are what carries it through the launching thread's waits
+# for the GIL: the MLP's Parquet run (12 decoding threads beside it) went from 0.907x of replay
+# with 8 slots to 0.934x with 16 and 0.935x with 32; from npy 0.939x with 8 and 16, 0.922x with
+# 32 (RESULTS.md, seventh session)
+SLOTS = (3, 16)
+SLOT_BUDGET = 512 << 20  # bytes of pinned host slots, at most
 _DONE = object()
 
 
@@ -222,7 +227,7 @@ def _launch_all(runner, source, done: "Completer", host: dict, stream, on_read: 
 def slot_count(slot_bytes: int) -> int:
     """Slots for an overlapped stream: as many as SLOT_BUDGET holds, within SLOTS. More slots
     absorb a thread's stall (a page fault, the GIL, a shard's commit) without the device
-    waiting; beyond a few they only hold memory."""
+    waiting; beyond that they only hold memory."""
     low, high = SLOTS
     return max(low, min(high, SLOT_BUDGET // max(slot_bytes, 1)))
 
