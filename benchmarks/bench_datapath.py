@@ -574,11 +574,7 @@ def render(report: Report, args, cases: dict[str, Case], device: str) -> str:
 
 
 def parquet_levels() -> str:
-    if reader.PARQUET_FLAT:
-        return "left out where they check out"
-    if reader.PARQUET_FLAT_WAIT_S == float("inf"):
-        return "decoded"
-    return "decoded, left out once the reader waits for decoding"
+    return "left out where they check out" if reader.PARQUET_FLAT else "decoded"
 
 
 def environment(device: str, args) -> list[str]:
@@ -628,13 +624,12 @@ def main() -> None:
                    "as pq.write_table and pandas write: up to 1Mi records in one)")
     p.add_argument("--parquet-levels", default="auto", choices=["auto", "keep", "drop"],
                    help="Parquet columns' levels: as the run decides (default; left out with "
-                   "fewer than 12 cores, or once the reader waits for decoding), decoded by "
-                   "pyarrow always, or left out always where they check out")
+                   "fewer than 12 cores), decoded by pyarrow always, or left out always where "
+                   "they check out")
     p.add_argument("--smoke", action="store_true", help="tiny models and files; runs on a CPU")
     args = p.parse_args()
     if args.parquet_levels != "auto":
         reader.PARQUET_FLAT = args.parquet_levels == "drop"
-        reader.PARQUET_FLAT_WAIT_S = float("inf")
     global PARQUET_ROW_GROUP
     PARQUET_ROW_GROUP = args.parquet_row_group or None
     if args.repeat < 1:

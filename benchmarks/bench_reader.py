@@ -137,7 +137,6 @@ def main() -> None:
             del x
         for label, spec, *drop in cases:
             formats.PARQUET_FLAT = bool(drop and drop[0])
-            formats.PARQUET_FLAT_WAIT_S = float("inf")  # as chosen: no switch on waiting
             n, rate, per_batch, cpu = records_per_second(spec)
             print(f"{label}: {n} records, {rate:,.0f} records/s, {per_batch * 1e6:,.1f} us "
                   f"per batch, caller's thread {cpu * 1e6:,.1f} us CPU per batch")

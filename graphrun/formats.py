@@ -20,7 +20,6 @@ import os
 import struct
 import sys
 import threading
-import time
 import zipfile
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -51,15 +50,11 @@ PARQUET_THREADS = max(min(usable_cores(), 2), min(12, usable_cores() - 4))
 # a third of pyarrow's CPU time, but its Python runs per page (pyarrow's per batch) and so takes
 # the GIL from the launching thread more often. The MLP's run from 1M records on the H200's host:
 # 4 decoding threads (8 cores) 0.41-0.60x of replay with levels, 0.61-0.85x without (five
-# calls); 12 threads (16 cores) 0.87-0.90x with levels, 0.84-0.87x without (RESULTS.md). So from the
-# start with fewer than 8 threads; with more, once the reader, past its first unit, has spent
-# PARQUET_FLAT_WAIT_S and PARQUET_FLAT_WAIT_SHARE of its own running time waiting for units to
-# be decoded (short of cores for this file and model: a slower host, wider records, a faster
-# model). On 16 cores the MLP's reader waited under 1 ms in all; on 8 cores with levels, 0.23-
-# 0.40 s, in waits of under 5 ms each.
+# calls); 12 threads (16 cores), round-robin, 0.953x with levels and 0.906x without (65,536-row
+# groups), 0.936x both ways (one row group) (RESULTS.md). So with fewer than 8 threads only.
+# (A rule that left them out once the reader kept waiting for decoding was dropped: on 16 cores
+# it fired on a one-row-group file while the group was being cut, and cost that run 2%.)
 PARQUET_FLAT = PARQUET_THREADS < 8
-PARQUET_FLAT_WAIT_S = 0.05
-PARQUET_FLAT_WAIT_SHARE = 0.5
 # Decoded Parquet row groups waiting ahead of the reader, those being decoded included: about
 # this many bytes at most, room for the 12 threads' row groups of 65536 records of 256 float32
 # (64.5 MiB each; 512 MiB held the 8 threads of before to 7 at once).
@@ -383,12 +378,11 @@ def _parquet_batches(path: Path, pf, spec: PipelineSpec, spans: list[tuple[int, 
         return pool.submit(_decode_group, path, meta, unit, columns, step, first[unit], start,
                            stop, chunk, splitter)
 
-    waits = _Waits(splitter)
     try:
         while todo or ahead:
             _decode_ahead(todo, ahead, size, decode, splitter)
             unit, future = ahead.popleft()
-            chunks = waits.result(future) if future is not None else None
+            chunks = _decoded(future) if future is not None else None
             if chunks is None:  # streamed, from this piece on to the end of its row group
                 g = unit.group if isinstance(unit, Piece) else unit
                 lo = first[g] + (unit.first if isinstance(unit, Piece) else 0)
@@ -398,43 +392,9 @@ def _parquet_batches(path: Path, pf, spec: PipelineSpec, spans: list[tuple[int, 
                 continue
             chunks.reverse()
             while chunks:  # dropped one by one: each is freed once the caller is done with it
-                waits.pause()
                 yield chunks.pop()
-                waits.resume()
     finally:
         pool.shutdown(cancel_futures=True)
-
-
-class _Waits:
-    """The reader's time waiting for decoded units against its own running time (from taking a
-    chunk to handing it out, not while its caller has it). Past the first unit (decoded while
-    the runner sets up), waits of PARQUET_FLAT_WAIT_S and PARQUET_FLAT_WAIT_SHARE of that time
-    or more mean decoding is short of cores: the units decoded from then on leave their levels
-    out where they can (_Splitter.leave_levels_out)."""
-
-    def __init__(self, splitter: "_Splitter"):
-        self.splitter, self.first = splitter, True
-        self.waited = self.running = 0.0
-        self.since = time.perf_counter()
-
-    def result(self, future) -> list | None:
-        t = time.perf_counter()
-        chunks = _decoded(future)
-        if self.first:
-            self.first = False
-            self.since = time.perf_counter()
-        else:
-            self.waited += time.perf_counter() - t
-            if self.waited >= max(PARQUET_FLAT_WAIT_S, PARQUET_FLAT_WAIT_SHARE * (
-                    self.running + time.perf_counter() - self.since)):
-                self.splitter.leave_levels_out()
-        return chunks
-
-    def pause(self) -> None:
-        self.running += time.perf_counter() - self.since
-
-    def resume(self) -> None:
-        self.since = time.perf_counter()
 
 
 def _lower_priority() -> None:
@@ -508,9 +468,8 @@ class _Splitter:
         self.per_row = _values_per_row(spec)
         # pieces and whole row groups read without their levels where those check out, where
         # decoding is short of cores
-        self.shapes, self.flat = _record_shapes(spec), None
-        if PARQUET_FLAT:
-            self.leave_levels_out()
+        self.flat = (Flat(_record_shapes(spec)) if PARQUET_FLAT and self.per_row is not None
+                     else None)
         self.footer, self._lock = None, threading.Lock()  # the file's (Thrift), once read
         self.plans: dict = {}  # row group -> future of its pieces, or of None
 
@@ -545,11 +504,6 @@ class _Splitter:
             return None
         lo, hi = self.start - self.first[g], self.stop - self.first[g]
         return [p for p in pieces if p.first < hi and p.first + p.rows > lo]
-
-    def leave_levels_out(self) -> None:
-        """Read the units decoded from now on without their levels where those check out."""
-        if self.flat is None and self.per_row is not None:
-            self.flat = Flat(self.shapes)
 
     def read_footer(self, f) -> dict:
         """The file's footer, read once; f: the file, open."""

@@ -4,8 +4,6 @@ and the values read so are those pyarrow reads with the levels."""
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -231,61 +229,9 @@ def small_groups(tmp_path):
 
 
 def test_many_cores_read_with_levels(tmp_path, monkeypatch):
-    """With enough cores to decode with levels (PARQUET_FLAT off) and a reader that does not
-    wait for decoding, nothing is read without."""
+    """With enough cores to decode with levels (PARQUET_FLAT off), nothing is read without."""
     monkeypatch.setattr(formats, "PARQUET_FLAT", False)
-    monkeypatch.setattr(formats, "PARQUET_FLAT_WAIT_S", float("inf"))
     spec = small_groups(tmp_path)
     calls = flat_calls(monkeypatch)
     got = everything(spec)
     assert calls == [] and sum(len(b) for b in got[2]) == N
-
-
-def test_a_reader_waiting_for_decoding_leaves_levels_out(tmp_path, monkeypatch):
-    """Past its first row group, a reader that waits for the pool has the row groups decoded
-    from then on read without levels; the records are the same."""
-    monkeypatch.setattr(formats, "PARQUET_FLAT", False)
-    monkeypatch.setattr(formats, "PARQUET_THREADS", 1)
-    monkeypatch.setattr(formats, "PARQUET_FLAT_WAIT_S", 0.0)  # any wait, however short
-    monkeypatch.setattr(formats, "PARQUET_FLAT_WAIT_SHARE", 0.0)
-    spec = small_groups(tmp_path)
-    calls = flat_calls(monkeypatch)
-    got = everything(spec)
-    # the first two with levels: the first's wait does not count, the second's turns them off
-    assert calls == [("x", True)] * (-(-N // 700) - 2)
-    same_reads(got, front_to_back(spec, monkeypatch))
-
-
-class _Splitter:
-    off = False
-
-    def leave_levels_out(self):
-        self.off = True
-
-
-class _Slow:
-    """A future whose result takes `wait` seconds."""
-
-    def __init__(self, wait: float):
-        self.wait = wait
-
-    def result(self):
-        time.sleep(self.wait)
-        return []
-
-
-@pytest.mark.parametrize("reader_s,caller_s,off", [
-    (0.0, 0.0, True),  # the reader only waits: decoding is what it waits on
-    (0.1, 0.0, False),  # 60 ms of waits in 360 ms of its own work: under half
-    (0.0, 0.3, True),  # its caller holding the chunks is not the reader's time
-])
-def test_waits_count_against_the_readers_own_time(reader_s, caller_s, off):
-    waits = formats._Waits(_Splitter())
-    waits.result(_Slow(0.03))  # the first: the pool starting, not counted
-    for _ in range(3):
-        time.sleep(reader_s)
-        waits.result(_Slow(0.02))
-        waits.pause()
-        time.sleep(caller_s)
-        waits.resume()
-    assert waits.splitter.off == off

@@ -50,7 +50,6 @@ def small_pieces(monkeypatch, request):
     pieces decoded by pyarrow with their levels, and without them where they check out
     (formats.PARQUET_FLAT; test_parquet_flat.py)."""
     monkeypatch.setattr(formats, "PARQUET_FLAT", request.param)
-    monkeypatch.setattr(formats, "PARQUET_FLAT_WAIT_S", float("inf"))  # levels: all the way
     monkeypatch.setattr(formats, "PARQUET_GROUP_BYTES", 1024)
     monkeypatch.setattr(formats, "PARQUET_PIECE_BYTES", 16 << 10)
     monkeypatch.setattr(formats, "PARQUET_THREADS", 3)
