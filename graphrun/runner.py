@@ -340,7 +340,7 @@ class Runner:
         fn()  # one untimed call: caches warm
         times = []
         for _ in range(iters):
-            t = self.timer.start(slot=-1)  # not a host slot's events
+            t = self.timer.start(-1)  # not a launch's events
             stream = torch.cuda.current_stream() if self.cuda else None
             t0 = self.timer.record(t, "run<", stream)
             fn()

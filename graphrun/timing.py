@@ -31,27 +31,27 @@ class Marks:
     """One batch's marks: per phase (start, end) (events on the GPU, host clocks on the CPU),
     and the last event recorded, which finish() waits on."""
 
-    __slots__ = ("slot", "timed", "t0", "spans", "last")
+    __slots__ = ("key", "timed", "t0", "spans", "last")
 
-    def __init__(self, slot: int, timed: bool):
-        self.slot, self.timed = slot, timed
+    def __init__(self, key: object, timed: bool):
+        self.key, self.timed = key, timed
         self.t0 = time.perf_counter()
         self.spans: dict[str, tuple] = {}
         self.last = None
 
 
 class BatchTimer:
-    """Marks points of a batch. Events are created once per (slot, point) and reused: a slot is
-    only launched again after finish() waited for its last event, which every other event of
-    the batch precedes."""
+    """Marks points of a batch. Events are created once per (key, point) and reused; a launch's
+    key is its (host slot, lane), and a slot is only launched again after finish() waited for
+    its last event, which every other event of the batch precedes."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self._events: dict[tuple, torch.cuda.Event] = {}
 
-    def start(self, slot: int = 0, *, timed: bool = True) -> Marks:
+    def start(self, key: object = 0, *, timed: bool = True) -> Marks:
         """timed=False: only the points that later work or finish() waits on are recorded."""
-        return Marks(slot, timed)
+        return Marks(key, timed)
 
     def record(self, marks: Marks, point: str, stream=None):
         """A point of the batch: on the GPU an event recorded on `stream` (returned, for other
@@ -59,7 +59,7 @@ class BatchTimer:
         host clock."""
         if not self.cuda:
             return time.perf_counter()
-        key = (marks.slot, point)
+        key = (marks.key, point)
         event = self._events.get(key)
         if event is None:
             event = self._events[key] = torch.cuda.Event(enable_timing=True)
