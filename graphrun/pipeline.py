@@ -6,6 +6,7 @@ replay (pad, copy, replay, copy back, cut) -> write (shards, rejects, journal) -
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -25,8 +26,11 @@ from .replay import OverlapTrial, replay_stream, slot_count
 from .runner import Runner
 from .stream import ReadAhead, read_batches
 from .timing import percentiles, spread_warning
-from .journal import InputHash, write_fingerprint
-from .write import ShardWriter, prepare_out_dir
+from .folder import FolderLock, prepare_out_dir, write_fingerprint
+from .journal import FilesHash, InputHash, model_files
+from .latencies import open_latencies
+from .sinks import shard_suffixes
+from .write import ShardWriter
 
 
 def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite: bool = False,
@@ -39,112 +43,137 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     to time both on the stream and keep the faster (replay.OverlapTrial); None (the default)
     takes GRAPHRUN_OVERLAP (on | off | measure | auto) from the environment, and auto is
     overlapped on a GPU and measured on the CPU, where torch's own threads run the model on
-    every core and neither path always wins (benchmarks/RESULTS.md)."""
+    every core and neither path always wins (benchmarks/RESULTS.md).
+
+    The output folder is locked for the whole run (folder.FolderLock). A signal before the
+    stream starts stops the run at once; during the stream the batch in flight finishes."""
     overlap = overlap_choice(overlap)
     out_dir = Path(out).resolve() if out else spec.output.dir
-    spec_json = spec.model_dump(mode="json")
-    job = RunState(spec, out_dir, spec_json)
-    # The input is hashed beside setup (journal.InputHash); --resume needs it first, to
-    # compare, and a new run records it in run.json once setup is done, before streaming.
-    fingerprint = {"spec_sha256": job.spec_sha,
-                   "input_sha256": job.input_hash.result() if resume else None,
-                   "slice": [start, stop]}
+    job = RunState(spec, out_dir, spec.model_dump(mode="json"))
+    stop_signal = StopSignals()
     try:
-        resume_point = prepare_out_dir(out_dir, resume=resume, overwrite=overwrite,
-                                       fingerprint=fingerprint)
+        with stop_signal, _locked(out_dir):
+            manifest = _run_locked(job, stop_signal, resume=resume, overwrite=overwrite,
+                                   show=show, start=start, stop=stop, overlap=overlap)
+    except KeyboardInterrupt:  # a signal before the run's folder was ready: nothing written
+        raise Interrupted(stop_signal.signum or signal.SIGINT) from None
+    finally:
+        job.stop_hashes()
+    if show:
+        summary_table(manifest)
+    if stop_signal.signum:
+        raise Interrupted(stop_signal.signum)
+    return manifest
+
+
+@contextlib.contextmanager
+def _locked(out_dir: Path):
+    try:
+        lock = FolderLock(out_dir).__enter__()
     except OSError as err:
-        job.input_hash.stop()
         raise OutputError(f"cannot use output folder {out_dir}: {err.strerror or err}; pick a "
                           "folder you can write to (--out or output.dir)") from err
-    except BaseException:
-        job.input_hash.stop()
-        raise
+    try:
+        yield lock
+    finally:
+        lock.__exit__()
+
+
+def _run_locked(job: "RunState", stop_signal: "StopSignals", *, resume: bool, overwrite: bool,
+                show: bool, start: int, stop: int | None, overlap) -> Manifest:
+    spec, out_dir = job.spec, job.out_dir
+    # The input and model files are hashed beside setup (journal.InputHash); --resume needs
+    # them first, to compare, and a new run records them in run.json once setup is done.
+    fingerprint = {"spec_sha256": job.spec_sha,
+                   "input_sha256": job.input_hash.result() if resume else None,
+                   "model_sha256": job.model_hash.result() if resume else None,
+                   "slice": [start, stop], "shards": shard_suffixes(spec.output.format,
+                                                                    list(spec.outputs))}
+    try:
+        resume_point = prepare_out_dir(out_dir, resume=resume, overwrite=overwrite,
+                                       fingerprint=fingerprint, input_path=spec.data.path)
+    except OSError as err:
+        raise OutputError(f"cannot use output folder {out_dir}: {err.strerror or err}; pick a "
+                          "folder you can write to (--out or output.dir)") from err
     if resume_point is not None:
         # Re-read from the start of the batch that held the last committed row, so batches
         # (and their buckets) are as before; the records below next_index are not counted again.
         job.resumed_from = job.count_from = resume_point.next_index
         start = max(start, resume_point.start)
         job.records_in = resume_point.rows + resume_point.rejects
-    with StopSignals() as stop_signal:
-        writer = latencies = t0 = batches = None
-        try:
-            progress = Progress(show, total=count_records(spec, start, stop) if show else None)
-        except BaseException:
-            job.input_hash.stop()
-            raise
-        try:
-            # the first batch is read while the runner sets up: for a Parquet file, its first
-            # row groups decode meanwhile instead of keeping the device waiting (stream.py)
-            batches = ReadAhead(read_batches(spec, start=start, stop=stop))
-            job.runner = runner = Runner(spec, log=_log_and(job.warn) if show else job.warn)
-            if spec.report.baseline == "eager":
-                runner.measure_baseline()
-            writer = ShardWriter(spec, out_dir, resume=resume_point)
-            latencies, job.batches_before = open_latencies(
-                out_dir / "latencies.jsonl", keep_below=start if resume_point else None)
-            if fingerprint["input_sha256"] is None:
-                # not beside the stream: the hash's reading of the file slowed the MLP's npy
-                # stream from 2.38M to 1.1-1.4M records/s on the H200 (RESULTS.md)
-                job.record_input_hash(fingerprint)
-            if overlap is None:
-                overlap = True if runner.cuda else MEASURE
-            if overlap is not False:  # the overlapped path's pinned slots: setup, not the stream
-                runner.host_slots(slot_count(runner.slot_bytes))
-            t0 = time.perf_counter()
-            if overlap == MEASURE:
-                overlap = job.trial = OverlapTrial()
-            else:
-                job.overlapped = overlap
-            job.host_s = replay_stream(
-                runner, batches, writer,
-                on_batches=lambda ran, n, first: job.log_batches(latencies, ran, n, first),
-                on_read=lambda rb: progress.advance(job.count(rb)),
-                should_stop=lambda: bool(stop_signal.signum), start=start, overlap=overlap)
-            # Full shards commit in the background: the stream is over once they are
-            # journaled (and a commit that failed fails the run here, with its manifest).
-            writer.wait_for_commits()
-            job.status = "interrupted" if stop_signal.signum else "completed"
-        except GraphrunError as err:
-            job.status, job.error = "failed", str(err)
-            raise
-        except OSError as err:  # the disk: full, gone, not writable
-            job.status = "failed"
-            job.error = f"writing {out_dir} failed: {err}"
-            raise OutputError(f"{job.error}; committed shards are intact, free space or fix "
-                              "the folder and run again with --resume") from err
-        except KeyboardInterrupt:
-            # A second SIGINT/SIGTERM (StopSignals): stopped at once, the batch in flight
-            # dropped. What is complete is still committed below, so this is an interruption
-            # like the first signal's (manifest, exit 130/143, --resume), not a failure.
-            job.status = "interrupted"
-            raise Interrupted(stop_signal.signum or signal.SIGINT) from None
-        except BaseException as err:  # not a user error: a bug in graphrun or in the model
-            job.error = f"{type(err).__name__}: {err}"  # the manifest says why it failed
-            raise
-        finally:
-            stop_signal.hold()  # a signal now must not cut the commit and manifest below short
-            job.stream_s = time.perf_counter() - t0 if t0 else 0.0
-            if batches is not None:
-                batches.close()
-            progress.close()
-            if latencies:
-                latencies.close()
-            if writer:
-                # interrupted: only complete shards are committed, so that --resume writes the
-                # same shards as an uninterrupted run; a failure commits all it has before it
-                job.files = writer.close(partial=job.status != "interrupted")
-                job.records_out, job.rejected = writer.rows_written, writer.rejects_written
-            job.settle_hash()
-            job.settle_counts()
-            manifest = job.manifest()
-            write_manifest(manifest, out_dir / "manifest.json")
-            if job.runner:
-                job.runner.close()
-    if show:
-        summary_table(manifest)
-    if stop_signal.signum:
-        raise Interrupted(stop_signal.signum)
-    return manifest
+    progress = Progress(show, total=count_records(spec, start, stop) if show else None)
+    return _stream(job, stop_signal, fingerprint, resume_point, progress, show=show,
+                   start=start, stop=stop, overlap=overlap)
+
+
+def _stream(job: "RunState", stop_signal: "StopSignals", fingerprint: dict, resume_point,
+            progress: Progress, *, show: bool, start: int, stop: int | None,
+            overlap) -> Manifest:
+    """Setup, stream, commit; the manifest is written whatever happens (a failure to write
+    it, or latencies.jsonl, on a full disk fails the run with one message, not a second
+    traceback over the first error)."""
+    spec, out_dir = job.spec, job.out_dir
+    writer = latencies = t0 = batches = None
+    try:
+        # the first batch is read while the runner sets up: for a Parquet file, its first
+        # row groups decode meanwhile instead of keeping the device waiting (stream.py)
+        batches = ReadAhead(read_batches(spec, start=start, stop=stop))
+        job.runner = runner = Runner(spec, log=_log_and(job.warn) if show else job.warn)
+        if spec.report.baseline == "eager":
+            runner.measure_baseline()
+        writer = ShardWriter(spec, out_dir, resume=resume_point)
+        latencies = open_latencies(out_dir / "latencies.jsonl",
+                                   keep_below=start if resume_point else None)
+        job.batches_before = latencies.lines_before
+        writer.on_hand_over = latencies.flush  # a shard's batches logged before it commits
+        if fingerprint["input_sha256"] is None:
+            # not beside the stream: the hash's reading of the file slowed the MLP's npy
+            # stream from 2.38M to 1.1-1.4M records/s on the H200 (RESULTS.md)
+            job.record_hashes(fingerprint)
+        if overlap is None:
+            overlap = True if runner.cuda else MEASURE
+        if overlap is not False:  # the overlapped path's pinned slots: setup, not the stream
+            runner.host_slots(slot_count(runner.slot_bytes))
+        t0 = time.perf_counter()
+        if overlap == MEASURE:
+            overlap = job.trial = OverlapTrial()
+        else:
+            job.overlapped = overlap
+        stop_signal.streaming()  # from here a signal lets the batch in flight finish
+        job.host_s = replay_stream(
+            runner, batches, writer,
+            on_batches=lambda ran, n, first: job.log_batches(latencies, ran, n, first),
+            on_read=lambda rb: progress.advance(job.count(rb)),
+            should_stop=lambda: bool(stop_signal.signum), start=start, overlap=overlap)
+        # Full shards commit in the background: the stream is over once they are
+        # journaled (and a commit that failed fails the run here, with its manifest).
+        writer.wait_for_commits()
+        job.status = "interrupted" if stop_signal.signum else "completed"
+    except GraphrunError as err:
+        job.status, job.error = "failed", str(err)
+        raise
+    except OSError as err:  # the disk: full, gone, not writable
+        job.status = "failed"
+        job.error = f"writing {out_dir} failed: {err}"
+        raise OutputError(f"{job.error}; committed shards are intact, free space or fix "
+                          "the folder and run again with --resume") from err
+    except KeyboardInterrupt:
+        # A signal during setup, or a second one while streaming: stopped at once, the batch
+        # in flight dropped. What is complete is still committed below, so this is an
+        # interruption like the first signal's (manifest, exit 130/143, --resume).
+        job.status = "interrupted"
+        raise Interrupted(stop_signal.signum or signal.SIGINT) from None
+    except BaseException as err:  # not a user error: a bug in graphrun or in the model
+        job.error = f"{type(err).__name__}: {err}"  # the manifest says why it failed
+        raise
+    finally:
+        stop_signal.hold()  # a signal now must not cut the commit and manifest below short
+        job.stream_s = time.perf_counter() - t0 if t0 else 0.0
+        job.finish(batches, progress, latencies, writer)
+    if job.late_error is not None:  # the stream ended well, but its bookkeeping did not
+        raise OutputError(f"{job.late_error}; committed shards are intact, free space or fix "
+                          f"the folder and run again with --resume")
+    return job.written_manifest
 
 
 OVERLAP_ENV = "GRAPHRUN_OVERLAP"
@@ -167,25 +196,6 @@ def overlap_choice(overlap: bool | str | None) -> bool | str | None:
     return _OVERLAP_WORDS[word]
 
 
-def open_latencies(path: Path, keep_below: int | None):
-    """latencies.jsonl for appending, and how many lines it holds. On resume, only the lines of
-    batches that start below `keep_below` (where reading restarts) are kept: the batches after
-    it run again."""
-    if keep_below is None or not path.exists():
-        return open(path, "w"), 0
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line).get("first", 0) < keep_below:
-                kept.append(line + "\n")
-        except ValueError:  # a line torn by a crash
-            continue
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(kept))
-    tmp.replace(path)
-    return open(path, "a"), len(kept)
-
-
 def _log_and(then):
     def log(msg: str) -> None:
         print(msg)
@@ -201,7 +211,10 @@ class RunState:
         self.spec_sha = spec_digest(spec_json)
         self.t0 = time.perf_counter()
         self.input_hash = InputHash(spec.data.path)  # for --resume: the same input
+        self.model_hash = FilesHash(model_files(spec.model, spec.base_dir))  # the same model
         self.input_sha: str | None = None
+        self.late_error: str | None = None  # writing the manifest or latencies failed
+        self.written_manifest: Manifest | None = None
         self.started = _now()
         self.status, self.error = "failed", None
         self.records_in = self.records_out = self.rejected = self.batches = 0
@@ -228,11 +241,55 @@ class RunState:
         self.records_in += new
         return new
 
-    def record_input_hash(self, fingerprint: dict) -> None:
-        """run.json gets the input's hash, waited for: before the stream starts, so before
-        any journal line (a run.json without it means nothing was committed)."""
+    def record_hashes(self, fingerprint: dict) -> None:
+        """run.json gets the input's and model's hashes, waited for: before the stream starts,
+        so before any journal line (a run.json without them means nothing was committed)."""
         fingerprint["input_sha256"] = self.input_sha = self.input_hash.result()
+        fingerprint["model_sha256"] = self.model_hash.result()
         write_fingerprint(self.out_dir, fingerprint)
+
+    def stop_hashes(self) -> None:
+        self.input_hash.stop()
+        self.model_hash.stop()
+
+    def finish(self, batches, progress, latencies, writer) -> None:
+        """The run's end, whatever ended it: close the reader, commit what is complete, write
+        the manifest. A write that fails here (a full disk) is kept in late_error, and the
+        manifest's temp file removed: it must not hide the error that ended the stream."""
+        if batches is not None:
+            batches.close()
+        progress.close()
+        if latencies is not None:
+            try:
+                latencies.close()
+            except OSError as err:
+                self.fail_late(f"writing {self.out_dir / 'latencies.jsonl'} failed: {err}")
+        if writer is not None:
+            # interrupted: only complete shards are committed, so that --resume writes the
+            # same shards as an uninterrupted run; a failure commits all it has before it
+            try:
+                self.files = writer.close(partial=self.status != "interrupted")
+            except OSError as err:
+                self.fail_late(f"writing {self.out_dir} failed: {err}")
+                self.files = writer.committed_files()
+            self.records_out, self.rejected = writer.rows_written, writer.rejects_written
+        self.settle_hash()
+        self.settle_counts()
+        manifest = self.manifest()
+        path = self.out_dir / "manifest.json"
+        try:
+            write_manifest(manifest, path)
+        except OSError as err:
+            Path(f"{path}.tmp").unlink(missing_ok=True)
+            self.fail_late(f"writing {path} failed: {err}")
+        self.written_manifest = manifest
+        if self.runner:
+            self.runner.close()
+
+    def fail_late(self, error: str) -> None:
+        if self.status != "failed":  # the first error is the one the user sees
+            self.status, self.error = "failed", error
+            self.late_error = error
 
     def settle_hash(self) -> None:
         """The manifest's input hash: known once streaming started; a run that failed before
@@ -351,12 +408,17 @@ class StopSignals:
         self.signum = 0
         self._old = {}
         self._held = False
+        self._streaming = False
 
     def _handle(self, signum, frame) -> None:
         first = not self.signum
         self.signum = signum  # the latest: the exit code names the signal that stopped the run
-        if not first and not self._held:  # a second signal: stop now
+        # during setup (nothing to finish) or a second signal: stop now
+        if (not first or not self._streaming) and not self._held:
             raise KeyboardInterrupt
+
+    def streaming(self) -> None:
+        self._streaming = True
 
     def hold(self) -> None:
         self._held = True

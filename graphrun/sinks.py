@@ -39,6 +39,13 @@ POOL_WRITE_BYTES = 1 << 20  # npy batches at least this big are written by the r
 MAX_PENDING = 8  # npy batches handed to the row pool and not yet written, at most
 
 
+def shard_suffixes(fmt: str, outputs: list[str]) -> list[str]:
+    """What follows `part-00000.` in a shard's file names, for the format (the list above)."""
+    if fmt == "npy":
+        return ["ids.npy"] + [f"{name}.npy" for name in outputs]
+    return [fmt]
+
+
 def _plain(x):
     """numpy scalars to the Python values json can write."""
     return x.item() if isinstance(x, np.generic) else x

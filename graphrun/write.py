@@ -28,9 +28,10 @@ import numpy as np
 
 from graphrun.cores import usable_cores
 from graphrun.errors import OutputError
+from graphrun.folder import prepare_out_dir
 from graphrun.journal import (REJECTS, FileInfo, ResumePoint, append_journal, check_fresh,
-                              fsync_path, prepare_out_dir, read_journal, restore, sha256_file)
-from graphrun.sinks import Outputs, _JsonlSink, _NpySink, _ParquetSink, _plain
+                              fsync_path, read_journal, restore, sha256_file)
+from graphrun.sinks import Outputs, _JsonlSink, _NpySink, _ParquetSink, _plain, shard_suffixes
 from graphrun.spec import BATCH, PipelineSpec
 
 __all__ = ["ShardWriter", "FileInfo", "ResumePoint", "prepare_out_dir", "read_journal",
@@ -76,6 +77,9 @@ class ShardWriter:
         self._shard_rows = 0
         self._closed = False
         self._reported = False  # a commit error was raised to the caller already
+        # Called before a shard goes to the committer (so before its journal line): what
+        # must be on disk by then, latencies.jsonl's lines (latencies.py).
+        self.on_hand_over = None
         point = resume or ResumePoint(next_index=0, shard=0, rows=0, rejects=0, rejects_bytes=0)
         # Counted up to the last shard handed to the committer (rejects: appended to the file).
         self._shard, self._rows = point.shard, point.rows
@@ -83,10 +87,11 @@ class ShardWriter:
         self._last_index = point.next_index - 1
         self._committed_below = point.next_index  # rows/rejects below it are handed over
         self._batch_start = point.start
+        self.suffixes = shard_suffixes(self.format, self.names)
         if resume is None:
-            check_fresh(self.out_dir)
+            check_fresh(self.out_dir, self.suffixes)
         else:
-            restore(self.out_dir, resume)
+            restore(self.out_dir, resume, self.suffixes)
         self._committer = _Committer(self.out_dir, point)
 
     @property
@@ -188,6 +193,10 @@ class ShardWriter:
         fsync_path(self.out_dir)
         return self._committer.files()
 
+    def committed_files(self) -> list[FileInfo]:
+        """What the journal holds now (after a close() that failed, say)."""
+        return self._committer.files()
+
     # --- shards ---
 
     def _open_sink(self):
@@ -213,6 +222,8 @@ class ShardWriter:
         # Its journal line counts the rejects below next_index: in the file before it is
         # journaled (the committer fsyncs them).
         self._flush_rejects(below=next_index)
+        if self.on_hand_over is not None:
+            self.on_hand_over()
         self._rows += self._shard_rows
         self._committer.submit(_Shard(
             number=self._shard, files=files, rows=self._shard_rows, total_rows=self._rows,
@@ -316,6 +327,7 @@ class _Committer:
         self._handed = self._settled = 0
         self.error: BaseException | None = None
         self._files, self.rows, self.rejects = list(point.files), point.rows, point.rejects
+        self._digest = point.digest  # the journal's last line's checksum (journal thread only)
         # Threads start at the first shard and end at close().
         self._syncers = ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="graphrun-fsync")
         self._hashers = ThreadPoolExecutor(HASHERS, thread_name_prefix="graphrun-sha256")
@@ -355,9 +367,9 @@ class _Committer:
                 if shard.rejects_bytes:
                     fsync_path(self.out_dir / REJECTS)
                 fsync_path(self.out_dir)
-                append_journal(self.out_dir, shard.number, infos, shard.total_rows,
-                               shard.next_index, shard.rejects_bytes, shard.rejects,
-                               shard.read_from)
+                self._digest = append_journal(
+                    self.out_dir, shard.number, infos, shard.total_rows, shard.next_index,
+                    shard.rejects_bytes, shard.rejects, shard.read_from, prev=self._digest)
                 with self._lock:
                     self._files += infos
                     self.rows, self.rejects = shard.total_rows, shard.rejects

@@ -59,3 +59,231 @@ def test_a_self_referring_alias_in_an_override_is_refused(write_spec):
     with pytest.raises(SpecError, match=r"--set model.args=\{a: &a \[\*a\]\}: model.args: .*"
                                         "cycle"):
         load_spec(spec, ["model.args={a: &a [*a]}"])
+
+
+# ---- a small job, run in this process ----------------------------------------------------------
+
+SPEC = """\
+version: 1
+name: attack
+device: cpu
+model:
+  target: model.py:build
+  args: {}
+inputs:
+  x: {shape: [batch, 4], dtype: float32}
+outputs:
+  y: {shape: [batch, 3]}
+buckets:
+  batch: [1, 2, 4]
+capture:
+  warmup_iters: 1
+data:
+  path: data.jsonl
+  batch_size: 4
+output:
+  dir: out
+  format: FORMAT
+  rows_per_file: 3
+"""
+
+MODEL = """\
+import torch
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+def build():
+    torch.manual_seed(0)
+    return Net()
+"""
+
+
+def make_job(folder: Path, n: int = 20, fmt: str = "npy", data: str | None = None,
+             extra: str = "") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model.py").write_text(MODEL)
+    (folder / "data.jsonl").write_text(data if data is not None else "".join(
+        f'{{"x": [{i}, 1, 2, 3]}}\n' for i in range(n)))
+    spec = folder / "pipeline.yaml"
+    spec.write_text(SPEC.replace("FORMAT", fmt) + extra)
+    return spec
+
+
+def run_job(spec_path: Path, out: Path, **kw):
+    import graphrun
+    return graphrun.run(load_spec(spec_path), out=out, overlap=kw.pop("overlap", False), **kw)
+
+
+def shard_bytes(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.glob("part-*"))}
+
+
+# ---- 1. own only what graphrun wrote -----------------------------------------------------------
+
+def test_overwrite_and_resume_never_delete_a_users_files_named_like_graphrun_s(tmp_path):
+    spec = make_job(tmp_path)
+    out = tmp_path / "out"
+    run_job(spec, out)
+    mine = {"part-1-of-my-thesis.docx": b"years", ".secret.tmp": b"key",
+            "part-notes-for-boss.txt": b"notes", "part-00000.docx": b"x"}
+    for name, data in mine.items():
+        (out / name).write_bytes(data)
+    run_job(spec, out, resume=True)  # a completed run's folder: resumed, nothing to do
+    with pytest.raises(OutputError, match=r"holds files graphrun did not write \(\.secret\.tmp, "
+                                          r"part-00000\.docx, part-1-of-my-thesis\.docx"):
+        run_job(spec, out, overwrite=True)
+    assert {n: (out / n).read_bytes() for n in mine} == mine
+
+
+def test_a_folder_without_graphrun_s_mark_is_never_overwritten(tmp_path):
+    spec = make_job(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("manifest.json", "journal.jsonl", "part-00000.ids.npy", "run.json"):
+        (out / name).write_text("[1, 2]")  # graphrun's names, not graphrun's files
+    with pytest.raises(OutputError, match="did not write"):
+        run_job(spec, out, overwrite=True)
+    with pytest.raises(OutputError, match=r"run.json is not a run.json graphrun wrote"):
+        run_job(spec, out, resume=True)
+    assert all((out / n).read_text() == "[1, 2]" for n in os.listdir(out))
+
+
+def test_an_output_folder_holding_the_input_is_refused_even_with_overwrite(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    spark = data / "part-00000-c0ffee.snappy.parquet"
+    spark.write_bytes(b"PAR1 the input PAR1")
+    spec = make_job(tmp_path, extra="")
+    spec.write_text(spec.read_text().replace("data.jsonl", "data/part-00000-c0ffee.snappy."
+                                             "parquet").replace("dir: out", "dir: data"))
+    for flags in ({}, {"overwrite": True}, {"resume": True}):
+        with pytest.raises(OutputError, match="holds the input file"):
+            import graphrun
+            graphrun.run(load_spec(spec), **flags)
+    assert spark.read_bytes() == b"PAR1 the input PAR1"
+    assert sorted(os.listdir(data)) == [spark.name]
+
+
+# ---- 2. the resume fingerprint covers the model ------------------------------------------------
+
+def test_resume_refuses_changed_weights_and_a_changed_target_module(tmp_path):
+    import torch
+    spec = make_job(tmp_path)
+    net = torch.nn.Linear(4, 3)
+    torch.save({"lin." + k: v for k, v in net.state_dict().items()}, tmp_path / "w.pt")
+    spec.write_text(spec.read_text().replace("args: {}", "args: {}\n  weights: w.pt"))
+    out = tmp_path / "out"
+    run_job(spec, out)
+    with torch.no_grad():
+        net.weight.add_(1)
+    torch.save({"lin." + k: v for k, v in net.state_dict().items()}, tmp_path / "w.pt")
+    with pytest.raises(OutputError, match=r"model_sha256 changed"):
+        run_job(spec, out, resume=True)
+    run_job(spec, out, overwrite=True)
+    (tmp_path / "model.py").write_text(MODEL.replace("manual_seed(0)", "manual_seed(1)"))
+    with pytest.raises(OutputError, match=r"model_sha256 changed"):
+        run_job(spec, out, resume=True)
+
+
+# ---- 3. the journal is verified on resume ------------------------------------------------------
+
+def _forge(out: Path, how: str) -> None:
+    path = out / "journal.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    last = lines[-1]
+    if how == "next_index+300":
+        last["next_index"] += 300
+    elif how == "next_index-300":
+        last["next_index"] -= 300
+    elif how == "shard-3":
+        last["shard"] -= 3
+    elif how == "appended":
+        lines.append(dict(last, shard=last["shard"] + 1))
+    elif how == "resealed":  # a forger who recomputes the checksum still breaks the counts
+        from graphrun.journal import line_digest
+        last["next_index"] += 300
+        last["sha256"] = line_digest(lines[-2]["sha256"] if len(lines) > 1 else "", last)
+    elif how == "dropped":
+        del lines[1]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+@pytest.mark.parametrize("how", ["next_index+300", "next_index-300", "shard-3", "appended",
+                                 "resealed", "dropped"])
+def test_a_forged_journal_is_refused_and_nothing_is_deleted(tmp_path, how):
+    spec = make_job(tmp_path, n=20)
+    out = tmp_path / "out"
+    run_job(spec, out)
+    before = shard_bytes(out)
+    _forge(out, how)
+    with pytest.raises(OutputError, match=r"journal.jsonl:\d+ is not a journal line graphrun "
+                                          r"wrote \(.+\); .*--overwrite"):
+        run_job(spec, out, resume=True)
+    assert shard_bytes(out) == before
+
+
+def test_a_rejects_file_shorter_in_lines_than_the_journal_says_is_refused(tmp_path):
+    data = "".join(f'{{"x": [{i}, 1, 2, 3]}}\n' if i % 3 else "nonsense\n" for i in range(20))
+    spec = make_job(tmp_path, data=data)
+    spec.write_text(spec.read_text().replace("batch_size: 4", "batch_size: 4\n"
+                                             "  on_bad_record: skip"))
+    out = tmp_path / "out"
+    run_job(spec, out)
+    rejects = (out / "rejects.jsonl").read_bytes()
+    # the same bytes, one line fewer: two rejects merged into one line
+    (out / "rejects.jsonl").write_bytes(rejects.replace(b"}\n", b"} ", 1) + b"\n")
+    with pytest.raises(OutputError, match=r"rejects.jsonl holds \d+ rejects where"):
+        run_job(spec, out, resume=True)
+
+
+# ---- 4. one run per folder ---------------------------------------------------------------------
+
+def test_a_second_run_on_a_locked_folder_is_refused_naming_the_first_s_pid(tmp_path):
+    spec = make_job(tmp_path)
+    out = tmp_path / "out"
+    run_job(spec, out)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time\n"
+         f"fd = os.open({str(out)!r}, os.O_RDONLY)\n"
+         "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('locked', flush=True)\ntime.sleep(60)\n"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        before = {p.name: p.read_bytes() for p in out.iterdir()}
+        for flags in ({"resume": True}, {"overwrite": True}, {}):
+            with pytest.raises(OutputError, match=rf"in use by another graphrun run \(pid "
+                                                  rf"{holder.pid}\)"):
+                run_job(spec, out, **flags)
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    finally:
+        holder.kill()
+        holder.wait()
+    run_job(spec, out, resume=True)  # the lock went with its holder
+
+
+def test_two_cli_resumes_at_once_one_is_refused_and_the_run_is_whole(tmp_path):
+    spec = make_job(tmp_path, n=400)
+    out = tmp_path / "out"
+    procs = [subprocess.Popen([sys.executable, "-m", "graphrun", "run", str(spec), "--out",
+                               str(out), "--resume", "-q"], env={**os.environ,
+                              "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    codes = sorted(p.returncode for p in procs)
+    if codes == [0, 0]:  # the first ended before the second looked: run in turn, both fine
+        pass
+    else:
+        assert codes == [0, 2], errors
+        assert any("in use by another graphrun run (pid" in e for e in errors), errors
+    lines = (out / "journal.jsonl").read_text().splitlines()
+    assert len(lines) == 400 // 3 + 1
+    ids = np.concatenate([np.load(p) for p in sorted(out.glob("part-*.ids.npy"))])
+    assert ids.tolist() == list(range(400))
