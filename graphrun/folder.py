@@ -170,14 +170,20 @@ def _start(out_dir: Path, fingerprint: dict) -> None:
 
 
 def write_fingerprint(out_dir: Path, fingerprint: dict) -> None:
-    """run.json, replaced durably (the input's hash is added once it is known)."""
+    """run.json, replaced durably (the input's hash is added once it is known). A write that
+    fails (a full disk) leaves no temp file: before run.json exists it would be a file in the
+    folder that graphrun cannot show it wrote."""
     tmp = out_dir / f".{RUN_JSON}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(fingerprint, f, indent=2, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, out_dir / RUN_JSON)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(fingerprint, f, indent=2, sort_keys=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out_dir / RUN_JSON)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_path(out_dir)
 
 

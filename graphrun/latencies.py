@@ -57,7 +57,7 @@ def open_latencies(path: Path, keep_below: int | None) -> LatencyLog:
     for line in path.read_text(errors="replace").splitlines():
         try:
             entry = json.loads(line)
-            if entry.get("first", 0) < keep_below and entry.get("batch") == len(kept):
+            if entry.get("first", 0) < keep_below and entry.get("batch") == len(kept) + 1:
                 kept.append(line + "\n")
         except (ValueError, AttributeError):  # a line torn by a crash of an older graphrun
             continue

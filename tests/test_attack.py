@@ -287,3 +287,133 @@ def test_two_cli_resumes_at_once_one_is_refused_and_the_run_is_whole(tmp_path):
     assert len(lines) == 400 // 3 + 1
     ids = np.concatenate([np.load(p) for p in sorted(out.glob("part-*.ids.npy"))])
     assert ids.tolist() == list(range(400))
+
+
+# ---- 5. a full disk ----------------------------------------------------------------------------
+
+class DiskFull:
+    """A disk that holds `budget` more bytes under `folder`: os.write, os.pwrite and files
+    opened for writing by open() fail with ENOSPC past it (pyarrow writes on its own, so the
+    tests use npy and jsonl). spent counts what was written."""
+
+    def __init__(self, monkeypatch, folder: Path, budget: float):
+        import builtins
+        self.folder, self.budget, self.spent = str(folder), budget, 0
+        real_open, real_write, real_pwrite = builtins.open, os.write, os.pwrite
+        disk = self
+
+        class Full:
+            def __init__(self, f):
+                self._f = f
+
+            def write(self, data):
+                disk.spend(len(data))
+                return self._f.write(data)
+
+            def __getattr__(self, name):
+                return getattr(self._f, name)
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                self._f.close()
+
+        def full_open(file, mode="r", *a, **k):
+            f = real_open(file, mode, *a, **k)
+            mine = isinstance(file, (str, Path)) and str(file).startswith(disk.folder)
+            return Full(f) if mine and any(c in mode for c in "wax+") else f
+
+        def mine(fd):
+            try:
+                return os.readlink(f"/proc/self/fd/{fd}").startswith(disk.folder)
+            except OSError:
+                return False
+
+        def write(fd, data):
+            if mine(fd):
+                disk.spend(len(data))
+            return real_write(fd, data)
+
+        def pwrite(fd, data, offset):
+            if mine(fd):
+                disk.spend(len(data))
+            return real_pwrite(fd, data, offset)
+
+        monkeypatch.setattr(builtins, "open", full_open)
+        monkeypatch.setattr(os, "write", write)
+        monkeypatch.setattr(os, "pwrite", pwrite)
+
+    def spend(self, n: int) -> None:
+        if self.spent + n > self.budget:
+            raise OSError(28, "No space left on device")
+        self.spent += n
+
+
+@pytest.mark.parametrize("fmt", ["npy", "jsonl"])
+def test_a_full_disk_at_any_point_fails_with_one_message_and_resume_completes(
+        tmp_path, monkeypatch, fmt):
+    spec = make_job(tmp_path, n=40, fmt=fmt)
+    clean = tmp_path / "clean"
+    with monkeypatch.context() as m:
+        total = DiskFull(m, clean, float("inf"))
+        run_job(spec, clean)
+    want = shard_bytes(clean)
+    for k, fraction in enumerate((0.0, 0.05, 0.3, 0.6, 0.9, 0.97, 0.995)):
+        out = tmp_path / f"full{k}"
+        with monkeypatch.context() as m:
+            DiskFull(m, out, int(total.spent * fraction))
+            with pytest.raises(OutputError, match=r"No space left on device.*(--resume|folder)"):
+                run_job(spec, out)
+        # what is committed is intact, and nothing stray blocks the next run
+        assert not (out / "manifest.json.tmp").exists()
+        if fraction == 0.0:  # not even run.json: the folder is new again
+            run_job(spec, out, overwrite=True)
+        else:
+            run_job(spec, out, resume=True)
+        assert shard_bytes(out) == want, fraction
+        assert json.loads((out / "manifest.json").read_text())["status"] == "completed"
+
+
+def test_a_full_disk_while_the_manifest_is_written_fails_cleanly(tmp_path, monkeypatch):
+    from graphrun import manifest as manifest_module
+    spec = make_job(tmp_path)
+    out = tmp_path / "out"
+
+    def full(manifest, path):
+        Path(f"{path}.tmp").write_text("{half")
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr("graphrun.pipeline.write_manifest", full)
+        with pytest.raises(OutputError, match=r"manifest.json failed: .*No space left"):
+            run_job(spec, out)
+    assert not (out / "manifest.json.tmp").exists()
+    run_job(spec, out, resume=True)
+    assert manifest_module.Manifest.model_validate_json((out / "manifest.json").read_text())
+
+
+# ---- 12. latencies.jsonl across a crash --------------------------------------------------------
+
+def test_every_committed_batch_has_its_latency_line_on_disk_before_its_journal_line(
+        tmp_path, monkeypatch):
+    """What a kill -9 leaves is what is on disk at that moment: so at each journal append, the
+    lines of every batch below the line's re-read point must be in latencies.jsonl, numbered
+    1, 2, 3, ... (a resume keeps those and logs the rest again)."""
+    from graphrun import write
+    spec = make_job(tmp_path, n=200)
+    out = tmp_path / "out"
+    real, checked = write.append_journal, []
+
+    def append(out_dir, shard, files, rows, next_index, rejects_bytes, rejects, read_from, **k):
+        lines = [json.loads(x) for x in (out_dir / "latencies.jsonl").read_text().splitlines()]
+        firsts = [x["first"] for x in lines]
+        assert [x["batch"] for x in lines] == list(range(1, len(lines) + 1))
+        assert firsts[:len([f for f in firsts if f < read_from])] == list(range(0, read_from, 4))
+        checked.append(shard)
+        return real(out_dir, shard, files, rows, next_index, rejects_bytes, rejects, read_from,
+                    **k)
+
+    monkeypatch.setattr(write, "append_journal", append)
+    run_job(spec, out)
+    assert len(checked) == 67
