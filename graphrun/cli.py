@@ -6,6 +6,7 @@ A user error (GraphrunError) prints one message and exits non-zero, without a tr
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
@@ -15,6 +16,14 @@ from . import __version__
 from .errors import GraphrunError, Interrupted
 
 _debug = False
+
+
+def _exit_quietly() -> None:
+    """The run is over (its manifest written): a SIGINT or SIGTERM from here on ends the
+    process as the signal does by default, not with a KeyboardInterrupt traceback out of an
+    exit handler (a thread pool's, torch's) while the interpreter shuts down."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def _fail(err: GraphrunError) -> None:
@@ -58,12 +67,20 @@ def run(spec, overrides, out, resume, overwrite, start, stop, quiet) -> None:
         pipeline = load_spec(spec, overrides)
         manifest = run_pipeline(pipeline, out=out, resume=resume, overwrite=overwrite,
                                 show=show, start=start, stop=stop)
+    except KeyboardInterrupt:  # SIGINT before the run took over its signals (loading the spec)
+        _exit_quietly()
+        click.echo("graphrun: interrupted by SIGINT before the run started; nothing was "
+                   "written", err=True)
+        sys.exit(128 + signal.SIGINT)
     except Interrupted as err:
+        _exit_quietly()
         click.echo(f"graphrun: {err}", err=True)
         sys.exit(err.exit_code)
     except GraphrunError as err:
+        _exit_quietly()
         _fail(err)
     else:
+        _exit_quietly()
         t = manifest.totals
         dest = out or pipeline.output.dir
         if not quiet:

@@ -218,7 +218,8 @@ class Runner:
             self.graph_pool = torch.cuda.graph_pool_handle()
         budget = cap.memory_budget_mib * MiB if cap.memory_budget_mib else None
         spent = 0
-        for bucket in self.table.all:  # largest first
+        count = len(self.table.all)
+        for k, bucket in enumerate(self.table.all, 1):  # largest first
             state = self.states[bucket]
             step = state.run = self.step(bucket)
             # eager needs no warm-up but one run, which surfaces shape errors before any data
@@ -229,6 +230,7 @@ class Runner:
                 state.status = "eager"
                 state.reason = "backend eager" if self.cuda else "no CUDA device: backend eager"
                 self._verify(state, step)
+                self.log(f"set up {bucket.name} ({k}/{count}, eager)")
                 continue
             if budget is not None and not self._fits(state, step, budget, spent):
                 continue
@@ -248,7 +250,7 @@ class Runner:
             spent += state.memory_bytes
             self._graph_bytes = spent
             self._verify(state, step)
-            self.log(f"captured {bucket.name} in {state.capture_s * 1e3:.1f} ms")
+            self.log(f"captured {bucket.name} ({k}/{count}) in {state.capture_s * 1e3:.1f} ms")
 
     def _fits(self, state: BucketState, step, budget: float, spent: int) -> bool:
         """memory_budget_mib: a bucket whose pool would pass the budget is dropped, not run."""

@@ -176,7 +176,7 @@ class _NpySink:
         finally:
             self._pending.clear()
             for f in self.files.values():
-                os.close(f.fd)
+                f.close()
                 f.path.unlink(missing_ok=True)
 
     def finish(self) -> list[tuple[Path, str]]:
@@ -188,7 +188,7 @@ class _NpySink:
         for name, f in self.files.items():
             header = _npy_header(f.dtype, (len(self.ids), *self.shapes[name]), f.header_bytes)
             _pwrite_all(f.fd, header, 0)
-            os.close(f.fd)
+            f.close()
             placed.append((f.path, f"{self.stem}.{name}.npy"))
         return placed
 
@@ -202,6 +202,13 @@ class _RowFile:
     dtype: np.dtype
     header_bytes: int
     end: int
+
+    def close(self) -> None:
+        """Once: a second close (abort after finish) must not close a descriptor number the
+        process has since given to another file."""
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
 
 
 def _pwrite_all(fd: int, data, offset: int) -> None:
@@ -289,8 +296,9 @@ class _ParquetSink:
         return pa.array([str(x) for x in self.ids.values()], pa.string())
 
     def abort(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+        writer, self.writer = self.writer, None
+        if writer is not None:
+            writer.close()
         self.tmp.unlink(missing_ok=True)
 
     def finish(self) -> list[tuple[Path, str]]:

@@ -213,10 +213,12 @@ class ShardWriter:
 
     def _hand_over(self) -> None:
         """Complete the shard's files and give them to the committer; writing goes on at once."""
+        sink, self._sink = self._sink, None  # finished or failed, close() must not abort it
         try:
-            files = self._sink.finish()
+            files = sink.finish()
         except BaseException:
             self._sink_failed = True
+            sink.abort()
             raise
         next_index = self._last_index + 1
         # Its journal line counts the rejects below next_index: in the file before it is
@@ -232,7 +234,6 @@ class ShardWriter:
         self._shard += 1
         self._committed_below = next_index
         self._shard_rows = 0
-        self._sink = None
 
     def _flush_rejects(self, below: int | None) -> None:
         """Append pending rejects with index < below (all when None), in index order. Not
