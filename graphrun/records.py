@@ -8,6 +8,8 @@ range, finite), duplicate id. Value checks run vectorized over a whole chunk of 
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -122,7 +124,7 @@ def field_from_values(name: str, inp: InputSpec, values: list,
     problems: dict[int, str] = {}
     if inp.dtype != "bool":
         for p in bool_suspects:
-            if _holds_bool(values[p]):
+            if _holds_bool_or_deep(values[p]):
                 problems[p] = f"{name}: boolean value where {inp.dtype} numbers are expected"
     dense = _as_dense(values)
     if dense is not None:
@@ -190,6 +192,14 @@ def _as_dense(values: list) -> np.ndarray | None:
     return dense if dense.dtype.kind in NUMERIC_KINDS else None
 
 
+def _holds_bool_or_deep(value) -> bool:
+    """A bool in it; or nested too deeply to look (numpy refuses it anyway)."""
+    try:
+        return _holds_bool(value)
+    except RecursionError:
+        return False
+
+
 def _holds_bool(value) -> bool:
     if isinstance(value, list):
         return any(_holds_bool(v) for v in value)
@@ -198,7 +208,10 @@ def _holds_bool(value) -> bool:
 
 def describe_unreadable(value) -> str:
     """Why a JSON value is not a rectangular array of numbers: the first offending part."""
-    return _first_unreadable(value) or "not an array of numbers"
+    try:
+        return _first_unreadable(value) or "not an array of numbers"
+    except RecursionError:  # lists in lists thousands deep: numpy stops at 64 dimensions
+        return "nested too deeply (thousands of levels of lists): not an array of numbers"
 
 
 def _first_unreadable(value) -> str:
@@ -366,7 +379,10 @@ def _flatten(records: Records) -> tuple[np.ndarray, np.ndarray]:
 def check_duplicate_ids(ids: np.ndarray | list, positions: np.ndarray, seen: set,
                         problems: dict[int, str]) -> None:
     """Only ids of records that passed every other check are remembered (as Python values:
-    an int64 id and the same int are one id)."""
+    an int64 id and the same int are one id). An id is its text: 5 and "5" are one id (npy
+    and Parquet write both as '5'), "05" and 5 are two."""
+    if isinstance(ids, list):  # JSONL: ints and strings may mix
+        ids = [_id_key(x) for x in ids]
     if not problems:  # the common case, by set operations: no Python step per id
         chunk = ids[positions].tolist() if isinstance(ids, np.ndarray) else (
             [ids[p] for p in positions.tolist()] if len(positions) < len(ids) else list(ids))
@@ -381,9 +397,20 @@ def check_duplicate_ids(ids: np.ndarray | list, positions: np.ndarray, seen: set
             continue
         rid = ids[p]
         if rid in seen:
-            problems[p] = f"duplicate id {rid!r}: an earlier record has the same id"
+            problems[p] = (f"duplicate id {rid!r}: an earlier record has the same id (ids are "
+                           "compared as text: 5 and \"5\" are one id)")
         else:
             seen.add(rid)
+
+
+_INT_TEXT = re.compile(r"-?(0|[1-9][0-9]*)")
+
+
+def _id_key(rid):
+    """A str id that is an int's canonical text compares as that int."""
+    if type(rid) is str and len(rid) < 20 and _INT_TEXT.fullmatch(rid):
+        return int(rid)
+    return rid
 
 
 def dense_if_uniform(arrays: list) -> Records:

@@ -29,6 +29,7 @@ import numpy as np
 
 from graphrun.errors import InputError
 from graphrun.formats import _npy_chunks, _npz_chunks, _parquet_chunks
+from graphrun.jsonl_lines import encodable, lines_of, repeated_keys
 from graphrun.parse_workers import parse_blocks
 try:  # optional: a faster JSON parser for the block parse (see _loads_block)
     import orjson as _orjson
@@ -251,8 +252,10 @@ def _jsonl_chunks(path: Path, spec: PipelineSpec, start: int, stop: int | None
 
 def _jsonl_blocks(f, file: str, start: int, stop: int | None) -> Iterator[tuple]:
     """(file, lines, their line numbers, the first's ordinal) of consecutive records, about
-    JSONL_CHUNK_BYTES of whole lines at a time."""
+    JSONL_CHUNK_BYTES of whole lines at a time. A UTF-8 byte order mark opening the file is
+    skipped; a file whose lines end in CR alone (old Mac) is read as if they ended in LF."""
     lineno, index = 1, 0  # line number of the block's first line, ordinal of its first record
+    f = lines_of(f)
     while lines := f.readlines(JSONL_CHUNK_BYTES):  # whole lines, about this many bytes
         rows = [i for i, line in enumerate(lines) if not line.isspace()]  # blank: no record
         lo = max(start - index, 0)  # records before start are counted, not parsed
@@ -286,10 +289,12 @@ def _jsonl_candidates(spec: PipelineSpec, file: str, lines: list[bytes], linenos
     reasons = [""] * len(lines)
     if records is None:  # some line is bad: parse line by line for its reason
         records, reasons = zip(*map(_parse_line, lines))
+    reasons = repeated_keys(lines, expected, list(reasons))
     good, rejects = [], []
     for p, record in enumerate(records):
         if (not reasons[p] and type(record) is dict and record.keys() == expected
-                and (id_field is None or type(record[id_field]) in (str, int))):
+                and (id_field is None or type(record[id_field]) is int
+                     or (type(record[id_field]) is str and encodable(record[id_field])))):
             good.append(p)
             continue
         rid, reason = (None, reasons[p]) if reasons[p] else _record_problem(spec, record)
@@ -325,6 +330,9 @@ def _record_problem(spec: PipelineSpec, record) -> tuple[object, str]:
         if type(rid) not in (str, int):
             return None, (f"id field {id_field!r} must be a string or an integer, got "
                           f"{_json_kind(rid)}")
+        if type(rid) is str and not encodable(rid):
+            return rid, (f"id field {id_field!r} is not valid Unicode (it holds a lone "
+                         "surrogate escape such as \\ud800), so no output format can store it")
     missing = [k for k in spec.inputs if k not in record]
     if missing:
         return rid, f"missing field {missing[0]!r} (expected fields: {fields})"
@@ -341,7 +349,7 @@ def _parse_together(lines: list[bytes]) -> list | None:
     text = b"[" + b",".join([b"[%d,%b]" % (base + k, line) for k, line in enumerate(lines)]) + b"]"
     try:
         parsed = _loads_block(text)
-    except ValueError:  # also UnicodeDecodeError and orjson's JSONDecodeError
+    except (ValueError, RecursionError):  # also UnicodeDecodeError, orjson's JSONDecodeError
         return None
     if len(parsed) != len(lines) or sum(map(len, parsed)) != 2 * len(parsed):
         return None
@@ -365,6 +373,8 @@ def _parse_line(line: bytes) -> tuple[object, str]:
     last = not line.endswith(b"\n")  # only the file's last line can lack one
     try:
         return json.loads(line.decode("utf-8")), ""
+    except RecursionError:
+        return None, "nested too deeply to parse (thousands of brackets): not a record"
     except UnicodeDecodeError as e:
         return None, truncated if last else (
             f"invalid UTF-8 (byte 0x{line[e.start]:02x} at byte {e.start + 1} of the line)")

@@ -417,3 +417,216 @@ def test_every_committed_batch_has_its_latency_line_on_disk_before_its_journal_l
     monkeypatch.setattr(write, "append_journal", append)
     run_job(spec, out)
     assert len(checked) == 67
+
+
+# ---- 6, 7. signals at bad times ----------------------------------------------------------------
+
+def test_abort_after_finish_closes_no_descriptor_twice(tmp_path):
+    from graphrun.sinks import _NpySink
+    sink = _NpySink(tmp_path, "part-00000", 4, {"y": (3,)})
+    sink.add([0, 1], {"y": np.zeros((2, 3), np.float32)})
+    sink.finish()
+    with open(tmp_path / "unrelated", "wb") as other:  # may reuse the closed number
+        sink.abort()
+        os.fstat(other.fileno())  # still open
+        other.write(b"still mine")
+    assert (tmp_path / "unrelated").read_bytes() == b"still mine"
+
+
+def test_closing_the_reader_while_another_thread_is_in_next_waits_for_it():
+    import threading
+    import time
+    from graphrun.stream import ReadAhead
+    inside, release = threading.Event(), threading.Event()
+
+    def batches():
+        yield 0
+        inside.set()
+        release.wait(10)
+        yield 1
+
+    ahead = ReadAhead(batches())
+    assert next(ahead) == 0
+    got = []
+    consumer = threading.Thread(target=lambda: got.append(next(ahead)))
+    consumer.start()
+    assert inside.wait(10)
+    threading.Timer(0.2, release.set).start()
+    t0 = time.perf_counter()
+    ahead.close()  # was: ValueError: generator already executing
+    consumer.join(10)
+    assert got == [1] and time.perf_counter() - t0 >= 0.1
+
+
+def _python(code: str, *args, timeout=120):
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_sigint_while_the_spec_loads_exits_130_with_one_line(tmp_path):
+    spec = make_job(tmp_path)
+    proc = _python("import os, signal, sys\n"
+                   "import graphrun.spec_load as s\n"
+                   "real = s.load_spec\n"
+                   "def load(*a):\n"
+                   "    os.kill(os.getpid(), signal.SIGINT)\n"
+                   "    return real(*a)\n"
+                   "s.load_spec = load\n"
+                   "from graphrun.cli import main\n"
+                   "main(['run', sys.argv[1], '-q'])\n", spec)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr == ("graphrun: interrupted by SIGINT before the run started; nothing "
+                           "was written\n")
+
+
+def test_sigint_in_an_exit_handler_after_the_run_leaves_no_traceback(tmp_path):
+    spec = make_job(tmp_path)
+    proc = _python("import atexit, os, signal, sys\n"
+                   "from graphrun.cli import main\n"
+                   "atexit.register(lambda: os.kill(os.getpid(), signal.SIGINT))\n"
+                   "main(['run', sys.argv[1], '-q'])\n", spec)
+    assert proc.returncode in (-signal_number("SIGINT"), 0), proc.stderr
+    assert "KeyboardInterrupt" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def signal_number(name: str) -> int:
+    import signal
+    return int(getattr(signal, name))
+
+
+def test_sigterm_during_setup_stops_the_run_at_once(tmp_path, monkeypatch):
+    import signal
+    import time
+    from graphrun import pipeline
+    from graphrun.errors import Interrupted
+    spec = make_job(tmp_path)
+
+    class SlowSetup(pipeline.Runner):
+        def __init__(self, *a, **k):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)  # setup that would go on long after the signal
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(pipeline, "Runner", SlowSetup)
+    t0 = time.perf_counter()
+    with pytest.raises(Interrupted) as err:
+        run_job(spec, tmp_path / "out")
+    assert time.perf_counter() - t0 < 10 and err.value.exit_code == 143
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["status"] == \
+        "interrupted"
+
+
+def test_setup_reports_each_bucket_as_it_is_ready(tmp_path):
+    from graphrun.runner import Runner
+    spec = load_spec(make_job(tmp_path))
+    said = []
+    with Runner(spec, log=said.append):
+        pass
+    assert [m for m in said if m.startswith("set up")] == [
+        "set up batch=4 (1/3, eager)", "set up batch=2 (2/3, eager)",
+        "set up batch=1 (3/3, eager)"]
+
+
+def test_a_bucket_grid_past_the_limit_is_refused(tmp_path):
+    spec = make_job(tmp_path)
+    sizes = ", ".join(str(i) for i in range(1, 601))
+    with pytest.raises(SpecError, match=r"buckets: 600 buckets, more than 512"):
+        load_spec(spec, [f"buckets.batch=[{sizes}]"])
+
+
+# ---- 11. one message, not a traceback ----------------------------------------------------------
+
+def test_static_buffers_past_the_machine_s_memory_are_refused_with_the_figure(tmp_path):
+    spec = make_job(tmp_path)
+    with pytest.raises(SpecError, match=r"buckets: the static buffers at the largest bucket "
+                                        r"\(batch=2,147,483,647\) need 56\.0 GiB"):
+        load_spec(spec, ["buckets.batch=[2147483647]"])
+
+
+@pytest.mark.parametrize("device", ["cuda:128", "cuda:99999999999999999999"])
+def test_a_cuda_index_torch_cannot_hold_is_refused(tmp_path, device):
+    with pytest.raises(SpecError, match=rf"device: {device} names no device"):
+        load_spec(make_job(tmp_path), [f"device={device}"])
+
+
+def test_an_input_path_that_is_a_symlink_loop_is_refused(tmp_path):
+    spec = make_job(tmp_path)
+    (tmp_path / "a.jsonl").symlink_to(tmp_path / "b.jsonl")
+    (tmp_path / "b.jsonl").symlink_to(tmp_path / "a.jsonl")
+    with pytest.raises(SpecError, match=r"data.path: .*a.jsonl is a loop of symbolic links"):
+        load_spec(spec, ["data.path=a.jsonl"])
+
+
+def test_hostile_specs_give_one_line_from_the_cli(tmp_path):
+    spec = make_job(tmp_path)
+    for args in (["--set", "model.args={a: &a [*a]}"], ["--set", "buckets.batch=[2147483647]"],
+                 ["--set", "device=cuda:99999999999999999999"]):
+        proc = cli("run", spec, "-q", *args)
+        assert proc.returncode == 2 and proc.stderr.startswith("error: "), proc.stderr
+        assert "Traceback" not in proc.stderr and len(proc.stderr.splitlines()) == 1
+
+
+# ---- 8, 9, 13. hostile JSON lines --------------------------------------------------------------
+
+def _skip_job(tmp_path: Path, data: str, fmt: str = "parquet") -> Path:
+    spec = make_job(tmp_path, data=data, fmt=fmt)
+    spec.write_text(spec.read_text().replace("batch_size: 4", "batch_size: 4\n  id_field: id\n"
+                                             "  on_bad_record: skip"))
+    return spec
+
+
+def _rejects(out: Path) -> dict[int, str]:
+    return {r["index"]: r["reason"] for r in map(json.loads, (out / "rejects.jsonl").open())}
+
+
+def _row(rid, x=1) -> str:
+    return json.dumps({"id": rid, "x": [x, 1, 2, 3]}) + "\n"
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "npy", "jsonl"])
+def test_an_id_utf8_cannot_hold_is_a_bad_record_and_resume_works(tmp_path, fmt):
+    data = _row("a") + '{"id": "\\ud800", "x": [1, 1, 2, 3]}\n' + _row("b")
+    spec = _skip_job(tmp_path, data, fmt)
+    m = run_job(spec, tmp_path / "out")
+    assert (m.totals.records_out, m.totals.records_rejected) == (2, 1)
+    assert "lone surrogate" in _rejects(tmp_path / "out")[1]
+    run_job(spec, tmp_path / "out", resume=True)
+
+
+def test_a_line_nested_100000_deep_is_one_reject(tmp_path):
+    deep = '{"id": "deep", "x": ' + "[" * 100_000 + "]" * 100_000 + "}\n"
+    spec = _skip_job(tmp_path, _row("a") + deep + _row("b"))
+    m = run_job(spec, tmp_path / "out")
+    assert (m.totals.records_out, m.totals.records_rejected) == (2, 1)
+    assert "nested too deeply" in _rejects(tmp_path / "out")[1]
+
+
+def test_ids_5_and_text_5_are_one_id(tmp_path):
+    spec = _skip_job(tmp_path, _row(5) + _row("5") + _row("05") + _row(-0) + _row("-0"), "npy")
+    m = run_job(spec, tmp_path / "out")
+    assert (m.totals.records_out, m.totals.records_rejected) == (3, 2)
+    assert _rejects(tmp_path / "out").keys() == {1, 4}  # "5" after 5; "-0" is not 0's text
+    assert "duplicate id" in _rejects(tmp_path / "out")[1]
+    ids = np.load(tmp_path / "out" / "part-00000.ids.npy").tolist()
+    assert ids == ["5", "05", "0"]
+
+
+def test_a_record_repeating_a_field_is_a_bad_record(tmp_path):
+    twice = '{"id": "t", "x": [9, 9, 9, 9], "x": [1, 1, 2, 3]}\n'
+    named_x = _row("x")  # the name inside a value: no repeat
+    spec = _skip_job(tmp_path, _row("a") + twice + named_x + _row("b"))
+    m = run_job(spec, tmp_path / "out")
+    assert (m.totals.records_out, m.totals.records_rejected) == (3, 1)
+    assert "field 'x' appears more than once" in _rejects(tmp_path / "out")[1]
+
+
+@pytest.mark.parametrize("ending", ["\r", "\r\n", "\n"])
+def test_cr_crlf_and_lf_line_endings_and_a_bom_read_the_same(tmp_path, ending):
+    lines = [_row(f"r{i}", i).rstrip("\n") for i in range(30)]
+    data = "\ufeff" + ending.join(lines) + ending
+    spec = _skip_job(tmp_path, data, "jsonl")
+    m = run_job(spec, tmp_path / "out")
+    assert (m.totals.records_out, m.totals.records_rejected) == (30, 0)
+    got = [json.loads(x)["id"] for p in sorted((tmp_path / "out").glob("part-*.jsonl"))
+           for x in p.read_text().splitlines()]
+    assert got == [f"r{i}" for i in range(30)]
