@@ -14,11 +14,12 @@ import errno
 import fcntl
 import json
 import os
+import sys
 from pathlib import Path
 
 from graphrun.errors import OutputError
-from graphrun.journal import (JOURNAL, REJECTS, RUN_JSON, ResumePoint, _names, _remove,
-                              fsync_path, journal_names, read_journal, shard_number)
+from graphrun.journal import (JOURNAL, REJECTS, RUN_JSON, InputHash, ResumePoint, _names,
+                              _remove, fsync_path, journal_names, read_journal, shard_number)
 
 MANIFEST = "manifest.json"
 LATENCIES = "latencies.jsonl"
@@ -61,6 +62,55 @@ def input_inside(out_dir: Path, input_path: Path) -> bool:
     except (ValueError, OSError, RuntimeError):
         return False
     return True
+
+
+def model_files(model, base_dir: Path) -> dict[str, Path]:
+    """The files the model is made of, by role: weights, exported or TorchScript archive, and
+    the source file of a `target` module (found as Python would import it, without importing
+    it; not the packages that file imports)."""
+    files = {role: getattr(model, role) for role in ("weights", "exported", "torchscript")
+             if getattr(model, role, None) is not None}
+    if getattr(model, "target", None):
+        source = target_source(model.target, base_dir)
+        if source is not None:
+            files["target"] = source
+    return {role: Path(p) for role, p in files.items()}
+
+
+def target_source(target: str, base_dir: Path) -> Path | None:
+    """The .py file of "pkg.module:fn" (beside the spec, then on sys.path) or "file.py:fn"."""
+    module = target.rpartition(":")[0]
+    if module.endswith(".py"):
+        path = Path(module) if Path(module).is_absolute() else base_dir / module
+        return path if path.is_file() else None
+    parts = module.split(".")
+    for entry in [str(base_dir)] + sys.path:
+        root = Path(entry or ".").joinpath(*parts)
+        for candidate in (root.with_suffix(".py"), root / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+class FilesHash:
+    """InputHash for several files at once, by name; result() is {name: sha256}."""
+
+    def __init__(self, files: dict[str, Path]):
+        self.hashes = {name: InputHash(path) for name, path in files.items()}
+
+    @property
+    def waited_s(self) -> float:
+        return sum(h.waited_s for h in self.hashes.values())
+
+    def result(self) -> dict[str, str]:
+        try:
+            return {name: h.result() for name, h in self.hashes.items()}
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> dict[str, str | None]:
+        return {name: h.stop() for name, h in self.hashes.items()}
 
 
 class FolderLock:

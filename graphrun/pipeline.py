@@ -11,7 +11,6 @@ import datetime as dt
 import json
 import os
 import signal
-import threading
 import time
 from array import array
 from pathlib import Path
@@ -24,10 +23,11 @@ from .manifest import (BucketReport, FileEntry, Manifest, Totals, environment, s
 from .progress import Progress, count_records, summary_table
 from .replay import OverlapTrial, replay_stream, slot_count
 from .runner import Runner
+from .signals import StopSignals
 from .stream import ReadAhead, read_batches
 from .timing import percentiles, spread_warning
-from .folder import FolderLock, prepare_out_dir, write_fingerprint
-from .journal import FilesHash, InputHash, model_files
+from .folder import FilesHash, FolderLock, model_files, prepare_out_dir, write_fingerprint
+from .journal import InputHash
 from .latencies import open_latencies
 from .sinks import shard_suffixes
 from .write import ShardWriter
@@ -130,15 +130,8 @@ def _stream(job: "RunState", stop_signal: "StopSignals", fingerprint: dict, resu
             # not beside the stream: the hash's reading of the file slowed the MLP's npy
             # stream from 2.38M to 1.1-1.4M records/s on the H200 (RESULTS.md)
             job.record_hashes(fingerprint)
-        if overlap is None:
-            overlap = True if runner.cuda else MEASURE
-        if overlap is not False:  # the overlapped path's pinned slots: setup, not the stream
-            runner.host_slots(slot_count(runner.slot_bytes))
+        overlap = job.choose_path(overlap)
         t0 = time.perf_counter()
-        if overlap == MEASURE:
-            overlap = job.trial = OverlapTrial()
-        else:
-            job.overlapped = overlap
         stop_signal.streaming()  # from here a signal lets the batch in flight finish
         job.host_s = replay_stream(
             runner, batches, writer,
@@ -247,6 +240,19 @@ class RunState:
         fingerprint["input_sha256"] = self.input_sha = self.input_hash.result()
         fingerprint["model_sha256"] = self.model_hash.result()
         write_fingerprint(self.out_dir, fingerprint)
+
+    def choose_path(self, overlap):
+        """The data path to stream on: True/False, or an OverlapTrial that measures both."""
+        runner = self.runner
+        if overlap is None:
+            overlap = True if runner.cuda else MEASURE
+        if overlap is not False:  # the overlapped path's pinned slots: setup, not the stream
+            runner.host_slots(slot_count(runner.slot_bytes))
+        if overlap == MEASURE:
+            self.trial = OverlapTrial()
+            return self.trial
+        self.overlapped = overlap
+        return overlap
 
     def stop_hashes(self) -> None:
         self.input_hash.stop()
@@ -397,38 +403,3 @@ class RunState:
 
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-
-
-class StopSignals:
-    """SIGINT/SIGTERM set a flag; the loop finishes the batch in flight, commits and stops.
-    A second signal stops at once (KeyboardInterrupt), except after hold(): from there on the
-    run only commits and writes its manifest, which must not be cut short."""
-
-    def __init__(self):
-        self.signum = 0
-        self._old = {}
-        self._held = False
-        self._streaming = False
-
-    def _handle(self, signum, frame) -> None:
-        first = not self.signum
-        self.signum = signum  # the latest: the exit code names the signal that stopped the run
-        # during setup (nothing to finish) or a second signal: stop now
-        if (not first or not self._streaming) and not self._held:
-            raise KeyboardInterrupt
-
-    def streaming(self) -> None:
-        self._streaming = True
-
-    def hold(self) -> None:
-        self._held = True
-
-    def __enter__(self) -> "StopSignals":
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._old.items():
-            signal.signal(sig, handler)

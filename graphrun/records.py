@@ -397,8 +397,7 @@ def check_duplicate_ids(ids: np.ndarray | list, positions: np.ndarray, seen: set
             continue
         rid = ids[p]
         if rid in seen:
-            problems[p] = (f"duplicate id {rid!r}: an earlier record has the same id (ids are "
-                           "compared as text: 5 and \"5\" are one id)")
+            problems[p] = f"duplicate id {rid!r}: an earlier record has the same id"
         else:
             seen.add(rid)
 

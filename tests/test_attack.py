@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from graphrun.errors import GraphrunError, OutputError, SpecError
+from graphrun.errors import OutputError, SpecError
 from graphrun.spec_load import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -630,3 +630,36 @@ def test_cr_crlf_and_lf_line_endings_and_a_bom_read_the_same(tmp_path, ending):
     got = [json.loads(x)["id"] for p in sorted((tmp_path / "out").glob("part-*.jsonl"))
            for x in p.read_text().splitlines()]
     assert got == [f"r{i}" for i in range(30)]
+
+
+# ---- kill -9 at random points: shards and latencies.jsonl as an uninterrupted run's ------------
+
+def _latency_lines(out: Path) -> list[tuple]:
+    lines = [json.loads(x) for x in (out / "latencies.jsonl").read_text().splitlines()]
+    return [(x["batch"], x["first"], x["bucket"], x["records"]) for x in lines]
+
+
+def test_kill_9_at_random_points_then_resume_loses_nothing(tmp_path):
+    import random
+    import time
+    spec = make_job(tmp_path, n=6000)
+    spec.write_text(spec.read_text().replace("rows_per_file: 3", "rows_per_file: 100"))
+    clean = tmp_path / "clean"
+    assert cli("run", spec, "--out", clean, "-q").returncode == 0
+    rng = random.Random(21)
+    for trial in range(3):
+        out = tmp_path / f"killed{trial}"
+        proc = subprocess.Popen([sys.executable, "-m", "graphrun", "run", str(spec), "--out",
+                                 str(out), "-q"], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while not (out / "journal.jsonl").exists() and proc.poll() is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0, 0.3))
+        proc.kill()
+        proc.wait()
+        done = cli("run", spec, "--out", out, "--resume", "-q")
+        assert done.returncode == 0, done.stderr
+        assert shard_bytes(out) == shard_bytes(clean)
+        assert _latency_lines(out) == _latency_lines(clean)
