@@ -45,7 +45,10 @@ def own_entries(out_dir: Path, listed: set[str], next_shard: int) -> tuple[list,
     suffixes = mark.get("shards") if mark else None
     suffixes = suffixes if isinstance(suffixes, list) else []
     own, foreign = [], []
-    for p in sorted(out_dir.iterdir()):
+    entries = sorted(out_dir.iterdir())
+    if mark is None and [p.name for p in entries] == [f".{RUN_JSON}.tmp"]:
+        return entries, []  # a run killed while it first wrote run.json: nothing else here
+    for p in entries:
         mine = False
         if mark is not None and p.is_file() and not p.is_symlink():
             k = shard_number(p.name, suffixes)
@@ -116,8 +119,8 @@ class FilesHash:
 class FolderLock:
     """An exclusive flock on the output folder itself, held for the whole run: a second
     graphrun process on the same folder is refused instead of deleting the first one's files.
-    No lock file is left behind. (flock is advisory, and on some network filesystems it is
-    local to one machine.)"""
+    No lock file is left behind. (flock is advisory; on some network filesystems it is local
+    to one machine, and where the filesystem has no locks at all the run goes on unlocked.)"""
 
     def __init__(self, out_dir: Path):
         self.out_dir = Path(out_dir)
@@ -130,6 +133,8 @@ class FolderLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
             os.close(fd)
+            if err.errno in (errno.ENOLCK, errno.EOPNOTSUPP):  # a filesystem without locks
+                return self
             if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise
             pid = lock_holder(self.out_dir)
