@@ -382,7 +382,7 @@ def check_duplicate_ids(ids: np.ndarray | list, positions: np.ndarray, seen: set
     an int64 id and the same int are one id). An id is its text: 5 and "5" are one id (npy
     and Parquet write both as '5'), "05" and 5 are two."""
     if isinstance(ids, list):  # JSONL: ints and strings may mix
-        ids = [_id_key(x) for x in ids]
+        ids = _as_compared(ids, seen)
     if not problems:  # the common case, by set operations: no Python step per id
         chunk = ids[positions].tolist() if isinstance(ids, np.ndarray) else (
             [ids[p] for p in positions.tolist()] if len(positions) < len(ids) else list(ids))
@@ -403,6 +403,27 @@ def check_duplicate_ids(ids: np.ndarray | list, positions: np.ndarray, seen: set
 
 
 _INT_TEXT = re.compile(r"-?(0|[1-9][0-9]*)")
+# Markers kept in a file's set of seen ids: it held an int id, a str id, and was made canonical.
+_INT_SEEN, _STR_SEEN, _CANONICAL = object(), object(), object()
+
+
+def _as_compared(ids: list, seen: set) -> list:
+    """ids as they are compared. Only once a file has both int and str ids does a str that is
+    an int's text become that int (seen ids too, once): until then each is its own text, and
+    a Python step per id would cost the common all-str file for nothing."""
+    kinds = set(map(type, ids))
+    if int in kinds:
+        seen.add(_INT_SEEN)
+    if str in kinds:
+        seen.add(_STR_SEEN)
+    if _INT_SEEN not in seen or _STR_SEEN not in seen:
+        return ids
+    if _CANONICAL not in seen:
+        canonical = {_id_key(x) for x in seen}
+        seen.clear()
+        seen |= canonical
+        seen.add(_CANONICAL)
+    return [_id_key(x) for x in ids]
 
 
 def _id_key(rid):

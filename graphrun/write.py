@@ -214,18 +214,18 @@ class ShardWriter:
     def _hand_over(self) -> None:
         """Complete the shard's files and give them to the committer; writing goes on at once."""
         sink, self._sink = self._sink, None  # finished or failed, close() must not abort it
+        next_index = self._last_index + 1
         try:
             files = sink.finish()
-        except BaseException:
+            # Its journal line counts the rejects below next_index: in the file before it is
+            # journaled (the committer fsyncs them).
+            self._flush_rejects(below=next_index)
+            if self.on_hand_over is not None:
+                self.on_hand_over()
+        except BaseException:  # (a full disk) the shard is never committed, nor handed again
             self._sink_failed = True
             sink.abort()
             raise
-        next_index = self._last_index + 1
-        # Its journal line counts the rejects below next_index: in the file before it is
-        # journaled (the committer fsyncs them).
-        self._flush_rejects(below=next_index)
-        if self.on_hand_over is not None:
-            self.on_hand_over()
         self._rows += self._shard_rows
         self._committer.submit(_Shard(
             number=self._shard, files=files, rows=self._shard_rows, total_rows=self._rows,

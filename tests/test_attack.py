@@ -359,7 +359,8 @@ def test_a_full_disk_at_any_point_fails_with_one_message_and_resume_completes(
         total = DiskFull(m, clean, float("inf"))
         run_job(spec, clean)
     want = shard_bytes(clean)
-    for k, fraction in enumerate((0.0, 0.05, 0.3, 0.6, 0.9, 0.97, 0.995)):
+    for k, fraction in enumerate((0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.45, 0.6, 0.75, 0.9, 0.97,
+                                  0.99, 0.995, 0.999)):
         out = tmp_path / f"full{k}"
         with monkeypatch.context() as m:
             DiskFull(m, out, int(total.spent * fraction))
@@ -373,6 +374,28 @@ def test_a_full_disk_at_any_point_fails_with_one_message_and_resume_completes(
             run_job(spec, out, resume=True)
         assert shard_bytes(out) == want, fraction
         assert json.loads((out / "manifest.json").read_text())["status"] == "completed"
+
+
+def test_a_full_disk_when_latencies_are_written_at_a_shard_s_hand_over(tmp_path, monkeypatch):
+    from graphrun.latencies import LatencyLog
+    spec = make_job(tmp_path, n=40)
+    out = tmp_path / "out"
+    real, calls = LatencyLog.flush, []
+
+    def flush(self):
+        calls.append(1)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        real(self)
+
+    with monkeypatch.context() as m:
+        m.setattr(LatencyLog, "flush", flush)
+        with pytest.raises(OutputError, match=r"No space left on device.*--resume"):
+            run_job(spec, out)
+    run_job(spec, out, resume=True)
+    clean = tmp_path / "clean"
+    run_job(spec, clean)
+    assert shard_bytes(out) == shard_bytes(clean)
 
 
 def test_a_full_disk_while_the_manifest_is_written_fails_cleanly(tmp_path, monkeypatch):
@@ -609,6 +632,16 @@ def test_ids_5_and_text_5_are_one_id(tmp_path):
     assert "duplicate id" in _rejects(tmp_path / "out")[1]
     ids = np.load(tmp_path / "out" / "part-00000.ids.npy").tolist()
     assert ids == ["5", "05", "0"]
+
+
+def test_ids_compare_as_text_across_chunks():
+    from graphrun.records import check_duplicate_ids
+    seen: set = set()
+    for chunk, dups in ((["5", "a"], {}), ([7, 5], {1: "duplicate id 5"}),
+                        (["7", "05", "b"], {0: "duplicate id 7"})):
+        problems: dict = {}
+        check_duplicate_ids(chunk, np.arange(len(chunk)), seen, problems)
+        assert {p: m.split(":")[0] for p, m in problems.items()} == dups
 
 
 def test_a_record_repeating_a_field_is_a_bad_record(tmp_path):
