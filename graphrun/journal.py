@@ -2,11 +2,13 @@
 
 An output folder holds, besides the shards (see sinks.py for their names):
 
-    run.json        the run's fingerprint ({"spec_sha256": ..., "input_sha256": ...}), written
-                    when the folder is first prepared; --resume refuses a folder whose
-                    fingerprint differs. The input is hashed beside setup, so a new run
-                    first writes input_sha256 null, then the hash before it streams: a
-                    run.json without the hash means nothing was committed.
+    run.json        the run's fingerprint ({"spec_sha256", "input_sha256", "model_sha256":
+                    {role: sha256} of its files, "slice", "shards": the shard file
+                    suffixes}), written when the folder is first prepared; it also marks the
+                    folder as graphrun's (folder.py). --resume refuses a folder whose
+                    fingerprint differs. Input and model are hashed beside setup, so a new run
+                    first writes their hashes null, then the hashes before it streams: a
+                    run.json without them means nothing was committed.
     journal.jsonl   one line per committed shard, in shard order, appended (and fsynced) only
                     after the shard's files are fsynced and renamed into place and the rejects
                     below its next_index are durable (write.py commits off the writer's thread,
@@ -14,14 +16,16 @@ An output folder holds, besides the shards (see sinks.py for their names):
                     {"shard": k, "files": [{"path", "rows", "sha256", "bytes"}], "rows": total
                      rows so far, "next_index": input ordinal after the shard's last row,
                      "read_from": first ordinal of the batch holding that row,
-                     "rejects_bytes": size of rejects.jsonl then, "rejects": its line count}
+                     "rejects_bytes": size of rejects.jsonl then, "rejects": its line count,
+                     "sha256": of this line's fields and the previous line's sha256}
     rejects.jsonl   {"index", "id", "where", "reason"} per rejected record.
 
 Resuming reads the last whole journal line: reading restarts at read_from (the start of the
 batch that held the last committed row, so batching is as before; rows and rejects below
 next_index are dropped as they come again), shard numbering at
 k + 1, and rejects.jsonl is cut back to rejects_bytes, so nothing after the last commit is kept
-and nothing before it is repeated.
+and nothing before it is repeated. Every line is verified first (journal_line): its checksum
+chain, shard numbers without a gap, row counts, next_index = first + rows + rejects.
 """
 
 from __future__ import annotations
