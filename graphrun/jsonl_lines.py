@@ -80,3 +80,9 @@ def _repeat_in(line: bytes) -> str:
         return ""  # not this check's to report
     return (f"field {found[0]!r} appears more than once in the record; JSON would keep only "
             "the last: remove the others") if found else ""
+
+
+def readable_id(record, id_field: str | None):
+    """The id of a parsed record rejected for another reason (a repeated field), if usable."""
+    rid = record.get(id_field) if id_field and type(record) is dict else None
+    return rid if type(rid) is int or (type(rid) is str and encodable(rid)) else None

@@ -29,7 +29,7 @@ import numpy as np
 
 from graphrun.errors import InputError
 from graphrun.formats import _npy_chunks, _npz_chunks, _parquet_chunks
-from graphrun.jsonl_lines import encodable, lines_of, repeated_keys
+from graphrun.jsonl_lines import encodable, lines_of, readable_id, repeated_keys
 from graphrun.parse_workers import parse_blocks
 try:  # optional: a faster JSON parser for the block parse (see _loads_block)
     import orjson as _orjson
@@ -297,7 +297,8 @@ def _jsonl_candidates(spec: PipelineSpec, file: str, lines: list[bytes], linenos
                      or (type(record[id_field]) is str and encodable(record[id_field])))):
             good.append(p)
             continue
-        rid, reason = (None, reasons[p]) if reasons[p] else _record_problem(spec, record)
+        rid, reason = ((readable_id(record, id_field), reasons[p]) if reasons[p]
+                       else _record_problem(spec, record))
         rejects.append(Reject(first + p, rid if id_field else first + p,
                               f"{file}:{linenos[p]}", reason))
     records = [records[p] for p in good]

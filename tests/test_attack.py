@@ -651,6 +651,8 @@ def test_a_record_repeating_a_field_is_a_bad_record(tmp_path):
     m = run_job(spec, tmp_path / "out")
     assert (m.totals.records_out, m.totals.records_rejected) == (3, 1)
     assert "field 'x' appears more than once" in _rejects(tmp_path / "out")[1]
+    rejected = json.loads((tmp_path / "out" / "rejects.jsonl").read_text())
+    assert rejected["id"] == "t"
 
 
 @pytest.mark.parametrize("ending", ["\r", "\r\n", "\n"])
