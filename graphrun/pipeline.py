@@ -1,7 +1,8 @@
 """run(spec): the whole job, file -> outputs + manifest. The spine of graphrun; one screen.
 
-spec -> Runner (model, static buffers, capture, verify) -> stream (read, check, batch) ->
-replay (pad, copy, replay, copy back, cut) -> write (shards, rejects, journal) -> manifest.
+spec -> Runner (engine/: model, lanes of static buffers, capture, verify) -> stream (read,
+check, batch) -> feed (stage, launch, result on three threads) -> write (shards, rejects,
+journal) -> manifest.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from .errors import GraphrunError, Interrupted, OutputError
 from .manifest import (BucketReport, FileEntry, Manifest, Totals, environment, spec_digest,
                        write_manifest)
 from .progress import Progress, count_records, summary_table
-from .replay import OverlapTrial, replay_stream, slot_count
-from .runner import Runner
+from .engine import Runner
+from .engine.timing import percentiles, spread_warning
+from .feed import feed_stream, slot_count
+from .overlap import OverlapTrial
 from .stream import ReadAhead, read_batches
-from .timing import percentiles, spread_warning
 from .journal import InputHash, write_fingerprint
 from .write import ShardWriter, prepare_out_dir
 
@@ -35,8 +37,8 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     """Run the pipeline; returns the manifest (also written to <out>/manifest.json).
 
     start/stop select a slice of the input's records (one process per GPU reads its own).
-    overlap: True for the overlapped data path (replay.py), False for the serial one, "measure"
-    to time both on the stream and keep the faster (replay.OverlapTrial); None (the default)
+    overlap: True for the overlapped data path (feed.py), False for the serial one, "measure"
+    to time both on the stream and keep the faster (overlap.OverlapTrial); None (the default)
     takes GRAPHRUN_OVERLAP (on | off | measure | auto) from the environment, and auto is
     overlapped on a GPU and measured on the CPU, where torch's own threads run the model on
     every core and neither path always wins (benchmarks/RESULTS.md)."""
@@ -83,8 +85,8 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
             latencies, job.batches_before = open_latencies(
                 out_dir / "latencies.jsonl", keep_below=start if resume_point else None)
             if fingerprint["input_sha256"] is None:
-                # not beside the stream: the hash's reading of the file slowed the MLP's npy
-                # stream from 2.38M to 1.1-1.4M records/s on the H200 (RESULTS.md)
+                # not beside the stream: the hash's reading of the file slows a fast stream
+                # down (benchmarks/RESULTS.md)
                 job.record_input_hash(fingerprint)
             if overlap is None:
                 overlap = True if runner.cuda else MEASURE
@@ -95,8 +97,8 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
                 overlap = job.trial = OverlapTrial()
             else:
                 job.overlapped = overlap
-            job.host_s = replay_stream(
-                runner, batches, writer,
+            job.host_s = feed_stream(
+                runner, batches, writer, oversize=spec.data.oversize,
                 on_batches=lambda ran, n, first: job.log_batches(latencies, ran, n, first),
                 on_read=lambda rb: progress.advance(job.count(rb)),
                 should_stop=lambda: bool(stop_signal.signum), start=start, overlap=overlap)
@@ -289,25 +291,16 @@ class RunState:
         runner, spec = self.runner, self.spec
         ps = spec.report.percentiles
         buckets, capture_s, capture_mem, rows_run, padded = [], 0.0, 0, 0, 0
-        for state in (runner.states.values() if runner else []):
-            lat = {ph: percentiles(v, ps) for ph, v in self.samples.get(state.bucket.name,
-                                                                          {}).items()}
-            speedup = (state.eager_us / state.replay_us
-                       if state.eager_us and state.replay_us else None)
-            buckets.append(BucketReport(
-                name=state.bucket.name, sizes=dict(zip(state.bucket.axes, state.bucket.sizes)),
-                status=state.status if state.status != "pending" else "skipped",
-                reason=state.reason, warmup_s=state.warmup_s, capture_s=state.capture_s,
-                memory_bytes=state.memory_bytes, lanes=2 if state.twin is not None else 1,
-                verify=state.verify, latency_us=lat,
-                eager_us=state.eager_us, replay_us=state.replay_us, speedup=speedup,
-                **state.stats))
-            capture_s += state.capture_s or 0.0
-            capture_mem += state.memory_bytes or 0
-            rows_run += state.stats["records"] + state.stats["padded_rows"]
-            padded += state.stats["padded_rows"]
-            for phase, values in self.samples.get(state.bucket.name, {}).items():
-                w = spread_warning(values, f"bucket {state.bucket.name} {phase}")
+        for report in (runner.bucket_reports() if runner else []):
+            samples = self.samples.get(report.name, {})
+            report.latency_us = {ph: percentiles(v, ps) for ph, v in samples.items()}
+            buckets.append(report)
+            capture_s += report.capture_s or 0.0
+            capture_mem += report.memory_bytes or 0
+            rows_run += report.records + report.padded_rows
+            padded += report.padded_rows
+            for phase, values in samples.items():
+                w = spread_warning(values, f"bucket {report.name} {phase}")
                 if w:
                     self.warnings.append(w)
         wall = time.perf_counter() - self.t0
