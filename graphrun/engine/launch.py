@@ -7,7 +7,8 @@ thread, waits for the batch's last event and cuts the real rows out. Nothing wai
 the copy-in stream waits for the lane's `free` event (its previous batch copied out), the
 compute stream for the copy-in, the copy-out stream for the replay. With two lanes the compute
 stream runs nothing but replays: one lane's copies run beside the other lane's replay.
-On the CPU the same steps run one after another, timed with host clocks.
+On the CPU the same steps run one after another, timed with host clocks. run_batch takes a
+shorter way, on one stream (direct.py).
 """
 
 from __future__ import annotations
@@ -95,7 +96,11 @@ class Launcher:
         self._slot_layout = slot_layout  # (in dims, in dtypes, out dims, out dtypes)
         self.slots: list[HostSlot] = []
         self._turn = 0  # batches take the lanes that hold their bucket's graph in turn
+        self._lanes_of: dict[Bucket, list[Lane]] = {}  # cleared when a lane is added
         self.add_slots(1)
+
+    def lanes_changed(self) -> None:
+        self._lanes_of.clear()
 
     def add_slots(self, count: int) -> None:
         in_dims, in_dtypes, out_dims, out_dtypes = self._slot_layout
@@ -117,7 +122,10 @@ class Launcher:
         return bucket
 
     def pick_lane(self, bucket: Bucket) -> Lane:
-        lanes = [lane for lane in self.runner.lanes if bucket in lane.graphs]
+        lanes = self._lanes_of.get(bucket)
+        if lanes is None:
+            lanes = self._lanes_of[bucket] = [lane for lane in self.runner.lanes
+                                              if bucket in lane.graphs]
         lane = lanes[self._turn % len(lanes)]
         self._turn += 1
         return lane
@@ -195,77 +203,6 @@ class Launcher:
         if timed:
             marks.spans = {"h2d": (h0, h1), "replay": (r0, r1), "d2h": (after, d1)}
 
-    # -- run_batch: one synchronous call on the caller's stream --------------------------------
-
-    def run_now(self, bucket: Bucket, n: int, load, unload):
-        """load(lane) copies the inputs into the lane's static views, the graph replays, and
-        unload(lane) takes the outputs, all on this thread's current stream: no copy streams,
-        no events but the wait for the result."""
-        lane = self.pick_lane(bucket)
-        if lane.free is not None:  # a launch's copy out of this lane may still be queued
-            torch.cuda.current_stream().wait_event(lane.free)
-            lane.free = None
-        load(lane)
-        entry = lane.graphs[bucket]
-        entry.run()
-        if entry.check_real:
-            self.runner.check_real(lane, self.runner.states[bucket])
-        outs = unload(lane)
-        self.runner.count(bucket, n)
-        return outs
-
-    def run_arrays(self, batch) -> dict:
-        """numpy rows: padded into host slot 0, copied in, replayed, copied out, cut."""
-        bucket = self.stage(batch.fields, batch.n, batch.lengths, 0)
-        slot = self.slots[0]
-
-        def load(lane: Lane) -> None:
-            for dst, src in slot.copies(bucket, lane).h2d:
-                dst.copy_(src, non_blocking=True)
-
-        def unload(lane: Lane) -> dict:
-            _copy_and_wait(slot.copies(bucket, lane).d2h)
-            return {name: cut_rows(fresh_rows(slot.outputs.view(name, bucket), batch.n), dims,
-                                   batch.lengths)
-                    for name, dims in self.runner.layout.out_dims.items()}
-
-        return self.run_now(bucket, batch.n, load, unload)
-
-    def run_tensors(self, batch, *, device: bool) -> dict:
-        """Dense tensors: copied (and padded) straight into the static views; outputs in the
-        model's dtype, on the device (device=True) or in new pinned host tensors."""
-        n, lengths = batch.n, batch.lengths
-        want = {a: int(v[0]) if len(v) else 1 for a, v in lengths.items()}
-        bucket = self.runner.table.pick(n, want)
-        if bucket is None:
-            raise InputError(f"no bucket covers {n} records with lengths {want}")
-        specs, layout = self.runner.spec.inputs, self.runner.layout
-
-        def load(lane: Lane) -> None:
-            for name, t in batch.fields.items():
-                view = lane.inputs.view(name, bucket)
-                if view.shape == t.shape:
-                    view.copy_(t, non_blocking=True)
-                    continue
-                if view.shape[1:] != t.shape[1:]:  # a shorter per-record axis: pad it too
-                    view.fill_(specs[name].pad)
-                    view[tuple(slice(0, s) for s in t.shape)].copy_(t, non_blocking=True)
-                    continue
-                view[:n].copy_(t, non_blocking=True)
-                view[n:].fill_(specs[name].pad)
-
-        def unload(lane: Lane) -> dict:
-            real = {name: lane.outputs.view(name, bucket)[_real(dims, n, want)]
-                    for name, dims in layout.out_dims.items()}
-            if device:
-                return {name: t.clone() for name, t in real.items()}
-            host = {name: torch.empty(t.shape, dtype=t.dtype, pin_memory=self.cuda)
-                    for name, t in real.items()}
-            _copy_and_wait([(host[name], real[name]) for name in real])
-            return host
-
-        return self.run_now(bucket, n, load, unload)
-
     def cut(self, launch: Launch) -> dict:
         """The real rows of a finished launch, as fresh numpy arrays; counts it."""
         host, n, bucket = self.slots[launch.slot].outputs, launch.n, launch.bucket
@@ -279,16 +216,3 @@ def fresh_rows(host: torch.Tensor, n: int) -> np.ndarray:
     """The first n rows of a host tensor as a new numpy array (bfloat16 -> float32)."""
     rows = host[:n]
     return rows.float().numpy() if rows.dtype == torch.bfloat16 else rows.numpy().copy()
-
-
-def _real(dims: list, n: int, lengths: dict[str, int]) -> tuple:
-    """The index of the real part of a static output view: n rows, and on each per-record
-    axis the batch's length (the same for every record of a dense batch)."""
-    return (slice(0, n),) + tuple(slice(0, lengths[d]) if isinstance(d, str) else slice(None)
-                                  for d in dims[1:])
-
-
-def _copy_and_wait(pairs: list) -> None:
-    """Device -> host copies; the last one blocking, so that one wait covers them all."""
-    for i, (dst, src) in enumerate(pairs):
-        dst.copy_(src, non_blocking=i < len(pairs) - 1)

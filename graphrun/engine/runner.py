@@ -5,7 +5,7 @@
 
 Setup follows the flow: model -> static buffers (lanes.py) -> capture and verify per bucket,
 largest first (capture.py). A batch then runs one of two ways: run_batch, one synchronous call
-on the caller's stream (launch.Launcher.run_now), or, for the file's stream (feed.py), stage ->
+on the caller's stream (direct.py), or, for the file's stream (feed.py), stage ->
 launch -> Launch.result() on host slots and copy streams (launch.py).
 """
 
@@ -25,6 +25,7 @@ from ..models.load import build_model, call_model, compile_model, name_outputs
 from ..spec import BATCH, PipelineSpec
 from .buffers import TORCH_DTYPES, host_dtype
 from .capture import BucketState, Capturer
+from .direct import Direct
 from .inputs import check_batch
 from .lanes import Lane, Layout
 from .launch import Launch, Launcher, fresh_rows
@@ -56,6 +57,7 @@ class Runner:
             lay = self.layout
             self.launcher = Launcher(self, (lay.in_dims, lay.in_dtypes, lay.out_dims,
                                             lay.out_dtypes))
+            self.direct = Direct(self, self.launcher)
         self.setup_s = time.perf_counter() - t0
 
     # -- setup ---------------------------------------------------------------------------------
@@ -114,6 +116,7 @@ class Runner:
             self.lanes.append(lane)
             with self._device_ctx(), torch.inference_mode():
                 self.capturer.another_lane(lane, self.states)
+            self.launcher.lanes_changed()
             self.setup_s += time.perf_counter() - t0
         return len(self.launcher.slots)
 
@@ -188,8 +191,8 @@ class Runner:
             return self._run_oversize(batch, device)
         with self._device_ctx():
             if batch.tensors:
-                return self.launcher.run_tensors(batch, device=device)
-            return self.launcher.run_arrays(batch)
+                return self.direct.tensors(batch, device=device)
+            return self.direct.arrays(batch)
 
     def _run_oversize(self, batch, device: bool) -> dict:
         """More records than the largest batch bucket: data.oversize decides."""
