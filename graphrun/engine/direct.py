@@ -83,10 +83,13 @@ class Direct:
         views = self.views(lane, bucket)
         for name, static in views.inputs.items():
             t = fields[name]
+            # device=True waits for nothing: a host input is copied before the call returns,
+            # so the caller may reuse it at once
+            async_ok = not device or t.device.type != "cpu"
             if static.shape == t.shape:
-                static.copy_(t, non_blocking=True)
+                static.copy_(t, non_blocking=async_ok)
             else:
-                self._pad(static, t, n, self.runner.spec.inputs[name].pad)
+                self._pad(static, t, n, self.runner.spec.inputs[name].pad, async_ok)
         self._replay(lane, bucket, n)
         outs, last = {}, len(views.outputs) - 1
         for i, (name, static) in enumerate(views.outputs.items()):
@@ -99,13 +102,13 @@ class Direct:
         return outs
 
     @staticmethod
-    def _pad(static: torch.Tensor, t: torch.Tensor, n: int, pad: float) -> None:
+    def _pad(static: torch.Tensor, t: torch.Tensor, n: int, pad: float, async_ok: bool) -> None:
         if static.shape[1:] == t.shape[1:]:
-            static[:n].copy_(t, non_blocking=True)
+            static[:n].copy_(t, non_blocking=async_ok)
             static[n:].fill_(pad)
         else:  # a shorter per-record axis: padded too
             static.fill_(pad)
-            static[tuple(slice(0, s) for s in t.shape)].copy_(t, non_blocking=True)
+            static[tuple(slice(0, s) for s in t.shape)].copy_(t, non_blocking=async_ok)
 
     @staticmethod
     def _real(static: torch.Tensor, n: int, ragged: list, lengths: dict) -> torch.Tensor:
