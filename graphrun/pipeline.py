@@ -51,60 +51,16 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     fingerprint = {"spec_sha256": job.spec_sha,
                    "input_sha256": job.input_hash.result() if resume else None,
                    "slice": [start, stop]}
-    try:
-        resume_point = prepare_out_dir(out_dir, resume=resume, overwrite=overwrite,
-                                       fingerprint=fingerprint)
-    except OSError as err:
-        job.input_hash.stop()
-        raise OutputError(f"cannot use output folder {out_dir}: {err.strerror or err}; pick a "
-                          "folder you can write to (--out or output.dir)") from err
-    except BaseException:
-        job.input_hash.stop()
-        raise
-    if resume_point is not None:
-        # Re-read from the start of the batch that held the last committed row, so batches
-        # (and their buckets) are as before; the records below next_index are not counted again.
-        job.resumed_from = job.count_from = resume_point.next_index
-        start = max(start, resume_point.start)
-        job.records_in = resume_point.rows + resume_point.rejects
+    resume_point, start = open_out_dir(job, fingerprint, resume, overwrite, start)
     with StopSignals() as stop_signal:
-        writer = latencies = t0 = batches = None
         try:
             progress = Progress(show, total=count_records(spec, start, stop) if show else None)
         except BaseException:
             job.input_hash.stop()
             raise
         try:
-            # the first batch is read while the runner sets up: for a Parquet file, its first
-            # row groups decode meanwhile instead of keeping the device waiting (stream.py)
-            batches = ReadAhead(read_batches(spec, start=start, stop=stop))
-            job.runner = runner = Runner(spec, log=_log_and(job.warn) if show else job.warn)
-            if spec.report.baseline == "eager":
-                runner.measure_baseline()
-            writer = ShardWriter(spec, out_dir, resume=resume_point)
-            latencies, job.batches_before = open_latencies(
-                out_dir / "latencies.jsonl", keep_below=start if resume_point else None)
-            if fingerprint["input_sha256"] is None:
-                # not beside the stream: the hash's reading of the file slows a fast stream
-                # down (benchmarks/RESULTS.md)
-                job.record_input_hash(fingerprint)
-            if overlap is None:
-                overlap = True if runner.cuda else MEASURE
-            if overlap is not False:  # the overlapped path's pinned slots: setup, not the stream
-                runner.host_slots(slot_count(runner.slot_bytes))
-            t0 = time.perf_counter()
-            if overlap == MEASURE:
-                overlap = job.trial = OverlapTrial()
-            else:
-                job.overlapped = overlap
-            job.host_s = feed_stream(
-                runner, batches, writer, oversize=spec.data.oversize,
-                on_batches=lambda ran, n, first: job.log_batches(latencies, ran, n, first),
-                on_read=lambda rb: progress.advance(job.count(rb)),
-                should_stop=lambda: bool(stop_signal.signum), start=start, overlap=overlap)
-            # Full shards commit in the background: the stream is over once they are
-            # journaled (and a commit that failed fails the run here, with its manifest).
-            writer.wait_for_commits()
+            run_stream(job, fingerprint, resume_point, start, stop, overlap, progress,
+                       stop_signal, show)
             job.status = "interrupted" if stop_signal.signum else "completed"
         except GraphrunError as err:
             job.status, job.error = "failed", str(err)
@@ -125,28 +81,72 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
             raise
         finally:
             stop_signal.hold()  # a signal now must not cut the commit and manifest below short
-            job.stream_s = time.perf_counter() - t0 if t0 else 0.0
-            if batches is not None:
-                batches.close()
-            progress.close()
-            if latencies:
-                latencies.close()
-            if writer:
-                # interrupted: only complete shards are committed, so that --resume writes the
-                # same shards as an uninterrupted run; a failure commits all it has before it
-                job.files = writer.close(partial=job.status != "interrupted")
-                job.records_out, job.rejected = writer.rows_written, writer.rejects_written
-            job.settle_hash()
-            job.settle_counts()
-            manifest = job.manifest()
-            write_manifest(manifest, out_dir / "manifest.json")
-            if job.runner:
-                job.runner.close()
+            manifest = job.finish(progress)
     if show:
         summary_table(manifest)
     if stop_signal.signum:
         raise Interrupted(stop_signal.signum)
     return manifest
+
+
+def open_out_dir(job: "RunState", fingerprint: dict, resume: bool, overwrite: bool,
+                 start: int):
+    """The output folder made ready (or its committed part found, for --resume); returns the
+    resume point and the first input ordinal to read."""
+    try:
+        resume_point = prepare_out_dir(job.out_dir, resume=resume, overwrite=overwrite,
+                                       fingerprint=fingerprint)
+    except OSError as err:
+        job.input_hash.stop()
+        raise OutputError(f"cannot use output folder {job.out_dir}: {err.strerror or err}; "
+                          "pick a folder you can write to (--out or output.dir)") from err
+    except BaseException:
+        job.input_hash.stop()
+        raise
+    if resume_point is not None:
+        # Re-read from the start of the batch that held the last committed row, so batches
+        # (and their buckets) are as before; the records below next_index are not counted again.
+        job.resumed_from = job.count_from = resume_point.next_index
+        start = max(start, resume_point.start)
+        job.records_in = resume_point.rows + resume_point.rejects
+    return resume_point, start
+
+
+def run_stream(job: "RunState", fingerprint: dict, resume_point, start: int, stop, overlap,
+               progress, stop_signal, show: bool) -> None:
+    """Setup beside the first batch's reading, then the stream. What it opens goes on `job`,
+    which closes it whatever happens (RunState.finish)."""
+    spec, out_dir = job.spec, job.out_dir
+    # the first batch is read while the runner sets up: for a Parquet file, its first
+    # row groups decode meanwhile instead of keeping the device waiting (stream.py)
+    job.reader = ReadAhead(read_batches(spec, start=start, stop=stop))
+    job.runner = runner = Runner(spec, log=_log_and(job.warn) if show else job.warn)
+    if spec.report.baseline == "eager":
+        runner.measure_baseline()
+    job.writer = writer = ShardWriter(spec, out_dir, resume=resume_point)
+    job.latencies, job.batches_before = open_latencies(
+        out_dir / "latencies.jsonl", keep_below=start if resume_point else None)
+    if fingerprint["input_sha256"] is None:
+        # not beside the stream: the hash's reading of the file slows a fast stream
+        # down (benchmarks/RESULTS.md)
+        job.record_input_hash(fingerprint)
+    if overlap is None:
+        overlap = True if runner.cuda else MEASURE
+    if overlap is not False:  # the overlapped path's pinned slots: setup, not the stream
+        runner.host_slots(slot_count(runner.slot_bytes))
+    job.stream_t0 = time.perf_counter()
+    if overlap == MEASURE:
+        overlap = job.trial = OverlapTrial()
+    else:
+        job.overlapped = overlap
+    job.host_s = feed_stream(
+        runner, job.reader, writer, oversize=spec.data.oversize,
+        on_batches=lambda ran, n, first: job.log_batches(job.latencies, ran, n, first),
+        on_read=lambda rb: progress.advance(job.count(rb)),
+        should_stop=lambda: bool(stop_signal.signum), start=start, overlap=overlap)
+    # Full shards commit in the background: the stream is over once they are
+    # journaled (and a commit that failed fails the run here, with its manifest).
+    writer.wait_for_commits()
 
 
 OVERLAP_ENV = "GRAPHRUN_OVERLAP"
@@ -210,7 +210,8 @@ class RunState:
         self.batches_before = 0  # latencies.jsonl lines kept from the run this one resumes
         self.resumed_from = None
         self.count_from = 0  # records below it were committed by the run this one resumes
-        self.runner = None
+        self.runner = self.writer = self.latencies = self.reader = None  # open while streaming
+        self.stream_t0 = None
         self.files = []
         self.stream_s = 0.0
         self.warnings: list[str] = []
@@ -219,6 +220,28 @@ class RunState:
         self.host_s: dict[str, float] = {}
         self.overlapped: bool | None = None
         self.trial: OverlapTrial | None = None  # overlap measured: what it measured
+
+    def finish(self, progress) -> Manifest:
+        """Close what the stream opened, commit, and write the manifest (whatever happened)."""
+        self.stream_s = time.perf_counter() - self.stream_t0 if self.stream_t0 else 0.0
+        if self.reader is not None:
+            self.reader.close()
+        progress.close()
+        if self.latencies:
+            self.latencies.close()
+        if self.writer:
+            # interrupted: only complete shards are committed, so that --resume writes the
+            # same shards as an uninterrupted run; a failure commits all it has before it
+            self.files = self.writer.close(partial=self.status != "interrupted")
+            self.records_out = self.writer.rows_written
+            self.rejected = self.writer.rejects_written
+        self.settle_hash()
+        self.settle_counts()
+        manifest = self.manifest()
+        write_manifest(manifest, self.out_dir / "manifest.json")
+        if self.runner:
+            self.runner.close()
+        return manifest
 
     def count(self, rb) -> int:
         """Count a record batch's records and rejects (those not committed by an earlier run)."""
