@@ -122,7 +122,7 @@ def summary_table(manifest) -> None:
         console.print(f"[yellow]warning:[/yellow] {w}")
 
 
-# host_phase_s keys, as the summary names them: what each thread does (replay.py)
+# host_phase_s keys, as the summary names them: what each thread does (feed.py)
 _STEPS = (("read", "read"), ("stage", "pad"), ("launch", "launch"),
           ("device_wait", "device wait"), ("write", "write"))
 
