@@ -283,7 +283,7 @@ class Runner:
             torch.cuda.synchronize(self.device)
         for lane in self.lanes:
             lane.drop()
-        self.launcher.slots = []
+        self.direct = self.launcher = None  # their views and slots hold the buffers
         self.capturer.pool = None
         if self.cuda:
             torch.cuda.empty_cache()
