@@ -60,7 +60,7 @@ class HostSlot:
         return self.inputs.nbytes + self.outputs.nbytes
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Launch:
     """A launched batch: its n real rows of `bucket` in host slot `slot`, on `lane`."""
 
