@@ -14,7 +14,7 @@ from ..buckets import Bucket, cut_rows
 from ..errors import InputError
 from .inputs import ApiBatch
 from .lanes import Lane
-from .launch import Launcher, fresh_rows
+from .launch import Launcher, real_rows
 
 
 class Views:
@@ -61,14 +61,14 @@ class Direct:
         out into the slot, cut into fresh arrays."""
         n = batch.n
         bucket = self.launcher.stage(batch.fields, n, batch.lengths, 0)
-        host_in, host_out = self.launcher.slots[0].inputs, self.launcher.slots[0].outputs
+        slot = self.launcher.slots[0]
         lane = self._lane(bucket)
-        views = self.views(lane, bucket)
-        for name, static in views.inputs.items():
-            static.copy_(host_in.view(name, bucket), non_blocking=True)
+        copies = slot.copies(bucket, lane)
+        for static, host in copies.h2d:
+            static.copy_(host, non_blocking=True)
         self._replay(lane, bucket, n)
-        copy_and_wait([(host_out.view(name, bucket), t) for name, t in views.outputs.items()])
-        return {name: cut_rows(fresh_rows(host_out.view(name, bucket), n), dims, batch.lengths)
+        copy_and_wait(copies.d2h)
+        return {name: cut_rows(real_rows(slot.outputs, name, bucket, n), dims, batch.lengths)
                 for name, dims in self.runner.layout.out_dims.items()}
 
     def tensors(self, batch: ApiBatch, *, device: bool) -> dict:

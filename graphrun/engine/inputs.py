@@ -114,7 +114,7 @@ def _check_values(name: str, spec: InputSpec, value) -> None:
     if value.numel() == 0 if isinstance(value, torch.Tensor) else value.size == 0:
         return
     is_float = (value.is_floating_point() if isinstance(value, torch.Tensor)
-                else np.issubdtype(value.dtype, np.floating))
+                else value.dtype.kind == "f")
     if is_float and spec.dtype not in FLOAT_DTYPES:
         raise InputError(f"input {name!r} holds floats, but inputs.{name}.dtype is {spec.dtype}; "
                          "pass integers")

@@ -206,10 +206,18 @@ class Launcher:
     def cut(self, launch: Launch) -> dict:
         """The real rows of a finished launch, as fresh numpy arrays; counts it."""
         host, n, bucket = self.slots[launch.slot].outputs, launch.n, launch.bucket
-        outs = {name: cut_rows(fresh_rows(host.view(name, bucket), n), dims, launch.lengths)
+        outs = {name: cut_rows(real_rows(host, name, bucket, n), dims, launch.lengths)
                 for name, dims in self.runner.layout.out_dims.items()}
         self.runner.count(bucket, n)
         return outs
+
+
+def real_rows(host: BufferSet, name: str, bucket: Bucket, n: int) -> np.ndarray:
+    """The first n rows of a host output view as a new numpy array (bfloat16 -> float32)."""
+    view = host.view(name, bucket)
+    if view.dtype == torch.bfloat16:
+        return view[:n].float().numpy()
+    return host.numpy_view(name, bucket)[:n].copy()
 
 
 def fresh_rows(host: torch.Tensor, n: int) -> np.ndarray:
