@@ -157,6 +157,16 @@ def test_run_batch_gives_tensors_for_tensors_and_numpy_for_arrays(tmp_path):
     np.testing.assert_allclose(want, eager_alone(spec, x), rtol=1e-5, atol=1e-6)
 
 
+def test_run_batch_splits_tensors_beyond_the_largest_bucket(tmp_path):
+    x = np.random.default_rng(12).standard_normal((11, 4), dtype=np.float32)
+    with Runner(mlp_spec(tmp_path)) as runner:
+        got = runner.run_batch({"x": torch.from_numpy(x)})["y"]
+        assert runner.states[runner.table.pick(4, {})].stats["batches"] == 3  # 4 + 4 + 3
+    assert isinstance(got, torch.Tensor) and got.shape == (11, 3)
+    np.testing.assert_allclose(got.numpy(), eager_alone(mlp_spec(tmp_path), x), rtol=1e-5,
+                               atol=1e-6)
+
+
 @pytest.mark.parametrize("rows, message", [
     (np.ones((2, 3), dtype=np.float32), r"input 'x': each record has shape \[3\], expected "
                                         r"\[4\] \(inputs.x.shape \[batch, 4\]"),

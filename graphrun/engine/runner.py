@@ -183,9 +183,9 @@ class Runner:
         of per-record arrays), real rows out, cut to each record's length.
 
         Dense torch tensors in (host or device): torch tensors out in the model's dtype, on
-        the host, or with device=True on the runner's device (ordered on the current stream,
-        not waited for). Otherwise numpy out (bfloat16 as float32). Inputs are checked as a
-        file's records are (rank, fixed sizes, integer data, range, finite)."""
+        the host (pinned on a GPU), or with device=True on the runner's device (ordered on the
+        current stream, not waited for). Otherwise numpy out (bfloat16 as float32). Inputs are
+        checked as a file's records are (rank, fixed sizes, integer data, range, finite)."""
         batch = check_batch(inputs, self.spec.inputs, self.table.axes)
         if batch.n > self.table.max_batch:
             return self._run_oversize(batch, device)
