@@ -32,6 +32,7 @@ class Inferred:
     inputs: dict[str, FieldInfo] = field(default_factory=dict)  # input name -> its field
     outputs: dict[str, tuple[list, str]] = field(default_factory=dict)  # name -> (dims, dtype)
     buckets: dict[str, list[int]] = field(default_factory=dict)
+    ranges: dict[str, tuple[int, int, str]] = field(default_factory=dict)  # lo, hi, from what
     batch_size: int = 32
     checks: list[str] = field(default_factory=list)
     spec_path: Path | None = None
@@ -62,6 +63,7 @@ def init(*, data: str | Path, target: str | None = None, builtin: str | None = N
     model = _build(found, Path.cwd())
     found.call, found.inputs = _call_convention(model, profile)
     found.outputs = _probe_outputs(model, found)
+    found.ranges = _ranges(model, found.inputs)
     found.checks = _checks(found)
     spec_dir = spec_path.parent
     if target:
@@ -201,7 +203,7 @@ def _padded(f: FieldInfo, sizes: dict[str, int]) -> np.ndarray:
     for row in range(sizes[BATCH]):
         record = np.asarray(f.probe[row % len(f.probe)])
         cut = tuple(slice(0, min(n, m)) for n, m in zip(record.shape, dims))
-        out[row][cut] = record[cut]
+        out[(row, *cut)] = record[cut]
     return out
 
 
@@ -268,10 +270,10 @@ def _checks(found: Inferred) -> list[str]:
         f" of {p.records}" if p.records and p.records > p.sampled else "")
     out = []
     for name, f in found.inputs.items():
-        if f.kind == "int":
-            out.append(f"inputs.{name}.range [{_range(f)[0]}, {_range(f)[1]}): values {seen} "
-                       f"lie in [{f.lo}, {f.hi}]; widen it to all the model accepts (a "
-                       "vocabulary's size, say): records with other values are rejected")
+        if name in found.ranges:
+            lo, hi, why = found.ranges[name]
+            out.append(f"inputs.{name}.range [{lo}, {hi}) from {why}; values {seen} lie in "
+                       f"[{f.lo}, {f.hi}]: records with values outside the range are rejected")
         if any(isinstance(d, str) for d in f.dims) or len(found.buckets[BATCH]) > 1:
             out.append(f"inputs.{name}.pad 0 fills padded rows and positions; pick another "
                        "value if 0 means something to the model (verify checks pads do not "
@@ -295,5 +297,20 @@ def _checks(found: Inferred) -> list[str]:
     return out
 
 
-def _range(f: FieldInfo) -> tuple[int, int]:
-    return (min(0, int(f.lo)), int(f.hi) + 1)
+def _ranges(model, inputs: dict[str, FieldInfo]) -> dict[str, tuple[int, int, str]]:
+    """Integer inputs: [0, n) where the model has an nn.Embedding of n rows, n a little above
+    the sample's largest value (token ids, positions); else what the sample holds."""
+    from torch import nn
+
+    tables = sorted({m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding)})
+    out = {}
+    for name, f in inputs.items():
+        if f.kind != "int":
+            continue
+        lo, hi = min(0, int(f.lo)), int(f.hi) + 1
+        rows = next((n for n in tables if hi <= n <= 2 * hi), None)
+        if lo == 0 and rows is not None:
+            out[name] = (0, rows, f"the model's nn.Embedding of {rows} rows")
+        else:
+            out[name] = (lo, hi, "the sample: widen it to all the model accepts")
+    return out

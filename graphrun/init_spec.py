@@ -55,11 +55,11 @@ def _buffer_lines(found) -> list[str]:
     lines = [_c("inputs:", "the static buffers, in the model's call order")]
     for name, f in found.inputs.items():
         entry = {"shape": [BATCH, *f.dims], "dtype": f.dtype}
-        if f.kind == "int":
-            entry["range"] = [min(0, int(f.lo)), int(f.hi) + 1]
+        if name in found.ranges:
+            entry["range"] = list(found.ranges[name][:2])
         if f.kind != "bool":
             entry["pad"] = 0
-        lines.append(_c(f"  {_key(name)}: {_flow(entry)}", _field_comment(name, f)))
+        lines.append(_c(f"  {_key(name)}: {_flow(entry)}", _field_comment(found, name, f)))
     lines.append(_c("outputs:", "named from the model's return; cut back per record"))
     for name, (dims, dtype) in found.outputs.items():
         lines.append(_c(f"  {_key(name)}: {_flow({'shape': dims})}", f"{dtype} from the model"))
@@ -144,11 +144,13 @@ def _call_comment(found) -> str:
     return "model(" + ", ".join(found.inputs) + "), in this order"
 
 
-def _field_comment(name: str, f) -> str:
+def _field_comment(found, name: str, f) -> str:
     varying = [d for d in f.dims if isinstance(d, str)]
     parts = []
-    if f.kind == "int":
-        parts.append(f"seen {f.lo}..{f.hi}: CHECK range")
+    if name in found.ranges:
+        embedding = "nn.Embedding" in found.ranges[name][2]
+        parts.append(f"seen {f.lo}..{f.hi}" + ("; range: the model's embedding" if embedding
+                                                 else ": CHECK range"))
     if varying:
         parts.append(f"{', '.join(varying)} varies per record")
     if f.source_dtype not in (f.dtype, "int64", "float64"):

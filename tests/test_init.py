@@ -136,7 +136,9 @@ def test_variable_length_jsonl_with_two_inputs_shares_one_axis_and_cuts_outputs(
                                  "--arg", "vocab=50")
     assert spec.model.args == {"vocab": 50}
     assert spec.inputs["tokens"].shape == ["batch", "seq"] == spec.inputs["mask"].shape
-    assert spec.inputs["tokens"].dtype == "int64" and spec.inputs["tokens"].range[0] == 0
+    assert spec.inputs["tokens"].dtype == "int64"
+    assert spec.inputs["tokens"].range == (0, 50)  # the model's embedding, not the sample's max
+    assert spec.inputs["mask"].range == (0, 2)  # no embedding near it: the sample's values
     assert spec.outputs["hidden"].shape == ["batch", "seq", 4]
     assert spec.outputs["pooled"].shape == ["batch", 4]
     lengths = [len(r["tokens"]) for r in records]
