@@ -64,7 +64,7 @@ def init(*, data: str | Path, target: str | None = None, builtin: str | None = N
     found.call, found.inputs = _call_convention(model, profile)
     found.outputs = _probe_outputs(model, found)
     found.ranges = _ranges(model, found.inputs)
-    found.checks = _checks(found)
+    found.checks += _checks(found)
     spec_dir = spec_path.parent
     if target:
         found.model["target"] = _spec_target(target, spec_dir)
@@ -172,7 +172,7 @@ def _probe_outputs(model, found: Inferred) -> dict[str, tuple[list, str]]:
                for a, v in found.buckets.items() if a != BATCH}
     largest = found.buckets[BATCH][-1]
     sizes_a[BATCH], sizes_b[BATCH] = min(2, largest), min(3, largest)
-    ret_a = _call(model, found, sizes_a, "init's probe (the smallest buckets)")
+    ret_a = _first_probe(model, found, sizes_a)
     ret_b = _call(model, found, sizes_b, "init's probe (the largest buckets)")
     outputs = {}
     for name, (a, b) in _named(ret_a, ret_b).items():
@@ -180,6 +180,29 @@ def _probe_outputs(model, found: Inferred) -> dict[str, tuple[list, str]]:
                 for i, (da, db) in enumerate(zip(a.shape, b.shape))]
         outputs[name] = (dims, str(a.dtype).removeprefix("torch."))
     return outputs
+
+
+def _first_probe(model, found: Inferred, sizes: dict[str, int]):
+    """The first call; where it fails and some inputs hold whole numbers only (JSON `[1, 2]`),
+    again with those as float32, which is what a model of floats would take."""
+    what = "init's probe (the smallest buckets)"
+    try:
+        return _call(model, found, sizes, what)
+    except ModelError as err:
+        whole = [f for f in found.inputs.values() if f.kind == "int"]
+        if not whole:
+            raise
+        for f in whole:
+            f.kind = "float"
+        try:
+            ret = _call(model, found, sizes, what)
+        except ModelError:
+            for f in whole:
+                f.kind = "int"
+            raise err from None
+        found.checks.append(f"{', '.join(f.name for f in whole)} hold whole numbers only, "
+                            "which the model took as float32 (as integers it failed)")
+        return ret
 
 
 def _call(model, found: Inferred, sizes: dict[str, int], what: str):
@@ -274,14 +297,15 @@ def _checks(found: Inferred) -> list[str]:
             lo, hi, why = found.ranges[name]
             out.append(f"inputs.{name}.range [{lo}, {hi}) from {why}; values {seen} lie in "
                        f"[{f.lo}, {f.hi}]: records with values outside the range are rejected")
-        if any(isinstance(d, str) for d in f.dims) or len(found.buckets[BATCH]) > 1:
-            out.append(f"inputs.{name}.pad 0 fills padded rows and positions; pick another "
-                       "value if 0 means something to the model (verify checks pads do not "
-                       "change real rows)")
         if f.source_dtype not in (f.dtype, "int64", "float64"):
             out.append(f"inputs.{name}.dtype {f.dtype}: the file holds {f.source_dtype}")
         if f.nonfinite:
             out.append(f"inputs.{name}: NaN or Inf {seen}; `finite: true` would reject them")
+    padded = [n for n, f in found.inputs.items() if f.kind != "bool"]
+    if padded:
+        out.append(f"pad 0 fills padded rows and positions of {', '.join(padded)}; pick "
+                   "another value where 0 means something to the model (verify checks that "
+                   "pads do not change real rows)")
     for axis, (lo, hi) in p.axes.items():
         out.append(f"buckets.{axis} {found.buckets[axis]}: lengths {lo}-{hi} {seen}; a longer "
                    f"record is rejected: raise the last value if the file holds longer ones")
@@ -292,6 +316,10 @@ def _checks(found: Inferred) -> list[str]:
                    f"{', '.join(found.inputs)}; reorder them if the forward wants another")
     out.append("data.id_field " + (f"{p.id_field}: ids must be unique" if p.id_field else
                                    "none: a record's position in the file is its id"))
+    if p.skipped:
+        out.append(f"{len(p.skipped)} records of the sample could not be used and were left "
+                   f"out (the first: {p.skipped[0]}); `run` rejects them "
+                   "(data.on_bad_record: skip) or stops at them (error)")
     if p.left_out:
         out.append(f"fields not used as inputs: {', '.join(p.left_out)}")
     return out

@@ -18,6 +18,7 @@ from .errors import InputError
 
 SUFFIXES = (".jsonl", ".npy", ".npz", ".parquet")
 PROBE_RECORDS = 8  # records kept per field for the model's probe calls
+SKIPPED = "\0skipped"  # the readers' entry for records left out of the sample, with why
 _ID_NAMES = re.compile(r"^(id|ids|uid|guid|key|idx|index)$|_id$|^id_", re.IGNORECASE)
 
 
@@ -50,6 +51,7 @@ class DataProfile:
     id_field: str | None
     axes: dict[str, tuple[int, int]]  # axis -> (shortest, longest) in the sample
     left_out: list[str]  # fields that are neither inputs nor the id (Parquet, npz)
+    skipped: list[str] = field(default_factory=list)  # records left out of the sample, and why
 
     @property
     def format(self) -> str:
@@ -66,6 +68,7 @@ def sample_data(path: Path, limit: int, id_field: str | None = None) -> DataProf
     reader = {".jsonl": _read_jsonl, ".npy": _read_npy, ".npz": _read_npz,
               ".parquet": _read_parquet}[path.suffix]
     columns, total = reader(path, limit)
+    skipped = columns.pop(SKIPPED, [])
     sampled = len(next(iter(columns.values()))) if columns else 0
     if sampled == 0:
         raise InputError("holds no records to learn the inputs from", where=str(path))
@@ -84,14 +87,16 @@ def sample_data(path: Path, limit: int, id_field: str | None = None) -> DataProf
     if not fields:
         raise InputError("has no numeric field to use as an input", where=str(path))
     axes = _name_axes(fields)
-    return DataProfile(path, total, sampled, fields, chosen, axes, left_out)
+    return DataProfile(path, total, sampled, fields, chosen, axes, left_out, skipped)
 
 
 # ---- readers: name -> per-record values (a list) or a dense [n, ...] array --------------------
 
 def _read_jsonl(path: Path, limit: int) -> tuple[dict, int]:
+    """A record that cannot be used (not JSON, other fields, ragged) is left out of the sample
+    and counted in the "skipped" entry; `run` rejects or stops at it as the spec says."""
     columns: dict[str, list] = {}
-    total = 0
+    total, skipped = 0, []
     with open(path, "rb") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -100,19 +105,29 @@ def _read_jsonl(path: Path, limit: int) -> tuple[dict, int]:
             if total > limit:
                 continue  # keep counting the file's records
             try:
-                record = json.loads(line)
-            except ValueError as e:
-                raise InputError(f"not JSON: {e}", where=f"{path}:{lineno}") from None
-            if not isinstance(record, dict):
-                raise InputError("a record must be a JSON object {\"field\": value, ...}",
-                                 where=f"{path}:{lineno}")
-            if columns and set(record) != set(columns):
-                raise InputError(f"fields {sorted(record)} differ from the first record's "
-                                 f"{sorted(columns)}; every record needs the same fields",
-                                 where=f"{path}:{lineno}")
+                record = _jsonl_record(line, columns, f"{path.name}:{lineno}")
+            except InputError as err:
+                skipped.append(str(err))
+                continue
             for name, value in record.items():
-                columns.setdefault(name, []).append(_as_array(value, f"{path}:{lineno}", name))
-    return columns, total
+                columns.setdefault(name, []).append(value)
+    if skipped and not columns:
+        raise InputError(f"no record of the sample could be used; the first: {skipped[0]}",
+                         where=str(path))
+    return {**columns, SKIPPED: skipped}, total
+
+
+def _jsonl_record(line: bytes, columns: dict, where: str) -> dict:
+    try:
+        record = json.loads(line)
+    except ValueError as e:
+        raise InputError(f"not JSON: {e}", where=where) from None
+    if not isinstance(record, dict):
+        raise InputError("a record must be a JSON object {\"field\": value, ...}", where=where)
+    if columns and set(record) != set(columns):
+        raise InputError(f"fields {sorted(record)} differ from the first record's "
+                         f"{sorted(columns)}", where=where)
+    return {name: _as_array(value, where, name) for name, value in record.items()}
 
 
 def _read_npy(path: Path, limit: int) -> tuple[dict, int]:

@@ -222,3 +222,19 @@ def test_builtin_mlp_with_builder_args(tmp_path):
     spec = graphrun.load_spec(tmp_path / "p.yaml")
     assert spec.model.builtin == "mlp" and spec.outputs["output"].shape == ["batch", 2]
     assert spec.buckets["batch"] == [1, 2, 4]
+
+
+def test_bad_records_are_left_out_of_the_sample_and_whole_numbers_can_be_floats(tmp_path):
+    target, _ = model_from(tmp_path, DENSE)
+    good = [json.dumps({"x": [i, 1, 2, 3, 4, 5]}) for i in range(6)]
+    (tmp_path / "d.jsonl").write_text("\n".join(good[:3] + ['{"x": [1, 2', '{"y": 1}']
+                                                + good[3:]) + "\n")
+    result = cli("init", "--model", target, "--data", tmp_path / "d.jsonl", "-o",
+                 tmp_path / "p.yaml")
+    assert result.exit_code == 0, result.output
+    assert "read 6 records of d.jsonl (of 8)" in result.output
+    assert "2 records of the sample could not be used and were left out (the first: " \
+        "d.jsonl:4: not JSON" in result.output
+    x = graphrun.load_spec(tmp_path / "p.yaml").inputs["x"]
+    assert x.shape == ["batch", 6] and x.dtype == "float32" and x.range is None
+    assert "x hold whole numbers only, which the model took as float32" in result.output
