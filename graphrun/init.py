@@ -62,6 +62,7 @@ def init(*, data: str | Path, target: str | None = None, builtin: str | None = N
     found.buckets = propose_buckets(profile, batch_size)
     model = _build(found, Path.cwd())
     found.call, found.inputs = _call_convention(model, profile)
+    found.buckets = propose_buckets(profile, batch_size, found.inputs)  # used axes only
     found.outputs = _probe_outputs(model, found)
     found.ranges = _ranges(model, found.inputs)
     found.checks += _checks(found)
@@ -73,13 +74,17 @@ def init(*, data: str | Path, target: str | None = None, builtin: str | None = N
     return found
 
 
-def propose_buckets(profile: DataProfile, batch_size: int) -> dict[str, list[int]]:
-    """batch: powers of two below batch_size, and batch_size; every other axis: powers of two
-    from the sample's shortest length to its longest (both rounded up)."""
+def propose_buckets(profile: DataProfile, batch_size: int,
+                    inputs: dict[str, FieldInfo] | None = None) -> dict[str, list[int]]:
+    """batch: powers of two below batch_size, and batch_size; every axis of `inputs` (default:
+    of every field): powers of two from the sample's shortest length to its longest (both
+    rounded up)."""
     batch = [b for b in _powers(1, batch_size) if b < batch_size] + [batch_size]
     buckets = {BATCH: batch}
+    used = {d for f in (inputs or profile.fields).values() for d in f.dims if isinstance(d, str)}
     for axis, (lo, hi) in profile.axes.items():
-        buckets[axis] = _powers(_ceil_pow2(lo), _ceil_pow2(hi))
+        if axis in used:
+            buckets[axis] = _powers(_ceil_pow2(lo), _ceil_pow2(hi))
     return buckets
 
 
@@ -306,7 +311,8 @@ def _checks(found: Inferred) -> list[str]:
         out.append(f"pad 0 fills padded rows and positions of {', '.join(padded)}; pick "
                    "another value where 0 means something to the model (verify checks that "
                    "pads do not change real rows)")
-    for axis, (lo, hi) in p.axes.items():
+    for axis in (a for a in found.buckets if a != BATCH):
+        lo, hi = p.axes[axis]
         out.append(f"buckets.{axis} {found.buckets[axis]}: lengths {lo}-{hi} {seen}; a longer "
                    f"record is rejected: raise the last value if the file holds longer ones")
     out.append(f"model.dtype {found.model['dtype']}: bfloat16 or float16 halve memory and "

@@ -164,13 +164,16 @@ def test_parquet_with_an_id_column_and_a_tuple_return(tmp_path):
     rng = np.random.default_rng(2)
     feats = rng.standard_normal((13, 5)).astype(np.float32)
     ids = [f"req-{i:03d}" for i in range(13)]
+    history = [list(range(i % 5 + 1)) for i in range(13)]  # varies; the model does not take it
     pq.write_table(pa.table({"request_id": ids, "features": feats.tolist(),
-                             "label": rng.integers(0, 2, 13)}), tmp_path / "rows.parquet")
+                             "label": rng.integers(0, 2, 13), "history": history}),
+                   tmp_path / "rows.parquet")
     spec, printed = init_and_run(tmp_path, target, tmp_path / "rows.parquet")
     assert spec.data.id_field == "request_id" and list(spec.inputs) == ["features"]
     assert {n: o.shape for n, o in spec.outputs.items()} == {
         "output0": ["batch", 2], "output1": ["batch", 4]}
-    assert spec.output.format == "parquet" and "not used as inputs: label" in printed
+    assert spec.output.format == "parquet" and "not used as inputs: label, history" in printed
+    assert spec.buckets == {"batch": [1, 2, 4, 8]}  # no axis for the column left out
     table = pq.read_table(tmp_path / "out" / "part-00000.parquet").to_pydict()
     assert table["id"] == ids
     for i, row in enumerate(feats):
