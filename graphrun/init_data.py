@@ -18,6 +18,7 @@ from .errors import InputError
 
 SUFFIXES = (".jsonl", ".npy", ".npz", ".parquet")
 PROBE_RECORDS = 8  # records kept per field for the model's probe calls
+SAMPLE_BYTES = 64 << 20  # a dense array's sample holds at most this much (and PROBE_RECORDS)
 SKIPPED = "\0skipped"  # the readers' entry for records left out of the sample, with why
 _ID_NAMES = re.compile(r"^(id|ids|uid|guid|key|idx|index)$|_id$|^id_", re.IGNORECASE)
 
@@ -137,7 +138,7 @@ def _read_npy(path: Path, limit: int) -> tuple[dict, int]:
         raise InputError(f"cannot read the .npy file: {e}", where=str(path)) from e
     if array.ndim == 0:
         raise InputError("holds a scalar, not an array of records", where=str(path))
-    return {path.stem: np.asarray(array[:limit])}, len(array)
+    return {path.stem: _head(array, limit)}, len(array)
 
 
 def _read_npz(path: Path, limit: int) -> tuple[dict, int]:
@@ -146,12 +147,20 @@ def _read_npz(path: Path, limit: int) -> tuple[dict, int]:
     except Exception as e:  # noqa: BLE001
         raise InputError(f"cannot read the .npz file: {e}", where=str(path)) from e
     with arrays:
-        out = {n: np.asarray(arrays[n][:limit]) for n in arrays.files}
+        out = {n: _head(arrays[n], limit) for n in arrays.files}
+        n = min((len(v) for v in out.values()), default=0)
+        out = {k: v[:n] for k, v in out.items()}  # as many records of every array
         lengths = {n: len(arrays[n]) for n in arrays.files}
     if len(set(lengths.values())) > 1:
         raise InputError(f"arrays hold different numbers of records: {lengths}",
                          where=str(path))
     return out, next(iter(lengths.values()), 0)
+
+
+def _head(array: np.ndarray, limit: int) -> np.ndarray:
+    """The first records of a (memory-mapped) array, at most SAMPLE_BYTES of them."""
+    row_bytes = max(1, array[:1].nbytes)
+    return np.asarray(array[:max(PROBE_RECORDS, min(limit, SAMPLE_BYTES // row_bytes))])
 
 
 def _read_parquet(path: Path, limit: int) -> tuple[dict, int]:
