@@ -69,6 +69,7 @@ def init(*, data: str | Path, target: str | None = None, builtin: str | None = N
     spec_dir = spec_path.parent
     if target:
         found.model["target"] = _spec_target(target, spec_dir)
+        found.checks += _import_check(target, spec_dir)
     text = render_spec(found, spec_dir, _out_dir(found, out_dir, spec_dir))
     found.spec_path, found.schema_path = write_spec_files(spec_path, text)
     return found
@@ -282,6 +283,20 @@ def _spec_target(target: str, spec_dir: Path) -> str:
     if not module.endswith(".py"):
         return target
     return f"{relative_to_spec(Path(module), spec_dir)}:{attr}"
+
+
+def _import_check(target: str, spec_dir: Path) -> list[str]:
+    """A module target found in the working directory is imported beside the spec at run."""
+    module = target.rpartition(":")[0]
+    top = module.partition(".")[0]
+    cwd = Path.cwd().resolve()
+    if module.endswith(".py") or spec_dir == cwd:
+        return []
+    if (cwd / top).is_dir() or (cwd / f"{top}.py").is_file():
+        return [f"model.target {target}: {top} was imported from {cwd}, but `run` imports "
+                f"beside the spec ({spec_dir}): install it, move it there, or give the file "
+                "form (path/to/file.py:callable)"]
+    return []
 
 
 def _out_dir(found: Inferred, out_dir, spec_dir: Path) -> str:

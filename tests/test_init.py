@@ -119,7 +119,7 @@ def test_dense_npy_with_an_unnamed_array_takes_the_forward_argument_name(tmp_pat
     assert "input  x: [batch, 6] float32" in printed and "check:" in printed
     got = np.load(tmp_path / "out" / "part-00000.output.npy")
     want = np.stack([eager(model, x=r)[0].numpy() for r in rows])
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     assert (np.load(tmp_path / "out" / "part-00000.ids.npy") == np.arange(21)).all()
 
 
@@ -150,10 +150,10 @@ def test_variable_length_jsonl_with_two_inputs_shares_one_axis_and_cuts_outputs(
     assert [l["id"] for l in lines] == [r["id"] for r in records]
     for line, r in zip(lines, records):
         want = eager(model, tokens=r["tokens"], mask=r["mask"])
-        np.testing.assert_allclose(line["hidden"], want["hidden"][0].numpy(), rtol=1e-5,
-                                   atol=1e-6)
-        np.testing.assert_allclose(line["pooled"], want["pooled"][0].numpy(), rtol=1e-5,
-                                   atol=1e-6)
+        np.testing.assert_allclose(line["hidden"], want["hidden"][0].numpy(), rtol=1e-4,
+                                   atol=1e-5)
+        np.testing.assert_allclose(line["pooled"], want["pooled"][0].numpy(), rtol=1e-4,
+                                   atol=1e-5)
 
 
 def test_parquet_with_an_id_column_and_a_tuple_return(tmp_path):
@@ -178,8 +178,8 @@ def test_parquet_with_an_id_column_and_a_tuple_return(tmp_path):
     assert table["id"] == ids
     for i, row in enumerate(feats):
         a, b = eager(model, features=row)
-        np.testing.assert_allclose(table["output0"][i], a[0].numpy(), rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(table["output1"][i], b[0].numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(table["output0"][i], a[0].numpy(), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(table["output1"][i], b[0].numpy(), rtol=1e-4, atol=1e-5)
 
 
 def test_a_model_that_fails_on_the_data_gets_runs_message_and_no_spec(tmp_path):
@@ -241,3 +241,17 @@ def test_bad_records_are_left_out_of_the_sample_and_whole_numbers_can_be_floats(
     x = graphrun.load_spec(tmp_path / "p.yaml").inputs["x"]
     assert x.shape == ["batch", 6] and x.dtype == "float32" and x.range is None
     assert "x hold whole numbers only, which the model took as float32" in result.output
+
+
+def test_a_module_target_beside_the_working_directory_is_flagged(tmp_path, monkeypatch):
+    (tmp_path / "mymodels.py").write_text(textwrap.dedent(DENSE))
+    np.save(tmp_path / "x.npy", np.ones((3, 6), np.float32))
+    monkeypatch.chdir(tmp_path)
+    here = cli("init", "--model", "mymodels:build", "--data", "x.npy")
+    assert here.exit_code == 0, here.output
+    assert graphrun.load_spec(tmp_path / "pipeline.yaml").model.target == "mymodels:build"
+    assert "imported from" not in here.output  # the spec sits beside the module
+    away = cli("init", "--model", "mymodels:build", "--data", "x.npy", "-o", "specs/p.yaml")
+    assert away.exit_code == 0, away.output
+    assert f"mymodels was imported from {tmp_path.resolve()}, but `run` imports beside the " \
+        f"spec ({tmp_path.resolve() / 'specs'})" in " ".join(away.output.split())
