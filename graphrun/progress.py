@@ -26,7 +26,7 @@ class Progress:
         if not show:
             return
         out = out or sys.stdout
-        if not out.isatty():
+        if not getattr(out, "isatty", lambda: False)():
             self._lines = ProgressLines(total, out)
             return
         from rich.progress import (BarColumn, MofNCompleteColumn, TextColumn,
