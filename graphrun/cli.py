@@ -24,16 +24,27 @@ def _fail(err: GraphrunError) -> None:
     sys.exit(err.exit_code)
 
 
+def _set_debug(ctx, param, value: bool) -> None:
+    global _debug
+    # the group's option is parsed first, on every invocation; a verb's may only add to it
+    _debug = value if ctx.parent is None else (_debug or value)
+
+
+# accepted before the verb and after it: `graphrun --debug run x` and `graphrun run x --debug`
+debug_option = click.option("--debug", is_flag=True, expose_value=False, is_eager=True,
+                            callback=_set_debug,
+                            help="Show Python tracebacks for user errors too.")
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="graphrun")
-@click.option("--debug", is_flag=True, help="Show Python tracebacks for user errors too.")
-def main(debug: bool) -> None:
+@debug_option
+def main() -> None:
     """graphrun: run PyTorch inference through CUDA Graphs, driven by one YAML file."""
-    global _debug
-    _debug = debug
 
 
 @main.command()
+@debug_option
 @click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a spec key, e.g. --set capture.warmup_iters=5 (repeatable).")
@@ -53,7 +64,7 @@ def run(spec, overrides, out, resume, overwrite, start, stop, quiet) -> None:
 
     if resume and overwrite:
         _fail(GraphrunError("--resume and --overwrite contradict each other: pick one"))
-    show = not quiet and sys.stdout.isatty()
+    show = not quiet  # a progress bar on a terminal, else a line every few seconds (logs, CI)
     try:
         pipeline = load_spec(spec, overrides)
         manifest = run_pipeline(pipeline, out=out, resume=resume, overwrite=overwrite,
@@ -73,6 +84,7 @@ def run(spec, overrides, out, resume, overwrite, start, stop, quiet) -> None:
 
 
 @main.command()
+@debug_option
 @click.argument("specs", nargs=-1, required=True,
                 type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
@@ -95,33 +107,141 @@ def validate(specs, overrides) -> None:
 
 
 @main.command()
-@click.argument("kind", type=click.Choice(["pipeline", "manifest", "all"]), default="all")
-@click.option("--check", is_flag=True, help="Exit 1 if the checked-in schema is stale.")
-@click.option("--stdout", "to_stdout", is_flag=True, help="Print instead of writing the file.")
-def schema(kind, check, to_stdout) -> None:
-    """Write (or --check) schemas/{pipeline,manifest}.schema.json and the README's spec
-    reference from the models."""
-    from .schemas import README, path_of, readme_with_reference, render
+@debug_option
+@click.argument("kind", type=click.Choice(["pipeline", "manifest", "all"]), required=False)
+@click.option("--check", is_flag=True, help="Exit 1 if the written schemas are stale.")
+@click.option("--stdout", "to_stdout", is_flag=True,
+              help="Print one schema (pipeline unless named) instead of writing files.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Write (or --check) KIND.schema.json in this folder, nothing else.")
+def schema(kind, check, to_stdout, out) -> None:
+    """Print a JSON schema (--stdout), write it where --out says, or, run from inside a graphrun
+    source checkout, rewrite (or --check) its schemas/ and its README's spec reference."""
+    from .schemas import render
 
+    if to_stdout:
+        if kind == "all":
+            _fail(GraphrunError("--stdout prints one schema: name pipeline or manifest"))
+        click.echo(render(kind or "pipeline"), nl=False)
+        return
+    kinds = ("pipeline", "manifest") if kind in (None, "all") else (kind,)
+    targets = _schema_targets(kinds, out)
     stale = []
-    targets = [(k, path_of(k), render(k))
-               for k in (("pipeline", "manifest") if kind == "all" else (kind,))]
-    if kind in ("all", "pipeline") and README.is_file() and not to_stdout:
-        targets.append(("readme", README, readme_with_reference(README.read_text())))
-    for k, path, text in targets:
-        if to_stdout:
-            click.echo(text, nl=False)
-        elif check:
-            current = path.read_text() if path.is_file() else None
-            if current != text:
+    for path, text in targets:
+        if check:
+            if (path.read_text() if path.is_file() else None) != text:
                 stale.append(str(path))
-        else:
+            continue
+        try:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
-            click.echo(f"wrote {path}")
+        except OSError as err:
+            _fail(GraphrunError(f"cannot write {path}: {err.strerror or err}"))
+        click.echo(f"wrote {path}")
     if stale:
         click.echo("stale schema(s): " + ", ".join(stale) + "; run `graphrun schema` and commit",
                    err=True)
         sys.exit(1)
     if check:
         click.echo("schemas are current")
+
+
+def _schema_targets(kinds, out: Path | None) -> list[tuple[Path, str]]:
+    """(file, text) to write: in --out, or in the checkout the working directory is in."""
+    from .schemas import checkout_root, path_of, readme_with_reference, render, runs_from
+
+    if out is not None:
+        return [(path_of(k, out), render(k)) for k in kinds]
+    root = checkout_root(Path.cwd())
+    if root is None:
+        _fail(GraphrunError(
+            f"{Path.cwd()} is not inside a graphrun source checkout, whose schemas/ and README "
+            "this would rewrite: to write the schemas here, pass --out . ; to print one, "
+            "--stdout (e.g. graphrun schema --stdout > pipeline.schema.json)"))
+    if not runs_from(root):
+        import graphrun
+
+        _fail(GraphrunError(
+            f"the graphrun running ({Path(graphrun.__file__).parent}) is not the checkout's "
+            f"({root / 'graphrun'}), so its schemas would not describe that code: run "
+            f"`python3 -m graphrun schema` from {root}, or pass --out"))
+    targets = [(path_of(k, root / "schemas"), render(k)) for k in kinds]
+    readme = root / "README.md"
+    if "pipeline" in kinds and readme.is_file():
+        targets.append((readme, readme_with_reference(readme.read_text())))
+    return targets
+
+
+@main.command()
+@debug_option
+@click.option("--model", "target", metavar="FILE.py:CALLABLE",
+              help="The model's builder: 'file.py:build' or 'package.module:build'.")
+@click.option("--builtin", metavar="NAME", help="A model shipped in graphrun (mlp, decoder).")
+@click.option("--arg", "args", multiple=True, metavar="KEY=VALUE",
+              help="An argument for the builder, YAML-typed (repeatable): --arg vocab=1000.")
+@click.option("--data", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="The input file: .jsonl, .npy, .npz or .parquet.")
+@click.option("-o", "--output", "spec_path", default="pipeline.yaml", show_default=True,
+              type=click.Path(dir_okay=False, path_type=Path), help="The spec to write.")
+@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="The spec's output.dir (default: runs/NAME beside the spec).")
+@click.option("--name", help="The pipeline's name (default: from the model).")
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True,
+              help="data.batch_size; batch buckets are the powers of two below it, and it.")
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]),
+              default="float32", show_default=True, help="model.dtype.")
+@click.option("--id-field", help="The field holding record ids (default: guessed by name).")
+@click.option("--sample", type=click.IntRange(min=1), default=10000, show_default=True,
+              help="Records read to learn the inputs.")
+@click.option("--force", is_flag=True, help="Replace the spec file if it exists.")
+def init(target, builtin, args, data, spec_path, out_dir, name, batch_size, dtype, id_field,
+         sample, force) -> None:
+    """Write a spec for your model and data: inputs from the file, outputs from calling the
+    model once, buckets from the records' sizes; prints what to check."""
+    from .init import init as init_spec
+
+    try:
+        found = init_spec(data=data, target=target, builtin=builtin, spec_path=spec_path,
+                          out_dir=out_dir, args=_builder_args(args), name=name,
+                          batch_size=batch_size, sample=sample, id_field=id_field, dtype=dtype,
+                          force=force)
+    except GraphrunError as err:
+        _fail(err)
+    click.echo(_init_report(found, spec_path))
+
+
+def _builder_args(pairs) -> dict:
+    import yaml
+
+    args = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            _fail(GraphrunError(f"--arg {pair!r}: expected KEY=VALUE, e.g. --arg vocab=1000"))
+        try:
+            args[key] = yaml.safe_load(value)
+        except yaml.YAMLError as err:
+            _fail(GraphrunError(f"--arg {pair!r}: the value is not YAML: {err}"))
+    return args
+
+
+def _init_report(found, spec_path: Path) -> str:
+    p = found.profile
+    lines = [f"wrote {spec_path} (and {found.schema_path.name} beside it, for editors)",
+             f"read {p.sampled} records of {p.path.name}"
+             + (f" (of {p.records})" if p.records else "")
+             + (f"; ids: {p.id_field}" if p.id_field else "; no id field")]
+    for n, f in found.inputs.items():
+        lines.append(f"  input  {n}: [batch, {', '.join(map(str, f.dims))}] {f.dtype}".replace(
+            ", ]", "]"))
+    for n, (dims, dtype) in found.outputs.items():
+        lines.append(f"  output {n}: [{', '.join(map(str, dims))}] {dtype}")
+    for axis, values in found.buckets.items():
+        lines.append(f"  buckets.{axis}: {values}")
+    lines.append(f"  call ({found.call}): model("
+                 + ", ".join(f"{n}=..." if found.call == "keyword" else n for n in found.inputs)
+                 + ")")
+    lines.append("check:")
+    lines += [f"  - {c}" for c in found.checks]
+    lines.append(f"next: graphrun validate {spec_path} && graphrun run {spec_path}")
+    return "\n".join(lines)

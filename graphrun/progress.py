@@ -1,12 +1,14 @@
-"""What a person watching sees: a progress bar while running, a table at the end (rich).
+"""What a person watching sees: progress while running, a table at the end (rich).
 
-Both are shown only when asked (`show`: the CLI passes it when stdout is a terminal and
---quiet is not given); the manifest holds everything either way.
+Both are shown only when asked (`show`: the CLI passes it unless --quiet is given); the
+manifest holds everything either way. On a terminal the progress is a bar; elsewhere (a log
+file, CI) it is a plain line every LINE_S seconds, with records, rate and ETA.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 import zipfile
 
@@ -14,13 +16,18 @@ import numpy as np
 
 
 UPDATE_S = 0.1  # the progress bar's counts are pushed at most this often
+LINE_S = 5.0  # outside a terminal, a progress line this often
 
 
 class Progress:
-    def __init__(self, show: bool, total: int | None):
-        self._bar = None
+    def __init__(self, show: bool, total: int | None, out=None):
+        self._bar = self._lines = None
         self._pending, self._shown = 0, 0.0
         if not show:
+            return
+        out = out or sys.stdout
+        if not getattr(out, "isatty", lambda: False)():
+            self._lines = ProgressLines(total, out)
             return
         from rich.progress import (BarColumn, MofNCompleteColumn, TextColumn,
                                    TimeRemainingColumn)
@@ -36,6 +43,9 @@ class Progress:
         """Count n more records. Called on the launching thread once per batch: the bar is
         updated at most every UPDATE_S (an update costs tens of microseconds, a GPU batch
         may take less than a millisecond)."""
+        if self._lines is not None:
+            self._lines.advance(n)
+            return
         if self._bar is None:
             return
         self._pending += n
@@ -57,6 +67,38 @@ class Progress:
             self._flush()
             self._bar.stop()
             self._bar = None
+
+
+class ProgressLines:
+    """`graphrun: 12,000/100,000 records (12%), 3,100 records/s, ETA 0:00:25`, a line every
+    LINE_S seconds; the rate counts from the first batch (setup and capture are not in it)."""
+
+    def __init__(self, total: int | None, out):
+        self.total, self.out = total, out
+        self.done = 0
+        self.t0 = self.shown = None
+
+    def advance(self, n: int) -> None:
+        now = time.monotonic()
+        if self.t0 is None:
+            self.t0 = self.shown = now
+        self.done += n
+        if now - self.shown >= LINE_S:
+            self.shown = now
+            print(self.line(now - self.t0), file=self.out, flush=True)
+
+    def line(self, elapsed: float) -> str:
+        rate = self.done / elapsed if elapsed > 0 else 0.0
+        text = f"graphrun: {self.done:,}"
+        if self.total:
+            text += f"/{self.total:,} records ({self.done / self.total:.0%})"
+        else:
+            text += " records"
+        text += f", {rate:,.0f} records/s"
+        if self.total and rate > 0:
+            left = max(0, self.total - self.done) / rate
+            text += f", ETA {int(left) // 3600}:{int(left) % 3600 // 60:02d}:{int(left) % 60:02d}"
+        return text
 
 
 def count_records(spec, start: int = 0, stop: int | None = None) -> int | None:

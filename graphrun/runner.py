@@ -192,24 +192,9 @@ class Runner:
         return self.slots[0].inputs.nbytes + self.slots[0].outputs.nbytes
 
     def _probe(self, bucket: Bucket, inputs: dict[str, torch.Tensor]) -> dict:
-        """The model's first call, on sample inputs of the largest bucket. Failing here is
-        nearly always the spec and the model disagreeing: say so, with what was passed."""
-        call = self.spec.model.call
-        try:
-            with torch.inference_mode():
-                return name_outputs(call_model(self.model, inputs, call), list(self.output_dims))
-        except ModelError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - re-raised as a user error, chained
-            args = {n: f"{list(t.shape)} {str(t.dtype).replace('torch.', '')}"
-                    for n, t in inputs.items()}
-            how = "model(" + ", ".join(f"{n}={a}" if call == "keyword" else a
-                                       for n, a in args.items()) + ")"
-            raise ModelError(
-                f"the model failed on its first call, {how} for bucket {bucket.name}: "
-                f"{type(exc).__name__}: {exc}\n  check that the spec's inputs (names, shapes, "
-                "dtypes) match the model's forward, or set model.call: positional; "
-                "--debug shows the traceback") from exc
+        """The model's first call, on sample inputs of the largest bucket."""
+        ret = first_call(self.model, inputs, self.spec.model.call, f"bucket {bucket.name}")
+        return name_outputs(ret, list(self.output_dims))
 
     def _prepare_buckets(self) -> None:
         cap = self.spec.capture
@@ -550,3 +535,25 @@ def _concat(parts: list) -> np.ndarray | list:
     if isinstance(parts[0], np.ndarray):
         return np.concatenate(parts)
     return [row for p in parts for row in p]
+
+
+def first_call(model: torch.nn.Module, inputs: dict[str, torch.Tensor], call: str,
+               what: str):
+    """The model's return for `inputs` (no grad). Failing here is nearly always the spec and
+    the model disagreeing: the ModelError says so, with what was passed (`graphrun run` and
+    `graphrun init` both call the model first through here)."""
+    try:
+        with torch.inference_mode():
+            return call_model(model, inputs, call)
+    except ModelError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - re-raised as a user error, chained
+        args = {n: f"{list(t.shape)} {str(t.dtype).replace('torch.', '')}"
+                for n, t in inputs.items()}
+        how = "model(" + ", ".join(f"{n}={a}" if call == "keyword" else a
+                                   for n, a in args.items()) + ")"
+        raise ModelError(
+            f"the model failed on its first call, {how} for {what}: "
+            f"{type(exc).__name__}: {exc}\n  check that the spec's inputs (names, shapes, "
+            "dtypes) match the model's forward, or set model.call: positional; "
+            "--debug shows the traceback") from exc
