@@ -33,6 +33,17 @@ def main(debug: bool) -> None:
     _debug = debug
 
 
+def _set_debug(ctx, param, value: bool) -> bool:
+    global _debug
+    _debug = _debug or value
+    return value
+
+
+# --debug is accepted after the verb as well as before it (`graphrun run x.yaml --debug`)
+debug_option = click.option("--debug", is_flag=True, expose_value=False, is_eager=True,
+                            callback=_set_debug, help="Show Python tracebacks for user errors too.")
+
+
 @main.command()
 @click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
@@ -46,6 +57,7 @@ def main(debug: bool) -> None:
 @click.option("--stop", type=click.IntRange(min=0), default=None,
               help="Input record to stop before.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary table.")
+@debug_option
 def run(spec, overrides, out, resume, overwrite, start, stop, quiet) -> None:
     """Run SPEC: read its input, replay every batch, write outputs and manifest.json."""
     from .pipeline import run as run_pipeline
@@ -77,6 +89,7 @@ def run(spec, overrides, out, resume, overwrite, start, stop, quiet) -> None:
                 type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a spec key before validating (repeatable).")
+@debug_option
 def validate(specs, overrides) -> None:
     """Check SPEC files: one line per file, every error with file:line:col."""
     from .spec_load import load_spec

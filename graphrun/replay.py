@@ -45,6 +45,9 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from .buckets import split_sizes
+from .capture import model_failed
+from .errors import GraphrunError
+from .records import take_where
 
 # overlapped: at least one being staged, one on the device, one being written; at most 16, as
 # the batches queued on the device are what carries it through the launching thread's waits
@@ -198,6 +201,7 @@ class OverlapTrial:
 def _launch_all(runner, source, done: "Completer", host: dict, stream, on_read: Callable,
                 should_stop: Callable[[], bool]) -> None:
     """The launching thread's loop: each staged part launched (or run eagerly) in order."""
+    rb = None  # the record batch of the part being launched (a split one's later parts too)
     while True:
         t0 = time.perf_counter()
         try:
@@ -209,19 +213,36 @@ def _launch_all(runner, source, done: "Completer", host: dict, stream, on_read: 
         if item is _DONE:
             break
         if item.rb is not None:
+            rb = item.rb
             for r in item.rb.rejects:
                 done.reject(r)
             on_read(item.rb)
-        if item.kind == "graph":
-            t0 = time.perf_counter()
-            marks = runner.launch(item.bucket, item.slot, stream=stream)
-            host["launch"] += time.perf_counter() - t0
-            done.collect(item, marks)
-        elif item.kind == "eager":  # or data.oversize: error, which run_rows raises
-            outs, ran = runner.run_rows(item.fields, item.n, item.lengths)
-            done.written(item, outs, ran)
+        try:
+            if item.kind == "graph":
+                t0 = time.perf_counter()
+                marks = runner.launch(item.bucket, item.slot, stream=stream)
+                host["launch"] += time.perf_counter() - t0
+                done.collect(item, marks)
+            elif item.kind == "eager":  # or data.oversize: error, which run_rows raises
+                outs, ran = runner.run_rows(item.fields, item.n, item.lengths)
+                done.written(item, outs, ran)
+        except GraphrunError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the model's own error, on this batch
+            raise _model_failed(exc, item, rb) from exc
         if item.last and should_stop():
             break
+
+
+def _model_failed(exc: Exception, item: Work, rb):
+    """A ModelError naming the part's bucket, its first record's place and its ids."""
+    first = int(item.indices[0])
+    pos = int(np.searchsorted(rb.indices, first)) if rb is not None else 0
+    where = (take_where(rb.where, np.array([pos]))[0] if rb is not None and len(rb.indices)
+             else f"record {first}")
+    ids = item.ids.tolist() if isinstance(item.ids, np.ndarray) else list(item.ids)
+    bucket = item.bucket.name if item.bucket is not None else "oversize-eager"
+    return model_failed(exc, bucket, where, ids)
 
 
 def slot_count(slot_bytes: int) -> int:
