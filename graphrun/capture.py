@@ -85,15 +85,15 @@ def make_step(model: torch.nn.Module, call: str, inputs: dict[str, torch.Tensor]
 def output_shape_problem(name: str, got: list[int], want: list[int]) -> str:
     """What is wrong when a model's output does not fit its static buffer: the batch
     dimension is the model's to keep (one row per input row), the others the spec's to say."""
-    head = f"output {name!r} has shape {got} but this bucket's static buffer is {want}"
+    head = (f"output {name!r} has shape {got} but the spec's outputs.{name}.shape gives "
+            f"{want} for this bucket")
     if not got or got[0] != want[0]:
         rows = got[0] if got else "no"
         return (f"{head}: the model returned {rows} rows for a batch of {want[0]}; the model "
                 "must return one row per input row along dimension 0 (a reduction or an "
                 "indexing over the batch, such as x[0] or x.mean(0), drops it); fix the "
                 "model's forward, not the spec")
-    return (f"{head}; fix outputs.{name}.shape to the model's (a name in it is a bucket "
-            "axis), or the model")
+    return f"{head}; fix outputs.{name}.shape (a name in it is a bucket axis)"
 
 
 def warm_up(step: Callable[[], None], iters: int, stream: torch.cuda.Stream | None) -> float:

@@ -78,6 +78,9 @@ def run(spec, overrides, out, resume, overwrite, start, stop, quiet) -> None:
     else:
         t = manifest.totals
         dest = out or pipeline.output.dir
+        if not quiet and not show:  # shown: printed as they came, and in the summary
+            for w in manifest.warnings:
+                click.echo(f"warning: {w}", err=True)
         if not quiet:
             click.echo(f"{manifest.status}: {t.records_out} records out, {t.records_rejected} "
                        f"rejected, {t.batches} batches, {t.records_per_s:,.0f} records/s "
@@ -89,22 +92,42 @@ def run(spec, overrides, out, resume, overwrite, start, stop, quiet) -> None:
                 type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a spec key before validating (repeatable).")
+@click.option("--load", is_flag=True,
+              help="Also build the model and call it once per bucket, eagerly, on sample "
+              "inputs (with the padding check): finds argument names, dtypes and shapes that "
+              "do not fit the model before a long run. Reads no data, writes nothing.")
 @debug_option
-def validate(specs, overrides) -> None:
+def validate(specs, overrides, load) -> None:
     """Check SPEC files: one line per file, every error with file:line:col."""
     from .spec_load import load_spec
 
     failed = 0
     for path in specs:
         try:
-            load_spec(path, overrides)
-            click.echo(f"{path}: ok")
+            spec = load_spec(path, overrides)
+            if load:
+                click.echo(f"{path}: ok (model built, called on each of {_load(spec)} buckets)")
+            else:
+                click.echo(f"{path}: ok")
         except GraphrunError as err:
             if _debug:
                 raise
             failed += 1
             click.echo(f"{path}: invalid\n{err}", err=True)
     sys.exit(1 if failed else 0)
+
+
+def _load(spec) -> int:
+    """Build the spec's model and run each bucket once eagerly (the Runner's setup with the
+    eager backend: one call per bucket, then verify's replay and padding checks)."""
+    from .runner import Runner
+
+    spec = spec.model_copy(deep=True)
+    spec.capture.backend = "eager"
+    spec.report.baseline = "none"
+    with Runner(spec, log=lambda msg: click.echo(msg, err=True)
+                if msg.startswith("warning:") else None) as runner:
+        return len(runner.states)
 
 
 @main.command()
