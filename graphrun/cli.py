@@ -78,6 +78,10 @@ def run(spec, overrides, out, resume, overwrite, start, stop, quiet) -> None:
     else:
         t = manifest.totals
         dest = out or pipeline.output.dir
+        if manifest._already_complete:
+            click.echo(f"already complete: {t.records_out} records out, {t.records_rejected} "
+                       f"rejected -> {dest}/manifest.json; nothing to resume")
+            return
         if not quiet and not show:  # shown: printed as they came, and in the summary
             for w in manifest.warnings:
                 click.echo(f"warning: {w}", err=True)
@@ -85,6 +89,11 @@ def run(spec, overrides, out, resume, overwrite, start, stop, quiet) -> None:
             click.echo(f"{manifest.status}: {t.records_out} records out, {t.records_rejected} "
                        f"rejected, {t.batches} batches, {t.records_per_s:,.0f} records/s "
                        f"-> {dest}/manifest.json")
+        if manifest.status == "completed" and t.records_rejected and not t.records_out:
+            # nothing came out: a script's next step must not take that for success
+            click.echo(f"graphrun: every record ({t.records_rejected}) was rejected; see "
+                       f"{dest}/rejects.jsonl", err=True)
+            sys.exit(1)
 
 
 @main.command()

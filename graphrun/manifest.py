@@ -10,7 +10,7 @@ import platform
 import socket
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 MANIFEST_VERSION = 1
 
@@ -81,10 +81,19 @@ class BucketReport(_M):
 
 
 class Totals(_M):
-    records_in: int
+    records_in: int = Field(..., description="The whole run, every attempt (--resume) "
+                            "included: what the output folder holds; in = out + rejected.")
     records_out: int
     records_rejected: int
-    batches: int
+    earlier_records_out: int = Field(
+        0, description="Of records_out, those committed by the attempts this one resumed "
+        "(0 unless --resume): records_out - earlier_records_out came out of this attempt.")
+    earlier_records_rejected: int = Field(
+        0, description="Of records_rejected, those committed by the attempts this one resumed.")
+    batches: int = Field(..., description="Batches this attempt ran; like buckets[] and "
+                         "latency_us, this attempt alone. A resumed attempt starts at the "
+                         "batch holding the first record not committed, so up to one batch "
+                         "runs again (its committed rows are not written twice).")
     wall_s: float = Field(..., description="From the start of the run to its manifest: "
                           "setup_s, stream_s, and the output folder's preparation, the wait "
                           "for the input's hash and the last commits.")
@@ -95,9 +104,10 @@ class Totals(_M):
                                 "sha256 (for --resume's check that it did not change), which "
                                 "a child process computes beside setup: --resume waits for it "
                                 "before setup, a new run after setup, before streaming.")
-    records_per_s: float = Field(..., description="records_out / the streaming time, which "
-                                 "starts after setup; the input's first batch is read during "
-                                 "setup, beside it.")
+    records_per_s: float = Field(..., description="This attempt's records out "
+                                 "(records_out - earlier_records_out) / its streaming time, "
+                                 "which starts after setup; the input's first batch is read "
+                                 "during setup, beside it.")
     capture_s: float
     capture_memory_bytes: int
     padding_ratio: float = Field(..., description="Padded rows / rows run.")
@@ -153,10 +163,14 @@ class Manifest(_M):
     buckets: list[BucketReport]
     totals: Totals
     files: list[FileEntry]
-    rejects: dict[str, Any] = Field(..., description="path and count of rejects.jsonl.")
+    rejects: dict[str, Any] = Field(..., description="path and count of rejects.jsonl; "
+                                    "path is null when no record was rejected (no file).")
     resumed_from: Optional[int] = Field(None, description="First input record of this run "
                                         "when it resumed an earlier one.")
     warnings: list[str] = Field(default_factory=list)
+
+    # Set on the manifest run() returns for --resume of a run that was already complete.
+    _already_complete: bool = PrivateAttr(False)
 
 
 def spec_digest(spec_json: dict) -> str:

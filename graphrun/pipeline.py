@@ -25,7 +25,7 @@ from .replay import OverlapTrial, replay_stream, slot_count
 from .runner import Runner
 from .stream import ReadAhead, read_batches
 from .timing import percentiles, spread_warning
-from .journal import InputHash, write_fingerprint
+from .journal import InputHash, read_journal, write_fingerprint
 from .write import ShardWriter, prepare_out_dir
 
 
@@ -49,6 +49,10 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     fingerprint = {"spec_sha256": job.spec_sha,
                    "input_sha256": job.input_hash.result() if resume else None,
                    "slice": [start, stop]}
+    done = completed_before(out_dir, fingerprint) if resume else None
+    if done is not None:  # --resume of a completed run: nothing to do, nothing rewritten
+        job.input_hash.stop()
+        return done
     try:
         resume_point = prepare_out_dir(out_dir, resume=resume, overwrite=overwrite,
                                        fingerprint=fingerprint)
@@ -65,6 +69,7 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
         job.resumed_from = job.count_from = resume_point.next_index
         start = max(start, resume_point.start)
         job.records_in = resume_point.rows + resume_point.rejects
+        job.earlier = (resume_point.rows, resume_point.rejects)
     with StopSignals() as stop_signal:
         writer = latencies = t0 = batches = None
         try:
@@ -167,6 +172,25 @@ def overlap_choice(overlap: bool | str | None) -> bool | str | None:
     return _OVERLAP_WORDS[word]
 
 
+def completed_before(out_dir: Path, fingerprint: dict) -> Manifest | None:
+    """The manifest of a completed run of this very spec, input and slice in out_dir (the
+    one --resume would continue), else None: prepare_out_dir then decides, and explains."""
+    try:
+        ran = json.loads((out_dir / "run.json").read_text())
+        manifest = Manifest.model_validate_json((out_dir / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    same = all(ran.get(k) == fingerprint[k] for k in ("spec_sha256", "input_sha256"))
+    if not same or list(ran.get("slice", [])) != list(fingerprint["slice"]):
+        return None
+    point = read_journal(out_dir)  # the journal, not the manifest, says what is committed
+    committed = point.rows if point else 0
+    if manifest.status != "completed" or committed != manifest.totals.records_out:
+        return None
+    manifest._already_complete = True
+    return manifest
+
+
 def open_latencies(path: Path, keep_below: int | None):
     """latencies.jsonl for appending, and how many lines it holds. On resume, only the lines of
     batches that start below `keep_below` (where reading restarts) are kept: the batches after
@@ -207,6 +231,7 @@ class RunState:
         self.records_in = self.records_out = self.rejected = self.batches = 0
         self.batches_before = 0  # latencies.jsonl lines kept from the run this one resumes
         self.resumed_from = None
+        self.earlier = (0, 0)  # (rows, rejects) committed by the attempts this one resumes
         self.count_from = 0  # records below it were committed by the run this one resumes
         self.runner = None
         self.files = []
@@ -249,6 +274,8 @@ class RunState:
                 f"{self.records_in - committed} records read after the last commit were not "
                 "committed; --resume reads them again")
             self.records_in = committed
+        if self.status == "completed" and self.rejected and not self.records_out:
+            self.warnings.append(all_rejected(self.out_dir, self.rejected))
 
     def warn(self, msg: str) -> None:
         if msg.startswith("warning: "):
@@ -318,7 +345,9 @@ class RunState:
             records_rejected=self.rejected, batches=self.batches, wall_s=wall,
             setup_s=runner.setup_s if runner else 0.0, stream_s=self.stream_s,
             input_hash_s=self.input_hash.waited_s,
-            records_per_s=(self.records_out / self.stream_s) if self.stream_s else 0.0,
+            earlier_records_out=self.earlier[0], earlier_records_rejected=self.earlier[1],
+            records_per_s=((self.records_out - self.earlier[0]) / self.stream_s
+                           if self.stream_s else 0.0),
             capture_s=capture_s, capture_memory_bytes=capture_mem,
             padding_ratio=padded / rows_run if rows_run else 0.0,
             device_busy_fraction=busy,
@@ -334,8 +363,21 @@ class RunState:
             environment=env, buckets=buckets, totals=totals,
             files=[FileEntry(**vars(f)) if not isinstance(f, dict) else FileEntry(**f)
                    for f in self.files],
-            rejects={"path": "rejects.jsonl", "count": self.rejected},
+            rejects={"path": "rejects.jsonl" if (self.out_dir / "rejects.jsonl").exists()
+                     else None, "count": self.rejected},
             resumed_from=self.resumed_from, warnings=self.warnings)
+
+
+def all_rejected(out_dir: Path, count: int) -> str:
+    """The warning for a run whose every record was rejected, with the first reason."""
+    try:
+        with open(out_dir / "rejects.jsonl") as f:
+            first = json.loads(f.readline())
+        why = f" (the first, {first.get('where')}: {first.get('reason')})"
+    except (OSError, ValueError, AttributeError):
+        why = ""
+    return (f"every record ({count}) was rejected{why}: no outputs were written; "
+            "rejects.jsonl has each reason")
 
 
 def _now() -> str:

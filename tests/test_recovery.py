@@ -550,7 +550,7 @@ def test_a_completed_run_without_shards_is_still_protected(tmp_path):
     # Every record rejected: no shard, so no journal; the finished rejects must not be replaced.
     spec = make_job(tmp_path, n=0)
     (tmp_path / "data.jsonl").write_text('{"id": 0, "x": [1]}\n{"id": 1, "x": []}\n')
-    assert cli("run", spec, "-q").exit_code == 0
+    assert cli("run", spec, "-q").exit_code == 1  # completed, but nothing came out
     out = tmp_path / "out"
     assert manifest(out)["status"] == "completed" and not (out / "journal.jsonl").exists()
     result = cli("run", spec, "-q")
