@@ -24,7 +24,7 @@ from .progress import Progress, count_records, summary_table
 from .replay import OverlapTrial, replay_stream, slot_count
 from .runner import Runner
 from .stream import ReadAhead, read_batches
-from .timing import percentiles, spread_warning
+from .timing import noise_floor_us, percentiles, spread_warning
 from .journal import InputHash, read_journal, write_fingerprint
 from .write import ShardWriter, prepare_out_dir
 
@@ -334,7 +334,9 @@ class RunState:
             rows_run += state.stats["records"] + state.stats["padded_rows"]
             padded += state.stats["padded_rows"]
             for phase, values in self.samples.get(state.bucket.name, {}).items():
-                w = spread_warning(values, f"bucket {state.bucket.name} {phase}")
+                floor = noise_floor_us(phase, runner.cuda)
+                w = floor is not None and spread_warning(
+                    values, f"bucket {state.bucket.name} {phase}", floor)
                 if w:
                     self.warnings.append(w)
         wall = time.perf_counter() - self.t0
