@@ -25,7 +25,7 @@ def make_scores(path: Path, n: int, rng: np.random.Generator) -> None:
 
 # Every BAD_EVERY-th record (from BAD_FIRST) is broken in one of these ways, so that the
 # decoder-step pipeline (data.on_bad_record: skip) shows rejects.jsonl with its reasons.
-BAD_FIRST, BAD_EVERY = 100, 500
+BAD_FIRST, BAD_EVERY = 350, 500
 BAD_KINDS = (
     lambda rec, vocab, max_len: {**rec, "tokens": [vocab + 7]},  # token id out of range
     lambda rec, vocab, max_len: {**rec, "positions": max_len},  # position past the cache

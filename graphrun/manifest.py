@@ -124,6 +124,11 @@ class Totals(_M):
         None, description="Whether the stream ran overlapped (stager, launching and completer "
         "threads) or serially; with the overlap measured (the CPU's default), the path the "
         "latest trial round chose. Null when the stream never started.")
+    overlap_reason: Optional[str] = Field(
+        None, description="What chose the path, and why: set (GRAPHRUN_OVERLAP or run()'s "
+        "overlap), the device's default, or the trial's measurement (the latest round's "
+        "ratio; serial where a batch took too long to time both paths in the legs; the path "
+        "of the last leg where the stream ended within the first round).")
     overlap_trials: list[dict[str, float]] = Field(
         default_factory=list, description="With the overlap measured (GRAPHRUN_OVERLAP=measure, "
         "the CPU's default): records/s of the serial and the overlapped path in each trial "

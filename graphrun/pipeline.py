@@ -40,6 +40,7 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     takes GRAPHRUN_OVERLAP (on | off | measure | auto) from the environment, and auto is
     overlapped on a GPU and measured on the CPU, where torch's own threads run the model on
     every core and neither path always wins (benchmarks/RESULTS.md)."""
+    how = "set by run()'s overlap" if overlap is not None else f"set by {OVERLAP_ENV}"
     overlap = overlap_choice(overlap)
     out_dir = Path(out).resolve() if out else spec.output.dir
     spec_json = spec.model_dump(mode="json")
@@ -93,6 +94,8 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
                 job.record_input_hash(fingerprint)
             if overlap is None:
                 overlap = True if runner.cuda else MEASURE
+                how = "the default on a GPU" if runner.cuda else "the default on the CPU"
+            job.overlap_how = how
             if overlap is not False:  # the overlapped path's pinned slots: setup, not the stream
                 runner.host_slots(slot_count(runner.slot_bytes))
             t0 = time.perf_counter()
@@ -242,6 +245,7 @@ class RunState:
         self.host_s: dict[str, float] = {}
         self.overlapped: bool | None = None
         self.trial: OverlapTrial | None = None  # overlap measured: what it measured
+        self.overlap_how: str | None = None  # who chose the path: the caller or the default
 
     def count(self, rb) -> int:
         """Count a record batch's records and rejects (those not committed by an earlier run)."""
@@ -301,6 +305,18 @@ class RunState:
             return self.overlapped
         return self.trial.choice if self.trial.choice is not None else self.trial.last
 
+    def overlap_reason(self) -> str | None:
+        """What chose the stream's path, and why (manifest totals.overlap_reason)."""
+        if self.trial is None:
+            if self.overlapped is None:
+                return None
+            return f"{'overlapped' if self.overlapped else 'serial'}: {self.overlap_how}"
+        if self.trial.reason:
+            return f"{self.trial.reason} ({self.overlap_how}: measured)"
+        return (f"the stream ended within the first trial round, on the "
+                f"{'overlapped' if self.trial.last else 'serial'} path of its last leg "
+                f"({self.overlap_how}: measured)")
+
     def device_s(self) -> float:
         """The compute stream's busy time: per bucket, its batches times their mean replay
         (phases are timed on a sample of batches, timing.sampled; the copies run beside the
@@ -354,7 +370,8 @@ class RunState:
             padding_ratio=padded / rows_run if rows_run else 0.0,
             device_busy_fraction=busy,
             device_idle_fraction=None if busy is None else 1.0 - busy,
-            overlapped=self.overlapped_path(), overlap_trials=self.trial.rounds if self.trial
+            overlapped=self.overlapped_path(), overlap_reason=self.overlap_reason(),
+            overlap_trials=self.trial.rounds if self.trial
             else [], host_phase_s=self.host_s)
         env = environment(runner.device, runner.backend) if runner else None
         return Manifest(
