@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import socket
+from pathlib import Path
 from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
@@ -216,3 +217,38 @@ def write_manifest(manifest: Manifest, path) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def completed_manifest(out_dir: Path, fingerprint: dict) -> Manifest | None:
+    """The manifest of a completed run of this very spec, input and slice in out_dir (the
+    one --resume would continue), else None: prepare_out_dir then decides, and explains."""
+    try:
+        ran = json.loads((out_dir / "run.json").read_text())
+        manifest = Manifest.model_validate_json((out_dir / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(ran, dict):
+        return None
+    same = all(ran.get(k) == fingerprint[k] for k in ("spec_sha256", "input_sha256"))
+    if not same or list(ran.get("slice", [])) != list(fingerprint["slice"]):
+        return None
+    from .journal import read_journal
+
+    point = read_journal(out_dir)  # the journal, not the manifest, says what is committed
+    committed = point.rows if point else 0
+    if manifest.status != "completed" or committed != manifest.totals.records_out:
+        return None
+    manifest._already_complete = True
+    return manifest
+
+
+def all_rejected(out_dir: Path, count: int) -> str:
+    """The warning for a run whose every record was rejected, with the first reason."""
+    try:
+        with open(out_dir / "rejects.jsonl") as f:
+            first = json.loads(f.readline())
+        why = f" (the first, {first.get('where')}: {first.get('reason')})"
+    except (OSError, ValueError, AttributeError):
+        why = ""
+    return (f"every record ({count}) was rejected{why}: no outputs were written; "
+            "rejects.jsonl has each reason")

@@ -18,14 +18,14 @@ from pathlib import Path
 import numpy as np
 
 from .errors import GraphrunError, Interrupted, OutputError
-from .manifest import (BucketReport, FileEntry, Manifest, Totals, environment, spec_digest,
-                       write_manifest)
+from .manifest import (BucketReport, FileEntry, Manifest, Totals, all_rejected,
+                       completed_manifest, environment, spec_digest, write_manifest)
 from .progress import Progress, count_records, summary_table
 from .replay import OverlapTrial, replay_stream, slot_count
 from .runner import Runner
 from .stream import ReadAhead, read_batches
 from .timing import noise_floor_us, percentiles, spread_warning
-from .journal import InputHash, read_journal, write_fingerprint
+from .journal import InputHash, write_fingerprint
 from .write import ShardWriter, prepare_out_dir
 
 
@@ -50,7 +50,7 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     fingerprint = {"spec_sha256": job.spec_sha,
                    "input_sha256": job.input_hash.result() if resume else None,
                    "slice": [start, stop]}
-    done = completed_before(out_dir, fingerprint) if resume else None
+    done = completed_manifest(out_dir, fingerprint) if resume else None
     if done is not None:  # --resume of a completed run: nothing to do, nothing rewritten
         job.input_hash.stop()
         return done
@@ -173,25 +173,6 @@ def overlap_choice(overlap: bool | str | None) -> bool | str | None:
         raise GraphrunError(f"{OVERLAP_ENV}={os.environ[OVERLAP_ENV]!r} is not one of on, off, "
                             "measure, auto; set one of those or unset it")
     return _OVERLAP_WORDS[word]
-
-
-def completed_before(out_dir: Path, fingerprint: dict) -> Manifest | None:
-    """The manifest of a completed run of this very spec, input and slice in out_dir (the
-    one --resume would continue), else None: prepare_out_dir then decides, and explains."""
-    try:
-        ran = json.loads((out_dir / "run.json").read_text())
-        manifest = Manifest.model_validate_json((out_dir / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return None
-    same = all(ran.get(k) == fingerprint[k] for k in ("spec_sha256", "input_sha256"))
-    if not same or list(ran.get("slice", [])) != list(fingerprint["slice"]):
-        return None
-    point = read_journal(out_dir)  # the journal, not the manifest, says what is committed
-    committed = point.rows if point else 0
-    if manifest.status != "completed" or committed != manifest.totals.records_out:
-        return None
-    manifest._already_complete = True
-    return manifest
 
 
 def open_latencies(path: Path, keep_below: int | None):
@@ -385,18 +366,6 @@ class RunState:
             rejects={"path": "rejects.jsonl" if (self.out_dir / "rejects.jsonl").exists()
                      else None, "count": self.rejected},
             resumed_from=self.resumed_from, warnings=self.warnings)
-
-
-def all_rejected(out_dir: Path, count: int) -> str:
-    """The warning for a run whose every record was rejected, with the first reason."""
-    try:
-        with open(out_dir / "rejects.jsonl") as f:
-            first = json.loads(f.readline())
-        why = f" (the first, {first.get('where')}: {first.get('reason')})"
-    except (OSError, ValueError, AttributeError):
-        why = ""
-    return (f"every record ({count}) was rejected{why}: no outputs were written; "
-            "rejects.jsonl has each reason")
 
 
 def _now() -> str:
