@@ -29,7 +29,7 @@ import torch
 from .buckets import Bucket, BucketTable, cut_rows, pad_into, rows_from_inputs, split_sizes
 from .buffers import TORCH_DTYPES, BufferSet, HostSlot, host_dtype
 from .capture import (MiB, BucketState, capture_graph, make_step, peak_step_bytes, warm_up)
-from .errors import CaptureError, GraphrunError, InputError, ModelError
+from .errors import CaptureError, GraphrunError, InputError
 from .device import resolve_backend, resolve_device
 from .models.load import (build_model, call_model, compile_model, first_call_error,
                           model_input_dtypes, name_outputs, unlisted_outputs)
