@@ -74,14 +74,26 @@ def make_step(model: torch.nn.Module, call: str, inputs: dict[str, torch.Tensor]
         for name, t in got.items():
             dst = outputs[name]
             if t.shape != dst.shape:
-                raise ModelError(
-                    f"output {name!r} has shape {list(t.shape)} but the spec's outputs.{name}."
-                    f"shape gives {list(dst.shape)} for this bucket; fix outputs.{name}.shape")
+                raise ModelError(output_shape_problem(name, list(t.shape), list(dst.shape)))
             if name in rounding and t.dtype != rounding[name]:
                 t = t.to(rounding[name])
             dst.copy_(t)
 
     return step
+
+
+def output_shape_problem(name: str, got: list[int], want: list[int]) -> str:
+    """What is wrong when a model's output does not fit its static buffer: the batch
+    dimension is the model's to keep (one row per input row), the others the spec's to say."""
+    head = (f"output {name!r} has shape {got} but the spec's outputs.{name}.shape gives "
+            f"{want} for this bucket")
+    if not got or got[0] != want[0]:
+        rows = got[0] if got else "no"
+        return (f"{head}: the model returned {rows} rows for a batch of {want[0]}; the model "
+                "must return one row per input row along dimension 0 (a reduction or an "
+                "indexing over the batch, such as x[0] or x.mean(0), drops it); fix the "
+                "model's forward, not the spec")
+    return f"{head}; fix outputs.{name}.shape (a name in it is a bucket axis)"
 
 
 def warm_up(step: Callable[[], None], iters: int, stream: torch.cuda.Stream | None) -> float:
@@ -187,6 +199,26 @@ def explain_capture_failure(exc: BaseException, bucket: Bucket) -> CaptureError:
     if where:
         text += f"\n  at {where}"
     return CaptureError(text, bucket=bucket.name, remedies=REMEDIES)
+
+
+def model_failed(exc: BaseException, bucket: str, where: str, ids: list) -> ModelError:
+    """The model raised on a batch of the stream: name the batch (its first record's place in
+    the input, its ids), the bucket, and the model's own error line, without a traceback."""
+    chain = []
+    while exc is not None and exc not in chain:
+        chain.append(exc)
+        exc = exc.__context__ or exc.__cause__
+    at = next((w for w in map(_model_frame, chain) if w), None)
+    cause = next((e for e in chain if _model_frame(e)), chain[0])
+    first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+    shown = ", ".join(map(str, ids[:3])) + (f", ... {ids[-1]}" if len(ids) > 3 else "")
+    text = (f"the model raised on the batch of {len(ids)} records from {where} (ids {shown}) "
+            f"in bucket {bucket}: {type(cause).__name__}: {first}")
+    if at:
+        text += f"\n  at {at}"
+    return ModelError(text + "\n  the batches before it are committed: fix the model, then "
+                      "run again with --resume to continue from this batch (--debug shows the "
+                      "traceback)")
 
 
 def _model_frame(exc: BaseException) -> str | None:

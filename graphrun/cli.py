@@ -43,6 +43,17 @@ def main() -> None:
     """graphrun: run PyTorch inference through CUDA Graphs, driven by one YAML file."""
 
 
+def _set_debug(ctx, param, value: bool) -> bool:
+    global _debug
+    _debug = _debug or value
+    return value
+
+
+# --debug is accepted after the verb as well as before it (`graphrun run x.yaml --debug`)
+debug_option = click.option("--debug", is_flag=True, expose_value=False, is_eager=True,
+                            callback=_set_debug, help="Show Python tracebacks for user errors too.")
+
+
 @main.command()
 @debug_option
 @click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
@@ -57,6 +68,7 @@ def main() -> None:
 @click.option("--stop", type=click.IntRange(min=0), default=None,
               help="Input record to stop before.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary table.")
+@debug_option
 def run(spec, overrides, out, resume, overwrite, start, stop, quiet) -> None:
     """Run SPEC: read its input, replay every batch, write outputs and manifest.json."""
     from .pipeline import run as run_pipeline
@@ -77,10 +89,19 @@ def run(spec, overrides, out, resume, overwrite, start, stop, quiet) -> None:
     else:
         t = manifest.totals
         dest = out or pipeline.output.dir
+        if manifest._already_complete:
+            click.echo(f"already complete: {t.records_out} records out, {t.records_rejected} "
+                       f"rejected -> {dest}/manifest.json; nothing to resume")
+            return
         if not quiet:
             click.echo(f"{manifest.status}: {t.records_out} records out, {t.records_rejected} "
                        f"rejected, {t.batches} batches, {t.records_per_s:,.0f} records/s "
                        f"-> {dest}/manifest.json")
+        if manifest.status == "completed" and t.records_rejected and not t.records_out:
+            # nothing came out: a script's next step must not take that for success
+            click.echo(f"graphrun: every record ({t.records_rejected}) was rejected; see "
+                       f"{dest}/rejects.jsonl", err=True)
+            sys.exit(1)
 
 
 @main.command()
@@ -89,21 +110,42 @@ def run(spec, overrides, out, resume, overwrite, start, stop, quiet) -> None:
                 type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a spec key before validating (repeatable).")
-def validate(specs, overrides) -> None:
+@click.option("--load", is_flag=True,
+              help="Also build the model and call it once per bucket, eagerly, on sample "
+              "inputs (with the padding check): finds argument names, dtypes and shapes that "
+              "do not fit the model before a long run. Reads no data, writes nothing.")
+@debug_option
+def validate(specs, overrides, load) -> None:
     """Check SPEC files: one line per file, every error with file:line:col."""
     from .spec_load import load_spec
 
     failed = 0
     for path in specs:
         try:
-            load_spec(path, overrides)
-            click.echo(f"{path}: ok")
+            spec = load_spec(path, overrides)
+            if load:
+                click.echo(f"{path}: ok (model built, called on each of {_load(spec)} buckets)")
+            else:
+                click.echo(f"{path}: ok")
         except GraphrunError as err:
             if _debug:
                 raise
             failed += 1
             click.echo(f"{path}: invalid\n{err}", err=True)
     sys.exit(1 if failed else 0)
+
+
+def _load(spec) -> int:
+    """Build the spec's model and run each bucket once eagerly (the Runner's setup with the
+    eager backend: one call per bucket, then verify's replay and padding checks)."""
+    from .runner import Runner
+
+    spec = spec.model_copy(deep=True)
+    spec.capture.backend = "eager"
+    spec.report.baseline = "none"
+    with Runner(spec, log=lambda msg: click.echo(msg, err=True)
+                if msg.startswith("warning:") else None) as runner:
+        return len(runner.states)
 
 
 @main.command()

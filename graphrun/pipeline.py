@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 
 from .errors import GraphrunError, Interrupted, OutputError
-from .manifest import (BucketReport, FileEntry, Manifest, Totals, environment, spec_digest,
-                       write_manifest)
+from .manifest import (BucketReport, FileEntry, Manifest, Totals, all_rejected,
+                       completed_manifest, environment, spec_digest, write_manifest)
 from .progress import Progress, count_records, summary_table
 from .replay import OverlapTrial, replay_stream, slot_count
 from .runner import Runner
 from .stream import ReadAhead, read_batches
-from .timing import percentiles, spread_warning
+from .timing import noise_floor_us, percentiles, spread_warning
 from .journal import InputHash, write_fingerprint
 from .write import ShardWriter, prepare_out_dir
 
@@ -40,6 +40,7 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     takes GRAPHRUN_OVERLAP (on | off | measure | auto) from the environment, and auto is
     overlapped on a GPU and measured on the CPU, where torch's own threads run the model on
     every core and neither path always wins (benchmarks/RESULTS.md)."""
+    how = "set by run()'s overlap" if overlap is not None else f"set by {OVERLAP_ENV}"
     overlap = overlap_choice(overlap)
     out_dir = Path(out).resolve() if out else spec.output.dir
     spec_json = spec.model_dump(mode="json")
@@ -49,6 +50,10 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     fingerprint = {"spec_sha256": job.spec_sha,
                    "input_sha256": job.input_hash.result() if resume else None,
                    "slice": [start, stop]}
+    done = completed_manifest(out_dir, fingerprint) if resume else None
+    if done is not None:  # --resume of a completed run: nothing to do, nothing rewritten
+        job.input_hash.stop()
+        return done
     try:
         resume_point = prepare_out_dir(out_dir, resume=resume, overwrite=overwrite,
                                        fingerprint=fingerprint)
@@ -65,6 +70,7 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
         job.resumed_from = job.count_from = resume_point.next_index
         start = max(start, resume_point.start)
         job.records_in = resume_point.rows + resume_point.rejects
+        job.earlier = (resume_point.rows, resume_point.rejects)
     with StopSignals() as stop_signal:
         writer = latencies = t0 = batches = None
         try:
@@ -76,7 +82,7 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
             # the first batch is read while the runner sets up: for a Parquet file, its first
             # row groups decode meanwhile instead of keeping the device waiting (stream.py)
             batches = ReadAhead(read_batches(spec, start=start, stop=stop))
-            job.runner = runner = Runner(spec, log=_log_and(job.warn) if show else job.warn)
+            job.runner = runner = Runner(spec, log=job.print_and_warn if show else job.warn)
             if spec.report.baseline == "eager":
                 runner.measure_baseline()
             writer = ShardWriter(spec, out_dir, resume=resume_point)
@@ -88,6 +94,8 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
                 job.record_input_hash(fingerprint)
             if overlap is None:
                 overlap = True if runner.cuda else MEASURE
+                how = "the default on a GPU" if runner.cuda else "the default on the CPU"
+            job.overlap_how = how
             if overlap is not False:  # the overlapped path's pinned slots: setup, not the stream
                 runner.host_slots(slot_count(runner.slot_bytes))
             t0 = time.perf_counter()
@@ -141,7 +149,7 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
             if job.runner:
                 job.runner.close()
     if show:
-        summary_table(manifest)
+        summary_table(manifest, shown=job.printed)
     if stop_signal.signum:
         raise Interrupted(stop_signal.signum)
     return manifest
@@ -186,13 +194,6 @@ def open_latencies(path: Path, keep_below: int | None):
     return open(path, "a"), len(kept)
 
 
-def _log_and(then):
-    def log(msg: str) -> None:
-        print(msg)
-        then(msg)
-    return log
-
-
 class RunState:
     """What the spine accumulates for the manifest."""
 
@@ -207,16 +208,19 @@ class RunState:
         self.records_in = self.records_out = self.rejected = self.batches = 0
         self.batches_before = 0  # latencies.jsonl lines kept from the run this one resumes
         self.resumed_from = None
+        self.earlier = (0, 0)  # (rows, rejects) committed by the attempts this one resumes
         self.count_from = 0  # records below it were committed by the run this one resumes
         self.runner = None
         self.files = []
         self.stream_s = 0.0
         self.warnings: list[str] = []
+        self.printed: set[str] = set()  # warnings already printed while running
         self.samples: dict = {}  # bucket -> phase -> [us]
         self.bucket_batches: dict[str, int] = {}  # bucket -> batches (timed or not)
         self.host_s: dict[str, float] = {}
         self.overlapped: bool | None = None
         self.trial: OverlapTrial | None = None  # overlap measured: what it measured
+        self.overlap_how: str | None = None  # who chose the path: the caller or the default
 
     def count(self, rb) -> int:
         """Count a record batch's records and rejects (those not committed by an earlier run)."""
@@ -249,6 +253,14 @@ class RunState:
                 f"{self.records_in - committed} records read after the last commit were not "
                 "committed; --resume reads them again")
             self.records_in = committed
+        if self.status == "completed" and self.rejected and not self.records_out:
+            self.warnings.append(all_rejected(self.out_dir, self.rejected))
+
+    def print_and_warn(self, msg: str) -> None:
+        """Shown as it comes (a terminal or a log), so the summary need not repeat it."""
+        print(msg)
+        self.printed.add(msg.removeprefix("warning: "))
+        self.warn(msg)
 
     def warn(self, msg: str) -> None:
         if msg.startswith("warning: "):
@@ -273,6 +285,18 @@ class RunState:
         if self.trial is None:
             return self.overlapped
         return self.trial.choice if self.trial.choice is not None else self.trial.last
+
+    def overlap_reason(self) -> str | None:
+        """What chose the stream's path, and why (manifest totals.overlap_reason)."""
+        if self.trial is None:
+            if self.overlapped is None:
+                return None
+            return f"{'overlapped' if self.overlapped else 'serial'}: {self.overlap_how}"
+        if self.trial.reason:
+            return f"{self.trial.reason} ({self.overlap_how}: measured)"
+        return (f"the stream ended within the first trial round, on the "
+                f"{'overlapped' if self.trial.last else 'serial'} path of its last leg "
+                f"({self.overlap_how}: measured)")
 
     def device_s(self) -> float:
         """The compute stream's busy time: per bucket, its batches times their mean replay
@@ -307,7 +331,9 @@ class RunState:
             rows_run += state.stats["records"] + state.stats["padded_rows"]
             padded += state.stats["padded_rows"]
             for phase, values in self.samples.get(state.bucket.name, {}).items():
-                w = spread_warning(values, f"bucket {state.bucket.name} {phase}")
+                floor = noise_floor_us(phase, runner.cuda)
+                w = floor is not None and spread_warning(
+                    values, f"bucket {state.bucket.name} {phase}", floor)
                 if w:
                     self.warnings.append(w)
         wall = time.perf_counter() - self.t0
@@ -318,12 +344,15 @@ class RunState:
             records_rejected=self.rejected, batches=self.batches, wall_s=wall,
             setup_s=runner.setup_s if runner else 0.0, stream_s=self.stream_s,
             input_hash_s=self.input_hash.waited_s,
-            records_per_s=(self.records_out / self.stream_s) if self.stream_s else 0.0,
+            earlier_records_out=self.earlier[0], earlier_records_rejected=self.earlier[1],
+            records_per_s=((self.records_out - self.earlier[0]) / self.stream_s
+                           if self.stream_s else 0.0),
             capture_s=capture_s, capture_memory_bytes=capture_mem,
             padding_ratio=padded / rows_run if rows_run else 0.0,
             device_busy_fraction=busy,
             device_idle_fraction=None if busy is None else 1.0 - busy,
-            overlapped=self.overlapped_path(), overlap_trials=self.trial.rounds if self.trial
+            overlapped=self.overlapped_path(), overlap_reason=self.overlap_reason(),
+            overlap_trials=self.trial.rounds if self.trial
             else [], host_phase_s=self.host_s)
         env = environment(runner.device, runner.backend) if runner else None
         return Manifest(
@@ -334,7 +363,8 @@ class RunState:
             environment=env, buckets=buckets, totals=totals,
             files=[FileEntry(**vars(f)) if not isinstance(f, dict) else FileEntry(**f)
                    for f in self.files],
-            rejects={"path": "rejects.jsonl", "count": self.rejected},
+            rejects={"path": "rejects.jsonl" if (self.out_dir / "rejects.jsonl").exists()
+                     else None, "count": self.rejected},
             resumed_from=self.resumed_from, warnings=self.warnings)
 
 

@@ -130,7 +130,7 @@ def count_records(spec, start: int = 0, stop: int | None = None) -> int | None:
     return max(0, end - start)
 
 
-def summary_table(manifest) -> None:
+def summary_table(manifest, shown: set[str] = frozenset()) -> None:
     """One row per bucket, narrow enough for 80 columns; the manifest has the rest (e2e and
     every percentile, pool memory, verify errors)."""
     from rich.console import Console
@@ -160,7 +160,8 @@ def summary_table(manifest) -> None:
     if where:
         console.print(where)
     for w in manifest.warnings:
-        console.print(f"[yellow]warning:[/yellow] {w}")
+        if w not in shown:
+            console.print(f"[yellow]warning:[/yellow] {w}")
 
 
 # host_phase_s keys, as the summary names them: what each thread does (replay.py)

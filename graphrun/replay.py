@@ -39,12 +39,16 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
 from .buckets import split_sizes
+from .capture import model_failed
+from .errors import GraphrunError
+from .records import take_where
 
 # overlapped: at least one being staged, one on the device, one being written; at most 16, as
 # the batches queued on the device are what carries it through the launching thread's waits
@@ -91,20 +95,24 @@ def replay_stream(runner, batches: Iterable, writer, *, on_batches: Callable,
         _leg(runner, cursor.take(), writer, on_batches, on_read, should_stop, host, overlap)
         return host
     for threaded, seconds in overlap.legs():
-        t0, records = time.perf_counter(), cursor.records
+        t0, records, batches_before = time.perf_counter(), cursor.records, cursor.batches
         _leg(runner, cursor.take(seconds), writer, on_batches, on_read, should_stop, host,
-             threaded)
-        overlap.record(threaded, cursor.records - records, time.perf_counter() - t0)
+             threaded, slots=overlap.leg_slots)
+        overlap.record(threaded, cursor.records - records, time.perf_counter() - t0,
+                       batches=cursor.batches - batches_before)
         if cursor.exhausted or should_stop():
             break
     return host
 
 
 def _leg(runner, batches: Iterable, writer, on_batches: Callable, on_read: Callable,
-         should_stop: Callable[[], bool], host: dict, overlap: bool) -> None:
+         should_stop: Callable[[], bool], host: dict, overlap: bool,
+         slots: int | None = None) -> None:
     """The record batches through the runner into the writer on one path, every batch
-    written (or the error raised) by the time it returns."""
-    pool = SlotPool(runner.host_slots(slot_count(runner.slot_bytes) if overlap else 1))
+    written (or the error raised) by the time it returns. slots: at most that many batches
+    in flight (a trial's leg, which must end on time: OverlapTrial)."""
+    count = runner.host_slots(slot_count(runner.slot_bytes) if overlap else 1)
+    pool = SlotPool(min(count, slots) if slots and overlap else count)
     work = staged(runner, batches, pool, host)
     source = Prefetch(work, depth=pool.size) if overlap else work
     done = Completer(runner, writer, pool, on_batches, host, threaded=overlap)
@@ -129,6 +137,7 @@ class Cursor:
         self._it = iter(batches)
         self.start = start
         self.records = 0
+        self.batches = 0
         self.exhausted = False
 
     def take(self, seconds: float | None = None) -> Iterator[tuple]:
@@ -143,6 +152,7 @@ class Cursor:
                 return
             batch_start, self.start = self.start, _covered_to(rb, self.start) + 1
             self.records += len(rb.indices) + len(rb.rejects)
+            self.batches += 1
             yield rb, batch_start
             if until is not None and time.perf_counter() >= until:
                 return
@@ -160,28 +170,62 @@ class OverlapTrial:
     times faster: serial is the safe path, and a round is noisy (on the 16-core H200 host a
     round once saw the encoder 7% faster overlapped, where whole runs were 10% slower). Every
     leg does real work: only the slower path's legs cost time (2 s in 64 s at the defaults).
+
+    Legs end on time however slow a batch is: a leg cannot end inside a batch, and an
+    overlapped leg also finishes the batches it has in flight, so its overlapped legs keep
+    only as many in flight (leg_slots, from 2) as take a quarter of a leg by the latest
+    serial leg's time a batch. Where a batch takes more than half a leg, the legs
+    cannot time the two paths: serial (the safe path) runs to the end, and `reason` says so.
     """
 
     ORDER = (False, True, True, False, True, False, False, True)  # False: serial
+    MIN_LEG_BATCHES = 2
 
     def __init__(self, leg_s: float = 0.5, every_s: float = 60.0, margin: float = 1.05):
         self.leg_s, self.every_s, self.margin = leg_s, every_s, margin
         self.rounds: list[dict[str, float]] = []  # records/s per path, one entry per round
         self.choice: bool | None = None  # None until a round is complete
         self.last: bool | None = None  # the path of the latest leg
+        self.reason: str | None = None  # why the latest choice was made
+        self.batch_s: float | None = None  # seconds a batch, on the latest serial leg
+        self.leg_slots: int | None = None  # batches in flight at most on this leg (None: all)
         self._round: dict[bool, list] | None = None  # path -> [records, seconds]; None: untimed
 
-    def legs(self) -> Iterator[tuple[bool, float]]:
+    def legs(self) -> Iterator[tuple[bool, float | None]]:
         yield False, self.leg_s  # the warm-up
         while True:
             self._round = {True: [0, 0.0], False: [0, 0.0]}
             for threaded in self.ORDER:
+                self.leg_slots = self._trial_slots()
                 yield threaded, self.leg_s
+                if self._too_slow():
+                    self._round, self.leg_slots, self.choice = None, None, False
+                    self.reason = (
+                        f"serial: a batch took {self.batch_s:.3g} s, too long to time both "
+                        f"paths in legs of {self.leg_s:g} s (a leg needs "
+                        f"{self.MIN_LEG_BATCHES} batches); serial is the safe path")
+                    yield False, None  # the rest of the input
+                    return
             self._decide()
+            self.leg_slots = None
             yield self.choice, self.every_s
 
-    def record(self, threaded: bool, records: int, seconds: float) -> None:
+    def _trial_slots(self) -> int:
+        """In flight at most on a trial leg: those that take a quarter of a leg, from 2."""
+        if not self.batch_s:
+            return 2
+        return max(2, min(SLOTS[1], int(self.leg_s / (4 * self.batch_s))))
+
+    def _too_slow(self) -> bool:
+        """After a serial leg of a round: a leg would hold fewer than MIN_LEG_BATCHES."""
+        return (self.last is False and self.leg_s > 0 and self.batch_s is not None
+                and self.batch_s * self.MIN_LEG_BATCHES > self.leg_s)
+
+    def record(self, threaded: bool, records: int, seconds: float,
+               batches: int | None = None) -> None:
         self.last = threaded
+        if not threaded and batches:
+            self.batch_s = seconds / batches
         if self._round is not None:
             acc = self._round[threaded]
             acc[0] += records
@@ -193,11 +237,15 @@ class OverlapTrial:
         self._round = None
         self.rounds.append({"serial": round(serial, 1), "overlapped": round(overlapped, 1)})
         self.choice = overlapped > self.margin * serial  # a tie (0 and 0 too): serial
+        ratio = f"{overlapped / serial:.2f}x" if serial else "as fast as"
+        self.reason = (f"measured: overlapped ran at {ratio} serial's records/s in the latest "
+                       f"round; it is taken from {self.margin:g}x")
 
 
 def _launch_all(runner, source, done: "Completer", host: dict, stream, on_read: Callable,
                 should_stop: Callable[[], bool]) -> None:
     """The launching thread's loop: each staged part launched (or run eagerly) in order."""
+    rb = None  # the record batch of the part being launched (a split one's later parts too)
     while True:
         t0 = time.perf_counter()
         try:
@@ -209,19 +257,40 @@ def _launch_all(runner, source, done: "Completer", host: dict, stream, on_read: 
         if item is _DONE:
             break
         if item.rb is not None:
+            rb = item.rb
             for r in item.rb.rejects:
                 done.reject(r)
             on_read(item.rb)
         if item.kind == "graph":
             t0 = time.perf_counter()
-            marks = runner.launch(item.bucket, item.slot, stream=stream)
+            with _model_blamed(item, rb):
+                marks = runner.launch(item.bucket, item.slot, stream=stream)
             host["launch"] += time.perf_counter() - t0
             done.collect(item, marks)
         elif item.kind == "eager":  # or data.oversize: error, which run_rows raises
-            outs, ran = runner.run_rows(item.fields, item.n, item.lengths)
+            with _model_blamed(item, rb):
+                outs, ran = runner.run_rows(item.fields, item.n, item.lengths)
             done.written(item, outs, ran)
         if item.last and should_stop():
             break
+
+
+@contextmanager
+def _model_blamed(item: Work, rb):
+    """What the model raises on a part (not a user error graphrun raised) becomes a
+    ModelError naming the part's bucket, its first record's place in the input and its ids."""
+    try:
+        yield
+    except GraphrunError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the model's own error, on this batch
+        first = int(item.indices[0])
+        where = None
+        if rb is not None and len(rb.indices):
+            where = take_where(rb.where, np.searchsorted(rb.indices, [first]))[0]
+        ids = item.ids.tolist() if isinstance(item.ids, np.ndarray) else list(item.ids)
+        bucket = item.bucket.name if item.bucket is not None else "oversize-eager"
+        raise model_failed(exc, bucket, where or f"record {first}", ids) from exc
 
 
 def slot_count(slot_bytes: int) -> int:

@@ -29,12 +29,13 @@ import torch
 from .buckets import Bucket, BucketTable, cut_rows, pad_into, rows_from_inputs, split_sizes
 from .buffers import TORCH_DTYPES, BufferSet, HostSlot, host_dtype
 from .capture import (MiB, BucketState, capture_graph, make_step, peak_step_bytes, warm_up)
-from .errors import CaptureError, GraphrunError, InputError, ModelError
+from .errors import CaptureError, GraphrunError, InputError
 from .device import resolve_backend, resolve_device
-from .models.load import build_model, call_model, compile_model, name_outputs
+from .models.load import (build_model, call_model, compile_model, first_call,
+                          model_input_dtypes, name_outputs, unlisted_outputs)
 from .spec import BATCH, PipelineSpec
 from .timing import BatchTimer, sampled
-from .verify import fill_synthetic, verify_bucket, verify_real_batch
+from .verify import fill_synthetic, verify_bucket, verify_real_batch, verify_remedies
 
 
 class Runner:
@@ -88,10 +89,10 @@ class Runner:
         """Static input buffers at the largest bucket; outputs after one probe run gives dtypes."""
         largest = self.table.all[0]
         in_dims = {n: i.shape for n, i in self.input_specs.items()}
-        self.model_dtypes = {n: TORCH_DTYPES[i.dtype] for n, i in self.input_specs.items()}
+        self.model_dtypes = model_input_dtypes(self.spec)  # floating inputs in model.dtype
         # Static inputs in the host's dtype (bfloat16 staged as float32): the cast to the
         # model's dtype happens inside the captured step, not as a kernel per copy.
-        in_dtypes = {n: host_dtype(d) for n, d in self.model_dtypes.items()}
+        in_dtypes = {n: host_dtype(TORCH_DTYPES[i.dtype]) for n, i in self.input_specs.items()}
         self.inputs = BufferSet(in_dims, in_dtypes, largest, self.device)
         views = self.inputs.views(largest)
         fill_synthetic(views, self.input_specs, torch.Generator().manual_seed(0))
@@ -192,9 +193,15 @@ class Runner:
         return self.slots[0].inputs.nbytes + self.slots[0].outputs.nbytes
 
     def _probe(self, bucket: Bucket, inputs: dict[str, torch.Tensor]) -> dict:
-        """The model's first call, on sample inputs of the largest bucket."""
+        """The model's first call, on sample inputs of the largest bucket. Failing here is
+        nearly always the spec and the model disagreeing: say so, with what was passed."""
+        names = list(self.output_dims)
         ret = first_call(self.model, inputs, self.spec.model.call, f"bucket {bucket.name}")
-        return name_outputs(ret, list(self.output_dims))
+        extra = unlisted_outputs(ret, names)
+        if extra:
+            self.log(f"warning: the model also returns {', '.join(extra)}, which outputs does "
+                     "not list: not written; list it under outputs to keep it")
+        return name_outputs(ret, names)
 
     def _prepare_buckets(self) -> None:
         cap = self.spec.capture
@@ -268,12 +275,12 @@ class Runner:
                                      self.outputs.views(bucket), self.input_specs,
                                      cap.verify.rtol, cap.verify.atol)
         if not state.verify["passed"]:
-            err = CaptureError("verification failed: " + "; ".join(state.verify["failures"]),
-                               bucket=bucket.name,
-                               remedies=["fix the model so that rows are independent",
-                                         "loosen capture.verify.rtol / atol if the differences "
-                                         "are rounding", "set capture.on_failure: eager"])
-            if state.graph is None or cap.on_failure == "error":
+            note, remedies = verify_remedies(state.verify, captured=state.graph is not None,
+                                             on_failure=cap.on_failure)
+            err = CaptureError("verification failed: " + "; ".join(state.verify["failures"])
+                               + note, bucket=bucket.name, remedies=remedies)
+            if (state.graph is None or cap.on_failure == "error"
+                    or state.verify["pad_isolated"] is False):  # eager would pad alike
                 raise err
             self._fall_back(state, err)
         state.check_real = state.graph is not None  # an eager bucket needs no check against itself
@@ -535,25 +542,3 @@ def _concat(parts: list) -> np.ndarray | list:
     if isinstance(parts[0], np.ndarray):
         return np.concatenate(parts)
     return [row for p in parts for row in p]
-
-
-def first_call(model: torch.nn.Module, inputs: dict[str, torch.Tensor], call: str,
-               what: str):
-    """The model's return for `inputs` (no grad). Failing here is nearly always the spec and
-    the model disagreeing: the ModelError says so, with what was passed (`graphrun run` and
-    `graphrun init` both call the model first through here)."""
-    try:
-        with torch.inference_mode():
-            return call_model(model, inputs, call)
-    except ModelError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - re-raised as a user error, chained
-        args = {n: f"{list(t.shape)} {str(t.dtype).replace('torch.', '')}"
-                for n, t in inputs.items()}
-        how = "model(" + ", ".join(f"{n}={a}" if call == "keyword" else a
-                                   for n, a in args.items()) + ")"
-        raise ModelError(
-            f"the model failed on its first call, {how} for {what}: "
-            f"{type(exc).__name__}: {exc}\n  check that the spec's inputs (names, shapes, "
-            "dtypes) match the model's forward, or set model.call: positional; "
-            "--debug shows the traceback") from exc

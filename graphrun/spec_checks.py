@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from pathlib import Path
 from typing import Iterator
@@ -28,11 +29,42 @@ def resolve_paths(spec: PipelineSpec, base_dir: Path) -> PipelineSpec:
     return spec
 
 
-def check_spec(spec: PipelineSpec) -> list[tuple[tuple, str]]:
+def check_spec(spec: PipelineSpec, base_dir: Path | None = None) -> list[tuple[tuple, str]]:
+    """base_dir: the spec's folder, where model.target's file or module is looked for."""
     found = []
     for rule in (_model_source, _axes, _ranges, _ragged_npy, _batch_size, _files):
         found.extend(rule(spec))
+    found.extend(_target_found(spec, base_dir or spec.base_dir))
     return found
+
+
+def _target_found(spec: PipelineSpec, base_dir: Path) -> Found:
+    """model.target's file (or top-level module) exists, without importing it: importing runs
+    the user's code, which `graphrun validate --load` does."""
+    target = spec.model.target
+    if not target or ":" not in target or "\x00" in target:
+        return
+    module = target.rpartition(":")[0]
+    if module.endswith(".py"):
+        path = Path(module) if Path(module).is_absolute() else base_dir / module
+        if not path.is_file():
+            yield ("model", "target"), (f"file not found: {path.resolve()}; model.target's "
+                                        "file is relative to the spec's folder")
+        return
+    top = module.split(".")[0]
+    if not top:
+        return
+    if (base_dir / f"{top}.py").is_file() or (base_dir / top).is_dir():
+        return
+    try:
+        found = importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        yield ("model", "target"), (f"module {top!r} not found beside the spec ({base_dir}) "
+                                    "nor on the Python path; put it there, install its "
+                                    "package, or give a file path such as "
+                                    "'models/net.py:build'")
 
 
 def _model_source(spec: PipelineSpec) -> Found:

@@ -156,7 +156,7 @@ def test_a_run_outside_a_terminal_prints_progress_lines_summary_and_warnings(
 
     monkeypatch.setattr(progress, "LINE_S", 0.0)  # a line every batch
     monkeypatch.setattr(pipeline, "spread_warning",
-                        lambda values, what: f"{what}: spread too wide to trust")
+                        lambda values, what, *_, **__: f"{what}: spread too wide to trust")
     result = cli("run", write_spec())  # CliRunner's stdout is no terminal
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()

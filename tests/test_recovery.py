@@ -24,6 +24,7 @@ from click.testing import CliRunner
 
 import graphrun
 from graphrun.cli import main
+from graphrun.errors import ModelError
 from graphrun.journal import read_journal, sha256_file
 
 N_RECORDS = 1600
@@ -398,13 +399,13 @@ def test_a_crash_in_the_model_is_recorded_and_the_run_resumes(job, tmp_path):
     out = tmp_path / "out"
     (job.folder / "crash").touch()
     try:
-        with pytest.raises(RuntimeError, match="broke at call 40"):
+        with pytest.raises(ModelError, match="RuntimeError: the model broke at call 40") as err:
             graphrun.run(graphrun.load_spec(job.spec), out=out)
     finally:
         (job.folder / "crash").unlink()
     m = manifest(out)
     assert m["status"] == "failed"
-    assert m["error"] == "RuntimeError: the model broke at call 40"
+    assert m["error"] == str(err.value) and "in bucket batch=16" in m["error"]
     check_committed_files_intact(out)
     result = cli("run", job.spec, "--out", out, "--resume", "-q")
     assert result.exit_code == 0, result.output
@@ -549,7 +550,7 @@ def test_a_completed_run_without_shards_is_still_protected(tmp_path):
     # Every record rejected: no shard, so no journal; the finished rejects must not be replaced.
     spec = make_job(tmp_path, n=0)
     (tmp_path / "data.jsonl").write_text('{"id": 0, "x": [1]}\n{"id": 1, "x": []}\n')
-    assert cli("run", spec, "-q").exit_code == 0
+    assert cli("run", spec, "-q").exit_code == 1  # completed, but nothing came out
     out = tmp_path / "out"
     assert manifest(out)["status"] == "completed" and not (out / "journal.jsonl").exists()
     result = cli("run", spec, "-q")
