@@ -73,6 +73,27 @@ def run(spec, overrides, out, resume, overwrite, start, stop, quiet) -> None:
 
 
 @main.command()
+@click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--max-graphs", type=click.IntRange(min=1), default=8, show_default=True,
+              help="At most this many graphs in total (product of the lists' lengths).")
+@click.option("--sample", type=click.IntRange(min=1), default=None,
+              help="Plan from a uniform sample of about N records (whole batches).")
+@click.option("--multiple-of", "multiples", multiple=True, metavar="AXIS=M",
+              help="Values of AXIS must be multiples of M, e.g. seq=8 (repeatable).")
+@click.option("--write", is_flag=True, help="Write the planned lists into SPEC (comments kept).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a spec key before reading (repeatable).")
+def plan(spec, max_graphs, sample, multiples, write, overrides) -> None:
+    """Choose bucket lists from SPEC's data that minimise padded work."""
+    from .plan_show import run_plan
+
+    try:
+        run_plan(spec, overrides, max_graphs, sample, multiples, write, click.echo)
+    except GraphrunError as err:
+        _fail(err)
+
+
+@main.command()
 @click.argument("specs", nargs=-1, required=True,
                 type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",

@@ -1,0 +1,114 @@
+"""`graphrun plan`'s output: the table of bucket lists side by side, the YAML to paste, and
+--write, which puts the chosen lists into the spec file keeping its comments and layout."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from .errors import SpecError, Problem
+from .plan import Evaluation, Histogram
+
+
+def flow_list(values: list[int]) -> str:
+    return "[" + ", ".join(str(v) for v in values) + "]"
+
+
+def plan_table(hist: Histogram, rows: list[tuple[str, Evaluation]]):
+    """A rich Table: one row per candidate (spec, power of two, planned)."""
+    from rich.table import Table
+
+    what = f"{hist.records} records in {hist.batches} batches"
+    if hist.sampled:
+        what += " (a uniform sample of whole batches)"
+    table = Table(title=f"bucket plans over {what}")
+    table.add_column("lists")
+    for axis in hist.axes:
+        table.add_column(axis)
+    table.add_column("graphs", justify="right")
+    table.add_column("padded work", justify="right")
+    table.add_column("padding waste", justify="right")
+    for label, ev in rows:
+        waste = f"{100 * ev.waste:.1f}%"
+        if ev.uncovered:
+            waste += f" ({ev.uncovered} batches too long)"
+        table.add_row(label, *(flow_list(ev.lists[a]) for a in hist.axes), str(ev.graphs),
+                      f"{ev.padded:,}", waste)
+    return table
+
+
+def yaml_snippet(lists: dict[str, list[int]]) -> str:
+    return "buckets:\n" + "".join(f"  {a}: {flow_list(v)}\n" for a, v in lists.items())
+
+
+def write_buckets(path: Path, lists: dict[str, list[int]]) -> str:
+    """Replace the bucket lists in the spec file in place (ruamel.yaml's round trip keeps
+    comments, key order, flow or block style); returns the new text."""
+    try:
+        from ruamel.yaml import YAML
+        from ruamel.yaml.comments import CommentedMap
+    except ImportError:
+        raise SpecError([Problem(str(path), "", "--write needs ruamel.yaml: pip install "
+                                 "'graphrun[plan]' (or paste the YAML printed without --write)")]
+                        ) from None
+    yaml = YAML()
+    yaml.preserve_quotes = True
+    yaml.width = 4096  # never re-wrap the user's long lines
+    text = path.read_text()
+    data = yaml.load(text)
+    buckets = data.get("buckets") if isinstance(data, dict) else None
+    if not isinstance(buckets, CommentedMap):
+        raise SpecError([Problem(str(path), "buckets", "no `buckets:` mapping to write into")])
+    for axis, values in lists.items():
+        current = buckets.get(axis)
+        if isinstance(current, list):
+            current[:] = values  # in place: the list keeps its style and trailing comment
+        else:
+            buckets[axis] = values
+    out = io.StringIO()
+    yaml.dump(data, out)
+    new = out.getvalue()
+    path.write_text(new)
+    return new
+
+
+def parse_multiples(items: tuple[str, ...], axes: tuple[str, ...]) -> dict[str, int]:
+    """--multiple-of seq=8 -> {"seq": 8}; a bad item is a SpecError naming it."""
+    out = {}
+    for item in items:
+        axis, _, value = item.partition("=")
+        if axis not in axes or not value.isdigit() or int(value) < 1:
+            raise SpecError([Problem("--multiple-of", item, f"expected AXIS=M with AXIS one of "
+                                     f"{', '.join(axes)} and M a positive integer")])
+        out[axis] = int(value)
+    return out
+
+
+def run_plan(spec_path: Path, overrides, max_graphs: int, sample: int | None,
+             multiples: tuple[str, ...], write: bool, echo) -> dict[str, list[int]]:
+    """The verb: histogram, plan, table; the YAML printed, or written into the spec."""
+    from rich.console import Console
+
+    from .errors import InputError
+    from .plan import evaluate, histogram, plan, power_of_two
+    from .spec_load import load_spec
+
+    spec = load_spec(spec_path, overrides)
+    multiple_of = parse_multiples(multiples, tuple(spec.axes))
+    hist = histogram(spec, sample=sample)
+    if hist.batches == 0:
+        raise InputError("no valid record to plan from", where=str(spec.data.path))
+    chosen = plan(hist, max_graphs, multiple_of)
+    rows = [("spec", evaluate(hist, spec.buckets)),
+            ("power of two", power_of_two(hist, max_graphs, multiple_of)),
+            ("planned", chosen)]
+    Console(width=120).print(plan_table(hist, rows))
+    if hist.rejected:
+        top = sorted(hist.reasons.items(), key=lambda kv: -kv[1])[0][0]
+        echo(f"{hist.rejected} bad records were not counted (e.g. {top})")
+    if write:
+        write_buckets(spec_path, chosen.lists)
+        echo(f"wrote the planned buckets into {spec_path}")
+    else:
+        echo("\n" + yaml_snippet(chosen.lists).rstrip())
+    return chosen.lists
