@@ -94,6 +94,28 @@ def plan(spec, max_graphs, sample, multiples, write, overrides) -> None:
 
 
 @main.command()
+@click.argument("a", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("b", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+def compare(a, b, as_json) -> None:
+    """Two run folders side by side: spec difference, latency per bucket, totals, outputs."""
+    import json
+
+    from rich.console import Console
+
+    from .compare import compare as compare_runs, print_compare
+
+    try:
+        result = compare_runs(a, b)
+    except GraphrunError as err:
+        _fail(err)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    else:
+        print_compare(result, Console(width=120))
+
+
+@main.command()
 @click.argument("specs", nargs=-1, required=True,
                 type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
