@@ -46,7 +46,9 @@ def main(debug: bool) -> None:
 @click.option("--stop", type=click.IntRange(min=0), default=None,
               help="Input record to stop before.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary table.")
-def run(spec, overrides, out, resume, overwrite, start, stop, quiet) -> None:
+@click.option("--report", "with_report", is_flag=True,
+              help="Also write report.html (charts) beside manifest.json.")
+def run(spec, overrides, out, resume, overwrite, start, stop, quiet, with_report) -> None:
     """Run SPEC: read its input, replay every batch, write outputs and manifest.json."""
     from .pipeline import run as run_pipeline
     from .spec_load import load_spec
@@ -70,6 +72,15 @@ def run(spec, overrides, out, resume, overwrite, start, stop, quiet) -> None:
             click.echo(f"{manifest.status}: {t.records_out} records out, {t.records_rejected} "
                        f"rejected, {t.batches} batches, {t.records_per_s:,.0f} records/s "
                        f"-> {dest}/manifest.json")
+        if with_report:
+            from .report import write_report
+
+            try:
+                written = write_report([Path(dest)], Path(dest) / "report.html")
+            except GraphrunError as err:
+                _fail(err)
+            if not quiet:
+                click.echo(f"report -> {written}")
 
 
 @main.command()
@@ -113,6 +124,21 @@ def compare(a, b, as_json) -> None:
         click.echo(json.dumps(result, indent=2))
     else:
         print_compare(result, Console(width=120))
+
+
+@main.command()
+@click.argument("dirs", nargs=-1, required=True,
+                type=click.Path(file_okay=False, path_type=Path))
+@click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path("report.html"), show_default=True, help="The HTML file to write.")
+def report(dirs, out) -> None:
+    """One self-contained HTML page of charts from run folders (compared) or a sweep folder."""
+    from .report import write_report
+
+    try:
+        click.echo(f"wrote {write_report(list(dirs), out)}")
+    except GraphrunError as err:
+        _fail(err)
 
 
 @main.command()
