@@ -142,6 +142,32 @@ def report(dirs, out) -> None:
 
 
 @main.command()
+@click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--grid", "grids", multiple=True, metavar="KEY=[V1,V2,...]",
+              help="A spec key and the values to try (repeatable; every combination runs).")
+@click.option("--stop", type=click.IntRange(min=1), default=None,
+              help="Each variant runs on the first N records.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="The sweep's folder: one subfolder per variant, sweep.json.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a spec key in every variant (repeatable).")
+def sweep(spec, grids, stop, out, overrides) -> None:
+    """Run every combination of the grid as a spec variant, side by side."""
+    from rich.console import Console
+
+    from .sweep import parse_grid, sweep as run_sweep
+    from .sweep_report import sweep_table
+
+    try:
+        result = run_sweep(spec, parse_grid(grids), out, stop=stop, base=list(overrides),
+                           echo=lambda msg: click.echo(msg, err=True))
+    except GraphrunError as err:
+        _fail(err)
+    Console(width=160).print(sweep_table(result))
+    click.echo(f"-> {out}/sweep.json; charts: graphrun report {out}")
+
+
+@main.command()
 @click.argument("specs", nargs=-1, required=True,
                 type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",

@@ -49,11 +49,11 @@ class Histogram:
 
 # ---- reading ------------------------------------------------------------------------------------
 
-def read_batches_for_plan(spec: PipelineSpec) -> Iterator:
+def read_batches_for_plan(spec: PipelineSpec, stop: int | None = None) -> Iterator:
     """The one place the planner reads records (RecordBatch: lengths per axis, len = records)."""
     from .stream import read_batches
 
-    return read_batches(spec)
+    return read_batches(spec, stop=stop)
 
 
 def reading_spec(spec: PipelineSpec) -> PipelineSpec:
@@ -65,16 +65,18 @@ def reading_spec(spec: PipelineSpec) -> PipelineSpec:
     return spec.model_copy(update={"buckets": buckets, "data": data})
 
 
-def histogram(spec: PipelineSpec, sample: int | None = None, seed: int = 0) -> Histogram:
-    """Read the input once (streamed) and count batch shapes; with `sample`, a uniform sample of
-    whole batches (reservoir) holding about that many records, so batch shapes stay real."""
+def histogram(spec: PipelineSpec, sample: int | None = None, seed: int = 0,
+              stop: int | None = None) -> Histogram:
+    """Read the input once (streamed; the records before `stop`) and count batch shapes; with
+    `sample`, a uniform sample of whole batches (reservoir) of about that many records, so
+    batch shapes stay real."""
     axes = tuple(spec.axes)
     keep = None if sample is None else max(1, math.ceil(sample / spec.data.batch_size))
     rng = random.Random(seed)
     rows: list[tuple] = []
     seen = rejected = 0
     reasons: dict[str, int] = {}
-    for batch in read_batches_for_plan(reading_spec(spec)):
+    for batch in read_batches_for_plan(reading_spec(spec), stop):
         rejected += len(batch.rejects)
         for r in batch.rejects:
             reasons[r.reason] = reasons.get(r.reason, 0) + 1

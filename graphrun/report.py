@@ -148,8 +148,6 @@ def sweep_figures(folder: Path) -> list[tuple[str, object]]:
 def _summary(folders: list[Path]) -> str:
     rows = []
     for folder in folders:
-        if (folder / "sweep.json").is_file():
-            continue
         m = load_manifest(folder)
         t = m["totals"]
         env = m.get("environment") or {}
@@ -159,8 +157,6 @@ def _summary(folders: list[Path]) -> str:
             f"<td>{t['wall_s']:.2f}</td><td>{100 * t['padding_ratio']:.1f}%</td>"
             f"<td>{html.escape(str(env.get('device', '-')))} / "
             f"{html.escape(str(env.get('backend', '-')))}</td></tr>")
-    if not rows:
-        return ""
     head = ("<tr><th>run</th><th>status</th><th>records out</th><th>records/s</th>"
             "<th>wall s</th><th>padded rows</th><th>device / backend</th></tr>")
     return f"<table>{head}{''.join(rows)}</table>"
@@ -176,9 +172,11 @@ def render(folders: list[Path]) -> str:
     """The page: a summary table, then every chart; plotly.js inlined once."""
     folders = [Path(f) for f in folders]
     if len(folders) == 1 and (folders[0] / "sweep.json").is_file():
-        figures = sweep_figures(folders[0])
+        from .sweep_report import sweep_html
+
+        figures, summary = sweep_figures(folders[0]), sweep_html(folders[0])
     else:
-        figures = run_figures(folders)
+        figures, summary = run_figures(folders), _summary(folders)
     parts = []
     for i, (name, fig) in enumerate(figures):
         div = fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=f"chart-{name}",
@@ -186,7 +184,7 @@ def render(folders: list[Path]) -> str:
         parts.append(f'<div class="chart" data-chart="{name}">{div}</div>')
     title = "graphrun report: " + ", ".join(html.escape(str(f)) for f in folders)
     return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{title}</title>"
-            f"<style>{STYLE}</style></head><body><h1>{title}</h1>{_summary(folders)}"
+            f"<style>{STYLE}</style></head><body><h1>{title}</h1>{summary}"
             f"{''.join(parts)}</body></html>\n")
 
 

@@ -51,3 +51,35 @@ def test_missing_plotly_says_which_extra(write_spec, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "plotly.graph_objects", None)
     result = CliRunner().invoke(main, ["report", str(tmp_path / "a")])
     assert result.exit_code == 2 and "pip install 'graphrun[report]'" in result.output
+
+
+def write_sweep(folder):
+    from graphrun.sweep import Sweep, Variant, mark_pareto
+
+    rows = [Variant(name=f"v0{i}_b-{b}", overrides={"data.batch_size": b}, status="completed",
+                    records_per_s=rate, p50_us=10.0 * b, p99_us=20.0 * b, capture_s=0.1,
+                    memory_bytes=mem, padding_waste=0.1, verify="passed")
+            for i, (b, rate, mem) in enumerate([(2, 100.0, 1 << 20), (4, 180.0, 3 << 20),
+                                                (8, 150.0, 5 << 20)])]
+    rows.append(Variant(name="v03_b-16", overrides={"data.batch_size": 16}, status="failed",
+                        error="boom"))
+    mark_pareto(rows)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sweep.json").write_text(
+        Sweep(spec="p.yaml", grid={"data.batch_size": [2, 4, 8, 16]}, variants=rows)
+        .model_dump_json())
+    return folder
+
+
+def test_report_of_a_sweep_draws_the_front(tmp_path):
+    out = tmp_path / "r.html"
+    result = CliRunner().invoke(main, ["report", str(write_sweep(tmp_path / "sw")), "-o",
+                                       str(out)])
+    assert result.exit_code == 0, result.output
+    page = out.read_text()
+    assert re.findall(r'data-chart="([\w-]+)"', page) == ["pareto", "throughput",
+                                                          "variant-latency"]
+    # the front: v00 (least memory) and v01 (fastest); v02 is dominated by v01
+    front = re.search(r'"name":"Pareto front".*?"text":\[([^\]]*)\]', page).group(1)
+    assert front == '"v00_b-2","v01_b-4"'
+    assert "failed: boom" in page

@@ -66,3 +66,14 @@ def test_report_renders_every_chart_without_errors(write_spec, tmp_path):
         assert box and box["width"] > 300 and box["height"] > 200, name
         assert traces >= 2 and marks > 0, (name, traces, marks)
     assert shot.stat().st_size > 10_000
+
+
+def test_sweep_report_renders_in_the_browser(tmp_path):
+    from tests.test_report import write_sweep
+
+    html = write_report([write_sweep(tmp_path / "sw")], tmp_path / "sweep.html")
+    errors, requests, charts = open_report(html, tmp_path / "sweep.png")
+    assert errors == [] and requests == []
+    assert set(charts) == {"pareto", "throughput", "variant-latency"}
+    for name, (box, traces, marks) in charts.items():
+        assert box and box["width"] > 300 and traces >= 2 and marks > 0, name
