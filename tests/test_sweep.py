@@ -41,19 +41,20 @@ def test_pareto_front_is_the_non_dominated_variants():
 
 def test_sweep_runs_each_variant_and_keeps_going_after_failures(write_spec, tmp_path):
     spec = write_spec()
+    (tmp_path / "bad.jsonl").write_text('{"x": [1, 2, 3, 4]}\n{"x": [1, 2]}\n')
     out = tmp_path / "sw"
     # batch_size 8 > the largest batch bucket (4) with oversize: error is an invalid variant;
-    # a missing input file fails in the variant's own run
+    # a record of the wrong shape fails in the variant's own run (a child process)
     result = CliRunner().invoke(main, [
         "sweep", str(spec), "--grid", "data.batch_size=[2,4,8]", "--grid",
-        "data.path=[data.jsonl, nope.jsonl]", "--set", "data.oversize=error", "--stop", "6",
+        "data.path=[data.jsonl, bad.jsonl]", "--set", "data.oversize=error", "--stop", "6",
         "--out", str(out)])
     assert result.exit_code == 0, result.output
     doc = json.loads((out / "sweep.json").read_text())
     jsonschema.validate(doc, json.loads(SCHEMA.read_text()))
     rows = doc["variants"]
     assert [r["status"] for r in rows] == ["completed", "failed"] * 2 + ["failed"] * 2
-    assert "input file not found" in rows[1]["error"] and "nope.jsonl" in rows[1]["error"]
+    assert "bad.jsonl:2" in rows[1]["error"] and "must be 4" in rows[1]["error"]
     assert "larger than the largest batch bucket" in rows[4]["error"]
     for r in (rows[0], rows[2]):
         manifest = json.loads((out / r["name"] / "manifest.json").read_text())
