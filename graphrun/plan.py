@@ -59,7 +59,8 @@ def read_batches_for_plan(spec: PipelineSpec, stop: int | None = None) -> Iterat
 def reading_spec(spec: PipelineSpec) -> PipelineSpec:
     """The spec as the planner reads with it: bad records skipped (counted), and no record
     rejected for being longer than today's largest bucket, since the plan must cover it."""
-    buckets = {a: (v if a == BATCH else sorted(v)[:-1] + [UNBOUNDED])
+    buckets = {a: ([spec.data.batch_size] if v == "auto" else v) if a == BATCH
+               else [UNBOUNDED] if v == "auto" else sorted(v)[:-1] + [UNBOUNDED]
                for a, v in spec.buckets.items()}
     data = spec.data.model_copy(update={"on_bad_record": "skip"})
     return spec.model_copy(update={"buckets": buckets, "data": data})
@@ -181,41 +182,57 @@ def _allocations(sizes: list[int], max_graphs: int) -> Iterator[tuple[int, ...]]
             yield c
 
 
-def plan(hist: Histogram, max_graphs: int, multiple_of: dict[str, int] | None = None
-         ) -> Evaluation:
-    """The bucket lists of at most max_graphs graphs that minimise padded work."""
-    multiple_of = multiple_of or {}
+def plan(hist: Histogram, max_graphs: int, multiple_of: dict[str, int] | None = None,
+         fixed: dict[str, list[int]] | None = None) -> Evaluation:
+    """The bucket lists of at most max_graphs graphs that minimise padded work; the axes in
+    `fixed` keep their lists."""
+    multiple_of, fixed = multiple_of or {}, fixed or {}
     needs = np.stack([_rounded(hist.needs[:, i], multiple_of.get(a, 1))
                       for i, a in enumerate(hist.axes)], axis=1)
-    distinct = [np.unique(needs[:, i]) for i in range(len(hist.axes))]
+    distinct = [np.asarray(sorted(fixed[a])) if a in fixed else np.unique(needs[:, i])
+                for i, a in enumerate(hist.axes)]
+    free = [i for i, a in enumerate(hist.axes) if a not in fixed]
+    budget = max_graphs // math.prod(len(v) for v in fixed.values())
+    if not free or budget < 1:
+        return evaluate(hist, fixed)
     best = None
-    for counts in _allocations([len(d) for d in distinct], max_graphs):
-        lists = _plan_allocation(hist, needs, distinct, counts)
+    for free_counts in _allocations([len(distinct[i]) for i in free], budget):
+        counts = [len(d) for d in distinct]
+        for i, c in zip(free, free_counts):
+            counts[i] = c
+        lists = _plan_allocation(hist, needs, distinct, tuple(counts), free)
         found = evaluate(hist, lists)
         if best is None or (found.padded, found.graphs) < (best.padded, best.graphs):
             best = found
     return best
 
 
-def _plan_allocation(hist: Histogram, needs: np.ndarray, distinct: list, counts: tuple
-                     ) -> dict[str, list[int]]:
+def _plan_allocation(hist: Histogram, needs: np.ndarray, distinct: list, counts: tuple,
+                     free: list[int]) -> dict[str, list[int]]:
     axes = hist.axes
-    dp_axis = max(range(len(axes)), key=lambda i: len(distinct[i]))
+    dp_axis = max(free, key=lambda i: len(distinct[i]))
     others = [i for i in range(len(axes)) if i != dp_axis]
-    options = [[sorted(c) for c in itertools.combinations(distinct[i][:-1].tolist(),
-                                                           counts[i] - 1)]
-               for i in others]
-    combos = math.prod(len(o) for o in options)
-    if combos <= ENUMERATE_LIMIT:
+    options = [[sorted(c) + [int(distinct[i][-1])] for c in itertools.combinations(
+                distinct[i][:-1].tolist(), counts[i] - 1)] if i in free
+               else [distinct[i].tolist()] for i in others]
+    if math.prod(len(o) for o in options) <= ENUMERATE_LIMIT:
         best, best_cost = None, None
         for picked in itertools.product(*options):
-            lists = {axes[i]: p + [int(distinct[i][-1])] for i, p in zip(others, picked)}
+            lists = {axes[i]: p for i, p in zip(others, picked)}
             lists[axes[dp_axis]] = _solve_axis(hist, needs, lists, dp_axis, counts[dp_axis])
             cost = evaluate(hist, lists).padded
             if best_cost is None or cost < best_cost:
                 best, best_cost = lists, cost
         return best
-    return _alternate(hist, needs, counts)
+    return _alternate(hist, needs, distinct, counts, free)
+
+
+def _factor(values: list[int], axis: str, need: int) -> int:
+    """What a batch needing `need` on this axis multiplies the work by; 0 when not covered (the
+    run rejects its records, so it weighs nothing)."""
+    if axis == BATCH:
+        return sum(_cover(values, c) for c in split_sizes(need, values[-1]))
+    return _cover(values, need) or 0
 
 
 def _solve_axis(hist: Histogram, needs: np.ndarray, lists: dict, axis: int, k: int) -> list:
@@ -223,19 +240,20 @@ def _solve_axis(hist: Histogram, needs: np.ndarray, lists: dict, axis: int, k: i
     weights = hist.count.astype(np.float64)
     for i, a in enumerate(hist.axes):
         if i != axis:
-            weights = weights * np.asarray([_cover(lists[a], x) for x in needs[:, i]])
+            weights = weights * np.asarray([_factor(lists[a], a, x) for x in needs[:, i]])
     return best_values(needs[:, axis], weights, k)
 
 
-def _alternate(hist: Histogram, needs: np.ndarray, counts: tuple) -> dict[str, list[int]]:
-    """Many combinations: each axis solved exactly in turn until the work stops falling."""
+def _alternate(hist: Histogram, needs: np.ndarray, distinct: list, counts: tuple,
+               free: list[int]) -> dict[str, list[int]]:
+    """Many combinations: each free axis solved exactly in turn until the work stops falling."""
     axes = hist.axes
-    lists = {a: best_values(needs[:, i], hist.count.astype(np.float64), counts[i])
-             for i, a in enumerate(axes)}
+    lists = {a: (best_values(needs[:, i], hist.count.astype(np.float64), counts[i])
+                 if i in free else distinct[i].tolist()) for i, a in enumerate(axes)}
     cost = evaluate(hist, lists).padded
     for _ in range(20):
-        for i, a in enumerate(axes):
-            lists[a] = _solve_axis(hist, needs, lists, i, counts[i])
+        for i in free:
+            lists[axes[i]] = _solve_axis(hist, needs, lists, i, counts[i])
         new = evaluate(hist, lists).padded
         if new >= cost:
             break

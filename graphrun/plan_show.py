@@ -46,7 +46,7 @@ def write_buckets(path: Path, lists: dict[str, list[int]]) -> str:
     comments, key order, flow or block style); returns the new text."""
     try:
         from ruamel.yaml import YAML
-        from ruamel.yaml.comments import CommentedMap
+        from ruamel.yaml.comments import CommentedMap, CommentedSeq
     except ImportError:
         raise SpecError([Problem(str(path), "", "--write needs ruamel.yaml: pip install "
                                  "'graphrun[plan]' (or paste the YAML printed without --write)")]
@@ -63,8 +63,10 @@ def write_buckets(path: Path, lists: dict[str, list[int]]) -> str:
         current = buckets.get(axis)
         if isinstance(current, list):
             current[:] = values  # in place: the list keeps its style and trailing comment
-        else:
-            buckets[axis] = values
+        else:  # `auto` or absent: a flow list like the spec's usual `[1, 8, 32]`
+            seq = CommentedSeq(values)
+            seq.fa.set_flow_style()
+            buckets[axis] = seq
     out = io.StringIO()
     yaml.dump(data, out)
     new = out.getvalue()
@@ -94,14 +96,14 @@ def run_plan(spec_path: Path, overrides, max_graphs: int, sample: int | None,
     from .spec_load import load_spec
 
     spec = load_spec(spec_path, overrides)
-    multiple_of = parse_multiples(multiples, tuple(spec.axes))
+    multiple_of = {**spec.buckets_multiple_of, **parse_multiples(multiples, tuple(spec.axes))}
     hist = histogram(spec, sample=sample)
     if hist.batches == 0:
         raise InputError("no valid record to plan from", where=str(spec.data.path))
     chosen = plan(hist, max_graphs, multiple_of)
-    rows = [("spec", evaluate(hist, spec.buckets)),
-            ("power of two", power_of_two(hist, max_graphs, multiple_of)),
-            ("planned", chosen)]
+    rows = [] if spec.auto_axes else [("spec", evaluate(hist, spec.buckets))]
+    rows += [("power of two", power_of_two(hist, max_graphs, multiple_of)),
+             ("planned", chosen)]
     Console(width=120).print(plan_table(hist, rows))
     if hist.rejected:
         top = sorted(hist.reasons.items(), key=lambda kv: -kv[1])[0][0]
