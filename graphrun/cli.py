@@ -168,6 +168,44 @@ def sweep(spec, grids, stop, out, overrides) -> None:
 
 
 @main.command()
+@click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--iters", type=click.IntRange(min=1), default=50, show_default=True,
+              help="Timed steps per bucket and mode.")
+@click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True,
+              help="Untimed steps per bucket and mode before timing.")
+@click.option("--compile", "with_compile", is_flag=True,
+              help="Also model.compile: true and torch.compile reduce-overhead (GPU).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Folder for bench.json (default: the spec's output.dir/bench).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a spec key (repeatable).")
+def bench(spec, iters, warmup, with_compile, out, overrides) -> None:
+    """Time every bucket: eager, graph replay (and compiled), with speedups; no outputs."""
+    from rich.console import Console
+
+    from .bench import bench as run_bench, bench_table
+    from .spec_load import load_spec
+
+    try:
+        pipeline = load_spec(spec, overrides)
+        if pipeline.auto_axes:
+            from .auto_buckets import resolve_auto
+
+            pipeline = resolve_auto(pipeline)[0]
+        result = run_bench(pipeline, iters=iters, warmup=warmup, compile=with_compile,
+                           log=lambda msg: click.echo(msg, err=True))
+    except GraphrunError as err:
+        _fail(err)
+    dest = Path(out or pipeline.output.dir / "bench")
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "bench.json").write_text(result.model_dump_json(indent=2) + "\n")
+    Console(width=140).print(bench_table(result))
+    for note in result.notes:
+        click.echo(f"note: {note}")
+    click.echo(f"-> {dest}/bench.json")
+
+
+@main.command()
 @click.argument("specs", nargs=-1, required=True,
                 type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",

@@ -1,5 +1,5 @@
 """`graphrun report DIR...`: one self-contained HTML page of charts from run folders (several
-are drawn side by side) or a sweep folder.
+are drawn side by side), a sweep folder or a bench folder.
 
 Charts are plotly figures: interactive (hover, zoom, toggling a run) and self-contained, with
 plotly.js inlined once into the page, so the file opens offline (no CDN). A run's charts come
@@ -145,6 +145,34 @@ def sweep_figures(folder: Path) -> list[tuple[str, object]]:
     return figures(_plotly(), folder)
 
 
+def bench_figures(folder: Path) -> list[tuple[str, object]]:
+    """A bench folder: latency per bucket and mode, speedup over eager, capture and memory."""
+    from .bench import Bench
+
+    go = _plotly()
+    result = Bench.model_validate_json((folder / "bench.json").read_text())
+    modes = list(dict.fromkeys(m.mode for b in result.buckets for m in b.modes))
+    latency, speedup, capture = go.Figure(), go.Figure(), go.Figure()
+    for mode in modes:
+        rows = [(b.name, m) for b in result.buckets for m in b.modes if m.mode == mode]
+        names = [n for n, _ in rows]
+        latency.add_bar(name=f"{mode} p50", x=names, y=[m.latency_us["p50"] for _, m in rows])
+        latency.add_scatter(name=f"{mode} p99", x=names, mode="markers",
+                            y=[m.latency_us["p99"] for _, m in rows])
+        speedup.add_bar(name=mode, x=names, y=[m.speedup for _, m in rows])
+        capture.add_bar(name=f"{mode} capture s", x=names, y=[m.capture_s or 0 for _, m in rows])
+        capture.add_scatter(name=f"{mode} MiB", x=names, yaxis="y2", mode="lines+markers",
+                            y=[(m.memory_bytes or 0) / 2**20 for _, m in rows])
+    latency.update_layout(title="Step latency per bucket and mode (p50 bars, p99 markers)",
+                          yaxis_title="us", barmode="group")
+    speedup.update_layout(title="Speedup over eager (p50)", yaxis_title="x", barmode="group")
+    capture.update_layout(title="Capture (or first-call) time and graph memory per bucket",
+                          barmode="group", yaxis={"title": "s"},
+                          yaxis2={"title": "MiB", "overlaying": "y", "side": "right",
+                                  "rangemode": "tozero"})
+    return [("bench-latency", latency), ("bench-speedup", speedup), ("bench-capture", capture)]
+
+
 def _summary(folders: list[Path]) -> str:
     rows = []
     for folder in folders:
@@ -175,6 +203,8 @@ def render(folders: list[Path]) -> str:
         from .sweep_report import sweep_html
 
         figures, summary = sweep_figures(folders[0]), sweep_html(folders[0])
+    elif len(folders) == 1 and (folders[0] / "bench.json").is_file():
+        figures, summary = bench_figures(folders[0]), ""
     else:
         figures, summary = run_figures(folders), _summary(folders)
     parts = []

@@ -83,3 +83,15 @@ def test_report_of_a_sweep_draws_the_front(tmp_path):
     front = re.search(r'"name":"Pareto front".*?"text":\[([^\]]*)\]', page).group(1)
     assert front == '"v00_b-2","v01_b-4"'
     assert "failed: boom" in page
+
+
+def test_report_of_a_bench_folder(write_spec, tmp_path):
+    from graphrun.bench import bench
+
+    result = bench(graphrun.load_spec(write_spec()), iters=2, warmup=0, log=lambda m: None)
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "bench.json").write_text(result.model_dump_json())
+    out = tmp_path / "r.html"
+    assert CliRunner().invoke(main, ["report", str(tmp_path / "b"), "-o", str(out)]).exit_code == 0
+    assert re.findall(r'data-chart="([\w-]+)"', out.read_text()) == [
+        "bench-latency", "bench-speedup", "bench-capture"]
