@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import jsonschema
+import numpy as np
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -83,3 +84,14 @@ def test_plan_write_replaces_auto_with_a_flow_list(tmp_path):
     assert result.exit_code == 0, result.output
     assert "  seq: [" in path.read_text() and "auto" not in path.read_text()
     assert "│ spec " not in result.output and "│ planned " in result.output  # no (auto) row
+
+
+def test_a_runner_built_from_an_auto_spec_says_to_plan_first(tmp_path):
+    from graphrun.auto_buckets import resolve_auto
+
+    spec = graphrun.load_spec(auto_spec(tmp_path, [3, 5, 9]))
+    with pytest.raises(SpecError, match="seq: auto must be planned before a Runner is built"):
+        graphrun.Runner(spec)
+    with graphrun.Runner(resolve_auto(spec)[0]) as runner:
+        out = runner.run_batch({"tokens": [np.arange(3)], "mask": [np.ones(3, np.int64)]})
+    assert out["hidden"][0].shape == (3, 8)
