@@ -1,4 +1,5 @@
-"""`graphrun compare A B`: two run folders side by side, from their manifest.json and outputs.
+"""`graphrun compare A B`: two run folders side by side, from their manifest.json and outputs
+(or two bench folders: step latency per bucket and mode).
 
 The spec difference as key paths, per-bucket latency ratios (B over A), the totals, and whether
 the outputs are equal: by sha256 when both runs wrote the same files, else value by value over
@@ -151,8 +152,31 @@ def compare_outputs(a_dir: Path, ma: dict, b_dir: Path, mb: dict) -> OutputsResu
     return res
 
 
+def compare_bench(a: Path, b: Path) -> dict:
+    """Two bench folders: per bucket and mode, p50 and p99 of each and B/A."""
+    from .bench import Bench
+
+    ba, bb = (Bench.model_validate_json((Path(x) / "bench.json").read_text()) for x in (a, b))
+    rows = []
+    theirs = {(k.name, m.mode): m for k in bb.buckets for m in k.modes}
+    for bucket in ba.buckets:
+        for m in bucket.modes:
+            other = theirs.get((bucket.name, m.mode))
+            if other is None:
+                continue
+            rows.append({"bucket": bucket.name, "mode": m.mode,
+                         "a_p50_us": m.latency_us["p50"], "b_p50_us": other.latency_us["p50"],
+                         "p50_ratio": _ratio(m.latency_us["p50"], other.latency_us["p50"]),
+                         "a_p99_us": m.latency_us["p99"], "b_p99_us": other.latency_us["p99"],
+                         "p99_ratio": _ratio(m.latency_us["p99"], other.latency_us["p99"])})
+    return {"a": str(a), "b": str(b), "kind": "bench", "devices": [ba.device, bb.device],
+            "buckets": rows}
+
+
 def compare(a: Path, b: Path) -> dict:
     """Everything `graphrun compare` shows, JSON-able."""
+    if (Path(a) / "bench.json").is_file() and (Path(b) / "bench.json").is_file():
+        return compare_bench(a, b)
     ma, mb = load_manifest(a), load_manifest(b)
     return {"a": str(a), "b": str(b),
             "spec_diff": [{"key": k, "a": va, "b": vb}
@@ -176,6 +200,15 @@ def print_compare(result: dict, console) -> None:
 
     a, b = result["a"], result["b"]
     console.print(f"A = {a}\nB = {b}")
+    if result.get("kind") == "bench":
+        bt = Table(title=f"bench step latency (us), on {' vs '.join(result['devices'])}")
+        for col in ("bucket", "mode", "A p50", "B p50", "B/A p50", "A p99", "B p99", "B/A p99"):
+            bt.add_column(col, justify="left" if col in ("bucket", "mode") else "right")
+        for r in result["buckets"]:
+            bt.add_row(r["bucket"], r["mode"], *(_num(r[k]) for k in (
+                "a_p50_us", "b_p50_us", "p50_ratio", "a_p99_us", "b_p99_us", "p99_ratio")))
+        console.print(bt)
+        return
     diff = Table(title="spec difference")
     for col in ("key", "A", "B"):
         diff.add_column(col)

@@ -70,3 +70,20 @@ def test_cli_prints_the_tables_and_a_missing_run_is_one_message(write_spec, tmp_
     assert "Traceback" not in result.output
     result = CliRunner().invoke(main, ["compare", str(a), str(b), "--json"])
     assert json.loads(result.output)["spec_diff"][0]["key"] == "buckets.batch"
+
+
+def test_two_bench_folders_compare_per_bucket_and_mode(write_spec, tmp_path):
+    from graphrun.bench import bench
+
+    spec = graphrun.load_spec(write_spec())
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "bench.json").write_text(
+            bench(spec, iters=2, warmup=0, log=lambda m: None).model_dump_json())
+    result = compare(tmp_path / "a", tmp_path / "b")
+    assert [(r["bucket"], r["mode"]) for r in result["buckets"]] == [
+        ("batch=1", "eager"), ("batch=2", "eager"), ("batch=4", "eager")]
+    r = result["buckets"][0]
+    assert r["p50_ratio"] == r["b_p50_us"] / r["a_p50_us"]
+    out = CliRunner().invoke(main, ["compare", str(tmp_path / "a"), str(tmp_path / "b")])
+    assert out.exit_code == 0 and "bench step latency" in out.output
