@@ -14,7 +14,37 @@ def flow_list(values: list[int]) -> str:
     return "[" + ", ".join(str(v) for v in values) + "]"
 
 
-def plan_table(hist: Histogram, rows: list[tuple[str, Evaluation]]):
+def largest_bucket_cost(spec, lists: dict[str, list[int]]) -> tuple[float, int]:
+    """(capture s, memory bytes) of capturing the largest bucket of these lists alone, on the
+    spec's (CUDA) device: the cost estimate's unit."""
+    import graphrun
+    from .bench import _costs
+
+    one = spec.model_copy(update={"buckets": {a: [max(v)] for a, v in lists.items()}})
+    with graphrun.Runner(one) as runner:
+        (cost,) = _costs(runner).values()
+    return cost["capture_s"] or 0.0, cost["memory_bytes"] or 0
+
+
+def estimates(spec, rows: list[tuple[str, Evaluation]], measure=largest_bucket_cost
+              ) -> list[tuple[float, float]]:
+    """Per row: capture s (at most graphs x the largest's time: smaller graphs capture
+    faster) and memory MiB (a shared pool holds about the largest graph's, smaller graphs
+    reuse its blocks; a pool per graph, graphs x it)."""
+    cache: dict[tuple, tuple[float, int]] = {}
+    out = []
+    for _, ev in rows:
+        key = tuple(max(ev.lists[a]) for a in sorted(ev.lists))
+        if key not in cache:
+            cache[key] = measure(spec, ev.lists)
+        capture_s, memory = cache[key]
+        per_graph = spec.capture.pool == "per-graph"
+        out.append((capture_s * ev.graphs, memory * (ev.graphs if per_graph else 1) / 2**20))
+    return out
+
+
+def plan_table(hist: Histogram, rows: list[tuple[str, Evaluation]],
+               costs: list[tuple[float, float]] | None = None):
     """A rich Table: one row per candidate (spec, power of two, planned)."""
     from rich.table import Table
 
@@ -28,12 +58,16 @@ def plan_table(hist: Histogram, rows: list[tuple[str, Evaluation]]):
     table.add_column("graphs", justify="right")
     table.add_column("padded work", justify="right")
     table.add_column("padding waste", justify="right")
-    for label, ev in rows:
+    if costs:
+        table.add_column("capture s (est.)", justify="right")
+        table.add_column("graph MiB (est.)", justify="right")
+    for i, (label, ev) in enumerate(rows):
         waste = f"{100 * ev.waste:.1f}%"
         if ev.uncovered:
             waste += f" ({ev.uncovered} batches too long)"
+        extra = [f"<= {costs[i][0]:.2f}", f"~{costs[i][1]:,.0f}"] if costs else []
         table.add_row(label, *(flow_list(ev.lists[a]) for a in hist.axes), str(ev.graphs),
-                      f"{ev.padded:,}", waste)
+                      f"{ev.padded:,}", waste, *extra)
     return table
 
 
@@ -104,7 +138,11 @@ def run_plan(spec_path: Path, overrides, max_graphs: int, sample: int | None,
     rows = [] if spec.auto_axes else [("spec", evaluate(hist, spec.buckets))]
     rows += [("power of two", power_of_two(hist, max_graphs, multiple_of)),
              ("planned", chosen)]
-    Console(width=120).print(plan_table(hist, rows))
+    costs = None
+    if _cuda(spec):
+        echo("capturing the largest bucket to estimate capture time and memory ...")
+        costs = estimates(spec, rows)
+    Console(width=140).print(plan_table(hist, rows, costs))
     if hist.rejected:
         top = sorted(hist.reasons.items(), key=lambda kv: -kv[1])[0][0]
         echo(f"{hist.rejected} bad records were not counted (e.g. {top})")
@@ -114,3 +152,9 @@ def run_plan(spec_path: Path, overrides, max_graphs: int, sample: int | None,
     else:
         echo("\n" + yaml_snippet(chosen.lists).rstrip())
     return chosen.lists
+
+
+def _cuda(spec) -> bool:
+    from .device import resolve_device
+
+    return resolve_device(spec.device).type == "cuda"

@@ -159,3 +159,32 @@ def test_cli_bad_multiple_of_is_one_message(tmp_path):
     result = CliRunner().invoke(main, ["plan", str(spec), "--multiple-of", "nope=8"])
     assert result.exit_code == 2 and "--multiple-of" in result.output
     assert "Traceback" not in result.output
+
+
+def test_estimates_scale_the_largest_buckets_cost_by_the_pool(tmp_path):
+    from graphrun.plan import Evaluation
+    from graphrun.plan_show import estimates
+
+    spec = graphrun.load_spec(write_encoder(tmp_path, [3, 5]))
+    rows = [("a", Evaluation({"batch": [1, 4], "seq": [8, 16]}, 4, 0, 0.0, 0)),
+            ("b", Evaluation({"batch": [4], "seq": [16]}, 1, 0, 0.0, 0))]
+    measured = []
+
+    def measure(spec, lists):
+        measured.append(lists)
+        return 0.5, 2 << 20
+
+    assert estimates(spec, rows, measure) == [(2.0, 2.0), (0.5, 2.0)]
+    assert len(measured) == 1  # both rows share the largest bucket (4, 16): captured once
+    per_graph = spec.model_copy(update={"capture": spec.capture.model_copy(
+        update={"pool": "per-graph"})})
+    assert estimates(per_graph, rows, measure)[0] == (2.0, 8.0)
+
+
+@pytest.mark.cuda
+def test_plan_on_the_gpu_prints_capture_estimates(tmp_path):
+    spec = write_encoder(tmp_path, [3, 5, 9, 12])
+    result = CliRunner().invoke(main, ["plan", str(spec), "--max-graphs", "4", "--set",
+                                       "device=cuda"])
+    assert result.exit_code == 0, result.output
+    assert "capture s (est.)" in result.output and "graph MiB (est.)" in result.output
