@@ -55,6 +55,8 @@ class Bench(_B):
     iters: int
     warmup: int
     distinct: int = Field(..., description="Different input batches per bucket, in turn.")
+    inputs: str = Field(..., description="synthetic (seeded, the spec's dtypes and ranges), or "
+                        "the first N real records, cut or padded to each bucket's shape.")
     notes: list[str] = Field(default_factory=list)
     buckets: list[BucketBench]
 
@@ -84,6 +86,35 @@ def synthetic_batch(spec: PipelineSpec, sizes: dict[str, int], seed: int) -> dic
         else:
             lo, hi = inp.range if inp.range else (0, 2)
             a = rng.integers(int(lo), int(hi), shape).astype(np.int64)
+        out[name] = a
+    return out
+
+
+def real_records(spec: PipelineSpec, n: int) -> dict[str, list[np.ndarray]]:
+    """The first n valid records of the input, per input a list of per-record arrays."""
+    from .plan import read_batches_for_plan, reading_spec
+
+    records: dict[str, list[np.ndarray]] = {name: [] for name in spec.inputs}
+    for batch in read_batches_for_plan(reading_spec(spec), stop=n):
+        for name in spec.inputs:
+            records[name].extend(np.asarray(r) for r in batch.fields[name])
+    return records
+
+
+def real_batch(spec: PipelineSpec, records: dict, sizes: dict[str, int], first: int) -> dict:
+    """A batch of the bucket's full shape from records first, first+1, ... (cycling), each cut
+    or padded (with the input's pad value) to the bucket."""
+    count = len(next(iter(records.values())))
+    rows = [(first + i) % count for i in range(sizes[BATCH])]
+    out = {}
+    for name, inp in spec.inputs.items():
+        shape = tuple(sizes[d] if isinstance(d, str) else d for d in inp.shape)
+        dtype = np.float32 if inp.dtype in FLOAT_DTYPES else np.dtype(inp.dtype)
+        a = np.full(shape, inp.pad, dtype=dtype)
+        for r, i in enumerate(rows):
+            rec = records[name][i]
+            cut = tuple(slice(0, min(x, y)) for x, y in zip(rec.shape, shape[1:]))
+            a[(r,) + cut] = rec[cut]
         out[name] = a
     return out
 
@@ -183,11 +214,22 @@ def _with(spec: PipelineSpec, section: str, **values) -> PipelineSpec:
 
 
 def bench(spec: PipelineSpec, *, iters: int = 50, warmup: int = 5, distinct: int = 4,
-          compile: bool = False, log=print) -> Bench:
+          compile: bool = False, records: int | None = None, log=print) -> Bench:
     from .device import resolve_device
+    from .errors import InputError
 
-    batches = {_name(s): [synthetic_batch(spec, s, seed) for seed in range(distinct)]
-               for s in bucket_sizes(spec)}
+    if records is None:
+        inputs = "synthetic"
+        batches = {_name(s): [synthetic_batch(spec, s, seed) for seed in range(distinct)]
+                   for s in bucket_sizes(spec)}
+    else:
+        real = real_records(spec, records)
+        if not next(iter(real.values())):
+            raise InputError(f"no valid record among the first {records}",
+                             where=str(spec.data.path))
+        inputs = f"the first {len(next(iter(real.values())))} real records"
+        batches = {_name(s): [real_batch(spec, real, s, k * s[BATCH]) for k in range(distinct)]
+                   for s in bucket_sizes(spec)}
     device = resolve_device(spec.device)
     cuda, notes = device.type == "cuda", []
     modes = [("eager", lambda: bench_graphrun(_with(spec, "capture", backend="eager"), "eager",
@@ -218,15 +260,15 @@ def bench(spec: PipelineSpec, *, iters: int = 50, warmup: int = 5, distinct: int
                 r.speedup = eager.latency_us["p50"] / r.latency_us["p50"]
         out.append(BucketBench(name=name, sizes=sizes, modes=ran))
     return Bench(spec=str(spec._source or spec.name), device=str(device), iters=iters,
-                 warmup=warmup, distinct=distinct, notes=notes, buckets=out)
+                 warmup=warmup, distinct=distinct, inputs=inputs, notes=notes, buckets=out)
 
 
 def bench_table(result: Bench):
     from rich.table import Table
 
     table = Table(title=f"bench of {result.spec} on {result.device}: {result.iters} steps per "
-                  f"bucket and mode over {result.distinct} input batches, after "
-                  f"{result.warmup} warm-up steps")
+                  f"bucket and mode over {result.distinct} input batches ({result.inputs}), "
+                  f"after {result.warmup} warm-up steps")
     for col in ("bucket", "mode", "backend", "p50 us", "p90 us", "p99 us", "speedup",
                 "capture s", "MiB", "verify"):
         table.add_column(col, justify="left" if col in ("bucket", "mode", "backend")

@@ -175,11 +175,13 @@ def sweep(spec, grids, stop, out, overrides) -> None:
               help="Untimed steps per bucket and mode before timing.")
 @click.option("--compile", "with_compile", is_flag=True,
               help="Also model.compile: true and torch.compile reduce-overhead (GPU).")
+@click.option("--records", type=click.IntRange(min=1), default=None,
+              help="Inputs from the first N real records (default: synthetic).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder for bench.json (default: the spec's output.dir/bench).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a spec key (repeatable).")
-def bench(spec, iters, warmup, with_compile, out, overrides) -> None:
+def bench(spec, iters, warmup, with_compile, records, out, overrides) -> None:
     """Time every bucket: eager, graph replay (and compiled), with speedups; no outputs."""
     from rich.console import Console
 
@@ -193,7 +195,7 @@ def bench(spec, iters, warmup, with_compile, out, overrides) -> None:
 
             pipeline = resolve_auto(pipeline)[0]
         result = run_bench(pipeline, iters=iters, warmup=warmup, compile=with_compile,
-                           log=lambda msg: click.echo(msg, err=True))
+                           records=records, log=lambda msg: click.echo(msg, err=True))
     except GraphrunError as err:
         _fail(err)
     dest = Path(out or pipeline.output.dir / "bench")

@@ -57,3 +57,26 @@ def test_bench_on_the_gpu_times_graph_replay_with_capture_costs(write_spec):
         assert modes["graph"].backend == "cuda-graph" and modes["graph"].verify is True
         assert modes["graph"].capture_s > 0 and modes["graph"].memory_bytes is not None
         assert modes["graph"].speedup > 0
+
+
+def test_real_records_are_cut_or_padded_to_the_bucket(tmp_path):
+    from graphrun.bench import real_batch, real_records
+    from tests.test_plan import write_encoder
+
+    spec = graphrun.load_spec(write_encoder(tmp_path, [3, 20, 5]))
+    records = real_records(spec, 2)
+    assert [len(r) for r in records["tokens"]] == [3, 20]  # the first 2 only
+    batch = real_batch(spec, records, {"batch": 4, "seq": 8}, first=1)
+    mask = batch["mask"]
+    assert mask.shape == (4, 8) and batch["tokens"].dtype == np.int64
+    # rows: records 1 (cut to 8), 0 (padded with 0 after 3), 1, 0
+    assert mask.sum(axis=1).tolist() == [8, 3, 8, 3]
+    assert batch["tokens"][1, :3].tolist() == [0, 0, 0] and batch["tokens"][0, 0] == 1
+
+
+def test_cli_bench_with_real_records(write_spec, tmp_path):
+    result = CliRunner().invoke(main, ["bench", str(write_spec()), "--iters", "2", "--records",
+                                       "5", "--out", str(tmp_path / "b")])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((tmp_path / "b" / "bench.json").read_text())
+    assert doc["inputs"] == "the first 5 real records" and len(doc["buckets"]) == 3
