@@ -28,7 +28,8 @@ def open_report(page_html: Path, screenshot: Path) -> tuple[list[str], list[str]
     """Console errors, requests that left file://, and per chart: svg size and trace count."""
     errors, requests, charts = [], [], {}
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-dev-shm-usage"])
+        browser = p.chromium.launch(executable_path=CHROMIUM,
+                                    args=["--no-sandbox", "--disable-dev-shm-usage"])
         try:
             page = browser.new_page(viewport={"width": 1200, "height": 900})
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
