@@ -80,3 +80,20 @@ def test_cli_bench_with_real_records(write_spec, tmp_path):
     assert result.exit_code == 0, result.output
     doc = json.loads((tmp_path / "b" / "bench.json").read_text())
     assert doc["inputs"] == "the first 5 real records" and len(doc["buckets"]) == 3
+
+
+def test_a_failing_mode_is_a_note_not_the_end(write_spec, monkeypatch):
+    import graphrun.bench as b
+
+    real = b.bench_graphrun
+
+    def failing(spec, mode, *args):
+        if mode == "compile":
+            raise RuntimeError("inductor exploded\nmore lines")
+        return real(spec, mode, *args)
+
+    monkeypatch.setattr(b, "bench_graphrun", failing)
+    result = bench(graphrun.load_spec(write_spec()), iters=2, warmup=0, compile=True,
+                   log=lambda m: None)
+    assert "compile failed: RuntimeError: inductor exploded" in result.notes
+    assert all([m.mode for m in bk.modes] == ["eager"] for bk in result.buckets)
