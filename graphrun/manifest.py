@@ -147,6 +147,18 @@ class Totals(_M):
         "its waits, bounds the rate.")
 
 
+class BucketPlan(_M):
+    """What `buckets: {axis: auto}` planned at the start of the run (graphrun.plan)."""
+
+    auto_axes: list[str]
+    buckets: dict[str, list[int]] = Field(..., description="The planned lists of the auto axes.")
+    sample_records: int = Field(..., description="Records of the input's start planned from.")
+    graphs: int = Field(..., description="Graphs of all axes together.")
+    max_graphs: int
+    padding_waste: float = Field(..., description="1 - real / padded work (rows x positions) "
+                                 "of the sample in the planned buckets.")
+
+
 class FileEntry(_M):
     path: str
     rows: int
@@ -173,6 +185,8 @@ class Manifest(_M):
                                     "path is null when no record was rejected (no file).")
     resumed_from: Optional[int] = Field(None, description="First input record of this run "
                                         "when it resumed an earlier one.")
+    bucket_plan: Optional[BucketPlan] = Field(None, description="The lists planned for "
+                                              "`auto` bucket axes; null when none is auto.")
     warnings: list[str] = Field(default_factory=list)
 
     # Set on the manifest run() returns for --resume of a run that was already complete.

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .auto_buckets import resolve_auto
 from .errors import GraphrunError, Interrupted, OutputError
 from .manifest import (BucketReport, FileEntry, Manifest, Totals, all_rejected,
                        completed_manifest, environment, spec_digest, write_manifest)
@@ -42,9 +43,11 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     every core and neither path always wins (benchmarks/RESULTS.md)."""
     how = "set by run()'s overlap" if overlap is not None else f"set by {OVERLAP_ENV}"
     overlap = overlap_choice(overlap)
+    spec, bucket_plan = resolve_auto(spec)
     out_dir = Path(out).resolve() if out else spec.output.dir
     spec_json = spec.model_dump(mode="json")
     job = RunState(spec, out_dir, spec_json)
+    job.bucket_plan = bucket_plan
     # The input is hashed beside setup (journal.InputHash); --resume needs it first, to
     # compare, and a new run records it in run.json once setup is done, before streaming.
     fingerprint = {"spec_sha256": job.spec_sha,
@@ -221,6 +224,7 @@ class RunState:
         self.overlapped: bool | None = None
         self.trial: OverlapTrial | None = None  # overlap measured: what it measured
         self.overlap_how: str | None = None  # who chose the path: the caller or the default
+        self.bucket_plan = None  # buckets: auto: what was planned (auto_buckets.py)
 
     def count(self, rb) -> int:
         """Count a record batch's records and rejects (those not committed by an earlier run)."""
@@ -365,7 +369,8 @@ class RunState:
                    for f in self.files],
             rejects={"path": "rejects.jsonl" if (self.out_dir / "rejects.jsonl").exists()
                      else None, "count": self.rejected},
-            resumed_from=self.resumed_from, warnings=self.warnings)
+            resumed_from=self.resumed_from, warnings=self.warnings,
+            bucket_plan=self.bucket_plan)
 
 
 def _now() -> str:

@@ -32,7 +32,7 @@ def resolve_paths(spec: PipelineSpec, base_dir: Path) -> PipelineSpec:
 def check_spec(spec: PipelineSpec, base_dir: Path | None = None) -> list[tuple[tuple, str]]:
     """base_dir: the spec's folder, where model.target's file or module is looked for."""
     found = []
-    for rule in (_model_source, _axes, _ranges, _ragged_npy, _batch_size, _files):
+    for rule in (_model_source, _axes, _ranges, _ragged_npy, _multiples, _batch_size, _files):
         found.extend(rule(spec))
     found.extend(_target_found(spec, base_dir or spec.base_dir))
     return found
@@ -144,8 +144,19 @@ def _ragged_npy(spec: PipelineSpec) -> Found:
                 "output.format to jsonl or parquet")
 
 
+def _multiples(spec: PipelineSpec) -> Found:
+    for axis, m in spec.buckets_multiple_of.items():
+        values = spec.buckets.get(axis)
+        if values is None:
+            yield ("buckets_multiple_of", axis), f"{axis!r} is no bucket axis"
+        elif values != "auto" and any(v % m for v in values):
+            yield ("buckets", axis), (f"values must be multiples of {m} (buckets_multiple_of."
+                                      f"{axis}); got {values}")
+
+
 def _batch_size(spec: PipelineSpec) -> Found:
-    if BATCH not in spec.buckets or spec.data.oversize == "split":
+    if (BATCH not in spec.buckets or spec.data.oversize == "split"
+            or spec.buckets[BATCH] == "auto"):
         return
     largest = max(spec.buckets[BATCH])
     if (spec.data.oversize == "eager" and spec.model.builtin == "decoder"
