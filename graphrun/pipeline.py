@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import signal
 import threading
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import envs
 from .errors import GraphrunError, Interrupted, OutputError
 from .manifest import (BucketReport, FileEntry, Manifest, Totals, environment, spec_digest,
                        write_manifest)
@@ -25,6 +25,7 @@ from .replay import OverlapTrial, replay_stream, slot_count
 from .runner import Runner
 from .stream import ReadAhead, read_batches
 from .timing import percentiles, spread_warning
+from .tuning import Tuning
 from .journal import InputHash, write_fingerprint
 from .write import ShardWriter, prepare_out_dir
 
@@ -41,6 +42,7 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     overlapped on a GPU and measured on the CPU, where torch's own threads run the model on
     every core and neither path always wins (benchmarks/RESULTS.md)."""
     overlap = overlap_choice(overlap)
+    tuning = Tuning.from_machine()  # threads and chunk sizes of the reader and the writer
     out_dir = Path(out).resolve() if out else spec.output.dir
     spec_json = spec.model_dump(mode="json")
     job = RunState(spec, out_dir, spec_json)
@@ -75,11 +77,11 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
         try:
             # the first batch is read while the runner sets up: for a Parquet file, its first
             # row groups decode meanwhile instead of keeping the device waiting (stream.py)
-            batches = ReadAhead(read_batches(spec, start=start, stop=stop))
+            batches = ReadAhead(read_batches(spec, start=start, stop=stop, tuning=tuning))
             job.runner = runner = Runner(spec, log=_log_and(job.warn) if show else job.warn)
             if spec.report.baseline == "eager":
                 runner.measure_baseline()
-            writer = ShardWriter(spec, out_dir, resume=resume_point)
+            writer = ShardWriter(spec, out_dir, resume=resume_point, tuning=tuning)
             latencies, job.batches_before = open_latencies(
                 out_dir / "latencies.jsonl", keep_below=start if resume_point else None)
             if fingerprint["input_sha256"] is None:
@@ -160,9 +162,9 @@ def overlap_choice(overlap: bool | str | None) -> bool | str | None:
             raise GraphrunError(f"overlap={overlap!r} is not one of True, False, "
                                 f"{MEASURE!r}, None")
         return overlap
-    word = os.environ.get(OVERLAP_ENV, "").strip().lower()
+    word = envs.get(OVERLAP_ENV).lower()
     if word not in _OVERLAP_WORDS:
-        raise GraphrunError(f"{OVERLAP_ENV}={os.environ[OVERLAP_ENV]!r} is not one of on, off, "
+        raise GraphrunError(f"{OVERLAP_ENV}={envs.get(OVERLAP_ENV)!r} is not one of on, off, "
                             "measure, auto; set one of those or unset it")
     return _OVERLAP_WORDS[word]
 

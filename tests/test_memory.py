@@ -123,13 +123,15 @@ def test_peak_rss_flat_in_jsonl_size(tmp_path):
 
 
 def test_peak_rss_flat_in_parquet_size(tmp_path):
-    """A row group of 1M records cut into pieces (parquet_pages.py) of about 2 MiB, decoded ahead
-    on the pool: no more memory than a file of 10,000."""
+    """A row group of 1M records cut into pieces (inputs/parquet_split.py) of about 2 MiB,
+    decoded ahead on the pool: no more memory than a file of 10,000."""
     small, big = tmp_path / "x-10000.parquet", tmp_path / "x-1000000.parquet"
     write_parquet(small, 10_000)
     write_parquet(big, 1_000_000)
-    setup = ("import graphrun.formats as f\n"
-             "f.PARQUET_GROUP_BYTES, f.PARQUET_PIECE_BYTES = 4 << 20, 2 << 20\n")
+    setup = ("import functools\nfrom graphrun import pipeline, tuning\n"
+             "pipeline.Tuning = type('T', (), {'from_machine': functools.partial(\n"
+             "    tuning.Tuning.from_machine, parquet_group_bytes=4 << 20,\n"
+             "    parquet_piece_bytes=2 << 20)})\n")
     assert_flat(peak_rss(tmp_path, small, True, setup), peak_rss(tmp_path, big, True, setup),
                 "parquet")
 
