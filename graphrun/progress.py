@@ -123,4 +123,9 @@ def stream_breakdown(totals) -> str | None:
         path += (f"; measured {r['overlapped']:,.0f} records/s overlapped against "
                  f"{r['serial']:,.0f} serial")
     own = [(share, label) for label, share in shares if label != "device wait"]
-    return f"stream ({path}): {text}; busiest: {max(own)[1]}"
+    busiest = max(own)[1]
+    text = f"stream ({path}): {text}; busiest: {busiest}"
+    if busiest == "read" and totals.overlapped:  # the device waited for the input
+        text += (" (the input's reading and decoding limit the rate; for Parquet, write row "
+                 "groups of at most 65,536 records so that several decode at once)")
+    return text

@@ -359,3 +359,23 @@ def test_other_list_types_read_as_front_to_back(tmp_path, monkeypatch, small_pie
     got = everything(spec)
     assert len(small_pieces) > 2 and sum(len(b) for b in got[2]) == N
     same_reads(got, front_to_back(spec, monkeypatch))
+
+
+@pytest.mark.parametrize("layout", ["row groups", "one big row group"])
+def test_parquet_reads_the_records_an_npy_file_holds(tmp_path, layout, small_pieces):
+    """The same records as .npy and as Parquet (row groups of 700, or one row group cut into
+    pieces): the same values, ordinals and batches."""
+    x = vectors()
+    np.save(tmp_path / "x.npy", x)
+    table = pa.table({"x": pa.ListArray.from_arrays(
+        pa.array(np.arange(0, x.size + 1, 6, dtype=np.int32)), pa.array(x.reshape(-1)))})
+    if layout == "row groups":
+        pq.write_table(table, tmp_path / "x.parquet", row_group_size=700)
+    else:
+        write(tmp_path / "x.parquet", table)
+    want = everything(make_spec(tmp_path / "x.npy", VEC, batch_size=16))
+    got = everything(make_spec(tmp_path / "x.parquet", VEC, batch_size=16))
+    assert [len(b) for b in got[2]] == [len(b) for b in want[2]]
+    assert [b.indices.tolist() for b in got[2]] == [b.indices.tolist() for b in want[2]]
+    np.testing.assert_array_equal(np.concatenate([b.fields["x"] for b in got[2]]), x)
+    assert (len(small_pieces) > 2) == (layout == "one big row group")
