@@ -85,8 +85,7 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
             latencies, job.batches_before = open_latencies(
                 out_dir / "latencies.jsonl", keep_below=start if resume_point else None)
             if fingerprint["input_sha256"] is None:
-                # not beside the stream: the hash's reading of the file slowed the MLP's npy
-                # stream from 2.38M to 1.1-1.4M records/s on the H200 (RESULTS.md)
+                # not beside the stream: reading the file to hash it slows the stream's reads
                 job.record_input_hash(fingerprint)
             if overlap is None:
                 overlap = True if runner.cuda else MEASURE
