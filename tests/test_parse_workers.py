@@ -1,5 +1,6 @@
-"""JSONL blocks parsed in child processes (inputs/jsonl_workers.py): the records, rejects and locations
-read are those the reader's own thread gives, in order, whatever happens to the children."""
+"""JSONL blocks parsed in child processes (inputs/jsonl_workers.py): the records, rejects and
+locations read are those the reader's own thread gives, in order, whatever happens to the
+children."""
 
 from __future__ import annotations
 

@@ -152,6 +152,7 @@ class _Column:
     schema: list  # the column file's SchemaElements, each a list of (id, type, value)
     path: list[bytes]  # the leaf's path in that schema
     per_row: int  # values a row holds
+    max_rep: int  # its maximum repetition level
     dictionary: _Page | None
     pages: list[_Page]
     starts: list[tuple[int, int]]  # (row, page) where a data page starts a row
@@ -172,7 +173,8 @@ class Piece:
         arrays = []
         for column, p0, p1, row0 in self.parts:
             data = pa.BufferReader(_column_file(self, column, p0, p1))
-            col = pq.ParquetFile(data).read().column(0)
+            # this pool thread decodes it: no pyarrow threads of its own
+            col = pq.ParquetFile(data).read_row_group(0, use_threads=False).column(0)
             held = sum(p.values for p in column.pages[p0:p1]) // column.per_row
             if len(col) != held:
                 raise PieceMismatch(f"{column.name}: {len(col)} rows where {held} were planned")
@@ -207,13 +209,16 @@ def plan_pieces(path, meta: pq.FileMetaData, group: int, per_row: dict[str, int]
     if len(cuts) < 2:
         return None
     bounds, pieces = cuts + [rg.num_rows], []
-    for lo, hi in zip(bounds, bounds[1:]):
-        parts = []
-        for c in columns:
-            row0, p0 = max((r, j) for r, j in c.starts if r <= lo)
-            p1 = min([j for r, j in c.starts if r >= hi] + [len(c.pages)])
-            parts.append((c, p0, p1, row0))
-        pieces.append(Piece(str(path), group, lo, hi - lo, meta.created_by or "", parts))
+    with open(path, "rb") as f:
+        for lo, hi in zip(bounds, bounds[1:]):
+            parts = []
+            for c in columns:
+                row0, p0 = max((r, j) for r, j in c.starts if r <= lo)
+                p1 = min([j for r, j in c.starts if r >= hi] + [len(c.pages)])
+                if p0 and c.max_rep and not _starts_row(f, c.pages[p0], c.meta, c.max_rep):
+                    return None  # a page starting mid-row, the counts notwithstanding
+                parts.append((c, p0, p1, row0))
+            pieces.append(Piece(str(path), group, lo, hi - lo, meta.created_by or "", parts))
     return pieces
 
 
@@ -241,12 +246,12 @@ def _walk(f, chunk, leaf, field: pa.Field, per_row: int, num_rows: int) -> _Colu
     dictionary = pages.pop(0) if pages and pages[0].kind == _DICTIONARY else None
     if pos != end or sum(p.values for p in pages) != num_rows * per_row:
         return None  # rows of another size, or too many pages
-    starts, seen = [], 0
+    starts, seen = [], 0  # by the counts: checked at the pages cut at (_starts_row)
     for j, p in enumerate(pages):
-        if seen % per_row == 0 and (j == 0 or max_rep == 0 or _starts_row(f, p, chunk, max_rep)):
+        if seen % per_row == 0:
             starts.append((seen // per_row, j))
         seen += p.values
-    return _Column(field.name, chunk, schema, path, per_row, dictionary, pages, starts)
+    return _Column(field.name, chunk, schema, path, per_row, max_rep, dictionary, pages, starts)
 
 
 def _starts_row(f, page: _Page, chunk, max_rep: int) -> bool:
