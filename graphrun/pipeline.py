@@ -32,7 +32,7 @@ from .write import ShardWriter, prepare_out_dir
 
 def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite: bool = False,
         show: bool = False, start: int = 0, stop: int | None = None,
-        overlap: bool | str | None = None) -> Manifest:
+        overlap: bool | str | None = None, tuning: Tuning | None = None) -> Manifest:
     """Run the pipeline; returns the manifest (also written to <out>/manifest.json).
 
     start/stop select a slice of the input's records (one process per GPU reads its own).
@@ -40,9 +40,11 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     to time both on the stream and keep the faster (replay.OverlapTrial); None (the default)
     takes GRAPHRUN_OVERLAP (on | off | measure | auto) from the environment, and auto is
     overlapped on a GPU and measured on the CPU, where torch's own threads run the model on
-    every core and neither path always wins (benchmarks/RESULTS.md)."""
+    every core and neither path always wins (benchmarks/RESULTS.md). tuning: the reader's and
+    writer's threads and chunk sizes (default: Tuning.from_machine(), from the cores and the
+    GRAPHRUN_* variables)."""
     overlap = overlap_choice(overlap)
-    tuning = Tuning.from_machine()  # threads and chunk sizes of the reader and the writer
+    tuning = tuning or Tuning.from_machine()  # the reader's and writer's threads and chunks
     out_dir = Path(out).resolve() if out else spec.output.dir
     spec_json = spec.model_dump(mode="json")
     job = RunState(spec, out_dir, spec_json)
