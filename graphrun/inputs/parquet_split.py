@@ -9,7 +9,7 @@ each Piece hands pyarrow a file of one column made of the chunk's dictionary pag
 data pages and a footer written here from pyarrow's metadata objects.
 
 A row group that cannot be cut (an unknown codec or page kind, rows of varying size, levels
-other than a plain nesting of lists gives) gets None and is read whole as before; a piece whose
+other than those of plain nested lists) gets None and is read whole as before; a piece whose
 rows do not come out as planned raises PieceMismatch. Both only cost speed.
 """
 
