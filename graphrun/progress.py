@@ -125,7 +125,7 @@ def stream_breakdown(totals) -> str | None:
     own = [(share, label) for label, share in shares if label != "device wait"]
     busiest = max(own)[1]
     text = f"stream ({path}): {text}; busiest: {busiest}"
-    if busiest == "read" and totals.overlapped:  # the device waited for the input
-        text += (" (the input's reading and decoding limit the rate; for Parquet, write row "
-                 "groups of at most 65,536 records so that several decode at once)")
+    if busiest == "read":  # the device waited for the input
+        text += (" (reading the input limits the rate; for Parquet, write row groups of at "
+                 "most 65,536 records so that several decode at once)")
     return text
