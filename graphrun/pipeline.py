@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import signal
 import threading
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import envs
 from .auto_buckets import resolve_auto
 from .errors import GraphrunError, Interrupted, OutputError
 from .manifest import (BucketReport, FileEntry, Manifest, Totals, all_rejected,
@@ -26,13 +26,14 @@ from .replay import OverlapTrial, replay_stream, slot_count
 from .runner import Runner
 from .stream import ReadAhead, read_batches
 from .timing import noise_floor_us, percentiles, spread_warning
+from .tuning import Tuning
 from .journal import InputHash, write_fingerprint
 from .write import ShardWriter, prepare_out_dir
 
 
 def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite: bool = False,
         show: bool = False, start: int = 0, stop: int | None = None,
-        overlap: bool | str | None = None) -> Manifest:
+        overlap: bool | str | None = None, tuning: Tuning | None = None) -> Manifest:
     """Run the pipeline; returns the manifest (also written to <out>/manifest.json).
 
     start/stop select a slice of the input's records (one process per GPU reads its own).
@@ -40,9 +41,12 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     to time both on the stream and keep the faster (replay.OverlapTrial); None (the default)
     takes GRAPHRUN_OVERLAP (on | off | measure | auto) from the environment, and auto is
     overlapped on a GPU and measured on the CPU, where torch's own threads run the model on
-    every core and neither path always wins (benchmarks/RESULTS.md)."""
+    every core and neither path always wins (benchmarks/RESULTS.md). tuning: the reader's and
+    writer's threads and chunk sizes (default: Tuning.from_machine(), from the cores and the
+    GRAPHRUN_* variables)."""
     how = "set by run()'s overlap" if overlap is not None else f"set by {OVERLAP_ENV}"
     overlap = overlap_choice(overlap)
+    tuning = tuning or Tuning.from_machine()  # the reader's and writer's threads and chunks
     spec, bucket_plan = resolve_auto(spec)
     out_dir = Path(out).resolve() if out else spec.output.dir
     spec_json = spec.model_dump(mode="json")
@@ -84,16 +88,15 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
         try:
             # the first batch is read while the runner sets up: for a Parquet file, its first
             # row groups decode meanwhile instead of keeping the device waiting (stream.py)
-            batches = ReadAhead(read_batches(spec, start=start, stop=stop))
+            batches = ReadAhead(read_batches(spec, start=start, stop=stop, tuning=tuning))
             job.runner = runner = Runner(spec, log=job.print_and_warn if show else job.warn)
             if spec.report.baseline == "eager":
                 runner.measure_baseline()
-            writer = ShardWriter(spec, out_dir, resume=resume_point)
+            writer = ShardWriter(spec, out_dir, resume=resume_point, tuning=tuning)
             latencies, job.batches_before = open_latencies(
                 out_dir / "latencies.jsonl", keep_below=start if resume_point else None)
             if fingerprint["input_sha256"] is None:
-                # not beside the stream: the hash's reading of the file slowed the MLP's npy
-                # stream from 2.38M to 1.1-1.4M records/s on the H200 (RESULTS.md)
+                # not beside the stream: reading the file to hash it slows the stream's reads
                 job.record_input_hash(fingerprint)
             if overlap is None:
                 overlap = True if runner.cuda else MEASURE
@@ -171,9 +174,9 @@ def overlap_choice(overlap: bool | str | None) -> bool | str | None:
             raise GraphrunError(f"overlap={overlap!r} is not one of True, False, "
                                 f"{MEASURE!r}, None")
         return overlap
-    word = os.environ.get(OVERLAP_ENV, "").strip().lower()
+    word = envs.get(OVERLAP_ENV).lower()
     if word not in _OVERLAP_WORDS:
-        raise GraphrunError(f"{OVERLAP_ENV}={os.environ[OVERLAP_ENV]!r} is not one of on, off, "
+        raise GraphrunError(f"{OVERLAP_ENV}={envs.get(OVERLAP_ENV)!r} is not one of on, off, "
                             "measure, auto; set one of those or unset it")
     return _OVERLAP_WORDS[word]
 

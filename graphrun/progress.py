@@ -7,13 +7,12 @@ file, CI) it is a plain line every LINE_S seconds, with records, rate and ETA.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-import zipfile
 
-import numpy as np
-
+from graphrun.errors import GraphrunError
+from graphrun.inputs import reader_for
+from graphrun.tuning import Tuning
 
 UPDATE_S = 0.1  # the progress bar's counts are pushed at most this often
 LINE_S = 5.0  # outside a terminal, a progress line this often
@@ -102,29 +101,11 @@ class ProgressLines:
 
 
 def count_records(spec, start: int = 0, stop: int | None = None) -> int | None:
-    """Records the run will read, cheaply (a line count, an array header, Parquet metadata)."""
-    path = spec.data.path
+    """Records the run will read, cheaply (a line count, an array header, Parquet metadata);
+    None where the file cannot say (the run itself then reports why)."""
     try:
-        if path.suffix == ".jsonl":
-            total = 0
-            with open(path, "rb") as f:
-                for line in f:
-                    total += bool(line.strip())
-        elif path.suffix == ".npy":
-            total = len(np.load(path, mmap_mode="r"))
-        elif path.suffix == ".npz":
-            with zipfile.ZipFile(path) as z:
-                name = next(iter(spec.inputs)) + ".npy"
-                with z.open(name) as f:
-                    version = np.lib.format.read_magic(f)
-                    total = np.lib.format._read_array_header(f, version)[0][0]
-        elif path.suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            total = pq.ParquetFile(path).metadata.num_rows
-        else:
-            return None
-    except (OSError, ValueError, KeyError, StopIteration, json.JSONDecodeError):
+        total = reader_for(spec, Tuning()).count()
+    except (GraphrunError, OSError, ValueError, KeyError, StopIteration):
         return None
     end = total if stop is None else min(stop, total)
     return max(0, end - start)
@@ -185,4 +166,9 @@ def stream_breakdown(totals) -> str | None:
         path += (f"; measured {r['overlapped']:,.0f} records/s overlapped against "
                  f"{r['serial']:,.0f} serial")
     own = [(share, label) for label, share in shares if label != "device wait"]
-    return f"stream ({path}): {text}; busiest: {max(own)[1]}"
+    busiest = max(own)[1]
+    text = f"stream ({path}): {text}; busiest: {busiest}"
+    if busiest == "read":  # the device waited for the input
+        text += (" (reading the input limits the rate; for Parquet, write row groups of at "
+                 "most 65,536 records so that several decode at once)")
+    return text

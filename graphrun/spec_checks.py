@@ -10,7 +10,6 @@ from typing import Iterator
 from .spec import BATCH, FLOAT_DTYPES, INT_DTYPES, PipelineSpec
 
 Found = Iterator[tuple[tuple, str]]
-DATA_SUFFIXES = (".jsonl", ".npy", ".npz", ".parquet")
 
 
 def resolve_paths(spec: PipelineSpec, base_dir: Path) -> PipelineSpec:
@@ -134,7 +133,7 @@ def _ranges(spec: PipelineSpec) -> Found:
 
 
 def _ragged_npy(spec: PipelineSpec) -> Found:
-    if spec.output.format != "npy":
+    if spec.output.format != "npy":  # the one format of fixed-shape outputs (outputs/npy.py)
         return
     for name, item in spec.outputs.items():
         ragged = [d for d in item.shape[1:] if isinstance(d, str)]
@@ -179,9 +178,11 @@ def _files(spec: PipelineSpec) -> Found:
     path = spec.data.path
     if "\x00" in str(path):
         return
-    if path.suffix not in DATA_SUFFIXES:
+    from .inputs import SUFFIXES
+
+    if path.suffix not in SUFFIXES:
         yield ("data", "path"), (f"unknown input format {path.suffix or '(no suffix)'!r}: use "
-                                 f"one of {', '.join(DATA_SUFFIXES)}")
+                                 f"one of {', '.join(SUFFIXES)}")
     elif not path.is_file():
         yield ("data", "path"), f"input file not found: {path}"
     for key in ("exported", "torchscript", "weights"):

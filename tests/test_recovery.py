@@ -46,7 +46,6 @@ from graphrun.models.mlp import build_mlp
 TRIGGER = Path(__file__).with_name("send-two-sigints")
 CRASH = Path(__file__).with_name("crash")
 SLOW_COMMITS = Path(__file__).with_name("slow-commits")
-POOLED_ROWS = Path(__file__).with_name("pooled-rows")
 
 
 def slow_commits():
@@ -95,10 +94,6 @@ class Tagged(Scorer):
 def build(**args):
     if SLOW_COMMITS.exists():
         slow_commits()
-    if POOLED_ROWS.exists():  # every batch's rows written by the row pool, as big ones are
-        from graphrun import sinks
-
-        sinks.POOL_WRITE_BYTES = 1
     return Scorer(**args)
 
 
@@ -317,20 +312,15 @@ def test_kill_9_while_rows_are_written_by_the_pool_then_resume_equals_a_clean_ru
         job, tmp_path, seed, monkeypatch):
     """npy rows of big batches are written by pool threads at their offsets: a kill may land
     with several batches' writes pending; no shard with a hole is ever journaled."""
-    from graphrun import sinks
-
-    # the in-process resume below loads the model, which lowers the threshold: restored after
-    monkeypatch.setattr(sinks, "POOL_WRITE_BYTES", sinks.POOL_WRITE_BYTES)
+    # every batch's rows written by the row pool, as big ones are: in the killed run (start()
+    # passes this environment on) and in the resume
+    monkeypatch.setenv("GRAPHRUN_ROW_POOL_BYTES", "1")
     rng = random.Random(seed)
     out = tmp_path / "out"
-    (job.folder / "pooled-rows").touch()
-    try:
-        kill_9_after(start(job.spec, out, overlap=True), out, rng.randint(1, 8),
-                     rng.uniform(0, 0.03))
-        check_committed_files_intact(out)
-        result = cli("run", job.spec, "--out", out, "--resume", "-q")
-    finally:
-        (job.folder / "pooled-rows").unlink()
+    kill_9_after(start(job.spec, out, overlap=True), out, rng.randint(1, 8),
+                 rng.uniform(0, 0.03))
+    check_committed_files_intact(out)
+    result = cli("run", job.spec, "--out", out, "--resume", "-q")
     assert result.exit_code == 0, result.output
     check_equals_clean(out, job)
 
