@@ -39,19 +39,23 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, ContextManager, Iterable, Iterator, Protocol
 
 import numpy as np
 
 from .buckets import Bucket, split_sizes
+from .engine.capture import model_failed
+from .errors import GraphrunError
 from .handoff import Prefetch, SlotPool
 from .overlap import Cursor, OverlapTrial
+from .records import take_where
 
 # overlapped: at least one being staged, one on the device, one being written; at most 16: the
 # batches queued on the device carry it through the launching thread's waits for the GIL, and
 # more than 16 measured no faster (benchmarks/RESULTS.md)
-SLOTS = (3, 16)
+SLOTS = (3, OverlapTrial.MAX_SLOTS)
 SLOT_BUDGET = 512 << 20  # bytes of pinned host slots, at most
 _DONE = object()  # the end of a queue
 
@@ -141,9 +145,10 @@ def feed_stream(engine: Engine, batches: Iterable[Batch], sink: Sink, *,
         leg.run(cursor.take(), overlap)
         return host
     for threaded, seconds in overlap.legs():
-        t0, records = time.perf_counter(), cursor.records
-        leg.run(cursor.take(seconds), threaded)
-        overlap.record(threaded, cursor.records - records, time.perf_counter() - t0)
+        t0, records, batches_before = time.perf_counter(), cursor.records, cursor.batches
+        leg.run(cursor.take(seconds), threaded, slots=overlap.leg_slots)
+        overlap.record(threaded, cursor.records - records, time.perf_counter() - t0,
+                       batches=cursor.batches - batches_before)
         if cursor.exhausted or should_stop():
             break
     return host
@@ -162,9 +167,12 @@ class Leg:
     host: dict
     split: bool  # data.oversize: split
 
-    def run(self, batches: Iterable, overlap: bool) -> None:
+    def run(self, batches: Iterable, overlap: bool, slots: int | None = None) -> None:
+        """slots: at most that many batches in flight (a trial's leg, which must end on time:
+        OverlapTrial)."""
         engine = self.engine
-        pool = SlotPool(engine.host_slots(slot_count(engine.slot_bytes) if overlap else 1))
+        count = engine.host_slots(slot_count(engine.slot_bytes) if overlap else 1)
+        pool = SlotPool(min(count, slots) if slots and overlap else count)
         work = self.staged(batches, pool)
         source = Prefetch(work, depth=pool.size) if overlap else work
         done = Completer(self.sink, pool, self.on_batches, self.host, threaded=overlap)
@@ -181,7 +189,7 @@ class Leg:
 
     def launch_all(self, source: Iterator[Work], done: "Completer", stream) -> None:
         """The launching thread's loop: each staged part launched (or run whole) in order."""
-        host = self.host
+        host, rb = self.host, None  # rb: the record batch of the part being launched
         while True:
             t0 = time.perf_counter()
             try:
@@ -193,17 +201,20 @@ class Leg:
             if item is _DONE:
                 break
             if item.rb is not None:
+                rb = item.rb
                 for r in item.rb.rejects:
                     done.reject(r)
                 self.on_read(item.rb)
             if item.kind == "graph":
                 t0 = time.perf_counter()
-                launched = self.engine.launch(item.bucket, item.slot, item.n, item.lengths,
-                                              stream=stream)
+                with model_blamed(item, rb):
+                    launched = self.engine.launch(item.bucket, item.slot, item.n,
+                                                  item.lengths, stream=stream)
                 host["launch"] += time.perf_counter() - t0
                 done.collect(item, launched)
             elif item.kind == "whole":  # data.oversize: eager, or error, which run_rows raises
-                outs, ran = self.engine.run_rows(item.fields, item.n, item.lengths)
+                with model_blamed(item, rb):
+                    outs, ran = self.engine.run_rows(item.fields, item.n, item.lengths)
                 done.written(item, outs, ran)
             if item.last and self.should_stop():
                 break
@@ -254,6 +265,24 @@ class Leg:
                            {a: v[sl] for a, v in rb.lengths.items()},
                            fields={k: v[sl] for k, v in rb.fields.items()})
             start += size
+
+
+@contextmanager
+def model_blamed(item: Work, rb):
+    """What the model raises on a part (not a user error graphrun raised) becomes a
+    ModelError naming the part's bucket, its first record's place in the input and its ids."""
+    try:
+        yield
+    except GraphrunError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the model's own error, on this batch
+        first = int(item.indices[0])
+        where = None
+        if rb is not None and len(rb.indices):
+            where = take_where(rb.where, np.searchsorted(rb.indices, [first]))[0]
+        ids = item.ids.tolist() if isinstance(item.ids, np.ndarray) else list(item.ids)
+        bucket = item.bucket.name if item.bucket is not None else "oversize-eager"
+        raise model_failed(exc, bucket, where or f"record {first}", ids) from exc
 
 
 def slot_count(slot_bytes: int) -> int:

@@ -1,6 +1,6 @@
 """The output folder's bookkeeping: run.json, the crash-safe journal, and resume.
 
-An output folder holds, besides the shards (see sinks.py for their names):
+An output folder holds, besides the shards (see outputs/ for their names):
 
     run.json        the run's fingerprint ({"spec_sha256": ..., "input_sha256": ...}), written
                     when the folder is first prepared; --resume refuses a folder whose
@@ -45,7 +45,7 @@ RUN_JSON = "run.json"
 # Every name graphrun writes into an output folder; --overwrite removes these and nothing else.
 OWN_PATTERNS = ("part-*", JOURNAL, REJECTS, "manifest.json", "latencies.jsonl", ".*.tmp",
                 RUN_JSON)
-SHARD_TEMPS = ".part-*.tmp"  # a shard being written (sinks.py)
+SHARD_TEMPS = ".part-*.tmp"  # a shard being written (outputs/)
 
 
 @dataclass(frozen=True)
@@ -88,8 +88,8 @@ def sha256_file(path: Path) -> str:
 
 
 class InputHash:
-    """sha256 of the input file, computed by a child process beside setup (0.8 s a GB on the
-    H200's host, as long as the MLP's setup), not after it. In a thread of this process it
+    """sha256 of the input file, computed by a child process beside setup (about as long as a
+    model's setup for a GB), not after it. In a thread of this process it
     would take the GIL from the runner's and reader's threads now and then. result() waits
     for it; stop() abandons it (a run that failed in setup needs no hash)."""
 

@@ -8,9 +8,10 @@ import json
 import os
 import platform
 import socket
+from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 MANIFEST_VERSION = 1
 
@@ -82,10 +83,19 @@ class BucketReport(_M):
 
 
 class Totals(_M):
-    records_in: int
+    records_in: int = Field(..., description="The whole run, every attempt (--resume) "
+                            "included: what the output folder holds; in = out + rejected.")
     records_out: int
     records_rejected: int
-    batches: int
+    earlier_records_out: int = Field(
+        0, description="Of records_out, those committed by the attempts this one resumed "
+        "(0 unless --resume): records_out - earlier_records_out came out of this attempt.")
+    earlier_records_rejected: int = Field(
+        0, description="Of records_rejected, those committed by the attempts this one resumed.")
+    batches: int = Field(..., description="Batches this attempt ran; like buckets[] and "
+                         "latency_us, this attempt alone. A resumed attempt starts at the "
+                         "batch holding the first record not committed, so up to one batch "
+                         "runs again (its committed rows are not written twice).")
     wall_s: float = Field(..., description="From the start of the run to its manifest: "
                           "setup_s, stream_s, and the output folder's preparation, the wait "
                           "for the input's hash and the last commits.")
@@ -96,9 +106,10 @@ class Totals(_M):
                                 "sha256 (for --resume's check that it did not change), which "
                                 "a child process computes beside setup: --resume waits for it "
                                 "before setup, a new run after setup, before streaming.")
-    records_per_s: float = Field(..., description="records_out / the streaming time, which "
-                                 "starts after setup; the input's first batch is read during "
-                                 "setup, beside it.")
+    records_per_s: float = Field(..., description="This attempt's records out "
+                                 "(records_out - earlier_records_out) / its streaming time, "
+                                 "which starts after setup; the input's first batch is read "
+                                 "during setup, beside it.")
     capture_s: float
     capture_memory_bytes: int
     padding_ratio: float = Field(..., description="Padded rows / rows run.")
@@ -115,6 +126,11 @@ class Totals(_M):
         None, description="Whether the stream ran overlapped (stager, launching and completer "
         "threads) or serially; with the overlap measured (the CPU's default), the path the "
         "latest trial round chose. Null when the stream never started.")
+    overlap_reason: Optional[str] = Field(
+        None, description="What chose the path, and why: set (GRAPHRUN_OVERLAP or run()'s "
+        "overlap), the device's default, or the trial's measurement (the latest round's "
+        "ratio; serial where a batch took too long to time both paths in the legs; the path "
+        "of the last leg where the stream ended within the first round).")
     overlap_trials: list[dict[str, float]] = Field(
         default_factory=list, description="With the overlap measured (GRAPHRUN_OVERLAP=measure, "
         "the CPU's default): records/s of the serial and the overlapped path in each trial "
@@ -130,6 +146,18 @@ class Totals(_M):
         "waiting for results, cutting and writing them). Serially they add up to the "
         "streaming time; overlapped the threads run side by side and the busiest one, with "
         "its waits, bounds the rate.")
+
+
+class BucketPlan(_M):
+    """What `buckets: {axis: auto}` planned at the start of the run (graphrun.plan)."""
+
+    auto_axes: list[str]
+    buckets: dict[str, list[int]] = Field(..., description="The planned lists of the auto axes.")
+    sample_records: int = Field(..., description="Records of the input's start planned from.")
+    graphs: int = Field(..., description="Graphs of all axes together.")
+    max_graphs: int
+    padding_waste: float = Field(..., description="1 - real / padded work (rows x positions) "
+                                 "of the sample in the planned buckets.")
 
 
 class FileEntry(_M):
@@ -154,10 +182,16 @@ class Manifest(_M):
     buckets: list[BucketReport]
     totals: Totals
     files: list[FileEntry]
-    rejects: dict[str, Any] = Field(..., description="path and count of rejects.jsonl.")
+    rejects: dict[str, Any] = Field(..., description="path and count of rejects.jsonl; "
+                                    "path is null when no record was rejected (no file).")
     resumed_from: Optional[int] = Field(None, description="First input record of this run "
                                         "when it resumed an earlier one.")
+    bucket_plan: Optional[BucketPlan] = Field(None, description="The lists planned for "
+                                              "`auto` bucket axes; null when none is auto.")
     warnings: list[str] = Field(default_factory=list)
+
+    # Set on the manifest run() returns for --resume of a run that was already complete.
+    _already_complete: bool = PrivateAttr(False)
 
 
 def spec_digest(spec_json: dict) -> str:
@@ -198,3 +232,38 @@ def write_manifest(manifest: Manifest, path) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def completed_manifest(out_dir: Path, fingerprint: dict) -> Manifest | None:
+    """The manifest of a completed run of this very spec, input and slice in out_dir (the
+    one --resume would continue), else None: prepare_out_dir then decides, and explains."""
+    try:
+        ran = json.loads((out_dir / "run.json").read_text())
+        manifest = Manifest.model_validate_json((out_dir / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(ran, dict):
+        return None
+    same = all(ran.get(k) == fingerprint[k] for k in ("spec_sha256", "input_sha256"))
+    if not same or list(ran.get("slice", [])) != list(fingerprint["slice"]):
+        return None
+    from .journal import read_journal
+
+    point = read_journal(out_dir)  # the journal, not the manifest, says what is committed
+    committed = point.rows if point else 0
+    if manifest.status != "completed" or committed != manifest.totals.records_out:
+        return None
+    manifest._already_complete = True
+    return manifest
+
+
+def all_rejected(out_dir: Path, count: int) -> str:
+    """The warning for a run whose every record was rejected, with the first reason."""
+    try:
+        with open(out_dir / "rejects.jsonl") as f:
+            first = json.loads(f.readline())
+        why = f" (the first, {first.get('where')}: {first.get('reason')})"
+    except (OSError, ValueError, AttributeError):
+        why = ""
+    return (f"every record ({count}) was rejected{why}: no outputs were written; "
+            "rejects.jsonl has each reason")

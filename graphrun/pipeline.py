@@ -9,31 +9,33 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import signal
-import threading
 import time
 from array import array
 from pathlib import Path
 
 import numpy as np
 
+from . import envs
+from .auto_buckets import resolve_auto
 from .errors import GraphrunError, Interrupted, OutputError
-from .manifest import (BucketReport, FileEntry, Manifest, Totals, environment, spec_digest,
-                       write_manifest)
+from .manifest import (FileEntry, Manifest, Totals, all_rejected,
+                       completed_manifest, environment, spec_digest, write_manifest)
 from .progress import Progress, count_records, summary_table
 from .engine import Runner
-from .engine.timing import percentiles, spread_warning
+from .engine.timing import noise_floor_us, percentiles, spread_warning
 from .feed import feed_stream, slot_count
 from .overlap import OverlapTrial
+from .stop_signals import StopSignals
 from .stream import ReadAhead, read_batches
+from .tuning import Tuning
 from .journal import InputHash, write_fingerprint
 from .write import ShardWriter, prepare_out_dir
 
 
 def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite: bool = False,
         show: bool = False, start: int = 0, stop: int | None = None,
-        overlap: bool | str | None = None) -> Manifest:
+        overlap: bool | str | None = None, tuning: Tuning | None = None) -> Manifest:
     """Run the pipeline; returns the manifest (also written to <out>/manifest.json).
 
     start/stop select a slice of the input's records (one process per GPU reads its own).
@@ -41,16 +43,20 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     to time both on the stream and keep the faster (overlap.OverlapTrial); None (the default)
     takes GRAPHRUN_OVERLAP (on | off | measure | auto) from the environment, and auto is
     overlapped on a GPU and measured on the CPU, where torch's own threads run the model on
-    every core and neither path always wins (benchmarks/RESULTS.md)."""
-    overlap = overlap_choice(overlap)
-    out_dir = Path(out).resolve() if out else spec.output.dir
-    spec_json = spec.model_dump(mode="json")
-    job = RunState(spec, out_dir, spec_json)
+    every core and neither path always wins (benchmarks/RESULTS.md). tuning: the reader's and
+    writer's threads and chunk sizes (default: Tuning.from_machine(), from the cores and the
+    GRAPHRUN_* variables)."""
+    job, overlap = new_job(spec, out, overlap, tuning)
+    spec, out_dir = job.spec, job.out_dir  # buckets: auto planned
     # The input is hashed beside setup (journal.InputHash); --resume needs it first, to
     # compare, and a new run records it in run.json once setup is done, before streaming.
     fingerprint = {"spec_sha256": job.spec_sha,
                    "input_sha256": job.input_hash.result() if resume else None,
                    "slice": [start, stop]}
+    done = completed_manifest(out_dir, fingerprint) if resume else None
+    if done is not None:  # --resume of a completed run: nothing to do, nothing rewritten
+        job.input_hash.stop()
+        return done
     resume_point, start = open_out_dir(job, fingerprint, resume, overwrite, start)
     with StopSignals() as stop_signal:
         try:
@@ -83,10 +89,23 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
             stop_signal.hold()  # a signal now must not cut the commit and manifest below short
             manifest = job.finish(progress)
     if show:
-        summary_table(manifest)
+        summary_table(manifest, shown=job.printed)
     if stop_signal.signum:
         raise Interrupted(stop_signal.signum)
     return manifest
+
+
+def new_job(spec, out, overlap, tuning: Tuning | None) -> tuple["RunState", object]:
+    """The run's state, its spec's `buckets: auto` planned (auto_buckets.py), and the overlap
+    choice (the caller's, else GRAPHRUN_OVERLAP's; None: by the device)."""
+    how = "set by run()'s overlap" if overlap is not None else f"set by {OVERLAP_ENV}"
+    overlap = overlap_choice(overlap)
+    spec, bucket_plan = resolve_auto(spec)
+    out_dir = Path(out).resolve() if out else spec.output.dir
+    job = RunState(spec, out_dir, spec.model_dump(mode="json"))
+    job.bucket_plan, job.overlap_how = bucket_plan, how
+    job.tuning = tuning or Tuning.from_machine()  # the reader's and writer's threads and chunks
+    return job, overlap
 
 
 def open_out_dir(job: "RunState", fingerprint: dict, resume: bool, overwrite: bool,
@@ -109,6 +128,7 @@ def open_out_dir(job: "RunState", fingerprint: dict, resume: bool, overwrite: bo
         job.resumed_from = job.count_from = resume_point.next_index
         start = max(start, resume_point.start)
         job.records_in = resume_point.rows + resume_point.rejects
+        job.earlier = (resume_point.rows, resume_point.rejects)
     return resume_point, start
 
 
@@ -119,19 +139,19 @@ def run_stream(job: "RunState", fingerprint: dict, resume_point, start: int, sto
     spec, out_dir = job.spec, job.out_dir
     # the first batch is read while the runner sets up: for a Parquet file, its first
     # row groups decode meanwhile instead of keeping the device waiting (stream.py)
-    job.reader = ReadAhead(read_batches(spec, start=start, stop=stop))
-    job.runner = runner = Runner(spec, log=_log_and(job.warn) if show else job.warn)
+    job.reader = ReadAhead(read_batches(spec, start=start, stop=stop, tuning=job.tuning))
+    job.runner = runner = Runner(spec, log=job.print_and_warn if show else job.warn)
     if spec.report.baseline == "eager":
         runner.measure_baseline()
-    job.writer = writer = ShardWriter(spec, out_dir, resume=resume_point)
+    job.writer = writer = ShardWriter(spec, out_dir, resume=resume_point, tuning=job.tuning)
     job.latencies, job.batches_before = open_latencies(
         out_dir / "latencies.jsonl", keep_below=start if resume_point else None)
     if fingerprint["input_sha256"] is None:
-        # not beside the stream: the hash's reading of the file slows a fast stream
-        # down (benchmarks/RESULTS.md)
+        # not beside the stream: reading the file to hash it slows the stream's reads
         job.record_input_hash(fingerprint)
     if overlap is None:
         overlap = True if runner.cuda else MEASURE
+        job.overlap_how = "the default on a GPU" if runner.cuda else "the default on the CPU"
     if overlap is not False:  # the overlapped path's pinned slots: setup, not the stream
         runner.host_slots(slot_count(runner.slot_bytes))
     job.stream_t0 = time.perf_counter()
@@ -162,9 +182,9 @@ def overlap_choice(overlap: bool | str | None) -> bool | str | None:
             raise GraphrunError(f"overlap={overlap!r} is not one of True, False, "
                                 f"{MEASURE!r}, None")
         return overlap
-    word = os.environ.get(OVERLAP_ENV, "").strip().lower()
+    word = envs.get(OVERLAP_ENV).lower()
     if word not in _OVERLAP_WORDS:
-        raise GraphrunError(f"{OVERLAP_ENV}={os.environ[OVERLAP_ENV]!r} is not one of on, off, "
+        raise GraphrunError(f"{OVERLAP_ENV}={envs.get(OVERLAP_ENV)!r} is not one of on, off, "
                             "measure, auto; set one of those or unset it")
     return _OVERLAP_WORDS[word]
 
@@ -188,13 +208,6 @@ def open_latencies(path: Path, keep_below: int | None):
     return open(path, "a"), len(kept)
 
 
-def _log_and(then):
-    def log(msg: str) -> None:
-        print(msg)
-        then(msg)
-    return log
-
-
 class RunState:
     """What the spine accumulates for the manifest."""
 
@@ -209,17 +222,22 @@ class RunState:
         self.records_in = self.records_out = self.rejected = self.batches = 0
         self.batches_before = 0  # latencies.jsonl lines kept from the run this one resumes
         self.resumed_from = None
+        self.earlier = (0, 0)  # (rows, rejects) committed by the attempts this one resumes
         self.count_from = 0  # records below it were committed by the run this one resumes
         self.runner = self.writer = self.latencies = self.reader = None  # open while streaming
         self.stream_t0 = None
         self.files = []
         self.stream_s = 0.0
         self.warnings: list[str] = []
+        self.printed: set[str] = set()  # warnings already printed while running
         self.samples: dict = {}  # bucket -> phase -> [us]
         self.bucket_batches: dict[str, int] = {}  # bucket -> batches (timed or not)
         self.host_s: dict[str, float] = {}
         self.overlapped: bool | None = None
         self.trial: OverlapTrial | None = None  # overlap measured: what it measured
+        self.overlap_how: str | None = None  # who chose the path: the caller or the default
+        self.bucket_plan = None  # buckets: auto: what was planned (auto_buckets.py)
+        self.tuning = None  # the reader's and writer's threads and chunks (tuning.py)
 
     def finish(self, progress) -> Manifest:
         """Close what the stream opened, commit, and write the manifest (whatever happened)."""
@@ -274,6 +292,14 @@ class RunState:
                 f"{self.records_in - committed} records read after the last commit were not "
                 "committed; --resume reads them again")
             self.records_in = committed
+        if self.status == "completed" and self.rejected and not self.records_out:
+            self.warnings.append(all_rejected(self.out_dir, self.rejected))
+
+    def print_and_warn(self, msg: str) -> None:
+        """Shown as it comes (a terminal or a log), so the summary need not repeat it."""
+        print(msg)
+        self.printed.add(msg.removeprefix("warning: "))
+        self.warn(msg)
 
     def warn(self, msg: str) -> None:
         if msg.startswith("warning: "):
@@ -299,6 +325,18 @@ class RunState:
             return self.overlapped
         return self.trial.choice if self.trial.choice is not None else self.trial.last
 
+    def overlap_reason(self) -> str | None:
+        """What chose the stream's path, and why (manifest totals.overlap_reason)."""
+        if self.trial is None:
+            if self.overlapped is None:
+                return None
+            return f"{'overlapped' if self.overlapped else 'serial'}: {self.overlap_how}"
+        if self.trial.reason:
+            return f"{self.trial.reason} ({self.overlap_how}: measured)"
+        return (f"the stream ended within the first trial round, on the "
+                f"{'overlapped' if self.trial.last else 'serial'} path of its last leg "
+                f"({self.overlap_how}: measured)")
+
     def device_s(self) -> float:
         """The compute stream's busy time: per bucket, its batches times their mean replay
         (phases are timed on a sample of batches, timing.sampled; the copies run beside the
@@ -323,7 +361,9 @@ class RunState:
             rows_run += report.records + report.padded_rows
             padded += report.padded_rows
             for phase, values in samples.items():
-                w = spread_warning(values, f"bucket {report.name} {phase}")
+                floor = noise_floor_us(phase, runner.cuda)
+                w = floor is not None and spread_warning(
+                    values, f"bucket {report.name} {phase}", floor)
                 if w:
                     self.warnings.append(w)
         wall = time.perf_counter() - self.t0
@@ -334,12 +374,15 @@ class RunState:
             records_rejected=self.rejected, batches=self.batches, wall_s=wall,
             setup_s=runner.setup_s if runner else 0.0, stream_s=self.stream_s,
             input_hash_s=self.input_hash.waited_s,
-            records_per_s=(self.records_out / self.stream_s) if self.stream_s else 0.0,
+            earlier_records_out=self.earlier[0], earlier_records_rejected=self.earlier[1],
+            records_per_s=((self.records_out - self.earlier[0]) / self.stream_s
+                           if self.stream_s else 0.0),
             capture_s=capture_s, capture_memory_bytes=capture_mem,
             padding_ratio=padded / rows_run if rows_run else 0.0,
             device_busy_fraction=busy,
             device_idle_fraction=None if busy is None else 1.0 - busy,
-            overlapped=self.overlapped_path(), overlap_trials=self.trial.rounds if self.trial
+            overlapped=self.overlapped_path(), overlap_reason=self.overlap_reason(),
+            overlap_trials=self.trial.rounds if self.trial
             else [], host_phase_s=self.host_s)
         env = environment(runner.device, runner.backend) if runner else None
         return Manifest(
@@ -350,39 +393,11 @@ class RunState:
             environment=env, buckets=buckets, totals=totals,
             files=[FileEntry(**vars(f)) if not isinstance(f, dict) else FileEntry(**f)
                    for f in self.files],
-            rejects={"path": "rejects.jsonl", "count": self.rejected},
-            resumed_from=self.resumed_from, warnings=self.warnings)
+            rejects={"path": "rejects.jsonl" if (self.out_dir / "rejects.jsonl").exists()
+                     else None, "count": self.rejected},
+            resumed_from=self.resumed_from, warnings=self.warnings,
+            bucket_plan=self.bucket_plan)
 
 
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-
-
-class StopSignals:
-    """SIGINT/SIGTERM set a flag; the loop finishes the batch in flight, commits and stops.
-    A second signal stops at once (KeyboardInterrupt), except after hold(): from there on the
-    run only commits and writes its manifest, which must not be cut short."""
-
-    def __init__(self):
-        self.signum = 0
-        self._old = {}
-        self._held = False
-
-    def _handle(self, signum, frame) -> None:
-        first = not self.signum
-        self.signum = signum  # the latest: the exit code names the signal that stopped the run
-        if not first and not self._held:  # a second signal: stop now
-            raise KeyboardInterrupt
-
-    def hold(self) -> None:
-        self._held = True
-
-    def __enter__(self) -> "StopSignals":
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._old.items():
-            signal.signal(sig, handler)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from pathlib import Path
 from typing import Iterator
@@ -9,7 +10,6 @@ from typing import Iterator
 from .spec import BATCH, FLOAT_DTYPES, INT_DTYPES, PipelineSpec
 
 Found = Iterator[tuple[tuple, str]]
-DATA_SUFFIXES = (".jsonl", ".npy", ".npz", ".parquet")
 
 
 def resolve_paths(spec: PipelineSpec, base_dir: Path) -> PipelineSpec:
@@ -28,11 +28,42 @@ def resolve_paths(spec: PipelineSpec, base_dir: Path) -> PipelineSpec:
     return spec
 
 
-def check_spec(spec: PipelineSpec) -> list[tuple[tuple, str]]:
+def check_spec(spec: PipelineSpec, base_dir: Path | None = None) -> list[tuple[tuple, str]]:
+    """base_dir: the spec's folder, where model.target's file or module is looked for."""
     found = []
-    for rule in (_model_source, _axes, _ranges, _ragged_npy, _batch_size, _files):
+    for rule in (_model_source, _axes, _ranges, _ragged_npy, _multiples, _batch_size, _files):
         found.extend(rule(spec))
+    found.extend(_target_found(spec, base_dir or spec.base_dir))
     return found
+
+
+def _target_found(spec: PipelineSpec, base_dir: Path) -> Found:
+    """model.target's file (or top-level module) exists, without importing it: importing runs
+    the user's code, which `graphrun validate --load` does."""
+    target = spec.model.target
+    if not target or ":" not in target or "\x00" in target:
+        return
+    module = target.rpartition(":")[0]
+    if module.endswith(".py"):
+        path = Path(module) if Path(module).is_absolute() else base_dir / module
+        if not path.is_file():
+            yield ("model", "target"), (f"file not found: {path.resolve()}; model.target's "
+                                        "file is relative to the spec's folder")
+        return
+    top = module.split(".")[0]
+    if not top:
+        return
+    if (base_dir / f"{top}.py").is_file() or (base_dir / top).is_dir():
+        return
+    try:
+        found = importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        yield ("model", "target"), (f"module {top!r} not found beside the spec ({base_dir}) "
+                                    "nor on the Python path; put it there, install its "
+                                    "package, or give a file path such as "
+                                    "'models/net.py:build'")
 
 
 def _model_source(spec: PipelineSpec) -> Found:
@@ -102,7 +133,7 @@ def _ranges(spec: PipelineSpec) -> Found:
 
 
 def _ragged_npy(spec: PipelineSpec) -> Found:
-    if spec.output.format != "npy":
+    if spec.output.format != "npy":  # the one format of fixed-shape outputs (outputs/npy.py)
         return
     for name, item in spec.outputs.items():
         ragged = [d for d in item.shape[1:] if isinstance(d, str)]
@@ -112,8 +143,19 @@ def _ragged_npy(spec: PipelineSpec) -> Found:
                 "output.format to jsonl or parquet")
 
 
+def _multiples(spec: PipelineSpec) -> Found:
+    for axis, m in spec.buckets_multiple_of.items():
+        values = spec.buckets.get(axis)
+        if values is None:
+            yield ("buckets_multiple_of", axis), f"{axis!r} is no bucket axis"
+        elif values != "auto" and any(v % m for v in values):
+            yield ("buckets", axis), (f"values must be multiples of {m} (buckets_multiple_of."
+                                      f"{axis}); got {values}")
+
+
 def _batch_size(spec: PipelineSpec) -> Found:
-    if BATCH not in spec.buckets or spec.data.oversize == "split":
+    if (BATCH not in spec.buckets or spec.data.oversize == "split"
+            or spec.buckets[BATCH] == "auto"):
         return
     largest = max(spec.buckets[BATCH])
     if (spec.data.oversize == "eager" and spec.model.builtin == "decoder"
@@ -136,9 +178,11 @@ def _files(spec: PipelineSpec) -> Found:
     path = spec.data.path
     if "\x00" in str(path):
         return
-    if path.suffix not in DATA_SUFFIXES:
+    from .inputs import SUFFIXES
+
+    if path.suffix not in SUFFIXES:
         yield ("data", "path"), (f"unknown input format {path.suffix or '(no suffix)'!r}: use "
-                                 f"one of {', '.join(DATA_SUFFIXES)}")
+                                 f"one of {', '.join(SUFFIXES)}")
     elif not path.is_file():
         yield ("data", "path"), f"input file not found: {path}"
     for key in ("exported", "torchscript", "weights"):

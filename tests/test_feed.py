@@ -191,6 +191,7 @@ def sleepy(data, cost: float):
 def test_measured_keeps_serial_when_overlapped_is_slower(runner):
     writer = ThreadedWriter(0.002, completer_cost=0.03)
     trial = OverlapTrial(leg_s=0.02, every_s=60)
+    trial.MIN_LEG_BATCHES = 0  # legs of any length are timed: batches' speed varies by host
     run(runner, batches([4] * 150), writer, overlap=trial)
     assert len(trial.rounds) == 1 and trial.choice is False
     assert trial.rounds[0]["overlapped"] < trial.rounds[0]["serial"]
@@ -203,6 +204,7 @@ def test_measured_takes_overlapped_when_it_is_faster(runner):
     # reading and writing 20 ms each: serially 40 ms a batch, overlapped about 20
     writer = ThreadedWriter(0.02)
     trial = OverlapTrial(leg_s=0.1, every_s=60)
+    trial.MIN_LEG_BATCHES = 0  # legs of any length are timed: batches' speed varies by host
     run(runner, sleepy(batches([4] * 60), 0.02), writer, overlap=trial)
     assert len(trial.rounds) == 1 and trial.choice is True
     assert trial.rounds[0]["overlapped"] > trial.rounds[0]["serial"]
@@ -325,3 +327,43 @@ def test_the_manifest_describes_the_trial_the_defaults_run():
     assert f"runs for {t.every_s:g} s" in text
     assert f"only when {round((t.margin - 1) * 100)}% faster" in text
     assert len(t.ORDER) == 8 and t.ORDER.count(True) == 4 and "eight legs" in text
+
+
+def timed_legs(trial: OverlapTrial) -> list:
+    """(path, seconds, leg_slots) of every leg the trial records."""
+    legs, record = [], trial.record
+
+    def keep(threaded, records, seconds, batches=None):
+        legs.append((threaded, seconds, trial.leg_slots))
+        record(threaded, records, seconds, batches=batches)
+
+    trial.record = keep
+    return legs
+
+
+def test_a_trial_whose_batches_outlast_its_legs_runs_serial_and_says_why(runner):
+    """Batches of 0.1 s and more, legs of 0.2 s: an overlapped leg would finish its 16
+    batches in flight, 1.6 s; the trial stops after its first serial leg instead."""
+    writer = ThreadedWriter(0.1)
+    trial = OverlapTrial(leg_s=0.2, every_s=60)
+    legs = timed_legs(trial)
+    run(runner, batches([4] * 12), writer, overlap=trial)
+    assert [threaded for threaded, _, _ in legs] == [False, False, False]
+    assert trial.rounds == [] and trial.choice is False
+    assert trial.reason.startswith("serial: a batch took") and "legs of 0.2 s" in trial.reason
+    assert len(writer.calls) == 12 and no_threads_left()
+
+
+def test_a_trials_overlapped_legs_end_on_time(runner):
+    """Batches of 50 ms or more on the completer, legs of 0.4 s: with 16 batches in flight an
+    overlapped leg ran 0.8 s over; the trial keeps as many as take a quarter of a leg."""
+    writer = ThreadedWriter(0.05)
+    trial = OverlapTrial(leg_s=0.4, every_s=60)
+    legs = timed_legs(trial)
+    run(runner, batches([4] * 80), writer, overlap=trial)
+    trial_legs = legs[1:9]  # the warm-up, then the round
+    assert len(trial.rounds) == 1 and trial.reason.startswith("measured: overlapped ran at")
+    overlapped = [(s, k) for threaded, s, k in trial_legs if threaded]
+    assert len(overlapped) == 4 and all(k is not None and k <= 3 for _, k in overlapped)
+    assert max(s for s, _ in overlapped) < 2 * trial.leg_s, legs
+    assert len(writer.calls) == 80 and no_threads_left()

@@ -306,3 +306,18 @@ def test_a_failure_counting_the_records_stops_the_input_hash(tmp_path, monkeypat
     with pytest.raises(graphrun.InputError, match="not JSON"):
         graphrun.run(decoder_spec(), out=tmp_path / "o", show=True)
     assert not [t for t in threading.enumerate() if t.name == "graphrun-input-hash"]
+
+
+def test_the_summary_names_reading_as_the_limit_where_it_is():
+    from types import SimpleNamespace
+
+    from graphrun.progress import stream_breakdown
+
+    def totals(read: float, write: float):
+        return SimpleNamespace(stream_s=10.0, overlapped=True, overlap_trials=[], host_phase_s={
+            "read": read, "stage": 1.0, "launch": 2.0, "device_wait": 9.5, "write": write})
+
+    text = stream_breakdown(totals(read=9.0, write=1.0))
+    assert "busiest: read (reading the input limits the rate; for Parquet, write row groups of " \
+           "at most 65,536 records" in text
+    assert stream_breakdown(totals(read=1.0, write=6.0)).endswith("busiest: write")

@@ -20,9 +20,9 @@ from typing import Callable
 import torch
 
 from ..buckets import Bucket
-from ..errors import CaptureError, GraphrunError
+from ..errors import CaptureError, GraphrunError, ModelError
 from .lanes import Lane, LaneGraph, Layout
-from .verify import verify_bucket, verify_real_batch
+from .verify import verify_bucket, verify_real_batch, verify_remedies
 
 MiB = 1 << 20
 
@@ -99,12 +99,11 @@ class Capturer:
         lane.graphs[state.bucket] = entry
         result = self._verify(lane, state.bucket, entry)
         if result is not None and not result.passed:
-            err = CaptureError("verification failed: " + "; ".join(result.failures),
-                               bucket=state.bucket.name,
-                               remedies=["fix the model so that rows are independent",
-                                         "loosen capture.verify.rtol / atol if the differences "
-                                         "are rounding", "set capture.on_failure: eager"])
-            if entry.graph is None:
+            note, remedies = verify_remedies(result, captured=entry.graph is not None,
+                                             on_failure=self.cap.on_failure)
+            err = CaptureError("verification failed: " + "; ".join(result.failures) + note,
+                               bucket=state.bucket.name, remedies=remedies)
+            if entry.graph is None or result.pad_isolated is False:  # eager would pad alike
                 raise err
             self.fall_back([lane], state, err)
 
@@ -296,6 +295,26 @@ def explain_capture_failure(exc: BaseException, bucket: Bucket) -> CaptureError:
     if where:
         text += f"\n  at {where}"
     return CaptureError(text, bucket=bucket.name, remedies=REMEDIES)
+
+
+def model_failed(exc: BaseException, bucket: str, where: str, ids: list) -> ModelError:
+    """The model raised on a batch of the stream: name the batch (its first record's place in
+    the input, its ids), the bucket, and the model's own error line, without a traceback."""
+    chain = []
+    while exc is not None and exc not in chain:
+        chain.append(exc)
+        exc = exc.__context__ or exc.__cause__
+    at = next((w for w in map(_model_frame, chain) if w), None)
+    cause = next((e for e in chain if _model_frame(e)), chain[0])
+    first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+    shown = ", ".join(map(str, ids[:3])) + (f", ... {ids[-1]}" if len(ids) > 3 else "")
+    text = (f"the model raised on the batch of {len(ids)} records from {where} (ids {shown}) "
+            f"in bucket {bucket}: {type(cause).__name__}: {first}")
+    if at:
+        text += f"\n  at {at}"
+    return ModelError(text + "\n  the batches before it are committed: fix the model, then "
+                      "run again with --resume to continue from this batch (--debug shows the "
+                      "traceback)")
 
 
 def _model_frame(exc: BaseException) -> str | None:

@@ -38,8 +38,10 @@ class Layout:
     out_dtypes: dict[str, torch.dtype]
 
     @classmethod
-    def of(cls, in_dims, model_dtypes, out_dims, out_dtypes) -> "Layout":
-        return cls(in_dims, {n: host_dtype(d) for n, d in model_dtypes.items()}, model_dtypes,
+    def of(cls, in_dims, spec_dtypes, model_dtypes, out_dims, out_dtypes) -> "Layout":
+        """spec_dtypes: the inputs' declared dtypes; model_dtypes: what the model is called
+        with (a floating input in model.dtype, models/load.py's model_input_dtypes)."""
+        return cls(in_dims, {n: host_dtype(d) for n, d in spec_dtypes.items()}, model_dtypes,
                    out_dims, out_dtypes)
 
 
@@ -102,9 +104,21 @@ def make_step(model: torch.nn.Module, call: str, inputs: dict[str, torch.Tensor]
         for name, t in got.items():
             dst = outputs[name]
             if t.shape != dst.shape:
-                raise ModelError(
-                    f"output {name!r} has shape {list(t.shape)} but the spec's outputs.{name}."
-                    f"shape gives {list(dst.shape)} for this bucket; fix outputs.{name}.shape")
+                raise ModelError(output_shape_problem(name, list(t.shape), list(dst.shape)))
             dst.copy_(t)
 
     return step
+
+
+def output_shape_problem(name: str, got: list[int], want: list[int]) -> str:
+    """What is wrong when a model's output does not fit its static buffer: the batch
+    dimension is the model's to keep (one row per input row), the others the spec's to say."""
+    head = (f"output {name!r} has shape {got} but the spec's outputs.{name}.shape gives "
+            f"{want} for this bucket")
+    if not got or got[0] != want[0]:
+        rows = got[0] if got else "no"
+        return (f"{head}: the model returned {rows} rows for a batch of {want[0]}; the model "
+                "must return one row per input row along dimension 0 (a reduction or an "
+                "indexing over the batch, such as x[0] or x.mean(0), drops it); fix the "
+                "model's forward, not the spec")
+    return f"{head}; fix outputs.{name}.shape (a name in it is a bucket axis)"

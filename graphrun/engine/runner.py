@@ -19,9 +19,10 @@ import torch
 
 from ..buckets import Bucket, BucketTable, cut_rows, pad_into, split_sizes
 from ..device import resolve_backend, resolve_device
-from ..errors import InputError, ModelError
+from ..errors import InputError
 from ..manifest import BucketReport, LaneReport
-from ..models.load import build_model, call_model, compile_model, name_outputs
+from ..models.load import (build_model, call_model, compile_model, first_call,
+                           model_input_dtypes, name_outputs, unlisted_outputs)
 from ..spec import BATCH, PipelineSpec
 from .buffers import TORCH_DTYPES, host_dtype
 from .capture import BucketState, Capturer
@@ -73,35 +74,27 @@ class Runner:
         on seeded sample inputs of the largest bucket."""
         largest, specs = self.table.all[0], self.spec.inputs
         in_dims = {n: i.shape for n, i in specs.items()}
-        model_dtypes = {n: TORCH_DTYPES[i.dtype] for n, i in specs.items()}
-        sample = {n: torch.empty(largest.shape(d), dtype=host_dtype(model_dtypes[n]),
+        spec_dtypes = {n: TORCH_DTYPES[i.dtype] for n, i in specs.items()}
+        model_dtypes = model_input_dtypes(self.spec)  # floating inputs in model.dtype
+        sample = {n: torch.empty(largest.shape(d), dtype=host_dtype(spec_dtypes[n]),
                                  device=self.device) for n, d in in_dims.items()}
         fill_synthetic(sample, specs, torch.Generator().manual_seed(0))
         probe = self._probe(largest, {n: t.to(model_dtypes[n]) for n, t in sample.items()})
         out_dtypes = {n: TORCH_DTYPES[o.dtype] if o.dtype else probe[n].dtype
                       for n, o in self.spec.outputs.items()}
-        return Layout.of(in_dims, model_dtypes, {n: o.shape for n, o in self.spec.outputs.items()},
-                         out_dtypes)
+        return Layout.of(in_dims, spec_dtypes, model_dtypes,
+                         {n: o.shape for n, o in self.spec.outputs.items()}, out_dtypes)
 
     def _probe(self, bucket: Bucket, inputs: dict[str, torch.Tensor]) -> dict:
         """The model's first call. Failing here is nearly always the spec and the model
-        disagreeing: say so, with what was passed."""
-        call = self.spec.model.call
-        try:
-            with torch.inference_mode():
-                return name_outputs(call_model(self.model, inputs, call), list(self.spec.outputs))
-        except ModelError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - re-raised as a user error, chained
-            args = {n: f"{list(t.shape)} {str(t.dtype).replace('torch.', '')}"
-                    for n, t in inputs.items()}
-            how = "model(" + ", ".join(f"{n}={a}" if call == "keyword" else a
-                                       for n, a in args.items()) + ")"
-            raise ModelError(
-                f"the model failed on its first call, {how} for bucket {bucket.name}: "
-                f"{type(exc).__name__}: {exc}\n  check that the spec's inputs (names, shapes, "
-                "dtypes) match the model's forward, or set model.call: positional; "
-                "--debug shows the traceback") from exc
+        disagreeing: first_call says so, with what was passed."""
+        names = list(self.spec.outputs)
+        ret = first_call(self.model, inputs, self.spec.model.call, f"bucket {bucket.name}")
+        extra = unlisted_outputs(ret, names)
+        if extra:
+            self.log(f"warning: the model also returns {', '.join(extra)}, which outputs does "
+                     "not list: not written; list it under outputs to keep it")
+        return name_outputs(ret, names)
 
     def _new_lane(self, index: int) -> Lane:
         return Lane(index, self.layout, self.table.all[0], self.device, self.spec.inputs)

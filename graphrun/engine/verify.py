@@ -115,3 +115,27 @@ def replay_against_eager(replayed: dict[str, torch.Tensor], eager: Callable[[], 
                 f"output {name!r}: {when}replay differs from eager (max abs error "
                 f"{max_abs:.3g}, max relative error {max_rel:.3g}; rtol={rtol:g}, atol={atol:g})")
     return result
+
+
+def verify_remedies(result: VerifyResult, *, captured: bool,
+                    on_failure: str) -> tuple[str, list[str]]:
+    """(a note, the numbered remedies) for a failed verification: only those that work for
+    what failed. Padded rows moving real rows is the model's doing, and eager runs pad to the
+    same buckets, so capture.on_failure: eager cannot help there; nor can it where the bucket
+    already ran eagerly (the CPU, capture.backend: eager)."""
+    differs = any("replay differs from eager" in f for f in result.failures)
+    if differs and not captured:  # the model differs from itself: that moves padded rows too
+        return "", ["make forward deterministic: the same inputs must give the same outputs "
+                    "on every call (no dropout or random ops, no state kept between calls)",
+                    "loosen capture.verify.rtol / atol if the differences are rounding"]
+    if result.pad_isolated is False:
+        note = ("; capture.on_failure: eager does not help here: eager runs pad their batches "
+                "to the same buckets" if on_failure == "eager" else "")
+        return note, [
+            "fix the model so that each row of a batch is computed from that row alone "
+            "(batch norm in eval mode; attention, pooling and sums within a record)",
+            "or run one record per batch, unpadded: buckets.batch: [1] and "
+            "data.batch_size: 1 (slow)"]
+    return "", ["loosen capture.verify.rtol / atol if the differences are rounding",
+                "set capture.on_failure: eager (the bucket runs eagerly; recorded in the "
+                "manifest)"]
