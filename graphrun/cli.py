@@ -59,7 +59,6 @@ def main() -> None:
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary table.")
 @click.option("--report", "with_report", is_flag=True,
               help="Also write report.html (charts) beside manifest.json.")
-@debug_option
 def run(spec, overrides, out, resume, overwrite, start, stop, quiet, with_report) -> None:
     """Run SPEC: read its input, replay every batch, write outputs and manifest.json."""
     from .pipeline import run as run_pipeline
@@ -243,7 +242,6 @@ def bench(spec, iters, warmup, with_compile, records, out, overrides) -> None:
               help="Also build the model and call it once per bucket, eagerly, on sample "
               "inputs (with the padding check): finds argument names, dtypes and shapes that "
               "do not fit the model before a long run. Reads no data, writes nothing.")
-@debug_option
 def validate(specs, overrides, load) -> None:
     """Check SPEC files: one line per file, every error with file:line:col."""
     from .spec_load import load_spec

@@ -247,3 +247,11 @@ def test_the_progress_bar_counts_every_record_with_few_updates(monkeypatch):
     progress.close()
     assert bar.tasks[0].completed == 1000 and sum(pushes) == 1000
     assert len(pushes) < 10
+
+
+def test_every_verb_declares_debug_once():
+    from graphrun.cli import main
+
+    for name, command in main.commands.items():
+        debug = [p for p in command.params if p.name == "debug"]
+        assert len(debug) == 1, f"graphrun {name}: --debug declared {len(debug)} times"
