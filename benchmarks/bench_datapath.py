@@ -61,8 +61,8 @@ if str(ROOT) not in sys.path:
 
 import graphrun  # noqa: E402
 from graphrun.cores import usable_cores  # noqa: E402
+from graphrun.engine import Runner  # noqa: E402
 from graphrun.tuning import Tuning  # noqa: E402 - the reader's settings
-from graphrun.runner import Runner  # noqa: E402
 from graphrun.spec import PipelineSpec  # noqa: E402
 from graphrun.stream import read_batches  # noqa: E402
 
@@ -395,24 +395,24 @@ def replay_rates(case: Case, spec: PipelineSpec, seconds: float) -> ReplayRates:
             runner.host_slots(2)
             bucket = runner.stage(first.fields, n, first.lengths, 0)
             runner.stage(first.fields, n, first.lengths, 1)
-            state = runner.states[bucket]
+            lane = runner.lanes[0]
             # the graph (or eager step) alone, inputs already in the static device views
-            for dst, src in runner.slots[0].copies(bucket, 0, *runner.lanes[0]).h2d:
+            for dst, src in runner.launcher.slots[0].copies(bucket, lane).h2d:
                 dst.copy_(src)
-            graph_s = timed_loop(state.run, runner, seconds)
+            graph_s = timed_loop(lane.graphs[bucket].run, runner, seconds)
             slot = [0]
 
             def device_path():  # h2d + replay + d2h enqueued back to back
-                runner.launch(bucket, slot[0])
+                runner.launch(bucket, slot[0], n, first.lengths)
                 slot[0] ^= 1
 
             path_s = timed_loop(device_path, runner, seconds)
 
             def launch_collect():
-                runner.collect(bucket, 0, runner.launch(bucket, 0), n, first.lengths)
+                runner.launch(bucket, 0, n, first.lengths).result()
 
             lc_s = timed_loop(launch_collect, runner, seconds)
-        note = f"bucket {bucket.name}, {state.status}"
+        note = f"bucket {bucket.name}, {runner.states[bucket].status}"
     return ReplayRates(graph=n / graph_s, device_path=n / path_s, launch_collect=n / lc_s,
                        step_us=graph_s * 1e6, note=note)
 

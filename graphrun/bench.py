@@ -133,15 +133,13 @@ def time_steps(step, batches: list, iters: int, warmup: int) -> np.ndarray:
 
 
 def _costs(runner) -> dict[str, dict]:
-    """Per bucket name: status, capture time, memory, verify (the one place that reads the
-    runner's bucket table)."""
+    """Per bucket name: status, capture time, memory, verify (every lane's graph passed; the
+    one place that reads the runner's buckets)."""
     out = {}
-    for bucket, state in runner.states.items():
-        verify = state.verify or {}
-        passed = verify.get("passed") if isinstance(verify, dict) else getattr(
-            verify, "passed", None)
-        out[bucket.name] = {"status": state.status, "capture_s": state.capture_s,
-                            "memory_bytes": state.memory_bytes, "verify": passed}
+    for b in runner.bucket_reports():
+        checks = [lane.verify.passed for lane in b.lanes if lane.verify is not None]
+        out[b.name] = {"status": b.status, "capture_s": b.capture_s,
+                       "memory_bytes": b.memory_bytes, "verify": all(checks) if checks else None}
     return out
 
 

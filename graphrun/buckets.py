@@ -65,6 +65,7 @@ class BucketTable:
                           key=lambda b: b.sizes, reverse=True)  # largest first
         self.dropped: set[Bucket] = set()
         self._picked: dict[tuple, Bucket | None] = {}  # the hot path asks the same few questions
+        self.max_batch = max(b.batch for b in self.all)  # of the active buckets; drop() updates
 
     @property
     def active(self) -> list[Bucket]:
@@ -73,10 +74,7 @@ class BucketTable:
     def drop(self, bucket: Bucket) -> None:
         self.dropped.add(bucket)
         self._picked.clear()
-
-    @property
-    def max_batch(self) -> int:
-        return max((b.batch for b in self.active), default=0)
+        self.max_batch = max((b.batch for b in self.active), default=0)
 
     def pick(self, n: int, lengths: dict[str, int]) -> Bucket | None:
         """Smallest active bucket with batch >= n and every other axis >= its length."""

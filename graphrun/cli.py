@@ -265,7 +265,7 @@ def validate(specs, overrides, load) -> None:
 def _load(spec) -> int:
     """Build the spec's model and run each bucket once eagerly (the Runner's setup with the
     eager backend: one call per bucket, then verify's replay and padding checks)."""
-    from .runner import Runner
+    from .engine import Runner
 
     spec = spec.model_copy(deep=True)
     spec.capture.backend = "eager"

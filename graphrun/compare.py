@@ -33,6 +33,17 @@ def load_manifest(folder: Path) -> dict:
         raise InputError(f"unreadable manifest.json: {exc}", where=str(path)) from None
 
 
+def bucket_verified(bucket: dict) -> bool | None:
+    """A manifest bucket's verification: True when every lane's graph passed, None where none
+    was checked (capture.verify off, a skipped bucket)."""
+    lanes = bucket.get("lanes")
+    checks = [lane["verify"] for lane in lanes if lane.get("verify")] if isinstance(
+        lanes, list) else []
+    if not checks and isinstance(bucket.get("verify"), dict):  # a manifest from before lanes
+        checks = [bucket["verify"]]
+    return all(c["passed"] for c in checks) if checks else None
+
+
 def spec_diff(a: Any, b: Any, path: str = "") -> list[tuple[str, Any, Any]]:
     """Key paths whose values differ: [("capture.warmup_iters", 3, 5), ...]; a key missing on
     one side reads as None."""

@@ -49,11 +49,12 @@ class VerifyResult(_M):
     real_batch: Optional[BatchCheck] = Field(
         None, description="Replay vs eager on the first real batch that reached the bucket "
         "(captured buckets only; null if none reached it).")
-    twin_passed: Optional[bool] = Field(
-        None, description="The bucket's second graph (lanes: 2) checked as the first was, on "
-        "synthetic inputs; null if it has none.")
-    twin_real_batch: Optional[BatchCheck] = Field(
-        None, description="The second graph's replay vs eager on the first real batch it ran.")
+
+
+class LaneReport(_M):
+    verify: Optional[VerifyResult] = Field(
+        None, description="This lane's graph of the bucket checked against eager (synthetic "
+        "inputs, pad isolation, the first real batch it ran); null with capture.verify off.")
 
 
 class BucketReport(_M):
@@ -64,11 +65,11 @@ class BucketReport(_M):
     warmup_s: Optional[float] = None
     capture_s: Optional[float] = None
     memory_bytes: Optional[int] = Field(None, description="Pool growth while capturing it.")
-    lanes: int = Field(
-        1, description="2: the overlapped stream captured the bucket a second time, on a "
-        "second set of static buffers, and replayed the two graphs in turn, so that one "
-        "batch's copies ran beside the other's replay; capture_s and memory_bytes include it.")
-    verify: Optional[VerifyResult] = None
+    lanes: list[LaneReport] = Field(
+        default_factory=list, description="One entry per lane the bucket ran on: a lane is a "
+        "set of static buffers with the bucket's graph captured on them. The overlapped stream "
+        "uses two lanes in turn, so that one batch's copies run beside the other's replay; "
+        "capture_s and memory_bytes include every lane's capture. Empty for a skipped bucket.")
     batches: int = 0
     records: int = 0
     padded_rows: int = 0

@@ -1,7 +1,8 @@
 """run(spec): the whole job, file -> outputs + manifest. The spine of graphrun; one screen.
 
-spec -> Runner (model, static buffers, capture, verify) -> stream (read, check, batch) ->
-replay (pad, copy, replay, copy back, cut) -> write (shards, rejects, journal) -> manifest.
+spec -> Runner (engine/: model, lanes of static buffers, capture, verify) -> stream (read,
+check, batch) -> feed (stage, launch, result on three threads) -> write (shards, rejects,
+journal) -> manifest.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import signal
-import threading
 import time
 from array import array
 from pathlib import Path
@@ -19,13 +19,15 @@ import numpy as np
 from . import envs
 from .auto_buckets import resolve_auto
 from .errors import GraphrunError, Interrupted, OutputError
-from .manifest import (BucketReport, FileEntry, Manifest, Totals, all_rejected,
+from .manifest import (FileEntry, Manifest, Totals, all_rejected,
                        completed_manifest, environment, spec_digest, write_manifest)
 from .progress import Progress, count_records, summary_table
-from .replay import OverlapTrial, replay_stream, slot_count
-from .runner import Runner
+from .engine import Runner
+from .engine.timing import noise_floor_us, percentiles, spread_warning
+from .feed import feed_stream, slot_count
+from .overlap import OverlapTrial
+from .stop_signals import StopSignals
 from .stream import ReadAhead, read_batches
-from .timing import noise_floor_us, percentiles, spread_warning
 from .tuning import Tuning
 from .journal import InputHash, write_fingerprint
 from .write import ShardWriter, prepare_out_dir
@@ -37,21 +39,15 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     """Run the pipeline; returns the manifest (also written to <out>/manifest.json).
 
     start/stop select a slice of the input's records (one process per GPU reads its own).
-    overlap: True for the overlapped data path (replay.py), False for the serial one, "measure"
-    to time both on the stream and keep the faster (replay.OverlapTrial); None (the default)
+    overlap: True for the overlapped data path (feed.py), False for the serial one, "measure"
+    to time both on the stream and keep the faster (overlap.OverlapTrial); None (the default)
     takes GRAPHRUN_OVERLAP (on | off | measure | auto) from the environment, and auto is
     overlapped on a GPU and measured on the CPU, where torch's own threads run the model on
     every core and neither path always wins (benchmarks/RESULTS.md). tuning: the reader's and
     writer's threads and chunk sizes (default: Tuning.from_machine(), from the cores and the
     GRAPHRUN_* variables)."""
-    how = "set by run()'s overlap" if overlap is not None else f"set by {OVERLAP_ENV}"
-    overlap = overlap_choice(overlap)
-    tuning = tuning or Tuning.from_machine()  # the reader's and writer's threads and chunks
-    spec, bucket_plan = resolve_auto(spec)
-    out_dir = Path(out).resolve() if out else spec.output.dir
-    spec_json = spec.model_dump(mode="json")
-    job = RunState(spec, out_dir, spec_json)
-    job.bucket_plan = bucket_plan
+    job, overlap = new_job(spec, out, overlap, tuning)
+    spec, out_dir = job.spec, job.out_dir  # buckets: auto planned
     # The input is hashed beside setup (journal.InputHash); --resume needs it first, to
     # compare, and a new run records it in run.json once setup is done, before streaming.
     fingerprint = {"spec_sha256": job.spec_sha,
@@ -61,62 +57,16 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     if done is not None:  # --resume of a completed run: nothing to do, nothing rewritten
         job.input_hash.stop()
         return done
-    try:
-        resume_point = prepare_out_dir(out_dir, resume=resume, overwrite=overwrite,
-                                       fingerprint=fingerprint)
-    except OSError as err:
-        job.input_hash.stop()
-        raise OutputError(f"cannot use output folder {out_dir}: {err.strerror or err}; pick a "
-                          "folder you can write to (--out or output.dir)") from err
-    except BaseException:
-        job.input_hash.stop()
-        raise
-    if resume_point is not None:
-        # Re-read from the start of the batch that held the last committed row, so batches
-        # (and their buckets) are as before; the records below next_index are not counted again.
-        job.resumed_from = job.count_from = resume_point.next_index
-        start = max(start, resume_point.start)
-        job.records_in = resume_point.rows + resume_point.rejects
-        job.earlier = (resume_point.rows, resume_point.rejects)
+    resume_point, start = open_out_dir(job, fingerprint, resume, overwrite, start)
     with StopSignals() as stop_signal:
-        writer = latencies = t0 = batches = None
         try:
             progress = Progress(show, total=count_records(spec, start, stop) if show else None)
         except BaseException:
             job.input_hash.stop()
             raise
         try:
-            # the first batch is read while the runner sets up: for a Parquet file, its first
-            # row groups decode meanwhile instead of keeping the device waiting (stream.py)
-            batches = ReadAhead(read_batches(spec, start=start, stop=stop, tuning=tuning))
-            job.runner = runner = Runner(spec, log=job.print_and_warn if show else job.warn)
-            if spec.report.baseline == "eager":
-                runner.measure_baseline()
-            writer = ShardWriter(spec, out_dir, resume=resume_point, tuning=tuning)
-            latencies, job.batches_before = open_latencies(
-                out_dir / "latencies.jsonl", keep_below=start if resume_point else None)
-            if fingerprint["input_sha256"] is None:
-                # not beside the stream: reading the file to hash it slows the stream's reads
-                job.record_input_hash(fingerprint)
-            if overlap is None:
-                overlap = True if runner.cuda else MEASURE
-                how = "the default on a GPU" if runner.cuda else "the default on the CPU"
-            job.overlap_how = how
-            if overlap is not False:  # the overlapped path's pinned slots: setup, not the stream
-                runner.host_slots(slot_count(runner.slot_bytes))
-            t0 = time.perf_counter()
-            if overlap == MEASURE:
-                overlap = job.trial = OverlapTrial()
-            else:
-                job.overlapped = overlap
-            job.host_s = replay_stream(
-                runner, batches, writer,
-                on_batches=lambda ran, n, first: job.log_batches(latencies, ran, n, first),
-                on_read=lambda rb: progress.advance(job.count(rb)),
-                should_stop=lambda: bool(stop_signal.signum), start=start, overlap=overlap)
-            # Full shards commit in the background: the stream is over once they are
-            # journaled (and a commit that failed fails the run here, with its manifest).
-            writer.wait_for_commits()
+            run_stream(job, fingerprint, resume_point, start, stop, overlap, progress,
+                       stop_signal, show)
             job.status = "interrupted" if stop_signal.signum else "completed"
         except GraphrunError as err:
             job.status, job.error = "failed", str(err)
@@ -137,28 +87,86 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
             raise
         finally:
             stop_signal.hold()  # a signal now must not cut the commit and manifest below short
-            job.stream_s = time.perf_counter() - t0 if t0 else 0.0
-            if batches is not None:
-                batches.close()
-            progress.close()
-            if latencies:
-                latencies.close()
-            if writer:
-                # interrupted: only complete shards are committed, so that --resume writes the
-                # same shards as an uninterrupted run; a failure commits all it has before it
-                job.files = writer.close(partial=job.status != "interrupted")
-                job.records_out, job.rejected = writer.rows_written, writer.rejects_written
-            job.settle_hash()
-            job.settle_counts()
-            manifest = job.manifest()
-            write_manifest(manifest, out_dir / "manifest.json")
-            if job.runner:
-                job.runner.close()
+            manifest = job.finish(progress)
     if show:
         summary_table(manifest, shown=job.printed)
     if stop_signal.signum:
         raise Interrupted(stop_signal.signum)
     return manifest
+
+
+def new_job(spec, out, overlap, tuning: Tuning | None) -> tuple["RunState", object]:
+    """The run's state, its spec's `buckets: auto` planned (auto_buckets.py), and the overlap
+    choice (the caller's, else GRAPHRUN_OVERLAP's; None: by the device)."""
+    how = "set by run()'s overlap" if overlap is not None else f"set by {OVERLAP_ENV}"
+    overlap = overlap_choice(overlap)
+    spec, bucket_plan = resolve_auto(spec)
+    out_dir = Path(out).resolve() if out else spec.output.dir
+    job = RunState(spec, out_dir, spec.model_dump(mode="json"))
+    job.bucket_plan, job.overlap_how = bucket_plan, how
+    job.tuning = tuning or Tuning.from_machine()  # the reader's and writer's threads and chunks
+    return job, overlap
+
+
+def open_out_dir(job: "RunState", fingerprint: dict, resume: bool, overwrite: bool,
+                 start: int):
+    """The output folder made ready (or its committed part found, for --resume); returns the
+    resume point and the first input ordinal to read."""
+    try:
+        resume_point = prepare_out_dir(job.out_dir, resume=resume, overwrite=overwrite,
+                                       fingerprint=fingerprint)
+    except OSError as err:
+        job.input_hash.stop()
+        raise OutputError(f"cannot use output folder {job.out_dir}: {err.strerror or err}; "
+                          "pick a folder you can write to (--out or output.dir)") from err
+    except BaseException:
+        job.input_hash.stop()
+        raise
+    if resume_point is not None:
+        # Re-read from the start of the batch that held the last committed row, so batches
+        # (and their buckets) are as before; the records below next_index are not counted again.
+        job.resumed_from = job.count_from = resume_point.next_index
+        start = max(start, resume_point.start)
+        job.records_in = resume_point.rows + resume_point.rejects
+        job.earlier = (resume_point.rows, resume_point.rejects)
+    return resume_point, start
+
+
+def run_stream(job: "RunState", fingerprint: dict, resume_point, start: int, stop, overlap,
+               progress, stop_signal, show: bool) -> None:
+    """Setup beside the first batch's reading, then the stream. What it opens goes on `job`,
+    which closes it whatever happens (RunState.finish)."""
+    spec, out_dir = job.spec, job.out_dir
+    # the first batch is read while the runner sets up: for a Parquet file, its first
+    # row groups decode meanwhile instead of keeping the device waiting (stream.py)
+    job.reader = ReadAhead(read_batches(spec, start=start, stop=stop, tuning=job.tuning))
+    job.runner = runner = Runner(spec, log=job.print_and_warn if show else job.warn)
+    if spec.report.baseline == "eager":
+        runner.measure_baseline()
+    job.writer = writer = ShardWriter(spec, out_dir, resume=resume_point, tuning=job.tuning)
+    job.latencies, job.batches_before = open_latencies(
+        out_dir / "latencies.jsonl", keep_below=start if resume_point else None)
+    if fingerprint["input_sha256"] is None:
+        # not beside the stream: reading the file to hash it slows the stream's reads
+        job.record_input_hash(fingerprint)
+    if overlap is None:
+        overlap = True if runner.cuda else MEASURE
+        job.overlap_how = "the default on a GPU" if runner.cuda else "the default on the CPU"
+    if overlap is not False:  # the overlapped path's pinned slots: setup, not the stream
+        runner.host_slots(slot_count(runner.slot_bytes))
+    job.stream_t0 = time.perf_counter()
+    if overlap == MEASURE:
+        overlap = job.trial = OverlapTrial()
+    else:
+        job.overlapped = overlap
+    job.host_s = feed_stream(
+        runner, job.reader, writer, oversize=spec.data.oversize,
+        on_batches=lambda ran, n, first: job.log_batches(job.latencies, ran, n, first),
+        on_read=lambda rb: progress.advance(job.count(rb)),
+        should_stop=lambda: bool(stop_signal.signum), start=start, overlap=overlap)
+    # Full shards commit in the background: the stream is over once they are
+    # journaled (and a commit that failed fails the run here, with its manifest).
+    writer.wait_for_commits()
 
 
 OVERLAP_ENV = "GRAPHRUN_OVERLAP"
@@ -216,7 +224,8 @@ class RunState:
         self.resumed_from = None
         self.earlier = (0, 0)  # (rows, rejects) committed by the attempts this one resumes
         self.count_from = 0  # records below it were committed by the run this one resumes
-        self.runner = None
+        self.runner = self.writer = self.latencies = self.reader = None  # open while streaming
+        self.stream_t0 = None
         self.files = []
         self.stream_s = 0.0
         self.warnings: list[str] = []
@@ -228,6 +237,29 @@ class RunState:
         self.trial: OverlapTrial | None = None  # overlap measured: what it measured
         self.overlap_how: str | None = None  # who chose the path: the caller or the default
         self.bucket_plan = None  # buckets: auto: what was planned (auto_buckets.py)
+        self.tuning = None  # the reader's and writer's threads and chunks (tuning.py)
+
+    def finish(self, progress) -> Manifest:
+        """Close what the stream opened, commit, and write the manifest (whatever happened)."""
+        self.stream_s = time.perf_counter() - self.stream_t0 if self.stream_t0 else 0.0
+        if self.reader is not None:
+            self.reader.close()
+        progress.close()
+        if self.latencies:
+            self.latencies.close()
+        if self.writer:
+            # interrupted: only complete shards are committed, so that --resume writes the
+            # same shards as an uninterrupted run; a failure commits all it has before it
+            self.files = self.writer.close(partial=self.status != "interrupted")
+            self.records_out = self.writer.rows_written
+            self.rejected = self.writer.rejects_written
+        self.settle_hash()
+        self.settle_counts()
+        manifest = self.manifest()
+        write_manifest(manifest, self.out_dir / "manifest.json")
+        if self.runner:
+            self.runner.close()
+        return manifest
 
     def count(self, rb) -> int:
         """Count a record batch's records and rejects (those not committed by an earlier run)."""
@@ -320,27 +352,18 @@ class RunState:
         runner, spec = self.runner, self.spec
         ps = spec.report.percentiles
         buckets, capture_s, capture_mem, rows_run, padded = [], 0.0, 0, 0, 0
-        for state in (runner.states.values() if runner else []):
-            lat = {ph: percentiles(v, ps) for ph, v in self.samples.get(state.bucket.name,
-                                                                          {}).items()}
-            speedup = (state.eager_us / state.replay_us
-                       if state.eager_us and state.replay_us else None)
-            buckets.append(BucketReport(
-                name=state.bucket.name, sizes=dict(zip(state.bucket.axes, state.bucket.sizes)),
-                status=state.status if state.status != "pending" else "skipped",
-                reason=state.reason, warmup_s=state.warmup_s, capture_s=state.capture_s,
-                memory_bytes=state.memory_bytes, lanes=2 if state.twin is not None else 1,
-                verify=state.verify, latency_us=lat,
-                eager_us=state.eager_us, replay_us=state.replay_us, speedup=speedup,
-                **state.stats))
-            capture_s += state.capture_s or 0.0
-            capture_mem += state.memory_bytes or 0
-            rows_run += state.stats["records"] + state.stats["padded_rows"]
-            padded += state.stats["padded_rows"]
-            for phase, values in self.samples.get(state.bucket.name, {}).items():
+        for report in (runner.bucket_reports() if runner else []):
+            samples = self.samples.get(report.name, {})
+            report.latency_us = {ph: percentiles(v, ps) for ph, v in samples.items()}
+            buckets.append(report)
+            capture_s += report.capture_s or 0.0
+            capture_mem += report.memory_bytes or 0
+            rows_run += report.records + report.padded_rows
+            padded += report.padded_rows
+            for phase, values in samples.items():
                 floor = noise_floor_us(phase, runner.cuda)
                 w = floor is not None and spread_warning(
-                    values, f"bucket {state.bucket.name} {phase}", floor)
+                    values, f"bucket {report.name} {phase}", floor)
                 if w:
                     self.warnings.append(w)
         wall = time.perf_counter() - self.t0
@@ -378,33 +401,3 @@ class RunState:
 
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-
-
-class StopSignals:
-    """SIGINT/SIGTERM set a flag; the loop finishes the batch in flight, commits and stops.
-    A second signal stops at once (KeyboardInterrupt), except after hold(): from there on the
-    run only commits and writes its manifest, which must not be cut short."""
-
-    def __init__(self):
-        self.signum = 0
-        self._old = {}
-        self._held = False
-
-    def _handle(self, signum, frame) -> None:
-        first = not self.signum
-        self.signum = signum  # the latest: the exit code names the signal that stopped the run
-        if not first and not self._held:  # a second signal: stop now
-            raise KeyboardInterrupt
-
-    def hold(self) -> None:
-        self._held = True
-
-    def __enter__(self) -> "StopSignals":
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._old.items():
-            signal.signal(sig, handler)

@@ -126,7 +126,8 @@ def summary_table(manifest, shown: set[str] = frozenset()) -> None:
                          no_wrap=True, min_width=len(col))
     for b in manifest.buckets:
         replay = b.latency_us.get("replay", {}).get("p50")
-        verify = "-" if b.verify is None else ("ok" if b.verify.passed else "FAILED")
+        checks = [lane.verify for lane in b.lanes if lane.verify is not None]
+        verify = "-" if not checks else ("ok" if all(v.passed for v in checks) else "FAILED")
         table.add_row(b.name, b.status, str(b.batches), str(b.records), str(b.padded_rows),
                       f"{replay:.0f}" if replay else "-",
                       f"{b.capture_s * 1e3:.1f}" if b.capture_s else "-", verify)
@@ -145,7 +146,7 @@ def summary_table(manifest, shown: set[str] = frozenset()) -> None:
             console.print(f"[yellow]warning:[/yellow] {w}")
 
 
-# host_phase_s keys, as the summary names them: what each thread does (replay.py)
+# host_phase_s keys, as the summary names them: what each thread does (feed.py)
 _STEPS = (("read", "read"), ("stage", "pad"), ("launch", "launch"),
           ("device_wait", "device wait"), ("write", "write"))
 

@@ -112,7 +112,7 @@ def run_variant(spec: Path, base: list[str], chosen: dict, out: Path, stop: int 
 def measure(spec: Path, base: list[str], name: str, chosen: dict, out: Path, stop: int | None,
             first: Path | None) -> Variant:
     """A completed variant's row from its manifest, latencies and (re-read) input."""
-    from .compare import compare_outputs, load_manifest
+    from .compare import bucket_verified, compare_outputs, load_manifest
     from .plan import evaluate, histogram
     from .spec_load import load_spec
 
@@ -122,7 +122,7 @@ def measure(spec: Path, base: list[str], name: str, chosen: dict, out: Path, sto
     lat = out / "latencies.jsonl"
     if lat.is_file():
         e2e = [json.loads(x)["e2e_us"] for x in lat.read_text().splitlines() if x.strip()]
-    verdicts = [b["verify"]["passed"] for b in m["buckets"] if b.get("verify")]
+    verdicts = [v for v in map(bucket_verified, m["buckets"]) if v is not None]
     pspec = load_spec(spec, list(base) + _overrides(chosen))
     equal = None
     if first is not None:

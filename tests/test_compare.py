@@ -87,3 +87,14 @@ def test_two_bench_folders_compare_per_bucket_and_mode(write_spec, tmp_path):
     assert r["p50_ratio"] == r["b_p50_us"] / r["a_p50_us"]
     out = CliRunner().invoke(main, ["compare", str(tmp_path / "a"), str(tmp_path / "b")])
     assert out.exit_code == 0 and "bench step latency" in out.output
+
+
+def test_a_buckets_verification_reads_every_lane_and_older_manifests():
+    from graphrun.compare import bucket_verified
+
+    ok, bad = {"passed": True}, {"passed": False}
+    assert bucket_verified({"lanes": [{"verify": ok}, {"verify": ok}]}) is True
+    assert bucket_verified({"lanes": [{"verify": ok}, {"verify": bad}]}) is False
+    assert bucket_verified({"lanes": [{"verify": None}]}) is None  # capture.verify off
+    assert bucket_verified({"lanes": []}) is None  # skipped
+    assert bucket_verified({"lanes": 1, "verify": bad}) is False  # lanes was a count before

@@ -103,7 +103,7 @@ def test_timings_are_called_noisy_only_where_they_matter_and_are_long_enough(tmp
                                                                           monkeypatch):
     """On the CPU the copies are host memcpys of microseconds: a p99 of 160x their median is
     the scheduler, not a finding. A replay of 2 ms with such a tail is worth a warning."""
-    from graphrun import timing
+    from graphrun.engine import timing
 
     finish = timing.BatchTimer.finish
     count = [0]
@@ -129,7 +129,7 @@ def test_timings_are_called_noisy_only_where_they_matter_and_are_long_enough(tmp
 
 
 def test_the_noise_floor_per_phase_and_clock():
-    from graphrun.timing import noise_floor_us, spread_warning
+    from graphrun.engine.timing import noise_floor_us, spread_warning
 
     fast = [15.0] * 98 + [2400.0] * 2
     assert noise_floor_us("h2d", cuda=False) is None

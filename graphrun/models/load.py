@@ -62,7 +62,7 @@ def model_input_dtypes(spec: PipelineSpec) -> dict[str, torch.dtype]:
     """The dtype the model is called with, per input: a floating input (float32 in the file and
     its buffer, say) is cast to model.dtype inside the step, so that float16 or bfloat16
     weights meet inputs of their own dtype; integer and bool inputs are passed as they are."""
-    from graphrun.buffers import TORCH_DTYPES as ALL_DTYPES
+    from graphrun.engine.buffers import TORCH_DTYPES as ALL_DTYPES
     from graphrun.spec import FLOAT_DTYPES
 
     return {n: TORCH_DTYPES[spec.model.dtype] if i.dtype in FLOAT_DTYPES else ALL_DTYPES[i.dtype]

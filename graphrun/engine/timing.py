@@ -112,3 +112,17 @@ def spread_warning(values: list[float], label: str, min_us: float = 0.0) -> str 
         return (f"{label}: p99 latency is {p99 / p50:.1f}x the median; timings are noisy "
                 "(another process on the device or host?)")
     return None
+
+
+def median_us(timer: BatchTimer, fn, iters: int) -> float:
+    """Median time of fn() over iters calls after one untimed call (report.baseline)."""
+    fn()  # caches warm
+    times = []
+    stream = torch.cuda.current_stream() if timer.cuda else None
+    for _ in range(iters):
+        marks = timer.start(-1)  # not a launch's events
+        t0 = timer.record(marks, "run<", stream)
+        fn()
+        marks.spans["run"] = (t0, timer.record(marks, "run", stream))
+        times.append(timer.finish(marks)["run"])
+    return float(np.median(times))

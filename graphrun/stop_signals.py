@@ -1,0 +1,36 @@
+"""SIGINT/SIGTERM during a run: finish the batch in flight, commit, write the manifest."""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+
+class StopSignals:
+    """SIGINT/SIGTERM set a flag; the loop finishes the batch in flight, commits and stops.
+    A second signal stops at once (KeyboardInterrupt), except after hold(): from there on the
+    run only commits and writes its manifest, which must not be cut short."""
+
+    def __init__(self):
+        self.signum = 0
+        self._old = {}
+        self._held = False
+
+    def _handle(self, signum, frame) -> None:
+        first = not self.signum
+        self.signum = signum  # the latest: the exit code names the signal that stopped the run
+        if not first and not self._held:  # a second signal: stop now
+            raise KeyboardInterrupt
+
+    def hold(self) -> None:
+        self._held = True
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
