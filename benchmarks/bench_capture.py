@@ -11,8 +11,11 @@ median per-step host wall time (each step ends synchronized) of:
       then copy_ into the static inputs, g.replay(), copy_ out, synchronize
   b32 the same graph, host staging in float32 where the model's tensors are bf16 (graphrun's
       layout: numpy has no bfloat16), so b32 vs c isolates graphrun's Python overhead
-  c   graphrun: Runner.run_batch(numpy) (pad into staging, replay, cut rows) and the inner
-      replay path (execute(bucket), or launch + wait) with the staging already filled
+  c   graphrun: Runner.run_batch on pinned host tensors (in the static buffers' dtypes: float32
+      for a bf16 input; outputs come back as pinned tensors in the model's dtype), on bf16
+      tensors where the model takes bf16 (a conversion on the device per call), on device
+      tensors with device=True (+ a synchronize), and on numpy arrays (outputs float32); and
+      the file path's inner launch (launch + wait, copy streams) with the staging filled
   d   torch.compile(mode="reduce-overhead", dynamic=False) with a's copies (--compile-batches)
   e   graphrun with model.compile: true (--compile-batches)
 and, for the decoder, capture time and memory for 1..n buckets, shared pool vs a pool per graph,
@@ -43,7 +46,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from graphrun.models.load import build_model  # noqa: E402
-from graphrun.runner import Runner  # noqa: E402
+from graphrun.engine import Runner  # noqa: E402
 from graphrun.spec import PipelineSpec  # noqa: E402
 
 N_SETS = 8  # distinct random input sets per batch, cycled through the timed steps
@@ -425,48 +428,65 @@ def handwritten(model, case, np_sets, model_dtypes, f32_dtypes, device, ref, b, 
 
 def graphrun_variants(runner: Runner, case: Case, label: str, batches, np_sets, refs, iters,
                       warmup, cuda, rows) -> None:
-    """run_batch on numpy arrays (the API) and the inner path with the staging filled."""
+    """run_batch on tensors and on numpy arrays (the API) and the inner launch path."""
     by_batch = {bk.batch: bk for bk in runner.table.active}
+    static = runner.layout.in_dtypes  # float32 where the model takes bf16
     for b in batches:
         bucket = by_batch[b]
         state = runner.states[bucket]
         status = state.status + (f" ({state.reason})" if state.reason else "")
         sets = np_sets[b]
+        variants = {"run_batch(tensors)": host_sets(sets, static, cuda)}
+        if runner.layout.model_dtypes != static:
+            variants["run_batch(tensors, bf16 in)"] = host_sets(sets, runner.layout.model_dtypes,
+                                                                cuda)
         try:
-            out = runner.run_batch(sets[0])[case.out_name]
-            check = compare(out, refs[b])
+            for name, tsets in variants.items():
+                check = compare(runner.run_batch(tsets[0])[case.out_name], refs[b])
+                timing = time_steps(lambda i: runner.run_batch(tsets[i % len(tsets)]), iters,
+                                    warmup, cuda)
+                record(rows, f"{label} {name}", b, timing, check, status)
+            if cuda:
+                dsets = [{n: t.to(runner.device) for n, t in d.items()}
+                         for d in variants["run_batch(tensors)"]]
+
+                def on_device(i):
+                    out = runner.run_batch(dsets[i % len(dsets)], device=True)
+                    torch.cuda.synchronize()
+                    return out
+
+                check = compare(on_device(0)[case.out_name], refs[b])
+                record(rows, f"{label} run_batch(device=True)", b,
+                       time_steps(on_device, iters, warmup, cuda), check, "+ synchronize")
+            check = compare(runner.run_batch(sets[0])[case.out_name], refs[b])
             timing = time_steps(lambda i: runner.run_batch(sets[i % len(sets)]), iters, warmup,
                                 cuda)
-            record(rows, f"{label} run_batch (API)", b, timing, check, status)
-
-            staging_in, staging_out, inner, api = inner_path(runner, bucket)
-
-            def prepare(i):
-                for n, a in sets[i % len(sets)].items():
-                    staging_in.numpy_view(n, bucket)[...] = a
-
-            phases: list[dict] = []
-            prepare(0)
-            inner()
-            check = compare(staging_out.view(case.out_name, bucket).float().numpy(), refs[b])
-            timing = time_steps(lambda i: phases.append(inner()), iters, warmup, cuda, prepare)
-            ph = {k: np.median([p[k] for p in phases[warmup:]]) for k in ("h2d", "replay", "d2h")}
-            record(rows, f"{label} inner (staged)", b, timing, check,
-                   f"{api}; median phases h2d/replay/d2h "
-                   + "/".join(f"{ph[k]:.0f}" for k in ph) + " us")
+            record(rows, f"{label} run_batch(numpy)", b, timing, check, status)
+            inner_variant(runner, case, label, bucket, sets, refs[b], iters, warmup, cuda, rows)
         except Exception as exc:  # noqa: BLE001
             failed(rows, label, b, exc)
 
 
-def inner_path(runner: Runner, bucket):
-    """The inner replay path with the host staging already filled, whichever form this
-    graphrun has: (staging inputs, staging outputs, run() -> phase times, its name)."""
-    if hasattr(runner, "execute"):  # one staging area: execute(bucket)
-        return (runner.host_in, runner.host_out, lambda: runner.execute(bucket),
-                "execute(bucket)")
-    slot = runner.slots[0]  # host slots: launch (enqueue) + wait for the last event
-    return (slot.inputs, slot.outputs, lambda: runner.timer.finish(runner.launch(bucket, 0)),
-            "launch(bucket, 0) + timer.finish")
+def inner_variant(runner: Runner, case: Case, label: str, bucket, sets, ref, iters, warmup,
+                  cuda, rows) -> None:
+    """The file path's launch (host slot 0, copy streams, events) with the staging filled."""
+    slot = runner.launcher.slots[0]
+
+    def prepare(i):
+        for n, a in sets[i % len(sets)].items():
+            slot.inputs.numpy_view(n, bucket)[...] = a
+
+    def inner():
+        return runner.launch(bucket, 0, bucket.batch, {}, timed=True).wait()
+
+    phases: list[dict] = []
+    prepare(0)
+    inner()
+    check = compare(slot.outputs.view(case.out_name, bucket).float().numpy(), ref)
+    timing = time_steps(lambda i: phases.append(inner()), iters, warmup, cuda, prepare)
+    ph = {k: np.median([p[k] for p in phases[warmup:]]) for k in ("h2d", "replay", "d2h")}
+    record(rows, f"{label} inner (launch + wait)", bucket.batch, timing, check,
+           "median phases h2d/replay/d2h " + "/".join(f"{ph[k]:.0f}" for k in ph) + " us")
 
 
 def compiled_variant(model, case, compile_batches, np_sets, model_dtypes, refs, iters, warmup,
@@ -642,14 +662,15 @@ def report(res: Results, args, cuda: bool) -> str:
              f"{N_SETS} distinct random input sets cycled. 'time / hand-written' = median / "
              "median of b (1.00x = as fast as the seed's loop); 'speedup vs eager' = a's median / "
              f"median. Outputs checked against a (eager) with rtol = atol = {RTOL:g}.",
-             "graphrun stages bf16 inputs as float32 on the host (numpy has no bfloat16) and casts "
-             "them inside the captured graph; outputs come back to the host in bf16 and are "
-             "converted to float32 numpy while cutting the real rows (API path only). b32 is the "
-             "seed's loop with float32 host staging for inputs and outputs.",
-             "graphrun's inner path (execute(bucket), or launch + timer.finish where the Runner "
-             "has host slots) records 4 CUDA events per step for its phase timings (part of its "
-             "overhead); c/e steps end in an event synchronize, a/b/d in "
-             "torch.cuda.synchronize()."]
+             "graphrun holds bf16 inputs as float32 in its static buffers (numpy has no "
+             "bfloat16) and casts them inside the captured graph; its static outputs are in the "
+             "model's dtype. run_batch(tensors) passes pinned float32 tensors for bf16 inputs "
+             "(a plain copy), run_batch(tensors, bf16 in) bf16 ones (a conversion on the device "
+             "per call); both return pinned bf16 tensors. run_batch(numpy) returns float32. b32 "
+             "is the seed's loop with float32 host staging for inputs and outputs.",
+             "run_batch runs on the caller's stream and ends in one blocking copy; the inner "
+             "launch (the file path's) uses copy streams and records 4 CUDA events per step for "
+             "its phase timings; a/b/d steps end in torch.cuda.synchronize()."]
     if args.smoke:
         parts.append("**--smoke: tiny models, few steps; the numbers mean nothing.**")
     for name, rows in res.rows.items():

@@ -1,6 +1,6 @@
 """The data path on the CPU: records/s of `graphrun run` on the shipped pipelines, serial against
 overlapped against measured (the CPU's default: legs of both timed on the stream, then the
-faster, replay.OverlapTrial).
+faster, overlap.OverlapTrial).
 
     python3 benchmarks/bench_cpu_overlap.py [--pipelines mlp-scorer,decoder-step,encoder]
         [--records 1000000] [--repeat 3] [--workdir DIR] [--out FILE]

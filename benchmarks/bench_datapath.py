@@ -3,7 +3,7 @@ same graphs, serial path against overlapped, per input format.
 
     python3 benchmarks/bench_datapath.py [--models decoder,mlp] [--formats jsonl,npy,parquet]
         [--records 1000000] [--jsonl-records 200000] [--records-decoder 20000]
-        [--repeat N] [--workdir DIR] [--out FILE] [--parquet-levels auto|keep|drop] [--smoke]
+        [--repeat N] [--workdir DIR] [--out FILE] [--smoke]
 
 Models (bf16 on CUDA; tiny and float32 with --smoke or on a CPU):
   decoder  builtin decoder 12 layers x 768, 12 heads, vocab 32000 (--decoder-vocab), KV cache
@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pyarrow.compute  # noqa: F401 - imported before any timing (formats.py imports it lazily)
+import pyarrow.compute  # noqa: F401 - imported before any timing (pyarrow loads it lazily)
 import pyarrow.parquet  # noqa: F401
 import torch
 
@@ -60,9 +60,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import graphrun  # noqa: E402
-from graphrun import formats as reader  # noqa: E402 - the reader's settings
 from graphrun.cores import usable_cores  # noqa: E402
-from graphrun.runner import Runner  # noqa: E402
+from graphrun.engine import Runner  # noqa: E402
+from graphrun.tuning import Tuning  # noqa: E402 - the reader's settings
 from graphrun.spec import PipelineSpec  # noqa: E402
 from graphrun.stream import read_batches  # noqa: E402
 
@@ -395,24 +395,24 @@ def replay_rates(case: Case, spec: PipelineSpec, seconds: float) -> ReplayRates:
             runner.host_slots(2)
             bucket = runner.stage(first.fields, n, first.lengths, 0)
             runner.stage(first.fields, n, first.lengths, 1)
-            state = runner.states[bucket]
+            lane = runner.lanes[0]
             # the graph (or eager step) alone, inputs already in the static device views
-            for dst, src in runner.slots[0].copies(bucket, 0, *runner.lanes[0]).h2d:
+            for dst, src in runner.launcher.slots[0].copies(bucket, lane).h2d:
                 dst.copy_(src)
-            graph_s = timed_loop(state.run, runner, seconds)
+            graph_s = timed_loop(lane.graphs[bucket].run, runner, seconds)
             slot = [0]
 
             def device_path():  # h2d + replay + d2h enqueued back to back
-                runner.launch(bucket, slot[0])
+                runner.launch(bucket, slot[0], n, first.lengths)
                 slot[0] ^= 1
 
             path_s = timed_loop(device_path, runner, seconds)
 
             def launch_collect():
-                runner.collect(bucket, 0, runner.launch(bucket, 0), n, first.lengths)
+                runner.launch(bucket, 0, n, first.lengths).result()
 
             lc_s = timed_loop(launch_collect, runner, seconds)
-        note = f"bucket {bucket.name}, {state.status}"
+        note = f"bucket {bucket.name}, {runner.states[bucket].status}"
     return ReplayRates(graph=n / graph_s, device_path=n / path_s, launch_collect=n / lc_s,
                        step_us=graph_s * 1e6, note=note)
 
@@ -573,10 +573,6 @@ def render(report: Report, args, cases: dict[str, Case], device: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def parquet_levels() -> str:
-    return "left out where they check out" if reader.PARQUET_FLAT else "decoded"
-
-
 def environment(device: str, args) -> list[str]:
     gpu = torch.cuda.get_device_name(0) if device != "cpu" else "none (CPU)"
     try:
@@ -590,7 +586,7 @@ def environment(device: str, args) -> list[str]:
             f"{torch.version.cuda}, pyarrow {pyarrow.__version__}, numpy {np.__version__}",
             f"- host: {platform.platform()}, python {platform.python_version()}, "
             f"{os.cpu_count()} CPUs, {usable_cores()} usable (affinity); Parquet "
-            f"{reader.PARQUET_THREADS} decoding threads, levels {parquet_levels()}",
+            f"{Tuning.from_machine().parquet_threads} decoding threads",
             f"- commit: {commit or 'unknown'} (working tree may differ)",
             f"- command: python3 benchmarks/bench_datapath.py {' '.join(sys.argv[1:])}"]
 
@@ -622,14 +618,8 @@ def main() -> None:
     p.add_argument("--parquet-row-group", type=int, default=65536,
                    help="records per Parquet row group (default 65,536; 0: pyarrow's default, "
                    "as pq.write_table and pandas write: up to 1Mi records in one)")
-    p.add_argument("--parquet-levels", default="auto", choices=["auto", "keep", "drop"],
-                   help="Parquet columns' levels: as the run decides (default; left out with "
-                   "fewer than 12 cores), decoded by pyarrow always, or left out always where "
-                   "they check out")
     p.add_argument("--smoke", action="store_true", help="tiny models and files; runs on a CPU")
     args = p.parse_args()
-    if args.parquet_levels != "auto":
-        reader.PARQUET_FLAT = args.parquet_levels == "drop"
     global PARQUET_ROW_GROUP
     PARQUET_ROW_GROUP = args.parquet_row_group or None
     if args.repeat < 1:

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from graphrun.runner import Runner  # noqa: E402
+from graphrun.engine import Runner  # noqa: E402
 from graphrun.spec import PipelineSpec  # noqa: E402
 
 
@@ -68,10 +68,10 @@ def launch_us(runner: Runner, bucket, iters: int, *, timed: bool, stream) -> flo
     slot = 0
     for _ in range(iters):
         t0 = time.perf_counter()
-        marks = runner.launch(bucket, slot, timed=timed, stream=stream)
+        launched = runner.launch(bucket, slot, bucket.batch, {}, timed=timed, stream=stream)
         times.append((time.perf_counter() - t0) * 1e6)
-        runner.timer.finish(marks)
-        slot = (slot + 1) % len(runner.slots)
+        launched.wait()
+        slot = (slot + 1) % len(runner.launcher.slots)
     return statistics.median(times)
 
 
@@ -94,35 +94,35 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, Runner(spec(Path(tmp), args.batch, cuda)) as r:
         r.host_slots(4)
         bucket = r.table.all[0]
-        x = np.random.default_rng(0).standard_normal((args.batch, r.input_specs["x"].shape[1]))
-        for s in range(len(r.slots)):
+        x = np.random.default_rng(0).standard_normal((args.batch, r.spec.inputs["x"].shape[1]))
+        slots = r.launcher.slots
+        for s in range(len(slots)):
             r.stage({"x": x.astype(np.float32)}, args.batch, {}, s)
         with r.device_context():
             stream = r.current_stream()
             sync = torch.cuda.synchronize if cuda else (lambda: None)
             for _ in range(20):  # warm: every slot's copies built, events made
-                r.timer.finish(r.launch(bucket, _ % len(r.slots), stream=stream))
+                r.launch(bucket, _ % len(slots), args.batch, {}, stream=stream).wait()
             if cuda:
-                c = r.slots[0].copies(bucket, 0, *r.lanes[0])
-                lane1_x = r.lanes[-1][0].flat["x"]  # a device-to-device copy between lanes
-                other = r._copy_streams[0]
+                lane0, lane1 = r.lanes[0], r.lanes[-1]
+                c = slots[0].copies(bucket, lane0)
+                lane1_x = lane1.inputs.flat["x"]  # a device-to-device copy between lanes
                 ev = torch.cuda.Event(enable_timing=True)
-                cast = torch.empty(r.outputs.flat["y"].shape, dtype=torch.float32,
+                cast = torch.empty(lane0.outputs.flat["y"].shape, dtype=torch.float32,
                                    device=r.device)
                 calls = {
                     "set_stream": lambda: torch.cuda.set_stream(stream),
                     "Event.record": lambda: ev.record(stream),
                     "Stream.wait_event": lambda: stream.wait_event(ev),
                     "copy_ h2d 1 input": lambda: c.h2d[0][0].copy_(c.h2d[0][1], non_blocking=True),
-                    "copy_ d2d same dtype": lambda: lane1_x.copy_(r.inputs.flat["x"],
+                    "copy_ d2d same dtype": lambda: lane1_x.copy_(lane0.inputs.flat["x"],
                                                                   non_blocking=True),
-                    "copy_ d2d bf16->f32": lambda: cast.copy_(r.outputs.flat["y"],
+                    "copy_ d2d bf16->f32": lambda: cast.copy_(lane0.outputs.flat["y"],
                                                               non_blocking=True),
                     "copy_ d2h 1 output": lambda: c.d2h[0][0].copy_(c.d2h[0][1], non_blocking=True),
-                    "CUDAGraph.replay": r.states[bucket].run,
+                    "CUDAGraph.replay": lane0.graphs[bucket].run,
                     "torch.cuda.current_stream": torch.cuda.current_stream,
                 }
-                del other
                 for name, fn in calls.items():
                     rows.append((name, per_call_us(fn, 1000 if "replay" not in name else 200,
                                                    sync)))

@@ -3,16 +3,15 @@ floats as .npy and as Parquet (a list<float> column in row groups of 65536 recor
 with 3 decimals, as bench_datapath.py writes it: dictionary-encoded, ~1.7 bytes a value).
 
     PYTHONPATH=. python3 benchmarks/bench_reader.py [--records 200000] [--width 64]
-        [--batch-size 32] [--formats jsonl,npy,parquet] [--parquet-levels both|keep|drop]
+        [--batch-size 32] [--formats jsonl,npy,parquet] [--parquet-row-group 65536]
 
 Each line also gives the time per batch of that pass, and the CPU time per batch of the
 caller's thread (time.thread_time): the part the stager of an overlapped run spends itself,
 mostly holding the GIL, which it shares with the launching and completing threads. Parquet row
-groups are decoded and checked on PARQUET_THREADS pool threads, whose time is not the caller's:
-on a machine of few cores the wall time is theirs. Parquet is read twice by default: its
-columns' levels decoded by pyarrow ("keep"), and checked and left out (parquet_pages._read_flat,
-"drop"), which a run does where decoding is short of cores (formats.PARQUET_FLAT). The MLP case
-of the GPU machine (1M records of 256 float32, batches of 1024):
+groups are decoded and checked on tuning.parquet_threads pool threads (GRAPHRUN_PARQUET_THREADS),
+whose time is not the caller's: on a machine of few cores the wall time is theirs. With
+--parquet-row-group 0 the file is one row group, cut into pieces (inputs/parquet_split.py).
+The MLP case of the GPU machine (1M records of 256 float32, batches of 1024):
 
     PYTHONPATH=. python3 benchmarks/bench_reader.py --records 1000000 --width 256 \
         --batch-size 1024 --formats npy,parquet
@@ -30,9 +29,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from graphrun import formats
 from graphrun.spec import PipelineSpec
 from graphrun.stream import read_batches
+from graphrun.tuning import Tuning
 
 
 def decoder_spec(path: Path, out: Path) -> PipelineSpec:
@@ -105,8 +104,8 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=32, help="of the npy and parquet cases")
     parser.add_argument("--formats", default="jsonl,npy,parquet")
-    parser.add_argument("--parquet-levels", default="both", choices=["both", "keep", "drop"],
-                        help="Parquet read with its columns' levels, without, or both ways")
+    parser.add_argument("--parquet-row-group", type=int, default=65536,
+                        help="records per Parquet row group (0: one row group)")
     args = parser.parse_args()
     wanted = args.formats.split(",")
     with tempfile.TemporaryDirectory() as tmp:
@@ -126,17 +125,14 @@ def main() -> None:
                               f"{args.batch_size}",
                               mlp_spec(npy, tmp / "out", args.width, args.batch_size)))
             if "parquet" in wanted:
-                write_parquet(parquet, x)
-                for levels in (["keep", "drop"] if args.parquet_levels == "both"
-                               else [args.parquet_levels]):
-                    cases.append((f"parquet list<float32> [{args.records}, {args.width}], "
-                                  f"batches of {args.batch_size}, levels {levels}, "
-                                  f"{formats.PARQUET_THREADS} threads",
-                                  mlp_spec(parquet, tmp / "out", args.width, args.batch_size),
-                                  levels == "drop"))
+                write_parquet(parquet, x, args.parquet_row_group or len(x))
+                cases.append((f"parquet list<float32> [{args.records}, {args.width}], "
+                              f"batches of {args.batch_size}, row groups of "
+                              f"{args.parquet_row_group or len(x)}, "
+                              f"{Tuning.from_machine().parquet_threads} threads",
+                              mlp_spec(parquet, tmp / "out", args.width, args.batch_size)))
             del x
-        for label, spec, *drop in cases:
-            formats.PARQUET_FLAT = bool(drop and drop[0])
+        for label, spec in cases:
             n, rate, per_batch, cpu = records_per_second(spec)
             print(f"{label}: {n} records, {rate:,.0f} records/s, {per_batch * 1e6:,.1f} us "
                   f"per batch, caller's thread {cpu * 1e6:,.1f} us CPU per batch")

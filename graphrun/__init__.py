@@ -16,7 +16,7 @@ def run(spec, **kwargs):
 
 def __getattr__(name):
     if name == "Runner":  # imports torch; `graphrun validate` need not pay for it
-        from .runner import Runner
+        from .engine import Runner
 
         return Runner
     raise AttributeError(name)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .errors import InputError
+from .errors import InputError, Problem, SpecError
 from .spec import BATCH, PipelineSpec
 
 
@@ -54,6 +54,10 @@ class BucketTable:
     """The buckets still in use (a memory budget or a failed capture can drop some)."""
 
     def __init__(self, spec: PipelineSpec):
+        if spec.auto_axes:  # graphrun.run plans them; a Runner built directly cannot guess
+            raise SpecError([Problem(str(spec._source or "spec"), "buckets", (
+                f"{', '.join(spec.auto_axes)}: auto must be planned before a Runner is built: "
+                "spec = graphrun.auto_buckets.resolve_auto(spec)[0], or give the values"))])
         self.axes = tuple(spec.axes)
         self.values = {a: list(spec.buckets[a]) for a in self.axes}
         self.all = sorted((Bucket(s, self.axes) for s in
@@ -61,6 +65,7 @@ class BucketTable:
                           key=lambda b: b.sizes, reverse=True)  # largest first
         self.dropped: set[Bucket] = set()
         self._picked: dict[tuple, Bucket | None] = {}  # the hot path asks the same few questions
+        self.max_batch = max(b.batch for b in self.all)  # of the active buckets; drop() updates
 
     @property
     def active(self) -> list[Bucket]:
@@ -69,10 +74,7 @@ class BucketTable:
     def drop(self, bucket: Bucket) -> None:
         self.dropped.add(bucket)
         self._picked.clear()
-
-    @property
-    def max_batch(self) -> int:
-        return max((b.batch for b in self.active), default=0)
+        self.max_batch = max((b.batch for b in self.active), default=0)
 
     def pick(self, n: int, lengths: dict[str, int]) -> Bucket | None:
         """Smallest active bucket with batch >= n and every other axis >= its length."""

@@ -33,16 +33,27 @@ def _fail(err: GraphrunError) -> None:
     sys.exit(err.exit_code)
 
 
+def _set_debug(ctx, param, value: bool) -> None:
+    global _debug
+    # the group's option is parsed first, on every invocation; a verb's may only add to it
+    _debug = value if ctx.parent is None else (_debug or value)
+
+
+# accepted before the verb and after it: `graphrun --debug run x` and `graphrun run x --debug`
+debug_option = click.option("--debug", is_flag=True, expose_value=False, is_eager=True,
+                            callback=_set_debug,
+                            help="Show Python tracebacks for user errors too.")
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="graphrun")
-@click.option("--debug", is_flag=True, help="Show Python tracebacks for user errors too.")
-def main(debug: bool) -> None:
+@debug_option
+def main() -> None:
     """graphrun: run PyTorch inference through CUDA Graphs, driven by one YAML file."""
-    global _debug
-    _debug = debug
 
 
 @main.command()
+@debug_option
 @click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a spec key, e.g. --set capture.warmup_iters=5 (repeatable).")
@@ -50,23 +61,30 @@ def main(debug: bool) -> None:
               help="Output folder (default: the spec's output.dir).")
 @click.option("--resume", is_flag=True, help="Continue an interrupted run in the output folder.")
 @click.option("--overwrite", is_flag=True, help="Replace graphrun's files in the output folder.")
+@click.option("--accept-model-change", is_flag=True,
+              help="With --resume: go on although a model file (weights, archive, target "
+                   "source) changed, for a change that does not alter outputs (a fix).")
 @click.option("--start", type=click.IntRange(min=0), default=0,
               help="First input record to read (for one slice per process).")
 @click.option("--stop", type=click.IntRange(min=0), default=None,
               help="Input record to stop before.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary table.")
-def run(spec, overrides, out, resume, overwrite, start, stop, quiet) -> None:
+@click.option("--report", "with_report", is_flag=True,
+              help="Also write report.html (charts) beside manifest.json.")
+def run(spec, overrides, out, resume, overwrite, accept_model_change, start, stop, quiet,
+        with_report) -> None:
     """Run SPEC: read its input, replay every batch, write outputs and manifest.json."""
     from .pipeline import run as run_pipeline
     from .spec_load import load_spec
 
     if resume and overwrite:
         _fail(GraphrunError("--resume and --overwrite contradict each other: pick one"))
-    show = not quiet and sys.stdout.isatty()
+    show = not quiet  # a progress bar on a terminal, else a line every few seconds (logs, CI)
     try:
         pipeline = load_spec(spec, overrides)
         manifest = run_pipeline(pipeline, out=out, resume=resume, overwrite=overwrite,
-                                show=show, start=start, stop=stop)
+                                show=show, start=start, stop=stop,
+                                accept_model_change=accept_model_change)
     except KeyboardInterrupt:  # SIGINT before the run took over its signals (loading the spec)
         _exit_quietly()
         click.echo("graphrun: interrupted by SIGINT before the run started; nothing was "
@@ -83,26 +101,181 @@ def run(spec, overrides, out, resume, overwrite, start, stop, quiet) -> None:
         _exit_quietly()
         t = manifest.totals
         dest = out or pipeline.output.dir
+        if manifest._already_complete:
+            click.echo(f"already complete: {t.records_out} records out, {t.records_rejected} "
+                       f"rejected -> {dest}/manifest.json; nothing to resume")
+            return
         if not quiet:
             click.echo(f"{manifest.status}: {t.records_out} records out, {t.records_rejected} "
                        f"rejected, {t.batches} batches, {t.records_per_s:,.0f} records/s "
                        f"-> {dest}/manifest.json")
+        if with_report:
+            from .report import write_report
+
+            try:
+                written = write_report([Path(dest)], Path(dest) / "report.html")
+            except GraphrunError as err:
+                _fail(err)
+            if not quiet:
+                click.echo(f"report -> {written}")
+        if manifest.status == "completed" and t.records_rejected and not t.records_out:
+            # nothing came out: a script's next step must not take that for success
+            click.echo(f"graphrun: every record ({t.records_rejected}) was rejected; see "
+                       f"{dest}/rejects.jsonl", err=True)
+            sys.exit(1)
 
 
 @main.command()
+@click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--max-graphs", type=click.IntRange(min=1), default=8, show_default=True,
+              help="At most this many graphs in total (product of the lists' lengths).")
+@click.option("--sample", type=click.IntRange(min=1), default=None,
+              help="Plan from a uniform sample of about N records (whole batches).")
+@click.option("--multiple-of", "multiples", multiple=True, metavar="AXIS=M",
+              help="Values of AXIS must be multiples of M, e.g. seq=8 (repeatable).")
+@click.option("--write", is_flag=True, help="Write the planned lists into SPEC (comments kept).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a spec key before reading (repeatable).")
+@debug_option
+def plan(spec, max_graphs, sample, multiples, write, overrides) -> None:
+    """Choose bucket lists from SPEC's data that minimise padded work."""
+    from .plan_show import run_plan
+
+    try:
+        run_plan(spec, overrides, max_graphs, sample, multiples, write, click.echo)
+    except GraphrunError as err:
+        _fail(err)
+
+
+@main.command()
+@click.argument("a", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("b", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+@debug_option
+def compare(a, b, as_json) -> None:
+    """Two run folders side by side: spec difference, latency per bucket, totals, outputs."""
+    import json
+
+    from rich.console import Console
+
+    from .compare import compare as compare_runs, print_compare
+
+    try:
+        result = compare_runs(a, b)
+    except GraphrunError as err:
+        _fail(err)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    else:
+        print_compare(result, Console(width=120))
+
+
+@main.command()
+@click.argument("dirs", nargs=-1, required=True,
+                type=click.Path(file_okay=False, path_type=Path))
+@click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path("report.html"), show_default=True, help="The HTML file to write.")
+@debug_option
+def report(dirs, out) -> None:
+    """One self-contained HTML page of charts from run folders (compared) or a sweep folder."""
+    from .report import write_report
+
+    try:
+        click.echo(f"wrote {write_report(list(dirs), out)}")
+    except GraphrunError as err:
+        _fail(err)
+
+
+@main.command()
+@click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--grid", "grids", multiple=True, metavar="KEY=[V1,V2,...]",
+              help="A spec key and the values to try (repeatable; every combination runs).")
+@click.option("--stop", type=click.IntRange(min=1), default=None,
+              help="Each variant runs on the first N records.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="The sweep's folder: one subfolder per variant, sweep.json.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a spec key in every variant (repeatable).")
+@debug_option
+def sweep(spec, grids, stop, out, overrides) -> None:
+    """Run every combination of the grid as a spec variant, side by side."""
+    from rich.console import Console
+
+    from .sweep import parse_grid, sweep as run_sweep
+    from .sweep_report import sweep_table
+
+    try:
+        result = run_sweep(spec, parse_grid(grids), out, stop=stop, base=list(overrides),
+                           echo=lambda msg: click.echo(msg, err=True))
+    except GraphrunError as err:
+        _fail(err)
+    Console(width=160).print(sweep_table(result))
+    click.echo(f"-> {out}/sweep.json; charts: graphrun report {out}")
+
+
+@main.command()
+@click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--iters", type=click.IntRange(min=1), default=50, show_default=True,
+              help="Timed steps per bucket and mode.")
+@click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True,
+              help="Untimed steps per bucket and mode before timing.")
+@click.option("--compile", "with_compile", is_flag=True,
+              help="Also model.compile: true and torch.compile reduce-overhead (GPU).")
+@click.option("--records", type=click.IntRange(min=1), default=None,
+              help="Inputs from the first N real records (default: synthetic).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Folder for bench.json (default: the spec's output.dir/bench).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a spec key (repeatable).")
+@debug_option
+def bench(spec, iters, warmup, with_compile, records, out, overrides) -> None:
+    """Time every bucket: eager, graph replay (and compiled), with speedups; no outputs."""
+    from rich.console import Console
+
+    from .bench import bench as run_bench, bench_table
+    from .spec_load import load_spec
+
+    try:
+        pipeline = load_spec(spec, overrides)
+        if pipeline.auto_axes:
+            from .auto_buckets import resolve_auto
+
+            pipeline = resolve_auto(pipeline)[0]
+        result = run_bench(pipeline, iters=iters, warmup=warmup, compile=with_compile,
+                           records=records, log=lambda msg: click.echo(msg, err=True))
+    except GraphrunError as err:
+        _fail(err)
+    dest = Path(out or pipeline.output.dir / "bench")
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "bench.json").write_text(result.model_dump_json(indent=2) + "\n")
+    Console(width=140).print(bench_table(result))
+    for note in result.notes:
+        click.echo(f"note: {note}")
+    click.echo(f"-> {dest}/bench.json")
+
+
+@main.command()
+@debug_option
 @click.argument("specs", nargs=-1, required=True,
                 type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a spec key before validating (repeatable).")
-def validate(specs, overrides) -> None:
+@click.option("--load", is_flag=True,
+              help="Also build the model and call it once per bucket, eagerly, on sample "
+              "inputs (with the padding check): finds argument names, dtypes and shapes that "
+              "do not fit the model before a long run. Reads no data, writes nothing.")
+def validate(specs, overrides, load) -> None:
     """Check SPEC files: one line per file, every error with file:line:col."""
     from .spec_load import load_spec
 
     failed = 0
     for path in specs:
         try:
-            load_spec(path, overrides)
-            click.echo(f"{path}: ok")
+            spec = load_spec(path, overrides)
+            if load:
+                click.echo(f"{path}: ok (model built, called on each of {_load(spec)} buckets)")
+            else:
+                click.echo(f"{path}: ok")
         except GraphrunError as err:
             if _debug:
                 raise
@@ -111,34 +284,155 @@ def validate(specs, overrides) -> None:
     sys.exit(1 if failed else 0)
 
 
-@main.command()
-@click.argument("kind", type=click.Choice(["pipeline", "manifest", "all"]), default="all")
-@click.option("--check", is_flag=True, help="Exit 1 if the checked-in schema is stale.")
-@click.option("--stdout", "to_stdout", is_flag=True, help="Print instead of writing the file.")
-def schema(kind, check, to_stdout) -> None:
-    """Write (or --check) schemas/{pipeline,manifest}.schema.json and the README's spec
-    reference from the models."""
-    from .schemas import README, path_of, readme_with_reference, render
+def _load(spec) -> int:
+    """Build the spec's model and run each bucket once eagerly (the Runner's setup with the
+    eager backend: one call per bucket, then verify's replay and padding checks)."""
+    from .engine import Runner
 
+    spec = spec.model_copy(deep=True)
+    spec.capture.backend = "eager"
+    spec.report.baseline = "none"
+    with Runner(spec, log=lambda msg: click.echo(msg, err=True)
+                if msg.startswith("warning:") else None) as runner:
+        return len(runner.states)
+
+
+@main.command()
+@debug_option
+@click.argument("kind", type=click.Choice(["pipeline", "manifest", "all"]), required=False)
+@click.option("--check", is_flag=True, help="Exit 1 if the written schemas are stale.")
+@click.option("--stdout", "to_stdout", is_flag=True,
+              help="Print one schema (pipeline unless named) instead of writing files.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Write (or --check) KIND.schema.json in this folder, nothing else.")
+def schema(kind, check, to_stdout, out) -> None:
+    """Print a JSON schema (--stdout), write it where --out says, or, run from inside a graphrun
+    source checkout, rewrite (or --check) its schemas/ and its README's spec reference."""
+    from .schemas import render
+
+    if to_stdout:
+        if kind == "all":
+            _fail(GraphrunError("--stdout prints one schema: name pipeline or manifest"))
+        click.echo(render(kind or "pipeline"), nl=False)
+        return
+    kinds = ("pipeline", "manifest") if kind in (None, "all") else (kind,)
+    targets = _schema_targets(kinds, out)
     stale = []
-    targets = [(k, path_of(k), render(k))
-               for k in (("pipeline", "manifest") if kind == "all" else (kind,))]
-    if kind in ("all", "pipeline") and README.is_file() and not to_stdout:
-        targets.append(("readme", README, readme_with_reference(README.read_text())))
-    for k, path, text in targets:
-        if to_stdout:
-            click.echo(text, nl=False)
-        elif check:
-            current = path.read_text() if path.is_file() else None
-            if current != text:
+    for path, text in targets:
+        if check:
+            if (path.read_text() if path.is_file() else None) != text:
                 stale.append(str(path))
-        else:
+            continue
+        try:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
-            click.echo(f"wrote {path}")
+        except OSError as err:
+            _fail(GraphrunError(f"cannot write {path}: {err.strerror or err}"))
+        click.echo(f"wrote {path}")
     if stale:
         click.echo("stale schema(s): " + ", ".join(stale) + "; run `graphrun schema` and commit",
                    err=True)
         sys.exit(1)
     if check:
         click.echo("schemas are current")
+
+
+def _schema_targets(kinds, out: Path | None) -> list[tuple[Path, str]]:
+    """(file, text) to write: in --out, or in the checkout the working directory is in."""
+    from .schemas import checkout_root, path_of, readme_with_reference, render, runs_from
+
+    if out is not None:
+        return [(path_of(k, out), render(k)) for k in kinds]
+    root = checkout_root(Path.cwd())
+    if root is None:
+        _fail(GraphrunError(
+            f"{Path.cwd()} is not inside a graphrun source checkout, whose schemas/ and README "
+            "this would rewrite: to write the schemas here, pass --out . ; to print one, "
+            "--stdout (e.g. graphrun schema --stdout > pipeline.schema.json)"))
+    if not runs_from(root):
+        import graphrun
+
+        _fail(GraphrunError(
+            f"the graphrun running ({Path(graphrun.__file__).parent}) is not the checkout's "
+            f"({root / 'graphrun'}), so its schemas would not describe that code: run "
+            f"`python3 -m graphrun schema` from {root}, or pass --out"))
+    targets = [(path_of(k, root / "schemas"), render(k)) for k in kinds]
+    readme = root / "README.md"
+    if "pipeline" in kinds and readme.is_file():
+        targets.append((readme, readme_with_reference(readme.read_text())))
+    return targets
+
+
+@main.command()
+@debug_option
+@click.option("--model", "target", metavar="FILE.py:CALLABLE",
+              help="The model's builder: 'file.py:build' or 'package.module:build'.")
+@click.option("--builtin", metavar="NAME", help="A model shipped in graphrun (mlp, decoder).")
+@click.option("--arg", "args", multiple=True, metavar="KEY=VALUE",
+              help="An argument for the builder, YAML-typed (repeatable): --arg vocab=1000.")
+@click.option("--data", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="The input file: .jsonl, .npy, .npz or .parquet.")
+@click.option("-o", "--output", "spec_path", default="pipeline.yaml", show_default=True,
+              type=click.Path(dir_okay=False, path_type=Path), help="The spec to write.")
+@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="The spec's output.dir (default: runs/NAME beside the spec).")
+@click.option("--name", help="The pipeline's name (default: from the model).")
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True,
+              help="data.batch_size; batch buckets are the powers of two below it, and it.")
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]),
+              default="float32", show_default=True, help="model.dtype.")
+@click.option("--id-field", help="The field holding record ids (default: guessed by name).")
+@click.option("--sample", type=click.IntRange(min=1), default=10000, show_default=True,
+              help="Records read to learn the inputs.")
+@click.option("--force", is_flag=True, help="Replace the spec file if it exists.")
+def init(target, builtin, args, data, spec_path, out_dir, name, batch_size, dtype, id_field,
+         sample, force) -> None:
+    """Write a spec for your model and data: inputs from the file, outputs from calling the
+    model once, buckets from the records' sizes; prints what to check."""
+    from .init import init as init_spec
+
+    try:
+        found = init_spec(data=data, target=target, builtin=builtin, spec_path=spec_path,
+                          out_dir=out_dir, args=_builder_args(args), name=name,
+                          batch_size=batch_size, sample=sample, id_field=id_field, dtype=dtype,
+                          force=force)
+    except GraphrunError as err:
+        _fail(err)
+    click.echo(_init_report(found, spec_path))
+
+
+def _builder_args(pairs) -> dict:
+    import yaml
+
+    args = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            _fail(GraphrunError(f"--arg {pair!r}: expected KEY=VALUE, e.g. --arg vocab=1000"))
+        try:
+            args[key] = yaml.safe_load(value)
+        except yaml.YAMLError as err:
+            _fail(GraphrunError(f"--arg {pair!r}: the value is not YAML: {err}"))
+    return args
+
+
+def _init_report(found, spec_path: Path) -> str:
+    p = found.profile
+    lines = [f"wrote {spec_path} (and {found.schema_path.name} beside it, for editors)",
+             f"read {p.sampled} records of {p.path.name}"
+             + (f" (of {p.records})" if p.records else "")
+             + (f"; ids: {p.id_field}" if p.id_field else "; no id field")]
+    for n, f in found.inputs.items():
+        lines.append(f"  input  {n}: [batch, {', '.join(map(str, f.dims))}] {f.dtype}".replace(
+            ", ]", "]"))
+    for n, (dims, dtype) in found.outputs.items():
+        lines.append(f"  output {n}: [{', '.join(map(str, dims))}] {dtype}")
+    for axis, values in found.buckets.items():
+        lines.append(f"  buckets.{axis}: {values}")
+    lines.append(f"  call ({found.call}): model("
+                 + ", ".join(f"{n}=..." if found.call == "keyword" else n for n in found.inputs)
+                 + ")")
+    lines.append("check:")
+    lines += [f"  - {c}" for c in found.checks]
+    lines.append(f"next: graphrun validate {spec_path} && graphrun run {spec_path}")
+    return "\n".join(lines)

@@ -10,6 +10,7 @@ journaled. A user's `part-1-of-my-thesis.docx` or `.secret.tmp` is never graphru
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -170,14 +171,17 @@ def lock_holder(path: Path) -> int | None:
     return None
 
 
-def prepare_out_dir(out_dir: Path, *, resume: bool, overwrite: bool,
-                    fingerprint: dict, input_path: Path | None = None) -> ResumePoint | None:
+def prepare_out_dir(out_dir: Path, *, resume: bool, overwrite: bool, fingerprint: dict,
+                    input_path: Path | None = None, model: dict[str, Path] | None = None,
+                    accept_model_change: bool = False) -> ResumePoint | None:
     """Make `out_dir` ready for a run; return where to resume, or None to start from record 0.
 
     A new or empty folder is used as is. Otherwise: --overwrite replaces graphrun's own files
     (folder.py: never others'); --resume continues the run there if its fingerprint matches; a
     plain run is refused, unless the run there ended (failed or interrupted) before committing
-    anything. A folder holding the input file is refused whatever is asked."""
+    anything. A folder holding the input file is refused whatever is asked. model: the
+    model's files by role (model_files), named when --resume finds one changed; with
+    accept_model_change the run goes on and run.json takes the new hashes."""
     out_dir = Path(out_dir)
     if resume and overwrite:
         raise OutputError("--resume and --overwrite exclude each other; pass one of them")
@@ -210,7 +214,8 @@ def prepare_out_dir(out_dir: Path, *, resume: bool, overwrite: bool,
             return None
         raise OutputError(f"output folder {out_dir} exists and holds a run; pass --resume to "
                           "continue it or --overwrite to replace it")
-    _check_fingerprint(out_dir, fingerprint)
+    if _check_fingerprint(out_dir, fingerprint, model or {}, accept_model_change):
+        write_fingerprint(out_dir, fingerprint)  # later resumes compare with the new model
     point = read_journal(out_dir, _first(fingerprint))
     if point is None:
         # Nothing was committed: whatever the earlier attempt left is incomplete.
@@ -267,7 +272,10 @@ def _first(fingerprint: dict) -> int:
     return cut[0] if isinstance(cut, (list, tuple)) and cut and isinstance(cut[0], int) else 0
 
 
-def _check_fingerprint(out_dir: Path, fingerprint: dict) -> None:
+def _check_fingerprint(out_dir: Path, fingerprint: dict, model: dict[str, Path],
+                       accept_model_change: bool) -> bool:
+    """Refuse a folder holding another run; True when only the model's files changed and
+    that is accepted (run.json is then rewritten)."""
     path = out_dir / RUN_JSON
     if not path.exists():
         raise OutputError(f"output folder {out_dir} has no {RUN_JSON}, so it cannot be resumed; "
@@ -282,12 +290,32 @@ def _check_fingerprint(out_dir: Path, fingerprint: dict) -> None:
         for key in ("input_sha256", "model_sha256"):
             if before.get(key, "") is None:
                 before[key] = now.get(key)
-    changed = [_change(k, before.get(k), now.get(k))
-               for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
+    keys = [k for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
+    if keys == ["model_sha256"] and accept_model_change:
+        return True
+    changed = [_model_change(before.get(k), now.get(k), model) if k == "model_sha256"
+               else _change(k, before.get(k), now.get(k)) for k in keys]
+    if keys == ["model_sha256"]:
+        raise OutputError(f"cannot resume {out_dir}: {changed[0]} since the run started. If "
+                          "the change does not alter outputs (e.g. it fixes the error that "
+                          "stopped the run), add --accept-model-change; otherwise use "
+                          "--overwrite to start over")
     if changed:
         raise OutputError(f"cannot resume {out_dir}: it holds a different run ("
                           + "; ".join(changed) + "); rerun with --overwrite to start over, or "
                           "pick another output folder")
+    return False
+
+
+def _model_change(was, now, model: dict[str, Path]) -> str:
+    """Which of the model's files changed: 'the model's weights file /m/w.pt changed'."""
+    was, now = (v if isinstance(v, dict) else {} for v in (was, now))
+    roles = [r for r in sorted(set(was) | set(now)) if was.get(r) != now.get(r)]
+    what = {"weights": "weights file", "exported": "exported program",
+            "torchscript": "TorchScript archive", "target": "source file"}
+    named = [f"{what.get(r, r)} {model.get(r, '(no longer given)')}" for r in roles]
+    return (f"the model's {', '.join(named)} changed" if named
+            else "the model's files changed")
 
 
 def _change(key: str, was, now) -> str:
@@ -295,3 +323,17 @@ def _change(key: str, was, now) -> str:
         return "absent" if v is None else repr(v[:12] + "..." if isinstance(v, str)
                                                and len(v) > 16 else v)
     return f"{key} changed (was {short(was)}, now {short(now)})"
+
+
+@contextlib.contextmanager
+def locked(out_dir: Path):
+    """FolderLock held for the block; a folder that cannot be made or opened is a user error."""
+    try:
+        lock = FolderLock(out_dir).__enter__()
+    except OSError as err:
+        raise OutputError(f"cannot use output folder {out_dir}: {err.strerror or err}; pick a "
+                          "folder you can write to (--out or output.dir)") from err
+    try:
+        yield lock
+    finally:
+        lock.__exit__()

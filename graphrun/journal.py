@@ -1,6 +1,6 @@
 """The output folder's bookkeeping: run.json, the crash-safe journal, and resume.
 
-An output folder holds, besides the shards (see sinks.py for their names):
+An output folder holds, besides the shards (see outputs/ for their names):
 
     run.json        the run's fingerprint ({"spec_sha256", "input_sha256", "model_sha256":
                     {role: sha256} of its files, "slice", "shards": the shard file
@@ -101,8 +101,8 @@ def sha256_file(path: Path) -> str:
 
 
 class InputHash:
-    """sha256 of the input file, computed by a child process beside setup (0.8 s a GB on the
-    H200's host, as long as the MLP's setup), not after it. In a thread of this process it
+    """sha256 of the input file, computed by a child process beside setup (about as long as a
+    model's setup for a GB), not after it. In a thread of this process it
     would take the GIL from the runner's and reader's threads now and then. result() waits
     for it; stop() abandons it (a run that failed in setup needs no hash)."""
 
@@ -302,7 +302,7 @@ def journal_names(out_dir: Path) -> tuple[set[str], int]:
 
 def check_fresh(out_dir: Path, suffixes: list[str]) -> None:
     """A new writer must not mix its shards with another run's; prepare_out_dir clears those.
-    suffixes: the format's shard file suffixes (sinks.shard_suffixes)."""
+    suffixes: the format's shard file suffixes (outputs.shard_suffixes)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     stale = sorted(p.name for p in out_dir.iterdir()
                    if p.name in (JOURNAL, REJECTS) or shard_number(p.name, suffixes, temp=False)
@@ -316,18 +316,29 @@ def check_fresh(out_dir: Path, suffixes: list[str]) -> None:
 
 def restore(out_dir: Path, point: ResumePoint, suffixes: list[str]) -> None:
     """Put the folder back to `point`: check the committed files, drop everything after."""
+    check_committed(out_dir, point, hashes=True)
+    # A shard renamed into place whose journal line never landed is not part of the run, nor
+    # are temp files; their names are exactly the format's, numbered from the next shard.
+    _remove(out_dir, [p for p in out_dir.iterdir()
+                      if (shard_number(p.name, suffixes) or -1) >= point.shard])
+    rejects = out_dir / REJECTS
+    if rejects.exists():
+        truncate_durably(rejects, point.rejects_bytes)  # rejects past the last commit come again
+    cut_torn_tail(out_dir / JOURNAL)
+
+
+def check_committed(out_dir: Path, point: ResumePoint, *, hashes: bool) -> None:
+    """The files the journal lists are there, of their size (and sha256, with hashes), and
+    rejects.jsonl holds the rejects it recorded; else OutputError. Without hashes it reads
+    only rejects.jsonl (a completed run's --resume, which rewrites nothing)."""
     for info in point.files:
         path = out_dir / info.path
         if not path.is_file():
             raise OutputError(f"cannot resume {out_dir}: {info.path} is listed in {JOURNAL} but "
                               "missing; rerun with --overwrite")
-        if path.stat().st_size != info.bytes or sha256_file(path) != info.sha256:
+        if path.stat().st_size != info.bytes or (hashes and sha256_file(path) != info.sha256):
             raise OutputError(f"cannot resume {out_dir}: {info.path} differs from what {JOURNAL} "
                               "recorded (sha256); rerun with --overwrite")
-    # A shard renamed into place whose journal line never landed is not part of the run, nor
-    # are temp files; their names are exactly the format's, numbered from the next shard.
-    _remove(out_dir, [p for p in out_dir.iterdir()
-                      if (shard_number(p.name, suffixes) or -1) >= point.shard])
     rejects = out_dir / REJECTS
     have = rejects.stat().st_size if rejects.exists() else 0
     if have < point.rejects_bytes:
@@ -339,9 +350,6 @@ def restore(out_dir: Path, point: ResumePoint, suffixes: list[str]) -> None:
         if lines != point.rejects:
             raise OutputError(f"cannot resume {out_dir}: {REJECTS} holds {lines} rejects where "
                               f"{JOURNAL} recorded {point.rejects}; rerun with --overwrite")
-    if rejects.exists():
-        truncate_durably(rejects, point.rejects_bytes)  # rejects past the last commit come again
-    cut_torn_tail(out_dir / JOURNAL)
 
 
 def _names(paths: list, shown: int = 5) -> str:

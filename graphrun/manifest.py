@@ -8,9 +8,10 @@ import json
 import os
 import platform
 import socket
+from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 MANIFEST_VERSION = 1
 
@@ -48,11 +49,12 @@ class VerifyResult(_M):
     real_batch: Optional[BatchCheck] = Field(
         None, description="Replay vs eager on the first real batch that reached the bucket "
         "(captured buckets only; null if none reached it).")
-    twin_passed: Optional[bool] = Field(
-        None, description="The bucket's second graph (lanes: 2) checked as the first was, on "
-        "synthetic inputs; null if it has none.")
-    twin_real_batch: Optional[BatchCheck] = Field(
-        None, description="The second graph's replay vs eager on the first real batch it ran.")
+
+
+class LaneReport(_M):
+    verify: Optional[VerifyResult] = Field(
+        None, description="This lane's graph of the bucket checked against eager (synthetic "
+        "inputs, pad isolation, the first real batch it ran); null with capture.verify off.")
 
 
 class BucketReport(_M):
@@ -63,11 +65,11 @@ class BucketReport(_M):
     warmup_s: Optional[float] = None
     capture_s: Optional[float] = None
     memory_bytes: Optional[int] = Field(None, description="Pool growth while capturing it.")
-    lanes: int = Field(
-        1, description="2: the overlapped stream captured the bucket a second time, on a "
-        "second set of static buffers, and replayed the two graphs in turn, so that one "
-        "batch's copies ran beside the other's replay; capture_s and memory_bytes include it.")
-    verify: Optional[VerifyResult] = None
+    lanes: list[LaneReport] = Field(
+        default_factory=list, description="One entry per lane the bucket ran on: a lane is a "
+        "set of static buffers with the bucket's graph captured on them. The overlapped stream "
+        "uses two lanes in turn, so that one batch's copies run beside the other's replay; "
+        "capture_s and memory_bytes include every lane's capture. Empty for a skipped bucket.")
     batches: int = 0
     records: int = 0
     padded_rows: int = 0
@@ -81,10 +83,19 @@ class BucketReport(_M):
 
 
 class Totals(_M):
-    records_in: int
+    records_in: int = Field(..., description="The whole run, every attempt (--resume) "
+                            "included: what the output folder holds; in = out + rejected.")
     records_out: int
     records_rejected: int
-    batches: int
+    earlier_records_out: int = Field(
+        0, description="Of records_out, those committed by the attempts this one resumed "
+        "(0 unless --resume): records_out - earlier_records_out came out of this attempt.")
+    earlier_records_rejected: int = Field(
+        0, description="Of records_rejected, those committed by the attempts this one resumed.")
+    batches: int = Field(..., description="Batches this attempt ran; like buckets[] and "
+                         "latency_us, this attempt alone. A resumed attempt starts at the "
+                         "batch holding the first record not committed, so up to one batch "
+                         "runs again (its committed rows are not written twice).")
     wall_s: float = Field(..., description="From the start of the run to its manifest: "
                           "setup_s, stream_s, and the output folder's preparation, the wait "
                           "for the input's hash and the last commits.")
@@ -95,9 +106,10 @@ class Totals(_M):
                                 "sha256 (for --resume's check that it did not change), which "
                                 "a child process computes beside setup: --resume waits for it "
                                 "before setup, a new run after setup, before streaming.")
-    records_per_s: float = Field(..., description="records_out / the streaming time, which "
-                                 "starts after setup; the input's first batch is read during "
-                                 "setup, beside it.")
+    records_per_s: float = Field(..., description="This attempt's records out "
+                                 "(records_out - earlier_records_out) / its streaming time, "
+                                 "which starts after setup; the input's first batch is read "
+                                 "during setup, beside it.")
     capture_s: float
     capture_memory_bytes: int
     padding_ratio: float = Field(..., description="Padded rows / rows run.")
@@ -114,6 +126,11 @@ class Totals(_M):
         None, description="Whether the stream ran overlapped (stager, launching and completer "
         "threads) or serially; with the overlap measured (the CPU's default), the path the "
         "latest trial round chose. Null when the stream never started.")
+    overlap_reason: Optional[str] = Field(
+        None, description="What chose the path, and why: set (GRAPHRUN_OVERLAP or run()'s "
+        "overlap), the device's default, or the trial's measurement (the latest round's "
+        "ratio; serial where a batch took too long to time both paths in the legs; the path "
+        "of the last leg where the stream ended within the first round).")
     overlap_trials: list[dict[str, float]] = Field(
         default_factory=list, description="With the overlap measured (GRAPHRUN_OVERLAP=measure, "
         "the CPU's default): records/s of the serial and the overlapped path in each trial "
@@ -129,6 +146,18 @@ class Totals(_M):
         "waiting for results, cutting and writing them). Serially they add up to the "
         "streaming time; overlapped the threads run side by side and the busiest one, with "
         "its waits, bounds the rate.")
+
+
+class BucketPlan(_M):
+    """What `buckets: {axis: auto}` planned at the start of the run (graphrun.plan)."""
+
+    auto_axes: list[str]
+    buckets: dict[str, list[int]] = Field(..., description="The planned lists of the auto axes.")
+    sample_records: int = Field(..., description="Records of the input's start planned from.")
+    graphs: int = Field(..., description="Graphs of all axes together.")
+    max_graphs: int
+    padding_waste: float = Field(..., description="1 - real / padded work (rows x positions) "
+                                 "of the sample in the planned buckets.")
 
 
 class FileEntry(_M):
@@ -153,10 +182,16 @@ class Manifest(_M):
     buckets: list[BucketReport]
     totals: Totals
     files: list[FileEntry]
-    rejects: dict[str, Any] = Field(..., description="path and count of rejects.jsonl.")
+    rejects: dict[str, Any] = Field(..., description="path and count of rejects.jsonl; "
+                                    "path is null when no record was rejected (no file).")
     resumed_from: Optional[int] = Field(None, description="First input record of this run "
                                         "when it resumed an earlier one.")
+    bucket_plan: Optional[BucketPlan] = Field(None, description="The lists planned for "
+                                              "`auto` bucket axes; null when none is auto.")
     warnings: list[str] = Field(default_factory=list)
+
+    # Set on the manifest run() returns for --resume of a run that was already complete.
+    _already_complete: bool = PrivateAttr(False)
 
 
 def spec_digest(spec_json: dict) -> str:
@@ -197,3 +232,44 @@ def write_manifest(manifest: Manifest, path) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def completed_manifest(out_dir: Path, fingerprint: dict, *,
+                       with_model: bool = True) -> Manifest | None:
+    """The manifest of a completed run of this very spec, input, model (unless with_model is
+    False: --accept-model-change) and slice in out_dir (the one --resume would continue),
+    else None: prepare_out_dir then decides, and explains."""
+    try:
+        ran = json.loads((out_dir / "run.json").read_text())
+        manifest = Manifest.model_validate_json((out_dir / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(ran, dict):
+        return None
+    keys = ("spec_sha256", "input_sha256") + (("model_sha256",) if with_model else ())
+    same = all(ran.get(k) == fingerprint.get(k) for k in keys)
+    if not same or list(ran.get("slice", [])) != list(fingerprint["slice"]):
+        return None
+    from .journal import check_committed, read_journal
+
+    # the journal, not the manifest, says what is committed
+    point = read_journal(out_dir, fingerprint["slice"][0] or 0)
+    committed = point.rows if point else 0
+    if manifest.status != "completed" or committed != manifest.totals.records_out:
+        return None
+    if point is not None:  # refuses a folder changed since (a file missing, rejects cut)
+        check_committed(out_dir, point, hashes=False)
+    manifest._already_complete = True
+    return manifest
+
+
+def all_rejected(out_dir: Path, count: int) -> str:
+    """The warning for a run whose every record was rejected, with the first reason."""
+    try:
+        with open(out_dir / "rejects.jsonl") as f:
+            first = json.loads(f.readline())
+        why = f" (the first, {first.get('where')}: {first.get('reason')})"
+    except (OSError, ValueError, AttributeError):
+        why = ""
+    return (f"every record ({count}) was rejected{why}: no outputs were written; "
+            "rejects.jsonl has each reason")

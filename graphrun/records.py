@@ -453,8 +453,8 @@ def take(records: Records, rows: np.ndarray) -> Records:
 class Prechecked:
     """A chunk after every check that needs no other chunk (all but duplicate ids): its
     records' problems so far, axis lengths and values in the inputs' dtypes. A Parquet row
-    group's chunks are prechecked on the thread that decoded it (see formats._decode_group),
-    off the thread that hands out the batches."""
+    group's chunks are prechecked on the thread that decoded it (inputs/parquet.py), off the
+    thread that hands out the batches."""
 
     indices: np.ndarray  # [n] int64 ordinals
     ids: np.ndarray | list | None  # [n], as Candidates.ids

@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, PrivateAttr, field_validator
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, PositiveInt, PrivateAttr, Tag,
+                      field_validator)
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 INT_DTYPES = ("int64", "int32", "int16", "int8", "uint8")
@@ -22,6 +23,23 @@ ModelDType = Literal["float32", "float16", "bfloat16"]
 # Sizes are strict integers: YAML's `true` or `1e30` is no size.
 Size = Annotated[int, Field(strict=True, gt=0, le=2**31 - 1)]
 Dim = Union[Size, str]
+# A bucket axis: a list of sizes, or "auto". The discriminator keeps a bad list's error to the
+# list's own (not a second "or it must be 'auto'"); the tags are the ones spec_load drops.
+class _BucketKind:
+    """The discriminator; its repr names it stably in the README's generated spec reference."""
+
+    def __call__(self, v: Any) -> str:
+        return "str" if isinstance(v, str) else "list[int]"
+
+    __name__ = "list_or_auto"
+
+    def __repr__(self) -> str:
+        return "list-or-auto"
+
+
+BucketValues = Annotated[
+    Union[Annotated[list[Size], Tag("list[int]")], Annotated[Literal["auto"], Tag("str")]],
+    Discriminator(_BucketKind())]
 
 BATCH = "batch"
 
@@ -171,9 +189,17 @@ class PipelineSpec(Strict):
     outputs: dict[str, OutputSpec] = Field(
         ..., min_length=1, description="Names for the model's returns: a tensor, a tuple in this "
         "order, or a dict with these keys.")
-    buckets: dict[str, list[Size]] = Field(
+    buckets: dict[str, BucketValues] = Field(
         ..., description="Values per bucket axis; one graph per combination. `batch` is "
-        "required; values are sorted on load.")
+        "required; values are sorted on load. `auto`: `graphrun run` plans the axis's values "
+        "from the input's first records (as `graphrun plan` does), keeping the other axes' "
+        "lists, and records the plan in the manifest.")
+    buckets_multiple_of: dict[str, Size] = Field(
+        default_factory=dict, description="Bucket values of an axis must be multiples of this "
+        "(e.g. seq: 8 for kernels that want aligned lengths); planned values obey it too.")
+    buckets_max_graphs: Size = Field(
+        8, description="`auto` axes are planned so that all axes together make at most this "
+        "many graphs.")
     capture: CaptureSpec = Field(default_factory=CaptureSpec)
     data: DataSpec
     output: OutputConfig
@@ -196,14 +222,17 @@ class PipelineSpec(Strict):
 
     @field_validator("buckets")
     @classmethod
-    def _sorted(cls, v: dict[str, list[int]]) -> dict[str, list[int]]:
+    def _sorted(cls, v: dict[str, list[int] | str]) -> dict[str, list[int] | str]:
         for axis, values in v.items():
+            if values == "auto":
+                continue
             dup = sorted({x for x in values if values.count(x) > 1})
             if dup:
                 raise ValueError(f"{axis}: duplicate bucket values {dup}")
             if not values:
                 raise ValueError(f"{axis}: needs at least one value")
-        return {axis: sorted(values) for axis, values in v.items()}
+        return {axis: values if values == "auto" else sorted(values)
+                for axis, values in v.items()}
 
     # Convenience views used along the flow.
     @property
@@ -213,3 +242,8 @@ class PipelineSpec(Strict):
 
     def max_size(self, axis: str) -> int:
         return max(self.buckets[axis])
+
+    @property
+    def auto_axes(self) -> list[str]:
+        """Axes whose values `graphrun run` plans from the data (graphrun.plan.resolve_auto)."""
+        return [a for a, v in self.buckets.items() if v == "auto"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import importlib.util
 import math
 import os
 from pathlib import Path
@@ -11,7 +12,6 @@ from typing import Iterator
 from .spec import BATCH, FLOAT_DTYPES, INT_DTYPES, PipelineSpec
 
 Found = Iterator[tuple[tuple, str]]
-DATA_SUFFIXES = (".jsonl", ".npy", ".npz", ".parquet")
 # One graph (or eager bucket) per combination of the axes' values is set up before the first
 # record, a fraction of a second each: past this the grid is almost surely a mistake.
 MAX_BUCKETS = 512
@@ -38,12 +38,43 @@ def resolve_paths(spec: PipelineSpec, base_dir: Path) -> PipelineSpec:
     return spec
 
 
-def check_spec(spec: PipelineSpec) -> list[tuple[tuple, str]]:
+def check_spec(spec: PipelineSpec, base_dir: Path | None = None) -> list[tuple[tuple, str]]:
+    """base_dir: the spec's folder, where model.target's file or module is looked for."""
     found = []
-    for rule in (_model_source, _axes, _ranges, _ragged_npy, _batch_size, _files, _device,
-                 _grid):
+    for rule in (_model_source, _axes, _ranges, _ragged_npy, _multiples, _batch_size, _files,
+                 _device, _grid):
         found.extend(rule(spec))
+    found.extend(_target_found(spec, base_dir or spec.base_dir))
     return found
+
+
+def _target_found(spec: PipelineSpec, base_dir: Path) -> Found:
+    """model.target's file (or top-level module) exists, without importing it: importing runs
+    the user's code, which `graphrun validate --load` does."""
+    target = spec.model.target
+    if not target or ":" not in target or "\x00" in target:
+        return
+    module = target.rpartition(":")[0]
+    if module.endswith(".py"):
+        path = Path(module) if Path(module).is_absolute() else base_dir / module
+        if not path.is_file():
+            yield ("model", "target"), (f"file not found: {path.resolve()}; model.target's "
+                                        "file is relative to the spec's folder")
+        return
+    top = module.split(".")[0]
+    if not top:
+        return
+    if (base_dir / f"{top}.py").is_file() or (base_dir / top).is_dir():
+        return
+    try:
+        found = importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        yield ("model", "target"), (f"module {top!r} not found beside the spec ({base_dir}) "
+                                    "nor on the Python path; put it there, install its "
+                                    "package, or give a file path such as "
+                                    "'models/net.py:build'")
 
 
 def _model_source(spec: PipelineSpec) -> Found:
@@ -113,7 +144,7 @@ def _ranges(spec: PipelineSpec) -> Found:
 
 
 def _ragged_npy(spec: PipelineSpec) -> Found:
-    if spec.output.format != "npy":
+    if spec.output.format != "npy":  # the one format of fixed-shape outputs (outputs/npy.py)
         return
     for name, item in spec.outputs.items():
         ragged = [d for d in item.shape[1:] if isinstance(d, str)]
@@ -123,8 +154,19 @@ def _ragged_npy(spec: PipelineSpec) -> Found:
                 "output.format to jsonl or parquet")
 
 
+def _multiples(spec: PipelineSpec) -> Found:
+    for axis, m in spec.buckets_multiple_of.items():
+        values = spec.buckets.get(axis)
+        if values is None:
+            yield ("buckets_multiple_of", axis), f"{axis!r} is no bucket axis"
+        elif values != "auto" and any(v % m for v in values):
+            yield ("buckets", axis), (f"values must be multiples of {m} (buckets_multiple_of."
+                                      f"{axis}); got {values}")
+
+
 def _batch_size(spec: PipelineSpec) -> Found:
-    if BATCH not in spec.buckets or spec.data.oversize == "split":
+    if (BATCH not in spec.buckets or spec.data.oversize == "split"
+            or spec.buckets[BATCH] == "auto"):
         return
     largest = max(spec.buckets[BATCH])
     if (spec.data.oversize == "eager" and spec.model.builtin == "decoder"
@@ -147,9 +189,11 @@ def _files(spec: PipelineSpec) -> Found:
     path = spec.data.path
     if "\x00" in str(path):
         return
-    if path.suffix not in DATA_SUFFIXES:
+    from .inputs import SUFFIXES
+
+    if path.suffix not in SUFFIXES:
         yield ("data", "path"), (f"unknown input format {path.suffix or '(no suffix)'!r}: use "
-                                 f"one of {', '.join(DATA_SUFFIXES)}")
+                                 f"one of {', '.join(SUFFIXES)}")
     elif not path.is_file():
         yield ("data", "path"), _missing("input file", path)
     for key in ("exported", "torchscript", "weights"):
@@ -176,13 +220,14 @@ def _device(spec: PipelineSpec) -> Found:
 def _grid(spec: PipelineSpec) -> Found:
     """At most MAX_BUCKETS buckets, and static buffers that fit in this machine's memory:
     estimated before anything is allocated (torch would fail with a bare allocator error)."""
-    sizes = [len(v) for v in spec.buckets.values()]
+    # an auto axis is planned at run start, to buckets_max_graphs graphs at most (auto_buckets)
+    sizes = [spec.buckets_max_graphs if v == "auto" else len(v) for v in spec.buckets.values()]
     if math.prod(sizes) > MAX_BUCKETS:
         grid = f"{' x '.join(map(str, sizes))} = " if len(sizes) > 1 else ""
         yield ("buckets",), (f"{grid}{math.prod(sizes):,} buckets, "
                              f"more than {MAX_BUCKETS} (each is set up before the first record): "
                              "keep the sizes the data needs (graphrun plan suggests them)")
-    largest = {axis: max(v) for axis, v in spec.buckets.items() if v}
+    largest = {axis: max(v) for axis, v in spec.buckets.items() if v and v != "auto"}
     need = 0
     for items, default in ((spec.inputs, None), (spec.outputs, "float32")):
         for item in items.values():

@@ -278,7 +278,8 @@ def spec_from_data(data: Any, pos: Positions, base_dir: Path) -> PipelineSpec:
     except ValidationError as err:
         raise SpecError(sorted(_pydantic_problems(err, pos, data), key=_order)) from None
     spec = resolve_paths(spec, base_dir)
-    problems = [Problem(pos.where(loc), fmt_path(loc), msg) for loc, msg in check_spec(spec)]
+    problems = [Problem(pos.where(loc), fmt_path(loc), msg)
+                for loc, msg in check_spec(spec, base_dir)]
     if problems:
         raise SpecError(sorted(problems, key=_order))
     return spec

@@ -1,14 +1,14 @@
 """The write step: output shards, rejects, and the journal that makes a run resumable.
 
 Shards hold `output.rows_per_file` records each (the last one fewer), numbered from 00000, in
-the files sinks.py lists per format.
+the files each format's sink lists (outputs/).
 
 A shard is written as `.part-00000.<suffix>.tmp`; when it is full the writer hands it to a
 committer and writes on into the next one. The committer hashes, fsyncs and renames it into
 place, and only then journals it (journal.py), in shard order; so a crash leaves committed
 shards plus temp files (or renamed but unjournaled shards) that a resume deletes. bfloat16
 outputs are stored as float32 holding bfloat16-rounded values (numpy, npy and parquet have no
-bfloat16). Memory is the sink's: see sinks.py.
+bfloat16). Memory is the sink's: see outputs/.
 
 Rejects must reach reject() before write() is given any row with a larger ordinal: a shard's
 commit covers the rejects below its next_index, and a resume starts reading there.
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -26,29 +25,17 @@ from pathlib import Path
 
 import numpy as np
 
-from graphrun.cores import usable_cores
 from graphrun.errors import OutputError
 from graphrun.folder import prepare_out_dir
 from graphrun.journal import (REJECTS, FileInfo, ResumePoint, append_journal, check_fresh,
                               fsync_path, read_journal, restore, sha256_file)
-from graphrun.sinks import Outputs, _JsonlSink, _NpySink, _ParquetSink, _plain, shard_suffixes
-from graphrun.spec import BATCH, PipelineSpec
+from graphrun.outputs import SINKS, Outputs, shard_suffixes
+from graphrun.outputs.ids import plain
+from graphrun.spec import PipelineSpec
+from graphrun.tuning import Tuning
 
 __all__ = ["ShardWriter", "FileInfo", "ResumePoint", "prepare_out_dir", "read_journal",
            "sha256_file"]
-
-SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
-# sha256 re-reads at ~1 GB/s a thread: a decoder's 128 KB rows arrive at 3-4 GB/s, so several
-# files hash at once. On the H200 machine 3 hashers and 4 shards in flight keep its disk (the
-# limit, ~2 GB/s of fsync) busy; 4/6 and 8/8 were no faster (benchmarks/bench_writer.py).
-HASHERS = 3
-# Shards handed over but not yet journaled; past it the writer waits. It bounds how far the
-# writer runs ahead of the disk, and how much a crash makes a resume write again.
-IN_FLIGHT = 4
-# Threads writing the rows of big npy batches at once (sinks.py): page-cache copies run at
-# about 3 GB/s a thread.
-ROW_WRITERS = min(4, usable_cores())
-
 
 class ShardWriter:
     """Writes rows into shards of rows_per_file records and journals each committed shard.
@@ -56,12 +43,14 @@ class ShardWriter:
     Used from one thread; only the committer's work runs on others. An error there (a full
     disk) is raised by the next write(), reject() or close()."""
 
-    def __init__(self, spec: PipelineSpec, out_dir: Path, *, resume: ResumePoint | None = None):
+    def __init__(self, spec: PipelineSpec, out_dir: Path, *, resume: ResumePoint | None = None,
+                 tuning: Tuning | None = None):
         self.out_dir = Path(out_dir)
-        self.format = spec.output.format
+        self.tuning = tuning or Tuning.from_machine()
+        self.sink_type = SINKS[spec.output.format]
         self.rows_per_file = spec.output.rows_per_file
         self.names = list(spec.outputs)
-        _check_outputs(spec)
+        self.sink_type.check(spec.outputs)
         self._shapes = {n: tuple(o.shape[1:]) for n, o in spec.outputs.items()}
         self._bf16 = {n: o.dtype == "bfloat16" for n, o in spec.outputs.items()}
         # Output dtype: the spec's, else the first array's, then fixed for the whole run.
@@ -87,12 +76,12 @@ class ShardWriter:
         self._last_index = point.next_index - 1
         self._committed_below = point.next_index  # rows/rejects below it are handed over
         self._batch_start = point.start
-        self.suffixes = shard_suffixes(self.format, self.names)
+        self.suffixes = shard_suffixes(spec.output.format, self.names)
         if resume is None:
             check_fresh(self.out_dir, self.suffixes)
         else:
             restore(self.out_dir, resume, self.suffixes)
-        self._committer = _Committer(self.out_dir, point)
+        self._committer = _Committer(self.out_dir, point, self.tuning)
 
     @property
     def rows_written(self) -> int:
@@ -147,7 +136,7 @@ class ShardWriter:
         self._raise_commit_error()
         if index < self._committed_below:  # re-read after a resume: committed already
             return
-        line = json.dumps({"index": int(index), "id": _plain(id), "where": where,
+        line = json.dumps({"index": int(index), "id": plain(id), "where": where,
                            "reason": reason})
         self._pending.append((int(index), (line + "\n").encode()))
 
@@ -201,15 +190,12 @@ class ShardWriter:
 
     def _open_sink(self):
         stem = f"part-{self._shard:05d}"
-        if self.format == "npy":
-            if self._row_pool is None:  # threads start with the first shard, end at close()
-                self._row_pool = ThreadPoolExecutor(ROW_WRITERS,
-                                                    thread_name_prefix="graphrun-rows")
-            return _NpySink(self.out_dir, stem, self.rows_per_file, self._shapes,
-                            self._row_pool)
-        if self.format == "jsonl":
-            return _JsonlSink(self.out_dir, stem)
-        return _ParquetSink(self.out_dir, stem)
+        if self.sink_type.uses_row_pool and self._row_pool is None:
+            # threads start with the first shard, end at close()
+            self._row_pool = ThreadPoolExecutor(self.tuning.row_writers,
+                                                thread_name_prefix="graphrun-rows")
+        return self.sink_type(self.out_dir, stem, self.rows_per_file, self._shapes,
+                              self.tuning, self._row_pool)
 
     def _hand_over(self) -> None:
         """Complete the shard's files and give them to the committer; writing goes on at once."""
@@ -307,8 +293,8 @@ class _Shard:
 class _Committer:
     """Commits the shards that the writer hands over, off the writer's thread.
 
-    Per file of a shard, at once: an fsync on one of the IN_FLIGHT sync threads (it waits on
-    the disk) and a sha256 on one of the HASHERS threads (it re-reads the file from the page
+    Per file of a shard, at once: an fsync on one of the in_flight sync threads (it waits on
+    the disk) and a sha256 on one of the hashers threads (it re-reads the file from the page
     cache, on a CPU), so neither the disk nor the CPUs idle while the other works, and later
     shards proceed while earlier ones finish. On the one journal thread, strictly in shard
     order: wait for the shard's fsyncs and hashes, rename its files into place, fsync
@@ -322,22 +308,23 @@ class _Committer:
     many settled (journaled, or dropped after a failure), the first error, and what the
     journal holds (files, rows, rejects)."""
 
-    def __init__(self, out_dir: Path, point: ResumePoint):
+    def __init__(self, out_dir: Path, point: ResumePoint, tuning: Tuning):
         self.out_dir = out_dir
+        self.in_flight = tuning.in_flight
         self._lock = threading.Condition()
         self._handed = self._settled = 0
         self.error: BaseException | None = None
         self._files, self.rows, self.rejects = list(point.files), point.rows, point.rejects
         self._digest = point.digest  # the journal's last line's checksum (journal thread only)
         # Threads start at the first shard and end at close().
-        self._syncers = ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="graphrun-fsync")
-        self._hashers = ThreadPoolExecutor(HASHERS, thread_name_prefix="graphrun-sha256")
+        self._syncers = ThreadPoolExecutor(tuning.in_flight, thread_name_prefix="graphrun-fsync")
+        self._hashers = ThreadPoolExecutor(tuning.hashers, thread_name_prefix="graphrun-sha256")
         self._journal = ThreadPoolExecutor(1, thread_name_prefix="graphrun-journal")
 
     def submit(self, shard: _Shard) -> None:
-        """Hand over a shard; waits while IN_FLIGHT shards are not yet journaled."""
+        """Hand over a shard; waits while in_flight shards are not yet journaled."""
         with self._lock:
-            self._lock.wait_for(lambda: self._handed - self._settled < IN_FLIGHT)
+            self._lock.wait_for(lambda: self._handed - self._settled < self.in_flight)
             self._handed += 1
         synced = [self._syncers.submit(fsync_path, tmp) for tmp, _ in shard.files]
         hashed = [self._hashers.submit(sha256_file, tmp) for tmp, _ in shard.files]
@@ -381,21 +368,6 @@ class _Committer:
             with self._lock:
                 self._settled += 1
                 self._lock.notify_all()
-
-
-def _check_outputs(spec: PipelineSpec) -> None:
-    """Refuse output names and shapes the chosen format cannot store."""
-    fmt = spec.output.format
-    for name, out in spec.outputs.items():
-        ragged = any(isinstance(d, str) and d != BATCH for d in out.shape[1:])
-        if fmt == "npy" and ragged:
-            raise OutputError(f"output {name!r} has shape {out.shape}: npy cannot hold ragged "
-                              "outputs; use format jsonl or parquet")
-        if fmt == "npy" and (name == "ids" or not SAFE_NAME.fullmatch(name)):
-            raise OutputError(f"output {name!r} cannot name an npy file (ids is taken; use "
-                              "letters, digits, _ . -)")
-        if fmt != "npy" and name == "id":
-            raise OutputError(f"output 'id' clashes with the record id in {fmt}; rename it")
 
 
 def _round_bfloat16(a: np.ndarray) -> np.ndarray:

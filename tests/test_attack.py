@@ -185,12 +185,18 @@ def test_resume_refuses_changed_weights_and_a_changed_target_module(tmp_path):
     with torch.no_grad():
         net.weight.add_(1)
     torch.save({"lin." + k: v for k, v in net.state_dict().items()}, tmp_path / "w.pt")
-    with pytest.raises(OutputError, match=r"model_sha256 changed"):
+    with pytest.raises(OutputError, match=r"the model's weights file \S*w\.pt changed since "
+                       r"the run started\. If the change does not alter outputs .* add "
+                       r"--accept-model-change; otherwise use --overwrite"):
         run_job(spec, out, resume=True)
     run_job(spec, out, overwrite=True)
     (tmp_path / "model.py").write_text(MODEL.replace("manual_seed(0)", "manual_seed(1)"))
-    with pytest.raises(OutputError, match=r"model_sha256 changed"):
+    with pytest.raises(OutputError, match=r"the model's source file \S*model\.py changed"):
         run_job(spec, out, resume=True)
+    spec.write_text(spec.read_text().replace("name: attack", "name: other"))
+    with pytest.raises(OutputError, match=r"holds a different run \(the model's "
+                       r"source file \S*model\.py changed; spec_sha256 changed"):
+        run_job(spec, out, resume=True, accept_model_change=True)  # not only the model
 
 
 # ---- 3. the journal is verified on resume ------------------------------------------------------
@@ -445,8 +451,9 @@ def test_every_committed_batch_has_its_latency_line_on_disk_before_its_journal_l
 # ---- 6, 7. signals at bad times ----------------------------------------------------------------
 
 def test_abort_after_finish_closes_no_descriptor_twice(tmp_path):
-    from graphrun.sinks import _NpySink
-    sink = _NpySink(tmp_path, "part-00000", 4, {"y": (3,)})
+    from graphrun.outputs.npy import NpySink
+    from graphrun.tuning import Tuning
+    sink = NpySink(tmp_path, "part-00000", 4, {"y": (3,)}, Tuning())
     sink.add([0, 1], {"y": np.zeros((2, 3), np.float32)})
     sink.finish()
     with open(tmp_path / "unrelated", "wb") as other:  # may reuse the closed number
@@ -540,7 +547,7 @@ def test_sigterm_during_setup_stops_the_run_at_once(tmp_path, monkeypatch):
 
 
 def test_setup_reports_each_bucket_as_it_is_ready(tmp_path):
-    from graphrun.runner import Runner
+    from graphrun.engine import Runner
     spec = load_spec(make_job(tmp_path))
     said = []
     with Runner(spec, log=said.append):

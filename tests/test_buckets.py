@@ -69,10 +69,13 @@ def test_cut_rows_returns_real_rows_each_at_its_own_length():
 def test_slot_copies_pair_the_slot_with_each_lanes_static_views():
     """A slot's copies for a bucket and a lane: its pinned inputs into that lane's static input
     views, that lane's static outputs into its pinned outputs; built once per (bucket, lane)."""
+    from types import SimpleNamespace
+
     import torch
 
     from graphrun.buckets import Bucket
-    from graphrun.buffers import BufferSet, HostSlot
+    from graphrun.engine.buffers import BufferSet
+    from graphrun.engine.launch import HostSlot
 
     cpu = torch.device("cpu")
     big, small = Bucket(sizes=(64,), axes=("batch",)), Bucket(sizes=(8,), axes=("batch",))
@@ -81,14 +84,17 @@ def test_slot_copies_pair_the_slot_with_each_lanes_static_views():
         return (BufferSet({"x": ["batch", 3]}, {"x": torch.float32}, big, cpu),
                 BufferSet({"y": ["batch", 2]}, {"y": torch.float32}, big, cpu))
 
-    lanes, (h_in, h_out) = [buffers(), buffers()], buffers()
+    lanes = [SimpleNamespace(index=i, inputs=b[0], outputs=b[1])
+             for i, b in enumerate([buffers(), buffers()])]
+    h_in, h_out = buffers()
     slot = HostSlot(h_in, h_out)
-    for lane, (s_in, s_out) in enumerate(lanes):
+    for lane in lanes:
+        s_in, s_out = lane.inputs, lane.outputs
         for bucket in (big, small):
-            c = slot.copies(bucket, lane, s_in, s_out)
+            c = slot.copies(bucket, lane)
             assert [(d.data_ptr(), s.data_ptr(), d.shape) for d, s in c.h2d] == [
                 (s_in.flat["x"].data_ptr(), h_in.flat["x"].data_ptr(), (bucket.batch, 3))]
             assert [(d.data_ptr(), s.data_ptr(), d.shape) for d, s in c.d2h] == [
                 (h_out.flat["y"].data_ptr(), s_out.flat["y"].data_ptr(), (bucket.batch, 2))]
-            assert slot.copies(bucket, lane, s_in, s_out) is c
-    assert slot.copies(big, 0, *lanes[0]) is not slot.copies(big, 1, *lanes[1])
+            assert slot.copies(bucket, lane) is c
+    assert slot.copies(big, lanes[0]) is not slot.copies(big, lanes[1])

@@ -50,8 +50,9 @@ def test_every_bucket_is_captured_and_verified(tmp_path):
         assert runner.backend == "cuda-graph"
         for state in runner.states.values():
             assert state.status == "captured", state.reason
-            assert state.verify["passed"], state.verify
-            assert state.verify["pad_isolated"] is (True if state.bucket.batch > 1 else None)
+            verify = runner.lanes[0].graphs[state.bucket].verify
+            assert verify.passed, verify
+            assert verify.pad_isolated is (True if state.bucket.batch > 1 else None)
             assert state.capture_s > 0
 
 
@@ -71,7 +72,7 @@ def test_replay_equals_eager_per_record_for_shipped_pipelines(path):
             for i, rec in enumerate(chunk):
                 with torch.inference_mode():
                     inputs = {k: torch.as_tensor(np.asarray(rec[k]))[None].to(
-                        runner.device, runner.inputs.flat[k].dtype) for k in spec.inputs}
+                        runner.device, runner.layout.model_dtypes[k]) for k in spec.inputs}
                     want = name_outputs(call_model(model, inputs, spec.model.call),
                                         list(spec.outputs))
                 for name in spec.outputs:
@@ -97,8 +98,8 @@ def test_decoder_bf16_buckets_capture_and_match_eager(tmp_path):
                       outputs={"logits": {"shape": ["batch", 1, 2048]}},
                       capture={"verify": {"rtol": 2e-2, "atol": 2e-2}})
     with Runner(spec) as runner:
-        assert all(s.status == "captured" and s.verify["passed"]
-                   for s in runner.states.values())
+        assert all(s.status == "captured" for s in runner.states.values())
+        assert all(g.verify.passed for g in runner.lanes[0].graphs.values())
         rng = np.random.default_rng(0)
         tokens = rng.integers(0, 2048, size=(5, 1))
         positions = rng.integers(0, 256, size=5)
@@ -164,26 +165,27 @@ def test_memory_budget_drops_the_largest_buckets(tmp_path):
 
 def test_a_second_capture_that_fails_leaves_the_bucket_on_one_lane(tmp_path, monkeypatch):
     """The overlapped stream's second lane is an optimisation: a bucket whose second capture
-    fails keeps running on its first graph alone (a warning says so), the others take both
+    fails keeps running on its first lane alone (a warning says so), the others take both
     lanes, and every output is still the model's."""
-    import graphrun.runner as runner_mod
+    import graphrun.engine.capture as capture_mod
     from graphrun.errors import CaptureError as Err
 
     spec = small_spec(tmp_path, buckets={"batch": [4, 16]})
     warnings = []
     with Runner(spec, log=warnings.append) as runner:
-        real = runner_mod.capture_graph
+        real = capture_mod.capture_graph
 
         def fails_for_16(step, bucket, **kw):
             if bucket.batch == 16:
                 raise Err("CUDA graph capture failed: injected", bucket=bucket.name)
             return real(step, bucket, **kw)
 
-        monkeypatch.setattr(runner_mod, "capture_graph", fails_for_16)
+        monkeypatch.setattr(capture_mod, "capture_graph", fails_for_16)
         runner.host_slots(3)
-        states = {s.bucket.batch: s for s in runner.states.values()}
-        assert states[16].twin is None and states[4].twin is not None
-        assert any("batch=16 runs on one lane" in w and "injected" in w for w in warnings)
+        on = {b.batch: [lane.index for lane in runner.lanes if b in lane.graphs]
+              for b in runner.states}
+        assert on == {16: [0], 4: [0, 1]}
+        assert any("batch=16 runs without lane 1" in w and "injected" in w for w in warnings)
         x = np.random.default_rng(3).standard_normal((40, 32), dtype=np.float32)
         for n in (16, 16, 4, 4, 3, 16):
             got = runner.run_batch({"x": x[:n]})["y"]
@@ -214,12 +216,14 @@ def test_graphrun_run_on_the_gpu_writes_a_manifest_with_captured_buckets(tmp_pat
     assert m.status == "completed" and m.environment.backend == "cuda-graph"
     assert m.environment.gpu
     assert all(b.status == "captured" for b in m.buckets)
-    assert m.totals.records_out == 2000
+    assert m.totals.records_out == 1996 and m.totals.records_rejected == 4  # make_data.py
     used = [b for b in m.buckets if b.batches]
     assert all(b.latency_us["replay"]["p50"] > 0 for b in used)
     assert all(b.speedup and b.speedup > 1 for b in m.buckets), [b.speedup for b in m.buckets]
     # overlapped (the GPU's default): every bucket captured again for the second lane
-    assert m.totals.overlapped and all(b.lanes == 2 and b.verify.twin_passed for b in m.buckets)
+    assert m.totals.overlapped and all(len(b.lanes) == 2 and all(lane.verify.passed
+                                                                 for lane in b.lanes)
+                                       for b in m.buckets)
 
 
 def test_overlapped_stream_on_two_lanes_gives_serials_outputs_bit_for_bit(tmp_path):
@@ -228,8 +232,8 @@ def test_overlapped_stream_on_two_lanes_gives_serials_outputs_bit_for_bit(tmp_pa
     all the slots, give the serial path's outputs (one lane) exactly, each record the model's
     on it alone, with positive phase timings; each bucket's second graph is checked on its
     first real batch too, and its capture reuses the first one's pool blocks."""
+    from graphrun.feed import feed_stream, slot_count
     from graphrun.records import RecordBatch
-    from graphrun.replay import replay_stream, slot_count
 
     spec = small_spec(tmp_path, model={"builtin": "mlp", "dtype": "bfloat16",
                                        "args": {"in_features": 32, "hidden": 256, "layers": 8,
@@ -261,24 +265,48 @@ def test_overlapped_stream_on_two_lanes_gives_serials_outputs_bit_for_bit(tmp_pa
         for overlap in (False, True):
             grown[overlap] = {b: s.memory_bytes for b, s in runner.states.items()}
             w = got[overlap] = Keep()
-            replay_stream(runner, data, w, on_batches=lambda ran, n, first, w=w: w.times.extend(
+            feed_stream(runner, data, w, on_batches=lambda ran, n, first, w=w: w.times.extend(
                 t for _, t in ran), on_read=lambda rb: None, should_stop=lambda: False,
                 overlap=overlap)
             assert len(runner.lanes) == (2 if overlap else 1)
-        assert len(runner.slots) == slot_count(runner.slot_bytes) > 2
+        assert len(runner.launcher.slots) == slot_count(runner.slot_bytes) > 2
         for bucket, state in runner.states.items():
-            assert state.twin is not None and state.verify["twin_passed"], state.verify
-            if not state.twin_check_real:  # its second graph ran a real batch, checked
-                assert state.verify["twin_real_batch"]["passed"], state.verify
-            # the twin went into the first graph's pool, reusing its blocks
+            second = runner.lanes[1].graphs[bucket]
+            assert second.verify.passed, second.verify
+            if not second.check_real:  # its second graph ran a real batch, checked
+                assert second.verify.real_batch.passed, second.verify
+            # the second lane's graph went into the first one's pool, reusing its blocks
             assert state.memory_bytes - grown[False][bucket] <= 2 << 20, state.memory_bytes
-        # batches take the lanes in turn, whatever their bucket: 60 batches ran the twins
-        assert sum(not s.twin_check_real for s in runner.states.values()) >= 3
+        # batches take the lanes in turn, whatever their bucket: 60 batches ran lane 1
+        assert sum(not runner.lanes[1].graphs[b].check_real for b in runner.states) >= 3
         serial, overlapped = (np.concatenate(got[k].rows) for k in (False, True))
-        assert serial.dtype == np.float32  # bf16 outputs cast on the device
+        assert serial.dtype == np.float32  # bf16 outputs as float32 in numpy
         np.testing.assert_array_equal(serial, overlapped)
         assert all(t["h2d"] > 0 and t["replay"] > 0 and t["d2h"] > 0 for t in got[True].times)
         x = np.concatenate([rb.fields["x"] for rb in data])
         with torch.inference_mode():
             want = runner.model(torch.as_tensor(x, device="cuda").to(torch.bfloat16))
         np.testing.assert_allclose(overlapped, want.float().cpu().numpy(), rtol=2e-2, atol=2e-2)
+
+
+def test_run_batch_with_tensors_gives_the_numpy_paths_values_in_the_models_dtype(tmp_path):
+    """Tensors in (host or device), tensors out: on the host in the model's dtype (pinned),
+    or on the device with device=True; the values are the numpy path's, which gives float32
+    for bfloat16. Padded (3 rows in bucket 4) and exact (4 rows) alike."""
+    spec = small_spec(tmp_path, model={"builtin": "mlp", "dtype": "bfloat16",
+                                       "args": {"in_features": 32, "hidden": 64, "layers": 4,
+                                                "out_features": 8}},
+                      inputs={"x": {"shape": ["batch", 32], "dtype": "bfloat16"}},
+                      capture={"verify": {"rtol": 2e-2, "atol": 2e-2}})
+    x = np.random.default_rng(4).standard_normal((4, 32), dtype=np.float32)
+    with Runner(spec) as runner:
+        for n in (3, 4):
+            want = runner.run_batch({"x": x[:n]})["y"]
+            host = runner.run_batch({"x": torch.from_numpy(x[:n]).pin_memory()})["y"]
+            dev = runner.run_batch({"x": torch.from_numpy(x[:n]).cuda()}, device=True)["y"]
+            assert host.dtype == dev.dtype == torch.bfloat16 and host.is_pinned()
+            assert dev.device.type == "cuda" and host.shape == dev.shape == (n, 8)
+            np.testing.assert_array_equal(host.float().numpy(), want)
+            np.testing.assert_array_equal(dev.float().cpu().numpy(), want)
+        with pytest.raises(graphrun.InputError, match=r"input 'x': each record has shape \[31\]"):
+            runner.run_batch({"x": torch.zeros(2, 31, device="cuda")})

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -87,13 +89,92 @@ def test_schema_check_passes_on_the_checked_in_schemas_and_readme():
     assert result.exit_code == 0, result.output
 
 
-def test_schema_check_fails_on_a_stale_schema(monkeypatch, tmp_path):
+def test_schema_check_fails_on_a_stale_schema(tmp_path):
+    (tmp_path / "pipeline.schema.json").write_text("{}\n")
+    result = cli("schema", "pipeline", "--check", "--out", tmp_path)
+    assert result.exit_code == 1 and "stale" in result.output
+    assert cli("schema", "pipeline", "--out", tmp_path).exit_code == 0
+    assert cli("schema", "pipeline", "--check", "--out", tmp_path).exit_code == 0
+
+
+def tree_state(folder: Path) -> dict:
+    return {str(p): (p.stat().st_mtime_ns, p.stat().st_size)
+            for p in folder.rglob("*") if p.is_file() and ".git" not in p.parts}
+
+
+def test_schema_outside_a_checkout_writes_nothing_and_says_how(tmp_path):
+    """Run as a user would, from their own (empty) folder, by the repository's graphrun."""
+    before = tree_state(ROOT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "graphrun", "schema"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "not inside a graphrun source checkout" in proc.stderr and "--out ." in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+    printed = subprocess.run([sys.executable, "-m", "graphrun", "schema", "--stdout"],
+                             cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert json.loads(printed.stdout)["title"] == "graphrun pipeline spec, version 1"
+    assert list(tmp_path.iterdir()) == []
+    wrote = subprocess.run([sys.executable, "-m", "graphrun", "schema", "--out", "."],
+                           cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert wrote.returncode == 0, wrote.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.schema.json",
+                                                          "pipeline.schema.json"]
+    assert tree_state(ROOT) == before
+
+
+def test_schema_in_a_checkout_rewrites_that_checkout_only(tmp_path, monkeypatch):
     from graphrun import schemas
 
-    (tmp_path / "pipeline.schema.json").write_text("{}\n")
-    monkeypatch.setattr(schemas, "SCHEMA_DIR", tmp_path)
-    result = cli("schema", "pipeline", "--check")
-    assert result.exit_code == 1 and "stale" in result.output
+    (tmp_path / "graphrun").mkdir()
+    (tmp_path / "graphrun" / "spec.py").write_text("")
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "graphrun"\n')
+    (tmp_path / "README.md").write_text(f"top\n{schemas.REF_START}\nold\n{schemas.REF_END}\n")
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    refused = cli("schema")  # the checkout is not the graphrun running
+    assert refused.exit_code == 2 and "is not the checkout's" in refused.output
+    monkeypatch.setattr(schemas, "PACKAGE_DIR", tmp_path / "graphrun")
+    assert cli("schema").exit_code == 0
+    assert json.loads((tmp_path / "schemas" / "pipeline.schema.json").read_text())["title"]
+    assert "`capture.verify.rtol`" in (tmp_path / "README.md").read_text()
+    assert cli("schema", "--check").output.strip() == "schemas are current"
+
+
+def test_debug_is_accepted_after_the_verb(write_spec):
+    bad = write_spec(MLP_SPEC.replace("builtin: mlp", "builtin: nope"))
+    proc = subprocess.run([sys.executable, "-m", "graphrun", "run", str(bad), "--debug"],
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "Traceback" in proc.stderr
+    plain = cli("validate", bad)  # and it does not stick to the next invocation
+    assert "Traceback" not in plain.output
+
+
+def test_a_run_outside_a_terminal_prints_progress_lines_summary_and_warnings(
+        write_spec, monkeypatch):
+    from graphrun import pipeline, progress
+
+    monkeypatch.setattr(progress, "LINE_S", 0.0)  # a line every batch
+    monkeypatch.setattr(pipeline, "spread_warning",
+                        lambda values, what, *_, **__: f"{what}: spread too wide to trust")
+    result = cli("run", write_spec())  # CliRunner's stdout is no terminal
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert any(l.startswith("graphrun: 4/10 records (40%), ") for l in lines), result.output
+    assert any(re.fullmatch(r"graphrun: 10/10 records \(100%\), [\d,]+ records/s, ETA "
+                            r"0:00:00", l) for l in lines), result.output
+    assert "records in 10, out 10, rejected 0" in result.output
+    assert "warning: bucket batch=4 e2e: spread too wide to trust" in result.output
+
+
+def test_progress_lines_give_rate_and_eta():
+    from graphrun.progress import ProgressLines
+
+    out = io.StringIO()
+    lines = ProgressLines(total=1000, out=out)
+    lines.done = 250
+    assert lines.line(10.0) == "graphrun: 250/1,000 records (25%), 25 records/s, ETA 0:00:30"
+    assert ProgressLines(None, out).line(1.0) == "graphrun: 0 records, 0 records/s"
 
 
 def test_readme_spec_reference_lists_every_key():
@@ -153,7 +234,11 @@ def test_a_full_disk_mid_run_is_an_output_error_and_the_manifest_says_failed(
 def test_the_progress_bar_counts_every_record_with_few_updates(monkeypatch):
     from graphrun.progress import Progress
 
-    progress = Progress(True, total=1000)
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    progress = Progress(True, total=1000, out=Terminal())
     bar, pushes = progress._bar, []
     advance = bar.advance
     monkeypatch.setattr(bar, "advance", lambda task, n: (pushes.append(n), advance(task, n)))
@@ -162,3 +247,11 @@ def test_the_progress_bar_counts_every_record_with_few_updates(monkeypatch):
     progress.close()
     assert bar.tasks[0].completed == 1000 and sum(pushes) == 1000
     assert len(pushes) < 10
+
+
+def test_every_verb_declares_debug_once():
+    from graphrun.cli import main
+
+    for name, command in main.commands.items():
+        debug = [p for p in command.params if p.name == "debug"]
+        assert len(debug) == 1, f"graphrun {name}: --debug declared {len(debug)} times"

@@ -50,8 +50,10 @@ output:
 RUN = textwrap.dedent("""\
     import json, resource, sys
     import graphrun
+    from graphrun.tuning import Tuning
+    tuning = Tuning.from_machine(**TUNING)
     manifest = graphrun.run(graphrun.load_spec(sys.argv[1]), out=sys.argv[2],
-                            overwrite=True, overlap=sys.argv[3] == "1")
+                            overwrite=True, overlap=sys.argv[3] == "1", tuning=tuning)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
     print(json.dumps({"records": manifest.totals.records_out,
                       "peak": peak if sys.platform == "darwin" else peak * 1024}))
@@ -85,12 +87,12 @@ def write_parquet(path: Path, n: int) -> None:
         row_group_size=None)
 
 
-def peak_rss(tmp_path: Path, data: Path, overlap: bool, setup: str = "") -> int:
+def peak_rss(tmp_path: Path, data: Path, overlap: bool, tuning: dict | None = None) -> int:
     spec = tmp_path / f"{data.stem}.yaml"
     spec.write_text(SPEC % {"data": data.name})
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    done = subprocess.run([sys.executable, "-c", setup + RUN, str(spec), str(tmp_path / data.stem),
+    done = subprocess.run([sys.executable, "-c", f"TUNING = {tuning or {}!r}\n" + RUN, str(spec), str(tmp_path / data.stem),
                            "1" if overlap else "0"], capture_output=True, text=True, env=env,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -123,14 +125,13 @@ def test_peak_rss_flat_in_jsonl_size(tmp_path):
 
 
 def test_peak_rss_flat_in_parquet_size(tmp_path):
-    """A row group of 1M records cut into pieces (parquet_pages.py) of about 2 MiB, decoded ahead
-    on the pool: no more memory than a file of 10,000."""
+    """A row group of 1M records cut into pieces (inputs/parquet_split.py) of about 2 MiB,
+    decoded ahead on the pool: no more memory than a file of 10,000."""
     small, big = tmp_path / "x-10000.parquet", tmp_path / "x-1000000.parquet"
     write_parquet(small, 10_000)
     write_parquet(big, 1_000_000)
-    setup = ("import graphrun.formats as f\n"
-             "f.PARQUET_GROUP_BYTES, f.PARQUET_PIECE_BYTES = 4 << 20, 2 << 20\n")
-    assert_flat(peak_rss(tmp_path, small, True, setup), peak_rss(tmp_path, big, True, setup),
+    tuning = {"parquet_group_bytes": 4 << 20, "parquet_piece_bytes": 2 << 20}
+    assert_flat(peak_rss(tmp_path, small, True, tuning), peak_rss(tmp_path, big, True, tuning),
                 "parquet")
 
 

@@ -62,7 +62,7 @@ def test_shipped_pipeline_equals_eager_per_record(path, tmp_path):
     with torch.inference_mode():
         for i, rec in enumerate(records):
             inputs = {k: torch.as_tensor(np.asarray(rec[k]))[None].to(
-                graphrun.buffers.TORCH_DTYPES[spec.inputs[k].dtype]) for k in spec.inputs}
+                graphrun.engine.buffers.TORCH_DTYPES[spec.inputs[k].dtype]) for k in spec.inputs}
             got = graphrun.models.load.name_outputs(
                 graphrun.models.load.call_model(model, inputs, spec.model.call), names)
             for name in names:
@@ -77,7 +77,8 @@ def test_shipped_pipeline_equals_eager_per_record(path, tmp_path):
                f["path"].endswith((".jsonl", ".parquet"))) == n
     lat = [json.loads(l) for l in (out / "latencies.jsonl").read_text().splitlines()]
     assert len(lat) == t.batches and sum(l["records"] for l in lat) == n
-    assert all(b["verify"] is None or b["verify"]["passed"] for b in on_disk["buckets"])
+    assert all(lane["verify"] is None or lane["verify"]["passed"]
+               for b in on_disk["buckets"] for lane in b["lanes"])
 
 
 def test_existing_output_folder_is_not_clobbered(tmp_path):
@@ -92,7 +93,7 @@ def test_existing_output_folder_is_not_clobbered(tmp_path):
 @pytest.mark.parametrize("fmt", ["npy", "jsonl", "parquet"])
 def test_overlapped_serial_and_measured_paths_write_the_same_files(tmp_path, fmt, monkeypatch):
     import graphrun.pipeline as pipeline
-    from graphrun.replay import OverlapTrial
+    from graphrun.overlap import OverlapTrial
 
     # the CPU's default, measured: here with legs of one batch, so that both paths and
     # several switches between them happen within the 60 batches
@@ -159,7 +160,7 @@ def test_a_failed_setup_stops_the_read_ahead(tmp_path, monkeypatch):
 
 
 def test_phases_are_timed_on_a_sample_and_e2e_on_every_batch(tmp_path, monkeypatch):
-    import graphrun.timing as timing
+    import graphrun.engine.timing as timing
 
     monkeypatch.setattr(timing, "TIME_ALL", 4)
     monkeypatch.setattr(timing, "TIME_EVERY", 3)
@@ -181,15 +182,15 @@ def test_the_overlapped_paths_slots_are_made_before_the_stream_starts(tmp_path, 
     """Pinned slots cost milliseconds to allocate on a GPU, a few percent of a 1M-record MLP
     stream: they are made with the runner, before the streaming time starts."""
     import graphrun.pipeline as pipeline
-    from graphrun.replay import slot_count
+    from graphrun.feed import slot_count
 
-    seen, replay_stream = [], pipeline.replay_stream
+    seen, feed_stream = [], pipeline.feed_stream
 
     def counting(runner, *args, **kwargs):
-        seen.append((len(runner.slots), slot_count(runner.slot_bytes)))
-        return replay_stream(runner, *args, **kwargs)
+        seen.append((len(runner.launcher.slots), slot_count(runner.slot_bytes)))
+        return feed_stream(runner, *args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "replay_stream", counting)
+    monkeypatch.setattr(pipeline, "feed_stream", counting)
     spec = graphrun.load_spec(ROOT / "pipelines" / "decoder-step.yaml")
     m = graphrun.run(spec, out=tmp_path / "o", stop=50, overlap=overlap)
     assert m.totals.records_out == 50 and len(seen) == 1
@@ -305,3 +306,18 @@ def test_a_failure_counting_the_records_stops_the_input_hash(tmp_path, monkeypat
     with pytest.raises(graphrun.InputError, match="not JSON"):
         graphrun.run(decoder_spec(), out=tmp_path / "o", show=True)
     assert not [t for t in threading.enumerate() if t.name == "graphrun-input-hash"]
+
+
+def test_the_summary_names_reading_as_the_limit_where_it_is():
+    from types import SimpleNamespace
+
+    from graphrun.progress import stream_breakdown
+
+    def totals(read: float, write: float):
+        return SimpleNamespace(stream_s=10.0, overlapped=True, overlap_trials=[], host_phase_s={
+            "read": read, "stage": 1.0, "launch": 2.0, "device_wait": 9.5, "write": write})
+
+    text = stream_breakdown(totals(read=9.0, write=1.0))
+    assert "busiest: read (reading the input limits the rate; for Parquet, write row groups of " \
+           "at most 65,536 records" in text
+    assert stream_breakdown(totals(read=1.0, write=6.0)).endswith("busiest: write")

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import graphrun  # noqa: E402
-from graphrun import stream  # noqa: E402
+from graphrun.tuning import Tuning  # noqa: E402
 from graphrun.stream import read_batches  # noqa: E402
 
 # Derandomized: CI runs the same examples every time (a known bug below must not make it flaky).
@@ -210,13 +210,11 @@ def test_reader_accounts_for_every_line(folder, specs, body, trailing_newline, b
     # The records: lines holding more than whitespace, numbered as the file's lines.
     record_lines = [n for n, raw in enumerate(content.split(b"\n"), 1)
                     if raw and not raw.isspace()]
-    old, stream.JSONL_CHUNK_BYTES = stream.JSONL_CHUNK_BYTES, chunk  # chunk edges anywhere
+    tuning = Tuning(jsonl_chunk_bytes=chunk)  # chunk edges anywhere
     try:
-        batches = list(read_batches(specs[batch_size]))
+        batches = list(read_batches(specs[batch_size], tuning=tuning))
     except graphrun.GraphrunError as err:
         pytest.fail(f"skip mode raised {err!r}")
-    finally:
-        stream.JSONL_CHUNK_BYTES = old
 
     seen: dict[int, str] = {}  # ordinal -> where
     valid_ids = []

@@ -24,6 +24,7 @@ from click.testing import CliRunner
 
 import graphrun
 from graphrun.cli import main
+from graphrun.errors import ModelError
 from graphrun.journal import read_journal, sha256_file
 
 N_RECORDS = 1600
@@ -45,7 +46,6 @@ from graphrun.models.mlp import build_mlp
 TRIGGER = Path(__file__).with_name("send-two-sigints")
 CRASH = Path(__file__).with_name("crash")
 SLOW_COMMITS = Path(__file__).with_name("slow-commits")
-POOLED_ROWS = Path(__file__).with_name("pooled-rows")
 
 
 def slow_commits():
@@ -94,10 +94,6 @@ class Tagged(Scorer):
 def build(**args):
     if SLOW_COMMITS.exists():
         slow_commits()
-    if POOLED_ROWS.exists():  # every batch's rows written by the row pool, as big ones are
-        from graphrun import sinks
-
-        sinks.POOL_WRITE_BYTES = 1
     return Scorer(**args)
 
 
@@ -316,20 +312,15 @@ def test_kill_9_while_rows_are_written_by_the_pool_then_resume_equals_a_clean_ru
         job, tmp_path, seed, monkeypatch):
     """npy rows of big batches are written by pool threads at their offsets: a kill may land
     with several batches' writes pending; no shard with a hole is ever journaled."""
-    from graphrun import sinks
-
-    # the in-process resume below loads the model, which lowers the threshold: restored after
-    monkeypatch.setattr(sinks, "POOL_WRITE_BYTES", sinks.POOL_WRITE_BYTES)
+    # every batch's rows written by the row pool, as big ones are: in the killed run (start()
+    # passes this environment on) and in the resume
+    monkeypatch.setenv("GRAPHRUN_ROW_POOL_BYTES", "1")
     rng = random.Random(seed)
     out = tmp_path / "out"
-    (job.folder / "pooled-rows").touch()
-    try:
-        kill_9_after(start(job.spec, out, overlap=True), out, rng.randint(1, 8),
-                     rng.uniform(0, 0.03))
-        check_committed_files_intact(out)
-        result = cli("run", job.spec, "--out", out, "--resume", "-q")
-    finally:
-        (job.folder / "pooled-rows").unlink()
+    kill_9_after(start(job.spec, out, overlap=True), out, rng.randint(1, 8),
+                 rng.uniform(0, 0.03))
+    check_committed_files_intact(out)
+    result = cli("run", job.spec, "--out", out, "--resume", "-q")
     assert result.exit_code == 0, result.output
     check_equals_clean(out, job)
 
@@ -398,13 +389,13 @@ def test_a_crash_in_the_model_is_recorded_and_the_run_resumes(job, tmp_path):
     out = tmp_path / "out"
     (job.folder / "crash").touch()
     try:
-        with pytest.raises(RuntimeError, match="broke at call 40"):
+        with pytest.raises(ModelError, match="RuntimeError: the model broke at call 40") as err:
             graphrun.run(graphrun.load_spec(job.spec), out=out)
     finally:
         (job.folder / "crash").unlink()
     m = manifest(out)
     assert m["status"] == "failed"
-    assert m["error"] == "RuntimeError: the model broke at call 40"
+    assert m["error"] == str(err.value) and "in bucket batch=16" in m["error"]
     check_committed_files_intact(out)
     result = cli("run", job.spec, "--out", out, "--resume", "-q")
     assert result.exit_code == 0, result.output
@@ -549,7 +540,7 @@ def test_a_completed_run_without_shards_is_still_protected(tmp_path):
     # Every record rejected: no shard, so no journal; the finished rejects must not be replaced.
     spec = make_job(tmp_path, n=0)
     (tmp_path / "data.jsonl").write_text('{"id": 0, "x": [1]}\n{"id": 1, "x": []}\n')
-    assert cli("run", spec, "-q").exit_code == 0
+    assert cli("run", spec, "-q").exit_code == 1  # completed, but nothing came out
     out = tmp_path / "out"
     assert manifest(out)["status"] == "completed" and not (out / "journal.jsonl").exists()
     result = cli("run", spec, "-q")

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from graphrun import CaptureError, InputError, ModelError, Runner
+from graphrun.manifest import VerifyResult
 from graphrun.models.load import build_model
 from graphrun.spec import PipelineSpec
 
@@ -77,21 +78,25 @@ def test_run_batch_equals_eager_on_each_record_alone(tmp_path, n):
 
 @pytest.mark.parametrize("model_dtype, out_dtype", [("float32", "bfloat16"),
                                                      ("bfloat16", None)])
-def test_bfloat16_outputs_are_cast_to_float32_inside_the_step(tmp_path, model_dtype,
-                                                              out_dtype):
+def test_bfloat16_outputs_are_rounded_in_the_step_and_float32_in_numpy(tmp_path, model_dtype,
+                                                                       out_dtype):
     """A bfloat16 output (outputs.y.dtype over a float32 model, or a bfloat16 model's) is
-    rounded to bfloat16 and cast to float32 inside the step: the static buffer and the host
-    copy are float32, and the values are the bfloat16 ones."""
+    rounded to bfloat16 by the step's copy into its static buffer, which is bfloat16 (a copy
+    out is a plain copy of the model's bytes); numpy gets float32 holding the bfloat16 values,
+    and tensors in get bfloat16 tensors out."""
     spec = mlp_spec(tmp_path, model__dtype=model_dtype,
                     inputs={"x": {"shape": ["batch", 4], "dtype": model_dtype}},
                     outputs={"y": {"shape": ["batch", 3], "dtype": out_dtype}})
     x = np.random.default_rng(1).standard_normal((3, 4), dtype=np.float32)
     with Runner(spec) as runner:
-        static = runner.outputs.views(runner.table.all[0])["y"]
+        static = runner.lanes[0].outputs.views(runner.table.all[0])["y"]
         got = runner.run_batch({"x": x})["y"]
+        as_tensor = runner.run_batch({"x": torch.from_numpy(x)})["y"]
         with torch.inference_mode():
             want = runner.model(x=torch.from_numpy(x).to(getattr(torch, model_dtype)))
-    assert static.dtype == torch.float32 and got.dtype == np.float32
+    assert static.dtype == torch.bfloat16 and got.dtype == np.float32
+    assert as_tensor.dtype == torch.bfloat16
+    np.testing.assert_array_equal(as_tensor.float().numpy(), got)
     as_bf16 = torch.from_numpy(got).to(torch.bfloat16).float().numpy()
     np.testing.assert_array_equal(got, as_bf16)  # bfloat16 values, held as float32
     np.testing.assert_allclose(got, want.float().numpy(), rtol=2e-2, atol=2e-2)
@@ -133,6 +138,77 @@ def test_run_batch_accepts_tensors_and_rejects_wrong_names(tmp_path):
             runner.run_batch({"z": np.ones((2, 4))})
 
 
+def test_run_batch_gives_tensors_for_tensors_and_numpy_for_arrays(tmp_path):
+    """Dense tensors in: tensors out in the model's dtype, fresh (not the static buffer), the
+    same values as the numpy path; device=True keeps them on the runner's device."""
+    spec = mlp_spec(tmp_path)
+    x = np.random.default_rng(11).standard_normal((3, 4), dtype=np.float32)
+    with Runner(spec) as runner:
+        want = runner.run_batch({"x": x})["y"]
+        got = runner.run_batch({"x": torch.from_numpy(x)})["y"]
+        on_device = runner.run_batch({"x": torch.from_numpy(x)}, device=True)["y"]
+        again = runner.run_batch({"x": torch.from_numpy(-x)})["y"]
+    assert isinstance(want, np.ndarray) and isinstance(got, torch.Tensor)
+    assert got.dtype == torch.float32 and on_device.device == runner.device
+    np.testing.assert_array_equal(got.numpy(), want)
+    np.testing.assert_array_equal(on_device.numpy(), want)
+    assert not np.array_equal(again.numpy(), want)  # a later call did not overwrite `got`
+    np.testing.assert_array_equal(got.numpy(), want)
+    np.testing.assert_allclose(want, eager_alone(spec, x), rtol=1e-5, atol=1e-6)
+
+
+def test_run_batch_splits_tensors_beyond_the_largest_bucket(tmp_path):
+    x = np.random.default_rng(12).standard_normal((11, 4), dtype=np.float32)
+    with Runner(mlp_spec(tmp_path)) as runner:
+        got = runner.run_batch({"x": torch.from_numpy(x)})["y"]
+        assert runner.states[runner.table.pick(4, {})].stats["batches"] == 3  # 4 + 4 + 3
+    assert isinstance(got, torch.Tensor) and got.shape == (11, 3)
+    np.testing.assert_allclose(got.numpy(), eager_alone(mlp_spec(tmp_path), x), rtol=1e-5,
+                               atol=1e-6)
+
+
+@pytest.mark.parametrize("rows, message", [
+    (np.ones((2, 3), dtype=np.float32), r"input 'x': each record has shape \[3\], expected "
+                                        r"\[4\] \(inputs.x.shape \[batch, 4\]"),
+    (torch.ones(2, 5), r"each record has shape \[5\], expected \[4\]"),
+    (np.ones((2, 4, 1), dtype=np.float32), r"each record has shape \[4, 1\], expected \[4\]"),
+    ([np.ones(4), np.ones(3)], r"input 'x': record 1 has shape \[3\], expected \[4\]"),
+])
+def test_run_batch_refuses_a_wrong_shape_instead_of_padding_it(tmp_path, rows, message):
+    with Runner(mlp_spec(tmp_path)) as runner:
+        with pytest.raises(InputError, match=message):
+            runner.run_batch({"x": rows})
+
+
+def test_run_batch_checks_finite_and_integer_data_as_the_reader_does(tmp_path):
+    with Runner(mlp_spec(tmp_path, inputs={"x": {"shape": ["batch", 4], "finite": True}})) as r:
+        bad = np.ones((2, 4), dtype=np.float32)
+        bad[1, 2] = np.nan
+        for rows in (bad, torch.from_numpy(bad)):
+            with pytest.raises(InputError, match="input 'x' holds NaN or Inf"):
+                r.run_batch({"x": rows})
+    spec = PipelineSpec.model_validate({
+        "version": 1, "name": "t", "device": "cpu",
+        "model": {"builtin": "decoder", "args": {"layers": 1, "d_model": 8, "heads": 2,
+                                                 "vocab": 50, "max_len": 8}},
+        "inputs": {"tokens": {"shape": ["batch", 1], "dtype": "int64", "range": [0, 50]},
+                   "positions": {"shape": ["batch"], "dtype": "int64", "range": [0, 8]}},
+        "outputs": {"logits": {"shape": ["batch", 1, 50]}}, "buckets": {"batch": [1, 2]},
+        "data": {"path": str(tmp_path / "d.jsonl")}, "output": {"dir": str(tmp_path / "o")}})
+    with Runner(spec) as runner:
+        with pytest.raises(InputError, match="input 'tokens' holds floats, but inputs.tokens"
+                                             ".dtype is int64"):
+            runner.run_batch({"tokens": np.array([[3.5]]), "positions": np.array([0])})
+        with pytest.raises(InputError, match=r"input 'positions' holds values outside its "
+                                             r"range \[0, 8\) \(min 0, max 9\)"):
+            runner.run_batch({"tokens": torch.tensor([[3], [4]]), "positions": torch.tensor([0, 9])})
+        out = runner.run_batch({"tokens": torch.tensor([[3], [4]]),
+                                "positions": torch.tensor([0, 7])})["logits"]
+        want = runner.run_batch({"tokens": np.array([[3], [4]]),
+                                 "positions": np.array([0, 7])})["logits"]
+        np.testing.assert_array_equal(out.numpy(), want)
+
+
 def test_variable_length_records_are_cut_back_to_their_length(tmp_path):
     spec = PipelineSpec.model_validate({
         "version": 1, "name": "enc", "device": "cpu",
@@ -156,6 +232,11 @@ def test_variable_length_records_are_cut_back_to_their_length(tmp_path):
                 alone = model(tokens=torch.from_numpy(t)[None], mask=torch.from_numpy(m)[None])
             np.testing.assert_allclose(out["hidden"][i], alone["hidden"][0].numpy(), atol=1e-5)
             np.testing.assert_allclose(out["pooled"][i], alone["pooled"][0].numpy(), atol=1e-5)
+        # dense tensors of one length (5, padded to seq=8): cut back to it, as the arrays are
+        dense = runner.run_batch({"tokens": torch.from_numpy(np.stack([tokens[2]] * 2)),
+                                  "mask": torch.from_numpy(np.stack([masks[2]] * 2))})
+        assert dense["hidden"].shape == (2, 5, 16) and dense["pooled"].shape == (2, 16)
+        np.testing.assert_allclose(dense["hidden"][1].numpy(), out["hidden"][2], atol=1e-5)
 
 
 def test_verify_catches_a_model_that_mixes_rows(tmp_path):
@@ -170,7 +251,7 @@ def test_verify_off_lets_such_a_model_run(tmp_path):
     spec = target_spec(tmp_path, ROW_MIXER)
     spec.capture.verify.enabled = False
     with Runner(spec) as runner:
-        assert all(s.verify is None for s in runner.states.values())
+        assert all(g.verify is None for g in runner.lanes[0].graphs.values())
 
 
 def test_output_shape_mismatch_names_the_output_and_the_fix(tmp_path):
@@ -211,16 +292,17 @@ def test_run_batch_checks_integer_ranges_before_the_copy(tmp_path):
 
 def _replay_that_drifts(runner, bucket):
     """Stand in for a captured graph whose replay is off by 1 (what verify must catch)."""
-    step = runner.step(bucket)
-    outputs = runner.outputs.views(bucket)
+    entry = runner.lanes[0].graphs[bucket]
+    outputs = runner.lanes[0].outputs.views(bucket)
 
     def replay():
-        step()
+        entry.step()
         for t in outputs.values():
             t.add_(1.0)
 
-    state = runner.states[bucket]
-    state.run, state.status, state.check_real = replay, "captured", True
+    entry.run, entry.check_real = replay, True
+    entry.verify = VerifyResult(passed=True, max_abs_err=0.0, max_rel_err=0.0)
+    runner.states[bucket].status = "captured"
 
 
 def test_first_real_batch_is_verified_and_a_drifting_replay_stops_the_run(tmp_path):
@@ -232,7 +314,7 @@ def test_first_real_batch_is_verified_and_a_drifting_replay_stops_the_run(tmp_pa
         with pytest.raises(CaptureError, match="bucket batch=4: verification failed: output 'y': "
                                                "on the first real batch, replay differs"):
             runner.run_batch({"x": x})
-        assert runner.states[bucket].verify["real_batch"]["passed"] is False
+        assert runner.lanes[0].graphs[bucket].verify.real_batch.passed is False
 
 
 def test_first_real_batch_failure_with_on_failure_eager_gives_eager_outputs(tmp_path):
@@ -254,10 +336,10 @@ def test_a_replay_that_agrees_is_checked_once(tmp_path):
     x = np.random.default_rng(7).standard_normal((3, 4), dtype=np.float32)
     with Runner(spec) as runner:
         bucket = runner.table.pick(3, {})
-        state = runner.states[bucket]
-        state.check_real = True  # as after a capture
+        entry = runner.lanes[0].graphs[bucket]
+        entry.check_real = True  # as after a capture
         runner.run_batch({"x": x})
-        assert state.verify["real_batch"]["passed"] is True and state.check_real is False
+        assert entry.verify.real_batch.passed is True and entry.check_real is False
 
 
 def test_a_model_that_does_not_take_the_spec_inputs_is_a_clear_model_error(tmp_path):
@@ -278,7 +360,7 @@ def test_a_model_that_does_not_take_the_spec_inputs_is_a_clear_model_error(tmp_p
 
 
 def test_half_precision_outputs_are_compared_at_their_own_precision():
-    from graphrun.verify import compare
+    from graphrun.engine.verify import compare
 
     want = torch.tensor([4.0, 2.5, 1e-4, -3.0], dtype=torch.bfloat16)
     # one bfloat16 unit at the largest magnitude (4: 0.03125) on every element, the near-zero
@@ -291,14 +373,13 @@ def test_half_precision_outputs_are_compared_at_their_own_precision():
 
 
 def test_on_the_cpu_more_slots_add_no_second_lane(tmp_path):
-    """The second lane (a twin graph per bucket) is for captured graphs: on the CPU more host
+    """A second lane (each bucket captured again) is for captured graphs: on the CPU more host
     slots leave one lane, and batches on every slot still give eager's outputs."""
     spec = mlp_spec(tmp_path)
     x = np.random.default_rng(8).standard_normal((3, 4), dtype=np.float32)
     with Runner(spec) as runner:
         assert runner.host_slots(4) == 4 and len(runner.lanes) == 1
-        assert all(s.twin is None for s in runner.states.values())
         for slot in range(4):
             bucket = runner.stage({"x": x}, 3, {}, slot)
-            outs, _ = runner.collect(bucket, slot, runner.launch(bucket, slot), 3, {})
+            outs, _ = runner.launch(bucket, slot, 3, {}).result()
             np.testing.assert_allclose(outs["y"], eager_alone(spec, x), rtol=1e-5, atol=1e-6)

@@ -10,7 +10,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from graphrun import formats, stream
+from graphrun import stream
+from graphrun.inputs import dense, jsonl_parse
+from graphrun.inputs import parquet as parquet_in
+from graphrun.inputs.npz import npz_member
+from graphrun.tuning import Tuning
 from graphrun.errors import InputError
 from graphrun.spec import PipelineSpec
 from graphrun.stream import read_batches
@@ -48,7 +52,7 @@ def decoder_records(n: int) -> list[dict]:
     return [{"id": f"r{i}", "tokens": [i % 100], "positions": i} for i in range(n)]
 
 
-def everything(spec: PipelineSpec, **kw):
+def everything(spec: PipelineSpec, **kw):  # kw: read_batches' (start, stop, tuning)
     """(valid ids in order, rejects in order, batches)."""
     batches = list(read_batches(spec, **kw))
     ids = [i for b in batches for i in b.ids]
@@ -115,10 +119,10 @@ def test_variable_length_records_give_lengths_and_lists(tmp_path):
 
 @pytest.mark.parametrize("chunk_bytes", [1, 60, 1 << 20])
 def test_batches_do_not_depend_on_chunks(tmp_path, monkeypatch, chunk_bytes):
-    monkeypatch.setattr(stream, "JSONL_CHUNK_BYTES", chunk_bytes)
+    tuning = Tuning(jsonl_chunk_bytes=chunk_bytes)
     records = [{"tokens": list(range(1 + i % 4)), "mask": [1] * (1 + i % 4)} for i in range(11)]
     path = write_jsonl(tmp_path / "d.jsonl", records)
-    batches = list(read_batches(make_spec(path, SEQ, batch_size=4)))
+    batches = list(read_batches(make_spec(path, SEQ, batch_size=4), tuning=tuning))
     assert [len(b) for b in batches] == [4, 4, 3]
     tokens = [a.tolist() for b in batches for a in b.fields["tokens"]]
     assert tokens == [r["tokens"] for r in records]
@@ -386,14 +390,13 @@ def test_all_bad_gives_a_batch_of_rejects_only(tmp_path):
 
 
 def test_long_run_of_bad_records_is_handed_out_early(tmp_path, monkeypatch):
-    monkeypatch.setattr(stream, "REJECTS_HELD", 3)
-    monkeypatch.setattr(stream, "JSONL_CHUNK_BYTES", 1)  # one line per chunk
+    tuning = Tuning(rejects_held=3, jsonl_chunk_bytes=1)
     records = decoder_records(10)
     for i in range(1, 8):
         records[i] = "bad"
     path = write_jsonl(tmp_path / "d.jsonl", records)
     spec = make_spec(path, DECODER, id_field="id", batch_size=4, on_bad_record="skip")
-    batches = list(read_batches(spec))
+    batches = list(read_batches(spec, tuning=tuning))
     assert [b.indices.tolist() for b in batches] == [[0], [], [8, 9]]
     assert [[r.index for r in b.rejects] for b in batches] == [[1, 2, 3], [4, 5, 6], [7]]
 
@@ -414,12 +417,12 @@ def test_npy_dense_values(tmp_path):
 
 @pytest.mark.parametrize("chunk_bytes", [1, 40, 1 << 20])
 def test_npy_checks_values_across_chunks(tmp_path, monkeypatch, chunk_bytes):
-    monkeypatch.setattr(formats, "ARRAY_CHUNK_BYTES", chunk_bytes)
+    tuning = Tuning(array_chunk_bytes=chunk_bytes)
     data = np.ones((7, 3), np.float32)
     data[1, 2], data[5, 0] = np.nan, np.inf
     np.save(tmp_path / "x.npy", data)
     spec = make_spec(tmp_path / "x.npy", FLOATS, batch_size=2, on_bad_record="skip")
-    ids, rejects, batches = everything(spec)
+    ids, rejects, batches = everything(spec, tuning=tuning)
     assert ids == [0, 2, 3, 4, 6]
     assert [(r.index, r.id, r.where) for r in rejects] == [(1, 1, "x.npy[row 1]"),
                                                           (5, 5, "x.npy[row 5]")]
@@ -476,7 +479,7 @@ def test_npy_seq_axis_lengths_and_bucket_limit(tmp_path):
 
 @pytest.mark.parametrize("save", [np.savez, np.savez_compressed])
 def test_npz_values_ids_and_duplicates(tmp_path, save, monkeypatch):
-    monkeypatch.setattr(formats, "ARRAY_CHUNK_BYTES", 50)  # several chunks per member
+    tuning = Tuning(array_chunk_bytes=50)
     n = 9
     ids = np.array([10, 11, 12, 11, 14, 15, 16, 17, 18])
     tokens = (np.arange(n) * 7 % 100).reshape(n, 1)
@@ -484,21 +487,21 @@ def test_npz_values_ids_and_duplicates(tmp_path, save, monkeypatch):
     save(tmp_path / "d.npz", tokens=tokens, positions=np.arange(n), key=ids)
     spec = make_spec(tmp_path / "d.npz", DECODER, id_field="key", batch_size=4,
                      on_bad_record="skip")
-    got, rejects, batches = everything(spec)
+    got, rejects, batches = everything(spec, tuning=tuning)
     assert got == [10, 11, 12, 14, 15, 17, 18]
     assert [(r.index, r.id, r.where) for r in rejects] == [(3, 11, "d.npz[row 3]"),
                                                           (6, 16, "d.npz[row 6]")]
     assert "duplicate id 11" in rejects[0].reason and "outside range" in rejects[1].reason
     np.testing.assert_array_equal(np.concatenate([b.fields["positions"] for b in batches]),
                                   [0, 1, 2, 4, 5, 7, 8])
-    assert list(read_batches(spec, start=7))[0].ids.tolist() == [17, 18]
+    assert list(read_batches(spec, start=7, tuning=tuning))[0].ids.tolist() == [17, 18]
     assert all(b.ids.dtype == np.int64 for b in batches)  # integer ids stay int64 arrays
     assert all(type(r.id) is int for r in rejects)  # a reject's id is a plain int
 
 
 def test_integer_ids_are_int64_arrays_and_duplicates_across_chunks_are_found(tmp_path,
                                                                               monkeypatch):
-    monkeypatch.setattr(formats, "ARRAY_CHUNK_ROWS", 3)  # chunks of 3 records
+    tuning = Tuning(array_chunk_rows=3)
     ids = np.array([4, 9, 2, 7, 9, 1, 2, 8], np.int32)  # 9 again in chunk 2, 2 in chunk 3
     n = len(ids)
     for path in (tmp_path / "d.npz", tmp_path / "d.parquet"):
@@ -508,7 +511,7 @@ def test_integer_ids_are_int64_arrays_and_duplicates_across_chunks_are_found(tmp
             pq.write_table(pa.table({"key": pa.array(ids), "tokens": [[1]] * n,
                                      "positions": list(range(n))}), path, row_group_size=4)
         spec = make_spec(path, DECODER, id_field="key", batch_size=4, on_bad_record="skip")
-        got, rejects, batches = everything(spec)
+        got, rejects, batches = everything(spec, tuning=tuning)
         assert got == [4, 9, 2, 7, 1, 8], path.name
         assert all(isinstance(b.ids, np.ndarray) and b.ids.dtype == np.int64 for b in batches)
         assert [(r.index, r.id, r.reason) for r in rejects] == [
@@ -540,7 +543,7 @@ def test_npz_stored_members_are_memory_mapped(tmp_path):
     np.savez(tmp_path / "d.npz", x=np.arange(12, dtype=np.float32).reshape(4, 3))
     import zipfile
     with zipfile.ZipFile(tmp_path / "d.npz") as zf:
-        member = formats._npz_member(tmp_path / "d.npz", zf, "x.npy")
+        member = npz_member(tmp_path / "d.npz", zf, "x.npy")
     assert isinstance(member, np.memmap)
     np.testing.assert_array_equal(member[2], [6, 7, 8])
 
@@ -655,12 +658,11 @@ def test_parquet_row_groups_decoded_ahead_keep_file_order(tmp_path, monkeypatch,
                                                           whole, chunk_bytes, start, stop):
     """However many row groups are decoded at once, or streamed, and wherever start and stop cut
     them: the same records, rejects and locations, in file order."""
-    for name, value in [("PARQUET_THREADS", threads), ("PARQUET_AHEAD_BYTES", ahead),
-                        ("PARQUET_GROUP_BYTES", whole), ("ARRAY_CHUNK_BYTES", chunk_bytes)]:
-        monkeypatch.setattr(formats, name, value)
+    tuning = Tuning(parquet_threads=threads, parquet_ahead_bytes=ahead,
+                    parquet_group_bytes=whole, array_chunk_bytes=chunk_bytes)
     path = write_row_groups(tmp_path / "d.parquet", 40, group_rows=7)
     spec = make_spec(path, DECODER, id_field="id", batch_size=3, on_bad_record="skip")
-    ids, rejects, batches = everything(spec, start=start, stop=stop)
+    ids, rejects, batches = everything(spec, start=start, stop=stop, tuning=tuning)
     rows = range(40)[start:stop]
     assert ids == [f"r{i}" for i in rows if i not in (13, 22)]
     assert [p for b in batches for p in b.fields["positions"].tolist()] == [
@@ -676,15 +678,14 @@ def test_parquet_decodes_a_few_row_groups_ahead_at_most(tmp_path, monkeypatch, t
                                                         most):
     """Row groups are decoded ahead of the reader by at most PARQUET_THREADS of them, and by
     one only where PARQUET_AHEAD_BYTES holds less than two: never the whole file."""
-    monkeypatch.setattr(formats, "PARQUET_THREADS", threads)
-    monkeypatch.setattr(formats, "PARQUET_AHEAD_BYTES", ahead)
+    tuning = Tuning(parquet_threads=threads, parquet_ahead_bytes=ahead)
     started = []
-    decode = formats._decode_group
-    monkeypatch.setattr(formats, "_decode_group", lambda path, meta, group, *a: (
-        started.append(group), decode(path, meta, group, *a))[1])
+    decode = parquet_in.decode_group
+    monkeypatch.setattr(parquet_in, "decode_group", lambda path, tuning, meta, group, *a: (
+        started.append(group), decode(path, tuning, meta, group, *a))[1])
     path = write_row_groups(tmp_path / "d.parquet", 40, group_rows=4)
     spec = make_spec(path, DECODER, id_field="id", batch_size=1, on_bad_record="skip")
-    for batch in read_batches(spec):
+    for batch in read_batches(spec, tuning=tuning):
         if len(batch):  # held while its row group is read: the next `most` may be decoded
             assert max(started) <= batch.indices[0] // 4 + most
     assert started == list(range(10))
@@ -702,13 +703,13 @@ def test_parquet_row_groups_too_big_to_decode_whole_are_streamed(tmp_path, monke
             w.write_table(table.slice(lo, hi - lo), row_group_size=rows)
     meta = pq.ParquetFile(path).metadata
     spec = make_spec(path, DECODER, id_field="id", batch_size=3)
-    monkeypatch.setattr(formats, "PARQUET_GROUP_BYTES", max(
-        formats._decoded_bytes(meta.row_group(g), spec) for g in (0, 1, 3)))
+    tuning = Tuning(parquet_group_bytes=max(
+        parquet_in.decoded_bytes(meta.row_group(g), spec) for g in (0, 1, 3)))
     started = []
-    decode = formats._decode_group
-    monkeypatch.setattr(formats, "_decode_group", lambda path, meta, group, *a: (
-        started.append(group), decode(path, meta, group, *a))[1])
-    ids, rejects, _ = everything(spec, start=2)
+    decode = parquet_in.decode_group
+    monkeypatch.setattr(parquet_in, "decode_group", lambda path, tuning, meta, group, *a: (
+        started.append(group), decode(path, tuning, meta, group, *a))[1])
+    ids, rejects, _ = everything(spec, start=2, tuning=tuning)
     assert ids == [f"r{i}" for i in range(2, 40)] and rejects == []
     assert [meta.row_group(g).num_rows for g in range(5)] == [4, 4, 20, 4, 8]
     assert sorted(started) == [0, 1, 3]
@@ -717,7 +718,7 @@ def test_parquet_row_groups_too_big_to_decode_whole_are_streamed(tmp_path, monke
 def test_parquet_damaged_row_group_in_the_middle(tmp_path, monkeypatch):
     """The row groups before the damaged one are read (those after it may be decoded already),
     then the damage is an InputError naming the file."""
-    monkeypatch.setattr(formats, "PARQUET_THREADS", 4)
+    tuning = Tuning(parquet_threads=4)
     path = write_row_groups(tmp_path / "d.parquet", 40, group_rows=8)
     column = pq.ParquetFile(path).metadata.row_group(2).column(1)  # tokens of rows 16..23
     at = column.dictionary_page_offset or column.data_page_offset
@@ -727,7 +728,7 @@ def test_parquet_damaged_row_group_in_the_middle(tmp_path, monkeypatch):
     spec = make_spec(path, DECODER, id_field="id", batch_size=1, on_bad_record="skip")
     read = []
     with pytest.raises(InputError, match=r"^d\.parquet: cannot decode the Parquet file"):
-        for batch in read_batches(spec):
+        for batch in read_batches(spec, tuning=tuning):
             read.extend(batch.indices.tolist())
     assert read == [i for i in range(16) if i != 13]
 
@@ -775,21 +776,20 @@ def test_parquet_chunks_checked_on_the_pool_read_as_on_the_readers_thread(
         where.append((threading.current_thread().name.split("_")[0], int(c.indices[0])))
         return precheck(spec, c)
 
-    monkeypatch.setattr(formats, "precheck", recorded)  # on the pool threads
+    monkeypatch.setattr(parquet_in, "precheck", recorded)  # on the pool threads
     monkeypatch.setattr(records, "precheck", recorded)  # by RecordChecker.check
 
-    def read():
-        ids, rejects, batches = everything(spec, start=start, stop=stop)
+    def read(tuning):
+        ids, rejects, batches = everything(spec, start=start, stop=stop, tuning=tuning)
         return (ids, [(r.index, r.id, r.where, r.reason) for r in rejects],
                 [len(b) for b in batches],
                 np.concatenate([b.fields["v"] for b in batches]),
                 np.concatenate([b.fields["x"] for b in batches]))
 
-    ahead = read()
+    ahead = read(Tuning())
     pooled = sorted(where)
     where.clear()
-    monkeypatch.setattr(formats, "PARQUET_GROUP_BYTES", 1)  # every row group streamed
-    streamed = read()
+    streamed = read(Tuning(parquet_group_bytes=1))  # every row group streamed
     assert {name for name, _ in where} == {"MainThread"}
     end = 30 if stop is None else stop
     chunks = [(max(lo, start), min(lo + 8, end)) for lo in range(0, 30, 8)
@@ -812,13 +812,13 @@ def test_parquet_chunks_checked_on_the_pool_read_as_on_the_readers_thread(
 def test_parquet_chunks_hold_whole_batches(tmp_path, monkeypatch):
     """A chunk of a row group is cut to whole batches where it can (a batch across a chunk edge
     is a copy): chunks of 10 rows become 8 with batches of 4."""
-    monkeypatch.setattr(formats, "ARRAY_CHUNK_ROWS", 10)
+    tuning = Tuning(array_chunk_rows=10)
     path = write_row_groups(tmp_path / "d.parquet", 40, group_rows=20)
     spec = make_spec(path, DECODER, id_field="id", batch_size=4, on_bad_record="skip")
-    chunks = list(formats._parquet_chunks(path, spec, 0, None))
+    chunks = list(parquet_in.ParquetReader(path, spec, tuning).chunks(0, None))
     assert [len(c.indices) for c in chunks] == [8, 8, 4, 8, 8, 4]
     assert [int(c.indices[0]) for c in chunks] == [0, 8, 16, 20, 28, 36]
-    ids, rejects, batches = everything(spec)
+    ids, rejects, batches = everything(spec, tuning=tuning)
     assert ids == [f"r{i}" for i in range(40) if i not in (13, 22)]
     assert [r.index for r in rejects] == [13, 22]
 
@@ -833,13 +833,11 @@ def test_parquet_decoded_bytes_count_values_as_held(tmp_path, inputs, per_record
     pq.write_table(pa.table({"v": pa.array(range(100), pa.int32())}), tmp_path / "d.parquet")
     meta = pq.ParquetFile(tmp_path / "d.parquet").metadata
     spec = make_spec(tmp_path / "d.parquet", inputs)
-    assert formats._decoded_bytes(meta.row_group(0), spec) == 100 * per_record
+    assert parquet_in.decoded_bytes(meta.row_group(0), spec) == 100 * per_record
 
 
 def test_jsonl_reads_the_same_without_orjson(tmp_path, monkeypatch):
     """orjson is optional: without it the block parse falls back to the json module."""
-    from graphrun import stream
-
     lines = [json.dumps({"id": f"r{i}", "tokens": [i], "positions": i}) for i in range(50)]
     lines[7] = '{"id": "r7", "tokens": [NaN], "positions": 7}'
     (tmp_path / "data.jsonl").write_text("\n".join(lines) + "\n")
@@ -858,7 +856,7 @@ def test_jsonl_reads_the_same_without_orjson(tmp_path, monkeypatch):
                 [(r.index, r.where, r.reason) for b in batches for r in b.rejects])
 
     with_orjson = read()
-    monkeypatch.setattr(stream, "_orjson", None)
+    monkeypatch.setattr(jsonl_parse, "_orjson", None)
     assert read() == with_orjson
     ids, rejects = with_orjson
     assert len(ids) == 49 and rejects[0][:2] == (7, "data.jsonl:8")
@@ -868,13 +866,13 @@ def test_jsonl_reads_the_same_without_orjson(tmp_path, monkeypatch):
 def test_npy_pages_released_without_libc_madvise_read_the_same(tmp_path, monkeypatch, madvise):
     """Mapped pages are released through libc's madvise (ctypes, without the GIL); where that
     is missing or fails, mmap.madvise does it, and the rows read are the same either way."""
-    monkeypatch.setattr(formats, "ARRAY_CHUNK_ROWS", 1024)  # 4 KiB rows: chunks of 4 MiB
+    tuning = Tuning(array_chunk_rows=1024)
     data = np.arange(8192 * 1024, dtype=np.float32).reshape(8192, 1024)
     np.save(tmp_path / "x.npy", data)
     calls = []
     fake = None if madvise == "missing" else (lambda *a: calls.append(a) or -1)
-    monkeypatch.setattr(formats, "_libc_madvise", lambda: fake)
+    monkeypatch.setattr(dense, "_libc_madvise", lambda: fake)
     spec = make_spec(tmp_path / "x.npy", {"x": {"shape": ["batch", 1024]}}, batch_size=1000)
-    got = np.concatenate([b.fields["x"] for b in read_batches(spec)])
+    got = np.concatenate([b.fields["x"] for b in read_batches(spec, tuning=tuning)])
     np.testing.assert_array_equal(got, data)
     assert len(calls) == (0 if madvise == "missing" else 7)  # every chunk but the last

@@ -15,7 +15,9 @@ import pytest
 
 from graphrun.errors import OutputError
 from graphrun.spec import PipelineSpec
-from graphrun import sinks, write
+from graphrun import write
+from graphrun.outputs import npy as npy_sink
+from graphrun.tuning import Tuning
 from graphrun.write import ShardWriter, prepare_out_dir, read_journal, sha256_file
 
 FP = {"spec_sha256": "a" * 64, "input_sha256": "b" * 64,
@@ -171,9 +173,9 @@ def test_parquet_table_holds_id_scalar_and_ragged_list_columns(tmp_path):
     assert got["s"] == rows["s"].tolist()
 
 
-def test_parquet_string_ids_and_row_groups_cut_by_bytes(tmp_path, monkeypatch):
-    monkeypatch.setattr(sinks._ParquetSink, "row_group_bytes", 40)  # 5 rows of y (8 B)
-    w = ShardWriter(make_spec(tmp_path, "parquet", rows_per_file=12), tmp_path / "out")
+def test_parquet_string_ids_and_row_groups_cut_by_bytes(tmp_path):
+    w = ShardWriter(make_spec(tmp_path, "parquet", rows_per_file=12), tmp_path / "out",
+                    tuning=Tuning(parquet_row_group_bytes=40))  # 5 rows of y (8 B)
     rows = make_rows(12, ragged=False)
     for b in range(0, 12, 7):
         idx = list(range(b, min(b + 7, 12)))
@@ -250,21 +252,21 @@ def test_read_journal_refuses_a_corrupt_middle_line(tmp_path):
 # --- crash and resume ---
 
 @pytest.mark.parametrize("fmt", ["npy", "jsonl", "parquet"])
-def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, monkeypatch, fmt):
-    monkeypatch.setattr(sinks._ParquetSink, "row_group_bytes", 48)
+def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, fmt):
+    tuning = Tuning(parquet_row_group_bytes=48)
     spec = make_spec(tmp_path, fmt, rows_per_file=4, outputs=None if fmt == "npy" else RAGGED)
     n, rejected = 22, {2, 7, 8, 15, 20, 21}
     rows, ids = make_rows(n, ragged=fmt != "npy"), [f"id{i}" for i in range(n)]
 
     whole = tmp_path / "whole"
     prepare_out_dir(whole, resume=False, overwrite=False, fingerprint=FP)
-    w = ShardWriter(spec, whole)
+    w = ShardWriter(spec, whole, tuning=tuning)
     feed(w, rows, ids, 0, 5, rejected)
     whole_files = w.close()
 
     crashed = tmp_path / "crashed"
     prepare_out_dir(crashed, resume=False, overwrite=False, fingerprint=FP)
-    dead = ShardWriter(spec, crashed)
+    dead = ShardWriter(spec, crashed, tuning=tuning)
     # records 0..9: shard 0 = rows 0, 1, 3, 4 committed; rows 5, 6, 9 in temp files
     feed(dead, rows, ids, 0, 5, rejected, stop_after=2)
     dead.wait_for_commits()  # then killed: the folder is what a crash leaves
@@ -285,7 +287,7 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, monkeypatch,
     # Reading restarts at the start of the batch that held the last committed row; the rows
     # and rejects of it that were committed already are dropped by the writer.
     assert point.start == 0
-    w = ShardWriter(spec, crashed, resume=point)
+    w = ShardWriter(spec, crashed, resume=point, tuning=tuning)
     feed(w, rows, ids, point.start, 5, rejected)
     files = w.close()
 
@@ -403,9 +405,8 @@ def test_journal_keeps_shard_order_when_later_shards_hash_first(tmp_path, monkey
 def test_the_writer_waits_while_in_flight_commits_are_all_taken(tmp_path, monkeypatch):
     out = tmp_path / "out"
     fsync, release = write.fsync_path, threading.Event()
-    monkeypatch.setattr(write, "IN_FLIGHT", 2)
     monkeypatch.setattr(write, "fsync_path", lambda path: release.wait(10) and fsync(path))
-    w = ShardWriter(make_spec(tmp_path, rows_per_file=1), out)
+    w = ShardWriter(make_spec(tmp_path, rows_per_file=1), out, tuning=Tuning(in_flight=2))
     rows = make_rows(4, ragged=False)
     writing = threading.Thread(target=lambda: [
         w.write(np.array([i]), [i], take(rows, [i])) for i in range(4)])
@@ -637,7 +638,7 @@ def test_write_refuses_rows_out_of_order(tmp_path):
 
 
 def test_npy_ids_are_int64_when_every_id_is_an_integer_else_strings():
-    from graphrun.sinks import _id_array
+    from graphrun.outputs.ids import id_array as _id_array
 
     assert _id_array([3, 1, 2]).dtype == np.int64
     assert _id_array([]).dtype == np.int64 and len(_id_array([])) == 0
@@ -646,27 +647,27 @@ def test_npy_ids_are_int64_when_every_id_is_an_integer_else_strings():
     assert _id_array([2**64 - 1, 1]).tolist() == [str(2**64 - 1), "1"]  # too big for int64
 
 
-def run_writer(tmp_path: Path, name: str, n: int = 50) -> dict[str, bytes]:
+def run_writer(tmp_path: Path, name: str, n: int = 50, tuning: Tuning | None = None
+               ) -> dict[str, bytes]:
     spec = make_spec(tmp_path / name, rows_per_file=7)
     (tmp_path / name).mkdir()
-    w = ShardWriter(spec, tmp_path / name / "out")
+    w = ShardWriter(spec, tmp_path / name / "out", tuning=tuning)
     feed(w, make_rows(n, False), list(range(n)), 0, 4, rejected={5, 23})
     w.close()
     return dir_bytes(tmp_path / name / "out")
 
 
-def test_npy_rows_written_by_the_row_pool_give_the_same_files(tmp_path, monkeypatch):
+def test_npy_rows_written_by_the_row_pool_give_the_same_files(tmp_path):
     inline = run_writer(tmp_path, "inline")
-    monkeypatch.setattr(sinks, "POOL_WRITE_BYTES", 1)  # every batch through the pool
-    monkeypatch.setattr(sinks, "MAX_PENDING", 2)  # and the bound on pending writes reached
-    pooled = run_writer(tmp_path, "pooled")
+    # every batch through the pool, and the bound on pending writes reached
+    pooled = run_writer(tmp_path, "pooled", tuning=Tuning(row_writers=4, row_pool_bytes=1,
+                                                          row_pool_pending=2))
     assert len(inline) > 10 and pooled == inline
 
 
 def test_a_row_pool_write_error_is_raised_and_nothing_is_committed_after_it(tmp_path,
                                                                             monkeypatch):
-    monkeypatch.setattr(sinks, "POOL_WRITE_BYTES", 1)
-    real, calls = sinks.os.pwrite, []
+    real, calls = npy_sink.os.pwrite, []
 
     def pwrite(fd, data, offset):
         calls.append(threading.current_thread().name)
@@ -674,9 +675,9 @@ def test_a_row_pool_write_error_is_raised_and_nothing_is_committed_after_it(tmp_
             raise OSError(28, "No space left on device")
         return real(fd, data, offset)
 
-    monkeypatch.setattr(sinks.os, "pwrite", pwrite)
+    monkeypatch.setattr(npy_sink.os, "pwrite", pwrite)
     spec = make_spec(tmp_path, rows_per_file=7)
-    w = ShardWriter(spec, tmp_path / "out")
+    w = ShardWriter(spec, tmp_path / "out", tuning=Tuning(row_writers=4, row_pool_bytes=1))
     with pytest.raises(OSError, match="No space left"):
         feed(w, make_rows(60, False), list(range(60)), 0, 4, rejected=set())
         w.close()

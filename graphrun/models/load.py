@@ -58,6 +58,75 @@ def build_model(spec: PipelineSpec, device: torch.device,
     return model
 
 
+def model_input_dtypes(spec: PipelineSpec) -> dict[str, torch.dtype]:
+    """The dtype the model is called with, per input: a floating input (float32 in the file and
+    its buffer, say) is cast to model.dtype inside the step, so that float16 or bfloat16
+    weights meet inputs of their own dtype; integer and bool inputs are passed as they are."""
+    from graphrun.engine.buffers import TORCH_DTYPES as ALL_DTYPES
+    from graphrun.spec import FLOAT_DTYPES
+
+    return {n: TORCH_DTYPES[spec.model.dtype] if i.dtype in FLOAT_DTYPES else ALL_DTYPES[i.dtype]
+            for n, i in spec.inputs.items()}
+
+
+def unlisted_outputs(ret: Any, names: list[str]) -> list[str]:
+    """Keys of a dict the model returns that the spec's outputs do not list (not written)."""
+    return [str(k) for k in ret if k not in names] if isinstance(ret, Mapping) else []
+
+
+_DTYPE_WORDS = ("dtype", "scalar type", "input type", "weight type", "half", "bfloat16",
+                "double")
+
+
+def first_call_error(exc: Exception, model: nn.Module, inputs: dict[str, torch.Tensor],
+                     call: str, what: str) -> ModelError:
+    """The model failed on its first call (sample inputs of the largest bucket): nearly always
+    the spec and the model disagreeing. Say what was passed and the one change that fits."""
+    args = {n: f"{list(t.shape)} {str(t.dtype).replace('torch.', '')}" for n, t in inputs.items()}
+    how = "model(" + ", ".join(f"{n}={a}" if call == "keyword" else a
+                               for n, a in args.items()) + ")"
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    params = _forward_params(model)
+    if isinstance(exc, TypeError) and ("argument" in text or "positional" in text):
+        if call == "keyword":
+            hint = ("the model's forward takes other argument names than the spec's inputs: "
+                    f"name the inputs after forward's parameters ({', '.join(params) or '?'}), "
+                    "or set model.call: positional to pass them in the inputs' order")
+        else:
+            hint = (f"model.call is positional: forward gets the {len(inputs)} inputs in the "
+                    f"order they are listed; forward takes ({', '.join(params) or '?'}): list "
+                    "as many inputs, in that order")
+    elif any(w in text.lower() for w in _DTYPE_WORDS):
+        hint = ("a dtype does not match: floating inputs are cast to model.dtype before the "
+                "call, integer and bool inputs are passed as declared; set inputs.<name>.dtype "
+                "to what forward expects (an index input as int64, say)")
+    else:
+        hint = ("check that the spec's inputs (names, shapes, dtypes) match the model's "
+                "forward" + (", or set model.call: positional" if call == "keyword" else ""))
+    return ModelError(f"the model failed on its first call, {how} for {what}: "
+                      f"{type(exc).__name__}: {text}\n  {hint}; --debug shows the traceback")
+
+
+def first_call(model: nn.Module, inputs: dict[str, torch.Tensor], call: str, what: str) -> Any:
+    """The model's return for `inputs` (no grad); `graphrun run` and `graphrun init` both call
+    the model first through here, so a mismatch gets the same message from both."""
+    try:
+        with torch.inference_mode():
+            return call_model(model, inputs, call)
+    except ModelError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - re-raised as a user error, chained
+        raise first_call_error(exc, model, inputs, call, what) from exc
+
+
+def _forward_params(model: nn.Module) -> list[str]:
+    try:
+        return [n for n, p in inspect.signature(model.forward).parameters.items()
+                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    except (TypeError, ValueError, AttributeError):  # a ScriptModule, an exported program
+        return []
+
+
 def call_model(model: nn.Module, inputs: dict[str, torch.Tensor], call: str) -> Any:
     """keyword: model(name=tensor, ...); positional: model(t1, t2, ...) in the inputs' order."""
     if call == "keyword":

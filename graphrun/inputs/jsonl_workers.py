@@ -1,10 +1,11 @@
 """JSONL blocks parsed and checked in child processes, handed back in file order.
 
 A JSONL block is parsed by orjson and converted by numpy while holding the GIL: on the reader's
-thread that caps the rate (33k records of 256 floats a second) and takes the GIL from the thread
-launching the graphs. So, for a file big enough to pay for starting them, blocks go to
-JSONL_WORKERS child processes, each running what the reader would (stream._jsonl_candidates,
-then records.precheck), and the reader gets Prechecked chunks back, in order.
+thread that caps the rate and takes the GIL from the thread launching the graphs. So, for a file
+big enough to pay for starting them (tuning.jsonl_workers_min_bytes), blocks go to
+tuning.jsonl_workers child processes, each running what the reader would
+(jsonl_parse.parse_block, then records.precheck), and the reader gets Prechecked chunks back,
+in order.
 
 The children are plain interpreters (`python -I -c`), not multiprocessing's: nothing of the
 caller's __main__ is imported again, nothing is forked from a process with threads and a CUDA
@@ -25,15 +26,9 @@ import sys
 from collections import deque
 from typing import Callable, Iterable, Iterator
 
-from graphrun.cores import usable_cores
-
-# Children parsing JSONL blocks: every core but four (as formats.PARQUET_THREADS), at most 8; none
-# on a machine of fewer than 6 cores, where they would take cores the stream needs.
-_CORES = usable_cores()
-JSONL_WORKERS = min(8, _CORES - 4) if _CORES >= 6 else 0
-# A file smaller than this is parsed in this process: the children take about 0.3 s to start
-# (beside the runner's setup), and a MiB is parsed here in a tenth of that to a third.
-JSONL_WORKERS_MIN_BYTES = 1 << 20
+from graphrun.inputs.jsonl_parse import parse_block
+from graphrun.records import precheck
+from graphrun.tuning import Tuning
 
 _HEADER = struct.Struct("<Q")
 
@@ -44,7 +39,7 @@ _CHILD = ("import os, signal, sys\n"
           "sys.path[:0] = bytes.fromhex(sys.argv[1]).decode().split(os.pathsep)\n"
           "out = os.fdopen(os.dup(1), 'wb')\n"
           "os.dup2(2, 1)\n"
-          "from graphrun.parse_workers import serve\n"
+          "from graphrun.inputs.jsonl_workers import serve\n"
           "serve(sys.stdin.buffer, out)\n")
 
 
@@ -69,15 +64,12 @@ def _recv(f):
 def serve(inp, out) -> None:
     """A child's loop: the spec, then (file, lines, linenos, first) blocks until EOF; for each,
     (True, Prechecked) or (False, why) where parsing raised."""
-    from graphrun.records import precheck
-    from graphrun.stream import _jsonl_candidates
-
     try:
         spec = _recv(inp)
         while True:
             block = _recv(inp)
             try:
-                result = (True, precheck(spec, _jsonl_candidates(spec, *block)))
+                result = (True, precheck(spec, parse_block(spec, block)))
             except Exception as e:  # noqa: BLE001 - the caller parses this block itself
                 result = (False, f"{type(e).__name__}: {e}")
             _send(out, result)
@@ -153,10 +145,12 @@ class ParseWorkers:
         self.procs = []
 
 
-def parse_blocks(spec, size: int, blocks: Iterable[tuple], parse_here: Callable) -> Iterator:
-    """The parsed blocks, in order: by children where JSONL_WORKERS and the file's size (in
-    bytes) call for them and an interpreter can be started, else here."""
-    if JSONL_WORKERS < 1 or size < JSONL_WORKERS_MIN_BYTES or not sys.executable:
+def parse_blocks(spec, size: int, blocks: Iterable[tuple], parse_here: Callable,
+                 tuning: Tuning) -> Iterator:
+    """The parsed blocks, in order: by children where tuning.jsonl_workers and the file's size
+    (in bytes) call for them and an interpreter can be started, else here."""
+    if (tuning.jsonl_workers < 1 or size < tuning.jsonl_workers_min_bytes
+            or not sys.executable):
         yield from map(parse_here, blocks)
         return
     workers = None
@@ -166,7 +160,7 @@ def parse_blocks(spec, size: int, blocks: Iterable[tuple], parse_here: Callable)
         if first is None:
             return
         try:
-            workers = ParseWorkers(spec, JSONL_WORKERS, parse_here)
+            workers = ParseWorkers(spec, tuning.jsonl_workers, parse_here)
         except OSError:  # no interpreter to start (embedded, no processes left): parse here
             yield parse_here(first)
             yield from map(parse_here, blocks)

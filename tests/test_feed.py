@@ -1,4 +1,4 @@
-"""replay_stream on the CPU, threaded (overlapped), inline (serial) and measured (legs of both,
+"""feed_stream on the CPU, threaded (overlapped), inline (serial) and measured (legs of both,
 then the faster): the same writes in the same order, errors from either end raised without
 losing what came before, stops honoured, and no thread left behind."""
 
@@ -12,7 +12,8 @@ import pytest
 
 from graphrun import InputError, Runner
 from graphrun.records import RecordBatch, Reject
-from graphrun.replay import SLOT_BUDGET, SLOTS, OverlapTrial, replay_stream, slot_count
+from graphrun.feed import SLOT_BUDGET, SLOTS, feed_stream, slot_count
+from graphrun.overlap import OverlapTrial
 from graphrun.spec import PipelineSpec
 
 
@@ -70,9 +71,9 @@ def run(runner, source, writer, *, overlap, should_stop=lambda: False, reads=Non
     reads = [] if reads is None else reads
     if overlap == "measured":
         overlap = OverlapTrial(leg_s=0, every_s=0)
-    return replay_stream(runner, source, writer, on_batches=lambda ran, n, first: None,
+    return feed_stream(runner, source, writer, on_batches=lambda ran, n, first: None,
                          on_read=lambda rb: reads.append(len(rb)), should_stop=should_stop,
-                         overlap=overlap)
+                         oversize=runner.spec.data.oversize, overlap=overlap)
 
 
 def no_threads_left() -> bool:
@@ -190,6 +191,7 @@ def sleepy(data, cost: float):
 def test_measured_keeps_serial_when_overlapped_is_slower(runner):
     writer = ThreadedWriter(0.002, completer_cost=0.03)
     trial = OverlapTrial(leg_s=0.02, every_s=60)
+    trial.MIN_LEG_BATCHES = 0  # legs of any length are timed: batches' speed varies by host
     run(runner, batches([4] * 150), writer, overlap=trial)
     assert len(trial.rounds) == 1 and trial.choice is False
     assert trial.rounds[0]["overlapped"] < trial.rounds[0]["serial"]
@@ -202,6 +204,7 @@ def test_measured_takes_overlapped_when_it_is_faster(runner):
     # reading and writing 20 ms each: serially 40 ms a batch, overlapped about 20
     writer = ThreadedWriter(0.02)
     trial = OverlapTrial(leg_s=0.1, every_s=60)
+    trial.MIN_LEG_BATCHES = 0  # legs of any length are timed: batches' speed varies by host
     run(runner, sleepy(batches([4] * 60), 0.02), writer, overlap=trial)
     assert len(trial.rounds) == 1 and trial.choice is True
     assert trial.rounds[0]["overlapped"] > trial.rounds[0]["serial"]
@@ -226,7 +229,7 @@ def test_a_trial_takes_overlapped_only_when_it_is_faster_by_its_margin():
 
 def test_the_overlapped_path_keeps_at_most_slots_batches_in_flight(runner):
     held, most = set(), [0]
-    stage, collect = runner.stage, runner.collect
+    stage, launch = runner.stage, runner.launch
 
     def staging(fields, n, lengths, slot):
         assert slot not in held, f"slot {slot} staged while still in flight"
@@ -234,16 +237,21 @@ def test_the_overlapped_path_keeps_at_most_slots_batches_in_flight(runner):
         most[0] = max(most[0], len(held))
         return stage(fields, n, lengths, slot)
 
-    def collecting(bucket, slot, marks, n, lengths):
-        out = collect(bucket, slot, marks, n, lengths)
-        held.discard(slot)
-        return out
+    class Collecting:  # the launch's handle, its slot counted free once its result is taken
+        def __init__(self, launched):
+            self.launched = launched
 
-    runner.stage, runner.collect = staging, collecting
+        def result(self):
+            out = self.launched.result()
+            held.discard(self.launched.slot)
+            return out
+
+    runner.stage = staging
+    runner.launch = lambda *a, **k: Collecting(launch(*a, **k))
     writer = ListWriter()
     run(runner, batches([4] * 40), writer, overlap=True)
     slots = slot_count(runner.slot_bytes)
-    assert len(writer.calls) == 40 and 1 <= most[0] <= slots == len(runner.slots)
+    assert len(writer.calls) == 40 and 1 <= most[0] <= slots == runner.host_slots(1)
 
 
 def test_slot_count_is_what_the_budget_holds_within_bounds():
@@ -256,28 +264,31 @@ def test_slot_count_is_what_the_budget_holds_within_bounds():
 def test_after_a_write_fails_nothing_queued_behind_it_is_written():
     """The launching thread has seen (and cleared) the error while batches are still queued:
     those must not be written, or the output would skip the failed batch's rows."""
-    from types import SimpleNamespace
-
-    from graphrun.replay import Completer, SlotPool, Work
+    from graphrun.feed import Completer, Work
+    from graphrun.handoff import SlotPool
 
     cleared, waited = threading.Event(), []
 
-    class Timer:
-        def finish(self, marks):  # the completer waits for a failed run's next batch
-            waited.append(marks)
-            cleared.wait(5)
+    class Launched:
+        def __init__(self, k: int):
+            self.k = k
 
-    runner = SimpleNamespace(
-        timer=Timer(),
-        collect=lambda bucket, slot, marks, n, lengths: ({"y": np.zeros((n, 3))}, {}))
+        def wait(self):  # the completer waits for a failed run's next batch
+            waited.append(self.k)
+            cleared.wait(5)
+            return {}
+
+        def result(self):
+            return {"y": np.zeros((2, 3))}, {}
+
     writer = ListWriter(fail_at=0)
     pool = SlotPool(4)
-    done = Completer(runner, writer, pool, lambda *a: None, dict.fromkeys(
+    done = Completer(writer, pool, lambda *a: None, dict.fromkeys(
         ("device_wait", "write"), 0.0), threaded=True)
     for k in range(4):
         pool.acquire()
         item = Work("graph", 2, np.array([2 * k, 2 * k + 1]), [2 * k, 2 * k + 1], slot=k)
-        done.collect(item, marks=k)
+        done.collect(item, Launched(k))
     while not waited:  # the first write failed; the second batch is being waited for
         time.sleep(0.001)
     with pytest.raises(OSError):
@@ -316,3 +327,43 @@ def test_the_manifest_describes_the_trial_the_defaults_run():
     assert f"runs for {t.every_s:g} s" in text
     assert f"only when {round((t.margin - 1) * 100)}% faster" in text
     assert len(t.ORDER) == 8 and t.ORDER.count(True) == 4 and "eight legs" in text
+
+
+def timed_legs(trial: OverlapTrial) -> list:
+    """(path, seconds, leg_slots) of every leg the trial records."""
+    legs, record = [], trial.record
+
+    def keep(threaded, records, seconds, batches=None):
+        legs.append((threaded, seconds, trial.leg_slots))
+        record(threaded, records, seconds, batches=batches)
+
+    trial.record = keep
+    return legs
+
+
+def test_a_trial_whose_batches_outlast_its_legs_runs_serial_and_says_why(runner):
+    """Batches of 0.1 s and more, legs of 0.2 s: an overlapped leg would finish its 16
+    batches in flight, 1.6 s; the trial stops after its first serial leg instead."""
+    writer = ThreadedWriter(0.1)
+    trial = OverlapTrial(leg_s=0.2, every_s=60)
+    legs = timed_legs(trial)
+    run(runner, batches([4] * 12), writer, overlap=trial)
+    assert [threaded for threaded, _, _ in legs] == [False, False, False]
+    assert trial.rounds == [] and trial.choice is False
+    assert trial.reason.startswith("serial: a batch took") and "legs of 0.2 s" in trial.reason
+    assert len(writer.calls) == 12 and no_threads_left()
+
+
+def test_a_trials_overlapped_legs_end_on_time(runner):
+    """Batches of 50 ms or more on the completer, legs of 0.4 s: with 16 batches in flight an
+    overlapped leg ran 0.8 s over; the trial keeps as many as take a quarter of a leg."""
+    writer = ThreadedWriter(0.05)
+    trial = OverlapTrial(leg_s=0.4, every_s=60)
+    legs = timed_legs(trial)
+    run(runner, batches([4] * 80), writer, overlap=trial)
+    trial_legs = legs[1:9]  # the warm-up, then the round
+    assert len(trial.rounds) == 1 and trial.reason.startswith("measured: overlapped ran at")
+    overlapped = [(s, k) for threaded, s, k in trial_legs if threaded]
+    assert len(overlapped) == 4 and all(k is not None and k <= 3 for _, k in overlapped)
+    assert max(s for s, _ in overlapped) < 2 * trial.leg_s, legs
+    assert len(writer.calls) == 80 and no_threads_left()

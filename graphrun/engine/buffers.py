@@ -4,7 +4,7 @@ A CUDA graph replays fixed addresses, so every bucket's inputs and outputs must 
 that never moves. Each buffer is one flat allocation sized for the largest value of every axis;
 a bucket's tensor is the first prod(shape) elements viewed as that shape. Such a view is
 contiguous (unlike buf[:b, :s]), so models may .view() it freely, and all buckets share memory.
-The same layout on the host, in pinned memory, is the staging area for the copies.
+The same layout on the host, in pinned memory, is a host slot's staging area (launch.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import math
 import numpy as np
 import torch
 
-from .buckets import Bucket
+from ..buckets import Bucket
 
 TORCH_DTYPES = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -24,7 +24,8 @@ TORCH_DTYPES = {
 
 
 def host_dtype(dtype: torch.dtype) -> torch.dtype:
-    """numpy has no bfloat16: such data is staged as float32 and cast by the device copy."""
+    """numpy has no bfloat16: such inputs are staged as float32 (and cast inside the captured
+    step), such outputs are handed to numpy as float32."""
     return torch.float32 if dtype == torch.bfloat16 else dtype
 
 
@@ -62,36 +63,3 @@ class BufferSet:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.flat.values())
-
-
-class SlotCopies:
-    """One slot's copies for one bucket on one lane, as (destination, source) pairs built once,
-    so the hot path only copies: h2d (pinned host staging -> the lane's static input views) and
-    d2h (the lane's static output views -> pinned host)."""
-
-    __slots__ = ("h2d", "d2h")
-
-    def __init__(self, h2d: list, d2h: list):
-        self.h2d, self.d2h = h2d, d2h
-
-
-class HostSlot:
-    """One batch in flight: pinned host staging buffers (inputs and outputs; pinned on a GPU).
-    Outputs are in the host's dtype, as the static outputs are (a bfloat16 output is float32
-    there: the captured step casts it), so every copy is a plain one."""
-
-    def __init__(self, inputs: BufferSet, outputs: BufferSet):
-        self.inputs, self.outputs = inputs, outputs
-        self._copies: dict[tuple[Bucket, int], SlotCopies] = {}
-
-    def copies(self, bucket: Bucket, lane: int, static_in: BufferSet,
-               static_out: BufferSet) -> SlotCopies:
-        """The copies between this slot and lane `lane`'s static buffers for `bucket`."""
-        key = (bucket, lane)
-        c = self._copies.get(key)
-        if c is None:
-            host_in, host_out = self.inputs.views(bucket), self.outputs.views(bucket)
-            s_in, s_out = static_in.views(bucket), static_out.views(bucket)
-            c = self._copies[key] = SlotCopies([(s_in[n], host_in[n]) for n in s_in],
-                                               [(host_out[n], s_out[n]) for n in s_out])
-        return c

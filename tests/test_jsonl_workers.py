@@ -1,5 +1,6 @@
-"""JSONL blocks parsed in child processes (parse_workers.py): the records, rejects and locations
-read are those the reader's own thread gives, in order, whatever happens to the children."""
+"""JSONL blocks parsed in child processes (inputs/jsonl_workers.py): the records, rejects and
+locations read are those the reader's own thread gives, in order, whatever happens to the
+children."""
 
 from __future__ import annotations
 
@@ -9,10 +10,22 @@ import math
 import numpy as np
 import pytest
 
-from graphrun import parse_workers, stream
 from graphrun.errors import InputError
+from graphrun.inputs import jsonl as jsonl_reader
+from graphrun.inputs import jsonl_workers as parse_workers
 from graphrun.stream import read_batches
-from tests.test_stream import DECODER, SEQ, everything, make_spec
+from graphrun.tuning import Tuning
+from tests.test_stream import DECODER, SEQ, make_spec
+
+# two children for any file, blocks of about 2 KiB; and the same blocks parsed here only
+CHILDREN = Tuning(jsonl_workers=2, jsonl_workers_min_bytes=0, jsonl_chunk_bytes=2048)
+HERE = Tuning(jsonl_workers=0, jsonl_chunk_bytes=2048)
+
+
+def everything(spec, tuning: Tuning = CHILDREN, **kw):
+    """(valid ids in order, rejects in order, batches)."""
+    batches = list(read_batches(spec, tuning=tuning, **kw))
+    return [i for b in batches for i in b.ids], [r for b in batches for r in b.rejects], batches
 
 N = 600
 
@@ -44,25 +57,20 @@ def write_lines(path, n: int = N, seq: bool = False):
 
 @pytest.fixture
 def children(monkeypatch):
-    """Two children for any file, blocks of about 2 KiB; returns the blocks parsed here."""
-    monkeypatch.setattr(parse_workers, "JSONL_WORKERS", 2)
-    monkeypatch.setattr(parse_workers, "JSONL_WORKERS_MIN_BYTES", 0)
-    monkeypatch.setattr(stream, "JSONL_CHUNK_BYTES", 2048)
+    """The blocks parsed in this process (read with CHILDREN)."""
     here = []
-    parse = stream._parse_block
+    parse = jsonl_reader.parse_block
 
     def parse_block(spec, block):
         here.append(block[3])
         return parse(spec, block)
 
-    monkeypatch.setattr(stream, "_parse_block", parse_block)
+    monkeypatch.setattr(jsonl_reader, "parse_block", parse_block)
     return here
 
 
-def here_only(spec, monkeypatch, **kw):
-    with monkeypatch.context() as m:
-        m.setattr(parse_workers, "JSONL_WORKERS", 0)
-        return everything(spec, **kw)
+def here_only(spec, monkeypatch=None, **kw):
+    return everything(spec, tuning=HERE, **kw)
 
 
 def same(a, b) -> None:
@@ -124,10 +132,10 @@ def test_the_children_end_with_the_reading(tmp_path, children, monkeypatch):
     path = write_lines(tmp_path / "d.jsonl")
     spec = make_spec(path, DECODER, id_field="id", batch_size=7, on_bad_record="skip")
     made = started_workers(monkeypatch)
-    batches = read_batches(spec)
+    batches = read_batches(spec, tuning=CHILDREN)
     next(batches), next(batches)
     batches.close()
-    list(read_batches(spec))
+    list(read_batches(spec, tuning=CHILDREN))
     assert len(made) == 2 and all(p.poll() is not None for procs in made for p in procs)
 
 
@@ -135,33 +143,29 @@ def test_the_first_bad_record_stops_the_run_as_before(tmp_path, monkeypatch, chi
     path = write_lines(tmp_path / "d.jsonl")
     spec = make_spec(path, DECODER, id_field="id", batch_size=7, on_bad_record="error")
 
-    def ids_until_error():
+    def ids_until_error(tuning):
         ids = []
         with pytest.raises(InputError) as e:
-            for batch in read_batches(spec):
+            for batch in read_batches(spec, tuning=tuning):
                 ids += list(batch.ids)
         return ids, str(e.value)
 
-    got = ids_until_error()
-    with monkeypatch.context() as m:
-        m.setattr(parse_workers, "JSONL_WORKERS", 0)
-        assert got == ids_until_error()
+    got = ids_until_error(CHILDREN)
+    assert got == ids_until_error(HERE)
     assert got[1].startswith("d.jsonl:7: invalid JSON") and got[0] == ["r0", "r1", "r2", "r3", "r4"]
 
 
 def test_small_files_and_small_machines_parse_here(tmp_path, monkeypatch):
-    """No child for a file under JSONL_WORKERS_MIN_BYTES, nor with JSONL_WORKERS 0."""
+    """No child for a file under jsonl_workers_min_bytes, nor with jsonl_workers 0."""
     made = []
     monkeypatch.setattr(parse_workers, "ParseWorkers",
                         lambda *a: made.append(a) or pytest.fail("a child was started"))
     path = write_lines(tmp_path / "d.jsonl")
     spec = make_spec(path, DECODER, id_field="id", batch_size=7, on_bad_record="skip")
-    monkeypatch.setattr(parse_workers, "JSONL_WORKERS", 2)
-    monkeypatch.setattr(parse_workers, "JSONL_WORKERS_MIN_BYTES", path.stat().st_size + 1)
-    assert everything(spec)[0]
-    monkeypatch.setattr(parse_workers, "JSONL_WORKERS", 0)
-    monkeypatch.setattr(parse_workers, "JSONL_WORKERS_MIN_BYTES", 0)
-    assert everything(spec)[0] and made == []
+    assert everything(spec, Tuning(jsonl_workers=2,
+                                   jsonl_workers_min_bytes=path.stat().st_size + 1))[0]
+    assert everything(spec, Tuning(jsonl_workers=0, jsonl_workers_min_bytes=0))[0]
+    assert made == []
 
 
 def test_values_round_trip_through_a_child(tmp_path, monkeypatch, children):

@@ -1,5 +1,5 @@
-"""Big Parquet row groups cut into pieces decoded in parallel (parquet_pages.py): the records,
-rejects and locations read are the same as when the row group is read front to back."""
+"""Big Parquet row groups cut into pieces decoded in parallel (inputs/parquet_split.py): the
+records, rejects and locations read are the same as when pyarrow reads the row group whole."""
 
 from __future__ import annotations
 
@@ -11,13 +11,25 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from graphrun import formats, parquet_pages
 from graphrun.errors import InputError
-from graphrun.parquet_pages import (PieceMismatch, decode_struct, encode_struct, plan_pieces,
-                                    read_footer)
+from graphrun.inputs import parquet as parquet_in
+from graphrun.inputs import parquet_split
+from graphrun.inputs.parquet_split import Piece, PieceMismatch, plan_pieces
 from graphrun.spec import PipelineSpec
 from graphrun.stream import read_batches
-from tests.test_stream import everything, make_spec
+from graphrun.tuning import Tuning
+from tests.test_stream import make_spec
+
+# row groups over 1 KiB decoded are cut into pieces of about 16 KiB (some 600 records of 6 floats)
+SMALL = Tuning(parquet_group_bytes=1024, parquet_piece_bytes=16 << 10, parquet_threads=3)
+WHOLE = Tuning(parquet_threads=3)  # every row group here decoded whole by pyarrow: the reference
+
+
+def everything(spec, tuning: Tuning = SMALL, **kw):
+    """(valid ids in order, rejects in order, batches)."""
+    batches = list(read_batches(spec, tuning=tuning, **kw))
+    ids = [i for b in batches for i in b.ids]
+    return ids, [r for b in batches for r in b.rejects], batches
 
 VEC = {"x": {"shape": ["batch", 6], "dtype": "float32"}}
 GRID = {"x": {"shape": ["batch", 2, 3], "dtype": "float32"}}
@@ -43,33 +55,24 @@ def vector_table(values: list, ids=None) -> pa.Table:
     return pa.table(cols)
 
 
-@pytest.fixture(params=[False, True], ids=["levels", "flat"])
-def small_pieces(monkeypatch, request):
-    """Row groups over 1 KiB decoded are cut into pieces of about 16 KiB (some 600 records of
-    6 floats); returns the rows each decoded piece starts at, in the file. Each test runs twice:
-    pieces decoded by pyarrow with their levels, and without them where they check out
-    (formats.PARQUET_FLAT; test_parquet_flat.py)."""
-    monkeypatch.setattr(formats, "PARQUET_FLAT", request.param)
-    monkeypatch.setattr(formats, "PARQUET_GROUP_BYTES", 1024)
-    monkeypatch.setattr(formats, "PARQUET_PIECE_BYTES", 16 << 10)
-    monkeypatch.setattr(formats, "PARQUET_THREADS", 3)
+@pytest.fixture
+def small_pieces(monkeypatch):
+    """The rows each piece decoded (as planned) starts at, in its row group."""
     firsts = []
-    decode = formats._decode_piece
+    decode = parquet_in.decode_piece
 
-    def decoded(path, footer, piece, *a):
-        chunks = decode(path, footer, piece, *a)
+    def decoded(piece, *a):
+        chunks = decode(piece, *a)
         firsts.append(piece.first)  # decoded as planned: not read again front to back
         return chunks
 
-    monkeypatch.setattr(formats, "_decode_piece", decoded)
+    monkeypatch.setattr(parquet_in, "decode_piece", decoded)
     return firsts
 
 
-def front_to_back(spec, monkeypatch, **kw):
-    """What read_batches gives with the row group streamed whole."""
-    with monkeypatch.context() as m:
-        m.setattr(formats, "_values_per_row", lambda spec: None)
-        return everything(spec, **kw)
+def front_to_back(spec, monkeypatch=None, **kw):
+    """What read_batches gives with each row group decoded whole by pyarrow."""
+    return everything(spec, tuning=WHOLE, **kw)
 
 
 def same_reads(a, b) -> None:
@@ -85,17 +88,17 @@ def same_reads(a, b) -> None:
     assert len(xa) == len(xb) and all(np.array_equal(p, q) for p, q in zip(xa, xb))
 
 
-def test_footer_round_trip(tmp_path):
-    """The Thrift compact codec writes back the bytes it read."""
+def test_pieces_equal_the_plain_read(tmp_path):
+    """plan_pieces against pyarrow's own read of the row group, column by column."""
     path = write(tmp_path / "d.parquet", vector_table(vectors().tolist(), ids=[f"r{i}" for i in
                                                                              range(N)]))
-    raw = path.read_bytes()
-    length = int.from_bytes(raw[-8:-4], "little")
-    footer_bytes = raw[-8 - length:-8]
-    footer, used = decode_struct(footer_bytes)
-    assert used == length and encode_struct(footer) == footer_bytes
-    with open(path, "rb") as f:
-        assert read_footer(f) == footer
+    meta = pq.ParquetFile(path).metadata
+    pieces = plan_pieces(path, meta, 0, {"id": 1, "x": 6}, 500)
+    assert pieces is not None and len(pieces) > 2
+    assert [p.first for p in pieces] == sorted(p.first for p in pieces)
+    assert sum(p.rows for p in pieces) == N
+    got = pa.Table.from_batches([p.read() for p in pieces])
+    assert got.to_pydict() == pq.read_table(path, columns=["id", "x"]).to_pydict()
 
 
 @pytest.mark.parametrize("kw", [
@@ -165,18 +168,18 @@ def test_a_piece_that_does_not_match_its_plan_reads_the_rest_front_to_back(
         tmp_path, monkeypatch, small_pieces):
     path = write(tmp_path / "d.parquet", vector_table(vectors().tolist(), ids=np.arange(N)))
     spec = make_spec(path, VEC, id_field="id", batch_size=5)
-    read = parquet_pages.read_piece
+    read = Piece.read
 
-    def third_fails(path, footer, piece, *a):
+    def third_fails(piece):
         if piece.first == third:
             raise PieceMismatch("as if")
-        return read(path, footer, piece, *a)
+        return read(piece)
 
     everything(spec)
     third = sorted(small_pieces)[2]
     small_pieces.clear()
 
-    monkeypatch.setattr(formats, "read_piece", third_fails)
+    monkeypatch.setattr(Piece, "read", third_fails)
     got = everything(spec)
     assert [int(i) for i in got[0]] == list(range(N))
     assert third not in small_pieces and min(small_pieces) < third
@@ -201,7 +204,7 @@ def seq_spec(path, inputs) -> PipelineSpec:
 
 
 def test_a_column_of_too_many_pages_is_read_front_to_back(tmp_path, monkeypatch, small_pieces):
-    monkeypatch.setattr(parquet_pages, "MAX_PAGES", 10)
+    monkeypatch.setattr(parquet_split, "MAX_PAGES", 10)
     path = write(tmp_path / "d.parquet", vector_table(vectors().tolist(), ids=np.arange(N)))
     spec = make_spec(path, VEC, id_field="id", batch_size=5)
     got = everything(spec)
@@ -210,12 +213,11 @@ def test_a_column_of_too_many_pages_is_read_front_to_back(tmp_path, monkeypatch,
 
 def test_plan_refuses_what_it_cannot_cut(tmp_path):
     path = write(tmp_path / "d.parquet", vector_table(vectors().tolist()))
-    with open(path, "rb") as f:
-        footer = read_footer(f)
-        assert plan_pieces(f, footer, 0, {"x": 6}, 500) is not None
-        assert plan_pieces(f, footer, 0, {"x": 5}, 500) is None  # counts do not add up
-        assert plan_pieces(f, footer, 0, {"x": 6}, N) is None  # one piece
-        assert plan_pieces(f, footer, 0, {"x": 6, "y": 1}, 500) is None  # no such column
+    meta = pq.ParquetFile(path).metadata
+    assert plan_pieces(path, meta, 0, {"x": 6}, 500) is not None
+    assert plan_pieces(path, meta, 0, {"x": 5}, 500) is None  # counts do not add up
+    assert plan_pieces(path, meta, 0, {"x": 6}, N) is None  # one piece
+    assert plan_pieces(path, meta, 0, {"x": 6, "y": 1}, 500) is None  # no such column
 
 
 def test_a_damaged_page_in_a_piece_names_the_file(tmp_path, monkeypatch, small_pieces):
@@ -224,18 +226,17 @@ def test_a_damaged_page_in_a_piece_names_the_file(tmp_path, monkeypatch, small_p
     InputError naming the file."""
     path = write(tmp_path / "d.parquet", vector_table(vectors().tolist(), ids=np.arange(N)),
                  compression="none", use_dictionary=False)
-    with open(path, "rb") as f:
-        footer = read_footer(f)
-        pieces = plan_pieces(f, footer, 0, {"id": 1, "x": 6}, 600)
-    page = pieces[-1].columns[1].pages[-1]
-    body = page.offset + page.size - page.body  # its repetition levels' byte length first
+    pieces = plan_pieces(path, pq.ParquetFile(path).metadata, 0, {"id": 1, "x": 6}, 600)
+    column, _, end, _ = pieces[-1].parts[1]
+    page = column.pages[end - 1]
+    body = page.offset + page.size - page.header[3]  # its repetition levels' byte length first
     raw = bytearray(path.read_bytes())
     raw[body:body + 4] = b"\xff" * 4
     path.write_bytes(bytes(raw))
     spec = make_spec(path, VEC, id_field="id", batch_size=5)
     read = []
     with pytest.raises(InputError, match=r"^d\.parquet: cannot decode the Parquet file"):
-        for batch in read_batches(spec):
+        for batch in read_batches(spec, tuning=SMALL):
             read += [int(i) for i in batch.ids]
     assert sorted(small_pieces) == [0, 1024]  # the third failed
     assert read == list(range(len(read))) and len(read) >= 2000
@@ -251,13 +252,14 @@ def test_big_and_small_row_groups_keep_file_order(tmp_path, monkeypatch, small_p
     with pq.ParquetWriter(path, table.schema, data_page_size=1024) as w:
         for lo, n in [(0, 2000), (2000, 200), (2200, 2000)]:
             w.write_table(table.slice(lo, n), row_group_size=n)
-    monkeypatch.setattr(formats, "PARQUET_GROUP_BYTES", 20 << 10)  # the 200 are ~7 KiB
+    tuning = Tuning(parquet_group_bytes=20 << 10, parquet_piece_bytes=16 << 10,
+                    parquet_threads=3)  # the 200 are ~7 KiB
     groups = []
-    decode = formats._decode_group
-    monkeypatch.setattr(formats, "_decode_group", lambda path, meta, group, *a: (
-        groups.append(group), decode(path, meta, group, *a))[1])
+    decode = parquet_in.decode_group
+    monkeypatch.setattr(parquet_in, "decode_group", lambda path, tuning, meta, group, *a: (
+        groups.append(group), decode(path, tuning, meta, group, *a))[1])
     spec = make_spec(path, VEC, id_field="id", batch_size=7)
-    got = everything(spec, start=start, stop=stop)
+    got = everything(spec, tuning=tuning, start=start, stop=stop)
     assert [int(i) for i in got[0]] == list(range(4200))[start:stop]
     if stop is None:
         assert groups == [1] and len(small_pieces) >= 4
@@ -270,19 +272,19 @@ def test_decoding_threads_run_below_the_process_priority(tmp_path, monkeypatch):
     import threading
 
     seen = []
-    decode = formats._decode_group
+    decode = parquet_in.decode_group
 
     def noted(*a):
         seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
         return decode(*a)
 
-    monkeypatch.setattr(formats, "_decode_group", noted)
+    monkeypatch.setattr(parquet_in, "decode_group", noted)
     table = vector_table(vectors().tolist())
     pq.write_table(table, tmp_path / "d.parquet", row_group_size=500)
     spec = make_spec(tmp_path / "d.parquet", VEC, batch_size=5)
-    assert sum(len(b) for b in read_batches(spec)) == N
+    assert sum(len(b) for b in read_batches(spec, tuning=WHOLE)) == N
     mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    assert len(seen) == 6 and set(seen) == {min(19, mine + formats.PARQUET_NICE)}
+    assert len(seen) == 6 and set(seen) == {min(19, mine + WHOLE.parquet_nice)}
 
 
 @pytest.mark.parametrize("seed", range(24))
@@ -312,17 +314,18 @@ def test_random_files_read_as_front_to_back(tmp_path, monkeypatch, small_pieces,
           "use_dictionary": bool(rng.random() < 0.5),
           "data_page_version": str(rng.choice(["1.0", "2.0"]))}
     path = write(tmp_path / "d.parquet", pa.table(cols), **kw)
-    monkeypatch.setattr(formats, "PARQUET_PIECE_BYTES", int(rng.integers(2, 8)) << 10)
+    tuning = Tuning(parquet_group_bytes=1024, parquet_threads=3,
+                    parquet_piece_bytes=int(rng.integers(2, 8)) << 10)
     inputs = {"x": {"shape": ["batch", *shape], "dtype": "float32"}}
     start = int(rng.integers(0, n // 2)) if rng.random() < 0.5 else 0
     stop = int(rng.integers(start + 1, n + 1)) if rng.random() < 0.5 else None
     spec = make_spec(path, inputs, batch_size=int(rng.integers(1, 9)), on_bad_record="skip",
                      **({"id_field": "id"} if ids else {}))
-    got = everything(spec, start=start, stop=stop)
-    piece_rows = max(1, n * formats.PARQUET_PIECE_BYTES // formats._decoded_bytes(
-        pq.ParquetFile(path).metadata.row_group(0), spec))
-    with open(path, "rb") as f:
-        planned = plan_pieces(f, read_footer(f), 0, formats._values_per_row(spec), piece_rows)
+    got = everything(spec, tuning=tuning, start=start, stop=stop)
+    meta = pq.ParquetFile(path).metadata
+    piece_rows = max(1, n * tuning.parquet_piece_bytes // parquet_in.decoded_bytes(
+        meta.row_group(0), spec))
+    planned = plan_pieces(path, meta, 0, parquet_in.values_per_row(spec), piece_rows)
     assert planned is not None or bad  # these seeds' good files all have pages to cut at
     assert small_pieces or planned is None  # planned, then decoded as planned
     same_reads(got, front_to_back(spec, monkeypatch, start=start, stop=stop))
@@ -356,3 +359,23 @@ def test_other_list_types_read_as_front_to_back(tmp_path, monkeypatch, small_pie
     got = everything(spec)
     assert len(small_pieces) > 2 and sum(len(b) for b in got[2]) == N
     same_reads(got, front_to_back(spec, monkeypatch))
+
+
+@pytest.mark.parametrize("layout", ["row groups", "one big row group"])
+def test_parquet_reads_the_records_an_npy_file_holds(tmp_path, layout, small_pieces):
+    """The same records as .npy and as Parquet (row groups of 700, or one row group cut into
+    pieces): the same values, ordinals and batches."""
+    x = vectors()
+    np.save(tmp_path / "x.npy", x)
+    table = pa.table({"x": pa.ListArray.from_arrays(
+        pa.array(np.arange(0, x.size + 1, 6, dtype=np.int32)), pa.array(x.reshape(-1)))})
+    if layout == "row groups":
+        pq.write_table(table, tmp_path / "x.parquet", row_group_size=700)
+    else:
+        write(tmp_path / "x.parquet", table)
+    want = everything(make_spec(tmp_path / "x.npy", VEC, batch_size=16))
+    got = everything(make_spec(tmp_path / "x.parquet", VEC, batch_size=16))
+    assert [len(b) for b in got[2]] == [len(b) for b in want[2]]
+    assert [b.indices.tolist() for b in got[2]] == [b.indices.tolist() for b in want[2]]
+    np.testing.assert_array_equal(np.concatenate([b.fields["x"] for b in got[2]]), x)
+    assert (len(small_pieces) > 2) == (layout == "one big row group")

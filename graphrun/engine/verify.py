@@ -1,6 +1,6 @@
-"""Verify: a bucket's replay computes what eager computes, and padded rows cannot move real rows.
+"""Verify: a lane's replay computes what eager computes, and padded rows cannot move real rows.
 
-Run once per bucket right after capture, on a synthetic batch drawn from the inputs' ranges
+Run once per bucket and lane right after capture, on a synthetic batch drawn from the inputs' ranges
 (integers in [lo, hi), floats from a normal distribution), seeded per bucket so that a failure
 reproduces. Two checks:
   1. replay vs eager on the same inputs, within rtol/atol;
@@ -8,6 +8,7 @@ reproduces. Two checks:
      replay again: the real rows' outputs must not move.
 Then once more on the first real batch that reaches the bucket (verify_real_batch): replay vs
 eager on those inputs, as synthetic values need not exercise what real data does.
+Results are the manifest's types (VerifyResult, BatchCheck), kept on the lane's graph entry.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from typing import Callable
 
 import torch
 
-from .buckets import Bucket
-from .spec import FLOAT_DTYPES, InputSpec
+from ..buckets import Bucket
+from ..manifest import BatchCheck, VerifyResult
+from ..spec import FLOAT_DTYPES, InputSpec
 
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 ULP_SLACK = 2
@@ -65,24 +67,24 @@ def compare(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float
 
 def verify_bucket(bucket: Bucket, run: Callable[[], None], eager: Callable[[], None],
                   inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor],
-                  specs: dict[str, InputSpec], rtol: float, atol: float) -> dict:
-    """Check replay (`run`) against `eager` and pad isolation; return the manifest's record."""
+                  specs: dict[str, InputSpec], rtol: float, atol: float) -> VerifyResult:
+    """Check one lane's replay (`run`) against `eager` on its static views, and pad isolation."""
     gen = torch.Generator().manual_seed(1234 + bucket.volume)
     fill_synthetic(inputs, specs, gen)
     run()
     replayed = {n: t.clone() for n, t in outputs.items()}
-    result = replay_against_eager(replayed, eager, outputs, rtol, atol, "")
-    result["pad_isolated"] = None
+    check = replay_against_eager(replayed, eager, outputs, rtol, atol, "")
+    result = VerifyResult(**check.model_dump())
     if bucket.batch > 1:
         real = bucket.batch // 2
         fill_synthetic(inputs, specs, gen, rows=slice(real, None))
         run()
         moved = [n for n, t in outputs.items()
                  if not compare(t[:real], replayed[n][:real], rtol, atol)[0]]
-        result["pad_isolated"] = not moved
+        result.pad_isolated = not moved
         if moved:
-            result["passed"] = False
-            result["failures"].append(
+            result.passed = False
+            result.failures.append(
                 f"padded rows change real rows of output(s) {', '.join(moved)}: the model mixes "
                 "rows of the batch (e.g. batch norm in training mode, or attention across the "
                 "batch), so it cannot be padded to buckets")
@@ -90,7 +92,7 @@ def verify_bucket(bucket: Bucket, run: Callable[[], None], eager: Callable[[], N
 
 
 def verify_real_batch(eager: Callable[[], None], outputs: dict[str, torch.Tensor],
-                      rtol: float, atol: float) -> dict:
+                      rtol: float, atol: float) -> BatchCheck:
     """Right after a replay of a real batch: eager on the same static inputs; the outputs must
     agree. The eager results are left in the static outputs (equal within tolerance)."""
     replayed = {n: t.clone() for n, t in outputs.items()}
@@ -99,17 +101,41 @@ def verify_real_batch(eager: Callable[[], None], outputs: dict[str, torch.Tensor
 
 def replay_against_eager(replayed: dict[str, torch.Tensor], eager: Callable[[], None],
                          outputs: dict[str, torch.Tensor], rtol: float, atol: float,
-                         when: str) -> dict:
+                         when: str) -> BatchCheck:
     """Run `eager` (it writes `outputs`) and compare with the replay's copies of them."""
     eager()
-    result = {"passed": True, "max_abs_err": 0.0, "max_rel_err": 0.0, "failures": []}
+    result = BatchCheck(passed=True, max_abs_err=0.0, max_rel_err=0.0)
     for name, t in outputs.items():
         ok, max_abs, max_rel = compare(replayed[name], t, rtol, atol)
-        result["max_abs_err"] = max(result["max_abs_err"], max_abs)
-        result["max_rel_err"] = max(result["max_rel_err"], max_rel)
+        result.max_abs_err = max(result.max_abs_err, max_abs)
+        result.max_rel_err = max(result.max_rel_err, max_rel)
         if not ok:
-            result["passed"] = False
-            result["failures"].append(
+            result.passed = False
+            result.failures.append(
                 f"output {name!r}: {when}replay differs from eager (max abs error "
                 f"{max_abs:.3g}, max relative error {max_rel:.3g}; rtol={rtol:g}, atol={atol:g})")
     return result
+
+
+def verify_remedies(result: VerifyResult, *, captured: bool,
+                    on_failure: str) -> tuple[str, list[str]]:
+    """(a note, the numbered remedies) for a failed verification: only those that work for
+    what failed. Padded rows moving real rows is the model's doing, and eager runs pad to the
+    same buckets, so capture.on_failure: eager cannot help there; nor can it where the bucket
+    already ran eagerly (the CPU, capture.backend: eager)."""
+    differs = any("replay differs from eager" in f for f in result.failures)
+    if differs and not captured:  # the model differs from itself: that moves padded rows too
+        return "", ["make forward deterministic: the same inputs must give the same outputs "
+                    "on every call (no dropout or random ops, no state kept between calls)",
+                    "loosen capture.verify.rtol / atol if the differences are rounding"]
+    if result.pad_isolated is False:
+        note = ("; capture.on_failure: eager does not help here: eager runs pad their batches "
+                "to the same buckets" if on_failure == "eager" else "")
+        return note, [
+            "fix the model so that each row of a batch is computed from that row alone "
+            "(batch norm in eval mode; attention, pooling and sums within a record)",
+            "or run one record per batch, unpadded: buckets.batch: [1] and "
+            "data.batch_size: 1 (slow)"]
+    return "", ["loosen capture.verify.rtol / atol if the differences are rounding",
+                "set capture.on_failure: eager (the bucket runs eagerly; recorded in the "
+                "manifest)"]

@@ -1,0 +1,331 @@
+"""Capture: one CUDA graph per bucket, largest first, into one shared memory pool.
+
+Per bucket: `warmup_iters` eager runs on a side stream (lazy init, cuBLAS workspaces, autotuning
+and torch.compile's compilation happen there, outside the capture), then one run captured into a
+CUDAGraph. The step that is captured reads the static input views and copies the model's returns
+into the static output views, so a replay leaves its results at fixed addresses that no other
+graph's pool memory can overlap. Captured largest first, the smaller graphs fit in the blocks the
+largest one left in the shared pool, which is why one pool costs about as much as the largest
+bucket alone.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..buckets import Bucket
+from ..errors import CaptureError, GraphrunError, ModelError
+from .lanes import Lane, LaneGraph, Layout
+from .verify import verify_bucket, verify_real_batch, verify_remedies
+
+MiB = 1 << 20
+
+
+@dataclass
+class BucketState:
+    """One bucket across its lanes: its status and what it cost (lanes.py holds its graphs)."""
+
+    bucket: Bucket
+    status: str = "pending"  # captured | eager | skipped
+    reason: str | None = None
+    pool: object = None  # the memory pool its graphs share, on every lane
+    warmup_s: float | None = None
+    capture_s: float | None = None
+    memory_bytes: int | None = None
+    eager_us: float | None = None
+    replay_us: float | None = None
+    stats: dict = field(default_factory=lambda: {"batches": 0, "records": 0, "padded_rows": 0})
+    launches: int = 0  # batches launched: which are timed (timing.sampled)
+
+
+class Capturer:
+    """Warm-up, capture and verify of every bucket on a lane, largest first, into one pool.
+
+    The first lane decides each bucket's status (captured, eager, skipped); a lane added later
+    captures the buckets that are captured, into the pool their graphs already use, and a bucket
+    whose capture or verification fails there only runs without that lane (a warning)."""
+
+    def __init__(self, model, spec, device: torch.device, backend: str, layout: Layout, log):
+        self.model, self.call, self.layout, self.log = model, spec.model.call, layout, log
+        self.cap, self.input_specs, self.compiled = spec.capture, spec.inputs, spec.model.compile
+        self.device, self.graphs = device, backend == "cuda-graph"
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        shared = self.graphs and self.cap.pool == "shared"
+        self.pool = torch.cuda.graph_pool_handle() if shared else None
+        self.budget = self.cap.memory_budget_mib * MiB if self.cap.memory_budget_mib else None
+        self.spent = 0  # pool growth of the captures so far (capture.memory_budget_mib)
+
+    def first_lane(self, lane: Lane, states: dict[Bucket, BucketState], table) -> None:
+        count = len(table.all)  # each bucket's setup line says k/N: a long setup shows progress
+        for k, bucket in enumerate(table.all, 1):  # largest first: smaller graphs reuse its pool
+            self._prepare(lane, states[bucket], table, f"{k}/{count}")
+
+    def _prepare(self, lane: Lane, state: BucketState, table, nth: str) -> None:
+        bucket = state.bucket
+        step = lane.make_step(bucket, self.model, self.call, self.layout)
+        # eager needs no warm-up but one run, which surfaces shape errors before any data
+        iters = self.cap.warmup_iters if self.graphs or self.compiled else 1
+        state.warmup_s = warm_up(step, max(iters, 1), self.stream)
+        if not self.graphs:
+            state.status = "eager"
+            state.reason = ("backend eager" if self.device.type == "cuda"
+                            else "no CUDA device: backend eager")
+            self._verify_first(lane, state, LaneGraph(step))
+            self.log(f"set up {bucket.name} ({nth}, eager)")
+            return
+        if self.budget is not None and not self._fits(state, step, table):
+            return
+        try:
+            graph, state.capture_s, state.memory_bytes = capture_graph(
+                step, bucket, stream=self.stream, pool=self.pool)
+        except CaptureError as err:
+            lane.graphs[bucket] = LaneGraph(step)
+            self.fall_back([lane], state, err)
+            if self.pool is not None:
+                # torch leaves a failed capture's pool marked as being recorded to (its
+                # capture_end raised before releasing it): later graphs share a new pool.
+                self.pool = torch.cuda.graph_pool_handle()
+            return
+        state.status, state.pool = "captured", graph.pool()
+        self.spent += state.memory_bytes
+        self._verify_first(lane, state, LaneGraph(step, graph))
+        self.log(f"captured {bucket.name} ({nth}) in {state.capture_s * 1e3:.1f} ms")
+
+    def _verify_first(self, lane: Lane, state: BucketState, entry: LaneGraph) -> None:
+        lane.graphs[state.bucket] = entry
+        result = self._verify(lane, state.bucket, entry)
+        if result is not None and not result.passed:
+            note, remedies = verify_remedies(result, captured=entry.graph is not None,
+                                             on_failure=self.cap.on_failure)
+            err = CaptureError("verification failed: " + "; ".join(result.failures) + note,
+                               bucket=state.bucket.name, remedies=remedies)
+            if entry.graph is None or result.pad_isolated is False:  # eager would pad alike
+                raise err
+            self.fall_back([lane], state, err)
+
+    def _verify(self, lane: Lane, bucket: Bucket, entry: LaneGraph):
+        """The lane's replay against eager on synthetic inputs; None with verify off."""
+        if not self.cap.verify.enabled:
+            return None
+        v = self.cap.verify
+        entry.verify = verify_bucket(bucket, entry.run, entry.step, lane.inputs.views(bucket),
+                                     lane.outputs.views(bucket), self.input_specs, v.rtol, v.atol)
+        # an eager bucket needs no check against itself
+        entry.check_real = entry.verify.passed and entry.graph is not None
+        return entry.verify
+
+    def _fits(self, state: BucketState, step, table) -> bool:
+        """memory_budget_mib: a bucket whose pool would pass the budget is dropped, not run."""
+        need = peak_step_bytes(step, self.device)
+        # in a shared pool, smaller buckets reuse the largest captured one's blocks
+        total = max(self.spent, need) if self.cap.pool == "shared" else self.spent + need
+        if total <= self.budget:
+            return True
+        state.status = "skipped"
+        state.reason = (f"needs about {need / MiB:.1f} MiB; with {self.spent / MiB:.1f} MiB "
+                        f"already taken that passes memory_budget_mib={self.budget / MiB:g}")
+        table.drop(state.bucket)
+        self.log(f"warning: bucket {state.bucket.name} dropped: {state.reason}")
+        return False
+
+    def another_lane(self, lane: Lane, states: dict[Bucket, BucketState]) -> None:
+        """Capture every captured bucket again on `lane`, into the pool its graphs use: the
+        lanes replay one after the other on the compute stream, so they share its blocks. The
+        time counts as the bucket's capture_s, the pool growth as its memory_bytes."""
+        for bucket, state in states.items():
+            if state.status != "captured":
+                continue
+            step = lane.make_step(bucket, self.model, self.call, self.layout)
+            name = f"bucket {bucket.name} runs without lane {lane.index}"
+            try:
+                warm_up(step, 1, self.stream)  # lazy state of new tensors, outside capture
+                graph, seconds, grown = capture_graph(step, bucket, stream=self.stream,
+                                                      pool=state.pool)
+            except GraphrunError as err:
+                self.log(f"warning: {name}: its capture there failed: {err}")
+                continue
+            state.capture_s = (state.capture_s or 0.0) + seconds
+            state.memory_bytes = (state.memory_bytes or 0) + grown
+            self.spent += grown
+            if self.budget is not None and self.spent > self.budget:
+                self.log(f"warning: {name}: its graph there would take the graphs to "
+                         f"{self.spent / MiB:.1f} MiB, past memory_budget_mib="
+                         f"{self.budget / MiB:g}")
+                continue
+            entry = LaneGraph(step, graph)
+            result = self._verify(lane, bucket, entry)
+            if result is not None and not result.passed:
+                self.log(f"warning: {name}: its graph there failed verification: "
+                         f"{'; '.join(result.failures)}")
+                continue
+            lane.graphs[bucket] = entry
+
+    def check_real(self, lanes: list[Lane], lane: Lane, state: BucketState) -> bool:
+        """The first real batch of a captured bucket on a lane, right after its replay: eager
+        on the same inputs (the lane's static outputs then hold eager's results). False when
+        they disagree and the bucket fell back to eager; with on_failure: error, raises."""
+        entry = lane.graphs[state.bucket]
+        entry.check_real = False
+        v = self.cap.verify
+        entry.verify.real_batch = result = verify_real_batch(
+            entry.step, lane.outputs.views(state.bucket), v.rtol, v.atol)
+        if not result.passed:
+            entry.verify.passed = False
+            self.fall_back(lanes, state, CaptureError(
+                "verification failed: " + "; ".join(result.failures), bucket=state.bucket.name,
+                remedies=["loosen capture.verify.rtol / atol if the differences are rounding",
+                          "set capture.on_failure: eager"]))
+        return result.passed
+
+    def fall_back(self, lanes: list[Lane], state: BucketState, err: CaptureError) -> None:
+        """capture.on_failure: stop with `err`, or run the bucket eagerly on every lane."""
+        if self.cap.on_failure == "error":
+            raise err
+        for lane in lanes:
+            if state.bucket in lane.graphs:
+                lane.graphs[state.bucket].to_eager()
+        state.status, state.reason = "eager", str(err)
+        self.log(f"warning: bucket {state.bucket.name} runs eagerly: {err}")
+
+
+def warm_up(step: Callable[[], None], iters: int, stream: torch.cuda.Stream | None) -> float:
+    """Eager runs before capture, on a side stream on CUDA so the capture stream starts clean."""
+    t0 = time.perf_counter()
+    if stream is None:
+        for _ in range(iters):
+            step()
+        return time.perf_counter() - t0
+    stream.wait_stream(torch.cuda.current_stream(stream.device))
+    with torch.cuda.stream(stream):
+        for _ in range(iters):
+            step()
+    torch.cuda.current_stream(stream.device).wait_stream(stream)
+    torch.cuda.synchronize(stream.device)
+    return time.perf_counter() - t0
+
+
+def peak_step_bytes(step: Callable[[], None], device: torch.device) -> int:
+    """Memory one eager run takes beyond what is allocated already: the bucket's pool estimate."""
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    step()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - base
+
+
+def capture_graph(step: Callable[[], None], bucket: Bucket, *, stream: torch.cuda.Stream,
+                  pool) -> tuple[torch.cuda.CUDAGraph, float, int]:
+    """Capture one run of `step`; return the graph, the seconds it took and the pool growth."""
+    device = stream.device
+    torch.cuda.synchronize(device)
+    # Reserved memory only grows by the segments this graph's private pool takes: the general
+    # pool's cached blocks are not usable inside a capture. (torch.cuda.graph would also empty
+    # the cache before every capture, which makes the next bucket's warm-up allocate afresh.)
+    before = torch.cuda.memory_reserved(device)
+    graph = torch.cuda.CUDAGraph()
+    t0 = time.perf_counter()
+    with torch.cuda.stream(stream):
+        graph.capture_begin(*(() if pool is None else (pool,)), capture_error_mode="global")
+        try:
+            step()
+        except GraphrunError:
+            _end_failed_capture(graph, device)
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure inside capture is explained
+            _end_failed_capture(graph, device)
+            raise explain_capture_failure(exc, bucket) from exc
+        try:
+            graph.capture_end()
+        except Exception as exc:  # noqa: BLE001 - e.g. an op the capture invalidated
+            _end_failed_capture(graph, device)
+            raise explain_capture_failure(exc, bucket) from exc
+    torch.cuda.synchronize(device)
+    return graph, time.perf_counter() - t0, torch.cuda.memory_reserved(device) - before
+
+
+def _end_failed_capture(graph: torch.cuda.CUDAGraph, device: torch.device) -> None:
+    """End a capture that failed (ending it raises: it was invalidated) and clear what a failed
+    capture leaves on the stream, so the next bucket, or eager, can run."""
+    try:
+        graph.capture_end()
+    except Exception:  # noqa: BLE001 - the original error is what the user needs to see
+        pass
+    _recover_after_failed_capture(device)
+
+
+def _recover_after_failed_capture(device: torch.device) -> None:
+    """A failed capture can leave a sticky error on the stream; clear what can be cleared."""
+    try:
+        torch.cuda.synchronize(device)
+    except Exception:  # noqa: BLE001 - the original error is what the user needs to see
+        pass
+
+
+REMEDIES = [
+    "remove host synchronisations from forward: .item(), .tolist(), .cpu(), .numpy(), print() "
+    "of a tensor, and Python `if` on a tensor's value (use torch.where instead)",
+    "create tensors on the model's device (device=x.device) or register constants as buffers; "
+    "a CPU tensor cannot take part in a graph",
+    "keep shapes static: no nonzero(), masked_select(), boolean-mask indexing or unique() "
+    "whose output size depends on the data",
+    "set capture.on_failure: eager to run this bucket eagerly (recorded in the manifest), or "
+    "capture.backend: eager to run every bucket eagerly",
+]
+
+
+def explain_capture_failure(exc: BaseException, bucket: Bucket) -> CaptureError:
+    """A capture error that names the bucket, the model line that failed and what to do.
+
+    If the error came with others chained to it (as __context__ or __cause__), the one raised
+    in the model's own code is the one that says what the model did: report that one.
+    """
+    chain = []
+    while exc is not None and exc not in chain:
+        chain.append(exc)
+        exc = exc.__context__ or exc.__cause__
+    where = next((w for w in map(_model_frame, chain) if w), None)
+    cause = next((e for e in chain if _model_frame(e)), chain[-1])
+    first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+    text = f"CUDA graph capture failed: {type(cause).__name__}: {first}"
+    if where:
+        text += f"\n  at {where}"
+    return CaptureError(text, bucket=bucket.name, remedies=REMEDIES)
+
+
+def model_failed(exc: BaseException, bucket: str, where: str, ids: list) -> ModelError:
+    """The model raised on a batch of the stream: name the batch (its first record's place in
+    the input, its ids), the bucket, and the model's own error line, without a traceback."""
+    chain = []
+    while exc is not None and exc not in chain:
+        chain.append(exc)
+        exc = exc.__context__ or exc.__cause__
+    at = next((w for w in map(_model_frame, chain) if w), None)
+    cause = next((e for e in chain if _model_frame(e)), chain[0])
+    first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+    shown = ", ".join(map(str, ids[:3])) + (f", ... {ids[-1]}" if len(ids) > 3 else "")
+    text = (f"the model raised on the batch of {len(ids)} records from {where} (ids {shown}) "
+            f"in bucket {bucket}: {type(cause).__name__}: {first}")
+    if at:
+        text += f"\n  at {at}"
+    return ModelError(text + "\n  the batches before it are committed: fix the model, then "
+                      "run again with --resume --accept-model-change to continue from this "
+                      "batch (--debug shows the traceback)")
+
+
+def _model_frame(exc: BaseException) -> str | None:
+    """The innermost frame outside torch and graphrun: the model's own line, where it failed."""
+    torch_dir = str(Path(torch.__file__).parent)
+    own_dir = str(Path(__file__).parents[1])
+    found = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if frame.filename.startswith((torch_dir, own_dir)) or frame.filename.startswith("<"):
+            continue
+        found = f"{frame.filename}:{frame.lineno} in {frame.name}: {(frame.line or '').strip()}"
+    return found

@@ -1,0 +1,140 @@
+"""run_batch's inputs, checked as the reader checks a file's records: names, one record count,
+rank, fixed sizes, integer data for integer inputs, `range` (an out-of-range index on the GPU
+kills the CUDA context) and `finite`.
+
+Dense torch tensors are kept as they are (on the host or the device), for a copy straight into
+the static buffers; anything else becomes numpy rows, the file path's form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..errors import InputError
+from ..spec import BATCH, FLOAT_DTYPES, InputSpec
+
+
+@dataclass
+class ApiBatch:
+    fields: dict  # name -> dense torch.Tensor [n, ...] (tensors) | np.ndarray | per-record list
+    n: int
+    lengths: dict[str, np.ndarray]  # per non-batch axis: each record's length
+    tensors: bool  # every input a dense torch tensor
+
+    def as_numpy(self) -> "ApiBatch":
+        """The same rows as numpy (the file path's form; bfloat16 as float32)."""
+        if not self.tensors:
+            return self
+        return ApiBatch({n: _to_numpy(t) for n, t in self.fields.items()}, self.n, self.lengths,
+                        False)
+
+
+def check_batch(inputs: dict, specs: dict[str, InputSpec], axes: tuple[str, ...]) -> ApiBatch:
+    """inputs: name -> dense array/tensor [n, ...] or n per-record arrays."""
+    if len(inputs) != len(specs) or not all(name in inputs for name in specs):
+        missing, extra = set(specs) - set(inputs), set(inputs) - set(specs)
+        raise InputError(f"run_batch expects inputs {list(specs)}; missing {sorted(missing)}, "
+                         f"unknown {sorted(extra)}")
+    tensors = all(isinstance(v, torch.Tensor) for v in inputs.values())
+    if tensors:
+        return _check_tensors(inputs, specs, axes)
+    fields, counts = {}, {}
+    lengths: dict[str, list[int]] = {a: [] for a in axes[1:]}
+    for name, spec in specs.items():
+        value = inputs[name]
+        if isinstance(value, torch.Tensor):
+            value = value.detach() if tensors else _to_numpy(value)
+        elif not isinstance(value, np.ndarray):
+            value = [np.asarray(r) for r in value]
+        dense = not isinstance(value, list)
+        n = len(value)
+        for i, shape in enumerate([tuple(value.shape[1:])] if dense else
+                                  [np.shape(r) for r in value]):
+            _check_shape(name, spec, shape, i if not dense else None)
+        for i, dim in enumerate(spec.shape[1:]):
+            if isinstance(dim, str) and dim != BATCH and not lengths[dim]:
+                lengths[dim] = ([value.shape[i + 1]] * n if dense
+                                else [np.shape(r)[i] for r in value])
+        _check_values(name, spec, value)
+        fields[name], counts[name] = value, n
+    if len(set(counts.values())) != 1:
+        raise InputError(f"run_batch inputs disagree on the number of records: {counts}")
+    return ApiBatch(fields, next(iter(counts.values())),
+                    {a: np.asarray(v, dtype=np.int64) for a, v in lengths.items()}, tensors)
+
+
+def _check_tensors(inputs: dict, specs: dict[str, InputSpec], axes: tuple[str, ...]) -> ApiBatch:
+    """check_batch for dense tensors, kept short: run_batch's fast path goes through it."""
+    fields, counts, lengths = {}, {}, {}
+    for name, spec in specs.items():
+        t = inputs[name]
+        if t.requires_grad:
+            t = t.detach()
+        if t.dim() == 0:
+            raise InputError(f"input {name!r} is a scalar; pass a batch of shape "
+                             f"{_dims(spec.shape)}")
+        _check_shape(name, spec, tuple(t.shape[1:]), None)
+        if spec.finite or spec.range is not None or (
+                spec.dtype not in FLOAT_DTYPES and t.is_floating_point()):
+            _check_values(name, spec, t)
+        for i, dim in enumerate(spec.shape[1:], start=1):
+            if isinstance(dim, str) and dim not in lengths:
+                lengths[dim] = np.full(len(t), t.shape[i], dtype=np.int64)
+        fields[name], counts[name] = t, len(t)
+    if len(set(counts.values())) != 1:
+        raise InputError(f"run_batch inputs disagree on the number of records: {counts}")
+    return ApiBatch(fields, counts[name], {a: lengths.get(a, np.zeros(0, np.int64))
+                                           for a in axes[1:]}, True)
+
+
+def _check_shape(name: str, spec: InputSpec, shape: tuple, record: int | None) -> None:
+    """A record's shape (without the batch axis) against the spec's: rank and fixed sizes."""
+    want = spec.shape[1:]
+    if len(shape) == len(want) and all(isinstance(w, str) or s == w
+                                       for s, w in zip(shape, want)):
+        return
+    what = "each record" if record is None else f"record {record}"
+    raise InputError(f"input {name!r}: {what} has shape {_dims(shape)}, expected "
+                     f"{_dims(want)} (inputs.{name}.shape {_dims(spec.shape)} without its "
+                     "batch axis); pass rows of that shape")
+
+
+def _dims(dims) -> str:
+    return "[" + ", ".join(str(d) for d in dims) + "]"
+
+
+def _check_values(name: str, spec: InputSpec, value) -> None:
+    if isinstance(value, list):
+        if not value:
+            return
+        value = np.concatenate([np.ravel(r) for r in value])
+    if value.numel() == 0 if isinstance(value, torch.Tensor) else value.size == 0:
+        return
+    is_float = (value.is_floating_point() if isinstance(value, torch.Tensor)
+                else value.dtype.kind == "f")
+    if is_float and spec.dtype not in FLOAT_DTYPES:
+        raise InputError(f"input {name!r} holds floats, but inputs.{name}.dtype is {spec.dtype}; "
+                         "pass integers")
+    if spec.finite and is_float:
+        finite = (bool(torch.isfinite(value).all()) if isinstance(value, torch.Tensor)
+                  else bool(np.isfinite(value).all()))
+        if not finite:
+            raise InputError(f"input {name!r} holds NaN or Inf (inputs.{name}.finite is true)")
+    if spec.range is not None:
+        lo, hi = spec.range
+        if isinstance(value, torch.Tensor):
+            # one transfer of both values: on the device, one wait for them
+            low, high = torch.stack(torch.aminmax(value)).tolist()
+        else:
+            low, high = value.min(), value.max()
+        if low < lo or high >= hi:
+            raise InputError(f"input {name!r} holds values outside its range [{lo:g}, "
+                             f"{hi:g}) (min {low}, max {high})")
+
+
+def _to_numpy(t: torch.Tensor) -> np.ndarray:
+    t = t.detach().cpu()
+    return t.float().numpy() if t.dtype == torch.bfloat16 else t.numpy()

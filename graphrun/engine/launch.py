@@ -1,0 +1,226 @@
+"""Launch: a staged batch enqueued on a lane; a typed handle whose result() waits and cuts.
+
+A batch of the overlapped stream goes: pad into a host slot's pinned staging views (stage) ->
+h2d on the copy-in stream into the lane's static input views -> replay on the compute stream ->
+d2h on the copy-out stream into the slot's pinned output views -> Launch.result(), on another
+thread, waits for the batch's last event and cuts the real rows out. Nothing waits in launch():
+the copy-in stream waits for the lane's `free` event (its previous batch copied out), the
+compute stream for the copy-in, the copy-out stream for the replay. With two lanes the compute
+stream runs nothing but replays: one lane's copies run beside the other lane's replay.
+On the CPU the same steps run one after another, timed with host clocks. run_batch takes a
+shorter way, on one stream (direct.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..buckets import Bucket, cut_rows, pad_into
+from ..errors import InputError
+from .buffers import BufferSet
+from .lanes import Lane
+from .timing import BatchTimer, Marks, sampled
+
+
+class SlotCopies:
+    """One slot's copies for one bucket on one lane, as (destination, source) pairs built once,
+    so the hot path only copies: h2d (pinned host staging -> the lane's static input views) and
+    d2h (the lane's static output views -> pinned host)."""
+
+    __slots__ = ("h2d", "d2h")
+
+    def __init__(self, h2d: list, d2h: list):
+        self.h2d, self.d2h = h2d, d2h
+
+
+class HostSlot:
+    """One batch in flight: host staging buffers for inputs and outputs (pinned on a GPU), in
+    the static buffers' dtypes, so that every copy is a plain one."""
+
+    def __init__(self, inputs: BufferSet, outputs: BufferSet):
+        self.inputs, self.outputs = inputs, outputs
+        self._copies: dict[tuple[Bucket, int], SlotCopies] = {}
+
+    def copies(self, bucket: Bucket, lane: Lane) -> SlotCopies:
+        """The copies between this slot and `lane`'s static buffers for `bucket`."""
+        key = (bucket, lane.index)
+        c = self._copies.get(key)
+        if c is None:
+            host_in, host_out = self.inputs.views(bucket), self.outputs.views(bucket)
+            s_in, s_out = lane.inputs.views(bucket), lane.outputs.views(bucket)
+            c = self._copies[key] = SlotCopies([(s_in[n], host_in[n]) for n in s_in],
+                                               [(host_out[n], s_out[n]) for n in s_out])
+        return c
+
+    @property
+    def nbytes(self) -> int:
+        return self.inputs.nbytes + self.outputs.nbytes
+
+
+@dataclass(eq=False, slots=True)
+class Launch:
+    """A launched batch: its n real rows of `bucket` in host slot `slot`, on `lane`."""
+
+    bucket: Bucket
+    slot: int
+    lane: int
+    n: int
+    lengths: dict
+    marks: Marks
+    launcher: "Launcher"
+
+    def wait(self) -> dict[str, float]:
+        """Wait for the batch on the device; its phase times in microseconds."""
+        return self.launcher.timer.finish(self.marks)
+
+    def result(self) -> tuple[dict, dict[str, float]]:
+        """Wait; the real rows of every output (fresh arrays, cut to each record's length,
+        bfloat16 as float32) and the phase times. The slot is free again after it."""
+        times = self.wait()
+        return self.launcher.cut(self), times
+
+
+class Launcher:
+    """Host slots, copy streams and phase timers; stage() and launch() a batch on a lane."""
+
+    def __init__(self, runner, slot_layout: tuple):
+        self.runner = runner
+        self.cuda = runner.cuda
+        self.timer = BatchTimer(runner.device)
+        # copies run on their own streams, beside the replays on the compute stream
+        self.copy_streams = ((torch.cuda.Stream(runner.device), torch.cuda.Stream(runner.device))
+                             if self.cuda else None)
+        self._slot_layout = slot_layout  # (in dims, in dtypes, out dims, out dtypes)
+        self.slots: list[HostSlot] = []
+        self._turn = 0  # batches take the lanes that hold their bucket's graph in turn
+        self._lanes_of: dict[Bucket, list[Lane]] = {}  # cleared when a lane is added
+        self.add_slots(1)
+
+    def lanes_changed(self) -> None:
+        self._lanes_of.clear()
+
+    def add_slots(self, count: int) -> None:
+        in_dims, in_dtypes, out_dims, out_dtypes = self._slot_layout
+        largest, cpu = self.runner.table.all[0], torch.device("cpu")
+        while len(self.slots) < count:
+            self.slots.append(HostSlot(
+                BufferSet(in_dims, in_dtypes, largest, cpu, pin=self.cuda),
+                BufferSet(out_dims, out_dtypes, largest, cpu, pin=self.cuda)))
+
+    def stage(self, fields: dict, n: int, lengths: dict[str, np.ndarray], slot: int) -> Bucket:
+        """Pick the bucket for n real rows and pad them into host slot `slot`'s staging views."""
+        want = {a: int(v.max()) if len(v) else 1 for a, v in lengths.items()}
+        bucket = self.runner.table.pick(n, want)
+        if bucket is None:
+            raise InputError(f"no bucket covers {n} records with lengths {want}")
+        staging, specs = self.slots[slot].inputs, self.runner.spec.inputs
+        for name, rows in fields.items():
+            pad_into(staging.numpy_view(name, bucket), rows, specs[name].pad)
+        return bucket
+
+    def pick_lane(self, bucket: Bucket) -> Lane:
+        lanes = self._lanes_of.get(bucket)
+        if lanes is None:
+            lanes = self._lanes_of[bucket] = [lane for lane in self.runner.lanes
+                                              if bucket in lane.graphs]
+        lane = lanes[self._turn % len(lanes)]
+        self._turn += 1
+        return lane
+
+    def launch(self, bucket: Bucket, slot: int, n: int, lengths: dict, *,
+               timed: bool | None = None, stream=None) -> Launch:
+        """Enqueue a staged batch; nothing waits here. The slot must be free (its last batch's
+        result taken). stream: the compute stream, this thread's current one, with the
+        runner's device current (Runner.device_context); timed: per-phase events, None for a
+        sample of the bucket's batches (timing.sampled)."""
+        state = self.runner.states[bucket]
+        lane = self.pick_lane(bucket)
+        entry = lane.graphs[bucket]
+        copies = self.slots[slot].copies(bucket, lane)
+        if timed is None:
+            timed = sampled(state.launches)
+            state.launches += 1
+        # events are reused per (slot, lane): a lane's free event is re-recorded only by its
+        # next batch, after that batch waited on it
+        marks = self.timer.start((slot, lane.index), timed=timed)
+        if self.cuda:
+            self._enqueue(lane, entry, state, copies, marks, timed, stream)
+        else:
+            self._run_here(lane, entry, state, copies, marks, timed)
+        return Launch(bucket, slot, lane.index, n, lengths, marks, self)
+
+    def _run_here(self, lane, entry, state, copies, marks, timed) -> None:
+        """The CPU: the same steps one after another, host clocks."""
+        record = self.timer.record
+        t0 = record(marks, "start")
+        for dst, src in copies.h2d:
+            dst.copy_(src)
+        t1 = record(marks, "h2d")
+        entry.run()
+        t2 = after = record(marks, "replay")
+        if entry.check_real:  # the check's time is not the replay's
+            self.runner.check_real(lane, state)
+            after = record(marks, "checked")
+        for dst, src in copies.d2h:
+            dst.copy_(src)
+        if timed:
+            marks.spans = {"h2d": (t0, t1), "replay": (t1, t2),
+                           "d2h": (after, record(marks, "d2h"))}
+
+    def _enqueue(self, lane, entry, state, copies, marks, timed, stream) -> None:
+        """The GPU: as few CUDA calls as the copies need; each one lets another thread take
+        the GIL, which this one must then wait for."""
+        record, set_stream = self.timer.record, torch.cuda.set_stream
+        copy_in, copy_out = self.copy_streams
+        try:
+            set_stream(copy_in)
+            if lane.free is not None:
+                copy_in.wait_event(lane.free)
+            h0 = record(marks, "h2d<", copy_in) if timed else None
+            for dst, src in copies.h2d:
+                dst.copy_(src, non_blocking=True)
+            h1 = record(marks, "h2d", copy_in)
+            set_stream(stream)
+            stream.wait_event(h1)
+            r0 = record(marks, "replay<", stream) if timed else None
+            entry.run()
+            r1 = after = record(marks, "replay", stream)
+            if entry.check_real:
+                # the lane's first real batch, checked against eager: the static outputs then
+                # hold eager's, copied out after the check (its time is not the replay's)
+                self.runner.check_real(lane, state)
+                after = record(marks, "checked", stream)
+            set_stream(copy_out)
+            copy_out.wait_event(after)
+            for dst, src in copies.d2h:
+                dst.copy_(src, non_blocking=True)
+            d1 = lane.free = record(marks, "d2h", copy_out)
+        finally:
+            set_stream(stream)
+        if timed:
+            marks.spans = {"h2d": (h0, h1), "replay": (r0, r1), "d2h": (after, d1)}
+
+    def cut(self, launch: Launch) -> dict:
+        """The real rows of a finished launch, as fresh numpy arrays; counts it."""
+        host, n, bucket = self.slots[launch.slot].outputs, launch.n, launch.bucket
+        outs = {name: cut_rows(real_rows(host, name, bucket, n), dims, launch.lengths)
+                for name, dims in self.runner.layout.out_dims.items()}
+        self.runner.count(bucket, n)
+        return outs
+
+
+def real_rows(host: BufferSet, name: str, bucket: Bucket, n: int) -> np.ndarray:
+    """The first n rows of a host output view as a new numpy array (bfloat16 -> float32)."""
+    view = host.view(name, bucket)
+    if view.dtype == torch.bfloat16:
+        return view[:n].float().numpy()
+    return host.numpy_view(name, bucket)[:n].copy()
+
+
+def fresh_rows(host: torch.Tensor, n: int) -> np.ndarray:
+    """The first n rows of a host tensor as a new numpy array (bfloat16 -> float32)."""
+    rows = host[:n]
+    return rows.float().numpy() if rows.dtype == torch.bfloat16 else rows.numpy().copy()

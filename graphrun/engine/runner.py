@@ -1,0 +1,294 @@
+"""Runner: the model, its lanes (static buffers and one captured graph per bucket), ready to run.
+
+    with graphrun.Runner(spec) as runner:
+        out = runner.run_batch({"tokens": t, "positions": p})   # real rows in, real rows out
+
+Setup follows the flow: model -> static buffers (lanes.py) -> capture and verify per bucket,
+largest first (capture.py). A batch then runs one of two ways: run_batch, one synchronous call
+on the caller's stream (direct.py), or, for the file's stream (feed.py), stage ->
+launch -> Launch.result() on host slots and copy streams (launch.py).
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+
+from ..buckets import Bucket, BucketTable, cut_rows, pad_into, split_sizes
+from ..device import resolve_backend, resolve_device
+from ..errors import InputError
+from ..manifest import BucketReport, LaneReport
+from ..models.load import (build_model, call_model, compile_model, first_call,
+                           model_input_dtypes, name_outputs, unlisted_outputs)
+from ..spec import BATCH, PipelineSpec
+from .buffers import TORCH_DTYPES, host_dtype
+from .capture import BucketState, Capturer
+from .direct import Direct
+from .inputs import check_batch
+from .lanes import Lane, Layout
+from .launch import Launch, Launcher, fresh_rows
+from .timing import median_us
+from .verify import fill_synthetic
+
+
+class Runner:
+    def __init__(self, spec: PipelineSpec, *, log=None):
+        self.spec = spec
+        self.log = log or (lambda msg: None)
+        self.device = resolve_device(spec.device)
+        self.backend = resolve_backend(spec.capture.backend, self.device)
+        self.cuda = self.device.type == "cuda"
+        self.table = BucketTable(spec)
+        self.states: dict[Bucket, BucketState] = {b: BucketState(b) for b in self.table.all}
+        t0 = time.perf_counter()
+        with self._device_ctx():
+            with torch.inference_mode():
+                self.model = build_model(spec, self.device, spec.base_dir)
+            if spec.model.compile:
+                self.model = compile_model(self.model, len(self.table.all))
+            # Buffers are made outside inference mode: they are written in place per batch.
+            self.layout = self._layout()
+            self.lanes: list[Lane] = [self._new_lane(0)]
+            self.capturer = Capturer(self.model, spec, self.device, self.backend, self.layout,
+                                     self.log)
+            self.capturer.first_lane(self.lanes[0], self.states, self.table)
+            lay = self.layout
+            self.launcher = Launcher(self, (lay.in_dims, lay.in_dtypes, lay.out_dims,
+                                            lay.out_dtypes))
+            self.direct = Direct(self, self.launcher)
+        self.setup_s = time.perf_counter() - t0
+
+    # -- setup ---------------------------------------------------------------------------------
+
+    def _device_ctx(self):
+        """A device context only where another device is current (a multi-GPU process)."""
+        if self.cuda and torch.cuda.current_device() != self.device.index:
+            return torch.cuda.device(self.device)
+        return nullcontext()
+
+    def _layout(self) -> Layout:
+        """The static buffers' names, shapes and dtypes; the outputs' dtypes from one probe run
+        on seeded sample inputs of the largest bucket."""
+        largest, specs = self.table.all[0], self.spec.inputs
+        in_dims = {n: i.shape for n, i in specs.items()}
+        spec_dtypes = {n: TORCH_DTYPES[i.dtype] for n, i in specs.items()}
+        model_dtypes = model_input_dtypes(self.spec)  # floating inputs in model.dtype
+        sample = {n: torch.empty(largest.shape(d), dtype=host_dtype(spec_dtypes[n]),
+                                 device=self.device) for n, d in in_dims.items()}
+        fill_synthetic(sample, specs, torch.Generator().manual_seed(0))
+        probe = self._probe(largest, {n: t.to(model_dtypes[n]) for n, t in sample.items()})
+        out_dtypes = {n: TORCH_DTYPES[o.dtype] if o.dtype else probe[n].dtype
+                      for n, o in self.spec.outputs.items()}
+        return Layout.of(in_dims, spec_dtypes, model_dtypes,
+                         {n: o.shape for n, o in self.spec.outputs.items()}, out_dtypes)
+
+    def _probe(self, bucket: Bucket, inputs: dict[str, torch.Tensor]) -> dict:
+        """The model's first call. Failing here is nearly always the spec and the model
+        disagreeing: first_call says so, with what was passed."""
+        names = list(self.spec.outputs)
+        ret = first_call(self.model, inputs, self.spec.model.call, f"bucket {bucket.name}")
+        extra = unlisted_outputs(ret, names)
+        if extra:
+            self.log(f"warning: the model also returns {', '.join(extra)}, which outputs does "
+                     "not list: not written; list it under outputs to keep it")
+        return name_outputs(ret, names)
+
+    def _new_lane(self, index: int) -> Lane:
+        return Lane(index, self.layout, self.table.all[0], self.device, self.spec.inputs)
+
+    def host_slots(self, count: int) -> int:
+        """At least `count` host slots (pinned staging, one per batch in flight); returns how
+        many. With two or more the captured buckets get a second lane."""
+        self.launcher.add_slots(count)
+        if count >= 2 and len(self.lanes) == 1 and self.backend == "cuda-graph":
+            t0 = time.perf_counter()
+            lane = self._new_lane(len(self.lanes))
+            self.lanes.append(lane)
+            with self._device_ctx(), torch.inference_mode():
+                self.capturer.another_lane(lane, self.states)
+            self.launcher.lanes_changed()
+            self.setup_s += time.perf_counter() - t0
+        return len(self.launcher.slots)
+
+    @property
+    def slot_bytes(self) -> int:
+        """Host bytes of one slot."""
+        return self.launcher.slots[0].nbytes
+
+    def measure_baseline(self, iters: int = 20) -> None:
+        """report.baseline: eager, median eager step and median replay of each bucket, timed
+        side by side on the same inputs (CUDA events on the GPU, host clocks on the CPU)."""
+        lane = self.lanes[0]
+        with self._device_ctx(), torch.inference_mode():
+            for bucket, state in self.states.items():
+                entry = lane.graphs.get(bucket)
+                if entry is None:
+                    continue
+                fill_synthetic(lane.inputs.views(bucket), self.spec.inputs,
+                               torch.Generator().manual_seed(bucket.volume))
+                state.eager_us = median_us(self.launcher.timer, entry.step, iters)
+                state.replay_us = median_us(self.launcher.timer, entry.run, iters)
+
+    # -- the feed's surface (feed.Engine) --------------------------------------------------------
+
+    @property
+    def max_batch(self) -> int:
+        return self.table.max_batch
+
+    def stage(self, fields: dict, n: int, lengths: dict[str, np.ndarray], slot: int) -> Bucket:
+        return self.launcher.stage(fields, n, lengths, slot)
+
+    def launch(self, bucket: Bucket, slot: int, n: int, lengths: dict, *, timed=None,
+               stream=None) -> Launch:
+        if self.cuda and stream is None:
+            with self._device_ctx():
+                return self.launcher.launch(bucket, slot, n, lengths, timed=timed,
+                                            stream=torch.cuda.current_stream())
+        return self.launcher.launch(bucket, slot, n, lengths, timed=timed, stream=stream)
+
+    def current_stream(self):
+        """The stream launches go to from this thread (None on the CPU)."""
+        if not self.cuda:
+            return None
+        with self._device_ctx():
+            return torch.cuda.current_stream()
+
+    def device_context(self):
+        """The runner's device made current for a stream of launches (a no-op on the CPU)."""
+        return self._device_ctx()
+
+    def check_real(self, lane: Lane, state: BucketState) -> bool:
+        return self.capturer.check_real(self.lanes, lane, state)
+
+    def count(self, bucket: Bucket, n: int) -> None:
+        stats = self.states[bucket].stats
+        stats["batches"] += 1
+        stats["records"] += n
+        stats["padded_rows"] += bucket.batch - n
+
+    # -- running batches -----------------------------------------------------------------------
+
+    def run_batch(self, inputs: dict, *, device: bool = False) -> dict:
+        """The Python API: real rows in (per input a dense array or tensor [n, ...], or a list
+        of per-record arrays), real rows out, cut to each record's length.
+
+        Dense torch tensors in (host or device): torch tensors out in the model's dtype, on
+        the host (pinned on a GPU), or with device=True on the runner's device (ordered on the
+        current stream, not waited for). Otherwise numpy out (bfloat16 as float32). Inputs are
+        checked as a file's records are (rank, fixed sizes, integer data, range, finite)."""
+        batch = check_batch(inputs, self.spec.inputs, self.table.axes)
+        if batch.n > self.table.max_batch:
+            return self._run_oversize(batch, device)
+        with self._device_ctx():
+            if batch.tensors:
+                return self.direct.tensors(batch, device=device)
+            return self.direct.arrays(batch)
+
+    def _run_oversize(self, batch, device: bool) -> dict:
+        """More records than the largest batch bucket: data.oversize decides."""
+        if not batch.tensors or self.spec.data.oversize != "split":
+            outs = self.run_rows(batch.as_numpy().fields, batch.n, batch.lengths)[0]
+            return outs if not batch.tensors else {
+                k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
+                for k, v in outs.items()}
+        parts, start = [], 0
+        for size in split_sizes(batch.n, self.table.max_batch):
+            sl = slice(start, start + size)
+            parts.append(self.run_batch({k: v[sl] for k, v in batch.fields.items()},
+                                        device=device))
+            start += size
+        return {name: torch.cat([p[name] for p in parts]) for name in self.spec.outputs}
+
+    def run_padded(self, fields: dict, n: int, lengths: dict[str, np.ndarray], *,
+                   timed: bool = True):
+        """Real rows (n of them) through the right bucket on slot 0, waited for:
+        (outputs, bucket, timings)."""
+        bucket = self.stage(fields, n, lengths, 0)
+        outs, times = self.launch(bucket, 0, n, lengths, timed=timed).result()
+        return outs, bucket, times
+
+    def run_rows(self, fields: dict, n: int, lengths: dict[str, np.ndarray]):
+        """n real rows, any n: through one bucket, or per data.oversize when n is larger than
+        every batch bucket. Returns (outputs, [(bucket or None, phase times)])."""
+        largest = self.table.max_batch
+        if n <= largest:
+            outs, bucket, times = self.run_padded(fields, n, lengths)
+            return outs, [(bucket, times)]
+        oversize = self.spec.data.oversize
+        if oversize == "error":
+            raise InputError(f"a batch of {n} records is larger than the largest batch bucket "
+                             f"({largest}): add a bucket or set data.oversize: split")
+        if oversize == "eager":
+            t0 = time.perf_counter()
+            outs = self.run_unbucketed(fields, n, lengths)
+            return outs, [(None, {"e2e": (time.perf_counter() - t0) * 1e6})]
+        parts, ran, start = [], [], 0
+        for size in split_sizes(n, largest):
+            sl = slice(start, start + size)
+            outs, bucket, times = self.run_padded({k: v[sl] for k, v in fields.items()}, size,
+                                                  {a: v[sl] for a, v in lengths.items()})
+            parts.append(outs)
+            ran.append((bucket, times))
+            start += size
+        return {name: _concat([p[name] for p in parts]) for name in self.spec.outputs}, ran
+
+    def run_unbucketed(self, fields: dict, n: int, lengths: dict[str, np.ndarray]):
+        """oversize: eager - the model called directly at the batch's own padded size."""
+        sizes = {BATCH: n, **{a: int(v.max()) for a, v in lengths.items()}}
+        lay = self.layout
+        with self._device_ctx(), torch.inference_mode():
+            tensors = {}
+            for name, spec in self.spec.inputs.items():
+                shape = tuple(sizes[d] if isinstance(d, str) else d for d in spec.shape)
+                host = torch.empty(shape, dtype=lay.in_dtypes[name]).numpy()
+                pad_into(host, fields[name], spec.pad)
+                tensors[name] = torch.from_numpy(host).to(self.device, lay.model_dtypes[name])
+            got = name_outputs(call_model(self.model, tensors, self.spec.model.call),
+                               list(lay.out_dims))
+            return {name: cut_rows(fresh_rows(got[name].to(lay.out_dtypes[name]).cpu(), n),
+                                   lay.out_dims[name], lengths) for name in lay.out_dims}
+
+    # -- what it did, for the manifest ---------------------------------------------------------
+
+    def bucket_reports(self) -> list[BucketReport]:
+        """Per bucket: status, costs, counts and each lane's verification; latency_us is the
+        caller's (it holds the batches' timings)."""
+        reports = []
+        for bucket, s in self.states.items():
+            lanes = [LaneReport(verify=lane.graphs[bucket].verify)
+                     for lane in self.lanes if bucket in lane.graphs]
+            reports.append(BucketReport(
+                name=bucket.name, sizes=dict(zip(bucket.axes, bucket.sizes)),
+                status=s.status if s.status != "pending" else "skipped", reason=s.reason,
+                warmup_s=s.warmup_s, capture_s=s.capture_s, memory_bytes=s.memory_bytes,
+                lanes=lanes, eager_us=s.eager_us, replay_us=s.replay_us,
+                speedup=s.eager_us / s.replay_us if s.eager_us and s.replay_us else None,
+                **s.stats))
+        return reports
+
+    # -- lifetime ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self.cuda:  # nothing of any stream may still use a buffer freed below
+            torch.cuda.synchronize(self.device)
+        for lane in self.lanes:
+            lane.drop()
+        self.direct = self.launcher = None  # their views and slots hold the buffers
+        self.capturer.pool = None
+        if self.cuda:
+            torch.cuda.empty_cache()
+
+    def __enter__(self) -> "Runner":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _concat(parts: list) -> np.ndarray | list:
+    if isinstance(parts[0], np.ndarray):
+        return np.concatenate(parts)
+    return [row for p in parts for row in p]

@@ -1,0 +1,99 @@
+"""graphrun bench: every bucket in every mode, bench.json against its schema, the CPU note."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+import graphrun
+from graphrun.bench import SCHEMA, bench, schema_text, synthetic_batch
+from graphrun.cli import main
+
+
+def test_the_checked_in_schema_is_current():
+    assert SCHEMA.read_text() == schema_text(), (
+        "stale: python3 -c 'from graphrun.bench import *; SCHEMA.write_text(schema_text())'")
+
+
+def test_synthetic_batches_fill_the_bucket_within_ranges(write_spec):
+    spec = graphrun.load_spec(write_spec())
+    spec = spec.model_copy(update={"inputs": {"x": spec.inputs["x"].model_copy(
+        update={"dtype": "int64", "range": (3, 7)})}})
+    a, b = (synthetic_batch(spec, {"batch": 4}, seed)["x"] for seed in (0, 1))
+    assert a.shape == (4, 4) and a.dtype == np.int64 and a.min() >= 3 and a.max() < 7
+    assert not np.array_equal(a, b)  # distinct inputs per seed
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU's eager-only bench")
+def test_cli_bench_on_the_cpu_times_every_bucket_eagerly_and_says_so(write_spec, tmp_path):
+    spec = write_spec()
+    result = CliRunner().invoke(main, ["bench", str(spec), "--iters", "3", "--warmup", "1",
+                                       "--out", str(tmp_path / "b")])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((tmp_path / "b" / "bench.json").read_text())
+    jsonschema.validate(doc, json.loads(SCHEMA.read_text()))
+    assert [b["name"] for b in doc["buckets"]] == ["batch=1", "batch=2", "batch=4"]
+    for b in doc["buckets"]:
+        (mode,) = b["modes"]
+        assert mode["mode"] == "eager" and mode["speedup"] == 1.0 and mode["verify"] is True
+        assert 0 < mode["latency_us"]["p50"] <= mode["latency_us"]["p99"]
+    assert "graph replay not measured" in doc["notes"][0]
+    assert "note: no CUDA device" in result.output and "batch=4" in result.output
+    assert not list((tmp_path / "b").glob("part-*"))  # no output shards
+
+
+@pytest.mark.cuda
+def test_bench_on_the_gpu_times_graph_replay_with_capture_costs(write_spec):
+    spec = graphrun.load_spec(write_spec(), ["device=cuda"])
+    result = bench(spec, iters=20, warmup=3, compile=True, log=lambda m: None)
+    for b in result.buckets:
+        modes = {m.mode: m for m in b.modes}
+        assert set(modes) == {"eager", "graph", "compile", "reduce-overhead"}
+        assert modes["graph"].backend == "cuda-graph" and modes["graph"].verify is True
+        assert modes["graph"].capture_s > 0 and modes["graph"].memory_bytes is not None
+        assert modes["graph"].speedup > 0
+
+
+def test_real_records_are_cut_or_padded_to_the_bucket(tmp_path):
+    from graphrun.bench import real_batch, real_records
+    from tests.test_plan import write_encoder
+
+    spec = graphrun.load_spec(write_encoder(tmp_path, [3, 20, 5]))
+    records = real_records(spec, 2)
+    assert [len(r) for r in records["tokens"]] == [3, 20]  # the first 2 only
+    batch = real_batch(spec, records, {"batch": 4, "seq": 8}, first=1)
+    mask = batch["mask"]
+    assert mask.shape == (4, 8) and batch["tokens"].dtype == np.int64
+    # rows: records 1 (cut to 8), 0 (padded with 0 after 3), 1, 0
+    assert mask.sum(axis=1).tolist() == [8, 3, 8, 3]
+    assert batch["tokens"][1, :3].tolist() == [0, 0, 0] and batch["tokens"][0, 0] == 1
+
+
+def test_cli_bench_with_real_records(write_spec, tmp_path):
+    result = CliRunner().invoke(main, ["bench", str(write_spec()), "--iters", "2", "--records",
+                                       "5", "--out", str(tmp_path / "b")])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((tmp_path / "b" / "bench.json").read_text())
+    assert doc["inputs"] == "the first 5 real records" and len(doc["buckets"]) == 3
+
+
+def test_a_failing_mode_is_a_note_not_the_end(write_spec, monkeypatch):
+    import graphrun.bench as b
+
+    real = b.bench_graphrun
+
+    def failing(spec, mode, *args):
+        if mode == "compile":
+            raise RuntimeError("inductor exploded\nmore lines")
+        return real(spec, mode, *args)
+
+    monkeypatch.setattr(b, "bench_graphrun", failing)
+    result = bench(graphrun.load_spec(write_spec()), iters=2, warmup=0, compile=True,
+                   log=lambda m: None)
+    assert "compile failed: RuntimeError: inductor exploded" in result.notes
+    assert all([m.mode for m in bk.modes] == ["eager"] for bk in result.buckets)

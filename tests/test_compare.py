@@ -1,0 +1,100 @@
+"""graphrun compare: spec difference, per-bucket ratios, totals, outputs by sha256 or values."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+import graphrun
+from graphrun.cli import main
+from graphrun.compare import compare, spec_diff
+
+
+def run_into(spec_path, out, *overrides):
+    graphrun.run(graphrun.load_spec(spec_path, list(overrides)), out=out)
+    return out
+
+
+def test_spec_diff_gives_key_paths_and_missing_keys():
+    a = {"capture": {"warmup_iters": 3, "pool": "shared"}, "buckets": {"batch": [1, 2]}}
+    b = {"capture": {"warmup_iters": 5, "pool": "shared"}, "buckets": {"batch": [1, 2]},
+         "extra": 1}
+    assert spec_diff(a, b) == [("capture.warmup_iters", 3, 5), ("extra", None, 1)]
+
+
+def test_same_spec_twice_is_identical_by_sha256(write_spec, tmp_path):
+    spec = write_spec()
+    a = run_into(spec, tmp_path / "a")
+    b = run_into(spec, tmp_path / "b")
+    result = compare(a, b)
+    assert result["spec_diff"] == []
+    assert result["outputs"]["equal"] and result["outputs"]["how"] == "sha256"
+    assert {r["bucket"] for r in result["buckets"]} == {"batch=4", "batch=2"}  # 10 = 4+4+2
+    ratio = next(r for r in result["totals"] if r["total"] == "records_out")["ratio"]
+    assert ratio == 1.0
+
+
+def test_other_format_compares_values_and_finds_a_changed_value(write_spec, tmp_path):
+    spec = write_spec()
+    a = run_into(spec, tmp_path / "a")
+    b = run_into(spec, tmp_path / "b", "output.format=jsonl", "capture.warmup_iters=2")
+    result = compare(a, b)
+    assert [d["key"] for d in result["spec_diff"]] == ["capture.warmup_iters", "output.format"]
+    out = result["outputs"]
+    assert out["how"] == "values" and out["equal"] and out["common"] == 10
+    assert out["max_abs_diff"] == {"scores": 0.0}
+    # change one value of one record in B: found, with the size of the change
+    shard = b / "part-00000.jsonl"
+    lines = shard.read_text().splitlines()
+    rec = json.loads(lines[3])
+    rec["scores"][1] += 0.5
+    lines[3] = json.dumps(rec)
+    shard.write_text("\n".join(lines[:-1]) + "\n")  # and B loses its last record
+    out = compare(a, b)["outputs"]
+    assert not out["equal"] and out["within_tolerance"] is False
+    assert abs(out["max_abs_diff"]["scores"] - 0.5) < 1e-6
+    assert out["common"] == 9 and out["only_a"] == 1
+
+
+def test_cli_prints_the_tables_and_a_missing_run_is_one_message(write_spec, tmp_path):
+    spec = write_spec()
+    a = run_into(spec, tmp_path / "a")
+    b = run_into(spec, tmp_path / "b", "buckets.batch=[4]")
+    result = CliRunner().invoke(main, ["compare", str(a), str(b)])
+    assert result.exit_code == 0, result.output
+    assert "buckets.batch" in result.output and "B/A p50" in result.output
+    assert "outputs: " in result.output
+    result = CliRunner().invoke(main, ["compare", str(a), str(tmp_path / "nope")])
+    assert result.exit_code == 2 and "no manifest.json" in result.output
+    assert "Traceback" not in result.output
+    result = CliRunner().invoke(main, ["compare", str(a), str(b), "--json"])
+    assert json.loads(result.output)["spec_diff"][0]["key"] == "buckets.batch"
+
+
+def test_two_bench_folders_compare_per_bucket_and_mode(write_spec, tmp_path):
+    from graphrun.bench import bench
+
+    spec = graphrun.load_spec(write_spec())
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "bench.json").write_text(
+            bench(spec, iters=2, warmup=0, log=lambda m: None).model_dump_json())
+    result = compare(tmp_path / "a", tmp_path / "b")
+    assert [(r["bucket"], r["mode"]) for r in result["buckets"]] == [
+        ("batch=1", "eager"), ("batch=2", "eager"), ("batch=4", "eager")]
+    r = result["buckets"][0]
+    assert r["p50_ratio"] == r["b_p50_us"] / r["a_p50_us"]
+    out = CliRunner().invoke(main, ["compare", str(tmp_path / "a"), str(tmp_path / "b")])
+    assert out.exit_code == 0 and "bench step latency" in out.output
+
+
+def test_a_buckets_verification_reads_every_lane_and_older_manifests():
+    from graphrun.compare import bucket_verified
+
+    ok, bad = {"passed": True}, {"passed": False}
+    assert bucket_verified({"lanes": [{"verify": ok}, {"verify": ok}]}) is True
+    assert bucket_verified({"lanes": [{"verify": ok}, {"verify": bad}]}) is False
+    assert bucket_verified({"lanes": [{"verify": None}]}) is None  # capture.verify off
+    assert bucket_verified({"lanes": []}) is None  # skipped
+    assert bucket_verified({"lanes": 1, "verify": bad}) is False  # lanes was a count before

@@ -1,0 +1,257 @@
+"""`graphrun init`: specs written from a model and a data file validate, and run to the outputs
+of calling the model eagerly on each record."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+import graphrun
+from graphrun.cli import main
+
+DENSE = """
+import torch
+from torch import nn
+
+class Scorer(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.lin = nn.Linear(d, 3)
+
+    def forward(self, x):
+        return torch.tanh(self.lin(x))
+
+def build(d=6):
+    torch.manual_seed(0)
+    return Scorer(d)
+"""
+
+# two inputs of one varying length; a dict of a per-position and a pooled output
+ENCODER = """
+import torch
+from torch import nn
+
+class Encoder(nn.Module):
+    def __init__(self, vocab, d):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, tokens, mask):
+        keep = (mask != 0).unsqueeze(-1).float()            # [B, S, 1]
+        hidden = torch.relu(self.lin(self.emb(tokens))) * keep  # [B, S, d]
+        pooled = hidden.sum(1) / keep.sum(1).clamp(min=1)       # [B, d]
+        return {"hidden": hidden, "pooled": pooled}
+
+def build(vocab=50, d=4):
+    torch.manual_seed(0)
+    return Encoder(vocab, d)
+"""
+
+# a tuple return; the Parquet file also holds an id column and a column the model does not take
+TWO_HEADS = """
+import torch
+from torch import nn
+
+class TwoHeads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(1)
+        self.a = nn.Linear(5, 2)
+        self.b = nn.Linear(5, 4)
+
+    def forward(self, features):
+        return self.a(features), torch.softmax(self.b(features), -1)
+
+def build():
+    return TwoHeads()
+"""
+
+
+def cli(*args):
+    return CliRunner().invoke(main, list(map(str, args)))
+
+
+def model_from(tmp_path, source: str, **args):
+    path = tmp_path / "net.py"
+    path.write_text(textwrap.dedent(source))
+    namespace: dict = {}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    model = namespace["build"](**args).eval()
+    return f"{path}:build", model
+
+
+def init_and_run(tmp_path, target, data, *extra):
+    spec_path = tmp_path / "specs" / "pipe.yaml"
+    result = cli("init", "--model", target, "--data", data, "-o", spec_path,
+                 "--out-dir", tmp_path / "out", "--batch-size", 8, *extra)
+    assert result.exit_code == 0, result.output
+    assert cli("validate", spec_path).exit_code == 0
+    assert spec_path.read_text().splitlines()[0] == \
+        "# yaml-language-server: $schema=pipeline.schema.json"
+    schema = json.loads((spec_path.parent / "pipeline.schema.json").read_text())
+    assert schema["title"] == "graphrun pipeline spec, version 1"
+    spec = graphrun.load_spec(spec_path)
+    manifest = graphrun.run(spec)
+    assert manifest.status == "completed"
+    return spec, result.output
+
+
+def eager(model, **inputs):
+    with torch.no_grad():
+        return model(**{k: torch.as_tensor(v)[None] for k, v in inputs.items()})
+
+
+def test_dense_npy_with_an_unnamed_array_takes_the_forward_argument_name(tmp_path):
+    target, model = model_from(tmp_path, DENSE)
+    rows = np.random.default_rng(0).standard_normal((21, 6)).astype(np.float32)
+    np.save(tmp_path / "rows.npy", rows)
+    spec, printed = init_and_run(tmp_path, target, tmp_path / "rows.npy")
+    assert list(spec.inputs) == ["x"] and spec.inputs["x"].shape == ["batch", 6]
+    assert spec.outputs["output"].shape == ["batch", 3]
+    assert spec.buckets == {"batch": [1, 2, 4, 8]} and spec.output.format == "npy"
+    assert spec.model.call == "keyword" and spec.data.id_field is None
+    assert "input  x: [batch, 6] float32" in printed and "check:" in printed
+    got = np.load(tmp_path / "out" / "part-00000.output.npy")
+    want = np.stack([eager(model, x=r)[0].numpy() for r in rows])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert (np.load(tmp_path / "out" / "part-00000.ids.npy") == np.arange(21)).all()
+
+
+def test_variable_length_jsonl_with_two_inputs_shares_one_axis_and_cuts_outputs(tmp_path):
+    target, model = model_from(tmp_path, ENCODER, vocab=50, d=4)
+    rng = np.random.default_rng(1)
+    records = []
+    for i in range(19):
+        n = int(rng.integers(2, 13))
+        records.append({"id": f"r{i}", "tokens": rng.integers(0, 50, n).tolist(),
+                        "mask": [1] * n})
+    (tmp_path / "texts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    spec, printed = init_and_run(tmp_path, target, tmp_path / "texts.jsonl",
+                                 "--arg", "vocab=50")
+    assert spec.model.args == {"vocab": 50}
+    assert spec.inputs["tokens"].shape == ["batch", "seq"] == spec.inputs["mask"].shape
+    assert spec.inputs["tokens"].dtype == "int64"
+    assert spec.inputs["tokens"].range == (0, 50)  # the model's embedding, not the sample's max
+    assert spec.inputs["mask"].range == (0, 2)  # no embedding near it: the sample's values
+    assert spec.outputs["hidden"].shape == ["batch", "seq", 4]
+    assert spec.outputs["pooled"].shape == ["batch", 4]
+    lengths = [len(r["tokens"]) for r in records]
+    assert (min(lengths), max(lengths)) == (3, 12)
+    assert spec.buckets == {"batch": [1, 2, 4, 8], "seq": [4, 8, 16]}  # powers of two
+    assert spec.data.id_field == "id" and spec.output.format == "jsonl"
+    assert "inputs.tokens.range" in printed and "buckets.seq" in printed
+    lines = [json.loads(l) for l in (tmp_path / "out" / "part-00000.jsonl").open()]
+    assert [l["id"] for l in lines] == [r["id"] for r in records]
+    for line, r in zip(lines, records):
+        want = eager(model, tokens=r["tokens"], mask=r["mask"])
+        np.testing.assert_allclose(line["hidden"], want["hidden"][0].numpy(), rtol=1e-4,
+                                   atol=1e-5)
+        np.testing.assert_allclose(line["pooled"], want["pooled"][0].numpy(), rtol=1e-4,
+                                   atol=1e-5)
+
+
+def test_parquet_with_an_id_column_and_a_tuple_return(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    target, model = model_from(tmp_path, TWO_HEADS)
+    rng = np.random.default_rng(2)
+    feats = rng.standard_normal((13, 5)).astype(np.float32)
+    ids = [f"req-{i:03d}" for i in range(13)]
+    history = [list(range(i % 5 + 1)) for i in range(13)]  # varies; the model does not take it
+    pq.write_table(pa.table({"request_id": ids, "features": feats.tolist(),
+                             "label": rng.integers(0, 2, 13), "history": history}),
+                   tmp_path / "rows.parquet")
+    spec, printed = init_and_run(tmp_path, target, tmp_path / "rows.parquet")
+    assert spec.data.id_field == "request_id" and list(spec.inputs) == ["features"]
+    assert {n: o.shape for n, o in spec.outputs.items()} == {
+        "output0": ["batch", 2], "output1": ["batch", 4]}
+    assert spec.output.format == "parquet" and "not used as inputs: label, history" in printed
+    assert spec.buckets == {"batch": [1, 2, 4, 8]}  # no axis for the column left out
+    table = pq.read_table(tmp_path / "out" / "part-00000.parquet").to_pydict()
+    assert table["id"] == ids
+    for i, row in enumerate(feats):
+        a, b = eager(model, features=row)
+        np.testing.assert_allclose(table["output0"][i], a[0].numpy(), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(table["output1"][i], b[0].numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_model_that_fails_on_the_data_gets_runs_message_and_no_spec(tmp_path):
+    target, _ = model_from(tmp_path, DENSE, d=6)
+    np.save(tmp_path / "rows.npy", np.zeros((4, 7), np.float32))  # 7 features, model takes 6
+    result = cli("init", "--model", target, "--data", tmp_path / "rows.npy", "-o",
+                 tmp_path / "p.yaml")
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "error: the model failed on its first call, model(x=[2, 7] float32)" in result.output
+    assert "--debug shows the traceback" in result.output
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_a_model_that_cannot_be_built_and_an_existing_spec_are_clear_errors(tmp_path):
+    np.save(tmp_path / "rows.npy", np.zeros((4, 6), np.float32))
+    result = cli("init", "--model", f"{tmp_path}/missing.py:build", "--data",
+                 tmp_path / "rows.npy", "-o", tmp_path / "p.yaml")
+    assert result.exit_code == 2
+    assert f"model.target '{tmp_path}/missing.py:build': file not found" in result.output
+    (tmp_path / "p.yaml").write_text("mine\n")
+    target, _ = model_from(tmp_path, DENSE)
+    again = cli("init", "--model", target, "--data", tmp_path / "rows.npy", "-o",
+                tmp_path / "p.yaml")
+    assert again.exit_code == 2 and "--force" in again.output
+    assert (tmp_path / "p.yaml").read_text() == "mine\n"
+
+
+def test_a_jsonl_field_the_model_does_not_take_is_named(tmp_path):
+    target, _ = model_from(tmp_path, DENSE)
+    (tmp_path / "d.jsonl").write_text('{"x": [1, 2, 3, 4, 5, 6], "label": 1}\n')
+    result = cli("init", "--model", target, "--data", tmp_path / "d.jsonl", "-o",
+                 tmp_path / "p.yaml")
+    assert result.exit_code == 2
+    assert "field 'label' is not an argument of the model's forward (x)" in result.output
+
+
+def test_builtin_mlp_with_builder_args(tmp_path):
+    np.save(tmp_path / "x.npy", np.ones((5, 4), np.float32))
+    result = cli("init", "--builtin", "mlp", "--arg", "in_features=4", "--arg", "hidden=8",
+                 "--arg", "out_features=2", "--data", tmp_path / "x.npy", "-o",
+                 tmp_path / "p.yaml", "--batch-size", 4)
+    assert result.exit_code == 0, result.output
+    spec = graphrun.load_spec(tmp_path / "p.yaml")
+    assert spec.model.builtin == "mlp" and spec.outputs["output"].shape == ["batch", 2]
+    assert spec.buckets["batch"] == [1, 2, 4]
+
+
+def test_bad_records_are_left_out_of_the_sample_and_whole_numbers_can_be_floats(tmp_path):
+    target, _ = model_from(tmp_path, DENSE)
+    good = [json.dumps({"x": [i, 1, 2, 3, 4, 5]}) for i in range(6)]
+    (tmp_path / "d.jsonl").write_text("\n".join(good[:3] + ['{"x": [1, 2', '{"y": 1}']
+                                                + good[3:]) + "\n")
+    result = cli("init", "--model", target, "--data", tmp_path / "d.jsonl", "-o",
+                 tmp_path / "p.yaml")
+    assert result.exit_code == 0, result.output
+    assert "read 6 records of d.jsonl (of 8)" in result.output
+    assert "2 records of the sample could not be used and were left out (the first: " \
+        "d.jsonl:4: not JSON" in result.output
+    x = graphrun.load_spec(tmp_path / "p.yaml").inputs["x"]
+    assert x.shape == ["batch", 6] and x.dtype == "float32" and x.range is None
+    assert "x hold whole numbers only, which the model took as float32" in result.output
+
+
+def test_a_module_target_beside_the_working_directory_is_flagged(tmp_path, monkeypatch):
+    (tmp_path / "mymodels.py").write_text(textwrap.dedent(DENSE))
+    np.save(tmp_path / "x.npy", np.ones((3, 6), np.float32))
+    monkeypatch.chdir(tmp_path)
+    here = cli("init", "--model", "mymodels:build", "--data", "x.npy")
+    assert here.exit_code == 0, here.output
+    assert graphrun.load_spec(tmp_path / "pipeline.yaml").model.target == "mymodels:build"
+    assert "imported from" not in here.output  # the spec sits beside the module
+    away = cli("init", "--model", "mymodels:build", "--data", "x.npy", "-o", "specs/p.yaml")
+    assert away.exit_code == 0, away.output
+    assert f"mymodels was imported from {tmp_path.resolve()}, but `run` imports beside the " \
+        f"spec ({tmp_path.resolve() / 'specs'})" in " ".join(away.output.split())

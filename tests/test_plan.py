@@ -1,0 +1,190 @@
+"""graphrun plan: the histogram of batch shapes, the exact plan, the table and --write."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import graphrun
+from graphrun.cli import main
+from graphrun.plan import Histogram, best_values, evaluate, histogram, plan, power_of_two
+
+ROOT = Path(__file__).resolve().parent.parent
+
+ENCODER_SPEC = """\
+# yaml-language-server: $schema=../schemas/pipeline.schema.json
+# a comment that --write must keep
+version: 1
+name: enc
+device: cpu
+model:
+  target: {model}:build
+  args: {{vocab: 50, d_model: 8, heads: 2, layers: 1, max_len: 64}}
+inputs:
+  tokens: {{shape: [batch, seq], dtype: int64, range: [0, 50]}}
+  mask: {{shape: [batch, seq], dtype: int64, range: [0, 2], pad: 0}}
+outputs:
+  hidden: {{shape: [batch, seq, 8]}}
+  pooled: {{shape: [batch, 8]}}
+buckets:
+  batch: [1, 4]   # keep me
+  seq: [8, 16]
+data:
+  path: data.jsonl
+  batch_size: 4
+output:
+  dir: out
+  format: jsonl
+"""
+
+
+def write_encoder(tmp_path: Path, lengths: list[int]) -> Path:
+    with open(tmp_path / "data.jsonl", "w") as f:
+        for i, n in enumerate(lengths):
+            f.write(json.dumps({"tokens": [i % 50] * n, "mask": [1] * n}) + "\n")
+    spec = tmp_path / "enc.yaml"
+    spec.write_text(ENCODER_SPEC.format(model=ROOT / "examples/models/tiny_encoder.py"))
+    return spec
+
+
+def brute_force(needs, weights, k):
+    values = sorted(set(needs))
+    best = None
+    for rest in itertools.combinations(values[:-1], k - 1):
+        chosen = sorted(rest) + [values[-1]]
+        cost = sum(w * next(c for c in chosen if c >= x) for x, w in zip(needs, weights))
+        best = cost if best is None else min(best, cost)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_best_values_is_exact_against_brute_force(seed):
+    rng = random.Random(seed)
+    needs = [rng.randint(1, 40) for _ in range(rng.randint(1, 30))]
+    weights = [rng.randint(1, 9) for _ in needs]
+    k = rng.randint(1, 6)
+    chosen = best_values(np.asarray(needs), np.asarray(weights, float), k)
+    assert chosen[-1] == max(needs) and len(chosen) <= k
+    cost = sum(w * next(c for c in chosen if c >= x) for x, w in zip(needs, weights))
+    assert cost == brute_force(needs, weights, min(k, len(set(needs))))
+
+
+def small_histogram(rows):
+    """rows: (batch, seq, count); real work taken as half the bucket-free volume."""
+    needs = np.asarray([r[:2] for r in rows], np.int64)
+    count = np.asarray([r[2] for r in rows], np.int64)
+    real = needs[:, 0] * needs[:, 1] * count
+    return Histogram(("batch", "seq"), needs, count, real, int((needs[:, 0] * count).sum()),
+                     int(count.sum()))
+
+
+def test_two_axis_plan_matches_the_brute_force_over_every_pair_of_lists():
+    rng = random.Random(3)
+    rows = [(rng.choice([3, 8, 8, 8]), rng.randint(2, 30), rng.randint(1, 5)) for _ in range(25)]
+    hist = small_histogram(rows)
+    got = plan(hist, 6)
+    batches = sorted({r[0] for r in rows})
+    seqs = sorted({r[1] for r in rows})
+    best = None
+    for kb in range(1, len(batches) + 1):
+        for ks in range(1, 6 // kb + 1):
+            for b in itertools.combinations(batches[:-1], kb - 1):
+                for s in itertools.combinations(seqs[:-1], ks - 1):
+                    ev = evaluate(hist, {"batch": [*b, batches[-1]], "seq": [*s, seqs[-1]]})
+                    best = ev.padded if best is None else min(best, ev.padded)
+    assert got.graphs <= 6 and got.padded == best
+
+
+def test_multiple_of_is_respected_and_still_covers_the_largest():
+    hist = small_histogram([(8, 5, 3), (8, 13, 2), (8, 30, 1), (2, 9, 1)])
+    got = plan(hist, 4, {"seq": 8})
+    assert all(v % 8 == 0 for v in got.lists["seq"]) and got.lists["seq"][-1] >= 30
+    assert got.uncovered == 0
+
+
+def test_histogram_counts_every_batch_the_last_included_and_longer_than_the_spec(tmp_path):
+    lengths = [3, 5, 2, 7, 20, 4, 4, 4, 9, 1]  # batches of 4: max 7, 20; last batch of 2: max 9
+    spec = graphrun.load_spec(write_encoder(tmp_path, lengths))
+    hist = histogram(spec)
+    shapes = {tuple(n): c for n, c in zip(hist.needs.tolist(), hist.count.tolist())}
+    assert shapes == {(4, 7): 1, (4, 20): 1, (2, 9): 1}
+    assert hist.records == 10 and hist.batches == 3 and int(hist.real.sum()) == sum(lengths)
+    # today's seq list stops at 16: the 20-long batch is not covered by it, the plan covers it
+    assert evaluate(hist, spec.buckets).uncovered == 1
+    assert plan(hist, 4).lists["seq"][-1] == 20
+
+
+def test_sample_keeps_whole_batches_of_about_n_records(tmp_path):
+    spec = graphrun.load_spec(write_encoder(tmp_path, [1 + i % 16 for i in range(400)]))
+    hist = histogram(spec, sample=40)
+    assert hist.sampled and hist.batches == 10 and hist.records == 40
+
+
+def test_encoder_plan_of_8_graphs_wastes_less_than_powers_of_two():
+    spec = graphrun.load_spec(ROOT / "pipelines/encoder.yaml")
+    hist = histogram(spec)
+    planned, pow2 = plan(hist, 8), power_of_two(hist, 8)
+    assert planned.graphs <= 8 and pow2.graphs <= 8
+    assert planned.uncovered == pow2.uncovered == 0
+    assert planned.waste < pow2.waste
+
+
+def test_cli_prints_the_table_and_the_yaml_and_write_keeps_comments(tmp_path):
+    spec = write_encoder(tmp_path, [3, 5, 2, 7, 20, 4, 4, 4, 9, 1, 12, 30])
+    before = spec.read_text()
+    result = CliRunner().invoke(main, ["plan", str(spec), "--max-graphs", "4"])
+    assert result.exit_code == 0, result.output
+    for word in ("spec", "power of two", "planned", "padding waste", "buckets:\n  batch: ["):
+        assert word in result.output
+    assert spec.read_text() == before  # without --write the file is left alone
+    result = CliRunner().invoke(main, ["plan", str(spec), "--max-graphs", "4", "--write"])
+    assert result.exit_code == 0, result.output
+    after = spec.read_text()
+    changed = [(a, b) for a, b in zip(before.splitlines(), after.splitlines()) if a != b]
+    assert len(before.splitlines()) == len(after.splitlines())
+    assert [a.split(":")[0] for a, _ in changed] == ["  batch", "  seq"][:len(changed)]
+    assert "# keep me" in after and "# a comment that --write must keep" in after
+    written = graphrun.load_spec(spec).buckets
+    assert written == plan(histogram(graphrun.load_spec(spec)), 4).lists
+
+
+def test_cli_bad_multiple_of_is_one_message(tmp_path):
+    spec = write_encoder(tmp_path, [3, 5])
+    result = CliRunner().invoke(main, ["plan", str(spec), "--multiple-of", "nope=8"])
+    assert result.exit_code == 2 and "--multiple-of" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_estimates_scale_the_largest_buckets_cost_by_the_pool(tmp_path):
+    from graphrun.plan import Evaluation
+    from graphrun.plan_show import estimates
+
+    spec = graphrun.load_spec(write_encoder(tmp_path, [3, 5]))
+    rows = [("a", Evaluation({"batch": [1, 4], "seq": [8, 16]}, 4, 0, 0.0, 0)),
+            ("b", Evaluation({"batch": [4], "seq": [16]}, 1, 0, 0.0, 0))]
+    measured = []
+
+    def measure(spec, lists):
+        measured.append(lists)
+        return 0.5, 2 << 20
+
+    assert estimates(spec, rows, measure) == [(2.0, 2.0), (0.5, 2.0)]
+    assert len(measured) == 1  # both rows share the largest bucket (4, 16): captured once
+    per_graph = spec.model_copy(update={"capture": spec.capture.model_copy(
+        update={"pool": "per-graph"})})
+    assert estimates(per_graph, rows, measure)[0] == (2.0, 8.0)
+
+
+@pytest.mark.cuda
+def test_plan_on_the_gpu_prints_capture_estimates(tmp_path):
+    spec = write_encoder(tmp_path, [3, 5, 9, 12])
+    result = CliRunner().invoke(main, ["plan", str(spec), "--max-graphs", "4", "--set",
+                                       "device=cuda"])
+    assert result.exit_code == 0, result.output
+    assert "capture s (est.)" in result.output and "graph MiB (est.)" in result.output
