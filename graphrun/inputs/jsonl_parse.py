@@ -31,6 +31,9 @@ def parse_block(spec: PipelineSpec, block: tuple) -> Candidates:
 def jsonl_candidates(spec: PipelineSpec, file: str, lines: list[bytes], linenos: list[int],
                       first: int) -> Candidates:
     """lines [n]: consecutive records, the first with ordinal `first`."""
+    if spec.data.text is not None:  # a text field tokenized into the inputs (inputs/text.py)
+        from graphrun.inputs.text import jsonl_text_candidates
+        return jsonl_text_candidates(spec, file, lines, linenos, first)
     id_field = spec.data.id_field
     expected = set(spec.inputs) | ({id_field} if id_field else set())
     records = _parse_together(lines)
