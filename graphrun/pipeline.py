@@ -19,6 +19,7 @@ import numpy as np
 from . import envs
 from .auto_buckets import resolve_auto
 from .errors import GraphrunError, Interrupted, OutputError
+from .padding import position_ratios
 from .manifest import (BucketReport, FileEntry, Manifest, Totals, all_rejected,
                        completed_manifest, environment, spec_digest, write_manifest)
 from .progress import Progress, count_records, summary_table
@@ -356,6 +357,7 @@ class RunState:
                            if self.stream_s else 0.0),
             capture_s=capture_s, capture_memory_bytes=capture_mem,
             padding_ratio=padded / rows_run if rows_run else 0.0,
+            padding_ratio_positions=position_ratios(buckets),
             device_busy_fraction=busy,
             device_idle_fraction=None if busy is None else 1.0 - busy,
             overlapped=self.overlapped_path(), overlap_reason=self.overlap_reason(),

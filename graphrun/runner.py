@@ -31,6 +31,7 @@ from .buffers import TORCH_DTYPES, BufferSet, HostSlot, host_dtype
 from .capture import (MiB, BucketState, capture_graph, make_step, peak_step_bytes, warm_up)
 from .errors import CaptureError, GraphrunError, InputError
 from .device import resolve_backend, resolve_device
+from .padding import add_padded_positions
 from .models.load import (build_model, call_model, compile_model, first_call,
                           model_input_dtypes, name_outputs, unlisted_outputs)
 from .spec import BATCH, PipelineSpec
@@ -454,6 +455,7 @@ class Runner:
         stats["batches"] += 1
         stats["records"] += n
         stats["padded_rows"] += bucket.batch - n
+        add_padded_positions(stats, bucket, lengths, n)  # issue 18: padding per bucket axis
         return outs, times
 
     def run_padded(self, fields: dict, n: int, lengths: dict[str, np.ndarray], *,
