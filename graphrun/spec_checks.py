@@ -35,6 +35,7 @@ def check_spec(spec: PipelineSpec, base_dir: Path | None = None) -> list[tuple[t
                  _heads, _text):
         found.extend(rule(spec))
     found.extend(_target_found(spec, base_dir or spec.base_dir))
+    found.extend(_hf_paths(spec, base_dir or spec.base_dir))
     return found
 
 
@@ -225,3 +226,21 @@ def _text(spec: PipelineSpec) -> Found:
         if len(inp.shape) != 2:
             yield ("inputs", name, "shape"), ("a tokenized input is [batch, seq]: one token "
                                               "per position")
+
+
+def _hf_paths(spec: PipelineSpec, base_dir: Path) -> Found:
+    """model.hf.path and data.text.tokenizer name a folder that exists (a hub name is looked
+    up in the local cache when the model is loaded)."""
+    from .errors import ModelError
+    from .models.hf import resolve_path
+
+    keys = []
+    if spec.model.hf is not None:
+        keys.append((("model", "hf", "path"), spec.model.hf.path))
+    if spec.data.text is not None and spec.data.text.tokenizer is not None:
+        keys.append((("data", "text", "tokenizer"), spec.data.text.tokenizer))
+    for key, path in keys:
+        try:
+            resolve_path(path, base_dir, ".".join(key))
+        except ModelError as e:
+            yield key, str(e).split(": ", 1)[1]

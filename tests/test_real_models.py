@@ -197,3 +197,32 @@ def test_padding_is_counted_in_rows_and_in_positions_per_axis(tmp_path):
     assert m.totals.padding_ratio == 0.5 and m.totals.padding_ratio_positions == {"seq": 0.75}
     on_disk = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert on_disk["totals"]["padding_ratio_positions"] == {"seq": 0.75}
+
+
+def test_validate_reports_real_model_spec_mistakes_together(tmp_path):
+    from click.testing import CliRunner
+
+    from graphrun.cli import main
+
+    (tmp_path / "t.jsonl").write_text('{"text": "hi"}\n')
+    (tmp_path / "bad.yaml").write_text("""\
+version: 1
+name: x
+model:
+  hf: {path: ./nothing-here}
+inputs:
+  input_ids: {shape: [batch, seq], dtype: int64}
+  pixels: {shape: [batch, seq], dtype: int64}
+outputs:
+  e: {shape: [batch, 4], from: last_hidden_state, reduce: [mean_pool]}
+buckets: {batch: [1], seq: [8]}
+data: {path: t.jsonl, text: {field: text}}
+output: {dir: out}
+""")
+    result = CliRunner().invoke(main, ["validate", str(tmp_path / "bad.yaml")])
+    assert result.exit_code != 0
+    for where, what in [
+            ("4:14", f"model.hf.path: folder not found ({tmp_path / 'nothing-here'})"),
+            ("7:11", "inputs.pixels: with data.text the inputs come from the tokenizer"),
+            ("9:6", "outputs.e.mask: mean_pool needs the mask input 'attention_mask'")]:
+        assert f"bad.yaml:{where}: {what}" in result.output, result.output

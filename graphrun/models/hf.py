@@ -47,8 +47,8 @@ def resolve_path(path: str, base_dir: Path | None, key: str = "model.hf.path") -
                              f"({folder})")
         return str(folder)
     p = Path(path).expanduser()
-    if not p.is_absolute() and base_dir is not None and (base_dir / p).exists():
-        p = base_dir / p
+    if not p.is_absolute() and base_dir is not None:
+        p = base_dir / p if (base_dir / p).exists() or path.startswith(".") else p
     if p.exists() or p.is_absolute() or path.startswith("."):
         if not p.is_dir():
             raise ModelError(f"{key} {path!r}: folder not found ({p.resolve()}); give a folder "
@@ -68,6 +68,8 @@ def load_hf(hf, base_dir: Path | None) -> nn.Module:
         raise ModelError(f"model.hf.class: transformers has no model class {hf.class_!r}; "
                          f"e.g. {', '.join(autos[:8])}")
     kwargs = {"local_files_only": True, "trust_remote_code": hf.trust_remote_code, **hf.kwargs}
+    bar = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.disable_progress_bar()  # no "Loading weights" bar in our output
     try:
         model = cls.from_pretrained(where, **kwargs)
     except Exception as e:  # noqa: BLE001 - OSError, ValueError, ...: all say what is missing
@@ -76,6 +78,9 @@ def load_hf(hf, base_dir: Path | None) -> nn.Module:
                          f"files only: {text}; give a folder holding config.json and the "
                          "weights (graphrun never downloads), or a name already in the hub "
                          "cache") from e
+    finally:
+        if bar:
+            transformers.utils.logging.enable_progress_bar()
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "use_cache"):
         config.use_cache = False  # no KV cache object in the return: one step, static shapes
