@@ -226,3 +226,36 @@ output: {dir: out}
             ("7:11", "inputs.pixels: with data.text the inputs come from the tokenizer"),
             ("9:6", "outputs.e.mask: mean_pool needs the mask input 'attention_mask'")]:
         assert f"bad.yaml:{where}: {what}" in result.output, result.output
+
+
+def test_timm_models_are_built_by_name_with_args_and_seed(monkeypatch):
+    """load_timm against a stand-in timm module (the real one is tested above where it
+    imports): the name is checked, args are passed, the weights depend on the seed only."""
+    import sys
+    import types
+
+    from graphrun.errors import ModelError
+    from graphrun.models.vision import load_timm
+    from graphrun.spec import TimmModelSpec
+
+    fake = types.ModuleType("timm")
+    fake.is_model = lambda name: name == "tiny"
+    fake.list_models = lambda pattern: ["tiny"]
+    fake.create_model = lambda name, pretrained, num_classes=3: nn_linear(num_classes)
+    monkeypatch.setitem(sys.modules, "timm", fake)
+    a = load_timm(TimmModelSpec(name="tiny", args={"num_classes": 5}, seed=1))
+    b = load_timm(TimmModelSpec(name="tiny", args={"num_classes": 5}, seed=1))
+    c = load_timm(TimmModelSpec(name="tiny", args={"num_classes": 5}, seed=2))
+    assert a.out_features == 5 and torch.equal(a.weight, b.weight)
+    assert not torch.equal(a.weight, c.weight)
+    with pytest.raises(ModelError, match="timm has no model 'resnet9000'"):
+        load_timm(TimmModelSpec(name="resnet9000"))
+    with pytest.raises(ModelError, match="could not be built from args"):
+        load_timm(TimmModelSpec(name="tiny", args={"depth": 3}))
+    monkeypatch.setitem(sys.modules, "timm", None)
+    with pytest.raises(ModelError, match=r'graphrun\[vision\]'):
+        load_timm(TimmModelSpec(name="tiny"))
+
+
+def nn_linear(n: int) -> torch.nn.Module:
+    return torch.nn.Linear(4, n)
