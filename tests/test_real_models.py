@@ -137,15 +137,20 @@ def test_text_from_parquet_equals_text_from_jsonl(tmp_path):
     pq.write_table(pa.table({"id": [r["id"] for r in records],
                              "text": [r["text"] for r in records]}), tmp_path / "s.parquet")
     (tmp_path / "s.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    from graphrun.tuning import Tuning
+
     outs = []
-    for name in ("s.parquet", "s.jsonl"):
+    # the JSONL twice: tokenized on the reader's thread, and in child processes by blocks
+    for k, (name, workers) in enumerate([("s.parquet", 0), ("s.jsonl", 0), ("s.jsonl", 2)]):
         spec = graphrun.load_spec(PIPELINES / "minilm-embed.yaml", [
             f"data.path={tmp_path / name}", "buckets.batch=[8]", "buckets.seq=[128]",
             "device=cpu", "capture.verify.enabled=false"])
-        graphrun.run(spec, out=tmp_path / name.replace(".", "_"))
-        outs.append(_npy_outputs(tmp_path / name.replace(".", "_"), "embedding"))
-    assert outs[0][0] == outs[1][0] == [r["id"] for r in records]
+        tuning = Tuning(jsonl_workers=workers, jsonl_workers_min_bytes=0, jsonl_chunk_bytes=1024)
+        graphrun.run(spec, out=tmp_path / f"o{k}", tuning=tuning)
+        outs.append(_npy_outputs(tmp_path / f"o{k}", "embedding"))
+    assert outs[0][0] == outs[1][0] == outs[2][0] == [r["id"] for r in records]
     np.testing.assert_array_equal(outs[0][1], outs[1][1])
+    np.testing.assert_array_equal(outs[0][1], outs[2][1])
 
 
 def test_a_spec_needing_the_hf_extra_without_it_names_the_extra(tmp_path, monkeypatch):
