@@ -264,3 +264,17 @@ def test_timm_models_are_built_by_name_with_args_and_seed(monkeypatch):
 
 def nn_linear(n: int) -> torch.nn.Module:
     return torch.nn.Linear(4, n)
+
+
+def test_a_model_in_the_local_hub_cache_is_found_by_name_offline(tmp_path, gpt2_folder):
+    """A hub cache laid out as huggingface_hub writes it (models--org--name, refs/main, a
+    snapshot): model.hf.path names it, kwargs.cache_dir points at it, nothing is fetched."""
+    repo = tmp_path / "cache" / "models--someone--gpt2-tiny"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    shutil.copytree(gpt2_folder, repo / "snapshots" / ("0" * 40))
+    spec = graphrun.load_spec(PIPELINES / "gpt2-next-token.yaml", [
+        "model.hf.path=someone/gpt2-tiny", f"model.hf.kwargs.cache_dir={tmp_path / 'cache'}",
+        "device=cpu", "capture.verify.enabled=false"])
+    m = graphrun.run(spec, out=tmp_path / "out", stop=5)
+    assert m.totals.records_out == 5

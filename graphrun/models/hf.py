@@ -91,8 +91,21 @@ def tokenizer_folder(spec) -> str:
     """The folder of the tokenizer data.text uses: its own, or the model's."""
     text = spec.data.text
     if text.tokenizer is not None:
-        return resolve_path(text.tokenizer, spec.base_dir, "data.text.tokenizer")
+        return _cached(resolve_path(text.tokenizer, spec.base_dir, "data.text.tokenizer"), None)
     if spec.model.hf is None:
         raise ModelError("data.text.tokenizer: the model is not a Hugging Face model "
                          "(model.hf), so give the tokenizer's folder")
-    return resolve_path(spec.model.hf.path, spec.base_dir)
+    return _cached(resolve_path(spec.model.hf.path, spec.base_dir),
+                   spec.model.hf.kwargs.get("cache_dir"))
+
+
+def _cached(where: str, cache_dir: str | None) -> str:
+    """A hub name's snapshot folder in the local cache (a folder is returned as it is)."""
+    if Path(where).is_dir():
+        return where
+    hub = require("huggingface_hub", "data.text")
+    try:
+        return hub.snapshot_download(where, local_files_only=True, cache_dir=cache_dir)
+    except Exception as e:  # noqa: BLE001 - LocalEntryNotFoundError and kin
+        raise ModelError(f"data.text: {where!r} is no folder and not in the local hub cache "
+                         f"({type(e).__name__}); give the tokenizer's folder") from e
