@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from graphrun.errors import InputError, ModelError
+from graphrun.inputs.dense import int64_ids
 from graphrun.records import Candidates, Field, Reject, RowWhere
 from graphrun.spec import BATCH, PipelineSpec
 
@@ -100,16 +101,11 @@ def tokenize(spec: PipelineSpec, texts: list) -> tuple[dict[str, Field], dict[in
     return fields, problems
 
 
-def jsonl_text_candidates(spec: PipelineSpec, file: str, lines: list[bytes],
+def jsonl_text_candidates(spec: PipelineSpec, file: str, records: list, reasons: list[str],
                           linenos: list[int], first: int) -> Candidates:
-    """A JSONL block's records: the text field tokenized, other fields but the id ignored."""
-    from graphrun.inputs.jsonl_parse import _parse_line, _parse_together
-
+    """A JSONL block's parsed records (reasons: "" or why a line could not be parsed): the text
+    field tokenized, other fields but the id ignored."""
     field, id_field = spec.data.text.field, spec.data.id_field
-    records = _parse_together(lines)
-    reasons = [""] * len(lines)
-    if records is None:
-        records, reasons = zip(*map(_parse_line, lines))
     good, rejects = [], []
     for p, record in enumerate(records):
         reason = reasons[p] or _record_problem(record, field, id_field)
@@ -155,13 +151,14 @@ def check_text_schema(spec: PipelineSpec, schema, file: str) -> None:
 
 def parquet_text_candidates(spec: PipelineSpec, file: str, rb, first: int) -> Candidates:
     """A record batch's rows: the text column tokenized (a null text is a bad record)."""
-    from graphrun.inputs.parquet_columns import _ids
+    import pyarrow as pa
 
     fields, problems = tokenize(spec, rb.column(spec.data.text.field).to_pylist())
     ids = None
     if spec.data.id_field:
         col = rb.column(spec.data.id_field)
-        ids = _ids(col)
+        ids = (int64_ids(col.to_numpy(zero_copy_only=False))
+               if pa.types.is_integer(col.type) and not col.null_count else col.to_pylist())
         for p, v in enumerate(col.to_pylist() if col.null_count else []):
             if v is None:
                 problems.setdefault(p, f"missing id: {spec.data.id_field!r} is null")

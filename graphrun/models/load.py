@@ -21,6 +21,8 @@ from torch import nn
 from graphrun.errors import ModelError
 from graphrun.models.decoder import build_decoder
 from graphrun.models.heads import Heads, needs_heads
+from graphrun.models.hf import load_hf
+from graphrun.models.vision import load_timm
 from graphrun.models.mlp import build_mlp
 from graphrun.spec import BATCH, PipelineSpec
 
@@ -46,11 +48,9 @@ def build_model(spec: PipelineSpec, device: torch.device,
     elif m.exported is not None:
         model = _load_exported(m.exported, device)
     elif m.hf is not None:
-        from graphrun.models.hf import load_hf
         model = load_hf(m.hf, base_dir)
     elif m.timm is not None:
-        from graphrun.models.vision import load_timm
-        model = load_timm(m.timm, base_dir)
+        model = load_timm(m.timm)
     else:
         assert m.torchscript is not None, "the spec checker ensures one model source"
         model = _load_torchscript(m.torchscript, device)

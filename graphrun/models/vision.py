@@ -3,8 +3,6 @@ with seeded random weights (model.weights, when given, replaces them)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from torch import nn
 
@@ -13,7 +11,7 @@ from graphrun.errors import ModelError
 EXTRA = 'pip install "graphrun[vision]"'
 
 
-def load_timm(spec_timm, base_dir: Path | None = None) -> nn.Module:
+def load_timm(spec_timm) -> nn.Module:
     try:
         import timm
     except Exception as e:  # noqa: BLE001 - timm imports torchvision, which can fail to load
