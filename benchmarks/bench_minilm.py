@@ -95,7 +95,8 @@ def run_graphrun(texts_path: Path, out: Path, dtype: str, batch: int, device: st
     spec = graphrun.load_spec(ROOT / "pipelines" / "minilm-embed.yaml", [
         f"data.path={texts_path}", f"model.dtype={dtype}", f"device={device}",
         f"data.batch_size={batch}", f"buckets.batch={batches}", f"buckets.seq={seq}",
-        "data.id_field=id", "output.format=npy"])
+        "data.id_field=id", "output.format=npy",
+        f"buckets_max_graphs={len(batches) * 4}"])  # as many graphs as the spec's 4 seq values
     _sync(device)
     t0 = time.perf_counter()
     manifest = graphrun.run(spec, out=out, overwrite=True)
