@@ -223,9 +223,9 @@ def _text(spec: PipelineSpec) -> Found:
     elif "input_ids" not in spec.inputs:
         yield ("inputs",), "with data.text the inputs need input_ids: {shape: [batch, seq]}"
     for name, inp in spec.inputs.items():
-        if len(inp.shape) != 2:
-            yield ("inputs", name, "shape"), ("a tokenized input is [batch, seq]: one token "
-                                              "per position")
+        if len(inp.shape) != 2 or not isinstance(inp.shape[1], str):
+            yield ("inputs", name, "shape"), ("a tokenized input is [batch, seq], seq a bucket "
+                                              "axis: texts have lengths of their own")
 
 
 def _hf_paths(spec: PipelineSpec, base_dir: Path) -> Found:
