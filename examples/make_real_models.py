@@ -18,12 +18,12 @@ VOCAB = 1000
 
 
 def save_gpt2(folder: Path, seed: int = 0) -> Path:
-    """A 2-layer GPT-2 (GPT2Config, vocab 1000, 64 wide), random weights from `seed`."""
+    """A 2-layer GPT-2 (GPT2Config, vocab 1000, 32 wide), random weights from `seed`."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
-    config = GPT2Config(vocab_size=VOCAB, n_positions=128, n_embd=64, n_layer=2, n_head=4)
+    config = GPT2Config(vocab_size=VOCAB, n_positions=128, n_embd=32, n_layer=2, n_head=4)
     GPT2LMHeadModel(config).save_pretrained(folder)
     return folder
 
