@@ -304,3 +304,26 @@ def test_gpt2_next_token_captured_equals_eager_on_the_gpu(tmp_path, gpt2_folder)
                                        rtol=1e-4, atol=1e-6)
             np.testing.assert_allclose(row["next_probs"], probs.topk(5).values.numpy(),
                                        rtol=1e-4, atol=1e-6)
+
+
+def test_from_pretrained_gets_local_files_only_and_remote_code_off_whatever_kwargs_say(
+        tmp_path, monkeypatch):
+    if _missing("transformers"):
+        pytest.skip(_missing("transformers"))
+    import transformers
+
+    from graphrun.models.hf import load_hf
+    from graphrun.spec import HFModelSpec
+
+    seen = {}
+
+    def from_pretrained(where, **kwargs):
+        seen.update(kwargs, where=where)
+        return torch.nn.Linear(2, 2)
+
+    monkeypatch.setattr(transformers.AutoModel, "from_pretrained", from_pretrained)
+    load_hf(HFModelSpec(path=str(tmp_path), kwargs={"local_files_only": False,
+                                                    "trust_remote_code": True,
+                                                    "attn_implementation": "eager"}), None)
+    assert seen == {"where": str(tmp_path.resolve()), "local_files_only": True,
+                    "trust_remote_code": False, "attn_implementation": "eager"}
