@@ -12,6 +12,8 @@ examples/make_sentences.py's sentences cut to that many words. Variants:
             then np.save; model load timed apart
   graphrun  pipelines/minilm-embed.yaml with seq buckets [16, 32, 64, 128] (file order)
   graphrun-auto  the same with `seq: auto` (buckets planned from the data at the run's start)
+  graphrun-sorted  the spec's buckets over the file sorted by text length (sort timed too):
+            what grouping records by length would give graphrun
 Each graphrun row gives the whole run's wall time (model load, capture, verify, stream, write)
 and its stream time; outputs are checked against st's (cosine > 0.999 for every sentence).
 --smoke: 300 sentences, float32, on whatever device there is (a CPU check of the plumbing).
@@ -111,6 +113,20 @@ def run_graphrun(texts_path: Path, out: Path, dtype: str, batch: int, device: st
             "padding_seq": t.padding_ratio_positions.get("seq"), "planned": planned}
 
 
+def run_sorted(work: Path, dtype: str, batch: int, device: str) -> dict:
+    """graphrun over the file sorted by text length first (as encode() sorts inside), the
+    sort and its write timed with the run: what grouping records by length would give."""
+    t0 = time.perf_counter()
+    lines = (work / "texts.jsonl").read_bytes().splitlines(keepends=True)
+    lines.sort(key=lambda line: -len(json.loads(line)["text"]))
+    (work / "sorted.jsonl").write_bytes(b"".join(lines))
+    sort_s = time.perf_counter() - t0
+    r = run_graphrun(work / "sorted.jsonl", work / "g-sorted", dtype, batch, device,
+                     "[16,32,64,128]")
+    r.update(variant="graphrun seq=spec, file sorted by length", wall_s=r["wall_s"] + sort_s)
+    return r
+
+
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -159,6 +175,7 @@ def main() -> None:
     for seq in ("[16,32,64,128]", "auto"):
         rows.append(run_graphrun(work / "texts.jsonl", work / f"g-{seq[:4]}", a.dtype,
                                  a.batch_size, a.device, seq))
+    rows.append(run_sorted(work, a.dtype, a.batch_size, a.device))
     for r in rows[1:]:
         r["cosine"] = cosine_min(r["emb"], rows[0]["emb"])
     text = report(rows, a.sentences, lengths, a.dtype, a.device)
