@@ -78,7 +78,24 @@ def model_files(model, base_dir: Path) -> dict[str, Path]:
         source = target_source(model.target, base_dir)
         if source is not None:
             files["target"] = source
+    if getattr(model, "hf", None) is not None:
+        files.update(hf_files(model.hf.path, base_dir))
     return {role: Path(p) for role, p in files.items()}
+
+
+def hf_files(path: str, base_dir: Path) -> dict[str, Path]:
+    """A local Hugging Face folder's files (weights, config, ...), by role "hf/<name>"; none
+    for a hub name (its cache is the hub's) or a folder that is not there (validate says)."""
+    from graphrun.errors import ModelError
+    from graphrun.models.hf import resolve_path
+
+    try:
+        folder = Path(resolve_path(path, base_dir))
+    except ModelError:
+        return {}
+    if not folder.is_dir():
+        return {}
+    return {f"hf/{p.name}": p for p in sorted(folder.iterdir()) if p.is_file()}
 
 
 def target_source(target: str, base_dir: Path) -> Path | None:
@@ -313,7 +330,7 @@ def _model_change(was, now, model: dict[str, Path]) -> str:
     roles = [r for r in sorted(set(was) | set(now)) if was.get(r) != now.get(r)]
     what = {"weights": "weights file", "exported": "exported program",
             "torchscript": "TorchScript archive", "target": "source file"}
-    named = [f"{what.get(r, r)} {model.get(r, '(no longer given)')}" for r in roles]
+    named = [f"{what.get(r, 'file')} {model.get(r, '(no longer given)')}" for r in roles]
     return (f"the model's {', '.join(named)} changed" if named
             else "the model's files changed")
 

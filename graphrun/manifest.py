@@ -73,6 +73,10 @@ class BucketReport(_M):
     batches: int = 0
     records: int = 0
     padded_rows: int = 0
+    padded_positions: dict[str, int] = Field(
+        default_factory=dict, description="Per bucket axis other than batch: the slots (rows "
+        "x the axis's size) that held padding, in real and padded rows alike (token slots for "
+        "seq).")
     latency_us: dict[str, dict[str, float]] = Field(
         default_factory=dict, description="phase (h2d, replay, d2h, e2e) -> percentile -> us. "
         "e2e over every batch; h2d, replay and d2h (CUDA events on a GPU) over the bucket's "
@@ -113,6 +117,9 @@ class Totals(_M):
     capture_s: float
     capture_memory_bytes: int
     padding_ratio: float = Field(..., description="Padded rows / rows run.")
+    padding_ratio_positions: dict[str, float] = Field(
+        default_factory=dict, description="Per bucket axis other than batch: padded positions "
+        "/ positions run (token slots for seq), padded rows included.")
     device_busy_fraction: Optional[float] = Field(
         None, description="GPU runs: the compute stream's time (per bucket, batches x mean "
         "replay time; CUDA events) / wall time of the streaming part of the run; big copies "

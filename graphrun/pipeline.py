@@ -26,6 +26,7 @@ from .engine.timing import noise_floor_us, percentiles, spread_warning
 from .feed import feed_stream, slot_count
 from .overlap import (MEASURE, OVERLAP_ENV, OverlapTrial, overlap_choice, overlap_reason,
                       overlapped_path)
+from .padding import position_ratios
 from .stop_signals import StopSignals
 from .stream import ReadAhead, read_batches
 from .tuning import Tuning
@@ -379,6 +380,7 @@ class RunState:
                            if self.stream_s else 0.0),
             capture_s=capture_s, capture_memory_bytes=capture_mem,
             padding_ratio=padded / rows_run if rows_run else 0.0,
+            padding_ratio_positions=position_ratios(buckets),
             device_busy_fraction=busy,
             device_idle_fraction=None if busy is None else 1.0 - busy,
             overlapped=overlapped_path(self.trial, self.overlapped),

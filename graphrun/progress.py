@@ -137,7 +137,9 @@ def summary_table(manifest, shown: set[str] = frozenset()) -> None:
     console.print(f"records in {t.records_in}, out {t.records_out}, rejected "
                   f"{t.records_rejected}; {t.batches} batches; {t.records_per_s:,.0f} "
                   f"records/s; setup {t.setup_s:.2f} s, capture {t.capture_s:.2f} s; "
-                  f"padding {t.padding_ratio:.1%}")
+                  f"padding {t.padding_ratio:.1%} of rows"
+                  + "".join(f", {r:.1%} of {a} positions"
+                            for a, r in t.padding_ratio_positions.items()))
     where = stream_breakdown(t)
     if where:
         console.print(where)

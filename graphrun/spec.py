@@ -50,6 +50,35 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
 
 
+class HFModelSpec(Strict):
+    """A Hugging Face transformers model from a local folder or the local cache (never
+    downloaded)."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, populate_by_name=True,
+                              serialize_by_alias=True)
+
+    path: str = Field(..., min_length=1, description="A folder holding config.json and the "
+                      "weights (relative to the spec's folder), a cached hub name such as "
+                      "'sentence-transformers/all-MiniLM-L6-v2', or pkg://PACKAGE/SUBFOLDER: a "
+                      "folder inside an installed Python package.")
+    class_: str = Field("AutoModel", alias="class", description="The transformers class that "
+                        "loads it: any Auto class (AutoModel, AutoModelForCausalLM, "
+                        "AutoModelForSequenceClassification, ...) or a model class name.")
+    trust_remote_code: bool = Field(
+        False, description="Run Python code shipped in the model folder. Off unless set.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="More keyword arguments "
+                                   "for from_pretrained (e.g. attn_implementation: sdpa).")
+
+
+class TimmModelSpec(Strict):
+    """A timm vision model by name; seeded random weights unless model.weights is given."""
+
+    name: str = Field(..., min_length=1, description="timm model name, e.g. resnet18.")
+    args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for "
+                                 "timm.create_model (num_classes, in_chans, ...).")
+    seed: int = Field(0, description="Seed of the random weights.")
+
+
 class ModelSpec(Strict):
     """Where the model comes from and how it is prepared. Exactly one source."""
 
@@ -62,6 +91,10 @@ class ModelSpec(Strict):
         None, description="A torch.export archive (.pt2), relative to the spec's folder.")
     torchscript: Optional[Path] = Field(
         None, description="A TorchScript file (.pt), relative to the spec's folder.")
+    hf: Optional[HFModelSpec] = Field(
+        None, description="A Hugging Face transformers model (needs graphrun[hf]).")
+    timm: Optional[TimmModelSpec] = Field(
+        None, description="A timm vision model by name (needs timm).")
     args: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments for the builtin or target builder.")
     weights: Optional[Path] = Field(
@@ -90,14 +123,59 @@ class InputSpec(Strict):
     finite: bool = Field(False, description="Float inputs: reject records holding NaN or Inf.")
 
 
+REDUCE_OPS = ("mean_pool", "cls_pool", "last_pool", "l2_normalize", "softmax", "log_softmax",
+              "argmax")
+ReduceOp = Literal["mean_pool", "cls_pool", "last_pool", "l2_normalize", "softmax",
+                   "log_softmax", "argmax"]
+
+
+class TopKSpec(Strict):
+    """The k largest values along the last axis, largest first."""
+
+    k: Size = Field(..., description="How many.")
+    take: Literal["ids", "values"] = Field(
+        "ids", description="ids: their positions (int64, e.g. class or token ids); values: "
+        "the values themselves.")
+
+
 class OutputSpec(Strict):
-    """How one of the model's returns is named, unpadded and stored."""
+    """How one of the model's returns is named, picked, reduced, unpadded and stored."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, populate_by_name=True,
+                              serialize_by_alias=True)
 
     shape: list[Dim] = Field(
         ..., min_length=1, description="Dimensions; the first must be `batch`. Axes other than "
         "batch are cut back to each record's own length.")
     dtype: Optional[DType] = Field(
-        None, description="Cast to this dtype when written; null keeps the model's dtype.")
+        None, description="Cast to this dtype when written (inside the captured step where "
+        "from/reduce/topk are used); null keeps the model's dtype.")
+    from_: Optional[Union[str, int]] = Field(
+        None, alias="from", description="The field of the model's return this output is made "
+        "from: a key or attribute (last_hidden_state, logits, pooler_output) or a tuple "
+        "position. Setting from, reduce or topk computes the outputs inside the captured step.")
+    reduce: list[ReduceOp] = Field(
+        default_factory=list, description="Steps applied in order, inside the captured step: "
+        "mean_pool (mean over seq where the mask is 1), cls_pool (position 0), last_pool (the "
+        "last position where the mask is 1), l2_normalize, softmax, log_softmax (last axis), "
+        "argmax (last axis; must come last).")
+    topk: Optional[TopKSpec] = Field(
+        None, description="After reduce: the top k along the last axis (ids or values).")
+    mask: str = Field(
+        "attention_mask", min_length=1, description="The input holding the [batch, seq] mask "
+        "(1 real, 0 padding) that mean_pool and last_pool use.")
+
+    @property
+    def reduced(self) -> bool:
+        """Computed by the heads wrapper (models/heads.py) rather than named as returned."""
+        return self.from_ is not None or bool(self.reduce) or self.topk is not None
+
+    @field_validator("reduce")
+    @classmethod
+    def _argmax_last(cls, v: list[str]) -> list[str]:
+        if "argmax" in v[:-1]:
+            raise ValueError("argmax must be the last step (it turns values into ids)")
+        return v
 
 
 class VerifySpec(Strict):
@@ -130,6 +208,22 @@ class CaptureSpec(Strict):
         "MiB, instead of running out of memory.")
 
 
+class TextSpec(Strict):
+    """A text field tokenized into the model's inputs as the records are read."""
+
+    field: str = Field("text", min_length=1, description="The JSONL field or Parquet column "
+                       "holding each record's text.")
+    tokenizer: Optional[str] = Field(
+        None, description="A folder with tokenizer.json (a fast tokenizer), as model.hf.path "
+        "is written; null: the model's own (model.hf.path).")
+    truncate: bool = Field(
+        True, description="true: cut longer texts to max_length tokens; false: reject them "
+        "(on_bad_record says whether the run stops).")
+    max_length: Optional[Size] = Field(
+        None, description="Tokens per record at most; null: the largest seq bucket (or the "
+        "tokenizer's model_max_length when seq is auto).")
+
+
 class DataSpec(Strict):
     """The input file and how it is batched."""
 
@@ -145,6 +239,10 @@ class DataSpec(Strict):
     on_bad_record: Literal["error", "skip"] = Field(
         "error", description="error: stop at the first bad record; skip: write it to "
         "rejects.jsonl with the reason and go on.")
+    text: Optional[TextSpec] = Field(
+        None, description="Tokenize a text field into the inputs input_ids, attention_mask and "
+        "token_type_ids (those the spec lists), with the model's fast tokenizer (needs "
+        "graphrun[hf]).")
 
 
 class OutputConfig(Strict):

@@ -42,9 +42,10 @@ def check_spec(spec: PipelineSpec, base_dir: Path | None = None) -> list[tuple[t
     """base_dir: the spec's folder, where model.target's file or module is looked for."""
     found = []
     for rule in (_model_source, _axes, _ranges, _ragged_npy, _multiples, _batch_size, _files,
-                 _device, _grid):
+                 _device, _grid, _heads, _text):
         found.extend(rule(spec))
     found.extend(_target_found(spec, base_dir or spec.base_dir))
+    found.extend(_hf_paths(spec, base_dir or spec.base_dir))
     return found
 
 
@@ -79,10 +80,11 @@ def _target_found(spec: PipelineSpec, base_dir: Path) -> Found:
 
 def _model_source(spec: PipelineSpec) -> Found:
     m = spec.model
-    given = [k for k in ("builtin", "target", "exported", "torchscript") if getattr(m, k)]
+    given = [k for k in ("builtin", "target", "exported", "torchscript", "hf", "timm")
+             if getattr(m, k)]
     if not given:
         yield ("model",), ("no model source: give exactly one of builtin, target, exported, "
-                           "torchscript")
+                           "torchscript, hf, timm")
     elif len(given) > 1:
         yield ("model", given[1]), (f"two model sources ({' and '.join(given)}): keep exactly "
                                     "one")
@@ -256,3 +258,55 @@ def _memory_bytes() -> int | None:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return None
+
+
+TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def _heads(spec: PipelineSpec) -> Found:
+    for name, o in spec.outputs.items():
+        if "mean_pool" in o.reduce and o.mask not in spec.inputs:
+            yield ("outputs", name, "mask"), (
+                f"mean_pool needs the mask input {o.mask!r}, which inputs does not list: add "
+                "it (attention_mask: {shape: [batch, seq], dtype: int64}) or name the mask "
+                "input here")
+
+
+def _text(spec: PipelineSpec) -> Found:
+    text = spec.data.text
+    if text is None:
+        return
+    if text.tokenizer is None and spec.model.hf is None:
+        yield ("data", "text", "tokenizer"), ("the model is no Hugging Face model (model.hf): "
+                                              "give the tokenizer's folder")
+    if spec.data.path.suffix not in (".jsonl", ".parquet"):
+        yield ("data", "text"), (f"text is read from .jsonl or .parquet files, not "
+                                 f"{spec.data.path.suffix or 'this file'}")
+    other = [n for n in spec.inputs if n not in TEXT_INPUTS]
+    if other:
+        yield ("inputs", other[0]), (f"with data.text the inputs come from the tokenizer: "
+                                     f"name them among {', '.join(TEXT_INPUTS)}")
+    elif "input_ids" not in spec.inputs:
+        yield ("inputs",), "with data.text the inputs need input_ids: {shape: [batch, seq]}"
+    for name, inp in spec.inputs.items():
+        if len(inp.shape) != 2 or not isinstance(inp.shape[1], str):
+            yield ("inputs", name, "shape"), ("a tokenized input is [batch, seq], seq a bucket "
+                                              "axis: texts have lengths of their own")
+
+
+def _hf_paths(spec: PipelineSpec, base_dir: Path) -> Found:
+    """model.hf.path and data.text.tokenizer name a folder that exists (a hub name is looked
+    up in the local cache when the model is loaded)."""
+    from .errors import ModelError
+    from .models.hf import resolve_path
+
+    keys = []
+    if spec.model.hf is not None:
+        keys.append((("model", "hf", "path"), spec.model.hf.path))
+    if spec.data.text is not None and spec.data.text.tokenizer is not None:
+        keys.append((("data", "text", "tokenizer"), spec.data.text.tokenizer))
+    for key, path in keys:
+        try:
+            resolve_path(path, base_dir, ".".join(key))
+        except ModelError as e:
+            yield key, str(e).split(": ", 1)[1]

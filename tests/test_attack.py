@@ -199,6 +199,21 @@ def test_resume_refuses_changed_weights_and_a_changed_target_module(tmp_path):
         run_job(spec, out, resume=True, accept_model_change=True)  # not only the model
 
 
+def test_a_local_hugging_face_folder_is_part_of_the_model_fingerprint(tmp_path):
+    from types import SimpleNamespace
+    from graphrun.folder import model_files
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"weights")
+    model = SimpleNamespace(weights=None, exported=None, torchscript=None, target=None,
+                            hf=SimpleNamespace(path="tiny"))
+    assert model_files(model, tmp_path) == {"hf/config.json": folder / "config.json",
+                                            "hf/model.safetensors": folder / "model.safetensors"}
+    model.hf.path = "someone/hub-model"  # a hub name: its cache is not ours to hash
+    assert model_files(model, tmp_path) == {}
+
+
 # ---- 3. the journal is verified on resume ------------------------------------------------------
 
 def _forge(out: Path, how: str) -> None:

@@ -15,7 +15,9 @@ import graphrun
 from graphrun.models.load import build_model
 
 ROOT = Path(__file__).resolve().parent.parent
-PIPELINES = sorted((ROOT / "pipelines").glob("*.yaml"))
+# the real-model pipelines (Hugging Face, timm) have their own tests: tests/test_real_models.py
+PIPELINES = sorted(p for p in (ROOT / "pipelines").glob("*.yaml")
+                   if not any(k in p.read_text() for k in ("  hf:", "  timm:")))
 MANIFEST_SCHEMA = json.loads((ROOT / "schemas" / "manifest.schema.json").read_text())
 
 

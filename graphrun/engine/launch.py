@@ -208,7 +208,7 @@ class Launcher:
         host, n, bucket = self.slots[launch.slot].outputs, launch.n, launch.bucket
         outs = {name: cut_rows(real_rows(host, name, bucket, n), dims, launch.lengths)
                 for name, dims in self.runner.layout.out_dims.items()}
-        self.runner.count(bucket, n)
+        self.runner.count(bucket, n, launch.lengths)
         return outs
 
 

@@ -21,6 +21,7 @@ from ..buckets import Bucket, BucketTable, cut_rows, pad_into, split_sizes
 from ..device import resolve_backend, resolve_device
 from ..errors import InputError
 from ..manifest import BucketReport, LaneReport
+from ..padding import add_padded_positions
 from ..models.load import (build_model, call_model, compile_model, first_call,
                            model_input_dtypes, name_outputs, unlisted_outputs)
 from ..spec import BATCH, PipelineSpec
@@ -163,11 +164,15 @@ class Runner:
     def check_real(self, lane: Lane, state: BucketState) -> bool:
         return self.capturer.check_real(self.lanes, lane, state)
 
-    def count(self, bucket: Bucket, n: int) -> None:
+    def count(self, bucket: Bucket, n: int, lengths: dict | None = None) -> None:
+        """A finished batch in its bucket's counts; with the records' lengths per axis, its
+        padded positions on each axis too."""
         stats = self.states[bucket].stats
         stats["batches"] += 1
         stats["records"] += n
         stats["padded_rows"] += bucket.batch - n
+        if lengths:
+            add_padded_positions(stats, bucket, lengths, n)
 
     # -- running batches -----------------------------------------------------------------------
 

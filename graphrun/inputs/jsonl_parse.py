@@ -38,7 +38,12 @@ def jsonl_candidates(spec: PipelineSpec, file: str, lines: list[bytes], linenos:
     reasons = [""] * len(lines)
     if records is None:  # some line is bad: parse line by line for its reason
         records, reasons = zip(*map(_parse_line, lines))
-    reasons = repeated_keys(lines, expected, list(reasons))
+    text = spec.data.text
+    keyed = expected if text is None else {text.field} | ({id_field} if id_field else set())
+    reasons = repeated_keys(lines, keyed, list(reasons))
+    if spec.data.text is not None:  # a text field tokenized into the inputs (inputs/text.py)
+        from graphrun.inputs.text import jsonl_text_candidates
+        return jsonl_text_candidates(spec, file, records, reasons, linenos, first)
     good, rejects = [], []
     for p, record in enumerate(records):
         if (not reasons[p] and type(record) is dict and record.keys() == expected

@@ -95,7 +95,10 @@ class _Decoding:
         self.path, self.spec, self.tuning = reader.path, reader.spec, reader.tuning
         self.pf, self.meta, self.start, self.stop = pf, pf.metadata, start, stop
         id_field = self.spec.data.id_field
-        self.columns = list(self.spec.inputs) + ([id_field] if id_field else [])
+        # a text column is read in place of the inputs it is tokenized into (inputs/text.py)
+        text = self.spec.data.text
+        self.columns = (([text.field] if text else list(self.spec.inputs))
+                        + ([id_field] if id_field else []))
         self.first = dict(spans)
         self.sizes = {g: decoded_bytes(self.meta.row_group(g), self.spec) for g, _ in spans}
         rows = sum(self.meta.row_group(g).num_rows for g, _ in spans)

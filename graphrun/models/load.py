@@ -20,6 +20,9 @@ from torch import nn
 
 from graphrun.errors import ModelError
 from graphrun.models.decoder import build_decoder
+from graphrun.models.heads import Heads, needs_heads
+from graphrun.models.hf import load_hf
+from graphrun.models.vision import load_timm
 from graphrun.models.mlp import build_mlp
 from graphrun.spec import BATCH, PipelineSpec
 
@@ -44,6 +47,10 @@ def build_model(spec: PipelineSpec, device: torch.device,
                        m.args, spec.max_size(BATCH), wrap=(Exception,))
     elif m.exported is not None:
         model = _load_exported(m.exported, device)
+    elif m.hf is not None:
+        model = load_hf(m.hf, base_dir)
+    elif m.timm is not None:
+        model = load_timm(m.timm)
     else:
         assert m.torchscript is not None, "the spec checker ensures one model source"
         model = _load_torchscript(m.torchscript, device)
@@ -55,6 +62,8 @@ def build_model(spec: PipelineSpec, device: torch.device,
         model.eval()
     for param in model.parameters():  # a ScriptModule has no requires_grad_()
         param.requires_grad_(False)
+    if needs_heads(spec):  # outputs picked and reduced inside the captured step
+        model = Heads(model, spec.outputs, list(spec.inputs), m.call)
     return model
 
 

@@ -1,0 +1,53 @@
+"""The small real-model examples' files: a GPT-2 of random seeded weights saved as a local
+Hugging Face folder (examples/models/gpt2-tiny, what pipelines/gpt2-next-token.yaml loads),
+its token file, and small images for pipelines/resnet18-top5.yaml.
+
+    python3 examples/make_real_models.py [MODEL_DIR]   (needs transformers: graphrun[hf])
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+VOCAB = 1000
+
+
+def save_gpt2(folder: Path, seed: int = 0) -> Path:
+    """A 2-layer GPT-2 (GPT2Config, vocab 1000, 32 wide), random weights from `seed`."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config(vocab_size=VOCAB, n_positions=128, n_embd=32, n_layer=2, n_head=4)
+    GPT2LMHeadModel(config).save_pretrained(folder)
+    return folder
+
+
+def write_tokens(path: Path, n: int = 120, seed: int = 0) -> None:
+    """Records {id, input_ids, attention_mask} of 3 to 60 tokens."""
+    rng = np.random.default_rng(seed)
+    with path.open("w") as f:
+        for i in range(n):
+            length = int(rng.integers(3, 61))
+            ids = rng.integers(0, VOCAB, length).tolist()
+            f.write(json.dumps({"id": f"t{i:04d}", "input_ids": ids,
+                                "attention_mask": [1] * length}) + "\n")
+
+
+def write_images(path: Path, n: int = 8, seed: int = 0) -> None:
+    """[n, 3, 32, 32] float32 images, normalised as a vision model expects (mean 0, std 1)."""
+    np.save(path, np.random.default_rng(seed).standard_normal((n, 3, 32, 32), np.float32))
+
+
+if __name__ == "__main__":
+    model_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE / "models" / "gpt2-tiny"
+    save_gpt2(model_dir)
+    print(f"wrote {model_dir}")
+    if len(sys.argv) == 1:
+        write_tokens(HERE / "data" / "tokens.jsonl")
+        write_images(HERE / "data" / "images.npy")

