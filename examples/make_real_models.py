@@ -1,8 +1,11 @@
-"""The small real-model examples' files: a GPT-2 of random seeded weights saved as a local
-Hugging Face folder (examples/models/gpt2-tiny, what pipelines/gpt2-next-token.yaml loads),
-its token file, and small images for pipelines/resnet18-top5.yaml.
+"""The small real-model examples' files: a GPT-2 and a ResNet image classifier of random
+seeded weights saved as local Hugging Face folders (examples/models/gpt2-tiny and
+examples/models/resnet-tiny, what pipelines/gpt2-next-token.yaml and pipelines/resnet-top5.yaml
+load), the token file, and the images of pipelines/resnet-top5.yaml and resnet18-top5.yaml.
 
     python3 examples/make_real_models.py [MODEL_DIR]   (needs transformers: graphrun[hf])
+
+With MODEL_DIR only the GPT-2 is written, there.
 """
 
 from __future__ import annotations
@@ -28,6 +31,19 @@ def save_gpt2(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
+def save_resnet(folder: Path, seed: int = 0) -> Path:
+    """resnet18's layout (4 stages of 2 basic blocks) at 1/8 of its width (8 to 64 channels),
+    100 classes, random weights from `seed`: about 180,000 parameters, under 1 MB."""
+    import torch
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    torch.manual_seed(seed)
+    config = ResNetConfig(embedding_size=8, hidden_sizes=[8, 16, 32, 64], depths=[2, 2, 2, 2],
+                          layer_type="basic", num_labels=100)
+    ResNetForImageClassification(config).save_pretrained(folder)  # model.safetensors
+    return folder
+
+
 def write_tokens(path: Path, n: int = 120, seed: int = 0) -> None:
     """Records {id, input_ids, attention_mask} of 3 to 60 tokens."""
     rng = np.random.default_rng(seed)
@@ -39,7 +55,7 @@ def write_tokens(path: Path, n: int = 120, seed: int = 0) -> None:
                                 "attention_mask": [1] * length}) + "\n")
 
 
-def write_images(path: Path, n: int = 8, seed: int = 0) -> None:
+def write_images(path: Path, n: int = 30, seed: int = 0) -> None:
     """[n, 3, 32, 32] float32 images, normalised as a vision model expects (mean 0, std 1)."""
     np.save(path, np.random.default_rng(seed).standard_normal((n, 3, 32, 32), np.float32))
 
@@ -49,5 +65,6 @@ if __name__ == "__main__":
     save_gpt2(model_dir)
     print(f"wrote {model_dir}")
     if len(sys.argv) == 1:
+        save_resnet(HERE / "models" / "resnet-tiny")
         write_tokens(HERE / "data" / "tokens.jsonl")
         write_images(HERE / "data" / "images.npy")

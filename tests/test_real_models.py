@@ -1,5 +1,6 @@
 """The shipped real-model pipelines against their own libraries' eager results: MiniLM against
-sentence-transformers' encode(), a GPT-2 against transformers, resnet18 against timm."""
+sentence-transformers' encode(), a GPT-2 and a ResNet against transformers, resnet18 against
+timm."""
 
 from __future__ import annotations
 
@@ -89,6 +90,28 @@ def test_gpt2_next_token_topk_equals_eager_transformers(tmp_path, gpt2_folder):
             probs, top = torch.softmax(logits, -1).topk(5)
             assert row["next_ids"] == top.tolist(), rec["id"]
             np.testing.assert_allclose(row["next_probs"], probs.numpy(), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.skipif(bool(_missing("transformers")), reason=str(_missing("transformers")))
+def test_resnet_top5_equals_eager_transformers(tmp_path):
+    """The shipped pipeline as shipped (its committed folder and images): 30 images in batches
+    of 8, the last padded from 6, against one eager call on all of them."""
+    from transformers import AutoModelForImageClassification
+
+    spec = graphrun.load_spec(PIPELINES / "resnet-top5.yaml", ["device=cpu"])
+    m = graphrun.run(spec, out=tmp_path / "out")
+    ids, top5 = _npy_outputs(tmp_path / "out", "top5")
+    _, logits5 = _npy_outputs(tmp_path / "out", "top5_logits")
+    images = torch.from_numpy(np.load(spec.data.path))
+    assert m.totals.records_out == len(ids) == len(images) == 30
+    assert ids == list(range(30)) and sum(b.padded_rows for b in m.buckets) == 2
+    model = AutoModelForImageClassification.from_pretrained(
+        spec.base_dir / spec.model.hf.path).eval()
+    with torch.inference_mode():
+        want = torch.topk(model(pixel_values=images).logits, 5)
+    assert top5.shape == (30, 5) and top5.dtype == np.int64
+    np.testing.assert_array_equal(top5, want.indices.numpy())
+    np.testing.assert_allclose(logits5, want.values.numpy(), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.skipif(bool(_timm_importable()), reason=str(_timm_importable()))
