@@ -6,6 +6,7 @@ A user error (GraphrunError) prints one message and exits non-zero, without a tr
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
@@ -15,6 +16,14 @@ from . import __version__
 from .errors import GraphrunError, Interrupted
 
 _debug = False
+
+
+def _exit_quietly() -> None:
+    """The run is over (its manifest written): a SIGINT or SIGTERM from here on ends the
+    process as the signal does by default, not with a KeyboardInterrupt traceback out of an
+    exit handler (a thread pool's, torch's) while the interpreter shuts down."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def _fail(err: GraphrunError) -> None:
@@ -52,6 +61,9 @@ def main() -> None:
               help="Output folder (default: the spec's output.dir).")
 @click.option("--resume", is_flag=True, help="Continue an interrupted run in the output folder.")
 @click.option("--overwrite", is_flag=True, help="Replace graphrun's files in the output folder.")
+@click.option("--accept-model-change", is_flag=True,
+              help="With --resume: go on although a model file (weights, archive, target "
+                   "source) changed, for a change that does not alter outputs (a fix).")
 @click.option("--start", type=click.IntRange(min=0), default=0,
               help="First input record to read (for one slice per process).")
 @click.option("--stop", type=click.IntRange(min=0), default=None,
@@ -59,7 +71,8 @@ def main() -> None:
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary table.")
 @click.option("--report", "with_report", is_flag=True,
               help="Also write report.html (charts) beside manifest.json.")
-def run(spec, overrides, out, resume, overwrite, start, stop, quiet, with_report) -> None:
+def run(spec, overrides, out, resume, overwrite, accept_model_change, start, stop, quiet,
+        with_report) -> None:
     """Run SPEC: read its input, replay every batch, write outputs and manifest.json."""
     from .pipeline import run as run_pipeline
     from .spec_load import load_spec
@@ -70,13 +83,22 @@ def run(spec, overrides, out, resume, overwrite, start, stop, quiet, with_report
     try:
         pipeline = load_spec(spec, overrides)
         manifest = run_pipeline(pipeline, out=out, resume=resume, overwrite=overwrite,
-                                show=show, start=start, stop=stop)
+                                show=show, start=start, stop=stop,
+                                accept_model_change=accept_model_change)
+    except KeyboardInterrupt:  # SIGINT before the run took over its signals (loading the spec)
+        _exit_quietly()
+        click.echo("graphrun: interrupted by SIGINT before the run started; nothing was "
+                   "written", err=True)
+        sys.exit(128 + signal.SIGINT)
     except Interrupted as err:
+        _exit_quietly()
         click.echo(f"graphrun: {err}", err=True)
         sys.exit(err.exit_code)
     except GraphrunError as err:
+        _exit_quietly()
         _fail(err)
     else:
+        _exit_quietly()
         t = manifest.totals
         dest = out or pipeline.output.dir
         if manifest._already_complete:

@@ -2,11 +2,13 @@
 
 An output folder holds, besides the shards (see outputs/ for their names):
 
-    run.json        the run's fingerprint ({"spec_sha256": ..., "input_sha256": ...}), written
-                    when the folder is first prepared; --resume refuses a folder whose
-                    fingerprint differs. The input is hashed beside setup, so a new run
-                    first writes input_sha256 null, then the hash before it streams: a
-                    run.json without the hash means nothing was committed.
+    run.json        the run's fingerprint ({"spec_sha256", "input_sha256", "model_sha256":
+                    {role: sha256} of its files, "slice", "shards": the shard file
+                    suffixes}), written when the folder is first prepared; it also marks the
+                    folder as graphrun's (folder.py). --resume refuses a folder whose
+                    fingerprint differs. Input and model are hashed beside setup, so a new run
+                    first writes their hashes null, then the hashes before it streams: a
+                    run.json without them means nothing was committed.
     journal.jsonl   one line per committed shard, in shard order, appended (and fsynced) only
                     after the shard's files are fsynced and renamed into place and the rejects
                     below its next_index are durable (write.py commits off the writer's thread,
@@ -14,22 +16,24 @@ An output folder holds, besides the shards (see outputs/ for their names):
                     {"shard": k, "files": [{"path", "rows", "sha256", "bytes"}], "rows": total
                      rows so far, "next_index": input ordinal after the shard's last row,
                      "read_from": first ordinal of the batch holding that row,
-                     "rejects_bytes": size of rejects.jsonl then, "rejects": its line count}
+                     "rejects_bytes": size of rejects.jsonl then, "rejects": its line count,
+                     "sha256": of this line's fields and the previous line's sha256}
     rejects.jsonl   {"index", "id", "where", "reason"} per rejected record.
 
 Resuming reads the last whole journal line: reading restarts at read_from (the start of the
 batch that held the last committed row, so batching is as before; rows and rejects below
 next_index are dropped as they come again), shard numbering at
 k + 1, and rejects.jsonl is cut back to rejects_bytes, so nothing after the last commit is kept
-and nothing before it is repeated.
+and nothing before it is repeated. Every line is verified first (journal_line): its checksum
+chain, shard numbers without a gap, row counts, next_index = first + rows + rejects.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -42,10 +46,18 @@ from graphrun.errors import InputError, OutputError
 JOURNAL = "journal.jsonl"
 REJECTS = "rejects.jsonl"
 RUN_JSON = "run.json"
-# Every name graphrun writes into an output folder; --overwrite removes these and nothing else.
-OWN_PATTERNS = ("part-*", JOURNAL, REJECTS, "manifest.json", "latencies.jsonl", ".*.tmp",
-                RUN_JSON)
-SHARD_TEMPS = ".part-*.tmp"  # a shard being written (outputs/)
+_SHARD = re.compile(r"(\.?)part-(\d{5,})\.(.+?)(\.tmp)?")
+
+
+def shard_number(name: str, suffixes: list[str], *, temp: bool | None = None) -> int | None:
+    """The shard a file name belongs to, if it is exactly one of the format's names
+    (`part-00003.<suffix>`, or `.part-00003.<suffix>.tmp` while written); else None."""
+    m = _SHARD.fullmatch(name)
+    if m is None or m.group(3) not in suffixes or bool(m.group(1)) != bool(m.group(4)):
+        return None
+    if temp is not None and bool(m.group(4)) != temp:
+        return None
+    return int(m.group(2))
 
 
 @dataclass(frozen=True)
@@ -73,6 +85,7 @@ class ResumePoint:
     # resumed run's outputs are bit-identical to an uninterrupted one. Rows and rejects below
     # next_index that this re-reads are dropped by the writer.
     read_from: int | None = None
+    digest: str = ""  # the last journal line's checksum; the next line's chains on it
 
     @property
     def start(self) -> int:
@@ -197,155 +210,146 @@ def cut_torn_tail(path: Path) -> None:
             truncate_durably(path, data.rfind(b"\n") + 1)
 
 
+def line_digest(prev: str, line: dict) -> str:
+    """A journal line's checksum: sha256 of the previous line's and this line's fields, so a
+    line edited, dropped, repeated or appended by hand breaks the chain."""
+    body = json.dumps({k: v for k, v in line.items() if k != "sha256"}, sort_keys=True)
+    return hashlib.sha256((prev + body).encode()).hexdigest()
+
+
 def append_journal(out_dir: Path, shard: int, files: list[FileInfo], rows: int,
-                   next_index: int, rejects_bytes: int, rejects: int, read_from: int) -> None:
+                   next_index: int, rejects_bytes: int, rejects: int, read_from: int,
+                   prev: str = "") -> str:
+    """Append a shard's line (durably); returns its checksum, for the next line's `prev`."""
     line = {"shard": shard, "files": [asdict(f) for f in files], "rows": rows,
             "next_index": next_index, "read_from": read_from,
             "rejects_bytes": rejects_bytes, "rejects": rejects}
+    line["sha256"] = line_digest(prev, line)
     append_durably(out_dir / JOURNAL, (json.dumps(line) + "\n").encode())
+    return line["sha256"]
 
 
-def read_journal(out_dir: Path) -> ResumePoint | None:
-    """The point after the last whole journal line, or None when nothing was committed."""
+def read_journal(out_dir: Path, first: int = 0) -> ResumePoint | None:
+    """The point after the last whole journal line, or None when nothing was committed.
+    Every line is checked (journal_line): its checksum, and that it continues the one
+    before; first is the run's first input ordinal (its slice's start)."""
     path = Path(out_dir) / JOURNAL
     if not path.exists():
         return None
-    point = None
-    files: list[FileInfo] = []
+    point = ResumePoint(next_index=first, shard=0, rows=0, rejects=0, rejects_bytes=0)
     # The piece after the last newline is empty, or a line torn by a crash mid-append.
     for number, raw in enumerate(path.read_bytes().split(b"\n")[:-1], 1):
         try:
-            line = json.loads(raw)
-            files += [FileInfo(**f) for f in line["files"]]
-            point = ResumePoint(next_index=line["next_index"], shard=line["shard"] + 1,
-                                rows=line["rows"], rejects=line["rejects"],
-                                rejects_bytes=line["rejects_bytes"], files=files,
-                                read_from=line.get("read_from"))
-        except (ValueError, KeyError, TypeError) as e:
-            raise OutputError(f"{path}:{number} is not a journal line ({e!r}); the folder "
-                              "cannot be resumed; rerun with --overwrite") from None
-    return point
+            point = journal_line(json.loads(raw), point, first)
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            why = str(e) if isinstance(e, ValueError) and str(e) else repr(e)
+            raise OutputError(f"{path}:{number} is not a journal line graphrun wrote ({why}); "
+                              "the folder cannot be resumed; rerun with --overwrite") from None
+    return point if point.shard else None
 
 
-def check_fresh(out_dir: Path) -> None:
-    """A new writer must not mix its shards with another run's; prepare_out_dir clears those."""
+def journal_line(line: dict, before: ResumePoint, first: int) -> ResumePoint:
+    """The point after `line`, checked against the point before it; ValueError says why not."""
+    if line.get("sha256") != line_digest(before.digest, line):
+        raise ValueError("its checksum does not match: edited, reordered or not graphrun's")
+    files = [FileInfo(**f) for f in line["files"]]
+    ints = [line[k] for k in ("shard", "rows", "next_index", "read_from", "rejects",
+                              "rejects_bytes")] + [v for f in files for v in (f.rows, f.bytes)]
+    if not all(type(v) is int and v >= 0 for v in ints):
+        raise ValueError("a count is not a whole number")
+    if line["shard"] != before.shard:
+        raise ValueError(f"shard {line['shard']} where shard {before.shard} comes next")
+    rows = line["rows"] - before.rows
+    if not files or any(f.rows != rows for f in files) or rows <= 0:
+        raise ValueError(f"its files do not hold the {rows} rows it adds")
+    if any(shard_number(f.path, [f.path.split(".", 1)[-1]]) != before.shard for f in files):
+        raise ValueError(f"its files are not named as shard {before.shard}'s")
+    if line["rejects"] < before.rejects or line["rejects_bytes"] < before.rejects_bytes:
+        raise ValueError("its rejects count backwards")
+    if line["next_index"] != first + line["rows"] + line["rejects"]:
+        raise ValueError(f"next_index {line['next_index']} is not the run's first record "
+                         f"{first} + its {line['rows']} rows + {line['rejects']} rejects")
+    if not (before.start <= line["read_from"] <= line["next_index"]):
+        raise ValueError(f"read_from {line['read_from']} is outside {before.start}.."
+                         f"{line['next_index']}")
+    return ResumePoint(next_index=line["next_index"], shard=line["shard"] + 1, rows=line["rows"],
+                       rejects=line["rejects"], rejects_bytes=line["rejects_bytes"],
+                       files=before.files + files, read_from=line["read_from"],
+                       digest=line["sha256"])
+
+
+def journal_names(out_dir: Path) -> tuple[set[str], int]:
+    """(the file names the journal lists, the first shard it does not), read leniently: for
+    --overwrite, which removes them, a journal that fails read_journal's checks still names
+    graphrun's files (only plain shard names are taken: never a path)."""
+    names: set[str] = set()
+    shards = 0
+    try:
+        raw = (Path(out_dir) / JOURNAL).read_bytes().split(b"\n")[:-1]
+    except OSError:
+        return names, 0
+    for line in raw:
+        try:
+            entry = json.loads(line)
+            for f in entry["files"]:
+                if shard_number(f["path"], [f["path"].split(".", 1)[-1]]) is not None:
+                    names.add(f["path"])
+            shards = max(shards, int(entry["shard"]) + 1)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return names, shards
+
+
+def check_fresh(out_dir: Path, suffixes: list[str]) -> None:
+    """A new writer must not mix its shards with another run's; prepare_out_dir clears those.
+    suffixes: the format's shard file suffixes (outputs.shard_suffixes)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     stale = sorted(p.name for p in out_dir.iterdir()
-                   if p.name in (JOURNAL, REJECTS) or fnmatch.fnmatchcase(p.name, "part-*"))
+                   if p.name in (JOURNAL, REJECTS) or shard_number(p.name, suffixes, temp=False)
+                   is not None)
     if stale:
         raise OutputError(f"output folder {out_dir} already holds {_names(stale)}; pass --resume "
                           "to continue that run or --overwrite to replace it")
-    _remove(out_dir, list(out_dir.glob(SHARD_TEMPS)))
+    _remove(out_dir, [p for p in out_dir.iterdir() if shard_number(p.name, suffixes, temp=True)
+                      is not None])
 
 
-def restore(out_dir: Path, point: ResumePoint) -> None:
+def restore(out_dir: Path, point: ResumePoint, suffixes: list[str]) -> None:
     """Put the folder back to `point`: check the committed files, drop everything after."""
-    for info in point.files:
-        path = out_dir / info.path
-        if not path.is_file():
-            raise OutputError(f"cannot resume {out_dir}: {info.path} is listed in {JOURNAL} but "
-                              "missing; rerun with --overwrite")
-        if path.stat().st_size != info.bytes or sha256_file(path) != info.sha256:
-            raise OutputError(f"cannot resume {out_dir}: {info.path} differs from what {JOURNAL} "
-                              "recorded (sha256); rerun with --overwrite")
-    # A shard renamed into place whose journal line never landed is not part of the run.
-    listed = {info.path for info in point.files}
-    _remove(out_dir, [p for p in out_dir.glob("part-*") if p.name not in listed]
-            + list(out_dir.glob(SHARD_TEMPS)))
+    check_committed(out_dir, point, hashes=True)
+    # A shard renamed into place whose journal line never landed is not part of the run, nor
+    # are temp files; their names are exactly the format's, numbered from the next shard.
+    _remove(out_dir, [p for p in out_dir.iterdir()
+                      if (shard_number(p.name, suffixes) or -1) >= point.shard])
     rejects = out_dir / REJECTS
-    have = rejects.stat().st_size if rejects.exists() else 0
-    if have < point.rejects_bytes:
-        raise OutputError(f"cannot resume {out_dir}: {REJECTS} holds {have} bytes but {JOURNAL} "
-                          f"recorded {point.rejects_bytes}; rerun with --overwrite")
     if rejects.exists():
         truncate_durably(rejects, point.rejects_bytes)  # rejects past the last commit come again
     cut_torn_tail(out_dir / JOURNAL)
 
 
-def is_own(name: str) -> bool:
-    return any(fnmatch.fnmatchcase(name, p) for p in OWN_PATTERNS)
-
-
-def prepare_out_dir(out_dir: Path, *, resume: bool, overwrite: bool,
-                    fingerprint: dict) -> ResumePoint | None:
-    """Make `out_dir` ready for a run; return where to resume, or None to start from record 0.
-
-    A new or empty folder is used as is. Otherwise: --overwrite replaces graphrun's own files
-    (never others'); --resume continues the run there if its fingerprint matches; a plain run
-    is refused, unless the run there ended (failed or interrupted) before committing anything."""
-    out_dir = Path(out_dir)
-    if resume and overwrite:
-        raise OutputError("--resume and --overwrite exclude each other; pass one of them")
-    if not out_dir.exists() or not any(out_dir.iterdir()):
-        _start(out_dir, fingerprint)
-        return None
-    own, foreign = _split_entries(out_dir)
-    if overwrite:
-        if foreign:
-            raise OutputError(f"output folder {out_dir} holds files graphrun did not write "
-                              f"({_names(foreign)}); refusing to --overwrite it: move them away "
-                              "or pick another output folder")
-        _remove(out_dir, own)
-        _start(out_dir, fingerprint)
-        return None
-    if not resume:
-        if not own:
-            raise OutputError(f"output folder {out_dir} is not empty ({_names(foreign)}); "
-                              "pick a new or empty folder")
-        if not foreign and _ended_with_nothing_committed(out_dir):
-            # An earlier attempt failed (e.g. at setup) or was stopped before its first commit:
-            # nothing here is worth protecting or resuming, and sending the user to --resume
-            # (refused once the spec is fixed) or --overwrite helps nobody. Start over in it.
-            _remove(out_dir, own)
-            _start(out_dir, fingerprint)
-            return None
-        raise OutputError(f"output folder {out_dir} exists and holds a run; pass --resume to "
-                          "continue it or --overwrite to replace it")
-    _check_fingerprint(out_dir, fingerprint)
-    point = read_journal(out_dir)
-    if point is None:
-        # Nothing was committed: whatever the earlier attempt left is incomplete.
-        _remove(out_dir, [p for p in own if p.name != RUN_JSON])
-        write_fingerprint(out_dir, fingerprint)
-    return point
-
-
-def _start(out_dir: Path, fingerprint: dict) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_fingerprint(out_dir, fingerprint)
-
-
-def write_fingerprint(out_dir: Path, fingerprint: dict) -> None:
-    """run.json, replaced durably (the input's hash is added once it is known)."""
-    tmp = out_dir / f".{RUN_JSON}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(fingerprint, f, indent=2, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, out_dir / RUN_JSON)
-    fsync_path(out_dir)
-
-
-def _ended_with_nothing_committed(out_dir: Path) -> bool:
-    """The last attempt ended (its manifest says failed or interrupted) and never committed a
-    shard (no whole journal line). Without a manifest the folder may belong to a run still in
-    setup, and a completed run whose every record was rejected has rejects but no journal:
-    both are kept."""
-    if read_journal(out_dir) is not None:
-        return False
-    try:
-        status = json.loads((out_dir / "manifest.json").read_text()).get("status")
-    except (OSError, ValueError, AttributeError):
-        return False  # absent or unreadable: keep refusing rather than guess
-    return status in ("failed", "interrupted")
-
-
-def _split_entries(out_dir: Path) -> tuple[list[Path], list[Path]]:
-    own, foreign = [], []
-    for p in sorted(out_dir.iterdir()):
-        (own if p.is_file() and is_own(p.name) else foreign).append(p)
-    return own, foreign
+def check_committed(out_dir: Path, point: ResumePoint, *, hashes: bool) -> None:
+    """The files the journal lists are there, of their size (and sha256, with hashes), and
+    rejects.jsonl holds the rejects it recorded; else OutputError. Without hashes it reads
+    only rejects.jsonl (a completed run's --resume, which rewrites nothing)."""
+    for info in point.files:
+        path = out_dir / info.path
+        if not path.is_file():
+            raise OutputError(f"cannot resume {out_dir}: {info.path} is listed in {JOURNAL} but "
+                              "missing; rerun with --overwrite")
+        if path.stat().st_size != info.bytes or (hashes and sha256_file(path) != info.sha256):
+            raise OutputError(f"cannot resume {out_dir}: {info.path} differs from what {JOURNAL} "
+                              "recorded (sha256); rerun with --overwrite")
+    rejects = out_dir / REJECTS
+    have = rejects.stat().st_size if rejects.exists() else 0
+    if have < point.rejects_bytes:
+        raise OutputError(f"cannot resume {out_dir}: {REJECTS} holds {have} bytes but {JOURNAL} "
+                          f"recorded {point.rejects_bytes}; rerun with --overwrite")
+    if point.rejects_bytes:
+        with open(rejects, "rb") as f:
+            lines = f.read(point.rejects_bytes).count(b"\n")
+        if lines != point.rejects:
+            raise OutputError(f"cannot resume {out_dir}: {REJECTS} holds {lines} rejects where "
+                              f"{JOURNAL} recorded {point.rejects}; rerun with --overwrite")
 
 
 def _names(paths: list, shown: int = 5) -> str:
@@ -359,28 +363,3 @@ def _remove(out_dir: Path, paths: list[Path]) -> None:
     fsync_path(out_dir)
 
 
-def _check_fingerprint(out_dir: Path, fingerprint: dict) -> None:
-    path = out_dir / RUN_JSON
-    if not path.exists():
-        raise OutputError(f"output folder {out_dir} has no {RUN_JSON}, so it cannot be resumed; "
-                          "rerun with --overwrite to replace it")
-    try:
-        before = json.loads(path.read_text())
-    except ValueError as e:
-        raise OutputError(f"{path} is not JSON ({e}); rerun with --overwrite") from None
-    now = json.loads(json.dumps(fingerprint))  # compare as stored: tuples become lists
-    if before.get("input_sha256", "") is None and read_journal(out_dir) is None:
-        before["input_sha256"] = now.get("input_sha256")  # never hashed, nothing committed
-    changed = [_change(k, before.get(k), now.get(k))
-               for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
-    if changed:
-        raise OutputError(f"cannot resume {out_dir}: it holds a different run ("
-                          + "; ".join(changed) + "); rerun with --overwrite to start over, or "
-                          "pick another output folder")
-
-
-def _change(key: str, was, now) -> str:
-    def short(v):
-        return "absent" if v is None else repr(v[:12] + "..." if isinstance(v, str)
-                                               and len(v) > 16 else v)
-    return f"{key} changed (was {short(was)}, now {short(now)})"

@@ -241,9 +241,11 @@ def write_manifest(manifest: Manifest, path) -> None:
     os.replace(tmp, path)
 
 
-def completed_manifest(out_dir: Path, fingerprint: dict) -> Manifest | None:
-    """The manifest of a completed run of this very spec, input and slice in out_dir (the
-    one --resume would continue), else None: prepare_out_dir then decides, and explains."""
+def completed_manifest(out_dir: Path, fingerprint: dict, *,
+                       with_model: bool = True) -> Manifest | None:
+    """The manifest of a completed run of this very spec, input, model (unless with_model is
+    False: --accept-model-change) and slice in out_dir (the one --resume would continue),
+    else None: prepare_out_dir then decides, and explains."""
     try:
         ran = json.loads((out_dir / "run.json").read_text())
         manifest = Manifest.model_validate_json((out_dir / "manifest.json").read_text())
@@ -251,15 +253,19 @@ def completed_manifest(out_dir: Path, fingerprint: dict) -> Manifest | None:
         return None
     if not isinstance(ran, dict):
         return None
-    same = all(ran.get(k) == fingerprint[k] for k in ("spec_sha256", "input_sha256"))
+    keys = ("spec_sha256", "input_sha256") + (("model_sha256",) if with_model else ())
+    same = all(ran.get(k) == fingerprint.get(k) for k in keys)
     if not same or list(ran.get("slice", [])) != list(fingerprint["slice"]):
         return None
-    from .journal import read_journal
+    from .journal import check_committed, read_journal
 
-    point = read_journal(out_dir)  # the journal, not the manifest, says what is committed
+    # the journal, not the manifest, says what is committed
+    point = read_journal(out_dir, fingerprint["slice"][0] or 0)
     committed = point.rows if point else 0
     if manifest.status != "completed" or committed != manifest.totals.records_out:
         return None
+    if point is not None:  # refuses a folder changed since (a file missing, rejects cut)
+        check_committed(out_dir, point, hashes=False)
     manifest._already_complete = True
     return manifest
 

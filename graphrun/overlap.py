@@ -9,6 +9,9 @@ from __future__ import annotations
 import time
 from typing import Iterable, Iterator
 
+from . import envs
+from .errors import GraphrunError
+
 
 class Cursor:
     """The input's record batches, taken in legs: each with the first input ordinal it
@@ -133,3 +136,45 @@ def _covered_to(rb, start: int) -> int:
     if rb.rejects:
         last = max(last, max(r.index for r in rb.rejects))
     return last
+
+
+OVERLAP_ENV = "GRAPHRUN_OVERLAP"
+MEASURE = "measure"
+_OVERLAP_WORDS = {"on": True, "1": True, "true": True, "off": False, "0": False, "false": False,
+                  MEASURE: MEASURE, "auto": None, "": None}
+
+
+def overlap_choice(overlap: bool | str | None) -> bool | str | None:
+    """The caller's choice, else GRAPHRUN_OVERLAP's; None: decide by the device."""
+    if overlap is not None:
+        if overlap not in (True, False, MEASURE):
+            raise GraphrunError(f"overlap={overlap!r} is not one of True, False, "
+                                f"{MEASURE!r}, None")
+        return overlap
+    word = envs.get(OVERLAP_ENV).lower()
+    if word not in _OVERLAP_WORDS:
+        raise GraphrunError(f"{OVERLAP_ENV}={envs.get(OVERLAP_ENV)!r} is not one of on, off, "
+                            "measure, auto; set one of those or unset it")
+    return _OVERLAP_WORDS[word]
+
+
+def overlapped_path(trial: "OverlapTrial | None", overlapped: bool | None) -> bool | None:
+    """The path the stream ran on; measured, the one its latest trial round chose (or,
+    when the stream ended within the first round, the path of its last leg)."""
+    if trial is None:
+        return overlapped
+    return trial.choice if trial.choice is not None else trial.last
+
+
+def overlap_reason(trial: "OverlapTrial | None", overlapped: bool | None,
+                   how: str | None) -> str | None:
+    """What chose the stream's path, and why (manifest totals.overlap_reason)."""
+    if trial is None:
+        if overlapped is None:
+            return None
+        return f"{'overlapped' if overlapped else 'serial'}: {how}"
+    if trial.reason:
+        return f"{trial.reason} ({how}: measured)"
+    return (f"the stream ended within the first trial round, on the "
+            f"{'overlapped' if trial.last else 'serial'} path of its last leg "
+            f"({how}: measured)")

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 
-from . import envs
 from .auto_buckets import resolve_auto
 from .errors import GraphrunError, Interrupted, OutputError
 from .manifest import (FileEntry, Manifest, Totals, all_rejected,
@@ -25,18 +24,23 @@ from .progress import Progress, count_records, summary_table
 from .engine import Runner
 from .engine.timing import noise_floor_us, percentiles, spread_warning
 from .feed import feed_stream, slot_count
-from .overlap import OverlapTrial
+from .overlap import (MEASURE, OVERLAP_ENV, OverlapTrial, overlap_choice, overlap_reason,
+                      overlapped_path)
 from .padding import position_ratios
 from .stop_signals import StopSignals
 from .stream import ReadAhead, read_batches
 from .tuning import Tuning
-from .journal import InputHash, write_fingerprint
-from .write import ShardWriter, prepare_out_dir
+from .folder import FilesHash, locked, model_files, prepare_out_dir, write_fingerprint
+from .journal import InputHash
+from .latencies import open_latencies
+from .outputs import shard_suffixes
+from .write import ShardWriter
 
 
 def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite: bool = False,
         show: bool = False, start: int = 0, stop: int | None = None,
-        overlap: bool | str | None = None, tuning: Tuning | None = None) -> Manifest:
+        overlap: bool | str | None = None, tuning: Tuning | None = None,
+        accept_model_change: bool = False) -> Manifest:
     """Run the pipeline; returns the manifest (also written to <out>/manifest.json).
 
     start/stop select a slice of the input's records (one process per GPU reads its own).
@@ -46,53 +50,79 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     overlapped on a GPU and measured on the CPU, where torch's own threads run the model on
     every core and neither path always wins (benchmarks/RESULTS.md). tuning: the reader's and
     writer's threads and chunk sizes (default: Tuning.from_machine(), from the cores and the
-    GRAPHRUN_* variables)."""
+    GRAPHRUN_* variables). accept_model_change: --resume goes on although a model file
+    (weights, archive, target source) changed, for a change that does not alter outputs.
+
+    The output folder is locked for the whole run (folder.FolderLock). A signal before the
+    stream starts stops the run at once; during the stream the batch in flight finishes."""
     job, overlap = new_job(spec, out, overlap, tuning)
-    spec, out_dir = job.spec, job.out_dir  # buckets: auto planned
-    # The input is hashed beside setup (journal.InputHash); --resume needs it first, to
-    # compare, and a new run records it in run.json once setup is done, before streaming.
-    fingerprint = {"spec_sha256": job.spec_sha,
-                   "input_sha256": job.input_hash.result() if resume else None,
-                   "slice": [start, stop]}
-    done = completed_manifest(out_dir, fingerprint) if resume else None
-    if done is not None:  # --resume of a completed run: nothing to do, nothing rewritten
-        job.input_hash.stop()
-        return done
-    resume_point, start = open_out_dir(job, fingerprint, resume, overwrite, start)
-    with StopSignals() as stop_signal:
-        try:
-            progress = Progress(show, total=count_records(spec, start, stop) if show else None)
-        except BaseException:
-            job.input_hash.stop()
-            raise
-        try:
-            run_stream(job, fingerprint, resume_point, start, stop, overlap, progress,
-                       stop_signal, show)
-            job.status = "interrupted" if stop_signal.signum else "completed"
-        except GraphrunError as err:
-            job.status, job.error = "failed", str(err)
-            raise
-        except OSError as err:  # the disk: full, gone, not writable
-            job.status = "failed"
-            job.error = f"writing {out_dir} failed: {err}"
-            raise OutputError(f"{job.error}; committed shards are intact, free space or fix "
-                              "the folder and run again with --resume") from err
-        except KeyboardInterrupt:
-            # A second SIGINT/SIGTERM (StopSignals): stopped at once, the batch in flight
-            # dropped. What is complete is still committed below, so this is an interruption
-            # like the first signal's (manifest, exit 130/143, --resume), not a failure.
-            job.status = "interrupted"
-            raise Interrupted(stop_signal.signum or signal.SIGINT) from None
-        except BaseException as err:  # not a user error: a bug in graphrun or in the model
-            job.error = f"{type(err).__name__}: {err}"  # the manifest says why it failed
-            raise
-        finally:
-            stop_signal.hold()  # a signal now must not cut the commit and manifest below short
-            manifest = job.finish(progress)
+    stop_signal = StopSignals()
+    try:
+        with stop_signal, locked(job.out_dir):
+            manifest = run_locked(job, stop_signal, resume=resume, overwrite=overwrite,
+                                  accept_model_change=accept_model_change, show=show,
+                                  start=start, stop=stop, overlap=overlap)
+    except KeyboardInterrupt:  # a signal before the run's folder was ready: nothing written
+        raise Interrupted(stop_signal.signum or signal.SIGINT) from None
+    finally:
+        job.stop_hashes()
+    if getattr(manifest, "_already_complete", False):
+        return manifest
     if show:
         summary_table(manifest, shown=job.printed)
     if stop_signal.signum:
         raise Interrupted(stop_signal.signum)
+    return manifest
+
+
+def run_locked(job: "RunState", stop_signal: StopSignals, *, resume: bool, overwrite: bool,
+               accept_model_change: bool, show: bool, start: int, stop: int | None,
+               overlap) -> Manifest:
+    """The run, its output folder locked: prepare it, set up, stream, and write the manifest
+    whatever happens (a write of it failing on a full disk fails the run with one message,
+    not a second traceback over the first error)."""
+    spec, out_dir = job.spec, job.out_dir  # buckets: auto planned
+    # The input and model files are hashed beside setup (journal.InputHash); --resume needs
+    # them first, to compare, and a new run records them in run.json before streaming.
+    fingerprint = {"spec_sha256": job.spec_sha,
+                   "input_sha256": job.input_hash.result() if resume else None,
+                   "model_sha256": job.model_hash.result() if resume else None,
+                   "slice": [start, stop],
+                   "shards": shard_suffixes(spec.output.format, list(spec.outputs))}
+    done = (completed_manifest(out_dir, fingerprint, with_model=not accept_model_change)
+            if resume else None)
+    if done is not None:  # --resume of a completed run: nothing to do, nothing rewritten
+        return done
+    resume_point, start = open_out_dir(job, fingerprint, resume, overwrite, start,
+                                       accept_model_change)
+    progress = Progress(show, total=count_records(spec, start, stop) if show else None)
+    try:
+        run_stream(job, fingerprint, resume_point, start, stop, overlap, progress,
+                   stop_signal, show)
+        job.status = "interrupted" if stop_signal.signum else "completed"
+    except GraphrunError as err:
+        job.status, job.error = "failed", str(err)
+        raise
+    except OSError as err:  # the disk: full, gone, not writable
+        job.status = "failed"
+        job.error = f"writing {out_dir} failed: {err}"
+        raise OutputError(f"{job.error}; committed shards are intact, free space or fix "
+                          "the folder and run again with --resume") from err
+    except KeyboardInterrupt:
+        # A signal during setup, or a second one while streaming: stopped at once, the batch
+        # in flight dropped. What is complete is still committed below, so this is an
+        # interruption like the first signal's (manifest, exit 130/143, --resume).
+        job.status = "interrupted"
+        raise Interrupted(stop_signal.signum or signal.SIGINT) from None
+    except BaseException as err:  # not a user error: a bug in graphrun or in the model
+        job.error = f"{type(err).__name__}: {err}"  # the manifest says why it failed
+        raise
+    finally:
+        stop_signal.hold()  # a signal now must not cut the commit and manifest below short
+        manifest = job.finish(progress)
+    if job.late_error is not None:  # the stream ended well, but its bookkeeping did not
+        raise OutputError(f"{job.late_error}; committed shards are intact, free space or fix "
+                          "the folder and run again with --resume")
     return manifest
 
 
@@ -110,19 +140,17 @@ def new_job(spec, out, overlap, tuning: Tuning | None) -> tuple["RunState", obje
 
 
 def open_out_dir(job: "RunState", fingerprint: dict, resume: bool, overwrite: bool,
-                 start: int):
+                 start: int, accept_model_change: bool = False):
     """The output folder made ready (or its committed part found, for --resume); returns the
     resume point and the first input ordinal to read."""
     try:
-        resume_point = prepare_out_dir(job.out_dir, resume=resume, overwrite=overwrite,
-                                       fingerprint=fingerprint)
+        resume_point = prepare_out_dir(
+            job.out_dir, resume=resume, overwrite=overwrite, fingerprint=fingerprint,
+            input_path=job.spec.data.path, model=job.model_files,
+            accept_model_change=accept_model_change)
     except OSError as err:
-        job.input_hash.stop()
         raise OutputError(f"cannot use output folder {job.out_dir}: {err.strerror or err}; "
                           "pick a folder you can write to (--out or output.dir)") from err
-    except BaseException:
-        job.input_hash.stop()
-        raise
     if resume_point is not None:
         # Re-read from the start of the batch that held the last committed row, so batches
         # (and their buckets) are as before; the records below next_index are not counted again.
@@ -145,17 +173,20 @@ def run_stream(job: "RunState", fingerprint: dict, resume_point, start: int, sto
     if spec.report.baseline == "eager":
         runner.measure_baseline()
     job.writer = writer = ShardWriter(spec, out_dir, resume=resume_point, tuning=job.tuning)
-    job.latencies, job.batches_before = open_latencies(
-        out_dir / "latencies.jsonl", keep_below=start if resume_point else None)
+    job.latencies = open_latencies(out_dir / "latencies.jsonl",
+                                   keep_below=start if resume_point else None)
+    job.batches_before = job.latencies.lines_before
+    writer.on_hand_over = job.latencies.flush  # a shard's batches logged before it commits
     if fingerprint["input_sha256"] is None:
         # not beside the stream: reading the file to hash it slows the stream's reads
-        job.record_input_hash(fingerprint)
+        job.record_hashes(fingerprint)
     if overlap is None:
         overlap = True if runner.cuda else MEASURE
         job.overlap_how = "the default on a GPU" if runner.cuda else "the default on the CPU"
     if overlap is not False:  # the overlapped path's pinned slots: setup, not the stream
         runner.host_slots(slot_count(runner.slot_bytes))
     job.stream_t0 = time.perf_counter()
+    stop_signal.streaming()  # from here a signal lets the batch in flight finish
     if overlap == MEASURE:
         overlap = job.trial = OverlapTrial()
     else:
@@ -170,45 +201,6 @@ def run_stream(job: "RunState", fingerprint: dict, resume_point, start: int, sto
     writer.wait_for_commits()
 
 
-OVERLAP_ENV = "GRAPHRUN_OVERLAP"
-MEASURE = "measure"
-_OVERLAP_WORDS = {"on": True, "1": True, "true": True, "off": False, "0": False, "false": False,
-                  MEASURE: MEASURE, "auto": None, "": None}
-
-
-def overlap_choice(overlap: bool | str | None) -> bool | str | None:
-    """The caller's choice, else GRAPHRUN_OVERLAP's; None: decide by the device."""
-    if overlap is not None:
-        if overlap not in (True, False, MEASURE):
-            raise GraphrunError(f"overlap={overlap!r} is not one of True, False, "
-                                f"{MEASURE!r}, None")
-        return overlap
-    word = envs.get(OVERLAP_ENV).lower()
-    if word not in _OVERLAP_WORDS:
-        raise GraphrunError(f"{OVERLAP_ENV}={envs.get(OVERLAP_ENV)!r} is not one of on, off, "
-                            "measure, auto; set one of those or unset it")
-    return _OVERLAP_WORDS[word]
-
-
-def open_latencies(path: Path, keep_below: int | None):
-    """latencies.jsonl for appending, and how many lines it holds. On resume, only the lines of
-    batches that start below `keep_below` (where reading restarts) are kept: the batches after
-    it run again."""
-    if keep_below is None or not path.exists():
-        return open(path, "w"), 0
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line).get("first", 0) < keep_below:
-                kept.append(line + "\n")
-        except ValueError:  # a line torn by a crash
-            continue
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(kept))
-    tmp.replace(path)
-    return open(path, "a"), len(kept)
-
-
 class RunState:
     """What the spine accumulates for the manifest."""
 
@@ -217,7 +209,10 @@ class RunState:
         self.spec_sha = spec_digest(spec_json)
         self.t0 = time.perf_counter()
         self.input_hash = InputHash(spec.data.path)  # for --resume: the same input
+        self.model_files = model_files(spec.model, spec.base_dir)
+        self.model_hash = FilesHash(self.model_files)  # for --resume: the same model
         self.input_sha: str | None = None
+        self.late_error: str | None = None  # writing the manifest or latencies failed
         self.started = _now()
         self.status, self.error = "failed", None
         self.records_in = self.records_out = self.rejected = self.batches = 0
@@ -241,26 +236,49 @@ class RunState:
         self.tuning = None  # the reader's and writer's threads and chunks (tuning.py)
 
     def finish(self, progress) -> Manifest:
-        """Close what the stream opened, commit, and write the manifest (whatever happened)."""
+        """Close what the stream opened, commit, and write the manifest (whatever happened).
+        A write that fails here (a full disk) is kept in late_error, and the manifest's temp
+        file removed: it must not hide the error that ended the stream."""
         self.stream_s = time.perf_counter() - self.stream_t0 if self.stream_t0 else 0.0
         if self.reader is not None:
             self.reader.close()
         progress.close()
-        if self.latencies:
-            self.latencies.close()
+        if self.latencies is not None:
+            try:
+                self.latencies.close()
+            except OSError as err:
+                self.fail_late(f"writing {self.out_dir / 'latencies.jsonl'} failed: {err}")
         if self.writer:
             # interrupted: only complete shards are committed, so that --resume writes the
             # same shards as an uninterrupted run; a failure commits all it has before it
-            self.files = self.writer.close(partial=self.status != "interrupted")
+            try:
+                self.files = self.writer.close(partial=self.status != "interrupted")
+            except OSError as err:
+                self.fail_late(f"writing {self.out_dir} failed: {err}")
+                self.files = self.writer.committed_files()
             self.records_out = self.writer.rows_written
             self.rejected = self.writer.rejects_written
         self.settle_hash()
         self.settle_counts()
         manifest = self.manifest()
-        write_manifest(manifest, self.out_dir / "manifest.json")
+        path = self.out_dir / "manifest.json"
+        try:
+            write_manifest(manifest, path)
+        except OSError as err:
+            Path(f"{path}.tmp").unlink(missing_ok=True)
+            self.fail_late(f"writing {path} failed: {err}")
         if self.runner:
             self.runner.close()
         return manifest
+
+    def fail_late(self, error: str) -> None:
+        if self.status != "failed":  # the first error is the one the user sees
+            self.status, self.error = "failed", error
+            self.late_error = error
+
+    def stop_hashes(self) -> None:
+        self.input_hash.stop()
+        self.model_hash.stop()
 
     def count(self, rb) -> int:
         """Count a record batch's records and rejects (those not committed by an earlier run)."""
@@ -272,10 +290,11 @@ class RunState:
         self.records_in += new
         return new
 
-    def record_input_hash(self, fingerprint: dict) -> None:
-        """run.json gets the input's hash, waited for: before the stream starts, so before
-        any journal line (a run.json without it means nothing was committed)."""
+    def record_hashes(self, fingerprint: dict) -> None:
+        """run.json gets the input's and model's hashes, waited for: before the stream starts,
+        so before any journal line (a run.json without them means nothing was committed)."""
         fingerprint["input_sha256"] = self.input_sha = self.input_hash.result()
+        fingerprint["model_sha256"] = self.model_hash.result()
         write_fingerprint(self.out_dir, fingerprint)
 
     def settle_hash(self) -> None:
@@ -318,25 +337,6 @@ class RunState:
                                         "first": first, "bucket": name, "records": n,
                                         **{f"{p}_us": round(v, 2) for p, v in times.items()}})
                             + "\n")
-
-    def overlapped_path(self) -> bool | None:
-        """The path the stream ran on; measured, the one its latest trial round chose (or,
-        when the stream ended within the first round, the path of its last leg)."""
-        if self.trial is None:
-            return self.overlapped
-        return self.trial.choice if self.trial.choice is not None else self.trial.last
-
-    def overlap_reason(self) -> str | None:
-        """What chose the stream's path, and why (manifest totals.overlap_reason)."""
-        if self.trial is None:
-            if self.overlapped is None:
-                return None
-            return f"{'overlapped' if self.overlapped else 'serial'}: {self.overlap_how}"
-        if self.trial.reason:
-            return f"{self.trial.reason} ({self.overlap_how}: measured)"
-        return (f"the stream ended within the first trial round, on the "
-                f"{'overlapped' if self.trial.last else 'serial'} path of its last leg "
-                f"({self.overlap_how}: measured)")
 
     def device_s(self) -> float:
         """The compute stream's busy time: per bucket, its batches times their mean replay
@@ -383,7 +383,8 @@ class RunState:
             padding_ratio_positions=position_ratios(buckets),
             device_busy_fraction=busy,
             device_idle_fraction=None if busy is None else 1.0 - busy,
-            overlapped=self.overlapped_path(), overlap_reason=self.overlap_reason(),
+            overlapped=overlapped_path(self.trial, self.overlapped),
+            overlap_reason=overlap_reason(self.trial, self.overlapped, self.overlap_how),
             overlap_trials=self.trial.rounds if self.trial
             else [], host_phase_s=self.host_s)
         env = environment(runner.device, runner.backend) if runner else None

@@ -8,6 +8,8 @@ range, finite), duplicate id. Value checks run vectorized over a whole chunk of 
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -122,7 +124,7 @@ def field_from_values(name: str, inp: InputSpec, values: list,
     problems: dict[int, str] = {}
     if inp.dtype != "bool":
         for p in bool_suspects:
-            if _holds_bool(values[p]):
+            if _holds_bool_or_deep(values[p]):
                 problems[p] = f"{name}: boolean value where {inp.dtype} numbers are expected"
     dense = _as_dense(values)
     if dense is not None:
@@ -190,6 +192,14 @@ def _as_dense(values: list) -> np.ndarray | None:
     return dense if dense.dtype.kind in NUMERIC_KINDS else None
 
 
+def _holds_bool_or_deep(value) -> bool:
+    """A bool in it; or nested too deeply to look (numpy refuses it anyway)."""
+    try:
+        return _holds_bool(value)
+    except RecursionError:
+        return False
+
+
 def _holds_bool(value) -> bool:
     if isinstance(value, list):
         return any(_holds_bool(v) for v in value)
@@ -198,7 +208,10 @@ def _holds_bool(value) -> bool:
 
 def describe_unreadable(value) -> str:
     """Why a JSON value is not a rectangular array of numbers: the first offending part."""
-    return _first_unreadable(value) or "not an array of numbers"
+    try:
+        return _first_unreadable(value) or "not an array of numbers"
+    except RecursionError:  # lists in lists thousands deep: numpy stops at 64 dimensions
+        return "nested too deeply (thousands of levels of lists): not an array of numbers"
 
 
 def _first_unreadable(value) -> str:
@@ -366,7 +379,10 @@ def _flatten(records: Records) -> tuple[np.ndarray, np.ndarray]:
 def check_duplicate_ids(ids: np.ndarray | list, positions: np.ndarray, seen: set,
                         problems: dict[int, str]) -> None:
     """Only ids of records that passed every other check are remembered (as Python values:
-    an int64 id and the same int are one id)."""
+    an int64 id and the same int are one id). An id is its text: 5 and "5" are one id (npy
+    and Parquet write both as '5'), "05" and 5 are two."""
+    if isinstance(ids, list):  # JSONL: ints and strings may mix
+        ids = _as_compared(ids, seen)
     if not problems:  # the common case, by set operations: no Python step per id
         chunk = ids[positions].tolist() if isinstance(ids, np.ndarray) else (
             [ids[p] for p in positions.tolist()] if len(positions) < len(ids) else list(ids))
@@ -384,6 +400,37 @@ def check_duplicate_ids(ids: np.ndarray | list, positions: np.ndarray, seen: set
             problems[p] = f"duplicate id {rid!r}: an earlier record has the same id"
         else:
             seen.add(rid)
+
+
+_INT_TEXT = re.compile(r"-?(0|[1-9][0-9]*)")
+# Markers kept in a file's set of seen ids: it held an int id, a str id, and was made canonical.
+_INT_SEEN, _STR_SEEN, _CANONICAL = object(), object(), object()
+
+
+def _as_compared(ids: list, seen: set) -> list:
+    """ids as they are compared. Only once a file has both int and str ids does a str that is
+    an int's text become that int (seen ids too, once): until then each is its own text, and
+    a Python step per id would cost the common all-str file for nothing."""
+    kinds = set(map(type, ids))
+    if int in kinds:
+        seen.add(_INT_SEEN)
+    if str in kinds:
+        seen.add(_STR_SEEN)
+    if _INT_SEEN not in seen or _STR_SEEN not in seen:
+        return ids
+    if _CANONICAL not in seen:
+        canonical = {_id_key(x) for x in seen}
+        seen.clear()
+        seen |= canonical
+        seen.add(_CANONICAL)
+    return [_id_key(x) for x in ids]
+
+
+def _id_key(rid):
+    """A str id that is an int's canonical text compares as that int."""
+    if type(rid) is str and len(rid) < 20 and _INT_TEXT.fullmatch(rid):
+        return int(rid)
+    return rid
 
 
 def dense_if_uniform(arrays: list) -> Records:

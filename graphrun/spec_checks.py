@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import math
+import os
 from pathlib import Path
 from typing import Iterator
 
 from .spec import BATCH, FLOAT_DTYPES, INT_DTYPES, PipelineSpec
 
 Found = Iterator[tuple[tuple, str]]
+# One graph (or eager bucket) per combination of the axes' values is set up before the first
+# record, a fraction of a second each: past this the grid is almost surely a mistake.
+MAX_BUCKETS = 512
+MAX_CUDA_INDEX = 127  # torch keeps a device index in 8 bits: cuda:128 wraps to cuda:-128
 
 
 def resolve_paths(spec: PipelineSpec, base_dir: Path) -> PipelineSpec:
@@ -18,7 +24,11 @@ def resolve_paths(spec: PipelineSpec, base_dir: Path) -> PipelineSpec:
     def abs_(p: Path | None) -> Path | None:
         if p is None or "\x00" in str(p):
             return p
-        return (p if p.is_absolute() else (base_dir / p)).resolve()
+        p = p if p.is_absolute() else (base_dir / p)
+        try:
+            return p.resolve()
+        except (OSError, RuntimeError):  # a symlink loop: kept, and reported by _files
+            return Path(os.path.abspath(p))
 
     spec.model.exported = abs_(spec.model.exported)
     spec.model.torchscript = abs_(spec.model.torchscript)
@@ -32,7 +42,7 @@ def check_spec(spec: PipelineSpec, base_dir: Path | None = None) -> list[tuple[t
     """base_dir: the spec's folder, where model.target's file or module is looked for."""
     found = []
     for rule in (_model_source, _axes, _ranges, _ragged_npy, _multiples, _batch_size, _files,
-                 _heads, _text):
+                 _device, _grid, _heads, _text):
         found.extend(rule(spec))
     found.extend(_target_found(spec, base_dir or spec.base_dir))
     found.extend(_hf_paths(spec, base_dir or spec.base_dir))
@@ -187,11 +197,67 @@ def _files(spec: PipelineSpec) -> Found:
         yield ("data", "path"), (f"unknown input format {path.suffix or '(no suffix)'!r}: use "
                                  f"one of {', '.join(SUFFIXES)}")
     elif not path.is_file():
-        yield ("data", "path"), f"input file not found: {path}"
+        yield ("data", "path"), _missing("input file", path)
     for key in ("exported", "torchscript", "weights"):
         p = getattr(spec.model, key)
         if p is not None and not p.is_file():
-            yield ("model", key), f"file not found: {p}"
+            yield ("model", key), _missing("file", p)
+
+
+def _missing(what: str, path: Path) -> str:
+    try:
+        os.stat(path)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return f"{path} is a loop of symbolic links: point it at the real file"
+    return f"{what} not found: {path}"
+
+
+def _device(spec: PipelineSpec) -> Found:
+    if spec.device.startswith("cuda:") and int(spec.device[5:]) > MAX_CUDA_INDEX:
+        yield ("device",), (f"{spec.device} names no device (torch numbers CUDA devices 0.."
+                            f"{MAX_CUDA_INDEX}): use cuda or cuda:N for one of this machine's")
+
+
+def _grid(spec: PipelineSpec) -> Found:
+    """At most MAX_BUCKETS buckets, and static buffers that fit in this machine's memory:
+    estimated before anything is allocated (torch would fail with a bare allocator error)."""
+    # an auto axis is planned at run start, to buckets_max_graphs graphs at most (auto_buckets)
+    sizes = [spec.buckets_max_graphs if v == "auto" else len(v) for v in spec.buckets.values()]
+    if math.prod(sizes) > MAX_BUCKETS:
+        grid = f"{' x '.join(map(str, sizes))} = " if len(sizes) > 1 else ""
+        yield ("buckets",), (f"{grid}{math.prod(sizes):,} buckets, "
+                             f"more than {MAX_BUCKETS} (each is set up before the first record): "
+                             "keep the sizes the data needs (graphrun plan suggests them)")
+    largest = {axis: max(v) for axis, v in spec.buckets.items() if v and v != "auto"}
+    need = 0
+    for items, default in ((spec.inputs, None), (spec.outputs, "float32")):
+        for item in items.values():
+            dims = [largest.get(d, 1) if isinstance(d, str) else d for d in item.shape]
+            dtype = getattr(item, "dtype", None) or default
+            itemsize = 4 if dtype in (None, "bfloat16") else _itemsize(dtype)
+            need += math.prod(dims) * itemsize
+    have = _memory_bytes()
+    if have and need > have:
+        yield ("buckets",), (f"the static buffers at the largest bucket "
+                             f"({', '.join(f'{a}={n:,}' for a, n in largest.items())}) need "
+                             f"{need / 2**30:,.1f} GiB, more than this machine's "
+                             f"{have / 2**30:,.1f} GiB of memory: lower the largest bucket")
+
+
+def _itemsize(dtype: str) -> int:
+    import numpy as np
+    try:
+        return np.dtype(dtype).itemsize
+    except TypeError:
+        return 4
+
+
+def _memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")

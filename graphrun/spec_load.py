@@ -54,38 +54,81 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     """SafeLoader whose scalar construction we reuse; duplicates are found while walking nodes."""
 
 
+# An alias repeats its anchor's whole subtree: nine anchors of nine aliases each expand to
+# 9**9 nodes from a few lines of text. A spec is a few hundred nodes; these caps leave room.
+MAX_NODES = 100_000
+MAX_DEPTH = 64
+
+
+class _Walk:
+    """The expansion so far: nodes made and the nodes on the path (an alias to one of them
+    is a cycle, `&r [*r]`)."""
+
+    def __init__(self, source: str):
+        self.source, self.nodes, self.path = source, 0, []
+
+    def enter(self, node: yaml.Node, loc: Loc) -> None:
+        self.nodes += 1
+        why = None
+        if any(n is node for n in self.path):
+            why = "an alias refers to a node that contains it (a cycle, like `&r [*r]`)"
+        elif len(self.path) >= MAX_DEPTH:
+            why = f"nested deeper than {MAX_DEPTH} levels"
+        elif self.nodes > MAX_NODES:
+            why = (f"expands to more than {MAX_NODES:,} values (anchors and aliases repeat "
+                   "whole subtrees)")
+        if why:
+            raise SpecError([Problem(_mark(self.source, node), fmt_path(loc),
+                                     f"{why}; a spec is a few hundred values: write it out "
+                                     "without the aliases")])
+        self.path.append(node)
+
+
 def _to_python(node: yaml.Node, loc: Loc, pos: Positions, problems: list[Problem],
-               loader: yaml.SafeLoader) -> Any:
+               loader: yaml.SafeLoader, walk: _Walk) -> Any:
+    walk.enter(node, loc)
+    try:
+        return _node_value(node, loc, pos, problems, loader, walk)
+    finally:
+        walk.path.pop()
+
+
+def _node_value(node: yaml.Node, loc: Loc, pos: Positions, problems: list[Problem],
+                loader: yaml.SafeLoader, walk: _Walk) -> Any:
     pos.value_at[loc] = (node.start_mark.line + 1, node.start_mark.column + 1)
     if isinstance(node, yaml.MappingNode):
         loader.flatten_mapping(node)  # resolves YAML merge keys (<<)
         out: dict[Any, Any] = {}
         for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                problems.append(Problem(_mark(pos.source, key_node), fmt_path(loc),
+                                        "keys must be plain scalars"))
+                continue
             key = loader.construct_object(key_node, deep=True)
             if not isinstance(key, (str, int, float, bool)) or key is None:
-                problems.append(Problem(_mark(pos, key_node), fmt_path(loc),
+                problems.append(Problem(_mark(pos.source, key_node), fmt_path(loc),
                                         "keys must be plain scalars"))
                 continue
             key = str(key) if not isinstance(key, str) else key
             if key in out:
                 first = pos.key_at[loc + (key,)]
                 problems.append(Problem(
-                    _mark(pos, key_node), fmt_path(loc + (key,)),
+                    _mark(pos.source, key_node), fmt_path(loc + (key,)),
                     f"duplicate key (first defined at line {first[0]}); YAML would silently keep "
                     "the last one, so remove one of them"))
                 continue
             pos.key_at[loc + (key,)] = (key_node.start_mark.line + 1,
                                         key_node.start_mark.column + 1)
-            out[key] = _to_python(value_node, loc + (key,), pos, problems, loader)
+            out[key] = _to_python(value_node, loc + (key,), pos, problems, loader, walk)
         return out
     if isinstance(node, yaml.SequenceNode):
-        return [_to_python(item, loc + (i,), pos, problems, loader)
+        return [_to_python(item, loc + (i,), pos, problems, loader, walk)
                 for i, item in enumerate(node.value)]
     return loader.construct_object(node, deep=True)
 
 
-def _mark(pos: Positions, node: yaml.Node) -> str:
-    return f"{pos.source}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"
+def _mark(source: str, node: yaml.Node) -> str:
+    return f"{source}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"
 
 
 def parse_yaml(text: str, source: str) -> tuple[Any, Positions]:
@@ -98,7 +141,12 @@ def parse_yaml(text: str, source: str) -> tuple[Any, Positions]:
         raise SpecError([Problem(source, "", f"not a YAML text: {exc}")]) from None
     try:
         node = loader.get_single_node()
-        data = {} if node is None else _to_python(node, (), pos, problems, loader)
+        data = {} if node is None else _to_python(node, (), pos, problems, loader,
+                                                   _Walk(source))
+    except RecursionError:  # merge keys (<<) of a mapping into itself, flattened by PyYAML
+        raise SpecError([Problem(source, "", "the YAML nests or refers to itself too deeply "
+                                 "(anchors, aliases or << merges in a cycle); write it out "
+                                 "without them")]) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
@@ -127,10 +175,11 @@ def apply_overrides(data: Any, overrides: list[str], pos: Positions) -> list[Pro
             problems.append(Problem(label, "", "expected --set key.path=value, e.g. "
                                     "--set capture.warmup_iters=5"))
             continue
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError as exc:
-            problems.append(Problem(label, key, f"the value is not valid YAML: {exc}"))
+        try:  # parsed as the spec is: anchors and aliases under the same caps
+            value = parse_yaml(raw, label)[0] if raw.strip() else ""
+        except SpecError as exc:
+            problems.append(Problem(label, key, "the value is not valid YAML: " + "; ".join(
+                p.message for p in exc.problems)))
             continue
         if not isinstance(data, dict):
             problems.append(Problem(label, key, "the spec is not a mapping"))

@@ -1,4 +1,5 @@
-"""SIGINT/SIGTERM during a run: finish the batch in flight, commit, write the manifest."""
+"""SIGINT and SIGTERM during a run: stop at once in setup, after the batch in flight while
+streaming, and never while the run commits and writes its manifest."""
 
 from __future__ import annotations
 
@@ -15,12 +16,17 @@ class StopSignals:
         self.signum = 0
         self._old = {}
         self._held = False
+        self._streaming = False
 
     def _handle(self, signum, frame) -> None:
         first = not self.signum
         self.signum = signum  # the latest: the exit code names the signal that stopped the run
-        if not first and not self._held:  # a second signal: stop now
+        # during setup (nothing to finish) or a second signal: stop now
+        if (not first or not self._streaming) and not self._held:
             raise KeyboardInterrupt
+
+    def streaming(self) -> None:
+        self._streaming = True
 
     def hold(self) -> None:
         self._held = True

@@ -58,6 +58,9 @@ class ReadAhead:
     def __init__(self, batches: Iterator[RecordBatch]):
         self._it = iter(batches)
         self._first: tuple | None = None  # (True, batch or _END) or (False, the exception)
+        # next() and close() one at a time: a consumer thread (replay's prefetch) may still be
+        # in next() when the main thread, stopped by a signal, closes the reader
+        self._lock = threading.Lock()
         self._thread: threading.Thread | None = threading.Thread(
             target=self._fetch, name="graphrun-read-ahead", daemon=True)
         self._thread.start()
@@ -77,10 +80,11 @@ class ReadAhead:
         return self
 
     def __next__(self) -> RecordBatch:
-        if self._first is None and self._thread is None:
-            return next(self._it)
-        self._join()
-        (ok, item), self._first = self._first, None
+        with self._lock:
+            if self._first is None and self._thread is None:
+                return next(self._it)
+            self._join()
+            (ok, item), self._first = self._first, None
         if not ok:
             raise item
         if item is _END:
@@ -88,11 +92,12 @@ class ReadAhead:
         return item
 
     def close(self) -> None:
-        self._join()
-        self._first = None
-        close = getattr(self._it, "close", None)
-        if close is not None:
-            close()
+        with self._lock:
+            self._join()
+            self._first = None
+            close = getattr(self._it, "close", None)
+            if close is not None:
+                close()
 
 
 _END = object()

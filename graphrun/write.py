@@ -26,9 +26,10 @@ from pathlib import Path
 import numpy as np
 
 from graphrun.errors import OutputError
+from graphrun.folder import prepare_out_dir
 from graphrun.journal import (REJECTS, FileInfo, ResumePoint, append_journal, check_fresh,
-                              fsync_path, prepare_out_dir, read_journal, restore, sha256_file)
-from graphrun.outputs import SINKS, Outputs
+                              fsync_path, read_journal, restore, sha256_file)
+from graphrun.outputs import SINKS, Outputs, shard_suffixes
 from graphrun.outputs.ids import plain
 from graphrun.spec import PipelineSpec
 from graphrun.tuning import Tuning
@@ -65,6 +66,9 @@ class ShardWriter:
         self._shard_rows = 0
         self._closed = False
         self._reported = False  # a commit error was raised to the caller already
+        # Called before a shard goes to the committer (so before its journal line): what
+        # must be on disk by then, latencies.jsonl's lines (latencies.py).
+        self.on_hand_over = None
         point = resume or ResumePoint(next_index=0, shard=0, rows=0, rejects=0, rejects_bytes=0)
         # Counted up to the last shard handed to the committer (rejects: appended to the file).
         self._shard, self._rows = point.shard, point.rows
@@ -72,10 +76,11 @@ class ShardWriter:
         self._last_index = point.next_index - 1
         self._committed_below = point.next_index  # rows/rejects below it are handed over
         self._batch_start = point.start
+        self.suffixes = shard_suffixes(spec.output.format, self.names)
         if resume is None:
-            check_fresh(self.out_dir)
+            check_fresh(self.out_dir, self.suffixes)
         else:
-            restore(self.out_dir, resume)
+            restore(self.out_dir, resume, self.suffixes)
         self._committer = _Committer(self.out_dir, point, self.tuning)
 
     @property
@@ -177,6 +182,10 @@ class ShardWriter:
         fsync_path(self.out_dir)
         return self._committer.files()
 
+    def committed_files(self) -> list[FileInfo]:
+        """What the journal holds now (after a close() that failed, say)."""
+        return self._committer.files()
+
     # --- shards ---
 
     def _open_sink(self):
@@ -190,15 +199,19 @@ class ShardWriter:
 
     def _hand_over(self) -> None:
         """Complete the shard's files and give them to the committer; writing goes on at once."""
-        try:
-            files = self._sink.finish()
-        except BaseException:
-            self._sink_failed = True
-            raise
+        sink, self._sink = self._sink, None  # finished or failed, close() must not abort it
         next_index = self._last_index + 1
-        # Its journal line counts the rejects below next_index: in the file before it is
-        # journaled (the committer fsyncs them).
-        self._flush_rejects(below=next_index)
+        try:
+            files = sink.finish()
+            # Its journal line counts the rejects below next_index: in the file before it is
+            # journaled (the committer fsyncs them).
+            self._flush_rejects(below=next_index)
+            if self.on_hand_over is not None:
+                self.on_hand_over()
+        except BaseException:  # (a full disk) the shard is never committed, nor handed again
+            self._sink_failed = True
+            sink.abort()
+            raise
         self._rows += self._shard_rows
         self._committer.submit(_Shard(
             number=self._shard, files=files, rows=self._shard_rows, total_rows=self._rows,
@@ -207,7 +220,6 @@ class ShardWriter:
         self._shard += 1
         self._committed_below = next_index
         self._shard_rows = 0
-        self._sink = None
 
     def _flush_rejects(self, below: int | None) -> None:
         """Append pending rejects with index < below (all when None), in index order. Not
@@ -303,6 +315,7 @@ class _Committer:
         self._handed = self._settled = 0
         self.error: BaseException | None = None
         self._files, self.rows, self.rejects = list(point.files), point.rows, point.rejects
+        self._digest = point.digest  # the journal's last line's checksum (journal thread only)
         # Threads start at the first shard and end at close().
         self._syncers = ThreadPoolExecutor(tuning.in_flight, thread_name_prefix="graphrun-fsync")
         self._hashers = ThreadPoolExecutor(tuning.hashers, thread_name_prefix="graphrun-sha256")
@@ -342,9 +355,9 @@ class _Committer:
                 if shard.rejects_bytes:
                     fsync_path(self.out_dir / REJECTS)
                 fsync_path(self.out_dir)
-                append_journal(self.out_dir, shard.number, infos, shard.total_rows,
-                               shard.next_index, shard.rejects_bytes, shard.rejects,
-                               shard.read_from)
+                self._digest = append_journal(
+                    self.out_dir, shard.number, infos, shard.total_rows, shard.next_index,
+                    shard.rejects_bytes, shard.rejects, shard.read_from, prev=self._digest)
                 with self._lock:
                     self._files += infos
                     self.rows, self.rejects = shard.total_rows, shard.rejects

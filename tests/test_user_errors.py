@@ -114,6 +114,32 @@ def test_a_model_raising_mid_run_names_the_batch_and_resume_continues(
     assert manifest(out)["status"] == "completed"
 
 
+def test_a_model_fixed_in_its_source_resumes_only_with_accept_model_change(tmp_path):
+    """Issue 21 covers the model's files by the resume fingerprint; issue 20's fix-and-resume
+    then takes --accept-model-change, which the model error names."""
+    spec = make_job(tmp_path, spec_dict(on_bad_record="skip"))
+    model = tmp_path / "model.py"
+    model.write_text(MODEL.replace("if BROKEN.exists() and", "if"))  # broken in its source
+    result = cli("run", spec, "-q")
+    assert result.exit_code == 2, result.output
+    assert ("fix the model, then run again with --resume --accept-model-change to continue "
+            "from this batch") in " ".join(result.output.split())
+    model.write_text(MODEL)  # the fix: a change that does not alter the outputs
+    result = cli("run", spec, "-q", "--resume")
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    said = " ".join(result.output.split())
+    assert f"the model's source file {model} changed since the run started" in said, said
+    assert "add --accept-model-change; otherwise use --overwrite" in said
+    result = cli("run", spec, "-q", "--resume", "--accept-model-change")
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "out"
+    assert ids_written(out) == [f"r{i}" for i in range(100)]
+    assert manifest(out)["status"] == "completed"
+    # run.json took the fixed model's hash: a plain --resume now finds the run complete
+    result = cli("run", spec, "--resume")
+    assert result.exit_code == 0 and "already complete" in result.output, result.output
+
+
 # ---- 2. every remedy printed for a failed verification works ----------------------------------
 
 def remedies_of(output: str) -> list[str]:

@@ -20,7 +20,8 @@ from graphrun.outputs import npy as npy_sink
 from graphrun.tuning import Tuning
 from graphrun.write import ShardWriter, prepare_out_dir, read_journal, sha256_file
 
-FP = {"spec_sha256": "a" * 64, "input_sha256": "b" * 64}
+FP = {"spec_sha256": "a" * 64, "input_sha256": "b" * 64,
+      "shards": ["ids.npy", "y.npy", "jsonl", "parquet"]}  # the file names of make_spec's runs
 
 
 def make_spec(tmp_path: Path, fmt: str = "npy", rows_per_file: int = 3,
@@ -278,7 +279,7 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, fmt):
         f.write(b'{"shard": 1, "files": [{"pa')
     with open(crashed / "rejects.jsonl", "ab") as f:
         f.write(b'{"index": 7}\n')
-    (crashed / ".part-00009.jsonl.tmp").write_bytes(b"junk")
+    (crashed / f".part-00009.{suffix}.tmp").write_bytes(b"junk")
     (crashed / f"part-00099.{suffix}").write_bytes(b"no journal line lists this shard")
 
     point = prepare_out_dir(crashed, resume=True, overwrite=False, fingerprint=FP)
@@ -366,14 +367,14 @@ def test_journal_keeps_shard_order_when_later_shards_hash_first(tmp_path, monkey
             shard_2_hashed.set()
         return digest
 
-    def checked_append(out_dir, shard, files, rows, next_index, rejects_bytes, *rest):
+    def checked_append(out_dir, shard, files, rows, next_index, rejects_bytes, *rest, **kw):
         # What the line promises must be on disk before it is written.
         in_place = all((out_dir / f.path).is_file() for f in files)
         temps = sorted(p.name for p in out_dir.glob(f".part-{shard:05d}.*.tmp"))
         size = (out_dir / "rejects.jsonl").stat().st_size
         journaled.append((shard, in_place, temps, size >= rejects_bytes))
         events.append(("line", shard))
-        append(out_dir, shard, files, rows, next_index, rejects_bytes, *rest)
+        return append(out_dir, shard, files, rows, next_index, rejects_bytes, *rest, **kw)
 
     monkeypatch.setattr(write, "sha256_file", slow_first_shard)
     monkeypatch.setattr(write, "fsync_path", lambda path: events.append(("fsync", path.name))

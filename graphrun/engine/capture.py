@@ -62,10 +62,11 @@ class Capturer:
         self.spent = 0  # pool growth of the captures so far (capture.memory_budget_mib)
 
     def first_lane(self, lane: Lane, states: dict[Bucket, BucketState], table) -> None:
-        for bucket in table.all:  # largest first: smaller graphs reuse its pool blocks
-            self._prepare(lane, states[bucket], table)
+        count = len(table.all)  # each bucket's setup line says k/N: a long setup shows progress
+        for k, bucket in enumerate(table.all, 1):  # largest first: smaller graphs reuse its pool
+            self._prepare(lane, states[bucket], table, f"{k}/{count}")
 
-    def _prepare(self, lane: Lane, state: BucketState, table) -> None:
+    def _prepare(self, lane: Lane, state: BucketState, table, nth: str) -> None:
         bucket = state.bucket
         step = lane.make_step(bucket, self.model, self.call, self.layout)
         # eager needs no warm-up but one run, which surfaces shape errors before any data
@@ -76,6 +77,7 @@ class Capturer:
             state.reason = ("backend eager" if self.device.type == "cuda"
                             else "no CUDA device: backend eager")
             self._verify_first(lane, state, LaneGraph(step))
+            self.log(f"set up {bucket.name} ({nth}, eager)")
             return
         if self.budget is not None and not self._fits(state, step, table):
             return
@@ -93,7 +95,7 @@ class Capturer:
         state.status, state.pool = "captured", graph.pool()
         self.spent += state.memory_bytes
         self._verify_first(lane, state, LaneGraph(step, graph))
-        self.log(f"captured {bucket.name} in {state.capture_s * 1e3:.1f} ms")
+        self.log(f"captured {bucket.name} ({nth}) in {state.capture_s * 1e3:.1f} ms")
 
     def _verify_first(self, lane: Lane, state: BucketState, entry: LaneGraph) -> None:
         lane.graphs[state.bucket] = entry
@@ -313,8 +315,8 @@ def model_failed(exc: BaseException, bucket: str, where: str, ids: list) -> Mode
     if at:
         text += f"\n  at {at}"
     return ModelError(text + "\n  the batches before it are committed: fix the model, then "
-                      "run again with --resume to continue from this batch (--debug shows the "
-                      "traceback)")
+                      "run again with --resume --accept-model-change to continue from this "
+                      "batch (--debug shows the traceback)")
 
 
 def _model_frame(exc: BaseException) -> str | None:

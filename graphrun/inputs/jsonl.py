@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Iterator
 
 from graphrun.errors import InputError
+from graphrun.inputs.jsonl_lines import lines_of
 from graphrun.inputs.jsonl_parse import parse_block
 from graphrun.inputs.jsonl_workers import parse_blocks
 from graphrun.records import Candidates, Prechecked
@@ -28,8 +29,9 @@ class JsonlReader:
         """Records in the file: its non-blank lines."""
         total = 0
         with _open(self.path) as f:
-            for line in f:
-                total += bool(line.strip())
+            lines = lines_of(f)  # CR-only line ends counted as lines too
+            while block := lines.readlines(1 << 20):
+                total += sum(not line.isspace() for line in block)
         return total
 
     def check(self) -> None:
@@ -47,8 +49,10 @@ class JsonlReader:
 
 def _blocks(f, file: str, start: int, stop: int | None, block_bytes: int) -> Iterator[tuple]:
     """(file, lines, their line numbers, the first's ordinal) of consecutive records, about
-    block_bytes of whole lines at a time."""
+    block_bytes of whole lines at a time. A UTF-8 byte order mark opening the file is
+    skipped; a file whose lines end in CR alone (old Mac) is read as if they ended in LF."""
     lineno, index = 1, 0  # line number of the block's first line, ordinal of its first record
+    f = lines_of(f)
     while lines := f.readlines(block_bytes):  # whole lines, about this many bytes
         rows = [i for i, line in enumerate(lines) if not line.isspace()]  # blank: no record
         lo = max(start - index, 0)  # records before start are counted, not parsed

@@ -14,6 +14,7 @@ import random
 
 import numpy as np
 
+from graphrun.inputs.jsonl_lines import encodable, readable_id, repeated_keys
 from graphrun.records import Candidates, Reject, field_from_values
 from graphrun.spec import PipelineSpec
 
@@ -37,16 +38,21 @@ def jsonl_candidates(spec: PipelineSpec, file: str, lines: list[bytes], linenos:
     reasons = [""] * len(lines)
     if records is None:  # some line is bad: parse line by line for its reason
         records, reasons = zip(*map(_parse_line, lines))
+    text = spec.data.text
+    keyed = expected if text is None else {text.field} | ({id_field} if id_field else set())
+    reasons = repeated_keys(lines, keyed, list(reasons))
     if spec.data.text is not None:  # a text field tokenized into the inputs (inputs/text.py)
         from graphrun.inputs.text import jsonl_text_candidates
         return jsonl_text_candidates(spec, file, records, reasons, linenos, first)
     good, rejects = [], []
     for p, record in enumerate(records):
         if (not reasons[p] and type(record) is dict and record.keys() == expected
-                and (id_field is None or type(record[id_field]) in (str, int))):
+                and (id_field is None or type(record[id_field]) is int
+                     or (type(record[id_field]) is str and encodable(record[id_field])))):
             good.append(p)
             continue
-        rid, reason = (None, reasons[p]) if reasons[p] else _record_problem(spec, record)
+        rid, reason = ((readable_id(record, id_field), reasons[p]) if reasons[p]
+                       else _record_problem(spec, record))
         rejects.append(Reject(first + p, rid if id_field else first + p,
                               f"{file}:{linenos[p]}", reason))
     records = [records[p] for p in good]
@@ -79,6 +85,9 @@ def _record_problem(spec: PipelineSpec, record) -> tuple[object, str]:
         if type(rid) not in (str, int):
             return None, (f"id field {id_field!r} must be a string or an integer, got "
                           f"{_json_kind(rid)}")
+        if type(rid) is str and not encodable(rid):
+            return rid, (f"id field {id_field!r} is not valid Unicode (it holds a lone "
+                         "surrogate escape such as \\ud800), so no output format can store it")
     missing = [k for k in spec.inputs if k not in record]
     if missing:
         return rid, f"missing field {missing[0]!r} (expected fields: {fields})"
@@ -95,7 +104,7 @@ def _parse_together(lines: list[bytes]) -> list | None:
     text = b"[" + b",".join([b"[%d,%b]" % (base + k, line) for k, line in enumerate(lines)]) + b"]"
     try:
         parsed = _loads_block(text)
-    except ValueError:  # also UnicodeDecodeError and orjson's JSONDecodeError
+    except (ValueError, RecursionError):  # also UnicodeDecodeError, orjson's JSONDecodeError
         return None
     if len(parsed) != len(lines) or sum(map(len, parsed)) != 2 * len(parsed):
         return None
@@ -119,6 +128,8 @@ def _parse_line(line: bytes) -> tuple[object, str]:
     last = not line.endswith(b"\n")  # only the file's last line can lack one
     try:
         return json.loads(line.decode("utf-8")), ""
+    except RecursionError:
+        return None, "nested too deeply to parse (thousands of brackets): not a record"
     except UnicodeDecodeError as e:
         return None, truncated if last else (
             f"invalid UTF-8 (byte 0x{line[e.start]:02x} at byte {e.start + 1} of the line)")

@@ -17,6 +17,7 @@ import numpy as np
 
 from graphrun.errors import InputError, ModelError
 from graphrun.inputs.dense import int64_ids
+from graphrun.inputs.jsonl_lines import encodable
 from graphrun.records import Candidates, Field, Reject, RowWhere
 from graphrun.spec import BATCH, PipelineSpec
 
@@ -134,6 +135,9 @@ def _record_problem(record, field: str, id_field: str | None) -> str:
             return f"missing id: field {id_field!r} is absent or null"
         if type(rid) not in (str, int):
             return f"id field {id_field!r} must be a string or an integer, got {_kind(rid)}"
+        if type(rid) is str and not encodable(rid):
+            return (f"id field {id_field!r} is not valid Unicode (it holds a lone surrogate "
+                    "escape such as \\ud800), so no output format can store it")
     return ""
 
 

@@ -40,3 +40,11 @@ class Sink(Protocol):
 
 
 SINKS: dict[str, type[Sink]] = {"npy": NpySink, "jsonl": JsonlSink, "parquet": ParquetSink}
+
+
+def shard_suffixes(fmt: str, outputs: list[str]) -> list[str]:
+    """What follows `part-00000.` in a shard's file names, for the format: npy writes ids and
+    one file per output, the others one file."""
+    if fmt == "npy":
+        return ["ids.npy"] + [f"{name}.npy" for name in outputs]
+    return [fmt]

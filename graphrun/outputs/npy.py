@@ -48,6 +48,13 @@ class RowFile:
     header_bytes: int
     end: int
 
+    def close(self) -> None:
+        """Once: a second close (abort after finish) must not close a descriptor number the
+        process has since given to another file."""
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
 
 class NpySink:
     """Rows go straight to one temp file per output, behind a header sized for a full shard
@@ -131,7 +138,7 @@ class NpySink:
         finally:
             self._pending.clear()
             for f in self.files.values():
-                os.close(f.fd)
+                f.close()
                 f.path.unlink(missing_ok=True)
 
     def finish(self) -> list[tuple[Path, str]]:
@@ -143,6 +150,6 @@ class NpySink:
         for name, f in self.files.items():
             header = npy_header(f.dtype, (len(self.ids), *self.shapes[name]), f.header_bytes)
             pwrite_all(f.fd, header, 0)
-            os.close(f.fd)
+            f.close()
             placed.append((f.path, f"{self.stem}.{name}.npy"))
         return placed

@@ -76,8 +76,9 @@ class ParquetSink:
         return pa.array([str(x) for x in self.ids.values()], pa.string())
 
     def abort(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+        writer, self.writer = self.writer, None  # once: abort may follow a failed finish
+        if writer is not None:
+            writer.close()
         self.tmp.unlink(missing_ok=True)
 
     def finish(self) -> list[tuple[Path, str]]:
