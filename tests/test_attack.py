@@ -20,8 +20,15 @@ from graphrun.spec_load import load_spec
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def child_env() -> dict:
+    """The environment for a graphrun child process: this checkout first on its path, and
+    whatever path the test process was given after it (site folders outside the venv)."""
+    paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+
+
 def cli(*args, cwd=None, timeout=120):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     return subprocess.run([sys.executable, "-m", "graphrun", *map(str, args)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -294,8 +301,8 @@ def test_two_cli_resumes_at_once_one_is_refused_and_the_run_is_whole(tmp_path):
     spec = make_job(tmp_path, n=400)
     out = tmp_path / "out"
     procs = [subprocess.Popen([sys.executable, "-m", "graphrun", "run", str(spec), "--out",
-                               str(out), "--resume", "-q"], env={**os.environ,
-                              "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True)
+                               str(out), "--resume", "-q"], env=child_env(),
+                              stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
     errors = [p.communicate(timeout=120)[1] for p in procs]
     codes = sorted(p.returncode for p in procs)
@@ -505,7 +512,7 @@ def test_closing_the_reader_while_another_thread_is_in_next_waits_for_it():
 
 def _python(code: str, *args, timeout=120):
     return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          text=True, timeout=timeout, env=child_env())
 
 
 def test_sigint_while_the_spec_loads_exits_130_with_one_line(tmp_path):
@@ -581,7 +588,11 @@ def test_a_bucket_grid_past_the_limit_is_refused(tmp_path):
 
 # ---- 11. one message, not a traceback ----------------------------------------------------------
 
-def test_static_buffers_past_the_machine_s_memory_are_refused_with_the_figure(tmp_path):
+def test_static_buffers_past_the_machine_s_memory_are_refused_with_the_figure(tmp_path,
+                                                                             monkeypatch):
+    from graphrun import spec_checks
+
+    monkeypatch.setattr(spec_checks, "_memory_bytes", lambda: 24 * 2**30)  # any machine's size
     spec = make_job(tmp_path)
     with pytest.raises(SpecError, match=r"buckets: the static buffers at the largest bucket "
                                         r"\(batch=2,147,483,647\) need 56\.0 GiB"):
@@ -708,7 +719,7 @@ def test_kill_9_at_random_points_then_resume_loses_nothing(tmp_path):
     for trial in range(3):
         out = tmp_path / f"killed{trial}"
         proc = subprocess.Popen([sys.executable, "-m", "graphrun", "run", str(spec), "--out",
-                                 str(out), "-q"], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                 str(out), "-q"], env=child_env(),
                                 stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 60
         while not (out / "journal.jsonl").exists() and proc.poll() is None:
