@@ -615,7 +615,9 @@ def test_an_input_path_that_is_a_symlink_loop_is_refused(tmp_path):
 
 def test_hostile_specs_give_one_line_from_the_cli(tmp_path):
     spec = make_job(tmp_path)
-    for args in (["--set", "model.args={a: &a [*a]}"], ["--set", "buckets.batch=[2147483647]"],
+    # records of 4096 floats at 2**31 - 1 rows: more memory than any machine has
+    huge = ["--set", "buckets.batch=[2147483647]", "--set", "inputs.x.shape=[batch,4096]"]
+    for args in (["--set", "model.args={a: &a [*a]}"], huge,
                  ["--set", "device=cuda:99999999999999999999"]):
         proc = cli("run", spec, "-q", *args)
         assert proc.returncode == 2 and proc.stderr.startswith("error: "), proc.stderr
