@@ -5,6 +5,10 @@ and the sample's padding waste."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
+
 from .errors import InputError, Problem, SpecError
 from .manifest import BucketPlan
 from .plan import histogram, plan
@@ -33,9 +37,43 @@ def resolve_auto(spec: PipelineSpec) -> tuple[PipelineSpec, BucketPlan | None]:
     if hist.batches == 0:
         raise InputError(f"buckets: auto plans from the first {AUTO_SAMPLE} records, and none "
                          "of them is valid", where=str(spec.data.path))
-    chosen = plan(hist, spec.buckets_max_graphs, spec.buckets_multiple_of, fixed)
+    spec, limits = _pin_text_length(spec, auto)
+    chosen = plan(_covering(hist, limits), spec.buckets_max_graphs, spec.buckets_multiple_of,
+                  fixed)
     buckets = {a: chosen.lists[a] for a in spec.buckets}
     info = BucketPlan(auto_axes=auto, buckets={a: chosen.lists[a] for a in auto},
                       sample_records=hist.records, graphs=chosen.graphs,
                       max_graphs=spec.buckets_max_graphs, padding_waste=chosen.waste)
     return spec.model_copy(update={"buckets": buckets}), info
+
+
+def _pin_text_length(spec: PipelineSpec, auto: list[str]) -> tuple[PipelineSpec, dict]:
+    """Text tokenized into an auto seq axis: its length limit is fixed before planning (the
+    tokenizer's, or data.text.max_length), so a record the sample did not see is cut or
+    rejected at that limit, never at whatever the plan's largest value happens to be."""
+    if spec.data.text is None:
+        return spec, {}
+    from .inputs.text import max_length, seq_axis
+    from .models.hf import tokenizer_folder
+
+    axis = seq_axis(spec)
+    if axis not in auto:
+        return spec, {}
+    limit = max_length(spec, tokenizer_folder(spec))
+    text = spec.data.text.model_copy(update={"max_length": limit})
+    data = spec.data.model_copy(update={"text": text})
+    return spec.model_copy(update={"data": data}), {axis: limit}
+
+
+def _covering(hist, limits: dict):
+    """The histogram with a batch shape of no weight at each limit, so that the plan's largest
+    value on that axis covers it (a limit below the sample's largest changes nothing)."""
+    if not limits:
+        return hist
+    row = np.ones((1, len(hist.axes)), dtype=hist.needs.dtype)
+    for i, a in enumerate(hist.axes):
+        row[0, i] = limits.get(a, int(hist.needs[:, i].min()))
+    return dataclasses.replace(
+        hist, needs=np.concatenate([hist.needs, row]),
+        count=np.concatenate([hist.count, np.zeros(1, dtype=hist.count.dtype)]),
+        real=np.concatenate([hist.real, np.zeros(1, dtype=np.asarray(hist.real).dtype)]))
