@@ -670,7 +670,7 @@ def test_ids_5_and_text_5_are_one_id(tmp_path):
 
 
 def test_ids_compare_as_text_across_chunks():
-    from graphrun.records import check_duplicate_ids
+    from graphrun.record_ids import check_duplicate_ids
     seen: set = set()
     for chunk, dups in ((["5", "a"], {}), ([7, 5], {1: "duplicate id 5"}),
                         (["7", "05", "b"], {0: "duplicate id 7"})):
