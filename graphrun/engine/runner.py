@@ -133,7 +133,7 @@ class Runner:
                 state.eager_us = median_us(self.launcher.timer, entry.step, iters)
                 state.replay_us = median_us(self.launcher.timer, entry.run, iters)
 
-    # -- the feed's surface (feed.Engine) --------------------------------------------------------
+    # -- the feed's surface (feed_types.Engine)--------------------------------------------------
 
     @property
     def max_batch(self) -> int:
