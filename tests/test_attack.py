@@ -436,7 +436,7 @@ def test_a_full_disk_while_the_manifest_is_written_fails_cleanly(tmp_path, monke
         raise OSError(28, "No space left on device")
 
     with monkeypatch.context() as m:
-        m.setattr("graphrun.pipeline.write_manifest", full)
+        m.setattr("graphrun.run_state.write_manifest", full)
         with pytest.raises(OutputError, match=r"manifest.json failed: .*No space left"):
             run_job(spec, out)
     assert not (out / "manifest.json.tmp").exists()
