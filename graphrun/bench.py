@@ -176,7 +176,8 @@ def bench_reduce_overhead(spec: PipelineSpec, batches: dict, iters: int, warmup:
     import torch
 
     from .device import resolve_device
-    from .models.load import TORCH_DTYPES, build_model, call_model
+    from .models.call import call_model
+    from .models.load import TORCH_DTYPES, build_model
 
     device = resolve_device(spec.device)
     dtype = TORCH_DTYPES[spec.model.dtype]

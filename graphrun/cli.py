@@ -1,7 +1,9 @@
 """The command line: a thin layer over the Python API.
 
 A user error (GraphrunError) prints one message and exits non-zero, without a traceback unless
---debug is given; anything else is a bug in graphrun and keeps its traceback.
+--debug is given (cli_errors.py); anything else is a bug in graphrun and keeps its traceback.
+This module holds the group and the verbs of a run (run, validate, schema, init); the experiment
+verbs are cli_experiments.py's.
 """
 
 from __future__ import annotations
@@ -13,36 +15,9 @@ from pathlib import Path
 import click
 
 from . import __version__
+from .cli_errors import debug_option, debugging, exit_quietly, fail
+from .cli_experiments import EXPERIMENT_COMMANDS
 from .errors import GraphrunError, Interrupted
-
-_debug = False
-
-
-def _exit_quietly() -> None:
-    """The run is over (its manifest written): a SIGINT or SIGTERM from here on ends the
-    process as the signal does by default, not with a KeyboardInterrupt traceback out of an
-    exit handler (a thread pool's, torch's) while the interpreter shuts down."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_DFL)
-
-
-def _fail(err: GraphrunError) -> None:
-    if _debug:
-        raise err
-    click.echo(f"error: {err}", err=True)
-    sys.exit(err.exit_code)
-
-
-def _set_debug(ctx, param, value: bool) -> None:
-    global _debug
-    # the group's option is parsed first, on every invocation; a verb's may only add to it
-    _debug = value if ctx.parent is None else (_debug or value)
-
-
-# accepted before the verb and after it: `graphrun --debug run x` and `graphrun run x --debug`
-debug_option = click.option("--debug", is_flag=True, expose_value=False, is_eager=True,
-                            callback=_set_debug,
-                            help="Show Python tracebacks for user errors too.")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -50,6 +25,10 @@ debug_option = click.option("--debug", is_flag=True, expose_value=False, is_eage
 @debug_option
 def main() -> None:
     """graphrun: run PyTorch inference through CUDA Graphs, driven by one YAML file."""
+
+
+for experiment in EXPERIMENT_COMMANDS:  # plan, compare, report, sweep, bench
+    main.add_command(experiment)
 
 
 @main.command()
@@ -78,7 +57,7 @@ def run(spec, overrides, out, resume, overwrite, accept_model_change, start, sto
     from .spec_load import load_spec
 
     if resume and overwrite:
-        _fail(GraphrunError("--resume and --overwrite contradict each other: pick one"))
+        fail(GraphrunError("--resume and --overwrite contradict each other: pick one"))
     show = not quiet  # a progress bar on a terminal, else a line every few seconds (logs, CI)
     try:
         pipeline = load_spec(spec, overrides)
@@ -86,19 +65,19 @@ def run(spec, overrides, out, resume, overwrite, accept_model_change, start, sto
                                 show=show, start=start, stop=stop,
                                 accept_model_change=accept_model_change)
     except KeyboardInterrupt:  # SIGINT before the run took over its signals (loading the spec)
-        _exit_quietly()
+        exit_quietly()
         click.echo("graphrun: interrupted by SIGINT before the run started; nothing was "
                    "written", err=True)
         sys.exit(128 + signal.SIGINT)
     except Interrupted as err:
-        _exit_quietly()
+        exit_quietly()
         click.echo(f"graphrun: {err}", err=True)
         sys.exit(err.exit_code)
     except GraphrunError as err:
-        _exit_quietly()
-        _fail(err)
+        exit_quietly()
+        fail(err)
     else:
-        _exit_quietly()
+        exit_quietly()
         t = manifest.totals
         dest = out or pipeline.output.dir
         if manifest._already_complete:
@@ -115,7 +94,7 @@ def run(spec, overrides, out, resume, overwrite, accept_model_change, start, sto
             try:
                 written = write_report([Path(dest)], Path(dest) / "report.html")
             except GraphrunError as err:
-                _fail(err)
+                fail(err)
             if not quiet:
                 click.echo(f"report -> {written}")
         if manifest.status == "completed" and t.records_rejected and not t.records_out:
@@ -123,135 +102,6 @@ def run(spec, overrides, out, resume, overwrite, accept_model_change, start, sto
             click.echo(f"graphrun: every record ({t.records_rejected}) was rejected; see "
                        f"{dest}/rejects.jsonl", err=True)
             sys.exit(1)
-
-
-@main.command()
-@click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--max-graphs", type=click.IntRange(min=1), default=8, show_default=True,
-              help="At most this many graphs in total (product of the lists' lengths).")
-@click.option("--sample", type=click.IntRange(min=1), default=None,
-              help="Plan from a uniform sample of about N records (whole batches).")
-@click.option("--multiple-of", "multiples", multiple=True, metavar="AXIS=M",
-              help="Values of AXIS must be multiples of M, e.g. seq=8 (repeatable).")
-@click.option("--write", is_flag=True, help="Write the planned lists into SPEC (comments kept).")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Override a spec key before reading (repeatable).")
-@debug_option
-def plan(spec, max_graphs, sample, multiples, write, overrides) -> None:
-    """Choose bucket lists from SPEC's data that minimise padded work."""
-    from .plan_show import run_plan
-
-    try:
-        run_plan(spec, overrides, max_graphs, sample, multiples, write, click.echo)
-    except GraphrunError as err:
-        _fail(err)
-
-
-@main.command()
-@click.argument("a", type=click.Path(file_okay=False, path_type=Path))
-@click.argument("b", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
-@debug_option
-def compare(a, b, as_json) -> None:
-    """Two run folders side by side: spec difference, latency per bucket, totals, outputs."""
-    import json
-
-    from rich.console import Console
-
-    from .compare import compare as compare_runs, print_compare
-
-    try:
-        result = compare_runs(a, b)
-    except GraphrunError as err:
-        _fail(err)
-    if as_json:
-        click.echo(json.dumps(result, indent=2))
-    else:
-        print_compare(result, Console(width=120))
-
-
-@main.command()
-@click.argument("dirs", nargs=-1, required=True,
-                type=click.Path(file_okay=False, path_type=Path))
-@click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path),
-              default=Path("report.html"), show_default=True, help="The HTML file to write.")
-@debug_option
-def report(dirs, out) -> None:
-    """One self-contained HTML page of charts from run folders (compared) or a sweep folder."""
-    from .report import write_report
-
-    try:
-        click.echo(f"wrote {write_report(list(dirs), out)}")
-    except GraphrunError as err:
-        _fail(err)
-
-
-@main.command()
-@click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--grid", "grids", multiple=True, metavar="KEY=[V1,V2,...]",
-              help="A spec key and the values to try (repeatable; every combination runs).")
-@click.option("--stop", type=click.IntRange(min=1), default=None,
-              help="Each variant runs on the first N records.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
-              help="The sweep's folder: one subfolder per variant, sweep.json.")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Override a spec key in every variant (repeatable).")
-@debug_option
-def sweep(spec, grids, stop, out, overrides) -> None:
-    """Run every combination of the grid as a spec variant, side by side."""
-    from rich.console import Console
-
-    from .sweep import parse_grid, sweep as run_sweep
-    from .sweep_report import sweep_table
-
-    try:
-        result = run_sweep(spec, parse_grid(grids), out, stop=stop, base=list(overrides),
-                           echo=lambda msg: click.echo(msg, err=True))
-    except GraphrunError as err:
-        _fail(err)
-    Console(width=160).print(sweep_table(result))
-    click.echo(f"-> {out}/sweep.json; charts: graphrun report {out}")
-
-
-@main.command()
-@click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--iters", type=click.IntRange(min=1), default=50, show_default=True,
-              help="Timed steps per bucket and mode.")
-@click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True,
-              help="Untimed steps per bucket and mode before timing.")
-@click.option("--compile", "with_compile", is_flag=True,
-              help="Also model.compile: true and torch.compile reduce-overhead (GPU).")
-@click.option("--records", type=click.IntRange(min=1), default=None,
-              help="Inputs from the first N real records (default: synthetic).")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Folder for bench.json (default: the spec's output.dir/bench).")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Override a spec key (repeatable).")
-@debug_option
-def bench(spec, iters, warmup, with_compile, records, out, overrides) -> None:
-    """Time every bucket: eager, graph replay (and compiled), with speedups; no outputs."""
-    from rich.console import Console
-
-    from .bench import bench as run_bench, bench_table
-    from .spec_load import load_spec
-
-    try:
-        pipeline = load_spec(spec, overrides)
-        if pipeline.auto_axes:
-            from .auto_buckets import resolve_auto
-
-            pipeline = resolve_auto(pipeline)[0]
-        result = run_bench(pipeline, iters=iters, warmup=warmup, compile=with_compile,
-                           records=records, log=lambda msg: click.echo(msg, err=True))
-    except GraphrunError as err:
-        _fail(err)
-    dest = Path(out or pipeline.output.dir / "bench")
-    dest.mkdir(parents=True, exist_ok=True)
-    (dest / "bench.json").write_text(result.model_dump_json(indent=2) + "\n")
-    Console(width=140).print(bench_table(result))
-    for note in result.notes:
-        click.echo(f"note: {note}")
-    click.echo(f"-> {dest}/bench.json")
 
 
 @main.command()
@@ -277,7 +127,7 @@ def validate(specs, overrides, load) -> None:
             else:
                 click.echo(f"{path}: ok")
         except GraphrunError as err:
-            if _debug:
+            if debugging():
                 raise
             failed += 1
             click.echo(f"{path}: invalid\n{err}", err=True)
@@ -312,7 +162,7 @@ def schema(kind, check, to_stdout, out) -> None:
 
     if to_stdout:
         if kind == "all":
-            _fail(GraphrunError("--stdout prints one schema: name pipeline or manifest"))
+            fail(GraphrunError("--stdout prints one schema: name pipeline or manifest"))
         click.echo(render(kind or "pipeline"), nl=False)
         return
     kinds = ("pipeline", "manifest") if kind in (None, "all") else (kind,)
@@ -327,7 +177,7 @@ def schema(kind, check, to_stdout, out) -> None:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
         except OSError as err:
-            _fail(GraphrunError(f"cannot write {path}: {err.strerror or err}"))
+            fail(GraphrunError(f"cannot write {path}: {err.strerror or err}"))
         click.echo(f"wrote {path}")
     if stale:
         click.echo("stale schema(s): " + ", ".join(stale) + "; run `graphrun schema` and commit",
@@ -345,14 +195,14 @@ def _schema_targets(kinds, out: Path | None) -> list[tuple[Path, str]]:
         return [(path_of(k, out), render(k)) for k in kinds]
     root = checkout_root(Path.cwd())
     if root is None:
-        _fail(GraphrunError(
+        fail(GraphrunError(
             f"{Path.cwd()} is not inside a graphrun source checkout, whose schemas/ and README "
             "this would rewrite: to write the schemas here, pass --out . ; to print one, "
             "--stdout (e.g. graphrun schema --stdout > pipeline.schema.json)"))
     if not runs_from(root):
         import graphrun
 
-        _fail(GraphrunError(
+        fail(GraphrunError(
             f"the graphrun running ({Path(graphrun.__file__).parent}) is not the checkout's "
             f"({root / 'graphrun'}), so its schemas would not describe that code: run "
             f"`python3 -m graphrun schema` from {root}, or pass --out"))
@@ -397,7 +247,7 @@ def init(target, builtin, args, data, spec_path, out_dir, name, batch_size, dtyp
                           batch_size=batch_size, sample=sample, id_field=id_field, dtype=dtype,
                           force=force)
     except GraphrunError as err:
-        _fail(err)
+        fail(err)
     click.echo(_init_report(found, spec_path))
 
 
@@ -408,11 +258,11 @@ def _builder_args(pairs) -> dict:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            _fail(GraphrunError(f"--arg {pair!r}: expected KEY=VALUE, e.g. --arg vocab=1000"))
+            fail(GraphrunError(f"--arg {pair!r}: expected KEY=VALUE, e.g. --arg vocab=1000"))
         try:
             args[key] = yaml.safe_load(value)
         except yaml.YAMLError as err:
-            _fail(GraphrunError(f"--arg {pair!r}: the value is not YAML: {err}"))
+            fail(GraphrunError(f"--arg {pair!r}: the value is not YAML: {err}"))
     return args
 
 

@@ -36,18 +36,18 @@ OverlapTrial times both paths on the stream itself, then keeps the faster (see i
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Callable, ContextManager, Iterable, Iterator, Protocol
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from .buckets import Bucket, split_sizes
+from .buckets import split_sizes
+from .completer import Completer
 from .engine.capture import model_failed
 from .errors import GraphrunError
+from .feed_types import Batch, Engine, Sink, Work
 from .handoff import Prefetch, SlotPool
 from .overlap import Cursor, OverlapTrial
 from .records import take_where
@@ -57,72 +57,7 @@ from .records import take_where
 # more than 16 measured no faster (benchmarks/RESULTS.md)
 SLOTS = (3, OverlapTrial.MAX_SLOTS)
 SLOT_BUDGET = 512 << 20  # bytes of pinned host slots, at most
-_DONE = object()  # the end of a queue
-
-
-class Launched(Protocol):
-    """A launched batch (engine/launch.py's Launch)."""
-
-    def wait(self) -> dict[str, float]: ...  # phase times, us
-
-    def result(self) -> tuple[dict, dict[str, float]]: ...  # real rows, phase times
-
-
-class Engine(Protocol):
-    """What the feed needs of the engine (engine/runner.py's Runner)."""
-
-    max_batch: int
-    slot_bytes: int
-
-    def host_slots(self, count: int) -> int: ...
-
-    def stage(self, fields: dict, n: int, lengths: dict, slot: int) -> Bucket: ...
-
-    def launch(self, bucket: Bucket, slot: int, n: int, lengths: dict, *,
-               stream=None) -> Launched: ...
-
-    def run_rows(self, fields: dict, n: int, lengths: dict) -> tuple[dict, list]: ...
-
-    def current_stream(self): ...
-
-    def device_context(self) -> ContextManager: ...
-
-
-class Sink(Protocol):
-    """Where outputs and rejects go (write.py's ShardWriter)."""
-
-    def write(self, indices: np.ndarray, ids, outputs: dict, batch_start: int) -> None: ...
-
-    def reject(self, index: int, id, where: str, reason: str) -> None: ...
-
-
-class Batch(Protocol):
-    """A record batch as read (records.py's RecordBatch)."""
-
-    indices: np.ndarray
-    ids: object
-    fields: dict
-    lengths: dict
-    rejects: list
-
-
-@dataclass
-class Work:
-    """One part of a record batch, handed from the stager to the launcher.
-
-    kind: "graph" (staged in `slot` for `bucket`), "whole" (larger than every bucket with
-    data.oversize eager or error: engine.run_rows decides) or "none" (rejects only)."""
-    kind: str
-    n: int = 0
-    indices: np.ndarray | None = None
-    ids: "np.ndarray | list | None" = None  # int64 ordinals or ids, else the ids as read
-    lengths: dict = field(default_factory=dict)
-    batch_start: int = 0
-    bucket: object = None
-    slot: int = -1
-    fields: dict | None = None
-    rb: object = None  # the record batch, on its first part: its rejects and its count
-    last: bool = True  # the last part of its record batch: the run may stop after it
+_DONE = object()  # the end of the staged work
 
 
 def feed_stream(engine: Engine, batches: Iterable[Batch], sink: Sink, *,
@@ -187,7 +122,7 @@ class Leg:
                 source.close()
             done.close()
 
-    def launch_all(self, source: Iterator[Work], done: "Completer", stream) -> None:
+    def launch_all(self, source: Iterator[Work], done: Completer, stream) -> None:
         """The launching thread's loop: each staged part launched (or run whole) in order."""
         host, rb = self.host, None  # rb: the record batch of the part being launched
         while True:
@@ -291,129 +226,3 @@ def slot_count(slot_bytes: int) -> int:
     waiting; beyond that they only hold memory."""
     low, high = SLOTS
     return max(low, min(high, SLOT_BUDGET // max(slot_bytes, 1)))
-
-
-@dataclass
-class Collect:
-    """A launched batch to wait for, cut and write."""
-    item: Work
-    launched: Launched
-
-
-@dataclass
-class Written:
-    """A batch that ran whole (engine.run_rows): its outputs and what ran."""
-    item: Work
-    outs: dict
-    ran: list
-
-
-@dataclass
-class RejectJob:
-    reject: object  # records.Reject
-
-
-class Completer:
-    """Collects launched batches in order, frees their slots, writes their rows and rejects.
-
-    Threaded: on the graphrun-completer thread, behind a queue; an error there (the sink
-    failing, say) is raised on the launching thread at its next call. Otherwise inline."""
-
-    def __init__(self, sink: Sink, pool: SlotPool, on_batches: Callable, host: dict, *,
-                 threaded: bool):
-        self.sink, self.pool = sink, pool
-        self.on_batches, self.host = on_batches, host
-        self._error: BaseException | None = None  # raised once on the launching thread
-        self._failed = False  # for good: nothing more is written after a failure
-        self._queue: queue.Queue | None = None
-        if threaded:
-            self._queue = queue.Queue()  # bounded by the slots: a batch holds one until done
-            self._thread = threading.Thread(target=self._drain, name="graphrun-completer",
-                                            daemon=True)
-            self._thread.start()
-
-    # -- the launching thread's side --
-
-    def collect(self, item: Work, launched: Launched) -> None:
-        self._submit(Collect(item, launched))
-
-    def written(self, item: Work, outs: dict, ran: list) -> None:
-        self._submit(Written(item, outs, ran))
-
-    def reject(self, r) -> None:
-        self._submit(RejectJob(r))
-
-    def drain(self) -> None:
-        """Wait until everything submitted is done; raise what failed there."""
-        if self._queue is not None:
-            self._queue.join()
-        self._raise()
-
-    def close(self) -> None:
-        """Stop the thread once everything submitted is done. A second Ctrl-C while waiting
-        must not leave it writing while the caller closes the sink: keep waiting."""
-        if self._queue is None:
-            return
-        self._queue.put(_DONE)
-        while True:
-            try:
-                self._thread.join()
-                break
-            except KeyboardInterrupt:
-                continue
-        self._queue = None
-        self._raise()
-
-    def _submit(self, job) -> None:
-        self._raise()
-        if self._queue is None:
-            self._do(job)
-        else:
-            self._queue.put(job)
-
-    def _raise(self) -> None:
-        if self._error is not None:
-            err, self._error = self._error, None
-            raise err
-
-    # -- the completer's side --
-
-    def _drain(self) -> None:
-        while True:
-            job = self._queue.get()
-            try:
-                if job is _DONE:
-                    return
-                if not self._failed:
-                    self._do(job)
-                elif isinstance(job, Collect):  # failed: only wait for it and free its slot
-                    try:
-                        job.launched.wait()
-                    finally:
-                        self.pool.release(job.item.slot)
-            except BaseException as exc:  # noqa: BLE001 - raised on the launching thread
-                self._failed = True
-                self._error = self._error or exc  # the first one; slots are freed already
-            finally:
-                self._queue.task_done()
-
-    def _do(self, job) -> None:
-        if isinstance(job, RejectJob):
-            r = job.reject
-            self.sink.reject(r.index, r.id, r.where, r.reason)
-            return
-        item = job.item
-        if isinstance(job, Collect):
-            t0 = time.perf_counter()
-            try:
-                outs, times = job.launched.result()
-            finally:
-                self.pool.release(item.slot)
-            ran = [(item.bucket, times)]
-            self.host["device_wait"] += time.perf_counter() - t0
-        else:
-            outs, ran = job.outs, job.ran
-        t0 = time.perf_counter()
-        self.sink.write(item.indices, item.ids, outs, item.batch_start)
-        self.on_batches(ran, item.n, int(item.indices[0]))
-        self.host["write"] += time.perf_counter() - t0

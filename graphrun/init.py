@@ -215,7 +215,7 @@ def _call(model, found: Inferred, sizes: dict[str, int], what: str):
     import torch
 
     from .models.load import TORCH_DTYPES
-    from .models.load import first_call
+    from .models.call import first_call
 
     model_dtype = TORCH_DTYPES[found.model["dtype"]]
     tensors = {}

@@ -2,8 +2,8 @@
 of data.batch_size valid records.
 
 The file's format is its reader's business (inputs/, one module per format); the checks are
-records.py's; this module holds the entry point and the batching. Memory stays at about one
-chunk whatever the file's size.
+record_checks.py's and record_ids.py's; this module holds the entry point and the batching.
+Memory stays at about one chunk whatever the file's size.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import numpy as np
 
 from graphrun.errors import InputError
 from graphrun.inputs import reader_for
-from graphrun.records import (Reject, RecordBatch, RecordChecker, concat_where, dense_if_uniform,
-                              numpy_dtype)
+from graphrun.record_checks import RecordChecker
+from graphrun.records import Reject, RecordBatch, concat_where, dense_if_uniform, numpy_dtype
 from graphrun.spec import PipelineSpec
 from graphrun.tuning import Tuning
 

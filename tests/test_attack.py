@@ -436,7 +436,7 @@ def test_a_full_disk_while_the_manifest_is_written_fails_cleanly(tmp_path, monke
         raise OSError(28, "No space left on device")
 
     with monkeypatch.context() as m:
-        m.setattr("graphrun.pipeline.write_manifest", full)
+        m.setattr("graphrun.run_state.write_manifest", full)
         with pytest.raises(OutputError, match=r"manifest.json failed: .*No space left"):
             run_job(spec, out)
     assert not (out / "manifest.json.tmp").exists()
@@ -670,7 +670,7 @@ def test_ids_5_and_text_5_are_one_id(tmp_path):
 
 
 def test_ids_compare_as_text_across_chunks():
-    from graphrun.records import check_duplicate_ids
+    from graphrun.record_ids import check_duplicate_ids
     seen: set = set()
     for chunk, dups in ((["5", "a"], {}), ([7, 5], {1: "duplicate id 5"}),
                         (["7", "05", "b"], {0: "duplicate id 7"})):

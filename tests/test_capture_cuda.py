@@ -11,7 +11,8 @@ import torch
 
 import graphrun
 from graphrun import CaptureError, Runner
-from graphrun.models.load import build_model, call_model, name_outputs
+from graphrun.models.call import call_model, name_outputs
+from graphrun.models.load import build_model
 from graphrun.spec import PipelineSpec
 
 pytestmark = pytest.mark.cuda

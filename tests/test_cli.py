@@ -152,10 +152,10 @@ def test_debug_is_accepted_after_the_verb(write_spec):
 
 def test_a_run_outside_a_terminal_prints_progress_lines_summary_and_warnings(
         write_spec, monkeypatch):
-    from graphrun import pipeline, progress
+    from graphrun import progress, run_state
 
     monkeypatch.setattr(progress, "LINE_S", 0.0)  # a line every batch
-    monkeypatch.setattr(pipeline, "spread_warning",
+    monkeypatch.setattr(run_state, "spread_warning",
                         lambda values, what, *_, **__: f"{what}: spread too wide to trust")
     result = cli("run", write_spec())  # CliRunner's stdout is no terminal
     assert result.exit_code == 0, result.output

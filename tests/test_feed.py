@@ -264,7 +264,8 @@ def test_slot_count_is_what_the_budget_holds_within_bounds():
 def test_after_a_write_fails_nothing_queued_behind_it_is_written():
     """The launching thread has seen (and cleared) the error while batches are still queued:
     those must not be written, or the output would skip the failed batch's rows."""
-    from graphrun.feed import Completer, Work
+    from graphrun.completer import Completer
+    from graphrun.feed_types import Work
     from graphrun.handoff import SlotPool
 
     cleared, waited = threading.Event(), []

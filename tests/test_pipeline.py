@@ -65,8 +65,8 @@ def test_shipped_pipeline_equals_eager_per_record(path, tmp_path):
         for i, rec in enumerate(records):
             inputs = {k: torch.as_tensor(np.asarray(rec[k]))[None].to(
                 graphrun.engine.buffers.TORCH_DTYPES[spec.inputs[k].dtype]) for k in spec.inputs}
-            got = graphrun.models.load.name_outputs(
-                graphrun.models.load.call_model(model, inputs, spec.model.call), names)
+            got = graphrun.models.call.name_outputs(
+                graphrun.models.call.call_model(model, inputs, spec.model.call), names)
             for name in names:
                 np.testing.assert_allclose(outs[name][i], got[name][0].float().numpy(),
                                            rtol=1e-4, atol=1e-4, err_msg=f"{name} of record {i}")

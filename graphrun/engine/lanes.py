@@ -19,7 +19,7 @@ from ..buckets import Bucket
 from ..manifest import VerifyResult
 from .buffers import BufferSet, host_dtype
 from ..errors import ModelError
-from ..models.load import call_model, name_outputs
+from ..models.call import call_model, name_outputs
 from .verify import fill_synthetic
 
 

@@ -22,8 +22,8 @@ from ..device import resolve_backend, resolve_device
 from ..errors import InputError
 from ..manifest import BucketReport, LaneReport
 from ..padding import add_padded_positions
-from ..models.load import (build_model, call_model, compile_model, first_call,
-                           model_input_dtypes, name_outputs, unlisted_outputs)
+from ..models.call import call_model, first_call, name_outputs, unlisted_outputs
+from ..models.load import build_model, compile_model, model_input_dtypes
 from ..spec import BATCH, PipelineSpec
 from .buffers import TORCH_DTYPES, host_dtype
 from .capture import BucketState, Capturer
@@ -133,7 +133,7 @@ class Runner:
                 state.eager_us = median_us(self.launcher.timer, entry.step, iters)
                 state.replay_us = median_us(self.launcher.timer, entry.run, iters)
 
-    # -- the feed's surface (feed.Engine) --------------------------------------------------------
+    # -- the feed's surface (feed_types.Engine)--------------------------------------------------
 
     @property
     def max_batch(self) -> int:

@@ -15,7 +15,8 @@ from typing import Iterator
 import numpy as np
 
 from graphrun.errors import InputError
-from graphrun.records import Candidates, Field, RowWhere, shape_problem
+from graphrun.record_checks import shape_problem
+from graphrun.records import Candidates, Field, RowWhere
 from graphrun.spec import PipelineSpec
 from graphrun.tuning import Tuning
 

@@ -14,7 +14,8 @@ from graphrun.errors import InputError
 from graphrun.inputs.jsonl_lines import lines_of
 from graphrun.inputs.jsonl_parse import parse_block
 from graphrun.inputs.jsonl_workers import parse_blocks
-from graphrun.records import Candidates, Prechecked
+from graphrun.record_checks import Prechecked
+from graphrun.records import Candidates
 from graphrun.spec import PipelineSpec
 from graphrun.tuning import Tuning
 

@@ -4,7 +4,7 @@ A JSONL block is parsed by orjson and converted by numpy while holding the GIL: 
 thread that caps the rate and takes the GIL from the thread launching the graphs. So, for a file
 big enough to pay for starting them (tuning.jsonl_workers_min_bytes), blocks go to
 tuning.jsonl_workers child processes, each running what the reader would
-(jsonl_parse.parse_block, then records.precheck), and the reader gets Prechecked chunks back,
+(jsonl_parse.parse_block, then record_checks.precheck), and the reader gets Prechecked chunks back,
 in order.
 
 The children are plain interpreters (`python -I -c`), not multiprocessing's: nothing of the
@@ -27,7 +27,7 @@ from collections import deque
 from typing import Callable, Iterable, Iterator
 
 from graphrun.inputs.jsonl_parse import parse_block
-from graphrun.records import precheck
+from graphrun.record_checks import precheck
 from graphrun.tuning import Tuning
 
 _HEADER = struct.Struct("<Q")

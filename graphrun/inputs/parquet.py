@@ -27,7 +27,8 @@ import pyarrow.parquet as pq
 from graphrun.errors import InputError
 from graphrun.inputs.parquet_columns import check_schema, parquet_candidates
 from graphrun.inputs.parquet_split import Piece, plan_pieces
-from graphrun.records import Candidates, Prechecked, numpy_dtype, precheck
+from graphrun.record_checks import Prechecked, precheck
+from graphrun.records import Candidates, numpy_dtype
 from graphrun.spec import PipelineSpec
 from graphrun.tuning import Tuning
 

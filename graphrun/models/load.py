@@ -1,6 +1,6 @@
 """The model step: build or load the spec's model, load its weights, put it on the device.
 
-Also how the model is called with the static inputs and how its return is named.
+How the model is called with the static inputs and how its return is named: models/call.py.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from graphrun.errors import ModelError
+from graphrun.models.call import describe
 from graphrun.models.decoder import build_decoder
 from graphrun.models.heads import Heads, needs_heads
 from graphrun.models.hf import load_hf
@@ -78,100 +79,6 @@ def model_input_dtypes(spec: PipelineSpec) -> dict[str, torch.dtype]:
             for n, i in spec.inputs.items()}
 
 
-def unlisted_outputs(ret: Any, names: list[str]) -> list[str]:
-    """Keys of a dict the model returns that the spec's outputs do not list (not written)."""
-    return [str(k) for k in ret if k not in names] if isinstance(ret, Mapping) else []
-
-
-_DTYPE_WORDS = ("dtype", "scalar type", "input type", "weight type", "half", "bfloat16",
-                "double")
-
-
-def first_call_error(exc: Exception, model: nn.Module, inputs: dict[str, torch.Tensor],
-                     call: str, what: str) -> ModelError:
-    """The model failed on its first call (sample inputs of the largest bucket): nearly always
-    the spec and the model disagreeing. Say what was passed and the one change that fits."""
-    args = {n: f"{list(t.shape)} {str(t.dtype).replace('torch.', '')}" for n, t in inputs.items()}
-    how = "model(" + ", ".join(f"{n}={a}" if call == "keyword" else a
-                               for n, a in args.items()) + ")"
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    params = _forward_params(model)
-    if isinstance(exc, TypeError) and ("argument" in text or "positional" in text):
-        if call == "keyword":
-            hint = ("the model's forward takes other argument names than the spec's inputs: "
-                    f"name the inputs after forward's parameters ({', '.join(params) or '?'}), "
-                    "or set model.call: positional to pass them in the inputs' order")
-        else:
-            hint = (f"model.call is positional: forward gets the {len(inputs)} inputs in the "
-                    f"order they are listed; forward takes ({', '.join(params) or '?'}): list "
-                    "as many inputs, in that order")
-    elif any(w in text.lower() for w in _DTYPE_WORDS):
-        hint = ("a dtype does not match: floating inputs are cast to model.dtype before the "
-                "call, integer and bool inputs are passed as declared; set inputs.<name>.dtype "
-                "to what forward expects (an index input as int64, say)")
-    else:
-        hint = ("check that the spec's inputs (names, shapes, dtypes) match the model's "
-                "forward" + (", or set model.call: positional" if call == "keyword" else ""))
-    return ModelError(f"the model failed on its first call, {how} for {what}: "
-                      f"{type(exc).__name__}: {text}\n  {hint}; --debug shows the traceback")
-
-
-def first_call(model: nn.Module, inputs: dict[str, torch.Tensor], call: str, what: str) -> Any:
-    """The model's return for `inputs` (no grad); `graphrun run` and `graphrun init` both call
-    the model first through here, so a mismatch gets the same message from both."""
-    try:
-        with torch.inference_mode():
-            return call_model(model, inputs, call)
-    except ModelError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - re-raised as a user error, chained
-        raise first_call_error(exc, model, inputs, call, what) from exc
-
-
-def _forward_params(model: nn.Module) -> list[str]:
-    try:
-        return [n for n, p in inspect.signature(model.forward).parameters.items()
-                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    except (TypeError, ValueError, AttributeError):  # a ScriptModule, an exported program
-        return []
-
-
-def call_model(model: nn.Module, inputs: dict[str, torch.Tensor], call: str) -> Any:
-    """keyword: model(name=tensor, ...); positional: model(t1, t2, ...) in the inputs' order."""
-    if call == "keyword":
-        return model(**inputs)
-    if call == "positional":
-        return model(*inputs.values())
-    raise ValueError(f"call must be 'keyword' or 'positional', not {call!r}")
-
-
-def name_outputs(ret: Any, names: list[str]) -> dict[str, torch.Tensor]:
-    """Name the model's return: a tensor (one name), a tuple/list in order, or a dict by key."""
-    if isinstance(ret, torch.Tensor):
-        if len(names) != 1:
-            raise _outputs_error(ret, names, f"return a tuple of {len(names)} tensors in that "
-                                 "order or a dict with those keys")
-        return {names[0]: ret}
-    if isinstance(ret, (tuple, list)):
-        if len(ret) != len(names):
-            raise _outputs_error(ret, names, "list as many outputs as the model returns, "
-                                 "in order")
-        named = dict(zip(names, ret))
-    elif isinstance(ret, Mapping):
-        missing = [n for n in names if n not in ret]
-        if missing:
-            raise _outputs_error(ret, names, f"the model returns no {missing}; name the "
-                                 "outputs after the keys it returns")
-        named = {n: ret[n] for n in names}
-    else:
-        raise _outputs_error(ret, names, "the model must return a tensor, a tuple/list or "
-                             "a dict of tensors")
-    bad = [n for n, v in named.items() if not isinstance(v, torch.Tensor)]
-    if bad:
-        raise _outputs_error(ret, names, f"outputs {bad} are not tensors")
-    return named
-
-
 # Building from a builder (builtin or target).
 
 def _builtin(name: str) -> Callable[..., nn.Module]:
@@ -197,7 +104,7 @@ def _build(what: str, builder: Callable[..., Any], args: dict[str, Any], max_bat
         raise ModelError(f"{what} could not be built from model.args {args}: "
                          f"{type(e).__name__}: {e}") from e
     if not isinstance(model, nn.Module):
-        raise ModelError(f"{what} returned {_describe(model)}, not a torch.nn.Module; "
+        raise ModelError(f"{what} returned {describe(model)}, not a torch.nn.Module; "
                          "make it return the module")
     return model
 
@@ -235,7 +142,7 @@ def _resolve_target(target: str, base_dir: Path | None) -> Callable[..., Any]:
                              f"{attr!r}; callables it defines: {', '.join(defined) or 'none'}")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise ModelError(f"model.target {target!r}: {attr} is {_describe(obj)}, not a callable")
+        raise ModelError(f"model.target {target!r}: {attr} is {describe(obj)}, not a callable")
     return obj
 
 
@@ -364,7 +271,7 @@ def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
                          f"weights_only=True ({type(e).__name__}: {e}); save "
                          "model.state_dict() with torch.save") from e
     if not isinstance(state, Mapping):
-        raise ModelError(f"model.weights {path}: holds {_describe(state)}, not a state dict; "
+        raise ModelError(f"model.weights {path}: holds {describe(state)}, not a state dict; "
                          "save model.state_dict() with torch.save")
     not_tensors = [k for k, v in state.items() if not isinstance(v, torch.Tensor)]
     if not_tensors:
@@ -376,23 +283,6 @@ def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
 def _require_file(key: str, path: Path) -> None:
     if not path.is_file():
         raise ModelError(f"{key}: file not found: {path}")
-
-
-def _outputs_error(ret: Any, names: list[str], remedy: str) -> ModelError:
-    return ModelError(f"the model returned {_describe(ret)}, but the spec's outputs expect "
-                     f"{len(names)} named {names}; {remedy}")
-
-
-def _describe(obj: Any) -> str:
-    """A short account of a value: what it is and, for tensors, its shape and dtype."""
-    if isinstance(obj, torch.Tensor):
-        return f"a tensor {list(obj.shape)} {str(obj.dtype).removeprefix('torch.')}"
-    if isinstance(obj, (tuple, list)):
-        kinds = ", ".join(_describe(x) for x in obj[:4]) + (", ..." if len(obj) > 4 else "")
-        return f"a {type(obj).__name__} of {len(obj)} ({kinds})"
-    if isinstance(obj, Mapping):
-        return f"a dict with keys {list(obj)}"
-    return f"a {type(obj).__name__}"
 
 
 def compile_model(model: torch.nn.Module, n_shapes: int) -> torch.nn.Module:

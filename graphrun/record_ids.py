@@ -1,0 +1,66 @@
+"""Duplicate record ids: an id is its text, so 5 and "5" are one id (npy and Parquet write both
+as '5'), "05" and 5 are two. Only ids of records that passed every other check are remembered."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+
+def check_duplicate_ids(ids: np.ndarray | list, positions: np.ndarray, seen: set,
+                        problems: dict[int, str]) -> None:
+    """Only ids of records that passed every other check are remembered (as Python values:
+    an int64 id and the same int are one id). An id is its text: 5 and "5" are one id (npy
+    and Parquet write both as '5'), "05" and 5 are two."""
+    if isinstance(ids, list):  # JSONL: ints and strings may mix
+        ids = _as_compared(ids, seen)
+    if not problems:  # the common case, by set operations: no Python step per id
+        chunk = ids[positions].tolist() if isinstance(ids, np.ndarray) else (
+            [ids[p] for p in positions.tolist()] if len(positions) < len(ids) else list(ids))
+        fresh = set(chunk)
+        if len(fresh) == len(chunk) and seen.isdisjoint(fresh):
+            seen |= fresh
+            return
+    if isinstance(ids, np.ndarray):
+        ids = ids.tolist()
+    for p in positions.tolist():
+        if p in problems:
+            continue
+        rid = ids[p]
+        if rid in seen:
+            problems[p] = f"duplicate id {rid!r}: an earlier record has the same id"
+        else:
+            seen.add(rid)
+
+
+_INT_TEXT = re.compile(r"-?(0|[1-9][0-9]*)")
+# Markers kept in a file's set of seen ids: it held an int id, a str id, and was made canonical.
+_INT_SEEN, _STR_SEEN, _CANONICAL = object(), object(), object()
+
+
+def _as_compared(ids: list, seen: set) -> list:
+    """ids as they are compared. Only once a file has both int and str ids does a str that is
+    an int's text become that int (seen ids too, once): until then each is its own text, and
+    a Python step per id would cost the common all-str file for nothing."""
+    kinds = set(map(type, ids))
+    if int in kinds:
+        seen.add(_INT_SEEN)
+    if str in kinds:
+        seen.add(_STR_SEEN)
+    if _INT_SEEN not in seen or _STR_SEEN not in seen:
+        return ids
+    if _CANONICAL not in seen:
+        canonical = {_id_key(x) for x in seen}
+        seen.clear()
+        seen |= canonical
+        seen.add(_CANONICAL)
+    return [_id_key(x) for x in ids]
+
+
+def _id_key(rid):
+    """A str id that is an int's canonical text compares as that int."""
+    if type(rid) is str and len(rid) < 20 and _INT_TEXT.fullmatch(rid):
+        return int(rid)
+    return rid
+
