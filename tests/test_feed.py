@@ -361,10 +361,12 @@ def test_a_trials_overlapped_legs_end_on_time(runner):
     writer = ThreadedWriter(0.05)
     trial = OverlapTrial(leg_s=0.4, every_s=60)
     legs = timed_legs(trial)
-    run(runner, batches([4] * 80), writer, overlap=trial)
+    # enough batches that a whole round (0.5 s warm-up, 8 legs of 0.4 s at about 8 batches
+    # each) ends before the input does, however the legs fall
+    run(runner, batches([4] * 120), writer, overlap=trial)
     trial_legs = legs[1:9]  # the warm-up, then the round
     assert len(trial.rounds) == 1 and trial.reason.startswith("measured: overlapped ran at")
     overlapped = [(s, k) for threaded, s, k in trial_legs if threaded]
     assert len(overlapped) == 4 and all(k is not None and k <= 3 for _, k in overlapped)
     assert max(s for s, _ in overlapped) < 2 * trial.leg_s, legs
-    assert len(writer.calls) == 80 and no_threads_left()
+    assert len(writer.calls) == 120 and no_threads_left()
