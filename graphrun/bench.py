@@ -132,7 +132,7 @@ def time_steps(step, batches: list, iters: int, warmup: int) -> np.ndarray:
     return times
 
 
-def _costs(runner) -> dict[str, dict]:
+def bucket_costs(runner) -> dict[str, dict]:
     """Per bucket name: status, capture time, memory, verify (every lane's graph passed; the
     one place that reads the runner's buckets)."""
     out = {}
@@ -153,7 +153,7 @@ def bench_graphrun(spec: PipelineSpec, mode: str, batches: dict, iters: int, war
     import graphrun
 
     with graphrun.Runner(spec) as runner:
-        costs = _costs(runner)
+        costs = bucket_costs(runner)
         results = {}
         for name, bucket_batches in batches.items():
             c = costs.get(name, {})

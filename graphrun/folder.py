@@ -19,8 +19,9 @@ import sys
 from pathlib import Path
 
 from graphrun.errors import OutputError
-from graphrun.journal import (JOURNAL, REJECTS, RUN_JSON, InputHash, ResumePoint, _names,
-                              _remove, fsync_path, journal_names, read_journal, shard_number)
+from graphrun.journal import (JOURNAL, REJECTS, RUN_JSON, InputHash, ResumePoint, fsync_path,
+                              journal_names, listed_names, read_journal, remove_and_sync,
+                              shard_number)
 
 MANIFEST = "manifest.json"
 LATENCIES = "latencies.jsonl"
@@ -213,20 +214,20 @@ def prepare_out_dir(out_dir: Path, *, resume: bool, overwrite: bool, fingerprint
     if overwrite:
         if foreign:
             raise OutputError(f"output folder {out_dir} holds files graphrun did not write "
-                              f"({_names(foreign)}); refusing to --overwrite it: move them away "
-                              "or pick another output folder")
-        _remove(out_dir, own)
+                              f"({listed_names(foreign)}); refusing to --overwrite it: move them "
+                              "away or pick another output folder")
+        remove_and_sync(out_dir, own)
         _start(out_dir, fingerprint)
         return None
     if not resume:
         if not own:
-            raise OutputError(f"output folder {out_dir} is not empty ({_names(foreign)}); "
+            raise OutputError(f"output folder {out_dir} is not empty ({listed_names(foreign)}); "
                               "pick a new or empty folder")
         if not foreign and _ended_with_nothing_committed(out_dir):
             # An earlier attempt failed (e.g. at setup) or was stopped before its first commit:
             # nothing here is worth protecting or resuming, and sending the user to --resume
             # (refused once the spec is fixed) or --overwrite helps nobody. Start over in it.
-            _remove(out_dir, own)
+            remove_and_sync(out_dir, own)
             _start(out_dir, fingerprint)
             return None
         raise OutputError(f"output folder {out_dir} exists and holds a run; pass --resume to "
@@ -236,7 +237,7 @@ def prepare_out_dir(out_dir: Path, *, resume: bool, overwrite: bool, fingerprint
     point = read_journal(out_dir, _first(fingerprint))
     if point is None:
         # Nothing was committed: whatever the earlier attempt left is incomplete.
-        _remove(out_dir, [p for p in own if p.name != RUN_JSON])
+        remove_and_sync(out_dir, [p for p in own if p.name != RUN_JSON])
         write_fingerprint(out_dir, fingerprint)
     return point
 

@@ -308,10 +308,10 @@ def check_fresh(out_dir: Path, suffixes: list[str]) -> None:
                    if p.name in (JOURNAL, REJECTS) or shard_number(p.name, suffixes, temp=False)
                    is not None)
     if stale:
-        raise OutputError(f"output folder {out_dir} already holds {_names(stale)}; pass --resume "
-                          "to continue that run or --overwrite to replace it")
-    _remove(out_dir, [p for p in out_dir.iterdir() if shard_number(p.name, suffixes, temp=True)
-                      is not None])
+        raise OutputError(f"output folder {out_dir} already holds {listed_names(stale)}; pass "
+                          "--resume to continue that run or --overwrite to replace it")
+    remove_and_sync(out_dir, [p for p in out_dir.iterdir()
+                              if shard_number(p.name, suffixes, temp=True) is not None])
 
 
 def restore(out_dir: Path, point: ResumePoint, suffixes: list[str]) -> None:
@@ -319,7 +319,7 @@ def restore(out_dir: Path, point: ResumePoint, suffixes: list[str]) -> None:
     check_committed(out_dir, point, hashes=True)
     # A shard renamed into place whose journal line never landed is not part of the run, nor
     # are temp files; their names are exactly the format's, numbered from the next shard.
-    _remove(out_dir, [p for p in out_dir.iterdir()
+    remove_and_sync(out_dir, [p for p in out_dir.iterdir()
                       if (shard_number(p.name, suffixes) or -1) >= point.shard])
     rejects = out_dir / REJECTS
     if rejects.exists():
@@ -352,12 +352,12 @@ def check_committed(out_dir: Path, point: ResumePoint, *, hashes: bool) -> None:
                               f"{JOURNAL} recorded {point.rejects}; rerun with --overwrite")
 
 
-def _names(paths: list, shown: int = 5) -> str:
+def listed_names(paths: list, shown: int = 5) -> str:
     text = ", ".join(Path(p).name for p in paths[:shown])
     return text + (f" and {len(paths) - shown} more" if len(paths) > shown else "")
 
 
-def _remove(out_dir: Path, paths: list[Path]) -> None:
+def remove_and_sync(out_dir: Path, paths: list[Path]) -> None:
     for p in paths:
         p.unlink()
     fsync_path(out_dir)

@@ -18,11 +18,11 @@ def largest_bucket_cost(spec, lists: dict[str, list[int]]) -> tuple[float, int]:
     """(capture s, memory bytes) of capturing the largest bucket of these lists alone, on the
     spec's (CUDA) device: the cost estimate's unit."""
     import graphrun
-    from .bench import _costs
+    from .bench import bucket_costs
 
     one = spec.model_copy(update={"buckets": {a: [max(v)] for a, v in lists.items()}})
     with graphrun.Runner(one) as runner:
-        (cost,) = _costs(runner).values()
+        (cost,) = bucket_costs(runner).values()
     return cost["capture_s"] or 0.0, cost["memory_bytes"] or 0
 
 
