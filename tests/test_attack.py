@@ -736,3 +736,15 @@ def test_kill_9_at_random_points_then_resume_loses_nothing(tmp_path):
         assert shard_bytes(out) == shard_bytes(clean)
         assert _latency_lines(out) == _latency_lines(clean)
     assert mid_run >= 2
+
+
+def test_a_repeated_field_is_found_beside_a_record_missing_that_field(tmp_path):
+    """One record lacks x and the next holds it twice: as many x's as lines in the block, so
+    a count over the block alone would see no repeat."""
+    missing = '{"id": "m"}\n'
+    twice = '{"id": "t", "x": [9, 9, 9, 9], "x": [1, 1, 2, 3]}\n'
+    spec = _skip_job(tmp_path, missing + twice + _row("b"), "jsonl")
+    m = run_job(spec, tmp_path / "out")
+    assert (m.totals.records_out, m.totals.records_rejected) == (1, 2)
+    reasons = _rejects(tmp_path / "out")
+    assert "field 'x' appears more than once" in reasons[1], reasons

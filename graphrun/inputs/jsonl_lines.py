@@ -6,6 +6,8 @@ ended by CR alone, a field repeated within a record, an id JSON allows but UTF-8
 from __future__ import annotations
 
 import json
+import operator
+from itertools import repeat
 
 BOM = b"\xef\xbb\xbf"
 
@@ -52,13 +54,13 @@ def encodable(text: str) -> bool:
 
 def repeated_keys(lines: list[bytes], expected: set, reasons: list[str]) -> list[str]:
     """reasons, with one for each line whose object repeats a field (JSON parsers keep the
-    last value silently). One count per field over the block finds the candidates: a line
-    holds each of its fields once, so more quoted names than lines means a repeat (or the
-    name inside a value), and only those lines are parsed again, keeping every pair."""
+    last value silently). One count per field over the block finds the candidates: more
+    quoted names than lines holding the name means a repeat (or the name inside a value), and
+    only those lines are parsed again, keeping every pair."""
     block = b"".join(lines)
     for key in expected:
         quoted = json.dumps(key).encode()
-        if block.count(quoted) <= len(lines):
+        if block.count(quoted) <= sum(map(operator.contains, lines, repeat(quoted))):
             continue
         for p, line in enumerate(lines):
             if not reasons[p] and line.count(quoted) > 1:
