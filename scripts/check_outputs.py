@@ -35,7 +35,8 @@ def digest(path: Path) -> str:
 
 
 def run_pipeline(root: Path, spec: Path, out: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(root), "CUDA_VISIBLE_DEVICES": ""}
+    path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run([sys.executable, "-m", "graphrun", "run", str(spec), "--out", str(out),
                            "-q"], cwd=root, env=env, capture_output=True, text=True)
     if done.returncode != 0:
