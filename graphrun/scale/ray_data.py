@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+import warnings
 
 import numpy as np
 
@@ -70,7 +71,9 @@ def with_ordinals(ds):
     import ray.data
 
     ordinals = ray.data.range(ds.count()).rename_columns({"id": ORDINAL})
-    return ds.zip(ordinals)
+    with warnings.catch_warnings():  # zip's deprecation: order is preserved (dataset_map)
+        warnings.simplefilter("ignore")
+        return ds.zip(ordinals)
 
 
 def wants_gpu(spec: PipelineSpec, ray) -> bool:
@@ -107,14 +110,14 @@ class BatchMapper:
             spec = spec.model_copy(update={"device": "cuda:0"})
         self.spec, self.collector, self.file, self.ray = spec, collector, file, ray
         self.key = f"{socket.gethostname()}:{os.getpid()}"
-        warnings: list[str] = []
-        self.runner = Runner(spec, log=lambda msg: warnings.append(msg[len("warning: "):])
+        said: list[str] = []
+        self.runner = Runner(spec, log=lambda msg: said.append(msg[len("warning: "):])
                              if msg.startswith("warning: ") else None)
         self.checker = RecordChecker(spec)
         r = self.runner
         ray.get(collector.setup.remote(self.key, {
             "host": socket.gethostname(), "pid": os.getpid(), "device": str(r.device),
-            "backend": r.backend, "setup_s": r.setup_s, "warnings": warnings}))
+            "backend": r.backend, "setup_s": r.setup_s, "warnings": said}))
 
     def __call__(self, table):
         from graphrun.inputs.parquet_columns import parquet_candidates
@@ -122,7 +125,7 @@ class BatchMapper:
 
         t0 = time.perf_counter()
         ordinals = table.column(ORDINAL).to_numpy().astype(np.int64)
-        rb = table.drop_columns([ORDINAL]).combine_chunks().to_batches()[0]
+        rb = plain_columns(table.drop_columns([ORDINAL]).combine_chunks().to_batches()[0])
         c = parquet_candidates(self.spec, self.file, rb, int(ordinals[0]))
         c.indices, c.where = ordinals, RowWhere(self.file, ordinals)
         checked = self.checker.check(c)
@@ -141,6 +144,20 @@ class BatchMapper:
         self.ray.get(self.collector.batch.remote(
             self.key, n, rejects, times, buckets, time.perf_counter() - t0))
         return output_table(self.spec, checked.ids, outs, n)
+
+
+def plain_columns(rb):
+    """Ray's tensor columns (read_numpy's, an ndarray column's) as nested lists, the layout the
+    Parquet path reads."""
+    import pyarrow as pa
+
+    from graphrun.outputs.parquet import arrow_column
+
+    if not any(isinstance(t, pa.ExtensionType) for t in rb.schema.types):
+        return rb
+    columns = [arrow_column(list(c.to_numpy())) if isinstance(c.type, pa.ExtensionType) else c
+               for c in rb.columns]
+    return pa.RecordBatch.from_arrays(columns, names=rb.schema.names)
 
 
 def plain_id(rid):

@@ -25,7 +25,8 @@ from graphrun.spec import PipelineSpec
 
 READERS = (".parquet", ".jsonl", ".npy")
 WRITERS = ("parquet", "jsonl")
-# What Ray's writers name a file through RayNames: part-<task>-<write uuid>[-<k>].<format>
+# What the writers name a file: part-<task>-<write uuid>[-<k>].<format> (RayNames, and
+# ray_write.OrderedParquetSink)
 RAY_NAME = re.compile(r"part-(\d{5})-([0-9a-f]{32})(?:[-_](\d+))?\.(parquet|jsonl)")
 
 
@@ -118,13 +119,14 @@ def map_input(spec: PipelineSpec, ray, workers: int | None):
 
 
 def write_output(mapped, out_dir: Path, spec: PipelineSpec) -> None:
-    """Ray's writer for output.format into out_dir, then its files renamed in task order."""
-    names = ray_names(spec.output.format)
-    rows = spec.output.rows_per_file
-    if spec.output.format == "parquet":
-        mapped.write_parquet(str(out_dir), filename_provider=names, max_rows_per_file=rows)
+    """Ray's writer for output.format into out_dir (renamed in task order afterwards)."""
+    if spec.output.format == "parquet":  # a task's rows in order (ray_write.py says why)
+        from graphrun.scale.ray_write import OrderedParquetSink
+
+        mapped.write_datasink(OrderedParquetSink(str(out_dir), spec.output.rows_per_file))
     else:  # jsonl; 15 digits (pandas' most) keep float32 values exact
-        mapped.write_json(str(out_dir), filename_provider=names, double_precision=15)
+        mapped.write_json(str(out_dir), filename_provider=ray_names("jsonl"),
+                          double_precision=15)
 
 
 def ray_names(fmt: str):
