@@ -174,10 +174,10 @@ def test_bad_record_with_error_fails_naming_it(ray_cluster, tmp_path):
     assert m["status"] == "failed" and f"r{BAD}" in m["error"]
 
 
-def test_refusals_before_any_ray_work(tmp_path):
-    spec_path = write_case(tmp_path, "parquet")
-    result = run_ray_cli(spec_path, "--set", "output.format=npy")
+def test_refusals_before_any_ray_work(tmp_path, write_spec):
+    result = run_ray_cli(write_spec(name="mlp.yaml"), "--set", "output.format=npy")
     assert result.exit_code == 2 and "output.format npy has no Ray writer" in result.output
+    spec_path = write_case(tmp_path, "parquet")
     result = run_ray_cli(spec_path, "--resume")
     assert result.exit_code == 2 and "--resume is not supported with --ray" in result.output
     out = tmp_path / "out"

@@ -103,23 +103,46 @@ class BatchMapper:
     def __init__(self, spec: PipelineSpec, collector, file: str, gpu: bool):
         import ray
 
+        self.collector, self.ray = collector, ray
+        with self.reported():
+            self.setup(spec, file, gpu)
+
+    def reported(self):
+        """A GraphrunError raised inside it told to the Collector first: Ray's wrapping of an
+        actor's exception does not keep it, and the driver reports it as the run's error."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def block():
+            try:
+                yield
+            except GraphrunError as err:
+                self.ray.get(self.collector.fail.remote(str(err)))
+                raise
+        return block()
+
+    def setup(self, spec: PipelineSpec, file: str, gpu: bool) -> None:
         from graphrun.engine import Runner
         from graphrun.record_checks import RecordChecker
 
         if gpu and spec.device != "auto":  # the actor sees its one GPU as cuda:0
             spec = spec.model_copy(update={"device": "cuda:0"})
-        self.spec, self.collector, self.file, self.ray = spec, collector, file, ray
+        self.spec, self.file = spec, file
         self.key = f"{socket.gethostname()}:{os.getpid()}"
         said: list[str] = []
         self.runner = Runner(spec, log=lambda msg: said.append(msg[len("warning: "):])
                              if msg.startswith("warning: ") else None)
         self.checker = RecordChecker(spec)
         r = self.runner
-        ray.get(collector.setup.remote(self.key, {
+        self.ray.get(self.collector.setup.remote(self.key, {
             "host": socket.gethostname(), "pid": os.getpid(), "device": str(r.device),
             "backend": r.backend, "setup_s": r.setup_s, "warnings": said}))
 
     def __call__(self, table):
+        with self.reported():
+            return self.run_table(table)
+
+    def run_table(self, table):
         from graphrun.inputs.parquet_columns import parquet_candidates
         from graphrun.records import RowWhere
 
@@ -190,6 +213,10 @@ class Collector:
         """Every rejected record, in input order: index, id, where, reason."""
         return self.ray.get(self.actor.rejects.remote())
 
+    def failure(self) -> str | None:
+        """The first GraphrunError an actor raised, as text (None: none did)."""
+        return self.ray.get(self.actor.failure.remote())
+
     def stats(self) -> dict:
         """Per actor: host, pid, device, backend, setup_s, batches, records, rejected, busy_s,
         buckets (its Runner's bucket reports); per bucket: phase -> the batches' times (us)."""
@@ -203,6 +230,7 @@ class CollectorState:
         self.actors: dict[str, dict] = {}
         self.reject_rows: list[dict] = []
         self.samples: dict[str, dict[str, list[float]]] = {}
+        self.error: str | None = None
 
     def setup(self, key: str, info: dict) -> None:
         self.actors[key] = {**info, "batches": 0, "records": 0, "rejected": 0, "busy_s": 0.0,
@@ -220,6 +248,12 @@ class CollectorState:
         for name, phases in times:
             for phase, us in phases.items():
                 self.samples.setdefault(name, {}).setdefault(phase, []).append(us)
+
+    def fail(self, message: str) -> None:
+        self.error = self.error or message
+
+    def failure(self) -> str | None:
+        return self.error
 
     def rejects(self) -> list[dict]:
         return sorted(self.reject_rows, key=lambda r: r["index"])

@@ -62,7 +62,7 @@ def run_ray(spec: PipelineSpec, *, out: str | Path | None = None, address: str |
             facts.dataset_stats = mapped.stats()
             facts.status = "completed"
         except Exception as err:  # noqa: BLE001 - a user error is unwrapped, others kept
-            user = graphrun_cause(err)
+            user = graphrun_cause(err, facts.collector)
             facts.status, facts.error = "failed", str(user or f"{type(err).__name__}: {err}")
             finish(facts)
             if user is not None:
@@ -170,9 +170,12 @@ def finish(facts: RunFacts) -> Manifest:
     return manifest
 
 
-def graphrun_cause(err: BaseException) -> GraphrunError | None:
-    """The GraphrunError an actor raised, under Ray's wrapping (RayTaskError, the user code
-    exception of Ray Data), if that is what failed."""
+def graphrun_cause(err: BaseException, collector) -> GraphrunError | None:
+    """The GraphrunError that failed the run: raised here, or by an actor (which told the
+    Collector: Ray's wrapping of it keeps only a traceback's text)."""
+    told = collector.failure() if collector is not None else None
+    if told is not None:
+        return GraphrunError(told)
     seen = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
