@@ -31,6 +31,13 @@ for experiment in EXPERIMENT_COMMANDS:  # plan, compare, report, sweep, bench
     main.add_command(experiment)
 
 
+def check_ray_options(use_ray: bool, address, workers, start: int, stop) -> None:
+    if not use_ray and (address or workers):
+        fail(GraphrunError("--address and --workers go with --ray; add --ray"))
+    if use_ray and (start or stop is not None):
+        fail(GraphrunError("--start and --stop do not go with --ray: Ray reads the whole input"))
+
+
 @main.command()
 @debug_option
 @click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
@@ -64,10 +71,7 @@ def run(spec, overrides, out, resume, overwrite, accept_model_change, start, sto
 
     if resume and overwrite:
         fail(GraphrunError("--resume and --overwrite contradict each other: pick one"))
-    if not use_ray and (address or workers):
-        fail(GraphrunError("--address and --workers go with --ray; add --ray"))
-    if use_ray and (start or stop is not None):
-        fail(GraphrunError("--start and --stop do not go with --ray: Ray reads the whole input"))
+    check_ray_options(use_ray, address, workers, start, stop)
     show = not quiet  # a progress bar on a terminal, else a line every few seconds (logs, CI)
     try:
         pipeline = load_spec(spec, overrides)
