@@ -228,7 +228,9 @@ class Manifest(_M):
     warnings: list[str] = Field(default_factory=list)
     ray: Optional[RayReport] = Field(None, description="Runs with --ray only (absent from "
                                      "single-process manifests): the actors and Ray's stats; "
-                                     "buckets and totals then sum every actor's.")
+                                     "buckets and totals then sum every actor's, and "
+                                     "totals.stream_s is Ray's execution of the whole "
+                                     "dataset: actors starting and setting up included.")
 
     # Set on the manifest run() returns for --resume of a run that was already complete.
     _already_complete: bool = PrivateAttr(False)
