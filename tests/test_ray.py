@@ -203,3 +203,24 @@ def test_without_ray_names_the_extra(tmp_path, monkeypatch):
     assert 'pip install "graphrun[ray]"' in result.output and "Traceback" not in result.output
     with pytest.raises(graphrun.GraphrunError, match=r'pip install "graphrun\[ray\]"'):
         graphrun.ray.dataset_map(graphrun.load_spec(tmp_path / "pipeline.yaml"), None)
+
+
+def test_files_renamed_in_task_order_and_owned_for_overwrite(tmp_path):
+    """Without Ray: the writers' names sort by task, then part within it (numerically), and
+    the renamed files are graphrun's own to --overwrite."""
+    from graphrun.folder import prepare_out_dir
+    from graphrun.scale.ray_run import rename_in_order
+
+    out = tmp_path / "out"
+    fingerprint = {"spec_sha256": "a" * 64, "slice": [0, None], "shards": ["parquet"]}
+    prepare_out_dir(out, resume=False, overwrite=False, fingerprint=fingerprint)
+    uid = "0123456789abcdef0123456789abcdef"
+    written = [f"part-00010-{uid}-0.parquet", f"part-00002-{uid}-10.parquet",
+               f"part-00002-{uid}-9.parquet", f"part-00001-{uid}-0.parquet"]
+    for k, name in enumerate(written):
+        (out / name).write_text(name)
+    renamed = rename_in_order(out)
+    assert [p.name for p in renamed] == [f"part-0000{k}.parquet" for k in range(4)]
+    assert [p.read_text() for p in renamed] == [written[3], written[2], written[1], written[0]]
+    prepare_out_dir(out, resume=False, overwrite=True, fingerprint=fingerprint)
+    assert sorted(p.name for p in out.iterdir()) == ["run.json"]
