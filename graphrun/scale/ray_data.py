@@ -11,6 +11,7 @@ actor that met it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -107,19 +108,15 @@ class BatchMapper:
         with self.reported():
             self.setup(spec, file, gpu)
 
+    @contextlib.contextmanager
     def reported(self):
-        """A GraphrunError raised inside it told to the Collector first: Ray's wrapping of an
+        """A GraphrunError raised inside told to the Collector first: Ray's wrapping of an
         actor's exception does not keep it, and the driver reports it as the run's error."""
-        import contextlib
-
-        @contextlib.contextmanager
-        def block():
-            try:
-                yield
-            except GraphrunError as err:
-                self.ray.get(self.collector.fail.remote(str(err)))
-                raise
-        return block()
+        try:
+            yield
+        except GraphrunError as err:
+            self.ray.get(self.collector.fail.remote(str(err)))
+            raise
 
     def setup(self, spec: PipelineSpec, file: str, gpu: bool) -> None:
         from graphrun.engine import Runner
@@ -146,6 +143,8 @@ class BatchMapper:
         from graphrun.inputs.parquet_columns import parquet_candidates
         from graphrun.records import RowWhere
 
+        if table.num_rows == 0:
+            return output_table(self.spec, [], {}, 0)
         t0 = time.perf_counter()
         ordinals = table.column(ORDINAL).to_numpy().astype(np.int64)
         rb = plain_columns(table.drop_columns([ORDINAL]).combine_chunks().to_batches()[0])
