@@ -18,7 +18,6 @@ import yaml
 from click.testing import CliRunner
 
 import graphrun
-import graphrun.ray
 from graphrun.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
