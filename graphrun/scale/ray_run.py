@@ -51,8 +51,8 @@ def run_ray(spec: PipelineSpec, *, out: str | Path | None = None, address: str |
         except OSError as err:
             raise OutputError(f"cannot use output folder {out_dir}: {err.strerror or err}; "
                               "pick a folder you can write to (--out or output.dir)") from err
-        join_cluster(ray, address, show)
-        try:
+        try:  # a failure from here on leaves a failed manifest: the next run starts over
+            join_cluster(ray, address, show)
             mapped = map_input(spec, ray, workers)
             facts.workers = mapped.graphrun_workers
             facts.collector = mapped.graphrun_collector
@@ -97,7 +97,7 @@ def join_cluster(ray, address: str | None, show: bool) -> None:
     if not ray.is_initialized():
         try:
             ray.init(address=address, log_to_driver=show)
-        except (ConnectionError, ValueError, RuntimeError) as err:
+        except Exception as err:  # noqa: BLE001 - ConnectionError, ValueError, ... by version
             raise GraphrunError(f"cannot join the Ray cluster at {address or 'RAY_ADDRESS'}: "
                                 f"{err}; start one (`ray start --head`) or pass its "
                                 "--address") from None
