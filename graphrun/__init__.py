@@ -19,6 +19,10 @@ def __getattr__(name):
         from .engine import Runner
 
         return Runner
+    if name == "ray":  # graphrun.ray.dataset_map without its own import; Ray loads on use
+        import importlib
+
+        return importlib.import_module("graphrun.ray")
     raise AttributeError(name)
 
 

@@ -31,6 +31,13 @@ for experiment in EXPERIMENT_COMMANDS:  # plan, compare, report, sweep, bench
     main.add_command(experiment)
 
 
+def check_ray_options(use_ray: bool, address, workers, start: int, stop) -> None:
+    if not use_ray and (address or workers):
+        fail(GraphrunError("--address and --workers go with --ray; add --ray"))
+    if use_ray and (start or stop is not None):
+        fail(GraphrunError("--start and --stop do not go with --ray: Ray reads the whole input"))
+
+
 @main.command()
 @debug_option
 @click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
@@ -50,20 +57,33 @@ for experiment in EXPERIMENT_COMMANDS:  # plan, compare, report, sweep, bench
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary table.")
 @click.option("--report", "with_report", is_flag=True,
               help="Also write report.html (charts) beside manifest.json.")
+@click.option("--ray", "use_ray", is_flag=True,
+              help='Run on a Ray cluster through Ray Data (needs pip install "graphrun[ray]").')
+@click.option("--address", default=None, metavar="ADDR",
+              help="With --ray: the cluster to join (default: RAY_ADDRESS, else a local one).")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="With --ray: actors in the pool (default: one per GPU; on CPUs, all but one).")
 def run(spec, overrides, out, resume, overwrite, accept_model_change, start, stop, quiet,
-        with_report) -> None:
+        with_report, use_ray, address, workers) -> None:
     """Run SPEC: read its input, replay every batch, write outputs and manifest.json."""
     from .pipeline import run as run_pipeline
     from .spec_load import load_spec
 
     if resume and overwrite:
         fail(GraphrunError("--resume and --overwrite contradict each other: pick one"))
+    check_ray_options(use_ray, address, workers, start, stop)
     show = not quiet  # a progress bar on a terminal, else a line every few seconds (logs, CI)
     try:
         pipeline = load_spec(spec, overrides)
-        manifest = run_pipeline(pipeline, out=out, resume=resume, overwrite=overwrite,
-                                show=show, start=start, stop=stop,
-                                accept_model_change=accept_model_change)
+        if use_ray:
+            from .scale.ray_run import run_ray
+
+            manifest = run_ray(pipeline, out=out, address=address, workers=workers,
+                               overwrite=overwrite, resume=resume, show=show)
+        else:
+            manifest = run_pipeline(pipeline, out=out, resume=resume, overwrite=overwrite,
+                                    show=show, start=start, stop=stop,
+                                    accept_model_change=accept_model_change)
     except KeyboardInterrupt:  # SIGINT before the run took over its signals (loading the spec)
         exit_quietly()
         click.echo("graphrun: interrupted by SIGINT before the run started; nothing was "

@@ -174,6 +174,36 @@ class FileEntry(_M):
     bytes: int
 
 
+class RayActor(_M):
+    """One actor of a --ray run's pool: its Runner and what it ran."""
+
+    host: str
+    pid: int
+    device: str
+    backend: str
+    setup_s: float = Field(..., description="Its Runner's model build, buffers, capture and "
+                           "verify.")
+    capture_s: float
+    batches: int
+    records: int = Field(..., description="Records it wrote out.")
+    rejected: int
+    busy_s: float = Field(..., description="Time in its batches (check, run, report).")
+    warnings: list[str] = Field(default_factory=list)
+
+
+class RayReport(_M):
+    """What Ray ran (`graphrun run --ray`)."""
+
+    ray_version: str
+    address: Optional[str] = Field(None, description="The --address asked for; null: "
+                                   "RAY_ADDRESS, or a local cluster.")
+    workers: int = Field(..., description="Actors in the pool (one GPU each on a GPU spec).")
+    nodes: int = Field(..., description="Nodes of the cluster alive at the end.")
+    actors: list[RayActor]
+    dataset_stats: str = Field(..., description="Ray Data's own statistics of the run "
+                               "(Dataset.stats()), as text; empty when it failed.")
+
+
 class Manifest(_M):
     manifest_version: Literal[1] = MANIFEST_VERSION
     status: Literal["completed", "interrupted", "failed"]
@@ -196,6 +226,11 @@ class Manifest(_M):
     bucket_plan: Optional[BucketPlan] = Field(None, description="The lists planned for "
                                               "`auto` bucket axes; null when none is auto.")
     warnings: list[str] = Field(default_factory=list)
+    ray: Optional[RayReport] = Field(None, description="Runs with --ray only (absent from "
+                                     "single-process manifests): the actors and Ray's stats; "
+                                     "buckets and totals then sum every actor's, and "
+                                     "totals.stream_s is Ray's execution of the whole "
+                                     "dataset: actors starting and setting up included.")
 
     # Set on the manifest run() returns for --resume of a run that was already complete.
     _already_complete: bool = PrivateAttr(False)
@@ -235,7 +270,8 @@ def write_manifest(manifest: Manifest, path) -> None:
     """Written under a temporary name and renamed, so a reader never sees half a manifest."""
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
-        f.write(manifest.model_dump_json(indent=2))
+        # a single-process manifest has no ray key at all
+        f.write(manifest.model_dump_json(indent=2, exclude=None if manifest.ray else {"ray"}))
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

@@ -1,0 +1,1 @@
+"""Scale-out: many processes on one host (torchrun) and many hosts (Ray Data)."""

@@ -1,0 +1,225 @@
+"""graphrun on Ray Data (issue 19, many hosts) on a local Ray cluster of 2 CPUs, eager backend:
+`graphrun run --ray` writes what the single-process run writes, record for record, ids in input
+order, from Parquet and JSONL; rejects keep their reasons; graphrun.ray.dataset_map works from
+Python; without Ray installed, --ray names the extra to install."""
+
+from __future__ import annotations
+
+import builtins
+import json
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from click.testing import CliRunner
+
+import graphrun
+from graphrun.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+MANIFEST_SCHEMA = json.loads((ROOT / "schemas" / "manifest.schema.json").read_text())
+N = 43  # records: several batches of 4, a last one short, one of them rejected
+BAD = 5  # its k is out of range
+
+MODEL = """\
+import torch
+
+
+class Model(torch.nn.Module):
+    def forward(self, x, k, t):
+        # x: [B, 4] float32; k: [B] int64; t: [B, S] int64
+        return {"y": x * 2 + k[:, None].to(x.dtype), "s": t.to(torch.float32) + 0.5}
+
+
+def build():
+    return Model()
+"""
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """One local cluster for the whole file: starting one takes seconds."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def records() -> list[dict]:
+    """x, k and a ragged t (seq 1..7, padded to the buckets 4 and 8); string ids."""
+    rng = np.random.default_rng(0)
+    rows = [{"id": f"r{i}", "x": rng.random(4).round(3).tolist(), "k": i % 10,
+             "t": list(range(i % 7 + 1))} for i in range(N)]
+    rows[BAD]["k"] = 11
+    return rows
+
+
+def write_case(tmp_path: Path, fmt: str, *, on_bad_record: str = "skip") -> Path:
+    """The spec, its model and its input (data.<fmt>); outputs in the same format."""
+    rows = records()
+    if fmt == "parquet":
+        pq.write_table(pa.table({k: [r[k] for r in rows] for k in rows[0]}),
+                       tmp_path / "data.parquet", row_group_size=10)
+    else:
+        (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "model.py").write_text(MODEL)
+    spec = {
+        "version": 1, "name": "ray-test", "device": "cpu", "model": {"target": "model.py:build"},
+        "inputs": {"x": {"shape": ["batch", 4], "dtype": "float32"},
+                   "k": {"shape": ["batch"], "dtype": "int64", "range": [0, 10]},
+                   "t": {"shape": ["batch", "seq"], "dtype": "int64", "range": [0, 100]}},
+        "outputs": {"y": {"shape": ["batch", 4]}, "s": {"shape": ["batch", "seq"]}},
+        "buckets": {"batch": [1, 2, 4], "seq": [4, 8]}, "capture": {"warmup_iters": 1},
+        "data": {"path": f"data.{fmt}", "id_field": "id", "batch_size": 4,
+                 "on_bad_record": on_bad_record},
+        "output": {"dir": "out", "format": fmt, "rows_per_file": 20},
+    }
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def read_back(out: Path, fmt: str) -> tuple[list, dict[str, list]]:
+    """ids and outputs of every part-* file in name order."""
+    ids, outs = [], {"y": [], "s": []}
+    for f in sorted(out.glob(f"part-*.{fmt}")):
+        rows = (pq.read_table(f).to_pylist() if fmt == "parquet"
+                else [json.loads(line) for line in f.read_text().splitlines()])
+        for r in rows:
+            ids.append(r["id"])
+            for name in outs:
+                outs[name].append(np.asarray(r[name], np.float32))
+    return ids, outs
+
+
+def assert_same_outputs(got, want) -> None:
+    assert got[0] == want[0]  # ids, in input order
+    for name in want[1]:
+        assert len(got[1][name]) == len(want[1][name])
+        for a, b in zip(got[1][name], want[1][name]):
+            np.testing.assert_array_equal(a, b)
+
+
+def run_ray_cli(spec: Path, *args: str):
+    return CliRunner().invoke(main, ["run", str(spec), "--ray", "-q", *args])
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_ray_run_equals_single_process(ray_cluster, tmp_path, fmt):
+    spec_path = write_case(tmp_path, fmt)
+    want_manifest = graphrun.run(graphrun.load_spec(spec_path), out=tmp_path / "single")
+    result = run_ray_cli(spec_path, "--workers", "2")
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "out"
+    assert_same_outputs(read_back(out, fmt), read_back(tmp_path / "single", fmt))
+    assert len(read_back(out, fmt)[0]) == N - 1
+
+    # the reject, with the single-process run's id and reason
+    got = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
+    want = [json.loads(line) for line in
+            (tmp_path / "single" / "rejects.jsonl").read_text().splitlines()]
+    assert [(r["index"], r["id"], r["reason"]) for r in got] == \
+        [(r["index"], r["id"], r["reason"]) for r in want] == \
+        [(BAD, f"r{BAD}", "k: value 11 is outside range [0, 10) (lo <= x < hi)")]
+
+    m = json.loads((out / "manifest.json").read_text())
+    jsonschema.validate(m, MANIFEST_SCHEMA)
+    t = m["totals"]
+    assert m["status"] == "completed"
+    assert (t["records_in"], t["records_out"], t["records_rejected"]) == (N, N - 1, 1)
+    assert sum(b["records"] for b in m["buckets"]) == N - 1
+    # a Ray batch is data.batch_size records read, rejects included: at most one more batch
+    # than the file path, which batches the valid records
+    assert t["batches"] == sum(b["batches"] for b in m["buckets"])
+    assert want_manifest.totals.batches <= t["batches"] <= want_manifest.totals.batches + 1
+    assert m["ray"]["workers"] == 2
+    assert sum(a["records"] for a in m["ray"]["actors"]) == N - 1
+    assert sum(a["rejected"] for a in m["ray"]["actors"]) == 1
+    assert sum(f["rows"] for f in m["files"]) == N - 1
+    assert "Operator" in m["ray"]["dataset_stats"]
+    # the single-process manifest has no ray key
+    assert "ray" not in json.loads((tmp_path / "single" / "manifest.json").read_text())
+
+
+def test_dataset_map_from_python(ray_cluster, tmp_path):
+    spec_path = write_case(tmp_path, "parquet")
+    spec = graphrun.load_spec(spec_path)
+    graphrun.run(spec, out=tmp_path / "single")
+    # several blocks over two actors: the order holds across them
+    ds = ray_cluster.data.read_parquet(str(tmp_path / "data.parquet"), override_num_blocks=4)
+    mapped = graphrun.ray.dataset_map(spec, ds, workers=2)
+    rows = mapped.take_all()
+    got = ([r["id"] for r in rows],
+           {n: [np.asarray(r[n], np.float32) for r in rows] for n in ("y", "s")})
+    assert_same_outputs(got, read_back(tmp_path / "single", "parquet"))
+    rejects = mapped.graphrun_collector.rejects()
+    assert [(r["index"], r["id"]) for r in rejects] == [(BAD, f"r{BAD}")]
+    actors = mapped.graphrun_collector.stats()["actors"]
+    assert sum(a["records"] for a in actors.values()) == N - 1
+
+
+def test_bad_record_with_error_fails_naming_it(ray_cluster, tmp_path):
+    spec_path = write_case(tmp_path, "parquet", on_bad_record="error")
+    result = run_ray_cli(spec_path)
+    assert result.exit_code == 2
+    assert f"record 'r{BAD}'" in result.output and "outside range" in result.output
+    assert "on_bad_record: skip" in result.output and "Traceback" not in result.output
+    m = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    jsonschema.validate(m, MANIFEST_SCHEMA)
+    assert m["status"] == "failed" and f"r{BAD}" in m["error"]
+
+
+def test_refusals_before_any_ray_work(tmp_path, write_spec):
+    result = run_ray_cli(write_spec(name="mlp.yaml"), "--set", "output.format=npy")
+    assert result.exit_code == 2 and "output.format npy has no Ray writer" in result.output
+    spec_path = write_case(tmp_path, "parquet")
+    result = run_ray_cli(spec_path, "--resume")
+    assert result.exit_code == 2 and "--resume is not supported with --ray" in result.output
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    result = run_ray_cli(spec_path, "--overwrite")
+    assert result.exit_code == 2 and "notes.txt" in result.output
+    assert (out / "notes.txt").read_text() == "mine" and sorted(out.iterdir()) == [
+        out / "notes.txt"]
+
+
+def test_without_ray_names_the_extra(tmp_path, monkeypatch):
+    real_import = builtins.__import__
+
+    def no_ray(name, *args, **kwargs):
+        if name == "ray" or name.startswith("ray."):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ray)
+    result = run_ray_cli(write_case(tmp_path, "parquet"))
+    assert result.exit_code == 2
+    assert 'pip install "graphrun[ray]"' in result.output and "Traceback" not in result.output
+    with pytest.raises(graphrun.GraphrunError, match=r'pip install "graphrun\[ray\]"'):
+        graphrun.ray.dataset_map(graphrun.load_spec(tmp_path / "pipeline.yaml"), None)
+
+
+def test_files_renamed_in_task_order_and_owned_for_overwrite(tmp_path):
+    """Without Ray: the writers' names sort by task, then part within it (numerically), and
+    the renamed files are graphrun's own to --overwrite."""
+    from graphrun.folder import prepare_out_dir
+    from graphrun.scale.ray_run import rename_in_order
+
+    out = tmp_path / "out"
+    fingerprint = {"spec_sha256": "a" * 64, "slice": [0, None], "shards": ["parquet"]}
+    prepare_out_dir(out, resume=False, overwrite=False, fingerprint=fingerprint)
+    uid = "0123456789abcdef0123456789abcdef"
+    written = [f"part-00010-{uid}-0.parquet", f"part-00002-{uid}-10.parquet",
+               f"part-00002-{uid}-9.parquet", f"part-00001-{uid}-0.parquet"]
+    for k, name in enumerate(written):
+        (out / name).write_text(name)
+    renamed = rename_in_order(out)
+    assert [p.name for p in renamed] == [f"part-0000{k}.parquet" for k in range(4)]
+    assert [p.read_text() for p in renamed] == [written[3], written[2], written[1], written[0]]
+    prepare_out_dir(out, resume=False, overwrite=True, fingerprint=fingerprint)
+    assert sorted(p.name for p in out.iterdir()) == ["run.json"]
