@@ -167,6 +167,25 @@ class BucketPlan(_M):
                                  "of the sample in the planned buckets.")
 
 
+class Grouping(_M):
+    """data.group_by_length: the padding it saved, counted from the lengths this run read (a
+    resumed run: this attempt's records) in the spec's buckets, as the runner picks them."""
+
+    window: int = Field(..., description="data.group_by_length: records per window.")
+    windows: int = Field(..., description="Windows read.")
+    padded_positions: dict[str, int] = Field(
+        ..., description="Per variable axis: padded positions of the grouped batches.")
+    padded_positions_input_order: dict[str, int] = Field(
+        ..., description="Per variable axis: padded positions the same records would have "
+        "taken batched in input order (data.batch_size each).")
+    positions_run: dict[str, int] = Field(
+        ..., description="Per variable axis: all positions run (real and padded), grouped.")
+    positions_run_input_order: dict[str, int] = Field(
+        ..., description="Per variable axis: all positions run, batched in input order.")
+    padding_saved: dict[str, float] = Field(
+        ..., description="Per variable axis: 1 - grouped / input-order padded positions.")
+
+
 class FileEntry(_M):
     path: str
     rows: int
@@ -195,6 +214,8 @@ class Manifest(_M):
                                         "when it resumed an earlier one.")
     bucket_plan: Optional[BucketPlan] = Field(None, description="The lists planned for "
                                               "`auto` bucket axes; null when none is auto.")
+    grouping: Optional[Grouping] = Field(None, description="data.group_by_length: the "
+                                         "padding it saved; null when off.")
     warnings: list[str] = Field(default_factory=list)
 
     # Set on the manifest run() returns for --resume of a run that was already complete.
