@@ -165,6 +165,9 @@ class BucketPlan(_M):
     max_graphs: int
     padding_waste: float = Field(..., description="1 - real / padded work (rows x positions) "
                                  "of the sample in the planned buckets.")
+    memory_budget: Optional[str] = Field(
+        None, description="capture.memory_budget_mib: how it bounded the plan (the largest "
+        "batch value allowed, and what the estimate came from); null without a budget.")
 
 
 class Grouping(_M):
