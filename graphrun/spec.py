@@ -205,7 +205,8 @@ class CaptureSpec(Strict):
         "run that bucket eagerly (recorded in the manifest).")
     memory_budget_mib: Optional[float] = Field(
         None, gt=0, description="Drop the largest buckets whose capture would exceed this many "
-        "MiB, instead of running out of memory.")
+        "MiB, instead of running out of memory. `graphrun plan` and `buckets: auto` plan "
+        "within it (the batch values capped by an estimate from one measured bucket).")
 
 
 class TextSpec(Strict):
