@@ -256,3 +256,10 @@ def test_interrupted_by_a_signal_then_resumed_equals_an_uninterrupted_run(tmp_pa
     assert stopped["totals"]["records_out"] == 120
     graphrun.run(spec, out=tmp_path / "out", resume=True, overlap=overlap)
     assert_same_outputs(tmp_path / "clean", tmp_path / "out")
+
+
+def test_grouping_without_a_variable_axis_is_one_spec_message():
+    from graphrun.errors import SpecError
+
+    with pytest.raises(SpecError, match="data.group_by_length.*has none"):
+        graphrun.load_spec(ROOT / "pipelines/mlp-scorer.yaml", ["data.group_by_length=64"])
