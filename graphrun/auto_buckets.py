@@ -11,7 +11,8 @@ import numpy as np
 
 from .errors import InputError, Problem, SpecError
 from .manifest import BucketPlan
-from .plan import histogram, plan
+from .plan import histogram
+from .plan_budget import budget_plan
 from .spec import PipelineSpec
 
 AUTO_SAMPLE = 10000  # records read from the start of the input to plan the `auto` axes
@@ -38,12 +39,16 @@ def resolve_auto(spec: PipelineSpec) -> tuple[PipelineSpec, BucketPlan | None]:
         raise InputError(f"buckets: auto plans from the first {AUTO_SAMPLE} records, and none "
                          "of them is valid", where=str(spec.data.path))
     spec, limits = _pin_text_length(spec, auto)
-    chosen = plan(_covering(hist, limits), spec.buckets_max_graphs, spec.buckets_multiple_of,
-                  fixed)
+    # capture.memory_budget_mib: one bucket is measured on the run's device first (the
+    # model is built for it once more); without a budget nothing is measured
+    chosen, note, _ = budget_plan(spec, _covering(hist, limits), spec.buckets_max_graphs,
+                                  spec.buckets_multiple_of, fixed, _cuda(spec),
+                                  str(spec._source or "spec"))
     buckets = {a: chosen.lists[a] for a in spec.buckets}
     info = BucketPlan(auto_axes=auto, buckets={a: chosen.lists[a] for a in auto},
                       sample_records=hist.records, graphs=chosen.graphs,
-                      max_graphs=spec.buckets_max_graphs, padding_waste=chosen.waste)
+                      max_graphs=spec.buckets_max_graphs, padding_waste=chosen.waste,
+                      memory_budget=note.text() if note else None)
     return spec.model_copy(update={"buckets": buckets}), info
 
 
@@ -77,3 +82,9 @@ def _covering(hist, limits: dict):
         hist, needs=np.concatenate([hist.needs, row]),
         count=np.concatenate([hist.count, np.zeros(1, dtype=hist.count.dtype)]),
         real=np.concatenate([hist.real, np.zeros(1, dtype=np.asarray(hist.real).dtype)]))
+
+
+def _cuda(spec: PipelineSpec) -> bool:
+    from .device import resolve_device
+
+    return resolve_device(spec.device).type == "cuda"

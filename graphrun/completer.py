@@ -1,6 +1,7 @@
 """The completer: the feed's third step. It waits for each launched batch, in order, cuts its
 real rows out, frees its host slot and writes its rows and rejects (on the graphrun-completer
-thread when overlapped, inline when serial)."""
+thread when overlapped, inline when serial). Batches grouped by length (data.group_by_length)
+are held until their window is done, then written in input order (grouping.Reorder)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .feed_types import Launched, Sink, Work
+from .grouping import Reorder
 from .handoff import SlotPool
 
 _DONE = object()  # the end of the completer's queue
@@ -43,8 +45,9 @@ class Completer:
     failing, say) is raised on the launching thread at its next call. Otherwise inline."""
 
     def __init__(self, sink: Sink, pool: SlotPool, on_batches: Callable, host: dict, *,
-                 threaded: bool):
+                 threaded: bool, reorder: Reorder | None = None):
         self.sink, self.pool = sink, pool
+        self.reorder = reorder or Reorder()  # grouped batches' outputs, until their window ends
         self.on_batches, self.host = on_batches, host
         self._error: BaseException | None = None  # raised once on the launching thread
         self._failed = False  # for good: nothing more is written after a failure
@@ -137,6 +140,11 @@ class Completer:
         else:
             outs, ran = job.outs, job.ran
         t0 = time.perf_counter()
-        self.sink.write(item.indices, item.ids, outs, item.batch_start)
+        if item.window is None:
+            self.sink.write(item.indices, item.ids, outs, item.batch_start)
+        else:  # data.group_by_length: written in input order once the window is done
+            self.reorder.add(item.indices, item.ids, outs)
+            if item.window_end:
+                self.sink.write(*self.reorder.flush(), item.window)
         self.on_batches(ran, item.n, int(item.indices[0]))
         self.host["write"] += time.perf_counter() - t0

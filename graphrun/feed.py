@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
@@ -48,6 +48,7 @@ from .completer import Completer
 from .engine.capture import model_failed
 from .errors import GraphrunError
 from .feed_types import Batch, Engine, Sink, Work
+from .grouping import Reorder
 from .handoff import Prefetch, SlotPool
 from .overlap import Cursor, OverlapTrial
 from .records import take_where
@@ -101,6 +102,9 @@ class Leg:
     should_stop: Callable[[], bool]
     host: dict
     split: bool  # data.oversize: split
+    # data.group_by_length: the window's outputs so far; kept across legs, which may end
+    # inside a window
+    reorder: Reorder = field(default_factory=Reorder)
 
     def run(self, batches: Iterable, overlap: bool, slots: int | None = None) -> None:
         """slots: at most that many batches in flight (a trial's leg, which must end on time:
@@ -110,7 +114,8 @@ class Leg:
         pool = SlotPool(min(count, slots) if slots and overlap else count)
         work = self.staged(batches, pool)
         source = Prefetch(work, depth=pool.size) if overlap else work
-        done = Completer(self.sink, pool, self.on_batches, self.host, threaded=overlap)
+        done = Completer(self.sink, pool, self.on_batches, self.host, threaded=overlap,
+                         reorder=self.reorder)
         stream = engine.current_stream()
         try:
             with engine.device_context():
@@ -170,7 +175,9 @@ class Leg:
                 yield Work("none", rb=rb, batch_start=batch_start)
             for i, part in enumerate(parts):
                 part.rb, part.last = (rb if i == 0 else None), i == len(parts) - 1
-                part.batch_start = batch_start
+                # grouped (data.group_by_length): a resume re-reads the window, not the batch
+                part.batch_start = batch_start if rb.window is None else rb.window
+                part.window, part.window_end = rb.window, rb.window_end and part.last
                 if part.kind == "graph":
                     part.slot = pool.acquire()
                     t0 = time.perf_counter()
@@ -214,7 +221,8 @@ def model_blamed(item: Work, rb):
         first = int(item.indices[0])
         where = None
         if rb is not None and len(rb.indices):
-            where = take_where(rb.where, np.searchsorted(rb.indices, [first]))[0]
+            # grouped batches are in length order, not ordinal order: look the record up
+            where = take_where(rb.where, np.flatnonzero(rb.indices == first)[:1])[0]
         ids = item.ids.tolist() if isinstance(item.ids, np.ndarray) else list(item.ids)
         bucket = item.bucket.name if item.bucket is not None else "oversize-eager"
         raise model_failed(exc, bucket, where or f"record {first}", ids) from exc

@@ -74,4 +74,6 @@ class Work:
     fields: dict | None = None
     rb: object = None  # the record batch, on its first part: its rejects and its count
     last: bool = True  # the last part of its record batch: the run may stop after it
+    window: int | None = None  # data.group_by_length: its window's first ordinal
+    window_end: bool = False  # the last part of its window: the window's outputs are written
 

@@ -165,6 +165,28 @@ class BucketPlan(_M):
     max_graphs: int
     padding_waste: float = Field(..., description="1 - real / padded work (rows x positions) "
                                  "of the sample in the planned buckets.")
+    memory_budget: Optional[str] = Field(
+        None, description="capture.memory_budget_mib: how it bounded the plan (the largest "
+        "batch value allowed, and what the estimate came from); null without a budget.")
+
+
+class Grouping(_M):
+    """data.group_by_length: the padding it saved, counted from the lengths this run read (a
+    resumed run: this attempt's records) in the spec's buckets, as the runner picks them."""
+
+    window: int = Field(..., description="data.group_by_length: records per window.")
+    windows: int = Field(..., description="Windows read.")
+    padded_positions: dict[str, int] = Field(
+        ..., description="Per variable axis: padded positions of the grouped batches.")
+    padded_positions_input_order: dict[str, int] = Field(
+        ..., description="Per variable axis: padded positions the same records would have "
+        "taken batched in input order (data.batch_size each).")
+    positions_run: dict[str, int] = Field(
+        ..., description="Per variable axis: all positions run (real and padded), grouped.")
+    positions_run_input_order: dict[str, int] = Field(
+        ..., description="Per variable axis: all positions run, batched in input order.")
+    padding_saved: dict[str, float] = Field(
+        ..., description="Per variable axis: 1 - grouped / input-order padded positions.")
 
 
 class FileEntry(_M):
@@ -225,6 +247,8 @@ class Manifest(_M):
                                         "when it resumed an earlier one.")
     bucket_plan: Optional[BucketPlan] = Field(None, description="The lists planned for "
                                               "`auto` bucket axes; null when none is auto.")
+    grouping: Optional[Grouping] = Field(None, description="data.group_by_length: the "
+                                         "padding it saved; null when off.")
     warnings: list[str] = Field(default_factory=list)
     ray: Optional[RayReport] = Field(None, description="Runs with --ray only (absent from "
                                      "single-process manifests): the actors and Ray's stats; "

@@ -18,6 +18,7 @@ from .manifest import Manifest, completed_manifest
 from .progress import Progress, count_records, summary_table
 from .engine import Runner
 from .feed import feed_stream, slot_count
+from .grouping import PaddingCount
 from .overlap import MEASURE, OVERLAP_ENV, OverlapTrial, overlap_choice
 from .run_state import RunState
 from .stop_signals import StopSignals
@@ -160,7 +161,9 @@ def run_stream(job: RunState, fingerprint: dict, resume_point, start: int, stop,
     spec, out_dir = job.spec, job.out_dir
     # the first batch is read while the runner sets up: for a Parquet file, its first
     # row groups decode meanwhile instead of keeping the device waiting (stream.py)
-    job.reader = ReadAhead(read_batches(spec, start=start, stop=stop, tuning=job.tuning))
+    job.padding = PaddingCount(spec) if spec.data.group_by_length else None
+    job.reader = ReadAhead(read_batches(spec, start=start, stop=stop, tuning=job.tuning,
+                                        padding=job.padding))
     job.runner = runner = Runner(spec, log=job.print_and_warn if show else job.warn)
     if spec.report.baseline == "eager":
         runner.measure_baseline()

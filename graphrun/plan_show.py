@@ -20,7 +20,10 @@ def largest_bucket_cost(spec, lists: dict[str, list[int]]) -> tuple[float, int]:
     import graphrun
     from .bench import bucket_costs
 
-    one = spec.model_copy(update={"buckets": {a: [max(v)] for a, v in lists.items()}})
+    # without the budget, which would drop the very bucket measured
+    capture = spec.capture.model_copy(update={"memory_budget_mib": None})
+    one = spec.model_copy(update={"buckets": {a: [max(v)] for a, v in lists.items()},
+                                  "capture": capture})
     with graphrun.Runner(one) as runner:
         (cost,) = bucket_costs(runner).values()
     return cost["capture_s"] or 0.0, cost["memory_bytes"] or 0
@@ -44,8 +47,10 @@ def estimates(spec, rows: list[tuple[str, Evaluation]], measure=largest_bucket_c
 
 
 def plan_table(hist: Histogram, rows: list[tuple[str, Evaluation]],
-               costs: list[tuple[float, float]] | None = None):
-    """A rich Table: one row per candidate (spec, power of two, planned)."""
+               costs: list[tuple[float, float]] | None = None,
+               memory: list[int] | None = None, budget_mib: float | None = None):
+    """A rich Table: one row per candidate (spec, power of two, planned). memory: per row,
+    the graphs' estimated bytes (plan_budget.MemoryModel), shown against budget_mib."""
     from rich.table import Table
 
     what = f"{hist.records} records in {hist.batches} batches"
@@ -61,11 +66,17 @@ def plan_table(hist: Histogram, rows: list[tuple[str, Evaluation]],
     if costs:
         table.add_column("capture s (est.)", justify="right")
         table.add_column("graph MiB (est.)", justify="right")
+    if memory:
+        table.add_column("memory MiB (est.)", justify="right")
+        table.add_column(f"budget {budget_mib:g} MiB", justify="right")
     for i, (label, ev) in enumerate(rows):
         waste = f"{100 * ev.waste:.1f}%"
         if ev.uncovered:
             waste += f" ({ev.uncovered} batches too long)"
         extra = [f"<= {costs[i][0]:.2f}", f"~{costs[i][1]:,.0f}"] if costs else []
+        if memory:
+            fits = memory[i] <= budget_mib * 2**20
+            extra += [f"~{memory[i] / 2**20:,.1f}", "fits" if fits else "OVER: buckets dropped"]
         table.add_row(label, *(flow_list(ev.lists[a]) for a in hist.axes), str(ev.graphs),
                       f"{ev.padded:,}", waste, *extra)
     return table
@@ -126,7 +137,8 @@ def run_plan(spec_path: Path, overrides, max_graphs: int, sample: int | None,
     from rich.console import Console
 
     from .errors import InputError
-    from .plan import evaluate, histogram, plan, power_of_two
+    from .plan import evaluate, histogram, power_of_two
+    from .plan_budget import budget_plan
     from .spec_load import load_spec
 
     spec = load_spec(spec_path, overrides)
@@ -134,15 +146,24 @@ def run_plan(spec_path: Path, overrides, max_graphs: int, sample: int | None,
     hist = histogram(spec, sample=sample)
     if hist.batches == 0:
         raise InputError("no valid record to plan from", where=str(spec.data.path))
-    chosen = plan(hist, max_graphs, multiple_of)
+    cuda = _cuda(spec)
+    if spec.capture.memory_budget_mib is not None:
+        echo("measuring one bucket to keep the plan within capture.memory_budget_mib ...")
+    chosen, note, model = budget_plan(spec, hist, max_graphs, multiple_of, {}, cuda,
+                                      str(spec_path))
     rows = [] if spec.auto_axes else [("spec", evaluate(hist, spec.buckets))]
     rows += [("power of two", power_of_two(hist, max_graphs, multiple_of)),
              ("planned", chosen)]
     costs = None
-    if _cuda(spec):
+    if cuda:
         echo("capturing the largest bucket to estimate capture time and memory ...")
         costs = estimates(spec, rows)
-    Console(width=140).print(plan_table(hist, rows, costs))
+    per_graph = spec.capture.pool == "per-graph"
+    memory = [model.lists_bytes(ev.lists, per_graph) for _, ev in rows] if model else None
+    Console(width=160).print(plan_table(hist, rows, costs, memory,
+                                        spec.capture.memory_budget_mib))
+    if note is not None:
+        echo(note.text())
     if hist.rejected:
         top = sorted(hist.reasons.items(), key=lambda kv: -kv[1])[0][0]
         echo(f"{hist.rejected} bad records were not counted (e.g. {top})")

@@ -88,6 +88,10 @@ class RecordBatch:
     fields: dict[str, Records]  # input -> [n, ...] when all records share a shape, else n arrays
     lengths: dict[str, np.ndarray]  # bucket axis other than batch -> [n] int64 length per record
     rejects: list[Reject] = field(default_factory=list)  # bad records met while filling it
+    # data.group_by_length: the first ordinal of the window it was formed in (grouping.py),
+    # and whether it is that window's last batch; None: batched in input order
+    window: int | None = None
+    window_end: bool = False
 
     def __len__(self) -> int:
         return len(self.indices)

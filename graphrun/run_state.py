@@ -53,6 +53,7 @@ class RunState:
         self.overlap_how: str | None = None  # who chose the path: the caller or the default
         self.bucket_plan = None  # buckets: auto: what was planned (auto_buckets.py)
         self.tuning = None  # the reader's and writer's threads and chunks (tuning.py)
+        self.padding = None  # data.group_by_length: the padding saved (grouping.PaddingCount)
 
     def finish(self, progress) -> Manifest:
         """Close what the stream opened, commit, and write the manifest (whatever happened).
@@ -218,7 +219,8 @@ class RunState:
             rejects={"path": "rejects.jsonl" if (self.out_dir / "rejects.jsonl").exists()
                      else None, "count": self.rejected},
             resumed_from=self.resumed_from, warnings=self.warnings,
-            bucket_plan=self.bucket_plan)
+            bucket_plan=self.bucket_plan,
+            grouping=self.padding.report() if self.padding else None)
 
 
 def _now() -> str:

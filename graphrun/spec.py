@@ -205,7 +205,8 @@ class CaptureSpec(Strict):
         "run that bucket eagerly (recorded in the manifest).")
     memory_budget_mib: Optional[float] = Field(
         None, gt=0, description="Drop the largest buckets whose capture would exceed this many "
-        "MiB, instead of running out of memory.")
+        "MiB, instead of running out of memory. `graphrun plan` and `buckets: auto` plan "
+        "within it (the batch values capped by an estimate from one measured bucket).")
 
 
 class TextSpec(Strict):
@@ -239,6 +240,13 @@ class DataSpec(Strict):
     on_bad_record: Literal["error", "skip"] = Field(
         "error", description="error: stop at the first bad record; skip: write it to "
         "rejects.jsonl with the reason and go on.")
+    group_by_length: Optional[PositiveInt] = Field(
+        None, description="Sort each window of this many consecutive records (input order) by "
+        "length on the variable bucket axes (e.g. seq; for text input, the token count) and "
+        "batch within it, so that similar lengths share a batch and pad less. Outputs are "
+        "still written in input order with their ids; a window's outputs are held until the "
+        "window is complete (memory: about one window of inputs and one of outputs). "
+        "--resume restarts at the window holding the first uncommitted record. null: off.")
     text: Optional[TextSpec] = Field(
         None, description="Tokenize a text field into the inputs input_ids, attention_mask and "
         "token_type_ids (those the spec lists), with the model's fast tokenizer (needs "

@@ -123,6 +123,10 @@ def _axes(spec: PipelineSpec) -> Found:
         if axis not in used:
             yield ("buckets", axis), (f"bucket axis {axis!r} is used by no input shape; remove it "
                                       "or use it in an input")
+    if spec.data.group_by_length and len(spec.buckets) == 1 and BATCH in spec.buckets:
+        yield ("data", "group_by_length"), (
+            "batches are grouped by length on the bucket axes besides batch (e.g. seq), and "
+            "this spec has none: every record has one shape already; remove the key")
 
 
 def _ranges(spec: PipelineSpec) -> Found:

@@ -16,6 +16,7 @@ from typing import Iterator
 import numpy as np
 
 from graphrun.errors import InputError
+from graphrun.grouping import PaddingCount, sorted_batches
 from graphrun.inputs import reader_for
 from graphrun.record_checks import RecordChecker
 from graphrun.records import Reject, RecordBatch, concat_where, dense_if_uniform, numpy_dtype
@@ -26,12 +27,14 @@ __all__ = ["Reject", "RecordBatch", "ReadAhead", "read_batches"]
 
 
 def read_batches(spec: PipelineSpec, *, start: int = 0, stop: int | None = None,
-                 tuning: Tuning | None = None) -> Iterator[RecordBatch]:
+                 tuning: Tuning | None = None, padding: PaddingCount | None = None
+                 ) -> Iterator[RecordBatch]:
     """Batches of spec.data.batch_size valid records (the last may be smaller) from the records
     with ordinals in [start, stop). Each batch carries the rejects met before its last record, so
     records and rejects come out in file order; a batch may hold only rejects. With
     on_bad_record: error the first bad record raises InputError (after the full batches before
-    it). tuning: the reader's threads and chunk sizes (default: Tuning.from_machine())."""
+    it). tuning: the reader's threads and chunk sizes (default: Tuning.from_machine()). With data.group_by_length the batches of each window come
+    in length order (grouping.py); padding, if given, counts what that saved."""
     if start < 0 or (stop is not None and stop < start):
         raise ValueError(f"need 0 <= start <= stop (got start={start}, stop={stop})")
     tuning = tuning or Tuning.from_machine()
@@ -42,7 +45,10 @@ def read_batches(spec: PipelineSpec, *, start: int = 0, stop: int | None = None,
     # a reader's chunk is Candidates, or Prechecked on another thread (Parquet's decoding pool):
     # this thread then only checks its ids for duplicates and cuts it into batches
     checked = (checker.check(c) for c in reader.chunks(start, stop))
-    yield from _regroup(checked, spec, tuning.rejects_held)
+    if spec.data.group_by_length:
+        yield from _regroup_windows(checked, spec, start, padding)
+    else:
+        yield from _regroup(checked, spec, tuning.rejects_held)
 
 
 class ReadAhead:
@@ -132,6 +138,47 @@ def _regroup(chunks: Iterator[RecordBatch], spec: PipelineSpec, rejects_held: in
         yield _with_rejects(held.pop(len(held)), rejects)
 
 
+def _regroup_windows(chunks: Iterator[RecordBatch], spec: PipelineSpec, start: int,
+                     padding: PaddingCount | None) -> Iterator[RecordBatch]:
+    """data.group_by_length: windows of N consecutive ordinals from `start`, each handed out
+    once read whole (its rejects on its first batch, so memory holds about a window), its
+    records batched in length order. A bad record with on_bad_record: error ends the window
+    it is in: the records before it are still handed out, then it raises."""
+    size, stop_at_bad = spec.data.group_by_length, spec.data.on_bad_record == "error"
+    held = _Held(_empty_batch(spec))
+    rejects: deque[Reject] = deque()
+    lo = start  # the current window is [lo, lo + size)
+    for chunk in chunks:
+        bad = chunk.rejects[0] if stop_at_bad and chunk.rejects else None
+        if bad is not None:
+            chunk = _slice(chunk, 0, int(np.searchsorted(chunk.indices, bad.index)))
+        rejects.extend(chunk.rejects)
+        held.add(chunk)
+        seen = max(int(chunk.indices[-1]) if len(chunk) else lo - 1,
+                   chunk.rejects[-1].index if chunk.rejects else lo - 1)
+        while bad is None and seen >= lo + size - 1:  # the window is read whole
+            yield from _window(held, rejects, lo, lo + size, spec, padding)
+            lo += size
+        if bad is not None:
+            if len(held) or rejects:
+                yield from _window(held, rejects, lo, None, spec, padding)
+            raise InputError(bad.reason, where=bad.where, record_id=bad.id)
+    if len(held) or rejects:
+        yield from _window(held, rejects, lo, None, spec, padding)
+
+
+def _window(held: "_Held", rejects: deque, lo: int, hi: int | None, spec: PipelineSpec,
+            padding: PaddingCount | None) -> Iterator[RecordBatch]:
+    """The window [lo, hi) (hi None: all that is held) as sorted batches."""
+    window = held.pop(len(held) if hi is None else held.count_below(hi))
+    while rejects and (hi is None or rejects[0].index < hi):
+        window.rejects.append(rejects.popleft())
+    batches = sorted_batches(window, spec.data.batch_size, lo)
+    if padding is not None and len(window):
+        padding.add_window(window, batches)
+    yield from batches
+
+
 def _with_rejects(batch: RecordBatch, rejects: deque[Reject]) -> RecordBatch:
     batch.rejects.extend(rejects)
     rejects.clear()
@@ -155,6 +202,17 @@ class _Held:
         if len(chunk):
             self.chunks.append(chunk)
             self.count += len(chunk)
+
+    def count_below(self, hi: int) -> int:
+        """How many held records have an ordinal below hi."""
+        count, cursor = 0, self.cursor
+        for chunk in self.chunks:
+            below = int(np.searchsorted(chunk.indices, hi)) - cursor
+            count += max(below, 0)
+            if below < len(chunk) - cursor:
+                break
+            cursor = 0
+        return count
 
     def pop(self, k: int) -> RecordBatch:
         """The next k records as one batch (without rejects)."""

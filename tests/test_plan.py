@@ -10,9 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+import yaml
 
 import graphrun
 from graphrun.cli import main
+from graphrun.errors import SpecError
 from graphrun.plan import Histogram, best_values, evaluate, histogram, plan, power_of_two
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -188,3 +190,73 @@ def test_plan_on_the_gpu_prints_capture_estimates(tmp_path):
                                        "device=cuda"])
     assert result.exit_code == 0, result.output
     assert "capture s (est.)" in result.output and "graph MiB (est.)" in result.output
+
+
+# ---- capture.memory_budget_mib (plan_budget.py) --------------------------------------------------
+
+def test_a_budget_caps_the_batch_values_and_the_plan_fits_it():
+    from graphrun.plan_budget import MemoryModel, plan_within
+
+    hist = small_histogram([(32, 10, 6), (32, 40, 3), (32, 64, 1), (5, 20, 1)])
+    model = MemoryModel({"batch": 32, "seq": 64}, 32 * 64 * 1000, "a test")  # 1000 B a slot
+    free, none = plan_within(hist, 6, {}, {}, None, None)
+    assert none is None and free.lists["batch"][-1] == 32
+    budget_mib = 16 * 64 * 1000 / 2**20  # a bucket of 16 x 64 slots exactly
+    got, note = plan_within(hist, 6, {}, {}, model, budget_mib)
+    assert got.lists["batch"][-1] == note.cap == 16 and got.lists["seq"][-1] == 64
+    assert model.lists_bytes(got.lists, per_graph=False) <= budget_mib * 2**20
+    assert model.lists_bytes(free.lists, per_graph=False) > budget_mib * 2**20
+    assert got.uncovered == 0 and got.padded >= free.padded  # split batches: never less work
+    assert "batch buckets kept at <= 16" in note.text() and "a test" in note.text()
+    per_graph, note = plan_within(hist, 6, {}, {}, model, budget_mib, per_graph=True)
+    assert model.lists_bytes(per_graph.lists, per_graph=True) <= budget_mib * 2**20
+    assert note.cap < 16
+
+
+def test_a_budget_below_the_smallest_useful_bucket_says_so():
+    from graphrun.plan_budget import MemoryModel, plan_within
+
+    hist = small_histogram([(8, 10, 2), (8, 60, 1)])
+    model = MemoryModel({"batch": 8, "seq": 64}, 8 * 64 * 1000, "a test")
+    with pytest.raises(SpecError) as err:
+        plan_within(hist, 4, {"seq": 8}, {}, model, 0.01, where="enc.yaml")
+    msg = str(err.value)
+    assert "capture.memory_budget_mib" in msg and "smallest useful bucket" in msg
+    assert "batch=1, seq=64" in msg and "raise the budget" in msg
+
+
+def test_cli_plan_under_a_budget_chooses_smaller_batches_and_says_so(tmp_path):
+    rng = random.Random(0)
+    spec = write_encoder(tmp_path, [rng.randint(1, 60) for _ in range(200)])
+    spec.write_text(spec.read_text().replace("batch_size: 4", "batch_size: 64").replace(
+        "batch: [1, 4]", "batch: [1, 4, 64]").replace("seq: [8, 16]", "seq: [8, 16, 64]"))
+    free = CliRunner().invoke(main, ["plan", str(spec), "--max-graphs", "6"])
+    assert free.exit_code == 0, free.output
+    assert "budget" not in free.output
+    result = CliRunner().invoke(main, ["plan", str(spec), "--max-graphs", "6", "--set",
+                                       "capture.memory_budget_mib=0.5"])
+    assert result.exit_code == 0, result.output
+    rows = {line.split("│")[1].strip(): line for line in result.output.splitlines()
+            if line.startswith("│")}
+    assert "OVER" in rows["spec"] and "fits" in rows["planned"]
+    assert "batch buckets kept at <=" in result.output and "on the CPU" in result.output
+    planned = yaml.safe_load(result.output[result.output.index("buckets:"):])["buckets"]
+    assert max(planned["batch"]) < 64
+    tiny = CliRunner().invoke(main, ["plan", str(spec), "--set",
+                                     "capture.memory_budget_mib=0.001"])
+    assert tiny.exit_code != 0 and "smallest useful bucket" in tiny.output
+    assert "Traceback" not in tiny.output
+
+
+def test_auto_buckets_plan_within_the_budget(tmp_path):
+    rng = random.Random(1)
+    spec = write_encoder(tmp_path, [rng.randint(1, 60) for _ in range(200)])
+    spec.write_text(spec.read_text().replace("batch_size: 4", "batch_size: 64").replace(
+        "batch: [1, 4]   # keep me", "batch: auto").replace("seq: [8, 16]", "seq: auto"))
+    m = graphrun.run(graphrun.load_spec(spec, ["capture.memory_budget_mib=0.5"]),
+                     out=tmp_path / "o")
+    free = graphrun.run(graphrun.load_spec(spec), out=tmp_path / "free")
+    assert m.status == "completed" and m.totals.records_out == 200
+    assert max(m.spec["buckets"]["batch"]) < max(free.spec["buckets"]["batch"]) == 64
+    assert "batch buckets kept at <=" in m.bucket_plan.memory_budget
+    assert free.bucket_plan.memory_budget is None
