@@ -50,10 +50,13 @@ for experiment in EXPERIMENT_COMMANDS:  # plan, compare, report, sweep, bench
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary table.")
 @click.option("--report", "with_report", is_flag=True,
               help="Also write report.html (charts) beside manifest.json.")
+@click.option("--gpus", metavar="N|all", default=None,
+              help="One worker process per GPU, each on its share of the records, into one "
+                   "output folder (with device: cpu, N CPU worker processes). --start/--stop "
+                   "select the records the workers share.")
 def run(spec, overrides, out, resume, overwrite, accept_model_change, start, stop, quiet,
-        with_report) -> None:
+        with_report, gpus) -> None:
     """Run SPEC: read its input, replay every batch, write outputs and manifest.json."""
-    from .pipeline import run as run_pipeline
     from .spec_load import load_spec
 
     if resume and overwrite:
@@ -61,9 +64,11 @@ def run(spec, overrides, out, resume, overwrite, accept_model_change, start, sto
     show = not quiet  # a progress bar on a terminal, else a line every few seconds (logs, CI)
     try:
         pipeline = load_spec(spec, overrides)
-        manifest = run_pipeline(pipeline, out=out, resume=resume, overwrite=overwrite,
-                                show=show, start=start, stop=stop,
-                                accept_model_change=accept_model_change)
+        manifest = _run(pipeline, spec, overrides, gpus, out=out, resume=resume,
+                        overwrite=overwrite, show=show, start=start, stop=stop,
+                        accept_model_change=accept_model_change)
+        if manifest is None:  # a worker of a job that another process watches: quiet
+            return
     except KeyboardInterrupt:  # SIGINT before the run took over its signals (loading the spec)
         exit_quietly()
         click.echo("graphrun: interrupted by SIGINT before the run started; nothing was "
@@ -102,6 +107,20 @@ def run(spec, overrides, out, resume, overwrite, accept_model_change, start, sto
             click.echo(f"graphrun: every record ({t.records_rejected}) was rejected; see "
                        f"{dest}/rejects.jsonl", err=True)
             sys.exit(1)
+
+
+def _run(pipeline, spec: Path, overrides, gpus: str | None, **ask):
+    """One process's run, or a job of several workers: --gpus, or WORLD_SIZE set (torchrun)."""
+    from .scale.world import World
+
+    world = World.from_env()
+    if gpus is None and world is None:
+        from .pipeline import run as run_pipeline
+
+        return run_pipeline(pipeline, **ask)
+    from .scale.command import run_job
+
+    return run_job(pipeline, spec, overrides, gpus=gpus, world=world, **ask)
 
 
 @main.command()
