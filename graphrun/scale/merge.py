@@ -21,6 +21,7 @@ from graphrun.manifest import (BucketReport, FileEntry, Manifest, Totals, Worker
                                write_manifest)
 from graphrun.padding import position_ratios
 from graphrun.scale.layout import shares, worker_dir
+from graphrun.scale.watch import manifest_since
 
 
 def read_worker(top: Path, rank: int) -> Manifest | None:
@@ -31,17 +32,20 @@ def read_worker(top: Path, rank: int) -> Manifest | None:
 
 
 def merge(top: Path, spec, mark: dict, outcomes: list, devices: list[str], t0: float,
-          started: str) -> Manifest:
+          started: str, since: float) -> Manifest:
     """Write and return the job's manifest. outcomes[rank]: None where the worker's manifest
-    says how it ended, else (status, why) (watch.outcome: killed by a signal, say)."""
-    manifests, reports = [], []
+    says how it ended, else (status, why) (watch.outcome: killed by a signal, say). A manifest
+    older than `since` (time.time()) is of a worker complete before this attempt: its records
+    count as earlier, its timings not."""
+    manifests, current, reports = [], [], []
     for rank, ((start, stop, first, end), died) in enumerate(zip(shares(mark), outcomes)):
         m = None if died else read_worker(top, rank)
         manifests.append(m)
+        current.append(m if m is not None and manifest_since(top, rank, since) else None)
         reports.append(worker_report(top, rank, m, died, devices[rank], (start, stop),
-                                     (first, end)))
+                                     (first, end), old=m is not None and current[-1] is None))
     done = [m for m in manifests if m is not None]
-    buckets = merge_buckets(top, manifests, spec.report.percentiles)
+    buckets = merge_buckets(top, current, spec.report.percentiles)
     files = sorted(all_files(top, mark, manifests), key=lambda f: f.path)
     rejected = merge_rejects(top, mark, manifests)
     failed = [r for r in reports if r.status == "failed"]
@@ -58,7 +62,7 @@ def merge(top: Path, spec, mark: dict, outcomes: list, devices: list[str], t0: f
         input={"path": str(spec.data.path), "format": spec.data.path.suffix.lstrip("."),
                "sha256": first.input.get("sha256") if first else None,
                "slice": mark.get("slice")},
-        environment=env, buckets=buckets, totals=totals(reports, manifests, buckets, t0),
+        environment=env, buckets=buckets, totals=totals(reports, current, buckets, t0),
         files=files, rejects={"path": REJECTS if rejected else None, "count": rejected},
         resumed_from=min((m.resumed_from for m in done if m.resumed_from is not None),
                          default=None),
@@ -70,8 +74,12 @@ def merge(top: Path, spec, mark: dict, outcomes: list, devices: list[str], t0: f
 
 
 def worker_report(top: Path, rank: int, m: Manifest | None, died: tuple | None, device: str,
-                  cut: tuple, shard_range: tuple) -> WorkerReport:
+                  cut: tuple, shard_range: tuple, old: bool = False) -> WorkerReport:
     common = dict(rank=rank, device=device, slice=list(cut), shards=list(shard_range))
+    if old:  # complete before this attempt: nothing ran
+        t = m.totals
+        return WorkerReport(**common, status=m.status, records_in=t.records_in,
+                            records_out=t.records_out, records_rejected=t.records_rejected)
     if m is not None:
         t = m.totals
         return WorkerReport(**common, status=m.status, error=m.error, records_in=t.records_in,
@@ -176,7 +184,8 @@ def last_lines(path: Path, n: int) -> list[dict]:
 
 def totals(reports: list[WorkerReport], manifests: list, buckets: list, t0: float
            ) -> Totals:
-    """The workers' added up; a dead worker's rows count as earlier (its stream is unknown)."""
+    """The workers' added up. manifests: this attempt's (None for a worker that died, or was
+    complete before): such a worker's records count as earlier, its stream is not known."""
     done = [m for m in manifests if m is not None]
 
     def most(key):
@@ -185,6 +194,8 @@ def totals(reports: list[WorkerReport], manifests: list, buckets: list, t0: floa
     out = sum(r.records_out for r in reports)
     earlier = sum(m.totals.earlier_records_out if m else r.records_out
                   for r, m in zip(reports, manifests))
+    earlier_rejected = sum(m.totals.earlier_records_rejected if m else r.records_rejected
+                           for r, m in zip(reports, manifests))
     stream = max((r.stream_s for r in reports), default=0.0)
     rows_run = sum(b.records + b.padded_rows for b in buckets)
     busy = [m.totals.device_busy_fraction for m in done
@@ -198,7 +209,7 @@ def totals(reports: list[WorkerReport], manifests: list, buckets: list, t0: floa
         records_in=sum(r.records_in for r in reports), records_out=out,
         records_rejected=sum(r.records_rejected for r in reports),
         earlier_records_out=earlier,
-        earlier_records_rejected=sum(m.totals.earlier_records_rejected for m in done),
+        earlier_records_rejected=earlier_rejected,
         batches=sum(r.batches for r in reports), wall_s=time.perf_counter() - t0,
         setup_s=most("setup_s"), stream_s=stream, input_hash_s=most("input_hash_s"),
         records_per_s=(out - earlier) / stream if stream else 0.0,

@@ -95,7 +95,7 @@ class JobProgress:
 def manifest_since(top: Path, rank: int, since: float) -> bool:
     """The worker's manifest.json was written at or after `since` (time.time())."""
     try:
-        return (worker_dir(top, rank) / "manifest.json").stat().st_mtime >= since - 1.0
+        return (worker_dir(top, rank) / "manifest.json").stat().st_mtime >= since - 0.05
     except OSError:
         return False
 

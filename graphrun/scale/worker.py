@@ -72,7 +72,7 @@ def run_worker(spec, world: World, *, out, resume: bool, overwrite: bool,
     ends = watcher.wait(top, world, peers, since)
     if failure is not None and ends[0] is None and not manifest_since(top, 0, since):
         ends[0] = ("failed", str(failure))
-    return job_result(merge(top, spec, mark, ends, devices, t0, started), failure)
+    return job_result(merge(top, spec, mark, ends, devices, t0, started, since), failure)
 
 
 def job_result(job: Manifest, failure: BaseException | None = None) -> Manifest:

@@ -77,7 +77,7 @@ def launch(spec, spec_path: Path, overrides, *, gpus: str, out, resume: bool, ov
             stopped = watch(forward, JobProgress(top, mark, show))
         ends = [outcome(top, k, p.returncode, read_progress(progress_file(top, k))[1], since,
                         stopped) for k, p in enumerate(forward.procs)]
-        job = merge(top, spec, mark, ends, devices, t0, started)
+        job = merge(top, spec, mark, ends, devices, t0, started, since)
     return job_result(job, Interrupted(forward.signum) if forward.signum else None)
 
 
