@@ -47,10 +47,12 @@ def run_worker(spec, world: World, *, out, resume: bool, overwrite: bool,
         mark, peers = launched_mark(top, world), None
     devices = [worker_device(spec.device, k % world.local_size) for k in range(world.size)]
     cores = worker_cores(world.local_size)
-    if devices[world.rank] == "cpu":
-        import torch
+    import torch
 
+    if devices[world.rank] == "cpu":
         torch.set_num_threads(cores)
+    else:  # streams, events and pinned memory made without a device land on this one
+        torch.cuda.set_device(devices[world.rank])
     watcher = None
     if world.parent is None and world.rank == 0:
         watcher = Watcher(JobProgress(top, mark, show))
