@@ -183,8 +183,8 @@ class Watcher:
                 break
             time.sleep(0.1)
         self.bar.close()
-        return [("failed", f"(pid {peers[k][1]}) ended without finishing its share; "
-                 "torchrun's log says how") if k in gone
+        return [("failed", f"died: its process (pid {peers[k][1]}) is gone, its share "
+                 "unfinished; torchrun's log says how") if k in gone
                 else None if k == world.rank else outcome(top, k, None, states[k], since)
                 for k in range(world.size)]
 
