@@ -25,7 +25,9 @@ batch that held the last committed row, so batching is as before; rows and rejec
 next_index are dropped as they come again), shard numbering at
 k + 1, and rejects.jsonl is cut back to rejects_bytes, so nothing after the last commit is kept
 and nothing before it is repeated. Every line is verified first (journal_line): its checksum
-chain, shard numbers without a gap, row counts, next_index = first + rows + rejects.
+chain, shard numbers without a gap (a job's worker starts at its share's first shard, and
+its shards sit in the job's folder: scale/layout.py), row counts, next_index = first + rows +
+rejects.
 """
 
 from __future__ import annotations

@@ -82,7 +82,8 @@ def worker_report(top: Path, rank: int, m: Manifest | None, died: tuple | None, 
                             records_out=t.records_out, records_rejected=t.records_rejected)
     if m is not None:
         t = m.totals
-        return WorkerReport(**common, status=m.status, error=m.error, records_in=t.records_in,
+        error = f"failed: {m.error}" if m.status == "failed" and m.error else m.error
+        return WorkerReport(**common, status=m.status, error=error, records_in=t.records_in,
                             records_out=t.records_out, records_rejected=t.records_rejected,
                             batches=t.batches, setup_s=t.setup_s, capture_s=t.capture_s,
                             stream_s=t.stream_s, records_per_s=t.records_per_s)

@@ -86,10 +86,13 @@ def job_result(job: Manifest, failure: BaseException | None = None) -> Manifest:
         raise Interrupted(failure.signum if isinstance(failure, Interrupted) else signal.SIGTERM)
     bad = next(w for w in job.workers if w.status == "failed")
     failed = [w for w in job.workers if w.status == "failed"]
-    raise JobFailed(f"worker rank {bad.rank} ({bad.device}) {bad.error}. What every worker "
-                    "committed is kept: run the same command again with --resume to complete "
-                    f"the job ({len(failed)} of {len(job.workers)} workers failed; "
-                    "manifest.json's workers say how each ended)")
+    todo = ("what every worker committed is kept: run the same command again with --resume "
+            "to complete the job")
+    if (bad.error or "").startswith("failed:"):  # its own error says what to fix first
+        todo = "fix that, then run the same command with --resume (" + todo.split(":")[0] + ")"
+    raise JobFailed(f"worker rank {bad.rank} ({bad.device}) {bad.error}. {todo[0].upper()}"
+                    f"{todo[1:]}; {len(failed)} of {len(job.workers)} workers failed, "
+                    "manifest.json's workers say how each ended")
 
 
 class JobFailed(GraphrunError):
