@@ -18,8 +18,8 @@ Per run, from a fresh `python -m graphrun run` process (import, CUDA start, capt
   speedup         records/s over the 1-GPU run's
   = 1 GPU         ids and values of every record against the 1-GPU run's: "bitwise" (the
                   shares start at whole batches, so every record runs in the same bucket and
-                  slot), else the largest logit difference (the CPU smoke: a worker's fewer
-                  torch threads sum in another order); NO fails the script
+                  slot), else the largest logit difference and the records whose top ids
+                  differ (compare()); "NO: ..." fails the script
 --smoke: a tiny float32 decoder on the CPU (device: cpu, 2 CPU worker processes), to check
 the script itself.
 """
@@ -88,15 +88,20 @@ def outputs(out: Path) -> dict[str, np.ndarray]:
 
 
 def compare(got: dict, first: dict) -> str:
-    """"bitwise", or the largest difference of the logits where the ids are all equal (on
-    the CPU, fewer torch threads a worker sum in another order), or what differs."""
+    """"bitwise"; else the largest logit difference, and the share of records whose top ids
+    differ (a kernel rounding one bf16 unit apart can swap near-equal logits; on the CPU,
+    fewer torch threads a worker sum in another order); "NO: ..." where the records are not
+    the same, or differ by more than a few bf16 units."""
     if any(got[k].shape != first[k].shape for k in first):
         return "NO: other shapes"
-    if not (np.array_equal(got["ids"], first["ids"])
-            and np.array_equal(got["top_ids"], first["top_ids"])):
-        return "NO: other ids"
+    if not np.array_equal(got["ids"], first["ids"]):
+        return "NO: other records"
+    if all(np.array_equal(got[k], first[k]) for k in first):
+        return "bitwise"
     diff = float(np.abs(got["top_logits"] - first["top_logits"]).max(initial=0.0))
-    return "bitwise" if diff == 0 else f"max diff {diff:.1e}" if diff < 1e-3 else "NO"
+    swapped = float((got["top_ids"] != first["top_ids"]).any(axis=(1, 2)).mean())
+    text = f"max diff {diff:.1e}" + (f", top ids differ in {swapped:.3%}" if swapped else "")
+    return text if diff <= 0.1 and swapped <= 1e-3 else f"NO: {text}"
 
 
 def run_all(args, work: Path) -> list[dict]:
