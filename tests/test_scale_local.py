@@ -277,3 +277,18 @@ def test_gpus_without_cuda_is_a_clear_error_unless_the_device_is_cpu(job):
         worker_count("all", spec)
     with pytest.raises(GraphrunError, match="give a number of workers"):
         worker_count("two", spec)
+
+
+def test_a_worker_knows_its_place_from_torchruns_variables():
+    from graphrun.scale.world import World
+
+    assert World.from_env({}) is None and World.from_env({"WORLD_SIZE": "1"}) is None
+    w = World.from_env({"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1",
+                        "LOCAL_WORLD_SIZE": "2"})
+    assert (w.rank, w.size, w.local_rank, w.local_size, w.parent) == (3, 4, 1, 2, None)
+    one = World.from_env({"WORLD_SIZE": "1", "RANK": "0", "GRAPHRUN_JOB_PARENT": "77"})
+    assert (one.size, one.parent) == (1, 77)  # --gpus 1: still a job of one worker
+    with pytest.raises(GraphrunError, match="RANK=5 / LOCAL_RANK=5 is outside WORLD_SIZE=2"):
+        World.from_env({"WORLD_SIZE": "2", "RANK": "5"})
+    with pytest.raises(GraphrunError, match="not a whole number"):
+        World.from_env({"WORLD_SIZE": "2"})

@@ -31,9 +31,11 @@ class World:
 
     @classmethod
     def from_env(cls, environ=None) -> "World | None":
-        """The worker's place, or None outside a job (no WORLD_SIZE, or 1)."""
+        """The worker's place, or None outside a job (no WORLD_SIZE, or torchrun's 1: a plain
+        run; `--gpus 1` still makes a job of one worker)."""
         env = os.environ if environ is None else environ
-        if env.get("WORLD_SIZE", "").strip() in ("", "1"):
+        parent = envs.get("GRAPHRUN_JOB_PARENT", env)
+        if env.get("WORLD_SIZE", "").strip() in ("", "1") and not parent:
             return None
         try:
             size = int(env["WORLD_SIZE"])
@@ -49,7 +51,6 @@ class World:
             raise GraphrunError(f"RANK={rank} / LOCAL_RANK={local} is outside WORLD_SIZE={size} "
                                 f"/ LOCAL_WORLD_SIZE={local_size}: start the workers with "
                                 "torchrun or `graphrun run SPEC --gpus N`")
-        parent = envs.get("GRAPHRUN_JOB_PARENT", env)
         return cls(rank, size, local, local_size, int(parent) if parent.isdigit() else None)
 
     def name(self, device: str | None) -> str:
