@@ -309,7 +309,6 @@ def split_entries(out_dir: Path) -> tuple[list[Path], list[Path]]:
     return own_entries(out_dir, listed, [ShardPlace(out_dir, next_shard)])
 
 
-
 def _first(fingerprint: dict) -> int:
     """The run's first input ordinal: its slice's start."""
     cut = fingerprint.get("slice")
@@ -317,7 +316,7 @@ def _first(fingerprint: dict) -> int:
 
 
 def first_shard(fingerprint: dict) -> int:
-    """A worker's first shard number (scale/: "shards" of its share), else 0."""
+    """A job's worker's first shard number (its run.json's shard_range, scale/), else 0."""
     cut = fingerprint.get("shard_range")
     return cut[0] if isinstance(cut, list) and cut and isinstance(cut[0], int) else 0
 

@@ -178,7 +178,8 @@ class WorkerReport(_M):
     """One worker of a job spread over several processes (--gpus, torchrun)."""
 
     rank: int
-    device: Optional[str] = Field(None, description="null when it died before its setup.")
+    device: Optional[str] = Field(None, description="The device it was given: "
+                                  "cuda:LOCAL_RANK, or cpu.")
     status: Literal["completed", "interrupted", "failed"]
     error: Optional[str] = None
     slice: list[int] = Field(..., description="[start, stop): the input records of its share.")
