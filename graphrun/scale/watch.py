@@ -124,4 +124,4 @@ def last_line(path: Path) -> str:
         lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
         lines = []
-    return lines[-1].strip() if lines else f"see {path}"
+    return lines[-1].strip() if lines else "its own output says why (torchrun's log)"
