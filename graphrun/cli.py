@@ -31,11 +31,14 @@ for experiment in EXPERIMENT_COMMANDS:  # plan, compare, report, sweep, bench
     main.add_command(experiment)
 
 
-def check_ray_options(use_ray: bool, address, workers, start: int, stop) -> None:
+def check_ray_options(use_ray: bool, address, workers, start: int, stop, gpus) -> None:
     if not use_ray and (address or workers):
         fail(GraphrunError("--address and --workers go with --ray; add --ray"))
     if use_ray and (start or stop is not None):
         fail(GraphrunError("--start and --stop do not go with --ray: Ray reads the whole input"))
+    if use_ray and gpus is not None:
+        fail(GraphrunError("--gpus and --ray are two ways to scale out: --gpus N for the GPUs "
+                           "of this host, --ray for a Ray cluster (its actors take a GPU each)"))
 
 
 @main.command()
@@ -57,6 +60,10 @@ def check_ray_options(use_ray: bool, address, workers, start: int, stop) -> None
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary table.")
 @click.option("--report", "with_report", is_flag=True,
               help="Also write report.html (charts) beside manifest.json.")
+@click.option("--gpus", metavar="N|all", default=None,
+              help="One worker process per GPU, each on its share of the records, into one "
+                   "output folder (with device: cpu, N CPU worker processes). --start/--stop "
+                   "select the records the workers share.")
 @click.option("--ray", "use_ray", is_flag=True,
               help='Run on a Ray cluster through Ray Data (needs pip install "graphrun[ray]").')
 @click.option("--address", default=None, metavar="ADDR",
@@ -64,26 +71,22 @@ def check_ray_options(use_ray: bool, address, workers, start: int, stop) -> None
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="With --ray: actors in the pool (default: one per GPU; on CPUs, all but one).")
 def run(spec, overrides, out, resume, overwrite, accept_model_change, start, stop, quiet,
-        with_report, use_ray, address, workers) -> None:
+        with_report, gpus, use_ray, address, workers) -> None:
     """Run SPEC: read its input, replay every batch, write outputs and manifest.json."""
-    from .pipeline import run as run_pipeline
     from .spec_load import load_spec
 
     if resume and overwrite:
         fail(GraphrunError("--resume and --overwrite contradict each other: pick one"))
-    check_ray_options(use_ray, address, workers, start, stop)
+    check_ray_options(use_ray, address, workers, start, stop, gpus)
     show = not quiet  # a progress bar on a terminal, else a line every few seconds (logs, CI)
     try:
         pipeline = load_spec(spec, overrides)
-        if use_ray:
-            from .scale.ray_run import run_ray
-
-            manifest = run_ray(pipeline, out=out, address=address, workers=workers,
-                               overwrite=overwrite, resume=resume, show=show)
-        else:
-            manifest = run_pipeline(pipeline, out=out, resume=resume, overwrite=overwrite,
-                                    show=show, start=start, stop=stop,
-                                    accept_model_change=accept_model_change)
+        manifest = _run(pipeline, spec, overrides, gpus, (use_ray, address, workers),
+                        out=out, resume=resume,
+                        overwrite=overwrite, show=show, start=start, stop=stop,
+                        accept_model_change=accept_model_change)
+        if manifest is None:  # a worker of a job that another process watches: quiet
+            return
     except KeyboardInterrupt:  # SIGINT before the run took over its signals (loading the spec)
         exit_quietly()
         click.echo("graphrun: interrupted by SIGINT before the run started; nothing was "
@@ -122,6 +125,28 @@ def run(spec, overrides, out, resume, overwrite, accept_model_change, start, sto
             click.echo(f"graphrun: every record ({t.records_rejected}) was rejected; see "
                        f"{dest}/rejects.jsonl", err=True)
             sys.exit(1)
+
+
+def _run(pipeline, spec: Path, overrides, gpus: str | None, ray, **ask):
+    """One process's run, a job of several workers (--gpus, or WORLD_SIZE set: torchrun), or
+    a Ray Data job (--ray)."""
+    from .scale.world import World
+
+    use_ray, address, workers = ray
+    if use_ray:
+        from .scale.ray_run import run_ray
+
+        return run_ray(pipeline, address=address, workers=workers,
+                       **{k: ask[k] for k in ("out", "overwrite", "resume", "show")})
+
+    world = World.from_env()
+    if gpus is None and world is None:
+        from .pipeline import run as run_pipeline
+
+        return run_pipeline(pipeline, **ask)
+    from .scale.command import run_job
+
+    return run_job(pipeline, spec, overrides, gpus=gpus, world=world, **ask)
 
 
 @main.command()

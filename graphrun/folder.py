@@ -19,15 +19,16 @@ import sys
 from pathlib import Path
 
 from graphrun.errors import OutputError
-from graphrun.journal import (JOURNAL, REJECTS, RUN_JSON, InputHash, ResumePoint, fsync_path,
-                              journal_names, listed_names, read_journal, remove_and_sync,
-                              shard_number)
+from graphrun.journal import (JOURNAL, REJECTS, RUN_JSON, InputHash, ResumePoint, ShardPlace,
+                              fsync_path, journal_names, listed_names, read_journal,
+                              remove_and_sync, shard_number)
+from graphrun.scale.layout import WORKERS, is_job, job_shards, workers_entry
 
 MANIFEST = "manifest.json"
 LATENCIES = "latencies.jsonl"
 # Bookkeeping files, and the temp names they are replaced through.
 FIXED_NAMES = frozenset({JOURNAL, REJECTS, RUN_JSON, MANIFEST, LATENCIES, f".{RUN_JSON}.tmp",
-                         f"{MANIFEST}.tmp", f"{LATENCIES}.tmp"})
+                         f"{MANIFEST}.tmp", f"{LATENCIES}.tmp", f"{REJECTS}.tmp"})
 
 
 def read_mark(out_dir: Path) -> dict | None:
@@ -39,10 +40,13 @@ def read_mark(out_dir: Path) -> dict | None:
     return data if isinstance(data, dict) and isinstance(data.get("spec_sha256"), str) else None
 
 
-def own_entries(out_dir: Path, listed: set[str], next_shard: int) -> tuple[list, list]:
+def own_entries(out_dir: Path, listed: set[str], unfinished: list[ShardPlace]
+                ) -> tuple[list, list]:
     """(graphrun's files, everything else) in out_dir. listed: the shard files its journal
-    names; next_shard: the first shard number not journaled (its files, and later temps,
-    are a run's unfinished work)."""
+    names (a job's: its workers' journals); unfinished: the shard numbers not journaled (from
+    the next shard on; a job's: each worker's rest of its range), whose files and temps are a
+    run's unfinished work. A job's workers/ folder is graphrun's if it holds only workers'
+    folders of graphrun's names."""
     mark = read_mark(out_dir)
     suffixes = mark.get("shards") if mark else None
     suffixes = suffixes if isinstance(suffixes, list) else []
@@ -52,12 +56,29 @@ def own_entries(out_dir: Path, listed: set[str], next_shard: int) -> tuple[list,
         return entries, []  # a run killed while it first wrote run.json: nothing else here
     for p in entries:
         mine = False
-        if mark is not None and p.is_file() and not p.is_symlink():
+        if is_job(mark) and p.name == WORKERS:
+            mine = _workers_own(p)
+        elif mark is not None and p.is_file() and not p.is_symlink():
             k = shard_number(p.name, suffixes)
             mine = (p.name in FIXED_NAMES or p.name in listed
-                    or (k is not None and k >= next_shard))
+                    or any(r.holds(k) for r in unfinished))
         (own if mine else foreign).append(p)
     return own, foreign
+
+
+def _workers_own(folder: Path) -> bool:
+    """workers/ holds only rank-K folders of graphrun's bookkeeping files, and their progress
+    and log files (scale/layout.py)."""
+    if folder.is_symlink() or not folder.is_dir():
+        return False
+    for sub in folder.iterdir():
+        kind = workers_entry(sub.name)
+        if sub.is_symlink() or kind is None or (kind == "file") != sub.is_file():
+            return False
+        if kind == "dir" and any(p.name not in FIXED_NAMES or p.is_symlink() or not p.is_file()
+                                 for p in sub.iterdir()):
+            return False
+    return True
 
 
 def input_inside(out_dir: Path, input_path: Path) -> bool:
@@ -141,15 +162,15 @@ class FolderLock:
     No lock file is left behind. (flock is advisory; on some network filesystems it is local
     to one machine, and where the filesystem has no locks at all the run goes on unlocked.)"""
 
-    def __init__(self, out_dir: Path):
-        self.out_dir = Path(out_dir)
+    def __init__(self, out_dir: Path, shared: bool = False):
+        self.out_dir, self.shared = Path(out_dir), shared  # shared: a job's workers, side by side
         self.fd: int | None = None
 
     def __enter__(self) -> "FolderLock":
         self.out_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.out_dir, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except OSError as err:
             os.close(fd)
             if err.errno in (errno.ENOLCK, errno.EOPNOTSUPP):  # a filesystem without locks
@@ -210,7 +231,7 @@ def prepare_out_dir(out_dir: Path, *, resume: bool, overwrite: bool, fingerprint
     if not out_dir.exists() or not any(out_dir.iterdir()):
         _start(out_dir, fingerprint)
         return None
-    own, foreign = _split_entries(out_dir)
+    own, foreign = split_entries(out_dir)
     if overwrite:
         if foreign:
             raise OutputError(f"output folder {out_dir} holds files graphrun did not write "
@@ -223,7 +244,7 @@ def prepare_out_dir(out_dir: Path, *, resume: bool, overwrite: bool, fingerprint
         if not own:
             raise OutputError(f"output folder {out_dir} is not empty ({listed_names(foreign)}); "
                               "pick a new or empty folder")
-        if not foreign and _ended_with_nothing_committed(out_dir):
+        if not foreign and ended_with_nothing_committed(out_dir):
             # An earlier attempt failed (e.g. at setup) or was stopped before its first commit:
             # nothing here is worth protecting or resuming, and sending the user to --resume
             # (refused once the spec is fixed) or --overwrite helps nobody. Start over in it.
@@ -234,7 +255,7 @@ def prepare_out_dir(out_dir: Path, *, resume: bool, overwrite: bool, fingerprint
                           "continue it or --overwrite to replace it")
     if _check_fingerprint(out_dir, fingerprint, model or {}, accept_model_change):
         write_fingerprint(out_dir, fingerprint)  # later resumes compare with the new model
-    point = read_journal(out_dir, _first(fingerprint))
+    point = read_journal(out_dir, _first(fingerprint), first_shard(fingerprint))
     if point is None:
         # Nothing was committed: whatever the earlier attempt left is incomplete.
         remove_and_sync(out_dir, [p for p in own if p.name != RUN_JSON])
@@ -265,12 +286,12 @@ def write_fingerprint(out_dir: Path, fingerprint: dict) -> None:
     fsync_path(out_dir)
 
 
-def _ended_with_nothing_committed(out_dir: Path) -> bool:
+def ended_with_nothing_committed(out_dir: Path) -> bool:
     """The last attempt ended (its manifest says failed or interrupted) and never committed a
     shard (no whole journal line). Without a manifest the folder may belong to a run still in
     setup, and a completed run whose every record was rejected has rejects but no journal:
     both are kept."""
-    if (out_dir / JOURNAL).exists():
+    if (out_dir / JOURNAL).exists() or any((out_dir / WORKERS).glob(f"rank-*/{JOURNAL}")):
         return False
     try:
         status = json.loads((out_dir / "manifest.json").read_text()).get("status")
@@ -279,15 +300,25 @@ def _ended_with_nothing_committed(out_dir: Path) -> bool:
     return status in ("failed", "interrupted")
 
 
-def _split_entries(out_dir: Path) -> tuple[list[Path], list[Path]]:
+def split_entries(out_dir: Path) -> tuple[list[Path], list[Path]]:
+    """(graphrun's files, everything else) in out_dir, a run's folder or a job's."""
+    mark = read_mark(out_dir)
+    if is_job(mark):
+        return own_entries(out_dir, *job_shards(out_dir, mark))
     listed, next_shard = journal_names(out_dir)
-    return own_entries(out_dir, listed, next_shard)
+    return own_entries(out_dir, listed, [ShardPlace(out_dir, next_shard)])
 
 
 def _first(fingerprint: dict) -> int:
     """The run's first input ordinal: its slice's start."""
     cut = fingerprint.get("slice")
     return cut[0] if isinstance(cut, (list, tuple)) and cut and isinstance(cut[0], int) else 0
+
+
+def first_shard(fingerprint: dict) -> int:
+    """A job's worker's first shard number (its run.json's shard_range, scale/), else 0."""
+    cut = fingerprint.get("shard_range")
+    return cut[0] if isinstance(cut, list) and cut and isinstance(cut[0], int) else 0
 
 
 def _check_fingerprint(out_dir: Path, fingerprint: dict, model: dict[str, Path],
@@ -344,10 +375,10 @@ def _change(key: str, was, now) -> str:
 
 
 @contextlib.contextmanager
-def locked(out_dir: Path):
+def locked(out_dir: Path, shared: bool = False):
     """FolderLock held for the block; a folder that cannot be made or opened is a user error."""
     try:
-        lock = FolderLock(out_dir).__enter__()
+        lock = FolderLock(out_dir, shared).__enter__()
     except OSError as err:
         raise OutputError(f"cannot use output folder {out_dir}: {err.strerror or err}; pick a "
                           "folder you can write to (--out or output.dir)") from err

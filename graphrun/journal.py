@@ -25,7 +25,9 @@ batch that held the last committed row, so batching is as before; rows and rejec
 next_index are dropped as they come again), shard numbering at
 k + 1, and rejects.jsonl is cut back to rejects_bytes, so nothing after the last commit is kept
 and nothing before it is repeated. Every line is verified first (journal_line): its checksum
-chain, shard numbers without a gap, row counts, next_index = first + rows + rejects.
+chain, shard numbers without a gap (a job's worker starts at its share's first shard, and
+its shards sit in the job's folder: scale/layout.py), row counts, next_index = first + rows +
+rejects.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -68,6 +71,21 @@ class FileInfo:
     rows: int
     sha256: str
     bytes: int
+
+
+@dataclass(frozen=True)
+class ShardPlace:
+    """Where a worker of a job (scale/) puts its shards: the job's folder, not its own (which
+    holds its journal and rejects), numbered from `first` and below `end`, the numbers its share
+    may use; a one-process run has none."""
+
+    folder: Path
+    first: int = 0
+    end: int | None = None
+
+    def holds(self, number: int | None) -> bool:
+        return number is not None and self.first <= number < (self.end if self.end is not None
+                                                                else number + 1)
 
 
 @dataclass(frozen=True)
@@ -229,14 +247,15 @@ def append_journal(out_dir: Path, shard: int, files: list[FileInfo], rows: int,
     return line["sha256"]
 
 
-def read_journal(out_dir: Path, first: int = 0) -> ResumePoint | None:
+def read_journal(out_dir: Path, first: int = 0, first_shard: int = 0) -> ResumePoint | None:
     """The point after the last whole journal line, or None when nothing was committed.
     Every line is checked (journal_line): its checksum, and that it continues the one
-    before; first is the run's first input ordinal (its slice's start)."""
+    before; first is the run's first input ordinal (its slice's start), first_shard its first
+    shard number (a worker's share of a job starts past the shards of the shares before it)."""
     path = Path(out_dir) / JOURNAL
     if not path.exists():
         return None
-    point = ResumePoint(next_index=first, shard=0, rows=0, rejects=0, rejects_bytes=0)
+    point = ResumePoint(next_index=first, shard=first_shard, rows=0, rejects=0, rejects_bytes=0)
     # The piece after the last newline is empty, or a line torn by a crash mid-append.
     for number, raw in enumerate(path.read_bytes().split(b"\n")[:-1], 1):
         try:
@@ -245,7 +264,7 @@ def read_journal(out_dir: Path, first: int = 0) -> ResumePoint | None:
             why = str(e) if isinstance(e, ValueError) and str(e) else repr(e)
             raise OutputError(f"{path}:{number} is not a journal line graphrun wrote ({why}); "
                               "the folder cannot be resumed; rerun with --overwrite") from None
-    return point if point.shard else None
+    return point if point.shard > first_shard else None
 
 
 def journal_line(line: dict, before: ResumePoint, first: int) -> ResumePoint:
@@ -314,25 +333,31 @@ def check_fresh(out_dir: Path, suffixes: list[str]) -> None:
                               if shard_number(p.name, suffixes, temp=True) is not None])
 
 
-def restore(out_dir: Path, point: ResumePoint, suffixes: list[str]) -> None:
-    """Put the folder back to `point`: check the committed files, drop everything after."""
-    check_committed(out_dir, point, hashes=True)
+def restore(out_dir: Path, point: ResumePoint, suffixes: list[str],
+            place: ShardPlace | None = None) -> None:
+    """Put the folder back to `point`: check the committed files, drop everything after. A
+    worker's shards are in place.folder, and only its own numbers (below place.end) are its."""
+    shard_dir = place.folder if place else out_dir
+    after = ShardPlace(shard_dir, point.shard, place.end if place else None)
+    check_committed(out_dir, point, hashes=True, shard_dir=shard_dir)
     # A shard renamed into place whose journal line never landed is not part of the run, nor
     # are temp files; their names are exactly the format's, numbered from the next shard.
-    remove_and_sync(out_dir, [p for p in out_dir.iterdir()
-                      if (shard_number(p.name, suffixes) or -1) >= point.shard])
+    remove_and_sync(shard_dir, [p for p in shard_dir.iterdir()
+                                if after.holds(shard_number(p.name, suffixes))])
     rejects = out_dir / REJECTS
     if rejects.exists():
         truncate_durably(rejects, point.rejects_bytes)  # rejects past the last commit come again
     cut_torn_tail(out_dir / JOURNAL)
 
 
-def check_committed(out_dir: Path, point: ResumePoint, *, hashes: bool) -> None:
-    """The files the journal lists are there, of their size (and sha256, with hashes), and
-    rejects.jsonl holds the rejects it recorded; else OutputError. Without hashes it reads
-    only rejects.jsonl (a completed run's --resume, which rewrites nothing)."""
+def check_committed(out_dir: Path, point: ResumePoint, *, hashes: bool,
+                    shard_dir: Path | None = None) -> None:
+    """The files the journal lists are there (in shard_dir, default out_dir), of their size
+    (and sha256, with hashes), and rejects.jsonl holds the rejects it recorded; else
+    OutputError. Without hashes it reads only rejects.jsonl (a completed run's --resume, which
+    rewrites nothing)."""
     for info in point.files:
-        path = out_dir / info.path
+        path = (shard_dir or out_dir) / info.path
         if not path.is_file():
             raise OutputError(f"cannot resume {out_dir}: {info.path} is listed in {JOURNAL} but "
                               "missing; rerun with --overwrite")
@@ -358,8 +383,12 @@ def listed_names(paths: list, shown: int = 5) -> str:
 
 
 def remove_and_sync(out_dir: Path, paths: list[Path]) -> None:
+    """paths: files, or a job's workers/ folder (folder.own_entries checked every file in it)."""
     for p in paths:
-        p.unlink()
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
     fsync_path(out_dir)
 
 

@@ -226,6 +226,27 @@ class RayReport(_M):
                                "(Dataset.stats()), as text; empty when it failed.")
 
 
+class WorkerReport(_M):
+    """One worker of a job spread over several processes (--gpus, torchrun)."""
+
+    rank: int
+    device: Optional[str] = Field(None, description="The device it was given: "
+                                  "cuda:LOCAL_RANK, or cpu.")
+    status: Literal["completed", "interrupted", "failed"]
+    error: Optional[str] = None
+    slice: list[int] = Field(..., description="[start, stop): the input records of its share.")
+    shards: list[int] = Field(..., description="[first, end): the shard numbers its share may "
+                              "use; a share with rejects writes fewer.")
+    records_in: int
+    records_out: int
+    records_rejected: int
+    batches: int = 0
+    setup_s: float = Field(0.0, description="Its model build, capture and verify.")
+    capture_s: float = 0.0
+    stream_s: float = 0.0
+    records_per_s: float = Field(0.0, description="Its records out this attempt / its stream_s.")
+
+
 class Manifest(_M):
     manifest_version: Literal[1] = MANIFEST_VERSION
     status: Literal["completed", "interrupted", "failed"]
@@ -255,6 +276,13 @@ class Manifest(_M):
                                      "buckets and totals then sum every actor's, and "
                                      "totals.stream_s is Ray's execution of the whole "
                                      "dataset: actors starting and setting up included.")
+    workers: list[WorkerReport] = Field(
+        default_factory=list, description="A job of several worker processes (--gpus N, "
+        "torchrun): one entry per worker, in input order. The totals add theirs up, except "
+        "stream_s (the slowest worker's), records_per_s (the job's records out this attempt / "
+        "that stream_s), setup_s, capture_s and capture_memory_bytes (the largest worker's: "
+        "they ran side by side); buckets gather every worker's batches, their latency "
+        "percentiles taken over all of them. Empty for one process.")
 
     # Set on the manifest run() returns for --resume of a run that was already complete.
     _already_complete: bool = PrivateAttr(False)
@@ -301,8 +329,8 @@ def write_manifest(manifest: Manifest, path) -> None:
     os.replace(tmp, path)
 
 
-def completed_manifest(out_dir: Path, fingerprint: dict, *,
-                       with_model: bool = True) -> Manifest | None:
+def completed_manifest(out_dir: Path, fingerprint: dict, *, with_model: bool = True,
+                       shard_dir: Path | None = None) -> Manifest | None:
     """The manifest of a completed run of this very spec, input, model (unless with_model is
     False: --accept-model-change) and slice in out_dir (the one --resume would continue),
     else None: prepare_out_dir then decides, and explains."""
@@ -315,17 +343,18 @@ def completed_manifest(out_dir: Path, fingerprint: dict, *,
         return None
     keys = ("spec_sha256", "input_sha256") + (("model_sha256",) if with_model else ())
     same = all(ran.get(k) == fingerprint.get(k) for k in keys)
-    if not same or list(ran.get("slice", [])) != list(fingerprint["slice"]):
+    if not same or any(ran.get(k) != fingerprint.get(k) for k in ("slice", "shard_range")):
         return None
+    from .folder import first_shard
     from .journal import check_committed, read_journal
 
     # the journal, not the manifest, says what is committed
-    point = read_journal(out_dir, fingerprint["slice"][0] or 0)
+    point = read_journal(out_dir, fingerprint["slice"][0] or 0, first_shard(fingerprint))
     committed = point.rows if point else 0
     if manifest.status != "completed" or committed != manifest.totals.records_out:
         return None
     if point is not None:  # refuses a folder changed since (a file missing, rejects cut)
-        check_committed(out_dir, point, hashes=False)
+        check_committed(out_dir, point, hashes=False, shard_dir=shard_dir)
     manifest._already_complete = True
     return manifest
 

@@ -25,6 +25,7 @@ from .stop_signals import StopSignals
 from .stream import ReadAhead, read_batches
 from .tuning import Tuning
 from .folder import locked, prepare_out_dir
+from .journal import ShardPlace
 from .latencies import open_latencies
 from .outputs import shard_suffixes
 from .write import ShardWriter
@@ -33,7 +34,8 @@ from .write import ShardWriter
 def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite: bool = False,
         show: bool = False, start: int = 0, stop: int | None = None,
         overlap: bool | str | None = None, tuning: Tuning | None = None,
-        accept_model_change: bool = False) -> Manifest:
+        accept_model_change: bool = False, place: ShardPlace | None = None,
+        progress=None) -> Manifest:
     """Run the pipeline; returns the manifest (also written to <out>/manifest.json).
 
     start/stop select a slice of the input's records (one process per GPU reads its own).
@@ -54,7 +56,8 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
         with stop_signal, locked(job.out_dir):
             manifest = run_locked(job, stop_signal, resume=resume, overwrite=overwrite,
                                   accept_model_change=accept_model_change, show=show,
-                                  start=start, stop=stop, overlap=overlap)
+                                  start=start, stop=stop, overlap=overlap, place=place,
+                                  progress=progress)
     except KeyboardInterrupt:  # a signal before the run's folder was ready: nothing written
         raise Interrupted(stop_signal.signum or signal.SIGINT) from None
     finally:
@@ -70,7 +73,7 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
 
 def run_locked(job: RunState, stop_signal: StopSignals, *, resume: bool, overwrite: bool,
                accept_model_change: bool, show: bool, start: int, stop: int | None,
-               overlap) -> Manifest:
+               overlap, place: ShardPlace | None = None, progress=None) -> Manifest:
     """The run, its output folder locked: prepare it, set up, stream, and write the manifest
     whatever happens (a write of it failing on a full disk fails the run with one message,
     not a second traceback over the first error)."""
@@ -82,13 +85,17 @@ def run_locked(job: RunState, stop_signal: StopSignals, *, resume: bool, overwri
                    "model_sha256": job.model_hash.result() if resume else None,
                    "slice": [start, stop],
                    "shards": shard_suffixes(spec.output.format, list(spec.outputs))}
-    done = (completed_manifest(out_dir, fingerprint, with_model=not accept_model_change)
-            if resume else None)
+    if place is not None:
+        fingerprint["shard_range"] = [place.first, place.end]
+    job.place = place
+    done = (completed_manifest(out_dir, fingerprint, with_model=not accept_model_change,
+                               shard_dir=place and place.folder) if resume else None)
     if done is not None:  # --resume of a completed run: nothing to do, nothing rewritten
         return done
     resume_point, start = open_out_dir(job, fingerprint, resume, overwrite, start,
                                        accept_model_change)
-    progress = Progress(show, total=count_records(spec, start, stop) if show else None)
+    progress = progress or Progress(show, total=count_records(spec, start, stop) if show
+                                    else None)
     try:
         run_stream(job, fingerprint, resume_point, start, stop, overlap, progress,
                    stop_signal, show)
@@ -167,7 +174,8 @@ def run_stream(job: RunState, fingerprint: dict, resume_point, start: int, stop,
     job.runner = runner = Runner(spec, log=job.print_and_warn if show else job.warn)
     if spec.report.baseline == "eager":
         runner.measure_baseline()
-    job.writer = writer = ShardWriter(spec, out_dir, resume=resume_point, tuning=job.tuning)
+    job.writer = writer = ShardWriter(spec, out_dir, resume=resume_point, tuning=job.tuning,
+                                      place=job.place)
     job.latencies = open_latencies(out_dir / "latencies.jsonl",
                                    keep_below=start if resume_point else None)
     job.batches_before = job.latencies.lines_before

@@ -54,6 +54,7 @@ class RunState:
         self.bucket_plan = None  # buckets: auto: what was planned (auto_buckets.py)
         self.tuning = None  # the reader's and writer's threads and chunks (tuning.py)
         self.padding = None  # data.group_by_length: the padding saved (grouping.PaddingCount)
+        self.place = None  # a job's worker: where its shards go (journal.ShardPlace)
 
     def finish(self, progress) -> Manifest:
         """Close what the stream opened, commit, and write the manifest (whatever happened).

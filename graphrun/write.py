@@ -27,8 +27,8 @@ import numpy as np
 
 from graphrun.errors import OutputError
 from graphrun.folder import prepare_out_dir
-from graphrun.journal import (REJECTS, FileInfo, ResumePoint, append_journal, check_fresh,
-                              fsync_path, read_journal, restore, sha256_file)
+from graphrun.journal import (REJECTS, FileInfo, ResumePoint, ShardPlace, append_journal,
+                              check_fresh, fsync_path, read_journal, restore, sha256_file)
 from graphrun.outputs import SINKS, Outputs, shard_suffixes
 from graphrun.outputs.ids import plain
 from graphrun.spec import PipelineSpec
@@ -44,8 +44,11 @@ class ShardWriter:
     disk) is raised by the next write(), reject() or close()."""
 
     def __init__(self, spec: PipelineSpec, out_dir: Path, *, resume: ResumePoint | None = None,
-                 tuning: Tuning | None = None):
+                 tuning: Tuning | None = None, place: ShardPlace | None = None):
+        """place: a worker's (scale/): its shards go into the job's folder, numbered in its
+        range; out_dir keeps its journal and rejects."""
         self.out_dir = Path(out_dir)
+        self.shard_dir = place.folder if place else self.out_dir
         self.tuning = tuning or Tuning.from_machine()
         self.sink_type = SINKS[spec.output.format]
         self.rows_per_file = spec.output.rows_per_file
@@ -69,7 +72,8 @@ class ShardWriter:
         # Called before a shard goes to the committer (so before its journal line): what
         # must be on disk by then, latencies.jsonl's lines (latencies.py).
         self.on_hand_over = None
-        point = resume or ResumePoint(next_index=0, shard=0, rows=0, rejects=0, rejects_bytes=0)
+        point = resume or ResumePoint(next_index=0, shard=place.first if place else 0, rows=0,
+                                      rejects=0, rejects_bytes=0)
         # Counted up to the last shard handed to the committer (rejects: appended to the file).
         self._shard, self._rows = point.shard, point.rows
         self._rejects, self._rejects_bytes = point.rejects, point.rejects_bytes
@@ -77,11 +81,13 @@ class ShardWriter:
         self._committed_below = point.next_index  # rows/rejects below it are handed over
         self._batch_start = point.start
         self.suffixes = shard_suffixes(spec.output.format, self.names)
-        if resume is None:
+        if place is not None:  # the job's folder was checked: its range is this worker's
+            restore(self.out_dir, point, self.suffixes, place)
+        elif resume is None:
             check_fresh(self.out_dir, self.suffixes)
         else:
             restore(self.out_dir, resume, self.suffixes)
-        self._committer = _Committer(self.out_dir, point, self.tuning)
+        self._committer = _Committer(self.out_dir, point, self.tuning, self.shard_dir)
 
     @property
     def rows_written(self) -> int:
@@ -194,7 +200,7 @@ class ShardWriter:
             # threads start with the first shard, end at close()
             self._row_pool = ThreadPoolExecutor(self.tuning.row_writers,
                                                 thread_name_prefix="graphrun-rows")
-        return self.sink_type(self.out_dir, stem, self.rows_per_file, self._shapes,
+        return self.sink_type(self.shard_dir, stem, self.rows_per_file, self._shapes,
                               self.tuning, self._row_pool)
 
     def _hand_over(self) -> None:
@@ -308,8 +314,8 @@ class _Committer:
     many settled (journaled, or dropped after a failure), the first error, and what the
     journal holds (files, rows, rejects)."""
 
-    def __init__(self, out_dir: Path, point: ResumePoint, tuning: Tuning):
-        self.out_dir = out_dir
+    def __init__(self, out_dir: Path, point: ResumePoint, tuning: Tuning, shard_dir: Path):
+        self.out_dir, self.shard_dir = out_dir, shard_dir  # journal and rejects; shards
         self.in_flight = tuning.in_flight
         self._lock = threading.Condition()
         self._handed = self._settled = 0
@@ -351,10 +357,10 @@ class _Committer:
                 for (tmp, name), sync, digest in zip(shard.files, synced, hashed):
                     sync.result()  # durable before it is renamed (raises the fsync's error)
                     infos.append(FileInfo(name, shard.rows, digest.result(), tmp.stat().st_size))
-                    os.replace(tmp, self.out_dir / name)
+                    os.replace(tmp, self.shard_dir / name)
                 if shard.rejects_bytes:
                     fsync_path(self.out_dir / REJECTS)
-                fsync_path(self.out_dir)
+                fsync_path(self.shard_dir)
                 self._digest = append_journal(
                     self.out_dir, shard.number, infos, shard.total_rows, shard.next_index,
                     shard.rejects_bytes, shard.rejects, shard.read_from, prev=self._digest)

@@ -1,0 +1,294 @@
+"""One job over several worker processes on one host (issue 19): `graphrun run --gpus N` with
+device: cpu (N CPU workers, the launcher's code path), and the same workers started as
+torchrun starts them (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). Outputs must
+equal one process's record for record; a worker killed with SIGKILL fails the job naming it,
+and --resume completes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import jsonschema
+import numpy as np
+import pytest
+import yaml
+
+import graphrun
+from graphrun.errors import GraphrunError
+from graphrun.scale.workers import worker_count
+from graphrun.scale.world import split
+
+ROOT = Path(__file__).resolve().parent.parent
+N = 3200  # shares of 1600: whole shards (40) and batches (16) within 1/20
+ROWS_PER_FILE = 40
+
+# The builtin mlp; while a file "slow" sits beside it, each batch takes 30 ms (a worker is
+# then still streaming when the test kills it). The spec stays the same, so --resume works.
+MODEL = '''\
+import time
+from pathlib import Path
+
+import torch
+
+from graphrun.models.mlp import build_mlp
+
+SLOW = Path(__file__).with_name("slow")
+
+
+class Scorer(torch.nn.Module):
+    def __init__(self, **args):
+        super().__init__()
+        self.mlp = build_mlp(**args)
+        self.slow = SLOW.exists()
+
+    def forward(self, x):
+        if self.slow:
+            time.sleep(0.03)
+        return self.mlp(x)
+
+
+def build(**args):
+    return Scorer(**args)
+'''
+
+
+def spec_dict(data: str, fmt: str) -> dict:
+    return {
+        "version": 1, "name": "scale", "device": "cpu",
+        "model": {"target": "model.py:build",
+                  "args": {"in_features": 4, "hidden": 8, "layers": 2, "out_features": 3}},
+        "inputs": {"x": {"shape": ["batch", 4], "dtype": "float32", "finite": True}},
+        "outputs": {"scores": {"shape": ["batch", 3]}},
+        "buckets": {"batch": [1, 4, 16]},
+        "capture": {"warmup_iters": 1},
+        "data": {"path": data, "id_field": "id", "batch_size": 16, "on_bad_record": "skip"},
+        "output": {"dir": "out", "format": fmt, "rows_per_file": ROWS_PER_FILE},
+    }
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    """Two specs (JSONL in, npy out; npz in, JSONL out) and one process's run of each."""
+    folder = tmp_path_factory.mktemp("scale")
+    (folder / "model.py").write_text(MODEL)
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-2, 2, (N, 4)).round(4).astype(np.float32)
+    with open(folder / "data.jsonl", "w") as f:
+        for i in range(N):
+            row = x[i].tolist()[: 3 if i % 97 == 13 else 4]  # bad: a short x
+            f.write(json.dumps({"id": f"r{i}", "x": row}) + "\n")
+    x[::131, 0] = np.nan  # bad: NaN with finite: true
+    np.savez(folder / "data.npz", x=x, id=np.arange(N, dtype=np.int64) * 10)
+    specs = {}
+    for name, data, fmt in (("jsonl", "data.jsonl", "npy"), ("npz", "data.npz", "jsonl")):
+        path = folder / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(spec_dict(data, fmt), sort_keys=False))
+        graphrun.run(graphrun.load_spec(path), out=folder / f"one-{name}")
+        specs[name] = path
+    return SimpleNamespace(folder=folder, specs=specs)
+
+
+def cli(*args, env=None, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "graphrun", "run", *map(str, args)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            **kw)
+
+
+def finish(proc: subprocess.Popen, rc: int = 0) -> str:
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == rc, out + err
+    return err
+
+
+def records(out: Path) -> tuple[list, np.ndarray]:
+    """All shards in name order: ids and scores [n, 3]."""
+    if any(out.glob("part-*.jsonl")):
+        lines = [json.loads(ln) for f in sorted(out.glob("part-*.jsonl"))
+                 for ln in f.read_text().splitlines()]
+        return [r["id"] for r in lines], np.array([r["scores"] for r in lines])
+    ids = [i for f in sorted(out.glob("part-*.ids.npy")) for i in np.load(f).tolist()]
+    return ids, np.concatenate([np.load(f) for f in sorted(out.glob("part-*.scores.npy"))])
+
+
+def check_equals_one_process(out: Path, one: Path) -> dict:
+    ids, scores = records(out)
+    want_ids, want_scores = records(one)
+    assert ids == want_ids and len(set(ids)) == len(ids)
+    np.testing.assert_array_equal(scores, want_scores)  # shares start at whole batches
+    assert (out / "rejects.jsonl").read_bytes() == (one / "rejects.jsonl").read_bytes()
+    m = json.loads((out / "manifest.json").read_text())
+    jsonschema.validate(m, json.loads((ROOT / "schemas/manifest.schema.json").read_text()))
+    t, w = m["totals"], m["workers"]
+    assert m["status"] == "completed" and t["records_in"] == N
+    assert t["records_out"] + t["records_rejected"] == N == sum(x["records_in"] for x in w)
+    assert t["records_out"] == len(ids) == sum(x["records_out"] for x in w)
+    assert sum(f["rows"] for f in m["files"] if f["path"].endswith((".ids.npy", ".jsonl"))) \
+        == len(ids)
+    ran = sum(b["records"] for b in m["buckets"])  # a resumed worker runs one batch again
+    assert 0 <= ran - (t["records_out"] - t["earlier_records_out"]) <= 16 * len(w)
+    return m
+
+
+def test_gpus_2_on_the_cpu_equals_one_process(job, tmp_path):
+    out = tmp_path / "job"
+    finish(cli(job.specs["jsonl"], "--gpus", "2", "--out", out, "-q"))
+    m = check_equals_one_process(out, job.folder / "one-jsonl")
+    assert [(w["rank"], w["device"], w["status"]) for w in m["workers"]] == [
+        (0, "cpu", "completed"), (1, "cpu", "completed")]
+    assert m["workers"][0]["slice"] == [0, 1600] and m["workers"][1]["slice"] == [1600, N]
+    assert m["workers"][1]["shards"] == [40, 80]  # from its share's first shard: 1600 / 40
+    # each worker's last shard is partial (its rejects), so shard 40 starts worker 1's rows
+    first = np.load(out / "part-00040.ids.npy")[0]
+    assert first == "r1600" and len(np.load(out / "part-00039.ids.npy")) < ROWS_PER_FILE
+    assert (out / "workers/rank-1/journal.jsonl").exists()
+    # the job as finished: --resume changes nothing, a one-process run is refused
+    finish(cli(job.specs["jsonl"], "--gpus", "2", "--out", out, "-q", "--resume"))
+    check_equals_one_process(out, job.folder / "one-jsonl")
+    err = finish(cli(job.specs["jsonl"], "--out", out, "-q", "--resume"), rc=2)
+    assert "holds a different run" in err or "one process" in err, err
+
+
+def test_torchrun_workers_equal_one_process(job, tmp_path):
+    """As torchrun starts them: no parent; rank 0 prepares the folder and merges."""
+    out = tmp_path / "job"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [cli(job.specs["npz"], "--out", out, "-q",
+                 env=dict(os.environ, RANK=str(k), LOCAL_RANK=str(k), WORLD_SIZE="2",
+                          LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
+             for k in range(2)]
+    for p in procs:
+        finish(p)
+    m = check_equals_one_process(out, job.folder / "one-npz")
+    assert records(out)[0][:3] == [10, 20, 30]  # the npz's ids (record 0 has a NaN)
+    assert len(m["workers"]) == 2
+
+
+def start_slow(job, out: Path, *extra) -> subprocess.Popen:
+    (job.folder / "slow").write_text("")
+    return cli(job.specs["jsonl"], "--gpus", "2", "--out", out, "-q", *extra)
+
+
+def wait_for_commits(proc, out: Path, rank: int, lines: int) -> None:
+    journal = out / f"workers/rank-{rank}/journal.jsonl"
+    deadline = time.monotonic() + 120
+    while not (journal.exists() and journal.read_bytes().count(b"\n") >= lines):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the workers made no progress"
+        time.sleep(0.02)
+
+
+def worker_pid(parent: int, rank: int) -> int:
+    for entry in Path("/proc").iterdir():
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if f"GRAPHRUN_JOB_PARENT={parent}".encode() in env and f"RANK={rank}".encode() in env:
+            return int(entry.name)
+    raise AssertionError(f"no worker of rank {rank}")
+
+
+def test_kill_9_of_a_worker_fails_naming_it_and_resume_completes(job, tmp_path):
+    out = tmp_path / "job"
+    proc = start_slow(job, out)
+    try:
+        wait_for_commits(proc, out, 1, 2)
+        os.kill(worker_pid(proc.pid, 1), signal.SIGKILL)
+        err = finish(proc, rc=1)
+    finally:
+        (job.folder / "slow").unlink()
+    assert "worker rank 1 (cpu) was killed by SIGKILL" in err and "--resume" in err, err
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["status"] == "failed" and m["workers"][1]["status"] == "failed"
+    assert m["workers"][1]["records_out"] >= 2 * ROWS_PER_FILE  # its commits, from its journal
+    finish(cli(job.specs["jsonl"], "--gpus", "2", "--out", out, "-q", "--resume"))
+    m = check_equals_one_process(out, job.folder / "one-jsonl")
+    assert m["totals"]["earlier_records_out"] > 0
+
+
+def test_sigterm_to_the_parent_stops_every_worker_and_resume_completes(job, tmp_path):
+    out = tmp_path / "job"
+    proc = start_slow(job, out)
+    try:
+        wait_for_commits(proc, out, 0, 1)
+        proc.send_signal(signal.SIGTERM)
+        err = finish(proc, rc=128 + signal.SIGTERM)
+    finally:
+        (job.folder / "slow").unlink()
+    assert "interrupted by SIGTERM" in err and "--resume" in err, err
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["status"] == "interrupted"
+    assert m["totals"]["records_out"] + m["totals"]["records_rejected"] < N
+    err = finish(cli(job.specs["jsonl"], "--gpus", "3", "--out", out, "-q", "--resume"), rc=2)
+    assert "holds a job of 2 workers: resume it with --gpus 2" in err, err
+    finish(cli(job.specs["jsonl"], "--gpus", "2", "--out", out, "-q", "--resume"))
+    check_equals_one_process(out, job.folder / "one-jsonl")
+
+
+def test_overwrite_of_a_job_folder_keeps_a_users_file(job, tmp_path):
+    """The nothing-lost rules hold for a job's folder: only graphrun's files are removed."""
+    from graphrun.folder import split_entries
+
+    out = tmp_path / "job"
+    (out / "workers/rank-0").mkdir(parents=True)
+    (out / "run.json").write_text(json.dumps({"spec_sha256": "x", "shards": ["ids.npy"],
+                                              "workers": [{"slice": [0, 9], "shards": [0, 1]}]}))
+    (out / "workers/rank-0/journal.jsonl").write_text("")
+    (out / "part-00000.ids.npy").write_text("")  # its unfinished range: graphrun's
+    (out / "part-00001.ids.npy").write_text("")  # beyond every range: not graphrun's
+    own, foreign = split_entries(out)
+    assert sorted(p.name for p in own) == ["part-00000.ids.npy", "run.json", "workers"]
+    assert [p.name for p in foreign] == ["part-00001.ids.npy"]
+    (out / "workers/rank-0/notes.txt").write_text("mine")
+    assert "workers" in [p.name for p in split_entries(out)[1]]
+
+
+def test_shares_cover_the_records_with_unique_shards_in_order():
+    for start, stop, workers, rows, batch in [(0, 1200, 2, 40, 16), (7, 1007, 3, 100, 8),
+                                              (0, 10, 4, 100000, 4), (0, 524288, 2, 65536, 128)]:
+        cuts = split(start, stop, workers, rows, batch)
+        assert cuts[0][0] == start and cuts[-1][1] == stop
+        for (s, e, f, g), nxt in zip(cuts, cuts[1:] + [None]):
+            assert s <= e and g - f >= -(-(e - s) // rows)  # room for every shard it may write
+            if nxt:
+                assert e == nxt[0] and g == nxt[2]
+    assert split(0, 524288, 2, 65536, 128) == [(0, 262144, 0, 4), (262144, 524288, 4, 8)]
+
+
+def test_gpus_without_cuda_is_a_clear_error_unless_the_device_is_cpu(job):
+    spec = graphrun.load_spec(job.specs["jsonl"])
+    assert worker_count("3", spec) == 3
+    if __import__("torch").cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    with pytest.raises(GraphrunError, match="no CUDA device.*set device: cpu"):
+        worker_count("2", spec.model_copy(update={"device": "auto"}))
+    with pytest.raises(GraphrunError, match="--gpus all: this machine has no CUDA device"):
+        worker_count("all", spec)
+    with pytest.raises(GraphrunError, match="give a number of workers"):
+        worker_count("two", spec)
+
+
+def test_a_worker_knows_its_place_from_torchruns_variables():
+    from graphrun.scale.world import World
+
+    assert World.from_env({}) is None and World.from_env({"WORLD_SIZE": "1"}) is None
+    w = World.from_env({"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1",
+                        "LOCAL_WORLD_SIZE": "2"})
+    assert (w.rank, w.size, w.local_rank, w.local_size, w.parent) == (3, 4, 1, 2, None)
+    one = World.from_env({"WORLD_SIZE": "1", "RANK": "0", "GRAPHRUN_JOB_PARENT": "77"})
+    assert (one.size, one.parent) == (1, 77)  # --gpus 1: still a job of one worker
+    with pytest.raises(GraphrunError, match="RANK=5 / LOCAL_RANK=5 is outside WORLD_SIZE=2"):
+        World.from_env({"WORLD_SIZE": "2", "RANK": "5"})
+    with pytest.raises(GraphrunError, match="not a whole number"):
+        World.from_env({"WORLD_SIZE": "2"})
