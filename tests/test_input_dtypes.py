@@ -30,11 +30,11 @@ def build():
 """
 
 
-def spec_of(tmp_path, dtype: str = "float32", **inp) -> PipelineSpec:
+def spec_of(tmp_path, dtype: str = "float32", device: str = "cpu", **inp) -> PipelineSpec:
     (tmp_path / "m.py").write_text(SCALE)
     (tmp_path / "d.jsonl").write_text("")
     return PipelineSpec.model_validate({
-        "version": 1, "name": "t", "device": "cpu",
+        "version": 1, "name": "t", "device": device,
         "model": {"target": f"{tmp_path / 'm.py'}:build", "dtype": "bfloat16"},
         "inputs": {"x": {"shape": ["batch", "seq", 4], "dtype": dtype, **inp}},
         "outputs": {"y": {"shape": ["batch", "seq", 4]}},
@@ -45,8 +45,8 @@ def spec_of(tmp_path, dtype: str = "float32", **inp) -> PipelineSpec:
 def alone(runner: Runner, x: np.ndarray) -> np.ndarray:
     """The model on one record, cast to bfloat16 by torch: the reference, bit for bit."""
     with torch.inference_mode():
-        y = runner.model(x=torch.from_numpy(x)[None].to(torch.bfloat16))
-    return y[0].float().numpy()
+        y = runner.model(x=torch.from_numpy(x)[None].to(runner.device, torch.bfloat16))
+    return y[0].float().cpu().numpy()
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
@@ -104,3 +104,21 @@ def test_pad_rows_converts_read_only_rows_without_a_warning(tmp_path):
     view = buffers.view("x", bucket)
     assert torch.equal(view[:3], torch.from_numpy(rows).to(torch.bfloat16))
     assert bool((view[3] == -2.0).all())
+
+
+@pytest.mark.cuda
+def test_on_the_gpu_every_input_form_gives_the_models_bits(tmp_path):
+    """Captured: pinned bf16 (a plain copy), float32 host and device tensors (cast on the
+    copy), numpy (converted as staged), and the file path's launch."""
+    x = np.random.default_rng(2).standard_normal((3, 8, 4), dtype=np.float32)
+    with Runner(spec_of(tmp_path, device="cuda")) as runner:
+        assert runner.backend == "cuda-graph"
+        want = np.stack([alone(runner, r) for r in x])
+        forms = {"bf16": torch.from_numpy(x).to(torch.bfloat16).pin_memory(),
+                 "f32": torch.from_numpy(x).pin_memory(), "device": torch.from_numpy(x).cuda()}
+        for name, t in forms.items():
+            got = runner.run_batch({"x": t})["y"]
+            np.testing.assert_array_equal(got.float().numpy(), want, err_msg=name)
+        np.testing.assert_array_equal(np.stack(runner.run_batch({"x": x})["y"]), want)
+        outs, _, _ = runner.run_padded({"x": x}, 3, {"seq": np.full(3, 8)})
+        np.testing.assert_array_equal(np.stack(outs["y"]), want)
