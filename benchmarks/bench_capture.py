@@ -9,13 +9,14 @@ median per-step host wall time (each step ends synchronized) of:
   a   eager: pinned host inputs -> device -> model -> pinned host outputs -> synchronize
   b   the seed's loop: static inputs, 3 warm-up runs on a side stream, torch.cuda.graph capture,
       then copy_ into the static inputs, g.replay(), copy_ out, synchronize
-  b32 the same graph, host staging in float32 where the model's tensors are bf16 (graphrun's
-      layout: numpy has no bfloat16), so b32 vs c isolates graphrun's Python overhead
-  c   graphrun: Runner.run_batch on pinned host tensors (in the static buffers' dtypes: float32
-      for a bf16 input; outputs come back as pinned tensors in the model's dtype), on bf16
-      tensors where the model takes bf16 (a conversion on the device per call), on device
-      tensors with device=True (+ a synchronize), and on numpy arrays (outputs float32); and
-      the file path's inner launch (launch + wait, copy streams) with the staging filled
+  b32 the same graph, host tensors in float32 where the model's are bf16 (a conversion on the
+      device per copy in, float32 outputs): what run_batch does with float32 tensors
+  c   graphrun: Runner.run_batch on pinned host tensors in the model's dtypes (as b passes
+      them; graphrun's static buffers hold the model's dtypes, so a plain copy; outputs come
+      back as pinned tensors in the model's dtype), on float32 tensors where the model takes
+      bf16 (cast on the copy, as b32), on device tensors with device=True (+ a synchronize),
+      and on numpy arrays (converted to bf16 as they are staged; outputs float32); and the
+      file path's inner launch (launch + wait, copy streams) with the staging filled
   d   torch.compile(mode="reduce-overhead", dynamic=False) with a's copies (--compile-batches)
   e   graphrun with model.compile: true (--compile-batches)
 and, for the decoder, capture time and memory for 1..n buckets, shared pool vs a pool per graph,
@@ -416,7 +417,7 @@ def handwritten(model, case, np_sets, model_dtypes, f32_dtypes, device, ref, b, 
     check = compare(step(0), ref)
     record(rows, "b hand-written graph (seed)", b, time_steps(step, iters, warmup, True), check,
            f"capture {capture_ms:.1f} ms")
-    # b32: graphrun's host layout (float32 staging for bf16 tensors; conversion on the device)
+    # b32: float32 host tensors for bf16 ones (a conversion on the device per copy)
     if any(d == torch.bfloat16 for d in model_dtypes.values()) or static_out.dtype == torch.bfloat16:
         sets32 = host_sets(np_sets, f32_dtypes, True)
         out32 = torch.empty(static_out.shape, dtype=torch.float32, pin_memory=True)
@@ -430,16 +431,16 @@ def graphrun_variants(runner: Runner, case: Case, label: str, batches, np_sets, 
                       warmup, cuda, rows) -> None:
     """run_batch on tensors and on numpy arrays (the API) and the inner launch path."""
     by_batch = {bk.batch: bk for bk in runner.table.active}
-    static = runner.layout.in_dtypes  # float32 where the model takes bf16
+    static = runner.layout.in_dtypes  # the model's dtypes, as the hand-written loop has them
+    f32 = {n: torch.float32 if d.is_floating_point else d for n, d in static.items()}
     for b in batches:
         bucket = by_batch[b]
         state = runner.states[bucket]
         status = state.status + (f" ({state.reason})" if state.reason else "")
         sets = np_sets[b]
         variants = {"run_batch(tensors)": host_sets(sets, static, cuda)}
-        if runner.layout.model_dtypes != static:
-            variants["run_batch(tensors, bf16 in)"] = host_sets(sets, runner.layout.model_dtypes,
-                                                                cuda)
+        if f32 != static:
+            variants["run_batch(tensors, float32 in)"] = host_sets(sets, f32, cuda)
         try:
             for name, tsets in variants.items():
                 check = compare(runner.run_batch(tsets[0])[case.out_name], refs[b])
@@ -474,7 +475,7 @@ def inner_variant(runner: Runner, case: Case, label: str, bucket, sets, ref, ite
 
     def prepare(i):
         for n, a in sets[i % len(sets)].items():
-            slot.inputs.numpy_view(n, bucket)[...] = a
+            slot.inputs.pad_rows(n, bucket, a, 0.0)  # converted to the model's dtype
 
     def inner():
         return runner.launch(bucket, 0, bucket.batch, {}, timed=True).wait()
@@ -662,12 +663,13 @@ def report(res: Results, args, cuda: bool) -> str:
              f"{N_SETS} distinct random input sets cycled. 'time / hand-written' = median / "
              "median of b (1.00x = as fast as the seed's loop); 'speedup vs eager' = a's median / "
              f"median. Outputs checked against a (eager) with rtol = atol = {RTOL:g}.",
-             "graphrun holds bf16 inputs as float32 in its static buffers (numpy has no "
-             "bfloat16) and casts them inside the captured graph; its static outputs are in the "
-             "model's dtype. run_batch(tensors) passes pinned float32 tensors for bf16 inputs "
-             "(a plain copy), run_batch(tensors, bf16 in) bf16 ones (a conversion on the device "
-             "per call); both return pinned bf16 tensors. run_batch(numpy) returns float32. b32 "
-             "is the seed's loop with float32 host staging for inputs and outputs.",
+             "graphrun holds inputs in the model's dtype in its static buffers and host slots "
+             "(a floating input of a bf16 model in bf16); its static outputs are in the model's "
+             "dtype. run_batch(tensors) passes pinned tensors in those dtypes, as b does (a plain "
+             "copy), run_batch(tensors, float32 in) float32 ones for bf16 inputs (cast on the "
+             "copy, one kernel); both return pinned bf16 tensors. run_batch(numpy) converts "
+             "to bf16 as it stages and returns float32. b32 is the seed's loop with float32 "
+             "host tensors for inputs and outputs.",
              "run_batch runs on the caller's stream and ends in one blocking copy; the inner "
              "launch (the file path's) uses copy streams and records 4 CUDA events per step for "
              "its phase timings; a/b/d steps end in torch.cuda.synchronize()."]

@@ -263,6 +263,9 @@ def _schema_targets(kinds, out: Path | None) -> list[tuple[Path, str]]:
 @click.option("--model", "target", metavar="FILE.py:CALLABLE",
               help="The model's builder: 'file.py:build' or 'package.module:build'.")
 @click.option("--builtin", metavar="NAME", help="A model shipped in graphrun (mlp, decoder).")
+@click.option("--hf", metavar="DIR", help="A Hugging Face model folder (or a hub cache name) "
+              "over a text file: embedding, next-token top-k or class by its config.json; "
+              "needs graphrun[hf].")
 @click.option("--arg", "args", multiple=True, metavar="KEY=VALUE",
               help="An argument for the builder, YAML-typed (repeatable): --arg vocab=1000.")
 @click.option("--data", required=True, type=click.Path(dir_okay=False, path_type=Path),
@@ -280,17 +283,25 @@ def _schema_targets(kinds, out: Path | None) -> list[tuple[Path, str]]:
 @click.option("--sample", type=click.IntRange(min=1), default=10000, show_default=True,
               help="Records read to learn the inputs.")
 @click.option("--force", is_flag=True, help="Replace the spec file if it exists.")
-def init(target, builtin, args, data, spec_path, out_dir, name, batch_size, dtype, id_field,
-         sample, force) -> None:
+def init(target, builtin, hf, args, data, spec_path, out_dir, name, batch_size, dtype,
+         id_field, sample, force) -> None:
     """Write a spec for your model and data: inputs from the file, outputs from calling the
     model once, buckets from the records' sizes; prints what to check."""
     from .init import init as init_spec
+    from .init_hf import init_hf
 
+    common = dict(data=data, spec_path=spec_path, out_dir=out_dir, name=name,
+                  batch_size=batch_size, sample=sample, id_field=id_field, dtype=dtype,
+                  force=force)
     try:
-        found = init_spec(data=data, target=target, builtin=builtin, spec_path=spec_path,
-                          out_dir=out_dir, args=_builder_args(args), name=name,
-                          batch_size=batch_size, sample=sample, id_field=id_field, dtype=dtype,
-                          force=force)
+        if hf is None:
+            found = init_spec(target=target, builtin=builtin, args=_builder_args(args),
+                              **common)
+        elif target or builtin or args:
+            raise GraphrunError("--hf takes the model from its folder: leave out --model, "
+                                "--builtin and --arg")
+        else:
+            found = init_hf(hf=hf, **common)
     except GraphrunError as err:
         fail(err)
     click.echo(_init_report(found, spec_path))

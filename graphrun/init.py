@@ -49,11 +49,8 @@ def init(*, data: str | Path, target: str | None = None, builtin: str | None = N
     what was inferred. Paths given relative are relative to the working directory."""
     if (target is None) == (builtin is None):
         raise GraphrunError("give the model as exactly one of --model FILE.py:CALLABLE (or "
-                            "pkg.module:callable) and --builtin NAME")
-    spec_path = Path(spec_path).resolve()
-    if spec_path.exists() and not force:
-        raise GraphrunError(f"{spec_path} exists; pass --force to replace it, or -o another "
-                            "file name")
+                            "pkg.module:callable), --builtin NAME and --hf DIR")
+    spec_path = spec_target(spec_path, force)
     profile = sample_data(Path(data).resolve(), sample, id_field)
     source = {"builtin": builtin} if builtin else {"target": target}
     found = Inferred(name=name or _default_name(target or builtin), profile=profile,
@@ -73,6 +70,15 @@ def init(*, data: str | Path, target: str | None = None, builtin: str | None = N
     text = render_spec(found, spec_dir, _out_dir(found, out_dir, spec_dir))
     found.spec_path, found.schema_path = write_spec_files(spec_path, text)
     return found
+
+
+def spec_target(spec_path: str | Path, force: bool) -> Path:
+    """The spec file to write, absolute; an existing one only with --force."""
+    spec_path = Path(spec_path).resolve()
+    if spec_path.exists() and not force:
+        raise GraphrunError(f"{spec_path} exists; pass --force to replace it, or -o another "
+                            "file name")
+    return spec_path
 
 
 def propose_buckets(profile: DataProfile, batch_size: int,

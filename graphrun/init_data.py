@@ -53,14 +53,18 @@ class DataProfile:
     axes: dict[str, tuple[int, int]]  # axis -> (shortest, longest) in the sample
     left_out: list[str]  # fields that are neither inputs nor the id (Parquet, npz)
     skipped: list[str] = field(default_factory=list)  # records left out of the sample, and why
+    texts: dict[str, list] = field(default_factory=dict)  # text=True: string fields' values
 
     @property
     def format(self) -> str:
         return self.path.suffix.lstrip(".")
 
 
-def sample_data(path: Path, limit: int, id_field: str | None = None) -> DataProfile:
-    """Read the first `limit` records of `path` and describe them."""
+def sample_data(path: Path, limit: int, id_field: str | None = None, *,
+                text: bool = False) -> DataProfile:
+    """Read the first `limit` records of `path` and describe them. text: the records hold text
+    to tokenize (init --hf): string fields are kept with their values (profile.texts), only
+    a field named like an id is taken for the id, and no numeric field is needed."""
     if path.suffix not in SUFFIXES:
         raise InputError(f"unknown input format {path.suffix or '(no suffix)'!r}: use one of "
                          f"{', '.join(SUFFIXES)}", where=str(path))
@@ -74,10 +78,14 @@ def sample_data(path: Path, limit: int, id_field: str | None = None) -> DataProf
     if sampled == 0:
         raise InputError("holds no records to learn the inputs from", where=str(path))
     fields = {n: _describe(path, n, v) for n, v in columns.items()}
-    chosen = _pick_id(fields, id_field, path)
+    named = {n: f for n, f in fields.items() if f.kind != "str" or _ID_NAMES.search(n)}
+    chosen = _pick_id(named if text and id_field is None else fields, id_field, path)
     if chosen:
         del fields[chosen]
     left_out = [n for n, f in fields.items() if f.kind == "str"]
+    if text:
+        texts = {n: columns[n] for n in left_out}
+        return DataProfile(path, total, sampled, {}, chosen, {}, left_out, skipped, texts)
     if left_out and path.suffix == ".jsonl":
         raise InputError(f"field {left_out[0]!r} holds strings, and every JSONL field must be "
                          "an input (numbers) or the id: turn it into numbers (token ids) or "

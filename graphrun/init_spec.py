@@ -99,6 +99,47 @@ def _run_lines(found, spec_dir: Path, out_dir: str) -> list[str]:
     ]
 
 
+def render_hf_spec(found, spec_dir: Path, out_dir: str) -> str:
+    """The spec's YAML text for a Hugging Face model over text; `found` is
+    init_hf.HfInferred."""
+    p, hf = found.profile, found.model["hf"]
+    lines = [
+        f"# yaml-language-server: $schema={SCHEMA_NAME}",
+        f"# Written by `graphrun init --hf` from {p.sampled} records of {p.path.name} and one",
+        "# call of the model. Look at what `graphrun init` printed to check, then: graphrun",
+        "# validate this file, graphrun run this file. Keys: the README's spec reference.",
+        "version: 1",
+        f"name: {_scalar(found.name)}",
+        _c("device: auto", "auto: cuda if present, else cpu"),
+        "model:",
+        _c(f"  hf: {_flow({'path': hf['path'], 'class': hf['class']})}",
+           found.task.why.partition(":")[0]),
+        _c(f"  dtype: {found.model['dtype']}", "float32 | float16 | bfloat16"),
+        _c("inputs:", "the tokenizer's, for each text"),
+    ]
+    for name in found.inputs:
+        lo, hi, why = found.ranges[name]
+        entry = {"shape": [BATCH, "seq"], "dtype": "int64", "range": [lo, hi], "pad": 0}
+        lines.append(_c(f"  {_key(name)}: {_flow(entry)}", f"range: {why}"))
+    lines.append(_c("outputs:", "computed inside the captured step"))
+    for name, head in found.heads.items():
+        entry = {"shape": head["shape"], **{k: v for k, v in head.items() if k != "shape"}}
+        lines.append(f"  {_key(name)}: {_flow(entry)}")
+    lines.append(_c("buckets:", "one graph per combination: "
+                    f"{len(found.buckets[BATCH]) * len(found.buckets['seq'])}"))
+    lines.append(_c(f"  {BATCH}: {_flow(found.buckets[BATCH])}", "up to data.batch_size"))
+    lo, hi = found.lengths
+    lines.append(_c(f"  seq: {_flow(found.buckets['seq'])}", f"tokens {lo}-{hi} in the sample"
+                    + ("; the last: the model's limit" if found.truncate else "")))
+    run = _run_lines(found, spec_dir, out_dir)
+    at = run.index("output:")
+    text = _flow({"field": found.text_field, "truncate": found.truncate})
+    last = found.buckets["seq"][-1]
+    run.insert(at, _c(f"  text: {text}", f"longer than {last} tokens: " + (
+        "cut" if found.truncate else "rejected")))
+    return "\n".join(lines + run) + "\n"
+
+
 def write_spec_files(spec_path: Path, text: str) -> tuple[Path, Path]:
     """The schema beside the spec (kept when it is someone else's file), then the spec,
     validated before it replaces anything."""

@@ -75,7 +75,7 @@ def test_replay_equals_eager_per_record_for_shipped_pipelines(path):
             for i, rec in enumerate(chunk):
                 with torch.inference_mode():
                     inputs = {k: torch.as_tensor(np.asarray(rec[k]))[None].to(
-                        runner.device, runner.layout.model_dtypes[k]) for k in spec.inputs}
+                        runner.device, runner.layout.in_dtypes[k]) for k in spec.inputs}
                     want = name_outputs(call_model(model, inputs, spec.model.call),
                                         list(spec.outputs))
                 for name in spec.outputs:

@@ -57,8 +57,9 @@ class Direct:
         self.runner.count(bucket, n)
 
     def arrays(self, batch: ApiBatch) -> dict:
-        """numpy rows: padded into host slot 0 (pinned on a GPU), copied in, replayed, copied
-        out into the slot, cut into fresh arrays."""
+        """numpy rows: padded into host slot 0 (pinned on a GPU; converted to bfloat16 there
+        where the model takes it), copied in, replayed, copied out into the slot, cut into
+        fresh arrays."""
         n = batch.n
         bucket = self.launcher.stage(batch.fields, n, batch.lengths, 0)
         slot = self.launcher.slots[0]
@@ -72,8 +73,10 @@ class Direct:
                 for name, dims in self.runner.layout.out_dims.items()}
 
     def tensors(self, batch: ApiBatch, *, device: bool) -> dict:
-        """Dense tensors: copied (and padded) straight into the static views; outputs in the
-        model's dtype, on the device (device=True) or in new host tensors (pinned on a GPU)."""
+        """Dense tensors: copied (and padded) straight into the static views, which hold the
+        dtypes the model takes: a tensor in that dtype is copied as it is, another (float32
+        for a bfloat16 model) is cast on the copy, one kernel. Outputs in the model's dtype,
+        on the device (device=True) or in new host tensors (pinned on a GPU)."""
         n, fields = batch.n, batch.fields
         want = {a: int(v[0]) if len(v) else 1 for a, v in batch.lengths.items()}
         bucket = self.runner.table.pick(n, want)

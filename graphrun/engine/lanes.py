@@ -17,7 +17,7 @@ import torch
 
 from ..buckets import Bucket
 from ..manifest import VerifyResult
-from .buffers import BufferSet, host_dtype
+from .buffers import BufferSet
 from ..errors import ModelError
 from ..models.call import call_model, name_outputs
 from .verify import fill_synthetic
@@ -27,22 +27,15 @@ from .verify import fill_synthetic
 class Layout:
     """Names, spec shapes and dtypes of the static buffers, the same on every lane.
 
-    Inputs are held in the host's dtype (bfloat16 as float32: the cast is inside the step, not a
-    kernel per copy); outputs in the model's dtype (or outputs.<name>.dtype), so a copy out is a
-    plain copy of the model's own bytes."""
+    Inputs are held in the dtype the model takes (a floating input in model.dtype,
+    models/load.py's model_input_dtypes), so the step casts nothing and a batch already in
+    that dtype is copied in as it is; outputs in the model's dtype (or outputs.<name>.dtype),
+    so a copy out is a plain copy of the model's own bytes."""
 
     in_dims: dict[str, list]
-    in_dtypes: dict[str, torch.dtype]  # static (host) dtype
-    model_dtypes: dict[str, torch.dtype]  # what the model takes
+    in_dtypes: dict[str, torch.dtype]
     out_dims: dict[str, list]
     out_dtypes: dict[str, torch.dtype]
-
-    @classmethod
-    def of(cls, in_dims, spec_dtypes, model_dtypes, out_dims, out_dtypes) -> "Layout":
-        """spec_dtypes: the inputs' declared dtypes; model_dtypes: what the model is called
-        with (a floating input in model.dtype, models/load.py's model_input_dtypes)."""
-        return cls(in_dims, {n: host_dtype(d) for n, d in spec_dtypes.items()}, model_dtypes,
-                   out_dims, out_dtypes)
 
 
 @dataclass
@@ -75,8 +68,7 @@ class Lane:
         self.free = None  # CUDA event: this lane's last batch is out of its static buffers
 
     def make_step(self, bucket: Bucket, model, call: str, layout: Layout) -> Callable[[], None]:
-        return make_step(model, call, self.inputs.views(bucket), self.outputs.views(bucket),
-                         layout.model_dtypes)
+        return make_step(model, call, self.inputs.views(bucket), self.outputs.views(bucket))
 
     def drop(self) -> None:
         self.graphs.clear()
@@ -84,23 +76,17 @@ class Lane:
 
 
 def make_step(model: torch.nn.Module, call: str, inputs: dict[str, torch.Tensor],
-              outputs: dict[str, torch.Tensor],
-              model_dtypes: dict[str, torch.dtype] | None = None) -> Callable[[], None]:
+              outputs: dict[str, torch.Tensor]) -> Callable[[], None]:
     """The unit that is warmed up, captured and replayed: static inputs -> static outputs.
 
-    An input whose static buffer is staged in another dtype than the model takes (bfloat16 is
-    staged as float32, since numpy has none) is cast here, inside the graph, so the copy from
-    the host stays a plain copy instead of a copy plus a conversion kernel launched per batch.
     Each output is copied into its static buffer, which rounds it to that buffer's dtype
     (outputs.<name>.dtype) where the model gives a wider one.
     """
     names = list(outputs)
-    casts = {n: d for n, d in (model_dtypes or {}).items() if inputs[n].dtype != d}
 
     def step() -> None:
-        args = {n: t.to(casts[n]) if n in casts else t for n, t in inputs.items()}
         with torch.inference_mode():
-            got = name_outputs(call_model(model, args, call), names)
+            got = name_outputs(call_model(model, inputs, call), names)
         for name, t in got.items():
             dst = outputs[name]
             if t.shape != dst.shape:

@@ -75,16 +75,15 @@ class Runner:
         on seeded sample inputs of the largest bucket."""
         largest, specs = self.table.all[0], self.spec.inputs
         in_dims = {n: i.shape for n, i in specs.items()}
-        spec_dtypes = {n: TORCH_DTYPES[i.dtype] for n, i in specs.items()}
-        model_dtypes = model_input_dtypes(self.spec)  # floating inputs in model.dtype
-        sample = {n: torch.empty(largest.shape(d), dtype=host_dtype(spec_dtypes[n]),
-                                 device=self.device) for n, d in in_dims.items()}
+        in_dtypes = model_input_dtypes(self.spec)  # floating inputs in model.dtype
+        sample = {n: torch.empty(largest.shape(d), dtype=in_dtypes[n], device=self.device)
+                  for n, d in in_dims.items()}
         fill_synthetic(sample, specs, torch.Generator().manual_seed(0))
-        probe = self._probe(largest, {n: t.to(model_dtypes[n]) for n, t in sample.items()})
+        probe = self._probe(largest, sample)
         out_dtypes = {n: TORCH_DTYPES[o.dtype] if o.dtype else probe[n].dtype
                       for n, o in self.spec.outputs.items()}
-        return Layout.of(in_dims, spec_dtypes, model_dtypes,
-                         {n: o.shape for n, o in self.spec.outputs.items()}, out_dtypes)
+        return Layout(in_dims, in_dtypes, {n: o.shape for n, o in self.spec.outputs.items()},
+                      out_dtypes)
 
     def _probe(self, bucket: Bucket, inputs: dict[str, torch.Tensor]) -> dict:
         """The model's first call. Failing here is nearly always the spec and the model
@@ -248,9 +247,10 @@ class Runner:
             tensors = {}
             for name, spec in self.spec.inputs.items():
                 shape = tuple(sizes[d] if isinstance(d, str) else d for d in spec.shape)
-                host = torch.empty(shape, dtype=lay.in_dtypes[name]).numpy()
+                # the rows' own (the spec's) dtype, cast once on the way to the model
+                host = torch.empty(shape, dtype=host_dtype(TORCH_DTYPES[spec.dtype])).numpy()
                 pad_into(host, fields[name], spec.pad)
-                tensors[name] = torch.from_numpy(host).to(self.device, lay.model_dtypes[name])
+                tensors[name] = torch.from_numpy(host).to(self.device, lay.in_dtypes[name])
             got = name_outputs(call_model(self.model, tensors, self.spec.model.call),
                                list(lay.out_dims))
             return {name: cut_rows(fresh_rows(got[name].to(lay.out_dtypes[name]).cpu(), n),

@@ -69,9 +69,9 @@ def build_model(spec: PipelineSpec, device: torch.device,
 
 
 def model_input_dtypes(spec: PipelineSpec) -> dict[str, torch.dtype]:
-    """The dtype the model is called with, per input: a floating input (float32 in the file and
-    its buffer, say) is cast to model.dtype inside the step, so that float16 or bfloat16
-    weights meet inputs of their own dtype; integer and bool inputs are passed as they are."""
+    """The dtype the model is called with, and its static input buffer holds, per input: a
+    floating input (float32 in the file, say) in model.dtype, so that float16 or bfloat16
+    weights meet inputs of their own dtype; integer and bool inputs as the spec says."""
     from graphrun.engine.buffers import TORCH_DTYPES as ALL_DTYPES
     from graphrun.spec import FLOAT_DTYPES
 
