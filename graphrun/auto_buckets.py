@@ -44,6 +44,7 @@ def resolve_auto(spec: PipelineSpec) -> tuple[PipelineSpec, BucketPlan | None]:
     info = BucketPlan(auto_axes=auto, buckets={a: chosen.lists[a] for a in auto},
                       sample_records=hist.records, graphs=chosen.graphs,
                       max_graphs=spec.buckets_max_graphs, padding_waste=chosen.waste)
+    info.keep_shapes(hist.needs)  # capture.lazy sets up the buckets these select
     return spec.model_copy(update={"buckets": buckets}), info
 
 

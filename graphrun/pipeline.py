@@ -17,6 +17,7 @@ from .errors import GraphrunError, Interrupted, OutputError
 from .manifest import Manifest, completed_manifest
 from .progress import Progress, count_records, summary_table
 from .engine import Runner
+from .engine.lazy import LOOK_AHEAD, data_needs
 from .feed import feed_stream, slot_count
 from .overlap import MEASURE, OVERLAP_ENV, OverlapTrial, overlap_choice
 from .run_state import RunState
@@ -160,8 +161,10 @@ def run_stream(job: RunState, fingerprint: dict, resume_point, start: int, stop,
     spec, out_dir = job.spec, job.out_dir
     # the first batch is read while the runner sets up: for a Parquet file, its first
     # row groups decode meanwhile instead of keeping the device waiting (stream.py)
-    job.reader = ReadAhead(read_batches(spec, start=start, stop=stop, tuning=job.tuning))
-    job.runner = runner = Runner(spec, log=job.print_and_warn if show else job.warn)
+    job.reader = ReadAhead(read_batches(spec, start=start, stop=stop, tuning=job.tuning),
+                           ahead=LOOK_AHEAD if spec.capture.lazy else 1)
+    job.runner = runner = Runner(spec, log=job.print_and_warn if show else job.warn,
+                                 needs=data_needs(spec, job.reader, job.bucket_plan))
     if spec.report.baseline == "eager":
         runner.measure_baseline()
     job.writer = writer = ShardWriter(spec, out_dir, resume=resume_point, tuning=job.tuning)
