@@ -48,7 +48,7 @@ def build_model(spec: PipelineSpec, device: torch.device,
     if m.builtin is not None:
         model = _build(f"builtin {m.builtin!r}", _builtin(m.builtin), m.args,
                        spec.max_size(BATCH), wrap=(TypeError, ValueError, RuntimeError),
-                       empty=empty)
+                       empty=empty, device=device)
     elif m.target is not None:
         model = _build(f"model.target {m.target!r}", _resolve_target(m.target, base_dir),
                        m.args, spec.max_size(BATCH), wrap=(Exception,), empty=empty)
@@ -96,14 +96,18 @@ def _builtin(name: str) -> Callable[..., nn.Module]:
 
 
 def _build(what: str, builder: Callable[..., Any], args: dict[str, Any], max_batch: int,
-           wrap: tuple[type[Exception], ...], empty: bool = False) -> nn.Module:
-    """builder(**args), plus max_batch (the largest batch bucket) when the builder takes it.
-    empty: parameters on the meta device (weights follow); a builder that cannot build so
-    (it reads a parameter's values, say) is built again as usual."""
+           wrap: tuple[type[Exception], ...], empty: bool = False,
+           device: torch.device | None = None) -> nn.Module:
+    """builder(**args), plus max_batch (the largest batch bucket) when the builder takes it,
+    and `device` (a builtin's scratch buffers are made there). empty: parameters on the meta
+    device (weights follow); a builder that cannot build so (it reads a parameter's values,
+    say) is built again as usual."""
     params = inspect.signature(builder).parameters
     args = dict(args)
     if "max_batch" in params:
         args.setdefault("max_batch", max_batch)
+    if device is not None and "device" in params:
+        args.setdefault("device", device)
     _check_args(what, builder, args)
     if empty:
         try:
