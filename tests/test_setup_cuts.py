@@ -239,3 +239,51 @@ def test_a_builder_that_reads_its_parameters_is_built_as_usual(tmp_path):
                                       "weights": str(tmp_path / "w.pt")})
     model = build_model(spec, torch.device("cpu"), tmp_path)
     assert torch.equal(model.lin.weight, plain.lin.weight)
+
+
+# ---- on the GPU (marked cuda; skipped without one) -------------------------------------------
+
+@pytest.mark.cuda
+def test_gpu_a_bucket_costs_its_warm_up_and_captures_no_extra_eager_run(tmp_path):
+    """Python-side model calls per captured bucket: warm-up iterations, the call the capture
+    records, and on the second lane one warm-up and one capture; the checks only replay."""
+    spec = counted_spec(tmp_path, device="cuda", capture={"warmup_iters": 3})
+    with Runner(spec) as runner:
+        runner.host_slots(3)  # the overlapped stream's second lane
+        calls = [n for kind, n in calls_of(runner.model) if kind == "call"]
+        assert calls == [1] + [4] * 4 + [2] * 4 + [1] * 4 + [4, 4, 2, 2, 1, 1]  # was 6 more: eager per lane
+        for bucket, state in runner.states.items():
+            assert state.status == "captured" and state.reference is None
+            assert [lane.graphs[bucket].verify.passed for lane in runner.lanes] == [True, True]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("overlap", [False, True])
+def test_gpu_first_use_captures_on_every_lane_and_outputs_equal_lazy_false(tmp_path, overlap):
+    spec = make_spec(tmp_path, records=49, device="cuda")
+    want, _ = run_outputs(spec, tmp_path / "all", overlap=overlap)
+    lazy = spec.model_copy(update={"capture": spec.capture.model_copy(update={"lazy": True})})
+    got, buckets = run_outputs(lazy, tmp_path / "lazy", overlap=overlap)
+    np.testing.assert_array_equal(got, want)
+    one = buckets["batch=1"]
+    assert (one.status, one.set_up, one.first_use_batch, one.batches) == (
+        "captured", "first_use", 6, 1)
+    assert len(one.lanes) == (2 if overlap else 1)
+    assert all(lane.verify.passed for lane in one.lanes)
+    assert one.lanes[0].verify.real_batch is not None and one.lanes[0].verify.real_batch.passed
+    assert (buckets["batch=8"].status, buckets["batch=8"].set_up) == ("captured", "setup")
+    assert buckets["batch=128"].status == "unused" and buckets["batch=128"].capture_s is None
+
+
+@pytest.mark.cuda
+def test_gpu_weights_are_read_onto_the_device(tmp_path):
+    spec = counted_spec(tmp_path)
+    plain = build_model(spec, torch.device("cpu"), tmp_path)
+    torch.save(plain.state_dict(), tmp_path / "w.pt")
+    spec = counted_spec(tmp_path, device="cuda",
+                        model={"target": f"{tmp_path / 'counted.py'}:build",
+                               "weights": str(tmp_path / "w.pt")})
+    model = build_model(spec, torch.device("cuda"), tmp_path)
+    assert calls_of(model)[-1] == ("init", "meta")
+    assert all(p.device.type == "cuda" for p in model.parameters())
+    assert torch.equal(model.lin.weight.cpu(), plain.lin.weight)

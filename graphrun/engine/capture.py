@@ -82,11 +82,11 @@ class Capturer:
         """capture.lazy: set up a bucket no batch selected before, on every lane, when batch
         number `batch` (0-based, this run's) needs it. The caller has waited for the device
         (no capture beside other work); other threads may still wait on finished events, so
-        the capture is thread-local. A bucket the memory budget would drop runs eagerly."""
+        the capture is thread-local. A bucket the memory budget drops runs this batch eagerly;
+        later batches pick other buckets, as after a drop at setup."""
         self._prepare(lanes[0], state, table, "on first use", mode="thread_local")
         state.set_up, state.first_use_batch = "first_use", batch
-        if state.status == "skipped":  # the batch is staged for it already: run it eagerly
-            table.dropped.discard(state.bucket)
+        if state.status == "skipped":  # this batch is staged for it: run it eagerly, once
             lanes[0].graphs[state.bucket] = LaneGraph(
                 lanes[0].make_step(state.bucket, self.model, self.call, self.layout))
             state.status, state.reason = "eager", f"{state.reason}; ran eagerly on first use"
