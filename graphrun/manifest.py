@@ -72,7 +72,8 @@ class BucketReport(_M):
         None, description="When the bucket was set up (warm-up, capture where the backend "
         "captures, verification): setup, before the stream; first_use, with capture.lazy, when "
         "the first batch that selected it came (the launching thread waited for the batches in "
-        "flight, then set it up on every lane); null when it never was (skipped, unused).")
+        "flight, then set it up on every lane; its warm-up and capture then count in the "
+        "stream's time, not in setup_s); null when it never was (skipped, unused).")
     first_use_batch: Optional[int] = Field(
         None, description="set_up: first_use: the batch (0-based, of this attempt) that "
         "needed it.")

@@ -20,7 +20,9 @@ def largest_bucket_cost(spec, lists: dict[str, list[int]]) -> tuple[float, int]:
     import graphrun
     from .bench import bucket_costs
 
-    one = spec.model_copy(update={"buckets": {a: [max(v)] for a, v in lists.items()}})
+    capture = spec.capture.model_copy(update={"lazy": False})  # captured now, to be timed
+    one = spec.model_copy(update={"buckets": {a: [max(v)] for a, v in lists.items()},
+                                  "capture": capture})
     with graphrun.Runner(one) as runner:
         (cost,) = bucket_costs(runner).values()
     return cost["capture_s"] or 0.0, cost["memory_bytes"] or 0
