@@ -49,6 +49,7 @@ def resolve_auto(spec: PipelineSpec) -> tuple[PipelineSpec, BucketPlan | None]:
                       sample_records=hist.records, graphs=chosen.graphs,
                       max_graphs=spec.buckets_max_graphs, padding_waste=chosen.waste,
                       memory_budget=note.text() if note else None)
+    info.keep_shapes(hist.needs)  # capture.lazy sets up the buckets these select
     return spec.model_copy(update={"buckets": buckets}), info
 
 

@@ -156,10 +156,10 @@ def bench_graphrun(spec: PipelineSpec, mode: str, batches: dict, iters: int, war
         costs = bucket_costs(runner)
         results = {}
         for name, bucket_batches in batches.items():
-            c = costs.get(name, {})
-            if c.get("status") == "skipped":
+            if costs.get(name, {}).get("status") == "skipped":
                 continue
             times = time_steps(runner.run_batch, bucket_batches, iters, warmup)
+            c = bucket_costs(runner).get(name, {})  # capture.lazy: set up by its first run
             backend = "cuda-graph" if c.get("status") == "captured" else "eager"
             results[name] = ModeResult(
                 mode=mode, backend=backend + (" + torch.compile" if spec.model.compile else ""),

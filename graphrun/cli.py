@@ -186,6 +186,7 @@ def _load(spec) -> int:
 
     spec = spec.model_copy(deep=True)
     spec.capture.backend = "eager"
+    spec.capture.lazy = False  # every bucket checked now, not on a first use that never comes
     spec.report.baseline = "none"
     with Runner(spec, log=lambda msg: click.echo(msg, err=True)
                 if msg.startswith("warning:") else None) as runner:

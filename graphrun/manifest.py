@@ -60,8 +60,23 @@ class LaneReport(_M):
 class BucketReport(_M):
     name: str = Field(..., description='"batch=8" or "batch=8,seq=64".')
     sizes: dict[str, int]
-    status: Literal["captured", "eager", "skipped"]
-    reason: Optional[str] = None
+    status: Literal["captured", "eager", "skipped", "unused"] = Field(
+        ..., description="captured: replays a CUDA graph; eager: runs the model eagerly (the "
+        "eager backend, e.g. the CPU, or capture.on_failure: eager after a failed capture or "
+        "verification; reason says which); skipped: dropped (capture.memory_budget_mib), no "
+        "batch ran in it; unused: capture.lazy and no batch selected it, so it was never set "
+        "up (no warm-up, capture or verification).")
+    reason: Optional[str] = Field(None, description="Why the bucket is eager, skipped or "
+                                  "unused.")
+    set_up: Optional[Literal["setup", "first_use"]] = Field(
+        None, description="When the bucket was set up (warm-up, capture where the backend "
+        "captures, verification): setup, before the stream; first_use, with capture.lazy, when "
+        "the first batch that selected it came (the launching thread waited for the batches in "
+        "flight, then set it up on every lane; its warm-up and capture then count in the "
+        "stream's time, not in setup_s); null when it never was (skipped, unused).")
+    first_use_batch: Optional[int] = Field(
+        None, description="set_up: first_use: the batch (0-based, of this attempt) that "
+        "needed it.")
     warmup_s: Optional[float] = None
     capture_s: Optional[float] = None
     memory_bytes: Optional[int] = Field(None, description="Pool growth while capturing it.")
@@ -187,6 +202,17 @@ class Grouping(_M):
         ..., description="Per variable axis: all positions run, batched in input order.")
     padding_saved: dict[str, float] = Field(
         ..., description="Per variable axis: 1 - grouped / input-order padded positions.")
+
+    _shapes: Any = PrivateAttr(None)  # the sample's batch shapes, for capture.lazy; not written
+
+    @property
+    def shapes(self):
+        """The sample's distinct batch shapes [u, axes] (records, then the longest record per
+        other axis), or None."""
+        return self._shapes
+
+    def keep_shapes(self, shapes) -> None:
+        self._shapes = shapes
 
 
 class FileEntry(_M):

@@ -17,6 +17,7 @@ from .errors import GraphrunError, Interrupted, OutputError
 from .manifest import Manifest, completed_manifest
 from .progress import Progress, count_records, summary_table
 from .engine import Runner
+from .engine.lazy import LOOK_AHEAD, data_needs
 from .feed import feed_stream, slot_count
 from .grouping import PaddingCount
 from .overlap import MEASURE, OVERLAP_ENV, OverlapTrial, overlap_choice
@@ -170,8 +171,10 @@ def run_stream(job: RunState, fingerprint: dict, resume_point, start: int, stop,
     # row groups decode meanwhile instead of keeping the device waiting (stream.py)
     job.padding = PaddingCount(spec) if spec.data.group_by_length else None
     job.reader = ReadAhead(read_batches(spec, start=start, stop=stop, tuning=job.tuning,
-                                        padding=job.padding))
-    job.runner = runner = Runner(spec, log=job.print_and_warn if show else job.warn)
+                                        padding=job.padding),
+                           ahead=LOOK_AHEAD if spec.capture.lazy else 1)
+    job.runner = runner = Runner(spec, log=job.print_and_warn if show else job.warn,
+                                 needs=data_needs(spec, job.reader, job.bucket_plan))
     if spec.report.baseline == "eager":
         runner.measure_baseline()
     job.writer = writer = ShardWriter(spec, out_dir, resume=resume_point, tuning=job.tuning,

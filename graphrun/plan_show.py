@@ -20,8 +20,8 @@ def largest_bucket_cost(spec, lists: dict[str, list[int]]) -> tuple[float, int]:
     import graphrun
     from .bench import bucket_costs
 
-    # without the budget, which would drop the very bucket measured
-    capture = spec.capture.model_copy(update={"memory_budget_mib": None})
+    # without the budget, which would drop the very bucket measured, and captured now, to be timed
+    capture = spec.capture.model_copy(update={"memory_budget_mib": None, "lazy": False})
     one = spec.model_copy(update={"buckets": {a: [max(v)] for a, v in lists.items()},
                                   "capture": capture})
     with graphrun.Runner(one) as runner:

@@ -76,7 +76,7 @@ def batches_chart(go, runs):
 def capture_chart(go, runs):
     fig = go.Figure()
     for label, m in runs:
-        buckets = [b for b in m["buckets"] if b["status"] != "skipped"]
+        buckets = [b for b in m["buckets"] if b["status"] not in ("skipped", "unused")]
         names = [b["name"] for b in buckets]
         fig.add_bar(name=f"{label} capture s", x=names,
                     y=[b.get("capture_s") or 0.0 for b in buckets])
@@ -85,7 +85,7 @@ def capture_chart(go, runs):
         fig.add_scatter(name=f"{label} graph memory MiB", x=names, yaxis="y2",
                         mode="lines+markers",
                         y=[(b.get("memory_bytes") or 0) / 2**20 for b in buckets])
-    eager = all(b["status"] == "eager" for _, m in runs for b in m["buckets"])
+    eager = all(b["status"] in ("eager", "unused") for _, m in runs for b in m["buckets"])
     title = "Capture and warm-up time, graph memory per bucket"
     fig.update_layout(title=title + (" (eager backend: nothing captured)" if eager else ""),
                       barmode="group", yaxis={"title": "s"},

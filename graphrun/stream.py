@@ -52,18 +52,21 @@ def read_batches(spec: PipelineSpec, *, start: int = 0, stop: int | None = None,
 
 
 class ReadAhead:
-    """Iterate `batches`, fetching the first batch on a thread started at once, so that the
-    input's first chunk is read while the runner sets up (loads the model, captures, verifies):
-    a Parquet row group decoded, a JSONL block parsed, a mapped file's first pages read. The
-    rest is read where it is asked for, as before; an error met on the way is raised by the
-    first next(), in order, as the plain iterator raises it.
+    """Iterate `batches`, fetching the first `ahead` batches on a thread started at once, so
+    that the input's first chunk is read while the runner sets up (loads the model, captures,
+    verifies): a Parquet row group decoded, a JSONL block parsed, a mapped file's first pages
+    read. The rest is read where it is asked for, as before; an error met on the way is raised
+    by the next() that reaches it, in order, as the plain iterator raises it. peek() shows the
+    batches read ahead (capture.lazy decides from them which buckets to set up).
 
     close() waits for that thread, then closes the iterator (a Parquet reader's decoding pool
     stops)."""
 
-    def __init__(self, batches: Iterator[RecordBatch]):
+    def __init__(self, batches: Iterator[RecordBatch], ahead: int = 1):
         self._it = iter(batches)
-        self._first: tuple | None = None  # (True, batch or _END) or (False, the exception)
+        self._ahead = ahead
+        # [(True, batch or _END) or (False, the exception)], in order, once the thread is done
+        self._first: list | None = None
         # next() and close() one at a time: a consumer thread (replay's prefetch) may still be
         # in next() when the main thread, stopped by a signal, closes the reader
         self._lock = threading.Lock()
@@ -72,10 +75,25 @@ class ReadAhead:
         self._thread.start()
 
     def _fetch(self) -> None:
+        got: list = []
         try:
-            self._first = (True, next(self._it, _END))
-        except BaseException as exc:  # noqa: BLE001 - raised by the consumer's first next()
-            self._first = (False, exc)
+            while len(got) < self._ahead:
+                item = next(self._it, _END)
+                got.append((True, item))
+                if item is _END:
+                    break
+        except BaseException as exc:  # noqa: BLE001 - raised by the consumer's next()
+            got.append((False, exc))
+        self._first = got
+
+    def peek(self) -> tuple[list[RecordBatch], bool]:
+        """(the batches read ahead and not yet taken, whether the input ends after them);
+        waits for the read-ahead thread."""
+        with self._lock:
+            self._join()
+            held = self._first or []
+        batches = [item for ok, item in held if ok and item is not _END]
+        return batches, any(ok and item is _END for ok, item in held)
 
     def _join(self) -> None:
         if self._thread is not None:
@@ -87,10 +105,10 @@ class ReadAhead:
 
     def __next__(self) -> RecordBatch:
         with self._lock:
-            if self._first is None and self._thread is None:
-                return next(self._it)
             self._join()
-            (ok, item), self._first = self._first, None
+            if not self._first:
+                return next(self._it)
+            ok, item = self._first.pop(0)
         if not ok:
             raise item
         if item is _END:

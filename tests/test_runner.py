@@ -355,7 +355,7 @@ def test_a_model_that_does_not_take_the_spec_inputs_is_a_clear_model_error(tmp_p
     with pytest.raises(ModelError) as info:
         Runner(spec)
     text = str(info.value)
-    assert "the model failed on its first call, model(x=[4, 4] float32) for bucket batch=4" in text
+    assert "the model failed on its first call, model(x=[1, 4] float32) for bucket batch=1" in text
     assert "unexpected keyword argument 'x'" in text and "model.call: positional" in text
 
 

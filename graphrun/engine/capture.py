@@ -22,7 +22,7 @@ import torch
 from ..buckets import Bucket
 from ..errors import CaptureError, GraphrunError, ModelError
 from .lanes import Lane, LaneGraph, Layout
-from .verify import verify_bucket, verify_real_batch, verify_remedies
+from .verify import fill_verify_batch, verify_bucket, verify_real_batch, verify_remedies
 
 MiB = 1 << 20
 
@@ -32,8 +32,11 @@ class BucketState:
     """One bucket across its lanes: its status and what it cost (lanes.py holds its graphs)."""
 
     bucket: Bucket
-    status: str = "pending"  # captured | eager | skipped
+    status: str = "pending"  # captured | eager | skipped | unused (capture.lazy)
     reason: str | None = None
+    set_up: str | None = None  # setup | first_use (capture.lazy), None while not set up
+    first_use_batch: int | None = None  # set up on first use: the batch that needed it
+    reference: dict | None = None  # eager outputs on the verification batch, for every lane
     pool: object = None  # the memory pool its graphs share, on every lane
     warmup_s: float | None = None
     capture_s: float | None = None
@@ -61,17 +64,45 @@ class Capturer:
         self.budget = self.cap.memory_budget_mib * MiB if self.cap.memory_budget_mib else None
         self.spent = 0  # pool growth of the captures so far (capture.memory_budget_mib)
 
-    def first_lane(self, lane: Lane, states: dict[Bucket, BucketState], table) -> None:
-        count = len(table.all)  # each bucket's setup line says k/N: a long setup shows progress
-        for k, bucket in enumerate(table.all, 1):  # largest first: smaller graphs reuse its pool
-            self._prepare(lane, states[bucket], table, f"{k}/{count}")
+    def first_lane(self, lane: Lane, states: dict[Bucket, BucketState], table,
+                   needed: set[Bucket] | None = None) -> None:
+        """Every bucket, or with capture.lazy only those in `needed`: the others are left
+        unused, to be set up on first use (first_use)."""
+        todo = [b for b in table.all if needed is None or b in needed]
+        for bucket in table.all:
+            if bucket not in todo:
+                states[bucket].status = "unused"
+                states[bucket].reason = "capture.lazy: no batch selected it, so not set up"
+        # each bucket's setup line says k/N: a long setup shows progress
+        for k, bucket in enumerate(todo, 1):  # largest first: smaller graphs reuse its pool
+            self._prepare(lane, states[bucket], table, f"{k}/{len(todo)}")
+            states[bucket].set_up = "setup"
 
-    def _prepare(self, lane: Lane, state: BucketState, table, nth: str) -> None:
+    def first_use(self, lanes: list[Lane], state: BucketState, table, batch: int) -> None:
+        """capture.lazy: set up a bucket no batch selected before, on every lane, when batch
+        number `batch` (0-based, this run's) needs it. The caller has waited for the device
+        (no capture beside other work); other threads may still wait on finished events, so
+        the capture is thread-local. A bucket the memory budget drops runs this batch eagerly;
+        later batches pick other buckets, as after a drop at setup."""
+        self._prepare(lanes[0], state, table, "on first use", mode="thread_local")
+        state.set_up, state.first_use_batch = "first_use", batch
+        if state.status == "skipped":  # this batch is staged for it: run it eagerly, once
+            lanes[0].graphs[state.bucket] = LaneGraph(
+                lanes[0].make_step(state.bucket, self.model, self.call, self.layout))
+            state.status, state.reason = "eager", f"{state.reason}; ran eagerly on first use"
+        for lane in lanes[1:]:
+            if state.status == "captured":
+                self._capture_on(lane, state, mode="thread_local")
+        if state.status != "captured" or len(lanes) > 1:
+            state.reference = None  # no other lane will compare against it
+
+    def _prepare(self, lane: Lane, state: BucketState, table, nth: str,
+                 mode: str = "global") -> None:
         bucket = state.bucket
         step = lane.make_step(bucket, self.model, self.call, self.layout)
         # eager needs no warm-up but one run, which surfaces shape errors before any data
         iters = self.cap.warmup_iters if self.graphs or self.compiled else 1
-        state.warmup_s = warm_up(step, max(iters, 1), self.stream)
+        state.warmup_s = self._warm_up(lane, state, step, max(iters, 1))
         if not self.graphs:
             state.status = "eager"
             state.reason = ("backend eager" if self.device.type == "cuda"
@@ -83,7 +114,7 @@ class Capturer:
             return
         try:
             graph, state.capture_s, state.memory_bytes = capture_graph(
-                step, bucket, stream=self.stream, pool=self.pool)
+                step, bucket, stream=self.stream, pool=self.pool, mode=mode)
         except CaptureError as err:
             lane.graphs[bucket] = LaneGraph(step)
             self.fall_back([lane], state, err)
@@ -97,9 +128,23 @@ class Capturer:
         self._verify_first(lane, state, LaneGraph(step, graph))
         self.log(f"captured {bucket.name} ({nth}) in {state.capture_s * 1e3:.1f} ms")
 
+    def _warm_up(self, lane: Lane, state: BucketState, step, iters: int) -> float:
+        """Warm-up on the bucket's verification batch: its last eager run's outputs are the
+        bucket's eager reference, which every lane's verification compares with."""
+        fill_verify_batch(state.bucket, lane.inputs.views(state.bucket), self.input_specs)
+        seconds = warm_up(step, iters, self.stream)
+        if self.cap.verify.enabled:
+            state.reference = {n: t.clone() for n, t in lane.outputs.views(state.bucket).items()}
+        return seconds
+
     def _verify_first(self, lane: Lane, state: BucketState, entry: LaneGraph) -> None:
         lane.graphs[state.bucket] = entry
-        result = self._verify(lane, state.bucket, entry)
+        result = self._verify(lane, state, entry)
+        if self.graphs and entry.graph is not None and state.reference is not None:
+            # kept for a lane added later (host_slots), in host memory meanwhile
+            state.reference = {n: t.cpu() for n, t in state.reference.items()}
+        else:
+            state.reference = None
         if result is not None and not result.passed:
             note, remedies = verify_remedies(result, captured=entry.graph is not None,
                                              on_failure=self.cap.on_failure)
@@ -109,12 +154,13 @@ class Capturer:
                 raise err
             self.fall_back([lane], state, err)
 
-    def _verify(self, lane: Lane, bucket: Bucket, entry: LaneGraph):
-        """The lane's replay against eager on synthetic inputs; None with verify off."""
+    def _verify(self, lane: Lane, state: BucketState, entry: LaneGraph):
+        """The lane's replay against the bucket's eager reference on its verification batch;
+        None with verify off."""
         if not self.cap.verify.enabled:
             return None
-        v = self.cap.verify
-        entry.verify = verify_bucket(bucket, entry.run, entry.step, lane.inputs.views(bucket),
+        v, bucket = self.cap.verify, state.bucket
+        entry.verify = verify_bucket(bucket, entry.run, state.reference, lane.inputs.views(bucket),
                                      lane.outputs.views(bucket), self.input_specs, v.rtol, v.atol)
         # an eager bucket needs no check against itself
         entry.check_real = entry.verify.passed and entry.graph is not None
@@ -127,7 +173,7 @@ class Capturer:
         total = max(self.spent, need) if self.cap.pool == "shared" else self.spent + need
         if total <= self.budget:
             return True
-        state.status = "skipped"
+        state.status, state.reference = "skipped", None
         state.reason = (f"needs about {need / MiB:.1f} MiB; with {self.spent / MiB:.1f} MiB "
                         f"already taken that passes memory_budget_mib={self.budget / MiB:g}")
         table.drop(state.bucket)
@@ -138,33 +184,38 @@ class Capturer:
         """Capture every captured bucket again on `lane`, into the pool its graphs use: the
         lanes replay one after the other on the compute stream, so they share its blocks. The
         time counts as the bucket's capture_s, the pool growth as its memory_bytes."""
-        for bucket, state in states.items():
-            if state.status != "captured":
-                continue
-            step = lane.make_step(bucket, self.model, self.call, self.layout)
-            name = f"bucket {bucket.name} runs without lane {lane.index}"
-            try:
-                warm_up(step, 1, self.stream)  # lazy state of new tensors, outside capture
-                graph, seconds, grown = capture_graph(step, bucket, stream=self.stream,
-                                                      pool=state.pool)
-            except GraphrunError as err:
-                self.log(f"warning: {name}: its capture there failed: {err}")
-                continue
-            state.capture_s = (state.capture_s or 0.0) + seconds
-            state.memory_bytes = (state.memory_bytes or 0) + grown
-            self.spent += grown
-            if self.budget is not None and self.spent > self.budget:
-                self.log(f"warning: {name}: its graph there would take the graphs to "
-                         f"{self.spent / MiB:.1f} MiB, past memory_budget_mib="
-                         f"{self.budget / MiB:g}")
-                continue
-            entry = LaneGraph(step, graph)
-            result = self._verify(lane, bucket, entry)
-            if result is not None and not result.passed:
-                self.log(f"warning: {name}: its graph there failed verification: "
-                         f"{'; '.join(result.failures)}")
-                continue
-            lane.graphs[bucket] = entry
+        for state in states.values():
+            if state.status == "captured":
+                self._capture_on(lane, state)
+            state.reference = None  # every lane has compared with it
+
+    def _capture_on(self, lane: Lane, state: BucketState, mode: str = "global") -> None:
+        """A captured bucket's graph on one more lane, checked against its eager reference."""
+        bucket = state.bucket
+        step = lane.make_step(bucket, self.model, self.call, self.layout)
+        name = f"bucket {bucket.name} runs without lane {lane.index}"
+        try:
+            warm_up(step, 1, self.stream)  # lazy state of new tensors, outside capture
+            graph, seconds, grown = capture_graph(step, bucket, stream=self.stream,
+                                                  pool=state.pool, mode=mode)
+        except GraphrunError as err:
+            self.log(f"warning: {name}: its capture there failed: {err}")
+            return
+        state.capture_s = (state.capture_s or 0.0) + seconds
+        state.memory_bytes = (state.memory_bytes or 0) + grown
+        self.spent += grown
+        if self.budget is not None and self.spent > self.budget:
+            self.log(f"warning: {name}: its graph there would take the graphs to "
+                     f"{self.spent / MiB:.1f} MiB, past memory_budget_mib="
+                     f"{self.budget / MiB:g}")
+            return
+        entry = LaneGraph(step, graph)
+        result = self._verify(lane, state, entry)
+        if result is not None and not result.passed:
+            self.log(f"warning: {name}: its graph there failed verification: "
+                     f"{'; '.join(result.failures)}")
+            return
+        lane.graphs[bucket] = entry
 
     def check_real(self, lanes: list[Lane], lane: Lane, state: BucketState) -> bool:
         """The first real batch of a captured bucket on a lane, right after its replay: eager
@@ -221,8 +272,9 @@ def peak_step_bytes(step: Callable[[], None], device: torch.device) -> int:
 
 
 def capture_graph(step: Callable[[], None], bucket: Bucket, *, stream: torch.cuda.Stream,
-                  pool) -> tuple[torch.cuda.CUDAGraph, float, int]:
-    """Capture one run of `step`; return the graph, the seconds it took and the pool growth."""
+                  pool, mode: str = "global") -> tuple[torch.cuda.CUDAGraph, float, int]:
+    """Capture one run of `step`; return the graph, the seconds it took and the pool growth.
+    mode: the capture error mode; thread_local while other threads may make CUDA calls."""
     device = stream.device
     torch.cuda.synchronize(device)
     # Reserved memory only grows by the segments this graph's private pool takes: the general
@@ -232,7 +284,7 @@ def capture_graph(step: Callable[[], None], bucket: Bucket, *, stream: torch.cud
     graph = torch.cuda.CUDAGraph()
     t0 = time.perf_counter()
     with torch.cuda.stream(stream):
-        graph.capture_begin(*(() if pool is None else (pool,)), capture_error_mode="global")
+        graph.capture_begin(*(() if pool is None else (pool,)), capture_error_mode=mode)
         try:
             step()
         except GraphrunError:

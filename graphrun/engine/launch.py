@@ -126,6 +126,9 @@ class Launcher:
     def pick_lane(self, bucket: Bucket) -> Lane:
         lanes = self._lanes_of.get(bucket)
         if lanes is None:
+            state = self.runner.states[bucket]
+            if state.status == "unused":  # capture.lazy: the first batch that needs it
+                self.runner.first_use(state, self._turn)
             lanes = self._lanes_of[bucket] = [lane for lane in self.runner.lanes
                                               if bucket in lane.graphs]
         lane = lanes[self._turn % len(lanes)]

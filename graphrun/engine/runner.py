@@ -36,7 +36,9 @@ from .verify import fill_synthetic
 
 
 class Runner:
-    def __init__(self, spec: PipelineSpec, *, log=None):
+    def __init__(self, spec: PipelineSpec, *, log=None, needs=None):
+        """needs: with capture.lazy, table -> the buckets to set up now (lazy.py; asked after
+        the model is built); the others are set up on first use. None: all on first use."""
         self.spec = spec
         self.log = log or (lambda msg: None)
         self.device = resolve_device(spec.device)
@@ -50,12 +52,14 @@ class Runner:
                 self.model = build_model(spec, self.device, spec.base_dir)
             if spec.model.compile:
                 self.model = compile_model(self.model, len(self.table.all))
+            needed = (needs(self.table) if needs else set()) if spec.capture.lazy else None
             # Buffers are made outside inference mode: they are written in place per batch.
-            self.layout = self._layout()
+            self.layout = self._layout(min(needed, key=lambda b: (b.volume, b.sizes)) if needed
+                                       else self.table.all[-1])
             self.lanes: list[Lane] = [self._new_lane(0)]
             self.capturer = Capturer(self.model, spec, self.device, self.backend, self.layout,
                                      self.log)
-            self.capturer.first_lane(self.lanes[0], self.states, self.table)
+            self.capturer.first_lane(self.lanes[0], self.states, self.table, needed)
             lay = self.layout
             self.launcher = Launcher(self, (lay.in_dims, lay.in_dtypes, lay.out_dims,
                                             lay.out_dtypes))
@@ -70,16 +74,16 @@ class Runner:
             return torch.cuda.device(self.device)
         return nullcontext()
 
-    def _layout(self) -> Layout:
+    def _layout(self, probed: Bucket) -> Layout:
         """The static buffers' names, shapes and dtypes; the outputs' dtypes from one probe run
-        on seeded sample inputs of the largest bucket."""
-        largest, specs = self.table.all[0], self.spec.inputs
+        on seeded sample inputs of `probed`, the smallest bucket set up (the cheapest call)."""
+        specs = self.spec.inputs
         in_dims = {n: i.shape for n, i in specs.items()}
         in_dtypes = model_input_dtypes(self.spec)  # floating inputs in model.dtype
-        sample = {n: torch.empty(largest.shape(d), dtype=in_dtypes[n], device=self.device)
+        sample = {n: torch.empty(probed.shape(d), dtype=in_dtypes[n], device=self.device)
                   for n, d in in_dims.items()}
         fill_synthetic(sample, specs, torch.Generator().manual_seed(0))
-        probe = self._probe(largest, sample)
+        probe = self._probe(probed, sample)
         out_dtypes = {n: TORCH_DTYPES[o.dtype] if o.dtype else probe[n].dtype
                       for n, o in self.spec.outputs.items()}
         return Layout(in_dims, in_dtypes, {n: o.shape for n, o in self.spec.outputs.items()},
@@ -162,6 +166,18 @@ class Runner:
 
     def check_real(self, lane: Lane, state: BucketState) -> bool:
         return self.capturer.check_real(self.lanes, lane, state)
+
+    def first_use(self, state: BucketState, batch: int) -> None:
+        """capture.lazy: batch number `batch` needs a bucket not set up yet. Wait for the lanes'
+        work in flight (no capture beside it), set it up on every lane, then go on."""
+        t0 = time.perf_counter()
+        with self._device_ctx():
+            if self.cuda:
+                torch.cuda.synchronize(self.device)
+            self.capturer.first_use(self.lanes, state, self.table, batch)
+        self.launcher.lanes_changed()
+        self.log(f"set up {state.bucket.name} on first use (batch {batch}) in "
+                 f"{time.perf_counter() - t0:.2f} s")
 
     def count(self, bucket: Bucket, n: int, lengths: dict | None = None) -> None:
         """A finished batch in its bucket's counts; with the records' lengths per axis, its
@@ -268,6 +284,7 @@ class Runner:
             reports.append(BucketReport(
                 name=bucket.name, sizes=dict(zip(bucket.axes, bucket.sizes)),
                 status=s.status if s.status != "pending" else "skipped", reason=s.reason,
+                set_up=s.set_up, first_use_batch=s.first_use_batch,
                 warmup_s=s.warmup_s, capture_s=s.capture_s, memory_bytes=s.memory_bytes,
                 lanes=lanes, eager_us=s.eager_us, replay_us=s.replay_us,
                 speedup=s.eager_us / s.replay_us if s.eager_us and s.replay_us else None,

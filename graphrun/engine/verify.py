@@ -1,9 +1,10 @@
 """Verify: a lane's replay computes what eager computes, and padded rows cannot move real rows.
 
 Run once per bucket and lane right after capture, on a synthetic batch drawn from the inputs' ranges
-(integers in [lo, hi), floats from a normal distribution), seeded per bucket so that a failure
-reproduces. Two checks:
-  1. replay vs eager on the same inputs, within rtol/atol;
+(integers in [lo, hi), floats from a normal distribution), seeded per bucket so that every lane
+sees the same batch and a failure reproduces. The bucket's eager reference on that batch is
+taken once, by its last warm-up run (capture.py), and shared by every lane's checks:
+  1. replay vs the eager reference, within rtol/atol;
   2. pad isolation: fill the padded rows (the second half of the batch) with other values and
      replay again: the real rows' outputs must not move.
 Then once more on the first real batch that reaches the bucket (verify_real_batch): replay vs
@@ -65,15 +66,24 @@ def compare(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float
     return ok, max_abs, max_rel
 
 
-def verify_bucket(bucket: Bucket, run: Callable[[], None], eager: Callable[[], None],
-                  inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor],
-                  specs: dict[str, InputSpec], rtol: float, atol: float) -> VerifyResult:
-    """Check one lane's replay (`run`) against `eager` on its static views, and pad isolation."""
+def fill_verify_batch(bucket: Bucket, inputs: dict[str, torch.Tensor],
+                      specs: dict[str, InputSpec]) -> torch.Generator:
+    """The bucket's synthetic verification batch into its static input views (the same on every
+    lane); the generator then draws the padded rows' other values."""
     gen = torch.Generator().manual_seed(1234 + bucket.volume)
     fill_synthetic(inputs, specs, gen)
+    return gen
+
+
+def verify_bucket(bucket: Bucket, run: Callable[[], None], reference: dict[str, torch.Tensor],
+                  inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor],
+                  specs: dict[str, InputSpec], rtol: float, atol: float) -> VerifyResult:
+    """Check one lane's replay (`run`) on the verification batch against the bucket's eager
+    `reference` outputs on that batch, and pad isolation: two replays, no eager run."""
+    gen = fill_verify_batch(bucket, inputs, specs)
     run()
     replayed = {n: t.clone() for n, t in outputs.items()}
-    check = replay_against_eager(replayed, eager, outputs, rtol, atol, "")
+    check = compare_outputs(replayed, reference, rtol, atol, "")
     result = VerifyResult(**check.model_dump())
     if bucket.batch > 1:
         real = bucket.batch // 2
@@ -96,17 +106,17 @@ def verify_real_batch(eager: Callable[[], None], outputs: dict[str, torch.Tensor
     """Right after a replay of a real batch: eager on the same static inputs; the outputs must
     agree. The eager results are left in the static outputs (equal within tolerance)."""
     replayed = {n: t.clone() for n, t in outputs.items()}
-    return replay_against_eager(replayed, eager, outputs, rtol, atol, "on the first real batch, ")
-
-
-def replay_against_eager(replayed: dict[str, torch.Tensor], eager: Callable[[], None],
-                         outputs: dict[str, torch.Tensor], rtol: float, atol: float,
-                         when: str) -> BatchCheck:
-    """Run `eager` (it writes `outputs`) and compare with the replay's copies of them."""
     eager()
+    return compare_outputs(replayed, outputs, rtol, atol, "on the first real batch, ")
+
+
+def compare_outputs(replayed: dict[str, torch.Tensor], eager: dict[str, torch.Tensor],
+                    rtol: float, atol: float, when: str) -> BatchCheck:
+    """The replay's outputs against eager's, output by output."""
     result = BatchCheck(passed=True, max_abs_err=0.0, max_rel_err=0.0)
-    for name, t in outputs.items():
-        ok, max_abs, max_rel = compare(replayed[name], t, rtol, atol)
+    for name, t in eager.items():
+        got = replayed[name]  # the reference may wait in host memory for a later lane
+        ok, max_abs, max_rel = compare(got, t.to(got.device), rtol, atol)
         result.max_abs_err = max(result.max_abs_err, max_abs)
         result.max_rel_err = max(result.max_rel_err, max_rel)
         if not ok:

@@ -22,7 +22,7 @@ from torch.nn import functional as F
 class Attention(nn.Module):
     """Causal self-attention for one new token per row, over max_len cached keys."""
 
-    def __init__(self, d_model: int, heads: int, max_len: int, max_batch: int):
+    def __init__(self, d_model: int, heads: int, max_len: int, max_batch: int, device=None):
         super().__init__()
         self.heads = heads
         self.head_dim = d_model // heads
@@ -33,17 +33,19 @@ class Attention(nn.Module):
         self.register_buffer("ctx_k", 0.5 * torch.randn(ctx))
         self.register_buffer("ctx_v", 0.5 * torch.randn(ctx))
         # Between steps every cache row holds the context (forward relies on it); scratch
-        # state, so not in the state dict, and refilled whenever the context is loaded.
+        # state, so not in the state dict, and refilled whenever the context is loaded. Made on
+        # `device` (where the model will run): filled from the context, not drawn at random.
         cache = (max_batch, heads, max_len, self.head_dim)
-        self.register_buffer("cache_k", torch.empty(cache), persistent=False)
-        self.register_buffer("cache_v", torch.empty(cache), persistent=False)
+        self.register_buffer("cache_k", torch.empty(cache, device=device), persistent=False)
+        self.register_buffer("cache_v", torch.empty(cache, device=device), persistent=False)
         self.refill_cache()
         self.register_load_state_dict_post_hook(_refill_after_load)
 
     @torch.no_grad()
     def refill_cache(self) -> None:
-        self.cache_k.copy_(self.ctx_k.expand_as(self.cache_k))
-        self.cache_v.copy_(self.ctx_v.expand_as(self.cache_v))
+        # the context moved once, then expanded where the cache is
+        self.cache_k.copy_(self.ctx_k.to(self.cache_k.device).expand_as(self.cache_k))
+        self.cache_v.copy_(self.ctx_v.to(self.cache_v.device).expand_as(self.cache_v))
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor,
                 visible: torch.Tensor) -> torch.Tensor:
@@ -76,10 +78,10 @@ def _refill_after_load(attn: Attention, _incompatible_keys) -> None:
 class Block(nn.Module):
     """Pre-LN transformer block: attention, then a 4x GELU MLP, each residual."""
 
-    def __init__(self, d_model: int, heads: int, max_len: int, max_batch: int):
+    def __init__(self, d_model: int, heads: int, max_len: int, max_batch: int, device=None):
         super().__init__()
         self.norm1 = nn.LayerNorm(d_model)
-        self.attn = Attention(d_model, heads, max_len, max_batch)
+        self.attn = Attention(d_model, heads, max_len, max_batch, device)
         self.norm2 = nn.LayerNorm(d_model)
         self.fc = nn.Linear(d_model, 4 * d_model)
         self.out = nn.Linear(4 * d_model, d_model)
@@ -93,14 +95,14 @@ class Block(nn.Module):
 
 class Decoder(nn.Module):
     def __init__(self, layers: int, d_model: int, heads: int, vocab: int, max_len: int,
-                 max_batch: int):
+                 max_batch: int, device=None):
         super().__init__()
         self.max_len = max_len
         self.max_batch = max_batch
         self.tok_emb = nn.Embedding(vocab, d_model)
         self.pos_emb = nn.Embedding(max_len, d_model)
         self.blocks = nn.ModuleList(
-            Block(d_model, heads, max_len, max_batch) for _ in range(layers))
+            Block(d_model, heads, max_len, max_batch, device) for _ in range(layers))
         self.norm = nn.LayerNorm(d_model)
         # Separate from tok_emb: tied tensors cannot be saved with safetensors.save_file.
         self.lm_head = nn.Linear(d_model, vocab, bias=False)
@@ -126,13 +128,16 @@ class Decoder(nn.Module):
 
 
 def build_decoder(layers: int = 2, d_model: int = 64, heads: int = 4, vocab: int = 512,
-                  max_len: int = 128, max_batch: int = 32, seed: int = 0) -> Decoder:
+                  max_len: int = 128, max_batch: int = 32, seed: int = 0,
+                  device=None) -> Decoder:
     """The same arguments give the same weights and context; the global RNG is left as it was.
 
-    max_batch sizes the KV cache; graphrun passes the largest batch bucket.
+    max_batch sizes the KV cache; graphrun passes the largest batch bucket. device: where the
+    KV cache (max_batch x max_len per layer, the bulk of the memory) is made; the weights are
+    drawn on the CPU, whose seeded generator gives the same values everywhere.
     """
     if d_model % heads:
         raise ValueError(f"d_model ({d_model}) must be divisible by heads ({heads})")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return Decoder(layers, d_model, heads, vocab, max_len, max_batch)
+        return Decoder(layers, d_model, heads, vocab, max_len, max_batch, device)

@@ -37,26 +37,33 @@ def build_model(spec: PipelineSpec, device: torch.device,
                 base_dir: Path | None = None) -> nn.Module:
     """The spec's model with its weights, on `device` in the spec's dtype, eval, no grad.
 
+    With model.weights, a builder's (builtin, target, timm) parameters are made on the meta
+    device, so neither memory nor random init is spent on values the weights replace; the
+    weights are read onto `device` and become the parameters. Without, the seeded random
+    init runs as before (on the CPU: a device's generator would draw other values).
     base_dir is the spec's folder: `target` modules and relative .py paths are found there.
     """
     m = spec.model
+    empty = m.weights is not None  # parameters on meta: the weights give every value
     if m.builtin is not None:
         model = _build(f"builtin {m.builtin!r}", _builtin(m.builtin), m.args,
-                       spec.max_size(BATCH), wrap=(TypeError, ValueError, RuntimeError))
+                       spec.max_size(BATCH), wrap=(TypeError, ValueError, RuntimeError),
+                       empty=empty, device=device)
     elif m.target is not None:
         model = _build(f"model.target {m.target!r}", _resolve_target(m.target, base_dir),
-                       m.args, spec.max_size(BATCH), wrap=(Exception,))
+                       m.args, spec.max_size(BATCH), wrap=(Exception,), empty=empty)
     elif m.exported is not None:
         model = _load_exported(m.exported, device)
     elif m.hf is not None:
-        model = load_hf(m.hf, base_dir)
+        model = load_hf(m.hf, base_dir, TORCH_DTYPES[m.dtype])
     elif m.timm is not None:
-        model = load_timm(m.timm)
+        with params_on_meta(empty):
+            model = load_timm(m.timm)
     else:
         assert m.torchscript is not None, "the spec checker ensures one model source"
         model = _load_torchscript(m.torchscript, device)
     if m.weights is not None:
-        _load_weights(model, m.weights)
+        _load_weights(model, m.weights, device)
     model = model.to(device=device, dtype=TORCH_DTYPES[m.dtype])
     # An exported program's train/eval mode is fixed at export; .eval() raises on it.
     if m.exported is None:
@@ -89,13 +96,27 @@ def _builtin(name: str) -> Callable[..., nn.Module]:
 
 
 def _build(what: str, builder: Callable[..., Any], args: dict[str, Any], max_batch: int,
-           wrap: tuple[type[Exception], ...]) -> nn.Module:
-    """builder(**args), plus max_batch (the largest batch bucket) when the builder takes it."""
+           wrap: tuple[type[Exception], ...], empty: bool = False,
+           device: torch.device | None = None) -> nn.Module:
+    """builder(**args), plus max_batch (the largest batch bucket) when the builder takes it,
+    and `device` (a builtin's scratch buffers are made there). empty: parameters on the meta
+    device (weights follow); a builder that cannot build so (it reads a parameter's values,
+    say) is built again as usual."""
     params = inspect.signature(builder).parameters
     args = dict(args)
     if "max_batch" in params:
         args.setdefault("max_batch", max_batch)
+    if device is not None and "device" in params:
+        args.setdefault("device", device)
     _check_args(what, builder, args)
+    if empty:
+        try:
+            with params_on_meta():
+                model = builder(**args)
+            if isinstance(model, nn.Module):
+                return model
+        except Exception:  # noqa: BLE001 - built again below, where its error is reported
+            pass
     try:
         model = builder(**args)
     except ModelError:
@@ -120,6 +141,27 @@ def _check_args(what: str, builder: Callable[..., Any], args: dict[str, Any]) ->
         problem = f"unknown argument {unknown[0]!r}" if unknown else str(e)
         raise ModelError(f"model.args: {what}: {problem}; it accepts: "
                          f"{', '.join(accepted) or 'no arguments'}") from None
+
+
+@contextmanager
+def params_on_meta(enabled: bool = True) -> Iterator[None]:
+    """Parameters registered meanwhile are put on the meta device, where an init does nothing;
+    buffers are made as usual (non-persistent ones are in no weights file)."""
+    if not enabled:
+        yield
+        return
+    register = nn.Module.register_parameter
+
+    def on_meta(module: nn.Module, name: str, param) -> None:
+        if type(param) is nn.Parameter and not param.is_meta:  # not lazy or subclassed ones
+            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
 
 
 # Finding a target: "package.module:callable" or "path/to/file.py:callable".
@@ -227,9 +269,11 @@ def _load_torchscript(path: Path, device: torch.device) -> nn.Module:
                          f"({type(e).__name__}: {e}); write it with torch.jit.save") from e
 
 
-def _load_weights(model: nn.Module, path: Path) -> None:
-    """Load a full state dict (strict): every key the model has, and no other."""
-    state = _read_state_dict(path)
+def _load_weights(model: nn.Module, path: Path, device: torch.device) -> None:
+    """Load a full state dict (strict): every key the model has, and no other. The file's
+    tensors are read onto `device` and become the model's (assign: no copy into parameters
+    that may be on the meta device); build_model then casts them to model.dtype."""
+    state = _read_state_dict(path, device)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
@@ -249,12 +293,17 @@ def _load_weights(model: nn.Module, path: Path) -> None:
                          f"than the model's (e.g. {'; '.join(reshaped[:3])}); check model.args "
                          "against the model the weights were saved from")
     try:
-        model.load_state_dict(state, strict=True)
+        model.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as e:
         raise ModelError(f"model.weights {path}: {e}") from e
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:  # a parameter kept out of the state dict: the weights cannot give its values
+        raise ModelError(f"model.weights {path}: the model's {', '.join(left[:5])} are not "
+                         "in its state dict, so no weights file can set them; register them "
+                         "as buffers or parameters that state_dict() returns")
 
 
-def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+def _read_state_dict(path: Path, device: torch.device) -> dict[str, torch.Tensor]:
     _require_file("model.weights", path)
     if path.suffix == ".safetensors":
         try:
@@ -263,9 +312,9 @@ def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
             raise ModelError(f"model.weights {path}: reading .safetensors needs the safetensors "
                              "package: `pip install safetensors`, or convert the weights to a "
                              ".pt state dict") from None
-        return load_file(str(path), device="cpu")
+        return load_file(str(path), device=str(device))
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location=device, weights_only=True)
     except Exception as e:
         raise ModelError(f"model.weights {path}: cannot read it as a .pt state dict with "
                          f"weights_only=True ({type(e).__name__}: {e}); save "

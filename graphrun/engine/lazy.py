@@ -1,0 +1,59 @@
+"""capture.lazy: which buckets the input's batches select, known cheaply before the stream.
+
+Two sources: the planner's histogram of batch shapes when `buckets: auto` ran (auto_buckets.py),
+and the first batches the reader already holds (stream.ReadAhead). A bucket neither shows is
+set up when a batch first selects it (Capturer.first_use), or never.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import numpy as np
+
+from ..buckets import Bucket, BucketTable, split_sizes
+
+LOOK_AHEAD = 4  # batches the reader reads ahead, beside the model's build, to decide from
+
+
+def selected(table: BucketTable, n: int, want: dict[str, int], split: bool) -> set[Bucket]:
+    """The buckets a batch of n records, each axis's longest record `want`, runs in: itself,
+    or parts of the largest batch bucket (data.oversize: split); none when it runs whole."""
+    if n == 0 or (n > table.max_batch and not split):
+        return set()
+    picked = (table.pick(size, want) for size in set(split_sizes(n, table.max_batch)))
+    return {b for b in picked if b is not None}
+
+
+def batch_needs(table: BucketTable, batches: Iterable, split: bool) -> set[Bucket]:
+    """Buckets the record batches select (the lengths of a split batch's longest record
+    stand for each part's: at most one bucket too many)."""
+    found: set[Bucket] = set()
+    for rb in batches:
+        want = {a: int(v.max()) if len(v) else 1 for a, v in rb.lengths.items()}
+        found |= selected(table, len(rb.ids), want, split)
+    return found
+
+
+def shape_needs(table: BucketTable, shapes: np.ndarray, split: bool) -> set[Bucket]:
+    """Buckets the planner's batch shapes select; a row is (records, longest per other axis)."""
+    found: set[Bucket] = set()
+    for row in np.asarray(shapes).tolist():
+        found |= selected(table, int(row[0]), dict(zip(table.axes[1:], row[1:])), split)
+    return found
+
+
+def data_needs(spec, reader, plan=None) -> Callable[[BucketTable], set[Bucket]]:
+    """Runner's `needs`: the buckets of the reader's read-ahead batches and, when buckets:
+    auto ran, of the planner's histogram (plan: the manifest's BucketPlan)."""
+    split = spec.data.oversize == "split"
+
+    def needs(table: BucketTable) -> set[Bucket]:
+        batches, _ = reader.peek()
+        found = batch_needs(table, batches, split)
+        shapes = getattr(plan, "shapes", None) if plan is not None else None
+        if shapes is not None:
+            found |= shape_needs(table, shapes, split)
+        return found
+
+    return needs
