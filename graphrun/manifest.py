@@ -184,6 +184,17 @@ class BucketPlan(_M):
         None, description="capture.memory_budget_mib: how it bounded the plan (the largest "
         "batch value allowed, and what the estimate came from); null without a budget.")
 
+    _shapes: Any = PrivateAttr(None)  # the sample's batch shapes, for capture.lazy; not written
+
+    @property
+    def shapes(self):
+        """The sample's distinct batch shapes [u, axes] (records, then the longest record per
+        other axis), or None."""
+        return self._shapes
+
+    def keep_shapes(self, shapes) -> None:
+        self._shapes = shapes
+
 
 class Grouping(_M):
     """data.group_by_length: the padding it saved, counted from the lengths this run read (a
@@ -202,17 +213,6 @@ class Grouping(_M):
         ..., description="Per variable axis: all positions run, batched in input order.")
     padding_saved: dict[str, float] = Field(
         ..., description="Per variable axis: 1 - grouped / input-order padded positions.")
-
-    _shapes: Any = PrivateAttr(None)  # the sample's batch shapes, for capture.lazy; not written
-
-    @property
-    def shapes(self):
-        """The sample's distinct batch shapes [u, axes] (records, then the longest record per
-        other axis), or None."""
-        return self._shapes
-
-    def keep_shapes(self, shapes) -> None:
-        self._shapes = shapes
 
 
 class FileEntry(_M):
