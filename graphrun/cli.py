@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from . import phases  # first: its import is graphrun's first clock (phases.FIRST_CLOCK)
 from . import __version__
 from .cli_errors import debug_option, debugging, exit_quietly, fail
 from .cli_experiments import EXPERIMENT_COMMANDS
@@ -53,17 +54,20 @@ for experiment in EXPERIMENT_COMMANDS:  # plan, compare, report, sweep, bench
 def run(spec, overrides, out, resume, overwrite, accept_model_change, start, stop, quiet,
         with_report) -> None:
     """Run SPEC: read its input, replay every batch, write outputs and manifest.json."""
-    from .pipeline import run as run_pipeline
-    from .spec_load import load_spec
+    clock = phases.PhaseClock()  # the manifest's phases, from the process's start
+    with clock.active(), clock.phase(phases.IMPORTS):
+        from .pipeline import run as run_pipeline  # torch
+        from .spec_load import load_spec
 
     if resume and overwrite:
         fail(GraphrunError("--resume and --overwrite contradict each other: pick one"))
     show = not quiet  # a progress bar on a terminal, else a line every few seconds (logs, CI)
     try:
-        pipeline = load_spec(spec, overrides)
+        with clock.active(), clock.phase("spec"):
+            pipeline = load_spec(spec, overrides)
         manifest = run_pipeline(pipeline, out=out, resume=resume, overwrite=overwrite,
                                 show=show, start=start, stop=stop,
-                                accept_model_change=accept_model_change)
+                                accept_model_change=accept_model_change, clock=clock)
     except KeyboardInterrupt:  # SIGINT before the run took over its signals (loading the spec)
         exit_quietly()
         click.echo("graphrun: interrupted by SIGINT before the run started; nothing was "

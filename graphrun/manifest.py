@@ -103,6 +103,16 @@ class Totals(_M):
     wall_s: float = Field(..., description="From the start of the run to its manifest: "
                           "setup_s, stream_s, and the output folder's preparation, the wait "
                           "for the input's hash and the last commits.")
+    process_wall_s: Optional[float] = Field(
+        None, description="From the process's start (phases.process_start says how it was "
+        "known) to the run's end: the manifest's text complete, after which only its write, "
+        "fsync and rename follow. The phases' seconds add up to it. From the CLI it includes "
+        "the interpreter's start and the imports; from the Python API, whatever the process "
+        "did before run(). Null in manifests of older graphrun.")
+    time_to_first_output_s: Optional[float] = Field(
+        None, description="From the process's start to the first batch's outputs handed to "
+        "the writer (written into the open shard, not yet committed: shards commit every "
+        "output.rows_per_file rows). Null when no batch ran.")
     setup_s: float = Field(..., description="Model build, buffers, capture and verify.")
     stream_s: float = Field(0.0, description="The streaming time: from the end of setup to "
                             "the last batch written.")
@@ -155,6 +165,45 @@ class Totals(_M):
         "its waits, bounds the rate.")
 
 
+class Phase(_M):
+    name: str
+    s: float = Field(..., description="Seconds of the main thread in this phase, phases "
+                     "nested in it not counted (they are phases of their own).")
+
+
+class BucketPhases(_M):
+    bucket: str
+    lane: int = Field(..., description="0: the first lane; 1: the overlapped stream's second.")
+    warmup_s: float = 0.0
+    capture_s: float = 0.0
+    verify_s: float = 0.0
+
+
+class Phases(_M):
+    """Where the process's time went, from its start to the manifest (totals.process_wall_s)."""
+
+    process_start: Literal["proc", "psutil", "graphrun import"] = Field(
+        ..., description="How the process's start was known: proc (/proc/self/stat, 10 ms "
+        "ticks), psutil, or graphrun import (no OS start time: the interpreter's start and "
+        "the imports before graphrun are missing from the phases and from process_wall_s).")
+    top: list[Phase] = Field(
+        ..., description="A flat list, each phase once, in the order first entered (a phase "
+        "entered again, such as warm-up per bucket, adds up), then `other`: the time no "
+        "phase covered. They never overlap and add up to totals.process_wall_s. The main "
+        "thread's phases: interpreter and imports (CLI: the interpreter, graphrun, torch), "
+        "spec, output folder (preparing it, run.json), input hash wait, record count (for "
+        "the progress bar), cuda context, model build, weights load, to device, compile "
+        "(wrapping only: torch.compile compiles in the first warm-up), first call and "
+        "buffers, warm-up, capture, verify (every bucket and lane), bucket setup (the rest "
+        "of it), eager baseline, output open (waiting for the writer and latencies.jsonl "
+        "opened beside setup), host slots (pinned), stream, drain and fsync (the last "
+        "commits, closing the writer), manifest write (building it and its text: the end).")
+    buckets: list[BucketPhases] = Field(
+        default_factory=list, description="warm-up, capture and verify per bucket and lane: "
+        "a breakdown of the top-level phases of those names (per name, the buckets' seconds "
+        "add up to the top-level one), not more time.")
+
+
 class BucketPlan(_M):
     """What `buckets: {axis: auto}` planned at the start of the run (graphrun.plan)."""
 
@@ -195,6 +244,8 @@ class Manifest(_M):
                                         "when it resumed an earlier one.")
     bucket_plan: Optional[BucketPlan] = Field(None, description="The lists planned for "
                                               "`auto` bucket axes; null when none is auto.")
+    phases: Optional[Phases] = Field(None, description="The process's time as named "
+                                     "phases; null in manifests of older graphrun.")
     warnings: list[str] = Field(default_factory=list)
 
     # Set on the manifest run() returns for --resume of a run that was already complete.

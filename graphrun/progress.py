@@ -38,6 +38,13 @@ class Progress:
         self._task = self._bar.add_task("run", total=total, rate="")
         self._bar.start()
 
+    def set_total(self, total: int | None) -> None:
+        """The records the run will read, once counted (beside setup: pipeline.open_sinks)."""
+        if self._lines is not None:
+            self._lines.total = total
+        elif self._bar is not None:
+            self._bar.update(self._task, total=total)
+
     def advance(self, n: int) -> None:
         """Count n more records. Called on the launching thread once per batch: the bar is
         updated at most every UPDATE_S (an update costs tens of microseconds, a GPU batch
