@@ -216,14 +216,17 @@ def open_sinks(job: RunState, resume_point, start: int, stop: int | None, show: 
     latencies.jsonl (cut back to where reading restarts); with a progress bar, the records to
     read. Runs on a thread of its own beside setup: none of it needs the model."""
     writer = ShardWriter(job.spec, job.out_dir, resume=resume_point, tuning=job.tuning)
+    latencies = None
     try:
         latencies = open_latencies(job.out_dir / "latencies.jsonl",
                                    keep_below=start if resume_point else None)
-    except BaseException:
+        writer.on_hand_over = latencies.flush  # a shard's batches logged before it commits
+        total = count_records(job.spec, start, stop) if show else None
+    except BaseException:  # nothing written yet: closed as they are
+        if latencies is not None:
+            latencies.close()
         writer.close(partial=False)
         raise
-    writer.on_hand_over = latencies.flush  # a shard's batches logged before it commits
-    total = count_records(job.spec, start, stop) if show else None
     return writer, latencies, total
 
 
