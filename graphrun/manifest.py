@@ -105,8 +105,8 @@ class Totals(_M):
                           "for the input's hash and the last commits.")
     process_wall_s: Optional[float] = Field(
         None, description="From the process's start (phases.process_start says how it was "
-        "known) to the run's end: the manifest's text complete, after which only its write, "
-        "fsync and rename follow. The phases' seconds add up to it. From the CLI it includes "
+        "known) to the run's end: the manifest's content gathered, after which only its "
+        "assembly, write, fsync and rename follow. The phases' seconds add up to it. From the CLI it includes "
         "the interpreter's start and the imports; from the Python API, whatever the process "
         "did before run(). Null in manifests of older graphrun.")
     time_to_first_output_s: Optional[float] = Field(
@@ -191,13 +191,14 @@ class Phases(_M):
         "entered again, such as warm-up per bucket, adds up), then `other`: the time no "
         "phase covered. They never overlap and add up to totals.process_wall_s. The main "
         "thread's phases: interpreter and imports (CLI: the interpreter, graphrun, torch), "
-        "spec, output folder (preparing it, run.json), input hash wait, record count (for "
-        "the progress bar), cuda context, model build, weights load, to device, compile "
+        "spec, bucket plan (buckets: auto), output folder (preparing it, run.json), input "
+        "hash wait, cuda context, model build, weights load, to device, compile "
         "(wrapping only: torch.compile compiles in the first warm-up), first call and "
         "buffers, warm-up, capture, verify (every bucket and lane), bucket setup (the rest "
-        "of it), eager baseline, output open (waiting for the writer and latencies.jsonl "
-        "opened beside setup), host slots (pinned), stream, drain and fsync (the last "
-        "commits, closing the writer), manifest write (building it and its text: the end).")
+        "of it), eager baseline, output open (waiting for the writer, latencies.jsonl and "
+        "the progress bar's record count, beside setup), host slots (pinned), stream, "
+        "drain and fsync (the last commits, closing the writer), manifest write (gathering "
+        "its content: the run's end).")
     buckets: list[BucketPhases] = Field(
         default_factory=list, description="warm-up, capture and verify per bucket and lane: "
         "a breakdown of the top-level phases of those names (per name, the buckets' seconds "
