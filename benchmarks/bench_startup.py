@@ -150,7 +150,9 @@ def report(name: str, m: dict, outside: float, floor: float) -> list[str]:
               f"{outside:.2f} s; run wall_s {t['wall_s']:.2f} s; setup_s {t['setup_s']:.2f} s; "
               f"stream {t['stream_s']:.2f} s ({t['records_per_s']:,.0f} records/s); first "
               f"output at {t['time_to_first_output_s']:.2f} s",
-              f"setup beyond imports (before the stream): {setup:.2f} s",
+              f"setup beyond imports (before the stream): {setup:.2f} s; after the manifest "
+              f"(outside - process wall: the exit, and the fork before the start): "
+              f"{outside - wall:.2f} s",
               f"target: floor {floor:.2f} + warm-up {top.get('warm-up', 0.0):.2f} + capture "
               f"{top.get('capture', 0.0):.2f} + stream {top['stream']:.2f} + {SLACK_S} = "
               f"{target:.2f} s; outside wall {outside:.2f} s: "
