@@ -22,7 +22,8 @@ from contextlib import contextmanager, nullcontext
 from typing import Iterator
 
 OTHER = "other"
-IMPORTS = "interpreter and imports"
+IMPORTS = "interpreter and imports"  # the CLI's clock: from the process's start to the run
+BEFORE_RUN = "before run()"  # a clock made by run(): the Python API caller's own time
 PART_PHASES = ("warm-up", "capture", "verify")  # per bucket and lane (BucketPhases)
 
 # The clock of the run in progress on this thread: module code deep in setup (models/load.py,
@@ -65,10 +66,11 @@ PROCESS_T0, PROCESS_T0_HOW = process_start()
 class PhaseClock:
     """Named phases of one run, from the process's start (PROCESS_T0) to end()."""
 
-    def __init__(self):
+    def __init__(self, before: str = IMPORTS):
+        """before: the name of the time from the process's start to this clock."""
         self.t0, self.t0_how = PROCESS_T0, PROCESS_T0_HOW
         self.created = time.perf_counter()
-        self.totals: dict[str, float] = {IMPORTS: self.created - self.t0}
+        self.totals: dict[str, float] = {before: self.created - self.t0}
         self.parts: dict[tuple[str, int], dict[str, float]] = {}  # (bucket, lane) -> phase -> s
         self.first_output: float | None = None  # when the first batch reached the writer
         self.ended: float | None = None

@@ -20,7 +20,7 @@ from .progress import Progress, count_records, summary_table
 from .engine import Runner
 from .feed import feed_stream, slot_count
 from .overlap import MEASURE, OVERLAP_ENV, OverlapTrial, overlap_choice
-from .phases import PhaseClock, phase
+from .phases import BEFORE_RUN, PhaseClock, phase
 from .run_state import RunState
 from .stop_signals import StopSignals
 from .stream import ReadAhead, read_batches
@@ -50,7 +50,7 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     The output folder is locked for the whole run (folder.FolderLock). A signal before the
     stream starts stops the run at once; during the stream the batch in flight finishes.
     clock: the process's phases (phases.py; the CLI's holds its imports), else a new one."""
-    clock = clock or PhaseClock()
+    clock = clock or PhaseClock(BEFORE_RUN)
     with clock.active():
         job, overlap = new_job(spec, out, overlap, tuning, clock)
     stop_signal = StopSignals()
