@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 
 from .auto_buckets import resolve_auto
@@ -172,17 +173,21 @@ def run_stream(job: RunState, fingerprint: dict, resume_point, start: int, stop,
     # row groups decode meanwhile instead of keeping the device waiting (stream.py)
     job.reader = ReadAhead(read_batches(spec, start=start, stop=stop, tuning=job.tuning))
     # the writer and latencies.jsonl (in the folder prepared above) open beside setup too
-    opening = beside(open_sinks, job, resume_point, start, stop, show)
+    opening = beside(open_sinks, job, resume_point, start)
+    # the progress bar's total: a line count for JSONL, on a daemon thread a failed setup
+    # does not wait for
+    counting = beside(count_records, spec, start, stop, daemon=True) if show else None
     try:
         job.runner = runner = Runner(spec, log=job.print_and_warn if show else job.warn)
         if spec.report.baseline == "eager":
             with phase("eager baseline"):
                 runner.measure_baseline()
     except BaseException:
-        take_sinks(job, opening, progress, quiet=True)  # setup's error is the one to report
+        take_sinks(job, opening, quiet=True)  # setup's error is the one to report
         raise
     with phase("output open"):
-        take_sinks(job, opening, progress)
+        take_sinks(job, opening)
+        progress.set_total(counting.result() if counting else None)
     writer, runner = job.writer, job.runner
     if fingerprint["input_sha256"] is None:
         # not beside the stream: reading the file to hash it slows the stream's reads
@@ -211,42 +216,46 @@ def run_stream(job: RunState, fingerprint: dict, resume_point, start: int, stop,
         writer.wait_for_commits()
 
 
-def open_sinks(job: RunState, resume_point, start: int, stop: int | None, show: bool):
+def open_sinks(job: RunState, resume_point, start: int):
     """The writer (its leftovers from an interrupted run restored, for --resume), and
-    latencies.jsonl (cut back to where reading restarts); with a progress bar, the records to
-    read. Runs on a thread of its own beside setup: none of it needs the model."""
+    latencies.jsonl (cut back to where reading restarts). Runs on a thread of its own beside
+    setup: none of it needs the model."""
     writer = ShardWriter(job.spec, job.out_dir, resume=resume_point, tuning=job.tuning)
     latencies = None
     try:
         latencies = open_latencies(job.out_dir / "latencies.jsonl",
                                    keep_below=start if resume_point else None)
         writer.on_hand_over = latencies.flush  # a shard's batches logged before it commits
-        total = count_records(job.spec, start, stop) if show else None
     except BaseException:  # nothing written yet: closed as they are
         if latencies is not None:
             latencies.close()
         writer.close(partial=False)
         raise
-    return writer, latencies, total
+    return writer, latencies
 
 
-def beside(fn, *args) -> Future:
-    """fn(*args) on a thread of its own; the Future's result() waits and returns or raises."""
-    pool = ThreadPoolExecutor(1, thread_name_prefix="graphrun-open")
-    try:
-        return pool.submit(fn, *args)
-    finally:
-        pool.shutdown(wait=False)  # the thread ends with fn
+def beside(fn, *args, daemon: bool = False) -> Future:
+    """fn(*args) on a thread of its own; the Future's result() waits and returns or raises.
+    A daemon thread is not waited for at the process's exit."""
+    done: Future = Future()
+
+    def call():
+        try:
+            done.set_result(fn(*args))
+        except BaseException as err:  # noqa: BLE001 - handed to the caller through result()
+            done.set_exception(err)
+
+    threading.Thread(target=call, name=f"graphrun-{fn.__name__}", daemon=daemon).start()
+    return done
 
 
-def take_sinks(job: RunState, opening: Future, progress, quiet: bool = False) -> None:
+def take_sinks(job: RunState, opening: Future, quiet: bool = False) -> None:
     """What open_sinks opened, on `job` (which closes it); quiet: its error is dropped (an
     error of setup is on its way: the one the user sees)."""
     try:
-        job.writer, job.latencies, total = opening.result()
+        job.writer, job.latencies = opening.result()
     except Exception:
         if not quiet:
             raise
         return
     job.batches_before = job.latencies.lines_before
-    progress.set_total(total)

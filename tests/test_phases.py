@@ -183,3 +183,50 @@ def test_the_clock_starts_without_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True).stdout
     assert out.strip() == "False" and phases.PROCESS_T0 <= phases.FIRST_CLOCK
+
+
+def test_the_writer_and_latencies_open_while_the_runner_sets_up(tmp_path, monkeypatch):
+    import graphrun.pipeline as pipeline
+
+    opened, seen = threading.Event(), []
+    real_open = pipeline.open_latencies
+
+    def opening(*a, **k):
+        got = real_open(*a, **k)
+        opened.set()
+        return got
+
+    class SlowSetup(pipeline.Runner):
+        def __init__(self, *a, **k):
+            seen.append(opened.wait(10))  # set only if the outputs opened beside setup
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(pipeline, "open_latencies", opening)
+    monkeypatch.setattr(pipeline, "Runner", SlowSetup)
+    spec = graphrun.load_spec(ROOT / "pipelines" / "decoder-step.yaml", ["data.batch_size=8"])
+    m = graphrun.run(spec, out=tmp_path / "o", stop=40, show=True)
+    assert seen == [True] and m.totals.records_out == 40
+    assert len((tmp_path / "o" / "latencies.jsonl").read_text().splitlines()) == 5
+
+
+def test_a_failed_setup_reports_its_error_and_closes_the_writer(tmp_path, monkeypatch):
+    import graphrun.pipeline as pipeline
+
+    closed = []
+    real_close = pipeline.ShardWriter.close
+
+    def close(self, *a, **k):
+        closed.append(True)
+        return real_close(self, *a, **k)
+
+    def failing(*a, **k):
+        raise graphrun.CaptureError("the model cannot be captured")
+
+    monkeypatch.setattr(pipeline.ShardWriter, "close", close)
+    monkeypatch.setattr(pipeline, "Runner", failing)
+    with pytest.raises(graphrun.CaptureError, match="cannot be captured"):
+        graphrun.run(graphrun.load_spec(ROOT / "pipelines" / "decoder-step.yaml"),
+                     out=tmp_path / "o")
+    assert closed == [True]
+    assert not list((tmp_path / "o").glob("part-*"))
+    assert not [t for t in threading.enumerate() if t.name.startswith("graphrun-open")]
