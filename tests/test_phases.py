@@ -87,6 +87,19 @@ def test_the_process_start_comes_from_the_os():
         assert 0.4 <= float(age) <= outside + 0.02  # /proc's ticks are 10 ms
 
 
+def test_without_proc_the_start_is_psutils_or_graphruns_first_clock(monkeypatch):
+    def no_proc(*a, **k):
+        raise OSError("no /proc here")
+
+    monkeypatch.setattr(phases, "open", no_proc, raising=False)
+    t0, how = phases.process_start()
+    assert how in ("psutil", "graphrun import")
+    if how == "graphrun import":
+        assert t0 == phases.FIRST_CLOCK
+    else:
+        assert t0 <= phases.FIRST_CLOCK
+
+
 def check_adds_up(m: dict) -> dict[str, float]:
     """The manifest's phases: they add up to process_wall_s, other is at most 2% of it, the
     per-bucket breakdown adds up to its top-level phases; returns name -> seconds."""
