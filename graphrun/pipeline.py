@@ -135,7 +135,8 @@ def new_job(spec, out, overlap, tuning: Tuning | None,
     with phase("bucket plan"):
         spec, bucket_plan = resolve_auto(spec)
     out_dir = Path(out).resolve() if out else spec.output.dir
-    job = RunState(spec, out_dir, spec.model_dump(mode="json"), clock)
+    with phase("input hash start"):  # a child process for the input, a thread for the model
+        job = RunState(spec, out_dir, spec.model_dump(mode="json"), clock)
     job.bucket_plan, job.overlap_how = bucket_plan, how
     job.tuning = tuning or Tuning.from_machine()  # the reader's and writer's threads and chunks
     return job, overlap
@@ -171,7 +172,8 @@ def run_stream(job: RunState, fingerprint: dict, resume_point, start: int, stop,
     spec = job.spec
     # the first batch is read while the runner sets up: for a Parquet file, its first
     # row groups decode meanwhile instead of keeping the device waiting (stream.py)
-    job.reader = ReadAhead(read_batches(spec, start=start, stop=stop, tuning=job.tuning))
+    with phase("reader start"):
+        job.reader = ReadAhead(read_batches(spec, start=start, stop=stop, tuning=job.tuning))
     # the writer and latencies.jsonl (in the folder prepared above) open beside setup too
     opening = beside(open_sinks, job, resume_point, start)
     # the progress bar's total: a line count for JSONL, on a daemon thread a failed setup
