@@ -106,9 +106,9 @@ class Totals(_M):
     process_wall_s: Optional[float] = Field(
         None, description="From the process's start (phases.process_start says how it was "
         "known) to the run's end: the manifest's content gathered, after which only its "
-        "assembly, write, fsync and rename follow. The phases' seconds add up to it. From the CLI it includes "
-        "the interpreter's start and the imports; from the Python API, whatever the process "
-        "did before run(). Null in manifests of older graphrun.")
+        "assembly, write, fsync and rename follow. The phases' seconds add up to it. From "
+        "the CLI it includes the interpreter's start and the imports; from the Python API, "
+        "whatever the process did before run(). Null in manifests of older graphrun.")
     time_to_first_output_s: Optional[float] = Field(
         None, description="From the process's start to the first batch's outputs handed to "
         "the writer (written into the open shard, not yet committed: shards commit every "
@@ -196,8 +196,9 @@ class Phases(_M):
         "hashing started beside the run), output folder (preparing it, run.json), reader "
         "start (its thread reads the first batch beside setup), input hash wait, cuda "
         "context, model build, weights load, to device, compile (wrapping only: "
-        "torch.compile compiles in the first warm-up), first call and buffers, warm-up, capture, verify (every bucket and lane), bucket setup (the rest "
-        "of it), eager baseline, output open (waiting for the writer, latencies.jsonl and "
+        "torch.compile compiles in the first warm-up), first call and buffers, warm-up, "
+        "capture, verify (every bucket and lane), bucket setup (the rest of it), eager "
+        "baseline, output open (waiting for the writer, latencies.jsonl and "
         "the progress bar's record count, beside setup), host slots (pinned), stream, "
         "drain and fsync (the last commits, closing the writer), manifest write (gathering "
         "its content: the run's end).")
