@@ -198,8 +198,9 @@ class Phases(_M):
         "context, model build, weights load, to device, compile (wrapping only: "
         "torch.compile compiles in the first warm-up), first call and buffers, warm-up, "
         "capture, verify (every bucket and lane), bucket setup (the rest of it), eager "
-        "baseline, output open (waiting for the writer, latencies.jsonl and "
-        "the progress bar's record count, beside setup), host slots (pinned), stream, "
+        "baseline, output open (starting the threads that open the writer, "
+        "latencies.jsonl and count the records for the progress bar beside setup, and "
+        "waiting for them after it), host slots (pinned), stream, "
         "drain and fsync (the last commits, closing the writer), manifest write (gathering "
         "its content: the run's end).")
     buckets: list[BucketPhases] = Field(

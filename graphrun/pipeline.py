@@ -170,16 +170,19 @@ def run_stream(job: RunState, fingerprint: dict, resume_point, start: int, stop,
     """Setup beside the first batch's reading and the outputs' opening, then the stream. What
     it opens goes on `job`, which closes it whatever happens (RunState.finish)."""
     spec = job.spec
-    # the first batch is read while the runner sets up: for a Parquet file, its first
-    # row groups decode meanwhile instead of keeping the device waiting (stream.py)
-    with phase("reader start"):
-        job.reader = ReadAhead(read_batches(spec, start=start, stop=stop, tuning=job.tuning))
-    # the writer and latencies.jsonl (in the folder prepared above) open beside setup too
-    opening = beside(open_sinks, job, resume_point, start)
-    # the progress bar's total: a line count for JSONL, on a daemon thread a failed setup
-    # does not wait for
-    counting = beside(count_records, spec, start, stop, daemon=True) if show else None
+    with phase("output open"):
+        # the writer and latencies.jsonl (in the folder prepared above) open beside setup too
+        opening = beside(open_sinks, job, resume_point, start)
+        # the progress bar's total: a line count for JSONL, on a daemon thread a failed setup
+        # does not wait for
+        counting = beside(count_records, spec, start, stop, daemon=True) if show else None
     try:
+        # then the first batch is read while the runner sets up (started after the threads
+        # above: a thread's start waits for the GIL, which the reader's imports hold): for a
+        # Parquet file, its first row groups decode meanwhile, not while the device waits
+        with phase("reader start"):
+            job.reader = ReadAhead(read_batches(spec, start=start, stop=stop,
+                                                tuning=job.tuning))
         job.runner = runner = Runner(spec, log=job.print_and_warn if show else job.warn)
         if spec.report.baseline == "eager":
             with phase("eager baseline"):
