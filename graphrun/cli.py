@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from . import phases  # first: its import is graphrun's first clock (phases.FIRST_CLOCK)
 from . import __version__
 from .cli_errors import debug_option, debugging, exit_quietly, fail
 from .cli_experiments import EXPERIMENT_COMMANDS
@@ -73,18 +74,21 @@ def check_ray_options(use_ray: bool, address, workers, start: int, stop, gpus) -
 def run(spec, overrides, out, resume, overwrite, accept_model_change, start, stop, quiet,
         with_report, gpus, use_ray, address, workers) -> None:
     """Run SPEC: read its input, replay every batch, write outputs and manifest.json."""
-    from .spec_load import load_spec
+    clock = phases.PhaseClock()  # the manifest's phases, from the process's start
+    with clock.active(), clock.phase(phases.IMPORTS):
+        from .pipeline import run as _  # noqa: F401  torch and the engine, timed as imports
+        from .spec_load import load_spec
 
     if resume and overwrite:
         fail(GraphrunError("--resume and --overwrite contradict each other: pick one"))
     check_ray_options(use_ray, address, workers, start, stop, gpus)
     show = not quiet  # a progress bar on a terminal, else a line every few seconds (logs, CI)
     try:
-        pipeline = load_spec(spec, overrides)
-        manifest = _run(pipeline, spec, overrides, gpus, (use_ray, address, workers),
-                        out=out, resume=resume,
-                        overwrite=overwrite, show=show, start=start, stop=stop,
-                        accept_model_change=accept_model_change)
+        with clock.active(), clock.phase("spec"):
+            pipeline = load_spec(spec, overrides)
+        manifest = _run(pipeline, spec, overrides, gpus, (use_ray, address, workers), clock,
+                        out=out, resume=resume, overwrite=overwrite, show=show, start=start,
+                        stop=stop, accept_model_change=accept_model_change)
         if manifest is None:  # a worker of a job that another process watches: quiet
             return
     except KeyboardInterrupt:  # SIGINT before the run took over its signals (loading the spec)
@@ -127,9 +131,9 @@ def run(spec, overrides, out, resume, overwrite, accept_model_change, start, sto
             sys.exit(1)
 
 
-def _run(pipeline, spec: Path, overrides, gpus: str | None, ray, **ask):
+def _run(pipeline, spec: Path, overrides, gpus: str | None, ray, clock, **ask):
     """One process's run, a job of several workers (--gpus, or WORLD_SIZE set: torchrun), or
-    a Ray Data job (--ray)."""
+    a Ray Data job (--ray). clock: the process's phases so far (one process's manifest)."""
     from .scale.world import World
 
     use_ray, address, workers = ray
@@ -143,7 +147,7 @@ def _run(pipeline, spec: Path, overrides, gpus: str | None, ray, **ask):
     if gpus is None and world is None:
         from .pipeline import run as run_pipeline
 
-        return run_pipeline(pipeline, **ask)
+        return run_pipeline(pipeline, clock=clock, **ask)
     from .scale.command import run_job
 
     return run_job(pipeline, spec, overrides, gpus=gpus, world=world, **ask)

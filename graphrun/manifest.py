@@ -13,6 +13,8 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
+from .manifest_sections import Phases, RayReport, WorkerReport
+
 MANIFEST_VERSION = 1
 
 
@@ -118,6 +120,16 @@ class Totals(_M):
     wall_s: float = Field(..., description="From the start of the run to its manifest: "
                           "setup_s, stream_s, and the output folder's preparation, the wait "
                           "for the input's hash and the last commits.")
+    process_wall_s: Optional[float] = Field(
+        None, description="From the process's start (phases.process_start says how it was "
+        "known) to the run's end: the manifest's content gathered, after which only its "
+        "assembly, write, fsync and rename follow. The phases' seconds add up to it. From "
+        "the CLI it includes the interpreter's start and the imports; from the Python API, "
+        "whatever the process did before run(). Null in manifests of older graphrun.")
+    time_to_first_output_s: Optional[float] = Field(
+        None, description="From the process's start to the first batch's outputs handed to "
+        "the writer (written into the open shard, not yet committed: shards commit every "
+        "output.rows_per_file rows). Null when no batch ran.")
     setup_s: float = Field(..., description="Model build, buffers, capture and verify.")
     stream_s: float = Field(0.0, description="The streaming time: from the end of setup to "
                             "the last batch written.")
@@ -222,57 +234,6 @@ class FileEntry(_M):
     bytes: int
 
 
-class RayActor(_M):
-    """One actor of a --ray run's pool: its Runner and what it ran."""
-
-    host: str
-    pid: int
-    device: str
-    backend: str
-    setup_s: float = Field(..., description="Its Runner's model build, buffers, capture and "
-                           "verify.")
-    capture_s: float
-    batches: int
-    records: int = Field(..., description="Records it wrote out.")
-    rejected: int
-    busy_s: float = Field(..., description="Time in its batches (check, run, report).")
-    warnings: list[str] = Field(default_factory=list)
-
-
-class RayReport(_M):
-    """What Ray ran (`graphrun run --ray`)."""
-
-    ray_version: str
-    address: Optional[str] = Field(None, description="The --address asked for; null: "
-                                   "RAY_ADDRESS, or a local cluster.")
-    workers: int = Field(..., description="Actors in the pool (one GPU each on a GPU spec).")
-    nodes: int = Field(..., description="Nodes of the cluster alive at the end.")
-    actors: list[RayActor]
-    dataset_stats: str = Field(..., description="Ray Data's own statistics of the run "
-                               "(Dataset.stats()), as text; empty when it failed.")
-
-
-class WorkerReport(_M):
-    """One worker of a job spread over several processes (--gpus, torchrun)."""
-
-    rank: int
-    device: Optional[str] = Field(None, description="The device it was given: "
-                                  "cuda:LOCAL_RANK, or cpu.")
-    status: Literal["completed", "interrupted", "failed"]
-    error: Optional[str] = None
-    slice: list[int] = Field(..., description="[start, stop): the input records of its share.")
-    shards: list[int] = Field(..., description="[first, end): the shard numbers its share may "
-                              "use; a share with rejects writes fewer.")
-    records_in: int
-    records_out: int
-    records_rejected: int
-    batches: int = 0
-    setup_s: float = Field(0.0, description="Its model build, capture and verify.")
-    capture_s: float = 0.0
-    stream_s: float = 0.0
-    records_per_s: float = Field(0.0, description="Its records out this attempt / its stream_s.")
-
-
 class Manifest(_M):
     manifest_version: Literal[1] = MANIFEST_VERSION
     status: Literal["completed", "interrupted", "failed"]
@@ -296,6 +257,8 @@ class Manifest(_M):
                                               "`auto` bucket axes; null when none is auto.")
     grouping: Optional[Grouping] = Field(None, description="data.group_by_length: the "
                                          "padding it saved; null when off.")
+    phases: Optional[Phases] = Field(None, description="The process's time as named "
+                                     "phases; null in manifests of older graphrun.")
     warnings: list[str] = Field(default_factory=list)
     ray: Optional[RayReport] = Field(None, description="Runs with --ray only (absent from "
                                      "single-process manifests): the actors and Ray's stats; "

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 
 from .auto_buckets import resolve_auto
@@ -21,6 +23,7 @@ from .engine.lazy import LOOK_AHEAD, data_needs
 from .feed import feed_stream, slot_count
 from .grouping import PaddingCount
 from .overlap import MEASURE, OVERLAP_ENV, OverlapTrial, overlap_choice
+from .phases import BEFORE_RUN, PhaseClock, phase
 from .run_state import RunState
 from .stop_signals import StopSignals
 from .stream import ReadAhead, read_batches
@@ -36,7 +39,7 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
         show: bool = False, start: int = 0, stop: int | None = None,
         overlap: bool | str | None = None, tuning: Tuning | None = None,
         accept_model_change: bool = False, place: ShardPlace | None = None,
-        progress=None) -> Manifest:
+        progress=None, clock: PhaseClock | None = None) -> Manifest:
     """Run the pipeline; returns the manifest (also written to <out>/manifest.json).
 
     start/stop select a slice of the input's records (one process per GPU reads its own).
@@ -50,11 +53,14 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     (weights, archive, target source) changed, for a change that does not alter outputs.
 
     The output folder is locked for the whole run (folder.FolderLock). A signal before the
-    stream starts stops the run at once; during the stream the batch in flight finishes."""
-    job, overlap = new_job(spec, out, overlap, tuning)
+    stream starts stops the run at once; during the stream the batch in flight finishes.
+    clock: the process's phases (phases.py; the CLI's holds its imports), else a new one."""
+    clock = clock or PhaseClock(BEFORE_RUN)
+    with clock.active():
+        job, overlap = new_job(spec, out, overlap, tuning, clock)
     stop_signal = StopSignals()
     try:
-        with stop_signal, locked(job.out_dir):
+        with stop_signal, clock.active(), locked(job.out_dir):
             manifest = run_locked(job, stop_signal, resume=resume, overwrite=overwrite,
                                   accept_model_change=accept_model_change, show=show,
                                   start=start, stop=stop, overlap=overlap, place=place,
@@ -81,22 +87,23 @@ def run_locked(job: RunState, stop_signal: StopSignals, *, resume: bool, overwri
     spec, out_dir = job.spec, job.out_dir  # buckets: auto planned
     # The input and model files are hashed beside setup (journal.InputHash); --resume needs
     # them first, to compare, and a new run records them in run.json before streaming.
-    fingerprint = {"spec_sha256": job.spec_sha,
-                   "input_sha256": job.input_hash.result() if resume else None,
-                   "model_sha256": job.model_hash.result() if resume else None,
-                   "slice": [start, stop],
-                   "shards": shard_suffixes(spec.output.format, list(spec.outputs))}
+    with phase("input hash wait"):
+        fingerprint = {"spec_sha256": job.spec_sha,
+                       "input_sha256": job.input_hash.result() if resume else None,
+                       "model_sha256": job.model_hash.result() if resume else None,
+                       "slice": [start, stop],
+                       "shards": shard_suffixes(spec.output.format, list(spec.outputs))}
     if place is not None:
         fingerprint["shard_range"] = [place.first, place.end]
     job.place = place
-    done = (completed_manifest(out_dir, fingerprint, with_model=not accept_model_change,
-                               shard_dir=place and place.folder) if resume else None)
+    with phase("output folder"):
+        done = (completed_manifest(out_dir, fingerprint, with_model=not accept_model_change,
+                                   shard_dir=place and place.folder) if resume else None)
     if done is not None:  # --resume of a completed run: nothing to do, nothing rewritten
         return done
     resume_point, start = open_out_dir(job, fingerprint, resume, overwrite, start,
                                        accept_model_change)
-    progress = progress or Progress(show, total=count_records(spec, start, stop) if show
-                                    else None)
+    progress = progress or Progress(show, total=None)  # total: counted beside setup
     try:
         run_stream(job, fingerprint, resume_point, start, stop, overlap, progress,
                    stop_signal, show)
@@ -127,14 +134,17 @@ def run_locked(job: RunState, stop_signal: StopSignals, *, resume: bool, overwri
     return manifest
 
 
-def new_job(spec, out, overlap, tuning: Tuning | None) -> tuple[RunState, object]:
+def new_job(spec, out, overlap, tuning: Tuning | None,
+            clock: PhaseClock | None = None) -> tuple[RunState, object]:
     """The run's state, its spec's `buckets: auto` planned (auto_buckets.py), and the overlap
     choice (the caller's, else GRAPHRUN_OVERLAP's; None: by the device)."""
     how = "set by run()'s overlap" if overlap is not None else f"set by {OVERLAP_ENV}"
     overlap = overlap_choice(overlap)
-    spec, bucket_plan = resolve_auto(spec)
+    with phase("bucket plan"):
+        spec, bucket_plan = resolve_auto(spec)
     out_dir = Path(out).resolve() if out else spec.output.dir
-    job = RunState(spec, out_dir, spec.model_dump(mode="json"))
+    with phase("input hash start"):  # a child process for the input, a thread for the model
+        job = RunState(spec, out_dir, spec.model_dump(mode="json"), clock)
     job.bucket_plan, job.overlap_how = bucket_plan, how
     job.tuning = tuning or Tuning.from_machine()  # the reader's and writer's threads and chunks
     return job, overlap
@@ -145,10 +155,11 @@ def open_out_dir(job: RunState, fingerprint: dict, resume: bool, overwrite: bool
     """The output folder made ready (or its committed part found, for --resume); returns the
     resume point and the first input ordinal to read."""
     try:
-        resume_point = prepare_out_dir(
-            job.out_dir, resume=resume, overwrite=overwrite, fingerprint=fingerprint,
-            input_path=job.spec.data.path, model=job.model_files,
-            accept_model_change=accept_model_change)
+        with phase("output folder"):
+            resume_point = prepare_out_dir(
+                job.out_dir, resume=resume, overwrite=overwrite, fingerprint=fingerprint,
+                input_path=job.spec.data.path, model=job.model_files,
+                accept_model_change=accept_model_change)
     except OSError as err:
         raise OutputError(f"cannot use output folder {job.out_dir}: {err.strerror or err}; "
                           "pick a folder you can write to (--out or output.dir)") from err
@@ -164,25 +175,36 @@ def open_out_dir(job: RunState, fingerprint: dict, resume: bool, overwrite: bool
 
 def run_stream(job: RunState, fingerprint: dict, resume_point, start: int, stop, overlap,
                progress, stop_signal, show: bool) -> None:
-    """Setup beside the first batch's reading, then the stream. What it opens goes on `job`,
-    which closes it whatever happens (RunState.finish)."""
-    spec, out_dir = job.spec, job.out_dir
-    # the first batch is read while the runner sets up: for a Parquet file, its first
-    # row groups decode meanwhile instead of keeping the device waiting (stream.py)
-    job.padding = PaddingCount(spec) if spec.data.group_by_length else None
-    job.reader = ReadAhead(read_batches(spec, start=start, stop=stop, tuning=job.tuning,
-                                        padding=job.padding),
-                           ahead=LOOK_AHEAD if spec.capture.lazy else 1)
-    job.runner = runner = Runner(spec, log=job.print_and_warn if show else job.warn,
-                                 needs=data_needs(spec, job.reader, job.bucket_plan))
-    if spec.report.baseline == "eager":
-        runner.measure_baseline()
-    job.writer = writer = ShardWriter(spec, out_dir, resume=resume_point, tuning=job.tuning,
-                                      place=job.place)
-    job.latencies = open_latencies(out_dir / "latencies.jsonl",
-                                   keep_below=start if resume_point else None)
-    job.batches_before = job.latencies.lines_before
-    writer.on_hand_over = job.latencies.flush  # a shard's batches logged before it commits
+    """Setup beside the first batch's reading and the outputs' opening, then the stream. What
+    it opens goes on `job`, which closes it whatever happens (RunState.finish)."""
+    spec = job.spec
+    with phase("output open"):
+        # the writer and latencies.jsonl (in the folder prepared above) open beside setup too
+        opening = beside(open_sinks, job, resume_point, start)
+        # the progress bar's total: a line count for JSONL, on a daemon thread a failed setup
+        # does not wait for
+        counting = beside(count_records, spec, start, stop, daemon=True) if show else None
+    try:
+        # then the first batch is read while the runner sets up (started after the threads
+        # above: a thread's start waits for the GIL, which the reader's imports hold): for a
+        # Parquet file, its first row groups decode meanwhile, not while the device waits
+        with phase("reader start"):
+            job.padding = PaddingCount(spec) if spec.data.group_by_length else None
+            job.reader = ReadAhead(read_batches(spec, start=start, stop=stop,
+                                                tuning=job.tuning, padding=job.padding),
+                                   ahead=LOOK_AHEAD if spec.capture.lazy else 1)
+        job.runner = runner = Runner(spec, log=job.print_and_warn if show else job.warn,
+                                     needs=data_needs(spec, job.reader, job.bucket_plan))
+        if spec.report.baseline == "eager":
+            with phase("eager baseline"):
+                runner.measure_baseline()
+    except BaseException:
+        take_sinks(job, opening, quiet=True)  # setup's error is the one to report
+        raise
+    with phase("output open"):
+        take_sinks(job, opening)
+        progress.set_total(counting.result() if counting else None)
+    writer, runner = job.writer, job.runner
     if fingerprint["input_sha256"] is None:
         # not beside the stream: reading the file to hash it slows the stream's reads
         job.record_hashes(fingerprint)
@@ -190,18 +212,67 @@ def run_stream(job: RunState, fingerprint: dict, resume_point, start: int, stop,
         overlap = True if runner.cuda else MEASURE
         job.overlap_how = "the default on a GPU" if runner.cuda else "the default on the CPU"
     if overlap is not False:  # the overlapped path's pinned slots: setup, not the stream
-        runner.host_slots(slot_count(runner.slot_bytes))
+        with phase("host slots"):
+            runner.host_slots(slot_count(runner.slot_bytes))
     job.stream_t0 = time.perf_counter()
     stop_signal.streaming()  # from here a signal lets the batch in flight finish
     if overlap == MEASURE:
         overlap = job.trial = OverlapTrial()
     else:
         job.overlapped = overlap
-    job.host_s = feed_stream(
-        runner, job.reader, writer, oversize=spec.data.oversize,
-        on_batches=lambda ran, n, first: job.log_batches(job.latencies, ran, n, first),
-        on_read=lambda rb: progress.advance(job.count(rb)),
-        should_stop=lambda: bool(stop_signal.signum), start=start, overlap=overlap)
+    with phase("stream"):
+        job.host_s = feed_stream(
+            runner, job.reader, writer, oversize=spec.data.oversize,
+            on_batches=lambda ran, n, first: job.log_batches(job.latencies, ran, n, first),
+            on_read=lambda rb: progress.advance(job.count(rb)),
+            should_stop=lambda: bool(stop_signal.signum), start=start, overlap=overlap)
     # Full shards commit in the background: the stream is over once they are
     # journaled (and a commit that failed fails the run here, with its manifest).
-    writer.wait_for_commits()
+    with phase("drain and fsync"):
+        writer.wait_for_commits()
+
+
+def open_sinks(job: RunState, resume_point, start: int):
+    """The writer (its leftovers from an interrupted run restored, for --resume), and
+    latencies.jsonl (cut back to where reading restarts). Runs on a thread of its own beside
+    setup: none of it needs the model."""
+    writer = ShardWriter(job.spec, job.out_dir, resume=resume_point, tuning=job.tuning,
+                         place=job.place)
+    latencies = None
+    try:
+        latencies = open_latencies(job.out_dir / "latencies.jsonl",
+                                   keep_below=start if resume_point else None)
+        writer.on_hand_over = latencies.flush  # a shard's batches logged before it commits
+    except BaseException:  # nothing written yet: closed as they are
+        if latencies is not None:
+            latencies.close()
+        writer.close(partial=False)
+        raise
+    return writer, latencies
+
+
+def beside(fn, *args, daemon: bool = False) -> Future:
+    """fn(*args) on a thread of its own; the Future's result() waits and returns or raises.
+    A daemon thread is not waited for at the process's exit."""
+    done: Future = Future()
+
+    def call():
+        try:
+            done.set_result(fn(*args))
+        except BaseException as err:  # noqa: BLE001 - handed to the caller through result()
+            done.set_exception(err)
+
+    threading.Thread(target=call, name=f"graphrun-{fn.__name__}", daemon=daemon).start()
+    return done
+
+
+def take_sinks(job: RunState, opening: Future, quiet: bool = False) -> None:
+    """What open_sinks opened, on `job` (which closes it); quiet: its error is dropped (an
+    error of setup is on its way: the one the user sees)."""
+    try:
+        job.writer, job.latencies = opening.result()
+    except Exception:
+        if not quiet:
+            raise
+        return
+    job.batches_before = job.latencies.lines_before

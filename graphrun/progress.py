@@ -38,6 +38,13 @@ class Progress:
         self._task = self._bar.add_task("run", total=total, rate="")
         self._bar.start()
 
+    def set_total(self, total: int | None) -> None:
+        """The records the run will read, once counted (beside setup: pipeline.open_sinks)."""
+        if self._lines is not None:
+            self._lines.total = total
+        elif self._bar is not None:
+            self._bar.update(self._task, total=total)
+
     def advance(self, n: int) -> None:
         """Count n more records. Called on the launching thread once per batch: the bar is
         updated at most every UPDATE_S (an update costs tens of microseconds, a GPU batch
@@ -143,9 +150,23 @@ def summary_table(manifest, shown: set[str] = frozenset()) -> None:
     where = stream_breakdown(t)
     if where:
         console.print(where)
+    biggest = biggest_phases(manifest)
+    if biggest:
+        console.print(biggest)
     for w in manifest.warnings:
         if w not in shown:
             console.print(f"[yellow]warning:[/yellow] {w}")
+
+
+def biggest_phases(manifest, count: int = 3) -> str | None:
+    """`time 4.02 s from the process's start: interpreter and imports 3.06 s (76%), stream
+    0.34 s (8%), first call and buffers 0.17 s (4%)`: the largest of manifest.phases."""
+    phases, total = manifest.phases, manifest.totals.process_wall_s
+    if phases is None or not total:
+        return None
+    top = sorted(phases.top, key=lambda p: p.s, reverse=True)[:count]
+    return (f"time {total:.2f} s from the process's start: "
+            + ", ".join(f"{p.name} {p.s:.2f} s ({p.s / total:.0%})" for p in top))
 
 
 # host_phase_s keys, as the summary names them: what each thread does (feed.py)

@@ -16,15 +16,18 @@ from .folder import FilesHash, model_files, write_fingerprint
 from .journal import InputHash
 from .manifest import (FileEntry, Manifest, Totals, all_rejected, environment, spec_digest,
                        write_manifest)
+from .manifest_sections import BucketPhases, Phase, Phases
 from .overlap import OverlapTrial, overlap_reason, overlapped_path
 from .padding import position_ratios
+from .phases import PART_PHASES, PhaseClock, phase
 
 
 class RunState:
     """What the spine accumulates for the manifest."""
 
-    def __init__(self, spec, out_dir: Path, spec_json: dict):
+    def __init__(self, spec, out_dir: Path, spec_json: dict, clock: PhaseClock | None = None):
         self.spec, self.out_dir, self.spec_json = spec, out_dir, spec_json
+        self.clock = clock or PhaseClock()  # the process's time, as phases (phases.py)
         self.spec_sha = spec_digest(spec_json)
         self.t0 = time.perf_counter()
         self.input_hash = InputHash(spec.data.path)  # for --resume: the same input
@@ -61,6 +64,24 @@ class RunState:
         A write that fails here (a full disk) is kept in late_error, and the manifest's temp
         file removed: it must not hide the error that ended the stream."""
         self.stream_s = time.perf_counter() - self.stream_t0 if self.stream_t0 else 0.0
+        with phase("drain and fsync"):
+            self.close_outputs(progress)
+        self.settle_hash()
+        self.settle_counts()
+        with phase("manifest write"):  # the run's end: the manifest's content complete
+            manifest = self.manifest()
+        path = self.out_dir / "manifest.json"
+        try:
+            write_manifest(manifest, path)
+        except OSError as err:
+            Path(f"{path}.tmp").unlink(missing_ok=True)
+            self.fail_late(f"writing {path} failed: {err}")
+        if self.runner:
+            self.runner.close()
+        return manifest
+
+    def close_outputs(self, progress) -> None:
+        """The reader stopped, latencies.jsonl closed, the writer's last shard committed."""
         if self.reader is not None:
             self.reader.close()
         progress.close()
@@ -79,18 +100,6 @@ class RunState:
                 self.files = self.writer.committed_files()
             self.records_out = self.writer.rows_written
             self.rejected = self.writer.rejects_written
-        self.settle_hash()
-        self.settle_counts()
-        manifest = self.manifest()
-        path = self.out_dir / "manifest.json"
-        try:
-            write_manifest(manifest, path)
-        except OSError as err:
-            Path(f"{path}.tmp").unlink(missing_ok=True)
-            self.fail_late(f"writing {path} failed: {err}")
-        if self.runner:
-            self.runner.close()
-        return manifest
 
     def fail_late(self, error: str) -> None:
         if self.status != "failed":  # the first error is the one the user sees
@@ -114,9 +123,11 @@ class RunState:
     def record_hashes(self, fingerprint: dict) -> None:
         """run.json gets the input's and model's hashes, waited for: before the stream starts,
         so before any journal line (a run.json without them means nothing was committed)."""
-        fingerprint["input_sha256"] = self.input_sha = self.input_hash.result()
-        fingerprint["model_sha256"] = self.model_hash.result()
-        write_fingerprint(self.out_dir, fingerprint)
+        with phase("input hash wait"):
+            fingerprint["input_sha256"] = self.input_sha = self.input_hash.result()
+            fingerprint["model_sha256"] = self.model_hash.result()
+        with phase("output folder"):
+            write_fingerprint(self.out_dir, fingerprint)
 
     def settle_hash(self) -> None:
         """The manifest's input hash: known once streaming started; a run that failed before
@@ -147,6 +158,8 @@ class RunState:
             self.warnings.append(msg[len("warning: "):])
 
     def log_batches(self, latencies, ran: list, n: int, first: int) -> None:
+        """A batch's outputs are in the writer: its timings go to latencies.jsonl."""
+        self.clock.output_handed()
         for bucket, times in ran:
             self.batches += 1
             name = bucket.name if bucket else "oversize-eager"
@@ -191,6 +204,8 @@ class RunState:
         wall = time.perf_counter() - self.t0
         busy = (min(1.0, self.device_s() / self.stream_s)
                 if self.stream_s and runner and runner.cuda else None)
+        env = environment(runner.device, runner.backend) if runner else None
+        process_wall = self.clock.end()  # what follows is the manifest's few assignments
         totals = Totals(
             records_in=self.records_in, records_out=self.records_out,
             records_rejected=self.rejected, batches=self.batches, wall_s=wall,
@@ -207,8 +222,8 @@ class RunState:
             overlapped=overlapped_path(self.trial, self.overlapped),
             overlap_reason=overlap_reason(self.trial, self.overlapped, self.overlap_how),
             overlap_trials=self.trial.rounds if self.trial
-            else [], host_phase_s=self.host_s)
-        env = environment(runner.device, runner.backend) if runner else None
+            else [], host_phase_s=self.host_s,
+            process_wall_s=process_wall, time_to_first_output_s=self.clock.first_output_s())
         return Manifest(
             status=self.status, error=self.error, name=spec.name, started_at=self.started,
             finished_at=_now(), spec=self.spec_json, spec_sha256=self.spec_sha,
@@ -221,7 +236,17 @@ class RunState:
                      else None, "count": self.rejected},
             resumed_from=self.resumed_from, warnings=self.warnings,
             bucket_plan=self.bucket_plan,
-            grouping=self.padding.report() if self.padding else None)
+            grouping=self.padding.report() if self.padding else None, phases=self.phases())
+
+    def phases(self) -> Phases:
+        """The clock's phases (after its end()): the flat list, and warm-up, capture and
+        verify per bucket and lane."""
+        clock = self.clock
+        parts = [BucketPhases(bucket=bucket, lane=lane,
+                              **{f"{p.replace('-', '')}_s": got.get(p, 0.0) for p in PART_PHASES})
+                 for (bucket, lane), got in clock.parts.items()]
+        return Phases(process_start=clock.t0_how,
+                      top=[Phase(name=n, s=s) for n, s in clock.top()], buckets=parts)
 
 
 def _now() -> str:

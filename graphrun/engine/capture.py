@@ -21,6 +21,7 @@ import torch
 
 from ..buckets import Bucket
 from ..errors import CaptureError, GraphrunError, ModelError
+from ..phases import phase
 from .lanes import Lane, LaneGraph, Layout
 from .verify import fill_verify_batch, verify_bucket, verify_real_batch, verify_remedies
 
@@ -102,7 +103,8 @@ class Capturer:
         step = lane.make_step(bucket, self.model, self.call, self.layout)
         # eager needs no warm-up but one run, which surfaces shape errors before any data
         iters = self.cap.warmup_iters if self.graphs or self.compiled else 1
-        state.warmup_s = self._warm_up(lane, state, step, max(iters, 1))
+        with phase("warm-up", (bucket.name, lane.index)):
+            state.warmup_s = self._warm_up(lane, state, step, max(iters, 1))
         if not self.graphs:
             state.status = "eager"
             state.reason = ("backend eager" if self.device.type == "cuda"
@@ -113,8 +115,9 @@ class Capturer:
         if self.budget is not None and not self._fits(state, step, table):
             return
         try:
-            graph, state.capture_s, state.memory_bytes = capture_graph(
-                step, bucket, stream=self.stream, pool=self.pool, mode=mode)
+            with phase("capture", (bucket.name, lane.index)):
+                graph, state.capture_s, state.memory_bytes = capture_graph(
+                    step, bucket, stream=self.stream, pool=self.pool, mode=mode)
         except CaptureError as err:
             lane.graphs[bucket] = LaneGraph(step)
             self.fall_back([lane], state, err)
@@ -160,8 +163,10 @@ class Capturer:
         if not self.cap.verify.enabled:
             return None
         v, bucket = self.cap.verify, state.bucket
-        entry.verify = verify_bucket(bucket, entry.run, state.reference, lane.inputs.views(bucket),
-                                     lane.outputs.views(bucket), self.input_specs, v.rtol, v.atol)
+        with phase("verify", (bucket.name, lane.index)):
+            entry.verify = verify_bucket(bucket, entry.run, state.reference,
+                                         lane.inputs.views(bucket), lane.outputs.views(bucket),
+                                         self.input_specs, v.rtol, v.atol)
         # an eager bucket needs no check against itself
         entry.check_real = entry.verify.passed and entry.graph is not None
         return entry.verify
@@ -195,9 +200,11 @@ class Capturer:
         step = lane.make_step(bucket, self.model, self.call, self.layout)
         name = f"bucket {bucket.name} runs without lane {lane.index}"
         try:
-            warm_up(step, 1, self.stream)  # lazy state of new tensors, outside capture
-            graph, seconds, grown = capture_graph(step, bucket, stream=self.stream,
-                                                  pool=state.pool, mode=mode)
+            with phase("warm-up", (bucket.name, lane.index)):
+                warm_up(step, 1, self.stream)  # lazy state of new tensors, outside capture
+            with phase("capture", (bucket.name, lane.index)):
+                graph, seconds, grown = capture_graph(step, bucket, stream=self.stream,
+                                                      pool=state.pool, mode=mode)
         except GraphrunError as err:
             self.log(f"warning: {name}: its capture there failed: {err}")
             return

@@ -22,6 +22,7 @@ from ..device import resolve_backend, resolve_device
 from ..errors import InputError
 from ..manifest import BucketReport, LaneReport
 from ..padding import add_padded_positions
+from ..phases import phase
 from ..models.call import call_model, first_call, name_outputs, unlisted_outputs
 from ..models.load import build_model, compile_model, model_input_dtypes
 from ..spec import BATCH, PipelineSpec
@@ -47,23 +48,30 @@ class Runner:
         self.table = BucketTable(spec)
         self.states: dict[Bucket, BucketState] = {b: BucketState(b) for b in self.table.all}
         t0 = time.perf_counter()
+        if self.cuda:  # the context, created by the first allocation: timed apart
+            with phase("cuda context"):
+                torch.zeros(1, device=self.device)
+                torch.cuda.synchronize(self.device)
         with self._device_ctx():
-            with torch.inference_mode():
+            with torch.inference_mode(), phase("model build"):
                 self.model = build_model(spec, self.device, spec.base_dir)
             if spec.model.compile:
-                self.model = compile_model(self.model, len(self.table.all))
+                with phase("compile"):
+                    self.model = compile_model(self.model, len(self.table.all))
             needed = (needs(self.table) if needs else set()) if spec.capture.lazy else None
             # Buffers are made outside inference mode: they are written in place per batch.
-            self.layout = self._layout(min(needed, key=lambda b: (b.volume, b.sizes)) if needed
-                                       else self.table.all[-1])
-            self.lanes: list[Lane] = [self._new_lane(0)]
-            self.capturer = Capturer(self.model, spec, self.device, self.backend, self.layout,
-                                     self.log)
-            self.capturer.first_lane(self.lanes[0], self.states, self.table, needed)
-            lay = self.layout
-            self.launcher = Launcher(self, (lay.in_dims, lay.in_dtypes, lay.out_dims,
-                                            lay.out_dtypes))
-            self.direct = Direct(self, self.launcher)
+            with phase("first call and buffers"):
+                self.layout = self._layout(min(needed, key=lambda b: (b.volume, b.sizes))
+                                           if needed else self.table.all[-1])
+                self.lanes: list[Lane] = [self._new_lane(0)]
+                self.capturer = Capturer(self.model, spec, self.device, self.backend,
+                                         self.layout, self.log)
+            with phase("bucket setup"):  # warm-up, capture and verify are phases in it
+                self.capturer.first_lane(self.lanes[0], self.states, self.table, needed)
+                lay = self.layout
+                self.launcher = Launcher(self, (lay.in_dims, lay.in_dtypes, lay.out_dims,
+                                                lay.out_dtypes))
+                self.direct = Direct(self, self.launcher)
         self.setup_s = time.perf_counter() - t0
 
     # -- setup ---------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from graphrun.models.heads import Heads, needs_heads
 from graphrun.models.hf import load_hf
 from graphrun.models.vision import load_timm
 from graphrun.models.mlp import build_mlp
+from graphrun.phases import phase
 from graphrun.spec import BATCH, PipelineSpec
 
 # name -> builder(**args) -> nn.Module. The spec checker lists these names.
@@ -63,8 +64,10 @@ def build_model(spec: PipelineSpec, device: torch.device,
         assert m.torchscript is not None, "the spec checker ensures one model source"
         model = _load_torchscript(m.torchscript, device)
     if m.weights is not None:
-        _load_weights(model, m.weights, device)
-    model = model.to(device=device, dtype=TORCH_DTYPES[m.dtype])
+        with phase("weights load"):
+            _load_weights(model, m.weights, device)
+    with phase("to device"):
+        model = model.to(device=device, dtype=TORCH_DTYPES[m.dtype])
     # An exported program's train/eval mode is fixed at export; .eval() raises on it.
     if m.exported is None:
         model.eval()

@@ -17,8 +17,8 @@ from pathlib import Path
 from graphrun.engine.timing import percentiles
 from graphrun.errors import OutputError
 from graphrun.journal import REJECTS, fsync_path, read_journal
-from graphrun.manifest import (BucketReport, FileEntry, Manifest, Totals, WorkerReport,
-                               write_manifest)
+from graphrun.manifest import BucketReport, FileEntry, Manifest, Totals, write_manifest
+from graphrun.manifest_sections import WorkerReport
 from graphrun.padding import position_ratios
 from graphrun.scale.layout import shares, worker_dir
 from graphrun.scale.watch import manifest_since

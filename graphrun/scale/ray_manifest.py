@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from graphrun.engine.timing import percentiles
-from graphrun.manifest import (BucketReport, Environment, FileEntry, Manifest, RayActor,
-                               RayReport, Totals, environment, spec_digest)
+from graphrun.manifest import (BucketReport, Environment, FileEntry, Manifest, Totals,
+                               environment, spec_digest)
+from graphrun.manifest_sections import RayActor, RayReport
 from graphrun.spec import PipelineSpec
 
 

@@ -26,6 +26,9 @@ class ProgressFile:
         self.path, self.done, self.shown = path, 0, 0.0
         self.fd: int | None = None
 
+    def set_total(self, total: int | None) -> None:
+        """The job's total is the watcher's (JobProgress), counted once for every worker."""
+
     def advance(self, n: int) -> None:
         self.done += n
         now = time.monotonic()

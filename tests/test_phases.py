@@ -1,0 +1,245 @@
+"""The phase clock (graphrun/phases.py) and the manifest's account of a run's time: named
+phases from the process's start to the manifest that add up to its wall time."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import graphrun
+from graphrun import phases
+from graphrun.phases import OTHER, PhaseClock, phase
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_nested_phases_are_counted_once_and_the_rest_is_other():
+    clock = PhaseClock()
+    with clock.active():
+        with phase("model build"):
+            time.sleep(0.05)
+            with phase("weights load"):
+                time.sleep(0.1)
+        time.sleep(0.05)  # no phase: other
+        with phase("warm-up", ("batch=8", 0)):
+            time.sleep(0.02)
+        with phase("warm-up", ("batch=1", 0)):
+            time.sleep(0.02)
+        total = clock.end()
+    top = dict(clock.top())
+    assert 0.05 <= top["model build"] < 0.09  # its own time, weights load not in it
+    assert 0.1 <= top["weights load"] < 0.14
+    assert 0.04 <= top["warm-up"] < 0.08
+    assert top[OTHER] >= 0.05
+    assert sum(top.values()) == pytest.approx(total, abs=1e-9)
+    assert list(top)[-1] == OTHER
+    parts = clock.parts
+    assert set(parts) == {("batch=8", 0), ("batch=1", 0)}
+    assert sum(p["warm-up"] for p in parts.values()) == pytest.approx(top["warm-up"])
+
+
+def test_phases_open_at_the_end_count_up_to_it_and_not_after():
+    clock = PhaseClock()
+    with clock.active(), phase("manifest write"):
+        with phase("inner"):
+            time.sleep(0.03)
+            clock.end()
+            time.sleep(0.05)  # after the end: nobody's
+        time.sleep(0.05)
+    top = dict(clock.top())
+    assert 0.03 <= top["inner"] < 0.06 and top["manifest write"] < 0.01
+    assert sum(top.values()) == pytest.approx(clock.elapsed(), abs=1e-9)
+
+
+def test_phases_elsewhere_are_not_recorded():
+    clock = PhaseClock()
+    assert phase("stream") is phase("stream")  # no active clock: a shared no-op
+    with clock.active():
+        seen = []
+        worker = threading.Thread(target=lambda: seen.append(phase("stream")))
+        worker.start()
+        worker.join()
+        with seen[0]:  # another thread: the clock is not active there
+            time.sleep(0.01)
+    assert "stream" not in clock.totals
+
+
+def test_the_process_start_comes_from_the_os():
+    """A process that waits 0.4 s before importing graphrun: its start is 0.4 s before
+    graphrun's first clock, and not earlier than the parent started it."""
+    code = ("import time; time.sleep(0.4); import graphrun.phases as p; "
+            "print(p.PROCESS_T0_HOW, p.FIRST_CLOCK - p.PROCESS_T0)")
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True).stdout
+    outside = time.perf_counter() - t0
+    how, age = out.split()
+    if sys.platform.startswith("linux"):
+        assert how == "proc"
+    if how != "graphrun import":
+        assert 0.4 <= float(age) <= outside + 0.02  # /proc's ticks are 10 ms
+
+
+def test_without_proc_the_start_is_psutils_or_graphruns_first_clock(monkeypatch):
+    def no_proc(*a, **k):
+        raise OSError("no /proc here")
+
+    monkeypatch.setattr(phases, "open", no_proc, raising=False)
+    t0, how = phases.process_start()
+    assert how in ("psutil", "graphrun import")
+    if how == "graphrun import":
+        assert t0 == phases.FIRST_CLOCK
+    else:
+        assert t0 <= phases.FIRST_CLOCK
+
+
+def check_adds_up(m: dict) -> dict[str, float]:
+    """The manifest's phases: they add up to process_wall_s, other is at most 2% of it, the
+    per-bucket breakdown adds up to its top-level phases; returns name -> seconds."""
+    totals, ph = m["totals"], m["phases"]
+    top = {p["name"]: p["s"] for p in ph["top"]}
+    assert len(top) == len(ph["top"]) and all(s >= 0 for s in top.values())
+    assert sum(top.values()) == pytest.approx(totals["process_wall_s"], rel=1e-9)
+    assert top[OTHER] <= 0.02 * totals["process_wall_s"], top
+    for name, key in (("warm-up", "warmup_s"), ("capture", "capture_s"),
+                      ("verify", "verify_s")):
+        parts = sum(b[key] for b in ph["buckets"])
+        assert parts == pytest.approx(top.get(name, 0.0), abs=1e-6)
+    assert totals["wall_s"] <= totals["process_wall_s"]
+    assert top["stream"] == pytest.approx(totals["stream_s"], abs=0.05)
+    return top
+
+
+def test_a_cli_run_of_a_shipped_pipeline_is_accounted_from_the_process_start(tmp_path):
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "graphrun", "run",
+                    str(ROOT / "pipelines" / "mlp-scorer.yaml"), "--out", str(tmp_path / "o"),
+                    "-q"], check=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    outside = time.perf_counter() - t0
+    m = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    top = check_adds_up(m)
+    totals = m["totals"]
+    assert m["phases"]["process_start"] == "proc" or not sys.platform.startswith("linux")
+    # from the process's start (after the fork) to the manifest: the exit is not in it
+    assert 0.6 * outside <= totals["process_wall_s"] <= outside
+    assert top["interpreter and imports"] > 0.05  # torch's import at least
+    names = list(top)
+    assert names[0] == "interpreter and imports" and names[-2:] == ["manifest write", OTHER]
+    for name in ("spec", "output folder", "model build", "warm-up", "verify", "stream",
+                 "drain and fsync"):
+        assert top[name] > 0, name
+    # the first batch reached the writer after setup and before the stream ended
+    before_stream = sum(top[n] for n in names[:names.index("stream")])
+    assert before_stream < totals["time_to_first_output_s"] < before_stream + top["stream"]
+
+
+def test_a_run_with_verify_on_accounts_for_each_bucket(tmp_path):
+    spec = graphrun.load_spec(ROOT / "pipelines" / "decoder-step.yaml",
+                              ["capture.verify.enabled=true", "data.batch_size=8"])
+    manifest = graphrun.run(spec, out=tmp_path / "o", stop=200)
+    m = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    top = check_adds_up(m)
+    # in a test process, the time before run() is the caller's: other is of the run's part
+    assert list(top)[0] == "before run()" and top[OTHER] <= 0.02 * m["totals"]["wall_s"]
+    assert top["verify"] > 0 and top["warm-up"] > 0
+    buckets = {(b["bucket"], b["lane"]): b for b in m["phases"]["buckets"]}
+    assert {name for name, _ in buckets} == {b.name for b in manifest.buckets}
+    assert all(b["verify_s"] > 0 for b in buckets.values())
+
+
+def test_a_failed_setup_still_accounts_for_its_time(tmp_path, monkeypatch):
+    import graphrun.pipeline as pipeline
+
+    def failing(*a, **k):
+        with phase("model build"):
+            time.sleep(0.05)
+            raise graphrun.ModelError("model: the build failed")
+
+    monkeypatch.setattr(pipeline, "Runner", failing)
+    with pytest.raises(graphrun.ModelError):
+        graphrun.run(graphrun.load_spec(ROOT / "pipelines" / "decoder-step.yaml"),
+                     out=tmp_path / "o")
+    m = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    top = {p["name"]: p["s"] for p in m["phases"]["top"]}
+    assert m["status"] == "failed" and top["model build"] >= 0.05
+    assert m["totals"]["time_to_first_output_s"] is None
+    assert sum(top.values()) == pytest.approx(m["totals"]["process_wall_s"])
+
+
+def test_the_summary_names_the_three_biggest_phases():
+    from types import SimpleNamespace
+
+    from graphrun.manifest_sections import Phase, Phases
+    from graphrun.progress import biggest_phases
+
+    m = SimpleNamespace(totals=SimpleNamespace(process_wall_s=10.0), phases=Phases(
+        process_start="proc", top=[Phase(name=n, s=s) for n, s in (
+            ("interpreter and imports", 4.0), ("model build", 1.0), ("stream", 4.5),
+            ("capture", 0.3), (OTHER, 0.2))]))
+    assert biggest_phases(m) == ("time 10.00 s from the process's start: stream 4.50 s (45%), "
+                                 "interpreter and imports 4.00 s (40%), model build 1.00 s "
+                                 "(10%)")
+    m.phases = None  # a manifest of an older graphrun
+    assert biggest_phases(m) is None
+
+
+def test_the_clock_starts_without_torch():
+    """The CLI imports phases first (graphrun's first clock); torch is timed as an import."""
+    code = "import sys, graphrun.phases; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True).stdout
+    assert out.strip() == "False" and phases.PROCESS_T0 <= phases.FIRST_CLOCK
+
+
+def test_the_writer_and_latencies_open_while_the_runner_sets_up(tmp_path, monkeypatch):
+    import graphrun.pipeline as pipeline
+
+    opened, seen = threading.Event(), []
+    real_open = pipeline.open_latencies
+
+    def opening(*a, **k):
+        got = real_open(*a, **k)
+        opened.set()
+        return got
+
+    class SlowSetup(pipeline.Runner):
+        def __init__(self, *a, **k):
+            seen.append(opened.wait(10))  # set only if the outputs opened beside setup
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(pipeline, "open_latencies", opening)
+    monkeypatch.setattr(pipeline, "Runner", SlowSetup)
+    spec = graphrun.load_spec(ROOT / "pipelines" / "decoder-step.yaml", ["data.batch_size=8"])
+    m = graphrun.run(spec, out=tmp_path / "o", stop=40, show=True)
+    assert seen == [True] and m.totals.records_out == 40
+    assert len((tmp_path / "o" / "latencies.jsonl").read_text().splitlines()) == 5
+
+
+def test_a_failed_setup_reports_its_error_and_closes_the_writer(tmp_path, monkeypatch):
+    import graphrun.pipeline as pipeline
+
+    closed = []
+    real_close = pipeline.ShardWriter.close
+
+    def close(self, *a, **k):
+        closed.append(True)
+        return real_close(self, *a, **k)
+
+    def failing(*a, **k):
+        raise graphrun.CaptureError("the model cannot be captured")
+
+    monkeypatch.setattr(pipeline.ShardWriter, "close", close)
+    monkeypatch.setattr(pipeline, "Runner", failing)
+    with pytest.raises(graphrun.CaptureError, match="cannot be captured"):
+        graphrun.run(graphrun.load_spec(ROOT / "pipelines" / "decoder-step.yaml"),
+                     out=tmp_path / "o")
+    assert closed == [True]
+    assert not list((tmp_path / "o").glob("part-*"))
+    assert not [t for t in threading.enumerate() if t.name.startswith("graphrun-open")]
