@@ -170,6 +170,13 @@ class OutputSpec(Strict):
         """Computed by the heads wrapper (models/heads.py) rather than named as returned."""
         return self.from_ is not None or bool(self.reduce) or self.topk is not None
 
+    @property
+    def picks_ids(self) -> bool:
+        """Its values are positions chosen by argmax or top-k, not computed numbers."""
+        if self.topk is not None:
+            return self.topk.take == "ids"
+        return bool(self.reduce) and self.reduce[-1] == "argmax"
+
     @field_validator("reduce")
     @classmethod
     def _argmax_last(cls, v: list[str]) -> list[str]:
@@ -187,6 +194,11 @@ class VerifySpec(Strict):
         "Absolute tolerance. bfloat16 and float16 outputs get 2 units of their precision at "
         "the output's largest magnitude on top (capture may pick kernels that round "
         "differently)."))
+    picked_rows: float = Field(0.05, ge=0, le=1, description=(
+        "For outputs of picked ids (reduce: argmax, topk take: ids), which rtol/atol cannot "
+        "judge: the share of a batch's rows whose ids may differ between replay and eager "
+        "(at least one row). Where scores tie within rounding, kernels chosen under capture "
+        "can swap a pick; a wrong graph changes nearly every row."))
 
 
 class CaptureSpec(Strict):

@@ -23,7 +23,8 @@ from ..buckets import Bucket
 from ..errors import CaptureError, GraphrunError, ModelError
 from ..phases import phase
 from .lanes import Lane, LaneGraph, Layout
-from .verify import fill_verify_batch, verify_bucket, verify_real_batch, verify_remedies
+from .verify import (Tolerance, fill_verify_batch, verify_bucket, verify_real_batch,
+                     verify_remedies)
 
 MiB = 1 << 20
 
@@ -64,6 +65,7 @@ class Capturer:
         self.pool = torch.cuda.graph_pool_handle() if shared else None
         self.budget = self.cap.memory_budget_mib * MiB if self.cap.memory_budget_mib else None
         self.spent = 0  # pool growth of the captures so far (capture.memory_budget_mib)
+        self.tolerance = Tolerance.of(spec)
 
     def first_lane(self, lane: Lane, states: dict[Bucket, BucketState], table,
                    needed: set[Bucket] | None = None) -> None:
@@ -162,11 +164,11 @@ class Capturer:
         None with verify off."""
         if not self.cap.verify.enabled:
             return None
-        v, bucket = self.cap.verify, state.bucket
+        bucket = state.bucket
         with phase("verify", (bucket.name, lane.index)):
             entry.verify = verify_bucket(bucket, entry.run, state.reference,
                                          lane.inputs.views(bucket), lane.outputs.views(bucket),
-                                         self.input_specs, v.rtol, v.atol)
+                                         self.input_specs, self.tolerance)
         # an eager bucket needs no check against itself
         entry.check_real = entry.verify.passed and entry.graph is not None
         return entry.verify
@@ -230,9 +232,8 @@ class Capturer:
         they disagree and the bucket fell back to eager; with on_failure: error, raises."""
         entry = lane.graphs[state.bucket]
         entry.check_real = False
-        v = self.cap.verify
         entry.verify.real_batch = result = verify_real_batch(
-            entry.step, lane.outputs.views(state.bucket), v.rtol, v.atol)
+            entry.step, lane.outputs.views(state.bucket), self.tolerance)
         if not result.passed:
             entry.verify.passed = False
             self.fall_back(lanes, state, CaptureError(
