@@ -16,15 +16,9 @@ import pytest
 
 from graphrun.errors import OutputError, SpecError
 from graphrun.spec_load import load_spec
+from tests.children import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def child_env() -> dict:
-    """The environment for a graphrun child process: this checkout first on its path, and
-    whatever path the test process was given after it (site folders outside the venv)."""
-    paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 
 def cli(*args, cwd=None, timeout=120):

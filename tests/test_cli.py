@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from graphrun.cli import main
 from tests.conftest import MLP_SPEC
+from tests.children import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -105,7 +106,7 @@ def tree_state(folder: Path) -> dict:
 def test_schema_outside_a_checkout_writes_nothing_and_says_how(tmp_path):
     """Run as a user would, from their own (empty) folder, by the repository's graphrun."""
     before = tree_state(ROOT)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     proc = subprocess.run([sys.executable, "-m", "graphrun", "schema"], cwd=tmp_path, env=env,
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr

@@ -16,6 +16,7 @@ import pytest
 import graphrun
 from graphrun import phases
 from graphrun.phases import OTHER, PhaseClock, phase
+from tests.children import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -78,7 +79,7 @@ def test_the_process_start_comes_from_the_os():
             "print(p.PROCESS_T0_HOW, p.FIRST_CLOCK - p.PROCESS_T0)")
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True).stdout
+                         env=child_env(), check=True).stdout
     outside = time.perf_counter() - t0
     how, age = out.split()
     if sys.platform.startswith("linux"):
@@ -121,7 +122,7 @@ def test_a_cli_run_of_a_shipped_pipeline_is_accounted_from_the_process_start(tmp
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "graphrun", "run",
                     str(ROOT / "pipelines" / "mlp-scorer.yaml"), "--out", str(tmp_path / "o"),
-                    "-q"], check=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                    "-q"], check=True, cwd=tmp_path, env=child_env())
     outside = time.perf_counter() - t0
     m = json.loads((tmp_path / "o" / "manifest.json").read_text())
     top = check_adds_up(m)
@@ -194,7 +195,7 @@ def test_the_clock_starts_without_torch():
     """The CLI imports phases first (graphrun's first clock); torch is timed as an import."""
     code = "import sys, graphrun.phases; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True).stdout
+                         env=child_env(), check=True).stdout
     assert out.strip() == "False" and phases.PROCESS_T0 <= phases.FIRST_CLOCK
 
 
