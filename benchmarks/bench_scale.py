@@ -19,7 +19,9 @@ Per run, from a fresh `python -m graphrun run` process (import, CUDA start, capt
   = 1 GPU         ids and values of every record against the 1-GPU run's: "bitwise" (the
                   shares start at whole batches, so every record runs in the same bucket and
                   slot), else the largest logit difference and the records whose top ids
-                  differ (compare()); "NO: ..." fails the script
+                  differ, held to twice the spread between two 1-GPU processes (the run
+                  "1 GPU, again": bf16 kernels chosen at capture may round one unit apart
+                  from one process to the next); "NO: ..." fails the script
 --smoke: a tiny float32 decoder on the CPU (device: cpu, 2 CPU worker processes), to check
 the script itself.
 """
@@ -87,21 +89,32 @@ def outputs(out: Path) -> dict[str, np.ndarray]:
             for name in ("ids", "top_ids", "top_logits")}
 
 
-def compare(got: dict, first: dict) -> str:
-    """"bitwise"; else the largest logit difference, and the share of records whose top ids
-    differ (a kernel rounding one bf16 unit apart can swap near-equal logits; on the CPU,
-    fewer torch threads a worker sum in another order); "NO: ..." where the records are not
-    the same, or differ by more than a few bf16 units."""
-    if any(got[k].shape != first[k].shape for k in first):
-        return "NO: other shapes"
-    if not np.array_equal(got["ids"], first["ids"]):
+def spread(got: dict, first: dict) -> tuple[float, float] | None:
+    """(largest logit difference, share of records whose top ids differ); None when the
+    records themselves differ."""
+    if any(got[k].shape != first[k].shape for k in first) or \
+            not np.array_equal(got["ids"], first["ids"]):
+        return None
+    diff = float(np.abs(got["top_logits"] - first["top_logits"]).max(initial=0.0))
+    swapped = float((got["top_ids"] != first["top_ids"]).any(axis=(1, 2)).mean())
+    return diff, swapped
+
+
+def compare(got: dict, first: dict, floor: tuple[float, float] | None) -> str:
+    """"bitwise"; else the differences, judged against `floor`, the 1-GPU run's own spread
+    from one process to the next (a bf16 step whose kernels round one unit apart swaps
+    near-equal logits; on the CPU, fewer torch threads a worker sum in another order);
+    "NO: ..." where the records are not the same, or differ beyond twice that spread."""
+    found = spread(got, first)
+    if found is None:
         return "NO: other records"
     if all(np.array_equal(got[k], first[k]) for k in first):
         return "bitwise"
-    diff = float(np.abs(got["top_logits"] - first["top_logits"]).max(initial=0.0))
-    swapped = float((got["top_ids"] != first["top_ids"]).any(axis=(1, 2)).mean())
+    diff, swapped = found
     text = f"max diff {diff:.1e}" + (f", top ids differ in {swapped:.3%}" if swapped else "")
-    return text if diff <= 0.1 and swapped <= 1e-3 else f"NO: {text}"
+    fd, fs = floor or (0.0, 0.0)
+    ok = diff <= max(0.1, 2 * fd) and swapped <= max(1e-3, 2 * fs)
+    return text + (" (within 1 GPU's spread)" if ok and floor else "") if ok else f"NO: {text}"
 
 
 def run_all(args, work: Path) -> list[dict]:
@@ -111,13 +124,15 @@ def run_all(args, work: Path) -> list[dict]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
     base = [sys.executable, "-m", "graphrun", "run", str(spec), "-q", "--out"]
-    runs = [("1 GPU" if not args.smoke else "1 process", base + [str(work / "one")]),
+    one = "1 GPU" if not args.smoke else "1 process"
+    runs = [(one, base + [str(work / "one")]),
+            (f"{one}, again", base + [str(work / "again")]),
             (f"--gpus {args.gpus}", base + [str(work / "gpus"), "--gpus", str(args.gpus)]),
             (f"torchrun {args.gpus}", [sys.executable, "-m", "torch.distributed.run",
                                       "--standalone", f"--nproc-per-node={args.gpus}", "-m",
                                       "graphrun", "run", str(spec), "-q", "--out",
                                       str(work / "torchrun")])]
-    rows, first = [], None
+    rows, first, floor = [], None, None
     for label, cmd in runs:
         out = Path(cmd[cmd.index("--out") + 1])
         wall = timed(cmd, env)
@@ -125,7 +140,13 @@ def run_all(args, work: Path) -> list[dict]:
         got = outputs(out)
         if first is None:
             first = got
-        equal = compare(got, first)
+        if out.name == "again":  # the 1-GPU run's own spread, which the others are held to
+            floor = spread(got, first)
+            equal = "bitwise" if floor == (0.0, 0.0) else (
+                f"its own spread: max diff {floor[0]:.1e}, top ids differ in {floor[1]:.3%}"
+                if floor else "NO: other records")
+        else:
+            equal = compare(got, first, floor)
         t = m["totals"]
         rows.append({"run": label, "wall_s": wall, "records": t["records_out"],
                      "records_per_s": t["records_per_s"], "stream_s": t["stream_s"],
