@@ -336,17 +336,10 @@ def _checks(found: Inferred) -> list[str]:
         lo, hi = p.axes[axis]
         out.append(f"buckets.{axis} {found.buckets[axis]}: lengths {lo}-{hi} {seen}; a longer "
                    f"record is rejected: raise the last value if the file holds longer ones")
-    out.append(f"model.dtype {found.model['dtype']}: bfloat16 or float16 halve memory and "
-               "time on a GPU (verify's tolerances widen with them)")
     if found.call == "positional":
         out.append(f"model.call positional: the inputs are passed in the order "
                    f"{', '.join(found.inputs)}; reorder them if the forward wants another")
-    out.append("data.id_field " + (f"{p.id_field}: ids must be unique" if p.id_field else
-                                   "none: a record's position in the file is its id"))
-    if p.skipped:
-        out.append(f"{len(p.skipped)} records of the sample could not be used and were left "
-                   f"out (the first: {p.skipped[0]}); `run` rejects them "
-                   "(data.on_bad_record: skip) or stops at them (error)")
+    out += sample_notes(found.model["dtype"], p)
     if p.left_out:
         out.append(f"fields not used as inputs: {', '.join(p.left_out)}")
     return out
@@ -368,4 +361,17 @@ def _ranges(model, inputs: dict[str, FieldInfo]) -> dict[str, tuple[int, int, st
             out[name] = (0, rows, f"the model's nn.Embedding of {rows} rows")
         else:
             out[name] = (lo, hi, "the sample: widen it to all the model accepts")
+    return out
+
+
+def sample_notes(dtype: str, p: DataProfile) -> list[str]:
+    """What every written spec's report says of its dtype, ids and the sample's bad records."""
+    out = [f"model.dtype {dtype}: bfloat16 or float16 halve memory and time on a GPU "
+           "(verify's tolerances widen with them)",
+           "data.id_field " + (f"{p.id_field}: ids must be unique" if p.id_field else
+                               "none: a record's position in the file is its id")]
+    if p.skipped:
+        out.append(f"{len(p.skipped)} records of the sample could not be used and were left "
+                   f"out (the first: {p.skipped[0]}); `run` rejects them "
+                   "(data.on_bad_record: skip) or stops at them (error)")
     return out

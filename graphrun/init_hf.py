@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import InputError, ModelError
-from .init import Inferred, propose_buckets, spec_target
+from .init import Inferred, propose_buckets, sample_notes, spec_target
 from .init_data import FieldInfo, sample_data
 from .init_spec import relative_to_spec, render_hf_spec, write_spec_files
 from .spec import BATCH
@@ -362,15 +362,7 @@ def _checks(found: HfInferred, config) -> list[str]:
     others = [n for n in p.texts if n != found.text_field]
     if others:
         out.append(f"string fields not used: {', '.join(others)}")
-    out.append(f"model.dtype {found.model['dtype']}: bfloat16 or float16 halve memory and "
-               "time on a GPU (verify's tolerances widen with them)")
-    out.append("data.id_field " + (f"{p.id_field}: ids must be unique" if p.id_field else
-                                   "none: a record's position in the file is its id"))
-    if p.skipped:
-        out.append(f"{len(p.skipped)} records of the sample could not be used and were left "
-                   f"out (the first: {p.skipped[0]}); `run` rejects them "
-                   "(data.on_bad_record: skip) or stops at them (error)")
-    return out
+    return out + sample_notes(found.model["dtype"], p)
 
 
 def _longer(found: HfInferred) -> str:
