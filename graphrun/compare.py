@@ -123,6 +123,17 @@ class OutputsResult:
     max_abs_diff: dict[str, float] = field(default_factory=dict)
     shape_mismatch: int = 0
     within_tolerance: bool | None = None  # A's verify rtol/atol, over the common records
+    picks_differ: dict[str, int] = field(default_factory=dict)  # picked ids: records differing
+
+
+def picked_outputs(spec: dict) -> set[str]:
+    """The outputs holding picked ids (argmax, top-k ids), from a manifest's spec."""
+    picked = set()
+    for name, o in spec.get("outputs", {}).items():
+        topk, reduce = o.get("topk"), o.get("reduce") or []
+        if (topk.get("take", "ids") == "ids") if topk else (reduce[-1:] == ["argmax"]):
+            picked.add(name)
+    return picked
 
 
 def _files(m: dict) -> list[tuple[str, str]]:
@@ -136,6 +147,7 @@ def compare_outputs(a_dir: Path, ma: dict, b_dir: Path, mb: dict) -> OutputsResu
     held = dict(read_outputs(a_dir, ma))
     verify = ma["spec"].get("capture", {}).get("verify", {})
     rtol, atol = verify.get("rtol", 1e-3), verify.get("atol", 1e-3)
+    picks = picked_outputs(ma["spec"])
     res = OutputsResult(False, "values", within_tolerance=True)
     seen = set()
     for rid, outs in read_outputs(b_dir, mb):
@@ -155,8 +167,13 @@ def compare_outputs(a_dir: Path, ma: dict, b_dir: Path, mb: dict) -> OutputsResu
                 diff = float(np.max(np.abs(value - other)))
                 if math.isnan(diff) or diff > res.max_abs_diff.get(name, -1.0):
                     res.max_abs_diff[name] = diff
-                if not np.allclose(value, other, rtol=rtol, atol=atol, equal_nan=True):
+                if name in picks:  # ids of near-tied scores may swap: counted, judged below
+                    res.picks_differ[name] = res.picks_differ.get(name, 0) + bool(diff)
+                elif not np.allclose(value, other, rtol=rtol, atol=atol, equal_nan=True):
                     res.within_tolerance = False
+    share = verify.get("picked_rows", 0.05)
+    if any(n > max(1, math.floor(share * res.common)) for n in res.picks_differ.values()):
+        res.within_tolerance = False
     res.only_a = len(held) - len(seen)
     res.equal = (res.shape_mismatch == 0 and res.only_a == res.only_b == 0
                  and all(v == 0 for v in res.max_abs_diff.values()))
@@ -253,5 +270,7 @@ def outputs_line(o: dict) -> str:
     extra = f"; {o['only_a']} only in A, {o['only_b']} only in B" if (
         o["only_a"] or o["only_b"]) else ""
     extra += f"; {o['shape_mismatch']} shape mismatches" if o["shape_mismatch"] else ""
+    extra += "".join(f"; {name}: other ids in {n} records" for name, n in
+                     o.get("picks_differ", {}).items() if n)
     return (f"outputs: {verdict} over {o['common']} records both hold; largest absolute "
             f"difference: {diffs}{extra}")

@@ -98,3 +98,29 @@ def test_a_buckets_verification_reads_every_lane_and_older_manifests():
     assert bucket_verified({"lanes": [{"verify": None}]}) is None  # capture.verify off
     assert bucket_verified({"lanes": []}) is None  # skipped
     assert bucket_verified({"lanes": 1, "verify": bad}) is False  # lanes was a count before
+
+
+def test_picked_ids_are_judged_by_the_records_that_differ(write_spec, tmp_path):
+    """An argmax output: ids of near-tied scores may swap between two runs; a few records
+    (capture.verify.picked_rows) are within tolerance, many are not."""
+    from tests.conftest import MLP_SPEC
+
+    spec = write_spec(MLP_SPEC.replace("scores: {shape: [batch, 3]}",
+                                       "best: {shape: [batch], reduce: [argmax]}"),
+                      data="".join(f'{{"x": [{i}, 1, 2, 3]}}\n' for i in range(40)))
+    a = run_into(spec, tmp_path / "a")
+    b = run_into(spec, tmp_path / "b", "output.format=jsonl")  # values compared, not sha256
+    shard = b / "part-00000.jsonl"
+    original = shard.read_text()
+
+    def change(records: int) -> dict:
+        lines = [json.loads(line) for line in original.splitlines()]
+        for rec in lines[:records]:
+            rec["best"] = (rec["best"] + 1) % 3
+        shard.write_text("".join(json.dumps(r) + "\n" for r in lines))
+        return compare(a, b)["outputs"]
+
+    out = change(2)  # floor(0.05 * 40) = 2 records may pick other ids
+    assert out["within_tolerance"] and out["picks_differ"] == {"best": 2}
+    out = change(3)
+    assert out["within_tolerance"] is False and out["picks_differ"] == {"best": 3}
