@@ -151,8 +151,6 @@ def measure_memory(spec, sizes: dict[str, int], cuda: bool) -> MemoryModel:
     elsewhere, the peak that one eager run allocates on the CPU."""
     shown = ",".join(f"{a}={v}" for a, v in sizes.items())
     if cuda:
-        from .plan_show import largest_bucket_cost
-
         one = _measuring_spec(spec, sizes)
         _, memory = largest_bucket_cost(one, {a: [v] for a, v in sizes.items()})
         return MemoryModel(sizes, memory, f"capturing {shown} on the GPU")
@@ -209,6 +207,21 @@ def _measuring_spec(spec, sizes: dict[str, int]):
         "verify": spec.capture.verify.model_copy(update={"enabled": False})})
     return spec.model_copy(update={"buckets": {a: [v] for a, v in sizes.items()},
                                    "capture": capture})
+
+
+def largest_bucket_cost(spec, lists: dict[str, list[int]]) -> tuple[float, int]:
+    """(capture s, memory bytes) of capturing the largest bucket of these lists alone, on the
+    spec's (CUDA) device: the cost estimate's unit."""
+    import graphrun
+    from .bench import bucket_costs
+
+    # without the budget, which would drop the very bucket measured, and captured now, to be timed
+    capture = spec.capture.model_copy(update={"memory_budget_mib": None, "lazy": False})
+    one = spec.model_copy(update={"buckets": {a: [max(v)] for a, v in lists.items()},
+                                  "capture": capture})
+    with graphrun.Runner(one) as runner:
+        (cost,) = bucket_costs(runner).values()
+    return cost["capture_s"] or 0.0, cost["memory_bytes"] or 0
 
 
 def budget_plan(spec, hist: Histogram, max_graphs: int, multiple_of: dict[str, int],

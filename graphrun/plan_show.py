@@ -8,25 +8,11 @@ from pathlib import Path
 
 from .errors import SpecError, Problem
 from .plan import Evaluation, Histogram
+from .plan_budget import budget_plan, largest_bucket_cost
 
 
 def flow_list(values: list[int]) -> str:
     return "[" + ", ".join(str(v) for v in values) + "]"
-
-
-def largest_bucket_cost(spec, lists: dict[str, list[int]]) -> tuple[float, int]:
-    """(capture s, memory bytes) of capturing the largest bucket of these lists alone, on the
-    spec's (CUDA) device: the cost estimate's unit."""
-    import graphrun
-    from .bench import bucket_costs
-
-    # without the budget, which would drop the very bucket measured, and captured now, to be timed
-    capture = spec.capture.model_copy(update={"memory_budget_mib": None, "lazy": False})
-    one = spec.model_copy(update={"buckets": {a: [max(v)] for a, v in lists.items()},
-                                  "capture": capture})
-    with graphrun.Runner(one) as runner:
-        (cost,) = bucket_costs(runner).values()
-    return cost["capture_s"] or 0.0, cost["memory_bytes"] or 0
 
 
 def estimates(spec, rows: list[tuple[str, Evaluation]], measure=largest_bucket_cost
@@ -138,7 +124,6 @@ def run_plan(spec_path: Path, overrides, max_graphs: int, sample: int | None,
 
     from .errors import InputError
     from .plan import evaluate, histogram, power_of_two
-    from .plan_budget import budget_plan
     from .spec_load import load_spec
 
     spec = load_spec(spec_path, overrides)

@@ -17,7 +17,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from graphrun.journal import ShardPlace, journal_names
+from graphrun.errors import OutputError
+from graphrun.journal import ShardPlace, journal_names, read_journal
 
 WORKERS = "workers"
 _ENTRY = re.compile(r"rank-\d+(\.progress|\.log)?")
@@ -72,3 +73,19 @@ def job_shards(top: Path, mark: dict) -> tuple[set[str], list[ShardPlace]]:
         listed |= names
         ranges.append(ShardPlace(Path(top), max(first, after), end))
     return listed, ranges
+
+
+def manifest_since(top: Path, rank: int, since: float) -> bool:
+    """The worker's manifest.json was written at or after `since` (time.time())."""
+    try:
+        return (worker_dir(top, rank) / "manifest.json").stat().st_mtime >= since - 0.05
+    except OSError:
+        return False
+
+
+def committed(top: Path, rank: int, start: int, first_shard: int):
+    """A worker's journal point, or None (nothing committed, or a journal not graphrun's)."""
+    try:
+        return read_journal(worker_dir(top, rank), start, first_shard)
+    except OutputError:
+        return None

@@ -15,13 +15,11 @@ import time
 from pathlib import Path
 
 from graphrun.engine.timing import percentiles
-from graphrun.errors import OutputError
-from graphrun.journal import REJECTS, fsync_path, read_journal
+from graphrun.journal import REJECTS, fsync_path
 from graphrun.manifest import BucketReport, FileEntry, Manifest, Totals, write_manifest
 from graphrun.manifest_sections import WorkerReport
 from graphrun.padding import position_ratios
-from graphrun.scale.layout import shares, worker_dir
-from graphrun.scale.watch import manifest_since
+from graphrun.scale.layout import committed, manifest_since, shares, worker_dir
 
 
 def read_worker(top: Path, rank: int) -> Manifest | None:
@@ -92,14 +90,6 @@ def worker_report(top: Path, rank: int, m: Manifest | None, died: tuple | None, 
     status, why = died or ("failed", "ended without writing its manifest")
     return WorkerReport(**common, status=status, error=why,
                         records_in=rows + rejects, records_out=rows, records_rejected=rejects)
-
-
-def committed(top: Path, rank: int, start: int, first_shard: int):
-    """A worker's journal point, or None (nothing committed, or a journal not graphrun's)."""
-    try:
-        return read_journal(worker_dir(top, rank), start, first_shard)
-    except OutputError:
-        return None
 
 
 def all_files(top: Path, mark: dict, manifests: list) -> list[FileEntry]:

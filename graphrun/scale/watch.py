@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 from graphrun.progress import Progress
-from graphrun.scale.layout import log_file, progress_file, shares, worker_dir
+from graphrun.scale.layout import (committed, log_file, manifest_since, progress_file, shares,
+                                   worker_dir)
 
 UPDATE_S = 0.2
 WIDTH = 48  # the file's fixed size: rewritten in place, read whole
@@ -67,7 +68,6 @@ class JobProgress:
     """One bar for the job: the records its workers read this attempt, of those left."""
 
     def __init__(self, top: Path, mark: dict, show: bool):
-        from graphrun.scale.merge import committed
 
         cuts = shares(mark)
         self.paths = [progress_file(top, k) for k in range(len(cuts))]
@@ -93,14 +93,6 @@ class JobProgress:
     def close(self) -> None:
         self.poll()
         self.bar.close()
-
-
-def manifest_since(top: Path, rank: int, since: float) -> bool:
-    """The worker's manifest.json was written at or after `since` (time.time())."""
-    try:
-        return (worker_dir(top, rank) / "manifest.json").stat().st_mtime >= since - 0.05
-    except OSError:
-        return False
 
 
 def outcome(top: Path, rank: int, rc: int | None, state: str | None, since: float,

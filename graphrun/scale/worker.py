@@ -23,9 +23,9 @@ from graphrun.folder import locked, read_mark
 from graphrun.journal import ShardPlace
 from graphrun.manifest import Manifest
 from graphrun.scale.job_folder import prepare_job
-from graphrun.scale.layout import is_job, progress_file, shares, worker_dir
+from graphrun.scale.layout import is_job, manifest_since, progress_file, shares, worker_dir
 from graphrun.scale.merge import merge, now
-from graphrun.scale.watch import JobProgress, ProgressFile, manifest_since, outcome
+from graphrun.scale.watch import JobProgress, ProgressFile, outcome
 from graphrun.scale.world import World, watch_parent, worker_cores, worker_device
 from graphrun.tuning import Tuning
 
