@@ -32,6 +32,18 @@ for experiment in EXPERIMENT_COMMANDS:  # plan, compare, report, sweep, bench
     main.add_command(experiment)
 
 
+def entry() -> None:
+    """The console script and `python -m graphrun`: main, then an exit without the
+    interpreter's teardown where that is safe (fast_exit.py); tests call main itself."""
+    from .fast_exit import finish
+
+    try:
+        main(standalone_mode=True)
+    except SystemExit as done:
+        finish(done.code)
+        raise
+
+
 def check_ray_options(use_ray: bool, address, workers, start: int, stop, gpus) -> None:
     if not use_ray and (address or workers):
         fail(GraphrunError("--address and --workers go with --ray; add --ray"))

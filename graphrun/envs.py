@@ -23,6 +23,9 @@ VARIABLES: dict[str, tuple[str, str]] = {
         "cores, at most 4", "threads writing the rows of big npy output batches"),
     "GRAPHRUN_ROW_POOL_BYTES": (
         "1048576", "npy output batches of at least this many bytes go to those threads"),
+    "GRAPHRUN_SLOW_EXIT": (
+        "0", "1: the command line exits through the interpreter's teardown (exit hooks, module "
+             "cleanup) instead of ending the process once its work is done and flushed"),
     "GRAPHRUN_JOB_PARENT": (
         "", "set by `graphrun run --gpus N` in the worker processes it starts: its pid (it "
             "prepared the output folder and merges the workers' manifests)"),

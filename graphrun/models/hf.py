@@ -15,6 +15,7 @@ from typing import Any
 from torch import nn
 
 from graphrun.errors import ModelError
+from graphrun.phases import LIBRARY_IMPORTS, phase
 
 EXTRA = 'pip install "graphrun[hf]"'
 PKG = "pkg://"
@@ -63,15 +64,17 @@ def load_hf(hf, base_dir: Path | None, dtype=None) -> nn.Module:
     """hf: the spec's HFModelSpec. The model on the CPU, read in `dtype` (model.dtype) unless
     hf.kwargs names one; build_model moves it. from_pretrained makes the parameters on the meta
     device and skips their random init, as the weights replace them."""
-    transformers = require("transformers", "model.hf")
     where = resolve_path(hf.path, base_dir)
-    cls = getattr(transformers, hf.class_, None)
-    if cls is None or not hasattr(cls, "from_pretrained"):
-        autos = sorted(n for n in dir(transformers) if n.startswith("AutoModel"))
-        raise ModelError(f"model.hf.class: transformers has no model class {hf.class_!r}; "
-                         f"e.g. {', '.join(autos[:8])}")
     # never downloaded, and remote code only as the spec's own key says, whatever kwargs hold
     kwargs = {**hf.kwargs, "local_files_only": True, "trust_remote_code": hf.trust_remote_code}
+    with phase(LIBRARY_IMPORTS.format("transformers")):  # imports, not the model's build
+        transformers = require("transformers", "model.hf")
+        cls = getattr(transformers, hf.class_, None)  # transformers imports classes lazily
+        if cls is None or not hasattr(cls, "from_pretrained"):
+            autos = sorted(n for n in dir(transformers) if n.startswith("AutoModel"))
+            raise ModelError(f"model.hf.class: transformers has no model class {hf.class_!r}; "
+                             f"e.g. {', '.join(autos[:8])}")
+        import_model_code(transformers, cls, where, kwargs)
     if dtype is not None and not {"dtype", "torch_dtype"} & set(kwargs):
         # cast as read: one pass, half the bytes to move for 16 bits (4.x names it torch_dtype)
         v5 = int(transformers.__version__.split(".")[0]) >= 5
@@ -93,6 +96,21 @@ def load_hf(hf, base_dir: Path | None, dtype=None) -> nn.Module:
     if config is not None and hasattr(config, "use_cache"):
         config.use_cache = False  # no KV cache object in the return: one step, static shapes
     return model
+
+
+def import_model_code(transformers, cls, where: str, kwargs: dict) -> None:
+    """Import the module of the class an Auto class picks by the folder's config.json, which
+    from_pretrained would import lazily; any failure is left for from_pretrained to report."""
+    mapping = getattr(cls, "_model_mapping", None)
+    if mapping is None or kwargs["trust_remote_code"]:  # a concrete class, or remote code
+        return
+    try:
+        config = transformers.AutoConfig.from_pretrained(
+            where, **{k: v for k, v in kwargs.items()
+                      if k in ("local_files_only", "cache_dir", "revision", "subfolder")})
+        mapping[type(config)]
+    except Exception:  # noqa: BLE001 - a missing or unknown config: from_pretrained says so
+        pass
 
 
 def tokenizer_folder(spec) -> str:

@@ -7,13 +7,15 @@ import torch
 from torch import nn
 
 from graphrun.errors import ModelError
+from graphrun.phases import LIBRARY_IMPORTS, phase
 
 EXTRA = 'pip install "graphrun[vision]"'
 
 
 def load_timm(spec_timm) -> nn.Module:
     try:
-        import timm
+        with phase(LIBRARY_IMPORTS.format("timm")):  # timm imports torchvision
+            import timm
     except Exception as e:  # noqa: BLE001 - timm imports torchvision, which can fail to load
         raise ModelError(f"model.timm needs timm, which could not be imported ({type(e).__name__}:"
                          f" {e}); install it: {EXTRA} (timm imports torchvision: install the "
