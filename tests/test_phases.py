@@ -137,9 +137,12 @@ def test_a_cli_run_of_a_shipped_pipeline_is_accounted_from_the_process_start(tmp
     for name in ("spec", "output folder", "model build", "warm-up", "verify", "stream",
                  "drain and fsync"):
         assert top[name] > 0, name
-    # the first batch reached the writer after setup and before the stream ended
+    # the first batch reached the writer after setup, by the end of the drain (the completer's
+    # thread hands it over: on a GPU, after the launching thread's stream phase of a short
+    # run); the gaps between phases (other) may lie anywhere before it
     before_stream = sum(top[n] for n in names[:names.index("stream")])
-    assert before_stream < totals["time_to_first_output_s"] < before_stream + top["stream"]
+    drained = sum(top[n] for n in names[:names.index("drain and fsync") + 1]) + top[OTHER]
+    assert before_stream < totals["time_to_first_output_s"] <= drained
 
 
 def test_a_run_with_verify_on_accounts_for_each_bucket(tmp_path):
