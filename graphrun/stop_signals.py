@@ -7,14 +7,35 @@ import signal
 import threading
 
 
-class StopSignals:
+class SignalTrap:
+    """Inside `with`, SIGINT and SIGTERM go to _handle (on the main thread, where Python takes
+    signals); the handlers from before are put back after."""
+
+    def __init__(self):
+        self.signum = 0
+        self._old = {}
+
+    def _handle(self, signum, frame) -> None:
+        self.signum = signum
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+
+
+class StopSignals(SignalTrap):
     """SIGINT/SIGTERM set a flag; the loop finishes the batch in flight, commits and stops.
     A second signal stops at once (KeyboardInterrupt), except after hold(): from there on the
     run only commits and writes its manifest, which must not be cut short."""
 
     def __init__(self):
-        self.signum = 0
-        self._old = {}
+        super().__init__()
         self._held = False
         self._streaming = False
 
@@ -30,13 +51,3 @@ class StopSignals:
 
     def hold(self) -> None:
         self._held = True
-
-    def __enter__(self) -> "StopSignals":
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._old.items():
-            signal.signal(sig, handler)

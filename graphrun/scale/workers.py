@@ -24,6 +24,7 @@ from graphrun.scale.merge import merge, now
 from graphrun.scale.watch import JobProgress, outcome, read_progress
 from graphrun.scale.worker import job_result
 from graphrun.scale.world import worker_device
+from graphrun.stop_signals import SignalTrap
 
 
 def worker_count(gpus: str, spec) -> int:
@@ -110,23 +111,13 @@ def start_workers(spec_path: Path, overrides, top: Path, n: int, *, resume: bool
     return procs
 
 
-class Forward:
+class Forward(SignalTrap):
     """SIGINT and SIGTERM to the parent go to every worker still running (each commits what is
     finished and stops; a second signal stops them at once, as for one process)."""
 
     def __init__(self):
+        super().__init__()
         self.procs: list[subprocess.Popen] = []
-        self.signum = 0
-        self._old: dict = {}
-
-    def __enter__(self) -> "Forward":
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._old.items():
-            signal.signal(sig, handler)
 
     def _handle(self, signum, frame) -> None:
         self.signum = signum
