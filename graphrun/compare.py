@@ -17,6 +17,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from .errors import InputError
+from .spec import VerifySpec, allowed_picks
 
 TOTALS = ("records_out", "batches", "records_per_s", "wall_s", "setup_s", "stream_s",
           "capture_s", "capture_memory_bytes", "padding_ratio")
@@ -171,8 +172,8 @@ def compare_outputs(a_dir: Path, ma: dict, b_dir: Path, mb: dict) -> OutputsResu
                     res.picks_differ[name] = res.picks_differ.get(name, 0) + bool(diff)
                 elif not np.allclose(value, other, rtol=rtol, atol=atol, equal_nan=True):
                     res.within_tolerance = False
-    share = verify.get("picked_rows", 0.05)
-    if any(n > max(1, math.floor(share * res.common)) for n in res.picks_differ.values()):
+    share = verify.get("picked_rows", VerifySpec.model_fields["picked_rows"].default)
+    if any(n > allowed_picks(share, res.common) for n in res.picks_differ.values()):
         res.within_tolerance = False
     res.only_a = len(held) - len(seen)
     res.equal = (res.shape_mismatch == 0 and res.only_a == res.only_b == 0

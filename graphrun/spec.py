@@ -7,6 +7,8 @@ YAML loading with line/column tracking in spec_load.py.
 
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
@@ -199,6 +201,11 @@ class VerifySpec(Strict):
         "judge: the share of a batch's rows whose ids may differ between replay and eager "
         "(at least one row). Where scores tie within rounding, kernels chosen under capture "
         "can swap a pick; a wrong graph changes nearly every row."))
+
+
+def allowed_picks(share: float, rows: int) -> int:
+    """Rows of `rows` whose picked ids may differ under capture.verify.picked_rows = share."""
+    return max(1, math.floor(share * rows))
 
 
 class CaptureSpec(Strict):

@@ -51,7 +51,7 @@ def data_needs(spec, reader, plan=None) -> Callable[[BucketTable], set[Bucket]]:
     def needs(table: BucketTable) -> set[Bucket]:
         batches, _ = reader.peek()
         found = batch_needs(table, batches, split)
-        shapes = getattr(plan, "shapes", None) if plan is not None else None
+        shapes = getattr(plan, "shapes", None)
         if shapes is not None:
             found |= shape_needs(table, shapes, split)
         return found

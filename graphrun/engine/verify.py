@@ -14,7 +14,6 @@ Results are the manifest's types (VerifyResult, BatchCheck), kept on the lane's 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -22,7 +21,7 @@ import torch
 
 from ..buckets import Bucket
 from ..manifest import BatchCheck, VerifyResult
-from ..spec import FLOAT_DTYPES, InputSpec
+from ..spec import FLOAT_DTYPES, InputSpec, allowed_picks
 
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 ULP_SLACK = 2
@@ -90,7 +89,7 @@ def compare_picks(got: torch.Tensor, want: torch.Tensor, tol: Tolerance) -> tupl
     so up to tol.picked_rows of the rows (at least one) may differ."""
     rows = got.shape[0] if got.dim() else 1
     differ = int((got.reshape(rows, -1) != want.reshape(rows, -1)).any(dim=1).sum())
-    return differ <= max(1, math.floor(tol.picked_rows * rows)), differ, rows
+    return differ <= allowed_picks(tol.picked_rows, rows), differ, rows
 
 
 def fill_verify_batch(bucket: Bucket, inputs: dict[str, torch.Tensor],
@@ -150,7 +149,7 @@ def compare_outputs(replayed: dict[str, torch.Tensor], eager: dict[str, torch.Te
                 result.failures.append(
                     f"output {name!r}: {when}replay picks other ids than eager in {differ} of "
                     f"{rows} rows (picked_rows={tol.picked_rows:g} allows "
-                    f"{max(1, math.floor(tol.picked_rows * rows))})")
+                    f"{allowed_picks(tol.picked_rows, rows)})")
             continue
         rtol, atol = tol.rtol, tol.atol
         ok, max_abs, max_rel = compare(got, t.to(got.device), rtol, atol)
