@@ -19,6 +19,7 @@ from .errors import GraphrunError, Interrupted, OutputError
 from .manifest import Manifest, completed_manifest
 from .progress import Progress, count_records, summary_table
 from .engine import Runner
+from .engine.device_start import DeviceStart
 from .engine.lazy import LOOK_AHEAD, data_needs
 from .feed import feed_stream, slot_count
 from .grouping import PaddingCount
@@ -140,12 +141,13 @@ def new_job(spec, out, overlap, tuning: Tuning | None,
     choice (the caller's, else GRAPHRUN_OVERLAP's; None: by the device)."""
     how = "set by run()'s overlap" if overlap is not None else f"set by {OVERLAP_ENV}"
     overlap = overlap_choice(overlap)
+    started = DeviceStart.begin(spec)  # the CUDA context, on a thread beside what follows
     with phase("bucket plan"):
         spec, bucket_plan = resolve_auto(spec)
     out_dir = Path(out).resolve() if out else spec.output.dir
     with phase("input hash start"):  # a child process for the input, a thread for the model
         job = RunState(spec, out_dir, spec.model_dump(mode="json"), clock)
-    job.bucket_plan, job.overlap_how = bucket_plan, how
+    job.bucket_plan, job.overlap_how, job.device_start = bucket_plan, how, started
     job.tuning = tuning or Tuning.from_machine()  # the reader's and writer's threads and chunks
     return job, overlap
 
@@ -194,7 +196,8 @@ def run_stream(job: RunState, fingerprint: dict, resume_point, start: int, stop,
                                                 tuning=job.tuning, padding=job.padding),
                                    ahead=LOOK_AHEAD if spec.capture.lazy else 1)
         job.runner = runner = Runner(spec, log=job.print_and_warn if show else job.warn,
-                                     needs=data_needs(spec, job.reader, job.bucket_plan))
+                                     needs=data_needs(spec, job.reader, job.bucket_plan),
+                                     started=job.device_start)
         if spec.report.baseline == "eager":
             with phase("eager baseline"):
                 runner.measure_baseline()

@@ -24,10 +24,11 @@ from ..manifest import BucketReport, LaneReport
 from ..padding import add_padded_positions
 from ..phases import phase
 from ..models.call import call_model, first_call, name_outputs, unlisted_outputs
-from ..models.load import build_model, compile_model, model_input_dtypes
+from ..models.load import build_model, compile_model, import_library, model_input_dtypes
 from ..spec import BATCH, PipelineSpec
 from .buffers import TORCH_DTYPES, host_dtype
 from .capture import BucketState, Capturer
+from .device_start import DeviceStart
 from .direct import Direct
 from .inputs import check_batch
 from .lanes import Lane, Layout
@@ -37,21 +38,22 @@ from .verify import fill_synthetic
 
 
 class Runner:
-    def __init__(self, spec: PipelineSpec, *, log=None, needs=None):
+    def __init__(self, spec: PipelineSpec, *, log=None, needs=None,
+                 started: DeviceStart | None = None):
         """needs: with capture.lazy, table -> the buckets to set up now (lazy.py; asked after
-        the model is built); the others are set up on first use. None: all on first use."""
+        the model is built); the others are set up on first use. None: all on first use.
+        started: the device's context begun earlier, beside other setup (device_start.py)."""
         self.spec = spec
         self.log = log or (lambda msg: None)
-        self.device = resolve_device(spec.device)
+        t0 = time.perf_counter()
+        started = started or DeviceStart.begin(spec)
+        import_library(spec)  # pure CPU work, beside the device's start
+        with phase("cuda context") if started else nullcontext():  # the wait for it
+            self.device = started.wait() if started else resolve_device(spec.device)
         self.backend = resolve_backend(spec.capture.backend, self.device)
         self.cuda = self.device.type == "cuda"
         self.table = BucketTable(spec)
         self.states: dict[Bucket, BucketState] = {b: BucketState(b) for b in self.table.all}
-        t0 = time.perf_counter()
-        if self.cuda:  # the context, created by the first allocation: timed apart
-            with phase("cuda context"):
-                torch.zeros(1, device=self.device)
-                torch.cuda.synchronize(self.device)
         with self._device_ctx():
             with torch.inference_mode(), phase("model build"):
                 self.model = build_model(spec, self.device, spec.base_dir)

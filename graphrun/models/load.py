@@ -25,7 +25,7 @@ from graphrun.models.heads import Heads, needs_heads
 from graphrun.models.hf import load_hf
 from graphrun.models.vision import load_timm
 from graphrun.models.mlp import build_mlp
-from graphrun.phases import phase
+from graphrun.phases import LIBRARY_IMPORTS, phase
 from graphrun.spec import BATCH, PipelineSpec
 
 # name -> builder(**args) -> nn.Module. The spec checker lists these names.
@@ -76,6 +76,19 @@ def build_model(spec: PipelineSpec, device: torch.device,
     if needs_heads(spec):  # outputs picked and reduced inside the captured step
         model = Heads(model, spec.outputs, list(spec.inputs), m.call)
     return model
+
+
+def import_library(spec: PipelineSpec) -> None:
+    """The model library's import (transformers, timm) alone, before the build: CPU work the
+    device's start runs beside (engine/device_start.py). One that fails is reported by the
+    build, with what to install."""
+    name = "transformers" if spec.model.hf else "timm" if spec.model.timm else None
+    if name is not None:
+        with phase(LIBRARY_IMPORTS.format(name)):
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001, S110 - load_hf / load_timm explain it
+                pass
 
 
 def model_input_dtypes(spec: PipelineSpec) -> dict[str, torch.dtype]:

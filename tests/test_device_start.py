@@ -1,0 +1,43 @@
+"""engine/device_start.py: the device resolved (and its CUDA context made) on a thread beside
+setup; what fails there is raised where the Runner waits for it."""
+
+import pytest
+import torch
+
+from graphrun.engine.device_start import DeviceStart
+from graphrun.errors import GraphrunError
+from graphrun.spec import PipelineSpec
+
+SPEC = {"version": 1, "name": "t", "model": {"builtin": "mlp", "args": {"in_features": 4}},
+        "inputs": {"x": {"shape": ["batch", 4], "dtype": "float32"}},
+        "outputs": {"scores": {"shape": ["batch", 16]}}, "buckets": {"batch": [1, 2]},
+        "data": {"path": "x.npy"}, "output": {"dir": "out"}}
+
+
+def spec(**top) -> PipelineSpec:
+    return PipelineSpec.model_validate({**SPEC, **top})
+
+
+def test_nothing_to_start_for_the_cpu():
+    assert DeviceStart.begin(spec(device="cpu")) is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the machine has CUDA")
+def test_auto_without_cuda_is_the_cpu():
+    assert DeviceStart.begin(spec(device="auto")).wait() == torch.device("cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the machine has CUDA")
+def test_a_missing_device_is_raised_on_the_waiting_thread():
+    started = DeviceStart.begin(spec(device="cuda:0"))
+    with pytest.raises(GraphrunError, match="no CUDA"):
+        started.wait()
+
+
+@pytest.mark.cuda
+def test_the_context_exists_after_the_wait():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    device = DeviceStart.begin(spec(device="auto", model={**SPEC["model"],
+                                                          "dtype": "bfloat16"})).wait()
+    assert device.type == "cuda" and torch.cuda.is_initialized()
