@@ -1,8 +1,8 @@
 """The device's start beside the rest of setup: the driver, the CUDA context and cuBLAS, made on
 a thread.
 
-Starting the driver, creating the context and loading cuBLAS is the driver's and the library's
-work; on the main thread it would wait in line before the model's build, while a model library's
+Starting the driver (cuInit, called so that the GIL is let go meanwhile), creating the context
+and loading cuBLAS is the driver's and the library's work; on the main thread it would wait in line before the model's build, while a model library's
 import (transformers), the output folder's preparation and the reader's start can run
 meanwhile. The Runner then waits for it ("cuda context" in the manifest's phases: only the wait
 is left).
@@ -14,6 +14,7 @@ is left).
 
 from __future__ import annotations
 
+import ctypes
 import threading
 
 import torch
@@ -43,7 +44,8 @@ class DeviceStart:
 
     def _start(self) -> None:
         try:
-            self.device = device = resolve_device(self.name)  # starts the driver: cuInit
+            start_driver()
+            self.device = device = resolve_device(self.name)
             if device.type == "cuda":
                 with torch.cuda.device(device):
                     a = torch.ones(8, 8, device=device, dtype=self.dtype)  # the context
@@ -58,3 +60,13 @@ class DeviceStart:
         if self.error is not None:
             raise self.error
         return self.device
+
+
+def start_driver() -> None:
+    """cuInit through ctypes, which lets go of the GIL while the driver starts (torch's own call,
+    in torch.cuda.is_available(), holds it: the main thread would stop meanwhile); torch's call
+    then finds the driver started. Without libcuda, torch finds no CUDA, as it would."""
+    try:
+        ctypes.CDLL("libcuda.so.1").cuInit(0)
+    except (OSError, AttributeError):
+        pass
