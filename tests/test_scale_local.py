@@ -351,6 +351,7 @@ def test_overwrite_of_a_job_folder_keeps_a_users_file(job, tmp_path):
     (out / "workers/rank-0/journal.jsonl").write_text("")
     (out / "part-00000.ids.npy").write_text("")  # its unfinished range: graphrun's
     (out / "part-00001.ids.npy").write_text("")  # beyond every range: not graphrun's
+    (out / "workers/input.sha256").write_text("{}")  # the job's input hash: graphrun's
     own, foreign = split_entries(out)
     assert sorted(p.name for p in own) == ["part-00000.ids.npy", "run.json", "workers"]
     assert [p.name for p in foreign] == ["part-00001.ids.npy"]
