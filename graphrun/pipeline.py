@@ -25,11 +25,12 @@ from .grouping import PaddingCount
 from .overlap import MEASURE, OVERLAP_ENV, OverlapTrial, overlap_choice
 from .phases import BEFORE_RUN, PhaseClock, phase
 from .run_state import RunState
+from .scale.input_digest import SharedHash
 from .stop_signals import StopSignals
 from .stream import ReadAhead, read_batches
 from .tuning import Tuning
 from .folder import locked, prepare_out_dir
-from .journal import ShardPlace
+from .journal import InputHash, ShardPlace
 from .latencies import open_latencies
 from .outputs import shard_suffixes
 from .write import ShardWriter
@@ -39,7 +40,8 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
         show: bool = False, start: int = 0, stop: int | None = None,
         overlap: bool | str | None = None, tuning: Tuning | None = None,
         accept_model_change: bool = False, place: ShardPlace | None = None,
-        progress=None, clock: PhaseClock | None = None, input_hash=None) -> Manifest:
+        progress=None, clock: PhaseClock | None = None,
+        input_hash: InputHash | SharedHash | None = None) -> Manifest:
     """Run the pipeline; returns the manifest (also written to <out>/manifest.json).
 
     start/stop select a slice of the input's records (one process per GPU reads its own).
@@ -137,7 +139,7 @@ def run_locked(job: RunState, stop_signal: StopSignals, *, resume: bool, overwri
 
 
 def new_job(spec, out, overlap, tuning: Tuning | None, clock: PhaseClock | None = None,
-            input_hash=None) -> tuple[RunState, object]:
+            input_hash: InputHash | SharedHash | None = None) -> tuple[RunState, object]:
     """The run's state, its spec's `buckets: auto` planned (auto_buckets.py), and the overlap
     choice (the caller's, else GRAPHRUN_OVERLAP's; None: by the device)."""
     how = "set by run()'s overlap" if overlap is not None else f"set by {OVERLAP_ENV}"

@@ -20,13 +20,14 @@ from .manifest_sections import BucketPhases, Phase, Phases
 from .overlap import OverlapTrial, overlap_reason, overlapped_path
 from .padding import position_ratios
 from .phases import PART_PHASES, PhaseClock, phase
+from .scale.input_digest import SharedHash
 
 
 class RunState:
     """What the spine accumulates for the manifest."""
 
     def __init__(self, spec, out_dir: Path, spec_json: dict, clock: PhaseClock | None = None,
-                 input_hash=None):
+                 input_hash: InputHash | SharedHash | None = None):
         self.spec, self.out_dir, self.spec_json = spec, out_dir, spec_json
         self.clock = clock or PhaseClock()  # the process's time, as phases (phases.py)
         self.spec_sha = spec_digest(spec_json)

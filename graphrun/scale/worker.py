@@ -3,9 +3,9 @@ capturing its own graphs; its shards go into the job's folder, its journal into 
 
 Started by `graphrun run --gpus N` (the parent prepared the folder and merges the manifest)
 or by torchrun, where there is no parent: rank 0 prepares the folder while the others wait
-(a gloo rendezvous, which also tells rank 0 every worker's pid), and merges the manifest
-once every worker ended; a worker whose process is gone without ending is named, not waited
-for.
+(a gloo rendezvous, which also tells every worker the others' pids), hashes the input for
+all of them (input_digest.py), and merges the manifest once every worker ended; a worker
+whose process is gone without ending is named, not waited for.
 """
 
 from __future__ import annotations
