@@ -62,7 +62,10 @@ class PublishedHash:
             if self._closing.is_set():  # stopped at the job's end: no worker waits
                 return
             entry = {"input": str(self.path), "error": str(err)}
-        write_entry(self.file, entry)
+        try:
+            write_entry(self.file, entry)
+        except OSError:  # a folder not writable: the workers' wait gives up (SharedHash)
+            pass
 
     def close(self) -> None:
         self._closing.set()
