@@ -20,17 +20,20 @@ from .manifest_sections import BucketPhases, Phase, Phases
 from .overlap import OverlapTrial, overlap_reason, overlapped_path
 from .padding import position_ratios
 from .phases import PART_PHASES, PhaseClock, phase
+from .scale.input_digest import SharedHash
 
 
 class RunState:
     """What the spine accumulates for the manifest."""
 
-    def __init__(self, spec, out_dir: Path, spec_json: dict, clock: PhaseClock | None = None):
+    def __init__(self, spec, out_dir: Path, spec_json: dict, clock: PhaseClock | None = None,
+                 input_hash: InputHash | SharedHash | None = None):
         self.spec, self.out_dir, self.spec_json = spec, out_dir, spec_json
         self.clock = clock or PhaseClock()  # the process's time, as phases (phases.py)
         self.spec_sha = spec_digest(spec_json)
         self.t0 = time.perf_counter()
-        self.input_hash = InputHash(spec.data.path)  # for --resume: the same input
+        # for --resume: the same input; a job's worker is given the digest its job hashed once
+        self.input_hash = InputHash(spec.data.path) if input_hash is None else input_hash
         self.model_files = model_files(spec.model, spec.base_dir)
         self.model_hash = FilesHash(self.model_files)  # for --resume: the same model
         self.input_sha: str | None = None

@@ -24,6 +24,7 @@ import yaml
 
 import graphrun
 from graphrun.errors import GraphrunError
+from graphrun.journal import sha256_file
 from graphrun.scale.workers import worker_count
 from graphrun.scale.world import split
 
@@ -138,9 +139,67 @@ def check_equals_one_process(out: Path, one: Path) -> dict:
     return m
 
 
+# Loaded at the start of every graphrun process the tests start with it on PYTHONPATH (not
+# the hashing children, which run isolated): each InputHash made is a line "pid path".
+COUNT_HASHES = """\
+import os
+
+from graphrun import journal
+
+_init = journal.InputHash.__init__
+
+
+def _counted(self, path):
+    with open(os.environ["HASH_MARKER"], "a") as f:
+        f.write(f"{os.getpid()} {path}\\n")
+    _init(self, path)
+
+
+journal.InputHash.__init__ = _counted
+"""
+
+
+def counting_hashes(tmp_path, env=None) -> tuple[dict, Path]:
+    """An environment whose graphrun processes log every InputHash, and the log's path."""
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(COUNT_HASHES)
+    env = dict(env or os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT), env.get("PYTHONPATH", "")])
+    env["HASH_MARKER"] = str(tmp_path / "hashes.log")
+    return env, tmp_path / "hashes.log"
+
+
+def hashed_by(log: Path, data: Path) -> list[int]:
+    """The pids that hashed `data` (the model's files are hashed by every worker)."""
+    lines = [ln.split(" ", 1) for ln in log.read_text().splitlines()]
+    return [int(pid) for pid, path in lines if Path(path) == data]
+
+
+def check_one_input_hash(out: Path, data: Path, log: Path, pid: int | None = None) -> None:
+    """The input hashed once for the job (by `pid`), and every run.json and manifest of the
+    job says that digest."""
+    by = hashed_by(log, data)
+    assert len(by) == 1 and (pid is None or by == [pid]), by
+    want = sha256_file(data)
+    job = json.loads((out / "manifest.json").read_text())
+    assert job["input"]["sha256"] == want
+    for k in range(len(job["workers"])):
+        rank = out / f"workers/rank-{k}"
+        assert json.loads((rank / "run.json").read_text())["input_sha256"] == want
+        m = json.loads((rank / "manifest.json").read_text())
+        assert m["input"]["sha256"] == want
+        phases = {p["name"]: p["s"] for p in m["phases"]["top"]}
+        assert phases["input hash wait"] >= m["totals"]["input_hash_s"]  # the shared digest's
+        assert sum(phases.values()) == pytest.approx(m["totals"]["process_wall_s"], rel=0.02)
+
+
 def test_gpus_2_on_the_cpu_equals_one_process(job, tmp_path):
     out = tmp_path / "job"
-    finish(cli(job.specs["jsonl"], "--gpus", "2", "--out", out, "-q"))
+    env, log = counting_hashes(tmp_path)
+    proc = cli(job.specs["jsonl"], "--gpus", "2", "--out", out, "-q", env=env)
+    finish(proc)
+    check_one_input_hash(out, job.folder / "data.jsonl", log, proc.pid)
     m = check_equals_one_process(out, job.folder / "one-jsonl")
     assert [(w["rank"], w["device"], w["status"]) for w in m["workers"]] == [
         (0, "cpu", "completed"), (1, "cpu", "completed")]
@@ -157,18 +216,63 @@ def test_gpus_2_on_the_cpu_equals_one_process(job, tmp_path):
     assert "holds a different run" in err or "one process" in err, err
 
 
+def own_copy(job, tmp_path) -> Path:
+    """The JSONL spec, its model and its input in tmp_path: a test may change the input."""
+    for name in ("model.py", "data.jsonl", "jsonl.yaml"):
+        (tmp_path / name).write_bytes((job.folder / name).read_bytes())
+    return tmp_path / "jsonl.yaml"
+
+
+def test_resume_of_a_job_whose_input_changed_is_refused(job, tmp_path):
+    spec = own_copy(job, tmp_path)
+    out = tmp_path / "job"
+    finish(cli(spec, "--gpus", "2", "--out", out, "-q", "--stop", "320"))
+    with open(tmp_path / "data.jsonl", "a") as f:  # records past the slice: still another input
+        f.write(json.dumps({"id": "new", "x": [1, 2, 3, 4]}) + "\n")
+    err = finish(cli(spec, "--gpus", "2", "--out", out, "-q", "--stop", "320", "--resume"),
+                 rc=1)
+    assert "worker rank 0 (cpu)" in err and "cannot resume" in err, err
+    assert "input_sha256 changed" in err and "--overwrite" in err, err
+    want = sha256_file(tmp_path / "data.jsonl")
+    assert json.loads((out / "workers/input.sha256").read_text())["sha256"] == want
+
+
+def test_a_failed_hash_in_the_parent_fails_the_job_clearly(job, tmp_path, monkeypatch):
+    """The --gpus parent (this process) cannot hash the input: its workers end with its
+    error instead of waiting, and the job fails naming it."""
+    from graphrun import journal
+    from graphrun.scale.workers import launch
+
+    def failing_hash(self):
+        self._error = OSError("[Errno 5] Input/output error")
+
+    monkeypatch.setattr(journal.InputHash, "_hash", failing_hash)
+    spec = graphrun.load_spec(job.specs["jsonl"])
+    t0 = time.monotonic()
+    with pytest.raises(GraphrunError, match=r"worker rank \d \(cpu\) .*the --gpus "
+                       r"parent \(pid \d+\) could not hash the input for the job's workers: "
+                       r".*Input/output error"):
+        launch(spec, job.specs["jsonl"], [], gpus="2", out=tmp_path / "job", resume=False,
+               overwrite=False, accept_model_change=False, start=0, stop=320, show=False)
+    assert time.monotonic() - t0 < 120
+    m = json.loads((tmp_path / "job/manifest.json").read_text())
+    assert m["status"] == "failed"
+
+
 def test_torchrun_workers_equal_one_process(job, tmp_path):
     """As torchrun starts them: no parent; rank 0 prepares the folder and merges."""
     out = tmp_path / "job"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    env, log = counting_hashes(tmp_path)
     procs = [cli(job.specs["npz"], "--out", out, "-q",
-                 env=dict(os.environ, RANK=str(k), LOCAL_RANK=str(k), WORLD_SIZE="2",
+                 env=dict(env, RANK=str(k), LOCAL_RANK=str(k), WORLD_SIZE="2",
                           LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
              for k in range(2)]
     for p in procs:
         finish(p)
+    check_one_input_hash(out, job.folder / "data.npz", log, procs[0].pid)  # rank 0's
     m = check_equals_one_process(out, job.folder / "one-npz")
     assert records(out)[0][:3] == [10, 20, 30]  # the npz's ids (record 0 has a NaN)
     assert len(m["workers"]) == 2
@@ -247,6 +351,7 @@ def test_overwrite_of_a_job_folder_keeps_a_users_file(job, tmp_path):
     (out / "workers/rank-0/journal.jsonl").write_text("")
     (out / "part-00000.ids.npy").write_text("")  # its unfinished range: graphrun's
     (out / "part-00001.ids.npy").write_text("")  # beyond every range: not graphrun's
+    (out / "workers/input.sha256").write_text("{}")  # the job's input hash: graphrun's
     own, foreign = split_entries(out)
     assert sorted(p.name for p in own) == ["part-00000.ids.npy", "run.json", "workers"]
     assert [p.name for p in foreign] == ["part-00001.ids.npy"]

@@ -15,7 +15,7 @@ from graphrun.journal import listed_names, remove_and_sync
 from graphrun.manifest import spec_digest
 from graphrun.outputs import shard_suffixes
 from graphrun.progress import count_records
-from graphrun.scale.layout import is_job, progress_file, shares
+from graphrun.scale.layout import digest_file, is_job, progress_file, shares
 from graphrun.scale.world import split
 
 
@@ -40,7 +40,8 @@ def job_mark(spec, workers: int, start: int, stop: int | None) -> dict:
 def prepare_job(top: Path, spec, workers: int, *, resume: bool, overwrite: bool, start: int,
                 stop: int | None) -> dict:
     """Make `top` ready for a job of `workers` processes; returns its mark (run.json). Call it
-    with the folder locked. The workers' progress files of an earlier attempt are removed."""
+    with the folder locked. The workers' progress files and the input's digest of an earlier
+    attempt are removed."""
     if resume and overwrite:
         raise OutputError("--resume and --overwrite exclude each other; pass one of them")
     if input_inside(top, spec.data.path):
@@ -49,8 +50,9 @@ def prepare_job(top: Path, spec, workers: int, *, resume: bool, overwrite: bool,
     if top.exists() and any(top.iterdir()):
         if resume:
             mark = resumed_mark(top, spec, workers, start, stop)
-            remove_and_sync(top, [p for k in range(workers)
-                                  if (p := progress_file(top, k)).exists()])
+            # an earlier attempt's progress, and its input hash: this one hashes the input anew
+            stale = [progress_file(top, k) for k in range(workers)] + [digest_file(top)]
+            remove_and_sync(top, [p for p in stale if p.exists()])
             return mark
         clear(top, overwrite)
     top.mkdir(parents=True, exist_ok=True)

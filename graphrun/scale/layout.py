@@ -8,6 +8,8 @@
                         rejects.jsonl, latencies.jsonl, manifest.json
     workers/rank-K.progress   its records read so far, and its end ("done completed")
     workers/rank-K.log        a launched worker's stderr (its error, or a traceback)
+    workers/input.sha256      the input's sha256, hashed once for the job's workers by the
+                              --gpus parent or rank 0 (input_digest.py)
     rejects.jsonl       the workers' rejects in input order, and manifest.json, the job's:
                         both written from the workers' when they end (merge.py)
 """
@@ -21,7 +23,8 @@ from graphrun.errors import OutputError
 from graphrun.journal import ShardPlace, journal_names, read_journal
 
 WORKERS = "workers"
-_ENTRY = re.compile(r"rank-\d+(\.progress|\.log)?")
+DIGEST = "input.sha256"
+_ENTRY = re.compile(r"rank-\d+(\.progress|\.log)?|(input\.sha256|\.input\.sha256\.tmp)")
 
 
 def worker_dir(top: Path, rank: int) -> Path:
@@ -36,10 +39,15 @@ def log_file(top: Path, rank: int) -> Path:
     return Path(top) / WORKERS / f"rank-{rank}.log"
 
 
+def digest_file(top: Path) -> Path:
+    return Path(top) / WORKERS / DIGEST
+
+
 def workers_entry(name: str) -> str | None:
-    """"dir" for a worker's folder name, "file" for its progress or log, else None."""
+    """"dir" for a worker's folder name, "file" for its progress or log or the job's input
+    digest (or its temp), else None."""
     m = _ENTRY.fullmatch(name)
-    return None if m is None else ("file" if m.group(1) else "dir")
+    return None if m is None else ("file" if m.group(1) or m.group(2) else "dir")
 
 
 def is_job(mark: dict | None) -> bool:

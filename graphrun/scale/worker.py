@@ -3,9 +3,9 @@ capturing its own graphs; its shards go into the job's folder, its journal into 
 
 Started by `graphrun run --gpus N` (the parent prepared the folder and merges the manifest)
 or by torchrun, where there is no parent: rank 0 prepares the folder while the others wait
-(a gloo rendezvous, which also tells rank 0 every worker's pid), and merges the manifest
-once every worker ended; a worker whose process is gone without ending is named, not waited
-for.
+(a gloo rendezvous, which also tells every worker the others' pids), hashes the input for
+all of them (input_digest.py), and merges the manifest once every worker ended; a worker
+whose process is gone without ending is named, not waited for.
 """
 
 from __future__ import annotations
@@ -16,17 +16,19 @@ import signal
 import socket
 import threading
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from graphrun.errors import GraphrunError, Interrupted, OutputError
 from graphrun.folder import locked, read_mark
 from graphrun.journal import ShardPlace
 from graphrun.manifest import Manifest
+from graphrun.scale.input_digest import PublishedHash, worker_hash
 from graphrun.scale.job_folder import prepare_job
 from graphrun.scale.layout import is_job, manifest_since, progress_file, shares, worker_dir
 from graphrun.scale.merge import merge, now
 from graphrun.scale.watch import JobProgress, ProgressFile, outcome
-from graphrun.scale.world import World, watch_parent, worker_cores, worker_device
+from graphrun.scale.world import World, alive, watch_parent, worker_cores, worker_device
 from graphrun.tuning import Tuning
 
 RENDEZVOUS_S = 1800  # how long workers wait for rank 0 to prepare the folder
@@ -45,6 +47,20 @@ def run_worker(spec, world: World, *, out, resume: bool, overwrite: bool,
                                  start=start, stop=stop)
     else:
         mark, peers = launched_mark(top, world), None
+    # the job's input hash, once: the --gpus parent publishes it, under torchrun rank 0
+    publishing = (PublishedHash(top, spec.data.path) if world.parent is None and world.rank == 0
+                  else nullcontext())
+    with publishing:
+        return run_rank(spec, world, top, mark, peers, (since, started, t0), show=show,
+                        resume=resume, accept_model_change=accept_model_change)
+
+
+def run_rank(spec, world: World, top: Path, mark: dict, peers: list | None, times: tuple, *,
+             show: bool, resume: bool, accept_model_change: bool) -> Manifest | None:
+    """This rank's share on its device; rank 0 under torchrun then waits for the others and
+    merges the job's manifest. times: the job's (since, started, t0) for the merge."""
+    since, started, t0 = times
+    input_hash = worker_hash(top, spec.data.path, world.parent, peers and peers[0])
     devices = [worker_device(spec.device, k % world.local_size) for k in range(world.size)]
     cores = worker_cores(world.local_size)
     import torch
@@ -59,8 +75,8 @@ def run_worker(spec, world: World, *, out, resume: bool, overwrite: bool,
     own = failure = None
     try:
         own = run_share(spec.model_copy(update={"device": devices[world.rank]}), top,
-                        world.rank, shares(mark)[world.rank], resume=resume, cores=cores,
-                        accept_model_change=accept_model_change)
+                        world.rank, shares(mark)[world.rank], input_hash, resume=resume,
+                        cores=cores, accept_model_change=accept_model_change)
     except GraphrunError as err:
         failure = err
     finally:
@@ -70,7 +86,7 @@ def run_worker(spec, world: World, *, out, resume: bool, overwrite: bool,
         if failure is not None:
             raise failure
         return own
-    # rank 0 under torchrun: the job ends when every worker has
+    # rank 0 under torchrun: the job ends when every worker has (and has its input hash)
     ends = watcher.wait(top, world, peers, since)
     if failure is not None and ends[0] is None and not manifest_since(top, 0, since):
         ends[0] = ("failed", str(failure))
@@ -101,10 +117,11 @@ class JobFailed(GraphrunError):
     exit_code = 1
 
 
-def run_share(spec, top: Path, rank: int, share: tuple, *, resume: bool, cores: int,
-              accept_model_change: bool) -> Manifest:
+def run_share(spec, top: Path, rank: int, share: tuple, input_hash, *, resume: bool,
+              cores: int, accept_model_change: bool) -> Manifest:
     """The spine's run() over [start, stop), shards numbered [first, end), into the job's
-    folder (shared with the other workers; its own folder locked by run())."""
+    folder (shared with the other workers; its own folder locked by run()); input_hash: the
+    input's digest as the job shares it (input_digest.worker_hash)."""
     from graphrun.pipeline import run
 
     start, stop, first, end = share
@@ -115,7 +132,7 @@ def run_share(spec, top: Path, rank: int, share: tuple, *, resume: bool, cores: 
             manifest = run(spec, out=worker_dir(top, rank), resume=resume, start=start,
                            stop=stop, place=ShardPlace(top, first, end), progress=progress,
                            tuning=Tuning.from_machine(cores=cores),
-                           accept_model_change=accept_model_change)
+                           accept_model_change=accept_model_change, input_hash=input_hash)
         state = manifest.status
         return manifest
     except Interrupted:
@@ -191,12 +208,3 @@ class Watcher:
                 else None if k == world.rank else outcome(top, k, None, states[k], since)
                 for k in range(world.size)]
 
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -106,3 +106,14 @@ def watch_parent(world: World) -> None:
         return
     if os.getppid() != world.parent:  # it died before prctl took effect
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def alive(pid: int) -> bool:
+    """A process of this host runs under that pid (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
