@@ -19,6 +19,7 @@ from . import __version__
 from .cli_errors import debug_option, debugging, exit_quietly, fail
 from .cli_experiments import EXPERIMENT_COMMANDS
 from .errors import GraphrunError, Interrupted
+from .scale.world import World
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -88,8 +89,7 @@ def run(spec, overrides, out, resume, overwrite, accept_model_change, start, sto
     """Run SPEC: read its input, replay every batch, write outputs and manifest.json."""
     clock = phases.PhaseClock()  # the manifest's phases, from the process's start
     with clock.active(), clock.phase(phases.IMPORTS):
-        from .pipeline import run as _  # noqa: F401  torch and the engine, timed as imports
-        from .spec_load import load_spec
+        from .spec_load import load_spec  # no torch: a spec's errors are found before it
 
     if resume and overwrite:
         fail(GraphrunError("--resume and --overwrite contradict each other: pick one"))
@@ -98,6 +98,7 @@ def run(spec, overrides, out, resume, overwrite, accept_model_change, start, sto
     try:
         with clock.active(), clock.phase("spec"):
             pipeline = load_spec(spec, overrides)
+        import_engine(pipeline, clock, alone=gpus is None and not use_ray)
         manifest = _run(pipeline, spec, overrides, gpus, (use_ray, address, workers), clock,
                         out=out, resume=resume, overwrite=overwrite, show=show, start=start,
                         stop=stop, accept_model_change=accept_model_change)
@@ -143,11 +144,20 @@ def run(spec, overrides, out, resume, overwrite, accept_model_change, start, sto
             sys.exit(1)
 
 
+def import_engine(pipeline, clock, alone: bool) -> None:
+    """torch and the engine, timed as imports. For a run in this process alone (no --gpus,
+    --ray or torchrun), its device starts on a thread first, beside them (device_start.py)."""
+    with clock.active(), clock.phase(phases.IMPORTS):
+        from .device_start import DeviceStart  # torch
+
+        if alone and World.from_env() is None:
+            DeviceStart.begin(pipeline)
+        from .pipeline import run as _  # noqa: F401
+
+
 def _run(pipeline, spec: Path, overrides, gpus: str | None, ray, clock, **ask):
     """One process's run, a job of several workers (--gpus, or WORLD_SIZE set: torchrun), or
     a Ray Data job (--ray). clock: the process's phases so far (one process's manifest)."""
-    from .scale.world import World
-
     use_ray, address, workers = ray
     if use_ray:
         from .scale.ray_run import run_ray

@@ -19,7 +19,7 @@ from .errors import GraphrunError, Interrupted, OutputError
 from .manifest import Manifest, completed_manifest
 from .progress import Progress, count_records, summary_table
 from .engine import Runner
-from .engine.device_start import DeviceStart
+from .device_start import DeviceStart
 from .engine.lazy import LOOK_AHEAD, data_needs
 from .feed import feed_stream, slot_count
 from .grouping import PaddingCount

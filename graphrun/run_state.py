@@ -58,7 +58,7 @@ class RunState:
         self.trial: OverlapTrial | None = None  # overlap measured: what it measured
         self.overlap_how: str | None = None  # who chose the path: the caller or the default
         self.bucket_plan = None  # buckets: auto: what was planned (auto_buckets.py)
-        self.device_start = None  # the CUDA context begun beside setup (engine/device_start.py)
+        self.device_start = None  # the CUDA context begun beside setup (device_start.py)
         self.tuning = None  # the reader's and writer's threads and chunks (tuning.py)
         self.padding = None  # data.group_by_length: the padding saved (grouping.PaddingCount)
         self.place = None  # a job's worker: where its shards go (journal.ShardPlace)

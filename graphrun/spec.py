@@ -81,6 +81,9 @@ class TimmModelSpec(Strict):
     seed: int = Field(0, description="Seed of the random weights.")
 
 
+BUILTIN_NAMES = ("decoder", "mlp")  # models/load.py's builders; named here, checked without torch
+
+
 class ModelSpec(Strict):
     """Where the model comes from and how it is prepared. Exactly one source."""
 

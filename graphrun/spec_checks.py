@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from .spec import BATCH, FLOAT_DTYPES, INT_DTYPES, PipelineSpec
+from .spec import BATCH, BUILTIN_NAMES, FLOAT_DTYPES, INT_DTYPES, PipelineSpec
 
 Found = Iterator[tuple[tuple, str]]
 # One graph (or eager bucket) per combination of the axes' values is set up before the first
@@ -89,11 +89,9 @@ def _model_source(spec: PipelineSpec) -> Found:
         yield ("model", given[1]), (f"two model sources ({' and '.join(given)}): keep exactly "
                                     "one")
     if m.builtin:
-        from .models import BUILTINS
-
-        if m.builtin not in BUILTINS:
+        if m.builtin not in BUILTIN_NAMES:
             yield ("model", "builtin"), (f"unknown builtin {m.builtin!r}; the builtins are "
-                                         f"{', '.join(sorted(BUILTINS))}")
+                                         f"{', '.join(sorted(BUILTIN_NAMES))}")
     if m.target and ":" not in m.target:
         yield ("model", "target"), (f"expected 'package.module:callable' or 'file.py:callable' "
                                     f"(got {m.target!r})")
@@ -301,14 +299,16 @@ def _text(spec: PipelineSpec) -> Found:
 def _hf_paths(spec: PipelineSpec, base_dir: Path) -> Found:
     """model.hf.path and data.text.tokenizer name a folder that exists (a hub name is looked
     up in the local cache when the model is loaded)."""
-    from .errors import ModelError
-    from .models.hf import resolve_path
-
     keys = []
     if spec.model.hf is not None:
         keys.append((("model", "hf", "path"), spec.model.hf.path))
     if spec.data.text is not None and spec.data.text.tokenizer is not None:
         keys.append((("data", "text", "tokenizer"), spec.data.text.tokenizer))
+    if not keys:  # models/ imports torch: only for a spec that names a folder to find
+        return
+    from .errors import ModelError
+    from .models.hf import resolve_path
+
     for key, path in keys:
         try:
             resolve_path(path, base_dir, ".".join(key))

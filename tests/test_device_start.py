@@ -1,10 +1,10 @@
-"""engine/device_start.py: the device resolved (and its CUDA context made) on a thread beside
+"""device_start.py: the device resolved (and its CUDA context made) on a thread beside
 setup; what fails there is raised where the Runner waits for it."""
 
 import pytest
 import torch
 
-from graphrun.engine.device_start import DeviceStart
+from graphrun.device_start import DeviceStart
 from graphrun.errors import GraphrunError
 from graphrun.spec import PipelineSpec
 
@@ -41,3 +41,25 @@ def test_the_context_exists_after_the_wait():
     device = DeviceStart.begin(spec(device="auto", model={**SPEC["model"],
                                                           "dtype": "bfloat16"})).wait()
     assert device.type == "cuda" and torch.cuda.is_initialized()
+
+
+def test_a_spec_is_checked_without_torch(tmp_path):
+    """The CLI reads the spec before torch's import (its errors come at once) and starts the
+    device beside that import: nothing in the spec's checks may import torch."""
+    import subprocess
+    import sys
+
+    from tests.children import child_env
+
+    code = ("import sys; from graphrun.spec_load import load_spec; "
+            "load_spec(sys.argv[1]); print('torch' in sys.modules)")
+    got = subprocess.run([sys.executable, "-c", code, "pipelines/decoder-step.yaml"],
+                         capture_output=True, text=True, env=child_env(), check=True)
+    assert got.stdout.strip() == "False"
+
+
+def test_the_builtin_names_are_the_builders():
+    from graphrun.models.load import BUILTINS
+    from graphrun.spec import BUILTIN_NAMES
+
+    assert sorted(BUILTINS) == sorted(BUILTIN_NAMES)

@@ -19,6 +19,7 @@ import torch
 
 from ..buckets import Bucket, BucketTable, cut_rows, pad_into, split_sizes
 from ..device import resolve_backend, resolve_device
+from ..device_start import DeviceStart
 from ..errors import InputError
 from ..manifest import BucketReport, LaneReport
 from ..padding import add_padded_positions
@@ -28,7 +29,6 @@ from ..models.load import build_model, compile_model, import_library, model_inpu
 from ..spec import BATCH, PipelineSpec
 from .buffers import TORCH_DTYPES, host_dtype
 from .capture import BucketState, Capturer
-from .device_start import DeviceStart
 from .direct import Direct
 from .inputs import check_batch
 from .lanes import Lane, Layout

@@ -80,7 +80,7 @@ def build_model(spec: PipelineSpec, device: torch.device,
 
 def import_library(spec: PipelineSpec) -> None:
     """The model library's import (transformers, timm) alone, before the build: CPU work the
-    device's start runs beside (engine/device_start.py). One that fails is reported by the
+    device's start runs beside (device_start.py). One that fails is reported by the
     build, with what to install."""
     name = "transformers" if spec.model.hf else "timm" if spec.model.timm else None
     if name is not None:

@@ -19,8 +19,11 @@ import threading
 
 import torch
 
-from ..device import resolve_device
-from .buffers import TORCH_DTYPES
+from .device import resolve_device
+
+
+_BEGUN: dict[str, "DeviceStart"] = {}  # by the spec's device name: once per process
+_LOCK = threading.Lock()
 
 
 class DeviceStart:
@@ -37,10 +40,15 @@ class DeviceStart:
 
     @classmethod
     def begin(cls, spec) -> "DeviceStart | None":
-        """Started unless the spec asks for the CPU (nothing to start there)."""
+        """The start of the spec's device, begun at the first call for it in this process (the
+        CLI's, before its imports; else the run's): the driver and a context are the process's,
+        made once. None where the spec asks for the CPU (nothing to start there)."""
         if spec.device == "cpu":
             return None
-        return cls(spec.device, TORCH_DTYPES[spec.model.dtype])
+        with _LOCK:
+            if spec.device not in _BEGUN:
+                _BEGUN[spec.device] = cls(spec.device, getattr(torch, spec.model.dtype))
+            return _BEGUN[spec.device]
 
     def _start(self) -> None:
         try:
