@@ -75,8 +75,10 @@ DEFAULT_RULES: dict[type[nn.Module], Rule] = {
 _GOLDEN = 0x9E3779B97F4A7C15 - 2**64
 _MIX1 = 0xBF58476D1CE4E5B9 - 2**64
 _MIX2 = 0x94D049BB133111EB - 2**64
-# elements computed at once: small chunks stay in the CPU's cache, a GPU wants large ones
-CPU_CHUNK = 2**18
+# Elements computed at once. On the CPU under torch's parallel grain size (32768): each op runs
+# on the calling thread, as a thread-pool hand-off per op costs more than the op when the cores
+# are busy. A GPU wants large ones.
+CPU_CHUNK = 2**15 - 2**10
 DEVICE_CHUNK = 2**24
 
 
