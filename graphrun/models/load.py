@@ -102,21 +102,24 @@ def _build_builtin(name: str, args: dict[str, Any], max_batch: int, device: torc
         if key in args:
             raise ModelError(f"model.args.{key}: graphrun sets a builtin's {key}; "
                              f"remove it and set {instead}")
-    return _build(f"builtin {name!r}", BUILTINS[name], {**args, "device": device,
-                                                        "dtype": dtype},
-                  max_batch, wrap=(TypeError, ValueError, RuntimeError))
+    return _build(f"builtin {name!r}", BUILTINS[name], args, max_batch,
+                  wrap=(TypeError, ValueError, RuntimeError),
+                  placed={"device": device, "dtype": dtype})
 
 
 def _build(what: str, builder: Callable[..., Any], args: dict[str, Any], max_batch: int,
-           wrap: tuple[type[Exception], ...], empty: bool = False) -> nn.Module:
+           wrap: tuple[type[Exception], ...], empty: bool = False,
+           placed: dict[str, Any] | None = None) -> nn.Module:
     """builder(**args), plus max_batch (the largest batch bucket) when the builder takes it.
     empty: parameters on the meta device (weights follow); a builder that cannot build so (it
-    reads a parameter's values, say) is built again as usual."""
+    reads a parameter's values, say) is built again as usual. placed: arguments graphrun sets
+    (a builtin's device and dtype), so left out of the messages about model.args."""
     params = inspect.signature(builder).parameters
     args = dict(args)
     if "max_batch" in params:
         args.setdefault("max_batch", max_batch)
-    _check_args(what, builder, args)
+    placed = placed or {}
+    _check_args(what, builder, args, hidden=frozenset(placed))
     if empty:
         try:
             with params_on_meta():
@@ -126,7 +129,7 @@ def _build(what: str, builder: Callable[..., Any], args: dict[str, Any], max_bat
         except Exception:  # noqa: BLE001 - built again below, where its error is reported
             pass
     try:
-        model = builder(**args)
+        model = builder(**args, **placed)
     except ModelError:
         raise
     except wrap as e:
@@ -138,13 +141,14 @@ def _build(what: str, builder: Callable[..., Any], args: dict[str, Any], max_bat
     return model
 
 
-def _check_args(what: str, builder: Callable[..., Any], args: dict[str, Any]) -> None:
+def _check_args(what: str, builder: Callable[..., Any], args: dict[str, Any],
+                hidden: frozenset[str] = frozenset()) -> None:
     sig = inspect.signature(builder)
     try:
         sig.bind(**args)
     except TypeError as e:
-        accepted = [n for n, p in sig.parameters.items()
-                    if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        accepted = [n for n, p in sig.parameters.items() if n not in hidden
+                    and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
         unknown = [a for a in args if a not in sig.parameters]
         problem = f"unknown argument {unknown[0]!r}" if unknown else str(e)
         raise ModelError(f"model.args: {what}: {problem}; it accepts: "
