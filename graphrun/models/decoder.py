@@ -18,11 +18,17 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from graphrun.models.seeded import DEFAULT_RULES, Constant, Init, materialise, on_meta, std
+
+# The decoder's own scales, not PyTorch's defaults: std 0.02 (GPT-2's) for the weights of
+# Linear and Embedding, Linear biases zero.
+WEIGHT_STD = 0.02
+
 
 class Attention(nn.Module):
     """Causal self-attention for one new token per row, over max_len cached keys."""
 
-    def __init__(self, d_model: int, heads: int, max_len: int, max_batch: int, device=None):
+    def __init__(self, d_model: int, heads: int, max_len: int, max_batch: int):
         super().__init__()
         self.heads = heads
         self.head_dim = d_model // heads
@@ -30,22 +36,27 @@ class Attention(nn.Module):
         self.proj = nn.Linear(d_model, d_model)
         # The prompt every row continues from: part of the model, so saved with the weights.
         ctx = (heads, max_len, self.head_dim)
-        self.register_buffer("ctx_k", 0.5 * torch.randn(ctx))
-        self.register_buffer("ctx_v", 0.5 * torch.randn(ctx))
+        self.register_buffer("ctx_k", torch.empty(ctx))
+        self.register_buffer("ctx_v", torch.empty(ctx))
         # Between steps every cache row holds the context (forward relies on it); scratch
-        # state, so not in the state dict, and refilled whenever the context is loaded. Made on
-        # `device` (where the model will run): filled from the context, not drawn at random.
-        cache = (max_batch, heads, max_len, self.head_dim)
-        self.register_buffer("cache_k", torch.empty(cache, device=device), persistent=False)
-        self.register_buffer("cache_v", torch.empty(cache, device=device), persistent=False)
-        self.refill_cache()
-        self.register_load_state_dict_post_hook(_refill_after_load)
+        # state, so not in the state dict, made by refill_cache once the context has values.
+        self.cache_shape = (max_batch, heads, max_len, self.head_dim)
+        self.register_buffer("cache_k", None, persistent=False)
+        self.register_buffer("cache_v", None, persistent=False)
+
+    def seeded_init(self, name: str) -> Init | None:
+        # the context's scale: standard deviation 0.5
+        return std(0.5) if name in ("ctx_k", "ctx_v") else None
 
     @torch.no_grad()
     def refill_cache(self) -> None:
-        # the context moved once, then expanded where the cache is
-        self.cache_k.copy_(self.ctx_k.to(self.cache_k.device).expand_as(self.cache_k))
-        self.cache_v.copy_(self.ctx_v.to(self.cache_v.device).expand_as(self.cache_v))
+        """Every cache row the context, the cache made where the context is, in its dtype."""
+        for name, ctx in (("cache_k", self.ctx_k), ("cache_v", self.ctx_v)):
+            cache = getattr(self, name)
+            if cache is None or cache.device != ctx.device or cache.dtype != ctx.dtype:
+                cache = torch.empty(self.cache_shape, dtype=ctx.dtype, device=ctx.device)
+                setattr(self, name, cache)
+            cache.copy_(ctx.expand_as(cache))
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor,
                 visible: torch.Tensor) -> torch.Tensor:
@@ -71,17 +82,13 @@ class Attention(nn.Module):
         return ctx[:, positions].transpose(0, 1).unsqueeze(2)
 
 
-def _refill_after_load(attn: Attention, _incompatible_keys) -> None:
-    attn.refill_cache()  # the loaded context replaces the one the cache was filled with
-
-
 class Block(nn.Module):
     """Pre-LN transformer block: attention, then a 4x GELU MLP, each residual."""
 
-    def __init__(self, d_model: int, heads: int, max_len: int, max_batch: int, device=None):
+    def __init__(self, d_model: int, heads: int, max_len: int, max_batch: int):
         super().__init__()
         self.norm1 = nn.LayerNorm(d_model)
-        self.attn = Attention(d_model, heads, max_len, max_batch, device)
+        self.attn = Attention(d_model, heads, max_len, max_batch)
         self.norm2 = nn.LayerNorm(d_model)
         self.fc = nn.Linear(d_model, 4 * d_model)
         self.out = nn.Linear(4 * d_model, d_model)
@@ -94,25 +101,33 @@ class Block(nn.Module):
 
 
 class Decoder(nn.Module):
+    """Built on the meta device by build_decoder; make_scratch once the weights have values."""
+
     def __init__(self, layers: int, d_model: int, heads: int, vocab: int, max_len: int,
-                 max_batch: int, device=None):
+                 max_batch: int):
         super().__init__()
         self.max_len = max_len
         self.max_batch = max_batch
         self.tok_emb = nn.Embedding(vocab, d_model)
         self.pos_emb = nn.Embedding(max_len, d_model)
         self.blocks = nn.ModuleList(
-            Block(d_model, heads, max_len, max_batch, device) for _ in range(layers))
+            Block(d_model, heads, max_len, max_batch) for _ in range(layers))
         self.norm = nn.LayerNorm(d_model)
         # Separate from tok_emb: tied tensors cannot be saved with safetensors.save_file.
         self.lm_head = nn.Linear(d_model, vocab, bias=False)
         # Key positions 0..max_len-1, a buffer so forward creates no host tensor.
-        self.register_buffer("key_pos", torch.arange(max_len), persistent=False)
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, std=0.02)
-            if isinstance(module, nn.Linear) and module.bias is not None:
-                nn.init.zeros_(module.bias)
+        self.register_buffer("key_pos", None, persistent=False)
+        self.register_load_state_dict_post_hook(_scratch_after_load)
+
+    @torch.no_grad()
+    def make_scratch(self) -> None:
+        """The non-persistent buffers, made where the weights are: key positions, KV caches.
+        None while the weights are on the meta device (a meta arange imports torch._dynamo)."""
+        if self.lm_head.weight.is_meta:
+            return
+        self.key_pos = torch.arange(self.max_len, device=self.lm_head.weight.device)
+        for block in self.blocks:
+            block.attn.refill_cache()
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         # tokens: [B, 1] int64; positions: [B] int64, each < max_len -> logits [B, 1, vocab]
@@ -127,17 +142,31 @@ class Decoder(nn.Module):
         return self.lm_head(self.norm(x))
 
 
+def _scratch_after_load(decoder: Decoder, _incompatible_keys) -> None:
+    decoder.make_scratch()  # from the loaded context, where the loaded weights are
+
+
+def _linear(module: nn.Module, name: str) -> Init:
+    return std(WEIGHT_STD) if name == "weight" else Constant(0.0)
+
+
+RULES = DEFAULT_RULES | {nn.Linear: _linear, nn.Embedding: lambda m, name: std(WEIGHT_STD)}
+
+
 def build_decoder(layers: int = 2, d_model: int = 64, heads: int = 4, vocab: int = 512,
                   max_len: int = 128, max_batch: int = 32, seed: int = 0,
-                  device=None) -> Decoder:
-    """The same arguments give the same weights and context; the global RNG is left as it was.
+                  device=None, dtype: torch.dtype | None = None) -> Decoder:
+    """The same arguments give the same weights and context, on any device (models/seeded.py);
+    the global RNG is not used.
 
-    max_batch sizes the KV cache; graphrun passes the largest batch bucket. device: where the
-    KV cache (max_batch x max_len per layer, the bulk of the memory) is made; the weights are
-    drawn on the CPU, whose seeded generator gives the same values everywhere.
+    max_batch sizes the KV cache; graphrun passes the largest batch bucket. The model is made
+    on `device` (default cpu) in `dtype` (default float32), KV cache included. On the meta
+    device nothing is made: load a state dict with assign=True, which makes the scratch.
     """
     if d_model % heads:
         raise ValueError(f"d_model ({d_model}) must be divisible by heads ({heads})")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return Decoder(layers, d_model, heads, vocab, max_len, max_batch, device)
+    with on_meta():
+        model = Decoder(layers, d_model, heads, vocab, max_len, max_batch)
+    materialise(model, seed, device, dtype, RULES)
+    model.make_scratch()
+    return model

@@ -38,18 +38,19 @@ def build_model(spec: PipelineSpec, device: torch.device,
                 base_dir: Path | None = None) -> nn.Module:
     """The spec's model with its weights, on `device` in the spec's dtype, eval, no grad.
 
-    With model.weights, a builder's (builtin, target, timm) parameters are made on the meta
-    device, so neither memory nor random init is spent on values the weights replace; the
-    weights are read onto `device` and become the parameters. Without, the seeded random
-    init runs as before (on the CPU: a device's generator would draw other values).
-    base_dir is the spec's folder: `target` modules and relative .py paths are found there.
+    A builtin is made on `device` in model.dtype by its seeded init (models/seeded.py: the
+    same values on every device), or, with model.weights, on the meta device. With weights, a
+    target's or timm model's parameters are made on the meta device too, so neither memory nor
+    random init is spent on values the weights replace; the weights are read onto `device`
+    and become the parameters. base_dir is the spec's folder: `target` modules and relative
+    .py paths are found there.
     """
     m = spec.model
     empty = m.weights is not None  # parameters on meta: the weights give every value
     if m.builtin is not None:
-        model = _build(f"builtin {m.builtin!r}", _builtin(m.builtin), m.args,
-                       spec.max_size(BATCH), wrap=(TypeError, ValueError, RuntimeError),
-                       empty=empty, device=device)
+        model = _build_builtin(m.builtin, m.args, spec.max_size(BATCH),
+                               torch.device("meta") if empty else device,
+                               TORCH_DTYPES[m.dtype])
     elif m.target is not None:
         model = _build(f"model.target {m.target!r}", _resolve_target(m.target, base_dir),
                        m.args, spec.max_size(BATCH), wrap=(Exception,), empty=empty)
@@ -104,27 +105,34 @@ def model_input_dtypes(spec: PipelineSpec) -> dict[str, torch.dtype]:
 
 # Building from a builder (builtin or target).
 
-def _builtin(name: str) -> Callable[..., nn.Module]:
+def _build_builtin(name: str, args: dict[str, Any], max_batch: int, device: torch.device,
+                   dtype: torch.dtype) -> nn.Module:
+    """The builtin made on `device` in `dtype` (on meta: without values, weights follow)."""
     if name not in BUILTINS:
         raise ModelError(f"model.builtin: unknown builtin {name!r}; "
                          f"choose one of: {', '.join(BUILTINS)}")
-    return BUILTINS[name]
+    for key, instead in (("device", "the spec's device"), ("dtype", "model.dtype")):
+        if key in args:
+            raise ModelError(f"model.args.{key}: graphrun sets a builtin's {key}; "
+                             f"remove it and set {instead}")
+    return _build(f"builtin {name!r}", BUILTINS[name], args, max_batch,
+                  wrap=(TypeError, ValueError, RuntimeError),
+                  placed={"device": device, "dtype": dtype})
 
 
 def _build(what: str, builder: Callable[..., Any], args: dict[str, Any], max_batch: int,
            wrap: tuple[type[Exception], ...], empty: bool = False,
-           device: torch.device | None = None) -> nn.Module:
-    """builder(**args), plus max_batch (the largest batch bucket) when the builder takes it,
-    and `device` (a builtin's scratch buffers are made there). empty: parameters on the meta
-    device (weights follow); a builder that cannot build so (it reads a parameter's values,
-    say) is built again as usual."""
+           placed: dict[str, Any] | None = None) -> nn.Module:
+    """builder(**args), plus max_batch (the largest batch bucket) when the builder takes it.
+    empty: parameters on the meta device (weights follow); a builder that cannot build so (it
+    reads a parameter's values, say) is built again as usual. placed: arguments graphrun sets
+    (a builtin's device and dtype), so left out of the messages about model.args."""
     params = inspect.signature(builder).parameters
     args = dict(args)
     if "max_batch" in params:
         args.setdefault("max_batch", max_batch)
-    if device is not None and "device" in params:
-        args.setdefault("device", device)
-    _check_args(what, builder, args)
+    placed = placed or {}
+    _check_args(what, builder, args, hidden=frozenset(placed))
     if empty:
         try:
             with params_on_meta():
@@ -134,7 +142,7 @@ def _build(what: str, builder: Callable[..., Any], args: dict[str, Any], max_bat
         except Exception:  # noqa: BLE001 - built again below, where its error is reported
             pass
     try:
-        model = builder(**args)
+        model = builder(**args, **placed)
     except ModelError:
         raise
     except wrap as e:
@@ -146,13 +154,14 @@ def _build(what: str, builder: Callable[..., Any], args: dict[str, Any], max_bat
     return model
 
 
-def _check_args(what: str, builder: Callable[..., Any], args: dict[str, Any]) -> None:
+def _check_args(what: str, builder: Callable[..., Any], args: dict[str, Any],
+                hidden: frozenset[str] = frozenset()) -> None:
     sig = inspect.signature(builder)
     try:
         sig.bind(**args)
     except TypeError as e:
-        accepted = [n for n, p in sig.parameters.items()
-                    if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        accepted = [n for n, p in sig.parameters.items() if n not in hidden
+                    and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
         unknown = [a for a in args if a not in sig.parameters]
         problem = f"unknown argument {unknown[0]!r}" if unknown else str(e)
         raise ModelError(f"model.args: {what}: {problem}; it accepts: "

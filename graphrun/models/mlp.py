@@ -10,6 +10,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from graphrun.models.seeded import materialise, on_meta
+
 
 class Block(nn.Module):
     """Pre-LN residual block: h + GELU(Linear(LN(h)))."""
@@ -45,8 +47,11 @@ class MLP(nn.Module):
 
 
 def build_mlp(in_features: int = 64, hidden: int = 256, layers: int = 4,
-              out_features: int = 16, seed: int = 0) -> MLP:
-    """The same arguments give the same weights; the global RNG is left as it was."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return MLP(in_features, hidden, layers, out_features)
+              out_features: int = 16, seed: int = 0, device=None,
+              dtype: torch.dtype | None = None) -> MLP:
+    """The same arguments give the same weights, on any device (models/seeded.py, PyTorch's
+    default scales); the global RNG is not used. Made on `device` (default cpu) in `dtype`
+    (default float32); on the meta device, without values (weights follow)."""
+    with on_meta():
+        model = MLP(in_features, hidden, layers, out_features)
+    return materialise(model, seed, device, dtype)
