@@ -16,7 +16,7 @@ import pytest
 
 import graphrun
 from graphrun import phases
-from graphrun.phases import OTHER, PhaseClock, phase
+from graphrun.phases import FIRST_USE, OTHER, PART_PHASES, PhaseClock, phase
 from tests.children import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -110,12 +110,16 @@ def check_adds_up(m: dict) -> dict[str, float]:
     assert len(top) == len(ph["top"]) and all(s >= 0 for s in top.values())
     assert sum(top.values()) == pytest.approx(totals["process_wall_s"], rel=1e-9)
     assert top[OTHER] <= 0.02 * totals["process_wall_s"], top
-    for name, key in (("warm-up", "warmup_s"), ("capture", "capture_s"),
-                      ("verify", "verify_s")):
-        parts = sum(b[key] for b in ph["buckets"])
+    keys = ("warmup_s", "capture_s", "verify_s")
+    for name, key in zip(PART_PHASES, keys):  # buckets set up before the stream
+        parts = sum(b[key] for b in ph["buckets"] if b["within"] is None)
         assert parts == pytest.approx(top.get(name, 0.0), abs=1e-6)
+    # buckets set up mid-stream (capture.lazy): inside that one phase, which the stream is not
+    later = sum(b[k] for b in ph["buckets"] if b["within"] == FIRST_USE for k in keys)
+    assert all(b["within"] in (None, FIRST_USE) for b in ph["buckets"])
+    assert later <= top.get(FIRST_USE, 0.0) + 1e-6
     assert totals["wall_s"] <= totals["process_wall_s"]
-    assert top["stream"] == pytest.approx(totals["stream_s"], abs=0.05)
+    assert top["stream"] + top.get(FIRST_USE, 0.0) == pytest.approx(totals["stream_s"], abs=0.05)
     return top
 
 
@@ -147,7 +151,8 @@ def test_a_cli_run_of_a_shipped_pipeline_is_accounted_from_the_process_start(tmp
 
 def test_a_run_with_verify_on_accounts_for_each_bucket(tmp_path):
     spec = graphrun.load_spec(ROOT / "pipelines" / "decoder-step.yaml",
-                              ["capture.verify.enabled=true", "data.batch_size=8"])
+                              ["capture.verify.enabled=true", "data.batch_size=8",
+                               "capture.lazy=false"])  # every bucket, at start
     manifest = graphrun.run(spec, out=tmp_path / "o", stop=200)
     m = json.loads((tmp_path / "o" / "manifest.json").read_text())
     top = check_adds_up(m)
