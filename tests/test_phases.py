@@ -47,6 +47,34 @@ def test_nested_phases_are_counted_once_and_the_rest_is_other():
     assert sum(p["warm-up"] for p in parts.values()) == pytest.approx(top["warm-up"])
 
 
+def test_a_whole_phase_holds_the_phases_nested_in_it_which_count_per_bucket_within_it():
+    """A bucket set up mid-stream (capture.lazy): one phase, out of the stream's time; its
+    warm-up and verify are not the top-level ones, but its parts, marked within it."""
+    clock = PhaseClock()
+    with clock.active():
+        with phase("stream"):
+            time.sleep(0.02)
+            with phase(FIRST_USE, whole=True):
+                with phase("warm-up", ("batch=1", 0)):
+                    time.sleep(0.03)
+                with phase("verify", ("batch=1", 0)):
+                    time.sleep(0.01)
+            time.sleep(0.02)
+        with phase("warm-up", ("batch=8", 0)):
+            time.sleep(0.01)
+        with phase("stream"), phase(FIRST_USE, whole=True), phase("capture", ("batch=2", 0)):
+            time.sleep(0.02)
+            total = clock.end()  # open in a whole phase: its time up to here
+    top = dict(clock.top())
+    assert 0.04 <= top["stream"] < 0.1 and "verify" not in top and "capture" not in top
+    assert 0.06 <= top[FIRST_USE] < 0.15  # 0.03 + 0.01, then 0.02 open at the end
+    assert 0.01 <= top["warm-up"] < 0.04  # batch=8's alone
+    assert sum(top.values()) == pytest.approx(total, abs=1e-9)
+    assert clock.within == {("batch=1", 0): FIRST_USE}
+    assert set(clock.parts) == {("batch=1", 0), ("batch=8", 0)}
+    assert 0.03 <= clock.parts[("batch=1", 0)]["warm-up"] < 0.08
+
+
 def test_phases_open_at_the_end_count_up_to_it_and_not_after():
     clock = PhaseClock()
     with clock.active(), phase("manifest write"):
