@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -88,7 +89,7 @@ def test_a_run_sets_up_at_start_only_what_its_batches_select_and_says_so(tmp_pat
     assert re.search(r"buckets: 1 set up at start, 1 on first use \(batch=1 by batch 6; "
                      r"\d+\.\d\d s\), 1 never set up \(no batch selected them: "
                      r"capture\.lazy\)", said), said
-    assert "set up batch=1 on first use (batch 6) in " in said
+    assert "set up batch=1 (on first use by batch 6, eager)" in said
     m = json.loads((tmp_path / "out" / "manifest.json").read_text())
     b = {x["name"]: x for x in m["buckets"]}
     assert [b[n]["set_up"] for n in ("batch=1", "batch=8", "batch=64")] == [
@@ -114,6 +115,14 @@ def test_lazy_false_sets_every_bucket_up_at_start(tmp_path):
     assert bucket_setup(manifest) == "buckets: 3 set up at start"
     assert all(p.within is None for p in manifest.phases.buckets)
     assert FIRST_USE not in {p.name for p in manifest.phases.top}
+
+
+def test_the_eager_baseline_of_a_bucket_set_up_on_first_use_is_measured_then(tmp_path):
+    spec = graphrun.load_spec(flaky_job(tmp_path), ["report.baseline=eager"])
+    (tmp_path / "flaky").unlink()
+    b = {x.name: x for x in graphrun.run(spec, out=tmp_path / "o").buckets}
+    assert b["batch=1"].set_up == "first_use" and b["batch=1"].eager_us > 0
+    assert b["batch=8"].eager_us > 0 and b["batch=64"].eager_us is None
 
 
 def test_the_python_api_runner_sets_each_bucket_up_on_its_first_batch(tmp_path):
@@ -271,3 +280,65 @@ def test_sweep_sets_every_bucket_up_unless_told(tmp_path):
     assert every_bucket([], {"capture.lazy": [True, False]}) == []
     spec = graphrun.load_spec(flaky_job(tmp_path), every_bucket([], {}))
     assert spec.capture.lazy is False
+
+
+# ---- on the GPU (marked cuda; skipped without one) -------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("overlap", [False, True])
+def test_gpu_a_default_run_captures_what_its_batches_select(tmp_path, overlap):
+    """decoder-step's 1,996 records in batches of 32: bucket 32 captured at start, 16 by the
+    last batch (62), the others never; the eager baseline measured on first use too; the
+    outputs those of a run that captured every bucket at start."""
+    path, sets = ROOT / "pipelines" / "decoder-step.yaml", ["report.baseline=eager"]
+    m = graphrun.run(graphrun.load_spec(path, sets), out=tmp_path / "lazy", overlap=overlap)
+    every = graphrun.run(graphrun.load_spec(path, [*sets, "capture.lazy=false"]),
+                         out=tmp_path / "all", overlap=overlap)
+    b = {x.name: x for x in m.buckets}
+    assert (b["batch=32"].set_up, b["batch=16"].set_up, b["batch=16"].first_use_batch) == (
+        "setup", "first_use", 62)
+    for x in (b["batch=32"], b["batch=16"]):
+        assert x.status == "captured" and x.speedup and x.speedup > 0 and x.batches
+        assert len(x.lanes) == (2 if overlap else 1) and all(v.verify.passed for v in x.lanes)
+    for name in ("batch=8", "batch=4", "batch=2", "batch=1"):
+        assert (b[name].status, b[name].capture_s, b[name].lanes) == ("unused", None, [])
+    assert {x.set_up for x in every.buckets} == {"setup"}
+    assert m.totals.capture_s < every.totals.capture_s
+    assert {p.bucket for p in m.phases.buckets if p.within == FIRST_USE} == {"batch=16"}
+    for name in ("ids", "logits"):
+        got, want = (np.concatenate([np.load(p, allow_pickle=True)
+                                   for p in sorted(d.glob(f"part-*.{name}.npy"))])
+                     for d in (tmp_path / "lazy", tmp_path / "all"))
+        np.testing.assert_array_equal(got, want)
+
+
+SYNCS_AT_ONE = FLAKY.replace(
+    "if FLAG.exists() and x.shape[0] == 1:\n            y = y + torch.rand_like(y)",
+    "if FLAG.exists() and x.shape[0] == 1:\n            y = y / (1 + x.abs().max().item())")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("on_failure", ["error", "eager"])
+def test_gpu_a_capture_failing_on_first_use_stops_or_runs_that_bucket_eagerly(tmp_path,
+                                                                             on_failure):
+    """A host sync at batch size 1 only: bucket 1's capture fails when batch 6 first needs
+    it. error: the run stops naming the bucket and the batch, 48 records committed; eager:
+    the bucket runs eagerly and the run completes."""
+    spec = flaky_job(tmp_path, on_failure=on_failure)
+    (tmp_path / "model.py").write_text(SYNCS_AT_ONE)
+    spec = graphrun.load_spec(spec, ["device=cuda"])
+    if on_failure == "error":
+        with pytest.raises(graphrun.CaptureError, match=r"bucket batch=1: its setup on first "
+                                                        r"use, for batch 6 of this run"):
+            graphrun.run(spec, out=tmp_path / "o")
+        assert written(tmp_path / "o")[0] == [f"r{i}" for i in range(48)]
+        return
+    m = graphrun.run(spec, out=tmp_path / "o")
+    one = {x.name: x for x in m.buckets}["batch=1"]
+    assert m.status == "completed" and (one.status, one.set_up, one.batches) == (
+        "eager", "first_use", 1)
+    assert "CUDA graph capture failed" in one.reason
+    assert written(tmp_path / "o")[0] == [f"r{i}" for i in range(49)]

@@ -89,7 +89,8 @@ class Capturer:
         the capture is thread-local. A bucket the memory budget drops runs this batch eagerly;
         later batches pick other buckets, as after a drop at setup."""
         state.set_up, state.first_use_batch = "first_use", batch  # recorded if it fails too
-        self._prepare(lanes[0], state, table, "on first use", mode="thread_local")
+        self._prepare(lanes[0], state, table, f"on first use by batch {batch}",
+                      mode="thread_local")
         if state.status == "skipped":  # this batch is staged for it: run it eagerly, once
             lanes[0].graphs[state.bucket] = LaneGraph(
                 lanes[0].make_step(state.bucket, self.model, self.call, self.layout))

@@ -187,7 +187,6 @@ class Runner:
         with self._device_ctx():
             if self.cuda:  # the batches in flight finish: the stream's time
                 torch.cuda.synchronize(self.device)
-            t0 = time.perf_counter()
             with phase(FIRST_USE, whole=True):
                 try:
                     self.capturer.first_use(self.lanes, state, self.table, batch)
@@ -198,8 +197,6 @@ class Runner:
                     with torch.inference_mode():
                         self._baseline(state)
         self.launcher.lanes_changed()
-        self.log(f"set up {state.bucket.name} on first use (batch {batch}) in "
-                 f"{time.perf_counter() - t0:.2f} s")
 
     def count(self, bucket: Bucket, n: int, lengths: dict | None = None) -> None:
         """A finished batch in its bucket's counts; with the records' lengths per axis, its
