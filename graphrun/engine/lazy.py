@@ -64,16 +64,15 @@ def first_use_failed(err: GraphrunError, bucket: str, batch: int) -> GraphrunErr
     """A bucket's setup on first use failed (capture, verification, the model at that size):
     the same error, naming the batch that needed the bucket and what was kept."""
     where = f"its setup on first use, for batch {batch} of this run (capture.lazy), failed"
-    kept = ("a file's run: the batches before it are committed; after a fix, run again with "
-            "--resume (and --accept-model-change where the model's files changed) to continue "
-            "from this batch; capture.lazy: false sets up and verifies every bucket before "
-            "the stream")
+    kept = ("the run's batches before it are committed: after a fix, graphrun run --resume "
+            "(with --accept-model-change where the model's files changed) continues from this "
+            "batch; capture.lazy: false checks every bucket before the first batch")
     if isinstance(err, CaptureError):
         message = str(err).removeprefix(f"bucket {err.bucket}: ")
         if err.remedies:  # the numbered remedies follow the first line: given again below
             message = message.split("\n  1. ")[0]
-        return CaptureError(f"{where}: {message}", bucket=err.bucket or bucket,
-                            remedies=[*err.remedies, kept])
+        return CaptureError(f"{where}: {message}\n  {kept}", bucket=err.bucket or bucket,
+                            remedies=err.remedies)
     if isinstance(err, ModelError):
         return ModelError(f"bucket {bucket}: {where}: {err}\n  {kept}")
     return err

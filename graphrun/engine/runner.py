@@ -193,7 +193,8 @@ class Runner:
                 try:
                     self.capturer.first_use(self.lanes, state, self.table, batch)
                 except GraphrunError as err:
-                    state.reason = f"its setup on first use (batch {batch}) failed: {err}"
+                    state.reason = (f"its setup on first use (batch {batch}) failed: "
+                                    f"{str(err).splitlines()[0]}")
                     raise first_use_failed(err, state.bucket.name, batch) from err
                 if self.spec.report.baseline == "eager":
                     with torch.inference_mode():
