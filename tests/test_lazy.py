@@ -192,7 +192,8 @@ def test_a_bucket_failing_verification_on_first_use_stops_the_run_and_resume_com
     assert said.startswith("error: bucket batch=1: its setup on first use, for batch 6 of "
                            "this run (capture.lazy), failed: verification failed: "), said
     assert "replay differs from eager" in said and "1. make forward deterministic" in said
-    assert "the batches before it are committed" in said and "--resume" in said
+    assert "the run's batches before it are committed: after a fix, graphrun run --resume" \
+        in said
     out = tmp_path / "out"
     m = json.loads((out / "manifest.json").read_text())
     assert m["status"] == "failed" and m["error"].startswith("bucket batch=1: its setup")
