@@ -69,16 +69,16 @@ class BucketReport(_M):
         "batch ran in it; unused: capture.lazy and no batch selected it, so it was never set "
         "up (no warm-up, capture or verification).")
     reason: Optional[str] = Field(None, description="Why the bucket is eager, skipped or "
-                                  "unused.")
+                                  "unused, or why its setup on first use failed.")
     set_up: Optional[Literal["setup", "first_use"]] = Field(
         None, description="When the bucket was set up (warm-up, capture where the backend "
         "captures, verification): setup, before the stream; first_use, with capture.lazy, when "
         "the first batch that selected it came (the launching thread waited for the batches in "
-        "flight, then set it up on every lane; its warm-up and capture then count in the "
-        "stream's time, not in setup_s); null when it never was (skipped, unused).")
+        "flight, then set it up on every lane; that time is the phase `bucket setup on first "
+        "use`, within stream_s, not in setup_s); null when it never was (skipped, unused).")
     first_use_batch: Optional[int] = Field(
-        None, description="set_up: first_use: the batch (0-based, of this attempt) that "
-        "needed it.")
+        None, description="set_up: first_use: the batch (0-based, of this attempt; a batch "
+        "that data.oversize: split cuts counts once per part) that needed it.")
     warmup_s: Optional[float] = None
     capture_s: Optional[float] = None
     memory_bytes: Optional[int] = Field(None, description="Pool growth while capturing it.")

@@ -22,6 +22,10 @@ class Phase(_M):
 class BucketPhases(_M):
     bucket: str
     lane: int = Field(..., description="0: the first lane; 1: the overlapped stream's second.")
+    within: Optional[str] = Field(
+        None, description="null: set up before the stream, its seconds are part of the "
+        "top-level warm-up, capture and verify; `bucket setup on first use` (capture.lazy): "
+        "set up mid-stream, its seconds are part of that top-level phase.")
     warmup_s: float = 0.0
     capture_s: float = 0.0
     verify_s: float = 0.0
@@ -47,16 +51,19 @@ class Phases(_M):
         "its lazily imported model code included), model build, weights load, to device, "
         "compile (wrapping only: "
         "torch.compile compiles in the first warm-up), first call and buffers, warm-up, "
-        "capture, verify (every bucket and lane), bucket setup (the rest of it), eager "
-        "baseline, output open (starting the threads that open the writer, "
+        "capture, verify (every bucket and lane set up before the stream), bucket setup (the "
+        "rest of it), eager baseline, output open (starting the threads that open the writer, "
         "latencies.jsonl and count the records for the progress bar beside setup, and "
-        "waiting for them after it), host slots (pinned), stream, "
+        "waiting for them after it), host slots (pinned), stream, bucket setup on first use "
+        "(capture.lazy: the buckets set up mid-stream, when a batch first selected them: "
+        "their warm-up, capture, verification and eager baseline, all of it; not the stream's), "
         "drain and fsync (the last commits, closing the writer), manifest write (gathering "
         "its content: the run's end).")
     buckets: list[BucketPhases] = Field(
         default_factory=list, description="warm-up, capture and verify per bucket and lane: "
-        "a breakdown of the top-level phases of those names (per name, the buckets' seconds "
-        "add up to the top-level one), not more time.")
+        "a breakdown of top-level phases, not more time. Per name, the seconds of the "
+        "entries with within null add up to the top-level phase of that name; those of the "
+        "entries within `bucket setup on first use` are part of that phase.")
 
 
 class RayActor(_M):

@@ -9,7 +9,9 @@ add up (the manifest's `phases` and totals.process_wall_s).
         with phase("capture", part=("batch=8", 0)):   # also in the per-bucket breakdown
 
 Time is attributed to the innermost open phase of the thread that activated the clock, so the
-named phases never overlap; whatever no phase covers is "other". Other threads (the reader, the
+named phases never overlap; whatever no phase covers is "other". A phase opened whole=True keeps
+the phases nested in it as its own time (they still count per bucket, `within` it): a bucket set
+up mid-stream is one phase, not more warm-up and capture. Other threads (the reader, the
 writer's committers, the stream's stager) run beside the main thread: their work is not a phase
 of its own, only the main thread's waits for it are (the stream, the drain).
 """
@@ -26,6 +28,7 @@ IMPORTS = "interpreter and imports"  # the CLI's clock: from the process's start
 LIBRARY_IMPORTS = "imports ({})"  # a model library's import (transformers, timm) in model build
 BEFORE_RUN = "before run()"  # a clock made by run(): the Python API caller's own time
 PART_PHASES = ("warm-up", "capture", "verify")  # per bucket and lane (BucketPhases)
+FIRST_USE = "bucket setup on first use"  # capture.lazy: a bucket set up mid-stream, whole
 
 # The clock of the run in progress on this thread: module code deep in setup (models/load.py,
 # engine/capture.py) marks its phases without a clock passed through every signature.
@@ -73,9 +76,11 @@ class PhaseClock:
         self.created = time.perf_counter()
         self.totals: dict[str, float] = {before: self.created - self.t0}
         self.parts: dict[tuple[str, int], dict[str, float]] = {}  # (bucket, lane) -> phase -> s
+        self.within: dict[tuple[str, int], str] = {}  # a part timed inside a whole phase: its name
         self.first_output: float | None = None  # when the first batch reached the writer
         self.ended: float | None = None
-        self._stack: list[list] = []  # [name, entered, seconds of the phases nested in it]
+        # [name, entered, seconds of the phases nested in it, the whole phase it is in or is]
+        self._stack: list[list] = []
 
     @contextmanager
     def active(self) -> Iterator["PhaseClock"]:
@@ -87,8 +92,11 @@ class PhaseClock:
             _ACTIVE.reset(token)
 
     @contextmanager
-    def phase(self, name: str, part: tuple[str, int] | None = None) -> Iterator[None]:
-        frame = [name, time.perf_counter(), 0.0]
+    def phase(self, name: str, part: tuple[str, int] | None = None,
+              whole: bool = False) -> Iterator[None]:
+        """whole: the phases nested in this one are its time (recorded per part only)."""
+        outer = self._stack[-1][3] if self._stack else None  # a whole phase around this one
+        frame = [name, time.perf_counter(), 0.0, outer or (name if whole else None)]
         self._stack.append(frame)
         try:
             yield
@@ -96,11 +104,14 @@ class PhaseClock:
             spent = time.perf_counter() - frame[1]
             self._stack.pop()
             if self.ended is None:  # after the end (closing the runner): not the run's
-                self.totals[name] = self.totals.get(name, 0.0) + spent - frame[2]
+                if outer is None:
+                    self.totals[name] = self.totals.get(name, 0.0) + spent - frame[2]
                 if part is not None:
                     mine = self.parts.setdefault(part, {})
                     mine[name] = mine.get(name, 0.0) + spent
-            if self._stack:
+                    if outer is not None:
+                        self.within[part] = outer
+            if self._stack and outer is None:
                 self._stack[-1][2] += spent
 
     def output_handed(self) -> None:
@@ -113,7 +124,10 @@ class PhaseClock:
         The phases open now (manifest write, a caller's) are counted up to here."""
         now = time.perf_counter()
         inner = 0.0
-        for name, entered, nested in reversed(self._stack):  # innermost first
+        for k in range(len(self._stack) - 1, -1, -1):  # innermost first
+            name, entered, nested, _ = self._stack[k]
+            if k and self._stack[k - 1][3] is not None:  # inside a whole phase: its time
+                continue
             self.totals[name] = self.totals.get(name, 0.0) + (now - entered) - nested - inner
             inner = now - entered
         self.ended = now
@@ -133,8 +147,8 @@ class PhaseClock:
         return None if self.first_output is None else self.first_output - self.t0
 
 
-def phase(name: str, part: tuple[str, int] | None = None):
+def phase(name: str, part: tuple[str, int] | None = None, whole: bool = False):
     """A phase of the active clock's run (a no-op outside a run, or on another thread)."""
     clock = _ACTIVE.get()
-    return _NO_PHASE if clock is None else clock.phase(name, part)
+    return _NO_PHASE if clock is None else clock.phase(name, part, whole)
 

@@ -201,9 +201,9 @@ def _quiet_profiler():
 
 def _measuring_spec(spec, sizes: dict[str, int]):
     """The spec with the one bucket, no budget (it would drop the bucket measured), no
-    verification (only memory is wanted)."""
+    verification (only memory is wanted), set up before the run that is measured."""
     capture = spec.capture.model_copy(update={
-        "memory_budget_mib": None,
+        "memory_budget_mib": None, "lazy": False,
         "verify": spec.capture.verify.model_copy(update={"enabled": False})})
     return spec.model_copy(update={"buckets": {a: [v] for a, v in sizes.items()},
                                    "capture": capture})

@@ -11,6 +11,7 @@ import sys
 import time
 
 from graphrun.errors import GraphrunError
+from graphrun.phases import FIRST_USE
 from graphrun.inputs import reader_for
 from graphrun.tuning import Tuning
 
@@ -147,6 +148,7 @@ def summary_table(manifest, shown: set[str] = frozenset()) -> None:
                   f"padding {t.padding_ratio:.1%} of rows"
                   + "".join(f", {r:.1%} of {a} positions"
                             for a, r in t.padding_ratio_positions.items()))
+    console.print(bucket_setup(manifest))
     where = stream_breakdown(t)
     if where:
         console.print(where)
@@ -156,6 +158,27 @@ def summary_table(manifest, shown: set[str] = frozenset()) -> None:
     for w in manifest.warnings:
         if w not in shown:
             console.print(f"[yellow]warning:[/yellow] {w}")
+
+
+def bucket_setup(manifest) -> str:
+    """`buckets: 1 set up at start, 1 on first use (batch=1 by batch 6; 0.07 s), 2 never
+    set up (no batch selected them: capture.lazy)`: when each bucket was set up."""
+    buckets = manifest.buckets
+    first = [b for b in buckets if b.set_up == "first_use"]
+    said = [f"{sum(b.set_up == 'setup' for b in buckets)} set up at start"]
+    if first:
+        named = ", ".join(f"{b.name} by batch {b.first_use_batch}" for b in first[:3])
+        spent = [p.s for p in (manifest.phases.top if manifest.phases else [])
+                 if p.name == FIRST_USE]
+        said.append(f"{len(first)} on first use ({named}{', ...' if len(first) > 3 else ''}"
+                    + (f"; {spent[0]:.2f} s" if spent else "") + ")")
+    unused = sum(b.status == "unused" for b in buckets)
+    if unused:
+        said.append(f"{unused} never set up (no batch selected them: capture.lazy)")
+    skipped = sum(b.status == "skipped" for b in buckets)
+    if skipped:
+        said.append(f"{skipped} skipped (the manifest says why)")
+    return "buckets: " + ", ".join(said)
 
 
 def biggest_phases(manifest, count: int = 3) -> str | None:

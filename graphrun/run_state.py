@@ -246,7 +246,7 @@ class RunState:
         """The clock's phases (after its end()): the flat list, and warm-up, capture and
         verify per bucket and lane."""
         clock = self.clock
-        parts = [BucketPhases(bucket=bucket, lane=lane,
+        parts = [BucketPhases(bucket=bucket, lane=lane, within=clock.within.get((bucket, lane)),
                               **{f"{p.replace('-', '')}_s": got.get(p, 0.0) for p in PART_PHASES})
                  for (bucket, lane), got in clock.parts.items()]
         return Phases(process_start=clock.t0_how,

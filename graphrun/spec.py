@@ -230,14 +230,20 @@ class CaptureSpec(Strict):
         "MiB, instead of running out of memory. `graphrun plan` and `buckets: auto` plan "
         "within it (the batch values capped by an estimate from one measured bucket).")
     lazy: bool = Field(
-        False, description="true: set up (warm up, capture, verify) at start only the buckets "
+        True, description="true: set up (warm up, capture, verify) at start only the buckets "
         "the input's batches select, as far as the run knows before streaming: the planner's "
         "histogram when buckets: auto ran, and the first batches the reader holds. A bucket "
         "first selected later is set up when that batch comes: the launching thread waits for "
-        "the batches in flight, captures and verifies the bucket on every lane, then goes on. "
-        "Buckets no batch selects are never set up. The manifest says which were set up when "
-        "(buckets[].set_up, first_use_batch; status unused). A Runner built directly (the "
-        "Python API) sets up every bucket on first use. false: every bucket at start.")
+        "the batches in flight, captures and verifies the bucket on every lane, then goes on "
+        "(the phase `bucket setup on first use`); where that fails and capture.on_failure is "
+        "error, the run stops naming the bucket and the batch, the batches before it "
+        "committed. Buckets no batch selects are "
+        "never set up (status unused). The manifest says which were set up when "
+        "(buckets[].set_up, first_use_batch). A Runner built directly (the Python API) sets "
+        "up each bucket on its first batch. graphrun bench and plan's measurements set up "
+        "every bucket whatever this says; graphrun sweep does unless --set or --grid gives "
+        "capture.lazy. false: every bucket at start, so a capture or verification failure "
+        "shows before any output.")
 
 
 class TextSpec(Strict):

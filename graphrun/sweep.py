@@ -148,11 +148,20 @@ def mark_pareto(rows: list[Variant]) -> None:
             for o in done)
 
 
+def every_bucket(base: list[str], grid: dict) -> list[str]:
+    """capture.lazy: false unless --set or the grid says: a variant's capture time and graph
+    memory are those of all its buckets, not only of those its first --stop records select."""
+    if "capture.lazy" in grid or any(s.split("=")[0].strip() == "capture.lazy" for s in base):
+        return base
+    return ["capture.lazy=false", *base]
+
+
 def sweep(spec: Path, grid: dict[str, list[Any]], out: Path, *, stop: int | None = None,
           base: list[str] = (), echo=print) -> Sweep:
     from .spec_load import load_spec
 
-    load_spec(spec, list(base))  # the base spec itself must be valid: one message, no sweep
+    base = every_bucket(list(base), grid)
+    load_spec(spec, base)  # the base spec itself must be valid: one message, no sweep
     out.mkdir(parents=True, exist_ok=True)
     rows: list[Variant] = []
     first: Path | None = None

@@ -564,7 +564,7 @@ def test_sigterm_during_setup_stops_the_run_at_once(tmp_path, monkeypatch):
 
 def test_setup_reports_each_bucket_as_it_is_ready(tmp_path):
     from graphrun.engine import Runner
-    spec = load_spec(make_job(tmp_path))
+    spec = load_spec(make_job(tmp_path), ["capture.lazy=false"])  # every bucket at start
     said = []
     with Runner(spec, log=said.append):
         pass

@@ -49,7 +49,7 @@ def small_spec(tmp_path, **over) -> PipelineSpec:
 
 
 def test_every_bucket_is_captured_and_verified(tmp_path):
-    with Runner(small_spec(tmp_path)) as runner:
+    with Runner(small_spec(tmp_path, capture={"lazy": False})) as runner:
         assert runner.backend == "cuda-graph"
         for state in runner.states.values():
             assert state.status == "captured", state.reason
@@ -61,7 +61,7 @@ def test_every_bucket_is_captured_and_verified(tmp_path):
 
 @pytest.mark.parametrize("path", PIPELINES, ids=[p.stem for p in PIPELINES])
 def test_replay_equals_eager_per_record_for_shipped_pipelines(path):
-    spec = graphrun.load_spec(path)
+    spec = graphrun.load_spec(path, ["capture.lazy=false"])  # every bucket captured at start
     records = _records(spec, 40)
     with Runner(spec) as runner:
         assert {s.status for s in runner.states.values()} == {"captured"}
@@ -99,7 +99,7 @@ def test_decoder_bf16_buckets_capture_and_match_eager(tmp_path):
                               "positions": {"shape": ["batch"], "dtype": "int64",
                                             "range": [0, 256]}},
                       outputs={"logits": {"shape": ["batch", 1, 2048]}},
-                      capture={"verify": {"rtol": 2e-2, "atol": 2e-2}})
+                      capture={"verify": {"rtol": 2e-2, "atol": 2e-2}, "lazy": False})
     with Runner(spec) as runner:
         assert all(s.status == "captured" for s in runner.states.values())
         assert all(g.verify.passed for g in runner.lanes[0].graphs.values())
@@ -115,7 +115,7 @@ def test_decoder_bf16_buckets_capture_and_match_eager(tmp_path):
 
 def test_shared_pool_takes_less_memory_than_a_pool_per_graph(tmp_path):
     def total(pool):
-        spec = small_spec(tmp_path, capture={"pool": pool},
+        spec = small_spec(tmp_path, capture={"pool": pool, "lazy": False},
                           model={"builtin": "mlp", "args": {"in_features": 32, "hidden": 1024,
                                                             "layers": 8, "out_features": 8}})
         with Runner(spec) as runner:
@@ -128,7 +128,8 @@ def test_shared_pool_takes_less_memory_than_a_pool_per_graph(tmp_path):
 def test_host_sync_in_forward_fails_with_the_model_line_and_remedies(tmp_path):
     (tmp_path / "m.py").write_text(SYNCS_ON_ITEM)
     spec = small_spec(tmp_path, model={"target": f"{tmp_path / 'm.py'}:build"},
-                      inputs={"x": {"shape": ["batch", 4]}}, outputs={"y": {"shape": ["batch", 4]}})
+                      inputs={"x": {"shape": ["batch", 4]}}, outputs={"y": {"shape": ["batch", 4]}},
+                      capture={"lazy": False})
     with pytest.raises(CaptureError) as info:
         Runner(spec)
     text = str(info.value)
@@ -141,7 +142,7 @@ def test_on_failure_eager_runs_the_uncapturable_buckets_eagerly(tmp_path):
     (tmp_path / "m.py").write_text(SYNCS_ON_ITEM)
     spec = small_spec(tmp_path, model={"target": f"{tmp_path / 'm.py'}:build"},
                       inputs={"x": {"shape": ["batch", 4]}}, outputs={"y": {"shape": ["batch", 4]}},
-                      capture={"on_failure": "eager"})
+                      capture={"on_failure": "eager", "lazy": False})
     with Runner(spec) as runner:
         assert {s.status for s in runner.states.values()} == {"eager"}
         assert all("CUDA graph capture failed" in s.reason for s in runner.states.values())
@@ -155,7 +156,8 @@ def test_on_failure_eager_runs_the_uncapturable_buckets_eagerly(tmp_path):
 def test_memory_budget_drops_the_largest_buckets(tmp_path):
     args = {"in_features": 32, "hidden": 4096, "layers": 4, "out_features": 8}
     spec = small_spec(tmp_path, model={"builtin": "mlp", "args": args},
-                      buckets={"batch": [1, 64, 4096]}, capture={"memory_budget_mib": 8})
+                      buckets={"batch": [1, 64, 4096]},
+                      capture={"memory_budget_mib": 8, "lazy": False})
     with Runner(spec) as runner:
         states = {s.bucket.batch: s for s in runner.states.values()}
         assert states[4096].status == "skipped" and "memory_budget_mib=8" in states[4096].reason
@@ -173,7 +175,7 @@ def test_a_second_capture_that_fails_leaves_the_bucket_on_one_lane(tmp_path, mon
     import graphrun.engine.capture as capture_mod
     from graphrun.errors import CaptureError as Err
 
-    spec = small_spec(tmp_path, buckets={"batch": [4, 16]})
+    spec = small_spec(tmp_path, buckets={"batch": [4, 16]}, capture={"lazy": False})
     warnings = []
     with Runner(spec, log=warnings.append) as runner:
         real = capture_mod.capture_graph
@@ -201,7 +203,7 @@ def test_compile_true_is_captured_and_matches_eager(tmp_path):
     spec = small_spec(tmp_path, model={"builtin": "mlp", "compile": True,
                                        "args": {"in_features": 32, "hidden": 64, "layers": 2,
                                                 "out_features": 8}},
-                      buckets={"batch": [1, 4]})
+                      buckets={"batch": [1, 4]}, capture={"lazy": False})
     with Runner(spec) as runner:
         assert {s.status for s in runner.states.values()} == {"captured"}
         x = np.random.default_rng(0).standard_normal((3, 32), dtype=np.float32)
@@ -214,7 +216,7 @@ def test_compile_true_is_captured_and_matches_eager(tmp_path):
 
 def test_graphrun_run_on_the_gpu_writes_a_manifest_with_captured_buckets(tmp_path):
     spec = graphrun.load_spec(ROOT / "pipelines" / "decoder-step.yaml",
-                              ["report.baseline=eager"])
+                              ["report.baseline=eager", "capture.lazy=false"])
     m = graphrun.run(spec, out=tmp_path / "o")
     assert m.status == "completed" and m.environment.backend == "cuda-graph"
     assert m.environment.gpu
@@ -242,7 +244,7 @@ def test_overlapped_stream_on_two_lanes_gives_serials_outputs_bit_for_bit(tmp_pa
                                        "args": {"in_features": 32, "hidden": 256, "layers": 8,
                                                 "out_features": 8}},
                       inputs={"x": {"shape": ["batch", 32], "dtype": "bfloat16"}},
-                      capture={"verify": {"rtol": 2e-2, "atol": 2e-2}})
+                      capture={"verify": {"rtol": 2e-2, "atol": 2e-2}, "lazy": False})
     rng = np.random.default_rng(1)
     sizes = [32, 1, 7, 32, 3, 16, 32, 2, 9, 32] * 6
     data, start = [], 0

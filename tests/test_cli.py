@@ -205,6 +205,9 @@ def test_summary_table_fits_80_columns_and_names_every_bucket(write_spec, tmp_pa
     for name in ("batch=4", "batch=2", "batch=1"):
         assert any(line.startswith(name + " ") for line in lines), name
     assert "records in 10, out 10, rejected 0" in text
+    # batches of 4, 4, 2: buckets 4 and 2 set up from the reader's first batches, 1 never
+    assert "buckets: 2 set up at start, 1 never set up (no batch selected them: " \
+        "capture.lazy)" in " ".join(text.split())
     assert re.search(r"stream \(serial\): read \d+%, pad \d+%, launch \d+%, device wait "
                      r"\d+%, write \d+%; busiest: \w+", " ".join(text.split())), text
 

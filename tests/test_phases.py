@@ -16,7 +16,7 @@ import pytest
 
 import graphrun
 from graphrun import phases
-from graphrun.phases import OTHER, PhaseClock, phase
+from graphrun.phases import FIRST_USE, OTHER, PART_PHASES, PhaseClock, phase
 from tests.children import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,6 +45,34 @@ def test_nested_phases_are_counted_once_and_the_rest_is_other():
     parts = clock.parts
     assert set(parts) == {("batch=8", 0), ("batch=1", 0)}
     assert sum(p["warm-up"] for p in parts.values()) == pytest.approx(top["warm-up"])
+
+
+def test_a_whole_phase_holds_the_phases_nested_in_it_which_count_per_bucket_within_it():
+    """A bucket set up mid-stream (capture.lazy): one phase, out of the stream's time; its
+    warm-up and verify are not the top-level ones, but its parts, marked within it."""
+    clock = PhaseClock()
+    with clock.active():
+        with phase("stream"):
+            time.sleep(0.02)
+            with phase(FIRST_USE, whole=True):
+                with phase("warm-up", ("batch=1", 0)):
+                    time.sleep(0.03)
+                with phase("verify", ("batch=1", 0)):
+                    time.sleep(0.01)
+            time.sleep(0.02)
+        with phase("warm-up", ("batch=8", 0)):
+            time.sleep(0.01)
+        with phase("stream"), phase(FIRST_USE, whole=True), phase("capture", ("batch=2", 0)):
+            time.sleep(0.02)
+            total = clock.end()  # open in a whole phase: its time up to here
+    top = dict(clock.top())
+    assert 0.04 <= top["stream"] < 0.1 and "verify" not in top and "capture" not in top
+    assert 0.06 <= top[FIRST_USE] < 0.15  # 0.03 + 0.01, then 0.02 open at the end
+    assert 0.01 <= top["warm-up"] < 0.04  # batch=8's alone
+    assert sum(top.values()) == pytest.approx(total, abs=1e-9)
+    assert clock.within == {("batch=1", 0): FIRST_USE}
+    assert set(clock.parts) == {("batch=1", 0), ("batch=8", 0)}
+    assert 0.03 <= clock.parts[("batch=1", 0)]["warm-up"] < 0.08
 
 
 def test_phases_open_at_the_end_count_up_to_it_and_not_after():
@@ -110,12 +138,16 @@ def check_adds_up(m: dict) -> dict[str, float]:
     assert len(top) == len(ph["top"]) and all(s >= 0 for s in top.values())
     assert sum(top.values()) == pytest.approx(totals["process_wall_s"], rel=1e-9)
     assert top[OTHER] <= 0.02 * totals["process_wall_s"], top
-    for name, key in (("warm-up", "warmup_s"), ("capture", "capture_s"),
-                      ("verify", "verify_s")):
-        parts = sum(b[key] for b in ph["buckets"])
+    keys = ("warmup_s", "capture_s", "verify_s")
+    for name, key in zip(PART_PHASES, keys):  # buckets set up before the stream
+        parts = sum(b[key] for b in ph["buckets"] if b["within"] is None)
         assert parts == pytest.approx(top.get(name, 0.0), abs=1e-6)
+    # buckets set up mid-stream (capture.lazy): inside that one phase, which the stream is not
+    later = sum(b[k] for b in ph["buckets"] if b["within"] == FIRST_USE for k in keys)
+    assert all(b["within"] in (None, FIRST_USE) for b in ph["buckets"])
+    assert later <= top.get(FIRST_USE, 0.0) + 1e-6
     assert totals["wall_s"] <= totals["process_wall_s"]
-    assert top["stream"] == pytest.approx(totals["stream_s"], abs=0.05)
+    assert top["stream"] + top.get(FIRST_USE, 0.0) == pytest.approx(totals["stream_s"], abs=0.05)
     return top
 
 
@@ -147,7 +179,8 @@ def test_a_cli_run_of_a_shipped_pipeline_is_accounted_from_the_process_start(tmp
 
 def test_a_run_with_verify_on_accounts_for_each_bucket(tmp_path):
     spec = graphrun.load_spec(ROOT / "pipelines" / "decoder-step.yaml",
-                              ["capture.verify.enabled=true", "data.batch_size=8"])
+                              ["capture.verify.enabled=true", "data.batch_size=8",
+                               "capture.lazy=false"])  # every bucket, at start
     manifest = graphrun.run(spec, out=tmp_path / "o", stop=200)
     m = json.loads((tmp_path / "o" / "manifest.json").read_text())
     top = check_adds_up(m)

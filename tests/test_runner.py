@@ -52,10 +52,10 @@ def mlp_spec(tmp_path, **over):
     return PipelineSpec.model_validate(raw)
 
 
-def target_spec(tmp_path, source: str, out_shape=("batch", 4)):
+def target_spec(tmp_path, source: str, out_shape=("batch", 4), **over):
     (tmp_path / "m.py").write_text(source)
     return mlp_spec(tmp_path, model={"target": f"{tmp_path / 'm.py'}:build"},
-                    outputs={"y": {"shape": list(out_shape)}})
+                    outputs={"y": {"shape": list(out_shape)}}, **over)
 
 
 def eager_alone(spec, x: np.ndarray) -> np.ndarray:
@@ -240,8 +240,8 @@ def test_variable_length_records_are_cut_back_to_their_length(tmp_path):
 
 
 def test_verify_catches_a_model_that_mixes_rows(tmp_path):
-    with pytest.raises(CaptureError) as info:
-        Runner(target_spec(tmp_path, ROW_MIXER))
+    with pytest.raises(CaptureError) as info:  # every bucket set up, and checked, at start
+        Runner(target_spec(tmp_path, ROW_MIXER, capture__lazy=False))
     text = str(info.value)
     assert "bucket batch=4" in text and "padded rows change real rows of output(s) y" in text
     assert "1. fix the model" in text
@@ -257,7 +257,7 @@ def test_verify_off_lets_such_a_model_run(tmp_path):
 def test_output_shape_mismatch_names_the_output_and_the_fix(tmp_path):
     with pytest.raises(ModelError, match=r"output 'y' has shape \[4, 2\] but the spec's "
                                          r"outputs.y.shape gives \[4, 4\]"):
-        Runner(target_spec(tmp_path, WRONG_SHAPE))
+        Runner(target_spec(tmp_path, WRONG_SHAPE, capture__lazy=False))
 
 
 def test_cuda_graph_backend_without_cuda_is_a_clear_error(tmp_path):
@@ -306,7 +306,7 @@ def _replay_that_drifts(runner, bucket):
 
 
 def test_first_real_batch_is_verified_and_a_drifting_replay_stops_the_run(tmp_path):
-    spec = mlp_spec(tmp_path)
+    spec = mlp_spec(tmp_path, capture__lazy=False)  # the bucket's graph there to replace
     x = np.random.default_rng(5).standard_normal((3, 4), dtype=np.float32)
     with Runner(spec) as runner:
         bucket = runner.table.pick(3, {})
@@ -318,7 +318,7 @@ def test_first_real_batch_is_verified_and_a_drifting_replay_stops_the_run(tmp_pa
 
 
 def test_first_real_batch_failure_with_on_failure_eager_gives_eager_outputs(tmp_path):
-    spec = mlp_spec(tmp_path, capture__on_failure="eager")
+    spec = mlp_spec(tmp_path, capture__on_failure="eager", capture__lazy=False)
     x = np.random.default_rng(6).standard_normal((3, 4), dtype=np.float32)
     with Runner(spec) as runner:
         bucket = runner.table.pick(3, {})
@@ -332,7 +332,7 @@ def test_first_real_batch_failure_with_on_failure_eager_gives_eager_outputs(tmp_
 
 
 def test_a_replay_that_agrees_is_checked_once(tmp_path):
-    spec = mlp_spec(tmp_path)
+    spec = mlp_spec(tmp_path, capture__lazy=False)
     x = np.random.default_rng(7).standard_normal((3, 4), dtype=np.float32)
     with Runner(spec) as runner:
         bucket = runner.table.pick(3, {})

@@ -73,7 +73,7 @@ def test_a_bucket_costs_one_eager_reference_and_the_lanes_runs_not_a_second_eage
     """Setup's model calls on the eager backend: the layout's probe, then per bucket its
     warm-up on the verification batch (the eager reference), the lane's run compared with it,
     and (batch > 1) the run with other padded rows. Before: one eager run more per bucket."""
-    with Runner(counted_spec(tmp_path)) as runner:
+    with Runner(counted_spec(tmp_path, capture={"lazy": False})) as runner:
         calls = [c for c in calls_of(runner.model) if c[0] == "call"]
         assert [n for _, n in calls] == [1, 4, 4, 4, 2, 2, 2, 1, 1]  # was 12 calls
         for state in runner.states.values():
@@ -84,7 +84,7 @@ def test_a_bucket_costs_one_eager_reference_and_the_lanes_runs_not_a_second_eage
 
 
 def test_verify_off_costs_one_run_per_bucket(tmp_path):
-    spec = counted_spec(tmp_path, capture={"verify": {"enabled": False}})
+    spec = counted_spec(tmp_path, capture={"verify": {"enabled": False}, "lazy": False})
     with Runner(spec) as runner:
         assert len([c for c in calls_of(runner.model) if c[0] == "call"]) == 1 + 3
 
@@ -93,7 +93,7 @@ def test_a_model_that_differs_from_itself_still_fails_verification(tmp_path):
     """The lane's run is compared with the reference taken by the warm-up: a model whose
     outputs change from call to call is caught, as when eager ran again for the check."""
     spec = counted_spec(tmp_path, model={"target": f"{tmp_path / 'counted.py'}:build",
-                                         "args": {"noise": 1.0}})
+                                         "args": {"noise": 1.0}}, capture={"lazy": False})
     with pytest.raises(CaptureError, match="replay differs from eager"):
         Runner(spec)
 
@@ -103,12 +103,17 @@ def test_padded_rows_that_move_real_rows_still_fail(tmp_path):
         "import torch\nclass Mix(torch.nn.Module):\n    def forward(self, x):\n"
         "        return (x - x.mean(0, keepdim=True))[:, :3]\n"
         "def build():\n    return Mix()\n")
-    spec = make_spec(tmp_path, model={"target": f"{tmp_path / 'mix.py'}:build"})
+    spec = make_spec(tmp_path, model={"target": f"{tmp_path / 'mix.py'}:build"},
+                     capture={"lazy": False})
     with pytest.raises(CaptureError, match="padded rows change real rows"):
         Runner(spec)
 
 
 # ---- capture.lazy ----------------------------------------------------------------------------
+
+def lazy_or_not(spec, lazy: bool) -> PipelineSpec:
+    return spec.model_copy(update={"capture": spec.capture.model_copy(update={"lazy": lazy})})
+
 
 def run_outputs(spec, out, **kw) -> tuple[np.ndarray, dict]:
     manifest = graphrun.run(spec, out=out, **kw)
@@ -120,9 +125,9 @@ def run_outputs(spec, out, **kw) -> tuple[np.ndarray, dict]:
 def test_lazy_sets_up_only_the_buckets_the_batches_select(tmp_path, overlap):
     """19 records in batches of 8: 8, 8 and a last 3, all in bucket 8: only it is set up."""
     spec = make_spec(tmp_path)
-    want, _ = run_outputs(spec, tmp_path / "all", overlap=overlap)
-    lazy = spec.model_copy(update={"capture": spec.capture.model_copy(update={"lazy": True})})
-    got, buckets = run_outputs(lazy, tmp_path / "lazy", overlap=overlap)
+    want, every = run_outputs(lazy_or_not(spec, False), tmp_path / "all", overlap=overlap)
+    assert {b.set_up for b in every.values()} == {"setup"}
+    got, buckets = run_outputs(lazy_or_not(spec, True), tmp_path / "lazy", overlap=overlap)
     assert np.array_equal(got, want)
     assert buckets["batch=8"].set_up == "setup" and buckets["batch=8"].status == "eager"
     assert buckets["batch=8"].batches == 3
@@ -138,9 +143,9 @@ def test_a_bucket_first_selected_late_is_set_up_on_first_use(tmp_path, overlap):
     """49 records in batches of 8: the reader's look-ahead (4 batches) sees bucket 8 only; the
     seventh batch, of 1 record, needs bucket 1, which is set up then."""
     spec = make_spec(tmp_path, records=49)
-    want, _ = run_outputs(spec, tmp_path / "all", overlap=overlap)
-    lazy = spec.model_copy(update={"capture": spec.capture.model_copy(update={"lazy": True})})
-    got, buckets = run_outputs(lazy, tmp_path / "lazy", overlap=overlap)
+    want, every = run_outputs(lazy_or_not(spec, False), tmp_path / "all", overlap=overlap)
+    assert {b.set_up for b in every.values()} == {"setup"}
+    got, buckets = run_outputs(lazy_or_not(spec, True), tmp_path / "lazy", overlap=overlap)
     assert np.array_equal(got, want)
     assert (buckets["batch=8"].set_up, buckets["batch=8"].batches) == ("setup", 6)
     one = buckets["batch=1"]
@@ -247,7 +252,7 @@ def test_a_builder_that_reads_its_parameters_is_built_as_usual(tmp_path):
 def test_gpu_a_bucket_costs_its_warm_up_and_captures_no_extra_eager_run(tmp_path):
     """Python-side model calls per captured bucket: warm-up iterations, the call the capture
     records, and on the second lane one warm-up and one capture; the checks only replay."""
-    spec = counted_spec(tmp_path, device="cuda", capture={"warmup_iters": 3})
+    spec = counted_spec(tmp_path, device="cuda", capture={"warmup_iters": 3, "lazy": False})
     with Runner(spec) as runner:
         runner.host_slots(3)  # the overlapped stream's second lane
         calls = [n for kind, n in calls_of(runner.model) if kind == "call"]
@@ -261,9 +266,9 @@ def test_gpu_a_bucket_costs_its_warm_up_and_captures_no_extra_eager_run(tmp_path
 @pytest.mark.parametrize("overlap", [False, True])
 def test_gpu_first_use_captures_on_every_lane_and_outputs_equal_lazy_false(tmp_path, overlap):
     spec = make_spec(tmp_path, records=49, device="cuda")
-    want, _ = run_outputs(spec, tmp_path / "all", overlap=overlap)
-    lazy = spec.model_copy(update={"capture": spec.capture.model_copy(update={"lazy": True})})
-    got, buckets = run_outputs(lazy, tmp_path / "lazy", overlap=overlap)
+    want, every = run_outputs(lazy_or_not(spec, False), tmp_path / "all", overlap=overlap)
+    assert {b.set_up for b in every.values()} == {"setup"}
+    got, buckets = run_outputs(lazy_or_not(spec, True), tmp_path / "lazy", overlap=overlap)
     np.testing.assert_array_equal(got, want)
     one = buckets["batch=1"]
     assert (one.status, one.set_up, one.first_use_batch, one.batches) == (

@@ -60,6 +60,8 @@ def test_sweep_runs_each_variant_and_keeps_going_after_failures(write_spec, tmp_
         manifest = json.loads((out / r["name"] / "manifest.json").read_text())
         assert manifest["totals"]["records_out"] == 6  # --stop 6
         assert manifest["spec"]["data"]["batch_size"] == r["overrides"]["data.batch_size"]
+        # every bucket's capture and memory, not only those 6 records select (capture.lazy)
+        assert [b["set_up"] for b in manifest["buckets"]] == ["setup"] * 3
         assert r["verify"] == "passed" and r["records_per_s"] > 0
     assert rows[0]["outputs_equal_first"] is None and rows[2]["outputs_equal_first"] is True
     # batches of 2 into buckets [1, 2, 4] pad nothing; 6 records as 4 + 2 pad nothing either

@@ -79,7 +79,8 @@ class Capturer:
         # each bucket's setup line says k/N: a long setup shows progress
         for k, bucket in enumerate(todo, 1):  # largest first: smaller graphs reuse its pool
             self._prepare(lane, states[bucket], table, f"{k}/{len(todo)}")
-            states[bucket].set_up = "setup"
+            if states[bucket].status != "skipped":  # memory_budget_mib dropped it: not set up
+                states[bucket].set_up = "setup"
 
     def first_use(self, lanes: list[Lane], state: BucketState, table, batch: int) -> None:
         """capture.lazy: set up a bucket no batch selected before, on every lane, when batch
@@ -87,8 +88,9 @@ class Capturer:
         (no capture beside other work); other threads may still wait on finished events, so
         the capture is thread-local. A bucket the memory budget drops runs this batch eagerly;
         later batches pick other buckets, as after a drop at setup."""
-        self._prepare(lanes[0], state, table, "on first use", mode="thread_local")
-        state.set_up, state.first_use_batch = "first_use", batch
+        state.set_up, state.first_use_batch = "first_use", batch  # recorded if it fails too
+        self._prepare(lanes[0], state, table, f"on first use by batch {batch}",
+                      mode="thread_local")
         if state.status == "skipped":  # this batch is staged for it: run it eagerly, once
             lanes[0].graphs[state.bucket] = LaneGraph(
                 lanes[0].make_step(state.bucket, self.model, self.call, self.layout))

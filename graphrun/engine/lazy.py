@@ -12,6 +12,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from ..buckets import Bucket, BucketTable, split_sizes
+from ..errors import CaptureError, GraphrunError, ModelError
 
 LOOK_AHEAD = 4  # batches the reader reads ahead, beside the model's build, to decide from
 
@@ -57,3 +58,21 @@ def data_needs(spec, reader, plan=None) -> Callable[[BucketTable], set[Bucket]]:
         return found
 
     return needs
+
+
+def first_use_failed(err: GraphrunError, bucket: str, batch: int) -> GraphrunError:
+    """A bucket's setup on first use failed (capture, verification, the model at that size):
+    the same error, naming the batch that needed the bucket and what was kept."""
+    where = f"its setup on first use, for batch {batch} of this run (capture.lazy), failed"
+    kept = ("the run's batches before it are committed: after a fix, graphrun run --resume "
+            "(with --accept-model-change where the model's files changed) continues from this "
+            "batch; capture.lazy: false checks every bucket before the first batch")
+    if isinstance(err, CaptureError):
+        message = str(err).removeprefix(f"bucket {err.bucket}: ")
+        if err.remedies:  # the numbered remedies follow the first line: given again below
+            message = message.split("\n  1. ")[0]
+        return CaptureError(f"{where}: {message}\n  {kept}", bucket=err.bucket or bucket,
+                            remedies=err.remedies)
+    if isinstance(err, ModelError):
+        return ModelError(f"bucket {bucket}: {where}: {err}\n  {kept}")
+    return err

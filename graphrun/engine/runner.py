@@ -20,15 +20,16 @@ import torch
 from ..buckets import Bucket, BucketTable, cut_rows, pad_into, split_sizes
 from ..device import resolve_backend, resolve_device
 from ..device_start import DeviceStart
-from ..errors import InputError
+from ..errors import GraphrunError, InputError
 from ..manifest import BucketReport, LaneReport
 from ..padding import add_padded_positions
-from ..phases import phase
+from ..phases import FIRST_USE, phase
 from ..models.call import call_model, first_call, name_outputs, unlisted_outputs
 from ..models.load import build_model, compile_model, import_library, model_input_dtypes
 from ..spec import BATCH, PipelineSpec
 from .buffers import TORCH_DTYPES, host_dtype
 from .capture import BucketState, Capturer
+from .lazy import first_use_failed
 from .direct import Direct
 from .inputs import check_batch
 from .lanes import Lane, Layout
@@ -54,13 +55,15 @@ class Runner:
         self.cuda = self.device.type == "cuda"
         self.table = BucketTable(spec)
         self.states: dict[Bucket, BucketState] = {b: BucketState(b) for b in self.table.all}
+        self.first_use_s = 0.0  # capture.lazy: buckets set up mid-stream, all of them
         with self._device_ctx():
             with torch.inference_mode(), phase("model build"):
                 self.model = build_model(spec, self.device, spec.base_dir)
             if spec.model.compile:
                 with phase("compile"):
                     self.model = compile_model(self.model, len(self.table.all))
-            needed = (needs(self.table) if needs else set()) if spec.capture.lazy else None
+            with phase("read ahead"):  # capture.lazy: the first batches, to decide from
+                needed = (needs(self.table) if needs else set()) if spec.capture.lazy else None
             # Buffers are made outside inference mode: they are written in place per batch.
             with phase("first call and buffers"):
                 self.layout = self._layout(min(needed, key=lambda b: (b.volume, b.sizes))
@@ -133,18 +136,22 @@ class Runner:
         return self.launcher.slots[0].nbytes
 
     def measure_baseline(self, iters: int = 20) -> None:
-        """report.baseline: eager, median eager step and median replay of each bucket, timed
-        side by side on the same inputs (CUDA events on the GPU, host clocks on the CPU)."""
-        lane = self.lanes[0]
+        """report.baseline: eager, median eager step and median replay of each bucket set up,
+        timed side by side on the same inputs (CUDA events on the GPU, host clocks on the
+        CPU); a bucket set up later (capture.lazy) is timed on its first use."""
         with self._device_ctx(), torch.inference_mode():
-            for bucket, state in self.states.items():
-                entry = lane.graphs.get(bucket)
-                if entry is None:
-                    continue
-                fill_synthetic(lane.inputs.views(bucket), self.spec.inputs,
-                               torch.Generator().manual_seed(bucket.volume))
-                state.eager_us = median_us(self.launcher.timer, entry.step, iters)
-                state.replay_us = median_us(self.launcher.timer, entry.run, iters)
+            for state in self.states.values():
+                self._baseline(state, iters)
+
+    def _baseline(self, state: BucketState, iters: int = 20) -> None:
+        lane, bucket = self.lanes[0], state.bucket
+        entry = lane.graphs.get(bucket)
+        if entry is None:
+            return
+        fill_synthetic(lane.inputs.views(bucket), self.spec.inputs,
+                       torch.Generator().manual_seed(bucket.volume))
+        state.eager_us = median_us(self.launcher.timer, entry.step, iters)
+        state.replay_us = median_us(self.launcher.timer, entry.run, iters)
 
     # -- the feed's surface (feed_types.Engine)--------------------------------------------------
 
@@ -179,15 +186,24 @@ class Runner:
 
     def first_use(self, state: BucketState, batch: int) -> None:
         """capture.lazy: batch number `batch` needs a bucket not set up yet. Wait for the lanes'
-        work in flight (no capture beside it), set it up on every lane, then go on."""
-        t0 = time.perf_counter()
+        work in flight (no capture beside it), set it up on every lane, then go on. Its time
+        is one phase of the run (FIRST_USE), not the stream's; a failure names the batch."""
         with self._device_ctx():
-            if self.cuda:
+            if self.cuda:  # the batches in flight finish: the stream's time
                 torch.cuda.synchronize(self.device)
-            self.capturer.first_use(self.lanes, state, self.table, batch)
+            t0 = time.perf_counter()
+            with phase(FIRST_USE, whole=True):
+                try:
+                    self.capturer.first_use(self.lanes, state, self.table, batch)
+                except GraphrunError as err:
+                    state.reason = (f"its setup on first use (batch {batch}) failed: "
+                                    f"{str(err).splitlines()[0]}")
+                    raise first_use_failed(err, state.bucket.name, batch) from err
+                if self.spec.report.baseline == "eager":
+                    with torch.inference_mode():
+                        self._baseline(state)
+            self.first_use_s += time.perf_counter() - t0
         self.launcher.lanes_changed()
-        self.log(f"set up {state.bucket.name} on first use (batch {batch}) in "
-                 f"{time.perf_counter() - t0:.2f} s")
 
     def count(self, bucket: Bucket, n: int, lengths: dict | None = None) -> None:
         """A finished batch in its bucket's counts; with the records' lengths per axis, its
