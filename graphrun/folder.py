@@ -109,7 +109,7 @@ def hf_files(path: str, base_dir: Path) -> dict[str, Path]:
     """A local Hugging Face folder's files (weights, config, ...), by role "hf/<name>"; none
     for a hub name (its cache is the hub's) or a folder that is not there (validate says)."""
     from graphrun.errors import ModelError
-    from graphrun.models.hf import resolve_path
+    from graphrun.hf_paths import resolve_path
 
     try:
         folder = Path(resolve_path(path, base_dir))

@@ -56,7 +56,8 @@ def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml
             force: bool = False) -> HfInferred:
     """Infer a spec for the model in `hf` over the text in `data`, write it to `spec_path`
     with pipeline.schema.json beside it, and return what was inferred."""
-    from .models.hf import PKG, require
+    from .hf_paths import PKG
+    from .models.hf import require
 
     spec_path = spec_target(spec_path, force)
     transformers = require("transformers", WHAT)
@@ -96,7 +97,7 @@ def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml
 
 def _model_location(hf: str) -> str:
     """A local folder (absolute), pkg://'s folder, or else a hub name for the local cache."""
-    from .models.hf import resolve_path
+    from .hf_paths import resolve_path
 
     p = Path(hf).expanduser()
     if p.is_dir():
@@ -211,7 +212,7 @@ def _heads(task: Task, config) -> dict[str, dict]:
 
 
 def _default_name(hf: str, task: Task) -> str:
-    from .models.hf import PKG
+    from .hf_paths import PKG
 
     stem = hf[len(PKG):].partition("/")[0] if hf.startswith(PKG) else Path(hf.rstrip("/")).name
     stem = re.sub(r"[^A-Za-z0-9_-]+", "-", stem).strip("-") or "model"

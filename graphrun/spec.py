@@ -81,7 +81,9 @@ class TimmModelSpec(Strict):
     seed: int = Field(0, description="Seed of the random weights.")
 
 
-BUILTIN_NAMES = ("decoder", "mlp")  # models/load.py's builders; named here, checked without torch
+# Named here so that a spec is checked without importing torch or the readers (tested equal):
+BUILTIN_NAMES = ("decoder", "mlp")  # models/load.py's builders
+INPUT_SUFFIXES = (".jsonl", ".npy", ".npz", ".parquet")  # inputs/'s readers
 
 
 class ModelSpec(Strict):

@@ -9,7 +9,8 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from .spec import BATCH, BUILTIN_NAMES, FLOAT_DTYPES, INT_DTYPES, PipelineSpec
+from .spec import (BATCH, BUILTIN_NAMES, DTYPES, FLOAT_DTYPES, INPUT_SUFFIXES, INT_DTYPES,
+                   PipelineSpec)
 
 Found = Iterator[tuple[tuple, str]]
 # One graph (or eager bucket) per combination of the axes' values is set up before the first
@@ -193,11 +194,9 @@ def _files(spec: PipelineSpec) -> Found:
     path = spec.data.path
     if "\x00" in str(path):
         return
-    from .inputs import SUFFIXES
-
-    if path.suffix not in SUFFIXES:
+    if path.suffix not in INPUT_SUFFIXES:
         yield ("data", "path"), (f"unknown input format {path.suffix or '(no suffix)'!r}: use "
-                                 f"one of {', '.join(SUFFIXES)}")
+                                 f"one of {', '.join(INPUT_SUFFIXES)}")
     elif not path.is_file():
         yield ("data", "path"), _missing("input file", path)
     for key in ("exported", "torchscript", "weights"):
@@ -229,7 +228,7 @@ def _grid(spec: PipelineSpec) -> Found:
     if math.prod(sizes) > MAX_BUCKETS:
         grid = f"{' x '.join(map(str, sizes))} = " if len(sizes) > 1 else ""
         yield ("buckets",), (f"{grid}{math.prod(sizes):,} buckets, "
-                             f"more than {MAX_BUCKETS} (each is set up before the first record): "
+                             f"more than {MAX_BUCKETS} (each may be set up: warmed up, captured, verified): "
                              "keep the sizes the data needs (graphrun plan suggests them)")
     largest = {axis: max(v) for axis, v in spec.buckets.items() if v and v != "auto"}
     need = 0
@@ -248,11 +247,10 @@ def _grid(spec: PipelineSpec) -> Found:
 
 
 def _itemsize(dtype: str) -> int:
-    import numpy as np
-    try:
-        return np.dtype(dtype).itemsize
-    except TypeError:
+    """Bytes per value of a spec dtype (bool 1, else its bits / 8), counted without numpy."""
+    if dtype not in DTYPES:
         return 4
+    return 1 if dtype == "bool" else int(dtype.lstrip("abcdefghijklmnopqrstuvwxyz")) // 8
 
 
 def _memory_bytes() -> int | None:
@@ -307,7 +305,7 @@ def _hf_paths(spec: PipelineSpec, base_dir: Path) -> Found:
     if not keys:  # models/ imports torch: only for a spec that names a folder to find
         return
     from .errors import ModelError
-    from .models.hf import resolve_path
+    from .hf_paths import resolve_path
 
     for key, path in keys:
         try:

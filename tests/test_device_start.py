@@ -51,15 +51,18 @@ def test_a_spec_is_checked_without_torch(tmp_path):
 
     from tests.children import child_env
 
-    code = ("import sys; from graphrun.spec_load import load_spec; "
-            "load_spec(sys.argv[1]); print('torch' in sys.modules)")
-    got = subprocess.run([sys.executable, "-c", code, "pipelines/decoder-step.yaml"],
-                         capture_output=True, text=True, env=child_env(), check=True)
-    assert got.stdout.strip() == "False"
+    code = ("import sys; from graphrun.spec_load import load_spec; load_spec(sys.argv[1]); "
+            "print(sorted({'torch', 'numpy', 'pyarrow'} & set(sys.modules)))")
+    for spec in ("decoder-step", "minilm-embed", "mlp-scorer"):
+        got = subprocess.run([sys.executable, "-c", code, f"pipelines/{spec}.yaml"],
+                             capture_output=True, text=True, env=child_env(), check=True)
+        assert got.stdout.strip() == "[]", spec
 
 
-def test_the_builtin_names_are_the_builders():
+def test_the_names_the_spec_checks_are_the_builders_and_readers():
+    from graphrun.inputs import SUFFIXES
     from graphrun.models.load import BUILTINS
-    from graphrun.spec import BUILTIN_NAMES
+    from graphrun.spec import BUILTIN_NAMES, INPUT_SUFFIXES
 
     assert sorted(BUILTINS) == sorted(BUILTIN_NAMES)
+    assert sorted(SUFFIXES) == sorted(INPUT_SUFFIXES)

