@@ -387,3 +387,23 @@ def test_gpu_a_capture_failing_on_first_use_stops_or_runs_that_bucket_eagerly(tm
         "eager", "first_use", 1)
     assert "CUDA graph capture failed" in one.reason
     assert written(tmp_path / "o")[0] == [f"r{i}" for i in range(49)]
+
+
+def test_a_bucket_one_worker_left_unused_is_reported_as_set_up(tmp_path):
+    """capture.lazy: worker 0 never needed batch=1, worker 1 set it up on first use; the job's
+    manifest says what worker 1 saw, with both workers' counts."""
+    from types import SimpleNamespace
+
+    from graphrun.manifest import BucketReport
+    from graphrun.scale.merge import merge_buckets
+
+    def worker(status, set_up, batches):
+        b = BucketReport(name="batch=1", sizes={"batch": 1}, status=status, set_up=set_up,
+                         first_use_batch=3 if set_up else None, batches=batches,
+                         records=batches, reason=None if set_up else "capture.lazy: unused")
+        return SimpleNamespace(buckets=[b], totals=SimpleNamespace(batches=0))
+
+    got = merge_buckets(tmp_path, [worker("unused", None, 0), worker("captured", "first_use", 2),
+                                   worker("unused", None, 0)], [50])
+    assert [(b.status, b.set_up, b.first_use_batch, b.batches, b.reason) for b in got] == [
+        ("captured", "first_use", 3, 2, None)]
