@@ -2,10 +2,10 @@
 a thread.
 
 Starting the driver (cuInit, called so that the GIL is let go meanwhile), creating the context
-and loading cuBLAS is the driver's and the library's work; on the main thread it would wait in line before the model's build, while a model library's
-import (transformers), the output folder's preparation and the reader's start can run
-meanwhile. The Runner then waits for it ("cuda context" in the manifest's phases: only the wait
-is left).
+and loading cuBLAS is the driver's and the library's work; on the main thread it would wait in
+line before the model's build, while the engine's imports, a model library's import
+(transformers), the output folder's preparation and the reader's start can run meanwhile. The
+Runner then waits for it ("cuda context" in the manifest's phases: only the wait is left).
 
     start = DeviceStart.begin(spec)       # as soon as the spec is known
     ...                                   # anything else; the thread runs meanwhile

@@ -227,9 +227,9 @@ def _grid(spec: PipelineSpec) -> Found:
     sizes = [spec.buckets_max_graphs if v == "auto" else len(v) for v in spec.buckets.values()]
     if math.prod(sizes) > MAX_BUCKETS:
         grid = f"{' x '.join(map(str, sizes))} = " if len(sizes) > 1 else ""
-        yield ("buckets",), (f"{grid}{math.prod(sizes):,} buckets, "
-                             f"more than {MAX_BUCKETS} (each may be set up: warmed up, captured, verified): "
-                             "keep the sizes the data needs (graphrun plan suggests them)")
+        yield ("buckets",), (f"{grid}{math.prod(sizes):,} buckets, more than {MAX_BUCKETS} "
+                             "(each may be warmed up, captured and verified): keep the sizes "
+                             "the data needs (graphrun plan suggests them)")
     largest = {axis: max(v) for axis, v in spec.buckets.items() if v and v != "auto"}
     need = 0
     for items, default in ((spec.inputs, None), (spec.outputs, "float32")):

@@ -33,8 +33,9 @@ def read_batches(spec: PipelineSpec, *, start: int = 0, stop: int | None = None,
     with ordinals in [start, stop). Each batch carries the rejects met before its last record, so
     records and rejects come out in file order; a batch may hold only rejects. With
     on_bad_record: error the first bad record raises InputError (after the full batches before
-    it). tuning: the reader's threads and chunk sizes (default: Tuning.from_machine()). With data.group_by_length the batches of each window come
-    in length order (grouping.py); padding, if given, counts what that saved."""
+    it). tuning: the reader's threads and chunk sizes (default: Tuning.from_machine()). With
+    data.group_by_length the batches of each window come in length order (grouping.py);
+    padding, if given, counts what that saved."""
     if start < 0 or (stop is not None and stop < start):
         raise ValueError(f"need 0 <= start <= stop (got start={start}, stop={stop})")
     tuning = tuning or Tuning.from_machine()

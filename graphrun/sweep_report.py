@@ -30,7 +30,8 @@ def sweep_table(result: Sweep):
         equal = "-" if v.outputs_equal_first is None else (
             "yes" if v.outputs_equal_first else "NO")
         table.add_row("*" if v.pareto else "", v.name.split("_")[0], *values,
-                      _fmt(v.records_per_s, ",.1f"), _fmt(v.p50_us, ",.0f"), _fmt(v.p99_us, ",.0f"), _fmt(v.capture_s, ".2f"),
+                      _fmt(v.records_per_s, ",.1f"), _fmt(v.p50_us, ",.0f"),
+                      _fmt(v.p99_us, ",.0f"), _fmt(v.capture_s, ".2f"),
                       _fmt((v.memory_bytes or 0) / 2**20, ",.1f"),
                       _fmt(100 * v.padding_waste if v.padding_waste is not None else None,
                            ".1f") + "%", v.verify or "-", equal)
