@@ -13,8 +13,8 @@ then both (layout.digest_file):
 
 A worker's run takes SharedHash views of that record in place of its own InputHash and
 FilesHash (RunHashes): it waits for the record where one process waits for its own hashes
-(the "input hash wait" phase), so every run.json and manifest carries the input_sha256 and
-model_sha256 one process would, and --resume compares against them. A worker never waits for
+(the "input hash wait" phase), so every run.json carries the input_sha256 and model_sha256
+one process would (and its manifest the input's), and --resume compares against them. A worker never waits for
 a publisher that is gone, nor past a limit in proportion to the files' size: it says so and
 fails.
 """
