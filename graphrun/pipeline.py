@@ -26,12 +26,12 @@ from .grouping import PaddingCount
 from .overlap import MEASURE, OVERLAP_ENV, OverlapTrial, overlap_choice
 from .phases import BEFORE_RUN, PhaseClock, phase
 from .run_state import RunState
-from .scale.input_digest import SharedHash
+from .scale.input_digest import RunHashes
 from .stop_signals import StopSignals
 from .stream import ReadAhead, read_batches
 from .tuning import Tuning
 from .folder import locked, prepare_out_dir
-from .journal import InputHash, ShardPlace
+from .journal import ShardPlace
 from .latencies import open_latencies
 from .outputs import shard_suffixes
 from .write import ShardWriter
@@ -42,7 +42,7 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
         overlap: bool | str | None = None, tuning: Tuning | None = None,
         accept_model_change: bool = False, place: ShardPlace | None = None,
         progress=None, clock: PhaseClock | None = None,
-        input_hash: InputHash | SharedHash | None = None) -> Manifest:
+        hashes: RunHashes | None = None) -> Manifest:
     """Run the pipeline; returns the manifest (also written to <out>/manifest.json).
 
     start/stop select a slice of the input's records (one process per GPU reads its own).
@@ -58,11 +58,11 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     The output folder is locked for the whole run (folder.FolderLock). A signal before the
     stream starts stops the run at once; during the stream the batch in flight finishes.
     clock: the process's phases (phases.py; the CLI's holds its imports), else a new one.
-    input_hash: where the input's sha256 comes from (a job's worker: the digest its job hashed
-    once, scale/input_digest.SharedHash), else this run hashes it (journal.InputHash)."""
+    hashes: where the input's and model's sha256 come from (a job's worker: the digests its
+    job hashed once, scale/input_digest.py), else this run hashes them (RunHashes.own)."""
     clock = clock or PhaseClock(BEFORE_RUN)
     with clock.active():
-        job, overlap = new_job(spec, out, overlap, tuning, clock, input_hash)
+        job, overlap = new_job(spec, out, overlap, tuning, clock, hashes)
     stop_signal = StopSignals()
     try:
         with stop_signal, clock.active(), locked(job.out_dir):
@@ -140,7 +140,7 @@ def run_locked(job: RunState, stop_signal: StopSignals, *, resume: bool, overwri
 
 
 def new_job(spec, out, overlap, tuning: Tuning | None, clock: PhaseClock | None = None,
-            input_hash: InputHash | SharedHash | None = None) -> tuple[RunState, object]:
+            hashes: RunHashes | None = None) -> tuple[RunState, object]:
     """The run's state, its spec's `buckets: auto` planned (auto_buckets.py), and the overlap
     choice (the caller's, else GRAPHRUN_OVERLAP's; None: by the device)."""
     how = "set by run()'s overlap" if overlap is not None else f"set by {OVERLAP_ENV}"
@@ -150,7 +150,7 @@ def new_job(spec, out, overlap, tuning: Tuning | None, clock: PhaseClock | None 
         spec, bucket_plan = resolve_auto(spec)
     out_dir = Path(out).resolve() if out else spec.output.dir
     with phase("input hash start"):  # a child process for the input, a thread for the model
-        job = RunState(spec, out_dir, spec.model_dump(mode="json"), clock, input_hash)
+        job = RunState(spec, out_dir, spec.model_dump(mode="json"), clock, hashes)
     job.bucket_plan, job.overlap_how, job.device_start = bucket_plan, how, started
     job.tuning = tuning or Tuning.from_machine()  # the reader's and writer's threads and chunks
     return job, overlap

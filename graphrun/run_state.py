@@ -12,30 +12,30 @@ from pathlib import Path
 import numpy as np
 
 from .engine.timing import noise_floor_us, percentiles, spread_warning
-from .folder import FilesHash, model_files, write_fingerprint
-from .journal import InputHash
+from .folder import model_files, write_fingerprint
 from .manifest import (FileEntry, Manifest, Totals, all_rejected, environment, spec_digest,
                        write_manifest)
 from .manifest_sections import BucketPhases, Phase, Phases
 from .overlap import OverlapTrial, overlap_reason, overlapped_path
 from .padding import position_ratios
 from .phases import PART_PHASES, PhaseClock, phase
-from .scale.input_digest import SharedHash
+from .scale.input_digest import RunHashes
 
 
 class RunState:
     """What the spine accumulates for the manifest."""
 
     def __init__(self, spec, out_dir: Path, spec_json: dict, clock: PhaseClock | None = None,
-                 input_hash: InputHash | SharedHash | None = None):
+                 hashes: RunHashes | None = None):
         self.spec, self.out_dir, self.spec_json = spec, out_dir, spec_json
         self.clock = clock or PhaseClock()  # the process's time, as phases (phases.py)
         self.spec_sha = spec_digest(spec_json)
         self.t0 = time.perf_counter()
-        # for --resume: the same input; a job's worker is given the digest its job hashed once
-        self.input_hash = InputHash(spec.data.path) if input_hash is None else input_hash
         self.model_files = model_files(spec.model, spec.base_dir)
-        self.model_hash = FilesHash(self.model_files)  # for --resume: the same model
+        # for --resume: the same input and model; a job's worker is given the digests its job
+        # hashed once (scale/input_digest.py)
+        hashes = hashes or RunHashes.own(spec.data.path, self.model_files)
+        self.input_hash, self.model_hash = hashes.input, hashes.model
         self.input_sha: str | None = None
         self.late_error: str | None = None  # writing the manifest or latencies failed
         self.started = _now()

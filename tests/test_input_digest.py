@@ -1,6 +1,7 @@
-"""The input's sha256 hashed once for a job of several workers (scale/input_digest.py): the
-publisher's digest reaches the workers' runs; a failed hash, a publisher gone, or one that
-never publishes, ends the wait with a clear error, never a hang."""
+"""The input's and the model's sha256 hashed once for a job of several workers
+(scale/input_digest.py): the publisher's record reaches the workers' runs as the digests one
+process computes; a failed hash, a publisher gone, or one that never publishes, ends the wait
+with a clear error, never a hang."""
 
 from __future__ import annotations
 
@@ -9,14 +10,17 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 import graphrun
 from graphrun import journal
 from graphrun.errors import InputError, OutputError
-from graphrun.scale.input_digest import (Publisher, PublishedHash, SharedHash, worker_hash,
-                                         write_entry)
+from graphrun.folder import FilesHash
+from graphrun.scale.input_digest import (Publisher, PublishedHash, RunHashes, SharedHash,
+                                         SharedRecord, part_files, worker_hashes, write_entry)
 from graphrun.scale.layout import digest_file
 
 
@@ -30,79 +34,169 @@ def failing_hash(self):  # as InputHash._hash ends when the file cannot be read
     self._error = OSError("[Errno 5] Input/output error")
 
 
-def test_the_published_digest_is_the_files_sha256_and_waited_for(tmp_path):
-    data = tmp_path / "data.bin"
+def job_files(tmp_path) -> dict[str, dict[str, Path]]:
+    """An input of 1 MB and a model of a weights file and a target's source."""
+    data, weights, source = tmp_path / "data.bin", tmp_path / "w.pt", tmp_path / "model.py"
     data.write_bytes(bytes(range(256)) * 4000)
-    shared = SharedHash(tmp_path / "job", data, me())
-    assert not shared.done() and shared.stop() is None  # nothing published yet
-    with PublishedHash(tmp_path / "job", data):
-        assert shared.result() == journal.sha256_file(data)
-    assert shared.done() and shared.stop() == journal.sha256_file(data)
-    entry = json.loads(digest_file(tmp_path / "job").read_text())
-    assert entry == {"input": str(data), "sha256": journal.sha256_file(data)}
-    assert not (tmp_path / "job/workers/.input.sha256.tmp").exists()
+    weights.write_bytes(b"\x01weights" * 5000)
+    source.write_text("def build(): ...\n")
+    return {"input": {"input": data}, "model": {"weights": weights, "target": source}}
+
+
+def shared(top: Path, files: dict, publisher: Publisher | None = None) -> RunHashes:
+    """A worker's views of the job's record, as worker_hashes makes them."""
+    record = SharedRecord(top, publisher or me(), [p for f in files.values() for p in f.values()])
+    return RunHashes(*(SharedHash(record, part, files[part]) for part in ("input", "model")))
+
+
+def test_the_published_digests_are_the_files_sha256_and_waited_for(tmp_path):
+    files = job_files(tmp_path)
+    top = tmp_path / "job"
+    hashes = shared(top, files)
+    assert not hashes.input.done() and hashes.input.stop() is None  # nothing published yet
+    assert hashes.model.stop() == {"weights": None, "target": None}
+    data = files["input"]["input"]
+    own_model = FilesHash(files["model"]).result()  # what one process's run records
+    assert own_model == {role: journal.sha256_file(p) for role, p in files["model"].items()}
+    with PublishedHash(top, files):
+        assert hashes.input.result() == journal.sha256_file(data)
+        assert hashes.model.result() == own_model
+    assert hashes.input.done() and hashes.input.stop() == journal.sha256_file(data)
+    assert hashes.model.stop() == own_model
+    entry = json.loads(digest_file(top).read_text())
+    assert entry == {"input": {"paths": {"input": str(data)},
+                               "sha256": {"input": journal.sha256_file(data)}},
+                     "model": {"paths": {r: str(p) for r, p in files["model"].items()},
+                               "sha256": own_model}}
+    assert not (top / "workers/.input.sha256.tmp").exists()
+
+
+def test_the_input_is_not_waited_for_past_its_own_digest(tmp_path):
+    """The record holds the input's part before the model's: the input's wait ends there
+    (input_hash_s is the input's), the model's goes on."""
+    files = job_files(tmp_path)
+    data = files["input"]["input"]
+    write_entry(digest_file(tmp_path), {"input": {
+        "paths": {"input": str(data)}, "sha256": {"input": journal.sha256_file(data)}}})
+    hashes = shared(tmp_path, files)
+    assert hashes.input.result() == journal.sha256_file(data) and hashes.input.done()
+    assert not hashes.model.done() and hashes.model.stop() == {"weights": None, "target": None}
+    hashes.model.record.limit_s = 0.1
+    with pytest.raises(OutputError, match="published no hash of the model's files"):
+        hashes.model.result()
 
 
 def test_a_failed_hash_is_a_clear_error_in_the_worker(tmp_path, monkeypatch):
-    data = tmp_path / "data.bin"
-    data.write_bytes(b"x" * 100)
+    files = job_files(tmp_path)
     monkeypatch.setattr(journal.InputHash, "_hash", failing_hash)
-    with PublishedHash(tmp_path, data):
+    with PublishedHash(tmp_path, files):
         t0 = time.perf_counter()
         with pytest.raises(InputError, match=r"this test \(pid \d+\) could not hash the input "
                            r"for the job's workers: .*cannot read the input file to hash it"
                            r".*Input/output error"):
-            SharedHash(tmp_path, data, me()).result()
+            shared(tmp_path, files).input.result()
     assert time.perf_counter() - t0 < 10
 
 
+def test_a_weights_file_that_cannot_be_hashed_is_a_clear_error_in_the_worker(tmp_path,
+                                                                              monkeypatch):
+    files = job_files(tmp_path)
+    weights = files["model"]["weights"]
+    hash_file = journal.InputHash._hash
+
+    def fail_the_weights(self):
+        if self.path == weights:
+            return failing_hash(self)
+        return hash_file(self)
+
+    monkeypatch.setattr(journal.InputHash, "_hash", fail_the_weights)
+    with PublishedHash(tmp_path, files):
+        hashes = shared(tmp_path, files)
+        assert hashes.input.result() == journal.sha256_file(files["input"]["input"])
+        with pytest.raises(InputError, match=r"this test \(pid \d+\) could not hash the "
+                           r"model's files for the job's workers: .*w\.pt.*Input/output error"):
+            hashes.model.result()
+
+
+def test_a_worker_whose_files_the_record_does_not_name_hashes_its_own(tmp_path):
+    """The publisher found the target's source elsewhere (another sys.path): the worker's
+    digest is of its own file, not the publisher's."""
+    files = job_files(tmp_path)
+    theirs = tmp_path / "theirs.py"
+    theirs.write_text("def build(): return 1\n")
+    with PublishedHash(tmp_path, {**files, "model": {**files["model"], "target": theirs}}):
+        got = shared(tmp_path, files).model.result()
+    assert got == {role: journal.sha256_file(p) for role, p in files["model"].items()}
+
+
 def test_a_publisher_gone_without_publishing_is_an_error_not_a_hang(tmp_path):
-    data = tmp_path / "data.bin"
-    data.write_bytes(b"x")
+    files = job_files(tmp_path)
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    shared = SharedHash(tmp_path, data, Publisher(f"the --gpus parent (pid {gone.pid})",
-                                                  gone.pid))
+    hashes = shared(tmp_path, files, Publisher(f"the --gpus parent (pid {gone.pid})",
+                                               gone.pid))
     with pytest.raises(OutputError, match=r"the --gpus parent \(pid \d+\), which hashes the "
-                       "input for the job's workers, ended before it published the hash"):
-        shared.result()
-    assert shared.waited_s < 5
+                       "input and the model's files for the job's workers, ended before it "
+                       "published the hash of the model's files"):
+        hashes.model.result()
+    assert hashes.model.waited_s < 5
 
 
 def test_a_publisher_that_never_publishes_is_given_up_on(tmp_path):
-    data = tmp_path / "data.bin"
-    data.write_bytes(b"x")
-    shared = SharedHash(tmp_path, data, me())
-    assert shared.limit_s >= 600  # a floor, then in proportion to the file's size
-    shared.limit_s = 0.2
-    with pytest.raises(OutputError, match=r"published no hash of .* in 0 s .*input\.sha256 "
-                       "is missing.*writable"):
-        shared.result()
+    files = job_files(tmp_path)
+    hashes = shared(tmp_path, files)
+    record = hashes.input.record
+    assert record.limit_s >= 600  # a floor, then in proportion to the files' size
+    record.limit_s = 0.2
+    with pytest.raises(OutputError, match=r"published no hash of the input in 0 s "
+                       r".*input\.sha256 is missing or incomplete.*writable"):
+        hashes.input.result()
 
 
-def test_a_rank_on_another_host_than_rank_0_hashes_the_input_itself(tmp_path):
-    data = tmp_path / "data.bin"
-    data.write_bytes(b"abc")
-    own = worker_hash(tmp_path, data, None, ("not-this-host.example", 1))
-    assert isinstance(own, journal.InputHash) and own.result() == journal.sha256_file(data)
-    assert isinstance(worker_hash(tmp_path, data, 77, None), SharedHash)
+def test_a_rank_on_another_host_than_rank_0_hashes_the_files_itself(tmp_path):
+    files = job_files(tmp_path)
+    model = SimpleNamespace(weights=str(files["model"]["weights"]), exported=None,
+                            torchscript=None, target=None, hf=None)
+    spec = SimpleNamespace(data=SimpleNamespace(path=files["input"]["input"]), model=model,
+                           base_dir=tmp_path)
+    assert part_files(spec) == {"input": files["input"],
+                                "model": {"weights": files["model"]["weights"]}}
+    own = worker_hashes(tmp_path, spec, None, ("not-this-host.example", 1))
+    assert isinstance(own.input, journal.InputHash) and isinstance(own.model, FilesHash)
+    assert own.model.result() == {"weights": journal.sha256_file(files["model"]["weights"])}
+    assert isinstance(worker_hashes(tmp_path, spec, 77, None).model, SharedHash)
 
 
-def test_a_run_given_the_shared_hash_waits_for_it_as_its_input_hash_wait(write_spec, tmp_path):
-    """The phase "input hash wait" is the wait for the published digest, and the phases still
+def test_a_run_given_the_shared_hashes_waits_for_them_as_its_input_hash_wait(write_spec,
+                                                                            tmp_path):
+    """The phase "input hash wait" is the wait for the published record, and the phases still
     add up to the process's time."""
-    spec = graphrun.load_spec(write_spec())
-    digest = journal.sha256_file(spec.data.path)
+    import torch
+
+    from graphrun.models.mlp import build_mlp
+
+    torch.save(build_mlp(4, 8, 2, 3, seed=5).state_dict(), tmp_path / "w.pt")
+    path = write_spec()  # the tiny mlp, given its weights file
+    path.write_text(path.read_text().replace("out_features: 3}\n",
+                                             "out_features: 3}\n  weights: w.pt\n"))
+    spec = graphrun.load_spec(path)
+    files = part_files(spec)
+    assert list(files["model"]) == ["weights"]
+    digests = {part: FilesHash(by_role).result() for part, by_role in files.items()}
     top = tmp_path / "job"
 
     def publish_late():
         time.sleep(2.0)
-        write_entry(digest_file(top), {"input": str(spec.data.path), "sha256": digest})
+        write_entry(digest_file(top), {
+            part: {"paths": {r: str(p) for r, p in files[part].items()}, "sha256": digests[part]}
+            for part in files})
 
     threading.Thread(target=publish_late, daemon=True).start()
-    m = graphrun.run(spec, out=top / "one", input_hash=SharedHash(top, spec.data.path, me()))
-    assert m.status == "completed" and m.input["sha256"] == digest
-    assert json.loads((top / "one/run.json").read_text())["input_sha256"] == digest
+    m = graphrun.run(spec, out=top / "one", hashes=shared(top, files))
+    assert m.status == "completed" and m.input["sha256"] == digests["input"]["input"]
+    run_json = json.loads((top / "one/run.json").read_text())
+    assert run_json["input_sha256"] == digests["input"]["input"]
+    assert run_json["model_sha256"] == digests["model"]
     phases = {p.name: p.s for p in m.phases.top}
     assert m.totals.input_hash_s > 1.0  # setup took less than the 2 s the digest came late
     assert phases["input hash wait"] >= m.totals.input_hash_s

@@ -140,7 +140,8 @@ def check_equals_one_process(out: Path, one: Path) -> dict:
 
 
 # Loaded at the start of every graphrun process the tests start with it on PYTHONPATH (not
-# the hashing children, which run isolated): each InputHash made is a line "pid path".
+# the hashing children, which run isolated): each InputHash made, for the input or for one of
+# the model's files (folder.FilesHash makes one per file), is a line "pid path".
 COUNT_HASHES = """\
 import os
 
@@ -171,22 +172,28 @@ def counting_hashes(tmp_path, env=None) -> tuple[dict, Path]:
 
 
 def hashed_by(log: Path, data: Path) -> list[int]:
-    """The pids that hashed `data` (the model's files are hashed by every worker)."""
+    """The pids that hashed the file `data`."""
     lines = [ln.split(" ", 1) for ln in log.read_text().splitlines()]
     return [int(pid) for pid, path in lines if Path(path) == data]
 
 
-def check_one_input_hash(out: Path, data: Path, log: Path, pid: int | None = None) -> None:
-    """The input hashed once for the job (by `pid`), and every run.json and manifest of the
-    job says that digest."""
-    by = hashed_by(log, data)
-    assert len(by) == 1 and (pid is None or by == [pid]), by
-    want = sha256_file(data)
+def check_hashed_once(out: Path, data: Path, model: dict[str, Path], one: Path, log: Path,
+                      pid: int) -> None:
+    """The input and each of the model's files (by role) hashed once for the job (by `pid`),
+    and every run.json and manifest of the job says the digests one process's run (in `one`)
+    says."""
+    single = json.loads((one / "run.json").read_text())
+    for path in [data, *model.values()]:
+        assert hashed_by(log, path) == [pid], (path, hashed_by(log, path))
+    want = single["input_sha256"]
     job = json.loads((out / "manifest.json").read_text())
     assert job["input"]["sha256"] == want
     for k in range(len(job["workers"])):
         rank = out / f"workers/rank-{k}"
-        assert json.loads((rank / "run.json").read_text())["input_sha256"] == want
+        fingerprint = json.loads((rank / "run.json").read_text())
+        assert fingerprint["input_sha256"] == want
+        assert fingerprint["model_sha256"] == single["model_sha256"] == {
+            role: sha256_file(path) for role, path in model.items()}
         m = json.loads((rank / "manifest.json").read_text())
         assert m["input"]["sha256"] == want
         phases = {p["name"]: p["s"] for p in m["phases"]["top"]}
@@ -199,7 +206,8 @@ def test_gpus_2_on_the_cpu_equals_one_process(job, tmp_path):
     env, log = counting_hashes(tmp_path)
     proc = cli(job.specs["jsonl"], "--gpus", "2", "--out", out, "-q", env=env)
     finish(proc)
-    check_one_input_hash(out, job.folder / "data.jsonl", log, proc.pid)
+    check_hashed_once(out, job.folder / "data.jsonl", {"target": job.folder / "model.py"},
+                      job.folder / "one-jsonl", log, proc.pid)
     m = check_equals_one_process(out, job.folder / "one-jsonl")
     assert [(w["rank"], w["device"], w["status"]) for w in m["workers"]] == [
         (0, "cpu", "completed"), (1, "cpu", "completed")]
@@ -234,7 +242,41 @@ def test_resume_of_a_job_whose_input_changed_is_refused(job, tmp_path):
     assert "worker rank 0 (cpu)" in err and "cannot resume" in err, err
     assert "input_sha256 changed" in err and "--overwrite" in err, err
     want = sha256_file(tmp_path / "data.jsonl")
-    assert json.loads((out / "workers/input.sha256").read_text())["sha256"] == want
+    record = json.loads((out / "workers/input.sha256").read_text())
+    assert record["input"]["sha256"] == {"input": want}
+
+
+def test_weights_hashed_once_and_resume_after_they_changed_is_refused(job, tmp_path):
+    """The builtin mlp given a weights file: the --gpus parent hashes it once for the job, and
+    every worker's run.json says the digest one process's says; --resume after the weights
+    changed is refused, naming the file, and goes on with --accept-model-change."""
+    import torch
+
+    from graphrun.models.mlp import build_mlp
+
+    args = {"in_features": 4, "hidden": 8, "layers": 2, "out_features": 3}
+    weights = tmp_path / "w.pt"
+    torch.save(build_mlp(**args, seed=3).state_dict(), weights)
+    (tmp_path / "data.jsonl").write_bytes((job.folder / "data.jsonl").read_bytes())
+    spec = tmp_path / "weights.yaml"
+    spec.write_text(yaml.safe_dump({**spec_dict("data.jsonl", "npy"), "model": {
+        "builtin": "mlp", "args": args, "weights": "w.pt"}}, sort_keys=False))
+    graphrun.run(graphrun.load_spec(spec), out=tmp_path / "one", stop=320)
+    out = tmp_path / "job"
+    env, log = counting_hashes(tmp_path)
+    proc = cli(spec, "--gpus", "2", "--out", out, "-q", "--stop", "320", env=env)
+    finish(proc)
+    check_hashed_once(out, tmp_path / "data.jsonl", {"weights": weights}, tmp_path / "one",
+                      log, proc.pid)
+    torch.save(build_mlp(**args, seed=4).state_dict(), weights)
+    err = finish(cli(spec, "--gpus", "2", "--out", out, "-q", "--stop", "320", "--resume"),
+                 rc=1)
+    assert "worker rank 0 (cpu)" in err and "cannot resume" in err, err
+    assert f"weights file {weights} changed" in err and "--accept-model-change" in err, err
+    finish(cli(spec, "--gpus", "2", "--out", out, "-q", "--stop", "320", "--resume",
+               "--accept-model-change"))
+    record = json.loads((out / "workers/input.sha256").read_text())
+    assert record["model"]["sha256"] == {"weights": sha256_file(weights)}
 
 
 def test_a_failed_hash_in_the_parent_fails_the_job_clearly(job, tmp_path, monkeypatch):
@@ -272,7 +314,8 @@ def test_torchrun_workers_equal_one_process(job, tmp_path):
              for k in range(2)]
     for p in procs:
         finish(p)
-    check_one_input_hash(out, job.folder / "data.npz", log, procs[0].pid)  # rank 0's
+    check_hashed_once(out, job.folder / "data.npz", {"target": job.folder / "model.py"},
+                      job.folder / "one-npz", log, procs[0].pid)  # rank 0's
     m = check_equals_one_process(out, job.folder / "one-npz")
     assert records(out)[0][:3] == [10, 20, 30]  # the npz's ids (record 0 has a NaN)
     assert len(m["workers"]) == 2

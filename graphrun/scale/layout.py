@@ -8,8 +8,8 @@
                         rejects.jsonl, latencies.jsonl, manifest.json
     workers/rank-K.progress   its records read so far, and its end ("done completed")
     workers/rank-K.log        a launched worker's stderr (its error, or a traceback)
-    workers/input.sha256      the input's sha256, hashed once for the job's workers by the
-                              --gpus parent or rank 0 (input_digest.py)
+    workers/input.sha256      the input's and the model's files' sha256, hashed once for
+                              the job's workers by the --gpus parent or rank 0 (input_digest.py)
     rejects.jsonl       the workers' rejects in input order, and manifest.json, the job's:
                         both written from the workers' when they end (merge.py)
 """

@@ -3,9 +3,9 @@ capturing its own graphs; its shards go into the job's folder, its journal into 
 
 Started by `graphrun run --gpus N` (the parent prepared the folder and merges the manifest)
 or by torchrun, where there is no parent: rank 0 prepares the folder while the others wait
-(a gloo rendezvous, which also tells every worker the others' pids), hashes the input for
-all of them (input_digest.py), and merges the manifest once every worker ended; a worker
-whose process is gone without ending is named, not waited for.
+(a gloo rendezvous, which also tells every worker the others' pids), hashes the input and
+the model's files for all of them (input_digest.py), and merges the manifest once every
+worker ended; a worker whose process is gone without ending is named, not waited for.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from graphrun.errors import GraphrunError, Interrupted, OutputError
 from graphrun.folder import locked, read_mark
 from graphrun.journal import ShardPlace
 from graphrun.manifest import Manifest
-from graphrun.scale.input_digest import PublishedHash, worker_hash
+from graphrun.scale.input_digest import PublishedHash, worker_hashes
 from graphrun.scale.job_folder import prepare_job
 from graphrun.scale.layout import is_job, manifest_since, progress_file, shares, worker_dir
 from graphrun.scale.merge import merge, now
@@ -47,8 +47,9 @@ def run_worker(spec, world: World, *, out, resume: bool, overwrite: bool,
                                  start=start, stop=stop)
     else:
         mark, peers = launched_mark(top, world), None
-    # the job's input hash, once: the --gpus parent publishes it, under torchrun rank 0
-    publishing = (PublishedHash(top, spec.data.path) if world.parent is None and world.rank == 0
+    # the job's input and model hashes, once: the --gpus parent publishes them, under
+    # torchrun rank 0
+    publishing = (PublishedHash.of(top, spec) if world.parent is None and world.rank == 0
                   else nullcontext())
     with publishing:
         return run_rank(spec, world, top, mark, peers, (since, started, t0), show=show,
@@ -60,7 +61,7 @@ def run_rank(spec, world: World, top: Path, mark: dict, peers: list | None, time
     """This rank's share on its device; rank 0 under torchrun then waits for the others and
     merges the job's manifest. times: the job's (since, started, t0) for the merge."""
     since, started, t0 = times
-    input_hash = worker_hash(top, spec.data.path, world.parent, peers and peers[0])
+    hashes = worker_hashes(top, spec, world.parent, peers and peers[0])
     devices = [worker_device(spec.device, k % world.local_size) for k in range(world.size)]
     cores = worker_cores(world.local_size)
     import torch
@@ -75,7 +76,7 @@ def run_rank(spec, world: World, top: Path, mark: dict, peers: list | None, time
     own = failure = None
     try:
         own = run_share(spec.model_copy(update={"device": devices[world.rank]}), top,
-                        world.rank, shares(mark)[world.rank], input_hash, resume=resume,
+                        world.rank, shares(mark)[world.rank], hashes, resume=resume,
                         cores=cores, accept_model_change=accept_model_change)
     except GraphrunError as err:
         failure = err
@@ -117,11 +118,11 @@ class JobFailed(GraphrunError):
     exit_code = 1
 
 
-def run_share(spec, top: Path, rank: int, share: tuple, input_hash, *, resume: bool,
+def run_share(spec, top: Path, rank: int, share: tuple, hashes, *, resume: bool,
               cores: int, accept_model_change: bool) -> Manifest:
     """The spine's run() over [start, stop), shards numbered [first, end), into the job's
-    folder (shared with the other workers; its own folder locked by run()); input_hash: the
-    input's digest as the job shares it (input_digest.worker_hash)."""
+    folder (shared with the other workers; its own folder locked by run()); hashes: the
+    input's and model's digests as the job shares them (input_digest.worker_hashes)."""
     from graphrun.pipeline import run
 
     start, stop, first, end = share
@@ -132,7 +133,7 @@ def run_share(spec, top: Path, rank: int, share: tuple, input_hash, *, resume: b
             manifest = run(spec, out=worker_dir(top, rank), resume=resume, start=start,
                            stop=stop, place=ShardPlace(top, first, end), progress=progress,
                            tuning=Tuning.from_machine(cores=cores),
-                           accept_model_change=accept_model_change, input_hash=input_hash)
+                           accept_model_change=accept_model_change, hashes=hashes)
         state = manifest.status
         return manifest
     except Interrupted:

@@ -1,9 +1,9 @@
 """`graphrun run SPEC --gpus N|all`: one worker process per GPU (N CPU workers for a spec of
 device: cpu), started with torchrun's variables, so that they run the very code they run under
-torchrun (worker.py). The parent prepares the folder, hashes the input once for them
-(input_digest.py), forwards SIGINT and SIGTERM, shows one progress bar, stops the other
-workers when one fails (they commit what is finished), and merges their manifests into the
-job's.
+torchrun (worker.py). The parent prepares the folder, hashes the input and the model's
+files once for them (input_digest.py), forwards SIGINT and SIGTERM, shows one progress bar,
+stops the other workers when one fails (they commit what is finished), and merges their
+manifests into the job's.
 """
 
 from __future__ import annotations
@@ -72,8 +72,8 @@ def launch(spec, spec_path: Path, overrides, *, gpus: str, out, resume: bool, ov
                            stop=stop)
         if lock.fd is not None:  # the workers share the folder; a one-process run stays out
             fcntl.flock(lock.fd, fcntl.LOCK_SH)
-        # the input hashed once for the job, beside the workers' start (input_digest.py)
-        with Forward() as forward, PublishedHash(top, spec.data.path):
+        # the input and model hashed once for the job, beside the workers' start
+        with Forward() as forward, PublishedHash.of(top, spec):
             forward.procs = start_workers(spec_path, overrides, top, n, resume=resume,
                                           accept_model_change=accept_model_change)
             if forward.signum:  # it came while they started
