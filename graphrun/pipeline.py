@@ -20,7 +20,7 @@ from .manifest import Manifest, completed_manifest
 from .progress import Progress, count_records, summary_table
 from .engine import Runner
 from .device_start import DeviceStart
-from .engine.lazy import LOOK_AHEAD, data_needs
+from .engine.lazy import data_needs, look_ahead
 from .feed import feed_stream, slot_count
 from .grouping import PaddingCount
 from .overlap import MEASURE, OVERLAP_ENV, OverlapTrial, overlap_choice
@@ -198,7 +198,7 @@ def run_stream(job: RunState, fingerprint: dict, resume_point, start: int, stop,
             job.padding = PaddingCount(spec) if spec.data.group_by_length else None
             job.reader = ReadAhead(read_batches(spec, start=start, stop=stop,
                                                 tuning=job.tuning, padding=job.padding),
-                                   ahead=LOOK_AHEAD if spec.capture.lazy else 1)
+                                   ahead=look_ahead(spec))
         job.runner = runner = Runner(spec, log=job.print_and_warn if show else job.warn,
                                      needs=data_needs(spec, job.reader, job.bucket_plan),
                                      started=job.device_start)

@@ -293,6 +293,24 @@ def test_seq_auto_sets_up_the_models_limit_only_when_a_batch_needs_it(tmp_path, 
                                written_npy(tmp_path / "c" / "o"), rtol=1e-5, atol=1e-6)
 
 
+def test_a_grouped_run_sets_up_what_its_first_window_selects_at_start(tmp_path, bert):
+    """data.group_by_length: the first window's batches come out together, shortest first;
+    the reader holds all of them before the stream, so the longer buckets that window selects
+    are set up at start too, not mid-stream."""
+    from tests.test_init_hf import LIMIT
+
+    short, medium = "a cat", "the big red cat sat on the mat under a tree"
+    long = " ".join(["the quick small cat and then the slow big dog"] * 2)
+    texts = [short, medium, short, long] * 10  # 40: one window of 40, batches of 4
+    spec = text_spec(tmp_path / "g", bert, texts, True).model_copy(deep=True)
+    spec.buckets["seq"] = [8, 16, LIMIT]
+    spec.data.group_by_length = 40
+    manifest = graphrun.run(spec, out=tmp_path / "g" / "o")
+    used = {b.name: b.set_up for b in manifest.buckets if b.batches}
+    assert used == {"batch=4,seq=8": "setup", "batch=4,seq=16": "setup",
+                    f"batch=4,seq={LIMIT}": "setup"}
+
+
 def written_npy(out) -> np.ndarray:
     return np.concatenate([np.load(p) for p in sorted(out.glob("part-*.embedding.npy"))])
 

@@ -17,6 +17,18 @@ from ..errors import CaptureError, GraphrunError, ModelError
 LOOK_AHEAD = 4  # batches the reader reads ahead, beside the model's build, to decide from
 
 
+def look_ahead(spec) -> int:
+    """Batches the reader reads before the stream: with capture.lazy LOOK_AHEAD, or with
+    data.group_by_length all of the first window's (they come out together, once the window is
+    read and sorted by length, shortest first: its first batches alone would leave the longer
+    buckets to be set up mid-stream); 1 without (the first batch, read beside setup)."""
+    if not spec.capture.lazy:
+        return 1
+    window = spec.data.group_by_length
+    # a window's batches: its records' (the last may be short), and one that may hold rejects
+    return max(LOOK_AHEAD, -(-window // spec.data.batch_size) + 1) if window else LOOK_AHEAD
+
+
 def selected(table: BucketTable, n: int, want: dict[str, int], split: bool) -> set[Bucket]:
     """The buckets a batch of n records, each axis's longest record `want`, runs in: itself,
     or parts of the largest batch bucket (data.oversize: split); none when it runs whole."""
