@@ -276,6 +276,7 @@ def test_weights_hashed_once_and_resume_after_they_changed_is_refused(job, tmp_p
     # either worker may be the first to report it
     assert re.search(r"worker rank [01] \(cpu\)", err) and "cannot resume" in err, err
     assert f"weights file {weights} changed" in err and "--accept-model-change" in err, err
+    assert "run the same command again with --resume" not in err, err
     finish(cli(spec, "--gpus", "2", "--out", out, "-q", "--stop", "320", "--resume",
                "--accept-model-change"))
     record = json.loads((out / "workers/input.sha256").read_text())

@@ -107,6 +107,8 @@ def job_result(job: Manifest, failure: BaseException | None = None) -> Manifest:
             "to complete the job")
     if (bad.error or "").startswith("failed:"):  # its own error says what to fix first
         todo = "fix that, then run the same command with --resume (" + todo.split(":")[0] + ")"
+    elif "cannot resume" in (bad.error or ""):  # a refused --resume says itself what to do
+        todo = todo.split(":")[0]
     raise JobFailed(f"worker rank {bad.rank} ({bad.device}) {bad.error}. {todo[0].upper()}"
                     f"{todo[1:]}; {len(failed)} of {len(job.workers)} workers failed, "
                     "manifest.json's workers say how each ended")
