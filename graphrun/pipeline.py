@@ -25,8 +25,7 @@ from .feed import feed_stream, slot_count
 from .grouping import PaddingCount
 from .overlap import MEASURE, OVERLAP_ENV, OverlapTrial, overlap_choice
 from .phases import BEFORE_RUN, PhaseClock, phase
-from .run_state import RunState
-from .scale.input_digest import RunHashes
+from .run_state import RunHashes, RunState
 from .stop_signals import StopSignals
 from .stream import ReadAhead, read_batches
 from .tuning import Tuning

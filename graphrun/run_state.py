@@ -7,19 +7,42 @@ import datetime as dt
 import json
 import time
 from array import array
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
 from .engine.timing import noise_floor_us, percentiles, spread_warning
-from .folder import model_files, write_fingerprint
+from .folder import FilesHash, model_files, write_fingerprint
+from .journal import InputHash
 from .manifest import (FileEntry, Manifest, Totals, all_rejected, environment, spec_digest,
                        write_manifest)
 from .manifest_sections import BucketPhases, Phase, Phases
 from .overlap import OverlapTrial, overlap_reason, overlapped_path
 from .padding import position_ratios
 from .phases import PART_PHASES, PhaseClock, phase
-from .scale.input_digest import RunHashes
+
+
+class Digest(Protocol):
+    """A hash a run waits for: its own (journal.InputHash, folder.FilesHash) or a part of the
+    record its job hashed once (scale/input_digest.SharedHash)."""
+
+    def result(self) -> Any: ...
+
+    def stop(self) -> Any: ...
+
+
+@dataclass(frozen=True)
+class RunHashes:
+    """Where a run's input and model digests come from: its own hashing, or its job's."""
+
+    input: Digest
+    model: Digest
+
+    @classmethod
+    def own(cls, path: Path, model: dict[str, Path]) -> "RunHashes":
+        return cls(InputHash(Path(path)), FilesHash(model))
 
 
 class RunState:

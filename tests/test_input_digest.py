@@ -19,8 +19,9 @@ import graphrun
 from graphrun import journal
 from graphrun.errors import InputError, OutputError
 from graphrun.folder import FilesHash
-from graphrun.scale.input_digest import (Publisher, PublishedHash, RunHashes, SharedHash,
-                                         SharedRecord, part_files, worker_hashes, write_entry)
+from graphrun.run_state import RunHashes
+from graphrun.scale.input_digest import (Publisher, PublishedHash, SharedHash, SharedRecord,
+                                         part_files, worker_hashes, write_entry)
 from graphrun.scale.layout import digest_file
 
 

@@ -12,11 +12,11 @@ then both (layout.digest_file):
      "model": {"paths": {role: path}, "sha256": {role: hex}}}     (a part fails: "error": why)
 
 A worker's run takes SharedHash views of that record in place of its own InputHash and
-FilesHash (RunHashes): it waits for the record where one process waits for its own hashes
+FilesHash (run_state.RunHashes): it waits for the record where one process waits for its own hashes
 (the "input hash wait" phase), so every run.json carries the input_sha256 and model_sha256
-one process would (and its manifest the input's), and --resume compares against them. A worker never waits for
-a publisher that is gone, nor past a limit in proportion to the files' size: it says so and
-fails.
+one process would (and its manifest the input's), and --resume compares against them. A
+worker never waits for a publisher that is gone, nor past a limit in proportion to the files'
+size: it says so and fails.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from graphrun.errors import GraphrunError, InputError, OutputError
 from graphrun.folder import FilesHash, model_files
-from graphrun.journal import InputHash
+from graphrun.run_state import RunHashes
 from graphrun.scale.layout import digest_file
 from graphrun.scale.world import alive
 
@@ -52,18 +52,6 @@ class Publisher:
 
     def alive(self) -> bool:
         return alive(self.pid)
-
-
-@dataclass(frozen=True)
-class RunHashes:
-    """Where a run's digests come from: its own InputHash and FilesHash, or a job's record."""
-
-    input: InputHash | SharedHash
-    model: FilesHash | SharedHash
-
-    @classmethod
-    def own(cls, path: Path, model: dict[str, Path]) -> "RunHashes":
-        return cls(InputHash(Path(path)), FilesHash(model))
 
 
 def part_files(spec) -> dict[str, dict[str, Path]]:
