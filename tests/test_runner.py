@@ -13,6 +13,8 @@ from graphrun.manifest import VerifyResult
 from graphrun.models.load import build_model
 from graphrun.spec import PipelineSpec
 
+from tests.spec_keys import with_keys
+
 ENCODER = Path(__file__).resolve().parent.parent / "examples" / "models" / "tiny_encoder.py"
 
 ROW_MIXER = """
@@ -43,13 +45,7 @@ def mlp_spec(tmp_path, **over):
            "outputs": {"y": {"shape": ["batch", 3]}},
            "buckets": {"batch": [1, 2, 4]},
            "data": {"path": str(tmp_path / "d.jsonl")}, "output": {"dir": str(tmp_path / "o")}}
-    for key, value in over.items():
-        node = raw
-        *parents, last = key.split("__")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = value
-    return PipelineSpec.model_validate(raw)
+    return PipelineSpec.model_validate(with_keys(raw, over))
 
 
 def target_spec(tmp_path, source: str, out_shape=("batch", 4), **over):

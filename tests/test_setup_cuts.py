@@ -17,6 +17,8 @@ from graphrun.engine.lazy import batch_needs, shape_needs
 from graphrun.models.load import build_model
 from graphrun.spec import PipelineSpec
 
+from tests.spec_keys import with_keys
+
 COUNTED = """
 import torch
 CALLS = []
@@ -48,13 +50,7 @@ def make_spec(tmp_path, *, records: int = 19, batch_size: int = 8, **over) -> Pi
            "buckets": {"batch": [1, 8, 64, 128]},
            "data": {"path": str(tmp_path / "x.npy"), "batch_size": batch_size},
            "output": {"dir": str(tmp_path / "o"), "format": "npy"}}
-    for key, value in over.items():
-        node = raw
-        *parents, last = key.split("__")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = value
-    return PipelineSpec.model_validate(raw)
+    return PipelineSpec.model_validate(with_keys(raw, over))
 
 
 def counted_spec(tmp_path, **over) -> PipelineSpec:
