@@ -56,7 +56,7 @@ class CaptureError(GraphrunError):
     """A bucket could not be captured or replayed, or its replay disagrees with eager."""
 
     def __init__(self, message: str, *, bucket: str = "", remedies: list[str] | None = None):
-        self.bucket = bucket
+        self.bucket, self.message = bucket, message  # the message: without bucket or remedies
         self.remedies = list(remedies or [])
         text = f"bucket {bucket}: {message}" if bucket else message
         if self.remedies:

@@ -80,10 +80,7 @@ def first_use_failed(err: GraphrunError, bucket: str, batch: int) -> GraphrunErr
             "(with --accept-model-change where the model's files changed) continues from this "
             "batch; capture.lazy: false checks every bucket before the first batch")
     if isinstance(err, CaptureError):
-        message = str(err).removeprefix(f"bucket {err.bucket}: ")
-        if err.remedies:  # the numbered remedies follow the first line: given again below
-            message = message.split("\n  1. ")[0]
-        return CaptureError(f"{where}: {message}\n  {kept}", bucket=err.bucket or bucket,
+        return CaptureError(f"{where}: {err.message}\n  {kept}", bucket=err.bucket or bucket,
                             remedies=err.remedies)
     if isinstance(err, ModelError):
         return ModelError(f"bucket {bucket}: {where}: {err}\n  {kept}")
