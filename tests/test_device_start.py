@@ -66,3 +66,13 @@ def test_the_names_the_spec_checks_are_the_builders_and_readers():
 
     assert sorted(BUILTINS) == sorted(BUILTIN_NAMES)
     assert sorted(SUFFIXES) == sorted(INPUT_SUFFIXES)
+
+
+def test_the_spec_checks_byte_sizes_are_numpys():
+    import numpy as np
+
+    from graphrun.spec import DTYPES
+    from graphrun.spec_checks import ITEMSIZES
+
+    assert set(ITEMSIZES) == set(DTYPES)
+    assert all(ITEMSIZES[d] == np.dtype(d).itemsize for d in DTYPES if d != "bfloat16")
