@@ -48,7 +48,7 @@ if str(ROOT) not in sys.path:
 
 from graphrun.models.load import build_model  # noqa: E402
 from graphrun.engine import Runner  # noqa: E402
-from graphrun.spec import PipelineSpec  # noqa: E402
+from graphrun.spec.keys import PipelineSpec  # noqa: E402
 
 N_SETS = 8  # distinct random input sets per batch, cycled through the timed steps
 ATOL = RTOL = 2e-2  # bf16 logits

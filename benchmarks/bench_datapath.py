@@ -60,11 +60,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import graphrun  # noqa: E402
-from graphrun.cores import usable_cores  # noqa: E402
+from graphrun.base.cores import usable_cores  # noqa: E402
 from graphrun.engine import Runner  # noqa: E402
-from graphrun.tuning import Tuning  # noqa: E402 - the reader's settings
-from graphrun.spec import PipelineSpec  # noqa: E402
-from graphrun.stream import read_batches  # noqa: E402
+from graphrun.base.tuning import Tuning  # noqa: E402 - the reader's settings
+from graphrun.spec.keys import PipelineSpec  # noqa: E402
+from graphrun.read.stream import read_batches  # noqa: E402
 
 FORMATS = ("jsonl", "npy", "parquet")
 WRITE_CHUNK = 65536  # records generated and written at a time (bounded memory while writing)
@@ -304,7 +304,7 @@ def write_rate(case: Case, spec: PipelineSpec, out: Path, records: int) -> float
     """The ShardWriter alone, as the run drives it: batches of real rows of the model's
     output shapes, ids = ordinals. Shard commits on the way are timed, the final close not
     (as in manifest.totals.records_per_s)."""
-    from graphrun.write import ShardWriter
+    from graphrun.write.shards import ShardWriter
 
     rng = np.random.default_rng(0)
     shapes = {name: [d for d in o.shape[1:]] for name, o in spec.outputs.items()}

@@ -33,7 +33,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from graphrun.engine import Runner  # noqa: E402
-from graphrun.spec import PipelineSpec  # noqa: E402
+from graphrun.spec.keys import PipelineSpec  # noqa: E402
 
 
 def spec(tmp: Path, batch: int, cuda: bool) -> PipelineSpec:

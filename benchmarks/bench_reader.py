@@ -29,9 +29,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from graphrun.spec import PipelineSpec
-from graphrun.stream import read_batches
-from graphrun.tuning import Tuning
+from graphrun.spec.keys import PipelineSpec
+from graphrun.read.stream import read_batches
+from graphrun.base.tuning import Tuning
 
 
 def decoder_spec(path: Path, out: Path) -> PipelineSpec:

@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from graphrun.spec import PipelineSpec  # noqa: E402
-from graphrun.write import ShardWriter  # noqa: E402
+from graphrun.spec.keys import PipelineSpec  # noqa: E402
+from graphrun.write.shards import ShardWriter  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -1,22 +1,21 @@
 """graphrun: run PyTorch inference through CUDA Graphs, driven by one YAML file."""
 
-__version__ = "0.1.0"
-
-from .errors import (CaptureError, GraphrunError, InputError, Interrupted,  # noqa: E402
-                     ModelError, OutputError, SpecError)
-from .spec_load import load_spec  # noqa: E402
+from graphrun.base.errors import (CaptureError, GraphrunError, InputError, Interrupted,
+                                  ModelError, OutputError, SpecError)
+from graphrun.base.version import __version__
+from graphrun.spec.load import load_spec
 
 
 def run(spec, **kwargs):
     """The whole job: the spec's input file -> outputs + manifest (see pipeline.run)."""
-    from .pipeline import run as _run
+    from graphrun.job.spine import run as _run
 
     return _run(spec, **kwargs)
 
 
 def __getattr__(name):
     if name == "Runner":  # imports torch; `graphrun validate` need not pay for it
-        from .engine import Runner
+        from graphrun.engine import Runner
 
         return Runner
     if name == "ray":  # graphrun.ray.dataset_map without its own import; Ray loads on use

@@ -1,3 +1,3 @@
-from .cli import entry
+from graphrun.cli.main import entry
 
 entry()

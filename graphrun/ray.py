@@ -1,6 +1,6 @@
 """graphrun on Ray Data: `graphrun.ray.dataset_map(spec, ds)` maps a Ray Dataset through one
-Runner per actor (graphrun/scale/ray_data.py). Needs the extra: pip install "graphrun[ray]"."""
+Runner per actor (graphrun/scale/ray/data.py). Needs the extra: pip install "graphrun[ray]"."""
 
-from graphrun.scale.ray_data import Collector, dataset_map
+from graphrun.scale.ray.data import Collector, dataset_map
 
 __all__ = ["dataset_map", "Collector"]

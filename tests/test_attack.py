@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from graphrun.errors import OutputError, SpecError
-from graphrun.spec_load import load_spec
+from graphrun.base.errors import OutputError, SpecError
+from graphrun.spec.load import load_spec
 from tests.children import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -202,7 +202,7 @@ def test_resume_refuses_changed_weights_and_a_changed_target_module(tmp_path):
 
 def test_a_local_hugging_face_folder_is_part_of_the_model_fingerprint(tmp_path):
     from types import SimpleNamespace
-    from graphrun.folder import model_files
+    from graphrun.write.folder import model_files
     folder = tmp_path / "tiny"
     folder.mkdir()
     (folder / "config.json").write_text("{}")
@@ -230,7 +230,7 @@ def _forge(out: Path, how: str) -> None:
     elif how == "appended":
         lines.append(dict(last, shard=last["shard"] + 1))
     elif how == "resealed":  # a forger who recomputes the checksum still breaks the counts
-        from graphrun.journal import line_digest
+        from graphrun.write.journal import line_digest
         last["next_index"] += 300
         last["sha256"] = line_digest(lines[-2]["sha256"] if len(lines) > 1 else "", last)
     elif how == "dropped":
@@ -399,7 +399,7 @@ def test_a_full_disk_at_any_point_fails_with_one_message_and_resume_completes(
 
 
 def test_a_full_disk_when_latencies_are_written_at_a_shard_s_hand_over(tmp_path, monkeypatch):
-    from graphrun.latencies import LatencyLog
+    from graphrun.write.latencies import LatencyLog
     spec = make_job(tmp_path, n=40)
     out = tmp_path / "out"
     real, calls = LatencyLog.flush, []
@@ -421,7 +421,7 @@ def test_a_full_disk_when_latencies_are_written_at_a_shard_s_hand_over(tmp_path,
 
 
 def test_a_full_disk_while_the_manifest_is_written_fails_cleanly(tmp_path, monkeypatch):
-    from graphrun import manifest as manifest_module
+    from graphrun.manifest import keys as manifest_module
     spec = make_job(tmp_path)
     out = tmp_path / "out"
 
@@ -430,7 +430,7 @@ def test_a_full_disk_while_the_manifest_is_written_fails_cleanly(tmp_path, monke
         raise OSError(28, "No space left on device")
 
     with monkeypatch.context() as m:
-        m.setattr("graphrun.run_state.write_manifest", full)
+        m.setattr("graphrun.job.state.write_manifest", full)
         with pytest.raises(OutputError, match=r"manifest.json failed: .*No space left"):
             run_job(spec, out)
     assert not (out / "manifest.json.tmp").exists()
@@ -445,7 +445,7 @@ def test_every_committed_batch_has_its_latency_line_on_disk_before_its_journal_l
     """What a kill -9 leaves is what is on disk at that moment: so at each journal append, the
     lines of every batch below the line's re-read point must be in latencies.jsonl, numbered
     1, 2, 3, ... (a resume keeps those and logs the rest again)."""
-    from graphrun import write
+    from graphrun.write import shards as write
     spec = make_job(tmp_path, n=200)
     out = tmp_path / "out"
     real, checked = write.append_journal, []
@@ -467,8 +467,8 @@ def test_every_committed_batch_has_its_latency_line_on_disk_before_its_journal_l
 # ---- 6, 7. signals at bad times ----------------------------------------------------------------
 
 def test_abort_after_finish_closes_no_descriptor_twice(tmp_path):
-    from graphrun.outputs.npy import NpySink
-    from graphrun.tuning import Tuning
+    from graphrun.write.sinks.npy import NpySink
+    from graphrun.base.tuning import Tuning
     sink = NpySink(tmp_path, "part-00000", 4, {"y": (3,)}, Tuning())
     sink.add([0, 1], {"y": np.zeros((2, 3), np.float32)})
     sink.finish()
@@ -482,7 +482,7 @@ def test_abort_after_finish_closes_no_descriptor_twice(tmp_path):
 def test_closing_the_reader_while_another_thread_is_in_next_waits_for_it():
     import threading
     import time
-    from graphrun.stream import ReadAhead
+    from graphrun.read.stream import ReadAhead
     inside, release = threading.Event(), threading.Event()
 
     def batches():
@@ -512,13 +512,13 @@ def _python(code: str, *args, timeout=120):
 def test_sigint_while_the_spec_loads_exits_130_with_one_line(tmp_path):
     spec = make_job(tmp_path)
     proc = _python("import os, signal, sys\n"
-                   "import graphrun.spec_load as s\n"
+                   "import graphrun.spec.load as s\n"
                    "real = s.load_spec\n"
                    "def load(*a):\n"
                    "    os.kill(os.getpid(), signal.SIGINT)\n"
                    "    return real(*a)\n"
                    "s.load_spec = load\n"
-                   "from graphrun.cli import main\n"
+                   "from graphrun.cli.main import main\n"
                    "main(['run', sys.argv[1], '-q'])\n", spec)
     assert proc.returncode == 130, proc.stderr
     assert proc.stderr == ("graphrun: interrupted by SIGINT before the run started; nothing "
@@ -528,7 +528,7 @@ def test_sigint_while_the_spec_loads_exits_130_with_one_line(tmp_path):
 def test_sigint_in_an_exit_handler_after_the_run_leaves_no_traceback(tmp_path):
     spec = make_job(tmp_path)
     proc = _python("import atexit, os, signal, sys\n"
-                   "from graphrun.cli import main\n"
+                   "from graphrun.cli.main import main\n"
                    "atexit.register(lambda: os.kill(os.getpid(), signal.SIGINT))\n"
                    "main(['run', sys.argv[1], '-q'])\n", spec)
     assert proc.returncode in (-signal_number("SIGINT"), 0), proc.stderr
@@ -543,8 +543,8 @@ def signal_number(name: str) -> int:
 def test_sigterm_during_setup_stops_the_run_at_once(tmp_path, monkeypatch):
     import signal
     import time
-    from graphrun import pipeline
-    from graphrun.errors import Interrupted
+    from graphrun.run import pipeline
+    from graphrun.base.errors import Interrupted
     spec = make_job(tmp_path)
 
     class SlowSetup(pipeline.Runner):
@@ -584,7 +584,7 @@ def test_a_bucket_grid_past_the_limit_is_refused(tmp_path):
 
 def test_static_buffers_past_the_machine_s_memory_are_refused_with_the_figure(tmp_path,
                                                                              monkeypatch):
-    from graphrun import spec_checks
+    from graphrun.spec import rules as spec_checks
 
     monkeypatch.setattr(spec_checks, "_memory_bytes", lambda: 24 * 2**30)  # any machine's size
     spec = make_job(tmp_path)
@@ -664,7 +664,7 @@ def test_ids_5_and_text_5_are_one_id(tmp_path):
 
 
 def test_ids_compare_as_text_across_chunks():
-    from graphrun.record_ids import check_duplicate_ids
+    from graphrun.read.ids import check_duplicate_ids
     seen: set = set()
     for chunk, dups in ((["5", "a"], {}), ([7, 5], {1: "duplicate id 5"}),
                         (["7", "05", "b"], {0: "duplicate id 7"})):

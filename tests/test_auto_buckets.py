@@ -12,9 +12,9 @@ import yaml
 from click.testing import CliRunner
 
 import graphrun
-from graphrun.cli import main
-from graphrun.errors import SpecError
-from graphrun.plan import histogram, plan
+from graphrun.cli.main import main
+from graphrun.base.errors import SpecError
+from graphrun.plan.planner import histogram, plan
 from tests.test_plan import ROOT, small_histogram, write_encoder
 
 
@@ -87,7 +87,7 @@ def test_plan_write_replaces_auto_with_a_flow_list(tmp_path):
 
 
 def test_a_runner_built_from_an_auto_spec_says_to_plan_first(tmp_path):
-    from graphrun.auto_buckets import resolve_auto
+    from graphrun.plan.auto import resolve_auto
 
     spec = graphrun.load_spec(auto_spec(tmp_path, [3, 5, 9]))
     with pytest.raises(SpecError, match="seq: auto must be planned before a Runner is built"):

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from graphrun.cli import main
+from graphrun.cli.main import main
 
 # y = 2x + k (so a record's output shows its own x and k), s = t + 0.5 cut to the record's seq.
 MODEL = """\

@@ -11,13 +11,13 @@ import torch
 from click.testing import CliRunner
 
 import graphrun
-from graphrun.bench import SCHEMA, bench, schema_text, synthetic_batch
-from graphrun.cli import main
+from graphrun.experiments.bench import SCHEMA, bench, schema_text, synthetic_batch
+from graphrun.cli.main import main
 
 
 def test_the_checked_in_schema_is_current():
     assert SCHEMA.read_text() == schema_text(), (
-        "stale: python3 -c 'from graphrun.bench import *; SCHEMA.write_text(schema_text())'")
+        "stale: python3 -c 'from graphrun.experiments.bench import *; SCHEMA.write_text(schema_text())'")
 
 
 def test_synthetic_batches_fill_the_bucket_within_ranges(write_spec):
@@ -60,7 +60,7 @@ def test_bench_on_the_gpu_times_graph_replay_with_capture_costs(write_spec):
 
 
 def test_real_records_are_cut_or_padded_to_the_bucket(tmp_path):
-    from graphrun.bench import real_batch, real_records
+    from graphrun.experiments.bench import real_batch, real_records
     from tests.test_plan import write_encoder
 
     spec = graphrun.load_spec(write_encoder(tmp_path, [3, 20, 5]))
@@ -83,7 +83,7 @@ def test_cli_bench_with_real_records(write_spec, tmp_path):
 
 
 def test_a_failing_mode_is_a_note_not_the_end(write_spec, monkeypatch):
-    import graphrun.bench as b
+    import graphrun.experiments.bench as b
 
     real = b.bench_graphrun
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from graphrun.buckets import BucketTable, cut_rows, pad_into, split_sizes
-from graphrun.spec import PipelineSpec
+from graphrun.engine.buckets import BucketTable, cut_rows, pad_into, split_sizes
+from graphrun.spec.keys import PipelineSpec
 
 
 def make_spec(buckets, inputs=None):
@@ -73,7 +73,7 @@ def test_slot_copies_pair_the_slot_with_each_lanes_static_views():
 
     import torch
 
-    from graphrun.buckets import Bucket
+    from graphrun.engine.buckets import Bucket
     from graphrun.engine.buffers import BufferSet
     from graphrun.engine.launch import HostSlot
 

@@ -13,7 +13,7 @@ import graphrun
 from graphrun import CaptureError, Runner
 from graphrun.models.call import call_model, name_outputs
 from graphrun.models.load import build_model
-from graphrun.spec import PipelineSpec
+from graphrun.spec.keys import PipelineSpec
 
 pytestmark = pytest.mark.cuda
 ROOT = Path(__file__).resolve().parent.parent
@@ -173,7 +173,7 @@ def test_a_second_capture_that_fails_leaves_the_bucket_on_one_lane(tmp_path, mon
     fails keeps running on its first lane alone (a warning says so), the others take both
     lanes, and every output is still the model's."""
     import graphrun.engine.capture as capture_mod
-    from graphrun.errors import CaptureError as Err
+    from graphrun.base.errors import CaptureError as Err
 
     spec = small_spec(tmp_path, buckets={"batch": [4, 16]}, capture={"lazy": False})
     warnings = []
@@ -237,8 +237,8 @@ def test_overlapped_stream_on_two_lanes_gives_serials_outputs_bit_for_bit(tmp_pa
     all the slots, give the serial path's outputs (one lane) exactly, each record the model's
     on it alone, with positive phase timings; each bucket's second graph is checked on its
     first real batch too, and its capture reuses the first one's pool blocks."""
-    from graphrun.feed import feed_stream, slot_count
-    from graphrun.records import RecordBatch
+    from graphrun.feed.loop import feed_stream, slot_count
+    from graphrun.read.records import RecordBatch
 
     spec = small_spec(tmp_path, model={"builtin": "mlp", "dtype": "bfloat16",
                                        "args": {"in_features": 32, "hidden": 256, "layers": 8,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from graphrun.cli import main
+from graphrun.cli.main import main
 from tests.conftest import MLP_SPEC
 from tests.children import child_env
 
@@ -125,7 +125,7 @@ def test_schema_outside_a_checkout_writes_nothing_and_says_how(tmp_path):
 
 
 def test_schema_in_a_checkout_rewrites_that_checkout_only(tmp_path, monkeypatch):
-    from graphrun import schemas
+    from graphrun.manifest import schema as schemas
 
     (tmp_path / "graphrun").mkdir()
     (tmp_path / "graphrun" / "spec.py").write_text("")
@@ -153,7 +153,8 @@ def test_debug_is_accepted_after_the_verb(write_spec):
 
 def test_a_run_outside_a_terminal_prints_progress_lines_summary_and_warnings(
         write_spec, monkeypatch):
-    from graphrun import progress, run_state
+    from graphrun.run import progress
+    from graphrun.run import state as run_state
 
     monkeypatch.setattr(progress, "LINE_S", 0.0)  # a line every batch
     monkeypatch.setattr(run_state, "spread_warning",
@@ -169,7 +170,7 @@ def test_a_run_outside_a_terminal_prints_progress_lines_summary_and_warnings(
 
 
 def test_progress_lines_give_rate_and_eta():
-    from graphrun.progress import ProgressLines
+    from graphrun.job.progress import ProgressLines
 
     out = io.StringIO()
     lines = ProgressLines(total=1000, out=out)
@@ -179,7 +180,7 @@ def test_progress_lines_give_rate_and_eta():
 
 
 def test_readme_spec_reference_lists_every_key():
-    from graphrun.schemas import spec_reference
+    from graphrun.manifest.schema import spec_reference
 
     readme = (ROOT / "README.md").read_text()
     assert spec_reference() in readme
@@ -190,7 +191,7 @@ def test_readme_spec_reference_lists_every_key():
 def test_summary_table_fits_80_columns_and_names_every_bucket(write_spec, tmp_path, capsys,
                                                               monkeypatch):
     import graphrun
-    from graphrun.progress import summary_table
+    from graphrun.job.progress import summary_table
 
     monkeypatch.setenv("COLUMNS", "80")
     manifest = graphrun.run(graphrun.load_spec(write_spec()), out=tmp_path / "o")
@@ -222,7 +223,7 @@ def test_an_output_folder_that_cannot_be_made_is_one_clear_error(write_spec, tmp
 
 def test_a_full_disk_mid_run_is_an_output_error_and_the_manifest_says_failed(
         write_spec, tmp_path, monkeypatch):
-    from graphrun import write
+    from graphrun.write import shards as write
 
     def no_space(self, *args, **kwargs):
         raise OSError(28, "No space left on device")
@@ -236,7 +237,7 @@ def test_a_full_disk_mid_run_is_an_output_error_and_the_manifest_says_failed(
 
 
 def test_the_progress_bar_counts_every_record_with_few_updates(monkeypatch):
-    from graphrun.progress import Progress
+    from graphrun.job.progress import Progress
 
     class Terminal(io.StringIO):
         def isatty(self):
@@ -254,7 +255,7 @@ def test_the_progress_bar_counts_every_record_with_few_updates(monkeypatch):
 
 
 def test_every_verb_declares_debug_once():
-    from graphrun.cli import main
+    from graphrun.cli.main import main
 
     for name, command in main.commands.items():
         debug = [p for p in command.params if p.name == "debug"]

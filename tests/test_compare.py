@@ -7,8 +7,8 @@ import json
 from click.testing import CliRunner
 
 import graphrun
-from graphrun.cli import main
-from graphrun.compare import compare, spec_diff
+from graphrun.cli.main import main
+from graphrun.experiments.compare import compare, spec_diff
 
 
 def run_into(spec_path, out, *overrides):
@@ -73,7 +73,7 @@ def test_cli_prints_the_tables_and_a_missing_run_is_one_message(write_spec, tmp_
 
 
 def test_two_bench_folders_compare_per_bucket_and_mode(write_spec, tmp_path):
-    from graphrun.bench import bench
+    from graphrun.experiments.bench import bench
 
     spec = graphrun.load_spec(write_spec())
     for name in ("a", "b"):
@@ -90,7 +90,7 @@ def test_two_bench_folders_compare_per_bucket_and_mode(write_spec, tmp_path):
 
 
 def test_a_buckets_verification_reads_every_lane_and_older_manifests():
-    from graphrun.compare import bucket_verified
+    from graphrun.experiments.compare import bucket_verified
 
     ok, bad = {"passed": True}, {"passed": False}
     assert bucket_verified({"lanes": [{"verify": ok}, {"verify": ok}]}) is True

@@ -11,7 +11,7 @@ import yaml
 from click.testing import CliRunner
 
 import graphrun
-from graphrun.cli import main
+from graphrun.cli.main import main
 
 
 def spec_dict(**data) -> dict:

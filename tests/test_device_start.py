@@ -4,9 +4,9 @@ setup; what fails there is raised where the Runner waits for it."""
 import pytest
 import torch
 
-from graphrun.device_start import DeviceStart
-from graphrun.errors import GraphrunError
-from graphrun.spec import PipelineSpec
+from graphrun.engine.device_start import DeviceStart
+from graphrun.base.errors import GraphrunError
+from graphrun.spec.keys import PipelineSpec
 
 SPEC = {"version": 1, "name": "t", "model": {"builtin": "mlp", "args": {"in_features": 4}},
         "inputs": {"x": {"shape": ["batch", 4], "dtype": "float32"}},
@@ -51,7 +51,7 @@ def test_a_spec_is_checked_without_torch(tmp_path):
 
     from tests.children import child_env
 
-    code = ("import sys; from graphrun.spec_load import load_spec; load_spec(sys.argv[1]); "
+    code = ("import sys; from graphrun.spec.load import load_spec; load_spec(sys.argv[1]); "
             "print(sorted({'torch', 'numpy', 'pyarrow'} & set(sys.modules)))")
     for spec in ("decoder-step", "minilm-embed", "mlp-scorer"):
         got = subprocess.run([sys.executable, "-c", code, f"pipelines/{spec}.yaml"],
@@ -60,9 +60,9 @@ def test_a_spec_is_checked_without_torch(tmp_path):
 
 
 def test_the_names_the_spec_checks_are_the_builders_and_readers():
-    from graphrun.inputs import SUFFIXES
+    from graphrun.read.formats import SUFFIXES
     from graphrun.models.load import BUILTINS
-    from graphrun.spec import BUILTIN_NAMES, INPUT_SUFFIXES
+    from graphrun.spec.keys import BUILTIN_NAMES, INPUT_SUFFIXES
 
     assert sorted(BUILTINS) == sorted(BUILTIN_NAMES)
     assert sorted(SUFFIXES) == sorted(INPUT_SUFFIXES)
@@ -71,8 +71,8 @@ def test_the_names_the_spec_checks_are_the_builders_and_readers():
 def test_the_spec_checks_byte_sizes_are_numpys():
     import numpy as np
 
-    from graphrun.spec import DTYPES
-    from graphrun.spec_checks import ITEMSIZES
+    from graphrun.spec.keys import DTYPES
+    from graphrun.base.dtypes import ITEMSIZE as ITEMSIZES
 
     assert set(ITEMSIZES) == set(DTYPES)
     assert all(ITEMSIZES[d] == np.dtype(d).itemsize for d in DTYPES if d != "bfloat16")

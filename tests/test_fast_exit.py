@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from graphrun.fast_exit import normal_exit_reason
+from graphrun.cli.fast_exit import normal_exit_reason
 from tests.children import child_env
 from tests.conftest import MLP_SPEC
 

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from graphrun import InputError, Runner
-from graphrun.records import RecordBatch, Reject
-from graphrun.feed import SLOT_BUDGET, SLOTS, feed_stream, slot_count
-from graphrun.overlap import OverlapTrial
-from graphrun.spec import PipelineSpec
+from graphrun.read.records import RecordBatch, Reject
+from graphrun.feed.loop import SLOT_BUDGET, SLOTS, feed_stream, slot_count
+from graphrun.feed.overlap import OverlapTrial
+from graphrun.spec.keys import PipelineSpec
 
 
 def mlp_spec(tmp_path) -> PipelineSpec:
@@ -264,9 +264,9 @@ def test_slot_count_is_what_the_budget_holds_within_bounds():
 def test_after_a_write_fails_nothing_queued_behind_it_is_written():
     """The launching thread has seen (and cleared) the error while batches are still queued:
     those must not be written, or the output would skip the failed batch's rows."""
-    from graphrun.completer import Completer
-    from graphrun.feed_types import Work
-    from graphrun.handoff import SlotPool
+    from graphrun.feed.completer import Completer
+    from graphrun.feed.protocols import Work
+    from graphrun.feed.handoff import SlotPool
 
     cleared, waited = threading.Event(), []
 
@@ -320,7 +320,7 @@ def test_a_tie_stays_serial():
 
 
 def test_the_manifest_describes_the_trial_the_defaults_run():
-    from graphrun.manifest import Totals
+    from graphrun.manifest.keys import Totals
 
     text = Totals.model_fields["overlap_trials"].description
     t = OverlapTrial()

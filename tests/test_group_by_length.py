@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import graphrun
-from graphrun.errors import InputError, Interrupted
-from graphrun.grouping import PaddingCount, Reorder, sorted_batches
-from graphrun.records import RecordBatch
+from graphrun.base.errors import InputError, Interrupted
+from graphrun.read.grouping import PaddingCount, Reorder, sorted_batches
+from graphrun.read.records import RecordBatch
 
 ROOT = Path(__file__).resolve().parent.parent
 ENCODER = ROOT / "examples/models/tiny_encoder.py"
@@ -259,7 +259,7 @@ def test_interrupted_by_a_signal_then_resumed_equals_an_uninterrupted_run(tmp_pa
 
 
 def test_grouping_without_a_variable_axis_is_one_spec_message():
-    from graphrun.errors import SpecError
+    from graphrun.base.errors import SpecError
 
     with pytest.raises(SpecError, match="data.group_by_length.*has none"):
         graphrun.load_spec(ROOT / "pipelines/mlp-scorer.yaml", ["data.group_by_length=64"])

@@ -8,9 +8,9 @@ import torch.nn.functional as F
 from pydantic import ValidationError
 from torch import nn
 
-from graphrun.errors import ModelError
+from graphrun.base.errors import ModelError
 from graphrun.models.heads import Heads
-from graphrun.spec import OutputSpec
+from graphrun.spec.keys import OutputSpec
 
 
 class Fields(nn.Module):

@@ -12,7 +12,7 @@ import torch
 from click.testing import CliRunner
 
 import graphrun
-from graphrun.cli import main
+from graphrun.cli.main import main
 
 DENSE = """
 import torch

@@ -14,8 +14,8 @@ import torch
 from click.testing import CliRunner
 
 import graphrun
-from graphrun.cli import main
-from graphrun.init_hf import seq_values
+from graphrun.cli.main import main
+from graphrun.init.hf import seq_values
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("transformers") is None or
@@ -209,7 +209,7 @@ def test_user_mistakes_are_one_clear_message(tmp_path, folders):
 def test_minilm_from_its_folder_alone_equals_sentence_transformers(tmp_path):
     from sentence_transformers import SentenceTransformer
 
-    from graphrun.hf_paths import resolve_path
+    from graphrun.spec.paths import resolve_path
 
     lines = SENTENCES.read_text().splitlines()[:24]
     (tmp_path / "texts.jsonl").write_text("\n".join(lines) + "\n")

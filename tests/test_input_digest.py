@@ -16,13 +16,13 @@ from types import SimpleNamespace
 import pytest
 
 import graphrun
-from graphrun import journal
-from graphrun.errors import InputError, OutputError
-from graphrun.folder import FilesHash
-from graphrun.run_state import RunHashes
-from graphrun.scale.input_digest import (Publisher, PublishedHash, SharedHash, SharedRecord,
-                                         part_files, worker_hashes, write_entry)
-from graphrun.scale.layout import digest_file
+from graphrun.write import journal
+from graphrun.base.errors import InputError, OutputError
+from graphrun.write.folder import FilesHash
+from graphrun.job.state import RunHashes
+from graphrun.scale.local.input_digest import (Publisher, PublishedHash, SharedHash, SharedRecord,
+                                               part_files, worker_hashes, write_entry)
+from graphrun.write.job_layout import digest_file
 
 
 def me() -> Publisher:
@@ -174,7 +174,7 @@ def test_a_run_given_the_shared_hashes_waits_for_them_as_its_input_hash_wait(wri
     add up to the process's time."""
     import torch
 
-    from graphrun.models.mlp import build_mlp
+    from graphrun.models.builtin.mlp import build_mlp
 
     torch.save(build_mlp(4, 8, 2, 3, seed=5).state_dict(), tmp_path / "w.pt")
     path = write_spec()  # the tiny mlp, given its weights file

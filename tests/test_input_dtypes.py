@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from graphrun import InputError, Runner
-from graphrun.buckets import Bucket
+from graphrun.engine.buckets import Bucket
 from graphrun.engine.buffers import BufferSet
-from graphrun.spec import PipelineSpec
+from graphrun.spec.keys import PipelineSpec
 
 SCALE = """
 import torch

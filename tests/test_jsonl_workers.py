@@ -10,11 +10,11 @@ import math
 import numpy as np
 import pytest
 
-from graphrun.errors import InputError
-from graphrun.inputs import jsonl as jsonl_reader
-from graphrun.inputs import jsonl_workers as parse_workers
-from graphrun.stream import read_batches
-from graphrun.tuning import Tuning
+from graphrun.base.errors import InputError
+from graphrun.read.formats import jsonl as jsonl_reader
+from graphrun.read.formats import jsonl_workers as parse_workers
+from graphrun.read.stream import read_batches
+from graphrun.base.tuning import Tuning
 from tests.test_stream import DECODER, SEQ, make_spec
 
 # two children for any file, blocks of about 2 KiB; and the same blocks parsed here only

@@ -15,10 +15,10 @@ import pytest
 from click.testing import CliRunner
 
 import graphrun
-from graphrun.cli import main
-from graphrun.phases import FIRST_USE
-from graphrun.progress import bucket_setup
-from graphrun.spec import PipelineSpec
+from graphrun.cli.main import main
+from graphrun.base.phases import FIRST_USE
+from graphrun.job.progress import bucket_setup
+from graphrun.spec.keys import PipelineSpec
 
 # A linear scorer that differs from itself at batch size 1 while the file "flaky" sits beside
 # it: bucket batch=1 fails verification wherever it is set up, the others pass.
@@ -143,9 +143,9 @@ def test_a_trial_leg_does_not_count_a_bucket_set_up_in_it_as_its_paths_time(tmp_
     """On the CPU the stream times serial against overlapped legs (overlap.py): a bucket set
     up on first use inside a leg must not make that leg's path look slow."""
     from graphrun.engine.capture import Capturer
-    from graphrun.feed import feed_stream
-    from graphrun.overlap import OverlapTrial
-    from graphrun.records import RecordBatch
+    from graphrun.feed.loop import feed_stream
+    from graphrun.feed.overlap import OverlapTrial
+    from graphrun.read.records import RecordBatch
 
     spec = graphrun.load_spec(flaky_job(tmp_path))
     (tmp_path / "flaky").unlink()
@@ -270,7 +270,7 @@ def test_seq_auto_sets_up_the_models_limit_only_when_a_batch_needs_it(tmp_path, 
     """The plan (from the first 8 texts, all short) ends at the tokenizer's limit for longer
     texts later in the file: not set up while none comes; set up on first use by the batch
     that holds one, with the outputs of a run that set every bucket up at start."""
-    from graphrun import auto_buckets
+    from graphrun.plan import auto as auto_buckets
     from tests.test_init_hf import LIMIT
 
     monkeypatch.setattr(auto_buckets, "AUTO_SAMPLE", 8)
@@ -318,7 +318,7 @@ def written_npy(out) -> np.ndarray:
 # ---- the measuring commands ------------------------------------------------------------------
 
 def test_bench_sets_every_bucket_up_before_it_times_one(tmp_path, monkeypatch):
-    from graphrun import bench
+    from graphrun.experiments import bench
 
     spec = graphrun.load_spec(flaky_job(tmp_path))  # capture.lazy: true, the default
     (tmp_path / "flaky").unlink()
@@ -335,7 +335,7 @@ def test_bench_sets_every_bucket_up_before_it_times_one(tmp_path, monkeypatch):
 
 
 def test_sweep_sets_every_bucket_up_unless_told(tmp_path):
-    from graphrun.sweep import every_bucket
+    from graphrun.experiments.sweep import every_bucket
 
     assert every_bucket(["data.oversize=error"], {"data.batch_size": [2, 4]}) == [
         "capture.lazy=false", "data.oversize=error"]
@@ -412,8 +412,8 @@ def test_a_bucket_one_worker_left_unused_is_reported_as_set_up(tmp_path):
     manifest says what worker 1 saw, with both workers' counts."""
     from types import SimpleNamespace
 
-    from graphrun.manifest import BucketReport
-    from graphrun.scale.merge import merge_buckets
+    from graphrun.manifest.keys import BucketReport
+    from graphrun.scale.local.merge import merge_buckets
 
     def worker(status, set_up, batches):
         b = BucketReport(name="batch=1", sizes={"batch": 1}, status=status, set_up=set_up,

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from graphrun.spec import PipelineSpec
-from graphrun.stream import read_batches
+from graphrun.spec.keys import PipelineSpec
+from graphrun.read.stream import read_batches
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
@@ -50,7 +50,7 @@ output:
 RUN = textwrap.dedent("""\
     import json, resource, sys
     import graphrun
-    from graphrun.tuning import Tuning
+    from graphrun.base.tuning import Tuning
     tuning = Tuning.from_machine(**TUNING)
     manifest = graphrun.run(graphrun.load_spec(sys.argv[1]), out=sys.argv[2],
                             overwrite=True, overlap=sys.argv[3] == "1", tuning=tuning)

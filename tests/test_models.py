@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from graphrun.errors import ModelError
+from graphrun.base.errors import ModelError
 from graphrun.models import BUILTINS, build_model, call_model, name_outputs
-from graphrun.spec import PipelineSpec
+from graphrun.spec.keys import PipelineSpec
 
 CPU = torch.device("cpu")
 ENCODER = Path(__file__).resolve().parents[1] / "examples" / "models" / "tiny_encoder.py"

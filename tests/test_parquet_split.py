@@ -11,13 +11,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from graphrun.errors import InputError
-from graphrun.inputs import parquet as parquet_in
-from graphrun.inputs import parquet_split
-from graphrun.inputs.parquet_split import Piece, PieceMismatch, plan_pieces
-from graphrun.spec import PipelineSpec
-from graphrun.stream import read_batches
-from graphrun.tuning import Tuning
+from graphrun.base.errors import InputError
+from graphrun.read.formats import parquet as parquet_in
+from graphrun.read.formats import parquet_split
+from graphrun.read.formats.parquet_split import Piece, PieceMismatch, plan_pieces
+from graphrun.spec.keys import PipelineSpec
+from graphrun.read.stream import read_batches
+from graphrun.base.tuning import Tuning
 from tests.test_stream import make_spec
 
 # row groups over 1 KiB decoded are cut into pieces of about 16 KiB (some 600 records of 6 floats)

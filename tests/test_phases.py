@@ -1,4 +1,4 @@
-"""The phase clock (graphrun/phases.py) and the manifest's account of a run's time: named
+"""The phase clock (graphrun/base/phases.py) and the manifest's account of a run's time: named
 phases from the process's start to the manifest that add up to its wall time."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import graphrun
-from graphrun import phases
-from graphrun.phases import FIRST_USE, OTHER, PART_PHASES, PhaseClock, phase
+from graphrun.base import phases
+from graphrun.base.phases import FIRST_USE, OTHER, PART_PHASES, PhaseClock, phase
 from tests.children import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,7 +104,7 @@ def test_phases_elsewhere_are_not_recorded():
 def test_the_process_start_comes_from_the_os():
     """A process that waits 0.4 s before importing graphrun: its start is 0.4 s before
     graphrun's first clock, and not earlier than the parent started it."""
-    code = ("import time; time.sleep(0.4); import graphrun.phases as p; "
+    code = ("import time; time.sleep(0.4); import graphrun.base.phases as p; "
             "print(p.PROCESS_T0_HOW, p.FIRST_CLOCK - p.PROCESS_T0)")
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -193,7 +193,7 @@ def test_a_run_with_verify_on_accounts_for_each_bucket(tmp_path):
 
 
 def test_a_failed_setup_still_accounts_for_its_time(tmp_path, monkeypatch):
-    import graphrun.pipeline as pipeline
+    import graphrun.job.spine as pipeline
 
     def failing(*a, **k):
         with phase("model build"):
@@ -214,8 +214,8 @@ def test_a_failed_setup_still_accounts_for_its_time(tmp_path, monkeypatch):
 def test_the_summary_names_the_three_biggest_phases():
     from types import SimpleNamespace
 
-    from graphrun.manifest_sections import Phase, Phases
-    from graphrun.progress import biggest_phases
+    from graphrun.manifest.sections import Phase, Phases
+    from graphrun.job.progress import biggest_phases
 
     m = SimpleNamespace(totals=SimpleNamespace(process_wall_s=10.0), phases=Phases(
         process_start="proc", top=[Phase(name=n, s=s) for n, s in (
@@ -230,14 +230,14 @@ def test_the_summary_names_the_three_biggest_phases():
 
 def test_the_clock_starts_without_torch():
     """The CLI imports phases first (graphrun's first clock); torch is timed as an import."""
-    code = "import sys, graphrun.phases; print('torch' in sys.modules)"
+    code = "import sys, graphrun.base.phases; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=child_env(), check=True).stdout
     assert out.strip() == "False" and phases.PROCESS_T0 <= phases.FIRST_CLOCK
 
 
 def test_the_writer_and_latencies_open_while_the_runner_sets_up(tmp_path, monkeypatch):
-    import graphrun.pipeline as pipeline
+    import graphrun.job.spine as pipeline
 
     opened, seen = threading.Event(), []
     real_open = pipeline.open_latencies
@@ -261,7 +261,7 @@ def test_the_writer_and_latencies_open_while_the_runner_sets_up(tmp_path, monkey
 
 
 def test_a_failed_setup_reports_its_error_and_closes_the_writer(tmp_path, monkeypatch):
-    import graphrun.pipeline as pipeline
+    import graphrun.job.spine as pipeline
 
     closed = []
     real_close = pipeline.ShardWriter.close

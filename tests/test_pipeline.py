@@ -64,7 +64,7 @@ def test_shipped_pipeline_equals_eager_per_record(path, tmp_path):
     with torch.inference_mode():
         for i, rec in enumerate(records):
             inputs = {k: torch.as_tensor(np.asarray(rec[k]))[None].to(
-                graphrun.engine.buffers.TORCH_DTYPES[spec.inputs[k].dtype]) for k in spec.inputs}
+                graphrun.base.dtypes.torch_dtype(spec.inputs[k].dtype)) for k in spec.inputs}
             got = graphrun.models.call.name_outputs(
                 graphrun.models.call.call_model(model, inputs, spec.model.call), names)
             for name in names:
@@ -94,8 +94,8 @@ def test_existing_output_folder_is_not_clobbered(tmp_path):
 
 @pytest.mark.parametrize("fmt", ["npy", "jsonl", "parquet"])
 def test_overlapped_serial_and_measured_paths_write_the_same_files(tmp_path, fmt, monkeypatch):
-    import graphrun.pipeline as pipeline
-    from graphrun.overlap import OverlapTrial
+    import graphrun.job.spine as pipeline
+    from graphrun.feed.overlap import OverlapTrial
 
     # the CPU's default, measured: here with legs of one batch, so that both paths and
     # several switches between them happen within the 60 batches
@@ -114,7 +114,7 @@ def test_overlapped_serial_and_measured_paths_write_the_same_files(tmp_path, fmt
     # 60 batches: a warm-up leg, then rounds of 8 legs and a chosen one: 6 rounds complete
     assert len(m.totals.overlap_trials) == 6 and isinstance(m.totals.overlapped, bool)
     assert all(set(r) == {"serial", "overlapped"} for r in m.totals.overlap_trials)
-    from graphrun.progress import stream_breakdown
+    from graphrun.job.progress import stream_breakdown
     last = m.totals.overlap_trials[-1]
     assert (f"measured {last['overlapped']:,.0f} records/s overlapped against "
             f"{last['serial']:,.0f} serial") in stream_breakdown(m.totals)
@@ -123,7 +123,7 @@ def test_overlapped_serial_and_measured_paths_write_the_same_files(tmp_path, fmt
 def test_the_first_batch_is_read_while_the_runner_sets_up(tmp_path, monkeypatch):
     import threading
 
-    import graphrun.pipeline as pipeline
+    import graphrun.job.spine as pipeline
 
     read, seen, read_batches = threading.Event(), [], pipeline.read_batches
 
@@ -147,7 +147,7 @@ def test_the_first_batch_is_read_while_the_runner_sets_up(tmp_path, monkeypatch)
 def test_a_failed_setup_stops_the_read_ahead(tmp_path, monkeypatch):
     import threading
 
-    import graphrun.pipeline as pipeline
+    import graphrun.job.spine as pipeline
 
     def broken(*args, **kwargs):
         raise graphrun.CaptureError("the model cannot be captured")
@@ -183,8 +183,8 @@ def test_the_overlapped_paths_slots_are_made_before_the_stream_starts(tmp_path, 
                                                                        overlap):
     """Pinned slots cost milliseconds to allocate on a GPU, a few percent of a 1M-record MLP
     stream: they are made with the runner, before the streaming time starts."""
-    import graphrun.pipeline as pipeline
-    from graphrun.feed import slot_count
+    import graphrun.job.spine as pipeline
+    from graphrun.feed.loop import slot_count
 
     seen, feed_stream = [], pipeline.feed_stream
 
@@ -210,8 +210,9 @@ def test_the_input_is_hashed_beside_setup_and_in_run_json_before_the_first_journ
     import threading
     import time
 
-    import graphrun.pipeline as pipeline
-    from graphrun import journal, write
+    import graphrun.job.spine as pipeline
+    from graphrun.write import journal
+    from graphrun.write import shards as write
 
     spec = decoder_spec()
     want = journal.sha256_file(spec.data.path)
@@ -268,8 +269,8 @@ def test_a_failed_setup_does_not_wait_for_the_input_hash(tmp_path, monkeypatch):
     import threading
     import time
 
-    import graphrun.pipeline as pipeline
-    from graphrun import journal
+    import graphrun.job.spine as pipeline
+    from graphrun.write import journal
 
     def never_done(self):  # hashing a huge file: it only ends when told to stop
         while not self._stop.wait(0.01):
@@ -293,8 +294,8 @@ def test_a_failed_setup_does_not_wait_for_the_input_hash(tmp_path, monkeypatch):
 def test_a_failure_counting_the_records_stops_the_input_hash(tmp_path, monkeypatch):
     import threading
 
-    import graphrun.pipeline as pipeline
-    from graphrun import journal
+    import graphrun.job.spine as pipeline
+    from graphrun.write import journal
 
     def never_done(self):
         while not self._stop.wait(0.01):
@@ -313,7 +314,7 @@ def test_a_failure_counting_the_records_stops_the_input_hash(tmp_path, monkeypat
 def test_the_summary_names_reading_as_the_limit_where_it_is():
     from types import SimpleNamespace
 
-    from graphrun.progress import stream_breakdown
+    from graphrun.job.progress import stream_breakdown
 
     def totals(read: float, write: float):
         return SimpleNamespace(stream_s=10.0, overlapped=True, overlap_trials=[], host_phase_s={

@@ -13,9 +13,9 @@ from click.testing import CliRunner
 import yaml
 
 import graphrun
-from graphrun.cli import main
-from graphrun.errors import SpecError
-from graphrun.plan import Histogram, best_values, evaluate, histogram, plan, power_of_two
+from graphrun.cli.main import main
+from graphrun.base.errors import SpecError
+from graphrun.plan.planner import Histogram, best_values, evaluate, histogram, plan, power_of_two
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -164,8 +164,8 @@ def test_cli_bad_multiple_of_is_one_message(tmp_path):
 
 
 def test_estimates_scale_the_largest_buckets_cost_by_the_pool(tmp_path):
-    from graphrun.plan import Evaluation
-    from graphrun.plan_show import estimates
+    from graphrun.plan.planner import Evaluation
+    from graphrun.experiments.plan_table import estimates
 
     spec = graphrun.load_spec(write_encoder(tmp_path, [3, 5]))
     rows = [("a", Evaluation({"batch": [1, 4], "seq": [8, 16]}, 4, 0, 0.0, 0)),
@@ -195,7 +195,7 @@ def test_plan_on_the_gpu_prints_capture_estimates(tmp_path):
 # ---- capture.memory_budget_mib (plan_budget.py) --------------------------------------------------
 
 def test_a_budget_caps_the_batch_values_and_the_plan_fits_it():
-    from graphrun.plan_budget import MemoryModel, plan_within
+    from graphrun.plan.budget import MemoryModel, plan_within
 
     hist = small_histogram([(32, 10, 6), (32, 40, 3), (32, 64, 1), (5, 20, 1)])
     model = MemoryModel({"batch": 32, "seq": 64}, 32 * 64 * 1000, "a test")  # 1000 B a slot
@@ -214,7 +214,7 @@ def test_a_budget_caps_the_batch_values_and_the_plan_fits_it():
 
 
 def test_a_budget_below_the_smallest_useful_bucket_says_so():
-    from graphrun.plan_budget import MemoryModel, plan_within
+    from graphrun.plan.budget import MemoryModel, plan_within
 
     hist = small_histogram([(8, 10, 2), (8, 60, 1)])
     model = MemoryModel({"batch": 8, "seq": 64}, 8 * 64 * 1000, "a test")

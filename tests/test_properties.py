@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import graphrun  # noqa: E402
-from graphrun.tuning import Tuning  # noqa: E402
-from graphrun.stream import read_batches  # noqa: E402
+from graphrun.base.tuning import Tuning  # noqa: E402
+from graphrun.read.stream import read_batches  # noqa: E402
 
 # Derandomized: CI runs the same examples every time (a known bug below must not make it flaky).
 # To explore further: raise max_examples and drop derandomize locally.

@@ -18,7 +18,7 @@ import yaml
 from click.testing import CliRunner
 
 import graphrun
-from graphrun.cli import main
+from graphrun.cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFEST_SCHEMA = json.loads((ROOT / "schemas" / "manifest.schema.json").read_text())
@@ -207,8 +207,8 @@ def test_without_ray_names_the_extra(tmp_path, monkeypatch):
 def test_files_renamed_in_task_order_and_owned_for_overwrite(tmp_path):
     """Without Ray: the writers' names sort by task, then part within it (numerically), and
     the renamed files are graphrun's own to --overwrite."""
-    from graphrun.folder import prepare_out_dir
-    from graphrun.scale.ray_run import rename_in_order
+    from graphrun.write.folder import prepare_out_dir
+    from graphrun.scale.ray.run import rename_in_order
 
     out = tmp_path / "out"
     fingerprint = {"spec_sha256": "a" * 64, "slice": [0, None], "shards": ["parquet"]}

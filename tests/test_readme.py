@@ -66,7 +66,7 @@ def test_the_walk_through_runs_as_written(tmp_path):
 
 
 def test_the_spec_reference_markers_are_intact():
-    from graphrun.schemas import REF_END, REF_START
+    from graphrun.manifest.schema import REF_END, REF_START
 
     text = README.read_text()
     assert text.count(REF_START) == 1 and text.count(REF_END) == 1

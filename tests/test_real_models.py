@@ -160,7 +160,7 @@ def test_text_from_parquet_equals_text_from_jsonl(tmp_path):
     pq.write_table(pa.table({"id": [r["id"] for r in records],
                              "text": [r["text"] for r in records]}), tmp_path / "s.parquet")
     (tmp_path / "s.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    from graphrun.tuning import Tuning
+    from graphrun.base.tuning import Tuning
 
     outs = []
     # the JSONL twice: tokenized on the reader's thread, and in child processes by blocks
@@ -180,18 +180,18 @@ def test_a_spec_needing_the_hf_extra_without_it_names_the_extra(tmp_path, monkey
     import sys
 
     from graphrun.models.hf import load_hf
-    from graphrun.spec import HFModelSpec
+    from graphrun.spec.keys import HFModelSpec
 
     monkeypatch.setitem(sys.modules, "transformers", None)  # import fails as if absent
-    with pytest.raises(graphrun.errors.ModelError, match=r'pip install "graphrun\[hf\]"'):
+    with pytest.raises(graphrun.base.errors.ModelError, match=r'pip install "graphrun\[hf\]"'):
         load_hf(HFModelSpec(path=str(tmp_path)), tmp_path)
 
 
 def test_model_paths_resolve_without_downloading(tmp_path, monkeypatch):
-    from graphrun.errors import ModelError
-    from graphrun.hf_paths import resolve_path
+    from graphrun.base.errors import ModelError
+    from graphrun.spec.paths import resolve_path
     from graphrun.models.hf import load_hf
-    from graphrun.spec import HFModelSpec
+    from graphrun.spec.keys import HFModelSpec
 
     (tmp_path / "m").mkdir()
     assert resolve_path("m", tmp_path) == str((tmp_path / "m").resolve())
@@ -213,7 +213,7 @@ def test_model_paths_resolve_without_downloading(tmp_path, monkeypatch):
 def test_validate_reports_real_model_spec_mistakes_together(tmp_path):
     from click.testing import CliRunner
 
-    from graphrun.cli import main
+    from graphrun.cli.main import main
 
     (tmp_path / "t.jsonl").write_text('{"text": "hi"}\n')
     (tmp_path / "bad.yaml").write_text("""\
@@ -245,9 +245,9 @@ def test_timm_models_are_built_by_name_with_args_and_seed(monkeypatch):
     import sys
     import types
 
-    from graphrun.errors import ModelError
+    from graphrun.base.errors import ModelError
     from graphrun.models.vision import load_timm
-    from graphrun.spec import TimmModelSpec
+    from graphrun.spec.keys import TimmModelSpec
 
     fake = types.ModuleType("timm")
     fake.is_model = lambda name: name == "tiny"
@@ -338,7 +338,7 @@ def test_from_pretrained_gets_local_files_only_and_remote_code_off_whatever_kwar
     import transformers
 
     from graphrun.models.hf import load_hf
-    from graphrun.spec import HFModelSpec
+    from graphrun.spec.keys import HFModelSpec
 
     seen = {}
 
@@ -360,7 +360,7 @@ def test_seq_auto_plans_up_to_the_tokenizer_limit_not_the_sample(tmp_path, monke
     """A text longer than every text of the planning sample is embedded whole, as with the
     spec's own lists: the plan's largest seq value is the tokenizer's limit, never a length
     the sample happened to reach (which would have cut that text silently)."""
-    from graphrun import auto_buckets
+    from graphrun.plan import auto as auto_buckets
 
     monkeypatch.setattr(auto_buckets, "AUTO_SAMPLE", 8)
     short = [{"id": f"s{i}", "text": "a short one."} for i in range(8)]

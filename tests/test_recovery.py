@@ -23,9 +23,9 @@ import yaml
 from click.testing import CliRunner
 
 import graphrun
-from graphrun.cli import main
-from graphrun.errors import ModelError
-from graphrun.journal import read_journal, sha256_file
+from graphrun.cli.main import main
+from graphrun.base.errors import ModelError
+from graphrun.write.journal import read_journal, sha256_file
 
 N_RECORDS = 1600
 ROWS_PER_FILE = 50  # 32 shards: many commit points to kill between
@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from graphrun.models.mlp import build_mlp
+from graphrun.models.builtin.mlp import build_mlp
 
 TRIGGER = Path(__file__).with_name("send-two-sigints")
 CRASH = Path(__file__).with_name("crash")
@@ -53,7 +53,7 @@ def slow_commits():
     once and finish out of order, so a kill lands between any two steps of their commits."""
     import random
 
-    from graphrun import write
+    from graphrun.write import shards as write
 
     sha256 = write.sha256_file
 

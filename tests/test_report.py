@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 import graphrun
-from graphrun.cli import main
+from graphrun.cli.main import main
 
 pytest.importorskip("plotly", reason="graphrun report needs plotly (the [report] extra)")
 
@@ -54,7 +54,7 @@ def test_missing_plotly_says_which_extra(write_spec, tmp_path, monkeypatch):
 
 
 def write_sweep(folder):
-    from graphrun.sweep import Sweep, Variant, mark_pareto
+    from graphrun.experiments.sweep import Sweep, Variant, mark_pareto
 
     rows = [Variant(name=f"v0{i}_b-{b}", overrides={"data.batch_size": b}, status="completed",
                     records_per_s=rate, p50_us=10.0 * b, p99_us=20.0 * b, capture_s=0.1,
@@ -86,7 +86,7 @@ def test_report_of_a_sweep_draws_the_front(tmp_path):
 
 
 def test_report_of_a_bench_folder(write_spec, tmp_path):
-    from graphrun.bench import bench
+    from graphrun.experiments.bench import bench
 
     result = bench(graphrun.load_spec(write_spec()), iters=2, warmup=0, log=lambda m: None)
     (tmp_path / "b").mkdir()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import graphrun
-from graphrun.report import write_report
+from graphrun.experiments.report import write_report
 
 pytest.importorskip("plotly", reason="graphrun report needs plotly (the [report] extra)")
 sync_api = pytest.importorskip("playwright.sync_api",

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from graphrun import CaptureError, InputError, ModelError, Runner
-from graphrun.manifest import VerifyResult
+from graphrun.manifest.keys import VerifyResult
 from graphrun.models.load import build_model
-from graphrun.spec import PipelineSpec
+from graphrun.spec.keys import PipelineSpec
 
 from tests.spec_keys import with_keys
 

@@ -24,10 +24,10 @@ import pytest
 import yaml
 
 import graphrun
-from graphrun.errors import GraphrunError
-from graphrun.journal import sha256_file
-from graphrun.scale.workers import worker_count
-from graphrun.scale.world import split
+from graphrun.base.errors import GraphrunError
+from graphrun.write.journal import sha256_file
+from graphrun.scale.local.workers import worker_count
+from graphrun.scale.local.world import split
 
 ROOT = Path(__file__).resolve().parent.parent
 N = 3200  # shares of 1600: whole shards (40) and batches (16) within 1/20
@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from graphrun.models.mlp import build_mlp
+from graphrun.models.builtin.mlp import build_mlp
 
 SLOW = Path(__file__).with_name("slow")
 
@@ -146,7 +146,7 @@ def check_equals_one_process(out: Path, one: Path) -> dict:
 COUNT_HASHES = """\
 import os
 
-from graphrun import journal
+from graphrun.write import journal
 
 _init = journal.InputHash.__init__
 
@@ -254,7 +254,7 @@ def test_weights_hashed_once_and_resume_after_they_changed_is_refused(job, tmp_p
     changed is refused, naming the file, and goes on with --accept-model-change."""
     import torch
 
-    from graphrun.models.mlp import build_mlp
+    from graphrun.models.builtin.mlp import build_mlp
 
     args = {"in_features": 4, "hidden": 8, "layers": 2, "out_features": 3}
     weights = tmp_path / "w.pt"
@@ -286,8 +286,8 @@ def test_weights_hashed_once_and_resume_after_they_changed_is_refused(job, tmp_p
 def test_a_failed_hash_in_the_parent_fails_the_job_clearly(job, tmp_path, monkeypatch):
     """The --gpus parent (this process) cannot hash the input: its workers end with its
     error instead of waiting, and the job fails naming it."""
-    from graphrun import journal
-    from graphrun.scale.workers import launch
+    from graphrun.write import journal
+    from graphrun.scale.local.workers import launch
 
     def failing_hash(self):
         self._error = OSError("[Errno 5] Input/output error")
@@ -389,7 +389,7 @@ def test_sigterm_to_the_parent_stops_every_worker_and_resume_completes(job, tmp_
 
 def test_overwrite_of_a_job_folder_keeps_a_users_file(job, tmp_path):
     """The nothing-lost rules hold for a job's folder: only graphrun's files are removed."""
-    from graphrun.folder import split_entries
+    from graphrun.write.folder import split_entries
 
     out = tmp_path / "job"
     (out / "workers/rank-0").mkdir(parents=True)
@@ -432,7 +432,7 @@ def test_gpus_without_cuda_is_a_clear_error_unless_the_device_is_cpu(job):
 
 
 def test_a_worker_knows_its_place_from_torchruns_variables():
-    from graphrun.scale.world import World
+    from graphrun.scale.local.world import World
 
     assert World.from_env({}) is None and World.from_env({"WORLD_SIZE": "1"}) is None
     w = World.from_env({"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1",

@@ -14,13 +14,13 @@ import pytest
 import torch
 from torch import nn
 
-from graphrun.errors import ModelError
-from graphrun.models import seeded
-from graphrun.models.decoder import build_decoder
+from graphrun.base.errors import ModelError
+from graphrun.models.builtin import seeded
+from graphrun.models.builtin.decoder import build_decoder
 from graphrun.models.load import build_model
-from graphrun.models.mlp import build_mlp
-from graphrun.models.seeded import Constant, NoInitRule, Uniform, materialise
-from graphrun.spec import PipelineSpec
+from graphrun.models.builtin.mlp import build_mlp
+from graphrun.models.builtin.seeded import Constant, NoInitRule, Uniform, materialise
+from graphrun.spec.keys import PipelineSpec
 
 CPU = torch.device("cpu")
 ROOT = Path(__file__).resolve().parents[1]
@@ -211,8 +211,8 @@ def test_on_the_meta_device_nothing_is_made_and_a_load_makes_the_scratch():
 
 def test_building_on_meta_imports_nothing_heavy():
     """A meta normal_ or arange imports torch._dynamo (seconds of a run's start-up)."""
-    code = ("import sys; from graphrun.models.decoder import build_decoder; "
-            "from graphrun.models.mlp import build_mlp; build_decoder(device='meta'); "
+    code = ("import sys; from graphrun.models.builtin.decoder import build_decoder; "
+            "from graphrun.models.builtin.mlp import build_mlp; build_decoder(device='meta'); "
             "build_mlp(device='meta'); print(sorted({'torch._dynamo', 'sympy'} & set(sys.modules)))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)

@@ -12,10 +12,10 @@ import torch
 
 import graphrun
 from graphrun import CaptureError, Runner
-from graphrun.buckets import BucketTable
+from graphrun.engine.buckets import BucketTable
 from graphrun.engine.lazy import batch_needs, shape_needs
 from graphrun.models.load import build_model
-from graphrun.spec import PipelineSpec
+from graphrun.spec.keys import PipelineSpec
 
 from tests.spec_keys import with_keys
 
@@ -206,7 +206,7 @@ def test_weights_go_into_parameters_made_on_meta_and_equal_a_plain_load(tmp_path
 def test_builtin_decoder_with_weights_equals_the_seeded_build(tmp_path):
     """The decoder's non-persistent KV cache is made as before and refilled from the loaded
     context; logits equal those of the model the weights were saved from."""
-    from graphrun.models.decoder import build_decoder
+    from graphrun.models.builtin.decoder import build_decoder
 
     args = {"layers": 1, "d_model": 16, "heads": 2, "vocab": 50, "max_len": 8}
     ref = build_decoder(**args, max_batch=4, seed=3).eval()

@@ -10,14 +10,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from graphrun import stream
-from graphrun.inputs import dense, jsonl_parse
-from graphrun.inputs import parquet as parquet_in
-from graphrun.inputs.npz import npz_member
-from graphrun.tuning import Tuning
-from graphrun.errors import InputError
-from graphrun.spec import PipelineSpec
-from graphrun.stream import read_batches
+from graphrun.read import stream
+from graphrun.read.formats import dense
+from graphrun.read.formats import jsonl_parse
+from graphrun.read.formats import parquet as parquet_in
+from graphrun.read.formats.npz import npz_member
+from graphrun.base.tuning import Tuning
+from graphrun.base.errors import InputError
+from graphrun.spec.keys import PipelineSpec
+from graphrun.read.stream import read_batches
 
 DECODER = {"tokens": {"shape": ["batch", 1], "dtype": "int64", "range": [0, 100]},
            "positions": {"shape": ["batch"], "dtype": "int64"}}
@@ -765,7 +766,7 @@ def test_parquet_chunks_checked_on_the_pool_read_as_on_the_readers_thread(
     reader's thread, the same values, dtypes, ids, rejects and reasons, in file order."""
     import threading
 
-    from graphrun import record_checks
+    from graphrun.read import checks as record_checks
 
     path = write_mixed_row_groups(tmp_path / "d.parquet")
     spec = make_spec(path, MIXED, id_field="id", batch_size=3, on_bad_record="skip")

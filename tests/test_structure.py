@@ -1,5 +1,6 @@
-"""The package's shape, as the README's "How it works" promises it: short modules and functions,
-no import circle between modules, no private name imported across modules."""
+"""The package's shape (docs/architecture.md): packages named after the flow's steps, each
+importing only the packages below it; few modules outside them; no import circle between modules;
+no private name imported across modules."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "graphrun"
-MAX_MODULE_LINES = 400
-MAX_FUNCTION_LINES = 60
+# bottom to top: a package may import its own modules and those of the packages before it
+LAYERS = ["base", "spec", "manifest", "models", "engine", "generate", "read", "plan", "write",
+          "feed", "job", "init", "experiments", "scale", "cli"]
+# the public API (graphrun/__init__.py), `python -m graphrun`, graphrun.ray.dataset_map
+TOP_LEVEL = {"__init__.py", "__main__.py", "ray.py"}
 
 
 def modules() -> dict[str, Path]:
@@ -47,21 +51,36 @@ def imports(module: str, path: Path, known: dict) -> set[str]:
     return {m for m in out if m in known and m != module}
 
 
-def test_no_module_is_too_long():
-    long = {m: n for m, p in modules().items()
-            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
-    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
+def layer(module: str) -> int | None:
+    parts = module.split(".")
+    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else None
 
 
-def test_no_function_is_too_long():
-    long = []
-    for module, path in modules().items():
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                lines = node.end_lineno - node.lineno + 1
-                if lines > MAX_FUNCTION_LINES:
-                    long.append(f"{module}.{node.name} ({lines} lines)")
-    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+def test_every_package_imports_only_the_layers_below_it():
+    known = modules()
+    up = []
+    for module, path in known.items():
+        own = layer(module)
+        for dep in imports(module, path, known):
+            if own is not None and layer(dep) is not None and layer(dep) > own:
+                up.append(f"{module} -> {dep}")
+    assert not up, "imports from a lower layer up:\n" + "\n".join(sorted(up))
+
+
+def test_the_package_is_its_step_packages():
+    top = {p.name for p in PACKAGE.iterdir() if p.suffix == ".py"}
+    assert top == TOP_LEVEL, f"modules outside a step package: {sorted(top - TOP_LEVEL)}"
+    packages = {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert packages <= set(LAYERS), f"packages not in LAYERS: {sorted(packages - set(LAYERS))}"
+
+
+def test_the_layering_test_sees_an_import_up(tmp_path):
+    # the checker itself: a base module importing the CLI is found
+    path = tmp_path / "m.py"
+    path.write_text("from graphrun.cli.main import entry\n")
+    known = {"graphrun.base.m": path, "graphrun.cli.main": path}
+    deps = imports("graphrun.base.m", path, known)
+    assert [d for d in deps if layer(d) > layer("graphrun.base.m")] == ["graphrun.cli.main"]
 
 
 def test_no_import_circle():

@@ -9,13 +9,13 @@ import jsonschema
 import pytest
 from click.testing import CliRunner
 
-from graphrun.cli import main
-from graphrun.sweep import SCHEMA, Variant, mark_pareto, parse_grid, schema_text, variants
+from graphrun.cli.main import main
+from graphrun.experiments.sweep import SCHEMA, Variant, mark_pareto, parse_grid, schema_text, variants
 
 
 def test_the_checked_in_schema_is_current():
     assert SCHEMA.read_text() == schema_text(), (
-        "stale: python3 -c 'from graphrun.sweep import *; SCHEMA.write_text(schema_text())'")
+        "stale: python3 -c 'from graphrun.experiments.sweep import *; SCHEMA.write_text(schema_text())'")
 
 
 def test_grid_parses_yaml_lists_and_rejects_anything_else():

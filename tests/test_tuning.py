@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from graphrun import envs
-from graphrun.errors import GraphrunError
-from graphrun.tuning import Tuning
+from graphrun.base import envs
+from graphrun.base.errors import GraphrunError
+from graphrun.base.tuning import Tuning
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,7 @@ import yaml
 from click.testing import CliRunner
 
 import graphrun
-from graphrun.cli import main
+from graphrun.cli.main import main
 
 # A model of the user's own: a linear scorer that checks its input inside forward (raising
 # for a record whose first value is 50 while the file "broken" sits beside it), and can be

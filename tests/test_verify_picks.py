@@ -4,7 +4,7 @@ few rows may differ; a wrong graph, which changes most rows, still fails."""
 import torch
 
 from graphrun.engine.verify import Tolerance, compare_outputs
-from graphrun.spec import OutputSpec
+from graphrun.spec.keys import OutputSpec
 
 TOL = Tolerance(rtol=1e-3, atol=1e-3, picks=frozenset({"ids"}), picked_rows=0.05)
 

@@ -13,12 +13,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from graphrun.errors import OutputError
-from graphrun.spec import PipelineSpec
-from graphrun import write
-from graphrun.outputs import npy as npy_sink
-from graphrun.tuning import Tuning
-from graphrun.write import ShardWriter, prepare_out_dir, read_journal, sha256_file
+from graphrun.base.errors import OutputError
+from graphrun.spec.keys import PipelineSpec
+from graphrun.write import shards as write
+from graphrun.write.sinks import npy as npy_sink
+from graphrun.base.tuning import Tuning
+from graphrun.write.shards import ShardWriter, prepare_out_dir, read_journal, sha256_file
 
 FP = {"spec_sha256": "a" * 64, "input_sha256": "b" * 64,
       "shards": ["ids.npy", "y.npy", "jsonl", "parquet"]}  # the file names of make_spec's runs
@@ -638,7 +638,7 @@ def test_write_refuses_rows_out_of_order(tmp_path):
 
 
 def test_npy_ids_are_int64_when_every_id_is_an_integer_else_strings():
-    from graphrun.outputs.ids import id_array as _id_array
+    from graphrun.write.sinks.ids import id_array as _id_array
 
     assert _id_array([3, 1, 2]).dtype == np.int64
     assert _id_array([]).dtype == np.int64 and len(_id_array([])) == 0
@@ -754,8 +754,8 @@ def test_write_refuses_indices_that_do_not_increase_within_a_batch(tmp_path):
 
 
 def test_the_input_hash_is_the_files_sha256_and_its_errors_name_the_file(tmp_path):
-    from graphrun.errors import InputError
-    from graphrun.journal import InputHash
+    from graphrun.base.errors import InputError
+    from graphrun.write.journal import InputHash
 
     f = tmp_path / "in.bin"
     f.write_bytes(os.urandom(3 << 20) + b"tail")
@@ -768,7 +768,7 @@ def test_the_input_hash_is_the_files_sha256_and_its_errors_name_the_file(tmp_pat
 def test_stopping_the_input_hash_ends_its_child_at_once(tmp_path):
     import time
 
-    from graphrun.journal import InputHash
+    from graphrun.write.journal import InputHash
 
     fifo = tmp_path / "never-written"
     os.mkfifo(fifo)  # opening it for reading blocks until a writer comes: never

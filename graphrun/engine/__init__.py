@@ -11,6 +11,6 @@
     runner.py   the public Runner: load, capture, run_batch
 """
 
-from .runner import Runner
+from graphrun.engine.runner import Runner
 
 __all__ = ["Runner"]

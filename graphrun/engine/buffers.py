@@ -16,13 +16,8 @@ import warnings
 import numpy as np
 import torch
 
-from ..buckets import Bucket, pad_into
+from graphrun.engine.buckets import Bucket, pad_into
 
-TORCH_DTYPES = {
-    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-    "float64": torch.float64, "int64": torch.int64, "int32": torch.int32, "int16": torch.int16,
-    "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
-}
 
 
 def host_dtype(dtype: torch.dtype) -> torch.dtype:

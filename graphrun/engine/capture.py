@@ -19,12 +19,12 @@ from typing import Callable
 
 import torch
 
-from ..buckets import Bucket
-from ..errors import CaptureError, GraphrunError, ModelError
-from ..phases import phase
-from .lanes import Lane, LaneGraph, Layout
-from .verify import (Tolerance, fill_verify_batch, verify_bucket, verify_real_batch,
-                     verify_remedies)
+from graphrun.engine.buckets import Bucket
+from graphrun.base.errors import CaptureError, GraphrunError, ModelError
+from graphrun.base.phases import phase
+from graphrun.engine.lanes import Lane, LaneGraph, Layout
+from graphrun.engine.verify import (Tolerance, fill_verify_batch, verify_bucket, verify_real_batch,
+                                    verify_remedies)
 
 MiB = 1 << 20
 

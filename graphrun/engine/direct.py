@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from ..buckets import Bucket, cut_rows
-from ..errors import InputError
-from .inputs import ApiBatch
-from .lanes import Lane
-from .launch import Launcher, real_rows
+from graphrun.engine.buckets import Bucket, cut_rows
+from graphrun.base.errors import InputError
+from graphrun.engine.inputs import ApiBatch
+from graphrun.engine.lanes import Lane
+from graphrun.engine.launch import Launcher, real_rows
 
 
 class Views:

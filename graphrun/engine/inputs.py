@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..errors import InputError
-from ..spec import BATCH, FLOAT_DTYPES, InputSpec
+from graphrun.base.errors import InputError
+from graphrun.spec.keys import BATCH, FLOAT_DTYPES, InputSpec
 
 
 @dataclass

@@ -15,12 +15,12 @@ from typing import Callable
 
 import torch
 
-from ..buckets import Bucket
-from ..manifest import VerifyResult
-from .buffers import BufferSet
-from ..errors import ModelError
-from ..models.call import call_model, name_outputs
-from .verify import fill_synthetic
+from graphrun.engine.buckets import Bucket
+from graphrun.manifest.keys import VerifyResult
+from graphrun.engine.buffers import BufferSet
+from graphrun.base.errors import ModelError
+from graphrun.models.call import call_model, name_outputs
+from graphrun.engine.verify import fill_synthetic
 
 
 @dataclass(frozen=True)

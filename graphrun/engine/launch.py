@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..buckets import Bucket, cut_rows
-from ..errors import InputError
-from .buffers import BufferSet
-from .lanes import Lane
-from .timing import BatchTimer, Marks, sampled
+from graphrun.engine.buckets import Bucket, cut_rows
+from graphrun.base.errors import InputError
+from graphrun.engine.buffers import BufferSet
+from graphrun.engine.lanes import Lane
+from graphrun.engine.timing import BatchTimer, Marks, sampled
 
 
 class SlotCopies:

@@ -11,8 +11,8 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from ..buckets import Bucket, BucketTable, split_sizes
-from ..errors import CaptureError, GraphrunError, ModelError
+from graphrun.engine.buckets import Bucket, BucketTable, split_sizes
+from graphrun.base.errors import CaptureError, GraphrunError, ModelError
 
 LOOK_AHEAD = 4  # batches the reader reads ahead, beside the model's build, to decide from
 

@@ -17,25 +17,26 @@ from contextlib import nullcontext
 import numpy as np
 import torch
 
-from ..buckets import Bucket, BucketTable, cut_rows, pad_into, split_sizes
-from ..device import resolve_backend, resolve_device
-from ..device_start import DeviceStart
-from ..errors import GraphrunError, InputError
-from ..manifest import BucketReport, LaneReport
-from ..padding import add_padded_positions
-from ..phases import FIRST_USE, phase
-from ..models.call import call_model, first_call, name_outputs, unlisted_outputs
-from ..models.load import build_model, compile_model, import_library, model_input_dtypes
-from ..spec import BATCH, PipelineSpec
-from .buffers import TORCH_DTYPES, host_dtype
-from .capture import BucketState, Capturer
-from .lazy import first_use_failed
-from .direct import Direct
-from .inputs import check_batch
-from .lanes import Lane, Layout
-from .launch import Launch, Launcher, fresh_rows
-from .timing import median_us
-from .verify import fill_synthetic
+from graphrun.engine.buckets import Bucket, BucketTable, cut_rows, pad_into, split_sizes
+from graphrun.engine.device import resolve_backend, resolve_device
+from graphrun.engine.device_start import DeviceStart
+from graphrun.base.errors import GraphrunError, InputError
+from graphrun.manifest.keys import BucketReport, LaneReport
+from graphrun.engine.padding import add_padded_positions
+from graphrun.base.phases import FIRST_USE, phase
+from graphrun.models.call import call_model, first_call, name_outputs, unlisted_outputs
+from graphrun.models.load import build_model, compile_model, import_library, model_input_dtypes
+from graphrun.spec.keys import BATCH, PipelineSpec
+from graphrun.base.dtypes import torch_dtype
+from graphrun.engine.buffers import host_dtype
+from graphrun.engine.capture import BucketState, Capturer
+from graphrun.engine.lazy import first_use_failed
+from graphrun.engine.direct import Direct
+from graphrun.engine.inputs import check_batch
+from graphrun.engine.lanes import Lane, Layout
+from graphrun.engine.launch import Launch, Launcher, fresh_rows
+from graphrun.engine.timing import median_us
+from graphrun.engine.verify import fill_synthetic
 
 
 class Runner:
@@ -97,7 +98,7 @@ class Runner:
                   for n, d in in_dims.items()}
         fill_synthetic(sample, specs, torch.Generator().manual_seed(0))
         probe = self._probe(probed, sample)
-        out_dtypes = {n: TORCH_DTYPES[o.dtype] if o.dtype else probe[n].dtype
+        out_dtypes = {n: torch_dtype(o.dtype) if o.dtype else probe[n].dtype
                       for n, o in self.spec.outputs.items()}
         return Layout(in_dims, in_dtypes, {n: o.shape for n, o in self.spec.outputs.items()},
                       out_dtypes)
@@ -290,7 +291,7 @@ class Runner:
             for name, spec in self.spec.inputs.items():
                 shape = tuple(sizes[d] if isinstance(d, str) else d for d in spec.shape)
                 # the rows' own (the spec's) dtype, cast once on the way to the model
-                host = torch.empty(shape, dtype=host_dtype(TORCH_DTYPES[spec.dtype])).numpy()
+                host = torch.empty(shape, dtype=host_dtype(torch_dtype(spec.dtype))).numpy()
                 pad_into(host, fields[name], spec.pad)
                 tensors[name] = torch.from_numpy(host).to(self.device, lay.in_dtypes[name])
             got = name_outputs(call_model(self.model, tensors, self.spec.model.call),

@@ -19,9 +19,9 @@ from typing import Callable
 
 import torch
 
-from ..buckets import Bucket
-from ..manifest import BatchCheck, VerifyResult
-from ..spec import FLOAT_DTYPES, InputSpec, allowed_picks
+from graphrun.engine.buckets import Bucket
+from graphrun.manifest.keys import BatchCheck, VerifyResult
+from graphrun.spec.keys import FLOAT_DTYPES, InputSpec, allowed_picks
 
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 ULP_SLACK = 2

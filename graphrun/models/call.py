@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphrun.errors import ModelError
+from graphrun.base.errors import ModelError
 
 
 def unlisted_outputs(ret: Any, names: list[str]) -> list[str]:

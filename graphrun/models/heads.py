@@ -12,12 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graphrun.errors import ModelError
-from graphrun.spec import OutputSpec, PipelineSpec
+from graphrun.base.dtypes import torch_dtype
+from graphrun.base.errors import ModelError
+from graphrun.spec.keys import OutputSpec, PipelineSpec
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-           "float64": torch.float64, "int64": torch.int64, "int32": torch.int32,
-           "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool}
 
 
 def needs_heads(spec: PipelineSpec) -> bool:
@@ -50,7 +48,7 @@ class Heads(nn.Module):
                 values, ids = torch.topk(x, o.topk.k, dim=-1)
                 x = ids if o.topk.take == "ids" else values
             if o.dtype is not None and o.reduced:
-                x = x.to(_DTYPES[o.dtype])
+                x = x.to(torch_dtype(o.dtype))
             out[name] = x
         return out
 

@@ -13,9 +13,9 @@ from typing import Any
 
 from torch import nn
 
-from graphrun.errors import ModelError
-from graphrun.hf_paths import resolve_path
-from graphrun.phases import LIBRARY_IMPORTS, phase
+from graphrun.base.errors import ModelError
+from graphrun.spec.paths import resolve_path
+from graphrun.base.phases import LIBRARY_IMPORTS, phase
 
 EXTRA = 'pip install "graphrun[hf]"'
 

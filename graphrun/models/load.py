@@ -18,20 +18,20 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from graphrun.errors import ModelError
+from graphrun.base.dtypes import torch_dtype
+from graphrun.base.errors import ModelError
 from graphrun.models.call import describe
-from graphrun.models.decoder import build_decoder
+from graphrun.models.builtin.decoder import build_decoder
 from graphrun.models.heads import Heads, needs_heads
 from graphrun.models.hf import load_hf
 from graphrun.models.vision import load_timm
-from graphrun.models.mlp import build_mlp
-from graphrun.phases import LIBRARY_IMPORTS, phase
-from graphrun.spec import BATCH, PipelineSpec
+from graphrun.models.builtin.mlp import build_mlp
+from graphrun.base.phases import LIBRARY_IMPORTS, phase
+from graphrun.spec.keys import BATCH, PipelineSpec
 
 # name -> builder(**args) -> nn.Module. The spec checker lists these names.
 BUILTINS: dict[str, Callable[..., nn.Module]] = {"mlp": build_mlp, "decoder": build_decoder}
 
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def build_model(spec: PipelineSpec, device: torch.device,
@@ -50,14 +50,14 @@ def build_model(spec: PipelineSpec, device: torch.device,
     if m.builtin is not None:
         model = _build_builtin(m.builtin, m.args, spec.max_size(BATCH),
                                torch.device("meta") if empty else device,
-                               TORCH_DTYPES[m.dtype])
+                               torch_dtype(m.dtype))
     elif m.target is not None:
         model = _build(f"model.target {m.target!r}", _resolve_target(m.target, base_dir),
                        m.args, spec.max_size(BATCH), wrap=(Exception,), empty=empty)
     elif m.exported is not None:
         model = _load_exported(m.exported, device)
     elif m.hf is not None:
-        model = load_hf(m.hf, base_dir, TORCH_DTYPES[m.dtype])
+        model = load_hf(m.hf, base_dir, torch_dtype(m.dtype))
     elif m.timm is not None:
         with params_on_meta(empty):
             model = load_timm(m.timm)
@@ -68,7 +68,7 @@ def build_model(spec: PipelineSpec, device: torch.device,
         with phase("weights load"):
             _load_weights(model, m.weights, device)
     with phase("to device"):
-        model = model.to(device=device, dtype=TORCH_DTYPES[m.dtype])
+        model = model.to(device=device, dtype=torch_dtype(m.dtype))
     # An exported program's train/eval mode is fixed at export; .eval() raises on it.
     if m.exported is None:
         model.eval()
@@ -96,10 +96,9 @@ def model_input_dtypes(spec: PipelineSpec) -> dict[str, torch.dtype]:
     """The dtype the model is called with, and its static input buffer holds, per input: a
     floating input (float32 in the file, say) in model.dtype, so that float16 or bfloat16
     weights meet inputs of their own dtype; integer and bool inputs as the spec says."""
-    from graphrun.engine.buffers import TORCH_DTYPES as ALL_DTYPES
-    from graphrun.spec import FLOAT_DTYPES
+    from graphrun.spec.keys import FLOAT_DTYPES
 
-    return {n: TORCH_DTYPES[spec.model.dtype] if i.dtype in FLOAT_DTYPES else ALL_DTYPES[i.dtype]
+    return {n: torch_dtype(spec.model.dtype) if i.dtype in FLOAT_DTYPES else torch_dtype(i.dtype)
             for n, i in spec.inputs.items()}
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from graphrun.errors import ModelError
-from graphrun.phases import LIBRARY_IMPORTS, phase
+from graphrun.base.errors import ModelError
+from graphrun.base.phases import LIBRARY_IMPORTS, phase
 
 EXTRA = 'pip install "graphrun[vision]"'
 

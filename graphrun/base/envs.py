@@ -1,0 +1,54 @@
+"""Every GRAPHRUN_* environment variable graphrun reads: its default and what it means.
+
+A variable unset or empty takes its default. Read through get() and integer(), which refuse
+names not listed here, so this table stays the whole list.
+"""
+
+from __future__ import annotations
+
+import os
+
+from graphrun.base.errors import GraphrunError
+
+# name -> (default, meaning)
+VARIABLES: dict[str, tuple[str, str]] = {
+    "GRAPHRUN_OVERLAP": (
+        "auto", "the streaming path: on (threads side by side), off (serial), measure (trial "
+                "both, keep the faster), auto (on for CUDA, measure on the CPU)"),
+    "GRAPHRUN_PARQUET_THREADS": (
+        "cores - 4, 2 to 12", "threads decoding Parquet row groups at once"),
+    "GRAPHRUN_JSONL_WORKERS": (
+        "cores - 4, at most 8; 0 under 6 cores", "child processes parsing JSONL blocks"),
+    "GRAPHRUN_ROW_WRITERS": (
+        "cores, at most 4", "threads writing the rows of big npy output batches"),
+    "GRAPHRUN_ROW_POOL_BYTES": (
+        "1048576", "npy output batches of at least this many bytes go to those threads"),
+    "GRAPHRUN_SLOW_EXIT": (
+        "0", "1: the command line exits through the interpreter's teardown (exit hooks, module "
+             "cleanup) instead of ending the process once its work is done and flushed"),
+    "GRAPHRUN_JOB_PARENT": (
+        "", "set by `graphrun run --gpus N` in the worker processes it starts: its pid (it "
+            "prepared the output folder and merges the workers' manifests)"),
+}
+
+
+def get(name: str, environ=None) -> str:
+    """The variable's value, stripped; "" where unset (its default applies)."""
+    if name not in VARIABLES:
+        raise KeyError(f"{name} is not listed in graphrun/base/envs.py")
+    return (os.environ if environ is None else environ).get(name, "").strip()
+
+
+def integer(name: str, default: int, minimum: int = 0, environ=None) -> int:
+    """The variable as an integer of at least `minimum`, else `default` where unset."""
+    text = get(name, environ)
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise GraphrunError(f"{name}={text!r} is not an integer of at least {minimum}; set one "
+                            "or unset it")
+    return value

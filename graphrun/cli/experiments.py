@@ -1,0 +1,143 @@
+"""The experiment verbs of the command line: plan, compare, report, sweep and bench, registered
+on cli.main's group."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from graphrun.cli.errors import debug_option, fail
+from graphrun.base.errors import GraphrunError
+
+
+@click.command()
+@click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--max-graphs", type=click.IntRange(min=1), default=8, show_default=True,
+              help="At most this many graphs in total (product of the lists' lengths).")
+@click.option("--sample", type=click.IntRange(min=1), default=None,
+              help="Plan from a uniform sample of about N records (whole batches).")
+@click.option("--multiple-of", "multiples", multiple=True, metavar="AXIS=M",
+              help="Values of AXIS must be multiples of M, e.g. seq=8 (repeatable).")
+@click.option("--write", is_flag=True, help="Write the planned lists into SPEC (comments kept).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a spec key before reading (repeatable).")
+@debug_option
+def plan(spec, max_graphs, sample, multiples, write, overrides) -> None:
+    """Choose bucket lists from SPEC's data that minimise padded work."""
+    from graphrun.experiments.plan_table import run_plan
+
+    try:
+        run_plan(spec, overrides, max_graphs, sample, multiples, write, click.echo)
+    except GraphrunError as err:
+        fail(err)
+
+
+@click.command()
+@click.argument("a", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("b", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+@debug_option
+def compare(a, b, as_json) -> None:
+    """Two run folders side by side: spec difference, latency per bucket, totals, outputs."""
+    import json
+
+    from rich.console import Console
+
+    from graphrun.experiments.compare import compare as compare_runs, print_compare
+
+    try:
+        result = compare_runs(a, b)
+    except GraphrunError as err:
+        fail(err)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    else:
+        print_compare(result, Console(width=120))
+
+
+@click.command()
+@click.argument("dirs", nargs=-1, required=True,
+                type=click.Path(file_okay=False, path_type=Path))
+@click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path("report.html"), show_default=True, help="The HTML file to write.")
+@debug_option
+def report(dirs, out) -> None:
+    """One self-contained HTML page of charts from run folders (compared) or a sweep folder."""
+    from graphrun.experiments.report import write_report
+
+    try:
+        click.echo(f"wrote {write_report(list(dirs), out)}")
+    except GraphrunError as err:
+        fail(err)
+
+
+@click.command()
+@click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--grid", "grids", multiple=True, metavar="KEY=[V1,V2,...]",
+              help="A spec key and the values to try (repeatable; every combination runs).")
+@click.option("--stop", type=click.IntRange(min=1), default=None,
+              help="Each variant runs on the first N records.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="The sweep's folder: one subfolder per variant, sweep.json.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a spec key in every variant (repeatable).")
+@debug_option
+def sweep(spec, grids, stop, out, overrides) -> None:
+    """Run every combination of the grid as a spec variant, side by side."""
+    from rich.console import Console
+
+    from graphrun.experiments.sweep import parse_grid, sweep as run_sweep
+    from graphrun.experiments.sweep_report import sweep_table
+
+    try:
+        result = run_sweep(spec, parse_grid(grids), out, stop=stop, base=list(overrides),
+                           echo=lambda msg: click.echo(msg, err=True))
+    except GraphrunError as err:
+        fail(err)
+    Console(width=160).print(sweep_table(result))
+    click.echo(f"-> {out}/sweep.json; charts: graphrun report {out}")
+
+
+@click.command()
+@click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--iters", type=click.IntRange(min=1), default=50, show_default=True,
+              help="Timed steps per bucket and mode.")
+@click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True,
+              help="Untimed steps per bucket and mode before timing.")
+@click.option("--compile", "with_compile", is_flag=True,
+              help="Also model.compile: true and torch.compile reduce-overhead (GPU).")
+@click.option("--records", type=click.IntRange(min=1), default=None,
+              help="Inputs from the first N real records (default: synthetic).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Folder for bench.json (default: the spec's output.dir/bench).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a spec key (repeatable).")
+@debug_option
+def bench(spec, iters, warmup, with_compile, records, out, overrides) -> None:
+    """Time every bucket: eager, graph replay (and compiled), with speedups; no outputs."""
+    from rich.console import Console
+
+    from graphrun.experiments.bench import bench as run_bench, bench_table
+    from graphrun.spec.load import load_spec
+
+    try:
+        pipeline = load_spec(spec, overrides)
+        if pipeline.auto_axes:
+            from graphrun.plan.auto import resolve_auto
+
+            pipeline = resolve_auto(pipeline)[0]
+        result = run_bench(pipeline, iters=iters, warmup=warmup, compile=with_compile,
+                           records=records, log=lambda msg: click.echo(msg, err=True))
+    except GraphrunError as err:
+        fail(err)
+    dest = Path(out or pipeline.output.dir / "bench")
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "bench.json").write_text(result.model_dump_json(indent=2) + "\n")
+    Console(width=140).print(bench_table(result))
+    for note in result.notes:
+        click.echo(f"note: {note}")
+    click.echo(f"-> {dest}/bench.json")
+
+
+EXPERIMENT_COMMANDS = (plan, compare, report, sweep, bench)

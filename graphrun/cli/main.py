@@ -1,0 +1,373 @@
+"""The command line: a thin layer over the Python API.
+
+A user error (GraphrunError) prints one message and exits non-zero, without a traceback unless
+--debug is given (cli_errors.py); anything else is a bug in graphrun and keeps its traceback.
+This module holds the group and the verbs of a run (run, validate, schema, init); the experiment
+verbs are cli_experiments.py's.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+import click
+
+from graphrun.base import phases  # first: its import is graphrun's first clock (phases.FIRST_CLOCK)
+from graphrun.base.version import __version__
+from graphrun.base.errors import debugging
+from graphrun.cli.errors import debug_option, exit_quietly, fail
+from graphrun.cli.experiments import EXPERIMENT_COMMANDS
+from graphrun.base.errors import GraphrunError, Interrupted
+from graphrun.scale.local.world import World
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="graphrun")
+@debug_option
+def main() -> None:
+    """graphrun: run PyTorch inference through CUDA Graphs, driven by one YAML file."""
+
+
+for experiment in EXPERIMENT_COMMANDS:  # plan, compare, report, sweep, bench
+    main.add_command(experiment)
+
+
+def entry() -> None:
+    """The console script and `python -m graphrun`: main, then an exit without the
+    interpreter's teardown where that is safe (fast_exit.py); tests call main itself."""
+    from graphrun.cli.fast_exit import finish
+
+    try:
+        main(standalone_mode=True)
+    except SystemExit as done:
+        finish(done.code)
+        raise
+
+
+def check_ray_options(use_ray: bool, address, workers, start: int, stop, gpus) -> None:
+    if not use_ray and (address or workers):
+        fail(GraphrunError("--address and --workers go with --ray; add --ray"))
+    if use_ray and (start or stop is not None):
+        fail(GraphrunError("--start and --stop do not go with --ray: Ray reads the whole input"))
+    if use_ray and gpus is not None:
+        fail(GraphrunError("--gpus and --ray are two ways to scale out: --gpus N for the GPUs "
+                           "of this host, --ray for a Ray cluster (its actors take a GPU each)"))
+
+
+@main.command()
+@debug_option
+@click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a spec key, e.g. --set capture.warmup_iters=5 (repeatable).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Output folder (default: the spec's output.dir).")
+@click.option("--resume", is_flag=True, help="Continue an interrupted run in the output folder.")
+@click.option("--overwrite", is_flag=True, help="Replace graphrun's files in the output folder.")
+@click.option("--accept-model-change", is_flag=True,
+              help="With --resume: go on although a model file (weights, archive, target "
+                   "source) changed, for a change that does not alter outputs (a fix).")
+@click.option("--start", type=click.IntRange(min=0), default=0,
+              help="First input record to read (for one slice per process).")
+@click.option("--stop", type=click.IntRange(min=0), default=None,
+              help="Input record to stop before.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary table.")
+@click.option("--report", "with_report", is_flag=True,
+              help="Also write report.html (charts) beside manifest.json.")
+@click.option("--gpus", metavar="N|all", default=None,
+              help="One worker process per GPU, each on its share of the records, into one "
+                   "output folder (with device: cpu, N CPU worker processes). --start/--stop "
+                   "select the records the workers share.")
+@click.option("--ray", "use_ray", is_flag=True,
+              help='Run on a Ray cluster through Ray Data (needs pip install "graphrun[ray]").')
+@click.option("--address", default=None, metavar="ADDR",
+              help="With --ray: the cluster to join (default: RAY_ADDRESS, else a local one).")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="With --ray: actors in the pool (default: one per GPU; on CPUs, all but one).")
+def run(spec, overrides, out, resume, overwrite, accept_model_change, start, stop, quiet,
+        with_report, gpus, use_ray, address, workers) -> None:
+    """Run SPEC: read its input, replay every batch, write outputs and manifest.json."""
+    clock = phases.PhaseClock()  # the manifest's phases, from the process's start
+    with clock.active(), clock.phase(phases.IMPORTS):
+        from graphrun.spec.load import load_spec  # no torch: a spec's errors are found before it
+
+    if resume and overwrite:
+        fail(GraphrunError("--resume and --overwrite contradict each other: pick one"))
+    check_ray_options(use_ray, address, workers, start, stop, gpus)
+    show = not quiet  # a progress bar on a terminal, else a line every few seconds (logs, CI)
+    try:
+        with clock.active(), clock.phase("spec"):
+            pipeline = load_spec(spec, overrides)
+        import_engine(pipeline, clock, alone=gpus is None and not use_ray)
+        manifest = _run(pipeline, spec, overrides, gpus, (use_ray, address, workers), clock,
+                        out=out, resume=resume, overwrite=overwrite, show=show, start=start,
+                        stop=stop, accept_model_change=accept_model_change)
+        if manifest is None:  # a worker of a job that another process watches: quiet
+            return
+    except KeyboardInterrupt:  # SIGINT before the run took over its signals (loading the spec)
+        exit_quietly()
+        click.echo("graphrun: interrupted by SIGINT before the run started; nothing was "
+                   "written", err=True)
+        sys.exit(128 + signal.SIGINT)
+    except Interrupted as err:
+        exit_quietly()
+        click.echo(f"graphrun: {err}", err=True)
+        sys.exit(err.exit_code)
+    except GraphrunError as err:
+        exit_quietly()
+        fail(err)
+    else:
+        exit_quietly()
+        t = manifest.totals
+        dest = out or pipeline.output.dir
+        if manifest.already_complete:
+            click.echo(f"already complete: {t.records_out} records out, {t.records_rejected} "
+                       f"rejected -> {dest}/manifest.json; nothing to resume")
+            return
+        if not quiet:
+            click.echo(f"{manifest.status}: {t.records_out} records out, {t.records_rejected} "
+                       f"rejected, {t.batches} batches, {t.records_per_s:,.0f} records/s "
+                       f"-> {dest}/manifest.json")
+        if with_report:
+            from graphrun.experiments.report import write_report
+
+            try:
+                written = write_report([Path(dest)], Path(dest) / "report.html")
+            except GraphrunError as err:
+                fail(err)
+            if not quiet:
+                click.echo(f"report -> {written}")
+        if manifest.status == "completed" and t.records_rejected and not t.records_out:
+            # nothing came out: a script's next step must not take that for success
+            click.echo(f"graphrun: every record ({t.records_rejected}) was rejected; see "
+                       f"{dest}/rejects.jsonl", err=True)
+            sys.exit(1)
+
+
+def import_engine(pipeline, clock, alone: bool) -> None:
+    """torch and the engine, timed as imports. For a run in this process alone (no --gpus,
+    --ray or torchrun), its device starts on a thread first, beside them (device_start.py)."""
+    with clock.active(), clock.phase(phases.IMPORTS):
+        from graphrun.engine.device_start import DeviceStart  # torch
+
+        if alone and World.from_env() is None:
+            DeviceStart.begin(pipeline)
+        from graphrun.job.spine import run as _  # noqa: F401
+
+
+def _run(pipeline, spec: Path, overrides, gpus: str | None, ray, clock, **ask):
+    """One process's run, a job of several workers (--gpus, or WORLD_SIZE set: torchrun), or
+    a Ray Data job (--ray). clock: the process's phases so far (one process's manifest)."""
+    use_ray, address, workers = ray
+    if use_ray:
+        from graphrun.scale.ray.run import run_ray
+
+        return run_ray(pipeline, address=address, workers=workers,
+                       **{k: ask[k] for k in ("out", "overwrite", "resume", "show")})
+
+    world = World.from_env()
+    if gpus is None and world is None:
+        from graphrun.job.spine import run as run_pipeline
+
+        return run_pipeline(pipeline, clock=clock, **ask)
+    from graphrun.scale.local.command import run_job
+
+    return run_job(pipeline, spec, overrides, gpus=gpus, world=world, **ask)
+
+
+@main.command()
+@debug_option
+@click.argument("specs", nargs=-1, required=True,
+                type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a spec key before validating (repeatable).")
+@click.option("--load", is_flag=True,
+              help="Also build the model and call it once per bucket, eagerly, on sample "
+              "inputs (with the padding check): finds argument names, dtypes and shapes that "
+              "do not fit the model before a long run. Reads no data, writes nothing.")
+def validate(specs, overrides, load) -> None:
+    """Check SPEC files: one line per file, every error with file:line:col."""
+    from graphrun.spec.load import load_spec
+
+    failed = 0
+    for path in specs:
+        try:
+            spec = load_spec(path, overrides)
+            if load:
+                click.echo(f"{path}: ok (model built, called on each of {_load(spec)} buckets)")
+            else:
+                click.echo(f"{path}: ok")
+        except GraphrunError as err:
+            if debugging():
+                raise
+            failed += 1
+            click.echo(f"{path}: invalid\n{err}", err=True)
+    sys.exit(1 if failed else 0)
+
+
+def _load(spec) -> int:
+    """Build the spec's model and run each bucket once eagerly (the Runner's setup with the
+    eager backend: one call per bucket, then verify's replay and padding checks)."""
+    from graphrun.engine import Runner
+
+    spec = spec.model_copy(deep=True)
+    spec.capture.backend = "eager"
+    spec.capture.lazy = False  # every bucket checked now, not on a first use that never comes
+    spec.report.baseline = "none"
+    with Runner(spec, log=lambda msg: click.echo(msg, err=True)
+                if msg.startswith("warning:") else None) as runner:
+        return len(runner.states)
+
+
+@main.command()
+@debug_option
+@click.argument("kind", type=click.Choice(["pipeline", "manifest", "all"]), required=False)
+@click.option("--check", is_flag=True, help="Exit 1 if the written schemas are stale.")
+@click.option("--stdout", "to_stdout", is_flag=True,
+              help="Print one schema (pipeline unless named) instead of writing files.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Write (or --check) KIND.schema.json in this folder, nothing else.")
+def schema(kind, check, to_stdout, out) -> None:
+    """Print a JSON schema (--stdout), write it where --out says, or, run from inside a graphrun
+    source checkout, rewrite (or --check) its schemas/ and its README's spec reference."""
+    from graphrun.manifest.schema import render
+
+    if to_stdout:
+        if kind == "all":
+            fail(GraphrunError("--stdout prints one schema: name pipeline or manifest"))
+        click.echo(render(kind or "pipeline"), nl=False)
+        return
+    kinds = ("pipeline", "manifest") if kind in (None, "all") else (kind,)
+    targets = _schema_targets(kinds, out)
+    stale = []
+    for path, text in targets:
+        if check:
+            if (path.read_text() if path.is_file() else None) != text:
+                stale.append(str(path))
+            continue
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        except OSError as err:
+            fail(GraphrunError(f"cannot write {path}: {err.strerror or err}"))
+        click.echo(f"wrote {path}")
+    if stale:
+        click.echo("stale schema(s): " + ", ".join(stale) + "; run `graphrun schema` and commit",
+                   err=True)
+        sys.exit(1)
+    if check:
+        click.echo("schemas are current")
+
+
+def _schema_targets(kinds, out: Path | None) -> list[tuple[Path, str]]:
+    """(file, text) to write: in --out, or in the checkout the working directory is in."""
+    from graphrun.manifest.schema import (checkout_root, path_of, readme_with_reference, render,
+                                          runs_from)
+
+    if out is not None:
+        return [(path_of(k, out), render(k)) for k in kinds]
+    root = checkout_root(Path.cwd())
+    if root is None:
+        fail(GraphrunError(
+            f"{Path.cwd()} is not inside a graphrun source checkout, whose schemas/ and README "
+            "this would rewrite: to write the schemas here, pass --out . ; to print one, "
+            "--stdout (e.g. graphrun schema --stdout > pipeline.schema.json)"))
+    if not runs_from(root):
+        import graphrun
+
+        fail(GraphrunError(
+            f"the graphrun running ({Path(graphrun.__file__).parent}) is not the checkout's "
+            f"({root / 'graphrun'}), so its schemas would not describe that code: run "
+            f"`python3 -m graphrun schema` from {root}, or pass --out"))
+    targets = [(path_of(k, root / "schemas"), render(k)) for k in kinds]
+    readme = root / "README.md"
+    if "pipeline" in kinds and readme.is_file():
+        targets.append((readme, readme_with_reference(readme.read_text())))
+    return targets
+
+
+@main.command()
+@debug_option
+@click.option("--model", "target", metavar="FILE.py:CALLABLE",
+              help="The model's builder: 'file.py:build' or 'package.module:build'.")
+@click.option("--builtin", metavar="NAME", help="A model shipped in graphrun (mlp, decoder).")
+@click.option("--hf", metavar="DIR", help="A Hugging Face model folder (or a hub cache name) "
+              "over a text file: embedding, next-token top-k or class by its config.json; "
+              "needs graphrun[hf].")
+@click.option("--arg", "args", multiple=True, metavar="KEY=VALUE",
+              help="An argument for the builder, YAML-typed (repeatable): --arg vocab=1000.")
+@click.option("--data", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="The input file: .jsonl, .npy, .npz or .parquet.")
+@click.option("-o", "--output", "spec_path", default="pipeline.yaml", show_default=True,
+              type=click.Path(dir_okay=False, path_type=Path), help="The spec to write.")
+@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="The spec's output.dir (default: runs/NAME beside the spec).")
+@click.option("--name", help="The pipeline's name (default: from the model).")
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True,
+              help="data.batch_size; batch buckets are the powers of two below it, and it.")
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]),
+              default="float32", show_default=True, help="model.dtype.")
+@click.option("--id-field", help="The field holding record ids (default: guessed by name).")
+@click.option("--sample", type=click.IntRange(min=1), default=10000, show_default=True,
+              help="Records read to learn the inputs.")
+@click.option("--force", is_flag=True, help="Replace the spec file if it exists.")
+def init(target, builtin, hf, args, data, spec_path, out_dir, name, batch_size, dtype,
+         id_field, sample, force) -> None:
+    """Write a spec for your model and data: inputs from the file, outputs from calling the
+    model once, buckets from the records' sizes; prints what to check."""
+    from graphrun.init.infer import init as init_spec
+    from graphrun.init.hf import init_hf
+
+    common = dict(data=data, spec_path=spec_path, out_dir=out_dir, name=name,
+                  batch_size=batch_size, sample=sample, id_field=id_field, dtype=dtype,
+                  force=force)
+    try:
+        if hf is None:
+            found = init_spec(target=target, builtin=builtin, args=_builder_args(args),
+                              **common)
+        elif target or builtin or args:
+            raise GraphrunError("--hf takes the model from its folder: leave out --model, "
+                                "--builtin and --arg")
+        else:
+            found = init_hf(hf=hf, **common)
+    except GraphrunError as err:
+        fail(err)
+    click.echo(_init_report(found, spec_path))
+
+
+def _builder_args(pairs) -> dict:
+    import yaml
+
+    args = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            fail(GraphrunError(f"--arg {pair!r}: expected KEY=VALUE, e.g. --arg vocab=1000"))
+        try:
+            args[key] = yaml.safe_load(value)
+        except yaml.YAMLError as err:
+            fail(GraphrunError(f"--arg {pair!r}: the value is not YAML: {err}"))
+    return args
+
+
+def _init_report(found, spec_path: Path) -> str:
+    p = found.profile
+    lines = [f"wrote {spec_path} (and {found.schema_path.name} beside it, for editors)",
+             f"read {p.sampled} records of {p.path.name}"
+             + (f" (of {p.records})" if p.records else "")
+             + (f"; ids: {p.id_field}" if p.id_field else "; no id field")]
+    for n, f in found.inputs.items():
+        lines.append(f"  input  {n}: [batch, {', '.join(map(str, f.dims))}] {f.dtype}".replace(
+            ", ]", "]"))
+    for n, (dims, dtype) in found.outputs.items():
+        lines.append(f"  output {n}: [{', '.join(map(str, dims))}] {dtype}")
+    for axis, values in found.buckets.items():
+        lines.append(f"  buckets.{axis}: {values}")
+    lines.append(f"  call ({found.call}): model("
+                 + ", ".join(f"{n}=..." if found.call == "keyword" else n for n in found.inputs)
+                 + ")")
+    lines.append("check:")
+    lines += [f"  - {c}" for c in found.checks]
+    lines.append(f"next: graphrun validate {spec_path} && graphrun run {spec_path}")
+    return "\n".join(lines)

@@ -1,0 +1,168 @@
+"""Shape buckets: one graph per combination of the axes' values; picking and padding to one.
+
+A bucket is a tuple of sizes in axis order (batch first), e.g. (8,) or (8, 64). A batch of
+records goes to the smallest bucket that covers it on every axis: `bisect` per axis, as the
+axes are independent.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from graphrun.base.errors import InputError, Problem, SpecError
+from graphrun.spec.keys import BATCH, PipelineSpec
+
+
+@dataclass(frozen=True, order=True)
+class Bucket:
+    sizes: tuple[int, ...]  # in axis order, batch first
+    axes: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        # Buckets key the per-batch lookups (states, views, copies): hash once, not per lookup.
+        object.__setattr__(self, "_hash", hash((self.sizes, self.axes)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    @property
+    def batch(self) -> int:
+        return self.sizes[0]
+
+    def size(self, axis: str) -> int:
+        return self.sizes[self.axes.index(axis)]
+
+    def shape(self, dims: list) -> tuple[int, ...]:
+        """Concrete shape of a buffer whose spec shape is `dims` (names and ints)."""
+        return tuple(self.size(d) if isinstance(d, str) else d for d in dims)
+
+    @property
+    def name(self) -> str:
+        return ",".join(f"{a}={s}" for a, s in zip(self.axes, self.sizes))
+
+    @property
+    def volume(self) -> int:
+        return int(np.prod(self.sizes))
+
+
+class BucketTable:
+    """The buckets still in use (a memory budget or a failed capture can drop some)."""
+
+    def __init__(self, spec: PipelineSpec):
+        if spec.auto_axes:  # graphrun.run plans them; a Runner built directly cannot guess
+            raise SpecError([Problem(str(spec._source or "spec"), "buckets", (
+                f"{', '.join(spec.auto_axes)}: auto must be planned before a Runner is built: "
+                "spec = graphrun.plan.auto.resolve_auto(spec)[0], or give the values"))])
+        self.axes = tuple(spec.axes)
+        self.values = {a: list(spec.buckets[a]) for a in self.axes}
+        self.all = sorted((Bucket(s, self.axes) for s in
+                           itertools.product(*(self.values[a] for a in self.axes))),
+                          key=lambda b: b.sizes, reverse=True)  # largest first
+        self.dropped: set[Bucket] = set()
+        self._picked: dict[tuple, Bucket | None] = {}  # the hot path asks the same few questions
+        self.max_batch = max(b.batch for b in self.all)  # of the active buckets; drop() updates
+
+    @property
+    def active(self) -> list[Bucket]:
+        return [b for b in self.all if b not in self.dropped]
+
+    def drop(self, bucket: Bucket) -> None:
+        self.dropped.add(bucket)
+        self._picked.clear()
+        self.max_batch = max((b.batch for b in self.active), default=0)
+
+    def pick(self, n: int, lengths: dict[str, int]) -> Bucket | None:
+        """Smallest active bucket with batch >= n and every other axis >= its length."""
+        want = (n,) + tuple(lengths.get(a, 1) for a in self.axes[1:])
+        if want not in self._picked:
+            self._picked[want] = self._smallest_covering(want)
+        return self._picked[want]
+
+    def _smallest_covering(self, want: tuple[int, ...]) -> Bucket | None:
+        best = None
+        for b in self.active:
+            if all(s >= w for s, w in zip(b.sizes, want)):
+                if best is None or (b.volume, b.sizes) < (best.volume, best.sizes):
+                    best = b
+        return best
+
+    def smallest_cover(self, axis: str, length: int) -> int | None:
+        values = self.values[axis]
+        i = bisect.bisect_left(values, length)
+        return values[i] if i < len(values) else None
+
+
+def split_sizes(n: int, largest: int) -> list[int]:
+    """Oversize 'split': a batch of n records as chunks of the largest batch bucket."""
+    return [min(largest, n - start) for start in range(0, n, largest)]
+
+
+def pad_into(dst: np.ndarray, rows: np.ndarray | list[np.ndarray], pad: float) -> None:
+    """Write real rows into the bucket-shaped host array `dst` and pad everything else.
+
+    dst: [B_bucket, *bucket dims]; rows: dense [n, *dims<=bucket] or n per-record arrays.
+    """
+    n = len(rows)
+    if isinstance(rows, np.ndarray) and rows.shape[1:] == dst.shape[1:]:
+        dst[:n] = rows  # dense and already bucket-shaped: one copy, the common npy case
+        if n < dst.shape[0]:
+            dst[n:] = pad
+        return
+    dst[...] = pad
+    for i, row in enumerate(rows):
+        dst[(i,) + tuple(slice(0, s) for s in np.shape(row))] = row
+
+
+def cut_rows(rows: np.ndarray, dims: list, lengths: dict[str, np.ndarray]
+             ) -> np.ndarray | list[np.ndarray]:
+    """Real outputs: `rows` holds the batch's n real rows (a fresh array, not the staging
+    buffer); each record is cut back to its own length on every non-batch named axis.
+    Dense (as given) when the output has no such axis, else a list of per-record views."""
+    ragged = [(i, d) for i, d in enumerate(dims) if i > 0 and isinstance(d, str) and d != BATCH]
+    if not ragged:
+        return rows
+    out = []
+    for r in range(len(rows)):
+        idx = [r] + [slice(None)] * (len(dims) - 1)
+        for i, axis in ragged:
+            idx[i] = slice(0, int(lengths[axis][r]))
+        out.append(rows[tuple(idx)])
+    return out
+
+
+def rows_from_inputs(inputs: dict, specs: dict, axes: tuple[str, ...]):
+    """The Python API's batch -> (fields, n, lengths), checked as the reader checks records:
+    the names, one record count, and integer ranges (an out-of-range index on the GPU kills
+    the CUDA context). inputs: name -> dense array/tensor [n, ...] or n per-record arrays."""
+    if len(inputs) != len(specs) or not all(name in inputs for name in specs):
+        missing, extra = set(specs) - set(inputs), set(inputs) - set(specs)
+        raise InputError(f"run_batch expects inputs {list(specs)}; missing {sorted(missing)}, "
+                         f"unknown {sorted(extra)}")
+    fields, counts = {}, set()
+    lengths: dict[str, list[int]] = {a: [] for a in axes[1:]}
+    for name, spec in specs.items():
+        value = inputs[name]
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu()
+            value = value.float().numpy() if value.dtype == torch.bfloat16 else value.numpy()
+        rows = value if isinstance(value, np.ndarray) else [np.asarray(r) for r in value]
+        fields[name] = rows
+        counts.add(len(rows))
+        for i, dim in enumerate(spec.shape[1:], start=1):
+            if isinstance(dim, str) and not lengths[dim]:
+                lengths[dim] = [np.shape(r)[i - 1] for r in rows]
+        if spec.range is not None and len(rows):
+            lo, hi = spec.range
+            flat = rows if isinstance(rows, np.ndarray) else np.concatenate(
+                [np.ravel(r) for r in rows])
+            if flat.size and (flat.min() < lo or flat.max() >= hi):
+                raise InputError(f"input {name!r} holds values outside its range [{lo:g}, "
+                                 f"{hi:g}) (min {flat.min()}, max {flat.max()})")
+    if len(counts) != 1:
+        raise InputError(f"run_batch inputs disagree on the number of records: {counts}")
+    return fields, counts.pop(), {a: np.asarray(v, dtype=np.int64) for a, v in lengths.items()}

@@ -1,0 +1,1 @@
+"""The experiment verbs: plan's table, bench, sweep, compare, report."""

@@ -1,0 +1,277 @@
+"""`graphrun compare A B`: two run folders side by side, from their manifest.json and outputs
+(or two bench folders: step latency per bucket and mode).
+
+The spec difference as key paths, per-bucket latency ratios (B over A), the totals, and whether
+the outputs are equal: by sha256 when both runs wrote the same files, else value by value over
+the records both hold (A's outputs are held in memory, keyed by record id).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from graphrun.base.errors import InputError
+from graphrun.spec.keys import VerifySpec, allowed_picks
+
+TOTALS = ("records_out", "batches", "records_per_s", "wall_s", "setup_s", "stream_s",
+          "capture_s", "capture_memory_bytes", "padding_ratio")
+
+
+def load_manifest(folder: Path) -> dict:
+    path = Path(folder) / "manifest.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InputError("no manifest.json: not a run folder (run `graphrun run` into it "
+                         "first)", where=str(folder)) from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"unreadable manifest.json: {exc}", where=str(path)) from None
+
+
+def bucket_verified(bucket: dict) -> bool | None:
+    """A manifest bucket's verification: True when every lane's graph passed, None where none
+    was checked (capture.verify off, a skipped bucket)."""
+    lanes = bucket.get("lanes")
+    checks = [lane["verify"] for lane in lanes if lane.get("verify")] if isinstance(
+        lanes, list) else []
+    if not checks and isinstance(bucket.get("verify"), dict):  # a manifest from before lanes
+        checks = [bucket["verify"]]
+    return all(c["passed"] for c in checks) if checks else None
+
+
+def spec_diff(a: Any, b: Any, path: str = "") -> list[tuple[str, Any, Any]]:
+    """Key paths whose values differ: [("capture.warmup_iters", 3, 5), ...]; a key missing on
+    one side reads as None."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for key in list(a) + [k for k in b if k not in a]:
+            out += spec_diff(a.get(key), b.get(key), f"{path}.{key}" if path else str(key))
+        return out
+    return [] if a == b else [(path, a, b)]
+
+
+def _ratio(a, b) -> float | None:
+    if a is None or b is None or not a:
+        return None
+    return b / a
+
+
+def bucket_rows(ma: dict, mb: dict) -> list[dict]:
+    """Per bucket that ran batches in either run: batches and e2e p50/p99 (us) of each, and B/A."""
+    a = {x["name"]: x for x in ma["buckets"]}
+    b = {x["name"]: x for x in mb["buckets"]}
+    rows = []
+    for name in list(a) + [n for n in b if n not in a]:
+        row: dict[str, Any] = {"bucket": name}
+        for side, got in (("a", a.get(name)), ("b", b.get(name))):
+            e2e = (got or {}).get("latency_us", {}).get("e2e", {})
+            row[f"{side}_batches"] = (got or {}).get("batches")
+            row[f"{side}_p50_us"] = e2e.get("p50")
+            row[f"{side}_p99_us"] = e2e.get("p99")
+        row["p50_ratio"] = _ratio(row["a_p50_us"], row["b_p50_us"])
+        row["p99_ratio"] = _ratio(row["a_p99_us"], row["b_p99_us"])
+        if row["a_batches"] or row["b_batches"]:  # buckets no batch reached say nothing
+            rows.append(row)
+    return rows
+
+
+def totals_rows(ma: dict, mb: dict) -> list[dict]:
+    ta, tb = ma["totals"], mb["totals"]
+    return [{"total": k, "a": ta.get(k), "b": tb.get(k), "ratio": _ratio(ta.get(k), tb.get(k))}
+            for k in TOTALS]
+
+
+# ---- outputs ------------------------------------------------------------------------------------
+
+def read_outputs(folder: Path, manifest: dict) -> Iterator[tuple[Any, dict[str, np.ndarray]]]:
+    """(record id, {output: array}) for every row of the run's output files, in file order."""
+    names = list(manifest["spec"]["outputs"])
+    paths = [Path(folder) / f["path"] for f in manifest["files"]]
+    for path in paths:
+        if path.name.endswith(".jsonl"):
+            with open(path, "rb") as f:
+                for line in f:
+                    rec = json.loads(line)
+                    yield rec["id"], {n: np.asarray(rec[n], np.float64) for n in names}
+        elif path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(path).to_pydict()
+            for i, rid in enumerate(table["id"]):
+                yield rid, {n: np.asarray(table[n][i], np.float64) for n in names}
+        elif path.name.endswith(".ids.npy"):
+            stem = path.name[: -len(".ids.npy")]
+            ids = np.load(path).tolist()
+            arrays = {n: np.load(path.with_name(f"{stem}.{n}.npy"), mmap_mode="r")
+                      for n in names}
+            for i, rid in enumerate(ids):
+                yield rid, {n: np.asarray(arrays[n][i], np.float64) for n in names}
+
+
+@dataclass
+class OutputsResult:
+    equal: bool
+    how: str  # "sha256" or "values"
+    common: int = 0  # records both runs hold
+    only_a: int = 0
+    only_b: int = 0
+    max_abs_diff: dict[str, float] = field(default_factory=dict)
+    shape_mismatch: int = 0
+    within_tolerance: bool | None = None  # A's verify rtol/atol, over the common records
+    picks_differ: dict[str, int] = field(default_factory=dict)  # picked ids: records differing
+
+
+def picked_outputs(spec: dict) -> set[str]:
+    """The outputs holding picked ids (argmax, top-k ids), from a manifest's spec."""
+    picked = set()
+    for name, o in spec.get("outputs", {}).items():
+        topk, reduce = o.get("topk"), o.get("reduce") or []
+        if (topk.get("take", "ids") == "ids") if topk else (reduce[-1:] == ["argmax"]):
+            picked.add(name)
+    return picked
+
+
+def _files(m: dict) -> list[tuple[str, str]]:
+    return sorted((f["path"], f["sha256"]) for f in m["files"])
+
+
+def compare_outputs(a_dir: Path, ma: dict, b_dir: Path, mb: dict) -> OutputsResult:
+    if _files(ma) == _files(mb) and ma["files"]:
+        return OutputsResult(True, "sha256", common=ma["totals"]["records_out"],
+                             within_tolerance=True)
+    held = dict(read_outputs(a_dir, ma))
+    verify = ma["spec"].get("capture", {}).get("verify", {})
+    rtol, atol = verify.get("rtol", 1e-3), verify.get("atol", 1e-3)
+    picks = picked_outputs(ma["spec"])
+    res = OutputsResult(False, "values", within_tolerance=True)
+    seen = set()
+    for rid, outs in read_outputs(b_dir, mb):
+        mine = held.get(rid)
+        if mine is None:
+            res.only_b += 1
+            continue
+        seen.add(rid)
+        res.common += 1
+        for name, value in outs.items():
+            other = mine.get(name)
+            if other is None or other.shape != value.shape:
+                res.shape_mismatch += 1
+                res.within_tolerance = False
+                continue
+            if value.size:
+                diff = float(np.max(np.abs(value - other)))
+                if math.isnan(diff) or diff > res.max_abs_diff.get(name, -1.0):
+                    res.max_abs_diff[name] = diff
+                if name in picks:  # ids of near-tied scores may swap: counted, judged below
+                    res.picks_differ[name] = res.picks_differ.get(name, 0) + bool(diff)
+                elif not np.allclose(value, other, rtol=rtol, atol=atol, equal_nan=True):
+                    res.within_tolerance = False
+    share = verify.get("picked_rows", VerifySpec.model_fields["picked_rows"].default)
+    if any(n > allowed_picks(share, res.common) for n in res.picks_differ.values()):
+        res.within_tolerance = False
+    res.only_a = len(held) - len(seen)
+    res.equal = (res.shape_mismatch == 0 and res.only_a == res.only_b == 0
+                 and all(v == 0 for v in res.max_abs_diff.values()))
+    return res
+
+
+def compare_bench(a: Path, b: Path) -> dict:
+    """Two bench folders: per bucket and mode, p50 and p99 of each and B/A."""
+    from graphrun.experiments.bench import Bench
+
+    ba, bb = (Bench.model_validate_json((Path(x) / "bench.json").read_text()) for x in (a, b))
+    rows = []
+    theirs = {(k.name, m.mode): m for k in bb.buckets for m in k.modes}
+    for bucket in ba.buckets:
+        for m in bucket.modes:
+            other = theirs.get((bucket.name, m.mode))
+            if other is None:
+                continue
+            rows.append({"bucket": bucket.name, "mode": m.mode,
+                         "a_p50_us": m.latency_us["p50"], "b_p50_us": other.latency_us["p50"],
+                         "p50_ratio": _ratio(m.latency_us["p50"], other.latency_us["p50"]),
+                         "a_p99_us": m.latency_us["p99"], "b_p99_us": other.latency_us["p99"],
+                         "p99_ratio": _ratio(m.latency_us["p99"], other.latency_us["p99"])})
+    return {"a": str(a), "b": str(b), "kind": "bench", "devices": [ba.device, bb.device],
+            "buckets": rows}
+
+
+def compare(a: Path, b: Path) -> dict:
+    """Everything `graphrun compare` shows, JSON-able."""
+    if (Path(a) / "bench.json").is_file() and (Path(b) / "bench.json").is_file():
+        return compare_bench(a, b)
+    ma, mb = load_manifest(a), load_manifest(b)
+    return {"a": str(a), "b": str(b),
+            "spec_diff": [{"key": k, "a": va, "b": vb}
+                          for k, va, vb in spec_diff(ma["spec"], mb["spec"])],
+            "buckets": bucket_rows(ma, mb), "totals": totals_rows(ma, mb),
+            "outputs": asdict(compare_outputs(a, ma, b, mb))}
+
+
+# ---- the table ----------------------------------------------------------------------------------
+
+def _num(x) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:,.3g}" if abs(x) < 1000 else f"{x:,.0f}"
+    return f"{x:,}" if isinstance(x, int) else str(x)
+
+
+def print_compare(result: dict, console) -> None:
+    from rich.table import Table
+
+    a, b = result["a"], result["b"]
+    console.print(f"A = {a}\nB = {b}")
+    if result.get("kind") == "bench":
+        bt = Table(title=f"bench step latency (us), on {' vs '.join(result['devices'])}")
+        for col in ("bucket", "mode", "A p50", "B p50", "B/A p50", "A p99", "B p99", "B/A p99"):
+            bt.add_column(col, justify="left" if col in ("bucket", "mode") else "right")
+        for r in result["buckets"]:
+            bt.add_row(r["bucket"], r["mode"], *(_num(r[k]) for k in (
+                "a_p50_us", "b_p50_us", "p50_ratio", "a_p99_us", "b_p99_us", "p99_ratio")))
+        console.print(bt)
+        return
+    diff = Table(title="spec difference")
+    for col in ("key", "A", "B"):
+        diff.add_column(col)
+    for d in result["spec_diff"]:
+        diff.add_row(d["key"], json.dumps(d["a"]), json.dumps(d["b"]))
+    console.print(diff if result["spec_diff"] else "specs are identical")
+    bt = Table(title="per bucket, end-to-end latency (us)")
+    for col in ("bucket", "A batches", "B batches", "A p50", "B p50", "B/A p50", "A p99",
+                "B p99", "B/A p99"):
+        bt.add_column(col, justify="left" if col == "bucket" else "right")
+    for r in result["buckets"]:
+        bt.add_row(r["bucket"], *(_num(r[k]) for k in (
+            "a_batches", "b_batches", "a_p50_us", "b_p50_us", "p50_ratio", "a_p99_us",
+            "b_p99_us", "p99_ratio")))
+    console.print(bt)
+    tt = Table(title="totals")
+    for col in ("total", "A", "B", "B/A"):
+        tt.add_column(col, justify="left" if col == "total" else "right")
+    for r in result["totals"]:
+        tt.add_row(r["total"], _num(r["a"]), _num(r["b"]), _num(r["ratio"]))
+    console.print(tt)
+    console.print(outputs_line(result["outputs"]))
+
+
+def outputs_line(o: dict) -> str:
+    if o["how"] == "sha256":
+        return "outputs: identical (same files, same sha256)"
+    diffs = ", ".join(f"{k} {v:.3g}" for k, v in o["max_abs_diff"].items()) or "none"
+    verdict = "equal" if o["equal"] else (
+        "within A's verify tolerance" if o["within_tolerance"] else "DIFFERENT")
+    extra = f"; {o['only_a']} only in A, {o['only_b']} only in B" if (
+        o["only_a"] or o["only_b"]) else ""
+    extra += f"; {o['shape_mismatch']} shape mismatches" if o["shape_mismatch"] else ""
+    extra += "".join(f"; {name}: other ids in {n} records" for name, n in
+                     o.get("picks_differ", {}).items() if n)
+    return (f"outputs: {verdict} over {o['common']} records both hold; largest absolute "
+            f"difference: {diffs}{extra}")

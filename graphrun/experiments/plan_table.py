@@ -1,0 +1,166 @@
+"""`graphrun plan`'s output: the table of bucket lists side by side, the YAML to paste, and
+--write, which puts the chosen lists into the spec file keeping its comments and layout."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from graphrun.base.errors import SpecError, Problem
+from graphrun.plan.planner import Evaluation, Histogram
+from graphrun.plan.budget import budget_plan, largest_bucket_cost
+
+
+def flow_list(values: list[int]) -> str:
+    return "[" + ", ".join(str(v) for v in values) + "]"
+
+
+def estimates(spec, rows: list[tuple[str, Evaluation]], measure=largest_bucket_cost
+              ) -> list[tuple[float, float]]:
+    """Per row: capture s (at most graphs x the largest's time: smaller graphs capture
+    faster) and memory MiB (a shared pool holds about the largest graph's, smaller graphs
+    reuse its blocks; a pool per graph, graphs x it)."""
+    cache: dict[tuple, tuple[float, int]] = {}
+    out = []
+    for _, ev in rows:
+        key = tuple(max(ev.lists[a]) for a in sorted(ev.lists))
+        if key not in cache:
+            cache[key] = measure(spec, ev.lists)
+        capture_s, memory = cache[key]
+        per_graph = spec.capture.pool == "per-graph"
+        out.append((capture_s * ev.graphs, memory * (ev.graphs if per_graph else 1) / 2**20))
+    return out
+
+
+def plan_table(hist: Histogram, rows: list[tuple[str, Evaluation]],
+               costs: list[tuple[float, float]] | None = None,
+               memory: list[int] | None = None, budget_mib: float | None = None):
+    """A rich Table: one row per candidate (spec, power of two, planned). memory: per row,
+    the graphs' estimated bytes (plan_budget.MemoryModel), shown against budget_mib."""
+    from rich.table import Table
+
+    what = f"{hist.records} records in {hist.batches} batches"
+    if hist.sampled:
+        what += " (a uniform sample of whole batches)"
+    table = Table(title=f"bucket plans over {what}")
+    table.add_column("lists")
+    for axis in hist.axes:
+        table.add_column(axis)
+    table.add_column("graphs", justify="right")
+    table.add_column("padded work", justify="right")
+    table.add_column("padding waste", justify="right")
+    if costs:
+        table.add_column("capture s (est.)", justify="right")
+        table.add_column("graph MiB (est.)", justify="right")
+    if memory:
+        table.add_column("memory MiB (est.)", justify="right")
+        table.add_column(f"budget {budget_mib:g} MiB", justify="right")
+    for i, (label, ev) in enumerate(rows):
+        waste = f"{100 * ev.waste:.1f}%"
+        if ev.uncovered:
+            waste += f" ({ev.uncovered} batches too long)"
+        extra = [f"<= {costs[i][0]:.2f}", f"~{costs[i][1]:,.0f}"] if costs else []
+        if memory:
+            fits = memory[i] <= budget_mib * 2**20
+            extra += [f"~{memory[i] / 2**20:,.1f}", "fits" if fits else "OVER: buckets dropped"]
+        table.add_row(label, *(flow_list(ev.lists[a]) for a in hist.axes), str(ev.graphs),
+                      f"{ev.padded:,}", waste, *extra)
+    return table
+
+
+def yaml_snippet(lists: dict[str, list[int]]) -> str:
+    return "buckets:\n" + "".join(f"  {a}: {flow_list(v)}\n" for a, v in lists.items())
+
+
+def write_buckets(path: Path, lists: dict[str, list[int]]) -> str:
+    """Replace the bucket lists in the spec file in place (ruamel.yaml's round trip keeps
+    comments, key order, flow or block style); returns the new text."""
+    try:
+        from ruamel.yaml import YAML
+        from ruamel.yaml.comments import CommentedMap, CommentedSeq
+    except ImportError:
+        raise SpecError([Problem(str(path), "", "--write needs ruamel.yaml: pip install "
+                                 "'graphrun[plan]' (or paste the YAML printed without --write)")]
+                        ) from None
+    yaml = YAML()
+    yaml.preserve_quotes = True
+    yaml.width = 4096  # never re-wrap the user's long lines
+    text = path.read_text()
+    data = yaml.load(text)
+    buckets = data.get("buckets") if isinstance(data, dict) else None
+    if not isinstance(buckets, CommentedMap):
+        raise SpecError([Problem(str(path), "buckets", "no `buckets:` mapping to write into")])
+    for axis, values in lists.items():
+        current = buckets.get(axis)
+        if isinstance(current, list):
+            current[:] = values  # in place: the list keeps its style and trailing comment
+        else:  # `auto` or absent: a flow list like the spec's usual `[1, 8, 32]`
+            seq = CommentedSeq(values)
+            seq.fa.set_flow_style()
+            buckets[axis] = seq
+    out = io.StringIO()
+    yaml.dump(data, out)
+    new = out.getvalue()
+    path.write_text(new)
+    return new
+
+
+def parse_multiples(items: tuple[str, ...], axes: tuple[str, ...]) -> dict[str, int]:
+    """--multiple-of seq=8 -> {"seq": 8}; a bad item is a SpecError naming it."""
+    out = {}
+    for item in items:
+        axis, _, value = item.partition("=")
+        if axis not in axes or not value.isdigit() or int(value) < 1:
+            raise SpecError([Problem("--multiple-of", item, f"expected AXIS=M with AXIS one of "
+                                     f"{', '.join(axes)} and M a positive integer")])
+        out[axis] = int(value)
+    return out
+
+
+def run_plan(spec_path: Path, overrides, max_graphs: int, sample: int | None,
+             multiples: tuple[str, ...], write: bool, echo) -> dict[str, list[int]]:
+    """The verb: histogram, plan, table; the YAML printed, or written into the spec."""
+    from rich.console import Console
+
+    from graphrun.base.errors import InputError
+    from graphrun.plan.planner import evaluate, histogram, power_of_two
+    from graphrun.spec.load import load_spec
+
+    spec = load_spec(spec_path, overrides)
+    multiple_of = {**spec.buckets_multiple_of, **parse_multiples(multiples, tuple(spec.axes))}
+    hist = histogram(spec, sample=sample)
+    if hist.batches == 0:
+        raise InputError("no valid record to plan from", where=str(spec.data.path))
+    cuda = _cuda(spec)
+    if spec.capture.memory_budget_mib is not None:
+        echo("measuring one bucket to keep the plan within capture.memory_budget_mib ...")
+    chosen, note, model = budget_plan(spec, hist, max_graphs, multiple_of, {}, cuda,
+                                      str(spec_path))
+    rows = [] if spec.auto_axes else [("spec", evaluate(hist, spec.buckets))]
+    rows += [("power of two", power_of_two(hist, max_graphs, multiple_of)),
+             ("planned", chosen)]
+    costs = None
+    if cuda:
+        echo("capturing the largest bucket to estimate capture time and memory ...")
+        costs = estimates(spec, rows)
+    per_graph = spec.capture.pool == "per-graph"
+    memory = [model.lists_bytes(ev.lists, per_graph) for _, ev in rows] if model else None
+    Console(width=160).print(plan_table(hist, rows, costs, memory,
+                                        spec.capture.memory_budget_mib))
+    if note is not None:
+        echo(note.text())
+    if hist.rejected:
+        top = sorted(hist.reasons.items(), key=lambda kv: -kv[1])[0][0]
+        echo(f"{hist.rejected} bad records were not counted (e.g. {top})")
+    if write:
+        write_buckets(spec_path, chosen.lists)
+        echo(f"wrote the planned buckets into {spec_path}")
+    else:
+        echo("\n" + yaml_snippet(chosen.lists).rstrip())
+    return chosen.lists
+
+
+def _cuda(spec) -> bool:
+    from graphrun.engine.device import resolve_device
+
+    return resolve_device(spec.device).type == "cuda"

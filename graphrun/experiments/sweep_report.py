@@ -1,0 +1,101 @@
+"""A sweep's table (terminal) and charts (graphrun report on a sweep folder)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from graphrun.experiments.sweep import Sweep
+
+
+def _fmt(x, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def sweep_table(result: Sweep):
+    from rich.table import Table
+
+    table = Table(title=f"sweep of {result.spec}" + (
+        f" (first {result.stop} records each)" if result.stop else "") + "; * = Pareto front "
+        "(records/s against graph memory)")
+    for col in ("", "variant", *result.grid, "records/s", "p50 us", "p99 us", "capture s",
+                "graph MiB", "padding waste", "verify", "= first"):
+        table.add_column(col, justify="left" if col in ("", "variant", *result.grid)
+                         else "right")
+    for v in result.variants:
+        values = [json.dumps(v.overrides[k]) for k in result.grid]
+        if v.status == "failed":
+            table.add_row("", v.name.split("_")[0], *values, f"failed: {v.error}", *[""] * 7)
+            continue
+        equal = "-" if v.outputs_equal_first is None else (
+            "yes" if v.outputs_equal_first else "NO")
+        table.add_row("*" if v.pareto else "", v.name.split("_")[0], *values,
+                      _fmt(v.records_per_s, ",.1f"), _fmt(v.p50_us, ",.0f"),
+                      _fmt(v.p99_us, ",.0f"), _fmt(v.capture_s, ".2f"),
+                      _fmt((v.memory_bytes or 0) / 2**20, ",.1f"),
+                      _fmt(100 * v.padding_waste if v.padding_waste is not None else None,
+                           ".1f") + "%", v.verify or "-", equal)
+    return table
+
+
+def load_sweep(folder: Path) -> Sweep:
+    return Sweep.model_validate_json((Path(folder) / "sweep.json").read_text())
+
+
+def sweep_figures(go, folder: Path) -> list[tuple[str, object]]:
+    """The throughput-memory scatter with its front, and records/s and latency per variant."""
+    result = load_sweep(folder)
+    done = [v for v in result.variants if v.status == "completed"]
+    mib = [(v.memory_bytes or 0) / 2**20 for v in done]
+    front = sorted((m, v.records_per_s, v.name) for m, v in zip(mib, done) if v.pareto)
+    scatter = go.Figure()
+    scatter.add_scatter(name="variants", mode="markers+text", x=mib,
+                        y=[v.records_per_s for v in done], text=[v.name for v in done],
+                        textposition="top center", marker={"size": 10})
+    scatter.add_scatter(name="Pareto front", mode="lines+markers", x=[f[0] for f in front],
+                        y=[f[1] for f in front], text=[f[2] for f in front],
+                        marker={"size": 14, "symbol": "star"})
+    scatter.update_layout(title="Throughput against graph memory (front: nothing faster with "
+                          "less memory)", xaxis_title="graph memory MiB",
+                          yaxis_title="records/s")
+    names = [v.name for v in done]
+    rate = go.Figure()
+    rate.add_bar(name="records/s", x=names, y=[v.records_per_s for v in done])
+    rate.add_scatter(name="padding waste %", x=names, yaxis="y2", mode="lines+markers",
+                     y=[100 * (v.padding_waste or 0) for v in done])
+    rate.update_layout(title="Records/s and padding waste per variant",
+                       yaxis={"title": "records/s"},
+                       yaxis2={"title": "%", "overlaying": "y", "side": "right",
+                               "rangemode": "tozero"})
+    latency = go.Figure()
+    latency.add_bar(name="p50", x=names, y=[v.p50_us for v in done])
+    latency.add_bar(name="p99", x=names, y=[v.p99_us for v in done])
+    latency.update_layout(title="End-to-end batch latency per variant", yaxis_title="us",
+                          barmode="group")
+    return [("pareto", scatter), ("throughput", rate), ("variant-latency", latency)]
+
+
+def sweep_html(folder: Path) -> str:
+    """The sweep's table for the report page, failed variants with their error."""
+    import html
+
+    result = load_sweep(folder)
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in (
+        "front", "variant", *result.grid, "records/s", "p50 us", "p99 us", "capture s",
+        "graph MiB", "padding waste", "verify", "= first"))
+    rows = []
+    for v in result.variants:
+        cells = ["*" if v.pareto else "", v.name, *(json.dumps(v.overrides[k])
+                                                    for k in result.grid)]
+        if v.status == "failed":
+            cells.append(f"failed: {v.error}")
+        else:
+            cells += [_fmt(v.records_per_s, ",.1f"), _fmt(v.p50_us, ",.0f"),
+                      _fmt(v.p99_us, ",.0f"), _fmt(v.capture_s, ".2f"),
+                      _fmt((v.memory_bytes or 0) / 2**20, ",.1f"),
+                      _fmt(None if v.padding_waste is None else 100 * v.padding_waste, ".1f"),
+                      v.verify or "-", "-" if v.outputs_equal_first is None else
+                      ("yes" if v.outputs_equal_first else "NO")]
+        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells)
+                    + "</tr>")
+    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"

@@ -1,0 +1,1 @@
+"""The threads between read/, engine/ and write/: stage, launch, complete, in order."""

@@ -1,0 +1,150 @@
+"""The completer: the feed's third step. It waits for each launched batch, in order, cuts its
+real rows out, frees its host slot and writes its rows and rejects (on the graphrun-completer
+thread when overlapped, inline when serial). Batches grouped by length (data.group_by_length)
+are held until their window is done, then written in input order (grouping.Reorder)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from graphrun.feed.protocols import Launched, Sink, Work
+from graphrun.read.grouping import Reorder
+from graphrun.feed.handoff import SlotPool
+
+_DONE = object()  # the end of the completer's queue
+
+
+@dataclass
+class Collect:
+    """A launched batch to wait for, cut and write."""
+    item: Work
+    launched: Launched
+
+
+@dataclass
+class Written:
+    """A batch that ran whole (engine.run_rows): its outputs and what ran."""
+    item: Work
+    outs: dict
+    ran: list
+
+
+@dataclass
+class RejectJob:
+    reject: object  # records.Reject
+
+
+class Completer:
+    """Collects launched batches in order, frees their slots, writes their rows and rejects.
+
+    Threaded: on the graphrun-completer thread, behind a queue; an error there (the sink
+    failing, say) is raised on the launching thread at its next call. Otherwise inline."""
+
+    def __init__(self, sink: Sink, pool: SlotPool, on_batches: Callable, host: dict, *,
+                 threaded: bool, reorder: Reorder | None = None):
+        self.sink, self.pool = sink, pool
+        self.reorder = reorder or Reorder()  # grouped batches' outputs, until their window ends
+        self.on_batches, self.host = on_batches, host
+        self._error: BaseException | None = None  # raised once on the launching thread
+        self._failed = False  # for good: nothing more is written after a failure
+        self._queue: queue.Queue | None = None
+        if threaded:
+            self._queue = queue.Queue()  # bounded by the slots: a batch holds one until done
+            self._thread = threading.Thread(target=self._drain, name="graphrun-completer",
+                                            daemon=True)
+            self._thread.start()
+
+    # -- the launching thread's side --
+
+    def collect(self, item: Work, launched: Launched) -> None:
+        self._submit(Collect(item, launched))
+
+    def written(self, item: Work, outs: dict, ran: list) -> None:
+        self._submit(Written(item, outs, ran))
+
+    def reject(self, r) -> None:
+        self._submit(RejectJob(r))
+
+    def drain(self) -> None:
+        """Wait until everything submitted is done; raise what failed there."""
+        if self._queue is not None:
+            self._queue.join()
+        self._raise()
+
+    def close(self) -> None:
+        """Stop the thread once everything submitted is done. A second Ctrl-C while waiting
+        must not leave it writing while the caller closes the sink: keep waiting."""
+        if self._queue is None:
+            return
+        self._queue.put(_DONE)
+        while True:
+            try:
+                self._thread.join()
+                break
+            except KeyboardInterrupt:
+                continue
+        self._queue = None
+        self._raise()
+
+    def _submit(self, job) -> None:
+        self._raise()
+        if self._queue is None:
+            self._do(job)
+        else:
+            self._queue.put(job)
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+
+    # -- the completer's side --
+
+    def _drain(self) -> None:
+        while True:
+            job = self._queue.get()
+            try:
+                if job is _DONE:
+                    return
+                if not self._failed:
+                    self._do(job)
+                elif isinstance(job, Collect):  # failed: only wait for it and free its slot
+                    try:
+                        job.launched.wait()
+                    finally:
+                        self.pool.release(job.item.slot)
+            except BaseException as exc:  # noqa: BLE001 - raised on the launching thread
+                self._failed = True
+                self._error = self._error or exc  # the first one; slots are freed already
+            finally:
+                self._queue.task_done()
+
+    def _do(self, job) -> None:
+        if isinstance(job, RejectJob):
+            r = job.reject
+            self.sink.reject(r.index, r.id, r.where, r.reason)
+            return
+        item = job.item
+        if isinstance(job, Collect):
+            t0 = time.perf_counter()
+            try:
+                outs, times = job.launched.result()
+            finally:
+                self.pool.release(item.slot)
+            ran = [(item.bucket, times)]
+            self.host["device_wait"] += time.perf_counter() - t0
+        else:
+            outs, ran = job.outs, job.ran
+        t0 = time.perf_counter()
+        if item.window is None:
+            self.sink.write(item.indices, item.ids, outs, item.batch_start)
+        else:  # data.group_by_length: written in input order once the window is done
+            self.reorder.add(item.indices, item.ids, outs)
+            if item.window_end:
+                self.sink.write(*self.reorder.flush(), item.window)
+        self.on_batches(ran, item.n, int(item.indices[0]))
+        self.host["write"] += time.perf_counter() - t0

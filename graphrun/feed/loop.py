@@ -1,0 +1,238 @@
+"""Feed: the input's record batches through the engine into the writer, on three threads.
+
+A batch takes three steps, each on its own thread when overlapped (the default on a GPU):
+
+    stager    read and check records, pick the bucket, pad the rows into a free pinned host
+              slot                                             (graphrun-stager thread)
+    launcher  enqueue h2d copies, replay, d2h copies and events; nothing waits here
+                                                               (the calling thread)
+    completer wait for the batch's last event, cut the real rows out, free the slot, write
+                                                               (graphrun-completer thread)
+
+The host slots (Engine.host_slots) are the bounded queue between them: the stager takes a free
+slot, the completer gives it back once the outputs are out of it, so at most `slots` batches
+are in flight and memory stays bounded whatever the file's size. The launcher, which the device
+waits on, only enqueues: padding and writing happen on the other two threads (numpy copies,
+file writes, hashing and event waits release the GIL).
+
+All three share the GIL, and that is what bounds the rate of small batches: each CUDA call of a
+launch releases it, and the launcher then waits until another thread lets go of it. A launch
+is much cheaper alone than overlapped, by how many CUDA calls it makes (bench_launch.py,
+bench_datapath.py, benchmarks/RESULTS.md). So launches make as few calls as their copies need
+(engine/launch.py) and time their phases on a sample of batches (engine/timing.py). The
+device's own side of a launch is kept off the compute stream: the copies of one lane's batch
+run while the other lane's graph replays (engine/lanes.py). Making the other threads wait while
+a launch runs was tried and was slower: the stager then fell behind (benchmarks/RESULTS.md).
+
+Serially (slots=1, no threads) the same three steps run one after another per batch.
+Order is kept everywhere: batches are launched, collected, written and rejected in input
+order, so outputs, the journal and --resume are the same on both paths.
+
+On a CPU neither path always wins: torch's own threads run the model on every core, and the
+stager and completer take cores (and the GIL) from it, so overlapped was slower with JSONL
+and faster with npy (benchmarks/RESULTS.md). There the stream is run in legs, and an
+OverlapTrial times both paths on the stream itself, then keeps the faster (see its docstring).
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+
+from graphrun.engine.buckets import split_sizes
+from graphrun.feed.completer import Completer
+from graphrun.engine.capture import model_failed
+from graphrun.base.errors import GraphrunError
+from graphrun.feed.protocols import Batch, Engine, Sink, Work
+from graphrun.read.grouping import Reorder
+from graphrun.feed.handoff import Prefetch, SlotPool
+from graphrun.feed.overlap import Cursor, OverlapTrial
+from graphrun.read.records import take_where
+
+# overlapped: at least one being staged, one on the device, one being written; at most 16: the
+# batches queued on the device carry it through the launching thread's waits for the GIL, and
+# more than 16 measured no faster (benchmarks/RESULTS.md)
+SLOTS = (3, OverlapTrial.MAX_SLOTS)
+SLOT_BUDGET = 512 << 20  # bytes of pinned host slots, at most
+_DONE = object()  # the end of the staged work
+
+
+def feed_stream(engine: Engine, batches: Iterable[Batch], sink: Sink, *,
+                on_batches: Callable, on_read: Callable, should_stop: Callable[[], bool],
+                start: int = 0, oversize: str = "split",
+                overlap: "bool | OverlapTrial" = True) -> dict[str, float]:
+    """Run every record batch; return host seconds per phase and thread (manifest.py's
+    host_phase_s says which).
+
+    start: the first input ordinal read; each batch's first covered ordinal goes to the sink,
+    which journals it so that --resume re-reads whole batches (see journal.py).
+    oversize: data.oversize; a batch larger than every bucket is split into parts here, or
+    (eager, error) handed to engine.run_rows whole.
+    overlap: True (threads), False (serial), or an OverlapTrial, which runs the stream in legs
+    on the path it picks per leg, and keeps what it measured."""
+    host = dict.fromkeys(("read", "stage", "read_wait", "launch", "device_wait", "write"), 0.0)
+    cursor = Cursor(batches, start)
+    leg = Leg(engine, sink, on_batches, on_read, should_stop, host, oversize == "split")
+    if not isinstance(overlap, OverlapTrial):
+        leg.run(cursor.take(), overlap)
+        return host
+    for threaded, seconds in overlap.legs():
+        t0, records, batches_before = time.perf_counter(), cursor.records, cursor.batches
+        set_up = engine.first_use_s  # a bucket set up in the leg (capture.lazy): not its path's
+        leg.run(cursor.take(seconds), threaded, slots=overlap.leg_slots)
+        overlap.record(threaded, cursor.records - records,
+                       time.perf_counter() - t0 - (engine.first_use_s - set_up),
+                       batches=cursor.batches - batches_before)
+        if cursor.exhausted or should_stop():
+            break
+    return host
+
+
+@dataclass
+class Leg:
+    """One stretch of the stream on one path; every batch written (or the error raised) by
+    the time run() returns."""
+
+    engine: Engine
+    sink: Sink
+    on_batches: Callable
+    on_read: Callable
+    should_stop: Callable[[], bool]
+    host: dict
+    split: bool  # data.oversize: split
+    # data.group_by_length: the window's outputs so far; kept across legs, which may end
+    # inside a window
+    reorder: Reorder = field(default_factory=Reorder)
+
+    def run(self, batches: Iterable, overlap: bool, slots: int | None = None) -> None:
+        """slots: at most that many batches in flight (a trial's leg, which must end on time:
+        OverlapTrial)."""
+        engine = self.engine
+        count = engine.host_slots(slot_count(engine.slot_bytes) if overlap else 1)
+        pool = SlotPool(min(count, slots) if slots and overlap else count)
+        work = self.staged(batches, pool)
+        source = Prefetch(work, depth=pool.size) if overlap else work
+        done = Completer(self.sink, pool, self.on_batches, self.host, threaded=overlap,
+                         reorder=self.reorder)
+        stream = engine.current_stream()
+        try:
+            with engine.device_context():
+                self.launch_all(source, done, stream)
+            done.drain()  # the batches in flight are finished, not dropped
+        finally:
+            pool.close()
+            if isinstance(source, Prefetch):
+                source.close()
+            done.close()
+
+    def launch_all(self, source: Iterator[Work], done: Completer, stream) -> None:
+        """The launching thread's loop: each staged part launched (or run whole) in order."""
+        host, rb = self.host, None  # rb: the record batch of the part being launched
+        while True:
+            t0 = time.perf_counter()
+            try:
+                item = next(source, _DONE)
+            except BaseException:  # a bad record: what came before it is still written
+                done.drain()
+                raise
+            host["read_wait"] += time.perf_counter() - t0
+            if item is _DONE:
+                break
+            if item.rb is not None:
+                rb = item.rb
+                for r in item.rb.rejects:
+                    done.reject(r)
+                self.on_read(item.rb)
+            if item.kind == "graph":
+                t0 = time.perf_counter()
+                with model_blamed(item, rb):
+                    launched = self.engine.launch(item.bucket, item.slot, item.n,
+                                                  item.lengths, stream=stream)
+                host["launch"] += time.perf_counter() - t0
+                done.collect(item, launched)
+            elif item.kind == "whole":  # data.oversize: eager, or error, which run_rows raises
+                with model_blamed(item, rb):
+                    outs, ran = self.engine.run_rows(item.fields, item.n, item.lengths)
+                done.written(item, outs, ran)
+            if item.last and self.should_stop():
+                break
+
+    def staged(self, batches: Iterable, pool: "SlotPool") -> Iterator[Work]:
+        """The stager: each (record batch, batch_start) as bucket-sized parts, each padded into
+        a free slot."""
+        source, host = iter(batches), self.host
+        while True:
+            t0 = time.perf_counter()
+            taken = next(source, None)
+            host["read"] += time.perf_counter() - t0
+            if taken is None:
+                return
+            rb, batch_start = taken
+            parts = list(self.parts(rb))
+            if not parts:
+                yield Work("none", rb=rb, batch_start=batch_start)
+            for i, part in enumerate(parts):
+                part.rb, part.last = (rb if i == 0 else None), i == len(parts) - 1
+                # grouped (data.group_by_length): a resume re-reads the window, not the batch
+                part.batch_start = batch_start if rb.window is None else rb.window
+                part.window, part.window_end = rb.window, rb.window_end and part.last
+                if part.kind == "graph":
+                    part.slot = pool.acquire()
+                    t0 = time.perf_counter()
+                    part.bucket = self.engine.stage(part.fields, part.n, part.lengths,
+                                                    part.slot)
+                    host["stage"] += time.perf_counter() - t0
+                    part.fields = None  # staged: the rows live in the slot now
+                yield part
+
+    def parts(self, rb) -> Iterator[Work]:
+        """A record batch as bucket-sized parts: itself, chunks of the largest batch bucket
+        (data.oversize: split), or itself whole for run_rows (eager, error)."""
+        n = len(rb.ids)
+        if n == 0:
+            return
+        largest = self.engine.max_batch
+        if n > largest and not self.split:
+            yield Work("whole", n, rb.indices, rb.ids, rb.lengths, fields=rb.fields)
+            return
+        start = 0
+        for size in split_sizes(n, largest):
+            if size == n:
+                yield Work("graph", n, rb.indices, rb.ids, rb.lengths, fields=rb.fields)
+            else:
+                sl = slice(start, start + size)
+                yield Work("graph", size, rb.indices[sl], rb.ids[sl],
+                           {a: v[sl] for a, v in rb.lengths.items()},
+                           fields={k: v[sl] for k, v in rb.fields.items()})
+            start += size
+
+
+@contextmanager
+def model_blamed(item: Work, rb):
+    """What the model raises on a part (not a user error graphrun raised) becomes a
+    ModelError naming the part's bucket, its first record's place in the input and its ids."""
+    try:
+        yield
+    except GraphrunError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the model's own error, on this batch
+        first = int(item.indices[0])
+        where = None
+        if rb is not None and len(rb.indices):
+            # grouped batches are in length order, not ordinal order: look the record up
+            where = take_where(rb.where, np.flatnonzero(rb.indices == first)[:1])[0]
+        ids = item.ids.tolist() if isinstance(item.ids, np.ndarray) else list(item.ids)
+        bucket = item.bucket.name if item.bucket is not None else "oversize-eager"
+        raise model_failed(exc, bucket, where or f"record {first}", ids) from exc
+
+
+def slot_count(slot_bytes: int) -> int:
+    """Slots for an overlapped stream: as many as SLOT_BUDGET holds, within SLOTS. More slots
+    absorb a thread's stall (a page fault, the GIL, a shard's commit) without the device
+    waiting; beyond that they only hold memory."""
+    low, high = SLOTS
+    return max(low, min(high, SLOT_BUDGET // max(slot_bytes, 1)))

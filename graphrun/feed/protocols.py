@@ -1,0 +1,80 @@
+"""The feed's interfaces: what the engine, the sink and a record batch provide to feed.py, and
+the Work handed from its stager to its launcher."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ContextManager, Protocol
+
+import numpy as np
+
+from graphrun.engine.buckets import Bucket
+
+
+class Launched(Protocol):
+    """A launched batch (engine/launch.py's Launch)."""
+
+    def wait(self) -> dict[str, float]: ...  # phase times, us
+
+    def result(self) -> tuple[dict, dict[str, float]]: ...  # real rows, phase times
+
+
+class Engine(Protocol):
+    """What the feed needs of the engine (engine/runner.py's Runner)."""
+
+    max_batch: int
+    slot_bytes: int
+    first_use_s: float  # seconds spent setting buckets up on first use (capture.lazy)
+
+    def host_slots(self, count: int) -> int: ...
+
+    def stage(self, fields: dict, n: int, lengths: dict, slot: int) -> Bucket: ...
+
+    def launch(self, bucket: Bucket, slot: int, n: int, lengths: dict, *,
+               stream=None) -> Launched: ...
+
+    def run_rows(self, fields: dict, n: int, lengths: dict) -> tuple[dict, list]: ...
+
+    def current_stream(self): ...
+
+    def device_context(self) -> ContextManager: ...
+
+
+class Sink(Protocol):
+    """Where outputs and rejects go (write.py's ShardWriter)."""
+
+    def write(self, indices: np.ndarray, ids, outputs: dict, batch_start: int) -> None: ...
+
+    def reject(self, index: int, id, where: str, reason: str) -> None: ...
+
+
+class Batch(Protocol):
+    """A record batch as read (records.py's RecordBatch)."""
+
+    indices: np.ndarray
+    ids: object
+    fields: dict
+    lengths: dict
+    rejects: list
+
+
+@dataclass
+class Work:
+    """One part of a record batch, handed from the stager to the launcher.
+
+    kind: "graph" (staged in `slot` for `bucket`), "whole" (larger than every bucket with
+    data.oversize eager or error: engine.run_rows decides) or "none" (rejects only)."""
+    kind: str
+    n: int = 0
+    indices: np.ndarray | None = None
+    ids: "np.ndarray | list | None" = None  # int64 ordinals or ids, else the ids as read
+    lengths: dict = field(default_factory=dict)
+    batch_start: int = 0
+    bucket: object = None
+    slot: int = -1
+    fields: dict | None = None
+    rb: object = None  # the record batch, on its first part: its rejects and its count
+    last: bool = True  # the last part of its record batch: the run may stop after it
+    window: int | None = None  # data.group_by_length: its window's first ordinal
+    window_end: bool = False  # the last part of its window: the window's outputs are written
+

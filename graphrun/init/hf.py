@@ -1,0 +1,377 @@
+"""`graphrun init --hf DIR`: a spec for a Hugging Face model folder (or a hub cache entry) over a
+file of text.
+
+config.json -> the task and its Auto class (an encoder: a mean-pooled, L2-normalised embedding;
+a causal LM: the next token's top k; a sequence classifier: softmax and argmax) -> the model's
+tokenizer -> the inputs it gives that the model takes -> seq buckets from the sample's token
+lengths, the last at the model's limit -> the model built as `run` builds it and called once on
+two tokenized records (output names and sizes) -> the spec, commented, validated, written.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from graphrun.base.errors import InputError, ModelError
+from graphrun.init.infer import Inferred, propose_buckets, sample_notes, spec_target
+from graphrun.init.sample import FieldInfo, sample_data
+from graphrun.init.render import relative_to_spec, render_hf_spec, write_spec_files
+from graphrun.spec.keys import BATCH
+
+TOPK = 5  # next tokens written per record
+SEQ_VALUES = 4  # seq bucket values fitted to the sample's lengths, before the model's limit
+TEXT_NAMES = ("text", "sentence", "sentences", "content", "prompt", "query", "document")
+PROBE_TEXTS = 2
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json",
+                   "tokenizer.model", "spiece.model", "sentencepiece.bpe.model")
+WHAT = "graphrun init --hf"
+
+
+@dataclass(frozen=True)
+class Task:
+    kind: str  # embed | next-token | classify
+    auto_class: str
+    why: str
+
+
+@dataclass
+class HfInferred(Inferred):
+    """Inferred, plus what only a text model has: the outputs' heads and the text field."""
+
+    task: Task | None = None
+    heads: dict[str, dict] = field(default_factory=dict)  # output name -> its spec entry
+    text_field: str = "text"
+    limit: int = 512  # tokens per record at most: the model's
+    lengths: tuple[int, int] = (0, 0)  # the sample's shortest and longest text, in tokens
+    truncate: bool = True  # data.text.truncate: cut longer texts, else reject them
+
+
+def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml",
+            out_dir: str | Path | None = None, name: str | None = None, batch_size: int = 32,
+            sample: int = 10000, id_field: str | None = None, dtype: str = "float32",
+            force: bool = False) -> HfInferred:
+    """Infer a spec for the model in `hf` over the text in `data`, write it to `spec_path`
+    with pipeline.schema.json beside it, and return what was inferred."""
+    from graphrun.spec.paths import PKG
+    from graphrun.models.hf import require
+
+    spec_path = spec_target(spec_path, force)
+    transformers = require("transformers", WHAT)
+    require("tokenizers", WHAT)
+    where = _model_location(hf)
+    config = _config(transformers, hf, where)
+    tokenizer = _tokenizer(transformers, hf, where)
+    profile = sample_data(Path(data).resolve(), sample, id_field, text=True)
+    task = task_of(config)
+    found = HfInferred(name=name or _default_name(hf, task), profile=profile,
+                       model={"hf": {"path": where, "class": task.auto_class}, "dtype": dtype},
+                       batch_size=batch_size, task=task)
+    found.text_field = _text_field(profile)
+    texts = [t for t in profile.texts[found.text_field] if isinstance(t, str)]
+    _plan_seq(found, texts, tokenizer, model_limit(tokenizer, config, where))
+    names = _input_names(tokenizer, config)
+    found.ranges = _ranges(names, config)
+    found.heads = _heads(task, config)
+    model = _build(found, names)
+    names = _taken(model, names)
+    found.ranges = {n: r for n, r in found.ranges.items() if n in names}
+    found.inputs = {n: FieldInfo(n, "int", "int64", ["seq"]) for n in names}
+    found.outputs = _probe(model, tokenizer, texts, found)
+    found.checks = _checks(found, config)
+    spec_dir = spec_path.parent
+    if hf.startswith(PKG):  # stays valid wherever the package is installed
+        found.model["hf"]["path"] = hf
+    elif Path(where).is_dir():
+        found.model["hf"]["path"] = relative_to_spec(Path(where), spec_dir)
+    out = f"runs/{found.name}" if out_dir is None else relative_to_spec(Path(out_dir), spec_dir)
+    found.spec_path, found.schema_path = write_spec_files(
+        spec_path, render_hf_spec(found, spec_dir, out))
+    return found
+
+
+# ---- the model's files -------------------------------------------------------------------------
+
+def _model_location(hf: str) -> str:
+    """A local folder (absolute), pkg://'s folder, or else a hub name for the local cache."""
+    from graphrun.spec.paths import resolve_path
+
+    p = Path(hf).expanduser()
+    if p.is_dir():
+        return str(p.resolve())
+    if p.exists() or hf.startswith("."):
+        raise ModelError(f"--hf {hf!r}: not a folder; give a folder holding config.json "
+                         "(save_pretrained writes one) or a name already in the hub cache")
+    return resolve_path(hf, None, "--hf")
+
+
+def _config(transformers, hf: str, where: str):
+    try:
+        return transformers.AutoConfig.from_pretrained(where, local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - OSError, ValueError: the files say what is missing
+        raise ModelError(f"--hf {hf!r}: its config.json could not be read with local files "
+                         f"only ({_first_line(e)}); give a folder holding config.json and the "
+                         "weights, or a name already in the hub cache (nothing is "
+                         "downloaded)") from e
+
+
+def _tokenizer(transformers, hf: str, where: str):
+    remedy = ("the text is tokenized with the model's own tokenizer: save it into the folder "
+              "(tokenizer.save_pretrained(DIR))")
+    # without these files transformers builds an empty tokenizer from the model's type
+    if Path(where).is_dir() and not any((Path(where) / f).is_file() for f in TOKENIZER_FILES):
+        files = ", ".join(TOKENIZER_FILES[:3])
+        raise ModelError(f"--hf {hf!r}: the folder holds no tokenizer ({files}, ...); {remedy}")
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(where, local_files_only=True)
+    except Exception as e:  # noqa: BLE001
+        raise ModelError(f"--hf {hf!r}: no tokenizer could be loaded ({_first_line(e)}); "
+                         f"{remedy}") from e
+    if getattr(tok, "backend_tokenizer", None) is None:
+        raise ModelError(f"--hf {hf!r}: its tokenizer ({type(tok).__name__}) is not a fast "
+                         "one; graphrun tokenizes with the tokenizers library: save a fast "
+                         "tokenizer (tokenizer.json) into the folder")
+    return tok
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def task_of(config) -> Task:
+    """What to compute, from config.json's architectures (the class that saved the weights)."""
+    if getattr(config, "is_encoder_decoder", False):
+        raise ModelError(f"--hf: {config.model_type} is an encoder-decoder model; init writes "
+                         "specs for encoders, causal language models and sequence classifiers")
+    archs = list(getattr(config, "architectures", None) or [])
+    for arch in archs:
+        if arch.endswith("ForSequenceClassification"):
+            return Task("classify", "AutoModelForSequenceClassification",
+                        f"{arch}: a sequence classifier, softmax and argmax of its logits")
+        if arch.endswith(("ForCausalLM", "LMHeadModel")):
+            return Task("next-token", "AutoModelForCausalLM",
+                        f"{arch}: a causal language model, the next token's top {TOPK}")
+    named = f"{archs[0]}" if archs else f"no architecture ({config.model_type})"
+    return Task("embed", "AutoModel", f"{named}: an encoder, its mean-pooled, L2-normalised "
+                "last hidden state as the embedding")
+
+
+def model_limit(tokenizer, config, where: str) -> int:
+    """Tokens per record at most: the smallest of the tokenizer's model_max_length, the
+    model's position table and a sentence-transformers folder's max_seq_length (what its
+    encode() cuts at); transformers writes a huge number for "no limit"."""
+    import json
+
+    st = Path(where) / "sentence_bert_config.json"
+    try:
+        st_limit = json.loads(st.read_text()).get("max_seq_length") if st.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        st_limit = None
+    limits = [int(v) for v in (getattr(tokenizer, "model_max_length", None),
+                               getattr(config, "max_position_embeddings", None), st_limit)
+              if isinstance(v, (int, float)) and 0 < v < 1 << 20]
+    return min(limits) if limits else 512
+
+
+def _input_names(tokenizer, config) -> list[str]:
+    """input_ids and attention_mask (pooling needs the mask); token_type_ids where the
+    tokenizer gives them and the model has a table for them."""
+    names = ["input_ids", "attention_mask"]
+    if ("token_type_ids" in getattr(tokenizer, "model_input_names", [])
+            and getattr(config, "type_vocab_size", None)):
+        names.append("token_type_ids")
+    return names
+
+
+def _ranges(names: list[str], config) -> dict[str, tuple[int, int, str]]:
+    ranges = {"input_ids": (0, int(config.vocab_size), "config.json's vocab_size"),
+              "attention_mask": (0, 2, "1 real, 0 padding")}
+    if "token_type_ids" in names:
+        ranges["token_type_ids"] = (0, int(config.type_vocab_size),
+                                    "config.json's type_vocab_size")
+    return {n: ranges[n] for n in names}
+
+
+def _heads(task: Task, config) -> dict[str, dict]:
+    """The outputs, computed inside the captured step; shapes are filled in by the probe."""
+    if task.kind == "embed":
+        return {"embedding": {"from": "last_hidden_state",
+                              "reduce": ["mean_pool", "l2_normalize"], "dtype": "float32"}}
+    if task.kind == "next-token":
+        k = min(TOPK, int(config.vocab_size))
+        return {"next_ids": {"from": "logits", "reduce": ["last_pool"],
+                             "topk": {"k": k, "take": "ids"}},
+                "next_probs": {"from": "logits", "reduce": ["last_pool", "softmax"],
+                               "topk": {"k": k, "take": "values"}, "dtype": "float32"}}
+    return {"probs": {"from": "logits", "reduce": ["softmax"], "dtype": "float32"},
+            "label": {"from": "logits", "reduce": ["argmax"]}}
+
+
+def _default_name(hf: str, task: Task) -> str:
+    from graphrun.spec.paths import PKG
+
+    stem = hf[len(PKG):].partition("/")[0] if hf.startswith(PKG) else Path(hf.rstrip("/")).name
+    stem = re.sub(r"[^A-Za-z0-9_-]+", "-", stem).strip("-") or "model"
+    return f"{stem}-{task.kind}"
+
+
+# ---- the text ----------------------------------------------------------------------------------
+
+def _text_field(profile) -> str:
+    """The string field holding the text: one named like text, else the only one."""
+    texts = profile.texts
+    if not texts:
+        raise InputError("holds no text field (no string field besides the id"
+                         + (f" {profile.id_field!r}" if profile.id_field else "") + "); "
+                         "init --hf tokenizes a text field: give a .jsonl or .parquet file "
+                         "whose records hold the text as a string", where=str(profile.path))
+    named = [n for n in TEXT_NAMES if n in texts]
+    if named:
+        return named[0]
+    if len(texts) == 1:
+        return next(iter(texts))
+    raise InputError(f"holds several string fields ({', '.join(texts)}) and none is named "
+                     f"{' or '.join(TEXT_NAMES[:2])}: rename the text field to `text`, or "
+                     "pass --id-field for the one that is the id", where=str(profile.path))
+
+
+def token_lengths(tokenizer, texts: list[str]) -> np.ndarray:
+    """Each text's length in tokens (special tokens included), uncut."""
+    import copy
+
+    backend = copy.deepcopy(tokenizer.backend_tokenizer)  # truncation off on our copy only
+    backend.no_truncation()
+    backend.no_padding()
+    return np.array([len(e.ids) for e in backend.encode_batch(texts)] or [1], dtype=np.int64)
+
+
+def _plan_seq(found: HfInferred, texts: list[str], tokenizer, limit: int) -> None:
+    """The buckets (seq from the texts' token lengths) and whether longer texts are cut."""
+    p = found.profile
+    lengths = token_lengths(tokenizer, texts)
+    whole = p.records is not None and p.records <= p.sampled
+    found.limit, found.lengths = limit, (int(lengths.min()), int(lengths.max()))
+    found.buckets = {**propose_buckets(p, found.batch_size, {}),
+                     "seq": seq_values(lengths, found.batch_size, limit, whole)}
+    found.truncate = not whole or found.lengths[1] > limit
+
+
+def seq_values(lengths: np.ndarray, batch_size: int, limit: int, whole: bool) -> list[int]:
+    """The seq bucket values: SEQ_VALUES fitted to what the sample's batches need (each its
+    longest text, in file order, rounded up to a multiple of 8, which GPU kernels favour)
+    with the least padding (plan.best_values); unless the sample is the whole file, then the
+    model's limit too, so that a text the sample did not see is cut where the model would
+    cut it, never at the sample's longest."""
+    from graphrun.plan.planner import best_values
+
+    cut = np.minimum(-(-lengths // 8) * 8, limit)
+    starts = range(0, len(cut), batch_size)
+    needs = np.array([cut[s:s + batch_size].max() for s in starts], dtype=np.int64)
+    weights = np.array([len(cut[s:s + batch_size]) for s in starts], dtype=np.float64)
+    values = best_values(needs, weights, SEQ_VALUES)
+    return sorted(set(values) | (set() if whole else {limit}))
+
+
+# ---- the model, once -----------------------------------------------------------------------------
+
+def _probe_spec(found: HfInferred, names: list[str]):
+    """A spec to build the model from; its output shapes are placeholders (the heads do not
+    read them), the probe finds the real ones."""
+    from graphrun.spec.keys import PipelineSpec
+
+    inputs = {n: {"shape": [BATCH, "seq"], "dtype": "int64", "range": list(found.ranges[n][:2]),
+                  "pad": 0} for n in names}
+    outputs = {n: {**h, "shape": [BATCH]} for n, h in found.heads.items()}
+    return PipelineSpec.model_validate({
+        "version": 1, "name": found.name, "device": "cpu", "model": found.model,
+        "inputs": inputs, "outputs": outputs, "buckets": found.buckets,
+        "data": {"path": found.profile.path, "batch_size": found.batch_size,
+                 "text": {"field": found.text_field}},
+        "output": {"dir": "out"}})
+
+
+def _build(found: HfInferred, names: list[str]):
+    import torch
+
+    from graphrun.models.load import build_model
+
+    return build_model(_probe_spec(found, names), torch.device("cpu"), base_dir=Path.cwd())
+
+
+def _taken(model, names: list[str]) -> list[str]:
+    """The inputs the model's forward takes (the heads wrap the Hugging Face model)."""
+    import inspect
+
+    inner = getattr(model, "model", model)
+    try:
+        params = inspect.signature(inner.forward).parameters
+    except (TypeError, ValueError):
+        return names
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return names
+    missing = [n for n in ("input_ids", "attention_mask") if n not in params]
+    if missing:
+        raise ModelError(f"--hf: the model's forward takes no {' or '.join(missing)}; init "
+                         "writes specs for models that take token ids and an attention mask")
+    return [n for n in names if n in params]
+
+
+def _probe(model, tokenizer, texts: list[str], found: HfInferred) -> dict[str, tuple[list, str]]:
+    """One call on the first texts, tokenized as `run` tokenizes them: each output's shape
+    (batch first, then fixed sizes) and dtype."""
+    import torch
+
+    from graphrun.models.call import first_call
+
+    rows = tokenizer(texts[:PROBE_TEXTS], truncation=True, max_length=found.limit)
+    seq = max(len(ids) for ids in rows["input_ids"])
+    tensors = {}
+    for name in found.inputs:
+        values = rows.get(name) or [[0] * len(ids) for ids in rows["input_ids"]]
+        padded = [list(v) + [0] * (seq - len(v)) for v in values]
+        tensors[name] = torch.tensor(padded, dtype=torch.int64)
+    ret = first_call(model, tensors, "keyword", "init's probe (two texts of the file)")
+    outputs = {}
+    for name in found.heads:
+        t = ret[name]
+        dims = [BATCH, *[int(d) for d in t.shape[1:]]]
+        found.heads[name]["shape"] = dims
+        outputs[name] = (dims, str(found.heads[name].get("dtype") or t.dtype).replace(
+            "torch.", ""))
+    return outputs
+
+
+# ---- what to check -----------------------------------------------------------------------------
+
+def _checks(found: HfInferred, config) -> list[str]:
+    p, task = found.profile, found.task
+    lo, hi = found.lengths
+    seen = f"in the {p.sampled} records sampled" + (
+        f" of {p.records}" if p.records and p.records > p.sampled else "")
+    out = [f"model: config.json names {task.why} ({task.auto_class})",
+           f"data.text: field {found.text_field!r}, tokenized by the model's tokenizer",
+           f"buckets.seq {found.buckets['seq']}: token lengths {lo}-{hi} {seen}; "
+           + _longer(found)]
+    labels = getattr(config, "id2label", None) or {}
+    if task.kind == "classify" and labels:
+        shown = ", ".join(f"{k}: {v}" for k, v in list(labels.items())[:8])
+        out.append(f"outputs.label is the class index; config.json's labels: {shown}")
+    others = [n for n in p.texts if n != found.text_field]
+    if others:
+        out.append(f"string fields not used: {', '.join(others)}")
+    return out + sample_notes(found.model["dtype"], p)
+
+
+def _longer(found: HfInferred) -> str:
+    """What becomes of a text longer than the last seq bucket."""
+    last = found.buckets["seq"][-1]
+    if last == found.limit:
+        return (f"the last, {last}, is the model's limit: a longer text is cut there "
+                "(data.text.truncate: true)")
+    return (f"the sample is the whole file, so a longer text is rejected "
+            f"(data.text.truncate: false); if the file grows, add {found.limit} (the model's "
+            "limit) to buckets.seq and set truncate: true")

@@ -1,0 +1,281 @@
+"""`graphrun init`, the data half: what a sample of the input file says about the inputs.
+
+Field names, per-record ranks, which sizes are fixed and which vary (and by how much), element
+kinds, integer ranges, and which field looks like a record id. Sizes that vary together (a
+`tokens` and a `mask` of the same length in every record) share one bucket axis.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from graphrun.base.errors import InputError
+
+SUFFIXES = (".jsonl", ".npy", ".npz", ".parquet")
+PROBE_RECORDS = 8  # records kept per field for the model's probe calls
+SAMPLE_BYTES = 64 << 20  # a dense array's sample holds at most this much (and PROBE_RECORDS)
+SKIPPED = "\0skipped"  # the readers' entry for records left out of the sample, with why
+_ID_NAMES = re.compile(r"^(id|ids|uid|guid|key|idx|index)$|_id$|^id_", re.IGNORECASE)
+
+
+@dataclass
+class FieldInfo:
+    """One field of the records, as the sample shows it."""
+
+    name: str
+    kind: str  # float | int | bool | str
+    source_dtype: str  # as stored (numpy's name); JSON numbers read as int64/float64
+    dims: list  # per record, after batch: an int (fixed) or an axis name (varies)
+    lo: float | None = None  # integers: the smallest and largest value seen
+    hi: float | None = None
+    nonfinite: bool = False  # floats: NaN or Inf seen
+    probe: list = field(default_factory=list)  # the first records' values, for the probe
+    lengths: list = field(default_factory=list)  # per dim: [n] lengths, or None where fixed
+
+    @property
+    def dtype(self) -> str:
+        """The static buffer's dtype: graphrun's usual one for the kind."""
+        return {"float": "float32", "int": "int64", "bool": "bool"}[self.kind]
+
+
+@dataclass
+class DataProfile:
+    path: Path
+    records: int | None  # in the whole file, where cheap to know
+    sampled: int
+    fields: dict[str, FieldInfo]  # candidate inputs, in the file's order
+    id_field: str | None
+    axes: dict[str, tuple[int, int]]  # axis -> (shortest, longest) in the sample
+    left_out: list[str]  # fields that are neither inputs nor the id (Parquet, npz)
+    skipped: list[str] = field(default_factory=list)  # records left out of the sample, and why
+    texts: dict[str, list] = field(default_factory=dict)  # text=True: string fields' values
+
+    @property
+    def format(self) -> str:
+        return self.path.suffix.lstrip(".")
+
+
+def sample_data(path: Path, limit: int, id_field: str | None = None, *,
+                text: bool = False) -> DataProfile:
+    """Read the first `limit` records of `path` and describe them. text: the records hold text
+    to tokenize (init --hf): string fields are kept with their values (profile.texts), only
+    a field named like an id is taken for the id, and no numeric field is needed."""
+    if path.suffix not in SUFFIXES:
+        raise InputError(f"unknown input format {path.suffix or '(no suffix)'!r}: use one of "
+                         f"{', '.join(SUFFIXES)}", where=str(path))
+    if not path.is_file():
+        raise InputError("input file not found", where=str(path))
+    reader = {".jsonl": _read_jsonl, ".npy": _read_npy, ".npz": _read_npz,
+              ".parquet": _read_parquet}[path.suffix]
+    columns, total = reader(path, limit)
+    skipped = columns.pop(SKIPPED, [])
+    sampled = len(next(iter(columns.values()))) if columns else 0
+    if sampled == 0:
+        raise InputError("holds no records to learn the inputs from", where=str(path))
+    fields = {n: _describe(path, n, v) for n, v in columns.items()}
+    named = {n: f for n, f in fields.items() if f.kind != "str" or _ID_NAMES.search(n)}
+    chosen = _pick_id(named if text and id_field is None else fields, id_field, path)
+    if chosen:
+        del fields[chosen]
+    left_out = [n for n, f in fields.items() if f.kind == "str"]
+    if text:
+        texts = {n: columns[n] for n in left_out}
+        return DataProfile(path, total, sampled, {}, chosen, {}, left_out, skipped, texts)
+    if left_out and path.suffix == ".jsonl":
+        raise InputError(f"field {left_out[0]!r} holds strings, and every JSONL field must be "
+                         "an input (numbers) or the id: turn it into numbers (token ids) or "
+                         "drop it from the records, or pass --id-field if it is the id",
+                         where=str(path))
+    for n in left_out:
+        del fields[n]
+    if not fields:
+        raise InputError("has no numeric field to use as an input", where=str(path))
+    axes = _name_axes(fields)
+    return DataProfile(path, total, sampled, fields, chosen, axes, left_out, skipped)
+
+
+# ---- readers: name -> per-record values (a list) or a dense [n, ...] array --------------------
+
+def _read_jsonl(path: Path, limit: int) -> tuple[dict, int]:
+    """A record that cannot be used (not JSON, other fields, ragged) is left out of the sample
+    and counted in the "skipped" entry; `run` rejects or stops at it as the spec says."""
+    columns: dict[str, list] = {}
+    total, skipped = 0, []
+    with open(path, "rb") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            total += 1
+            if total > limit:
+                continue  # keep counting the file's records
+            try:
+                record = _jsonl_record(line, columns, f"{path.name}:{lineno}")
+            except InputError as err:
+                skipped.append(str(err))
+                continue
+            for name, value in record.items():
+                columns.setdefault(name, []).append(value)
+    if skipped and not columns:
+        raise InputError(f"no record of the sample could be used; the first: {skipped[0]}",
+                         where=str(path))
+    return {**columns, SKIPPED: skipped}, total
+
+
+def _jsonl_record(line: bytes, columns: dict, where: str) -> dict:
+    try:
+        record = json.loads(line)
+    except ValueError as e:
+        raise InputError(f"not JSON: {e}", where=where) from None
+    if not isinstance(record, dict):
+        raise InputError("a record must be a JSON object {\"field\": value, ...}", where=where)
+    if columns and set(record) != set(columns):
+        raise InputError(f"fields {sorted(record)} differ from the first record's "
+                         f"{sorted(columns)}", where=where)
+    return {name: _as_array(value, where, name) for name, value in record.items()}
+
+
+def _read_npy(path: Path, limit: int) -> tuple[dict, int]:
+    try:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except Exception as e:  # noqa: BLE001 - a damaged header raises all sorts
+        raise InputError(f"cannot read the .npy file: {e}", where=str(path)) from e
+    if array.ndim == 0:
+        raise InputError("holds a scalar, not an array of records", where=str(path))
+    return {path.stem: _head(array, limit)}, len(array)
+
+
+def _read_npz(path: Path, limit: int) -> tuple[dict, int]:
+    try:
+        arrays = np.load(path, mmap_mode="r", allow_pickle=False)
+    except Exception as e:  # noqa: BLE001
+        raise InputError(f"cannot read the .npz file: {e}", where=str(path)) from e
+    with arrays:
+        out = {n: _head(arrays[n], limit) for n in arrays.files}
+        n = min((len(v) for v in out.values()), default=0)
+        out = {k: v[:n] for k, v in out.items()}  # as many records of every array
+        lengths = {n: len(arrays[n]) for n in arrays.files}
+    if len(set(lengths.values())) > 1:
+        raise InputError(f"arrays hold different numbers of records: {lengths}",
+                         where=str(path))
+    return out, next(iter(lengths.values()), 0)
+
+
+def _head(array: np.ndarray, limit: int) -> np.ndarray:
+    """The first records of a (memory-mapped) array, at most SAMPLE_BYTES of them."""
+    row_bytes = max(1, array[:1].nbytes)
+    return np.asarray(array[:max(PROBE_RECORDS, min(limit, SAMPLE_BYTES // row_bytes))])
+
+
+def _read_parquet(path: Path, limit: int) -> tuple[dict, int]:
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+        batch = next(pf.iter_batches(batch_size=limit), None)
+    except Exception as e:  # noqa: BLE001 - pyarrow raises several kinds
+        raise InputError(f"cannot read the Parquet file: {e}", where=str(path)) from e
+    if batch is None:
+        return {}, 0
+    columns = {}
+    for name, col in zip(batch.schema.names, batch.columns):
+        values = col.to_pylist()
+        columns[name] = [_as_array(v, f"{path}[row {i}]", name) for i, v in enumerate(values)]
+    return columns, pf.metadata.num_rows
+
+
+def _as_array(value, where: str, name: str):
+    if isinstance(value, str):
+        return value
+    if value is None:
+        raise InputError(f"field {name!r} is null; inputs need a value in every record",
+                         where=where)
+    try:
+        array = np.asarray(value)
+    except ValueError as e:
+        raise InputError(f"field {name!r} is ragged (its nested lists differ in length): {e}",
+                         where=where) from None
+    if array.dtype.kind not in "biuf":
+        raise InputError(f"field {name!r} holds {array.dtype} values, not numbers",
+                         where=where)
+    return array
+
+
+# ---- describing a field ----------------------------------------------------------------------
+
+def _describe(path: Path, name: str, values) -> FieldInfo:
+    if isinstance(values, np.ndarray):  # dense: every record has the same shape
+        return _summarise(name, values.dtype, list(values.shape[1:]), values[:PROBE_RECORDS],
+                          values, [None] * (values.ndim - 1))
+    if any(isinstance(v, str) for v in values):
+        return FieldInfo(name, "str", "str", [], probe=values[:PROBE_RECORDS])
+    ranks = {v.ndim for v in values}
+    if len(ranks) > 1:
+        raise InputError(f"field {name!r} has records of ranks {sorted(ranks)}; an input "
+                         "needs the same rank in every record", where=str(path))
+    rank = ranks.pop()
+    dims, lengths = [], []
+    for d in range(rank):
+        sizes = np.array([v.shape[d] for v in values])
+        fixed = bool((sizes == sizes[0]).all())
+        dims.append(int(sizes[0]) if fixed else None)
+        lengths.append(None if fixed else sizes)
+    kinds = [v.dtype for v in values]
+    dtype = np.result_type(*kinds) if kinds else np.dtype("float32")
+    flat = np.concatenate([v.ravel() for v in values]) if rank else np.array(values)
+    return _summarise(name, dtype, dims, values[:PROBE_RECORDS], flat, lengths)
+
+
+def _summarise(name, dtype, dims, probe, values, lengths) -> FieldInfo:
+    kind = {"b": "bool", "i": "int", "u": "int", "f": "float"}.get(np.dtype(dtype).kind)
+    if kind is None:
+        return FieldInfo(name, "str", str(dtype), [], probe=list(probe))
+    info = FieldInfo(name, kind, str(np.dtype(dtype)), dims, probe=list(probe),
+                     lengths=lengths)
+    if kind == "int" and values.size:
+        info.lo, info.hi = int(values.min()), int(values.max())
+    elif kind == "float" and values.size:
+        info.nonfinite = not bool(np.isfinite(values).all())
+    return info
+
+
+def _pick_id(fields: dict[str, FieldInfo], asked: str | None, path: Path) -> str | None:
+    """The field given by --id-field, else one scalar field of unique strings or integers whose
+    name says id (`id`, `key`, `..._id`), else a lone string field."""
+    if asked is not None:
+        if asked not in fields:
+            raise InputError(f"--id-field {asked!r} is not a field of the file (fields: "
+                             f"{', '.join(fields)})", where=str(path))
+        return asked
+    scalar = [f for f in fields.values() if not f.dims and f.kind in ("int", "str")]
+    named = [f.name for f in scalar if _ID_NAMES.search(f.name)]
+    strings = [f.name for f in scalar if f.kind == "str"]
+    if len(named) == 1:
+        return named[0]
+    if len(strings) == 1 and not named:
+        return strings[0]
+    return None
+
+
+def _name_axes(fields: dict[str, FieldInfo]) -> dict[str, tuple[int, int]]:
+    """Give every varying dim an axis name: dims whose lengths agree record by record share
+    one (`seq`, then `seq2`, ...)."""
+    axes: dict[str, tuple[int, int]] = {}
+    seen: list[tuple[np.ndarray, str]] = []
+    for f in fields.values():
+        for d, sizes in enumerate(f.lengths):
+            if sizes is None:
+                continue
+            name = next((a for s, a in seen if len(s) == len(sizes) and (s == sizes).all()),
+                        None)
+            if name is None:
+                name = "seq" if not seen else f"seq{len(seen) + 1}"
+                seen.append((sizes, name))
+                axes[name] = (int(sizes.min()), int(sizes.max()))
+            f.dims[d] = name
+    return axes
+

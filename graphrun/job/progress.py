@@ -1,0 +1,221 @@
+"""What a person watching sees: progress while running, a table at the end (rich).
+
+Both are shown only when asked (`show`: the CLI passes it unless --quiet is given); the
+manifest holds everything either way. On a terminal the progress is a bar; elsewhere (a log
+file, CI) it is a plain line every LINE_S seconds, with records, rate and ETA.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from graphrun.base.errors import GraphrunError
+from graphrun.base.phases import FIRST_USE
+from graphrun.read.formats import reader_for
+from graphrun.base.tuning import Tuning
+
+UPDATE_S = 0.1  # the progress bar's counts are pushed at most this often
+LINE_S = 5.0  # outside a terminal, a progress line this often
+
+
+class Progress:
+    def __init__(self, show: bool, total: int | None, out=None):
+        self._bar = self._lines = None
+        self._pending, self._shown = 0, 0.0
+        if not show:
+            return
+        out = out or sys.stdout
+        if not getattr(out, "isatty", lambda: False)():
+            self._lines = ProgressLines(total, out)
+            return
+        from rich.progress import (BarColumn, MofNCompleteColumn, TextColumn,
+                                   TimeRemainingColumn)
+        from rich.progress import Progress as RichProgress
+
+        self._bar = RichProgress(TextColumn("records"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("[progress.data.speed]{task.fields[rate]}"),
+                                 TimeRemainingColumn(), transient=False)
+        self._task = self._bar.add_task("run", total=total, rate="")
+        self._bar.start()
+
+    def set_total(self, total: int | None) -> None:
+        """The records the run will read, once counted (beside setup: pipeline.open_sinks)."""
+        if self._lines is not None:
+            self._lines.total = total
+        elif self._bar is not None:
+            self._bar.update(self._task, total=total)
+
+    def advance(self, n: int) -> None:
+        """Count n more records. Called on the launching thread once per batch: the bar is
+        updated at most every UPDATE_S (an update costs tens of microseconds, a GPU batch
+        may take less than a millisecond)."""
+        if self._lines is not None:
+            self._lines.advance(n)
+            return
+        if self._bar is None:
+            return
+        self._pending += n
+        now = time.monotonic()
+        if now - self._shown < UPDATE_S:
+            return
+        self._shown = now
+        self._flush()
+
+    def _flush(self) -> None:
+        self._bar.advance(self._task, self._pending)
+        self._pending = 0
+        speed = self._bar.tasks[0].speed
+        if speed:
+            self._bar.update(self._task, rate=f"{speed:,.0f} rec/s")
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._flush()
+            self._bar.stop()
+            self._bar = None
+
+
+class ProgressLines:
+    """`graphrun: 12,000/100,000 records (12%), 3,100 records/s, ETA 0:00:25`, a line every
+    LINE_S seconds; the rate counts from the first batch (setup and capture are not in it)."""
+
+    def __init__(self, total: int | None, out):
+        self.total, self.out = total, out
+        self.done = 0
+        self.t0 = self.shown = None
+
+    def advance(self, n: int) -> None:
+        now = time.monotonic()
+        if self.t0 is None:
+            self.t0 = self.shown = now
+        self.done += n
+        if now - self.shown >= LINE_S:
+            self.shown = now
+            print(self.line(now - self.t0), file=self.out, flush=True)
+
+    def line(self, elapsed: float) -> str:
+        rate = self.done / elapsed if elapsed > 0 else 0.0
+        text = f"graphrun: {self.done:,}"
+        if self.total:
+            text += f"/{self.total:,} records ({self.done / self.total:.0%})"
+        else:
+            text += " records"
+        text += f", {rate:,.0f} records/s"
+        if self.total and rate > 0:
+            left = max(0, self.total - self.done) / rate
+            text += f", ETA {int(left) // 3600}:{int(left) % 3600 // 60:02d}:{int(left) % 60:02d}"
+        return text
+
+
+def count_records(spec, start: int = 0, stop: int | None = None) -> int | None:
+    """Records the run will read, cheaply (a line count, an array header, Parquet metadata);
+    None where the file cannot say (the run itself then reports why)."""
+    try:
+        total = reader_for(spec, Tuning()).count()
+    except (GraphrunError, OSError, ValueError, KeyError, StopIteration):
+        return None
+    end = total if stop is None else min(stop, total)
+    return max(0, end - start)
+
+
+def summary_table(manifest, shown: set[str] = frozenset()) -> None:
+    """One row per bucket, narrow enough for 80 columns; the manifest has the rest (e2e and
+    every percentile, pool memory, verify errors)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"graphrun: {manifest.name} ({manifest.status})", box=None,
+                  padding=(0, 1), pad_edge=False, show_edge=False,
+                  caption="replay: median us per batch; capture: ms")
+    for col in ("bucket", "status", "batches", "records", "padded", "replay", "capture",
+                "verify"):
+        table.add_column(col, justify="left" if col in ("bucket", "status") else "right",
+                         no_wrap=True, min_width=len(col))
+    for b in manifest.buckets:
+        replay = b.latency_us.get("replay", {}).get("p50")
+        checks = [lane.verify for lane in b.lanes if lane.verify is not None]
+        verify = "-" if not checks else ("ok" if all(v.passed for v in checks) else "FAILED")
+        table.add_row(b.name, b.status, str(b.batches), str(b.records), str(b.padded_rows),
+                      f"{replay:.0f}" if replay else "-",
+                      f"{b.capture_s * 1e3:.1f}" if b.capture_s else "-", verify)
+    console = Console()
+    console.print(table)
+    t = manifest.totals
+    console.print(f"records in {t.records_in}, out {t.records_out}, rejected "
+                  f"{t.records_rejected}; {t.batches} batches; {t.records_per_s:,.0f} "
+                  f"records/s; setup {t.setup_s:.2f} s, capture {t.capture_s:.2f} s; "
+                  f"padding {t.padding_ratio:.1%} of rows"
+                  + "".join(f", {r:.1%} of {a} positions"
+                            for a, r in t.padding_ratio_positions.items()))
+    console.print(bucket_setup(manifest))
+    where = stream_breakdown(t)
+    if where:
+        console.print(where)
+    biggest = biggest_phases(manifest)
+    if biggest:
+        console.print(biggest)
+    for w in manifest.warnings:
+        if w not in shown:
+            console.print(f"[yellow]warning:[/yellow] {w}")
+
+
+def bucket_setup(manifest) -> str:
+    """`buckets: 1 set up at start, 1 on first use (batch=1 by batch 6; 0.07 s), 2 never
+    set up (no batch selected them: capture.lazy)`: when each bucket was set up."""
+    buckets = manifest.buckets
+    first = [b for b in buckets if b.set_up == "first_use"]
+    said = [f"{sum(b.set_up == 'setup' for b in buckets)} set up at start"]
+    if first:
+        named = ", ".join(f"{b.name} by batch {b.first_use_batch}" for b in first[:3])
+        spent = [p.s for p in (manifest.phases.top if manifest.phases else [])
+                 if p.name == FIRST_USE]
+        said.append(f"{len(first)} on first use ({named}{', ...' if len(first) > 3 else ''}"
+                    + (f"; {spent[0]:.2f} s" if spent else "") + ")")
+    unused = sum(b.status == "unused" for b in buckets)
+    if unused:
+        said.append(f"{unused} never set up (no batch selected them: capture.lazy)")
+    skipped = sum(b.status == "skipped" for b in buckets)
+    if skipped:
+        said.append(f"{skipped} skipped (the manifest says why)")
+    return "buckets: " + ", ".join(said)
+
+
+def biggest_phases(manifest, count: int = 3) -> str | None:
+    """`time 4.02 s from the process's start: interpreter and imports 3.06 s (76%), stream
+    0.34 s (8%), first call and buffers 0.17 s (4%)`: the largest of manifest.phases."""
+    phases, total = manifest.phases, manifest.totals.process_wall_s
+    if phases is None or not total:
+        return None
+    top = sorted(phases.top, key=lambda p: p.s, reverse=True)[:count]
+    return (f"time {total:.2f} s from the process's start: "
+            + ", ".join(f"{p.name} {p.s:.2f} s ({p.s / total:.0%})" for p in top))
+
+
+# host_phase_s keys, as the summary names them: what each thread does (feed.py)
+_STEPS = (("read", "read"), ("stage", "pad"), ("launch", "launch"),
+          ("device_wait", "device wait"), ("write", "write"))
+
+
+def stream_breakdown(totals) -> str | None:
+    """Where the streaming time went, per step, as shares of it: serially they add up to
+    about all of it; overlapped the threads run side by side, and the largest share of a
+    step that is the host's own work (not a wait) is what bounds the rate."""
+    stream = totals.stream_s
+    phases = totals.host_phase_s
+    if stream <= 0 or not phases:
+        return None
+    shares = [(label, phases.get(key, 0.0) / stream) for key, label in _STEPS]
+    text = ", ".join(f"{label} {share:.0%}" for label, share in shares)
+    path = "overlapped, steps side by side" if totals.overlapped else "serial"
+    if totals.overlap_trials:  # measured: the path the latest trial round chose, and its rates
+        r = totals.overlap_trials[-1]
+        path += (f"; measured {r['overlapped']:,.0f} records/s overlapped against "
+                 f"{r['serial']:,.0f} serial")
+    own = [(share, label) for label, share in shares if label != "device wait"]
+    busiest = max(own)[1]
+    text = f"stream ({path}): {text}; busiest: {busiest}"
+    if busiest == "read":  # the device waited for the input
+        text += (" (reading the input limits the rate; for Parquet, write row groups of at "
+                 "most 65,536 records so that several decode at once)")
+    return text

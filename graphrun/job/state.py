@@ -1,0 +1,280 @@
+"""RunState: what the spine (pipeline.py) accumulates over a run, and the manifest it is turned
+into at the end, whatever happened (counts, hashes, latencies per bucket and phase, warnings)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from graphrun.engine.timing import noise_floor_us, percentiles, spread_warning
+from graphrun.write.folder import FilesHash, model_files, write_fingerprint
+from graphrun.write.journal import InputHash
+from graphrun.manifest.keys import (FileEntry, Manifest, Totals, all_rejected, environment,
+                                    spec_digest, write_manifest)
+from graphrun.manifest.sections import BucketPhases, Phase, Phases
+from graphrun.feed.overlap import OverlapTrial, overlap_reason, overlapped_path
+from graphrun.engine.padding import position_ratios
+from graphrun.base.phases import PART_PHASES, PhaseClock, phase
+
+
+class Digest(Protocol):
+    """A hash a run waits for: its own (journal.InputHash, folder.FilesHash) or a part of the
+    record its job hashed once (scale/input_digest.SharedHash)."""
+
+    def result(self) -> Any: ...
+
+    def stop(self) -> Any: ...
+
+
+@dataclass(frozen=True)
+class RunHashes:
+    """Where a run's input and model digests come from: its own hashing, or its job's."""
+
+    input: Digest
+    model: Digest
+
+    @classmethod
+    def own(cls, path: Path, model: dict[str, Path]) -> "RunHashes":
+        return cls(InputHash(Path(path)), FilesHash(model))
+
+
+class RunState:
+    """What the spine accumulates for the manifest."""
+
+    def __init__(self, spec, out_dir: Path, spec_json: dict, clock: PhaseClock | None = None,
+                 hashes: RunHashes | None = None):
+        self.spec, self.out_dir, self.spec_json = spec, out_dir, spec_json
+        self.clock = clock or PhaseClock()  # the process's time, as phases (phases.py)
+        self.spec_sha = spec_digest(spec_json)
+        self.t0 = time.perf_counter()
+        self.model_files = model_files(spec.model, spec.base_dir)
+        # for --resume: the same input and model; a job's worker is given the digests its job
+        # hashed once (scale/input_digest.py)
+        hashes = hashes or RunHashes.own(spec.data.path, self.model_files)
+        self.input_hash, self.model_hash = hashes.input, hashes.model
+        self.input_sha: str | None = None
+        self.late_error: str | None = None  # writing the manifest or latencies failed
+        self.started = _now()
+        self.status, self.error = "failed", None
+        self.records_in = self.records_out = self.rejected = self.batches = 0
+        self.batches_before = 0  # latencies.jsonl lines kept from the run this one resumes
+        self.resumed_from = None
+        self.earlier = (0, 0)  # (rows, rejects) committed by the attempts this one resumes
+        self.count_from = 0  # records below it were committed by the run this one resumes
+        self.runner = self.writer = self.latencies = self.reader = None  # open while streaming
+        self.stream_t0 = None
+        self.files = []
+        self.stream_s = 0.0
+        self.warnings: list[str] = []
+        self.printed: set[str] = set()  # warnings already printed while running
+        self.samples: dict = {}  # bucket -> phase -> [us]
+        self.bucket_batches: dict[str, int] = {}  # bucket -> batches (timed or not)
+        self.host_s: dict[str, float] = {}
+        self.overlapped: bool | None = None
+        self.trial: OverlapTrial | None = None  # overlap measured: what it measured
+        self.overlap_how: str | None = None  # who chose the path: the caller or the default
+        self.bucket_plan = None  # buckets: auto: what was planned (auto_buckets.py)
+        self.device_start = None  # the CUDA context begun beside setup (device_start.py)
+        self.tuning = None  # the reader's and writer's threads and chunks (tuning.py)
+        self.padding = None  # data.group_by_length: the padding saved (grouping.PaddingCount)
+        self.place = None  # a job's worker: where its shards go (journal.ShardPlace)
+
+    def finish(self, progress) -> Manifest:
+        """Close what the stream opened, commit, and write the manifest (whatever happened).
+        A write that fails here (a full disk) is kept in late_error, and the manifest's temp
+        file removed: it must not hide the error that ended the stream."""
+        self.stream_s = time.perf_counter() - self.stream_t0 if self.stream_t0 else 0.0
+        with phase("drain and fsync"):
+            self.close_outputs(progress)
+        self.settle_hash()
+        self.settle_counts()
+        with phase("manifest write"):  # the run's end: the manifest's content complete
+            manifest = self.manifest()
+        path = self.out_dir / "manifest.json"
+        try:
+            write_manifest(manifest, path)
+        except OSError as err:
+            Path(f"{path}.tmp").unlink(missing_ok=True)
+            self.fail_late(f"writing {path} failed: {err}")
+        if self.runner:
+            self.runner.close()
+        return manifest
+
+    def close_outputs(self, progress) -> None:
+        """The reader stopped, latencies.jsonl closed, the writer's last shard committed."""
+        if self.reader is not None:
+            self.reader.close()
+        progress.close()
+        if self.latencies is not None:
+            try:
+                self.latencies.close()
+            except OSError as err:
+                self.fail_late(f"writing {self.out_dir / 'latencies.jsonl'} failed: {err}")
+        if self.writer:
+            # interrupted: only complete shards are committed, so that --resume writes the
+            # same shards as an uninterrupted run; a failure commits all it has before it
+            try:
+                self.files = self.writer.close(partial=self.status != "interrupted")
+            except OSError as err:
+                self.fail_late(f"writing {self.out_dir} failed: {err}")
+                self.files = self.writer.committed_files()
+            self.records_out = self.writer.rows_written
+            self.rejected = self.writer.rejects_written
+
+    def fail_late(self, error: str) -> None:
+        if self.status != "failed":  # the first error is the one the user sees
+            self.status, self.error = "failed", error
+            self.late_error = error
+
+    def stop_hashes(self) -> None:
+        self.input_hash.stop()
+        self.model_hash.stop()
+
+    def count(self, rb) -> int:
+        """Count a record batch's records and rejects (those not committed by an earlier run)."""
+        if self.count_from == 0:  # not a resume: all of them, without a pass over indices
+            new = len(rb.indices) + len(rb.rejects)
+        else:
+            new = int(np.count_nonzero(rb.indices >= self.count_from)) + sum(
+                r.index >= self.count_from for r in rb.rejects)
+        self.records_in += new
+        return new
+
+    def record_hashes(self, fingerprint: dict) -> None:
+        """run.json gets the input's and model's hashes, waited for: before the stream starts,
+        so before any journal line (a run.json without them means nothing was committed)."""
+        with phase("input hash wait"):
+            fingerprint["input_sha256"] = self.input_sha = self.input_hash.result()
+            fingerprint["model_sha256"] = self.model_hash.result()
+        with phase("output folder"):
+            write_fingerprint(self.out_dir, fingerprint)
+
+    def settle_hash(self) -> None:
+        """The manifest's input hash: known once streaming started; a run that failed before
+        (in setup, say) stops the hashing instead of waiting for it."""
+        self.input_sha = self.input_hash.stop()
+
+    def settle_counts(self) -> None:
+        """A completed run's records_in is counted as read, independently of the writer's
+        counts, so in = out + rejected checks them. A stopped run accounts only for what it
+        committed; what it read beyond that is read again by --resume."""
+        committed = self.records_out + self.rejected
+        if self.status != "completed" and self.records_in != committed:
+            self.warnings.append(
+                f"{self.records_in - committed} records read after the last commit were not "
+                "committed; --resume reads them again")
+            self.records_in = committed
+        if self.status == "completed" and self.rejected and not self.records_out:
+            self.warnings.append(all_rejected(self.out_dir, self.rejected))
+
+    def print_and_warn(self, msg: str) -> None:
+        """Shown as it comes (a terminal or a log), so the summary need not repeat it."""
+        print(msg)
+        self.printed.add(msg.removeprefix("warning: "))
+        self.warn(msg)
+
+    def warn(self, msg: str) -> None:
+        if msg.startswith("warning: "):
+            self.warnings.append(msg[len("warning: "):])
+
+    def log_batches(self, latencies, ran: list, n: int, first: int) -> None:
+        """A batch's outputs are in the writer: its timings go to latencies.jsonl."""
+        self.clock.output_handed()
+        for bucket, times in ran:
+            self.batches += 1
+            name = bucket.name if bucket else "oversize-eager"
+            phases = self.samples.setdefault(name, {})
+            for phase, us in times.items():
+                phases.setdefault(phase, array("d")).append(us)  # 8 bytes a batch per phase
+            self.bucket_batches[name] = self.bucket_batches.get(name, 0) + 1
+            latencies.write(json.dumps({"batch": self.batches_before + self.batches,
+                                        "first": first, "bucket": name, "records": n,
+                                        **{f"{p}_us": round(v, 2) for p, v in times.items()}})
+                            + "\n")
+
+    def device_s(self) -> float:
+        """The compute stream's busy time: per bucket, its batches times their mean replay
+        (phases are timed on a sample of batches, timing.sampled; the copies run beside the
+        replays, on their own streams)."""
+        total = 0.0
+        for name, n in self.bucket_batches.items():
+            replay = self.samples.get(name, {}).get("replay")
+            if replay:
+                total += n * sum(replay) / len(replay) / 1e6
+        return total
+
+    def manifest(self) -> Manifest:
+        runner, spec = self.runner, self.spec
+        ps = spec.report.percentiles
+        buckets, capture_s, capture_mem, rows_run, padded = [], 0.0, 0, 0, 0
+        for report in (runner.bucket_reports() if runner else []):
+            samples = self.samples.get(report.name, {})
+            report.latency_us = {ph: percentiles(v, ps) for ph, v in samples.items()}
+            buckets.append(report)
+            capture_s += report.capture_s or 0.0
+            capture_mem += report.memory_bytes or 0
+            rows_run += report.records + report.padded_rows
+            padded += report.padded_rows
+            for phase, values in samples.items():
+                floor = noise_floor_us(phase, runner.cuda)
+                w = floor is not None and spread_warning(
+                    values, f"bucket {report.name} {phase}", floor)
+                if w:
+                    self.warnings.append(w)
+        wall = time.perf_counter() - self.t0
+        busy = (min(1.0, self.device_s() / self.stream_s)
+                if self.stream_s and runner and runner.cuda else None)
+        env = environment(runner.device, runner.backend) if runner else None
+        process_wall = self.clock.end()  # what follows is the manifest's few assignments
+        totals = Totals(
+            records_in=self.records_in, records_out=self.records_out,
+            records_rejected=self.rejected, batches=self.batches, wall_s=wall,
+            setup_s=runner.setup_s if runner else 0.0, stream_s=self.stream_s,
+            input_hash_s=self.input_hash.waited_s,
+            earlier_records_out=self.earlier[0], earlier_records_rejected=self.earlier[1],
+            records_per_s=((self.records_out - self.earlier[0]) / self.stream_s
+                           if self.stream_s else 0.0),
+            capture_s=capture_s, capture_memory_bytes=capture_mem,
+            padding_ratio=padded / rows_run if rows_run else 0.0,
+            padding_ratio_positions=position_ratios(buckets),
+            device_busy_fraction=busy,
+            device_idle_fraction=None if busy is None else 1.0 - busy,
+            overlapped=overlapped_path(self.trial, self.overlapped),
+            overlap_reason=overlap_reason(self.trial, self.overlapped, self.overlap_how),
+            overlap_trials=self.trial.rounds if self.trial
+            else [], host_phase_s=self.host_s,
+            process_wall_s=process_wall, time_to_first_output_s=self.clock.first_output_s())
+        return Manifest(
+            status=self.status, error=self.error, name=spec.name, started_at=self.started,
+            finished_at=_now(), spec=self.spec_json, spec_sha256=self.spec_sha,
+            input={"path": str(spec.data.path), "format": spec.data.path.suffix.lstrip("."),
+                   "sha256": self.input_sha},
+            environment=env, buckets=buckets, totals=totals,
+            files=[FileEntry(**vars(f)) if not isinstance(f, dict) else FileEntry(**f)
+                   for f in self.files],
+            rejects={"path": "rejects.jsonl" if (self.out_dir / "rejects.jsonl").exists()
+                     else None, "count": self.rejected},
+            resumed_from=self.resumed_from, warnings=self.warnings,
+            bucket_plan=self.bucket_plan,
+            grouping=self.padding.report() if self.padding else None, phases=self.phases())
+
+    def phases(self) -> Phases:
+        """The clock's phases (after its end()): the flat list, and warm-up, capture and
+        verify per bucket and lane."""
+        clock = self.clock
+        parts = [BucketPhases(bucket=bucket, lane=lane, within=clock.within.get((bucket, lane)),
+                              **{f"{p.replace('-', '')}_s": got.get(p, 0.0) for p in PART_PHASES})
+                 for (bucket, lane), got in clock.parts.items()]
+        return Phases(process_start=clock.t0_how,
+                      top=[Phase(name=n, s=s) for n, s in clock.top()], buckets=parts)
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")

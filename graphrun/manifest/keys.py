@@ -1,0 +1,339 @@
+"""The manifest: what a run did and what every part of it cost. schemas/manifest.schema.json is
+generated from these models; every run's manifest.json validates against it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import socket
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+from graphrun.manifest.sections import Phases, RayReport, WorkerReport
+
+MANIFEST_VERSION = 1
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Environment(_M):
+    graphrun: str
+    python: str
+    torch: str
+    cuda: Optional[str] = Field(None, description="CUDA version torch was built with.")
+    gpu: Optional[str] = None
+    driver: Optional[str] = None
+    host: str
+    platform: str
+    device: str = Field(..., description="The device the run used.")
+    backend: str = Field(..., description="cuda-graph or eager.")
+
+
+class BatchCheck(_M):
+    passed: bool
+    max_abs_err: float
+    max_rel_err: float
+    failures: list[str] = Field(default_factory=list)
+
+
+class VerifyResult(_M):
+    passed: bool
+    max_abs_err: float
+    max_rel_err: float
+    pad_isolated: Optional[bool] = Field(None, description="null for a bucket of batch 1.")
+    failures: list[str] = Field(default_factory=list)
+    real_batch: Optional[BatchCheck] = Field(
+        None, description="Replay vs eager on the first real batch that reached the bucket "
+        "(captured buckets only; null if none reached it).")
+
+
+class LaneReport(_M):
+    verify: Optional[VerifyResult] = Field(
+        None, description="This lane's graph of the bucket checked against eager (synthetic "
+        "inputs, pad isolation, the first real batch it ran); null with capture.verify off.")
+
+
+class BucketReport(_M):
+    name: str = Field(..., description='"batch=8" or "batch=8,seq=64".')
+    sizes: dict[str, int]
+    status: Literal["captured", "eager", "skipped", "unused"] = Field(
+        ..., description="captured: replays a CUDA graph; eager: runs the model eagerly (the "
+        "eager backend, e.g. the CPU, or capture.on_failure: eager after a failed capture or "
+        "verification; reason says which); skipped: dropped (capture.memory_budget_mib), no "
+        "batch ran in it; unused: capture.lazy and no batch selected it, so it was never set "
+        "up (no warm-up, capture or verification).")
+    reason: Optional[str] = Field(None, description="Why the bucket is eager, skipped or "
+                                  "unused, or why its setup on first use failed.")
+    set_up: Optional[Literal["setup", "first_use"]] = Field(
+        None, description="When the bucket was set up (warm-up, capture where the backend "
+        "captures, verification): setup, before the stream; first_use, with capture.lazy, when "
+        "the first batch that selected it came (the launching thread waited for the batches in "
+        "flight, then set it up on every lane; that time is the phase `bucket setup on first "
+        "use`, within stream_s, not in setup_s); null when it never was (skipped, unused).")
+    first_use_batch: Optional[int] = Field(
+        None, description="set_up: first_use: the batch (0-based, of this attempt; a batch "
+        "that data.oversize: split cuts counts once per part) that needed it.")
+    warmup_s: Optional[float] = None
+    capture_s: Optional[float] = None
+    memory_bytes: Optional[int] = Field(None, description="Pool growth while capturing it.")
+    lanes: list[LaneReport] = Field(
+        default_factory=list, description="One entry per lane the bucket ran on: a lane is a "
+        "set of static buffers with the bucket's graph captured on them. The overlapped stream "
+        "uses two lanes in turn, so that one batch's copies run beside the other's replay; "
+        "capture_s and memory_bytes include every lane's capture. Empty for a skipped bucket.")
+    batches: int = 0
+    records: int = 0
+    padded_rows: int = 0
+    padded_positions: dict[str, int] = Field(
+        default_factory=dict, description="Per bucket axis other than batch: the slots (rows "
+        "x the axis's size) that held padding, in real and padded rows alike (token slots for "
+        "seq).")
+    latency_us: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="phase (h2d, replay, d2h, e2e) -> percentile -> us. "
+        "e2e over every batch; h2d, replay and d2h (CUDA events on a GPU) over the bucket's "
+        "first 256 batches and one in 8 after them.")
+    eager_us: Optional[float] = Field(None, description="Median eager step (report.baseline).")
+    replay_us: Optional[float] = Field(None, description="Median replay measured beside it.")
+    speedup: Optional[float] = None
+
+
+class Totals(_M):
+    records_in: int = Field(..., description="The whole run, every attempt (--resume) "
+                            "included: what the output folder holds; in = out + rejected.")
+    records_out: int
+    records_rejected: int
+    earlier_records_out: int = Field(
+        0, description="Of records_out, those committed by the attempts this one resumed "
+        "(0 unless --resume): records_out - earlier_records_out came out of this attempt.")
+    earlier_records_rejected: int = Field(
+        0, description="Of records_rejected, those committed by the attempts this one resumed.")
+    batches: int = Field(..., description="Batches this attempt ran; like buckets[] and "
+                         "latency_us, this attempt alone. A resumed attempt starts at the "
+                         "batch holding the first record not committed, so up to one batch "
+                         "runs again (its committed rows are not written twice).")
+    wall_s: float = Field(..., description="From the start of the run to its manifest: "
+                          "setup_s, stream_s, and the output folder's preparation, the wait "
+                          "for the input's hash and the last commits.")
+    process_wall_s: Optional[float] = Field(
+        None, description="From the process's start (phases.process_start says how it was "
+        "known) to the run's end: the manifest's content gathered, after which only its "
+        "assembly, write, fsync and rename follow. The phases' seconds add up to it. From "
+        "the CLI it includes the interpreter's start and the imports; from the Python API, "
+        "whatever the process did before run(). Null in manifests of older graphrun.")
+    time_to_first_output_s: Optional[float] = Field(
+        None, description="From the process's start to the first batch's outputs handed to "
+        "the writer (written into the open shard, not yet committed: shards commit every "
+        "output.rows_per_file rows). Null when no batch ran.")
+    setup_s: float = Field(..., description="Model build, buffers, capture and verify.")
+    stream_s: float = Field(0.0, description="The streaming time: from the end of setup to "
+                            "the last batch written.")
+    input_hash_s: float = Field(0.0, description="How long the run waited for the input file's "
+                                "sha256 (for --resume's check that it did not change), which "
+                                "a child process computes beside setup: --resume waits for it "
+                                "before setup, a new run after setup, before streaming.")
+    records_per_s: float = Field(..., description="This attempt's records out "
+                                 "(records_out - earlier_records_out) / its streaming time, "
+                                 "which starts after setup; the input's first batch is read "
+                                 "during setup, beside it.")
+    capture_s: float
+    capture_memory_bytes: int
+    padding_ratio: float = Field(..., description="Padded rows / rows run.")
+    padding_ratio_positions: dict[str, float] = Field(
+        default_factory=dict, description="Per bucket axis other than batch: padded positions "
+        "/ positions run (token slots for seq), padded rows included.")
+    device_busy_fraction: Optional[float] = Field(
+        None, description="GPU runs: the compute stream's time (per bucket, batches x mean "
+        "replay time; CUDA events) / wall time of the streaming part of the run; big copies "
+        "run beside it, on their own streams. An upper bound: when the device has caught up "
+        "with the host, a stall of the launching thread between two marks of a batch (waiting "
+        "for the GIL, say) counts as replay time.")
+    device_idle_fraction: Optional[float] = Field(
+        None, description="GPU runs: 1 - device_busy_fraction, the share of the streaming wall "
+        "time the device waited for the host.")
+    overlapped: Optional[bool] = Field(
+        None, description="Whether the stream ran overlapped (stager, launching and completer "
+        "threads) or serially; with the overlap measured (the CPU's default), the path the "
+        "latest trial round chose. Null when the stream never started.")
+    overlap_reason: Optional[str] = Field(
+        None, description="What chose the path, and why: set (GRAPHRUN_OVERLAP or run()'s "
+        "overlap), the device's default, or the trial's measurement (the latest round's "
+        "ratio; serial where a batch took too long to time both paths in the legs; the path "
+        "of the last leg where the stream ended within the first round).")
+    overlap_trials: list[dict[str, float]] = Field(
+        default_factory=list, description="With the overlap measured (GRAPHRUN_OVERLAP=measure, "
+        "the CPU's default): records/s of the serial and the overlapped path in each trial "
+        "round, timed on the stream itself (after an untimed serial leg of 0.5 s, eight legs "
+        "of 0.5 s, four on each path, interleaved). After a round the faster path runs for "
+        "60 s, overlapped only when 5% faster. Empty when the overlap was fixed, or when the "
+        "stream ended within the first round.")
+    host_phase_s: dict[str, float] = Field(
+        default_factory=dict, description="Host seconds per phase of the stream, summed per "
+        "thread: read and stage (the stager: parsing and checking records, padding them into "
+        "pinned slots), read_wait and launch (the launching thread: waiting for staged "
+        "batches, enqueuing copies and replays), device_wait and write (the completer: "
+        "waiting for results, cutting and writing them). Serially they add up to the "
+        "streaming time; overlapped the threads run side by side and the busiest one, with "
+        "its waits, bounds the rate.")
+
+
+class BucketPlan(_M):
+    """What `buckets: {axis: auto}` planned at the start of the run (graphrun.plan.planner)."""
+
+    auto_axes: list[str]
+    buckets: dict[str, list[int]] = Field(..., description="The planned lists of the auto axes.")
+    sample_records: int = Field(..., description="Records of the input's start planned from.")
+    graphs: int = Field(..., description="Graphs of all axes together.")
+    max_graphs: int
+    padding_waste: float = Field(..., description="1 - real / padded work (rows x positions) "
+                                 "of the sample in the planned buckets.")
+    memory_budget: Optional[str] = Field(
+        None, description="capture.memory_budget_mib: how it bounded the plan (the largest "
+        "batch value allowed, and what the estimate came from); null without a budget.")
+
+    _shapes: Any = PrivateAttr(None)  # the sample's batch shapes, for capture.lazy; not written
+
+    @property
+    def shapes(self):
+        """The sample's distinct batch shapes [u, axes] (records, then the longest record per
+        other axis), or None."""
+        return self._shapes
+
+    def keep_shapes(self, shapes) -> None:
+        self._shapes = shapes
+
+
+class Grouping(_M):
+    """data.group_by_length: the padding it saved, counted from the lengths this run read (a
+    resumed run: this attempt's records) in the spec's buckets, as the runner picks them."""
+
+    window: int = Field(..., description="data.group_by_length: records per window.")
+    windows: int = Field(..., description="Windows read.")
+    padded_positions: dict[str, int] = Field(
+        ..., description="Per variable axis: padded positions of the grouped batches.")
+    padded_positions_input_order: dict[str, int] = Field(
+        ..., description="Per variable axis: padded positions the same records would have "
+        "taken batched in input order (data.batch_size each).")
+    positions_run: dict[str, int] = Field(
+        ..., description="Per variable axis: all positions run (real and padded), grouped.")
+    positions_run_input_order: dict[str, int] = Field(
+        ..., description="Per variable axis: all positions run, batched in input order.")
+    padding_saved: dict[str, float] = Field(
+        ..., description="Per variable axis: 1 - grouped / input-order padded positions.")
+
+
+class FileEntry(_M):
+    path: str
+    rows: int
+    sha256: str
+    bytes: int
+
+
+class Manifest(_M):
+    manifest_version: Literal[1] = MANIFEST_VERSION
+    status: Literal["completed", "interrupted", "failed"]
+    error: Optional[str] = None
+    name: str
+    started_at: str
+    finished_at: str
+    spec: dict[str, Any] = Field(..., description="The resolved spec, overrides applied.")
+    spec_sha256: str
+    input: dict[str, Any] = Field(..., description="path, format, sha256, slice.")
+    environment: Optional[Environment] = Field(None, description="null when the run "
+                                               "failed before its device was set up.")
+    buckets: list[BucketReport]
+    totals: Totals
+    files: list[FileEntry]
+    rejects: dict[str, Any] = Field(..., description="path and count of rejects.jsonl; "
+                                    "path is null when no record was rejected (no file).")
+    resumed_from: Optional[int] = Field(None, description="First input record of this run "
+                                        "when it resumed an earlier one.")
+    bucket_plan: Optional[BucketPlan] = Field(None, description="The lists planned for "
+                                              "`auto` bucket axes; null when none is auto.")
+    grouping: Optional[Grouping] = Field(None, description="data.group_by_length: the "
+                                         "padding it saved; null when off.")
+    phases: Optional[Phases] = Field(None, description="The process's time as named "
+                                     "phases; null in manifests of older graphrun.")
+    warnings: list[str] = Field(default_factory=list)
+    ray: Optional[RayReport] = Field(None, description="Runs with --ray only (absent from "
+                                     "single-process manifests): the actors and Ray's stats; "
+                                     "buckets and totals then sum every actor's, and "
+                                     "totals.stream_s is Ray's execution of the whole "
+                                     "dataset: actors starting and setting up included.")
+    workers: list[WorkerReport] = Field(
+        default_factory=list, description="A job of several worker processes (--gpus N, "
+        "torchrun): one entry per worker, in input order. The totals add theirs up, except "
+        "stream_s (the slowest worker's), records_per_s (the job's records out this attempt / "
+        "that stream_s), setup_s, capture_s and capture_memory_bytes (the largest worker's: "
+        "they ran side by side); buckets gather every worker's batches, their latency "
+        "percentiles taken over all of them. Empty for one process.")
+
+    # Set on the manifest run() returns for --resume of a run that was already complete.
+    _already_complete: bool = PrivateAttr(False)
+
+    @property
+    def already_complete(self) -> bool:
+        """This manifest is a completed run's, found by --resume: nothing was run."""
+        return self._already_complete
+
+    def found_complete(self) -> "Manifest":
+        self._already_complete = True
+        return self
+
+
+def spec_digest(spec_json: dict) -> str:
+    return hashlib.sha256(json.dumps(spec_json, sort_keys=True).encode()).hexdigest()
+
+
+def environment(device, backend: str) -> Environment:
+    import sys
+
+    import torch
+
+    from graphrun.base.version import __version__
+
+    gpu = driver = None
+    if device.type == "cuda":
+        gpu = torch.cuda.get_device_name(device)
+        driver = _driver_version()
+    return Environment(graphrun=__version__, python=sys.version.split()[0],
+                       torch=torch.__version__, cuda=torch.version.cuda, gpu=gpu, driver=driver,
+                       host=socket.gethostname(), platform=platform.platform(),
+                       device=str(device), backend=backend)
+
+
+def _driver_version() -> Optional[str]:
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            line = f.readline()
+        return line.split("Kernel Module")[1].split()[0] if "Kernel Module" in line else None
+    except (OSError, IndexError):
+        return None
+
+
+def write_manifest(manifest: Manifest, path) -> None:
+    """Written under a temporary name and renamed, so a reader never sees half a manifest."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        # a single-process manifest has no ray key at all
+        f.write(manifest.model_dump_json(indent=2, exclude=None if manifest.ray else {"ray"}))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def all_rejected(out_dir: Path, count: int) -> str:
+    """The warning for a run whose every record was rejected, with the first reason."""
+    try:
+        with open(out_dir / "rejects.jsonl") as f:
+            first = json.loads(f.readline())
+        why = f" (the first, {first.get('where')}: {first.get('reason')})"
+    except (OSError, ValueError, AttributeError):
+        why = ""
+    return (f"every record ({count}) was rejected{why}: no outputs were written; "
+            "rejects.jsonl has each reason")

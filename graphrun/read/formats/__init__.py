@@ -1,0 +1,50 @@
+"""The input formats of the stream step: one reader per file suffix, looked up in READERS.
+
+A reader knows its format only: how many records the file holds (count), what makes the whole
+file unreadable (check: an InputError naming the file), and its records [start, stop) as
+chunks of Candidates (or Prechecked, where another thread or process checked them) in file
+order, about one chunk in memory whatever the file's size. The per-record checks and the
+batching are the same for every format (records.py, record_checks.py, stream.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator, Protocol
+
+from graphrun.base.errors import InputError
+from graphrun.read.formats.jsonl import JsonlReader
+from graphrun.read.formats.npy import NpyReader
+from graphrun.read.formats.npz import NpzReader
+from graphrun.read.formats.parquet import ParquetReader
+from graphrun.read.checks import Prechecked
+from graphrun.read.records import Candidates
+from graphrun.spec.keys import PipelineSpec
+from graphrun.base.tuning import Tuning
+
+
+class Reader(Protocol):
+    suffix: str
+
+    def __init__(self, path: Path, spec: PipelineSpec, tuning: Tuning): ...
+
+    def count(self) -> int: ...
+
+    def check(self) -> None: ...
+
+    def chunks(self, start: int, stop: int | None) -> Iterator[Candidates | Prechecked]: ...
+
+
+READERS: dict[str, type[Reader]] = {r.suffix: r for r in (JsonlReader, NpyReader, NpzReader,
+                                                          ParquetReader)}
+SUFFIXES = tuple(READERS)
+
+
+def reader_for(spec: PipelineSpec, tuning: Tuning) -> Reader:
+    """The reader of spec.data.path, by its suffix; InputError for an unknown one."""
+    path = Path(spec.data.path)
+    reader = READERS.get(path.suffix.lower())
+    if reader is None:
+        raise InputError(f"unknown input format {path.suffix or '(no suffix)'!r}; accepted: "
+                         f"{', '.join(SUFFIXES)}", where=str(path))
+    return reader(path, spec, tuning)

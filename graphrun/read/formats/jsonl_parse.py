@@ -1,0 +1,145 @@
+"""A JSONL block's lines parsed and converted into Candidates, here or in a child process
+(jsonl_workers.py).
+
+A block's lines are parsed by one call (see _parse_together; orjson where installed, several
+times faster than json for float-heavy records) and each input's values converted by one
+np.asarray; a block with a bad line, or with records of different shapes, falls back to one
+json.loads per line or one conversion per record.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+
+from graphrun.read.formats.jsonl_lines import encodable, readable_id, repeated_keys
+from graphrun.read.records import Candidates, Reject, field_from_values
+from graphrun.spec.keys import PipelineSpec
+
+try:  # optional: a faster JSON parser for the block parse (see _loads_block)
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - depends on the environment
+    _orjson = None
+
+
+def parse_block(spec: PipelineSpec, block: tuple) -> Candidates:
+    """block: (file, lines, their line numbers, the first's ordinal), as JsonlReader cuts them."""
+    return jsonl_candidates(spec, *block)
+
+
+def jsonl_candidates(spec: PipelineSpec, file: str, lines: list[bytes], linenos: list[int],
+                      first: int) -> Candidates:
+    """lines [n]: consecutive records, the first with ordinal `first`."""
+    id_field = spec.data.id_field
+    expected = set(spec.inputs) | ({id_field} if id_field else set())
+    records = _parse_together(lines)
+    reasons = [""] * len(lines)
+    if records is None:  # some line is bad: parse line by line for its reason
+        records, reasons = zip(*map(_parse_line, lines))
+    text = spec.data.text
+    keyed = expected if text is None else {text.field} | ({id_field} if id_field else set())
+    reasons = repeated_keys(lines, keyed, list(reasons))
+    if spec.data.text is not None:  # a text field tokenized into the inputs (inputs/text.py)
+        from graphrun.read.text import jsonl_text_candidates
+        return jsonl_text_candidates(spec, file, records, reasons, linenos, first)
+    good, rejects = [], []
+    for p, record in enumerate(records):
+        if (not reasons[p] and type(record) is dict and record.keys() == expected
+                and (id_field is None or type(record[id_field]) is int
+                     or (type(record[id_field]) is str and encodable(record[id_field])))):
+            good.append(p)
+            continue
+        rid, reason = ((readable_id(record, id_field), reasons[p]) if reasons[p]
+                       else _record_problem(spec, record))
+        rejects.append(Reject(first + p, rid if id_field else first + p,
+                              f"{file}:{linenos[p]}", reason))
+    records = [records[p] for p in good]
+    # numpy reads a bool among numbers as 0/1 without a trace: note the lines that may hold one
+    suspects = [k for k, p in enumerate(good) if b"true" in lines[p] or b"false" in lines[p]]
+    fields, problems = {}, {}
+    for name, inp in spec.inputs.items():
+        fields[name], found = field_from_values(name, inp, [r[name] for r in records], suspects)
+        for k, reason in found.items():
+            problems.setdefault(k, reason)
+    return Candidates(
+        indices=np.array(good, np.int64) + first,
+        ids=[r[id_field] for r in records] if id_field else None,
+        where=[f"{file}:{linenos[p]}" for p in good],
+        fields=fields, problems=problems, rejects=rejects)
+
+
+def _record_problem(spec: PipelineSpec, record) -> tuple[object, str]:
+    """(id if readable, reason) for a parsed line that is not a good record."""
+    id_field = spec.data.id_field
+    expected = sorted(set(spec.inputs) | ({id_field} if id_field else set()))
+    fields = ", ".join(expected)
+    if not isinstance(record, dict):
+        return None, f"the record is {_json_kind(record)}; expected an object with fields {fields}"
+    rid = None
+    if id_field:
+        rid = record.get(id_field)
+        if rid is None:
+            return None, f"missing id: field {id_field!r} is absent or null"
+        if type(rid) not in (str, int):
+            return None, (f"id field {id_field!r} must be a string or an integer, got "
+                          f"{_json_kind(rid)}")
+        if type(rid) is str and not encodable(rid):
+            return rid, (f"id field {id_field!r} is not valid Unicode (it holds a lone "
+                         "surrogate escape such as \\ud800), so no output format can store it")
+    missing = [k for k in spec.inputs if k not in record]
+    if missing:
+        return rid, f"missing field {missing[0]!r} (expected fields: {fields})"
+    unknown = [k for k in record if k not in expected]
+    return rid, f"unknown field {unknown[0]!r} (expected fields: {fields})"
+
+
+def _parse_together(lines: list[bytes]) -> list | None:
+    """All lines parsed by one json.loads (several times faster than one call per line), or
+    None if any line is bad. Each line is wrapped as [marker, line] with a random marker per
+    line, so that a line that is not exactly one JSON value cannot pass: a line holding two
+    values or ending mid-value adds, shifts or swallows markers."""
+    base = random.getrandbits(48)
+    text = b"[" + b",".join([b"[%d,%b]" % (base + k, line) for k, line in enumerate(lines)]) + b"]"
+    try:
+        parsed = _loads_block(text)
+    except (ValueError, RecursionError):  # also UnicodeDecodeError, orjson's JSONDecodeError
+        return None
+    if len(parsed) != len(lines) or sum(map(len, parsed)) != 2 * len(parsed):
+        return None
+    if [e[0] for e in parsed] != list(range(base, base + len(lines))):
+        return None
+    return [e[1] for e in parsed]
+
+
+def _loads_block(text: bytes):
+    """orjson where it is installed (it parses numbers several times faster), else json. A
+    block orjson refuses (NaN or Infinity literals, integers past 64 bits) falls back to one
+    json.loads per line, which reads those and gives each bad line its own reason."""
+    if _orjson is not None:
+        return _orjson.loads(text)
+    return json.loads(text.decode("utf-8"))
+
+
+def _parse_line(line: bytes) -> tuple[object, str]:
+    """(value, "") or (None, reason)."""
+    truncated = "truncated last line (the file ends mid-record)"
+    last = not line.endswith(b"\n")  # only the file's last line can lack one
+    try:
+        return json.loads(line.decode("utf-8")), ""
+    except RecursionError:
+        return None, "nested too deeply to parse (thousands of brackets): not a record"
+    except UnicodeDecodeError as e:
+        return None, truncated if last else (
+            f"invalid UTF-8 (byte 0x{line[e.start]:02x} at byte {e.start + 1} of the line)")
+    except ValueError as e:
+        return None, truncated if last else f"invalid JSON: {e.msg} (column {e.colno})"
+
+
+def _json_kind(value) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if value is None:
+        return "null"
+    return {dict: "an object", list: "an array", str: "a string"}.get(type(value), "a number")

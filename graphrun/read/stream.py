@@ -1,0 +1,288 @@
+"""The stream step: read the input file chunk by chunk, check every record, and hand out batches
+of data.batch_size valid records.
+
+The file's format is its reader's business (inputs/, one module per format); the checks are
+record_checks.py's and record_ids.py's; this module holds the entry point and the batching.
+Memory stays at about one chunk whatever the file's size.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from graphrun.base.errors import InputError
+from graphrun.read.grouping import PaddingCount, sorted_batches
+from graphrun.read.formats import reader_for
+from graphrun.read.checks import RecordChecker
+from graphrun.read.records import Reject, RecordBatch, concat_where, dense_if_uniform, numpy_dtype
+from graphrun.spec.keys import PipelineSpec
+from graphrun.base.tuning import Tuning
+
+__all__ = ["Reject", "RecordBatch", "ReadAhead", "read_batches"]
+
+
+def read_batches(spec: PipelineSpec, *, start: int = 0, stop: int | None = None,
+                 tuning: Tuning | None = None, padding: PaddingCount | None = None
+                 ) -> Iterator[RecordBatch]:
+    """Batches of spec.data.batch_size valid records (the last may be smaller) from the records
+    with ordinals in [start, stop). Each batch carries the rejects met before its last record, so
+    records and rejects come out in file order; a batch may hold only rejects. With
+    on_bad_record: error the first bad record raises InputError (after the full batches before
+    it). tuning: the reader's threads and chunk sizes (default: Tuning.from_machine()). With
+    data.group_by_length the batches of each window come in length order (grouping.py);
+    padding, if given, counts what that saved."""
+    if start < 0 or (stop is not None and stop < start):
+        raise ValueError(f"need 0 <= start <= stop (got start={start}, stop={stop})")
+    tuning = tuning or Tuning.from_machine()
+    reader = reader_for(spec, tuning)
+    if not Path(spec.data.path).is_file():
+        raise InputError("input file not found", where=str(spec.data.path))
+    checker = RecordChecker(spec)
+    # a reader's chunk is Candidates, or Prechecked on another thread (Parquet's decoding pool):
+    # this thread then only checks its ids for duplicates and cuts it into batches
+    checked = (checker.check(c) for c in reader.chunks(start, stop))
+    if spec.data.group_by_length:
+        yield from _regroup_windows(checked, spec, start, padding)
+    else:
+        yield from _regroup(checked, spec, tuning.rejects_held)
+
+
+class ReadAhead:
+    """Iterate `batches`, fetching the first `ahead` batches on a thread started at once, so
+    that the input's first chunk is read while the runner sets up (loads the model, captures,
+    verifies): a Parquet row group decoded, a JSONL block parsed, a mapped file's first pages
+    read. The rest is read where it is asked for, as before; an error met on the way is raised
+    by the next() that reaches it, in order, as the plain iterator raises it. peek() shows the
+    batches read ahead (capture.lazy decides from them which buckets to set up).
+
+    close() waits for that thread, then closes the iterator (a Parquet reader's decoding pool
+    stops)."""
+
+    def __init__(self, batches: Iterator[RecordBatch], ahead: int = 1):
+        self._it = iter(batches)
+        self._ahead = ahead
+        # [(True, batch or _END) or (False, the exception)], in order, once the thread is done
+        self._first: list | None = None
+        # next() and close() one at a time: a consumer thread (replay's prefetch) may still be
+        # in next() when the main thread, stopped by a signal, closes the reader
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = threading.Thread(
+            target=self._fetch, name="graphrun-read-ahead", daemon=True)
+        self._thread.start()
+
+    def _fetch(self) -> None:
+        got: list = []
+        try:
+            while len(got) < self._ahead:
+                item = next(self._it, _END)
+                got.append((True, item))
+                if item is _END:
+                    break
+        except BaseException as exc:  # noqa: BLE001 - raised by the consumer's next()
+            got.append((False, exc))
+        self._first = got
+
+    def peek(self) -> tuple[list[RecordBatch], bool]:
+        """(the batches read ahead and not yet taken, whether the input ends after them);
+        waits for the read-ahead thread."""
+        with self._lock:
+            self._join()
+            held = self._first or []
+        batches = [item for ok, item in held if ok and item is not _END]
+        return batches, any(ok and item is _END for ok, item in held)
+
+    def _join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()  # a KeyboardInterrupt here leaves the (daemon) thread be
+            self._thread = None
+
+    def __iter__(self) -> "ReadAhead":
+        return self
+
+    def __next__(self) -> RecordBatch:
+        with self._lock:
+            self._join()
+            if not self._first:
+                return next(self._it)
+            ok, item = self._first.pop(0)
+        if not ok:
+            raise item
+        if item is _END:
+            raise StopIteration
+        return item
+
+    def close(self) -> None:
+        with self._lock:
+            self._join()
+            self._first = None
+            close = getattr(self._it, "close", None)
+            if close is not None:
+                close()
+
+
+_END = object()
+
+
+# ---- batching ----------------------------------------------------------------------------------
+
+def _regroup(chunks: Iterator[RecordBatch], spec: PipelineSpec, rejects_held: int
+             ) -> Iterator[RecordBatch]:
+    batch_size, stop_at_bad = spec.data.batch_size, spec.data.on_bad_record == "error"
+    held = _Held(_empty_batch(spec))
+    rejects: deque[Reject] = deque()  # rejects not yet handed out, in file order
+    for chunk in chunks:
+        bad = chunk.rejects[0] if stop_at_bad and chunk.rejects else None
+        if bad is not None:  # keep the records before it, hand out the full batches, then raise
+            chunk = _slice(chunk, 0, int(np.searchsorted(chunk.indices, bad.index)))
+        rejects.extend(chunk.rejects)
+        held.add(chunk)
+        while len(held) >= batch_size:
+            batch = held.pop(batch_size)
+            last = batch.indices[-1]
+            while rejects and rejects[0].index < last:
+                batch.rejects.append(rejects.popleft())
+            yield batch
+        if len(rejects) >= rejects_held:
+            yield _with_rejects(held.pop(len(held)), rejects)
+        if bad is not None:  # the records before the bad one are still written
+            if len(held) or rejects:
+                yield _with_rejects(held.pop(len(held)), rejects)
+            raise InputError(bad.reason, where=bad.where, record_id=bad.id)
+    if len(held) or rejects:
+        yield _with_rejects(held.pop(len(held)), rejects)
+
+
+def _regroup_windows(chunks: Iterator[RecordBatch], spec: PipelineSpec, start: int,
+                     padding: PaddingCount | None) -> Iterator[RecordBatch]:
+    """data.group_by_length: windows of N consecutive ordinals from `start`, each handed out
+    once read whole (its rejects on its first batch, so memory holds about a window), its
+    records batched in length order. A bad record with on_bad_record: error ends the window
+    it is in: the records before it are still handed out, then it raises."""
+    size, stop_at_bad = spec.data.group_by_length, spec.data.on_bad_record == "error"
+    held = _Held(_empty_batch(spec))
+    rejects: deque[Reject] = deque()
+    lo = start  # the current window is [lo, lo + size)
+    for chunk in chunks:
+        bad = chunk.rejects[0] if stop_at_bad and chunk.rejects else None
+        if bad is not None:
+            chunk = _slice(chunk, 0, int(np.searchsorted(chunk.indices, bad.index)))
+        rejects.extend(chunk.rejects)
+        held.add(chunk)
+        seen = max(int(chunk.indices[-1]) if len(chunk) else lo - 1,
+                   chunk.rejects[-1].index if chunk.rejects else lo - 1)
+        while bad is None and seen >= lo + size - 1:  # the window is read whole
+            yield from _window(held, rejects, lo, lo + size, spec, padding)
+            lo += size
+        if bad is not None:
+            if len(held) or rejects:
+                yield from _window(held, rejects, lo, None, spec, padding)
+            raise InputError(bad.reason, where=bad.where, record_id=bad.id)
+    if len(held) or rejects:
+        yield from _window(held, rejects, lo, None, spec, padding)
+
+
+def _window(held: "_Held", rejects: deque, lo: int, hi: int | None, spec: PipelineSpec,
+            padding: PaddingCount | None) -> Iterator[RecordBatch]:
+    """The window [lo, hi) (hi None: all that is held) as sorted batches."""
+    window = held.pop(len(held) if hi is None else held.count_below(hi))
+    while rejects and (hi is None or rejects[0].index < hi):
+        window.rejects.append(rejects.popleft())
+    batches = sorted_batches(window, spec.data.batch_size, lo)
+    if padding is not None and len(window):
+        padding.add_window(window, batches)
+    yield from batches
+
+
+def _with_rejects(batch: RecordBatch, rejects: deque[Reject]) -> RecordBatch:
+    batch.rejects.extend(rejects)
+    rejects.clear()
+    return batch
+
+
+class _Held:
+    """Valid records waiting for a full batch: checked chunks in file order, and how many
+    records of the first were handed out already."""
+
+    def __init__(self, empty: RecordBatch):
+        self.empty = empty  # a batch of no records, each input and axis present
+        self.chunks: deque[RecordBatch] = deque()
+        self.cursor = 0
+        self.count = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def add(self, chunk: RecordBatch) -> None:
+        if len(chunk):
+            self.chunks.append(chunk)
+            self.count += len(chunk)
+
+    def count_below(self, hi: int) -> int:
+        """How many held records have an ordinal below hi."""
+        count, cursor = 0, self.cursor
+        for chunk in self.chunks:
+            below = int(np.searchsorted(chunk.indices, hi)) - cursor
+            count += max(below, 0)
+            if below < len(chunk) - cursor:
+                break
+            cursor = 0
+        return count
+
+    def pop(self, k: int) -> RecordBatch:
+        """The next k records as one batch (without rejects)."""
+        parts = []
+        self.count -= k
+        while k > 0:
+            chunk = self.chunks[0]
+            step = min(k, len(chunk) - self.cursor)
+            parts.append(_slice(chunk, self.cursor, self.cursor + step))
+            self.cursor += step
+            k -= step
+            if self.cursor == len(chunk):
+                self.chunks.popleft()
+                self.cursor = 0
+        if len(parts) <= 1:
+            return parts[0] if parts else _slice(self.empty, 0, 0)
+        return RecordBatch(
+            indices=np.concatenate([p.indices for p in parts]),
+            ids=_concat_ids([p.ids for p in parts]),
+            where=concat_where([p.where for p in parts]),
+            fields={name: _concat_records([p.fields[name] for p in parts])
+                    for name in parts[0].fields},
+            lengths={axis: np.concatenate([p.lengths[axis] for p in parts])
+                     for axis in parts[0].lengths},
+        )
+
+
+def _empty_batch(spec: PipelineSpec) -> RecordBatch:
+    """No records: each input [0, ...] in its dtype, named axes 0 long."""
+    fields = {name: np.empty([0] + [d if isinstance(d, int) else 0 for d in inp.shape[1:]],
+                             numpy_dtype(inp.dtype)) for name, inp in spec.inputs.items()}
+    axes = {d for inp in spec.inputs.values() for d in inp.shape[1:] if isinstance(d, str)}
+    return RecordBatch(np.empty(0, np.int64), np.empty(0, np.int64), [], fields,
+                       {axis: np.empty(0, np.int64) for axis in spec.axes[1:] if axis in axes})
+
+
+def _slice(batch: RecordBatch, lo: int, hi: int) -> RecordBatch:
+    """Records [lo, hi) of a batch, without its rejects; dense where their shapes agree."""
+    return RecordBatch(batch.indices[lo:hi], batch.ids[lo:hi], batch.where[lo:hi],
+                       {name: r[lo:hi] if isinstance(r, np.ndarray) else dense_if_uniform(r[lo:hi])
+                        for name, r in batch.fields.items()},
+                       {axis: n[lo:hi] for axis, n in batch.lengths.items()})
+
+
+def _concat_ids(parts: list) -> np.ndarray | list:
+    if all(isinstance(p, np.ndarray) for p in parts):
+        return np.concatenate(parts)
+    return [i for p in parts for i in (p.tolist() if isinstance(p, np.ndarray) else p)]
+
+
+def _concat_records(parts: list) -> np.ndarray | list:
+    if all(isinstance(p, np.ndarray) for p in parts) and len({p.shape[1:] for p in parts}) == 1:
+        return np.concatenate(parts)
+    return dense_if_uniform([a for p in parts for a in p])

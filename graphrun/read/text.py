@@ -1,0 +1,178 @@
+"""Text in, tokens out (data.text): a JSONL field or Parquet column of text tokenized with the
+model's fast tokenizer into the inputs the spec lists (input_ids, attention_mask,
+token_type_ids), one batched call per chunk, on the reader's chunk path (a child process or
+pool thread for a big file, never the thread that launches the GPU work).
+
+Each record keeps its id and its line (or row); a text that is not a string, or longer than
+max_length tokens when truncate is false, is a bad record with its reason.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import numpy as np
+
+from graphrun.base.errors import InputError, ModelError
+from graphrun.read.formats.dense import int64_ids
+from graphrun.read.formats.jsonl_lines import encodable
+from graphrun.read.records import Candidates, Field, Reject, RowWhere
+from graphrun.spec.keys import BATCH, PipelineSpec
+
+# the tokenizer's name for each input the model may take
+ENCODING_FIELDS = {"input_ids": "ids", "attention_mask": "attention_mask",
+                   "token_type_ids": "type_ids"}
+
+
+def seq_axis(spec: PipelineSpec) -> str | None:
+    dim = spec.inputs["input_ids"].shape[1] if "input_ids" in spec.inputs else None
+    return dim if isinstance(dim, str) and dim != BATCH else None
+
+
+def max_length(spec: PipelineSpec, folder: str) -> int:
+    """Tokens per record at most: data.text.max_length, else the largest seq bucket, else (seq
+    planned from the data) the tokenizer's model_max_length."""
+    text = spec.data.text
+    if text.max_length is not None:
+        return text.max_length
+    axis = seq_axis(spec)
+    if axis is not None and spec.buckets.get(axis, "auto") != "auto":
+        return max(spec.buckets[axis])
+    if axis is None:  # a fixed size
+        return int(spec.inputs["input_ids"].shape[1])
+    try:
+        config = json.loads((Path(folder) / "tokenizer_config.json").read_text())
+        limit = int(config.get("model_max_length", 512))
+    except (OSError, ValueError, TypeError):
+        limit = 512
+    return limit if 0 < limit < 1 << 20 else 512  # transformers writes 1e30 for "no limit"
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizer(folder: str, length: int, truncate: bool):
+    """A fast tokenizer without padding (the buckets pad), truncating at `length` if asked."""
+    from graphrun.models.hf import require
+
+    tokenizers = require("tokenizers", "data.text")
+    path = Path(folder) / "tokenizer.json"
+    if path.is_file():
+        tok = tokenizers.Tokenizer.from_file(str(path))
+    else:  # a slow tokenizer's files: transformers converts them to a fast one
+        transformers = require("transformers", "data.text")
+        try:
+            tok = transformers.AutoTokenizer.from_pretrained(
+                folder, use_fast=True, local_files_only=True).backend_tokenizer
+        except Exception as e:  # noqa: BLE001 - OSError, ValueError: the files are wrong
+            raise ModelError(f"data.text.tokenizer {folder!r}: no tokenizer.json and no fast "
+                             f"tokenizer could be made ({type(e).__name__}: {e})") from e
+    tok.no_padding()
+    if truncate:
+        tok.enable_truncation(length)
+    else:
+        tok.no_truncation()
+    return tok
+
+
+def tokenize(spec: PipelineSpec, texts: list) -> tuple[dict[str, Field], dict[int, str]]:
+    """texts [n] -> one Field per input (one int array per record) and reasons by position."""
+    from graphrun.models.hf import tokenizer_folder
+
+    text = spec.data.text
+    folder = tokenizer_folder(spec)
+    length = max_length(spec, folder)
+    problems = {p: (f"{text.field}: expected a string, got {_kind(t)}")
+                for p, t in enumerate(texts) if not isinstance(t, str)}
+    strings = [t if isinstance(t, str) else "" for t in texts]
+    encodings = _tokenizer(folder, length, text.truncate).encode_batch(strings)
+    if not text.truncate:
+        for p, enc in enumerate(encodings):
+            if p not in problems and len(enc.ids) > length:
+                problems[p] = (f"{text.field}: {len(enc.ids)} tokens, more than {length} "
+                               "(the largest seq bucket or data.text.max_length); set "
+                               "data.text.truncate: true to cut it")
+    fields = {}
+    for name, inp in spec.inputs.items():
+        attr = ENCODING_FIELDS[name]
+        dtype = np.dtype(inp.dtype)
+        fields[name] = Field(arrays=[None if p in problems else
+                                     np.asarray(getattr(enc, attr), dtype=dtype)
+                                     for p, enc in enumerate(encodings)])
+    return fields, problems
+
+
+def jsonl_text_candidates(spec: PipelineSpec, file: str, records: list, reasons: list[str],
+                          linenos: list[int], first: int) -> Candidates:
+    """A JSONL block's parsed records (reasons: "" or why a line could not be parsed): the text
+    field tokenized, other fields but the id ignored."""
+    field, id_field = spec.data.text.field, spec.data.id_field
+    good, rejects = [], []
+    for p, record in enumerate(records):
+        reason = reasons[p] or _record_problem(record, field, id_field)
+        if reason:
+            rid = record.get(id_field) if id_field and isinstance(record, dict) else None
+            rejects.append(Reject(first + p, rid if id_field else first + p,
+                                  f"{file}:{linenos[p]}", reason))
+        else:
+            good.append(p)
+    fields, problems = tokenize(spec, [records[p][field] for p in good])
+    return Candidates(
+        indices=np.array(good, np.int64) + first,
+        ids=[records[p][id_field] for p in good] if id_field else None,
+        where=[f"{file}:{linenos[p]}" for p in good],
+        fields=fields, problems=problems, rejects=rejects)
+
+
+def _record_problem(record, field: str, id_field: str | None) -> str:
+    if not isinstance(record, dict):
+        return f"the record is {_kind(record)}; expected an object with a {field!r} field"
+    if field not in record:
+        return f"missing field {field!r} (the text to tokenize)"
+    if id_field:
+        rid = record.get(id_field)
+        if rid is None:
+            return f"missing id: field {id_field!r} is absent or null"
+        if type(rid) not in (str, int):
+            return f"id field {id_field!r} must be a string or an integer, got {_kind(rid)}"
+        if type(rid) is str and not encodable(rid):
+            return (f"id field {id_field!r} is not valid Unicode (it holds a lone surrogate "
+                    "escape such as \\ud800), so no output format can store it")
+    return ""
+
+
+def check_text_schema(spec: PipelineSpec, schema, file: str) -> None:
+    import pyarrow as pa
+
+    field = spec.data.text.field
+    if field not in schema.names:
+        raise InputError(f"text column {field!r} is missing (columns: "
+                         f"{', '.join(schema.names)})", where=file)
+    t = schema.field(field).type
+    if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
+        raise InputError(f"text column {field!r} holds {t}; expected strings", where=file)
+
+
+def parquet_text_candidates(spec: PipelineSpec, file: str, rb, first: int) -> Candidates:
+    """A record batch's rows: the text column tokenized (a null text is a bad record)."""
+    import pyarrow as pa
+
+    fields, problems = tokenize(spec, rb.column(spec.data.text.field).to_pylist())
+    ids = None
+    if spec.data.id_field:
+        col = rb.column(spec.data.id_field)
+        ids = (int64_ids(col.to_numpy(zero_copy_only=False))
+               if pa.types.is_integer(col.type) and not col.null_count else col.to_pylist())
+        for p, v in enumerate(col.to_pylist() if col.null_count else []):
+            if v is None:
+                problems.setdefault(p, f"missing id: {spec.data.id_field!r} is null")
+    rows = np.arange(first, first + rb.num_rows, dtype=np.int64)
+    return Candidates(rows, ids, RowWhere(file, rows), fields, problems)
+
+
+def _kind(value) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if value is None:
+        return "null"
+    return {dict: "an object", list: "an array", str: "a string"}.get(type(value), "a number")

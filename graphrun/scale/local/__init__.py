@@ -1,0 +1,1 @@
+"""One host, several workers: `--gpus N` and torchrun, one folder, one merged manifest."""

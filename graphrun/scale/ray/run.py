@@ -1,0 +1,186 @@
+"""`graphrun run SPEC --ray`: the spec's input read with Ray's readers, mapped through one Runner
+per actor (ray_data.py), written with Ray's writers into the output folder, then rejects.jsonl
+and manifest.json gathered from the actors' statistics and Ray's (ray_manifest.py).
+
+Order: the DataContext preserves order, so each write task holds the records after the
+previous task's; the files are renamed part-00000.<format>, ... in task order, and reading
+them in name order gives input order.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+from graphrun.plan.auto import resolve_auto
+from graphrun.base.errors import GraphrunError, InputError, OutputError
+from graphrun.write.folder import locked, prepare_out_dir
+from graphrun.write.journal import REJECTS
+from graphrun.manifest.keys import Manifest, spec_digest, write_manifest
+from graphrun.scale.ray.data import dataset_map, need_ray
+from graphrun.scale.ray.manifest import RunFacts, ray_manifest
+from graphrun.spec.keys import PipelineSpec
+
+READERS = (".parquet", ".jsonl", ".npy")
+WRITERS = ("parquet", "jsonl")
+# What the writers name a file: part-<task>-<write uuid>[-<k>].<format> (RayNames, and
+# ray_write.OrderedParquetSink)
+RAY_NAME = re.compile(r"part-(\d{5})-([0-9a-f]{32})(?:[-_](\d+))?\.(parquet|jsonl)")
+
+
+def run_ray(spec: PipelineSpec, *, out: str | Path | None = None, address: str | None = None,
+            workers: int | None = None, overwrite: bool = False, resume: bool = False,
+            show: bool = False) -> Manifest:
+    """Run the spec on a Ray cluster (address: an existing one; None: RAY_ADDRESS or a local
+    cluster started here, or the one this process already joined). Returns the manifest."""
+    ray = need_ray()
+    check_supported(spec, resume)
+    spec, bucket_plan = resolve_auto(spec)
+    out_dir = Path(out).resolve() if out else spec.output.dir
+    spec_json = spec.model_dump(mode="json")
+    fingerprint = {"spec_sha256": spec_digest(spec_json), "input_sha256": None,
+                   "model_sha256": None, "slice": [0, None], "shards": [spec.output.format],
+                   "ray": True}
+    facts = RunFacts(spec, spec_json, out_dir, bucket_plan, address)
+    with locked(out_dir):
+        try:
+            prepare_out_dir(out_dir, resume=False, overwrite=overwrite,
+                            fingerprint=fingerprint, input_path=spec.data.path)
+        except OSError as err:
+            raise OutputError(f"cannot use output folder {out_dir}: {err.strerror or err}; "
+                              "pick a folder you can write to (--out or output.dir)") from err
+        try:  # a failure from here on leaves a failed manifest: the next run starts over
+            join_cluster(ray, address, show)
+            mapped = map_input(spec, ray, workers)
+            facts.workers = mapped.graphrun_workers
+            facts.collector = mapped.graphrun_collector
+            facts.stream_t0 = time.perf_counter()
+            write_output(mapped, out_dir, spec)
+            facts.stream_s = time.perf_counter() - facts.stream_t0
+            facts.dataset_stats = mapped.stats()
+            facts.status = "completed"
+        except Exception as err:  # noqa: BLE001 - a user error is unwrapped, others kept
+            user = graphrun_cause(err, facts.collector)
+            facts.status, facts.error = "failed", str(user or f"{type(err).__name__}: {err}")
+            finish(facts)
+            if user is not None:
+                raise user from None
+            raise
+        return finish(facts)
+
+
+def check_supported(spec: PipelineSpec, resume: bool) -> None:
+    if resume:
+        raise OutputError("--resume is not supported with --ray: a Ray run writes its output "
+                          "in one pass; run it again with --overwrite, or run without --ray "
+                          "to have a resumable run")
+    suffix = spec.data.path.suffix.lower()
+    if suffix not in READERS:
+        raise InputError(f"--ray reads {', '.join(READERS)} inputs with Ray's readers, not "
+                         f"{suffix or 'this file'}: convert it (to Parquet, say) or run "
+                         "without --ray", where=str(spec.data.path))
+    if suffix == ".npy" and len(spec.inputs) != 1:
+        raise InputError("a .npy file holds one input, the spec lists "
+                         f"{len(spec.inputs)}", where=str(spec.data.path))
+    if spec.output.format not in WRITERS:
+        raise OutputError(f"output.format {spec.output.format} has no Ray writer in graphrun; "
+                          f"--ray writes {' or '.join(WRITERS)}: set output.format: parquet")
+    if not spec.data.path.is_file():
+        raise InputError("input file not found", where=str(spec.data.path))
+
+
+def join_cluster(ray, address: str | None, show: bool) -> None:
+    """Join the cluster at address (or RAY_ADDRESS's, or start a local one), unless this
+    process is in one already; Ray's progress bars only where graphrun shows progress."""
+    if not ray.is_initialized():
+        try:
+            ray.init(address=address, log_to_driver=show)
+        except Exception as err:  # noqa: BLE001 - ConnectionError, ValueError, ... by version
+            raise GraphrunError(f"cannot join the Ray cluster at {address or 'RAY_ADDRESS'}: "
+                                f"{err}; start one (`ray start --head`) or pass its "
+                                "--address") from None
+    ray.data.DataContext.get_current().enable_progress_bars = show
+
+
+def map_input(spec: PipelineSpec, ray, workers: int | None):
+    """The input through Ray's reader for its format, mapped by a pool of Runner actors."""
+    path, suffix = str(spec.data.path), spec.data.path.suffix.lower()
+    ray.data.DataContext.get_current().execution_options.preserve_order = True
+    if suffix == ".parquet":
+        ds = ray.data.read_parquet(path)
+    elif suffix == ".jsonl":
+        ds = ray.data.read_json(path, lines=True)
+    else:  # .npy: one column named "data"
+        ds = ray.data.read_numpy(path).rename_columns({"data": next(iter(spec.inputs))})
+    mapped = dataset_map(spec, ds, workers=workers, file=spec.data.path.name)
+    return mapped
+
+
+def write_output(mapped, out_dir: Path, spec: PipelineSpec) -> None:
+    """Ray's writer for output.format into out_dir (renamed in task order afterwards)."""
+    if spec.output.format == "parquet":  # a task's rows in order (ray_write.py says why)
+        from graphrun.scale.ray.write import OrderedParquetSink
+
+        mapped.write_datasink(OrderedParquetSink(str(out_dir), spec.output.rows_per_file))
+    else:  # jsonl; 15 digits (pandas' most) keep float32 values exact
+        mapped.write_json(str(out_dir), filename_provider=ray_names("jsonl"),
+                          double_precision=15)
+
+
+def ray_names(fmt: str):
+    from ray.data.datasource import FilenameProvider
+
+    class RayNames(FilenameProvider):
+        """part-<task>-<write uuid>.<format>: the task number first, for the renaming."""
+
+        def get_filename_for_task(self, write_uuid: str, task_index: int) -> str:
+            return f"part-{task_index:05d}-{write_uuid}.{fmt}"
+
+    return RayNames()
+
+
+def rename_in_order(out_dir: Path) -> list[Path]:
+    """Ray's files (this run's only: the folder held graphrun's files alone before it)
+    renamed part-00000.<format>, ... in task order; returns the new paths."""
+    found = []
+    for p in out_dir.iterdir():
+        m = RAY_NAME.fullmatch(p.name)
+        if m and p.is_file():
+            found.append(((int(m.group(1)), int(m.group(3) or 0)), p, m.group(4)))
+    renamed = []
+    for k, (_, p, ext) in enumerate(sorted(found)):
+        dest = out_dir / f"part-{k:05d}.{ext}"
+        p.replace(dest)
+        renamed.append(dest)
+    return renamed
+
+
+def finish(facts: RunFacts) -> Manifest:
+    """Ray's files renamed, rejects.jsonl and manifest.json written, whatever the ending."""
+    facts.files = rename_in_order(facts.out_dir)
+    rejects = facts.collector.rejects() if facts.collector else []
+    if rejects:
+        with open(facts.out_dir / REJECTS, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rejects)
+    facts.rejects = len(rejects)
+    manifest = ray_manifest(facts)
+    write_manifest(manifest, facts.out_dir / "manifest.json")
+    return manifest
+
+
+def graphrun_cause(err: BaseException, collector) -> GraphrunError | None:
+    """The GraphrunError that failed the run: raised here, or by an actor (which told the
+    Collector: Ray's wrapping of it keeps only a traceback's text)."""
+    told = collector.failure() if collector is not None else None
+    if told is not None:
+        return GraphrunError(told)
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, GraphrunError) and type(err).__module__.startswith("graphrun"):
+            return err
+        cause = getattr(err, "cause", None)
+        err = cause if isinstance(cause, BaseException) else (err.__cause__ or err.__context__)
+    return None

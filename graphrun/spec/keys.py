@@ -1,0 +1,397 @@
+"""The pipeline spec, version 1: the single source of truth for keys, defaults and docs.
+
+schemas/pipeline.schema.json and the README's spec reference are generated from these models.
+Per-field rules live here; rules that tie several keys together live in spec_checks.py, and
+YAML loading with line/column tracking in spec_load.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, PositiveInt, PrivateAttr, Tag,
+                      field_validator)
+
+from graphrun.base import dtypes
+
+FLOAT_DTYPES = dtypes.FLOAT
+INT_DTYPES = dtypes.INT
+DTYPES = dtypes.ALL
+
+DType = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8",
+                "uint8", "bool"]
+ModelDType = Literal["float32", "float16", "bfloat16"]
+# Sizes are strict integers: YAML's `true` or `1e30` is no size.
+Size = Annotated[int, Field(strict=True, gt=0, le=2**31 - 1)]
+Dim = Union[Size, str]
+# A bucket axis: a list of sizes, or "auto". The discriminator keeps a bad list's error to the
+# list's own (not a second "or it must be 'auto'"); the tags are the ones spec_load drops.
+class _BucketKind:
+    """The discriminator; its repr names it stably in the README's generated spec reference."""
+
+    def __call__(self, v: Any) -> str:
+        return "str" if isinstance(v, str) else "list[int]"
+
+    __name__ = "list_or_auto"
+
+    def __repr__(self) -> str:
+        return "list-or-auto"
+
+
+BucketValues = Annotated[
+    Union[Annotated[list[Size], Tag("list[int]")], Annotated[Literal["auto"], Tag("str")]],
+    Discriminator(_BucketKind())]
+
+BATCH = "batch"
+
+
+class Strict(BaseModel):
+    """Unknown keys are errors at every depth."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class HFModelSpec(Strict):
+    """A Hugging Face transformers model from a local folder or the local cache (never
+    downloaded)."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, populate_by_name=True,
+                              serialize_by_alias=True)
+
+    path: str = Field(..., min_length=1, description="A folder holding config.json and the "
+                      "weights (relative to the spec's folder), a cached hub name such as "
+                      "'sentence-transformers/all-MiniLM-L6-v2', or pkg://PACKAGE/SUBFOLDER: a "
+                      "folder inside an installed Python package.")
+    class_: str = Field("AutoModel", alias="class", description="The transformers class that "
+                        "loads it: any Auto class (AutoModel, AutoModelForCausalLM, "
+                        "AutoModelForSequenceClassification, ...) or a model class name.")
+    trust_remote_code: bool = Field(
+        False, description="Run Python code shipped in the model folder. Off unless set.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="More keyword arguments "
+                                   "for from_pretrained (e.g. attn_implementation: sdpa).")
+
+
+class TimmModelSpec(Strict):
+    """A timm vision model by name; seeded random weights unless model.weights is given."""
+
+    name: str = Field(..., min_length=1, description="timm model name, e.g. resnet18.")
+    args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for "
+                                 "timm.create_model (num_classes, in_chans, ...).")
+    seed: int = Field(0, description="Seed of the random weights.")
+
+
+# Named here so that a spec is checked without importing torch or the readers (tested equal):
+BUILTIN_NAMES = ("decoder", "mlp")  # models/load.py's builders
+INPUT_SUFFIXES = (".jsonl", ".npy", ".npz", ".parquet")  # inputs/'s readers
+
+
+class ModelSpec(Strict):
+    """Where the model comes from and how it is prepared. Exactly one source."""
+
+    builtin: Optional[str] = Field(
+        None, description="A reference model shipped in graphrun: mlp or decoder.")
+    target: Optional[str] = Field(
+        None, description='"package.module:callable" returning an nn.Module, called with `args`; '
+        "modules beside the spec are importable.")
+    exported: Optional[Path] = Field(
+        None, description="A torch.export archive (.pt2), relative to the spec's folder.")
+    torchscript: Optional[Path] = Field(
+        None, description="A TorchScript file (.pt), relative to the spec's folder.")
+    hf: Optional[HFModelSpec] = Field(
+        None, description="A Hugging Face transformers model (needs graphrun[hf]).")
+    timm: Optional[TimmModelSpec] = Field(
+        None, description="A timm vision model by name (needs timm).")
+    args: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments for the builtin or target builder.")
+    weights: Optional[Path] = Field(
+        None, description="Optional state dict loaded into the model: .pt (weights_only) or "
+        ".safetensors, relative to the spec's folder.")
+    dtype: ModelDType = Field("float32", description="Parameter dtype of the model.")
+    compile: bool = Field(
+        False, description="torch.compile the model (its own CUDA graphs off) before graphrun "
+        "captures it.")
+    call: Literal["keyword", "positional"] = Field(
+        "keyword", description="keyword: model(name=tensor, ...); positional: model(t1, t2, ...) "
+        "in the order the inputs are listed (usual for exported and TorchScript models).")
+
+
+class InputSpec(Strict):
+    """One static input buffer. Names in `shape` are bucket axes; integers are fixed sizes."""
+
+    shape: list[Dim] = Field(
+        ..., min_length=1, description="Dimensions; the first must be `batch`. A name is a "
+        "bucket axis, an integer a fixed size.")
+    dtype: DType = Field("float32", description="Element type of the buffer.")
+    range: Optional[tuple[float, float]] = Field(
+        None, description="Integer inputs only: allowed values lo <= x < hi, checked on the host "
+        "before the copy (an out-of-range index on the GPU kills the CUDA context).")
+    pad: float = Field(0, description="Value written into padded rows and padded positions.")
+    finite: bool = Field(False, description="Float inputs: reject records holding NaN or Inf.")
+
+
+REDUCE_OPS = ("mean_pool", "cls_pool", "last_pool", "l2_normalize", "softmax", "log_softmax",
+              "argmax")
+ReduceOp = Literal["mean_pool", "cls_pool", "last_pool", "l2_normalize", "softmax",
+                   "log_softmax", "argmax"]
+
+
+class TopKSpec(Strict):
+    """The k largest values along the last axis, largest first."""
+
+    k: Size = Field(..., description="How many.")
+    take: Literal["ids", "values"] = Field(
+        "ids", description="ids: their positions (int64, e.g. class or token ids); values: "
+        "the values themselves.")
+
+
+class OutputSpec(Strict):
+    """How one of the model's returns is named, picked, reduced, unpadded and stored."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, populate_by_name=True,
+                              serialize_by_alias=True)
+
+    shape: list[Dim] = Field(
+        ..., min_length=1, description="Dimensions; the first must be `batch`. Axes other than "
+        "batch are cut back to each record's own length.")
+    dtype: Optional[DType] = Field(
+        None, description="Cast to this dtype when written (inside the captured step where "
+        "from/reduce/topk are used); null keeps the model's dtype.")
+    from_: Optional[Union[str, int]] = Field(
+        None, alias="from", description="The field of the model's return this output is made "
+        "from: a key or attribute (last_hidden_state, logits, pooler_output) or a tuple "
+        "position. Setting from, reduce or topk computes the outputs inside the captured step.")
+    reduce: list[ReduceOp] = Field(
+        default_factory=list, description="Steps applied in order, inside the captured step: "
+        "mean_pool (mean over seq where the mask is 1), cls_pool (position 0), last_pool (the "
+        "last position where the mask is 1), l2_normalize, softmax, log_softmax (last axis), "
+        "argmax (last axis; must come last).")
+    topk: Optional[TopKSpec] = Field(
+        None, description="After reduce: the top k along the last axis (ids or values).")
+    mask: str = Field(
+        "attention_mask", min_length=1, description="The input holding the [batch, seq] mask "
+        "(1 real, 0 padding) that mean_pool and last_pool use.")
+
+    @property
+    def reduced(self) -> bool:
+        """Computed by the heads wrapper (models/heads.py) rather than named as returned."""
+        return self.from_ is not None or bool(self.reduce) or self.topk is not None
+
+    @property
+    def picks_ids(self) -> bool:
+        """Its values are positions chosen by argmax or top-k, not computed numbers."""
+        if self.topk is not None:
+            return self.topk.take == "ids"
+        return bool(self.reduce) and self.reduce[-1] == "argmax"
+
+    @field_validator("reduce")
+    @classmethod
+    def _argmax_last(cls, v: list[str]) -> list[str]:
+        if "argmax" in v[:-1]:
+            raise ValueError("argmax must be the last step (it turns values into ids)")
+        return v
+
+
+class VerifySpec(Strict):
+    """Replay-against-eager check run once per bucket before it is trusted."""
+
+    enabled: bool = Field(True, description="Check replay == eager and pad isolation per bucket.")
+    rtol: float = Field(1e-3, ge=0, description="Relative tolerance.")
+    atol: float = Field(1e-3, ge=0, description=(
+        "Absolute tolerance. bfloat16 and float16 outputs get 2 units of their precision at "
+        "the output's largest magnitude on top (capture may pick kernels that round "
+        "differently)."))
+    picked_rows: float = Field(0.05, ge=0, le=1, description=(
+        "For outputs of picked ids (reduce: argmax, topk take: ids), which rtol/atol cannot "
+        "judge: the share of a batch's rows whose ids may differ between replay and eager "
+        "(at least one row). Where scores tie within rounding, kernels chosen under capture "
+        "can swap a pick; a wrong graph changes nearly every row."))
+
+
+def allowed_picks(share: float, rows: int) -> int:
+    """Rows of `rows` whose picked ids may differ under capture.verify.picked_rows = share."""
+    return max(1, math.floor(share * rows))
+
+
+class CaptureSpec(Strict):
+    """How graphs are captured."""
+
+    backend: Literal["auto", "cuda-graph", "eager"] = Field(
+        "auto", description="auto: cuda-graph on a CUDA device, eager elsewhere.")
+    warmup_iters: int = Field(3, ge=0, description="Eager runs per bucket on a side stream "
+                              "before capture.")
+    pool: Literal["shared", "per-graph"] = Field(
+        "shared", description="shared: one memory pool for all graphs (captured largest first); "
+        "per-graph: a pool each.")
+    verify: VerifySpec = Field(default_factory=VerifySpec)
+    on_failure: Literal["error", "eager"] = Field(
+        "error", description="When a bucket cannot be captured or fails verification: stop, or "
+        "run that bucket eagerly (recorded in the manifest).")
+    memory_budget_mib: Optional[float] = Field(
+        None, gt=0, description="Drop the largest buckets whose capture would exceed this many "
+        "MiB, instead of running out of memory. `graphrun plan` and `buckets: auto` plan "
+        "within it (the batch values capped by an estimate from one measured bucket).")
+    lazy: bool = Field(
+        True, description="true: set up (warm up, capture, verify) at start only the buckets "
+        "the input's batches select, as far as the run knows before streaming: the planner's "
+        "histogram when buckets: auto ran, and the first batches the reader holds (4, or with "
+        "data.group_by_length the first window's). A bucket "
+        "first selected later is set up when that batch comes: the launching thread waits for "
+        "the batches in flight, captures and verifies the bucket on every lane, then goes on "
+        "(the phase `bucket setup on first use`); where that fails and capture.on_failure is "
+        "error, the run stops naming the bucket and the batch, the batches before it "
+        "committed. Buckets no batch selects are "
+        "never set up (status unused). The manifest says which were set up when "
+        "(buckets[].set_up, first_use_batch). A Runner built directly (the Python API) sets "
+        "up each bucket on its first batch. graphrun bench and plan's measurements set up "
+        "every bucket whatever this says; graphrun sweep does unless --set or --grid gives "
+        "capture.lazy. false: every bucket at start, so a capture or verification failure "
+        "shows before any output.")
+
+
+class TextSpec(Strict):
+    """A text field tokenized into the model's inputs as the records are read."""
+
+    field: str = Field("text", min_length=1, description="The JSONL field or Parquet column "
+                       "holding each record's text.")
+    tokenizer: Optional[str] = Field(
+        None, description="A folder with tokenizer.json (a fast tokenizer), as model.hf.path "
+        "is written; null: the model's own (model.hf.path).")
+    truncate: bool = Field(
+        True, description="true: cut longer texts to max_length tokens; false: reject them "
+        "(on_bad_record says whether the run stops).")
+    max_length: Optional[Size] = Field(
+        None, description="Tokens per record at most; null: the largest seq bucket (or the "
+        "tokenizer's model_max_length when seq is auto).")
+
+
+class DataSpec(Strict):
+    """The input file and how it is batched."""
+
+    path: Path = Field(..., description=".jsonl, .npy, .npz or .parquet, relative to the spec's "
+                       "folder.")
+    id_field: Optional[str] = Field(
+        None, min_length=1, description="Field (or .npz array / Parquet column) holding record "
+        "ids; otherwise a record's position is its id.")
+    batch_size: PositiveInt = Field(32, description="Records per batch.")
+    oversize: Literal["split", "eager", "error"] = Field(
+        "split", description="For a batch larger than every batch bucket: split it across "
+        "buckets, run it eagerly, or stop.")
+    on_bad_record: Literal["error", "skip"] = Field(
+        "error", description="error: stop at the first bad record; skip: write it to "
+        "rejects.jsonl with the reason and go on.")
+    group_by_length: Optional[PositiveInt] = Field(
+        None, description="Sort each window of this many consecutive records (input order) by "
+        "length on the variable bucket axes (e.g. seq; for text input, the token count) and "
+        "batch within it, so that similar lengths share a batch and pad less. Outputs are "
+        "still written in input order with their ids; a window's outputs are held until the "
+        "window is complete (memory: about one window of inputs and one of outputs). "
+        "--resume restarts at the window holding the first uncommitted record. null: off.")
+    text: Optional[TextSpec] = Field(
+        None, description="Tokenize a text field into the inputs input_ids, attention_mask and "
+        "token_type_ids (those the spec lists), with the model's fast tokenizer (needs "
+        "graphrun[hf]).")
+
+
+class OutputConfig(Strict):
+    """Where and how outputs are written."""
+
+    dir: Path = Field(..., description="Output folder, relative to the spec's folder.")
+    format: Literal["npy", "jsonl", "parquet"] = Field("npy", description="Shard format.")
+    rows_per_file: PositiveInt = Field(100000, description="Records per output shard.")
+
+
+class ReportSpec(Strict):
+    """What the manifest reports."""
+
+    percentiles: list[float] = Field(
+        default_factory=lambda: [50.0, 90.0, 99.0],
+        description="Latency percentiles reported per bucket and phase.")
+    baseline: Literal["none", "eager"] = Field(
+        "none", description="eager: also time eager per bucket and report the speedup.")
+
+    @field_validator("percentiles")
+    @classmethod
+    def _in_range(cls, v: list[float]) -> list[float]:
+        for p in v:
+            if not 0 < p <= 100:
+                raise ValueError(f"percentiles must lie in (0, 100] (got {p:g})")
+        return v
+
+
+class PipelineSpec(Strict):
+    """A graphrun pipeline: model, static buffers, buckets, capture, data, output, report."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True,
+                              json_schema_extra={"title": "graphrun pipeline spec, version 1"})
+
+    version: Literal[1] = Field(..., description="Spec format version; 1.")
+    name: str = Field(..., min_length=1, description="Name of the pipeline, used in reports.")
+    device: str = Field("auto", description="auto (cuda if present, else cpu) | cpu | cuda | "
+                        "cuda:N.")
+    model: ModelSpec
+    inputs: dict[str, InputSpec] = Field(
+        ..., min_length=1, description="Static input buffers by name, in the model's call order.")
+    outputs: dict[str, OutputSpec] = Field(
+        ..., min_length=1, description="Names for the model's returns: a tensor, a tuple in this "
+        "order, or a dict with these keys.")
+    buckets: dict[str, BucketValues] = Field(
+        ..., description="Values per bucket axis; one graph per combination. `batch` is "
+        "required; values are sorted on load. `auto`: `graphrun run` plans the axis's values "
+        "from the input's first records (as `graphrun plan` does), keeping the other axes' "
+        "lists, and records the plan in the manifest.")
+    buckets_multiple_of: dict[str, Size] = Field(
+        default_factory=dict, description="Bucket values of an axis must be multiples of this "
+        "(e.g. seq: 8 for kernels that want aligned lengths); planned values obey it too.")
+    buckets_max_graphs: Size = Field(
+        8, description="`auto` axes are planned so that all axes together make at most this "
+        "many graphs.")
+    capture: CaptureSpec = Field(default_factory=CaptureSpec)
+    data: DataSpec
+    output: OutputConfig
+    report: ReportSpec = Field(default_factory=ReportSpec)
+
+    # The spec file this came from (None when built in Python); targets import beside it.
+    _source: Optional[Path] = PrivateAttr(None)
+
+    @property
+    def base_dir(self) -> Path:
+        return self._source.parent if self._source else Path.cwd()
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        ok = v in ("auto", "cpu", "cuda") or (v.startswith("cuda:") and v[5:].isdigit())
+        if not ok:
+            raise ValueError(f"must be auto, cpu, cuda or cuda:N (got {v!r})")
+        return v
+
+    @field_validator("buckets")
+    @classmethod
+    def _sorted(cls, v: dict[str, list[int] | str]) -> dict[str, list[int] | str]:
+        for axis, values in v.items():
+            if values == "auto":
+                continue
+            dup = sorted({x for x in values if values.count(x) > 1})
+            if dup:
+                raise ValueError(f"{axis}: duplicate bucket values {dup}")
+            if not values:
+                raise ValueError(f"{axis}: needs at least one value")
+        return {axis: values if values == "auto" else sorted(values)
+                for axis, values in v.items()}
+
+    # Convenience views used along the flow.
+    @property
+    def axes(self) -> list[str]:
+        """Bucket axes, batch first, then in the order they appear in `buckets`."""
+        return [BATCH] + [a for a in self.buckets if a != BATCH]
+
+    def max_size(self, axis: str) -> int:
+        return max(self.buckets[axis])
+
+    @property
+    def auto_axes(self) -> list[str]:
+        """Axes whose values `graphrun run` plans from the data (plan.planner.resolve_auto)."""
+        return [a for a, v in self.buckets.items() if v == "auto"]

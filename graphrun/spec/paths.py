@@ -1,0 +1,42 @@
+"""Where a Hugging Face folder named in a spec is (model.hf.path, data.text.tokenizer): beside
+the spec, in an installed package (pkg://PACKAGE/FOLDER), or a hub name. No torch: the spec's
+checks use it before torch is imported."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from graphrun.base.errors import ModelError
+
+PKG = "pkg://"
+
+
+def resolve_path(path: str, base_dir: Path | None, key: str = "model.hf.path") -> str:
+    """A local folder for pkg:// and for paths that exist beside the spec; anything else is
+    passed on as a hub name, which from_pretrained then looks up in the local cache only."""
+    if path.startswith(PKG):
+        package, _, sub = path[len(PKG):].partition("/")
+        try:
+            found = importlib.util.find_spec(package) if package else None
+        except (ImportError, ValueError):
+            found = None
+        if found is None or not found.submodule_search_locations:
+            raise ModelError(f"{key} {path!r}: no installed Python package {package!r}; "
+                             f"install it (pip install {package.replace('_', '-')}) or give "
+                             "the model's folder")
+        folder = Path(list(found.submodule_search_locations)[0]) / sub
+        if not folder.is_dir():
+            raise ModelError(f"{key} {path!r}: package {package!r} has no folder {sub!r} "
+                             f"({folder})")
+        return str(folder)
+    p = Path(path).expanduser()
+    if not p.is_absolute() and base_dir is not None:
+        p = base_dir / p if (base_dir / p).exists() or path.startswith(".") else p
+    if p.exists() or p.is_absolute() or path.startswith("."):
+        if not p.is_dir():
+            raise ModelError(f"{key} {path!r}: folder not found ({p.resolve()}); give a folder "
+                             "holding config.json (relative to the spec's folder), a cached "
+                             "hub name, or pkg://PACKAGE/FOLDER")
+        return str(p.resolve())
+    return path  # a hub name: found in the local cache or not at all

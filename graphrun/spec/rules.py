@@ -1,0 +1,312 @@
+"""Rules that tie several spec keys together. Each returns (key path, message), all at once."""
+
+from __future__ import annotations
+
+import errno
+import importlib.util
+import math
+import os
+from pathlib import Path
+from typing import Iterator
+
+from graphrun.base import dtypes
+from graphrun.spec.keys import (BATCH, BUILTIN_NAMES, FLOAT_DTYPES, INPUT_SUFFIXES, INT_DTYPES,
+                                PipelineSpec)
+
+Found = Iterator[tuple[tuple, str]]
+# One graph (or eager bucket) per combination of the axes' values is set up before the first
+# record, a fraction of a second each: past this the grid is almost surely a mistake.
+MAX_BUCKETS = 512
+MAX_CUDA_INDEX = 127  # torch keeps a device index in 8 bits: cuda:128 wraps to cuda:-128
+
+
+def resolve_paths(spec: PipelineSpec, base_dir: Path) -> PipelineSpec:
+    """Relative paths in the spec are relative to the spec's folder, not the working directory.
+    (A path that cannot be resolved, e.g. holding a NUL byte, is kept and reported by _files.)"""
+    def abs_(p: Path | None) -> Path | None:
+        if p is None or "\x00" in str(p):
+            return p
+        p = p if p.is_absolute() else (base_dir / p)
+        try:
+            return p.resolve()
+        except (OSError, RuntimeError):  # a symlink loop: kept, and reported by _files
+            return Path(os.path.abspath(p))
+
+    spec.model.exported = abs_(spec.model.exported)
+    spec.model.torchscript = abs_(spec.model.torchscript)
+    spec.model.weights = abs_(spec.model.weights)
+    spec.data.path = abs_(spec.data.path)
+    spec.output.dir = abs_(spec.output.dir)
+    return spec
+
+
+def check_spec(spec: PipelineSpec, base_dir: Path | None = None) -> list[tuple[tuple, str]]:
+    """base_dir: the spec's folder, where model.target's file or module is looked for."""
+    found = []
+    for rule in (_model_source, _axes, _ranges, _ragged_npy, _multiples, _batch_size, _files,
+                 _device, _grid, _heads, _text):
+        found.extend(rule(spec))
+    found.extend(_target_found(spec, base_dir or spec.base_dir))
+    found.extend(_hf_paths(spec, base_dir or spec.base_dir))
+    return found
+
+
+def _target_found(spec: PipelineSpec, base_dir: Path) -> Found:
+    """model.target's file (or top-level module) exists, without importing it: importing runs
+    the user's code, which `graphrun validate --load` does."""
+    target = spec.model.target
+    if not target or ":" not in target or "\x00" in target:
+        return
+    module = target.rpartition(":")[0]
+    if module.endswith(".py"):
+        path = Path(module) if Path(module).is_absolute() else base_dir / module
+        if not path.is_file():
+            yield ("model", "target"), (f"file not found: {path.resolve()}; model.target's "
+                                        "file is relative to the spec's folder")
+        return
+    top = module.split(".")[0]
+    if not top:
+        return
+    if (base_dir / f"{top}.py").is_file() or (base_dir / top).is_dir():
+        return
+    try:
+        found = importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        yield ("model", "target"), (f"module {top!r} not found beside the spec ({base_dir}) "
+                                    "nor on the Python path; put it there, install its "
+                                    "package, or give a file path such as "
+                                    "'models/net.py:build'")
+
+
+def _model_source(spec: PipelineSpec) -> Found:
+    m = spec.model
+    given = [k for k in ("builtin", "target", "exported", "torchscript", "hf", "timm")
+             if getattr(m, k)]
+    if not given:
+        yield ("model",), ("no model source: give exactly one of builtin, target, exported, "
+                           "torchscript, hf, timm")
+    elif len(given) > 1:
+        yield ("model", given[1]), (f"two model sources ({' and '.join(given)}): keep exactly "
+                                    "one")
+    if m.builtin:
+        if m.builtin not in BUILTIN_NAMES:
+            yield ("model", "builtin"), (f"unknown builtin {m.builtin!r}; the builtins are "
+                                         f"{', '.join(sorted(BUILTIN_NAMES))}")
+    if m.target and ":" not in m.target:
+        yield ("model", "target"), (f"expected 'package.module:callable' or 'file.py:callable' "
+                                    f"(got {m.target!r})")
+
+
+def _axes(spec: PipelineSpec) -> Found:
+    if BATCH not in spec.buckets:
+        yield ("buckets",), "the record axis 'batch' needs bucket values, e.g. batch: [1, 8, 32]"
+    used: set[str] = set()
+    for kind, table in (("inputs", spec.inputs), ("outputs", spec.outputs)):
+        for name, item in table.items():
+            if item.shape[0] != BATCH:
+                yield (kind, name, "shape", 0), (f"the first dimension must be 'batch', the "
+                                                 f"record axis (got {item.shape[0]!r})")
+            for i, dim in enumerate(item.shape):
+                if isinstance(dim, str):
+                    if kind == "inputs":
+                        used.add(dim)
+                    if dim not in spec.buckets and dim != BATCH:
+                        yield (kind, name, "shape", i), (
+                            f"axis {dim!r} has no bucket values: add buckets.{dim}: [...] or "
+                            "use a fixed integer size")
+            extra = [d for d in item.shape[1:] if d == BATCH]
+            if extra:
+                yield (kind, name, "shape"), "'batch' may appear only as the first dimension"
+    for axis in spec.buckets:
+        if axis not in used:
+            yield ("buckets", axis), (f"bucket axis {axis!r} is used by no input shape; remove it "
+                                      "or use it in an input")
+    if spec.data.group_by_length and len(spec.buckets) == 1 and BATCH in spec.buckets:
+        yield ("data", "group_by_length"), (
+            "batches are grouped by length on the bucket axes besides batch (e.g. seq), and "
+            "this spec has none: every record has one shape already; remove the key")
+
+
+def _ranges(spec: PipelineSpec) -> Found:
+    for name, item in spec.inputs.items():
+        if item.range is None:
+            continue
+        lo, hi = item.range
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            yield ("inputs", name, "range"), f"bounds must be finite numbers (got [{lo}, {hi}])"
+        elif item.dtype not in INT_DTYPES:
+            yield ("inputs", name, "range"), (f"range applies to integer inputs only "
+                                              f"(dtype is {item.dtype}); remove it")
+        elif lo >= hi:
+            yield ("inputs", name, "range"), f"needs lo < hi (got [{lo:g}, {hi:g}])"
+        elif lo != int(lo) or hi != int(hi):
+            yield ("inputs", name, "range"), f"bounds must be integers (got [{lo:g}, {hi:g}])"
+    for name, item in spec.inputs.items():
+        if item.finite and item.dtype not in FLOAT_DTYPES:
+            yield ("inputs", name, "finite"), (f"finite applies to float inputs only (dtype is "
+                                               f"{item.dtype}); remove it")
+
+
+def _ragged_npy(spec: PipelineSpec) -> Found:
+    if spec.output.format != "npy":  # the one format of fixed-shape outputs (outputs/npy.py)
+        return
+    for name, item in spec.outputs.items():
+        ragged = [d for d in item.shape[1:] if isinstance(d, str)]
+        if ragged:
+            yield ("outputs", name, "shape"), (
+                f"axis {ragged[0]!r} varies per record, which npy files cannot hold: set "
+                "output.format to jsonl or parquet")
+
+
+def _multiples(spec: PipelineSpec) -> Found:
+    for axis, m in spec.buckets_multiple_of.items():
+        values = spec.buckets.get(axis)
+        if values is None:
+            yield ("buckets_multiple_of", axis), f"{axis!r} is no bucket axis"
+        elif values != "auto" and any(v % m for v in values):
+            yield ("buckets", axis), (f"values must be multiples of {m} (buckets_multiple_of."
+                                      f"{axis}); got {values}")
+
+
+def _batch_size(spec: PipelineSpec) -> Found:
+    if (BATCH not in spec.buckets or spec.data.oversize == "split"
+            or spec.buckets[BATCH] == "auto"):
+        return
+    largest = max(spec.buckets[BATCH])
+    if (spec.data.oversize == "eager" and spec.model.builtin == "decoder"
+            and spec.data.batch_size > largest):
+        yield ("data", "oversize"), (
+            f"the decoder's KV cache holds the largest batch bucket ({largest} rows), so it "
+            f"cannot run a batch of {spec.data.batch_size} eagerly: set data.oversize: split")
+        return
+    if spec.data.batch_size > largest:
+        yield ("data", "batch_size"), (
+            f"{spec.data.batch_size} is larger than the largest batch bucket ({largest}) and "
+            f"oversize is {spec.data.oversize!r}: lower batch_size, add a bucket, or set "
+            "data.oversize: split")
+
+
+def _files(spec: PipelineSpec) -> Found:
+    for key, p in (("data", "path"), spec.data.path), (("output", "dir"), spec.output.dir):
+        if "\x00" in str(p):
+            yield key, "a path cannot hold a NUL character"
+    path = spec.data.path
+    if "\x00" in str(path):
+        return
+    if path.suffix not in INPUT_SUFFIXES:
+        yield ("data", "path"), (f"unknown input format {path.suffix or '(no suffix)'!r}: use "
+                                 f"one of {', '.join(INPUT_SUFFIXES)}")
+    elif not path.is_file():
+        yield ("data", "path"), _missing("input file", path)
+    for key in ("exported", "torchscript", "weights"):
+        p = getattr(spec.model, key)
+        if p is not None and not p.is_file():
+            yield ("model", key), _missing("file", p)
+
+
+def _missing(what: str, path: Path) -> str:
+    try:
+        os.stat(path)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return f"{path} is a loop of symbolic links: point it at the real file"
+    return f"{what} not found: {path}"
+
+
+def _device(spec: PipelineSpec) -> Found:
+    if spec.device.startswith("cuda:") and int(spec.device[5:]) > MAX_CUDA_INDEX:
+        yield ("device",), (f"{spec.device} names no device (torch numbers CUDA devices 0.."
+                            f"{MAX_CUDA_INDEX}): use cuda or cuda:N for one of this machine's")
+
+
+def _grid(spec: PipelineSpec) -> Found:
+    """At most MAX_BUCKETS buckets, and static buffers that fit in this machine's memory:
+    estimated before anything is allocated (torch would fail with a bare allocator error)."""
+    # an auto axis is planned at run start, to buckets_max_graphs graphs at most (auto_buckets)
+    sizes = [spec.buckets_max_graphs if v == "auto" else len(v) for v in spec.buckets.values()]
+    if math.prod(sizes) > MAX_BUCKETS:
+        grid = f"{' x '.join(map(str, sizes))} = " if len(sizes) > 1 else ""
+        yield ("buckets",), (f"{grid}{math.prod(sizes):,} buckets, more than {MAX_BUCKETS} "
+                             "(each may be warmed up, captured and verified): keep the sizes "
+                             "the data needs (graphrun plan suggests them)")
+    largest = {axis: max(v) for axis, v in spec.buckets.items() if v and v != "auto"}
+    need = 0
+    for items, default in ((spec.inputs, None), (spec.outputs, "float32")):
+        for item in items.values():
+            dims = [largest.get(d, 1) if isinstance(d, str) else d for d in item.shape]
+            dtype = getattr(item, "dtype", None) or default
+            itemsize = 4 if dtype in (None, "bfloat16") else _itemsize(dtype)
+            need += math.prod(dims) * itemsize
+    have = _memory_bytes()
+    if have and need > have:
+        yield ("buckets",), (f"the static buffers at the largest bucket "
+                             f"({', '.join(f'{a}={n:,}' for a, n in largest.items())}) need "
+                             f"{need / 2**30:,.1f} GiB, more than this machine's "
+                             f"{have / 2**30:,.1f} GiB of memory: lower the largest bucket")
+
+
+def _itemsize(dtype: str) -> int:
+    return dtypes.ITEMSIZE.get(dtype, 4)
+
+
+def _memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def _heads(spec: PipelineSpec) -> Found:
+    for name, o in spec.outputs.items():
+        if "mean_pool" in o.reduce and o.mask not in spec.inputs:
+            yield ("outputs", name, "mask"), (
+                f"mean_pool needs the mask input {o.mask!r}, which inputs does not list: add "
+                "it (attention_mask: {shape: [batch, seq], dtype: int64}) or name the mask "
+                "input here")
+
+
+def _text(spec: PipelineSpec) -> Found:
+    text = spec.data.text
+    if text is None:
+        return
+    if text.tokenizer is None and spec.model.hf is None:
+        yield ("data", "text", "tokenizer"), ("the model is no Hugging Face model (model.hf): "
+                                              "give the tokenizer's folder")
+    if spec.data.path.suffix not in (".jsonl", ".parquet"):
+        yield ("data", "text"), (f"text is read from .jsonl or .parquet files, not "
+                                 f"{spec.data.path.suffix or 'this file'}")
+    other = [n for n in spec.inputs if n not in TEXT_INPUTS]
+    if other:
+        yield ("inputs", other[0]), (f"with data.text the inputs come from the tokenizer: "
+                                     f"name them among {', '.join(TEXT_INPUTS)}")
+    elif "input_ids" not in spec.inputs:
+        yield ("inputs",), "with data.text the inputs need input_ids: {shape: [batch, seq]}"
+    for name, inp in spec.inputs.items():
+        if len(inp.shape) != 2 or not isinstance(inp.shape[1], str):
+            yield ("inputs", name, "shape"), ("a tokenized input is [batch, seq], seq a bucket "
+                                              "axis: texts have lengths of their own")
+
+
+def _hf_paths(spec: PipelineSpec, base_dir: Path) -> Found:
+    """model.hf.path and data.text.tokenizer name a folder that exists (a hub name is looked
+    up in the local cache when the model is loaded)."""
+    keys = []
+    if spec.model.hf is not None:
+        keys.append((("model", "hf", "path"), spec.model.hf.path))
+    if spec.data.text is not None and spec.data.text.tokenizer is not None:
+        keys.append((("data", "text", "tokenizer"), spec.data.text.tokenizer))
+    if not keys:  # models/ imports torch: only for a spec that names a folder to find
+        return
+    from graphrun.base.errors import ModelError
+    from graphrun.spec.paths import resolve_path
+
+    for key, path in keys:
+        try:
+            resolve_path(path, base_dir, ".".join(key))
+        except ModelError as e:
+            yield key, str(e).split(": ", 1)[1]

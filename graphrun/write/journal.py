@@ -1,0 +1,392 @@
+"""The output folder's bookkeeping: run.json, the crash-safe journal, and resume.
+
+An output folder holds, besides the shards (see outputs/ for their names):
+
+    run.json        the run's fingerprint ({"spec_sha256", "input_sha256", "model_sha256":
+                    {role: sha256} of its files, "slice", "shards": the shard file
+                    suffixes}), written when the folder is first prepared; it also marks the
+                    folder as graphrun's (folder.py). --resume refuses a folder whose
+                    fingerprint differs. Input and model are hashed beside setup, so a new run
+                    first writes their hashes null, then the hashes before it streams: a
+                    run.json without them means nothing was committed.
+    journal.jsonl   one line per committed shard, in shard order, appended (and fsynced) only
+                    after the shard's files are fsynced and renamed into place and the rejects
+                    below its next_index are durable (write.py commits off the writer's thread,
+                    several shards at once, and keeps this order):
+                    {"shard": k, "files": [{"path", "rows", "sha256", "bytes"}], "rows": total
+                     rows so far, "next_index": input ordinal after the shard's last row,
+                     "read_from": first ordinal of the batch holding that row,
+                     "rejects_bytes": size of rejects.jsonl then, "rejects": its line count,
+                     "sha256": of this line's fields and the previous line's sha256}
+    rejects.jsonl   {"index", "id", "where", "reason"} per rejected record.
+
+Resuming reads the last whole journal line: reading restarts at read_from (the start of the
+batch that held the last committed row, so batching is as before; rows and rejects below
+next_index are dropped as they come again), shard numbering at
+k + 1, and rejects.jsonl is cut back to rejects_bytes, so nothing after the last commit is kept
+and nothing before it is repeated. Every line is verified first (journal_line): its checksum
+chain, shard numbers without a gap (a job's worker starts at its share's first shard, and
+its shards sit in the job's folder: scale/layout.py), row counts, next_index = first + rows +
+rejects.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from graphrun.base.errors import InputError, OutputError
+
+JOURNAL = "journal.jsonl"
+REJECTS = "rejects.jsonl"
+RUN_JSON = "run.json"
+_SHARD = re.compile(r"(\.?)part-(\d{5,})\.(.+?)(\.tmp)?")
+
+
+def shard_number(name: str, suffixes: list[str], *, temp: bool | None = None) -> int | None:
+    """The shard a file name belongs to, if it is exactly one of the format's names
+    (`part-00003.<suffix>`, or `.part-00003.<suffix>.tmp` while written); else None."""
+    m = _SHARD.fullmatch(name)
+    if m is None or m.group(3) not in suffixes or bool(m.group(1)) != bool(m.group(4)):
+        return None
+    if temp is not None and bool(m.group(4)) != temp:
+        return None
+    return int(m.group(2))
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """One committed file; path is relative to the output folder."""
+
+    path: str
+    rows: int
+    sha256: str
+    bytes: int
+
+
+@dataclass(frozen=True)
+class ShardPlace:
+    """Where a worker of a job (scale/) puts its shards: the job's folder, not its own (which
+    holds its journal and rejects), numbered from `first` and below `end`, the numbers its share
+    may use; a one-process run has none."""
+
+    folder: Path
+    first: int = 0
+    end: int | None = None
+
+    def holds(self, number: int | None) -> bool:
+        return number is not None and self.first <= number < (self.end if self.end is not None
+                                                                else number + 1)
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a run stands after its last committed shard."""
+
+    next_index: int  # input ordinal after the last committed record
+    shard: int  # number of the next shard to write
+    rows: int  # output rows committed
+    rejects: int  # lines committed in rejects.jsonl
+    rejects_bytes: int  # its committed size; anything past it is cut on resume
+    files: list[FileInfo] = field(default_factory=list)  # every committed shard file
+    # Where reading restarts: the first ordinal of the batch holding the last committed row,
+    # so the records after it are batched (and padded to buckets) exactly as before, and a
+    # resumed run's outputs are bit-identical to an uninterrupted one. Rows and rejects below
+    # next_index that this re-reads are dropped by the writer.
+    read_from: int | None = None
+    digest: str = ""  # the last journal line's checksum; the next line's chains on it
+
+    @property
+    def start(self) -> int:
+        return self.next_index if self.read_from is None else self.read_from
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class InputHash:
+    """sha256 of the input file, computed by a child process beside setup (about as long as a
+    model's setup for a GB), not after it. In a thread of this process it
+    would take the GIL from the runner's and reader's threads now and then. result() waits
+    for it; stop() abandons it (a run that failed in setup needs no hash)."""
+
+    # sha256_file's loop, standalone: the child runs isolated (-I), where graphrun may not be
+    # importable (a checkout on PYTHONPATH, as on the GPU machine)
+    CHILD = ("import hashlib, sys\n"
+             "h = hashlib.sha256()\n"
+             "with open(sys.argv[1], 'rb') as f:\n"
+             "    while chunk := f.read(1 << 20):\n"
+             "        h.update(chunk)\n"
+             "print(h.hexdigest())\n")
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.waited_s = 0.0  # how long callers waited in result()
+        self._digest: str | None = None
+        self._error: BaseException | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._thread = threading.Thread(target=self._hash, name="graphrun-input-hash",
+                                        daemon=True)
+        self._thread.start()
+
+    def _hash(self) -> None:
+        try:
+            if not sys.executable:  # embedded without an interpreter to start: hash here
+                self._digest = sha256_file(self.path)
+                return
+            with self._lock:
+                if self._stop.is_set():
+                    return
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-I", "-c", self.CHILD, str(self.path)],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    text=True)
+            out, err = self._proc.communicate()
+            if self._stop.is_set():
+                return
+            if self._proc.returncode != 0:
+                lines = err.strip().splitlines()
+                raise OSError(lines[-1] if lines else f"exit status {self._proc.returncode}")
+            self._digest = out.strip()
+        except BaseException as err:  # noqa: BLE001 - raised by result()
+            self._error = err
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def result(self) -> str:
+        t0 = time.perf_counter()
+        self._thread.join()
+        self.waited_s += time.perf_counter() - t0
+        if self._error is not None:
+            raise InputError(f"cannot read the input file to hash it (for --resume's check "
+                             f"that it did not change): {self._error}; check that it is "
+                             "readable, then run again", where=str(self.path)) from self._error
+        if self._digest is None:
+            raise OutputError(f"the input file {self.path} was not hashed (stopped)")
+        return self._digest
+
+    def stop(self) -> str | None:
+        """The hash if it is done, else None, the hashing stopped and its thread joined."""
+        with self._lock:
+            if not self.done():
+                self._stop.set()
+                if self._proc is not None and self._proc.poll() is None:
+                    self._proc.kill()
+        self._thread.join()
+        return self._digest
+
+
+def fsync_path(path: Path) -> None:
+    """fsync by name: a file's data, whichever handle wrote it; a folder's renames and new
+    names (a file's fsync does not cover its name)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def append_durably(path: Path, data: bytes) -> None:
+    """Append and fsync; a crash leaves either the old file or the old file plus a torn tail."""
+    created = not path.exists()
+    with open(path, "ab") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    if created:
+        fsync_path(path.parent)
+
+
+def truncate_durably(path: Path, size: int) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(size)
+        os.fsync(f.fileno())
+
+
+def cut_torn_tail(path: Path) -> None:
+    """Drop a journal line torn by a crash mid-append, so the next line starts on its own."""
+    if path.exists():
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            truncate_durably(path, data.rfind(b"\n") + 1)
+
+
+def line_digest(prev: str, line: dict) -> str:
+    """A journal line's checksum: sha256 of the previous line's and this line's fields, so a
+    line edited, dropped, repeated or appended by hand breaks the chain."""
+    body = json.dumps({k: v for k, v in line.items() if k != "sha256"}, sort_keys=True)
+    return hashlib.sha256((prev + body).encode()).hexdigest()
+
+
+def append_journal(out_dir: Path, shard: int, files: list[FileInfo], rows: int,
+                   next_index: int, rejects_bytes: int, rejects: int, read_from: int,
+                   prev: str = "") -> str:
+    """Append a shard's line (durably); returns its checksum, for the next line's `prev`."""
+    line = {"shard": shard, "files": [asdict(f) for f in files], "rows": rows,
+            "next_index": next_index, "read_from": read_from,
+            "rejects_bytes": rejects_bytes, "rejects": rejects}
+    line["sha256"] = line_digest(prev, line)
+    append_durably(out_dir / JOURNAL, (json.dumps(line) + "\n").encode())
+    return line["sha256"]
+
+
+def read_journal(out_dir: Path, first: int = 0, first_shard: int = 0) -> ResumePoint | None:
+    """The point after the last whole journal line, or None when nothing was committed.
+    Every line is checked (journal_line): its checksum, and that it continues the one
+    before; first is the run's first input ordinal (its slice's start), first_shard its first
+    shard number (a worker's share of a job starts past the shards of the shares before it)."""
+    path = Path(out_dir) / JOURNAL
+    if not path.exists():
+        return None
+    point = ResumePoint(next_index=first, shard=first_shard, rows=0, rejects=0, rejects_bytes=0)
+    # The piece after the last newline is empty, or a line torn by a crash mid-append.
+    for number, raw in enumerate(path.read_bytes().split(b"\n")[:-1], 1):
+        try:
+            point = journal_line(json.loads(raw), point, first)
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            why = str(e) if isinstance(e, ValueError) and str(e) else repr(e)
+            raise OutputError(f"{path}:{number} is not a journal line graphrun wrote ({why}); "
+                              "the folder cannot be resumed; rerun with --overwrite") from None
+    return point if point.shard > first_shard else None
+
+
+def journal_line(line: dict, before: ResumePoint, first: int) -> ResumePoint:
+    """The point after `line`, checked against the point before it; ValueError says why not."""
+    if line.get("sha256") != line_digest(before.digest, line):
+        raise ValueError("its checksum does not match: edited, reordered or not graphrun's")
+    files = [FileInfo(**f) for f in line["files"]]
+    ints = [line[k] for k in ("shard", "rows", "next_index", "read_from", "rejects",
+                              "rejects_bytes")] + [v for f in files for v in (f.rows, f.bytes)]
+    if not all(type(v) is int and v >= 0 for v in ints):
+        raise ValueError("a count is not a whole number")
+    if line["shard"] != before.shard:
+        raise ValueError(f"shard {line['shard']} where shard {before.shard} comes next")
+    rows = line["rows"] - before.rows
+    if not files or any(f.rows != rows for f in files) or rows <= 0:
+        raise ValueError(f"its files do not hold the {rows} rows it adds")
+    if any(shard_number(f.path, [f.path.split(".", 1)[-1]]) != before.shard for f in files):
+        raise ValueError(f"its files are not named as shard {before.shard}'s")
+    if line["rejects"] < before.rejects or line["rejects_bytes"] < before.rejects_bytes:
+        raise ValueError("its rejects count backwards")
+    if line["next_index"] != first + line["rows"] + line["rejects"]:
+        raise ValueError(f"next_index {line['next_index']} is not the run's first record "
+                         f"{first} + its {line['rows']} rows + {line['rejects']} rejects")
+    if not (before.start <= line["read_from"] <= line["next_index"]):
+        raise ValueError(f"read_from {line['read_from']} is outside {before.start}.."
+                         f"{line['next_index']}")
+    return ResumePoint(next_index=line["next_index"], shard=line["shard"] + 1, rows=line["rows"],
+                       rejects=line["rejects"], rejects_bytes=line["rejects_bytes"],
+                       files=before.files + files, read_from=line["read_from"],
+                       digest=line["sha256"])
+
+
+def journal_names(out_dir: Path) -> tuple[set[str], int]:
+    """(the file names the journal lists, the first shard it does not), read leniently: for
+    --overwrite, which removes them, a journal that fails read_journal's checks still names
+    graphrun's files (only plain shard names are taken: never a path)."""
+    names: set[str] = set()
+    shards = 0
+    try:
+        raw = (Path(out_dir) / JOURNAL).read_bytes().split(b"\n")[:-1]
+    except OSError:
+        return names, 0
+    for line in raw:
+        try:
+            entry = json.loads(line)
+            for f in entry["files"]:
+                if shard_number(f["path"], [f["path"].split(".", 1)[-1]]) is not None:
+                    names.add(f["path"])
+            shards = max(shards, int(entry["shard"]) + 1)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return names, shards
+
+
+def check_fresh(out_dir: Path, suffixes: list[str]) -> None:
+    """A new writer must not mix its shards with another run's; prepare_out_dir clears those.
+    suffixes: the format's shard file suffixes (outputs.shard_suffixes)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stale = sorted(p.name for p in out_dir.iterdir()
+                   if p.name in (JOURNAL, REJECTS) or shard_number(p.name, suffixes, temp=False)
+                   is not None)
+    if stale:
+        raise OutputError(f"output folder {out_dir} already holds {listed_names(stale)}; pass "
+                          "--resume to continue that run or --overwrite to replace it")
+    remove_and_sync(out_dir, [p for p in out_dir.iterdir()
+                              if shard_number(p.name, suffixes, temp=True) is not None])
+
+
+def restore(out_dir: Path, point: ResumePoint, suffixes: list[str],
+            place: ShardPlace | None = None) -> None:
+    """Put the folder back to `point`: check the committed files, drop everything after. A
+    worker's shards are in place.folder, and only its own numbers (below place.end) are its."""
+    shard_dir = place.folder if place else out_dir
+    after = ShardPlace(shard_dir, point.shard, place.end if place else None)
+    check_committed(out_dir, point, hashes=True, shard_dir=shard_dir)
+    # A shard renamed into place whose journal line never landed is not part of the run, nor
+    # are temp files; their names are exactly the format's, numbered from the next shard.
+    remove_and_sync(shard_dir, [p for p in shard_dir.iterdir()
+                                if after.holds(shard_number(p.name, suffixes))])
+    rejects = out_dir / REJECTS
+    if rejects.exists():
+        truncate_durably(rejects, point.rejects_bytes)  # rejects past the last commit come again
+    cut_torn_tail(out_dir / JOURNAL)
+
+
+def check_committed(out_dir: Path, point: ResumePoint, *, hashes: bool,
+                    shard_dir: Path | None = None) -> None:
+    """The files the journal lists are there (in shard_dir, default out_dir), of their size
+    (and sha256, with hashes), and rejects.jsonl holds the rejects it recorded; else
+    OutputError. Without hashes it reads only rejects.jsonl (a completed run's --resume, which
+    rewrites nothing)."""
+    for info in point.files:
+        path = (shard_dir or out_dir) / info.path
+        if not path.is_file():
+            raise OutputError(f"cannot resume {out_dir}: {info.path} is listed in {JOURNAL} but "
+                              "missing; rerun with --overwrite")
+        if path.stat().st_size != info.bytes or (hashes and sha256_file(path) != info.sha256):
+            raise OutputError(f"cannot resume {out_dir}: {info.path} differs from what {JOURNAL} "
+                              "recorded (sha256); rerun with --overwrite")
+    rejects = out_dir / REJECTS
+    have = rejects.stat().st_size if rejects.exists() else 0
+    if have < point.rejects_bytes:
+        raise OutputError(f"cannot resume {out_dir}: {REJECTS} holds {have} bytes but {JOURNAL} "
+                          f"recorded {point.rejects_bytes}; rerun with --overwrite")
+    if point.rejects_bytes:
+        with open(rejects, "rb") as f:
+            lines = f.read(point.rejects_bytes).count(b"\n")
+        if lines != point.rejects:
+            raise OutputError(f"cannot resume {out_dir}: {REJECTS} holds {lines} rejects where "
+                              f"{JOURNAL} recorded {point.rejects}; rerun with --overwrite")
+
+
+def listed_names(paths: list, shown: int = 5) -> str:
+    text = ", ".join(Path(p).name for p in paths[:shown])
+    return text + (f" and {len(paths) - shown} more" if len(paths) > shown else "")
+
+
+def remove_and_sync(out_dir: Path, paths: list[Path]) -> None:
+    """paths: files, or a job's workers/ folder (folder.own_entries checked every file in it)."""
+    for p in paths:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+    fsync_path(out_dir)

@@ -1,0 +1,390 @@
+"""The write step: output shards, rejects, and the journal that makes a run resumable.
+
+Shards hold `output.rows_per_file` records each (the last one fewer), numbered from 00000, in
+the files each format's sink lists (outputs/).
+
+A shard is written as `.part-00000.<suffix>.tmp`; when it is full the writer hands it to a
+committer and writes on into the next one. The committer hashes, fsyncs and renames it into
+place, and only then journals it (journal.py), in shard order; so a crash leaves committed
+shards plus temp files (or renamed but unjournaled shards) that a resume deletes. bfloat16
+outputs are stored as float32 holding bfloat16-rounded values (numpy, npy and parquet have no
+bfloat16). Memory is the sink's: see outputs/.
+
+Rejects must reach reject() before write() is given any row with a larger ordinal: a shard's
+commit covers the rejects below its next_index, and a resume starts reading there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from graphrun.base.errors import OutputError
+from graphrun.write.folder import prepare_out_dir
+from graphrun.write.journal import (REJECTS, FileInfo, ResumePoint, ShardPlace, append_journal,
+                                    check_fresh, fsync_path, read_journal, restore, sha256_file)
+from graphrun.write.sinks import SINKS, Outputs, shard_suffixes
+from graphrun.write.sinks.ids import plain
+from graphrun.spec.keys import PipelineSpec
+from graphrun.base.tuning import Tuning
+
+__all__ = ["ShardWriter", "FileInfo", "ResumePoint", "prepare_out_dir", "read_journal",
+           "sha256_file"]
+
+class ShardWriter:
+    """Writes rows into shards of rows_per_file records and journals each committed shard.
+
+    Used from one thread; only the committer's work runs on others. An error there (a full
+    disk) is raised by the next write(), reject() or close()."""
+
+    def __init__(self, spec: PipelineSpec, out_dir: Path, *, resume: ResumePoint | None = None,
+                 tuning: Tuning | None = None, place: ShardPlace | None = None):
+        """place: a worker's (scale/): its shards go into the job's folder, numbered in its
+        range; out_dir keeps its journal and rejects."""
+        self.out_dir = Path(out_dir)
+        self.shard_dir = place.folder if place else self.out_dir
+        self.tuning = tuning or Tuning.from_machine()
+        self.sink_type = SINKS[spec.output.format]
+        self.rows_per_file = spec.output.rows_per_file
+        self.names = list(spec.outputs)
+        self.sink_type.check(spec.outputs)
+        self._shapes = {n: tuple(o.shape[1:]) for n, o in spec.outputs.items()}
+        self._bf16 = {n: o.dtype == "bfloat16" for n, o in spec.outputs.items()}
+        # Output dtype: the spec's, else the first array's, then fixed for the whole run.
+        self._dtypes = {n: np.dtype("float32" if o.dtype == "bfloat16" else o.dtype)
+                        for n, o in spec.outputs.items() if o.dtype is not None}
+        self._pending: list[tuple[int, bytes]] = []  # rejects not yet in rejects.jsonl
+        # rejects.jsonl, opened for appending at the first reject written and kept open until
+        # close(): opening it for every batch with a reject cost ~20 us of the writer's thread
+        self._rejects_file = None
+        self._sink = None
+        self._row_pool: ThreadPoolExecutor | None = None  # npy rows of big batches
+        self._sink_failed = False  # a write into the open shard failed
+        self._shard_rows = 0
+        self._closed = False
+        self._reported = False  # a commit error was raised to the caller already
+        # Called before a shard goes to the committer (so before its journal line): what
+        # must be on disk by then, latencies.jsonl's lines (latencies.py).
+        self.on_hand_over = None
+        point = resume or ResumePoint(next_index=0, shard=place.first if place else 0, rows=0,
+                                      rejects=0, rejects_bytes=0)
+        # Counted up to the last shard handed to the committer (rejects: appended to the file).
+        self._shard, self._rows = point.shard, point.rows
+        self._rejects, self._rejects_bytes = point.rejects, point.rejects_bytes
+        self._last_index = point.next_index - 1
+        self._committed_below = point.next_index  # rows/rejects below it are handed over
+        self._batch_start = point.start
+        self.suffixes = shard_suffixes(spec.output.format, self.names)
+        if place is not None:  # the job's folder was checked: its range is this worker's
+            restore(self.out_dir, point, self.suffixes, place)
+        elif resume is None:
+            check_fresh(self.out_dir, self.suffixes)
+        else:
+            restore(self.out_dir, resume, self.suffixes)
+        self._committer = _Committer(self.out_dir, point, self.tuning, self.shard_dir)
+
+    @property
+    def rows_written(self) -> int:
+        return self._rows + self._shard_rows
+
+    @property
+    def rejects_written(self) -> int:
+        return self._rejects + len(self._pending)
+
+    def write(self, indices: np.ndarray, ids: np.ndarray | list, outputs: Outputs,
+              batch_start: int | None = None) -> None:
+        """Real rows only: indices [n] increasing input ordinals, ids [n] (an int64 array, as
+        the reader gives ordinals and integer ids, is kept as one: no Python int per row),
+        outputs name -> [n, ...]. batch_start: the first input ordinal the batch covers (where
+        a resume re-reads it)."""
+        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        ids = ids.reshape(-1) if isinstance(ids, np.ndarray) else list(ids)
+        self._check_batch(indices, ids, outputs)
+        self._raise_commit_error()
+        if len(indices) and indices[0] < self._committed_below:  # re-read after a resume
+            keep = int(np.searchsorted(indices, self._committed_below))
+            indices, ids = indices[keep:], ids[keep:]
+            outputs = {k: v[keep:] for k, v in outputs.items()}
+        if len(indices) == 0:
+            return
+        if indices[0] <= self._last_index:
+            raise ValueError(f"indices must increase past {self._last_index} "
+                             f"(got {indices[:5].tolist()}...)")
+        self._batch_start = int(indices[0]) if batch_start is None else int(batch_start)
+        # Rejects below this batch can no longer fall after any future shard's next_index.
+        self._flush_rejects(below=int(indices[0]))
+        outputs = {name: self._cast(name, outputs[name]) for name in self.names}
+        start = 0
+        while start < len(indices):
+            stop = min(len(indices), start + self.rows_per_file - self._shard_rows)
+            if self._sink is None:
+                self._sink = self._open_sink()
+            try:
+                self._sink.add(ids[start:stop], {k: v[start:stop] for k, v in outputs.items()})
+            except BaseException:
+                self._sink_failed = True  # rows may be missing from it: never commit it
+                raise
+            self._shard_rows += stop - start
+            self._last_index = int(indices[stop - 1])
+            start = stop
+            if self._shard_rows == self.rows_per_file:
+                self._hand_over()
+
+    def reject(self, index: int, id, where: str, reason: str) -> None:
+        if self._closed:
+            raise ValueError("reject() after close()")
+        self._raise_commit_error()
+        if index < self._committed_below:  # re-read after a resume: committed already
+            return
+        line = json.dumps({"index": int(index), "id": plain(id), "where": where,
+                           "reason": reason})
+        self._pending.append((int(index), (line + "\n").encode()))
+
+    def wait_for_commits(self) -> None:
+        """Block until every shard completed so far is journaled; raise a commit error. What
+        a crash would leave now is then exactly the journal (tests use it to stage one)."""
+        self._committer.wait()
+        self._raise_commit_error()
+
+    def close(self, *, partial: bool = True) -> list[FileInfo]:
+        """Commit the last partial shard and every reject, wait for every commit; return all
+        committed files.
+
+        partial=False (an interrupted run) commits only complete shards and the rejects below
+        them: the partial shard is dropped, so --resume writes the same shards as a run that
+        was never interrupted. After a failed commit nothing more is committed (the journal
+        must stay in shard order): the counts and files are the journal's."""
+        if self._closed:
+            return self._committer.files()
+        self._closed = True
+        try:
+            if self._committer.error is None:
+                if self._shard_rows and partial and not self._sink_failed:
+                    self._hand_over()
+                self._flush_rejects(below=None if partial else self._committed_below)
+                self._pending = []  # partial=False: the rejects after it come again on resume
+        finally:
+            if self._sink is not None:
+                self._sink.abort()
+                self._sink, self._shard_rows = None, 0
+            if self._row_pool is not None:
+                self._row_pool.shutdown()
+            self._committer.close()
+            if self._rejects_file is not None:
+                self._rejects_file.close()
+        if self._committer.error is not None:
+            self._rows, self._rejects = self._committer.rows, self._committer.rejects
+            self._pending = []
+            self._raise_commit_error()
+            return self._committer.files()
+        if (self.out_dir / REJECTS).exists():
+            fsync_path(self.out_dir / REJECTS)  # the rejects after the last shard
+        fsync_path(self.out_dir)
+        return self._committer.files()
+
+    def committed_files(self) -> list[FileInfo]:
+        """What the journal holds now (after a close() that failed, say)."""
+        return self._committer.files()
+
+    # --- shards ---
+
+    def _open_sink(self):
+        stem = f"part-{self._shard:05d}"
+        if self.sink_type.uses_row_pool and self._row_pool is None:
+            # threads start with the first shard, end at close()
+            self._row_pool = ThreadPoolExecutor(self.tuning.row_writers,
+                                                thread_name_prefix="graphrun-rows")
+        return self.sink_type(self.shard_dir, stem, self.rows_per_file, self._shapes,
+                              self.tuning, self._row_pool)
+
+    def _hand_over(self) -> None:
+        """Complete the shard's files and give them to the committer; writing goes on at once."""
+        sink, self._sink = self._sink, None  # finished or failed, close() must not abort it
+        next_index = self._last_index + 1
+        try:
+            files = sink.finish()
+            # Its journal line counts the rejects below next_index: in the file before it is
+            # journaled (the committer fsyncs them).
+            self._flush_rejects(below=next_index)
+            if self.on_hand_over is not None:
+                self.on_hand_over()
+        except BaseException:  # (a full disk) the shard is never committed, nor handed again
+            self._sink_failed = True
+            sink.abort()
+            raise
+        self._rows += self._shard_rows
+        self._committer.submit(_Shard(
+            number=self._shard, files=files, rows=self._shard_rows, total_rows=self._rows,
+            next_index=next_index, read_from=self._batch_start, rejects=self._rejects,
+            rejects_bytes=self._rejects_bytes))
+        self._shard += 1
+        self._committed_below = next_index
+        self._shard_rows = 0
+
+    def _flush_rejects(self, below: int | None) -> None:
+        """Append pending rejects with index < below (all when None), in index order. Not
+        durable here: a shard's commit, or close(), fsyncs them."""
+        if not self._pending:
+            return
+        ready = sorted((r for r in self._pending if below is None or r[0] < below),
+                       key=lambda r: r[0])
+        self._pending = [r for r in self._pending if below is not None and r[0] >= below]
+        data = b"".join(line for _, line in ready)
+        if data:
+            if self._rejects_file is None:
+                self._rejects_file = open(self.out_dir / REJECTS, "ab", buffering=0)
+            view = memoryview(data)
+            while view:  # all of it reaches the file before the caller goes on
+                view = view[self._rejects_file.write(view):]
+        self._rejects += len(ready)
+        self._rejects_bytes += len(data)
+
+    def _raise_commit_error(self) -> None:
+        """A failed commit stops the run: raised by every write() and reject() after it, and
+        by close() unless raised before (so that a failed run can still close and report)."""
+        err = self._committer.error
+        if err is None or (self._closed and self._reported):
+            return
+        self._reported = True
+        if isinstance(err, OSError):  # the disk: full, gone, not writable
+            raise OutputError(f"writing {self.out_dir} failed: {err}; committed shards are "
+                              "intact, free space or fix the folder and run again with "
+                              "--resume") from err
+        raise err
+
+    # --- rows ---
+
+    def _check_batch(self, indices: np.ndarray, ids, outputs: Outputs) -> None:
+        if self._closed:
+            raise ValueError("write() after close()")
+        n = len(indices)
+        if set(outputs) != set(self.names):
+            raise ValueError(f"outputs {sorted(outputs)} do not match the spec's {self.names}")
+        lengths = {name: len(v) for name, v in outputs.items()}
+        if len(ids) != n or any(k != n for k in lengths.values()):
+            raise ValueError(f"{n} indices, {len(ids)} ids and output lengths {lengths} differ")
+        if n > 1 and not (indices[1:] > indices[:-1]).all():
+            raise ValueError(f"indices must increase (got {indices[:5].tolist()}...)")
+
+    def _cast(self, name: str, value) -> np.ndarray | list[np.ndarray]:
+        if isinstance(value, np.ndarray):
+            return self._cast_one(name, value)
+        return [self._cast_one(name, np.asarray(v)) for v in value]
+
+    def _cast_one(self, name: str, a: np.ndarray) -> np.ndarray:
+        a = a.astype(self._dtypes.setdefault(name, a.dtype), copy=False)
+        return _round_bfloat16(a) if self._bf16[name] else a
+
+
+@dataclass(frozen=True)
+class _Shard:
+    """A complete shard handed to the committer, and what its journal line will say."""
+
+    number: int
+    files: list[tuple[Path, str]]  # (temp path, final name): complete, not yet durable
+    rows: int  # in this shard
+    total_rows: int  # in the run once it is committed
+    next_index: int
+    read_from: int
+    rejects: int  # lines and bytes of rejects.jsonl below next_index, already appended
+    rejects_bytes: int
+
+
+class _Committer:
+    """Commits the shards that the writer hands over, off the writer's thread.
+
+    Per file of a shard, at once: an fsync on one of the in_flight sync threads (it waits on
+    the disk) and a sha256 on one of the hashers threads (it re-reads the file from the page
+    cache, on a CPU), so neither the disk nor the CPUs idle while the other works, and later
+    shards proceed while earlier ones finish. On the one journal thread, strictly in shard
+    order: wait for the shard's fsyncs and hashes, rename its files into place, fsync
+    rejects.jsonl (the writer appended the rejects below the shard's next_index before handing
+    it over), fsync the folder (the renames and new names), append the journal line. So a line
+    is written only after its shard's files and rejects are durable and after every earlier
+    line: after a crash the journal lists a prefix of the shards, each intact, as when commits
+    ran on the writer's thread. After a failure no later shard is renamed or journaled.
+
+    Shared with the writer's thread, under _lock: how many shards were handed over and how
+    many settled (journaled, or dropped after a failure), the first error, and what the
+    journal holds (files, rows, rejects)."""
+
+    def __init__(self, out_dir: Path, point: ResumePoint, tuning: Tuning, shard_dir: Path):
+        self.out_dir, self.shard_dir = out_dir, shard_dir  # journal and rejects; shards
+        self.in_flight = tuning.in_flight
+        self._lock = threading.Condition()
+        self._handed = self._settled = 0
+        self.error: BaseException | None = None
+        self._files, self.rows, self.rejects = list(point.files), point.rows, point.rejects
+        self._digest = point.digest  # the journal's last line's checksum (journal thread only)
+        # Threads start at the first shard and end at close().
+        self._syncers = ThreadPoolExecutor(tuning.in_flight, thread_name_prefix="graphrun-fsync")
+        self._hashers = ThreadPoolExecutor(tuning.hashers, thread_name_prefix="graphrun-sha256")
+        self._journal = ThreadPoolExecutor(1, thread_name_prefix="graphrun-journal")
+
+    def submit(self, shard: _Shard) -> None:
+        """Hand over a shard; waits while in_flight shards are not yet journaled."""
+        with self._lock:
+            self._lock.wait_for(lambda: self._handed - self._settled < self.in_flight)
+            self._handed += 1
+        synced = [self._syncers.submit(fsync_path, tmp) for tmp, _ in shard.files]
+        hashed = [self._hashers.submit(sha256_file, tmp) for tmp, _ in shard.files]
+        self._journal.submit(self._commit, shard, synced, hashed)  # one thread: in order
+
+    def wait(self) -> None:
+        with self._lock:
+            self._lock.wait_for(lambda: self._settled == self._handed)
+
+    def close(self) -> None:
+        """Wait for every shard handed over to settle, then end the threads."""
+        self._journal.shutdown()  # all settled: no one waits for the pools' results any more
+        for pool in (self._syncers, self._hashers):
+            pool.shutdown(cancel_futures=True)  # after a failure: the later shards' work
+
+    def files(self) -> list[FileInfo]:
+        with self._lock:
+            return list(self._files)
+
+    def _commit(self, shard: _Shard, synced: list[Future], hashed: list[Future]) -> None:
+        try:
+            if self.error is None:
+                infos = []
+                for (tmp, name), sync, digest in zip(shard.files, synced, hashed):
+                    sync.result()  # durable before it is renamed (raises the fsync's error)
+                    infos.append(FileInfo(name, shard.rows, digest.result(), tmp.stat().st_size))
+                    os.replace(tmp, self.shard_dir / name)
+                if shard.rejects_bytes:
+                    fsync_path(self.out_dir / REJECTS)
+                fsync_path(self.shard_dir)
+                self._digest = append_journal(
+                    self.out_dir, shard.number, infos, shard.total_rows, shard.next_index,
+                    shard.rejects_bytes, shard.rejects, shard.read_from, prev=self._digest)
+                with self._lock:
+                    self._files += infos
+                    self.rows, self.rejects = shard.total_rows, shard.rejects
+        except BaseException as err:  # noqa: BLE001 - raised on the writer's thread
+            with self._lock:
+                self.error = err
+        finally:
+            with self._lock:
+                self._settled += 1
+                self._lock.notify_all()
+
+
+def _round_bfloat16(a: np.ndarray) -> np.ndarray:
+    """float32 -> nearest bfloat16 (ties to even), kept as float32; NaN stays NaN. One new
+    array, rounded in place (the caller's rows are left alone); uint32 wraps as before."""
+    bits = np.ascontiguousarray(a).view(np.uint32)
+    out = bits >> 16
+    out &= 1
+    out += 0x7FFF
+    out += bits
+    out &= 0xFFFF0000
+    rounded = out.view(np.float32)
+    np.copyto(rounded, a, where=np.isnan(a))
+    return rounded

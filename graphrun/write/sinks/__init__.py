@@ -1,0 +1,50 @@
+"""The output formats of the write step: one sink per output.format, looked up in SINKS.
+
+A sink writes one shard's rows into temp files and, at finish(), completes and closes them and
+hands back (temp path, final name). Making them durable (hash, fsync, rename, journal) is the
+committer's work, off the writer's thread (write.py), so finish() does no fsync.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from graphrun.write.sinks.jsonl import JsonlSink
+from graphrun.write.sinks.npy import NpySink
+from graphrun.write.sinks.parquet import ParquetSink
+from graphrun.base.tuning import Tuning
+
+Outputs = dict[str, "np.ndarray | list[np.ndarray]"]
+
+
+class Sink(Protocol):
+    suffix: str
+    uses_row_pool: bool  # takes the writer's row pool (threads writing rows at offsets)
+
+    def __init__(self, out_dir: Path, stem: str, rows_per_file: int, shapes: dict,
+                 tuning: Tuning, pool: Executor | None = None): ...
+
+    @staticmethod
+    def check(outputs: dict) -> None:
+        """Raise OutputError for outputs (spec.outputs) this format cannot store."""
+
+    def add(self, ids, outputs: Outputs) -> None: ...
+
+    def abort(self) -> None: ...
+
+    def finish(self) -> list[tuple[Path, str]]: ...
+
+
+SINKS: dict[str, type[Sink]] = {"npy": NpySink, "jsonl": JsonlSink, "parquet": ParquetSink}
+
+
+def shard_suffixes(fmt: str, outputs: list[str]) -> list[str]:
+    """What follows `part-00000.` in a shard's file names, for the format: npy writes ids and
+    one file per output, the others one file."""
+    if fmt == "npy":
+        return ["ids.npy"] + [f"{name}.npy" for name in outputs]
+    return [fmt]

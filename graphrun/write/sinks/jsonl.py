@@ -1,0 +1,47 @@
+"""jsonl shards: part-00000.jsonl, one {"id": ..., "<output>": nested lists, ...} per line
+(non-finite floats as NaN / Infinity, as Python's json writes them)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from graphrun.base.errors import OutputError
+from graphrun.write.sinks.ids import plain
+from graphrun.base.tuning import Tuning
+
+
+class JsonlSink:
+    """One JSON object per record, written as it comes."""
+
+    suffix = ".jsonl"
+    uses_row_pool = False
+
+    def __init__(self, out_dir: Path, stem: str, rows_per_file: int, shapes: dict,
+                 tuning: Tuning, pool=None):
+        self.tmp = out_dir / f".{stem}.jsonl.tmp"
+        self.name = f"{stem}.jsonl"
+        self.f = open(self.tmp, "w", encoding="utf-8", newline="\n")
+
+    @staticmethod
+    def check(outputs: dict) -> None:
+        if "id" in outputs:
+            raise OutputError("output 'id' clashes with the record id in jsonl; rename it")
+
+    def add(self, ids, outputs: dict) -> None:
+        if isinstance(ids, np.ndarray):
+            ids = ids.tolist()
+        for i, rid in enumerate(ids):
+            row = {"id": plain(rid)}
+            row.update((name, v[i].tolist()) for name, v in outputs.items())
+            self.f.write(json.dumps(row, separators=(",", ":")) + "\n")
+
+    def abort(self) -> None:
+        self.f.close()
+        self.tmp.unlink(missing_ok=True)
+
+    def finish(self) -> list[tuple[Path, str]]:
+        self.f.close()
+        return [(self.tmp, self.name)]
