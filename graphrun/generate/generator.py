@@ -52,12 +52,11 @@ def adapt(model, max_len: int):
 
 def _place(model, device: torch.device, dtype: torch.dtype) -> None:
     """The model on the generator's device in its dtype, moved only when it is not there;
-    the builtin then remakes its float32 RoPE frequencies, which a dtype cast would round."""
-    params = list(model.parameters())
-    if all(t.device == device and t.dtype == dtype for t in params if t.is_floating_point()):
-        return
-    model.to(device=device, dtype=dtype)
-    if isinstance(model, Llama):
+    the builtin remakes its float32 RoPE frequencies, which a dtype cast rounds."""
+    params = [t for t in model.parameters() if t.is_floating_point()]
+    if not all(t.device.type == device.type and t.dtype == dtype for t in params):
+        model.to(device=device, dtype=dtype)
+    if isinstance(model, Llama):  # also after a cast by the caller (models/load.py does one)
         model.make_scratch()
 
 
@@ -143,10 +142,10 @@ class Generator:
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], record_ids: list) -> BatchResult:
-        called = time.perf_counter()
         b, p = self._check_batch(prompts, record_ids)
         keys = self._batch_keys(b, p)
-        self.table.prepare(keys, "first_use")
+        self.table.prepare(keys, "first_use")  # capture is setup: its time is capture_s
+        called = time.perf_counter()
         clock = _Clock(self.device)
         clock.mark()
         self._host.load(self.state, prompts, record_ids, b, p, self.config)

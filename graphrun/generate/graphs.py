@@ -119,8 +119,10 @@ class GraphTable:
         fill_synthetic(self.state, entry.key)  # warm-up on values the step can take
         warm_up(entry.step, 2, self.stream)
         try:
+            # on first use other threads (a writer, a reader) may be making CUDA calls
+            mode = "thread_local" if entry.set_up == "first_use" else "global"
             graph, entry.capture_s, entry.memory_bytes = capture_graph(
-                entry.step, entry.key.bucket, stream=self.stream, pool=self.pool)
+                entry.step, entry.key.bucket, stream=self.stream, pool=self.pool, mode=mode)
         except CaptureError as err:
             entry.reason = f"capture failed, runs eagerly: {err}"
             self.log(f"warning: {entry.key.kind} {entry.key.bucket.name}: {entry.reason}")
