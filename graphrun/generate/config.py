@@ -51,8 +51,8 @@ class BatchResult:
     completions: list[Completion]  # in the order of the prompts given
     prefill_s: float  # device time (CUDA events on a GPU, host clock on the CPU)
     decode_s: float
-    # from the generate call to the batch's first tokens (graphs it first needed set up
-    # before: their time is the bucket's capture_s)
+    # from the generate call to the batch's first tokens, less the setup of graphs the batch
+    # was the first to need (their time is their capture_s)
     ttft_s: float
     decode_steps: int  # decode steps run, each over the whole padded batch
     # decode row-steps that produced a token a record needed: per real row its output tokens

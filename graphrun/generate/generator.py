@@ -54,7 +54,7 @@ def _place(model, device: torch.device, dtype: torch.dtype) -> None:
     """The model on the generator's device in its dtype, moved only when it is not there;
     the builtin remakes its float32 RoPE frequencies, which a dtype cast rounds."""
     params = [t for t in model.parameters() if t.is_floating_point()]
-    if not all(t.device.type == device.type and t.dtype == dtype for t in params):
+    if not all(t.device == device and t.dtype == dtype for t in params):
         model.to(device=device, dtype=dtype)
     if isinstance(model, Llama):  # also after a cast by the caller (models/load.py does one)
         model.make_scratch()
@@ -67,6 +67,8 @@ class Generator:
                  log: Callable[[str], None] | None = None):
         self.config, self.log = config, log or (lambda line: None)
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:  # the one it would use
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.dtype = TORCH_DTYPES[dtype] if isinstance(dtype, str) else dtype
         if backend not in ("cuda-graph", "eager"):
             raise GenerationError(f"backend {backend!r}: give 'cuda-graph' or 'eager'")
