@@ -15,7 +15,6 @@ generator sets up every graph a batch can need first), so it never meets a batch
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
