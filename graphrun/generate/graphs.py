@@ -1,0 +1,205 @@
+"""The generator's graph table: one entry per (kind, rows, length), set up on first use.
+
+kind "prefill" has length = the prompt bucket, kind "decode" the KV length. Setting up an
+entry with backend cuda-graph: warm-up on a side stream, capture into the shared pool
+(engine/capture.py's capture_graph), then verification against eager on a synthetic batch
+(verify_entry). A capture that fails, a graph that disagrees with eager, or one that takes the
+graphs past the memory budget runs eagerly instead, with the reason recorded: the tokens stay
+right, only slower. With backend eager an entry is the step itself.
+
+Verification runs a few steps eagerly, restores the per-row state and replays the same steps:
+every cache column read was either there before (the same for both) or written by this run's
+earlier steps, so the cache itself needs no copy. It runs only before a batch's prefill (the
+generator sets up every graph a batch can need first), so it never meets a batch's own rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from graphrun.buckets import Bucket
+from graphrun.engine.capture import capture_graph, warm_up
+from graphrun.engine.verify import compare
+from graphrun.errors import CaptureError
+
+from .steps import RowState
+
+MiB = 1 << 20
+VERIFY_STEPS = 3  # decode steps compared per bucket
+# the share of rows whose picked tokens may differ from eager's when the logits are close:
+# a near tie may flip under half precision, never in float32
+TOKEN_SLACK = {torch.float32: 0.0, torch.float64: 0.0}
+HALF_TOKEN_SLACK = 0.1
+
+
+@dataclass(frozen=True)
+class StepKey:
+    kind: str  # "prefill" | "decode"
+    rows: int
+    length: int  # the prompt bucket (prefill) or the KV length (decode)
+
+    @property
+    def bucket(self) -> Bucket:
+        axes = ("batch", "prompt" if self.kind == "prefill" else "kv")
+        return Bucket((self.rows, self.length), axes)
+
+
+@dataclass
+class StepGraph:
+    key: StepKey
+    step: Callable[[], None]
+    graph: torch.cuda.CUDAGraph | None = None
+    status: str = "eager"  # captured | eager
+    reason: str | None = None
+    set_up: str = "setup"  # setup | first_use
+    capture_s: float | None = None
+    memory_bytes: int | None = None
+    verify: dict = field(default_factory=dict)  # passed, max_error, token_mismatches, steps
+
+    def run(self) -> None:
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self.step()
+
+    def describe(self) -> dict:
+        shape = {"rows": self.key.rows,
+                 ("prompt" if self.key.kind == "prefill" else "kv"): self.key.length}
+        return {"kind": self.key.kind, "shape": shape, "status": self.status,
+                "reason": self.reason, "set_up": self.set_up, "capture_s": self.capture_s,
+                "memory_bytes": self.memory_bytes,
+                "verify_max_error": self.verify.get("max_error"), "verify": dict(self.verify)}
+
+
+class GraphTable:
+    """Entries by StepKey; make_step(key) builds a step closure over the static buffers."""
+
+    def __init__(self, make_step: Callable[[StepKey], Callable[[], None]], state: RowState,
+                 *, backend: str, device: torch.device, dtype: torch.dtype, pool, verify: bool,
+                 budget_bytes: int | None, log: Callable[[str], None]):
+        self.make_step, self.state, self.log = make_step, state, log
+        self.graphs = backend == "cuda-graph"
+        self.device, self.dtype, self.verify_on = device, dtype, verify
+        self.stream = torch.cuda.Stream(device) if self.graphs else None
+        self.pool = (pool if pool is not None else torch.cuda.graph_pool_handle()
+                     ) if self.graphs else None
+        self.budget, self.spent = budget_bytes, 0
+        self.entries: dict[StepKey, StepGraph] = {}
+
+    def prepare(self, keys: list[StepKey], how: str) -> None:
+        """Set up the keys not set up yet, largest first (prefill before decode, then by rows
+        and length): the smaller graphs reuse the blocks the larger ones left in the pool."""
+        todo = sorted({k for k in keys if k not in self.entries},
+                      key=lambda k: (k.kind == "prefill", k.rows, k.length), reverse=True)
+        for key in todo:
+            self.entries[key] = self._set_up(key, how)
+
+    def __getitem__(self, key: StepKey) -> StepGraph:
+        return self.entries[key]
+
+    def _set_up(self, key: StepKey, how: str) -> StepGraph:
+        entry = StepGraph(key, self.make_step(key), set_up=how)
+        if not self.graphs:
+            entry.reason = ("no CUDA device: backend eager" if self.device.type != "cuda"
+                            else "backend eager")
+            return entry
+        saved = self.state.snapshot()
+        with torch.no_grad():
+            self._capture(entry)
+            if entry.graph is not None and self.verify_on:
+                self._verify(entry)
+        self.state.restore(saved)
+        return entry
+
+    def _capture(self, entry: StepGraph) -> None:
+        fill_synthetic(self.state, entry.key)  # warm-up on values the step can take
+        warm_up(entry.step, 2, self.stream)
+        try:
+            # on first use other threads (a writer, a reader) may be making CUDA calls
+            mode = "thread_local" if entry.set_up == "first_use" else "global"
+            graph, entry.capture_s, entry.memory_bytes = capture_graph(
+                entry.step, entry.key.bucket, stream=self.stream, pool=self.pool, mode=mode)
+        except CaptureError as err:
+            entry.reason = f"capture failed, runs eagerly: {err}"
+            self.log(f"warning: {entry.key.kind} {entry.key.bucket.name}: {entry.reason}")
+            self.pool = torch.cuda.graph_pool_handle()  # a failed capture leaves its pool open
+            return
+        self.spent += entry.memory_bytes
+        if self.budget is not None and self.spent > self.budget:
+            entry.reason = (f"its graph would take the graphs to {self.spent / MiB:.1f} MiB, "
+                            f"past memory_budget_mib={self.budget / MiB:g}: runs eagerly")
+            self.log(f"warning: {entry.key.kind} {entry.key.bucket.name}: {entry.reason}")
+            return
+        entry.graph, entry.status = graph, "captured"
+        self.log(f"captured {entry.key.kind} {entry.key.bucket.name} in "
+                 f"{entry.capture_s * 1e3:.1f} ms")
+
+    def _verify(self, entry: StepGraph) -> None:
+        result = verify_entry(entry, self.state, self.dtype)
+        entry.verify = result
+        if not result["passed"]:
+            entry.graph, entry.status = None, "eager"
+            entry.reason = (f"verification failed (max logit error {result['max_error']:.3g}, "
+                            f"{result['token_mismatches']} rows picked other tokens): runs "
+                            "eagerly")
+            self.log(f"warning: {entry.key.kind} {entry.key.bucket.name}: {entry.reason}")
+
+
+def fill_synthetic(state: RowState, key: StepKey, seed: int = 1234) -> None:
+    """A seeded batch the step can run: random prompt tokens and starts (some left padding),
+    every row real and not done, decode rows far enough into the KV length for the checked
+    steps to fit."""
+    gen = torch.Generator().manual_seed(seed + key.rows * 7919 + key.length)
+    b, n = key.rows, key.length
+    vocab = state.vocab_ids.numel()
+    dev = state.start.device
+    state.keys[:b].copy_(torch.randint(-2**62, 2**62, (b,), generator=gen).to(dev))
+    state.real[:b].fill_(True)
+    state.done[:b].fill_(False)
+    if key.kind == "prefill":
+        state.prompt(b, n).copy_(torch.randint(0, vocab, (b, n), generator=gen).to(dev))
+        state.start[:b].copy_(torch.randint(0, max(1, n // 2), (b,), generator=gen).to(dev))
+        return
+    first = max(0, n - VERIFY_STEPS)  # the first column written
+    state.start[:b].copy_(torch.randint(0, max(1, first // 2 + 1), (b,), generator=gen).to(dev))
+    state.col[:b].fill_(first)
+    state.index[:b].fill_(1)
+    state.token[:b].copy_(torch.randint(0, vocab, (b,), generator=gen).to(dev))
+
+
+def run_checked(entry: StepGraph, state: RowState, steps: int, *, replay: bool
+                ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """`steps` runs of the entry (replayed, or its eager step): tokens and logits of each."""
+    b = entry.key.rows
+    tokens, logits = [], []
+    for _ in range(steps):
+        entry.graph.replay() if replay else entry.step()
+        tokens.append(state.token[:b].clone())
+        logits.append(state.logits[:b].clone())
+    return tokens, logits
+
+
+def verify_entry(entry: StepGraph, state: RowState, dtype: torch.dtype) -> dict:
+    """Replay against eager from the same state: picked tokens equal, logits within
+    tolerance (float32: tight; half precision: a few units of its precision)."""
+    key = entry.key
+    steps = 1 if key.kind == "prefill" else min(VERIFY_STEPS, key.length)
+    fill_synthetic(state, key)
+    saved = state.snapshot()
+    want_tokens, want_logits = run_checked(entry, state, steps, replay=False)
+    state.restore(saved)
+    got_tokens, got_logits = run_checked(entry, state, steps, replay=True)
+    torch.cuda.synchronize(state.start.device)
+    rtol, atol = (1e-4, 1e-4) if dtype in TOKEN_SLACK else (2e-2, 2e-2)
+    close, worst = True, 0.0
+    for got, want in zip(got_logits, want_logits):
+        finite = want.isfinite()
+        ok, max_abs, _ = compare(got[finite], want[finite], rtol, atol)
+        close, worst = close and ok, max(worst, max_abs)
+    mismatches = sum(int((g != w).sum()) for g, w in zip(got_tokens, want_tokens))
+    allowed = TOKEN_SLACK.get(dtype, HALF_TOKEN_SLACK) * key.rows * steps
+    return {"passed": close and mismatches <= allowed, "max_error": worst,
+            "token_mismatches": mismatches, "steps": steps}

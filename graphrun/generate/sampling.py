@@ -1,0 +1,85 @@
+"""Picking the next token inside the captured step: greedy, temperature, top-k, top-p, with a
+counter-based random draw.
+
+The draw is Gumbel-max: argmax(scores + g), g = -log(-log(u)), where u for (row, token) is a
+hash of the row's record key (seed and record id, hashed on the host), the index of the token
+in the completion and the token id. No generator state, no torch.multinomial (which syncs and
+whose stream follows the batch layout): a record's draws are the same in any row, batch size,
+bucket, process or GPU, which makes a seeded completion reproducible under resume and --gpus.
+Everything here is elementwise, sort or argmax over static shapes: safe inside a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from .config import Sampling
+
+# splitmix64's constants as int64 (the ones above 2**63 by their negative equivalents)
+GOLDEN = 0x9E3779B97F4A7C15 - 2**64
+MIX1 = 0xBF58476D1CE4E5B9 - 2**64
+MIX2 = 0x94D049BB133111EB - 2**64
+STEP = 0xD1B54A32D192ED03 - 2**64  # odd: separates the completion index from the token id
+
+
+def record_key(seed: int, record_id) -> int:
+    """The int64 key of a record's random stream: its seed and id (an int or a str, told
+    apart), hashed so that neighbouring ids give unrelated streams."""
+    text = f"{seed}/{type(record_id).__name__}/{record_id}"
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little",
+                          signed=True)
+
+
+def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 bit patterns (torch's >> on int64 is arithmetic)."""
+    return torch.bitwise_right_shift(z, bits).bitwise_and_((1 << (64 - bits)) - 1)
+
+
+def mix64(z: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser on int64 tensors: int64 multiplies wrap as uint64's do."""
+    z = (z ^ _shift_right(z, 30)) * MIX1
+    z = (z ^ _shift_right(z, 27)) * MIX2
+    return z ^ _shift_right(z, 31)
+
+
+def uniforms(keys: torch.Tensor, index: torch.Tensor, vocab_ids: torch.Tensor) -> torch.Tensor:
+    """u in (0, 1), float32: keys [b] int64, index [b] int64 (token's place in the
+    completion), vocab_ids [V] int64 -> [b, V]."""
+    row = mix64(keys + index * STEP)  # [b]: the stream of this (record, place)
+    z = mix64(row[:, None] + (vocab_ids[None, :] + 1) * GOLDEN)  # [b, V]
+    top24 = _shift_right(z, 40).to(torch.float32)  # exact in float32
+    return (top24 + 0.5) * (1.0 / (1 << 24))
+
+
+def gumbel(keys: torch.Tensor, index: torch.Tensor, vocab_ids: torch.Tensor) -> torch.Tensor:
+    """Gumbel(0, 1) noise [b, V], float32."""
+    return -torch.log(-torch.log(uniforms(keys, index, vocab_ids)))
+
+
+def filter_scores(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
+    """logits [b, V] float32 -> scores [b, V]: divided by the temperature, -inf outside the
+    top k and outside the smallest set whose probability reaches top_p (at least one kept),
+    in transformers' order (temperature, top-k, top-p)."""
+    scores = logits / s.temperature if s.temperature != 1.0 else logits
+    if 0 < s.top_k < scores.shape[-1]:
+        kth = torch.topk(scores, s.top_k, dim=-1).values[:, -1:]  # [b, 1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if s.top_p < 1.0:
+        ordered, order = torch.sort(scores, dim=-1, descending=True)
+        probs = ordered.softmax(dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # mass of the tokens ranked above each
+        drop = before > s.top_p  # the first token has 0 before it: always kept
+        scores = scores.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
+    return scores
+
+
+def pick(logits: torch.Tensor, s: Sampling, keys: torch.Tensor, index: torch.Tensor,
+         vocab_ids: torch.Tensor) -> torch.Tensor:
+    """The next token per row, [b] int64, from logits [b, V] float32 (EOS already masked
+    where min_new_tokens says so)."""
+    if s.method == "greedy":
+        return logits.argmax(dim=-1)
+    scores = filter_scores(logits, s)
+    return (scores + gumbel(keys, index, vocab_ids)).argmax(dim=-1)

@@ -1,0 +1,81 @@
+"""The pick inside the step: counter-based Gumbel draws whose frequencies match
+softmax(logits / temperature), top-k and top-p limits, and record keys."""
+
+from __future__ import annotations
+
+import torch
+
+from graphrun.generate.config import Sampling
+from graphrun.generate.sampling import filter_scores, pick, record_key, uniforms
+
+VOCAB = 8
+LOGITS = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, 0.25])
+
+
+def draws(s: Sampling, rows: int = 20000, index: int = 0) -> torch.Tensor:
+    """One pick per row for `rows` records with the same logits: a record's draw is a
+    function of its key and place only, so the rows are independent samples."""
+    keys = torch.tensor([record_key(s.seed, i) for i in range(rows)])
+    logits = LOGITS.expand(rows, VOCAB).contiguous()
+    return pick(logits, s, keys, torch.full((rows,), index), torch.arange(VOCAB))
+
+
+def chi_square(tokens: torch.Tensor, probs: torch.Tensor) -> float:
+    counts = torch.bincount(tokens, minlength=len(probs)).double()
+    expected = probs.double() * len(tokens)
+    keep = expected > 0
+    return float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+
+
+def test_frequencies_match_the_softmax_at_each_temperature():
+    # 7 degrees of freedom: the 0.999 quantile of chi-square is 24.3
+    for temperature in (0.7, 1.0, 2.0):
+        s = Sampling(method="sample", temperature=temperature, seed=3)
+        tokens = draws(s)
+        assert chi_square(tokens, (LOGITS / temperature).softmax(-1)) < 24.3, temperature
+
+
+def test_a_wrong_distribution_is_told_apart():
+    """The test above can fail: draws at temperature 1 against the softmax at 2."""
+    tokens = draws(Sampling(method="sample", temperature=1.0, seed=3))
+    assert chi_square(tokens, (LOGITS / 2.0).softmax(-1)) > 100
+
+
+def test_top_k_and_top_p_draw_only_inside_their_sets():
+    top3 = set(torch.topk(LOGITS, 3).indices.tolist())
+    assert set(draws(Sampling(method="sample", top_k=3), 4000).tolist()) == top3
+    probs = LOGITS.softmax(-1)
+    ranked = torch.argsort(probs, descending=True)
+    nucleus = set(ranked[:(probs[ranked].cumsum(0) < 0.6).sum() + 1].tolist())
+    got = draws(Sampling(method="sample", top_p=0.6), 4000)
+    assert set(got.tolist()) == nucleus
+    # within the nucleus, the renormalised softmax
+    scores = filter_scores(LOGITS[None], Sampling(top_p=0.6))[0]
+    assert chi_square(got, scores.softmax(-1)) < 24.3
+
+
+def test_draws_depend_on_key_and_place_only():
+    s = Sampling(method="sample", seed=1)
+    a = draws(s, 500, index=4)
+    assert torch.equal(a, draws(s, 500, index=4))  # the same again
+    assert not torch.equal(a, draws(s, 500, index=5))  # another place
+    assert not torch.equal(a, draws(Sampling(method="sample", seed=2), 500, index=4))
+
+
+def test_greedy_is_the_argmax():
+    assert pick(LOGITS[None], Sampling(), torch.zeros(1, dtype=torch.long),
+                torch.zeros(1, dtype=torch.long), torch.arange(VOCAB)).item() == 0
+
+
+def test_uniforms_are_open_interval_and_spread():
+    u = uniforms(torch.tensor([record_key(0, i) for i in range(64)]), torch.zeros(64).long(),
+                 torch.arange(1024))
+    assert float(u.min()) > 0 and float(u.max()) < 1
+    assert abs(float(u.mean()) - 0.5) < 0.01
+
+
+def test_record_keys_are_stable_and_tell_types_apart():
+    assert record_key(0, 5) == record_key(0, 5)
+    assert record_key(0, 5) != record_key(0, "5")
+    assert record_key(0, "a") != record_key(1, "a")
+    assert -2**63 <= record_key(7, "x") < 2**63
