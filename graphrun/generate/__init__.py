@@ -7,10 +7,10 @@ sampling.py: the pick inside the step; steps.py: prefill and decode over static 
 graphs.py: capture and verification per bucket; generator.py: the batch loop.
 """
 
-from .builtin import Llama, build_llama
-from .config import (BatchResult, Completion, GenerateConfig, GenerationError, Sampling)
-from .generator import Generator, build_generator
-from .hf_attention import eos_ids_of
+from graphrun.generate.builtin import Llama, build_llama
+from graphrun.generate.config import (BatchResult, Completion, GenerateConfig, GenerationError, Sampling)
+from graphrun.generate.generator import Generator, build_generator
+from graphrun.generate.hf_attention import eos_ids_of
 
 __all__ = ["BatchResult", "Completion", "GenerateConfig", "GenerationError", "Generator",
            "Llama", "Sampling", "build_generator", "build_llama", "eos_ids_of"]

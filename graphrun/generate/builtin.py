@@ -15,9 +15,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from graphrun.models.seeded import DEFAULT_RULES, Constant, Init, materialise, on_meta, std
+from graphrun.models.builtin.seeded import DEFAULT_RULES, Constant, Init, materialise, on_meta, std
 
-from .kv_cache import KVLayout, StepKV, attend
+from graphrun.generate.kv_cache import KVLayout, StepKV, attend
 
 WEIGHT_STD = 0.02  # projections' scale; the embedding keeps unit variance (PyTorch's)
 ROPE_THETA = 10000.0

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from graphrun.errors import ModelError
+from graphrun.base.errors import ModelError
 
 SAMPLING_METHODS = ("greedy", "sample")
 

@@ -22,15 +22,15 @@ from typing import Callable
 import numpy as np
 import torch
 
-from graphrun.engine.buffers import TORCH_DTYPES
+from graphrun.base.dtypes import torch_dtype
 
-from .builtin import Llama
-from .config import BatchResult, Completion, GenerateConfig, GenerationError, check_config
-from .graphs import GraphTable, StepKey
-from .hf_attention import HFCausalLM, is_hf_model, unsupported
-from .kv_cache import KVCache
-from .sampling import record_key
-from .steps import RowState, decode_step, kv_lengths, prefill_step
+from graphrun.generate.builtin import Llama
+from graphrun.generate.config import BatchResult, Completion, GenerateConfig, GenerationError, check_config
+from graphrun.generate.graphs import GraphTable, StepKey
+from graphrun.generate.hf_attention import HFCausalLM, is_hf_model, unsupported
+from graphrun.generate.kv_cache import KVCache
+from graphrun.generate.sampling import record_key
+from graphrun.generate.steps import RowState, decode_step, kv_lengths, prefill_step
 
 MiB = 1 << 20
 
@@ -69,7 +69,7 @@ class Generator:
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:  # the one it would use
             self.device = torch.device("cuda", torch.cuda.current_device())
-        self.dtype = TORCH_DTYPES[dtype] if isinstance(dtype, str) else dtype
+        self.dtype = torch_dtype(dtype) if isinstance(dtype, str) else dtype
         if backend not in ("cuda-graph", "eager"):
             raise GenerationError(f"backend {backend!r}: give 'cuda-graph' or 'eager'")
         if backend == "cuda-graph" and self.device.type != "cuda":

@@ -20,12 +20,12 @@ from typing import Callable
 
 import torch
 
-from graphrun.buckets import Bucket
+from graphrun.engine.buckets import Bucket
 from graphrun.engine.capture import capture_graph, warm_up
 from graphrun.engine.verify import compare
-from graphrun.errors import CaptureError
+from graphrun.base.errors import CaptureError
 
-from .steps import RowState
+from graphrun.generate.steps import RowState
 
 MiB = 1 << 20
 VERIFY_STEPS = 3  # decode steps compared per bucket

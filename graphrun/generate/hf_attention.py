@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from .config import GenerationError
-from .kv_cache import KVLayout, StepKV, attend
+from graphrun.generate.config import GenerationError
+from graphrun.generate.kv_cache import KVLayout, StepKV, attend
 
 ATTENTION_NAME = "graphrun"
 # model_type -> the architecture family, for the messages

@@ -15,7 +15,7 @@ import hashlib
 
 import torch
 
-from .config import Sampling
+from graphrun.generate.config import Sampling
 
 # splitmix64's constants as int64 (the ones above 2**63 by their negative equivalents)
 GOLDEN = 0x9E3779B97F4A7C15 - 2**64

@@ -19,9 +19,9 @@ from typing import Callable, Protocol
 
 import torch
 
-from .config import GenerateConfig
-from .kv_cache import KVCache, StepKV
-from .sampling import pick
+from graphrun.generate.config import GenerateConfig
+from graphrun.generate.kv_cache import KVCache, StepKV
+from graphrun.generate.sampling import pick
 
 
 class StepModel(Protocol):
