@@ -127,8 +127,8 @@ def test_schema_outside_a_checkout_writes_nothing_and_says_how(tmp_path):
 def test_schema_in_a_checkout_rewrites_that_checkout_only(tmp_path, monkeypatch):
     from graphrun.manifest import schema as schemas
 
-    (tmp_path / "graphrun").mkdir()
-    (tmp_path / "graphrun" / "spec.py").write_text("")
+    (tmp_path / "graphrun" / "spec").mkdir(parents=True)
+    (tmp_path / "graphrun" / "spec" / "keys.py").write_text("")
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "graphrun"\n')
     (tmp_path / "README.md").write_text(f"top\n{schemas.REF_START}\nold\n{schemas.REF_END}\n")
     (tmp_path / "sub").mkdir()
@@ -153,8 +153,8 @@ def test_debug_is_accepted_after_the_verb(write_spec):
 
 def test_a_run_outside_a_terminal_prints_progress_lines_summary_and_warnings(
         write_spec, monkeypatch):
-    from graphrun.run import progress
-    from graphrun.run import state as run_state
+    from graphrun.job import progress
+    from graphrun.job import state as run_state
 
     monkeypatch.setattr(progress, "LINE_S", 0.0)  # a line every batch
     monkeypatch.setattr(run_state, "spread_warning",
