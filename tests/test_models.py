@@ -352,3 +352,31 @@ def test_name_outputs_errors(ret, names, message):
     with pytest.raises(ModelError) as err:
         name_outputs(ret, names)
     assert message in str(err.value)
+
+
+PLACED_SOURCE = """
+import torch
+
+def build(width=3):
+    net = torch.nn.Linear(width, 2)
+    net.built_on = net.weight.device.type  # where the builder made its parameters
+    return net
+
+def cpu_only(width=3):
+    if torch.empty(0).device.type != "cpu":
+        raise RuntimeError("this builder makes host tensors only")
+    net = torch.nn.Linear(width, 2)
+    net.built_on = "cpu"
+    return net
+"""
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("target, built_on", [("placed.py:build", "cuda"),
+                                              ("placed.py:cpu_only", "cpu")])
+def test_a_target_is_built_on_the_gpu_or_else_built_and_moved(tmp_path, target, built_on):
+    (tmp_path / "placed.py").write_text(PLACED_SOURCE)
+    model = build_model(make_spec({"target": target}), torch.device("cuda"), base_dir=tmp_path)
+    assert model.built_on == built_on
+    assert model.weight.device.type == "cuda"

@@ -53,7 +53,8 @@ def build_model(spec: PipelineSpec, device: torch.device,
                                torch_dtype(m.dtype))
     elif m.target is not None:
         model = _build(f"model.target {m.target!r}", _resolve_target(m.target, base_dir),
-                       m.args, spec.max_size(BATCH), wrap=(Exception,), empty=empty)
+                       m.args, spec.max_size(BATCH), wrap=(Exception,), empty=empty,
+                       under=None if empty or device.type == "cpu" else device)
     elif m.exported is not None:
         model = _load_exported(m.exported, device)
     elif m.hf is not None:
@@ -121,11 +122,14 @@ def _build_builtin(name: str, args: dict[str, Any], max_batch: int, device: torc
 
 def _build(what: str, builder: Callable[..., Any], args: dict[str, Any], max_batch: int,
            wrap: tuple[type[Exception], ...], empty: bool = False,
-           placed: dict[str, Any] | None = None) -> nn.Module:
+           placed: dict[str, Any] | None = None,
+           under: torch.device | None = None) -> nn.Module:
     """builder(**args), plus max_batch (the largest batch bucket) when the builder takes it.
     empty: parameters on the meta device (weights follow); a builder that cannot build so (it
     reads a parameter's values, say) is built again as usual. placed: arguments graphrun sets
-    (a builtin's device and dtype), so left out of the messages about model.args."""
+    (a builtin's device and dtype), so left out of the messages about model.args. under: the
+    device to build on (tensors the builder makes land there, no copy after); a builder that
+    cannot build so is built on the CPU and moved, as without it."""
     params = inspect.signature(builder).parameters
     args = dict(args)
     if "max_batch" in params:
@@ -136,6 +140,14 @@ def _build(what: str, builder: Callable[..., Any], args: dict[str, Any], max_bat
         try:
             with params_on_meta():
                 model = builder(**args)
+            if isinstance(model, nn.Module):
+                return model
+        except Exception:  # noqa: BLE001 - built again below, where its error is reported
+            pass
+    if under is not None:
+        try:
+            with torch.device(under):
+                model = builder(**args, **placed)
             if isinstance(model, nn.Module):
                 return model
         except Exception:  # noqa: BLE001 - built again below, where its error is reported
