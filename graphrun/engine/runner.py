@@ -160,8 +160,9 @@ class Runner:
     def max_batch(self) -> int:
         return self.table.max_batch
 
-    def stage(self, fields: dict, n: int, lengths: dict[str, np.ndarray], slot: int) -> Bucket:
-        return self.launcher.stage(fields, n, lengths, slot)
+    def stage(self, fields: dict, n: int, lengths: dict[str, np.ndarray], slot: int,
+              ids=None) -> Bucket:
+        return self.launcher.stage(fields, n, lengths, slot)  # one forward pass: ids play no part
 
     def launch(self, bucket: Bucket, slot: int, n: int, lengths: dict, *, timed=None,
                stream=None) -> Launch:

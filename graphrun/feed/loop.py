@@ -184,7 +184,7 @@ class Leg:
                     part.slot = pool.acquire()
                     t0 = time.perf_counter()
                     part.bucket = self.engine.stage(part.fields, part.n, part.lengths,
-                                                    part.slot)
+                                                    part.slot, ids=part.ids)
                     host["stage"] += time.perf_counter() - t0
                     part.fields = None  # staged: the rows live in the slot now
                 yield part

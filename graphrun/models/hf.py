@@ -82,6 +82,23 @@ def import_model_code(transformers, cls, where: str, kwargs: dict) -> None:
         pass
 
 
+def fast_tokenizer(folder: str):
+    """The folder's fast tokenizer (a `tokenizers.Tokenizer`): its tokenizer.json, else the
+    slow tokenizer's files converted by transformers. A new object each call: callers set its
+    padding and truncation."""
+    tokenizers = require("tokenizers", "data.text")
+    path = Path(folder) / "tokenizer.json"
+    if path.is_file():
+        return tokenizers.Tokenizer.from_file(str(path))
+    transformers = require("transformers", "data.text")
+    try:
+        return transformers.AutoTokenizer.from_pretrained(
+            folder, use_fast=True, local_files_only=True).backend_tokenizer
+    except Exception as e:  # noqa: BLE001 - OSError, ValueError: the files are wrong
+        raise ModelError(f"data.text.tokenizer {folder!r}: no tokenizer.json and no fast "
+                         f"tokenizer could be made ({type(e).__name__}: {e})") from e
+
+
 def tokenizer_folder(spec) -> str:
     """The folder of the tokenizer data.text uses: its own, or the model's."""
     text = spec.data.text

@@ -51,25 +51,15 @@ def max_length(spec: PipelineSpec, folder: str) -> int:
 
 
 @functools.lru_cache(maxsize=8)
-def _tokenizer(folder: str, length: int, truncate: bool):
-    """A fast tokenizer without padding (the buckets pad), truncating at `length` if asked."""
-    from graphrun.models.hf import require
+def _tokenizer(folder: str, length: int, truncate: bool, direction: str = "right"):
+    """A fast tokenizer without padding (the buckets pad), truncating at `length` if asked:
+    from the right, or from the left for a generation job's prompts (their end is kept)."""
+    from graphrun.models.hf import fast_tokenizer
 
-    tokenizers = require("tokenizers", "data.text")
-    path = Path(folder) / "tokenizer.json"
-    if path.is_file():
-        tok = tokenizers.Tokenizer.from_file(str(path))
-    else:  # a slow tokenizer's files: transformers converts them to a fast one
-        transformers = require("transformers", "data.text")
-        try:
-            tok = transformers.AutoTokenizer.from_pretrained(
-                folder, use_fast=True, local_files_only=True).backend_tokenizer
-        except Exception as e:  # noqa: BLE001 - OSError, ValueError: the files are wrong
-            raise ModelError(f"data.text.tokenizer {folder!r}: no tokenizer.json and no fast "
-                             f"tokenizer could be made ({type(e).__name__}: {e})") from e
+    tok = fast_tokenizer(folder)
     tok.no_padding()
     if truncate:
-        tok.enable_truncation(length)
+        tok.enable_truncation(length, direction=direction)
     else:
         tok.no_truncation()
     return tok
@@ -85,7 +75,8 @@ def tokenize(spec: PipelineSpec, texts: list) -> tuple[dict[str, Field], dict[in
     problems = {p: (f"{text.field}: expected a string, got {_kind(t)}")
                 for p, t in enumerate(texts) if not isinstance(t, str)}
     strings = [t if isinstance(t, str) else "" for t in texts]
-    encodings = _tokenizer(folder, length, text.truncate).encode_batch(strings)
+    cut_from = "left" if spec.generate is not None else "right"
+    encodings = _tokenizer(folder, length, text.truncate, cut_from).encode_batch(strings)
     if not text.truncate:
         for p, enc in enumerate(encodings):
             if p not in problems and len(enc.ids) > length:

@@ -278,6 +278,8 @@ class ShardWriter:
         return [self._cast_one(name, np.asarray(v)) for v in value]
 
     def _cast_one(self, name: str, a: np.ndarray) -> np.ndarray:
+        if a.dtype.kind in "US":  # text: a cast to the first batch's width would cut it
+            return a
         a = a.astype(self._dtypes.setdefault(name, a.dtype), copy=False)
         return _round_bfloat16(a) if self._bf16[name] else a
 
