@@ -213,3 +213,16 @@ def test_the_schema_refuses_what_the_rules_refuse():
                 dict(base, generate={"sampling": {"temperature": 0.5}})):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad, schema)
+
+
+def test_the_shipped_generation_pipeline_validates():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = load_spec(root / "pipelines" / "generate.yaml")
+    assert spec.model.hf.class_ == "AutoModelForCausalLM"
+    assert spec.model.hf.path == "../examples/models/tiny-llama"
+    assert spec.data.path == root / "examples" / "data" / "prompts.jsonl"
+    assert spec.buckets == {"batch": [1, 4, 16], "seq": [32, 64, 128, 256, 512]}
+    assert (spec.generate.max_new_tokens, spec.generate.sampling.method) == (32, "greedy")
+    assert spec.output.format == "jsonl" and spec.inputs == {}
