@@ -6,6 +6,10 @@ a causal LM: the next token's top k; a sequence classifier: softmax and argmax) 
 tokenizer -> the inputs it gives that the model takes -> seq buckets from the sample's token
 lengths, the last at the model's limit -> the model built as `run` builds it and called once on
 two tokenized records (output names and sizes) -> the spec, commented, validated, written.
+
+With --task generate (a causal LM only): the prompts' field, seq buckets from the prompts'
+token lengths within the model's limit less the new tokens, and a generate: section; inputs
+and outputs are implied, so the model is not built.
 """
 
 from __future__ import annotations
@@ -16,15 +20,19 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError, ModelError
+from .errors import GraphrunError, InputError, ModelError
 from .init import Inferred, propose_buckets, sample_notes, spec_target
 from .init_data import FieldInfo, sample_data
-from .init_spec import relative_to_spec, render_hf_spec, write_spec_files
+from .init_spec import (GROUP_WINDOW, relative_to_spec, render_generate_spec, render_hf_spec,
+                        write_spec_files)
 from .spec import BATCH
 
 TOPK = 5  # next tokens written per record
+TASKS = ("auto", "generate")  # auto: from config.json's architectures (embed, next-token, classify)
+NEW_TOKENS = 128  # generate.max_new_tokens of a written generation spec
 SEQ_VALUES = 4  # seq bucket values fitted to the sample's lengths, before the model's limit
 TEXT_NAMES = ("text", "sentence", "sentences", "content", "prompt", "query", "document")
+PROMPT_NAMES = ("prompt", "prompts", "input", "question", "instruction", "query", *TEXT_NAMES)
 PROBE_TEXTS = 2
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json",
                    "tokenizer.model", "spiece.model", "sentencepiece.bpe.model")
@@ -48,17 +56,23 @@ class HfInferred(Inferred):
     limit: int = 512  # tokens per record at most: the model's
     lengths: tuple[int, int] = (0, 0)  # the sample's shortest and longest text, in tokens
     truncate: bool = True  # data.text.truncate: cut longer texts, else reject them
+    generate: dict | None = None  # the spec's generate section (--task generate)
+    eos_ids: list[int] = field(default_factory=list)  # what stop.eos: auto stops at
+    positions: int = 0  # the model's positions, which a prompt and its new tokens share
 
 
 def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml",
             out_dir: str | Path | None = None, name: str | None = None, batch_size: int = 32,
             sample: int = 10000, id_field: str | None = None, dtype: str = "float32",
-            force: bool = False) -> HfInferred:
+            force: bool = False, task: str = "auto") -> HfInferred:
     """Infer a spec for the model in `hf` over the text in `data`, write it to `spec_path`
-    with pipeline.schema.json beside it, and return what was inferred."""
+    with pipeline.schema.json beside it, and return what was inferred. task: auto (from
+    config.json) or generate (a generation job over a causal LM)."""
     from .hf_paths import PKG
     from .models.hf import require
 
+    if task not in TASKS:
+        raise GraphrunError(f"--task {task!r}: use one of {', '.join(TASKS)}")
     spec_path = spec_target(spec_path, force)
     transformers = require("transformers", WHAT)
     require("tokenizers", WHAT)
@@ -66,21 +80,18 @@ def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml
     config = _config(transformers, hf, where)
     tokenizer = _tokenizer(transformers, hf, where)
     profile = sample_data(Path(data).resolve(), sample, id_field, text=True)
-    task = task_of(config)
-    found = HfInferred(name=name or _default_name(hf, task), profile=profile,
-                       model={"hf": {"path": where, "class": task.auto_class}, "dtype": dtype},
-                       batch_size=batch_size, task=task)
-    found.text_field = _text_field(profile)
+    kind = task_of(config) if task == "auto" else generate_task(config)
+    found = HfInferred(name=name or _default_name(hf, kind), profile=profile,
+                       model={"hf": {"path": where, "class": kind.auto_class}, "dtype": dtype},
+                       batch_size=batch_size, task=kind)
+    found.text_field = _text_field(profile, prefer=PROMPT_NAMES if kind.kind == "generate"
+                                   else TEXT_NAMES)
     texts = [t for t in profile.texts[found.text_field] if isinstance(t, str)]
-    _plan_seq(found, texts, tokenizer, model_limit(tokenizer, config, where))
-    names = _input_names(tokenizer, config)
-    found.ranges = _ranges(names, config)
-    found.heads = _heads(task, config)
-    model = _build(found, names)
-    names = _taken(model, names)
-    found.ranges = {n: r for n, r in found.ranges.items() if n in names}
-    found.inputs = {n: FieldInfo(n, "int", "int64", ["seq"]) for n in names}
-    found.outputs = _probe(model, tokenizer, texts, found)
+    limit = model_limit(tokenizer, config, where)
+    if kind.kind == "generate":
+        _plan_generate(found, texts, tokenizer, limit, _eos_ids(transformers, where, config))
+    else:
+        _plan_inputs_and_outputs(found, texts, tokenizer, limit, config)
     found.checks = _checks(found, config)
     spec_dir = spec_path.parent
     if hf.startswith(PKG):  # stays valid wherever the package is installed
@@ -88,9 +99,40 @@ def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml
     elif Path(where).is_dir():
         found.model["hf"]["path"] = relative_to_spec(Path(where), spec_dir)
     out = f"runs/{found.name}" if out_dir is None else relative_to_spec(Path(out_dir), spec_dir)
+    render = render_generate_spec if kind.kind == "generate" else render_hf_spec
     found.spec_path, found.schema_path = write_spec_files(
-        spec_path, render_hf_spec(found, spec_dir, out))
+        spec_path, render(found, spec_dir, out))
     return found
+
+
+def _plan_inputs_and_outputs(found: HfInferred, texts: list[str], tokenizer, limit: int,
+                             config) -> None:
+    """One forward pass per record: the tokenizer's inputs the model takes, and its outputs'
+    heads, shaped by one call of the model."""
+    _plan_seq(found, texts, tokenizer, limit)
+    names = _input_names(tokenizer, config)
+    found.ranges = _ranges(names, config)
+    found.heads = _heads(found.task, config)
+    model = _build(found, names)
+    names = _taken(model, names)
+    found.ranges = {n: r for n, r in found.ranges.items() if n in names}
+    found.inputs = {n: FieldInfo(n, "int", "int64", ["seq"]) for n in names}
+    found.outputs = _probe(model, tokenizer, texts, found)
+
+
+def _plan_generate(found: HfInferred, texts: list[str], tokenizer, limit: int,
+                   eos_ids: list[int]) -> None:
+    """A generation job: seq buckets (prompt lengths) within the positions that the prompt and
+    its new tokens share, grouped batches, and the generate section."""
+    room = limit - NEW_TOKENS
+    if room < 8:
+        raise ModelError(f"--hf: the model holds {limit} positions, too few for a prompt and "
+                         f"{NEW_TOKENS} new tokens (generate.max_new_tokens); init writes "
+                         "generation specs for models of more positions")
+    _plan_seq(found, texts, tokenizer, room // 8 * 8, window=GROUP_WINDOW)
+    found.generate = {"max_new_tokens": NEW_TOKENS, "sampling": {"method": "greedy"},
+                      "stop": {"eos": "auto"}}
+    found.eos_ids, found.positions = eos_ids, limit
 
 
 # ---- the model's files -------------------------------------------------------------------------
@@ -160,6 +202,35 @@ def task_of(config) -> Task:
                 "last hidden state as the embedding")
 
 
+def generate_task(config) -> Task:
+    """--task generate: the model must be a causal LM (config.json's architectures say so)."""
+    archs = list(getattr(config, "architectures", None) or [])
+    causal = [a for a in archs if a.endswith(("ForCausalLM", "LMHeadModel"))]
+    if getattr(config, "is_encoder_decoder", False) or not causal:
+        named = ", ".join(archs) if archs else f"no architecture ({config.model_type})"
+        raise ModelError(f"--task generate: config.json names {named}, which is no causal "
+                         "language model (a class ending in ForCausalLM or LMHeadModel); give "
+                         "the folder of a causal LM, or leave out --task for what this model "
+                         "computes")
+    return Task("generate", "AutoModelForCausalLM", f"{causal[0]}: a causal language model, "
+                f"generating up to {NEW_TOKENS} new tokens per prompt")
+
+
+def _eos_ids(transformers, where: str, config) -> list[int]:
+    """What stop.eos: auto stops at: generation_config.json's eos_token_id, else config.json's."""
+    eos = None
+    try:
+        eos = transformers.GenerationConfig.from_pretrained(where, local_files_only=True
+                                                            ).eos_token_id
+    except Exception:  # noqa: BLE001 - no generation_config.json: config.json's is next
+        pass
+    if eos is None:
+        eos = getattr(config, "eos_token_id", None)
+    if eos is None:
+        return []
+    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+
+
 def model_limit(tokenizer, config, where: str) -> int:
     """Tokens per record at most: the smallest of the tokenizer's model_max_length, the
     model's position table and a sentence-transformers folder's max_seq_length (what its
@@ -221,21 +292,22 @@ def _default_name(hf: str, task: Task) -> str:
 
 # ---- the text ----------------------------------------------------------------------------------
 
-def _text_field(profile) -> str:
-    """The string field holding the text: one named like text, else the only one."""
+def _text_field(profile, prefer: tuple[str, ...] = TEXT_NAMES) -> str:
+    """The string field holding the text: one named as `prefer` names (in its order), else
+    the only one."""
     texts = profile.texts
     if not texts:
         raise InputError("holds no text field (no string field besides the id"
                          + (f" {profile.id_field!r}" if profile.id_field else "") + "); "
                          "init --hf tokenizes a text field: give a .jsonl or .parquet file "
                          "whose records hold the text as a string", where=str(profile.path))
-    named = [n for n in TEXT_NAMES if n in texts]
+    named = [n for n in prefer if n in texts]
     if named:
         return named[0]
     if len(texts) == 1:
         return next(iter(texts))
     raise InputError(f"holds several string fields ({', '.join(texts)}) and none is named "
-                     f"{' or '.join(TEXT_NAMES[:2])}: rename the text field to `text`, or "
+                     f"{' or '.join(prefer[:2])}: rename the text field to `{prefer[0]}`, or "
                      "pass --id-field for the one that is the id", where=str(profile.path))
 
 
@@ -249,14 +321,18 @@ def token_lengths(tokenizer, texts: list[str]) -> np.ndarray:
     return np.array([len(e.ids) for e in backend.encode_batch(texts)] or [1], dtype=np.int64)
 
 
-def _plan_seq(found: HfInferred, texts: list[str], tokenizer, limit: int) -> None:
-    """The buckets (seq from the texts' token lengths) and whether longer texts are cut."""
+def _plan_seq(found: HfInferred, texts: list[str], tokenizer, limit: int,
+              window: int | None = None) -> None:
+    """The buckets (seq from the texts' token lengths) and whether longer texts are cut.
+    window: data.group_by_length, whose batches are cut from each window sorted by length."""
     p = found.profile
     lengths = token_lengths(tokenizer, texts)
     whole = p.records is not None and p.records <= p.sampled
     found.limit, found.lengths = limit, (int(lengths.min()), int(lengths.max()))
+    batched = lengths if window is None else np.concatenate(
+        [np.sort(lengths[s:s + window]) for s in range(0, len(lengths), window)])
     found.buckets = {**propose_buckets(p, found.batch_size, {}),
-                     "seq": seq_values(lengths, found.batch_size, limit, whole)}
+                     "seq": seq_values(batched, found.batch_size, limit, whole)}
     found.truncate = not whole or found.lengths[1] > limit
 
 
@@ -356,6 +432,8 @@ def _checks(found: HfInferred, config) -> list[str]:
            f"data.text: field {found.text_field!r}, tokenized by the model's tokenizer",
            f"buckets.seq {found.buckets['seq']}: token lengths {lo}-{hi} {seen}; "
            + _longer(found)]
+    if found.generate is not None:
+        out.append(_stop_check(found))
     labels = getattr(config, "id2label", None) or {}
     if task.kind == "classify" and labels:
         shown = ", ".join(f"{k}: {v}" for k, v in list(labels.items())[:8])
@@ -366,12 +444,23 @@ def _checks(found: HfInferred, config) -> list[str]:
     return out + sample_notes(found.model["dtype"], p)
 
 
+def _stop_check(found: HfInferred) -> str:
+    new = found.generate["max_new_tokens"]
+    if not found.eos_ids:
+        return (f"generate: the model names no EOS id (generation_config.json, config.json), "
+                f"so every prompt gets {new} new tokens; add stop.token_ids to stop earlier")
+    return (f"generate: greedy, up to {new} new tokens, stopping at the model's EOS "
+            f"{found.eos_ids} (stop.eos: auto); the longest prompt bucket + {new} stays within "
+            f"the model's {found.positions} positions")
+
+
 def _longer(found: HfInferred) -> str:
     """What becomes of a text longer than the last seq bucket."""
     last = found.buckets["seq"][-1]
     if last == found.limit:
-        return (f"the last, {last}, is the model's limit: a longer text is cut there "
-                "(data.text.truncate: true)")
+        limit = ("the model's limit" if found.generate is None else
+                 f"the model's {found.positions} positions less the new tokens")
+        return f"the last, {last}, is {limit}: a longer text is cut there (data.text.truncate: true)"
     return (f"the sample is the whole file, so a longer text is rejected "
             f"(data.text.truncate: false); if the file grows, add {found.limit} (the model's "
             "limit) to buckets.seq and set truncate: true")
