@@ -162,13 +162,17 @@ class Generation(_M):
         "time while it ran / its output tokens - 1), percentile -> ms; records of one token "
         "left out.")
     decode_steps: int = Field(
-        ..., description="Row-steps run: for each decode step replayed, the rows of the batch "
-        "(static batching keeps every row stepping until the batch's last row stops).")
+        ..., description="Decode steps run, all batches; each step runs over the whole padded "
+        "batch (static batching keeps every row stepping until the batch's last row stops).")
+    decode_row_steps: int = Field(
+        ..., description="Row-steps run: per batch, its decode steps x the rows of its graph "
+        "(padded rows included).")
     useful_steps: int = Field(
-        ..., description="Row-steps that made a token of a record not yet stopped; "
-        "decode_steps - useful_steps is the waste that refilling finished rows would save.")
-    wasted_fraction: float = Field(..., description="1 - useful_steps / decode_steps (0 when no "
-                                   "step ran).")
+        ..., description="Row-steps that made a token a record needed: per record, its output "
+        "tokens less the one prefill made. decode_row_steps - useful_steps is the waste that "
+        "refilling finished rows (continuous batching) would save.")
+    wasted_fraction: float = Field(..., description="1 - useful_steps / decode_row_steps (0 "
+                                   "when no step ran).")
     kv_cache_bytes: int = Field(..., description="Bytes of the static KV cache buffers (all "
                                 "layers, keys and values), allocated once.")
     graphs: list[GraphSetup] = Field(
