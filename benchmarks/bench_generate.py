@@ -3,7 +3,7 @@ graph loop, on one GPU in one run, over the same prompts (issue 33, GENERATION.m
 
     python3 benchmarks/bench_generate.py [--models 134M,1.24B] [--batches 1,16,64]
         [--ways eager,static,compile,hand,graphrun] [--prompts 1024] [--new-tokens 128]
-        [--max-seconds 60] [--parts job,fixed] [--json FILE] [--smoke]
+        [--max-seconds 30] [--parts job,fixed] [--json FILE] [--smoke]
 
 Models: Llama layouts built from a LlamaConfig with seeded random weights (timing does not
 depend on the weights; nothing is downloaded), saved once with save_pretrained into a temporary
@@ -57,8 +57,10 @@ Output: markdown tables on stdout, everything in --json (default bench_generate.
 --smoke: a 2-layer layout, 24 prompts of 4-40 tokens, 8 new tokens, batches 1 and 4, float32,
 on whatever device there is (on a CPU the hand loop runs its step eagerly and compile is
 skipped): a check of the plumbing, and of the hand loop's tokens against HF static's.
-Budget: on the H200, one model's `job` part at --max-seconds 30 takes about 8 minutes; run the
-models, and the `fixed` part, as separate commands.
+Budget (the device runs 10 minutes a command at most): one model's `job` part at the default
+--max-seconds 30 should take 7-8 minutes on the H200, the `fixed` part of both models about 3.
+Run them as separate commands, each with its own --json:
+    --models 134M --parts job     --models 1.24B --parts job     --parts fixed
 """
 
 from __future__ import annotations
@@ -219,7 +221,8 @@ def hf_batch(model, batch: list[list[int]], new: int, way: str) -> BatchRun:
     device = model.device
     ids, mask = left_pad(batch, device)
     clock = FirstLogits(device)
-    kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=PAD,
+    # no EOS id, so every row runs to max_new_tokens (min_new_tokens would only add a processor)
+    kwargs = dict(max_new_tokens=new, do_sample=False, pad_token_id=PAD,
                   logits_processor=LogitsProcessorList([clock]))
     if way == "static":
         kwargs.update(cache_implementation="static", disable_compile=True)
@@ -531,7 +534,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-len", type=int, default=512)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--fixed-prompt", type=int, default=128)
-    ap.add_argument("--max-seconds", type=float, default=60.0)
+    ap.add_argument("--max-seconds", type=float, default=30.0, help="time box per way and "
+                    "(model, batch)")
     ap.add_argument("--peak-bandwidth", type=float, default=None, help="bytes/s (default: by "
                     "GPU name)")
     ap.add_argument("--json", default="bench_generate.json")
@@ -612,7 +616,7 @@ def job_rows(ways, model, setup_s, prompts, b, args, folder, device, dtype_name,
                 count = min(count, max(b, int(hand_rate * args.max_seconds) // b * b))
             row, tokens = run_graphrun(folder, prompts, count, b, args.new_tokens, device,
                                        dtype_name, work, name,
-                                       timeout=max(600.0, 4 * args.max_seconds))
+                                       timeout=max(180.0, 4 * args.max_seconds))
         else:
             try:
                 row, tokens = run_job(way, model, setup_s, prompts, b, args.new_tokens,
