@@ -18,21 +18,17 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
-from .errors import GraphrunError, InputError, ModelError
-from .init import Inferred, propose_buckets, sample_notes, spec_target
+from .errors import GraphrunError, ModelError
+from .init import Inferred, sample_notes, spec_target
 from .init_data import FieldInfo, sample_data
-from .init_spec import (GROUP_WINDOW, relative_to_spec, render_generate_spec, render_hf_spec,
-                        write_spec_files)
+from .init_generate import (NEW_TOKENS, PROMPT_NAMES, causal_arch, eos_ids, plan_generate,
+                            stop_check)
+from .init_spec import relative_to_spec, render_generate_spec, render_hf_spec, write_spec_files
+from .init_text import TEXT_NAMES, plan_seq, text_field
 from .spec import BATCH
 
 TOPK = 5  # next tokens written per record
 TASKS = ("auto", "generate")  # auto: from config.json's architectures (embed, next-token, classify)
-NEW_TOKENS = 128  # generate.max_new_tokens of a written generation spec
-SEQ_VALUES = 4  # seq bucket values fitted to the sample's lengths, before the model's limit
-TEXT_NAMES = ("text", "sentence", "sentences", "content", "prompt", "query", "document")
-PROMPT_NAMES = ("prompt", "prompts", "input", "question", "instruction", "query", *TEXT_NAMES)
 PROBE_TEXTS = 2
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json",
                    "tokenizer.model", "spiece.model", "sentencepiece.bpe.model")
@@ -84,12 +80,12 @@ def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml
     found = HfInferred(name=name or _default_name(hf, kind), profile=profile,
                        model={"hf": {"path": where, "class": kind.auto_class}, "dtype": dtype},
                        batch_size=batch_size, task=kind)
-    found.text_field = _text_field(profile, prefer=PROMPT_NAMES if kind.kind == "generate"
+    found.text_field = text_field(profile, prefer=PROMPT_NAMES if kind.kind == "generate"
                                    else TEXT_NAMES)
     texts = [t for t in profile.texts[found.text_field] if isinstance(t, str)]
     limit = model_limit(tokenizer, config, where)
     if kind.kind == "generate":
-        _plan_generate(found, texts, tokenizer, limit, _eos_ids(transformers, where, config))
+        plan_generate(found, texts, tokenizer, limit, eos_ids(transformers, where, config))
     else:
         _plan_inputs_and_outputs(found, texts, tokenizer, limit, config)
     found.checks = _checks(found, config)
@@ -109,7 +105,7 @@ def _plan_inputs_and_outputs(found: HfInferred, texts: list[str], tokenizer, lim
                              config) -> None:
     """One forward pass per record: the tokenizer's inputs the model takes, and its outputs'
     heads, shaped by one call of the model."""
-    _plan_seq(found, texts, tokenizer, limit)
+    plan_seq(found, texts, tokenizer, limit)
     names = _input_names(tokenizer, config)
     found.ranges = _ranges(names, config)
     found.heads = _heads(found.task, config)
@@ -118,21 +114,6 @@ def _plan_inputs_and_outputs(found: HfInferred, texts: list[str], tokenizer, lim
     found.ranges = {n: r for n, r in found.ranges.items() if n in names}
     found.inputs = {n: FieldInfo(n, "int", "int64", ["seq"]) for n in names}
     found.outputs = _probe(model, tokenizer, texts, found)
-
-
-def _plan_generate(found: HfInferred, texts: list[str], tokenizer, limit: int,
-                   eos_ids: list[int]) -> None:
-    """A generation job: seq buckets (prompt lengths) within the positions that the prompt and
-    its new tokens share, grouped batches, and the generate section."""
-    room = limit - NEW_TOKENS
-    if room < 8:
-        raise ModelError(f"--hf: the model holds {limit} positions, too few for a prompt and "
-                         f"{NEW_TOKENS} new tokens (generate.max_new_tokens); init writes "
-                         "generation specs for models of more positions")
-    _plan_seq(found, texts, tokenizer, room // 8 * 8, window=GROUP_WINDOW)
-    found.generate = {"max_new_tokens": NEW_TOKENS, "sampling": {"method": "greedy"},
-                      "stop": {"eos": "auto"}}
-    found.eos_ids, found.positions = eos_ids, limit
 
 
 # ---- the model's files -------------------------------------------------------------------------
@@ -204,31 +185,8 @@ def task_of(config) -> Task:
 
 def generate_task(config) -> Task:
     """--task generate: the model must be a causal LM (config.json's architectures say so)."""
-    archs = list(getattr(config, "architectures", None) or [])
-    causal = [a for a in archs if a.endswith(("ForCausalLM", "LMHeadModel"))]
-    if getattr(config, "is_encoder_decoder", False) or not causal:
-        named = ", ".join(archs) if archs else f"no architecture ({config.model_type})"
-        raise ModelError(f"--task generate: config.json names {named}, which is no causal "
-                         "language model (a class ending in ForCausalLM or LMHeadModel); give "
-                         "the folder of a causal LM, or leave out --task for what this model "
-                         "computes")
-    return Task("generate", "AutoModelForCausalLM", f"{causal[0]}: a causal language model, "
-                f"generating up to {NEW_TOKENS} new tokens per prompt")
-
-
-def _eos_ids(transformers, where: str, config) -> list[int]:
-    """What stop.eos: auto stops at: generation_config.json's eos_token_id, else config.json's."""
-    eos = None
-    try:
-        eos = transformers.GenerationConfig.from_pretrained(where, local_files_only=True
-                                                            ).eos_token_id
-    except Exception:  # noqa: BLE001 - no generation_config.json: config.json's is next
-        pass
-    if eos is None:
-        eos = getattr(config, "eos_token_id", None)
-    if eos is None:
-        return []
-    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+    return Task("generate", "AutoModelForCausalLM", f"{causal_arch(config)}: a causal language "
+                f"model, generating up to {NEW_TOKENS} new tokens per prompt")
 
 
 def model_limit(tokenizer, config, where: str) -> int:
@@ -291,66 +249,6 @@ def _default_name(hf: str, task: Task) -> str:
 
 
 # ---- the text ----------------------------------------------------------------------------------
-
-def _text_field(profile, prefer: tuple[str, ...] = TEXT_NAMES) -> str:
-    """The string field holding the text: one named as `prefer` names (in its order), else
-    the only one."""
-    texts = profile.texts
-    if not texts:
-        raise InputError("holds no text field (no string field besides the id"
-                         + (f" {profile.id_field!r}" if profile.id_field else "") + "); "
-                         "init --hf tokenizes a text field: give a .jsonl or .parquet file "
-                         "whose records hold the text as a string", where=str(profile.path))
-    named = [n for n in prefer if n in texts]
-    if named:
-        return named[0]
-    if len(texts) == 1:
-        return next(iter(texts))
-    raise InputError(f"holds several string fields ({', '.join(texts)}) and none is named "
-                     f"{' or '.join(prefer[:2])}: rename the text field to `{prefer[0]}`, or "
-                     "pass --id-field for the one that is the id", where=str(profile.path))
-
-
-def token_lengths(tokenizer, texts: list[str]) -> np.ndarray:
-    """Each text's length in tokens (special tokens included), uncut."""
-    import copy
-
-    backend = copy.deepcopy(tokenizer.backend_tokenizer)  # truncation off on our copy only
-    backend.no_truncation()
-    backend.no_padding()
-    return np.array([len(e.ids) for e in backend.encode_batch(texts)] or [1], dtype=np.int64)
-
-
-def _plan_seq(found: HfInferred, texts: list[str], tokenizer, limit: int,
-              window: int | None = None) -> None:
-    """The buckets (seq from the texts' token lengths) and whether longer texts are cut.
-    window: data.group_by_length, whose batches are cut from each window sorted by length."""
-    p = found.profile
-    lengths = token_lengths(tokenizer, texts)
-    whole = p.records is not None and p.records <= p.sampled
-    found.limit, found.lengths = limit, (int(lengths.min()), int(lengths.max()))
-    batched = lengths if window is None else np.concatenate(
-        [np.sort(lengths[s:s + window]) for s in range(0, len(lengths), window)])
-    found.buckets = {**propose_buckets(p, found.batch_size, {}),
-                     "seq": seq_values(batched, found.batch_size, limit, whole)}
-    found.truncate = not whole or found.lengths[1] > limit
-
-
-def seq_values(lengths: np.ndarray, batch_size: int, limit: int, whole: bool) -> list[int]:
-    """The seq bucket values: SEQ_VALUES fitted to what the sample's batches need (each its
-    longest text, in file order, rounded up to a multiple of 8, which GPU kernels favour)
-    with the least padding (plan.best_values); unless the sample is the whole file, then the
-    model's limit too, so that a text the sample did not see is cut where the model would
-    cut it, never at the sample's longest."""
-    from .plan import best_values
-
-    cut = np.minimum(-(-lengths // 8) * 8, limit)
-    starts = range(0, len(cut), batch_size)
-    needs = np.array([cut[s:s + batch_size].max() for s in starts], dtype=np.int64)
-    weights = np.array([len(cut[s:s + batch_size]) for s in starts], dtype=np.float64)
-    values = best_values(needs, weights, SEQ_VALUES)
-    return sorted(set(values) | (set() if whole else {limit}))
-
 
 # ---- the model, once -----------------------------------------------------------------------------
 
@@ -433,7 +331,7 @@ def _checks(found: HfInferred, config) -> list[str]:
            f"buckets.seq {found.buckets['seq']}: token lengths {lo}-{hi} {seen}; "
            + _longer(found)]
     if found.generate is not None:
-        out.append(_stop_check(found))
+        out.append(stop_check(found))
     labels = getattr(config, "id2label", None) or {}
     if task.kind == "classify" and labels:
         shown = ", ".join(f"{k}: {v}" for k, v in list(labels.items())[:8])
@@ -442,16 +340,6 @@ def _checks(found: HfInferred, config) -> list[str]:
     if others:
         out.append(f"string fields not used: {', '.join(others)}")
     return out + sample_notes(found.model["dtype"], p)
-
-
-def _stop_check(found: HfInferred) -> str:
-    new = found.generate["max_new_tokens"]
-    if not found.eos_ids:
-        return (f"generate: the model names no EOS id (generation_config.json, config.json), "
-                f"so every prompt gets {new} new tokens; add stop.token_ids to stop earlier")
-    return (f"generate: greedy, up to {new} new tokens, stopping at the model's EOS "
-            f"{found.eos_ids} (stop.eos: auto); the longest prompt bucket + {new} stays within "
-            f"the model's {found.positions} positions")
 
 
 def _longer(found: HfInferred) -> str:

@@ -1,8 +1,9 @@
 """The pipeline spec, version 1: the single source of truth for keys, defaults and docs.
 
 schemas/pipeline.schema.json and the README's spec reference are generated from these models.
-Per-field rules live here; rules that tie several keys together live in spec_checks.py, and
-YAML loading with line/column tracking in spec_load.py.
+Per-field rules live here (the generate: section's in spec_generate.py); rules that tie several
+keys together live in spec_checks.py, and YAML loading with line/column tracking in
+spec_load.py.
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ import math
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, PositiveInt, PrivateAttr, Tag,
-                      field_validator, model_validator)
+from pydantic import (ConfigDict, Discriminator, Field, PositiveInt, PrivateAttr, Tag,
+                      field_validator)
+
+from .spec_base import Size, Strict
+from .spec_generate import GENERATE_DOC, IMPLIED_SECTIONS_SCHEMA, GenerateSpec
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 INT_DTYPES = ("int64", "int32", "int16", "int8", "uint8")
@@ -22,8 +26,6 @@ DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
 DType = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8",
                 "uint8", "bool"]
 ModelDType = Literal["float32", "float16", "bfloat16"]
-# Sizes are strict integers: YAML's `true` or `1e30` is no size.
-Size = Annotated[int, Field(strict=True, gt=0, le=2**31 - 1)]
 Dim = Union[Size, str]
 # A bucket axis: a list of sizes, or "auto". The discriminator keeps a bad list's error to the
 # list's own (not a second "or it must be 'auto'"); the tags are the ones spec_load drops.
@@ -44,12 +46,6 @@ BucketValues = Annotated[
     Discriminator(_BucketKind())]
 
 BATCH = "batch"
-
-
-class Strict(BaseModel):
-    """Unknown keys are errors at every depth."""
-
-    model_config = ConfigDict(extra="forbid", validate_default=True)
 
 
 class HFModelSpec(Strict):
@@ -83,10 +79,6 @@ class TimmModelSpec(Strict):
 
 # Named here so that a spec is checked without importing torch or the readers (tested equal):
 BUILTIN_NAMES = ("decoder", "mlp")  # models/load.py's builders
-GENERATE_BUILTINS = ("llama",)  # generate/'s builtin causal LMs, for specs with generate:
-# The transformers classes that generate: their names end so (AutoModelForCausalLM,
-# LlamaForCausalLM, GPT2LMHeadModel, ...).
-CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 INPUT_SUFFIXES = (".jsonl", ".npy", ".npz", ".parquet")  # inputs/'s readers
 
 
@@ -298,67 +290,6 @@ class DataSpec(Strict):
         "graphrun[hf]).")
 
 
-SAMPLE_DEFAULTS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed": 0}
-
-
-class SamplingSpec(Strict):
-    """How each new token is picked from the model's logits."""
-
-    # the editor's schema says what _greedy_alone says: greedy keeps the sampling defaults
-    model_config = ConfigDict(extra="forbid", validate_default=True, json_schema_extra={
-        "if": {"properties": {"method": {"const": "sample"}}, "required": ["method"]},
-        "else": {"properties": {k: {"const": v} for k, v in SAMPLE_DEFAULTS.items()}}})
-
-    method: Literal["greedy", "sample"] = Field(
-        "greedy", description="greedy: the most likely token (as HF generate(do_sample=False)); "
-        "sample: drawn from softmax(logits / temperature) after top_k and top_p, each record's "
-        "draws depending only on (seed, record id, position).")
-    temperature: float = Field(SAMPLE_DEFAULTS["temperature"], gt=0, description="sample: "
-                               "divides the logits; below 1 sharpens, above 1 flattens.")
-    top_k: int = Field(SAMPLE_DEFAULTS["top_k"], ge=0, description="sample: keep the k most "
-                       "likely tokens; 0: all.")
-    top_p: float = Field(SAMPLE_DEFAULTS["top_p"], gt=0, le=1, description="sample: keep the "
-                         "smallest set of most likely tokens whose probabilities add up to at "
-                         "least top_p; 1: all.")
-    seed: int = Field(SAMPLE_DEFAULTS["seed"], description="sample: the seed of every record's "
-                      "random stream.")
-
-    @model_validator(mode="after")
-    def _greedy_alone(self) -> "SamplingSpec":
-        # greedy ignores these keys: a value that would change sampling, silently dropped,
-        # hides a forgotten `method: sample` (the defaults, as a dumped spec holds, are fine)
-        given = [f"{k} {getattr(self, k):g}" for k, v in SAMPLE_DEFAULTS.items()
-                 if getattr(self, k) != v]
-        if self.method == "greedy" and given:
-            raise ValueError(
-                f"{', '.join(given)} given with method greedy, which always takes the most "
-                "likely token: set method: sample to sample with them, or remove them")
-        return self
-
-
-class StopSpec(Strict):
-    """When a record's generation stops, besides generate.max_new_tokens."""
-
-    eos: Literal["auto", "none"] = Field(
-        "auto", description="auto: at the model's end-of-sequence ids (its generation_config's "
-        "eos_token_id, else its config's); none: only at token_ids and max_new_tokens.")
-    token_ids: list[Annotated[int, Field(strict=True, ge=0)]] = Field(
-        default_factory=list, description="More token ids that end a record (included in its "
-        "output, as EOS is).")
-
-
-class GenerateSpec(Strict):
-    """A generation job: prompts (data.text) in, completions out, the decode step replayed per
-    token. inputs and outputs are implied."""
-
-    max_new_tokens: Size = Field(128, description="New tokens per record at most "
-                                 "(finish_reason length when reached).")
-    min_new_tokens: int = Field(0, ge=0, description="New tokens per record at least: the stop "
-                                "ids are not picked before this many (at most max_new_tokens).")
-    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
-    stop: StopSpec = Field(default_factory=StopSpec)
-
-
 class OutputConfig(Strict):
     """Where and how outputs are written."""
 
@@ -390,10 +321,7 @@ class PipelineSpec(Strict):
 
     # inputs and outputs: required without generate:, refused with it (as spec_checks says)
     model_config = ConfigDict(extra="forbid", validate_default=True, json_schema_extra={
-        "title": "graphrun pipeline spec, version 1",
-        "if": {"properties": {"generate": {"type": "object"}}, "required": ["generate"]},
-        "then": {"not": {"anyOf": [{"required": ["inputs"]}, {"required": ["outputs"]}]}},
-        "else": {"required": ["inputs", "outputs"]}})
+        "title": "graphrun pipeline spec, version 1", **IMPLIED_SECTIONS_SCHEMA})
 
     version: Literal[1] = Field(..., description="Spec format version; 1.")
     name: str = Field(..., min_length=1, description="Name of the pipeline, used in reports.")
@@ -421,11 +349,7 @@ class PipelineSpec(Strict):
         "many graphs.")
     capture: CaptureSpec = Field(default_factory=CaptureSpec)
     data: DataSpec
-    generate: Optional[GenerateSpec] = Field(
-        None, description="Make this a generation job over a causal LM (model.hf of a causal-LM "
-        "class, or builtin llama): data.text's prompts in, one completion per record out (id, "
-        "token_ids, text, finish_reason, prompt_tokens, output_tokens); buckets batch and seq "
-        "(prompt lengths). null: one forward pass per record.")
+    generate: Optional[GenerateSpec] = Field(None, description=GENERATE_DOC)
     output: OutputConfig
     report: ReportSpec = Field(default_factory=ReportSpec)
 

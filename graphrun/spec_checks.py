@@ -9,8 +9,9 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from .spec import (BATCH, BUILTIN_NAMES, CAUSAL_LM_SUFFIXES, FLOAT_DTYPES, GENERATE_BUILTINS,
-                   INPUT_SUFFIXES, INT_DTYPES, PipelineSpec)
+from .spec import (BATCH, BUILTIN_NAMES, FLOAT_DTYPES, INPUT_SUFFIXES, INT_DTYPES,
+                   PipelineSpec)
+from .spec_generate import CAUSAL_LM_SUFFIXES, GENERATE_BUILTINS
 
 Found = Iterator[tuple[tuple, str]]
 # One graph (or eager bucket) per combination of the axes' values is set up before the first
