@@ -255,8 +255,9 @@ class TextSpec(Strict):
         None, description="A folder with tokenizer.json (a fast tokenizer), as model.hf.path "
         "is written; null: the model's own (model.hf.path).")
     truncate: bool = Field(
-        True, description="true: cut longer texts to max_length tokens; false: reject them "
-        "(on_bad_record says whether the run stops).")
+        True, description="true: cut longer texts to max_length tokens (with generate:, from "
+        "the left, keeping the prompt's end); false: reject them (on_bad_record says whether "
+        "the run stops).")
     max_length: Optional[Size] = Field(
         None, description="Tokens per record at most; null: the largest seq bucket (or the "
         "tokenizer's model_max_length when seq is auto).")
