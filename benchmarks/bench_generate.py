@@ -103,7 +103,7 @@ PAD = 0  # token 0 pads; prompts never hold it
 PERCENTILES = (50, 99)
 
 
-# ---- prompts and the model ---------------------------------------------------------------------
+# ---- prompts and the model ----------------------------------------------------------------------
 
 def prompt_lengths(n: int, lo: int, hi: int, seed: int) -> np.ndarray:
     """Log-normal lengths clipped to [lo, hi]: most prompts short, a long tail, as real ones."""
@@ -300,7 +300,7 @@ def hand_batch(model, batch: list[list[int]], new: int) -> BatchRun:
     return BatchRun(tokens, time.perf_counter() - t0, ttft, step_us)
 
 
-# ---- a job: every batch of the prompts, time-boxed ------------------------------------------------
+# ---- a job: every batch of the prompts, time-boxed ----------------------------------------------
 
 @dataclass
 class Row:
@@ -473,7 +473,7 @@ def compare(tokens: dict[int, list[int]], reference: dict[int, list[int]]) -> tu
     return equal, float(np.mean(prefix))
 
 
-# ---- the fixed-shape rows ---------------------------------------------------------------------------
+# ---- the fixed-shape rows -----------------------------------------------------------------------
 
 def fixed_rows(model, name: str, batches: list[int], ways: list[str], prompt: int, new: int,
                peak: float | None) -> list[dict]:
@@ -521,7 +521,7 @@ def kv_bytes_per_step(config, rows: int, context: int) -> int:
         context * 2  # keys and values, bf16
 
 
-# ---- the run -----------------------------------------------------------------------------------------
+# ---- the run ------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -348,7 +348,8 @@ def _longer(found: HfInferred) -> str:
     if last == found.limit:
         limit = ("the model's limit" if found.generate is None else
                  f"the model's {found.positions} positions less the new tokens")
-        return f"the last, {last}, is {limit}: a longer text is cut there (data.text.truncate: true)"
+        return (f"the last, {last}, is {limit}: a longer text is cut there "
+                "(data.text.truncate: true)")
     return (f"the sample is the whole file, so a longer text is rejected "
             f"(data.text.truncate: false); if the file grows, add {found.limit} (the model's "
             "limit) to buckets.seq and set truncate: true")

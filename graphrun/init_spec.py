@@ -147,7 +147,6 @@ def render_generate_spec(found, spec_dir: Path, out_dir: str) -> str:
     p, hf, gen = found.profile, found.model["hf"], found.generate
     lo, hi = found.lengths
     last = found.buckets["seq"][-1]
-    window = GROUP_WINDOW
     lines = [
         f"# yaml-language-server: $schema={SCHEMA_NAME}",
         f"# Written by `graphrun init --hf --task generate` from {p.sampled} records of "
@@ -173,7 +172,7 @@ def render_generate_spec(found, spec_dir: Path, out_dir: str) -> str:
            f"the prompt; longer than {last} tokens: "
            + ("cut from the left" if found.truncate else "rejected")),
         _c(f"  batch_size: {found.batch_size}", "prompts per batch"),
-        _c(f"  group_by_length: {window}", "similar lengths batched; output in input order"),
+        _c(f"  group_by_length: {GROUP_WINDOW}", "similar lengths batched; output in input order"),
         _c("  on_bad_record: error", "error | skip (to rejects.jsonl)"),
         "generate:",
         _c(f"  max_new_tokens: {gen['max_new_tokens']}", "new tokens per prompt at most"),

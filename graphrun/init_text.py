@@ -44,7 +44,8 @@ def token_lengths(tokenizer, texts: list[str]) -> np.ndarray:
 def plan_seq(found, texts: list[str], tokenizer, limit: int,
              window: int | None = None) -> None:
     """found (init_hf.HfInferred): its buckets (seq from the texts' token lengths) and
-    whether longer texts are cut. window: data.group_by_length, whose batches are cut from each window sorted by length."""
+    whether longer texts are cut. window: data.group_by_length, whose batches are cut from
+    each window sorted by length."""
     p = found.profile
     lengths = token_lengths(tokenizer, texts)
     whole = p.records is not None and p.records <= p.sampled

@@ -19,7 +19,8 @@ def generation(**change) -> Generation:
         records=3, prompt_tokens=40, output_tokens=20, finish_reasons={"eos": 1, "length": 2},
         output_tokens_per_s=100.0, prefill_s=0.05, decode_s=0.15,
         ttft_ms={"p50": 4.0, "p90": 5.0, "p99": 6.0}, tpot_ms={"p50": 1.0, "p90": 1.2, "p99": 2.0},
-        decode_steps=6, decode_row_steps=24, useful_steps=17, wasted_fraction=1 - 17 / 24, kv_cache_bytes=65536,
+        decode_steps=6, decode_row_steps=24, useful_steps=17, wasted_fraction=1 - 17 / 24,
+        kv_cache_bytes=65536,
         graphs=[GraphSetup(kind="prefill", batch=4, length=32, status="captured", capture_s=0.1,
                            memory_bytes=4096),
                 GraphSetup(kind="decode", batch=4, length=64, status="eager", reason="cpu")],
@@ -32,7 +33,8 @@ def test_manifest_schema_describes_the_generation_section():
     jsonschema = pytest.importorskip("jsonschema")
     schema = json.loads((ROOT / "schemas" / "manifest.schema.json").read_text())
     section = schema["$defs"]["Generation"]
-    assert {"ttft_ms", "tpot_ms", "decode_steps", "decode_row_steps", "useful_steps", "kv_cache_bytes", "graphs",
+    assert {"ttft_ms", "tpot_ms", "decode_steps", "decode_row_steps", "useful_steps",
+            "kv_cache_bytes", "graphs",
             "mbu", "prompts_truncated", "prompts_rejected"} <= set(section["properties"])
     doc = json.loads(generation().model_dump_json())
     only = {"$schema": schema["$schema"], "$defs": schema["$defs"], "$ref": "#/$defs/Generation"}

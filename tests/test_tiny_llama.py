@@ -76,6 +76,8 @@ def test_the_model_generates_on_a_left_padded_batch(monkeypatch):
 
 def test_the_script_writes_the_same_bytes_again(tmp_path):
     _script().write_all(tmp_path / "model", tmp_path / "prompts.jsonl")
-    assert (tmp_path / "prompts.jsonl").read_bytes() == PROMPTS.read_bytes()
+    again = "; `python3 examples/models/make_tiny_llama.py` writes the shipped files again"
+    assert (tmp_path / "prompts.jsonl").read_bytes() == PROMPTS.read_bytes(), again
     for path in FOLDER.iterdir():
-        assert (tmp_path / "model" / path.name).read_bytes() == path.read_bytes(), path.name
+        assert (tmp_path / "model" / path.name).read_bytes() == path.read_bytes(), \
+            f"{path.name} differs (another transformers or tokenizers?){again}"
