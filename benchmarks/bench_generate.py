@@ -625,6 +625,7 @@ def job_rows(ways, model, setup_s, prompts, b, args, folder, device, dtype_name,
                 row = Row(name, b, way, "failed", f"{type(e).__name__}: {e}".splitlines()[0],
                           prompts_total=len(prompts))
                 tokens = {}
+        release(device)  # the compile way's graphs and pools, before the next way or process
         if way == "static":
             reference = tokens
         if way == "hand" and row.status == "ok":
@@ -634,6 +635,12 @@ def job_rows(ways, model, setup_s, prompts, b, args, folder, device, dtype_name,
         print(f" {row.status} {row.note}".rstrip(), flush=True)
         out.append(row)
     return sorted(out, key=lambda r: WAYS.index(r.way))
+
+
+def release(device: torch.device) -> None:
+    torch._dynamo.reset()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def print_tables(rows: list[Row], fixed: list[dict], args) -> None:
