@@ -186,3 +186,40 @@ class Generation(_M):
                                    "(or data.text.max_length), cut from the left and run.")
     prompts_rejected: int = Field(0, description="Prompts too long, not cut "
                                   "(data.text.truncate: false), written to rejects.jsonl.")
+
+
+def generation_summary(results, percentiles, *, kv_cache_bytes: int,
+                       graphs: list[GraphSetup] = (), prompts_truncated: int = 0,
+                       prompts_rejected: int = 0, mbu: float | None = None) -> Generation:
+    """The generation section from the batches' results (generate.BatchResult: completions,
+    prefill_s, decode_s, ttft_s, decode_steps, useful_steps, rows or bucket)."""
+    import numpy as np
+
+    completions = [c for r in results for c in r.completions]
+    reasons: dict[str, int] = {}
+    for c in completions:
+        reasons[c.finish_reason] = reasons.get(c.finish_reason, 0) + 1
+    # every row of a batch decodes in step with the others: a record's time per token after
+    # its first is the batch's decode step time
+    ttft = [r.ttft_s for r in results for _ in r.completions]
+    tpot = [r.decode_s / r.decode_steps for r in results if r.decode_steps
+            for c in r.completions if c.output_tokens > 1]
+    row_steps = sum(r.decode_steps * (getattr(r, "rows", 0) or r.bucket[0]) for r in results)
+    useful = sum(r.useful_steps for r in results)
+    prefill, decode = sum(r.prefill_s for r in results), sum(r.decode_s for r in results)
+    output = sum(c.output_tokens for c in completions)
+
+    def ms(values: list[float]) -> dict[str, float]:
+        if not values:
+            return {}
+        return {f"p{p:g}": float(np.percentile(values, p)) * 1e3 for p in percentiles}
+
+    return Generation(
+        records=len(completions), prompt_tokens=sum(c.prompt_tokens for c in completions),
+        output_tokens=output, finish_reasons=reasons,
+        output_tokens_per_s=output / (prefill + decode) if prefill + decode else 0.0,
+        prefill_s=prefill, decode_s=decode, ttft_ms=ms(ttft), tpot_ms=ms(tpot),
+        decode_steps=sum(r.decode_steps for r in results), decode_row_steps=row_steps,
+        useful_steps=useful, wasted_fraction=1 - useful / row_steps if row_steps else 0.0,
+        kv_cache_bytes=kv_cache_bytes, graphs=list(graphs), mbu=mbu,
+        prompts_truncated=prompts_truncated, prompts_rejected=prompts_rejected)

@@ -56,3 +56,28 @@ def test_generation_is_optional_in_a_manifest():
 def test_generation_refuses_unknown_kinds_and_keys(bad):
     with pytest.raises(ValidationError):
         generation(**bad)
+
+
+def test_the_summary_adds_up_the_batches():
+    from types import SimpleNamespace as NS
+
+    from graphrun.manifest_sections import generation_summary
+
+    def done(tokens, reason):
+        return NS(token_ids=[0] * tokens, finish_reason=reason, prompt_tokens=10,
+                  output_tokens=tokens)
+
+    # batch 1: 2 rows in a 4-row graph, 3 decode steps; batch 2: 1 row, 1 token (no decode)
+    results = [NS(completions=[done(4, "length"), done(2, "eos")], prefill_s=0.1, decode_s=0.3,
+                  ttft_s=0.1, decode_steps=3, useful_steps=4, rows=4, bucket=(4, 16)),
+               NS(completions=[done(1, "eos")], prefill_s=0.1, decode_s=0.0, ttft_s=0.2,
+                  decode_steps=0, useful_steps=0, rows=0, bucket=(1, 16))]
+    g = generation_summary(results, [50, 99], kv_cache_bytes=1024, prompts_rejected=2)
+    assert (g.records, g.prompt_tokens, g.output_tokens) == (3, 30, 7)
+    assert g.finish_reasons == {"length": 1, "eos": 2}
+    assert g.output_tokens_per_s == pytest.approx(7 / 0.5)
+    assert (g.decode_steps, g.decode_row_steps, g.useful_steps) == (3, 12, 4)
+    assert g.wasted_fraction == pytest.approx(1 - 4 / 12)
+    assert g.ttft_ms["p50"] == pytest.approx(100.0) and set(g.ttft_ms) == {"p50", "p99"}
+    assert g.tpot_ms == {"p50": pytest.approx(100.0), "p99": pytest.approx(100.0)}
+    assert (g.kv_cache_bytes, g.prompts_rejected, g.mbu) == (1024, 2, None)
