@@ -46,7 +46,8 @@ Time box: a way that would run past --max-seconds in one (model, batch) stops af
 that crosses it; the table says "k/N prompts" and the whole-job wall is projected (elapsed + the
 remaining batches x the median batch so far). HF eager at batch 1 over 1,024 prompts would take
 hours. graphrun's subprocess is given the prompts the hand loop's rate fits in --max-seconds
-(all N when the hand loop did not run). Generation tokens/s are measured on what ran.
+(all N when the hand loop did not run); its projection adds its streaming time (the manifest's
+totals.stream_s) again for the prompts left out. Generation tokens/s are measured on what ran.
 
 Part `fixed` (GENERATION.md's table): prompts of 128 tokens, 128 new, one generate call per
 way and batch: eager, static, compile (its first call's seconds, then a second call's rate), the
@@ -405,7 +406,8 @@ def run_graphrun(folder: Path, prompts: list[list[int]], count: int, batch: int,
     seq = [s for s in SEQ_BUCKETS if s < longest] + [next(s for s in SEQ_BUCKETS + [longest]
                                                           if s >= longest)]
     spec = work / "gen.yaml"
-    spec.write_text(GRAPHRUN_SPEC.format(device=device.type, folder=folder, dtype=dtype,
+    spec.write_text(GRAPHRUN_SPEC.format(device=device.type, folder=json.dumps(str(folder)),
+                                         dtype=dtype,
                                          batch=batch, new=new, seq=seq))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
@@ -445,15 +447,15 @@ def run_graphrun(folder: Path, prompts: list[list[int]], count: int, batch: int,
     row.setup_s = float(totals.get("setup_s", 0.0))
     row.generate_s = float(gen.get("prefill_s", 0.0)) + float(gen.get("decode_s", 0.0))
     row.projected = count < len(prompts)
-    per_prompt = wall / count
-    row.job_wall_s = wall if not row.projected else (
-        row.setup_s + (wall - row.setup_s) / count * len(prompts))
+    # projected: the process as it ran, plus its streaming time again for the prompts left out
+    stream_s = float(totals.get("stream_s") or row.generate_s)
+    row.job_wall_s = wall + stream_s * (len(prompts) / count - 1)
     row.tokens_per_s_job = len(prompts) * new / row.job_wall_s
     row.tokens_per_s_generate = float(gen.get("output_tokens_per_s", 0.0))
     row.ttft_ms = {k: v for k, v in gen.get("ttft_ms", {}).items() if k in ("p50", "p99")}
     row.tpot_ms = {k: v for k, v in gen.get("tpot_ms", {}).items() if k in ("p50", "p99")}
     row.graphrun = {"generation": gen, "process_wall_s": wall,
-                    "manifest_setup_s": row.setup_s, "wall_per_prompt_s": per_prompt}
+                    "manifest_setup_s": row.setup_s, "stream_s": stream_s}
     if row.projected:
         row.note = (f"{count}/{len(prompts)} prompts (what the hand loop's rate fits in the "
                     "box); whole job projected")
