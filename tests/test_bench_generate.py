@@ -84,3 +84,38 @@ def test_a_graphrun_that_cannot_run_the_spec_is_one_line(bench, tiny, tmp_path, 
     assert row.status == "failed" and tokens == {}
     assert row.note.startswith("graphrun could not run this generate: spec (exit 2): error:")
     assert "max_new_tokens" in row.note and "\n" not in row.note
+
+
+def test_the_graphrun_row_reads_its_manifest_and_completions(bench, tiny, tmp_path,
+                                                             monkeypatch):
+    """A stand-in for the finished run: the row takes tokens/s, TTFT and the completions from
+    what graphrun wrote, and projects the prompts it left out by its streaming time."""
+    import json
+    import subprocess
+
+    folder, _ = tiny
+    prompts = bench.make_prompts(8, 512, 3, 10)
+
+    def finished(cmd, cwd, **kwargs):
+        out = Path(cwd) / "out"
+        out.mkdir()
+        spec = (Path(cwd) / "gen.yaml").read_text()
+        assert "stop: {eos: none}" in spec and "batch: [2]" in spec
+        (out / "part-00000.jsonl").write_text("".join(
+            json.dumps({"id": i, "token_ids": [7, 7, 7]}) + "\n" for i in range(4)))
+        (out / "manifest.json").write_text(json.dumps({
+            "totals": {"setup_s": 1.5, "stream_s": 2.0},
+            "generation": {"output_tokens": 12, "output_tokens_per_s": 40.0, "prefill_s": 0.1,
+                           "decode_s": 0.2, "ttft_ms": {"p50": 3.0, "p90": 4.0, "p99": 5.0},
+                           "tpot_ms": {"p50": 1.0, "p99": 2.0}}}))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(bench.subprocess, "run", finished)
+    row, tokens = bench.run_graphrun(folder, prompts, 4, 2, 3, torch.device("cpu"), "float32",
+                                     tmp_path / "w", "tiny", timeout=60)
+    assert row.status == "ok", row.note
+    assert tokens == {i: [7, 7, 7] for i in range(4)}
+    assert (row.prompts_run, row.output_tokens, row.setup_s) == (4, 12, 1.5)
+    assert row.tokens_per_s_generate == 40.0 and row.ttft_ms == {"p50": 3.0, "p99": 5.0}
+    assert row.projected and row.job_wall_s == pytest.approx(
+        row.graphrun["process_wall_s"] + 2.0)  # 8 prompts: the stream once more
