@@ -54,7 +54,8 @@ way and batch: eager, static, compile (its first call's seconds, then a second c
 hand loop's replay time per step (replay and the token's copy out, CUDA events), and the
 bandwidth bound (weights + the KV cache read per step at the mean context / peak bandwidth).
 
-Output: markdown tables on stdout, everything in --json (default bench_generate.json).
+Output: markdown tables on stdout, everything in --json (default bench_generate.json in $OUT,
+the device's folder that comes back, or else here).
 --smoke: a 2-layer layout, 24 prompts of 4-40 tokens, 8 new tokens, batches 1 and 4, float32,
 on whatever device there is (on a CPU the hand loop runs its step eagerly and compile is
 skipped): a check of the plumbing, and of the hand loop's tokens against HF static's.
@@ -540,7 +541,8 @@ def main(argv: list[str] | None = None) -> int:
                     "(model, batch)")
     ap.add_argument("--peak-bandwidth", type=float, default=None, help="bytes/s (default: by "
                     "GPU name)")
-    ap.add_argument("--json", default="bench_generate.json")
+    ap.add_argument("--json", default=str(Path(os.environ.get("OUT", ".")) /
+                                          "bench_generate.json"), help="default: $OUT/ or ./")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args(argv)
     if args.smoke:
