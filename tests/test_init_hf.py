@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 import graphrun
 from graphrun.cli.main import main
-from graphrun.init.hf import seq_values
+from graphrun.init.text import seq_values
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("transformers") is None or

@@ -312,8 +312,12 @@ def _schema_targets(kinds, out: Path | None) -> list[tuple[Path, str]]:
 @click.option("--sample", type=click.IntRange(min=1), default=10000, show_default=True,
               help="Records read to learn the inputs.")
 @click.option("--force", is_flag=True, help="Replace the spec file if it exists.")
+@click.option("--task", type=click.Choice(["auto", "generate"]), default="auto",
+              show_default=True, help="With --hf: auto, what config.json's architecture "
+              "computes in one pass (embedding, next-token top-k, class); generate, a "
+              "generation job over a causal LM (prompts in, completions out).")
 def init(target, builtin, hf, args, data, spec_path, out_dir, name, batch_size, dtype,
-         id_field, sample, force) -> None:
+         id_field, sample, force, task) -> None:
     """Write a spec for your model and data: inputs from the file, outputs from calling the
     model once, buckets from the records' sizes; prints what to check."""
     from graphrun.init.infer import init as init_spec
@@ -323,6 +327,9 @@ def init(target, builtin, hf, args, data, spec_path, out_dir, name, batch_size, 
                   batch_size=batch_size, sample=sample, id_field=id_field, dtype=dtype,
                   force=force)
     try:
+        if hf is None and task != "auto":
+            raise GraphrunError(f"--task {task} needs --hf DIR: the folder of a causal "
+                                "language model and its tokenizer")
         if hf is None:
             found = init_spec(target=target, builtin=builtin, args=_builder_args(args),
                               **common)
@@ -330,7 +337,7 @@ def init(target, builtin, hf, args, data, spec_path, out_dir, name, batch_size, 
             raise GraphrunError("--hf takes the model from its folder: leave out --model, "
                                 "--builtin and --arg")
         else:
-            found = init_hf(hf=hf, **common)
+            found = init_hf(hf=hf, task=task, **common)
     except GraphrunError as err:
         fail(err)
     click.echo(_init_report(found, spec_path))
@@ -364,9 +371,14 @@ def _init_report(found, spec_path: Path) -> str:
         lines.append(f"  output {n}: [{', '.join(map(str, dims))}] {dtype}")
     for axis, values in found.buckets.items():
         lines.append(f"  buckets.{axis}: {values}")
-    lines.append(f"  call ({found.call}): model("
-                 + ", ".join(f"{n}=..." if found.call == "keyword" else n for n in found.inputs)
-                 + ")")
+    generate = getattr(found, "generate", None)
+    if generate is not None:  # a generation job: no inputs or outputs of its own to call
+        lines.append(f"  generate: {generate['max_new_tokens']} new tokens at most, "
+                     f"{generate['sampling']['method']}; one completion per prompt")
+    else:
+        lines.append(f"  call ({found.call}): model("
+                     + ", ".join(f"{n}=..." if found.call == "keyword" else n
+                                 for n in found.inputs) + ")")
     lines.append("check:")
     lines += [f"  - {c}" for c in found.checks]
     lines.append(f"next: graphrun validate {spec_path} && graphrun run {spec_path}")

@@ -6,6 +6,10 @@ a causal LM: the next token's top k; a sequence classifier: softmax and argmax) 
 tokenizer -> the inputs it gives that the model takes -> seq buckets from the sample's token
 lengths, the last at the model's limit -> the model built as `run` builds it and called once on
 two tokenized records (output names and sizes) -> the spec, commented, validated, written.
+
+With --task generate (a causal LM only): the prompts' field, seq buckets from the prompts'
+token lengths within the model's limit less the new tokens, and a generate: section; inputs
+and outputs are implied, so the model is not built.
 """
 
 from __future__ import annotations
@@ -14,17 +18,17 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
-from graphrun.base.errors import InputError, ModelError
-from graphrun.init.infer import Inferred, propose_buckets, sample_notes, spec_target
+from graphrun.base.errors import GraphrunError, ModelError
+from graphrun.init.infer import Inferred, sample_notes, spec_target
 from graphrun.init.sample import FieldInfo, sample_data
-from graphrun.init.render import relative_to_spec, render_hf_spec, write_spec_files
+from graphrun.init.generate import (NEW_TOKENS, PROMPT_NAMES, causal_arch, eos_ids, plan_generate,
+                                    stop_check)
+from graphrun.init.render import relative_to_spec, render_generate_spec, render_hf_spec, write_spec_files
+from graphrun.init.text import TEXT_NAMES, plan_seq, text_field
 from graphrun.spec.keys import BATCH
 
 TOPK = 5  # next tokens written per record
-SEQ_VALUES = 4  # seq bucket values fitted to the sample's lengths, before the model's limit
-TEXT_NAMES = ("text", "sentence", "sentences", "content", "prompt", "query", "document")
+TASKS = ("auto", "generate")  # auto: from config.json's architectures (embed, next-token, classify)
 PROBE_TEXTS = 2
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json",
                    "tokenizer.model", "spiece.model", "sentencepiece.bpe.model")
@@ -48,17 +52,23 @@ class HfInferred(Inferred):
     limit: int = 512  # tokens per record at most: the model's
     lengths: tuple[int, int] = (0, 0)  # the sample's shortest and longest text, in tokens
     truncate: bool = True  # data.text.truncate: cut longer texts, else reject them
+    generate: dict | None = None  # the spec's generate section (--task generate)
+    eos_ids: list[int] = field(default_factory=list)  # what stop.eos: auto stops at
+    positions: int = 0  # the model's positions, which a prompt and its new tokens share
 
 
 def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml",
             out_dir: str | Path | None = None, name: str | None = None, batch_size: int = 32,
             sample: int = 10000, id_field: str | None = None, dtype: str = "float32",
-            force: bool = False) -> HfInferred:
+            force: bool = False, task: str = "auto") -> HfInferred:
     """Infer a spec for the model in `hf` over the text in `data`, write it to `spec_path`
-    with pipeline.schema.json beside it, and return what was inferred."""
+    with pipeline.schema.json beside it, and return what was inferred. task: auto (from
+    config.json) or generate (a generation job over a causal LM)."""
     from graphrun.spec.paths import PKG
     from graphrun.models.hf import require
 
+    if task not in TASKS:
+        raise GraphrunError(f"--task {task!r}: use one of {', '.join(TASKS)}")
     spec_path = spec_target(spec_path, force)
     transformers = require("transformers", WHAT)
     require("tokenizers", WHAT)
@@ -66,21 +76,18 @@ def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml
     config = _config(transformers, hf, where)
     tokenizer = _tokenizer(transformers, hf, where)
     profile = sample_data(Path(data).resolve(), sample, id_field, text=True)
-    task = task_of(config)
-    found = HfInferred(name=name or _default_name(hf, task), profile=profile,
-                       model={"hf": {"path": where, "class": task.auto_class}, "dtype": dtype},
-                       batch_size=batch_size, task=task)
-    found.text_field = _text_field(profile)
+    kind = task_of(config) if task == "auto" else generate_task(config)
+    found = HfInferred(name=name or _default_name(hf, kind), profile=profile,
+                       model={"hf": {"path": where, "class": kind.auto_class}, "dtype": dtype},
+                       batch_size=batch_size, task=kind)
+    found.text_field = text_field(profile, prefer=PROMPT_NAMES if kind.kind == "generate"
+                                   else TEXT_NAMES)
     texts = [t for t in profile.texts[found.text_field] if isinstance(t, str)]
-    _plan_seq(found, texts, tokenizer, model_limit(tokenizer, config, where))
-    names = _input_names(tokenizer, config)
-    found.ranges = _ranges(names, config)
-    found.heads = _heads(task, config)
-    model = _build(found, names)
-    names = _taken(model, names)
-    found.ranges = {n: r for n, r in found.ranges.items() if n in names}
-    found.inputs = {n: FieldInfo(n, "int", "int64", ["seq"]) for n in names}
-    found.outputs = _probe(model, tokenizer, texts, found)
+    limit = model_limit(tokenizer, config, where)
+    if kind.kind == "generate":
+        plan_generate(found, texts, tokenizer, limit, eos_ids(transformers, where, config))
+    else:
+        _plan_inputs_and_outputs(found, texts, tokenizer, limit, config)
     found.checks = _checks(found, config)
     spec_dir = spec_path.parent
     if hf.startswith(PKG):  # stays valid wherever the package is installed
@@ -88,9 +95,25 @@ def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml
     elif Path(where).is_dir():
         found.model["hf"]["path"] = relative_to_spec(Path(where), spec_dir)
     out = f"runs/{found.name}" if out_dir is None else relative_to_spec(Path(out_dir), spec_dir)
+    render = render_generate_spec if kind.kind == "generate" else render_hf_spec
     found.spec_path, found.schema_path = write_spec_files(
-        spec_path, render_hf_spec(found, spec_dir, out))
+        spec_path, render(found, spec_dir, out))
     return found
+
+
+def _plan_inputs_and_outputs(found: HfInferred, texts: list[str], tokenizer, limit: int,
+                             config) -> None:
+    """One forward pass per record: the tokenizer's inputs the model takes, and its outputs'
+    heads, shaped by one call of the model."""
+    plan_seq(found, texts, tokenizer, limit)
+    names = _input_names(tokenizer, config)
+    found.ranges = _ranges(names, config)
+    found.heads = _heads(found.task, config)
+    model = _build(found, names)
+    names = _taken(model, names)
+    found.ranges = {n: r for n, r in found.ranges.items() if n in names}
+    found.inputs = {n: FieldInfo(n, "int", "int64", ["seq"]) for n in names}
+    found.outputs = _probe(model, tokenizer, texts, found)
 
 
 # ---- the model's files -------------------------------------------------------------------------
@@ -160,6 +183,12 @@ def task_of(config) -> Task:
                 "last hidden state as the embedding")
 
 
+def generate_task(config) -> Task:
+    """--task generate: the model must be a causal LM (config.json's architectures say so)."""
+    return Task("generate", "AutoModelForCausalLM", f"{causal_arch(config)}: a causal language "
+                f"model, generating up to {NEW_TOKENS} new tokens per prompt")
+
+
 def model_limit(tokenizer, config, where: str) -> int:
     """Tokens per record at most: the smallest of the tokenizer's model_max_length, the
     model's position table and a sentence-transformers folder's max_seq_length (what its
@@ -220,61 +249,6 @@ def _default_name(hf: str, task: Task) -> str:
 
 
 # ---- the text ----------------------------------------------------------------------------------
-
-def _text_field(profile) -> str:
-    """The string field holding the text: one named like text, else the only one."""
-    texts = profile.texts
-    if not texts:
-        raise InputError("holds no text field (no string field besides the id"
-                         + (f" {profile.id_field!r}" if profile.id_field else "") + "); "
-                         "init --hf tokenizes a text field: give a .jsonl or .parquet file "
-                         "whose records hold the text as a string", where=str(profile.path))
-    named = [n for n in TEXT_NAMES if n in texts]
-    if named:
-        return named[0]
-    if len(texts) == 1:
-        return next(iter(texts))
-    raise InputError(f"holds several string fields ({', '.join(texts)}) and none is named "
-                     f"{' or '.join(TEXT_NAMES[:2])}: rename the text field to `text`, or "
-                     "pass --id-field for the one that is the id", where=str(profile.path))
-
-
-def token_lengths(tokenizer, texts: list[str]) -> np.ndarray:
-    """Each text's length in tokens (special tokens included), uncut."""
-    import copy
-
-    backend = copy.deepcopy(tokenizer.backend_tokenizer)  # truncation off on our copy only
-    backend.no_truncation()
-    backend.no_padding()
-    return np.array([len(e.ids) for e in backend.encode_batch(texts)] or [1], dtype=np.int64)
-
-
-def _plan_seq(found: HfInferred, texts: list[str], tokenizer, limit: int) -> None:
-    """The buckets (seq from the texts' token lengths) and whether longer texts are cut."""
-    p = found.profile
-    lengths = token_lengths(tokenizer, texts)
-    whole = p.records is not None and p.records <= p.sampled
-    found.limit, found.lengths = limit, (int(lengths.min()), int(lengths.max()))
-    found.buckets = {**propose_buckets(p, found.batch_size, {}),
-                     "seq": seq_values(lengths, found.batch_size, limit, whole)}
-    found.truncate = not whole or found.lengths[1] > limit
-
-
-def seq_values(lengths: np.ndarray, batch_size: int, limit: int, whole: bool) -> list[int]:
-    """The seq bucket values: SEQ_VALUES fitted to what the sample's batches need (each its
-    longest text, in file order, rounded up to a multiple of 8, which GPU kernels favour)
-    with the least padding (plan.best_values); unless the sample is the whole file, then the
-    model's limit too, so that a text the sample did not see is cut where the model would
-    cut it, never at the sample's longest."""
-    from graphrun.plan.planner import best_values
-
-    cut = np.minimum(-(-lengths // 8) * 8, limit)
-    starts = range(0, len(cut), batch_size)
-    needs = np.array([cut[s:s + batch_size].max() for s in starts], dtype=np.int64)
-    weights = np.array([len(cut[s:s + batch_size]) for s in starts], dtype=np.float64)
-    values = best_values(needs, weights, SEQ_VALUES)
-    return sorted(set(values) | (set() if whole else {limit}))
-
 
 # ---- the model, once -----------------------------------------------------------------------------
 
@@ -356,6 +330,8 @@ def _checks(found: HfInferred, config) -> list[str]:
            f"data.text: field {found.text_field!r}, tokenized by the model's tokenizer",
            f"buckets.seq {found.buckets['seq']}: token lengths {lo}-{hi} {seen}; "
            + _longer(found)]
+    if found.generate is not None:
+        out.append(stop_check(found))
     labels = getattr(config, "id2label", None) or {}
     if task.kind == "classify" and labels:
         shown = ", ".join(f"{k}: {v}" for k, v in list(labels.items())[:8])
@@ -370,7 +346,9 @@ def _longer(found: HfInferred) -> str:
     """What becomes of a text longer than the last seq bucket."""
     last = found.buckets["seq"][-1]
     if last == found.limit:
-        return (f"the last, {last}, is the model's limit: a longer text is cut there "
+        limit = ("the model's limit" if found.generate is None else
+                 f"the model's {found.positions} positions less the new tokens")
+        return (f"the last, {last}, is {limit}: a longer text is cut there "
                 "(data.text.truncate: true)")
     return (f"the sample is the whole file, so a longer text is rejected "
             f"(data.text.truncate: false); if the file grows, add {found.limit} (the model's "

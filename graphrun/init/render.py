@@ -18,6 +18,7 @@ from graphrun.spec.keys import BATCH
 SCHEMA_NAME = "pipeline.schema.json"
 _PLAIN = re.compile(r"[A-Za-z_./][A-Za-z0-9_./-]*")
 _COMMENT_COL = 44
+GROUP_WINDOW = 4096  # data.group_by_length of a generation spec: prompts sorted per window
 
 
 def render_spec(found, spec_dir: Path, out_dir: str) -> str:
@@ -138,6 +139,56 @@ def render_hf_spec(found, spec_dir: Path, out_dir: str) -> str:
     run.insert(at, _c(f"  text: {text}", f"longer than {last} tokens: " + (
         "cut" if found.truncate else "rejected")))
     return "\n".join(lines + run) + "\n"
+
+
+def render_generate_spec(found, spec_dir: Path, out_dir: str) -> str:
+    """The spec's YAML text for a generation job over a causal LM; `found` is
+    init_hf.HfInferred with its generate section."""
+    p, hf, gen = found.profile, found.model["hf"], found.generate
+    lo, hi = found.lengths
+    last = found.buckets["seq"][-1]
+    lines = [
+        f"# yaml-language-server: $schema={SCHEMA_NAME}",
+        f"# Written by `graphrun init --hf --task generate` from {p.sampled} records of "
+        f"{p.path.name}.",
+        "# A generation job: one completion per prompt (id, token_ids, text, finish_reason,",
+        "# prompt_tokens, output_tokens); inputs and outputs are implied. Look at what",
+        "# `graphrun init` printed to check, then: graphrun validate this file, graphrun run",
+        "# this file. Keys: the README's spec reference.",
+        "version: 1",
+        f"name: {_scalar(found.name)}",
+        _c("device: auto", "auto: cuda if present, else cpu"),
+        "model:",
+        _c(f"  hf: {_flow({'path': hf['path'], 'class': hf['class']})}",
+           found.task.why.partition(":")[0]),
+        _c(f"  dtype: {found.model['dtype']}", "float32 | float16 | bfloat16"),
+        "data:",
+        f"  path: {_scalar(relative_to_spec(p.path, spec_dir))}",
+    ]
+    if p.id_field:
+        lines.append(_c(f"  id_field: {_scalar(p.id_field)}", "kept beside the completions"))
+    lines += [
+        _c(f"  text: {_flow({'field': found.text_field, 'truncate': found.truncate})}",
+           f"the prompt; longer than {last} tokens: "
+           + ("cut from the left" if found.truncate else "rejected")),
+        _c(f"  batch_size: {found.batch_size}", "prompts per batch"),
+        _c(f"  group_by_length: {GROUP_WINDOW}", "similar lengths batched; output in input order"),
+        _c("  on_bad_record: error", "error | skip (to rejects.jsonl)"),
+        "generate:",
+        _c(f"  max_new_tokens: {gen['max_new_tokens']}", "new tokens per prompt at most"),
+        _c(f"  sampling: {_flow(gen['sampling'])}",
+           "or {method: sample, temperature: 0.8, top_p: 0.95, seed: 0}"),
+        _c(f"  stop: {_flow(gen['stop'])}",
+           f"the model's EOS {found.eos_ids}" if found.eos_ids else "the model names no EOS"),
+        _c("buckets:", f"prefill graphs: {len(found.buckets[BATCH]) * len(found.buckets['seq'])}"),
+        _c(f"  {BATCH}: {_flow(found.buckets[BATCH])}", "rows of the decode graph"),
+        _c(f"  seq: {_flow(found.buckets['seq'])}", f"prompt tokens {lo}-{hi} in the sample"
+           + ("; the last: the model's limit less the new tokens" if found.truncate else "")),
+        "output:",
+        f"  dir: {_scalar(out_dir)}",
+        _c("  format: jsonl", "jsonl | parquet"),
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def write_spec_files(spec_path: Path, text: str) -> tuple[Path, Path]:

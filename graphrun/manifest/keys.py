@@ -13,7 +13,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from graphrun.manifest.sections import Phases, RayReport, WorkerReport
+from graphrun.manifest.sections import Generation, Phases, RayReport, WorkerReport
 
 MANIFEST_VERSION = 1
 
@@ -259,6 +259,9 @@ class Manifest(_M):
                                          "padding it saved; null when off.")
     phases: Optional[Phases] = Field(None, description="The process's time as named "
                                      "phases; null in manifests of older graphrun.")
+    generation: Optional[Generation] = Field(
+        None, description="A generation job's tokens, times and graphs (a spec with "
+        "generate:); null for one forward pass per record.")
     warnings: list[str] = Field(default_factory=list)
     ray: Optional[RayReport] = Field(None, description="Runs with --ray only (absent from "
                                      "single-process manifests): the actors and Ray's stats; "

@@ -1,6 +1,6 @@
 """Sections of the manifest beside one run's counts (manifest.py): where the process's time
-went (phases), and the parts of a job spread out: the workers of `--gpus N` / torchrun, the
-actors of a `--ray` run."""
+went (phases), the parts of a job spread out (the workers of `--gpus N` / torchrun, the
+actors of a `--ray` run), and a generation job's tokens and graphs."""
 
 from __future__ import annotations
 
@@ -115,3 +115,111 @@ class WorkerReport(_M):
     capture_s: float = 0.0
     stream_s: float = 0.0
     records_per_s: float = Field(0.0, description="Its records out this attempt / its stream_s.")
+
+
+class GraphSetup(_M):
+    """One graph of a generation job: a prefill per (batch, prompt length) bucket, a decode step
+    per (batch, KV length) bucket."""
+
+    kind: Literal["prefill", "decode"]
+    batch: int = Field(..., description="Rows of the graph (a batch bucket).")
+    length: int = Field(..., description="prefill: the prompt length bucket (buckets.seq); "
+                        "decode: the KV cache columns it attends over.")
+    status: Literal["captured", "eager", "skipped", "unused"] = Field(
+        ..., description="As buckets[].status: captured, eager (the eager backend or "
+        "capture.on_failure: eager), skipped (capture.memory_budget_mib), unused (no batch "
+        "needed it).")
+    reason: Optional[str] = Field(None, description="Why eager, skipped or unused.")
+    capture_s: Optional[float] = Field(None, description="Warm-up, capture and verification "
+                                       "of this graph; null when never set up.")
+    memory_bytes: Optional[int] = Field(None, description="Pool growth while capturing it.")
+
+
+class Generation(_M):
+    """A generation job's counts and times (a spec with generate:); the records are prompts,
+    totals.records_* count them."""
+
+    records: int = Field(..., description="Prompts completed by this attempt.")
+    prompt_tokens: int = Field(..., description="Tokens of those prompts, as prefilled (after "
+                               "any cut of data.text.truncate).")
+    output_tokens: int = Field(..., description="New tokens written (EOS included where a "
+                               "record stopped there).")
+    finish_reasons: dict[str, int] = Field(
+        ..., description="Records per finish_reason: eos (a stop id: the model's EOS or "
+        "generate.stop.token_ids) or length (generate.max_new_tokens).")
+    output_tokens_per_s: float = Field(
+        ..., description="output_tokens / (prefill_s + decode_s): the device's generation "
+        "rate, setup not counted (totals.process_wall_s has the whole process).")
+    prefill_s: float = Field(..., description="Time in prefill (the prompts' forward passes "
+                             "writing the KV cache), all batches.")
+    decode_s: float = Field(..., description="Time in decode steps, all batches.")
+    ttft_ms: dict[str, float] = Field(
+        ..., description="Time to first token per record: from its batch's start (its prompts "
+        "handed to prefill) to its first new token, percentile (report.percentiles, as p50) "
+        "-> ms.")
+    tpot_ms: dict[str, float] = Field(
+        ..., description="Time per output token per record after its first (its batch's decode "
+        "time while it ran / its output tokens - 1), percentile -> ms; records of one token "
+        "left out.")
+    decode_steps: int = Field(
+        ..., description="Decode steps run, all batches; each step runs over the whole padded "
+        "batch (static batching keeps every row stepping until the batch's last row stops).")
+    decode_row_steps: int = Field(
+        ..., description="Row-steps run: per batch, its decode steps x the rows of its graph "
+        "(padded rows included).")
+    useful_steps: int = Field(
+        ..., description="Row-steps that made a token a record needed: per record, its output "
+        "tokens less the one prefill made. decode_row_steps - useful_steps is the waste that "
+        "refilling finished rows (continuous batching) would save.")
+    wasted_fraction: float = Field(..., description="1 - useful_steps / decode_row_steps (0 "
+                                   "when no step ran).")
+    kv_cache_bytes: int = Field(..., description="Bytes of the static KV cache buffers (all "
+                                "layers, keys and values), allocated once.")
+    graphs: list[GraphSetup] = Field(
+        default_factory=list, description="Each prefill and decode graph: its capture time and "
+        "memory.")
+    mbu: Optional[float] = Field(
+        None, description="GPU runs: model bandwidth utilisation of decode, the bytes a step "
+        "must read (weights and the KV columns attended) / step time / the device's peak "
+        "memory bandwidth; null on the CPU or where the peak is unknown.")
+    prompts_truncated: int = Field(0, description="Prompts longer than the largest seq bucket "
+                                   "(or data.text.max_length), cut from the left and run.")
+    prompts_rejected: int = Field(0, description="Prompts too long, not cut "
+                                  "(data.text.truncate: false), written to rejects.jsonl.")
+
+
+def generation_summary(results, percentiles, *, kv_cache_bytes: int,
+                       graphs: list[GraphSetup] = (), prompts_truncated: int = 0,
+                       prompts_rejected: int = 0, mbu: float | None = None) -> Generation:
+    """The generation section from the batches' results (generate.BatchResult: completions,
+    prefill_s, decode_s, ttft_s, decode_steps, useful_steps, rows or bucket)."""
+    import numpy as np
+
+    completions = [c for r in results for c in r.completions]
+    reasons: dict[str, int] = {}
+    for c in completions:
+        reasons[c.finish_reason] = reasons.get(c.finish_reason, 0) + 1
+    # every row of a batch decodes in step with the others: a record's time per token after
+    # its first is the batch's decode step time
+    ttft = [r.ttft_s for r in results for _ in r.completions]
+    tpot = [r.decode_s / r.decode_steps for r in results if r.decode_steps
+            for c in r.completions if c.output_tokens > 1]
+    row_steps = sum(r.decode_steps * (getattr(r, "rows", 0) or r.bucket[0]) for r in results)
+    useful = sum(r.useful_steps for r in results)
+    prefill, decode = sum(r.prefill_s for r in results), sum(r.decode_s for r in results)
+    output = sum(c.output_tokens for c in completions)
+
+    def ms(values: list[float]) -> dict[str, float]:
+        if not values:
+            return {}
+        return {f"p{p:g}": float(np.percentile(values, p)) * 1e3 for p in percentiles}
+
+    return Generation(
+        records=len(completions), prompt_tokens=sum(c.prompt_tokens for c in completions),
+        output_tokens=output, finish_reasons=reasons,
+        output_tokens_per_s=output / (prefill + decode) if prefill + decode else 0.0,
+        prefill_s=prefill, decode_s=decode, ttft_ms=ms(ttft), tpot_ms=ms(tpot),
+        decode_steps=sum(r.decode_steps for r in results), decode_row_steps=row_steps,
+        useful_steps=useful, wasted_fraction=1 - useful / row_steps if row_steps else 0.0,
+        kv_cache_bytes=kv_cache_bytes, graphs=list(graphs), mbu=mbu,
+        prompts_truncated=prompts_truncated, prompts_rejected=prompts_rejected)

@@ -1,21 +1,23 @@
 """The pipeline spec, version 1: the single source of truth for keys, defaults and docs.
 
 schemas/pipeline.schema.json and the README's spec reference are generated from these models.
-Per-field rules live here; rules that tie several keys together live in spec_checks.py, and
-YAML loading with line/column tracking in spec_load.py.
+Per-field rules live here (the generate: section's in spec_generate.py); rules that tie several
+keys together live in spec_checks.py, and YAML loading with line/column tracking in
+spec_load.py.
 """
 
 from __future__ import annotations
 
 import math
-
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, PositiveInt, PrivateAttr, Tag,
+from pydantic import (ConfigDict, Discriminator, Field, PositiveInt, PrivateAttr, Tag,
                       field_validator)
 
 from graphrun.base import dtypes
+from graphrun.spec.base import Size, Strict
+from graphrun.spec.generate import GENERATE_DOC, IMPLIED_SECTIONS_SCHEMA, GenerateSpec
 
 FLOAT_DTYPES = dtypes.FLOAT
 INT_DTYPES = dtypes.INT
@@ -24,8 +26,6 @@ DTYPES = dtypes.ALL
 DType = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8",
                 "uint8", "bool"]
 ModelDType = Literal["float32", "float16", "bfloat16"]
-# Sizes are strict integers: YAML's `true` or `1e30` is no size.
-Size = Annotated[int, Field(strict=True, gt=0, le=2**31 - 1)]
 Dim = Union[Size, str]
 # A bucket axis: a list of sizes, or "auto". The discriminator keeps a bad list's error to the
 # list's own (not a second "or it must be 'auto'"); the tags are the ones spec_load drops.
@@ -46,12 +46,6 @@ BucketValues = Annotated[
     Discriminator(_BucketKind())]
 
 BATCH = "batch"
-
-
-class Strict(BaseModel):
-    """Unknown keys are errors at every depth."""
-
-    model_config = ConfigDict(extra="forbid", validate_default=True)
 
 
 class HFModelSpec(Strict):
@@ -92,7 +86,8 @@ class ModelSpec(Strict):
     """Where the model comes from and how it is prepared. Exactly one source."""
 
     builtin: Optional[str] = Field(
-        None, description="A reference model shipped in graphrun: mlp or decoder.")
+        None, description="A reference model shipped in graphrun: mlp or decoder; with "
+        "generate:, llama (a Llama-layout causal LM, configured by args).")
     target: Optional[str] = Field(
         None, description='"package.module:callable" returning an nn.Module, called with `args`; '
         "modules beside the spec are importable.")
@@ -260,8 +255,9 @@ class TextSpec(Strict):
         None, description="A folder with tokenizer.json (a fast tokenizer), as model.hf.path "
         "is written; null: the model's own (model.hf.path).")
     truncate: bool = Field(
-        True, description="true: cut longer texts to max_length tokens; false: reject them "
-        "(on_bad_record says whether the run stops).")
+        True, description="true: cut longer texts to max_length tokens (with generate:, from "
+        "the left, keeping the prompt's end); false: reject them (on_bad_record says whether "
+        "the run stops).")
     max_length: Optional[Size] = Field(
         None, description="Tokens per record at most; null: the largest seq bucket (or the "
         "tokenizer's model_max_length when seq is auto).")
@@ -324,19 +320,23 @@ class ReportSpec(Strict):
 class PipelineSpec(Strict):
     """A graphrun pipeline: model, static buffers, buckets, capture, data, output, report."""
 
-    model_config = ConfigDict(extra="forbid", validate_default=True,
-                              json_schema_extra={"title": "graphrun pipeline spec, version 1"})
+    # inputs and outputs: required without generate:, refused with it (as spec_checks says)
+    model_config = ConfigDict(extra="forbid", validate_default=True, json_schema_extra={
+        "title": "graphrun pipeline spec, version 1", **IMPLIED_SECTIONS_SCHEMA})
 
     version: Literal[1] = Field(..., description="Spec format version; 1.")
     name: str = Field(..., min_length=1, description="Name of the pipeline, used in reports.")
     device: str = Field("auto", description="auto (cuda if present, else cpu) | cpu | cuda | "
                         "cuda:N.")
     model: ModelSpec
+    # Required without generate: (spec_checks._sections); a generation job implies them.
     inputs: dict[str, InputSpec] = Field(
-        ..., min_length=1, description="Static input buffers by name, in the model's call order.")
+        default_factory=dict, description="Static input buffers by name, in the model's call "
+        "order. Required, unless generate: is given (which implies them).")
     outputs: dict[str, OutputSpec] = Field(
-        ..., min_length=1, description="Names for the model's returns: a tensor, a tuple in this "
-        "order, or a dict with these keys.")
+        default_factory=dict, description="Names for the model's returns: a tensor, a tuple in "
+        "this order, or a dict with these keys. Required, unless generate: is given (which "
+        "implies them).")
     buckets: dict[str, BucketValues] = Field(
         ..., description="Values per bucket axis; one graph per combination. `batch` is "
         "required; values are sorted on load. `auto`: `graphrun run` plans the axis's values "
@@ -350,6 +350,7 @@ class PipelineSpec(Strict):
         "many graphs.")
     capture: CaptureSpec = Field(default_factory=CaptureSpec)
     data: DataSpec
+    generate: Optional[GenerateSpec] = Field(None, description=GENERATE_DOC)
     output: OutputConfig
     report: ReportSpec = Field(default_factory=ReportSpec)
 

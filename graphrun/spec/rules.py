@@ -12,6 +12,7 @@ from typing import Iterator
 from graphrun.base import dtypes
 from graphrun.spec.keys import (BATCH, BUILTIN_NAMES, FLOAT_DTYPES, INPUT_SUFFIXES, INT_DTYPES,
                                 PipelineSpec)
+from graphrun.spec.generate import CAUSAL_LM_SUFFIXES, GENERATE_BUILTINS
 
 Found = Iterator[tuple[tuple, str]]
 # One graph (or eager bucket) per combination of the axes' values is set up before the first
@@ -43,8 +44,8 @@ def resolve_paths(spec: PipelineSpec, base_dir: Path) -> PipelineSpec:
 def check_spec(spec: PipelineSpec, base_dir: Path | None = None) -> list[tuple[tuple, str]]:
     """base_dir: the spec's folder, where model.target's file or module is looked for."""
     found = []
-    for rule in (_model_source, _axes, _ranges, _ragged_npy, _multiples, _batch_size, _files,
-                 _device, _grid, _heads, _text):
+    for rule in (_sections, _model_source, _axes, _ranges, _ragged_npy, _multiples, _batch_size,
+                 _files, _device, _grid, _heads, _text, _generate):
         found.extend(rule(spec))
     found.extend(_target_found(spec, base_dir or spec.base_dir))
     found.extend(_hf_paths(spec, base_dir or spec.base_dir))
@@ -91,12 +92,69 @@ def _model_source(spec: PipelineSpec) -> Found:
         yield ("model", given[1]), (f"two model sources ({' and '.join(given)}): keep exactly "
                                     "one")
     if m.builtin:
-        if m.builtin not in BUILTIN_NAMES:
+        if m.builtin not in BUILTIN_NAMES + GENERATE_BUILTINS:
             yield ("model", "builtin"), (f"unknown builtin {m.builtin!r}; the builtins are "
-                                         f"{', '.join(sorted(BUILTIN_NAMES))}")
+                                         f"{', '.join(sorted(BUILTIN_NAMES))} and, with "
+                                         f"generate:, {', '.join(GENERATE_BUILTINS)}")
+        elif m.builtin in GENERATE_BUILTINS and spec.generate is None:
+            yield ("model", "builtin"), (f"the builtin {m.builtin} is a generating model: add "
+                                         "a generate: section (generate: {max_new_tokens: "
+                                         "128}), or use the builtin decoder for one step")
     if m.target and ":" not in m.target:
         yield ("model", "target"), (f"expected 'package.module:callable' or 'file.py:callable' "
                                     f"(got {m.target!r})")
+
+
+def _sections(spec: PipelineSpec) -> Found:
+    """inputs and outputs: required for a forward pass, implied by generate:."""
+    for key in ("inputs", "outputs"):
+        given = key in spec.model_fields_set
+        if spec.generate is not None:
+            if getattr(spec, key):  # an empty one, as a dumped spec holds, says nothing
+                yield (key,), (f"with generate: the {key} are implied (the tokenizer's "
+                               "input_ids and attention_mask in, the completion out): remove "
+                               f"{key}:")
+        elif not given:
+            yield (key,), f"required key {key!r} is missing"
+        elif not getattr(spec, key):
+            yield (key,), f"needs at least one {key[:-1]}"
+
+
+GENERATE_AXES = (BATCH, "seq")  # rows of the decode graph; prompt lengths of the prefill
+
+
+def _generate(spec: PipelineSpec) -> Found:
+    """A generation job: text prompts, a causal LM, buckets batch and seq."""
+    gen = spec.generate
+    if gen is None:
+        return
+    if gen.min_new_tokens > gen.max_new_tokens:
+        yield ("generate", "min_new_tokens"), (
+            f"{gen.min_new_tokens} is more than max_new_tokens ({gen.max_new_tokens}): lower "
+            "it or raise max_new_tokens")
+    if spec.data.text is None:
+        yield ("data",), ("with generate: the prompts are text, tokenized by the model's "
+                          "tokenizer: add data.text: {field: prompt} naming the prompt's field")
+    m = spec.model
+    if m.hf is not None:
+        if not m.hf.class_.endswith(CAUSAL_LM_SUFFIXES):
+            yield ("model", "hf", "class"), (
+                f"{m.hf.class_} is no causal LM, and generate: needs one: use "
+                "AutoModelForCausalLM (or a class such as LlamaForCausalLM, GPT2LMHeadModel)")
+    elif m.builtin not in GENERATE_BUILTINS:
+        source = next((k for k in ("builtin", "target", "exported", "torchscript", "timm")
+                       if getattr(m, k)), None)
+        if source is not None:  # none at all: _model_source says so
+            yield ("model", source), (
+                "generate: needs a causal LM: model.hf (class AutoModelForCausalLM or another "
+                f"causal-LM class) or builtin {' or '.join(GENERATE_BUILTINS)}")
+    for axis in spec.buckets:
+        if axis not in GENERATE_AXES:
+            yield ("buckets", axis), (f"a generation job has the bucket axes batch (decode "
+                                      f"rows) and seq (prompt lengths) only: remove {axis}")
+    if "seq" not in spec.buckets:
+        yield ("buckets",), ("a generation job needs buckets.seq: the prompt lengths prefill "
+                             "is captured for, e.g. seq: [32, 64, 128, 256]")
 
 
 def _axes(spec: PipelineSpec) -> Found:
@@ -120,7 +178,7 @@ def _axes(spec: PipelineSpec) -> Found:
             if extra:
                 yield (kind, name, "shape"), "'batch' may appear only as the first dimension"
     for axis in spec.buckets:
-        if axis not in used:
+        if spec.generate is None and axis not in used:  # generate: its own axes (_generate)
             yield ("buckets", axis), (f"bucket axis {axis!r} is used by no input shape; remove it "
                                       "or use it in an input")
     if spec.data.group_by_length and len(spec.buckets) == 1 and BATCH in spec.buckets:
@@ -280,6 +338,8 @@ def _text(spec: PipelineSpec) -> Found:
     if spec.data.path.suffix not in (".jsonl", ".parquet"):
         yield ("data", "text"), (f"text is read from .jsonl or .parquet files, not "
                                  f"{spec.data.path.suffix or 'this file'}")
+    if spec.generate is not None:  # the generation job tokenizes into inputs of its own
+        return
     other = [n for n in spec.inputs if n not in TEXT_INPUTS]
     if other:
         yield ("inputs", other[0]), (f"with data.text the inputs come from the tokenizer: "

@@ -1,0 +1,86 @@
+"""The spec's generate: section: a generation job over a causal LM (GENERATION.md fixes the
+keys). Rules tying it to the rest of the spec are spec_checks._generate's."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import ConfigDict, Field, model_validator
+
+from graphrun.spec.base import Size, Strict
+
+GENERATE_BUILTINS = ("llama",)  # generate/'s builtin causal LMs, for specs with generate:
+# The transformers classes that generate: their names end so (AutoModelForCausalLM,
+# LlamaForCausalLM, GPT2LMHeadModel, ...).
+CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+
+GENERATE_DOC = (
+    "Make this a generation job over a causal LM (model.hf of a causal-LM class, or builtin "
+    "llama): data.text's prompts in, one completion per record out (id, token_ids, text, "
+    "finish_reason, prompt_tokens, output_tokens); buckets batch and seq (prompt lengths). "
+    "null: one forward pass per record.")
+# The pipeline schema says what spec_checks._sections says: inputs and outputs are required
+# without generate:, and refused with it.
+IMPLIED_SECTIONS_SCHEMA = {
+    "if": {"properties": {"generate": {"type": "object"}}, "required": ["generate"]},
+    "then": {"not": {"anyOf": [{"required": ["inputs"]}, {"required": ["outputs"]}]}},
+    "else": {"required": ["inputs", "outputs"]}}
+SAMPLE_DEFAULTS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed": 0}
+
+
+class SamplingSpec(Strict):
+    """How each new token is picked from the model's logits."""
+
+    # the editor's schema says what _greedy_alone says: greedy keeps the sampling defaults
+    model_config = ConfigDict(extra="forbid", validate_default=True, json_schema_extra={
+        "if": {"properties": {"method": {"const": "sample"}}, "required": ["method"]},
+        "else": {"properties": {k: {"const": v} for k, v in SAMPLE_DEFAULTS.items()}}})
+
+    method: Literal["greedy", "sample"] = Field(
+        "greedy", description="greedy: the most likely token (as HF generate(do_sample=False)); "
+        "sample: drawn from softmax(logits / temperature) after top_k and top_p, each record's "
+        "draws depending only on (seed, record id, position).")
+    temperature: float = Field(SAMPLE_DEFAULTS["temperature"], gt=0, description="sample: "
+                               "divides the logits; below 1 sharpens, above 1 flattens.")
+    top_k: int = Field(SAMPLE_DEFAULTS["top_k"], ge=0, description="sample: keep the k most "
+                       "likely tokens; 0: all.")
+    top_p: float = Field(SAMPLE_DEFAULTS["top_p"], gt=0, le=1, description="sample: keep the "
+                         "smallest set of most likely tokens whose probabilities add up to at "
+                         "least top_p; 1: all.")
+    seed: int = Field(SAMPLE_DEFAULTS["seed"], description="sample: the seed of every record's "
+                      "random stream.")
+
+    @model_validator(mode="after")
+    def _greedy_alone(self) -> "SamplingSpec":
+        # greedy ignores these keys: a value that would change sampling, silently dropped,
+        # hides a forgotten `method: sample` (the defaults, as a dumped spec holds, are fine)
+        given = [f"{k} {getattr(self, k):g}" for k, v in SAMPLE_DEFAULTS.items()
+                 if getattr(self, k) != v]
+        if self.method == "greedy" and given:
+            raise ValueError(
+                f"{', '.join(given)} given with method greedy, which always takes the most "
+                "likely token: set method: sample to sample with them, or remove them")
+        return self
+
+
+class StopSpec(Strict):
+    """When a record's generation stops, besides generate.max_new_tokens."""
+
+    eos: Literal["auto", "none"] = Field(
+        "auto", description="auto: at the model's end-of-sequence ids (its generation_config's "
+        "eos_token_id, else its config's); none: only at token_ids and max_new_tokens.")
+    token_ids: list[Annotated[int, Field(strict=True, ge=0)]] = Field(
+        default_factory=list, description="More token ids that end a record (included in its "
+        "output, as EOS is).")
+
+
+class GenerateSpec(Strict):
+    """A generation job: prompts (data.text) in, completions out, the decode step replayed per
+    token. inputs and outputs are implied."""
+
+    max_new_tokens: Size = Field(128, description="New tokens per record at most "
+                                 "(finish_reason length when reached).")
+    min_new_tokens: int = Field(0, ge=0, description="New tokens per record at least: the stop "
+                                "ids are not picked before this many (at most max_new_tokens).")
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+    stop: StopSpec = Field(default_factory=StopSpec)
