@@ -27,6 +27,7 @@ from graphrun.generate.config import BatchResult, GenerateConfig, Sampling
 from graphrun.generate.generator import Generator
 from graphrun.generate.hf_attention import eos_ids_of
 from graphrun.manifest.keys import BucketReport
+from graphrun.manifest.sections import Generation, GraphSetup, generation_summary
 from graphrun.spec.generate import PROMPT_AXIS
 from graphrun.spec.keys import BATCH, PipelineSpec
 
@@ -193,6 +194,18 @@ class GenerationRunner:
                 batches=seen.batches, records=seen.records, padded_rows=seen.padded_rows,
                 padded_positions={PROMPT_AXIS: seen.padded_positions}))
         return reports
+
+    def generation_section(self, percentiles, rejected: int = 0) -> Generation:
+        """The manifest's generation section: tokens, finish reasons, rates, TTFT and TPOT,
+        decode steps run against those that produced a needed token, the KV cache, every graph."""
+        graphs = [GraphSetup(kind=g["kind"], batch=g["shape"]["rows"],
+                             length=g["shape"].get("prompt", g["shape"].get("kv")),
+                             status=g["status"], reason=g["reason"], capture_s=g["capture_s"],
+                             memory_bytes=g["memory_bytes"])
+                  for g in self.generator.buckets()]
+        return generation_summary(self.results, percentiles,
+                                  kv_cache_bytes=self.generator.kv_bytes, graphs=graphs,
+                                  prompts_rejected=rejected)
 
     def close(self) -> None:
         if self.cuda:

@@ -19,6 +19,7 @@ from graphrun.base.errors import GraphrunError, Interrupted, OutputError
 from graphrun.manifest.keys import Manifest
 from graphrun.job.progress import Progress, count_records, summary_table
 from graphrun.engine import Runner
+from graphrun.generate.runner import GenerationRunner
 from graphrun.engine.device_start import DeviceStart
 from graphrun.engine.lazy import data_needs, look_ahead
 from graphrun.feed.loop import feed_stream, slot_count
@@ -29,6 +30,7 @@ from graphrun.job.state import RunHashes, RunState
 from graphrun.job.signals import StopSignals
 from graphrun.read.stream import ReadAhead, read_batches
 from graphrun.base.tuning import Tuning
+from graphrun.spec.generate import with_implied_io
 from graphrun.write.folder import completed_manifest, locked, prepare_out_dir
 from graphrun.write.journal import ShardPlace
 from graphrun.write.latencies import open_latencies
@@ -146,13 +148,22 @@ def new_job(spec, out, overlap, tuning: Tuning | None, clock: PhaseClock | None 
     overlap = overlap_choice(overlap)
     started = DeviceStart.begin(spec)  # the CUDA context, on a thread beside what follows
     with phase("bucket plan"):
-        spec, bucket_plan = resolve_auto(spec)
+        spec, bucket_plan = resolve_auto(with_implied_io(spec))
     out_dir = Path(out).resolve() if out else spec.output.dir
     with phase("input hash start"):  # a child process for the input, a thread for the model
-        job = RunState(spec, out_dir, spec.model_dump(mode="json"), clock, hashes)
+        job = RunState(spec, out_dir, resolved_json(spec), clock, hashes)
     job.bucket_plan, job.overlap_how, job.device_start = bucket_plan, how, started
     job.tuning = tuning or Tuning.from_machine()  # the reader's and writer's threads and chunks
     return job, overlap
+
+
+def resolved_json(spec) -> dict:
+    """The resolved spec as run.json and the manifest record it: a generation job's implied
+    inputs and outputs left out, as its user wrote none."""
+    dumped = spec.model_dump(mode="json")
+    if spec.generate is not None:
+        dumped["inputs"], dumped["outputs"] = {}, {}
+    return dumped
 
 
 def open_out_dir(job: RunState, fingerprint: dict, resume: bool, overwrite: bool,
@@ -198,7 +209,8 @@ def run_stream(job: RunState, fingerprint: dict, resume_point, start: int, stop,
             job.reader = ReadAhead(read_batches(spec, start=start, stop=stop,
                                                 tuning=job.tuning, padding=job.padding),
                                    ahead=look_ahead(spec))
-        job.runner = runner = Runner(spec, log=job.print_and_warn if show else job.warn,
+        engine = GenerationRunner if spec.generate is not None else Runner
+        job.runner = runner = engine(spec, log=job.print_and_warn if show else job.warn,
                                      needs=data_needs(spec, job.reader, job.bucket_plan),
                                      started=job.device_start)
         if spec.report.baseline == "eager":

@@ -263,7 +263,9 @@ class RunState:
                      else None, "count": self.rejected},
             resumed_from=self.resumed_from, warnings=self.warnings,
             bucket_plan=self.bucket_plan,
-            grouping=self.padding.report() if self.padding else None, phases=self.phases())
+            grouping=self.padding.report() if self.padding else None, phases=self.phases(),
+            generation=(runner.generation_section(ps, self.rejected)
+                        if hasattr(runner, "generation_section") else None))
 
     def phases(self) -> Phases:
         """The clock's phases (after its end()): the flat list, and warm-up, capture and

@@ -9,6 +9,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from graphrun.spec.base import Size, Strict
 
+PROMPT_AXIS = "seq"  # the bucket axis of prompt lengths (prefill)
 GENERATE_BUILTINS = ("llama",)  # generate/'s builtin causal LMs, for specs with generate:
 # The transformers classes that generate: their names end so (AutoModelForCausalLM,
 # LlamaForCausalLM, GPT2LMHeadModel, ...).
@@ -84,3 +85,25 @@ class GenerateSpec(Strict):
                                 "ids are not picked before this many (at most max_new_tokens).")
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     stop: StopSpec = Field(default_factory=StopSpec)
+
+
+# A generation job's records as read/ reads them and write/ writes them: the prompt's token ids
+# in (from data.text), the completion's fields out (GENERATION.md).
+IMPLIED_INPUTS = {"input_ids": {"shape": ["batch", PROMPT_AXIS], "dtype": "int64"}}
+IMPLIED_OUTPUTS = {"token_ids": {"shape": ["batch", "new_tokens"], "dtype": "int64"},
+                   "text": {"shape": ["batch"]}, "finish_reason": {"shape": ["batch"]},
+                   "prompt_tokens": {"shape": ["batch"], "dtype": "int64"},
+                   "output_tokens": {"shape": ["batch"], "dtype": "int64"}}
+
+
+def with_implied_io(spec):
+    """The spec with a generation job's implied inputs and outputs filled in, for the steps
+    that read and write records (the user's spec, as run.json and the manifest record it,
+    keeps them out)."""
+    if spec.generate is None:
+        return spec
+    from graphrun.spec.keys import InputSpec, OutputSpec
+
+    inputs = {n: InputSpec(**v) for n, v in IMPLIED_INPUTS.items()}
+    outputs = {n: OutputSpec(**v) for n, v in IMPLIED_OUTPUTS.items()}
+    return spec.model_copy(update={"inputs": inputs, "outputs": outputs})  # keeps its source

@@ -155,6 +155,14 @@ def _generate(spec: PipelineSpec) -> Found:
     if "seq" not in spec.buckets:
         yield ("buckets",), ("a generation job needs buckets.seq: the prompt lengths prefill "
                              "is captured for, e.g. seq: [32, 64, 128, 256]")
+    if spec.output.format == "npy":
+        yield ("output", "format"), ("a generation job writes completions of their own lengths "
+                                     "and their text, which npy files cannot hold: use jsonl or "
+                                     "parquet")
+    if spec.report.baseline != "none":
+        yield ("report", "baseline"), ("a generation job has no per-bucket eager baseline; "
+                                       "compare with `graphrun bench` or "
+                                       "benchmarks/bench_generate.py, and set baseline: none")
 
 
 def _axes(spec: PipelineSpec) -> Found:
