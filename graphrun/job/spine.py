@@ -19,6 +19,7 @@ from graphrun.base.errors import GraphrunError, Interrupted, OutputError
 from graphrun.manifest.keys import Manifest
 from graphrun.job.progress import Progress, count_records, summary_table
 from graphrun.engine import Runner
+from graphrun.generate.records import with_implied_io
 from graphrun.generate.runner import GenerationRunner
 from graphrun.engine.device_start import DeviceStart
 from graphrun.engine.lazy import data_needs, look_ahead
@@ -30,7 +31,6 @@ from graphrun.job.state import RunHashes, RunState
 from graphrun.job.signals import StopSignals
 from graphrun.read.stream import ReadAhead, read_batches
 from graphrun.base.tuning import Tuning
-from graphrun.spec.generate import with_implied_io
 from graphrun.write.folder import completed_manifest, locked, prepare_out_dir
 from graphrun.write.journal import ShardPlace
 from graphrun.write.latencies import open_latencies

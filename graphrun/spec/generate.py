@@ -86,24 +86,3 @@ class GenerateSpec(Strict):
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     stop: StopSpec = Field(default_factory=StopSpec)
 
-
-# A generation job's records as read/ reads them and write/ writes them: the prompt's token ids
-# in (from data.text), the completion's fields out (GENERATION.md).
-IMPLIED_INPUTS = {"input_ids": {"shape": ["batch", PROMPT_AXIS], "dtype": "int64"}}
-IMPLIED_OUTPUTS = {"token_ids": {"shape": ["batch", "new_tokens"], "dtype": "int64"},
-                   "text": {"shape": ["batch"]}, "finish_reason": {"shape": ["batch"]},
-                   "prompt_tokens": {"shape": ["batch"], "dtype": "int64"},
-                   "output_tokens": {"shape": ["batch"], "dtype": "int64"}}
-
-
-def with_implied_io(spec):
-    """The spec with a generation job's implied inputs and outputs filled in, for the steps
-    that read and write records (the user's spec, as run.json and the manifest record it,
-    keeps them out)."""
-    if spec.generate is None:
-        return spec
-    from graphrun.spec.keys import InputSpec, OutputSpec
-
-    inputs = {n: InputSpec(**v) for n, v in IMPLIED_INPUTS.items()}
-    outputs = {n: OutputSpec(**v) for n, v in IMPLIED_OUTPUTS.items()}
-    return spec.model_copy(update={"inputs": inputs, "outputs": outputs})  # keeps its source
