@@ -21,7 +21,7 @@ from pathlib import Path
 from graphrun.errors import OutputError
 from graphrun.journal import (JOURNAL, REJECTS, RUN_JSON, InputHash, ResumePoint, ShardPlace,
                               fsync_path, journal_names, listed_names, read_journal,
-                              remove_and_sync, shard_number)
+                              refuse_foreign, remove_and_sync, shard_number)
 from graphrun.scale.layout import WORKERS, is_job, job_shards, workers_entry
 
 MANIFEST = "manifest.json"
@@ -253,6 +253,8 @@ def prepare_out_dir(out_dir: Path, *, resume: bool, overwrite: bool, fingerprint
             return None
         raise OutputError(f"output folder {out_dir} exists and holds a run; pass --resume to "
                           "continue it or --overwrite to replace it")
+    # before anything is written: restore would have to remove a user's entry to go on
+    refuse_foreign(out_dir, shard_shaped(out_dir, fingerprint.get("shards") or []))
     if _check_fingerprint(out_dir, fingerprint, model or {}, accept_model_change):
         write_fingerprint(out_dir, fingerprint)  # later resumes compare with the new model
     point = read_journal(out_dir, _first(fingerprint), first_shard(fingerprint))
@@ -261,6 +263,12 @@ def prepare_out_dir(out_dir: Path, *, resume: bool, overwrite: bool, fingerprint
         remove_and_sync(out_dir, [p for p in own if p.name != RUN_JSON])
         write_fingerprint(out_dir, fingerprint)
     return point
+
+
+def shard_shaped(folder: Path, suffixes: list) -> list[Path]:
+    """The entries of folder named as a shard or a shard's temp file of these suffixes."""
+    suffixes = [s for s in suffixes if isinstance(s, str)]
+    return [p for p in sorted(folder.iterdir()) if shard_number(p.name, suffixes) is not None]
 
 
 def _start(out_dir: Path, fingerprint: dict) -> None:

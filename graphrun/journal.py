@@ -329,8 +329,9 @@ def check_fresh(out_dir: Path, suffixes: list[str]) -> None:
     if stale:
         raise OutputError(f"output folder {out_dir} already holds {listed_names(stale)}; pass "
                           "--resume to continue that run or --overwrite to replace it")
-    remove_and_sync(out_dir, [p for p in out_dir.iterdir()
-                              if shard_number(p.name, suffixes, temp=True) is not None])
+    temps = [p for p in out_dir.iterdir() if shard_number(p.name, suffixes, temp=True) is not None]
+    refuse_foreign(out_dir, temps)
+    remove_and_sync(out_dir, temps)
 
 
 def restore(out_dir: Path, point: ResumePoint, suffixes: list[str],
@@ -342,8 +343,9 @@ def restore(out_dir: Path, point: ResumePoint, suffixes: list[str],
     check_committed(out_dir, point, hashes=True, shard_dir=shard_dir)
     # A shard renamed into place whose journal line never landed is not part of the run, nor
     # are temp files; their names are exactly the format's, numbered from the next shard.
-    remove_and_sync(shard_dir, [p for p in shard_dir.iterdir()
-                                if after.holds(shard_number(p.name, suffixes))])
+    leftovers = [p for p in shard_dir.iterdir() if after.holds(shard_number(p.name, suffixes))]
+    refuse_foreign(shard_dir, leftovers)
+    remove_and_sync(shard_dir, leftovers)
     rejects = out_dir / REJECTS
     if rejects.exists():
         truncate_durably(rejects, point.rejects_bytes)  # rejects past the last commit come again
@@ -380,6 +382,19 @@ def check_committed(out_dir: Path, point: ResumePoint, *, hashes: bool,
 def listed_names(paths: list, shown: int = 5) -> str:
     text = ", ".join(Path(p).name for p in paths[:shown])
     return text + (f" and {len(paths) - shown} more" if len(paths) > shown else "")
+
+
+def refuse_foreign(folder: Path, paths: list) -> None:
+    """OutputError naming the first of paths that is not a regular file (a folder, a symlink):
+    graphrun writes only regular files, so one shaped like a shard is a user's, and is kept."""
+    for p in map(Path, paths):
+        if p.is_symlink() or not p.is_file():
+            kind = ("a symlink" if p.is_symlink() else "a folder" if p.is_dir()
+                    else "not a regular file")
+            raise OutputError(f"output folder {folder} holds {p.name}, {kind} named like one of "
+                              "graphrun's shard files; graphrun writes and removes only regular "
+                              "files, so it stopped without changing anything: move "
+                              f"{p.name} out of the folder, then run again")
 
 
 def remove_and_sync(out_dir: Path, paths: list[Path]) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from graphrun.errors import OutputError
 from graphrun.folder import (ended_with_nothing_committed, input_inside, read_mark,
-                             split_entries, write_fingerprint)
-from graphrun.journal import listed_names, remove_and_sync
+                             shard_shaped, split_entries, write_fingerprint)
+from graphrun.journal import listed_names, refuse_foreign, remove_and_sync
 from graphrun.manifest import spec_digest
 from graphrun.outputs import shard_suffixes
 from graphrun.progress import count_records
@@ -50,6 +50,8 @@ def prepare_job(top: Path, spec, workers: int, *, resume: bool, overwrite: bool,
     if top.exists() and any(top.iterdir()):
         if resume:
             mark = resumed_mark(top, spec, workers, start, stop)
+            # before anything is removed: a worker's restore would have to remove a user's entry
+            refuse_foreign(top, shard_shaped(top, mark.get("shards") or []))
             # an earlier attempt's progress, and its input hash: this one hashes the input anew
             stale = [progress_file(top, k) for k in range(workers)] + [digest_file(top)]
             remove_and_sync(top, [p for p in stale if p.exists()])
