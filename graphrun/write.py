@@ -66,6 +66,9 @@ class ShardWriter:
         self._sink = None
         self._row_pool: ThreadPoolExecutor | None = None  # npy rows of big batches
         self._sink_failed = False  # a write into the open shard failed
+        # an append to rejects.jsonl failed: its tail may be torn and a reject lost, so no
+        # later shard may be journaled (its line would count rejects the file does not hold)
+        self._rejects_failed = False
         self._shard_rows = 0
         self._closed = False
         self._reported = False  # a commit error was raised to the caller already
@@ -164,7 +167,7 @@ class ShardWriter:
             return self._committer.files()
         self._closed = True
         try:
-            if self._committer.error is None:
+            if self._committer.error is None and not self._rejects_failed:
                 if self._shard_rows and partial and not self._sink_failed:
                     self._hand_over()
                 self._flush_rejects(below=None if partial else self._committed_below)
@@ -178,9 +181,10 @@ class ShardWriter:
             self._committer.close()
             if self._rejects_file is not None:
                 self._rejects_file.close()
-        if self._committer.error is not None:
+        if self._committer.error is not None or self._rejects_failed:
+            # the counts are the journal's: what --resume finds committed
             self._rows, self._rejects = self._committer.rows, self._committer.rejects
-            self._pending = []
+            self._pending, self._shard_rows = [], 0
             self._raise_commit_error()
             return self._committer.files()
         if (self.out_dir / REJECTS).exists():
@@ -229,7 +233,12 @@ class ShardWriter:
 
     def _flush_rejects(self, below: int | None) -> None:
         """Append pending rejects with index < below (all when None), in index order. Not
-        durable here: a shard's commit, or close(), fsyncs them."""
+        durable here: a shard's commit, or close(), fsyncs them. After a failed append nothing
+        more is appended or committed (the run fails; --resume cuts the file back)."""
+        if self._rejects_failed:
+            raise OutputError(f"an earlier write to {self.out_dir / REJECTS} failed; nothing "
+                              "after it is committed: fix the folder, then run again with "
+                              "--resume")
         if not self._pending:
             return
         ready = sorted((r for r in self._pending if below is None or r[0] < below),
@@ -237,11 +246,15 @@ class ShardWriter:
         self._pending = [r for r in self._pending if below is not None and r[0] >= below]
         data = b"".join(line for _, line in ready)
         if data:
-            if self._rejects_file is None:
-                self._rejects_file = open(self.out_dir / REJECTS, "ab", buffering=0)
             view = memoryview(data)
-            while view:  # all of it reaches the file before the caller goes on
-                view = view[self._rejects_file.write(view):]
+            try:
+                if self._rejects_file is None:
+                    self._rejects_file = open(self.out_dir / REJECTS, "ab", buffering=0)
+                while view:  # all of it reaches the file before the caller goes on
+                    view = view[self._rejects_file.write(view):]
+            except BaseException:
+                self._rejects_failed = True
+                raise
         self._rejects += len(ready)
         self._rejects_bytes += len(data)
 

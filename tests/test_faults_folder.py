@@ -161,3 +161,50 @@ def test_a_workers_restore_refuses_a_users_folder_too(tmp_path):
     with pytest.raises(OutputError, match="part-00002.ids.npy, a folder"):
         restore(tmp_path, point, ["ids.npy"])
     assert (tmp_path / "part-00002.ids.npy").is_dir()
+
+
+# ---- item: a failed append to rejects.jsonl fails its commit -----------------------------------
+
+class FailingFile:
+    """rejects.jsonl opened by the writer: its `fail_at`-th write puts half its bytes on disk
+    (a torn tail) and then fails as a full disk does; the others pass through."""
+
+    def __init__(self, real, fail_at: int, err: int):
+        self.real, self.fail_at, self.err, self.writes = real, fail_at, err, 0
+
+    def write(self, data) -> int:
+        self.writes += 1
+        if self.writes == self.fail_at:
+            self.real.write(bytes(data)[:len(data) // 2])
+            raise OSError(self.err, os.strerror(self.err))
+        return self.real.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+@pytest.mark.parametrize("fail_at", [1, 3, 6])
+@pytest.mark.parametrize("err", [errno.ENOSPC, errno.EIO], ids=["ENOSPC", "EIO"])
+def test_a_failed_rejects_write_fails_the_run_and_resume_accounts_for_every_record(
+        job, tmp_path, monkeypatch, fail_at, err):
+    out = tmp_path / "out"
+    spec = graphrun.load_spec(job)
+
+    def failing_open(path, *args, **kwargs):
+        return FailingFile(open(path, *args, **kwargs), fail_at, err)
+
+    monkeypatch.setattr(graphrun.write, "open", failing_open, raising=False)
+    with pytest.raises(OutputError, match="rejects.jsonl|No space|Input/output"):
+        graphrun.run(spec, out=out, overlap=False)
+    monkeypatch.undo()
+    assert manifest(out)["status"] == "failed"
+    point = read_journal(out)  # the journal passes its own checks: resumable
+    m = manifest(out)["totals"]
+    if point is not None:
+        assert m["records_out"] == point.rows and m["records_rejected"] == point.rejects
+
+    m = graphrun.run(spec, out=out, resume=True)
+    assert m.status == "completed"
+    check_equals_clean(out, tmp_path / "clean")
+    lines = (out / "rejects.jsonl").read_text().splitlines()
+    assert len(lines) == len({json.loads(x)["index"] for x in lines}) == 8  # each once
