@@ -17,6 +17,7 @@ An output folder holds, besides the shards (see outputs/ for their names):
                      rows so far, "next_index": input ordinal after the shard's last row,
                      "read_from": first ordinal of the batch holding that row,
                      "rejects_bytes": size of rejects.jsonl then, "rejects": its line count,
+                     "rejects_sha256": sha256 of those bytes (absent in older journals),
                      "sha256": of this line's fields and the previous line's sha256}
     rejects.jsonl   {"index", "id", "where", "reason"} per rejected record.
 
@@ -104,6 +105,7 @@ class ResumePoint:
     # next_index that this re-reads are dropped by the writer.
     read_from: int | None = None
     digest: str = ""  # the last journal line's checksum; the next line's chains on it
+    rejects_sha256: str | None = None  # of rejects.jsonl's committed bytes; None: not recorded
 
     @property
     def start(self) -> int:
@@ -237,11 +239,13 @@ def line_digest(prev: str, line: dict) -> str:
 
 def append_journal(out_dir: Path, shard: int, files: list[FileInfo], rows: int,
                    next_index: int, rejects_bytes: int, rejects: int, read_from: int,
-                   prev: str = "") -> str:
+                   prev: str = "", rejects_sha256: str | None = None) -> str:
     """Append a shard's line (durably); returns its checksum, for the next line's `prev`."""
     line = {"shard": shard, "files": [asdict(f) for f in files], "rows": rows,
             "next_index": next_index, "read_from": read_from,
             "rejects_bytes": rejects_bytes, "rejects": rejects}
+    if rejects_sha256 is not None:
+        line["rejects_sha256"] = rejects_sha256
     line["sha256"] = line_digest(prev, line)
     append_durably(out_dir / JOURNAL, (json.dumps(line) + "\n").encode())
     return line["sha256"]
@@ -276,6 +280,8 @@ def journal_line(line: dict, before: ResumePoint, first: int) -> ResumePoint:
                               "rejects_bytes")] + [v for f in files for v in (f.rows, f.bytes)]
     if not all(type(v) is int and v >= 0 for v in ints):
         raise ValueError("a count is not a whole number")
+    if not isinstance(line.get("rejects_sha256", ""), str):
+        raise ValueError("its rejects_sha256 is not a digest")
     if line["shard"] != before.shard:
         raise ValueError(f"shard {line['shard']} where shard {before.shard} comes next")
     rows = line["rows"] - before.rows
@@ -294,7 +300,7 @@ def journal_line(line: dict, before: ResumePoint, first: int) -> ResumePoint:
     return ResumePoint(next_index=line["next_index"], shard=line["shard"] + 1, rows=line["rows"],
                        rejects=line["rejects"], rejects_bytes=line["rejects_bytes"],
                        files=before.files + files, read_from=line["read_from"],
-                       digest=line["sha256"])
+                       digest=line["sha256"], rejects_sha256=line.get("rejects_sha256"))
 
 
 def journal_names(out_dir: Path) -> tuple[set[str], int]:
@@ -355,17 +361,20 @@ def restore(out_dir: Path, point: ResumePoint, suffixes: list[str],
 def check_committed(out_dir: Path, point: ResumePoint, *, hashes: bool,
                     shard_dir: Path | None = None) -> None:
     """The files the journal lists are there (in shard_dir, default out_dir), of their size
-    (and sha256, with hashes), and rejects.jsonl holds the rejects it recorded; else
-    OutputError. Without hashes it reads only rejects.jsonl (a completed run's --resume, which
-    rewrites nothing)."""
+    (and sha256, with hashes), and rejects.jsonl holds the rejects it recorded (and, with
+    hashes, their sha256 where the journal has it); else OutputError naming the file."""
     for info in point.files:
         path = (shard_dir or out_dir) / info.path
         if not path.is_file():
             raise OutputError(f"cannot resume {out_dir}: {info.path} is listed in {JOURNAL} but "
                               "missing; rerun with --overwrite")
-        if path.stat().st_size != info.bytes or (hashes and sha256_file(path) != info.sha256):
-            raise OutputError(f"cannot resume {out_dir}: {info.path} differs from what {JOURNAL} "
-                              "recorded (sha256); rerun with --overwrite")
+        size = path.stat().st_size
+        if size != info.bytes or (hashes and sha256_file(path) != info.sha256):
+            what = (f"its size ({size} bytes, recorded {info.bytes})" if size != info.bytes
+                    else "its sha256 (same size: changed in place)")
+            raise OutputError(f"cannot resume {out_dir}: {path} differs from what {JOURNAL} "
+                              f"recorded when it was committed, in {what}; put the file back "
+                              "(from a copy), or rerun with --overwrite to compute the run again")
     rejects = out_dir / REJECTS
     have = rejects.stat().st_size if rejects.exists() else 0
     if have < point.rejects_bytes:
@@ -377,6 +386,25 @@ def check_committed(out_dir: Path, point: ResumePoint, *, hashes: bool,
         if lines != point.rejects:
             raise OutputError(f"cannot resume {out_dir}: {REJECTS} holds {lines} rejects where "
                               f"{JOURNAL} recorded {point.rejects}; rerun with --overwrite")
+        if hashes and point.rejects_sha256 is not None and committed_rejects_sha256(
+                out_dir, point.rejects_bytes).hexdigest() != point.rejects_sha256:
+            raise OutputError(f"cannot resume {out_dir}: the first {point.rejects_bytes} bytes "
+                              f"of {rejects} ({point.rejects} committed rejects) differ from "
+                              f"what {JOURNAL} recorded (sha256): a line was edited; put the "
+                              "file back (from a copy), or rerun with --overwrite to compute "
+                              "the run again")
+
+
+def committed_rejects_sha256(out_dir: Path, size: int):
+    """A sha256 object fed the first `size` bytes of rejects.jsonl (a writer resuming goes on
+    feeding it what it appends)."""
+    h = hashlib.sha256()
+    if size:
+        with open(Path(out_dir) / REJECTS, "rb") as f:
+            while size > 0 and (chunk := f.read(min(size, 1 << 20))):
+                h.update(chunk)
+                size -= len(chunk)
+    return h
 
 
 def listed_names(paths: list, shown: int = 5) -> str:

@@ -342,8 +342,8 @@ def completed_manifest(out_dir: Path, fingerprint: dict, *, with_model: bool = T
     committed = point.rows if point else 0
     if manifest.status != "completed" or committed != manifest.totals.records_out:
         return None
-    if point is not None:  # refuses a folder changed since (a file missing, rejects cut)
-        check_committed(out_dir, point, hashes=False, shard_dir=shard_dir)
+    if point is not None:  # refuses a folder changed since (a file missing or edited)
+        check_committed(out_dir, point, hashes=True, shard_dir=shard_dir)
     manifest._already_complete = True
     return manifest
 

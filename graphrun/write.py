@@ -28,7 +28,8 @@ import numpy as np
 from graphrun.errors import OutputError
 from graphrun.folder import prepare_out_dir
 from graphrun.journal import (REJECTS, FileInfo, ResumePoint, ShardPlace, append_journal,
-                              check_fresh, fsync_path, read_journal, restore, sha256_file)
+                              check_fresh, committed_rejects_sha256, fsync_path, read_journal,
+                              restore, sha256_file)
 from graphrun.outputs import SINKS, Outputs, shard_suffixes
 from graphrun.outputs.ids import plain
 from graphrun.spec import PipelineSpec
@@ -90,6 +91,8 @@ class ShardWriter:
             check_fresh(self.out_dir, self.suffixes)
         else:
             restore(self.out_dir, resume, self.suffixes)
+        # of rejects.jsonl's bytes so far, for each journal line (restore checked them)
+        self._rejects_hash = committed_rejects_sha256(self.out_dir, point.rejects_bytes)
         self._committer = _Committer(self.out_dir, point, self.tuning, self.shard_dir)
 
     @property
@@ -226,7 +229,7 @@ class ShardWriter:
         self._committer.submit(_Shard(
             number=self._shard, files=files, rows=self._shard_rows, total_rows=self._rows,
             next_index=next_index, read_from=self._batch_start, rejects=self._rejects,
-            rejects_bytes=self._rejects_bytes))
+            rejects_bytes=self._rejects_bytes, rejects_sha256=self._rejects_hash.hexdigest()))
         self._shard += 1
         self._committed_below = next_index
         self._shard_rows = 0
@@ -255,6 +258,7 @@ class ShardWriter:
             except BaseException:
                 self._rejects_failed = True
                 raise
+            self._rejects_hash.update(data)
         self._rejects += len(ready)
         self._rejects_bytes += len(data)
 
@@ -307,6 +311,7 @@ class _Shard:
     read_from: int
     rejects: int  # lines and bytes of rejects.jsonl below next_index, already appended
     rejects_bytes: int
+    rejects_sha256: str
 
 
 class _Committer:
@@ -376,7 +381,8 @@ class _Committer:
                 fsync_path(self.shard_dir)
                 self._digest = append_journal(
                     self.out_dir, shard.number, infos, shard.total_rows, shard.next_index,
-                    shard.rejects_bytes, shard.rejects, shard.read_from, prev=self._digest)
+                    shard.rejects_bytes, shard.rejects, shard.read_from, prev=self._digest,
+                    rejects_sha256=shard.rejects_sha256)
                 with self._lock:
                     self._files += infos
                     self.rows, self.rejects = shard.total_rows, shard.rejects

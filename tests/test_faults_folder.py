@@ -84,6 +84,17 @@ def check_equals_clean(out: Path, clean: Path) -> None:
     assert got["records_in"] == N == got["records_out"] + got["records_rejected"]
     for key in ("records_in", "records_out", "records_rejected"):
         assert got[key] == want[key], key
+    check_rejects_hashed(out)
+
+
+def check_rejects_hashed(out: Path) -> None:
+    """Each journal line holds the sha256 of rejects.jsonl's bytes it commits."""
+    import hashlib
+
+    data = (out / "rejects.jsonl").read_bytes()
+    for raw in (out / "journal.jsonl").read_text().splitlines():
+        line = json.loads(raw)
+        assert line["rejects_sha256"] == hashlib.sha256(data[:line["rejects_bytes"]]).hexdigest()
 
 
 @pytest.fixture
@@ -208,3 +219,42 @@ def test_a_failed_rejects_write_fails_the_run_and_resume_accounts_for_every_reco
     check_equals_clean(out, tmp_path / "clean")
     lines = (out / "rejects.jsonl").read_text().splitlines()
     assert len(lines) == len({json.loads(x)["index"] for x in lines}) == 8  # each once
+
+
+# ---- item: --resume checks the committed files' hashes ---------------------------------------
+
+def flip_a_byte(path: Path, at: int = -3) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))  # same size: only a hash tells
+
+
+def test_resume_of_a_completed_run_catches_a_shard_changed_in_place(job, tmp_path):
+    clean = tmp_path / "clean"
+    before = snapshot(clean)
+    flip_a_byte(clean / "part-00004.scores.npy")
+    result = cli("run", job, "-q", "--resume", "--out", clean)
+    assert result.exit_code == 2, result.output
+    assert "part-00004.scores.npy" in result.output and "sha256" in result.output
+    assert "already complete" not in result.output and "--overwrite" in result.output
+    assert snapshot(clean).keys() == before.keys()  # nothing removed or added
+
+
+@pytest.mark.parametrize("completed", [True, False], ids=["completed", "interrupted"])
+def test_resume_catches_an_edited_committed_reject(job, tmp_path, completed):
+    out = tmp_path / "clean"
+    if not completed:
+        out = tmp_path / "out"
+        interrupted_after(out, tmp_path / "clean", shards=5)
+    rejects = out / "rejects.jsonl"
+    text = rejects.read_text()
+    assert '"id": 7' in text.splitlines()[0]  # committed with the first shard
+    rejects.write_text(text.replace('"id": 7', '"id": 9', 1))  # same size
+    result = cli("run", job, "-q", "--resume", "--out", out)
+    assert result.exit_code == 2, result.output
+    assert "rejects.jsonl" in result.output and "edited" in result.output
+    assert rejects.read_text() == text.replace('"id": 7', '"id": 9', 1)  # kept as it is
+
+
+def test_journal_lines_record_the_committed_rejects_sha256(job, tmp_path):
+    check_rejects_hashed(tmp_path / "clean")
