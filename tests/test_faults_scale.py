@@ -198,3 +198,66 @@ def test_a_resumed_run_still_rejects_a_duplicate_of_a_record_before_its_restart(
     (out / "manifest.json").unlink()
     graphrun.run(graphrun.load_spec(spec), out=out, resume=True)
     check_equals_one_process(out, tmp_path / "one")
+
+
+# ---- item: orphaned workers end when the --gpus parent is killed ---------------------------------
+
+def job_workers(parent: int) -> list[int]:
+    """The pids of the workers the --gpus parent started (from their environment)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if f"GRAPHRUN_JOB_PARENT={parent}".encode() in env and entry.name.isdigit():
+            pids.append(int(entry.name))
+    return pids
+
+
+def running(pid: int) -> bool:
+    """Not ended (an ended process whose new parent does not reap it is a zombie)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
+def test_workers_end_when_the_parent_is_killed_and_resume_completes(tmp_path):
+    n = 1600
+    spec = make_job(tmp_path, "jsonl", n=n, duplicates={})
+    clean = tmp_path / "clean"
+    finish(cli(spec, "--gpus", "2", "--out", clean, "-q"))
+    (tmp_path / "slow").write_text("")
+    out = tmp_path / "job"
+    parent = cli(spec, "--gpus", "2", "--out", out, "-q")
+    deadline = time.monotonic() + 120
+    journals = [out / f"workers/rank-{k}/journal.jsonl" for k in range(2)]
+    while not all(j.exists() and j.read_bytes().count(b"\n") >= 1 for j in journals):
+        assert parent.poll() is None, parent.communicate()
+        assert time.monotonic() < deadline, "the workers made no progress"
+        time.sleep(0.02)
+    workers = job_workers(parent.pid)
+    assert len(workers) == 2
+    parent.kill()
+    parent.communicate()
+    t0 = time.monotonic()
+    while any(running(pid) for pid in workers) and time.monotonic() - t0 < 20:
+        time.sleep(0.1)
+    still = [pid for pid in workers if running(pid)]
+    for pid in still:  # the test's own cleanup: it must not leave them behind
+        os.kill(pid, signal.SIGKILL)
+    assert not still, "orphaned workers did not end"
+    assert len(list(out.glob("part-*.ids.npy"))) < len(list(clean.glob("part-*.ids.npy")))
+
+    (tmp_path / "slow").unlink()
+    finish(cli(spec, "--gpus", "2", "--out", out, "-q", "--resume"))
+    names = sorted(p.name for p in clean.glob("part-*"))
+    assert sorted(p.name for p in out.glob("part-*")) == names
+    for name in names:
+        assert (out / name).read_bytes() == (clean / name).read_bytes(), name
+    assert (out / "rejects.jsonl").read_bytes() == (clean / "rejects.jsonl").read_bytes()
+    totals = json.loads((out / "manifest.json").read_text())["totals"]
+    assert totals["records_in"] == n == totals["records_out"] + totals["records_rejected"]
