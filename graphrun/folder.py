@@ -231,6 +231,10 @@ def prepare_out_dir(out_dir: Path, *, resume: bool, overwrite: bool, fingerprint
     if not out_dir.exists() or not any(out_dir.iterdir()):
         _start(out_dir, fingerprint)
         return None
+    if only_a_first_mark_temp(out_dir):  # nothing to resume, protect or replace: start
+        remove_and_sync(out_dir, list(out_dir.iterdir()))
+        _start(out_dir, fingerprint)
+        return None
     own, foreign = split_entries(out_dir)
     if overwrite:
         if foreign:
@@ -263,6 +267,14 @@ def prepare_out_dir(out_dir: Path, *, resume: bool, overwrite: bool, fingerprint
         remove_and_sync(out_dir, [p for p in own if p.name != RUN_JSON])
         write_fingerprint(out_dir, fingerprint)
     return point
+
+
+def only_a_first_mark_temp(folder: Path) -> bool:
+    """The folder holds only .run.json.tmp, a regular file: what a run killed while it first
+    wrote run.json leaves (before it, the folder was new or empty)."""
+    entries = list(folder.iterdir())
+    return ([p.name for p in entries] == [f".{RUN_JSON}.tmp"] and entries[0].is_file()
+            and not entries[0].is_symlink())
 
 
 def shard_shaped(folder: Path, suffixes: list) -> list[Path]:

@@ -9,8 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from graphrun.errors import OutputError
-from graphrun.folder import (ended_with_nothing_committed, input_inside, read_mark,
-                             shard_shaped, split_entries, write_fingerprint)
+from graphrun.folder import (ended_with_nothing_committed, input_inside,
+                             only_a_first_mark_temp, read_mark, shard_shaped, split_entries,
+                             write_fingerprint)
 from graphrun.journal import listed_names, refuse_foreign, remove_and_sync
 from graphrun.manifest import spec_digest
 from graphrun.outputs import shard_suffixes
@@ -47,6 +48,8 @@ def prepare_job(top: Path, spec, workers: int, *, resume: bool, overwrite: bool,
     if input_inside(top, spec.data.path):
         raise OutputError(f"the output folder {top} holds the input file {spec.data.path}; "
                           "pick another output folder (--out or output.dir)")
+    if top.exists() and only_a_first_mark_temp(top):  # killed as it first wrote run.json
+        remove_and_sync(top, list(top.iterdir()))
     if top.exists() and any(top.iterdir()):
         if resume:
             mark = resumed_mark(top, spec, workers, start, stop)
