@@ -21,7 +21,8 @@ from pathlib import Path
 from graphrun.errors import OutputError
 from graphrun.journal import (JOURNAL, REJECTS, RUN_JSON, InputHash, ResumePoint, ShardPlace,
                               fsync_path, journal_names, listed_names, read_journal,
-                              refuse_foreign, remove_and_sync, shard_number)
+                              remove_and_sync, shard_number)
+from graphrun.folder_guard import only_a_first_mark_temp, refuse_foreign
 from graphrun.scale.layout import WORKERS, is_job, job_shards, workers_entry
 
 MANIFEST = "manifest.json"
@@ -269,17 +270,8 @@ def prepare_out_dir(out_dir: Path, *, resume: bool, overwrite: bool, fingerprint
     return point
 
 
-def only_a_first_mark_temp(folder: Path) -> bool:
-    """The folder holds only .run.json.tmp, a regular file: what a run killed while it first
-    wrote run.json leaves (before it, the folder was new or empty)."""
-    entries = list(folder.iterdir())
-    return ([p.name for p in entries] == [f".{RUN_JSON}.tmp"] and entries[0].is_file()
-            and not entries[0].is_symlink())
-
-
 def shard_shaped(folder: Path, suffixes: list) -> list[Path]:
     """The entries of folder named as a shard or a shard's temp file of these suffixes."""
-    suffixes = [s for s in suffixes if isinstance(s, str)]
     return [p for p in sorted(folder.iterdir()) if shard_number(p.name, suffixes) is not None]
 
 

@@ -17,7 +17,7 @@ An output folder holds, besides the shards (see outputs/ for their names):
                      rows so far, "next_index": input ordinal after the shard's last row,
                      "read_from": first ordinal of the batch holding that row,
                      "rejects_bytes": size of rejects.jsonl then, "rejects": its line count,
-                     "rejects_sha256": sha256 of those bytes (absent in older journals),
+                     "rejects_sha256": of those bytes (absent, or null, in older journals),
                      "sha256": of this line's fields and the previous line's sha256}
     rejects.jsonl   {"index", "id", "where", "reason"} per rejected record.
 
@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from graphrun.errors import InputError, OutputError
+from graphrun.folder_guard import check_rejects_sha256, file_differs, refuse_foreign
 
 JOURNAL = "journal.jsonl"
 REJECTS = "rejects.jsonl"
@@ -244,9 +245,7 @@ def append_journal(out_dir: Path, shard: int, files: list[FileInfo], rows: int,
     """Append a shard's line (durably); returns its checksum, for the next line's `prev`."""
     line = {"shard": shard, "files": [asdict(f) for f in files], "rows": rows,
             "next_index": next_index, "read_from": read_from,
-            "rejects_bytes": rejects_bytes, "rejects": rejects}
-    if rejects_sha256 is not None:
-        line["rejects_sha256"] = rejects_sha256
+            "rejects_bytes": rejects_bytes, "rejects": rejects, "rejects_sha256": rejects_sha256}
     line["sha256"] = line_digest(prev, line)
     append_durably(out_dir / JOURNAL, (json.dumps(line) + "\n").encode())
     return line["sha256"]
@@ -281,8 +280,6 @@ def journal_line(line: dict, before: ResumePoint, first: int) -> ResumePoint:
                               "rejects_bytes")] + [v for f in files for v in (f.rows, f.bytes)]
     if not all(type(v) is int and v >= 0 for v in ints):
         raise ValueError("a count is not a whole number")
-    if not isinstance(line.get("rejects_sha256", ""), str):
-        raise ValueError("its rejects_sha256 is not a digest")
     if line["shard"] != before.shard:
         raise ValueError(f"shard {line['shard']} where shard {before.shard} comes next")
     rows = line["rows"] - before.rows
@@ -337,8 +334,7 @@ def check_fresh(out_dir: Path, suffixes: list[str]) -> None:
         raise OutputError(f"output folder {out_dir} already holds {listed_names(stale)}; pass "
                           "--resume to continue that run or --overwrite to replace it")
     temps = [p for p in out_dir.iterdir() if shard_number(p.name, suffixes, temp=True) is not None]
-    refuse_foreign(out_dir, temps)
-    remove_and_sync(out_dir, temps)
+    remove_and_sync(out_dir, refuse_foreign(out_dir, temps))
 
 
 def restore(out_dir: Path, point: ResumePoint, suffixes: list[str],
@@ -351,8 +347,7 @@ def restore(out_dir: Path, point: ResumePoint, suffixes: list[str],
     # A shard renamed into place whose journal line never landed is not part of the run, nor
     # are temp files; their names are exactly the format's, numbered from the next shard.
     leftovers = [p for p in shard_dir.iterdir() if after.holds(shard_number(p.name, suffixes))]
-    refuse_foreign(shard_dir, leftovers)
-    remove_and_sync(shard_dir, leftovers)
+    remove_and_sync(shard_dir, refuse_foreign(shard_dir, leftovers))
     rejects = out_dir / REJECTS
     if rejects.exists():
         truncate_durably(rejects, point.rejects_bytes)  # rejects past the last commit come again
@@ -371,11 +366,7 @@ def check_committed(out_dir: Path, point: ResumePoint, *, hashes: bool,
                               "missing; rerun with --overwrite")
         size = path.stat().st_size
         if size != info.bytes or (hashes and sha256_file(path) != info.sha256):
-            what = (f"its size ({size} bytes, recorded {info.bytes})" if size != info.bytes
-                    else "its sha256 (same size: changed in place)")
-            raise OutputError(f"cannot resume {out_dir}: {path} differs from what {JOURNAL} "
-                              f"recorded when it was committed, in {what}; put the file back "
-                              "(from a copy), or rerun with --overwrite to compute the run again")
+            raise OutputError(file_differs(out_dir, path, size, info.bytes, JOURNAL))
     rejects = out_dir / REJECTS
     have = rejects.stat().st_size if rejects.exists() else 0
     if have < point.rejects_bytes:
@@ -387,43 +378,13 @@ def check_committed(out_dir: Path, point: ResumePoint, *, hashes: bool,
         if lines != point.rejects:
             raise OutputError(f"cannot resume {out_dir}: {REJECTS} holds {lines} rejects where "
                               f"{JOURNAL} recorded {point.rejects}; rerun with --overwrite")
-        if hashes and point.rejects_sha256 is not None and committed_rejects_sha256(
-                out_dir, point.rejects_bytes).hexdigest() != point.rejects_sha256:
-            raise OutputError(f"cannot resume {out_dir}: the first {point.rejects_bytes} bytes "
-                              f"of {rejects} ({point.rejects} committed rejects) differ from "
-                              f"what {JOURNAL} recorded (sha256): a line was edited; put the "
-                              "file back (from a copy), or rerun with --overwrite to compute "
-                              "the run again")
-
-
-def committed_rejects_sha256(out_dir: Path, size: int):
-    """A sha256 object fed the first `size` bytes of rejects.jsonl (a writer resuming goes on
-    feeding it what it appends)."""
-    h = hashlib.sha256()
-    if size:
-        with open(Path(out_dir) / REJECTS, "rb") as f:
-            while size > 0 and (chunk := f.read(min(size, 1 << 20))):
-                h.update(chunk)
-                size -= len(chunk)
-    return h
+        check_rejects_sha256(out_dir, rejects, point.rejects_bytes, point.rejects,
+                             point.rejects_sha256 if hashes else None, JOURNAL)
 
 
 def listed_names(paths: list, shown: int = 5) -> str:
     text = ", ".join(Path(p).name for p in paths[:shown])
     return text + (f" and {len(paths) - shown} more" if len(paths) > shown else "")
-
-
-def refuse_foreign(folder: Path, paths: list) -> None:
-    """OutputError naming the first of paths that is not a regular file (a folder, a symlink):
-    graphrun writes only regular files, so one shaped like a shard is a user's, and is kept."""
-    for p in map(Path, paths):
-        if p.is_symlink() or not p.is_file():
-            kind = ("a symlink" if p.is_symlink() else "a folder" if p.is_dir()
-                    else "not a regular file")
-            raise OutputError(f"output folder {folder} holds {p.name}, {kind} named like one of "
-                              "graphrun's shard files; graphrun writes and removes only regular "
-                              "files, so it stopped without changing anything: move "
-                              f"{p.name} out of the folder, then run again")
 
 
 def remove_and_sync(out_dir: Path, paths: list[Path]) -> None:

@@ -28,8 +28,8 @@ import numpy as np
 from graphrun.errors import OutputError
 from graphrun.folder import prepare_out_dir
 from graphrun.journal import (REJECTS, FileInfo, ResumePoint, ShardPlace, append_journal,
-                              check_fresh, committed_rejects_sha256, fsync_path, read_journal,
-                              restore, sha256_file)
+                              check_fresh, fsync_path, read_journal, restore, sha256_file)
+from graphrun.folder_guard import rejects_sha256
 from graphrun.outputs import SINKS, Outputs, shard_suffixes
 from graphrun.outputs.ids import plain
 from graphrun.spec import PipelineSpec
@@ -67,9 +67,7 @@ class ShardWriter:
         self._sink = None
         self._row_pool: ThreadPoolExecutor | None = None  # npy rows of big batches
         self._sink_failed = False  # a write into the open shard failed
-        # an append to rejects.jsonl failed: its tail may be torn and a reject lost, so no
-        # later shard may be journaled (its line would count rejects the file does not hold)
-        self._rejects_failed = False
+        self._rejects_failed = False  # an append to rejects.jsonl failed: no later shard commits
         self._shard_rows = 0
         self._closed = False
         self._reported = False  # a commit error was raised to the caller already
@@ -91,8 +89,7 @@ class ShardWriter:
             check_fresh(self.out_dir, self.suffixes)
         else:
             restore(self.out_dir, resume, self.suffixes)
-        # of rejects.jsonl's bytes so far, for each journal line (restore checked them)
-        self._rejects_hash = committed_rejects_sha256(self.out_dir, point.rejects_bytes)
+        self._rejects_hash = rejects_sha256(self.out_dir / REJECTS, point.rejects_bytes)  # so far
         self._committer = _Committer(self.out_dir, point, self.tuning, self.shard_dir)
 
     @property
@@ -185,7 +182,6 @@ class ShardWriter:
             if self._rejects_file is not None:
                 self._rejects_file.close()
         if self._committer.error is not None or self._rejects_failed:
-            # the counts are the journal's: what --resume finds committed
             self._rows, self._rejects = self._committer.rows, self._committer.rejects
             self._pending, self._shard_rows = [], 0
             self._raise_commit_error()
@@ -236,12 +232,7 @@ class ShardWriter:
 
     def _flush_rejects(self, below: int | None) -> None:
         """Append pending rejects with index < below (all when None), in index order. Not
-        durable here: a shard's commit, or close(), fsyncs them. After a failed append nothing
-        more is appended or committed (the run fails; --resume cuts the file back)."""
-        if self._rejects_failed:
-            raise OutputError(f"an earlier write to {self.out_dir / REJECTS} failed; nothing "
-                              "after it is committed: fix the folder, then run again with "
-                              "--resume")
+        durable here: a shard's commit, or close(), fsyncs them; after a failed one, none is."""
         if not self._pending:
             return
         ready = sorted((r for r in self._pending if below is None or r[0] < below),

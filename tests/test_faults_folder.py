@@ -120,7 +120,7 @@ def interrupted_after(out: Path, clean: Path, shards: int) -> None:
             p.unlink()
 
 
-# ---- item: --resume removes only regular files graphrun wrote -----------------------------------
+# ---- --resume removes only regular files graphrun wrote -----------------------------------
 
 @pytest.mark.parametrize("kind", ["folder", "symlink"])
 def test_resume_never_removes_a_users_entry_shaped_like_a_shard(job, tmp_path, kind):
@@ -174,7 +174,7 @@ def test_a_workers_restore_refuses_a_users_folder_too(tmp_path):
     assert (tmp_path / "part-00002.ids.npy").is_dir()
 
 
-# ---- item: a failed append to rejects.jsonl fails its commit -----------------------------------
+# ---- a failed append to rejects.jsonl fails its commit -----------------------------------
 
 class FailingFile:
     """rejects.jsonl opened by the writer: its `fail_at`-th write puts half its bytes on disk
@@ -221,7 +221,7 @@ def test_a_failed_rejects_write_fails_the_run_and_resume_accounts_for_every_reco
     assert len(lines) == len({json.loads(x)["index"] for x in lines}) == 8  # each once
 
 
-# ---- item: --resume checks the committed files' hashes ---------------------------------------
+# ---- --resume checks the committed files' hashes ---------------------------------------
 
 def flip_a_byte(path: Path, at: int = -3) -> None:
     data = bytearray(path.read_bytes())

@@ -158,7 +158,7 @@ def one_process(spec: Path, out: Path) -> list[dict]:
     return rejects
 
 
-# ---- item: duplicate ids across workers' shares ---------------------------------------------------
+# ---- duplicate ids across workers' shares ----------------------------------------------------
 
 @pytest.mark.parametrize("fmt", ["jsonl", "npz"])
 def test_gpus_2_rejects_a_duplicate_whose_copies_are_in_different_shares(tmp_path, fmt):
@@ -200,7 +200,7 @@ def test_a_resumed_run_still_rejects_a_duplicate_of_a_record_before_its_restart(
     check_equals_one_process(out, tmp_path / "one")
 
 
-# ---- item: orphaned workers end when the --gpus parent is killed ---------------------------------
+# ---- orphaned workers end when the --gpus parent is killed ---------------------------------
 
 def job_workers(parent: int) -> list[int]:
     """The pids of the workers the --gpus parent started (from their environment)."""

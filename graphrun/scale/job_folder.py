@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from graphrun.errors import OutputError
-from graphrun.folder import (ended_with_nothing_committed, input_inside,
-                             only_a_first_mark_temp, read_mark, shard_shaped, split_entries,
-                             write_fingerprint)
-from graphrun.journal import listed_names, refuse_foreign, remove_and_sync
+from graphrun.folder import (ended_with_nothing_committed, input_inside, read_mark,
+                             shard_shaped, split_entries, write_fingerprint)
+from graphrun.folder_guard import only_a_first_mark_temp, refuse_foreign
+from graphrun.journal import listed_names, remove_and_sync
 from graphrun.manifest import spec_digest
 from graphrun.outputs import shard_suffixes
 from graphrun.progress import count_records
