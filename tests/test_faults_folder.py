@@ -194,10 +194,12 @@ class FailingFile:
         return getattr(self.real, name)
 
 
-@pytest.mark.parametrize("fail_at", [1, 3, 6])
-@pytest.mark.parametrize("err", [errno.ENOSPC, errno.EIO], ids=["ENOSPC", "EIO"])
+@pytest.mark.parametrize("fail_at, err, overlap", [
+    (1, errno.ENOSPC, False), (3, errno.ENOSPC, False), (6, errno.ENOSPC, False),
+    (1, errno.EIO, False), (3, errno.EIO, False), (6, errno.EIO, False),
+    (3, errno.ENOSPC, True), (6, errno.EIO, True)])  # overlapped: written on the completer
 def test_a_failed_rejects_write_fails_the_run_and_resume_accounts_for_every_record(
-        job, tmp_path, monkeypatch, fail_at, err):
+        job, tmp_path, monkeypatch, fail_at, err, overlap):
     out = tmp_path / "out"
     spec = graphrun.load_spec(job)
 
@@ -206,7 +208,7 @@ def test_a_failed_rejects_write_fails_the_run_and_resume_accounts_for_every_reco
 
     monkeypatch.setattr(graphrun.write, "open", failing_open, raising=False)
     with pytest.raises(OutputError, match="rejects.jsonl|No space|Input/output"):
-        graphrun.run(spec, out=out, overlap=False)
+        graphrun.run(spec, out=out, overlap=overlap)
     monkeypatch.undo()
     assert manifest(out)["status"] == "failed"
     point = read_journal(out)  # the journal passes its own checks: resumable
