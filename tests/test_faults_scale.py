@@ -112,6 +112,13 @@ def make_job(folder: Path, fmt: str, n: int = N, duplicates: dict = DUPLICATES) 
             for i in range(n):
                 row = x[i].tolist()
                 f.write(json.dumps({"id": ids[i], "x": row[:3] if i in BAD else row}) + "\n")
+    elif fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        rows = [x[i].tolist()[:3] if i in BAD else x[i].tolist() for i in range(n)]
+        pq.write_table(pa.table({"id": ids, "x": rows}), folder / "data.parquet",
+                       row_group_size=64)
     else:
         x[sorted(BAD), 0] = np.nan  # bad: NaN with finite: true
         np.savez(folder / "data.npz", x=x, id=np.array([int(i[1:]) for i in ids], np.int64))
@@ -160,7 +167,7 @@ def one_process(spec: Path, out: Path) -> list[dict]:
 
 # ---- duplicate ids across workers' shares ----------------------------------------------------
 
-@pytest.mark.parametrize("fmt", ["jsonl", "npz"])
+@pytest.mark.parametrize("fmt", ["jsonl", "npz", "parquet"])
 def test_gpus_2_rejects_a_duplicate_whose_copies_are_in_different_shares(tmp_path, fmt):
     spec = make_job(tmp_path, fmt)
     one_process(spec, tmp_path / "one")
