@@ -206,7 +206,8 @@ def run_stream(job: RunState, fingerprint: dict, resume_point, start: int, stop,
         # Parquet file, its first row groups decode meanwhile, not while the device waits
         with phase("reader start"):
             job.padding = PaddingCount(spec) if spec.data.group_by_length else None
-            job.reader = ReadAhead(read_batches(spec, start=start, stop=stop,
+            ids_from = job.place.job_start if job.place else fingerprint["slice"][0] or 0
+            job.reader = ReadAhead(read_batches(spec, start=start, stop=stop, ids_from=ids_from,
                                                 tuning=job.tuning, padding=job.padding),
                                    ahead=look_ahead(spec))
         engine = GenerationRunner if spec.generate is not None else Runner

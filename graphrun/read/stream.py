@@ -27,15 +27,18 @@ __all__ = ["Reject", "RecordBatch", "ReadAhead", "read_batches"]
 
 
 def read_batches(spec: PipelineSpec, *, start: int = 0, stop: int | None = None,
-                 tuning: Tuning | None = None, padding: PaddingCount | None = None
-                 ) -> Iterator[RecordBatch]:
+                 tuning: Tuning | None = None, padding: PaddingCount | None = None,
+                 ids_from: int | None = None) -> Iterator[RecordBatch]:
     """Batches of spec.data.batch_size valid records (the last may be smaller) from the records
     with ordinals in [start, stop). Each batch carries the rejects met before its last record, so
     records and rejects come out in file order; a batch may hold only rejects. With
     on_bad_record: error the first bad record raises InputError (after the full batches before
     it). tuning: the reader's threads and chunk sizes (default: Tuning.from_machine()). With
     data.group_by_length the batches of each window come in length order (grouping.py);
-    padding, if given, counts what that saved."""
+    padding, if given, counts what that saved. ids_from: the first ordinal of the job (or of
+    the slice) when reading starts past it (a worker's share, a resumed run): the ids that one
+    process reading from there would have seen by `start` count as seen, so a duplicate of an
+    earlier share's record is rejected here as one process rejects it."""
     if start < 0 or (stop is not None and stop < start):
         raise ValueError(f"need 0 <= start <= stop (got start={start}, stop={stop})")
     tuning = tuning or Tuning.from_machine()
@@ -43,6 +46,11 @@ def read_batches(spec: PipelineSpec, *, start: int = 0, stop: int | None = None,
     if not Path(spec.data.path).is_file():
         raise InputError("input file not found", where=str(spec.data.path))
     checker = RecordChecker(spec)
+    if ids_from is not None and ids_from < start and spec.data.id_field:
+        # the records before start are another worker's (or committed before a resume):
+        # checked again only for the ids one process would remember by now
+        for chunk in reader.chunks(ids_from, start):
+            checker.check(chunk)
     # a reader's chunk is Candidates, or Prechecked on another thread (Parquet's decoding pool):
     # this thread then only checks its ids for duplicates and cuts it into batches
     checked = (checker.check(c) for c in reader.chunks(start, stop))

@@ -21,8 +21,9 @@ from pathlib import Path
 from graphrun.base.errors import OutputError
 from graphrun.manifest.keys import Manifest
 from graphrun.write.journal import (JOURNAL, REJECTS, RUN_JSON, InputHash, ResumePoint, ShardPlace,
-                                    fsync_path, journal_names, listed_names, read_journal,
-                                    remove_and_sync, shard_number, check_committed)
+                                    check_committed, fsync_path, journal_names, listed_names,
+                                    read_journal, remove_and_sync, shard_number)
+from graphrun.write.guard import only_a_first_mark_temp, refuse_foreign
 from graphrun.write.job_layout import WORKERS, is_job, job_shards, workers_entry
 
 MANIFEST = "manifest.json"
@@ -232,6 +233,10 @@ def prepare_out_dir(out_dir: Path, *, resume: bool, overwrite: bool, fingerprint
     if not out_dir.exists() or not any(out_dir.iterdir()):
         _start(out_dir, fingerprint)
         return None
+    if only_a_first_mark_temp(out_dir):  # nothing to resume, protect or replace: start
+        remove_and_sync(out_dir, list(out_dir.iterdir()))
+        _start(out_dir, fingerprint)
+        return None
     own, foreign = split_entries(out_dir)
     if overwrite:
         if foreign:
@@ -254,6 +259,8 @@ def prepare_out_dir(out_dir: Path, *, resume: bool, overwrite: bool, fingerprint
             return None
         raise OutputError(f"output folder {out_dir} exists and holds a run; pass --resume to "
                           "continue it or --overwrite to replace it")
+    # before anything is written: restore would have to remove a user's entry to go on
+    refuse_foreign(out_dir, shard_shaped(out_dir, fingerprint.get("shards") or []))
     if _check_fingerprint(out_dir, fingerprint, model or {}, accept_model_change):
         write_fingerprint(out_dir, fingerprint)  # later resumes compare with the new model
     point = read_journal(out_dir, _first(fingerprint), first_shard(fingerprint))
@@ -262,6 +269,11 @@ def prepare_out_dir(out_dir: Path, *, resume: bool, overwrite: bool, fingerprint
         remove_and_sync(out_dir, [p for p in own if p.name != RUN_JSON])
         write_fingerprint(out_dir, fingerprint)
     return point
+
+
+def shard_shaped(folder: Path, suffixes: list) -> list[Path]:
+    """The entries of folder named as a shard or a shard's temp file of these suffixes."""
+    return [p for p in sorted(folder.iterdir()) if shard_number(p.name, suffixes) is not None]
 
 
 def _start(out_dir: Path, fingerprint: dict) -> None:
@@ -410,6 +422,6 @@ def completed_manifest(out_dir: Path, fingerprint: dict, *, with_model: bool = T
     committed = point.rows if point else 0
     if manifest.status != "completed" or committed != manifest.totals.records_out:
         return None
-    if point is not None:  # refuses a folder changed since (a file missing, rejects cut)
-        check_committed(out_dir, point, hashes=False, shard_dir=shard_dir)
+    if point is not None:  # refuses a folder changed since (a file missing or edited)
+        check_committed(out_dir, point, hashes=True, shard_dir=shard_dir)
     return manifest.found_complete()

@@ -17,6 +17,7 @@ An output folder holds, besides the shards (see outputs/ for their names):
                      rows so far, "next_index": input ordinal after the shard's last row,
                      "read_from": first ordinal of the batch holding that row,
                      "rejects_bytes": size of rejects.jsonl then, "rejects": its line count,
+                     "rejects_sha256": of those bytes (absent, or null, in older journals),
                      "sha256": of this line's fields and the previous line's sha256}
     rejects.jsonl   {"index", "id", "where", "reason"} per rejected record.
 
@@ -45,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from graphrun.base.errors import InputError, OutputError
+from graphrun.write.guard import check_rejects_sha256, file_differs, refuse_foreign
 
 JOURNAL = "journal.jsonl"
 REJECTS = "rejects.jsonl"
@@ -82,6 +84,7 @@ class ShardPlace:
     folder: Path
     first: int = 0
     end: int | None = None
+    job_start: int = 0  # the job's first input ordinal: ids from there on count as seen
 
     def holds(self, number: int | None) -> bool:
         return number is not None and self.first <= number < (self.end if self.end is not None
@@ -104,6 +107,7 @@ class ResumePoint:
     # next_index that this re-reads are dropped by the writer.
     read_from: int | None = None
     digest: str = ""  # the last journal line's checksum; the next line's chains on it
+    rejects_sha256: str | None = None  # of rejects.jsonl's committed bytes; None: not recorded
 
     @property
     def start(self) -> int:
@@ -237,11 +241,11 @@ def line_digest(prev: str, line: dict) -> str:
 
 def append_journal(out_dir: Path, shard: int, files: list[FileInfo], rows: int,
                    next_index: int, rejects_bytes: int, rejects: int, read_from: int,
-                   prev: str = "") -> str:
+                   prev: str = "", rejects_sha256: str | None = None) -> str:
     """Append a shard's line (durably); returns its checksum, for the next line's `prev`."""
     line = {"shard": shard, "files": [asdict(f) for f in files], "rows": rows,
             "next_index": next_index, "read_from": read_from,
-            "rejects_bytes": rejects_bytes, "rejects": rejects}
+            "rejects_bytes": rejects_bytes, "rejects": rejects, "rejects_sha256": rejects_sha256}
     line["sha256"] = line_digest(prev, line)
     append_durably(out_dir / JOURNAL, (json.dumps(line) + "\n").encode())
     return line["sha256"]
@@ -294,7 +298,7 @@ def journal_line(line: dict, before: ResumePoint, first: int) -> ResumePoint:
     return ResumePoint(next_index=line["next_index"], shard=line["shard"] + 1, rows=line["rows"],
                        rejects=line["rejects"], rejects_bytes=line["rejects_bytes"],
                        files=before.files + files, read_from=line["read_from"],
-                       digest=line["sha256"])
+                       digest=line["sha256"], rejects_sha256=line.get("rejects_sha256"))
 
 
 def journal_names(out_dir: Path) -> tuple[set[str], int]:
@@ -329,8 +333,8 @@ def check_fresh(out_dir: Path, suffixes: list[str]) -> None:
     if stale:
         raise OutputError(f"output folder {out_dir} already holds {listed_names(stale)}; pass "
                           "--resume to continue that run or --overwrite to replace it")
-    remove_and_sync(out_dir, [p for p in out_dir.iterdir()
-                              if shard_number(p.name, suffixes, temp=True) is not None])
+    temps = [p for p in out_dir.iterdir() if shard_number(p.name, suffixes, temp=True) is not None]
+    remove_and_sync(out_dir, refuse_foreign(out_dir, temps))
 
 
 def restore(out_dir: Path, point: ResumePoint, suffixes: list[str],
@@ -342,8 +346,8 @@ def restore(out_dir: Path, point: ResumePoint, suffixes: list[str],
     check_committed(out_dir, point, hashes=True, shard_dir=shard_dir)
     # A shard renamed into place whose journal line never landed is not part of the run, nor
     # are temp files; their names are exactly the format's, numbered from the next shard.
-    remove_and_sync(shard_dir, [p for p in shard_dir.iterdir()
-                                if after.holds(shard_number(p.name, suffixes))])
+    leftovers = [p for p in shard_dir.iterdir() if after.holds(shard_number(p.name, suffixes))]
+    remove_and_sync(shard_dir, refuse_foreign(shard_dir, leftovers))
     rejects = out_dir / REJECTS
     if rejects.exists():
         truncate_durably(rejects, point.rejects_bytes)  # rejects past the last commit come again
@@ -353,17 +357,16 @@ def restore(out_dir: Path, point: ResumePoint, suffixes: list[str],
 def check_committed(out_dir: Path, point: ResumePoint, *, hashes: bool,
                     shard_dir: Path | None = None) -> None:
     """The files the journal lists are there (in shard_dir, default out_dir), of their size
-    (and sha256, with hashes), and rejects.jsonl holds the rejects it recorded; else
-    OutputError. Without hashes it reads only rejects.jsonl (a completed run's --resume, which
-    rewrites nothing)."""
+    (and sha256, with hashes), and rejects.jsonl holds the rejects it recorded (and, with
+    hashes, their sha256 where the journal has it); else OutputError naming the file."""
     for info in point.files:
         path = (shard_dir or out_dir) / info.path
         if not path.is_file():
             raise OutputError(f"cannot resume {out_dir}: {info.path} is listed in {JOURNAL} but "
                               "missing; rerun with --overwrite")
-        if path.stat().st_size != info.bytes or (hashes and sha256_file(path) != info.sha256):
-            raise OutputError(f"cannot resume {out_dir}: {info.path} differs from what {JOURNAL} "
-                              "recorded (sha256); rerun with --overwrite")
+        size = path.stat().st_size
+        if size != info.bytes or (hashes and sha256_file(path) != info.sha256):
+            raise OutputError(file_differs(out_dir, path, size, info.bytes, JOURNAL))
     rejects = out_dir / REJECTS
     have = rejects.stat().st_size if rejects.exists() else 0
     if have < point.rejects_bytes:
@@ -375,6 +378,8 @@ def check_committed(out_dir: Path, point: ResumePoint, *, hashes: bool,
         if lines != point.rejects:
             raise OutputError(f"cannot resume {out_dir}: {REJECTS} holds {lines} rejects where "
                               f"{JOURNAL} recorded {point.rejects}; rerun with --overwrite")
+        check_rejects_sha256(out_dir, rejects, point.rejects_bytes, point.rejects,
+                             point.rejects_sha256 if hashes else None, JOURNAL)
 
 
 def listed_names(paths: list, shown: int = 5) -> str:

@@ -29,6 +29,7 @@ from graphrun.base.errors import OutputError
 from graphrun.write.folder import prepare_out_dir
 from graphrun.write.journal import (REJECTS, FileInfo, ResumePoint, ShardPlace, append_journal,
                                     check_fresh, fsync_path, read_journal, restore, sha256_file)
+from graphrun.write.guard import rejects_sha256
 from graphrun.write.sinks import SINKS, Outputs, shard_suffixes
 from graphrun.write.sinks.ids import plain
 from graphrun.spec.keys import PipelineSpec
@@ -66,6 +67,7 @@ class ShardWriter:
         self._sink = None
         self._row_pool: ThreadPoolExecutor | None = None  # npy rows of big batches
         self._sink_failed = False  # a write into the open shard failed
+        self._rejects_failed = False  # an append to rejects.jsonl failed: no later shard commits
         self._shard_rows = 0
         self._closed = False
         self._reported = False  # a commit error was raised to the caller already
@@ -87,6 +89,7 @@ class ShardWriter:
             check_fresh(self.out_dir, self.suffixes)
         else:
             restore(self.out_dir, resume, self.suffixes)
+        self._rejects_hash = rejects_sha256(self.out_dir / REJECTS, point.rejects_bytes)  # so far
         self._committer = _Committer(self.out_dir, point, self.tuning, self.shard_dir)
 
     @property
@@ -164,7 +167,7 @@ class ShardWriter:
             return self._committer.files()
         self._closed = True
         try:
-            if self._committer.error is None:
+            if self._committer.error is None and not self._rejects_failed:
                 if self._shard_rows and partial and not self._sink_failed:
                     self._hand_over()
                 self._flush_rejects(below=None if partial else self._committed_below)
@@ -178,9 +181,9 @@ class ShardWriter:
             self._committer.close()
             if self._rejects_file is not None:
                 self._rejects_file.close()
-        if self._committer.error is not None:
+        if self._committer.error is not None or self._rejects_failed:
             self._rows, self._rejects = self._committer.rows, self._committer.rejects
-            self._pending = []
+            self._pending, self._shard_rows = [], 0
             self._raise_commit_error()
             return self._committer.files()
         if (self.out_dir / REJECTS).exists():
@@ -222,14 +225,14 @@ class ShardWriter:
         self._committer.submit(_Shard(
             number=self._shard, files=files, rows=self._shard_rows, total_rows=self._rows,
             next_index=next_index, read_from=self._batch_start, rejects=self._rejects,
-            rejects_bytes=self._rejects_bytes))
+            rejects_bytes=self._rejects_bytes, rejects_sha256=self._rejects_hash.hexdigest()))
         self._shard += 1
         self._committed_below = next_index
         self._shard_rows = 0
 
     def _flush_rejects(self, below: int | None) -> None:
         """Append pending rejects with index < below (all when None), in index order. Not
-        durable here: a shard's commit, or close(), fsyncs them."""
+        durable here: a shard's commit, or close(), fsyncs them; after a failed one, none is."""
         if not self._pending:
             return
         ready = sorted((r for r in self._pending if below is None or r[0] < below),
@@ -237,11 +240,16 @@ class ShardWriter:
         self._pending = [r for r in self._pending if below is not None and r[0] >= below]
         data = b"".join(line for _, line in ready)
         if data:
-            if self._rejects_file is None:
-                self._rejects_file = open(self.out_dir / REJECTS, "ab", buffering=0)
             view = memoryview(data)
-            while view:  # all of it reaches the file before the caller goes on
-                view = view[self._rejects_file.write(view):]
+            try:
+                if self._rejects_file is None:
+                    self._rejects_file = open(self.out_dir / REJECTS, "ab", buffering=0)
+                while view:  # all of it reaches the file before the caller goes on
+                    view = view[self._rejects_file.write(view):]
+            except BaseException:
+                self._rejects_failed = True
+                raise
+            self._rejects_hash.update(data)
         self._rejects += len(ready)
         self._rejects_bytes += len(data)
 
@@ -296,6 +304,7 @@ class _Shard:
     read_from: int
     rejects: int  # lines and bytes of rejects.jsonl below next_index, already appended
     rejects_bytes: int
+    rejects_sha256: str
 
 
 class _Committer:
@@ -365,7 +374,8 @@ class _Committer:
                 fsync_path(self.shard_dir)
                 self._digest = append_journal(
                     self.out_dir, shard.number, infos, shard.total_rows, shard.next_index,
-                    shard.rejects_bytes, shard.rejects, shard.read_from, prev=self._digest)
+                    shard.rejects_bytes, shard.rejects, shard.read_from, prev=self._digest,
+                    rejects_sha256=shard.rejects_sha256)
                 with self._lock:
                     self._files += infos
                     self.rows, self.rejects = shard.total_rows, shard.rejects

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 
 import numpy as np
 
@@ -133,8 +134,11 @@ def _parse_line(line: bytes) -> tuple[object, str]:
     except UnicodeDecodeError as e:
         return None, truncated if last else (
             f"invalid UTF-8 (byte 0x{line[e.start]:02x} at byte {e.start + 1} of the line)")
-    except ValueError as e:
+    except json.JSONDecodeError as e:
         return None, truncated if last else f"invalid JSON: {e.msg} (column {e.colno})"
+    except ValueError:  # Python's limit on an integer's digits (sys.get_int_max_str_digits)
+        return None, (f"a number of more than {sys.get_int_max_str_digits()} digits, "
+                      "longer than Python reads: not a record")
 
 
 def _json_kind(value) -> str:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from graphrun.base.errors import OutputError
 from graphrun.write.folder import (ended_with_nothing_committed, input_inside, read_mark,
-                                   split_entries, write_fingerprint)
+                                   shard_shaped, split_entries, write_fingerprint)
+from graphrun.write.guard import only_a_first_mark_temp, refuse_foreign
 from graphrun.write.journal import listed_names, remove_and_sync
 from graphrun.manifest.keys import spec_digest
 from graphrun.write.sinks import shard_suffixes
@@ -47,9 +48,13 @@ def prepare_job(top: Path, spec, workers: int, *, resume: bool, overwrite: bool,
     if input_inside(top, spec.data.path):
         raise OutputError(f"the output folder {top} holds the input file {spec.data.path}; "
                           "pick another output folder (--out or output.dir)")
+    if top.exists() and only_a_first_mark_temp(top):  # killed as it first wrote run.json
+        remove_and_sync(top, list(top.iterdir()))
     if top.exists() and any(top.iterdir()):
         if resume:
             mark = resumed_mark(top, spec, workers, start, stop)
+            # before anything is removed: a worker's restore would have to remove a user's entry
+            refuse_foreign(top, shard_shaped(top, mark.get("shards") or []))
             # an earlier attempt's progress, and its input hash: this one hashes the input anew
             stale = [progress_file(top, k) for k in range(workers)] + [digest_file(top)]
             remove_and_sync(top, [p for p in stale if p.exists()])

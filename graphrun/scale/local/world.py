@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 import os
 import signal
+import threading
+import time
 from dataclasses import dataclass
 
 from graphrun.base import envs
@@ -92,20 +94,42 @@ def worker_cores(local_size: int) -> int:
     return max(1, usable_cores() // local_size)
 
 
-def watch_parent(world: World) -> None:
-    """A launched worker ends (SIGTERM: it commits and stops) when its parent dies, instead of
-    running on unwatched (Linux; elsewhere the parent's end is not noticed)."""
+def watch_parent(world: World, poll_s: float = 0.2, grace_s: float | None = None) -> None:
+    """A launched worker ends when its parent dies, instead of running on unwatched, holding
+    the folder's lock: PR_SET_PDEATHSIG sends it SIGTERM (Linux: it commits and stops), and a
+    watchdog thread (everywhere) sees os.getppid() change, sends SIGTERM itself where prctl is
+    missing, and ends the process at once if the stop has not ended it within grace_s (a stop
+    that hangs must not keep the lock from --resume; what is journaled is intact, as after
+    kill -9)."""
     if world.parent is None:
         return
+    grace_s = ORPHAN_GRACE_S if grace_s is None else grace_s
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        signalled = True
     except (OSError, AttributeError):
-        return
+        signalled = False
+    threading.Thread(target=_orphan_watchdog, args=(world.parent, poll_s, grace_s, signalled),
+                     name="graphrun-parent-watch", daemon=True).start()
     if os.getppid() != world.parent:  # it died before prctl took effect
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+# How long an orphaned worker's own stop (the batch in flight, its commits) may take before
+# the watchdog ends the process.
+ORPHAN_GRACE_S = 5.0
+
+
+def _orphan_watchdog(parent: int, poll_s: float, grace_s: float, signalled: bool) -> None:
+    while os.getppid() == parent:
+        time.sleep(poll_s)
+    if not signalled:  # no PR_SET_PDEATHSIG here: the stop it would have started
+        os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(grace_s)
+    os._exit(128 + signal.SIGTERM)  # still here: the stop hung; the kernel frees the lock
 
 
 def alive(pid: int) -> bool:

@@ -1,0 +1,50 @@
+"""Messages that sent the user in circles, and a record that raised instead of being rejected
+(issue 28): a folder left with only .run.json.tmp simply starts; a JSONL integer longer than
+Python reads is one rejected record."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from click.testing import CliRunner
+
+from graphrun.cli.main import main
+from tests.test_faults_folder import make_job, manifest
+
+
+def cli(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_a_folder_with_only_a_first_run_json_temp_simply_starts(tmp_path):
+    # What a kill -9 while the first run.json is written leaves: nothing committed, nothing
+    # of the user's; a plain run was sent to --resume, and --resume to --overwrite.
+    spec = make_job(tmp_path, n=40)
+    for extra in ([], ["--resume"]):
+        out = tmp_path / f"out{len(extra)}"
+        out.mkdir()
+        (out / ".run.json.tmp").write_text('{"spec_sha')
+        result = cli("run", spec, "-q", "--out", out, *extra)
+        assert result.exit_code == 0, result.output
+        assert manifest(out)["status"] == "completed" and not (out / ".run.json.tmp").exists()
+        assert manifest(out)["totals"]["records_in"] == 40
+
+
+def test_a_jsonl_integer_longer_than_python_reads_is_one_rejected_record(tmp_path):
+    spec = make_job(tmp_path, n=40)
+    lines = (tmp_path / "data.jsonl").read_text().splitlines()
+    digits = "9" * (sys.get_int_max_str_digits() + 1)
+    lines[3] = '{"id": 3, "x": [%s, 1, 2, 3]}' % digits
+    lines[4] = '{"id": %s, "x": [1, 1, 2, 3]}' % digits
+    (tmp_path / "data.jsonl").write_text("\n".join(lines) + "\n")
+    result = cli("run", spec, "-q")
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+    rejects = [json.loads(x) for x in (tmp_path / "out/rejects.jsonl").read_text().splitlines()]
+    long = [r for r in rejects if "digits" in r["reason"]]
+    assert [r["index"] for r in long] == [3, 4]
+    assert all(r["where"].endswith(f"data.jsonl:{r['index'] + 1}") for r in long), long
+    assert f"more than {sys.get_int_max_str_digits()} digits" in long[0]["reason"]
+    t = manifest(tmp_path / "out")["totals"]
+    assert t["records_in"] == 40 == t["records_out"] + t["records_rejected"]
