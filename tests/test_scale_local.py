@@ -159,7 +159,7 @@ def check_equals_one_process(out: Path, one: Path) -> dict:
 COUNT_HASHES = """\
 import os
 
-from graphrun.write.shards import journal
+from graphrun.write import journal
 
 _init = journal.InputHash.__init__
 
@@ -299,7 +299,7 @@ def test_weights_hashed_once_and_resume_after_they_changed_is_refused(job, tmp_p
 def test_a_failed_hash_in_the_parent_fails_the_job_clearly(job, tmp_path, monkeypatch):
     """The --gpus parent (this process) cannot hash the input: its workers end with its
     error instead of waiting, and the job fails naming it."""
-    from graphrun.write.shards import journal
+    from graphrun.write import journal
     from graphrun.scale.local.workers import launch
 
     def failing_hash(self):
