@@ -565,7 +565,9 @@ def main(argv: list[str] | None = None) -> int:
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     peak = args.peak_bandwidth or next((v for k, v in PEAK_BANDWIDTH.items()
                                         if gpu and k in gpu), None)
-    max_positions = args.max_len + max(args.new_tokens, args.fixed_prompt + args.new_tokens)
+    # graphrun's last prompt bucket rounds the longest prompt up to a bucket value
+    widest = next(s for s in SEQ_BUCKETS + [args.max_len] if s >= args.max_len)
+    max_positions = widest + max(args.new_tokens, args.fixed_prompt + args.new_tokens)
     env = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "gpu": gpu, "device": str(device),
            "torch": torch.__version__, "dtype": dtype_name, "cuda": torch.version.cuda,
            "transformers": __import__("transformers").__version__, "commit": _commit(),
