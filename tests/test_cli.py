@@ -132,7 +132,7 @@ def test_schema_in_a_checkout_rewrites_that_checkout_only(tmp_path, monkeypatch)
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "graphrun"\n')
     (tmp_path / "docs").mkdir()
     page = tmp_path / "docs" / "spec.md"
-    page.write_text(f"top\n{schemas.REF_START}\nold\n{schemas.REF_END}\n")
+    page.write_text(f"top\n{schemas.REF_START}\nOLD TABLE\n{schemas.REF_END}\n")
     (tmp_path / "README.md").write_text("readme\n")
     (tmp_path / "sub").mkdir()
     monkeypatch.chdir(tmp_path / "sub")
@@ -142,7 +142,7 @@ def test_schema_in_a_checkout_rewrites_that_checkout_only(tmp_path, monkeypatch)
     assert cli("schema").exit_code == 0
     assert json.loads((tmp_path / "schemas" / "pipeline.schema.json").read_text())["title"]
     assert "`capture.verify.rtol`" in page.read_text()
-    assert page.read_text().startswith("top\n") and "old" not in page.read_text()
+    assert page.read_text().startswith("top\n") and "OLD TABLE" not in page.read_text()
     assert (tmp_path / "README.md").read_text() == "readme\n"
     assert cli("schema", "--check").output.strip() == "schemas are current"
     page.write_text(page.read_text().replace("`capture.verify.rtol`", "`gone`"))
