@@ -381,7 +381,8 @@ def bench_model(case: Case, args, cuda: bool, device, tmp: Path, res: Results) -
 
 def handwritten(model, case, np_sets, model_dtypes, f32_dtypes, device, ref, b, iters, warmup,
                 rows):
-    """The seed article's loop, as written there (shared/seeds/): nothing from graphrun."""
+    """The hand-written capture-and-replay loop (benchmarks/README.md, variant b): nothing
+    from graphrun."""
     sets = host_sets(np_sets, model_dtypes, True)
     static_in = {n: torch.empty(t.shape, dtype=t.dtype, device=device) for n, t in sets[0].items()}
     for n, t in sets[0].items():

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Everything the GPU machine checks, in one call (its time is scarce: GPU.md). Run from the
-# project root on the H200, after the line ../shared/gpu/fetch-wheels.sh prints, with
-# EXTRA="orjson==3.13.0 py-spy" so that JSONL parses as users' installs do and the GIL
-# profile runs. Reports go to $OUT (default ./gpu-out):
+# Everything a GPU machine checks, in one call. Run from the project root on a CUDA machine
+# with graphrun installed (`pip install -e ".[test]" orjson py-spy`: orjson so that JSONL parses
+# as users' installs do, py-spy for the GIL profile; see benchmarks/README.md).
+# Reports go to $OUT (default ./gpu-out):
 #   cuda-tests.txt   pytest -m cuda
 #   datapath.md      bench_datapath.py, every format (MLP JSONL: 50,000 records), the
 #                    median of 3 overlapped runs

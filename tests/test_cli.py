@@ -85,7 +85,7 @@ def test_rerun_into_the_same_folder_is_refused_then_overwrite_works(write_spec, 
     assert "pick one" in cli("run", spec, "--resume", "--overwrite").output
 
 
-def test_schema_check_passes_on_the_checked_in_schemas_and_readme():
+def test_schema_check_passes_on_the_checked_in_schemas_and_spec_page():
     result = cli("schema", "--check")
     assert result.exit_code == 0, result.output
 
@@ -130,7 +130,10 @@ def test_schema_in_a_checkout_rewrites_that_checkout_only(tmp_path, monkeypatch)
     (tmp_path / "graphrun" / "spec").mkdir(parents=True)
     (tmp_path / "graphrun" / "spec" / "keys.py").write_text("")
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "graphrun"\n')
-    (tmp_path / "README.md").write_text(f"top\n{schemas.REF_START}\nold\n{schemas.REF_END}\n")
+    (tmp_path / "docs").mkdir()
+    page = tmp_path / "docs" / "spec.md"
+    page.write_text(f"top\n{schemas.REF_START}\nOLD TABLE\n{schemas.REF_END}\n")
+    (tmp_path / "README.md").write_text("readme\n")
     (tmp_path / "sub").mkdir()
     monkeypatch.chdir(tmp_path / "sub")
     refused = cli("schema")  # the checkout is not the graphrun running
@@ -138,8 +141,13 @@ def test_schema_in_a_checkout_rewrites_that_checkout_only(tmp_path, monkeypatch)
     monkeypatch.setattr(schemas, "PACKAGE_DIR", tmp_path / "graphrun")
     assert cli("schema").exit_code == 0
     assert json.loads((tmp_path / "schemas" / "pipeline.schema.json").read_text())["title"]
-    assert "`capture.verify.rtol`" in (tmp_path / "README.md").read_text()
+    assert "`capture.verify.rtol`" in page.read_text()
+    assert page.read_text().startswith("top\n") and "OLD TABLE" not in page.read_text()
+    assert (tmp_path / "README.md").read_text() == "readme\n"
     assert cli("schema", "--check").output.strip() == "schemas are current"
+    page.write_text(page.read_text().replace("`capture.verify.rtol`", "`gone`"))
+    stale = cli("schema", "--check")
+    assert stale.exit_code == 1 and "spec.md" in stale.output
 
 
 def test_debug_is_accepted_after_the_verb(write_spec):
@@ -179,13 +187,13 @@ def test_progress_lines_give_rate_and_eta():
     assert ProgressLines(None, out).line(1.0) == "graphrun: 0 records, 0 records/s"
 
 
-def test_readme_spec_reference_lists_every_key():
-    from graphrun.manifest.schema import spec_reference
+def test_spec_page_lists_every_key():
+    from graphrun.manifest.schema import SPEC_PAGE, spec_reference
 
-    readme = (ROOT / "README.md").read_text()
-    assert spec_reference() in readme
+    page = (ROOT / SPEC_PAGE).read_text()
+    assert spec_reference() in page
     for key in ("capture.verify.rtol", "data.on_bad_record", "inputs.<name>.range"):
-        assert f"`{key}`" in readme
+        assert f"`{key}`" in page
 
 
 def test_summary_table_fits_80_columns_and_names_every_bucket(write_spec, tmp_path, capsys,

@@ -1,8 +1,8 @@
 """The report in a real browser (Chromium driven by Playwright): no console error, no request
 leaving the file, every chart drawn; a screenshot is saved.
 
-Skipped where Chromium or Playwright is absent (.ci/run installs both). To refresh the README's
-screenshot: GRAPHRUN_SCREENSHOT=docs/report.png pytest tests/test_report_browser.py
+Skipped where Chromium or Playwright is absent (.ci/run installs both). To refresh the
+screenshot in docs/experiments.md: GRAPHRUN_SCREENSHOT=docs/report.png pytest tests/test_report_browser.py
 """
 
 from __future__ import annotations

@@ -230,7 +230,7 @@ def _load(spec) -> int:
               help="Write (or --check) KIND.schema.json in this folder, nothing else.")
 def schema(kind, check, to_stdout, out) -> None:
     """Print a JSON schema (--stdout), write it where --out says, or, run from inside a graphrun
-    source checkout, rewrite (or --check) its schemas/ and its README's spec reference."""
+    source checkout, rewrite (or --check) its schemas/ and the key table of its docs/spec.md."""
     from graphrun.manifest.schema import render
 
     if to_stdout:
@@ -262,17 +262,17 @@ def schema(kind, check, to_stdout, out) -> None:
 
 def _schema_targets(kinds, out: Path | None) -> list[tuple[Path, str]]:
     """(file, text) to write: in --out, or in the checkout the working directory is in."""
-    from graphrun.manifest.schema import (checkout_root, path_of, readme_with_reference, render,
-                                          runs_from)
+    from graphrun.manifest.schema import (SPEC_PAGE, checkout_root, path_of, render, runs_from,
+                                          with_spec_reference)
 
     if out is not None:
         return [(path_of(k, out), render(k)) for k in kinds]
     root = checkout_root(Path.cwd())
     if root is None:
         fail(GraphrunError(
-            f"{Path.cwd()} is not inside a graphrun source checkout, whose schemas/ and README "
-            "this would rewrite: to write the schemas here, pass --out . ; to print one, "
-            "--stdout (e.g. graphrun schema --stdout > pipeline.schema.json)"))
+            f"{Path.cwd()} is not inside a graphrun source checkout, whose schemas/ and "
+            "docs/spec.md this would rewrite: to write the schemas here, pass --out . ; to "
+            "print one, --stdout (e.g. graphrun schema --stdout > pipeline.schema.json)"))
     if not runs_from(root):
         import graphrun
 
@@ -281,9 +281,9 @@ def _schema_targets(kinds, out: Path | None) -> list[tuple[Path, str]]:
             f"({root / 'graphrun'}), so its schemas would not describe that code: run "
             f"`python3 -m graphrun schema` from {root}, or pass --out"))
     targets = [(path_of(k, root / "schemas"), render(k)) for k in kinds]
-    readme = root / "README.md"
-    if "pipeline" in kinds and readme.is_file():
-        targets.append((readme, readme_with_reference(readme.read_text())))
+    page = root / SPEC_PAGE
+    if "pipeline" in kinds and page.is_file():
+        targets.append((page, with_spec_reference(page.read_text())))
     return targets
 
 

@@ -1,9 +1,8 @@
 """The pipeline spec, version 1: the single source of truth for keys, defaults and docs.
 
-schemas/pipeline.schema.json and the README's spec reference are generated from these models.
-Per-field rules live here (the generate: section's in spec_generate.py); rules that tie several
-keys together live in spec_checks.py, and YAML loading with line/column tracking in
-spec_load.py.
+schemas/pipeline.schema.json and docs/spec.md's key table are generated from these models.
+Per-field rules live here (the generate: section's in spec/generate.py); rules that tie several
+keys together live in spec/rules.py, and YAML loading with line/column tracking in spec/load.py.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ Dim = Union[Size, str]
 # A bucket axis: a list of sizes, or "auto". The discriminator keeps a bad list's error to the
 # list's own (not a second "or it must be 'auto'"); the tags are the ones spec_load drops.
 class _BucketKind:
-    """The discriminator; its repr names it stably in the README's generated spec reference."""
+    """The discriminator; its repr names it stably in docs/spec.md's generated key table."""
 
     def __call__(self, v: Any) -> str:
         return "str" if isinstance(v, str) else "list[int]"
