@@ -22,7 +22,7 @@ import torch
 
 from graphrun.engine.buckets import Bucket
 from graphrun.engine.capture import capture_graph, warm_up
-from graphrun.engine.verify import compare
+from graphrun.engine.verify import ULP_SLACK, compare
 from graphrun.base.errors import CaptureError
 
 from graphrun.generate.steps import RowState
@@ -193,12 +193,21 @@ def verify_entry(entry: StepGraph, state: RowState, dtype: torch.dtype) -> dict:
     state.restore(saved)
     got_tokens, got_logits = run_checked(entry, state, steps, replay=True)
     torch.cuda.synchronize(state.start.device)
-    rtol, atol = (1e-4, 1e-4) if dtype in TOKEN_SLACK else (2e-2, 2e-2)
+    half = dtype not in TOKEN_SLACK
+    rtol, atol = (2e-2, 2e-2) if half else (1e-4, 1e-4)
     close, worst = True, 0.0
-    for got, want in zip(got_logits, want_logits):
+    fed_alike = torch.ones_like(want_tokens[0], dtype=torch.bool)  # [b]: same tokens so far
+    for got, want, got_t, want_t in zip(got_logits, want_logits, got_tokens, want_tokens):
+        # a row that picked another token (a near tie, in half precision) is fed another
+        # input from then on: its later logits say nothing about the graph
+        got, want = got[fed_alike], want[fed_alike]
         finite = want.isfinite()
-        ok, max_abs, _ = compare(got[finite], want[finite], rtol, atol)
+        # half precision: kernels picked under capture may round a unit apart (engine/verify)
+        slack = ULP_SLACK * torch.finfo(dtype).eps * float(
+            want[finite].abs().max()) if half and finite.any() else 0.0
+        ok, max_abs, _ = compare(got[finite], want[finite], rtol, atol + slack)
         close, worst = close and ok, max(worst, max_abs)
+        fed_alike &= got_t == want_t
     mismatches = sum(int((g != w).sum()) for g, w in zip(got_tokens, want_tokens))
     allowed = TOKEN_SLACK.get(dtype, HALF_TOKEN_SLACK) * key.rows * steps
     return {"passed": close and mismatches <= allowed, "max_error": worst,

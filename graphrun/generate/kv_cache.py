@@ -89,4 +89,4 @@ def attend(kv: StepKV, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     mask = mask.reshape(b, 1, groups * q_len, kv.length)
     out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scaling)
     # out: [b, kv_heads, groups * q_len, d] -> [b, q_len, heads, d]
-    return out.view(b, heads, q_len, head_dim).transpose(1, 2)
+    return out.reshape(b, heads, q_len, head_dim).transpose(1, 2)  # SDPA may give it strided
