@@ -10,7 +10,7 @@ caller's thread (time.thread_time): the part the stager of an overlapped run spe
 mostly holding the GIL, which it shares with the launching and completing threads. Parquet row
 groups are decoded and checked on tuning.parquet_threads pool threads (GRAPHRUN_PARQUET_THREADS),
 whose time is not the caller's: on a machine of few cores the wall time is theirs. With
---parquet-row-group 0 the file is one row group, cut into pieces (inputs/parquet_split.py).
+--parquet-row-group 0 the file is one row group, streamed on the caller's thread.
 The MLP case of the GPU machine (1M records of 256 float32, batches of 1024):
 
     PYTHONPATH=. python3 benchmarks/bench_reader.py --records 1000000 --width 256 \
