@@ -543,7 +543,7 @@ def signal_number(name: str) -> int:
 def test_sigterm_during_setup_stops_the_run_at_once(tmp_path, monkeypatch):
     import signal
     import time
-    from graphrun.run import pipeline
+    from graphrun.job import spine as pipeline
     from graphrun.base.errors import Interrupted
     spec = make_job(tmp_path)
 

@@ -153,8 +153,8 @@ def test_debug_is_accepted_after_the_verb(write_spec):
 
 def test_a_run_outside_a_terminal_prints_progress_lines_summary_and_warnings(
         write_spec, monkeypatch):
-    from graphrun.run import progress
-    from graphrun.run import state as run_state
+    from graphrun.job import progress
+    from graphrun.job import state as run_state
 
     monkeypatch.setattr(progress, "LINE_S", 0.0)  # a line every batch
     monkeypatch.setattr(run_state, "spread_warning",
