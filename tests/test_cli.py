@@ -127,8 +127,8 @@ def test_schema_outside_a_checkout_writes_nothing_and_says_how(tmp_path):
 def test_schema_in_a_checkout_rewrites_that_checkout_only(tmp_path, monkeypatch):
     from graphrun.manifest import schema as schemas
 
-    (tmp_path / "graphrun").mkdir()
-    (tmp_path / "graphrun" / "spec.py").write_text("")
+    (tmp_path / "graphrun" / "spec").mkdir(parents=True)
+    (tmp_path / "graphrun" / "spec" / "keys.py").write_text("")
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "graphrun"\n')
     (tmp_path / "README.md").write_text(f"top\n{schemas.REF_START}\nold\n{schemas.REF_END}\n")
     (tmp_path / "sub").mkdir()
