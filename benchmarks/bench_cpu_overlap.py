@@ -1,18 +1,14 @@
-"""The data path on the CPU: records/s of `graphrun run` on the shipped pipelines, serial against
-overlapped against measured (the CPU's default: legs of both timed on the stream, then the
-faster, overlap.OverlapTrial).
+"""The data path on the CPU: records/s of `graphrun run` on the shipped pipelines, serial (the
+CPU's default) against overlapped (GRAPHRUN_OVERLAP=on).
 
     python3 benchmarks/bench_cpu_overlap.py [--pipelines mlp-scorer,decoder-step,encoder]
         [--records 1000000] [--repeat 3] [--workdir DIR] [--out FILE]
 
 Inputs are made by examples/make_data.py: --records rows for the MLP, a fifth of that many
 decode steps and a hundredth of that many texts for the encoder, so that each run streams for
-10-20 s: the measured path's first trial round (eight legs of 0.5 s after a 0.5 s warm-up)
-takes a quarter to half of it, and the chosen path the rest.
-Each pipeline runs `--repeat` times on each path, the
-three paths in turn within a repetition (so a drift in the machine's speed weighs on all
-three); the table gives each path's median records/s (manifest totals.records_per_s), the
-ratios to serial, and what the measured runs' trial rounds saw and chose. Run it on an idle
+10-20 s. Each pipeline runs `--repeat` times on each path, the two paths in turn within a
+repetition (so a drift in the machine's speed weighs on both); the table gives each path's
+median records/s (manifest totals.records_per_s) and their ratio. Run it on an idle
 machine: on a shared one, only ratios within one run of this script mean anything.
 With CUDA present the runs are forced onto the CPU (device=cpu).
 """
@@ -37,7 +33,7 @@ if str(ROOT) not in sys.path:
 
 import graphrun  # noqa: E402
 
-PATHS = (("serial", False), ("overlapped", True), ("measured", "measure"))
+PATHS = (("serial", False), ("overlapped", True))
 INPUTS = {"mlp-scorer": "scores.npy", "decoder-step": "decode.jsonl", "encoder": "texts.jsonl"}
 
 
@@ -82,31 +78,21 @@ def main() -> None:
     lines = [f"bench_cpu_overlap.py, {datetime.date.today()}: torch {torch.__version__}, "
              f"{os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, "
              f"--records {args.records} --repeat {args.repeat}", "",
-             "| pipeline | serial | overlapped | measured | overlapped / serial | "
-             "measured / serial | trial rounds: overlapped / serial (chose) |",
-             "|---|---|---|---|---|---|---|"]
+             "| pipeline | serial | overlapped | overlapped / serial |",
+             "|---|---|---|---|"]
     notes = []
     for pipeline in args.pipelines.split(","):
         data = workdir / INPUTS[pipeline]
         rates: dict[str, list[float]] = {name: [] for name, _ in PATHS}
-        trials: list[str] = []
         for rep in range(args.repeat):
             for name, overlap in PATHS:
                 m = run_once(pipeline, data, workdir / "out", overlap)
                 rates[name].append(m.totals.records_per_s)
-                line = f"{pipeline} {name} {m.totals.records_per_s:,.0f} records/s"
-                if name == "measured":
-                    rounds = m.totals.overlap_trials
-                    seen = ", ".join(f"{r['overlapped'] / r['serial']:.2f}" for r in rounds)
-                    chose = "overlapped" if m.totals.overlapped else "serial"
-                    trials.append(f"{seen or '-'} ({chose})")
-                    line += f"; trial rounds {rounds}, ran {chose}"
-                print(line, flush=True)
+                print(f"{pipeline} {name} {m.totals.records_per_s:,.0f} records/s", flush=True)
         med = {name: statistics.median(v) for name, v in rates.items()}
         lines.append(
             f"| {pipeline} ({data.name}) | {med['serial']:,.0f} | {med['overlapped']:,.0f} | "
-            f"{med['measured']:,.0f} | {med['overlapped'] / med['serial']:.3f} | "
-            f"{med['measured'] / med['serial']:.3f} | {'; '.join(trials)} |")
+            f"{med['overlapped'] / med['serial']:.3f} |")
         notes.append(f"{pipeline}: " + "; ".join(
             f"{name} " + ", ".join(f"{r:,.0f}" for r in v) for name, v in rates.items()))
     lines += ["", "Every run's records/s, in order:", ""] + [f"- {n}" for n in notes]

@@ -3,13 +3,14 @@ same graphs, serial path against overlapped, per input format.
 
     python3 benchmarks/bench_datapath.py [--models decoder,mlp] [--formats jsonl,npy,parquet]
         [--records 1000000] [--jsonl-records 200000] [--records-decoder 20000]
+        [--decoder-head logits|greedy] [--decoder-batch 32] [--parquet-row-group 65536]
         [--repeat N] [--workdir DIR] [--out FILE] [--smoke]
 
 Models (bf16 on CUDA; tiny and float32 with --smoke or on a CPU):
   decoder  builtin decoder 12 layers x 768, 12 heads, vocab 32000 (--decoder-vocab), KV cache
-           512; batch 32,
-           buckets [1, 8, 32]; inputs tokens [1] + positions, so its "npy" input is an
-           uncompressed .npz (a .npy holds one array)
+           512; batch 32 (--decoder-batch B: buckets [1, 8, 32, B]); inputs tokens [1] +
+           positions, so its "npy" input is an uncompressed .npz (a .npy holds one array);
+           outputs its logits, or with --decoder-head greedy the next token (argmax in the graph)
   mlp      builtin mlp, in 256, hidden 1024, 24 layers, out 16; batch 1024, buckets [1, 64, 1024]
 Per model, one input file per format is written into --workdir from the same values (the MLP's
 rounded to 3 decimals, so JSONL holds them exactly), then for each format:
@@ -86,6 +87,7 @@ class Case:
     dtype: str  # model dtype
     jsonl_records: int | None = None  # fewer records in the JSONL file (its parsing is slow)
     out_dtype: str | None = None  # outputs.<name>.dtype (None: the model's, float32 on the host)
+    greedy: bool = False  # decoder: the next token (argmax inside the graph), not the logits
 
     def records_in(self, fmt: str) -> int:
         return min(self.records, self.jsonl_records or self.records) if fmt == "jsonl" \
@@ -106,7 +108,9 @@ class Case:
                                  "range": [0, a["vocab"]]},
                       "positions": {"shape": ["batch"], "dtype": "int64",
                                     "range": [0, a["max_len"]]}}
-            outputs = {"logits": {"shape": ["batch", 1, a["vocab"]], "dtype": self.out_dtype}}
+            outputs = ({"next_token": {"shape": ["batch", 1], "reduce": ["argmax"]}}
+                       if self.greedy else
+                       {"logits": {"shape": ["batch", 1, a["vocab"]], "dtype": self.out_dtype}})
         else:
             # numpy has no bfloat16: bf16 inputs are read as float32 and cast on the device
             inputs = {"x": {"shape": ["batch", a["in_features"]], "dtype": self.dtype}}
@@ -139,8 +143,10 @@ def make_cases(args, cuda: bool) -> dict[str, Case]:
                "max_len": 512}
         mlp = {"in_features": 256, "hidden": 1024, "layers": 24, "out_features": 16}
     return {
-        "decoder": Case("decoder", dec, 32, [1, 8, 32], args.records_decoder,
-                        args.rows_per_file_decoder, dtype, out_dtype=args.logits_dtype),
+        "decoder": Case("decoder", dec, args.decoder_batch,
+                        sorted({1, 8, 32, args.decoder_batch}), args.records_decoder,
+                        args.rows_per_file_decoder, dtype, out_dtype=args.logits_dtype,
+                        greedy=args.decoder_head == "greedy"),
         "mlp": Case("mlp", mlp, 1024, [1, 64, 1024], args.records, 100_000, dtype,
                     args.jsonl_records),
     }
@@ -395,6 +401,8 @@ def replay_rates(case: Case, spec: PipelineSpec, seconds: float) -> ReplayRates:
             runner.host_slots(2)
             bucket = runner.stage(first.fields, n, first.lengths, 0)
             runner.stage(first.fields, n, first.lengths, 1)
+            # one launch first: a bucket under capture.lazy is set up on its first use
+            runner.launch(bucket, 0, n, first.lengths).result()
             lane = runner.lanes[0]
             # the graph (or eager step) alone, inputs already in the static device views
             for dst, src in runner.launcher.slots[0].copies(bucket, lane).h2d:
@@ -559,7 +567,7 @@ def render(report: Report, args, cases: dict[str, Case], device: str) -> str:
             lines.append(f"- {name}: args {case.args}, dtype {case.dtype}, batch {case.batch}, "
                          f"buckets {case.buckets}, {case.records:,} records, output shards of "
                          f"{case.rows_per_file:,} rows (npy).")
-    if "decoder" in cases and "decoder" in report.replay:
+    if "decoder" in cases and "decoder" in report.replay and not cases["decoder"].greedy:
         dec = cases["decoder"]
         vocab, kind = dec.args["vocab"], dec.out_dtype or "float32"
         width = 2 if kind in ("float16",) else 4  # bfloat16 is written as float32
@@ -605,6 +613,12 @@ def main() -> None:
     p.add_argument("--decoder-vocab", type=int, default=32000,
                    help="the decoder's vocabulary, so its logits' width (default 32,000; "
                    "pipelines/decoder-step.yaml has 1,000)")
+    p.add_argument("--decoder-head", default="logits", choices=["logits", "greedy"],
+                   help="the decoder's output: its logits (default), or greedy: the next token, "
+                   "argmax inside the graph (a record writes 8 bytes)")
+    p.add_argument("--decoder-batch", type=int, default=32,
+                   help="the decoder's data.batch_size, also its largest batch bucket "
+                   "(buckets 1, 8, 32 and it; default 32)")
     p.add_argument("--logits-dtype", default=None, choices=["float32", "float16", "bfloat16"],
                    help="the decoder's outputs.logits.dtype (default: the model's, written as "
                    "float32); float16 halves the bytes written")
@@ -669,7 +683,7 @@ def estimate_bytes(case: Case, formats: list[str]) -> int:
     n = case.records
     if case.decoder:
         per_in = {"jsonl": 36, "npy": 16, "parquet": 20}
-        per_out = case.args["vocab"] * 4 + 8
+        per_out = 16 if case.greedy else case.args["vocab"] * 4 + 8
     else:
         w = case.args["in_features"]
         per_in = {"jsonl": 7 * w + 8, "npy": 4 * w, "parquet": 4 * w + 8}

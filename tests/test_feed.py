@@ -1,6 +1,6 @@
-"""feed_stream on the CPU, threaded (overlapped), inline (serial) and measured (legs of both,
-then the faster): the same writes in the same order, errors from either end raised without
-losing what came before, stops honoured, and no thread left behind."""
+"""feed_stream on the CPU, threaded (overlapped) and inline (serial): the same writes in the
+same order, errors from either end raised without losing what came before, stops honoured, and
+no thread left behind; the overlap's choice from run() and GRAPHRUN_OVERLAP."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ import time
 import numpy as np
 import pytest
 
-from graphrun import InputError, Runner
+from graphrun import GraphrunError, InputError, Runner
 from graphrun.read.records import RecordBatch, Reject
-from graphrun.feed.loop import SLOT_BUDGET, SLOTS, feed_stream, slot_count
-from graphrun.feed.overlap import OverlapTrial
+from graphrun.feed.loop import SLOT_BUDGET, SLOTS, feed_stream, overlap_choice, slot_count
 from graphrun.spec.keys import PipelineSpec
 
 
@@ -67,10 +66,7 @@ def batches(sizes: list[int], *, reject_every: int = 0, seed: int = 0) -> list[R
 
 
 def run(runner, source, writer, *, overlap, should_stop=lambda: False, reads=None):
-    """overlap "measured": a trial whose every leg is one record batch."""
     reads = [] if reads is None else reads
-    if overlap == "measured":
-        overlap = OverlapTrial(leg_s=0, every_s=0)
     return feed_stream(runner, source, writer, on_batches=lambda ran, n, first: None,
                          on_read=lambda rb: reads.append(len(rb)), should_stop=should_stop,
                          oversize=runner.spec.data.oversize, overlap=overlap)
@@ -113,7 +109,7 @@ def test_overlapped_writes_what_serial_writes_in_the_same_order(runner):
     assert no_threads_left()
 
 
-@pytest.mark.parametrize("overlap", [True, False, "measured"])
+@pytest.mark.parametrize("overlap", [True, False])
 def test_a_writer_error_is_raised_and_nothing_after_it_is_written(runner, overlap):
     writer = ListWriter(fail_at=3)
     with pytest.raises(OSError, match="No space left"):
@@ -123,7 +119,7 @@ def test_a_writer_error_is_raised_and_nothing_after_it_is_written(runner, overla
     assert no_threads_left()
 
 
-@pytest.mark.parametrize("overlap", [True, False, "measured"])
+@pytest.mark.parametrize("overlap", [True, False])
 def test_a_bad_record_stops_the_run_after_writing_every_batch_before_it(runner, overlap):
     def source():
         yield from batches([4, 4, 3])
@@ -136,7 +132,7 @@ def test_a_bad_record_stops_the_run_after_writing_every_batch_before_it(runner, 
     assert no_threads_left()
 
 
-@pytest.mark.parametrize("overlap", [True, False, "measured"])
+@pytest.mark.parametrize("overlap", [True, False])
 def test_a_stop_finishes_the_batches_launched_and_reads_no_further(runner, overlap):
     reads: list = []
     writer = ListWriter()
@@ -144,87 +140,6 @@ def test_a_stop_finishes_the_batches_launched_and_reads_no_further(runner, overl
         should_stop=lambda: len(reads) >= 3)
     assert [c[1][0] for c in writer.calls] == [0, 4, 8] and len(reads) == 3
     assert no_threads_left()
-
-
-def test_measured_legs_write_what_serial_writes_in_the_same_order(runner):
-    """One record batch a leg: the paths alternate batch by batch, and the writes (rows, their
-    order, rejects, each batch's first covered ordinal) are those of the serial path."""
-    data = batches([3, 4, 7, 0, 1, 4, 2, 9, 4, 4, 3, 5, 2, 1, 4, 3, 6, 2, 4], reject_every=5)
-    serial, measured = ListWriter(), ListWriter()
-    run(runner, data, serial, overlap=False)
-    trial = OverlapTrial(leg_s=0, every_s=0)
-    run(runner, data, measured, overlap=trial)
-    assert len(serial.calls) == len(measured.calls)
-    for a, b in zip(serial.calls, measured.calls):
-        assert a[:3] == b[:3] and a[-1] == b[-1]
-        if a[0] == "write":
-            np.testing.assert_array_equal(a[3], b[3])
-    # 19 batches: a warm-up leg, then two rounds of 8 legs and a chosen leg each
-    assert len(trial.rounds) == 2
-    assert all(r["serial"] > 0 and r["overlapped"] > 0 for r in trial.rounds)
-    assert no_threads_left()
-
-
-class ThreadedWriter(ListWriter):
-    """A writer whose write costs `cost` seconds, slept (the GIL free), and `completer_cost` on
-    the completer thread: as though overlapping cost the model that much."""
-
-    def __init__(self, cost: float, completer_cost: float | None = None):
-        super().__init__()
-        self.cost, self.threads = cost, []
-        self.completer_cost = cost if completer_cost is None else completer_cost
-
-    def write(self, indices, ids, outputs, batch_start=None):
-        name = threading.current_thread().name
-        self.threads.append(name)
-        time.sleep(self.completer_cost if name == "graphrun-completer" else self.cost)
-        super().write(indices, ids, outputs, batch_start)
-
-
-def sleepy(data, cost: float):
-    """The record batches, each read in `cost` seconds (slept: reading that frees the GIL)."""
-    for rb in data:
-        time.sleep(cost)
-        yield rb
-
-
-def test_measured_keeps_serial_when_overlapped_is_slower(runner):
-    writer = ThreadedWriter(0.002, completer_cost=0.03)
-    trial = OverlapTrial(leg_s=0.02, every_s=60)
-    trial.MIN_LEG_BATCHES = 0  # legs of any length are timed: batches' speed varies by host
-    run(runner, batches([4] * 150), writer, overlap=trial)
-    assert len(trial.rounds) == 1 and trial.choice is False
-    assert trial.rounds[0]["overlapped"] < trial.rounds[0]["serial"]
-    # the legs after the round ran inline: the launching thread wrote
-    assert writer.threads[-10:] == ["MainThread"] * 10
-    assert len(writer.calls) == 150 and no_threads_left()
-
-
-def test_measured_takes_overlapped_when_it_is_faster(runner):
-    # reading and writing 20 ms each: serially 40 ms a batch, overlapped about 20
-    writer = ThreadedWriter(0.02)
-    trial = OverlapTrial(leg_s=0.1, every_s=60)
-    trial.MIN_LEG_BATCHES = 0  # legs of any length are timed: batches' speed varies by host
-    run(runner, sleepy(batches([4] * 60), 0.02), writer, overlap=trial)
-    assert len(trial.rounds) == 1 and trial.choice is True
-    assert trial.rounds[0]["overlapped"] > trial.rounds[0]["serial"]
-    assert writer.threads[-10:] == ["graphrun-completer"] * 10
-    assert [c[1][0] for c in writer.calls] == list(range(0, 240, 4)) and no_threads_left()
-
-
-def test_a_trial_takes_overlapped_only_when_it_is_faster_by_its_margin():
-    trial = OverlapTrial(leg_s=0, every_s=0, margin=1.05)
-    legs = trial.legs()
-    assert next(legs) == (False, 0)
-    trial.record(False, 1, 100.0)  # the warm-up: not timed
-    order = [False, True, True, False, True, False, False, True]
-    for rate, round_ in ((104, 0), (106, 1)):
-        for path in order:
-            assert next(legs)[0] is path
-            trial.record(path, rate if path else 100, 1.0)
-        assert next(legs) == (rate >= 105, 0)
-        assert trial.rounds[round_] == {"serial": 100.0, "overlapped": float(rate)}
-        trial.record(rate >= 105, 1, 100.0)  # the chosen path's leg: not timed either
 
 
 def test_the_overlapped_path_keeps_at_most_slots_batches_in_flight(runner):
@@ -300,73 +215,20 @@ def test_after_a_write_fails_nothing_queued_behind_it_is_written():
     assert sorted(pool.acquire() for _ in range(4)) == [0, 1, 2, 3]  # every slot freed
 
 
-def test_a_trial_over_rejects_only_counts_them_and_keeps_serial(runner):
-    """Batches of rejects only: the legs still read records, and a tie stays serial."""
-    trial = OverlapTrial(leg_s=0, every_s=0)
-    writer = ListWriter()
-    run(runner, batches([0] * 12, reject_every=1), writer, overlap=trial)
-    assert [c[0] for c in writer.calls] == ["reject"] * 12
-    assert len(trial.rounds) == 1 and trial.rounds[0]["serial"] > 0
-    assert trial.rounds[0]["overlapped"] > 0 and no_threads_left()
+@pytest.mark.parametrize("word,want", [("on", True), ("1", True), ("TRUE", True), ("off", False),
+                                       ("0", False), ("auto", None), ("", None)])
+def test_the_overlap_is_the_callers_else_the_environments(monkeypatch, word, want):
+    """run()'s overlap wins; else GRAPHRUN_OVERLAP; auto or unset: None (the device decides)."""
+    monkeypatch.setenv("GRAPHRUN_OVERLAP", word)
+    assert overlap_choice(None) is want
+    assert overlap_choice(True) is True and overlap_choice(False) is False
 
 
-def test_a_tie_stays_serial():
-    trial = OverlapTrial(leg_s=0, every_s=0, margin=1.0)
-    legs = trial.legs()
-    for _ in range(9):
-        threaded, _ = next(legs)
-        trial.record(threaded, 0, 1.0)
-    assert next(legs) == (False, 0) and trial.rounds == [{"serial": 0.0, "overlapped": 0.0}]
-
-
-def test_the_manifest_describes_the_trial_the_defaults_run():
-    from graphrun.manifest.keys import Totals
-
-    text = Totals.model_fields["overlap_trials"].description
-    t = OverlapTrial()
-    assert f"legs of {t.leg_s:g} s" in text and f"leg of {t.leg_s:g} s" in text
-    assert f"runs for {t.every_s:g} s" in text
-    assert f"only when {round((t.margin - 1) * 100)}% faster" in text
-    assert len(t.ORDER) == 8 and t.ORDER.count(True) == 4 and "eight legs" in text
-
-
-def timed_legs(trial: OverlapTrial) -> list:
-    """(path, seconds, leg_slots) of every leg the trial records."""
-    legs, record = [], trial.record
-
-    def keep(threaded, records, seconds, batches=None):
-        legs.append((threaded, seconds, trial.leg_slots))
-        record(threaded, records, seconds, batches=batches)
-
-    trial.record = keep
-    return legs
-
-
-def test_a_trial_whose_batches_outlast_its_legs_runs_serial_and_says_why(runner):
-    """Batches of 0.1 s and more, legs of 0.2 s: an overlapped leg would finish its 16
-    batches in flight, 1.6 s; the trial stops after its first serial leg instead."""
-    writer = ThreadedWriter(0.1)
-    trial = OverlapTrial(leg_s=0.2, every_s=60)
-    legs = timed_legs(trial)
-    run(runner, batches([4] * 12), writer, overlap=trial)
-    assert [threaded for threaded, _, _ in legs] == [False, False, False]
-    assert trial.rounds == [] and trial.choice is False
-    assert trial.reason.startswith("serial: a batch took") and "legs of 0.2 s" in trial.reason
-    assert len(writer.calls) == 12 and no_threads_left()
-
-
-def test_a_trials_overlapped_legs_end_on_time(runner):
-    """Batches of 50 ms or more on the completer, legs of 0.4 s: with 16 batches in flight an
-    overlapped leg ran 0.8 s over; the trial keeps as many as take a quarter of a leg."""
-    writer = ThreadedWriter(0.05)
-    trial = OverlapTrial(leg_s=0.4, every_s=60)
-    legs = timed_legs(trial)
-    # enough batches that a whole round (0.5 s warm-up, 8 legs of 0.4 s at about 8 batches
-    # each) ends before the input does, however the legs fall
-    run(runner, batches([4] * 120), writer, overlap=trial)
-    trial_legs = legs[1:9]  # the warm-up, then the round
-    assert len(trial.rounds) == 1 and trial.reason.startswith("measured: overlapped ran at")
-    overlapped = [(s, k) for threaded, s, k in trial_legs if threaded]
-    assert len(overlapped) == 4 and all(k is not None and k <= 3 for _, k in overlapped)
-    assert max(s for s, _ in overlapped) < 2 * trial.leg_s, legs
-    assert len(writer.calls) == 120 and no_threads_left()
+@pytest.mark.parametrize("overlap", ["measure", "sometimes"])
+def test_an_unknown_overlap_is_refused(monkeypatch, overlap):
+    with pytest.raises(GraphrunError, match="is not one of True, False, None"):
+        overlap_choice(overlap)
+    monkeypatch.setenv("GRAPHRUN_OVERLAP", overlap)
+    with pytest.raises(GraphrunError, match=f"GRAPHRUN_OVERLAP='{overlap}' is not one of on, "
+                                            "off, auto"):
+        overlap_choice(None)

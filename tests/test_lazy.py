@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 import numpy as np
@@ -136,49 +135,6 @@ def test_the_python_api_runner_sets_each_bucket_up_on_its_first_batch(tmp_path):
         got = {r.name: (r.set_up, r.first_use_batch, r.status) for r in runner.bucket_reports()}
     assert got == {"batch=1": ("first_use", 1, "eager"), "batch=8": ("first_use", 0, "eager"),
                    "batch=64": (None, None, "unused")}
-
-
-def test_a_trial_leg_does_not_count_a_bucket_set_up_in_it_as_its_paths_time(tmp_path,
-                                                                            monkeypatch):
-    """On the CPU the stream times serial against overlapped legs (overlap.py): a bucket set
-    up on first use inside a leg must not make that leg's path look slow."""
-    from graphrun.engine.capture import Capturer
-    from graphrun.feed.loop import feed_stream
-    from graphrun.feed.overlap import OverlapTrial
-    from graphrun.read.records import RecordBatch
-
-    spec = graphrun.load_spec(flaky_job(tmp_path))
-    (tmp_path / "flaky").unlink()
-    set_up, record, legs = Capturer.first_use, OverlapTrial.record, []
-
-    def slow_first_use(self, *args):
-        time.sleep(0.3)
-        set_up(self, *args)
-
-    def timed(self, threaded, records, seconds, batches=None):
-        legs.append(seconds)
-        record(self, threaded, records, seconds, batches)
-
-    monkeypatch.setattr(Capturer, "first_use", slow_first_use)
-    monkeypatch.setattr(OverlapTrial, "record", timed)
-    rng, rows, start = np.random.default_rng(0), [], 0
-    for n in (8, 8, 1, 8, 1, 8, 8, 1):
-        idx = np.arange(start, start + n)
-        rows.append(RecordBatch(indices=idx, ids=idx.tolist(), where=[""] * n, lengths={},
-                                fields={"x": rng.standard_normal((n, 4)).astype("f4")},
-                                rejects=[]))
-        start += n
-
-    class Sink:
-        def write(self, indices, ids, outputs, batch_start=None):
-            pass
-
-    with graphrun.Runner(spec) as runner:  # every bucket set up on its first batch
-        feed_stream(runner, rows, Sink(), on_batches=lambda ran, n, first: None,
-                    on_read=lambda rb: None, should_stop=lambda: False,
-                    overlap=OverlapTrial(leg_s=0, every_s=0))
-        assert runner.first_use_s >= 0.6
-    assert len(legs) >= 8 and max(legs) < 0.3, legs
 
 
 # ---- a first use that fails ------------------------------------------------------------------

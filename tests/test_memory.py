@@ -125,12 +125,12 @@ def test_peak_rss_flat_in_jsonl_size(tmp_path):
 
 
 def test_peak_rss_flat_in_parquet_size(tmp_path):
-    """A row group of 1M records cut into pieces (inputs/parquet_split.py) of about 2 MiB,
-    decoded ahead on the pool: no more memory than a file of 10,000."""
+    """A row group of 1M records over PARQUET_GROUP_BYTES, streamed a batch at a time: no more
+    memory than a file of 10,000."""
     small, big = tmp_path / "x-10000.parquet", tmp_path / "x-1000000.parquet"
     write_parquet(small, 10_000)
     write_parquet(big, 1_000_000)
-    tuning = {"parquet_group_bytes": 4 << 20, "parquet_piece_bytes": 2 << 20}
+    tuning = {"parquet_group_bytes": 4 << 20}
     assert_flat(peak_rss(tmp_path, small, True, tuning), peak_rss(tmp_path, big, True, tuning),
                 "parquet")
 

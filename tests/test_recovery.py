@@ -160,7 +160,7 @@ def cli(*args):
 
 def start(spec: Path, out: Path, *extra: str, overlap: bool | None = None) -> subprocess.Popen:
     """`graphrun run` in a subprocess; overlap forces the overlapped or serial stream (the
-    CPU's default is measured, legs of both; a GPU's is overlapped)."""
+    CPU's default is serial; a GPU's is overlapped)."""
     env = dict(os.environ)
     if overlap is not None:
         env["GRAPHRUN_OVERLAP"] = "on" if overlap else "off"
@@ -329,7 +329,7 @@ def test_a_bad_graphrun_overlap_value_is_refused_before_any_work(job, tmp_path, 
     monkeypatch.setenv("GRAPHRUN_OVERLAP", "sometimes")
     result = cli("run", job.spec, "--out", tmp_path / "out", "-q")
     assert result.exit_code == 2
-    assert "GRAPHRUN_OVERLAP='sometimes' is not one of on, off, measure, auto" in result.output
+    assert "GRAPHRUN_OVERLAP='sometimes' is not one of on, off, auto" in result.output
     assert not (tmp_path / "out").exists()
 
 

@@ -13,8 +13,8 @@ from graphrun.base.errors import GraphrunError
 # name -> (default, meaning)
 VARIABLES: dict[str, tuple[str, str]] = {
     "GRAPHRUN_OVERLAP": (
-        "auto", "the streaming path: on (threads side by side), off (serial), measure (trial "
-                "both, keep the faster), auto (on for CUDA, measure on the CPU)"),
+        "auto", "the streaming path: on (threads side by side), off (serial), auto (on for "
+                "CUDA, off on the CPU)"),
     "GRAPHRUN_PARQUET_THREADS": (
         "cores - 4, 2 to 12", "threads decoding Parquet row groups at once"),
     "GRAPHRUN_JSONL_WORKERS": (

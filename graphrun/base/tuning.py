@@ -28,12 +28,10 @@ class Tuning:
     parquet_threads: int = 2
     # decoded row groups waiting ahead of the reader, those being decoded included
     parquet_ahead_bytes: int = 1 << 30
-    # a row group bigger than this is cut into pieces of about parquet_piece_bytes, each
-    # decoded on its own thread (inputs/parquet_split.py)
+    # a row group bigger than this decoded is streamed a batch at a time, not decoded whole
     parquet_group_bytes: int = 128 << 20
-    parquet_piece_bytes: int = 64 << 20
     parquet_nice: int = 5  # decoding threads run this much below the launcher's priority
-    # encoded pages read this many bytes at a time (pyarrow would read a whole column chunk)
+    # a streamed row group's pages read this many bytes at a time (not a column chunk at once)
     parquet_buffer_bytes: int = 1 << 20
     # ---- writing ----
     row_writers: int = 1  # threads writing big npy batches at their offsets

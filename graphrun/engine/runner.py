@@ -56,7 +56,6 @@ class Runner:
         self.cuda = self.device.type == "cuda"
         self.table = BucketTable(spec)
         self.states: dict[Bucket, BucketState] = {b: BucketState(b) for b in self.table.all}
-        self.first_use_s = 0.0  # capture.lazy: buckets set up mid-stream, all of them
         with self._device_ctx():
             with torch.inference_mode(), phase("model build"):
                 self.model = build_model(spec, self.device, spec.base_dir)
@@ -193,7 +192,6 @@ class Runner:
         with self._device_ctx():
             if self.cuda:  # the batches in flight finish: the stream's time
                 torch.cuda.synchronize(self.device)
-            t0 = time.perf_counter()
             with phase(FIRST_USE, whole=True):
                 try:
                     self.capturer.first_use(self.lanes, state, self.table, batch)
@@ -204,7 +202,6 @@ class Runner:
                 if self.spec.report.baseline == "eager":
                     with torch.inference_mode():
                         self._baseline(state)
-            self.first_use_s += time.perf_counter() - t0
         self.launcher.lanes_changed()
 
     def count(self, bucket: Bucket, n: int, lengths: dict | None = None) -> None:

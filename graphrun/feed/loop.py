@@ -28,10 +28,9 @@ Serially (slots=1, no threads) the same three steps run one after another per ba
 Order is kept everywhere: batches are launched, collected, written and rejected in input
 order, so outputs, the journal and --resume are the same on both paths.
 
-On a CPU neither path always wins: torch's own threads run the model on every core, and the
-stager and completer take cores (and the GIL) from it, so overlapped was slower with JSONL
-and faster with npy (benchmarks/RESULTS.md). There the stream is run in legs, and an
-OverlapTrial times both paths on the stream itself, then keeps the faster (see its docstring).
+On a CPU the stream is serial by default: torch's own threads run the model on every core, and
+the stager and completer would take cores (and the GIL) from it. GRAPHRUN_OVERLAP (or run()'s
+overlap) forces either path (job/spine.py).
 """
 
 from __future__ import annotations
@@ -46,25 +45,42 @@ import numpy as np
 from graphrun.engine.buckets import split_sizes
 from graphrun.feed.completer import Completer
 from graphrun.engine.capture import model_failed
+from graphrun.base import envs
 from graphrun.base.errors import GraphrunError
 from graphrun.feed.protocols import Batch, Engine, Sink, Work
 from graphrun.read.grouping import Reorder
 from graphrun.feed.handoff import Prefetch, SlotPool
-from graphrun.feed.overlap import Cursor, OverlapTrial
 from graphrun.read.records import take_where
 
 # overlapped: at least one being staged, one on the device, one being written; at most 16: the
 # batches queued on the device carry it through the launching thread's waits for the GIL, and
 # more than 16 measured no faster (benchmarks/RESULTS.md)
-SLOTS = (3, OverlapTrial.MAX_SLOTS)
+SLOTS = (3, 16)
 SLOT_BUDGET = 512 << 20  # bytes of pinned host slots, at most
 _DONE = object()  # the end of the staged work
+OVERLAP_ENV = "GRAPHRUN_OVERLAP"
+_OVERLAP_WORDS = {"on": True, "1": True, "true": True, "off": False, "0": False, "false": False,
+                  "auto": None, "": None}
+
+
+def overlap_choice(overlap: bool | None) -> bool | None:
+    """The caller's choice, else GRAPHRUN_OVERLAP's; None: decide by the device (overlapped on
+    CUDA, serial on the CPU)."""
+    if overlap is not None:
+        if overlap not in (True, False):
+            raise GraphrunError(f"overlap={overlap!r} is not one of True, False, None")
+        return overlap
+    word = envs.get(OVERLAP_ENV).lower()
+    if word not in _OVERLAP_WORDS:
+        raise GraphrunError(f"{OVERLAP_ENV}={envs.get(OVERLAP_ENV)!r} is not one of on, off, "
+                            "auto; set one of those or unset it")
+    return _OVERLAP_WORDS[word]
 
 
 def feed_stream(engine: Engine, batches: Iterable[Batch], sink: Sink, *,
                 on_batches: Callable, on_read: Callable, should_stop: Callable[[], bool],
-                start: int = 0, oversize: str = "split",
-                overlap: "bool | OverlapTrial" = True) -> dict[str, float]:
+                start: int = 0, oversize: str = "split", overlap: bool = True
+                ) -> dict[str, float]:
     """Run every record batch; return host seconds per phase and thread (manifest.py's
     host_phase_s says which).
 
@@ -72,30 +88,35 @@ def feed_stream(engine: Engine, batches: Iterable[Batch], sink: Sink, *,
     which journals it so that --resume re-reads whole batches (see journal.py).
     oversize: data.oversize; a batch larger than every bucket is split into parts here, or
     (eager, error) handed to engine.run_rows whole.
-    overlap: True (threads), False (serial), or an OverlapTrial, which runs the stream in legs
-    on the path it picks per leg, and keeps what it measured."""
+    overlap: True (threads), False (serial)."""
     host = dict.fromkeys(("read", "stage", "read_wait", "launch", "device_wait", "write"), 0.0)
-    cursor = Cursor(batches, start)
-    leg = Leg(engine, sink, on_batches, on_read, should_stop, host, oversize == "split")
-    if not isinstance(overlap, OverlapTrial):
-        leg.run(cursor.take(), overlap)
-        return host
-    for threaded, seconds in overlap.legs():
-        t0, records, batches_before = time.perf_counter(), cursor.records, cursor.batches
-        set_up = engine.first_use_s  # a bucket set up in the leg (capture.lazy): not its path's
-        leg.run(cursor.take(seconds), threaded, slots=overlap.leg_slots)
-        overlap.record(threaded, cursor.records - records,
-                       time.perf_counter() - t0 - (engine.first_use_s - set_up),
-                       batches=cursor.batches - batches_before)
-        if cursor.exhausted or should_stop():
-            break
+    stream = Stream(engine, sink, on_batches, on_read, should_stop, host, oversize == "split")
+    stream.run(with_batch_starts(batches, start), overlap)
     return host
 
 
+def with_batch_starts(batches: Iterable, start: int) -> Iterator[tuple]:
+    """(record batch, batch_start): the first input ordinal each batch accounts for (its
+    records and rejects), from `start`, which the journal keeps for --resume."""
+    for rb in batches:
+        batch_start, start = start, covered_to(rb, start) + 1
+        yield rb, batch_start
+
+
+def covered_to(rb, start: int) -> int:
+    """The last input ordinal a record batch accounts for (a record or a reject)."""
+    last = start - 1
+    if len(rb.indices):
+        last = max(last, int(rb.indices[-1]))
+    if rb.rejects:
+        last = max(last, max(r.index for r in rb.rejects))
+    return last
+
+
 @dataclass
-class Leg:
-    """One stretch of the stream on one path; every batch written (or the error raised) by
-    the time run() returns."""
+class Stream:
+    """The stream on one path; every batch written (or the error raised) by the time run()
+    returns."""
 
     engine: Engine
     sink: Sink
@@ -104,16 +125,12 @@ class Leg:
     should_stop: Callable[[], bool]
     host: dict
     split: bool  # data.oversize: split
-    # data.group_by_length: the window's outputs so far; kept across legs, which may end
-    # inside a window
+    # data.group_by_length: the window's outputs so far
     reorder: Reorder = field(default_factory=Reorder)
 
-    def run(self, batches: Iterable, overlap: bool, slots: int | None = None) -> None:
-        """slots: at most that many batches in flight (a trial's leg, which must end on time:
-        OverlapTrial)."""
+    def run(self, batches: Iterable, overlap: bool) -> None:
         engine = self.engine
-        count = engine.host_slots(slot_count(engine.slot_bytes) if overlap else 1)
-        pool = SlotPool(min(count, slots) if slots and overlap else count)
+        pool = SlotPool(engine.host_slots(slot_count(engine.slot_bytes) if overlap else 1))
         work = self.staged(batches, pool)
         source = Prefetch(work, depth=pool.size) if overlap else work
         done = Completer(self.sink, pool, self.on_batches, self.host, threaded=overlap,

@@ -24,7 +24,6 @@ class Engine(Protocol):
 
     max_batch: int
     slot_bytes: int
-    first_use_s: float  # seconds spent setting buckets up on first use (capture.lazy)
 
     def host_slots(self, count: int) -> int: ...
 

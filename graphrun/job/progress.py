@@ -208,10 +208,6 @@ def stream_breakdown(totals) -> str | None:
     shares = [(label, phases.get(key, 0.0) / stream) for key, label in _STEPS]
     text = ", ".join(f"{label} {share:.0%}" for label, share in shares)
     path = "overlapped, steps side by side" if totals.overlapped else "serial"
-    if totals.overlap_trials:  # measured: the path the latest trial round chose, and its rates
-        r = totals.overlap_trials[-1]
-        path += (f"; measured {r['overlapped']:,.0f} records/s overlapped against "
-                 f"{r['serial']:,.0f} serial")
     own = [(share, label) for label, share in shares if label != "device wait"]
     busiest = max(own)[1]
     text = f"stream ({path}): {text}; busiest: {busiest}"

@@ -23,9 +23,8 @@ from graphrun.generate.records import with_implied_io
 from graphrun.generate.runner import GenerationRunner
 from graphrun.engine.device_start import DeviceStart
 from graphrun.engine.lazy import data_needs, look_ahead
-from graphrun.feed.loop import feed_stream, slot_count
+from graphrun.feed.loop import OVERLAP_ENV, feed_stream, overlap_choice, slot_count
 from graphrun.read.grouping import PaddingCount
-from graphrun.feed.overlap import MEASURE, OVERLAP_ENV, OverlapTrial, overlap_choice
 from graphrun.base.phases import BEFORE_RUN, PhaseClock, phase
 from graphrun.job.state import RunHashes, RunState
 from graphrun.job.signals import StopSignals
@@ -40,18 +39,17 @@ from graphrun.write.shards import ShardWriter
 
 def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite: bool = False,
         show: bool = False, start: int = 0, stop: int | None = None,
-        overlap: bool | str | None = None, tuning: Tuning | None = None,
+        overlap: bool | None = None, tuning: Tuning | None = None,
         accept_model_change: bool = False, place: ShardPlace | None = None,
         progress=None, clock: PhaseClock | None = None,
         hashes: RunHashes | None = None) -> Manifest:
     """Run the pipeline; returns the manifest (also written to <out>/manifest.json).
 
     start/stop select a slice of the input's records (one process per GPU reads its own).
-    overlap: True for the overlapped data path (feed.py), False for the serial one, "measure"
-    to time both on the stream and keep the faster (overlap.OverlapTrial); None (the default)
-    takes GRAPHRUN_OVERLAP (on | off | measure | auto) from the environment, and auto is
-    overlapped on a GPU and measured on the CPU, where torch's own threads run the model on
-    every core and neither path always wins (benchmarks/RESULTS.md). tuning: the reader's and
+    overlap: True for the overlapped data path (feed/loop.py), False for the serial one; None
+    (the default) takes GRAPHRUN_OVERLAP (on | off | auto) from the environment, and auto is
+    overlapped on a GPU and serial on the CPU, where torch's own threads run the model on
+    every core and the stream's threads would take cores from it. tuning: the reader's and
     writer's threads and chunk sizes (default: Tuning.from_machine(), from the cores and the
     GRAPHRUN_* variables). accept_model_change: --resume goes on although a model file
     (weights, archive, target source) changed, for a change that does not alter outputs.
@@ -228,17 +226,14 @@ def run_stream(job: RunState, fingerprint: dict, resume_point, start: int, stop,
         # not beside the stream: reading the file to hash it slows the stream's reads
         job.record_hashes(fingerprint)
     if overlap is None:
-        overlap = True if runner.cuda else MEASURE
+        overlap = runner.cuda
         job.overlap_how = "the default on a GPU" if runner.cuda else "the default on the CPU"
-    if overlap is not False:  # the overlapped path's pinned slots: setup, not the stream
+    job.overlapped = overlap
+    if overlap:  # the overlapped path's pinned slots: setup, not the stream
         with phase("host slots"):
             runner.host_slots(slot_count(runner.slot_bytes))
     job.stream_t0 = time.perf_counter()
     stop_signal.streaming()  # from here a signal lets the batch in flight finish
-    if overlap == MEASURE:
-        overlap = job.trial = OverlapTrial()
-    else:
-        job.overlapped = overlap
     with phase("stream"):
         job.host_s = feed_stream(
             runner, job.reader, writer, oversize=spec.data.oversize,

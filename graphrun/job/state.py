@@ -19,7 +19,6 @@ from graphrun.write.journal import InputHash
 from graphrun.manifest.keys import (FileEntry, Manifest, Totals, all_rejected, environment,
                                     spec_digest, write_manifest)
 from graphrun.manifest.sections import BucketPhases, Phase, Phases
-from graphrun.feed.overlap import OverlapTrial, overlap_reason, overlapped_path
 from graphrun.engine.padding import position_ratios
 from graphrun.base.phases import PART_PHASES, PhaseClock, phase
 
@@ -78,7 +77,6 @@ class RunState:
         self.bucket_batches: dict[str, int] = {}  # bucket -> batches (timed or not)
         self.host_s: dict[str, float] = {}
         self.overlapped: bool | None = None
-        self.trial: OverlapTrial | None = None  # overlap measured: what it measured
         self.overlap_how: str | None = None  # who chose the path: the caller or the default
         self.bucket_plan = None  # buckets: auto: what was planned (auto_buckets.py)
         self.device_start = None  # the CUDA context begun beside setup (device_start.py)
@@ -210,6 +208,12 @@ class RunState:
                 total += n * sum(replay) / len(replay) / 1e6
         return total
 
+    def _overlap_reason(self) -> str | None:
+        """What chose the stream's path (manifest totals.overlap_reason)."""
+        if self.overlapped is None:
+            return None
+        return f"{'overlapped' if self.overlapped else 'serial'}: {self.overlap_how}"
+
     def manifest(self) -> Manifest:
         runner, spec = self.runner, self.spec
         ps = spec.report.percentiles
@@ -246,10 +250,8 @@ class RunState:
             padding_ratio_positions=position_ratios(buckets),
             device_busy_fraction=busy,
             device_idle_fraction=None if busy is None else 1.0 - busy,
-            overlapped=overlapped_path(self.trial, self.overlapped),
-            overlap_reason=overlap_reason(self.trial, self.overlapped, self.overlap_how),
-            overlap_trials=self.trial.rounds if self.trial
-            else [], host_phase_s=self.host_s,
+            overlapped=self.overlapped, overlap_reason=self._overlap_reason(),
+            host_phase_s=self.host_s,
             process_wall_s=process_wall, time_to_first_output_s=self.clock.first_output_s())
         return Manifest(
             status=self.status, error=self.error, name=spec.name, started_at=self.started,

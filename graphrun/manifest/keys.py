@@ -11,7 +11,7 @@ import socket
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from graphrun.manifest.sections import Generation, Phases, RayReport, WorkerReport
 
@@ -158,20 +158,10 @@ class Totals(_M):
         "time the device waited for the host.")
     overlapped: Optional[bool] = Field(
         None, description="Whether the stream ran overlapped (stager, launching and completer "
-        "threads) or serially; with the overlap measured (the CPU's default), the path the "
-        "latest trial round chose. Null when the stream never started.")
+        "threads) or serially. Null when the stream never started.")
     overlap_reason: Optional[str] = Field(
-        None, description="What chose the path, and why: set (GRAPHRUN_OVERLAP or run()'s "
-        "overlap), the device's default, or the trial's measurement (the latest round's "
-        "ratio; serial where a batch took too long to time both paths in the legs; the path "
-        "of the last leg where the stream ended within the first round).")
-    overlap_trials: list[dict[str, float]] = Field(
-        default_factory=list, description="With the overlap measured (GRAPHRUN_OVERLAP=measure, "
-        "the CPU's default): records/s of the serial and the overlapped path in each trial "
-        "round, timed on the stream itself (after an untimed serial leg of 0.5 s, eight legs "
-        "of 0.5 s, four on each path, interleaved). After a round the faster path runs for "
-        "60 s, overlapped only when 5% faster. Empty when the overlap was fixed, or when the "
-        "stream ended within the first round.")
+        None, description="What chose the path: set (GRAPHRUN_OVERLAP or run()'s overlap), or "
+        "the device's default (overlapped on a GPU, serial on the CPU).")
     host_phase_s: dict[str, float] = Field(
         default_factory=dict, description="Host seconds per phase of the stream, summed per "
         "thread: read and stage (the stager: parsing and checking records, padding them into "
@@ -180,6 +170,14 @@ class Totals(_M):
         "waiting for results, cutting and writing them). Serially they add up to the "
         "streaming time; overlapped the threads run side by side and the busiest one, with "
         "its waits, bounds the rate.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_retired(cls, data):
+        # manifests written before the CPU's overlap trial was removed still read back
+        if isinstance(data, dict) and "overlap_trials" in data:
+            data = {k: v for k, v in data.items() if k != "overlap_trials"}
+        return data
 
 
 class BucketPlan(_M):

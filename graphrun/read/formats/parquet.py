@@ -1,19 +1,21 @@
 """Parquet input: a column per input (nested lists for the axes after batch), and one of ids.
 
-pyarrow decodes a column chunk on one thread, releasing the GIL meanwhile: so up to
-tuning.parquet_threads row groups are decoded at once, each whole on a pool thread, which also
-converts and checks its chunks (see pool_chunk), at most tuning.parquet_ahead_bytes ahead of
-the caller, in file order. A row group too big to decode on one thread in time is cut into
-pieces (parquet_split.py) decoded the same way; one that cannot be cut is streamed when its
-turn comes, and so is the rest of a row group from a piece or row group whose decoding failed:
-a damaged page raises, naming the file, after the chunks before it. Columns become records in
+Read through pyarrow alone. pyarrow decodes a column chunk on one thread, releasing the GIL
+meanwhile: so up to tuning.parquet_threads row groups are decoded at once, each whole on a pool
+thread (its column chunks fetched in one read, pre_buffer), which also converts and checks its
+chunks (see pool_chunk), at most tuning.parquet_ahead_bytes ahead of the caller, in file order.
+A row group whose decoded bytes pass tuning.parquet_group_bytes (a file written as one giant
+row group) is not decoded whole: it is streamed when its turn comes, on the caller's thread,
+with iter_batches over a buffered stream, so pyarrow reads and decodes its pages a batch at a
+time and memory stays about one chunk (its decoding then runs on that one thread, not ahead on
+the pool). So is the rest of a row group whose decoding failed on the pool: a damaged page
+raises, naming the file, after the chunks before it. Columns become records in
 parquet_columns.py.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 import os
 import sys
 import threading
@@ -26,7 +28,6 @@ import pyarrow.parquet as pq
 
 from graphrun.base.errors import InputError
 from graphrun.read.formats.parquet_columns import check_schema, parquet_candidates
-from graphrun.read.formats.parquet_split import Piece, plan_pieces
 from graphrun.read.checks import Prechecked, precheck
 from graphrun.read.records import Candidates, numpy_dtype
 from graphrun.spec.keys import PipelineSpec
@@ -77,9 +78,13 @@ class ParquetReader:
         return open_parquet(self.path, self.tuning)
 
 
-def open_parquet(path: Path, tuning: Tuning, metadata=None) -> pq.ParquetFile:
-    # pre_buffer off and a buffer: pages are read a little at a time, not a column chunk at once
+def open_parquet(path: Path, tuning: Tuning, metadata=None, whole: bool = False
+                 ) -> pq.ParquetFile:
+    """whole: a row group decoded at once, its column chunks fetched in one read (pre_buffer);
+    else pages read a little at a time through a buffer (a giant row group streamed)."""
     try:
+        if whole:
+            return pq.ParquetFile(path, metadata=metadata, pre_buffer=True)
         return pq.ParquetFile(path, metadata=metadata, pre_buffer=False,
                               buffer_size=tuning.parquet_buffer_bytes)
     except Exception as e:  # pyarrow raises ArrowInvalid, OSError, ... for unreadable files
@@ -87,16 +92,16 @@ def open_parquet(path: Path, tuning: Tuning, metadata=None) -> pq.ParquetFile:
 
 
 class _Decoding:
-    """One pass over rows [start, stop): row groups (ints) and pieces (parquet_split.Piece)
-    move from `todo` to `ahead` as they start decoding on the pool, and leave `ahead` in file
-    order as their chunks are handed out."""
+    """One pass over rows [start, stop): row groups move from `todo` to `ahead` as they start
+    decoding on the pool (or are marked to be streamed), and leave `ahead` in file order as
+    their chunks are handed out."""
 
     def __init__(self, reader: ParquetReader, pf, spans: list[tuple[int, int]], start: int,
                  stop: int):
         self.path, self.spec, self.tuning = reader.path, reader.spec, reader.tuning
         self.pf, self.meta, self.start, self.stop = pf, pf.metadata, start, stop
         id_field = self.spec.data.id_field
-        # a text column is read in place of the inputs it is tokenized into (inputs/text.py)
+        # a text column is read in place of the inputs it is tokenized into (read/text.py)
         text = self.spec.data.text
         self.columns = (([text.field] if text else list(self.spec.inputs))
                         + ([id_field] if id_field else []))
@@ -109,10 +114,8 @@ class _Decoding:
         # whole batches per chunk where it can: a batch across a chunk edge is a copy of its rows
         batch = self.spec.data.batch_size
         self.step = step - (step % batch if step > batch else 0)
-        self.per_row = values_per_row(self.spec)
         self.chunk = functools.partial(pool_chunk, self.spec, self.path.name)
-        self.todo, self.ahead = deque(self.first), deque()  # ahead: (unit, future or None)
-        self.plans: dict = {}  # row group -> future of its pieces (or of None)
+        self.todo, self.ahead = deque(self.first), deque()  # ahead: (group, future or None)
 
     def chunks(self) -> Iterator:
         self.pool = ThreadPoolExecutor(self.tuning.parquet_threads, thread_name_prefix="parquet",
@@ -121,10 +124,11 @@ class _Decoding:
         try:
             while self.todo or self.ahead:
                 self._decode_ahead()
-                unit, future = self.ahead.popleft()
+                g, future = self.ahead.popleft()
                 chunks = _decoded(future) if future is not None else None
-                if chunks is None:  # streamed, from this unit on to the end of its row group
-                    yield from self._stream_rest(unit)
+                if chunks is None:  # streamed here: too big to decode whole, or it failed
+                    batches = _stream_group(self.pf, self.path.name, g, self.columns, self.step)
+                    yield from cut(batches, self.first[g], self.start, self.stop)
                     continue
                 chunks.reverse()
                 while chunks:  # dropped one by one: each freed once the caller is done with it
@@ -132,96 +136,24 @@ class _Decoding:
         finally:
             self.pool.shutdown(cancel_futures=True)
 
-    def _size(self, unit) -> int:
-        if isinstance(unit, Piece):
-            return self.sizes[unit.group] * unit.rows // self.meta.row_group(unit.group).num_rows
-        return self.sizes[unit]
-
     def _decode_ahead(self) -> None:
-        """Start decoding units while fewer than parquet_threads are ahead and their decoded
-        bytes fit in parquet_ahead_bytes (one fits always). A row group bigger than
-        parquet_group_bytes is replaced by its pieces once cut (not waited for while something
-        is ahead), or goes without a future: streamed."""
+        """Start decoding row groups while fewer than parquet_threads are ahead and their
+        decoded bytes fit in parquet_ahead_bytes (one fits always). One bigger than
+        parquet_group_bytes goes without a future: streamed in its turn."""
         t = self.tuning
-        waiting = sum(self._size(u) for u, future in self.ahead if future is not None)
+        waiting = sum(self.sizes[g] for g, future in self.ahead if future is not None)
         while self.todo and len(self.ahead) < t.parquet_threads:
-            unit = self.todo[0]
-            if not isinstance(unit, Piece) and self.sizes[unit] > t.parquet_group_bytes:
-                pieces = self._pieces(unit, wait=not self.ahead)
-                if pieces is _LATER:
-                    break
-                self.todo.popleft()
-                if pieces is None:
-                    self.ahead.append((unit, None))
-                else:
-                    self.todo.extendleft(reversed(pieces))
+            g = self.todo[0]
+            if self.sizes[g] > t.parquet_group_bytes:
+                self.ahead.append((self.todo.popleft(), None))
                 continue
-            if self.ahead and waiting + self._size(unit) > t.parquet_ahead_bytes:
+            if self.ahead and waiting + self.sizes[g] > t.parquet_ahead_bytes:
                 break
             self.todo.popleft()
-            self.ahead.append((unit, self._submit(unit)))
-            waiting += self._size(unit)
-        self._plan_next()
-
-    def _submit(self, unit):
-        bounds = (self.start, self.stop, self.chunk)
-        if isinstance(unit, Piece):
-            first = self.first[unit.group] + unit.first
-            return self.pool.submit(decode_piece, unit, self.step, first, *bounds)
-        return self.pool.submit(decode_group, self.path, self.tuning, self.meta, unit,
-                                self.columns, self.step, self.first[unit], *bounds)
-
-    def _pieces(self, g: int, wait: bool):
-        """Row group g's pieces; None: stream it; _LATER: not cut yet, not to be waited for."""
-        if self.per_row is None:
-            return None
-        if g not in self.plans:
-            self.plans[g] = self.pool.submit(self._plan, g)
-        if not wait and not self.plans[g].done():
-            return _LATER
-        try:
-            return self.plans.pop(g).result()
-        except Exception:  # noqa: BLE001 - a file the plan cannot read is streamed instead
-            return None
-
-    def _plan_next(self) -> None:
-        """Start cutting the next big row group while the reader is at the ones before it."""
-        if self.per_row is None:
-            return
-        for unit in self.todo:
-            if not isinstance(unit, Piece) and self.sizes[unit] > self.tuning.parquet_group_bytes:
-                if unit not in self.plans:
-                    self.plans[unit] = self.pool.submit(self._plan, unit)
-                return
-
-    def _plan(self, g: int) -> list[Piece] | None:
-        n = self.meta.row_group(g).num_rows
-        piece_rows = max(1, n * self.tuning.parquet_piece_bytes // max(self.sizes[g], 1))
-        pieces = plan_pieces(self.path, self.meta, g, self.per_row, piece_rows)
-        if pieces is None:
-            return None
-        lo, hi = self.start - self.first[g], self.stop - self.first[g]
-        return [p for p in pieces if p.first < hi and p.first + p.rows > lo]
-
-    def _stream_rest(self, unit) -> Iterator:
-        """The unit's rows to the end of its row group, decoded here one batch at a time; its
-        other units are dropped (their decoding cancelled)."""
-        g = unit.group if isinstance(unit, Piece) else unit
-        lo = self.first[g] + (unit.first if isinstance(unit, Piece) else 0)
-
-        def of_g(u) -> bool:
-            return (u.group if isinstance(u, Piece) else u) == g
-
-        for u, future in self.ahead:
-            if of_g(u) and future is not None:
-                future.cancel()
-        self.todo = deque(u for u in self.todo if not of_g(u))
-        self.ahead = deque((u, f) for u, f in self.ahead if not of_g(u))
-        batches = _stream_group(self.pf, self.path.name, g, self.columns, self.step)
-        yield from cut(batches, self.first[g], max(self.start, lo), self.stop)
-
-
-_LATER = object()
+            self.ahead.append((g, self.pool.submit(
+                decode_group, self.path, self.tuning, self.meta, g, self.columns, self.step,
+                self.first[g], self.start, self.stop, self.chunk)))
+            waiting += self.sizes[g]
 
 
 def _lower_priority(nice: int) -> None:
@@ -235,18 +167,6 @@ def _lower_priority(nice: int) -> None:
                        min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
     except OSError:  # not allowed here: the thread keeps its priority
         pass
-
-
-def values_per_row(spec: PipelineSpec) -> dict[str, int] | None:
-    """Values a record holds in each column read (1 for the id and a scalar input); None
-    where an input's shape after batch is not fixed (its pages cannot be cut by their counts)."""
-    shapes = {name: tuple(inp.shape[1:]) for name, inp in spec.inputs.items()}
-    if any(isinstance(d, str) for shape in shapes.values() for d in shape):
-        return None
-    if spec.data.id_field:
-        shapes[spec.data.id_field] = ()
-    per_row = {name: math.prod(shape) for name, shape in shapes.items()}
-    return None if 0 in per_row.values() else per_row
 
 
 def decoded_bytes(group, spec: PipelineSpec) -> int:
@@ -279,18 +199,12 @@ def decode_group(path: Path, tuning: Tuning, meta, group: int, columns: list[str
                  first: int, start: int, stop: int, chunk) -> list:
     """The chunks of one row group's rows in [start, stop), on a pool thread, from a reader of
     its own: each decoded record batch of `step` rows and its first row, through chunk(). The
-    group's first row is `first`."""
-    with open_parquet(path, tuning, meta) as f:
-        batches = f.iter_batches(batch_size=step, row_groups=[group], columns=columns)
+    group's first row is `first`. use_threads off: the pool's threads are the parallelism, one
+    row group each."""
+    with open_parquet(path, tuning, meta, whole=True) as f:
+        batches = f.iter_batches(batch_size=step, row_groups=[group], columns=columns,
+                                 use_threads=False)
         return [chunk(rb, row) for rb, row in cut(batches, first, start, stop)]
-
-
-def decode_piece(piece: Piece, step: int, first: int, start: int, stop: int, chunk) -> list:
-    """The chunks of one piece's rows in [start, stop), as decode_group's; its first row in
-    the file is `first`."""
-    rb = piece.read()
-    batches = (rb.slice(lo, step) for lo in range(0, rb.num_rows, step))
-    return [chunk(b, row) for b, row in cut(batches, first, start, stop)]
 
 
 def cut(batches: Iterator, row: int, start: int, stop: int) -> Iterator[tuple]:
