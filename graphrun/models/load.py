@@ -10,6 +10,7 @@ import importlib
 import importlib.util
 import inspect
 import sys
+import warnings
 from collections.abc import Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -150,8 +151,9 @@ def _build(what: str, builder: Callable[..., Any], args: dict[str, Any], max_bat
                 model = builder(**args, **placed)
             if isinstance(model, nn.Module):
                 return model
-        except Exception:  # noqa: BLE001 - built again below, where its error is reported
-            pass
+        except Exception as e:  # noqa: BLE001 - built again below, where its error is reported
+            warnings.warn(f"{what} could not be built on {under} ({type(e).__name__}: {e}); "
+                          "built on the CPU and moved", stacklevel=2)
     try:
         model = builder(**args, **placed)
     except ModelError:
