@@ -291,6 +291,7 @@ def test_a_second_run_on_a_locked_folder_is_refused_naming_the_first_s_pid(tmp_p
     run_job(spec, out, resume=True)  # the lock went with its holder
 
 
+@pytest.mark.slow
 def test_two_cli_resumes_at_once_one_is_refused_and_the_run_is_whole(tmp_path):
     spec = make_job(tmp_path, n=400)
     out = tmp_path / "out"
@@ -372,6 +373,7 @@ class DiskFull:
         self.spent += n
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["npy", "jsonl"])
 def test_a_full_disk_at_any_point_fails_with_one_message_and_resume_completes(
         tmp_path, monkeypatch, fmt):
@@ -703,6 +705,7 @@ def _latency_lines(out: Path) -> list[tuple]:
     return [(x["batch"], x["first"], x["bucket"], x["records"]) for x in lines]
 
 
+@pytest.mark.slow
 def test_kill_9_at_random_points_then_resume_loses_nothing(tmp_path):
     import random
     import time

@@ -28,6 +28,7 @@ def graphrun(*args, **env):
                           text=True, env={**child_env(), **env}, timeout=120)
 
 
+@pytest.mark.slow
 def test_a_run_ends_without_the_teardown_with_its_output_and_files(write_spec, tmp_path):
     proc = graphrun("run", write_spec())
     assert proc.returncode == 0, proc.stderr
@@ -45,6 +46,7 @@ def test_an_error_keeps_its_exit_code_and_message(write_spec):
     assert "teardown ran" not in proc.stdout
 
 
+@pytest.mark.slow
 def test_graphrun_slow_exit_keeps_the_teardown(write_spec):
     proc = graphrun("run", write_spec(), "-q", GRAPHRUN_SLOW_EXIT="1")
     assert proc.returncode == 0, proc.stderr

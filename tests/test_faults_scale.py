@@ -19,6 +19,9 @@ import yaml
 
 import graphrun
 
+# end to end: processes, real models, whole runs (`pytest -m "not slow"` leaves them out)
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 N = 400  # shares of 200 records for 2 workers
 DUPLICATES = {301: 1, 350: 349, 310: 5, 240: 12}  # ordinal -> the earlier ordinal whose id it has

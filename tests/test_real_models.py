@@ -15,6 +15,9 @@ import torch
 
 import graphrun
 
+# end to end: processes, real models, whole runs (`pytest -m "not slow"` leaves them out)
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 PIPELINES = ROOT / "pipelines"
 

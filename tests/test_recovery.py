@@ -27,6 +27,9 @@ from graphrun.cli.main import main
 from graphrun.base.errors import ModelError
 from graphrun.write.journal import read_journal, sha256_file
 
+# end to end: processes, real models, whole runs (`pytest -m "not slow"` leaves them out)
+pytestmark = pytest.mark.slow
+
 N_RECORDS = 1600
 ROWS_PER_FILE = 50  # 32 shards: many commit points to kill between
 

@@ -29,6 +29,9 @@ from graphrun.write.journal import sha256_file
 from graphrun.scale.local.workers import worker_count
 from graphrun.scale.local.world import split
 
+# end to end: processes, real models, whole runs (`pytest -m "not slow"` leaves them out)
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 N = 3200  # shares of 1600: whole shards (40) and batches (16) within 1/20
 ROWS_PER_FILE = 40

@@ -209,6 +209,7 @@ def test_on_the_meta_device_nothing_is_made_and_a_load_makes_the_scratch():
     assert torch.equal(model.key_pos, torch.arange(16))
 
 
+@pytest.mark.slow
 def test_building_on_meta_imports_nothing_heavy():
     """A meta normal_ or arange imports torch._dynamo (seconds of a run's start-up)."""
     code = ("import sys; from graphrun.models.builtin.decoder import build_decoder; "

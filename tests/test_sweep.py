@@ -39,6 +39,7 @@ def test_pareto_front_is_the_non_dominated_variants():
     assert [r.name for r in rows if r.pareto] == ["a", "b", "d"]
 
 
+@pytest.mark.slow
 def test_sweep_runs_each_variant_and_keeps_going_after_failures(write_spec, tmp_path):
     spec = write_spec()
     (tmp_path / "bad.jsonl").write_text('{"x": [1, 2, 3, 4]}\n{"x": [1, 2]}\n')

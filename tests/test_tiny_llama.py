@@ -56,6 +56,7 @@ def test_prompts_vary_in_length_from_a_few_words_to_a_few_hundred_tokens():
     assert lengths[len(lengths) // 2] < 100  # long-tailed: the median is short
 
 
+@pytest.mark.slow
 def test_the_model_generates_on_a_left_padded_batch(monkeypatch):
     import torch
 

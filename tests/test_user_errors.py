@@ -283,6 +283,7 @@ def test_validate_load_builds_the_model_and_calls_it_per_bucket(tmp_path):
 
 # ---- 6. --debug after the verb ------------------------------------------------------------
 
+@pytest.mark.slow
 def test_debug_is_accepted_after_the_verb(tmp_path):
     raw = spec_dict()
     raw["model"]["args"] = {"rows": 1}
