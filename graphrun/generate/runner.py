@@ -195,7 +195,8 @@ class GenerationRunner:
                 padded_positions={PROMPT_AXIS: seen.padded_positions}))
         return reports
 
-    def generation_section(self, percentiles, rejected: int = 0) -> Generation:
+    def generation_section(self, percentiles, rejected: int = 0,
+                           truncated: int = 0) -> Generation:
         """The manifest's generation section: tokens, finish reasons, rates, TTFT and TPOT,
         decode steps run against those that produced a needed token, the KV cache, every graph."""
         graphs = [GraphSetup(kind=g["kind"], batch=g["shape"]["rows"],
@@ -205,7 +206,7 @@ class GenerationRunner:
                   for g in self.generator.buckets()]
         return generation_summary(self.results, percentiles,
                                   kv_cache_bytes=self.generator.kv_bytes, graphs=graphs,
-                                  prompts_rejected=rejected)
+                                  prompts_truncated=truncated, prompts_rejected=rejected)
 
     def close(self) -> None:
         if self.cuda:

@@ -149,6 +149,9 @@ def summary_table(manifest, shown: set[str] = frozenset()) -> None:
                   + "".join(f", {r:.1%} of {a} positions"
                             for a, r in t.padding_ratio_positions.items()))
     console.print(bucket_setup(manifest))
+    cuts = text_cuts(manifest)
+    if cuts:
+        console.print(cuts)
     where = stream_breakdown(t)
     if where:
         console.print(where)
@@ -158,6 +161,19 @@ def summary_table(manifest, shown: set[str] = frozenset()) -> None:
     for w in manifest.warnings:
         if w not in shown:
             console.print(f"[yellow]warning:[/yellow] {w}")
+
+
+def text_cuts(manifest) -> str | None:
+    """`texts: 3 cut to 64 tokens (data.text.truncate, from the left)`: a data.text job with
+    truncate on; None otherwise (a too long text is then a rejected record, counted there)."""
+    t = manifest.totals
+    text = (manifest.spec.get("data") or {}).get("text") or {}
+    if t.texts_truncated is None or not text.get("truncate", True):
+        return None
+    side = "left" if manifest.spec.get("generate") else "right"
+    what = "prompt" if side == "left" else "text"
+    return (f"texts: {t.texts_truncated:,} {what}{'' if t.texts_truncated == 1 else 's'} cut "
+            f"to {t.text_max_tokens:,} tokens (data.text.truncate, from the {side})")
 
 
 def bucket_setup(manifest) -> str:
