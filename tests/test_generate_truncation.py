@@ -6,6 +6,7 @@ generation.prompts_truncated), the run's summary line, and a --gpus job's merged
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -119,7 +120,7 @@ def test_a_generation_job_records_and_prints_its_cut_prompts(tmp_path):
     assert manifest["totals"]["text_max_tokens"] == 64
     assert manifest["generation"]["prompts_truncated"] == 3
     assert "texts: 3 prompts cut to 64 tokens (data.text.truncate, from the left)" \
-        in result.output
+        in " ".join(result.output.split())
     rows = completions(tmp_path / "out")
     assert [r["prompt_tokens"] for r in rows if r["id"] in ("r0", "r3", "r6")] == [64] * 3
 
@@ -142,3 +143,38 @@ def test_merged_totals_add_the_workers_cuts():
 
     assert _sum_known([2, None, 5]) == 7
     assert _sum_known([None, None]) is None
+
+
+def test_a_piped_generation_run_prints_output_tokens_per_second(tmp_path, monkeypatch):
+    from graphrun.job import progress
+
+    monkeypatch.setattr(progress, "LINE_S", 0.0)  # a line every batch
+    path = write_spec(tmp_path, n=8, data__group_by_length=None,
+                      generate={"max_new_tokens": 4, "min_new_tokens": 4,
+                                "sampling": {"method": "greedy"}})
+    result = CliRunner().invoke(main, ["run", str(path)])  # CliRunner's stdout: no terminal
+    assert result.exit_code == 0, result.output
+    lines = [l for l in result.output.splitlines() if l.startswith("graphrun: ")
+             and "records (" in l]
+    # a line as each batch of 4 is read: the second comes after the first batch's 16 tokens
+    assert len(lines) == 2, result.output
+    rates = [float(re.search(r", ([\d,.]+) output tokens/s", l).group(1).replace(",", ""))
+             for l in lines]
+    assert rates[0] == 0.0 and rates[1] > 0, lines
+    assert lines[1].startswith("graphrun: 8/8 records (100%), ")
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["generation"]["output_tokens"] == 32
+    assert re.search(r"generation: 32 output tokens \(length 8\), [\d,]+ tokens/s; TTFT p50 "
+                     r"[\d.]+ ms; TPOT p50 [\d.]+ ms; 0% of decode row-steps wasted",
+                     " ".join(result.output.split())), result.output  # rich wraps at 80
+
+
+def test_progress_lines_give_the_output_tokens_rate():
+    import io
+
+    from graphrun.job.progress import ProgressLines
+
+    lines = ProgressLines(total=8, out=io.StringIO(), tokens=lambda: 120)
+    lines.done = 4
+    assert lines.line(2.0) == ("graphrun: 4/8 records (50%), 2 records/s, 60 output "
+                               "tokens/s, ETA 0:00:02")

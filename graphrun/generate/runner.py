@@ -99,6 +99,7 @@ class GenerationRunner:
         self._slots: dict[int, list[list[int]]] = {}
         self.buckets: dict[Bucket, PrefillBucket] = {}
         self.results: list[BatchResult] = []  # every part's, for the generation section
+        self.output_tokens = 0  # of the parts generated so far: the progress's tokens/s
         self._decode = None
         self.setup_s = time.perf_counter() - t0
 
@@ -164,6 +165,7 @@ class GenerationRunner:
         t0 = time.perf_counter()
         result = self.generator.generate(prompts, record_ids)
         self.results.append(result)
+        self.output_tokens += sum(c.output_tokens for c in result.completions)
         seen = self.buckets.setdefault(bucket, PrefillBucket())
         seen.batches += 1
         seen.records += len(prompts)

@@ -224,6 +224,8 @@ def run_stream(job: RunState, fingerprint: dict, resume_point, start: int, stop,
     with phase("output open"):
         take_sinks(job, opening)
         progress.set_total(counting.result() if counting else None)
+        if spec.generate is not None:
+            progress.count_tokens(lambda: runner.output_tokens)
     writer, runner = job.writer, job.runner
     if fingerprint["input_sha256"] is None:
         # not beside the stream: reading the file to hash it slows the stream's reads
