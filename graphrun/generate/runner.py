@@ -104,13 +104,7 @@ class GenerationRunner:
         self.setup_s = time.perf_counter() - t0
 
     def _model(self):
-        spec, m = self.spec, self.spec.model
-        if m.builtin is not None:
-            builder = GENERATE_BUILDERS[m.builtin]
-            return builder(**m.args, device=self.device, dtype=_dtype(m.dtype))
-        from graphrun.models.load import build_model
-
-        return build_model(spec, self.device, spec.base_dir)
+        return build_generation_model(self.spec, self.device)
 
     # -- the feed's engine ---------------------------------------------------------------------
 
@@ -214,6 +208,17 @@ class GenerationRunner:
         if self.cuda:
             torch.cuda.synchronize(self.device)
         self.generator.close()
+
+
+def build_generation_model(spec: PipelineSpec, device: torch.device):
+    """A generation spec's causal LM on `device`: a builtin (model.builtin), else as every
+    model is built (models/load.py: Hugging Face, target, ...)."""
+    m = spec.model
+    if m.builtin is not None:
+        return GENERATE_BUILDERS[m.builtin](**m.args, device=device, dtype=_dtype(m.dtype))
+    from graphrun.models.load import build_model
+
+    return build_model(spec, device, spec.base_dir)
 
 
 def generate_config(spec: PipelineSpec, model) -> GenerateConfig:
