@@ -26,6 +26,7 @@ from graphrun.generate.builtin import build_llama
 from graphrun.generate.config import BatchResult, GenerateConfig, Sampling
 from graphrun.generate.generator import Generator
 from graphrun.generate.hf_attention import eos_ids_of
+from graphrun.generate.mbu import kv_bytes_per_token, mbu, peak_bandwidth
 from graphrun.manifest.keys import BucketReport
 from graphrun.manifest.sections import Generation, GraphSetup, generation_summary
 from graphrun.spec.generate import PROMPT_AXIS
@@ -85,6 +86,8 @@ class GenerationRunner:
         self.first_use_s = 0.0
         with phase("model build"):
             model = self._model()
+        # the weights a decode step reads (generation.mbu)
+        self.param_bytes = sum(t.numel() * t.element_size() for t in model.parameters())
         self.config = generate_config(spec, model)
         from graphrun.models.hf import tokenizer_folder
 
@@ -202,7 +205,18 @@ class GenerationRunner:
                   for g in self.generator.buckets()]
         return generation_summary(self.results, percentiles,
                                   kv_cache_bytes=self.generator.kv_bytes, graphs=graphs,
-                                  prompts_truncated=truncated, prompts_rejected=rejected)
+                                  prompts_truncated=truncated, prompts_rejected=rejected,
+                                  mbu=self.mbu())
+
+    def mbu(self) -> float | None:
+        """generation.mbu on a GPU of known peak bandwidth (generate/mbu.py); None on the CPU."""
+        if not self.cuda or self.generator.cache is None:
+            return None
+        layout, g = self.generator.cache.layout, self.generator
+        token = kv_bytes_per_token(layout.layers, layout.kv_heads, layout.head_dim,
+                                   torch.empty((), dtype=g.dtype).element_size())
+        return mbu(self.results, param_bytes=self.param_bytes, kv_token_bytes=token,
+                   peak=peak_bandwidth(torch.cuda.get_device_name(self.device)))
 
     def close(self) -> None:
         if self.cuda:
