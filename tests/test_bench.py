@@ -97,3 +97,66 @@ def test_a_failing_mode_is_a_note_not_the_end(write_spec, monkeypatch):
                    log=lambda m: None)
     assert "compile failed: RuntimeError: inductor exploded" in result.notes
     assert all([m.mode for m in bk.modes] == ["eager"] for bk in result.buckets)
+
+
+@pytest.fixture
+def generation_spec(tmp_path):
+    from tests.test_generate_job import write_spec as write_generation_spec
+
+    return write_generation_spec(tmp_path, n=4, buckets={"batch": [1, 2], "seq": [8, 16]})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU's eager-only bench")
+def test_bench_of_a_generation_spec_times_prefill_and_decode_per_bucket(generation_spec,
+                                                                       tmp_path):
+    result = CliRunner().invoke(main, ["bench", str(generation_spec), "--iters", "2",
+                                       "--warmup", "0", "--new-tokens", "3",
+                                       "--out", str(tmp_path / "b")])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((tmp_path / "b" / "bench.json").read_text())
+    jsonschema.validate(doc, json.loads(SCHEMA.read_text()))
+    assert doc["new_tokens"] == 3
+    assert [b["name"] for b in doc["buckets"]] == [
+        "batch=1,seq=8", "batch=1,seq=16", "batch=2,seq=8", "batch=2,seq=16"]
+    for b in doc["buckets"]:
+        (mode,) = b["modes"]
+        assert (mode["mode"], mode["backend"], mode["speedup"]) == ("eager", "eager", 1.0)
+        assert mode["output_tokens_per_s"] > 0
+        assert set(mode["ttft_ms"]) == set(mode["tpot_ms"]) == {"p50", "p90", "p99"}
+        assert 0 < mode["ttft_ms"]["p50"] <= mode["latency_us"]["p99"] / 1e3
+    assert "every row makes 3 new tokens" in doc["notes"][0]
+    assert "graph replay not measured" in doc["notes"][1]
+    assert "TTFT p50 ms" in result.output and "batch=2,seq=16" in result.output
+    assert not list((tmp_path / "b").glob("part-*"))
+
+
+def test_a_generations_tokens_per_s_counts_every_rows_new_tokens(generation_spec):
+    from graphrun.experiments.bench_generate import bench_generation, synthetic_prompts
+
+    spec = graphrun.load_spec(generation_spec, ["buckets.batch=[2]", "buckets.seq=[8]"])
+    result = bench_generation(spec, iters=2, warmup=0, new_tokens=2, log=lambda m: None)
+    (mode,) = result.buckets[0].modes
+    calls_s = mode.latency_us["p50"] / 1e6  # two calls: p50 is their mean
+    assert mode.output_tokens_per_s == pytest.approx(2 * 2 / calls_s, rel=1e-6)
+    a = synthetic_prompts(2, 8, 512, seed=0)
+    assert a == synthetic_prompts(2, 8, 512, seed=0) != synthetic_prompts(2, 8, 512, seed=1)
+    assert [len(p) for p in a] == [8, 8] and min(min(p) for p in a) >= 1
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--compile"], "graphrun bench --compile: a generation spec is timed eager and with "
+                    "graph replay only"),
+    (["--records", "4"], "graphrun bench --records: a generation spec is timed on synthetic"),
+])
+def test_bench_options_a_generation_spec_cannot_take_are_one_message(generation_spec, args,
+                                                                     says):
+    result = CliRunner().invoke(main, ["bench", str(generation_spec), *args])
+    assert result.exit_code == 2 and says in result.output, result.output
+    assert "Traceback" not in result.output
+
+
+def test_new_tokens_on_a_forward_spec_is_one_message(write_spec):
+    result = CliRunner().invoke(main, ["bench", str(write_spec()), "--new-tokens", "4"])
+    assert result.exit_code == 2, result.output
+    assert "--new-tokens: only a generation spec (one with generate:) makes new tokens" \
+        in result.output

@@ -188,7 +188,8 @@ def test_kill_9_then_resume_gives_the_same_completions(tmp_path):
 
 @pytest.mark.slow
 def test_gpus_workers_give_the_same_completions_as_one_process(tmp_path):
-    spec = write_spec(tmp_path, n=16)
+    # prompts cut to 64 tokens: the workers' counts of cut prompts add up to one process's
+    spec = write_spec(tmp_path, n=16, data__text={"field": "prompt", "max_length": 64})
     one = graphrun.run(graphrun.load_spec(spec), out=tmp_path / "one")
     job = subprocess.run([sys.executable, "-m", "graphrun", "run", str(spec), "--gpus", "2",
                           "--out", str(tmp_path / "two"), "-q"], env=child_env(),
@@ -197,3 +198,5 @@ def test_gpus_workers_give_the_same_completions_as_one_process(tmp_path):
     assert completions(tmp_path / "two") == completions(tmp_path / "one")
     merged = json.loads((tmp_path / "two" / "manifest.json").read_text())
     assert merged["totals"]["records_out"] == one.totals.records_out == 16
+    assert merged["totals"]["texts_truncated"] == one.totals.texts_truncated > 0
+    assert merged["totals"]["text_max_tokens"] == one.totals.text_max_tokens == 64

@@ -69,3 +69,27 @@ def test_sweep_runs_each_variant_and_keeps_going_after_failures(write_spec, tmp_
     assert rows[0]["padding_waste"] == 0 and rows[2]["padding_waste"] == 0
     assert any(r["pareto"] for r in rows) and not any(r["pareto"] for r in rows[4:])
     assert result.output.count("failed") >= 4 and "records/s" in result.output
+
+
+def test_a_generation_sweep_shows_output_tokens_per_s_and_tells_completions_apart(tmp_path):
+    from tests.test_generate_job import write_spec as write_generation_spec
+
+    spec = write_generation_spec(tmp_path, n=4, data__group_by_length=None,
+                                 buckets={"batch": [1, 2], "seq": [8, 16]},
+                                 generate={"max_new_tokens": 2, "min_new_tokens": 2,
+                                           "sampling": {"method": "greedy"}})
+    out = tmp_path / "sw"
+    result = CliRunner().invoke(main, [
+        "sweep", str(spec), "--grid", "generate.max_new_tokens=[2,3]", "--grid",
+        "data.batch_size=[1,2]", "--set", "generate.min_new_tokens=0", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "sweep.json").read_text())
+    jsonschema.validate(doc, json.loads(SCHEMA.read_text()))
+    rows = doc["variants"]
+    assert [r["status"] for r in rows] == ["completed"] * 4, result.output
+    for r in rows:
+        gen = json.loads((out / r["name"] / "manifest.json").read_text())["generation"]
+        assert r["output_tokens_per_s"] == gen["output_tokens_per_s"] > 0
+    # the same completions at another batch size; longer ones are not the first's
+    assert [r["outputs_equal_first"] for r in rows] == [None, True, False, False]
+    assert "tokens/s" in result.output and "output tokens/s" in result.output

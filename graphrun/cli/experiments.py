@@ -111,11 +111,15 @@ def sweep(spec, grids, stop, out, overrides) -> None:
               help="Inputs from the first N real records (default: synthetic).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder for bench.json (default: the spec's output.dir/bench).")
+@click.option("--new-tokens", type=click.IntRange(min=1), default=None,
+              help="A generation spec: new tokens per row and call (default: "
+              "generate.max_new_tokens).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a spec key (repeatable).")
 @debug_option
-def bench(spec, iters, warmup, with_compile, records, out, overrides) -> None:
-    """Time every bucket: eager, graph replay (and compiled), with speedups; no outputs."""
+def bench(spec, iters, warmup, with_compile, records, out, new_tokens, overrides) -> None:
+    """Time every bucket: eager, graph replay (and compiled), with speedups; no outputs. A
+    generation spec: prefill and decode per (batch, prompt) bucket, tokens/s, TTFT, TPOT."""
     from rich.console import Console
 
     from graphrun.experiments.bench import bench as run_bench, bench_table
@@ -123,21 +127,50 @@ def bench(spec, iters, warmup, with_compile, records, out, overrides) -> None:
 
     try:
         pipeline = load_spec(spec, overrides)
+        generation = pipeline.generate is not None
+        if generation:
+            from graphrun.generate.records import with_implied_io
+
+            pipeline = with_implied_io(pipeline)
         if pipeline.auto_axes:
             from graphrun.plan.auto import resolve_auto
 
             pipeline = resolve_auto(pipeline)[0]
-        result = run_bench(pipeline, iters=iters, warmup=warmup, compile=with_compile,
-                           records=records, log=lambda msg: click.echo(msg, err=True))
+        log = lambda msg: click.echo(msg, err=True)  # noqa: E731
+        if generation:
+            from graphrun.experiments.bench_generate import (bench_generation,
+                                                             generation_table, refuse)
+
+            if with_compile:
+                raise refuse("--compile", "a generation spec is timed eager and with graph "
+                             "replay only: leave --compile out")
+            if records is not None:
+                raise refuse("--records", "a generation spec is timed on synthetic prompts of "
+                             "each prompt bucket's length: leave --records out")
+            result = bench_generation(pipeline, iters=iters, warmup=warmup,
+                                      new_tokens=new_tokens, log=log)
+        else:
+            if new_tokens is not None:
+                raise refuse_new_tokens()
+            result = run_bench(pipeline, iters=iters, warmup=warmup, compile=with_compile,
+                               records=records, log=log)
     except GraphrunError as err:
         fail(err)
     dest = Path(out or pipeline.output.dir / "bench")
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "bench.json").write_text(result.model_dump_json(indent=2) + "\n")
-    Console(width=140).print(bench_table(result))
+    Console(width=160 if generation else 140).print(
+        generation_table(result) if generation else bench_table(result))
     for note in result.notes:
         click.echo(f"note: {note}")
     click.echo(f"-> {dest}/bench.json")
+
+
+def refuse_new_tokens() -> GraphrunError:
+    from graphrun.base.errors import Problem, SpecError
+
+    return SpecError([Problem("graphrun bench --new-tokens", "", "only a generation spec (one "
+                              "with generate:) makes new tokens: leave --new-tokens out")])
 
 
 EXPERIMENT_COMMANDS = (plan, compare, report, sweep, bench)

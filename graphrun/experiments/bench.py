@@ -40,6 +40,15 @@ class ModeResult(_B):
                                        "first call for reduce-overhead (compilation).")
     memory_bytes: Optional[int] = None
     verify: Optional[bool] = Field(None, description="graphrun's replay == eager check.")
+    # a generation spec's rows (bench_generate.py): latency_us is then a whole generate call
+    output_tokens_per_s: Optional[float] = Field(
+        None, description="Generation: new tokens of the timed calls / their wall time.")
+    ttft_ms: Optional[dict[str, float]] = Field(
+        None, description="Generation: time to first token per call (prefill and the first "
+        "pick), p50/p90/p99, ms.")
+    tpot_ms: Optional[dict[str, float]] = Field(
+        None, description="Generation: time per output token after the first (a call's decode "
+        "time / its decode steps), p50/p90/p99, ms.")
 
 
 class BucketBench(_B):
@@ -60,6 +69,9 @@ class Bench(_B):
                         "the first N real records, cut or padded to each bucket's shape.")
     notes: list[str] = Field(default_factory=list)
     buckets: list[BucketBench]
+    new_tokens: Optional[int] = Field(None, description="Generation: the new tokens every "
+                                      "row made per call (--new-tokens, else "
+                                      "generate.max_new_tokens).")
 
 
 def schema_text() -> str:

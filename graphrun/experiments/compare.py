@@ -92,6 +92,8 @@ def totals_rows(ma: dict, mb: dict) -> list[dict]:
 def read_outputs(folder: Path, manifest: dict) -> Iterator[tuple[Any, dict[str, np.ndarray]]]:
     """(record id, {output: array}) for every row of the run's output files, in file order."""
     names = list(manifest["spec"]["outputs"])
+    if not names and manifest["spec"].get("generate"):  # implied outputs: the new tokens
+        names = ["token_ids"]
     paths = [Path(folder) / f["path"] for f in manifest["files"]]
     for path in paths:
         if path.name.endswith(".jsonl"):

@@ -33,6 +33,9 @@ class Variant(BaseModel):
     status: Literal["completed", "failed"]
     error: Optional[str] = Field(None, description="Why it failed (the run's last error line).")
     records_per_s: Optional[float] = None
+    output_tokens_per_s: Optional[float] = Field(
+        None, description="Generation variants: the manifest's generation.output_tokens_per_s "
+        "(new tokens / prefill and decode time); null for a forward-pass spec.")
     p50_us: Optional[float] = Field(None, description="End-to-end batch latency, all batches.")
     p99_us: Optional[float] = None
     capture_s: Optional[float] = None
@@ -113,6 +116,7 @@ def measure(spec: Path, base: list[str], name: str, chosen: dict, out: Path, sto
             first: Path | None) -> Variant:
     """A completed variant's row from its manifest, latencies and (re-read) input."""
     from graphrun.experiments.compare import bucket_verified, compare_outputs, load_manifest
+    from graphrun.generate.records import with_implied_io
     from graphrun.plan.planner import evaluate, histogram
     from graphrun.spec.load import load_spec
 
@@ -123,13 +127,15 @@ def measure(spec: Path, base: list[str], name: str, chosen: dict, out: Path, sto
     if lat.is_file():
         e2e = [json.loads(x)["e2e_us"] for x in lat.read_text().splitlines() if x.strip()]
     verdicts = [v for v in map(bucket_verified, m["buckets"]) if v is not None]
-    pspec = load_spec(spec, list(base) + _overrides(chosen))
+    # a generation spec's implied inputs: the prompts' lengths are read as a run reads them
+    pspec = with_implied_io(load_spec(spec, list(base) + _overrides(chosen)))
     equal = None
     if first is not None:
         o = compare_outputs(first, load_manifest(first), out, m)
         equal = bool(o.equal or (o.within_tolerance and not o.only_a and not o.only_b))
     return Variant(
         name=name, overrides=chosen, status="completed", records_per_s=t["records_per_s"],
+        output_tokens_per_s=(m.get("generation") or {}).get("output_tokens_per_s"),
         p50_us=float(np.percentile(e2e, 50)) if e2e else None,
         p99_us=float(np.percentile(e2e, 99)) if e2e else None,
         capture_s=t["capture_s"], memory_bytes=t["capture_memory_bytes"],
@@ -178,7 +184,9 @@ def sweep(spec: Path, grid: dict[str, list[Any]], out: Path, *, stop: int | None
             echo(f"{name}: failed: {error}")
             continue
         rows.append(measure(spec, list(base), name, chosen, folder, stop, first))
-        echo(f"{name}: {rows[-1].records_per_s:,.1f} records/s")
+        tokens = rows[-1].output_tokens_per_s
+        echo(f"{name}: {rows[-1].records_per_s:,.1f} records/s"
+             + (f", {tokens:,.1f} output tokens/s" if tokens is not None else ""))
         first = first or folder
     mark_pareto(rows)
     result = Sweep(spec=str(spec), grid=grid, stop=stop, variants=rows)

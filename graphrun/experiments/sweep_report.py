@@ -18,24 +18,33 @@ def sweep_table(result: Sweep):
     table = Table(title=f"sweep of {result.spec}" + (
         f" (first {result.stop} records each)" if result.stop else "") + "; * = Pareto front "
         "(records/s against graph memory)")
-    for col in ("", "variant", *result.grid, "records/s", "p50 us", "p99 us", "capture s",
-                "graph MiB", "padding waste", "verify", "= first"):
+    tokens = generation(result)  # a generation spec's variants: their tokens/s too
+    for col in ("", "variant", *result.grid, "records/s", *(["tokens/s"] if tokens else []),
+                "p50 us", "p99 us", "capture s", "graph MiB", "padding waste", "verify",
+                "= first"):
         table.add_column(col, justify="left" if col in ("", "variant", *result.grid)
                          else "right")
     for v in result.variants:
         values = [json.dumps(v.overrides[k]) for k in result.grid]
         if v.status == "failed":
-            table.add_row("", v.name.split("_")[0], *values, f"failed: {v.error}", *[""] * 7)
+            table.add_row("", v.name.split("_")[0], *values, f"failed: {v.error}",
+                          *[""] * (8 if tokens else 7))
             continue
         equal = "-" if v.outputs_equal_first is None else (
             "yes" if v.outputs_equal_first else "NO")
         table.add_row("*" if v.pareto else "", v.name.split("_")[0], *values,
-                      _fmt(v.records_per_s, ",.1f"), _fmt(v.p50_us, ",.0f"),
+                      _fmt(v.records_per_s, ",.1f"),
+                      *([_fmt(v.output_tokens_per_s, ",.1f")] if tokens else []),
+                      _fmt(v.p50_us, ",.0f"),
                       _fmt(v.p99_us, ",.0f"), _fmt(v.capture_s, ".2f"),
                       _fmt((v.memory_bytes or 0) / 2**20, ",.1f"),
                       _fmt(100 * v.padding_waste if v.padding_waste is not None else None,
                            ".1f") + "%", v.verify or "-", equal)
     return table
+
+
+def generation(result: Sweep) -> bool:
+    return any(v.output_tokens_per_s is not None for v in result.variants)
 
 
 def load_sweep(folder: Path) -> Sweep:

@@ -26,6 +26,7 @@ from graphrun.generate.builtin import build_llama
 from graphrun.generate.config import BatchResult, GenerateConfig, Sampling
 from graphrun.generate.generator import Generator
 from graphrun.generate.hf_attention import eos_ids_of
+from graphrun.generate.mbu import kv_bytes_per_token, mbu, peak_bandwidth
 from graphrun.manifest.keys import BucketReport
 from graphrun.manifest.sections import Generation, GraphSetup, generation_summary
 from graphrun.spec.generate import PROMPT_AXIS
@@ -85,6 +86,8 @@ class GenerationRunner:
         self.first_use_s = 0.0
         with phase("model build"):
             model = self._model()
+        # the weights a decode step reads (generation.mbu)
+        self.param_bytes = sum(t.numel() * t.element_size() for t in model.parameters())
         self.config = generate_config(spec, model)
         from graphrun.models.hf import tokenizer_folder
 
@@ -99,17 +102,12 @@ class GenerationRunner:
         self._slots: dict[int, list[list[int]]] = {}
         self.buckets: dict[Bucket, PrefillBucket] = {}
         self.results: list[BatchResult] = []  # every part's, for the generation section
+        self.output_tokens = 0  # of the parts generated so far: the progress's tokens/s
         self._decode = None
         self.setup_s = time.perf_counter() - t0
 
     def _model(self):
-        spec, m = self.spec, self.spec.model
-        if m.builtin is not None:
-            builder = GENERATE_BUILDERS[m.builtin]
-            return builder(**m.args, device=self.device, dtype=_dtype(m.dtype))
-        from graphrun.models.load import build_model
-
-        return build_model(spec, self.device, spec.base_dir)
+        return build_generation_model(self.spec, self.device)
 
     # -- the feed's engine ---------------------------------------------------------------------
 
@@ -164,6 +162,7 @@ class GenerationRunner:
         t0 = time.perf_counter()
         result = self.generator.generate(prompts, record_ids)
         self.results.append(result)
+        self.output_tokens += sum(c.output_tokens for c in result.completions)
         seen = self.buckets.setdefault(bucket, PrefillBucket())
         seen.batches += 1
         seen.records += len(prompts)
@@ -195,7 +194,8 @@ class GenerationRunner:
                 padded_positions={PROMPT_AXIS: seen.padded_positions}))
         return reports
 
-    def generation_section(self, percentiles, rejected: int = 0) -> Generation:
+    def generation_section(self, percentiles, rejected: int = 0,
+                           truncated: int = 0) -> Generation:
         """The manifest's generation section: tokens, finish reasons, rates, TTFT and TPOT,
         decode steps run against those that produced a needed token, the KV cache, every graph."""
         graphs = [GraphSetup(kind=g["kind"], batch=g["shape"]["rows"],
@@ -205,12 +205,34 @@ class GenerationRunner:
                   for g in self.generator.buckets()]
         return generation_summary(self.results, percentiles,
                                   kv_cache_bytes=self.generator.kv_bytes, graphs=graphs,
-                                  prompts_rejected=rejected)
+                                  prompts_truncated=truncated, prompts_rejected=rejected,
+                                  mbu=self.mbu())
+
+    def mbu(self) -> float | None:
+        """generation.mbu on a GPU of known peak bandwidth (generate/mbu.py); None on the CPU."""
+        if not self.cuda or self.generator.cache is None:
+            return None
+        layout, g = self.generator.cache.layout, self.generator
+        token = kv_bytes_per_token(layout.layers, layout.kv_heads, layout.head_dim,
+                                   torch.empty((), dtype=g.dtype).element_size())
+        return mbu(self.results, param_bytes=self.param_bytes, kv_token_bytes=token,
+                   peak=peak_bandwidth(torch.cuda.get_device_name(self.device)))
 
     def close(self) -> None:
         if self.cuda:
             torch.cuda.synchronize(self.device)
         self.generator.close()
+
+
+def build_generation_model(spec: PipelineSpec, device: torch.device):
+    """A generation spec's causal LM on `device`: a builtin (model.builtin), else as every
+    model is built (models/load.py: Hugging Face, target, ...)."""
+    m = spec.model
+    if m.builtin is not None:
+        return GENERATE_BUILDERS[m.builtin](**m.args, device=device, dtype=_dtype(m.dtype))
+    from graphrun.models.load import build_model
+
+    return build_model(spec, device, spec.base_dir)
 
 
 def generate_config(spec: PipelineSpec, model) -> GenerateConfig:

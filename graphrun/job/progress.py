@@ -21,7 +21,7 @@ LINE_S = 5.0  # outside a terminal, a progress line this often
 
 class Progress:
     def __init__(self, show: bool, total: int | None, out=None):
-        self._bar = self._lines = None
+        self._bar = self._lines = self._tokens = None
         self._pending, self._shown = 0, 0.0
         if not show:
             return
@@ -38,6 +38,13 @@ class Progress:
                                  TimeRemainingColumn(), transient=False)
         self._task = self._bar.add_task("run", total=total, rate="")
         self._bar.start()
+
+    def count_tokens(self, tokens) -> None:
+        """A generation job: tokens() gives the output tokens of the batches finished so far
+        (the engine counts them as each batch's generation ends), shown as a rate too."""
+        self._tokens = tokens
+        if self._lines is not None:
+            self._lines.tokens = tokens
 
     def set_total(self, total: int | None) -> None:
         """The records the run will read, once counted (beside setup: pipeline.open_sinks)."""
@@ -65,9 +72,12 @@ class Progress:
     def _flush(self) -> None:
         self._bar.advance(self._task, self._pending)
         self._pending = 0
-        speed = self._bar.tasks[0].speed
-        if speed:
-            self._bar.update(self._task, rate=f"{speed:,.0f} rec/s")
+        task = self._bar.tasks[0]
+        if task.speed:
+            rate = f"{task.speed:,.0f} rec/s"
+            if self._tokens is not None and task.elapsed:
+                rate += f", {self._tokens() / task.elapsed:,.0f} tok/s"
+            self._bar.update(self._task, rate=rate)
 
     def close(self) -> None:
         if self._bar is not None:
@@ -78,10 +88,11 @@ class Progress:
 
 class ProgressLines:
     """`graphrun: 12,000/100,000 records (12%), 3,100 records/s, ETA 0:00:25`, a line every
-    LINE_S seconds; the rate counts from the first batch (setup and capture are not in it)."""
+    LINE_S seconds; the rate counts from the first batch (setup and capture are not in it). A
+    generation job's line has its output tokens/s after the records/s."""
 
-    def __init__(self, total: int | None, out):
-        self.total, self.out = total, out
+    def __init__(self, total: int | None, out, tokens=None):
+        self.total, self.out, self.tokens = total, out, tokens
         self.done = 0
         self.t0 = self.shown = None
 
@@ -102,6 +113,9 @@ class ProgressLines:
         else:
             text += " records"
         text += f", {rate:,.0f} records/s"
+        if self.tokens is not None:
+            made = self.tokens()
+            text += f", {made / elapsed if elapsed > 0 else 0.0:,.0f} output tokens/s"
         if self.total and rate > 0:
             left = max(0, self.total - self.done) / rate
             text += f", ETA {int(left) // 3600}:{int(left) % 3600 // 60:02d}:{int(left) % 60:02d}"
@@ -149,6 +163,11 @@ def summary_table(manifest, shown: set[str] = frozenset()) -> None:
                   + "".join(f", {r:.1%} of {a} positions"
                             for a, r in t.padding_ratio_positions.items()))
     console.print(bucket_setup(manifest))
+    if manifest.generation is not None:
+        console.print(generation_line(manifest.generation))
+    cuts = text_cuts(manifest)
+    if cuts:
+        console.print(cuts)
     where = stream_breakdown(t)
     if where:
         console.print(where)
@@ -158,6 +177,31 @@ def summary_table(manifest, shown: set[str] = frozenset()) -> None:
     for w in manifest.warnings:
         if w not in shown:
             console.print(f"[yellow]warning:[/yellow] {w}")
+
+
+def generation_line(g) -> str:
+    """`generation: 48 output tokens (eos 2, length 6), 310 tokens/s; TTFT p50 12.1 ms, TPOT
+    p50 3.2 ms; 25% of decode row-steps wasted`: the generation section in a line."""
+    reasons = ", ".join(f"{k} {v}" for k, v in sorted(g.finish_reasons.items()))
+    times = "; ".join(f"{name} {key} {values[key]:.1f} ms"
+                      for name, values in (("TTFT", g.ttft_ms), ("TPOT", g.tpot_ms))
+                      for key in list(values)[:1])
+    return (f"generation: {g.output_tokens:,} output tokens ({reasons}), "
+            f"{g.output_tokens_per_s:,.0f} tokens/s" + (f"; {times}" if times else "")
+            + f"; {g.wasted_fraction:.0%} of decode row-steps wasted")
+
+
+def text_cuts(manifest) -> str | None:
+    """`texts: 3 cut to 64 tokens (data.text.truncate, from the left)`: a data.text job with
+    truncate on; None otherwise (a too long text is then a rejected record, counted there)."""
+    t = manifest.totals
+    text = (manifest.spec.get("data") or {}).get("text") or {}
+    if t.texts_truncated is None or not text.get("truncate", True):
+        return None
+    side = "left" if manifest.spec.get("generate") else "right"
+    what = "prompt" if side == "left" else "text"
+    return (f"texts: {t.texts_truncated:,} {what}{'' if t.texts_truncated == 1 else 's'} cut "
+            f"to {t.text_max_tokens:,} tokens (data.text.truncate, from the {side})")
 
 
 def bucket_setup(manifest) -> str:

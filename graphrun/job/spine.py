@@ -29,6 +29,7 @@ from graphrun.base.phases import BEFORE_RUN, PhaseClock, phase
 from graphrun.job.state import RunHashes, RunState
 from graphrun.job.signals import StopSignals
 from graphrun.read.stream import ReadAhead, read_batches
+from graphrun.read.text import TextCuts
 from graphrun.base.tuning import Tuning
 from graphrun.write.folder import completed_manifest, locked, prepare_out_dir
 from graphrun.write.journal import ShardPlace
@@ -204,9 +205,11 @@ def run_stream(job: RunState, fingerprint: dict, resume_point, start: int, stop,
         # Parquet file, its first row groups decode meanwhile, not while the device waits
         with phase("reader start"):
             job.padding = PaddingCount(spec) if spec.data.group_by_length else None
+            job.cuts = TextCuts(spec, job.count_from) if spec.data.text is not None else None
             ids_from = job.place.job_start if job.place else fingerprint["slice"][0] or 0
             job.reader = ReadAhead(read_batches(spec, start=start, stop=stop, ids_from=ids_from,
-                                                tuning=job.tuning, padding=job.padding),
+                                                tuning=job.tuning, padding=job.padding,
+                                                cuts=job.cuts),
                                    ahead=look_ahead(spec))
         engine = GenerationRunner if spec.generate is not None else Runner
         job.runner = runner = engine(spec, log=job.print_and_warn if show else job.warn,
@@ -221,6 +224,8 @@ def run_stream(job: RunState, fingerprint: dict, resume_point, start: int, stop,
     with phase("output open"):
         take_sinks(job, opening)
         progress.set_total(counting.result() if counting else None)
+        if spec.generate is not None:
+            progress.count_tokens(lambda: runner.output_tokens)
     writer, runner = job.writer, job.runner
     if fingerprint["input_sha256"] is None:
         # not beside the stream: reading the file to hash it slows the stream's reads

@@ -82,6 +82,7 @@ class RunState:
         self.device_start = None  # the CUDA context begun beside setup (device_start.py)
         self.tuning = None  # the reader's and writer's threads and chunks (tuning.py)
         self.padding = None  # data.group_by_length: the padding saved (grouping.PaddingCount)
+        self.cuts = None  # data.text: the texts truncate cut (text.TextCuts)
         self.place = None  # a job's worker: where its shards go (journal.ShardPlace)
 
     def finish(self, progress) -> Manifest:
@@ -252,7 +253,9 @@ class RunState:
             device_idle_fraction=None if busy is None else 1.0 - busy,
             overlapped=self.overlapped, overlap_reason=self._overlap_reason(),
             host_phase_s=self.host_s,
-            process_wall_s=process_wall, time_to_first_output_s=self.clock.first_output_s())
+            process_wall_s=process_wall, time_to_first_output_s=self.clock.first_output_s(),
+            texts_truncated=self.cuts.count if self.cuts else None,
+            text_max_tokens=self.cuts.length if self.cuts else None)
         return Manifest(
             status=self.status, error=self.error, name=spec.name, started_at=self.started,
             finished_at=_now(), spec=self.spec_json, spec_sha256=self.spec_sha,
@@ -266,8 +269,9 @@ class RunState:
             resumed_from=self.resumed_from, warnings=self.warnings,
             bucket_plan=self.bucket_plan,
             grouping=self.padding.report() if self.padding else None, phases=self.phases(),
-            generation=(runner.generation_section(ps, self.rejected)
-                        if hasattr(runner, "generation_section") else None))
+            generation=(runner.generation_section(
+                ps, self.rejected, truncated=self.cuts.count if self.cuts else 0)
+                if hasattr(runner, "generation_section") else None))
 
     def phases(self) -> Phases:
         """The clock's phases (after its end()): the flat list, and warm-up, capture and

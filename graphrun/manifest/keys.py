@@ -170,6 +170,14 @@ class Totals(_M):
         "waiting for results, cutting and writing them). Serially they add up to the "
         "streaming time; overlapped the threads run side by side and the busiest one, with "
         "its waits, bounds the rate.")
+    texts_truncated: Optional[int] = Field(
+        None, description="data.text jobs: records whose text was longer than text_max_tokens "
+        "and was cut to it (data.text.truncate: from the right, or from the left for a "
+        "generation job's prompts, whose end is kept), as this attempt read them; the summary "
+        "names it. Null without data.text.")
+    text_max_tokens: Optional[int] = Field(
+        None, description="data.text jobs: the tokens a text may hold (data.text.max_length, "
+        "else the largest seq bucket, else the tokenizer's model_max_length).")
 
     @model_validator(mode="before")
     @classmethod

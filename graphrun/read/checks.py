@@ -7,7 +7,7 @@ range, finite), duplicate id. Value checks run vectorized over a whole chunk of 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -170,6 +170,7 @@ class Prechecked:
     axes: dict[str, np.ndarray]  # axis -> [n] lengths, -1 where the shape is bad
     shaped: np.ndarray  # [g] positions with a good shape
     converted: dict[str, Records]  # input -> the records at `shaped`, in the input's dtype
+    cut: list[int] = field(default_factory=list)  # data.text: positions whose text was cut
 
 
 def precheck(spec: PipelineSpec, c: Candidates) -> Prechecked:
@@ -184,7 +185,8 @@ def precheck(spec: PipelineSpec, c: Candidates) -> Prechecked:
     converted = {name: check_values(name, inp, _records_at(c.fields[name], shaped, n),
                                     shaped, problems)
                  for name, inp in spec.inputs.items()}
-    return Prechecked(c.indices, c.ids, c.where, c.rejects, problems, axes, shaped, converted)
+    return Prechecked(c.indices, c.ids, c.where, c.rejects, problems, axes, shaped, converted,
+                      c.cut)
 
 
 class RecordChecker:
@@ -221,7 +223,16 @@ class RecordChecker:
             fields=fields,
             lengths={axis: p.axes[axis][good] for axis in self.spec.axes[1:] if axis in p.axes},
             rejects=sorted(rejects, key=lambda r: r.index),
+            cut=_cut_ordinals(p, problems),
         )
+
+
+def _cut_ordinals(p: Prechecked, problems: dict[int, str]) -> np.ndarray | None:
+    """The ordinals of the valid records whose text was cut (a rejected one never ran)."""
+    if not p.cut:
+        return None
+    kept = [q for q in p.cut if q not in problems]
+    return p.indices[np.asarray(kept, np.int64)] if kept else None
 
 
 def _plain_id(rid):

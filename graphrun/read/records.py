@@ -87,6 +87,9 @@ class RecordBatch:
     # and whether it is that window's last batch; None: batched in input order
     window: int | None = None
     window_end: bool = False
+    # data.text: ordinals of its records whose text was cut to data.text's length (a checked
+    # chunk's; the batches cut from it carry none, TextCuts counts them once per chunk)
+    cut: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -110,6 +113,7 @@ class Candidates:
     fields: dict[str, Field]  # one per input
     problems: dict[int, str] = field(default_factory=dict)  # position in the chunk -> reason
     rejects: list[Reject] = field(default_factory=list)  # records that never became candidates
+    cut: list[int] = field(default_factory=list)  # data.text: positions whose text was cut
 
 
 # ---- from the file's values: JSON-like lists (JSONL; Parquet with nulls) or Arrow columns ----

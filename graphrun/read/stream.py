@@ -28,7 +28,7 @@ __all__ = ["Reject", "RecordBatch", "ReadAhead", "read_batches"]
 
 def read_batches(spec: PipelineSpec, *, start: int = 0, stop: int | None = None,
                  tuning: Tuning | None = None, padding: PaddingCount | None = None,
-                 ids_from: int | None = None) -> Iterator[RecordBatch]:
+                 ids_from: int | None = None, cuts=None) -> Iterator[RecordBatch]:
     """Batches of spec.data.batch_size valid records (the last may be smaller) from the records
     with ordinals in [start, stop). Each batch carries the rejects met before its last record, so
     records and rejects come out in file order; a batch may hold only rejects. With
@@ -38,7 +38,8 @@ def read_batches(spec: PipelineSpec, *, start: int = 0, stop: int | None = None,
     padding, if given, counts what that saved. ids_from: the first ordinal of the job (or of
     the slice) when reading starts past it (a worker's share, a resumed run): the ids that one
     process reading from there would have seen by `start` count as seen, so a duplicate of an
-    earlier share's record is rejected here as one process rejects it."""
+    earlier share's record is rejected here as one process rejects it. cuts (text.TextCuts), if
+    given, counts the records whose text data.text.truncate cut."""
     if start < 0 or (stop is not None and stop < start):
         raise ValueError(f"need 0 <= start <= stop (got start={start}, stop={stop})")
     tuning = tuning or Tuning.from_machine()
@@ -54,6 +55,8 @@ def read_batches(spec: PipelineSpec, *, start: int = 0, stop: int | None = None,
     # a reader's chunk is Candidates, or Prechecked on another thread (Parquet's decoding pool):
     # this thread then only checks its ids for duplicates and cuts it into batches
     checked = (checker.check(c) for c in reader.chunks(start, stop))
+    if cuts is not None:
+        checked = _counting_cuts(checked, cuts)
     if spec.data.group_by_length:
         yield from _regroup_windows(checked, spec, start, padding)
     else:
@@ -134,6 +137,12 @@ class ReadAhead:
 
 
 _END = object()
+
+
+def _counting_cuts(chunks: Iterator[RecordBatch], cuts) -> Iterator[RecordBatch]:
+    for chunk in chunks:
+        cuts.add(chunk)
+        yield chunk
 
 
 # ---- batching ----------------------------------------------------------------------------------

@@ -65,8 +65,10 @@ def _tokenizer(folder: str, length: int, truncate: bool, direction: str = "right
     return tok
 
 
-def tokenize(spec: PipelineSpec, texts: list) -> tuple[dict[str, Field], dict[int, str]]:
-    """texts [n] -> one Field per input (one int array per record) and reasons by position."""
+def tokenize(spec: PipelineSpec, texts: list
+             ) -> tuple[dict[str, Field], dict[int, str], list[int]]:
+    """texts [n] -> one Field per input (one int array per record), reasons by position, and
+    the positions whose text truncate cut (the tokenizer kept what it cut in `overflowing`)."""
     from graphrun.models.hf import tokenizer_folder
 
     text = spec.data.text
@@ -83,6 +85,8 @@ def tokenize(spec: PipelineSpec, texts: list) -> tuple[dict[str, Field], dict[in
                 problems[p] = (f"{text.field}: {len(enc.ids)} tokens, more than {length} "
                                "(the largest seq bucket or data.text.max_length); set "
                                "data.text.truncate: true to cut it")
+    cut = ([p for p, enc in enumerate(encodings) if enc.overflowing and p not in problems]
+           if text.truncate else [])
     fields = {}
     for name, inp in spec.inputs.items():
         attr = ENCODING_FIELDS[name]
@@ -90,7 +94,25 @@ def tokenize(spec: PipelineSpec, texts: list) -> tuple[dict[str, Field], dict[in
         fields[name] = Field(arrays=[None if p in problems else
                                      np.asarray(getattr(enc, attr), dtype=dtype)
                                      for p, enc in enumerate(encodings)])
-    return fields, problems
+    return fields, problems, cut
+
+
+class TextCuts:
+    """data.text: how many records' texts truncate cut to `length` tokens, counted as their
+    checked chunks are read (each chunk once: the batches cut from it carry none); a record
+    the run this one resumes read already (an ordinal below count_from) is not counted."""
+
+    def __init__(self, spec: PipelineSpec, count_from: int = 0):
+        from graphrun.models.hf import tokenizer_folder
+
+        self.length = max_length(spec, tokenizer_folder(spec))
+        self.side = "left" if spec.generate is not None else "right"
+        self.count_from, self.count = count_from, 0
+
+    def add(self, chunk) -> None:
+        """A checked chunk (RecordBatch): its cut records counted."""
+        if chunk.cut is not None:
+            self.count += int(np.count_nonzero(chunk.cut >= self.count_from))
 
 
 def jsonl_text_candidates(spec: PipelineSpec, file: str, records: list, reasons: list[str],
@@ -107,12 +129,12 @@ def jsonl_text_candidates(spec: PipelineSpec, file: str, records: list, reasons:
                                   f"{file}:{linenos[p]}", reason))
         else:
             good.append(p)
-    fields, problems = tokenize(spec, [records[p][field] for p in good])
+    fields, problems, cut = tokenize(spec, [records[p][field] for p in good])
     return Candidates(
         indices=np.array(good, np.int64) + first,
         ids=[records[p][id_field] for p in good] if id_field else None,
         where=[f"{file}:{linenos[p]}" for p in good],
-        fields=fields, problems=problems, rejects=rejects)
+        fields=fields, problems=problems, rejects=rejects, cut=cut)
 
 
 def _record_problem(record, field: str, id_field: str | None) -> str:
@@ -148,7 +170,7 @@ def parquet_text_candidates(spec: PipelineSpec, file: str, rb, first: int) -> Ca
     """A record batch's rows: the text column tokenized (a null text is a bad record)."""
     import pyarrow as pa
 
-    fields, problems = tokenize(spec, rb.column(spec.data.text.field).to_pylist())
+    fields, problems, cut = tokenize(spec, rb.column(spec.data.text.field).to_pylist())
     ids = None
     if spec.data.id_field:
         col = rb.column(spec.data.id_field)
@@ -158,7 +180,7 @@ def parquet_text_candidates(spec: PipelineSpec, file: str, rb, first: int) -> Ca
             if v is None:
                 problems.setdefault(p, f"missing id: {spec.data.id_field!r} is null")
     rows = np.arange(first, first + rb.num_rows, dtype=np.int64)
-    return Candidates(rows, ids, RowWhere(file, rows), fields, problems)
+    return Candidates(rows, ids, RowWhere(file, rows), fields, problems, cut=cut)
 
 
 def _kind(value) -> str:

@@ -211,7 +211,15 @@ def totals(reports: list[WorkerReport], manifests: list, buckets: list, t0: floa
         padding_ratio_positions=position_ratios(buckets), device_busy_fraction=mean_busy,
         device_idle_fraction=None if mean_busy is None else 1.0 - mean_busy,
         overlapped=done[0].totals.overlapped if done else None,
-        overlap_reason=done[0].totals.overlap_reason if done else None, host_phase_s=host)
+        overlap_reason=done[0].totals.overlap_reason if done else None, host_phase_s=host,
+        texts_truncated=_sum_known([m.totals.texts_truncated for m in done]),
+        text_max_tokens=done[0].totals.text_max_tokens if done else None)
+
+
+def _sum_known(values: list) -> int | None:
+    """The workers' counts added up; None where no worker counted (not a data.text job)."""
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
 
 
 def now() -> str:

@@ -30,6 +30,10 @@ class ProgressFile:
     def set_total(self, total: int | None) -> None:
         """The job's total is the watcher's (JobProgress), counted once for every worker."""
 
+    def count_tokens(self, tokens) -> None:
+        """A generation job's tokens/s: each worker's manifest has its own; the bar shows
+        records."""
+
     def advance(self, n: int) -> None:
         self.done += n
         now = time.monotonic()

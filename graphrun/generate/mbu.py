@@ -1,0 +1,52 @@
+"""Model bandwidth utilisation of decode (the manifest's generation.mbu): the bytes the decode
+steps had to read from device memory (the weights once a step, and the KV cache columns each
+real row attends over) / the decode time / the device's peak memory bandwidth. Decode of a
+small batch is bound by that bandwidth, so this says how near the bound the steps ran.
+"""
+
+from __future__ import annotations
+
+# peak memory bandwidth, bytes/s, by a part of the name torch gives the device; first match
+# wins, so the more specific names come first
+PEAK_BANDWIDTH = (
+    ("H200", 4.8e12),
+    ("H100 80GB HBM3", 3.35e12),  # the SXM part (the PCIe one is "H100 PCIe")
+    ("H100 SXM", 3.35e12),
+    ("A100-SXM4-80GB", 2.0e12),
+    ("A100 80GB", 2.0e12),
+)
+
+
+def peak_bandwidth(device_name: str) -> float | None:
+    """Bytes/s for a known GPU name (torch.cuda.get_device_name), else None."""
+    for part, peak in PEAK_BANDWIDTH:
+        if part in device_name:
+            return peak
+    return None
+
+
+def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, element_bytes: int) -> int:
+    """One token's keys and values, all layers."""
+    return 2 * layers * kv_heads * head_dim * element_bytes
+
+
+def decode_bytes(results, param_bytes: int, kv_token_bytes: int) -> int:
+    """What the decode steps of the batches (generate.BatchResult) read: per step the weights,
+    and per real row the KV columns it attends over (its prompt and the tokens made so far:
+    step t of a row with a prompt of n tokens attends over n + t columns)."""
+    total = 0
+    for r in results:
+        s = r.decode_steps
+        total += s * param_bytes
+        for c in r.completions:
+            # sum over t = 1..s of (n + t)
+            total += kv_token_bytes * (s * c.prompt_tokens + s * (s + 1) // 2)
+    return total
+
+
+def mbu(results, *, param_bytes: int, kv_token_bytes: int, peak: float | None) -> float | None:
+    """decode_bytes / decode time / peak; None without a peak or a decode step timed."""
+    decode_s = sum(r.decode_s for r in results)
+    if peak is None or decode_s <= 0 or not any(r.decode_steps for r in results):
+        return None
+    return decode_bytes(results, param_bytes, kv_token_bytes) / decode_s / peak
