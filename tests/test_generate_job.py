@@ -200,3 +200,7 @@ def test_gpus_workers_give_the_same_completions_as_one_process(tmp_path):
     assert merged["totals"]["records_out"] == one.totals.records_out == 16
     assert merged["totals"]["texts_truncated"] == one.totals.texts_truncated > 0
     assert merged["totals"]["text_max_tokens"] == one.totals.text_max_tokens == 64
+    gen = merged["generation"]  # the workers' sections added up
+    assert gen["records"] == 16 and gen["output_tokens"] == one.generation.output_tokens
+    assert gen["finish_reasons"] == one.generation.finish_reasons
+    assert gen["prompts_truncated"] == one.generation.prompts_truncated

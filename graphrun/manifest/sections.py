@@ -223,3 +223,40 @@ def generation_summary(results, percentiles, *, kv_cache_bytes: int,
         useful_steps=useful, wasted_fraction=1 - useful / row_steps if row_steps else 0.0,
         kv_cache_bytes=kv_cache_bytes, graphs=list(graphs), mbu=mbu,
         prompts_truncated=prompts_truncated, prompts_rejected=prompts_rejected)
+
+
+def merged_generation(sections: list[Generation]) -> Generation | None:
+    """A job's generation section from its workers' (--gpus, torchrun): counts and seconds
+    added up, tokens/s over the slowest worker's generation time (they ran side by side), the
+    TTFT and TPOT percentiles the largest of the workers' (a bound: each worker's records are
+    not kept), every worker's graphs."""
+    sections = [g for g in sections if g is not None]
+    if not sections:
+        return None
+    reasons: dict[str, int] = {}
+    for g in sections:
+        for k, v in g.finish_reasons.items():
+            reasons[k] = reasons.get(k, 0) + v
+    slowest = max(g.prefill_s + g.decode_s for g in sections)
+    output = sum(g.output_tokens for g in sections)
+    row_steps = sum(g.decode_row_steps for g in sections)
+    useful = sum(g.useful_steps for g in sections)
+
+    def bound(attr: str) -> dict[str, float]:
+        keys = {k for g in sections for k in getattr(g, attr)}
+        return {k: max(getattr(g, attr).get(k, 0.0) for g in sections) for k in sorted(keys)}
+
+    mbus = [g.mbu for g in sections if g.mbu is not None]
+    return Generation(
+        records=sum(g.records for g in sections),
+        prompt_tokens=sum(g.prompt_tokens for g in sections), output_tokens=output,
+        finish_reasons=reasons, output_tokens_per_s=output / slowest if slowest else 0.0,
+        prefill_s=sum(g.prefill_s for g in sections), decode_s=sum(g.decode_s for g in sections),
+        ttft_ms=bound("ttft_ms"), tpot_ms=bound("tpot_ms"),
+        decode_steps=sum(g.decode_steps for g in sections), decode_row_steps=row_steps,
+        useful_steps=useful, wasted_fraction=1 - useful / row_steps if row_steps else 0.0,
+        kv_cache_bytes=sum(g.kv_cache_bytes for g in sections),
+        graphs=[x for g in sections for x in g.graphs],
+        mbu=sum(mbus) / len(mbus) if mbus else None,
+        prompts_truncated=sum(g.prompts_truncated for g in sections),
+        prompts_rejected=sum(g.prompts_rejected for g in sections))

@@ -17,7 +17,7 @@ from pathlib import Path
 from graphrun.engine.timing import percentiles
 from graphrun.write.journal import REJECTS, fsync_path
 from graphrun.manifest.keys import BucketReport, FileEntry, Manifest, Totals, write_manifest
-from graphrun.manifest.sections import WorkerReport
+from graphrun.manifest.sections import WorkerReport, merged_generation
 from graphrun.engine.padding import position_ratios
 from graphrun.write.job_layout import committed, manifest_since, shares, worker_dir
 
@@ -66,7 +66,7 @@ def merge(top: Path, spec, mark: dict, outcomes: list, devices: list[str], t0: f
                          default=None),
         bucket_plan=first.bucket_plan if first else None,
         warnings=[f"rank {r}: {w}" for r, m in enumerate(manifests) if m for w in m.warnings],
-        workers=reports)
+        workers=reports, generation=merged_generation([m.generation for m in current if m]))
     write_manifest(manifest, top / "manifest.json")
     return manifest
 
