@@ -204,3 +204,25 @@ def test_gpus_workers_give_the_same_completions_as_one_process(tmp_path):
     assert gen["records"] == 16 and gen["output_tokens"] == one.generation.output_tokens
     assert gen["finish_reasons"] == one.generation.finish_reasons
     assert gen["prompts_truncated"] == one.generation.prompts_truncated
+
+
+@pytest.mark.slow
+def test_torchrun_workers_give_the_same_completions_as_one_process(tmp_path):
+    import socket
+
+    spec = write_spec(tmp_path, n=10)
+    graphrun.run(graphrun.load_spec(spec), out=tmp_path / "one")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "graphrun", "run", str(spec), "--out", str(tmp_path / "two"),
+         "-q"], env=dict(child_env(), RANK=str(k), LOCAL_RANK=str(k), WORLD_SIZE="2",
+                         LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err
+    assert completions(tmp_path / "two") == completions(tmp_path / "one")
+    merged = json.loads((tmp_path / "two" / "manifest.json").read_text())
+    assert merged["generation"]["records"] == 10 and len(merged["workers"]) == 2
