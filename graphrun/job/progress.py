@@ -193,10 +193,11 @@ def generation_line(g) -> str:
 
 def text_cuts(manifest) -> str | None:
     """`texts: 3 cut to 64 tokens (data.text.truncate, from the left)`: a data.text job with
-    truncate on; None otherwise (a too long text is then a rejected record, counted there)."""
+    truncate on that cut some; None otherwise (with truncate off a too long text is a rejected
+    record, counted there)."""
     t = manifest.totals
     text = (manifest.spec.get("data") or {}).get("text") or {}
-    if t.texts_truncated is None or not text.get("truncate", True):
+    if not t.texts_truncated or not text.get("truncate", True):
         return None
     side = "left" if manifest.spec.get("generate") else "right"
     what = "prompt" if side == "left" else "text"
