@@ -22,6 +22,7 @@ from typing import Iterator
 import numpy as np
 
 from graphrun.engine.buckets import split_sizes
+from graphrun.generate.records import with_implied_io
 from graphrun.spec.keys import BATCH, PipelineSpec
 
 ENUMERATE_LIMIT = 4096  # combinations of the other axes' lists tried exactly before alternating
@@ -58,7 +59,9 @@ def read_batches_for_plan(spec: PipelineSpec, stop: int | None = None) -> Iterat
 
 def reading_spec(spec: PipelineSpec) -> PipelineSpec:
     """The spec as the planner reads with it: bad records skipped (counted), and no record
-    rejected for being longer than today's largest bucket, since the plan must cover it."""
+    rejected for being longer than today's largest bucket, since the plan must cover it. A
+    generation job's prompts are read as its run reads them (its implied inputs)."""
+    spec = with_implied_io(spec)
     buckets = {a: ([spec.data.batch_size] if v == "auto" else v) if a == BATCH
                else [UNBOUNDED] if v == "auto" else sorted(v)[:-1] + [UNBOUNDED]
                for a, v in spec.buckets.items()}
