@@ -161,6 +161,16 @@ def test_a_wrong_section_is_refused_before_any_work(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_validate_load_and_plan_take_a_generation_spec(tmp_path):
+    spec = write_spec(tmp_path, n=6)
+    loaded = CliRunner().invoke(main, ["validate", "--load", str(spec)])
+    assert loaded.exit_code == 0, loaded.output
+    assert "called on each of 6 buckets" in loaded.output  # batch [1, 4] x seq [64, 128, 512]
+    planned = CliRunner().invoke(main, ["plan", str(spec)])
+    assert planned.exit_code == 0, planned.output
+    assert "seq:" in planned.output and "bucket plans over 6 records" in planned.output
+
+
 @pytest.mark.slow
 def test_kill_9_then_resume_gives_the_same_completions(tmp_path):
     clean = tmp_path / "clean"

@@ -215,8 +215,19 @@ def _load(spec) -> int:
     spec.capture.backend = "eager"
     spec.capture.lazy = False  # every bucket checked now, not on a first use that never comes
     spec.report.baseline = "none"
-    with Runner(spec, log=lambda msg: click.echo(msg, err=True)
-                if msg.startswith("warning:") else None) as runner:
+    log = lambda msg: click.echo(msg, err=True) if msg.startswith("warning:") else None  # noqa: E731
+    if spec.generate is not None:  # prefill and two decode steps at every (batch, prompt) bucket
+        from graphrun.generate.records import with_implied_io
+        from graphrun.generate.runner import GenerationRunner
+
+        spec.generate.max_new_tokens = min(3, spec.generate.max_new_tokens)
+        spec.generate.min_new_tokens = min(spec.generate.min_new_tokens, 3)
+        runner = GenerationRunner(with_implied_io(spec), log=log)
+        try:
+            return runner.try_every_bucket()
+        finally:
+            runner.close()
+    with Runner(spec, log=log) as runner:
         return len(runner.states)
 
 

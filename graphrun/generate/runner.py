@@ -181,6 +181,16 @@ class GenerationRunner:
             self._decode = lambda ids: tok.decode(ids, skip_special_tokens=True)
         return self._decode
 
+    def try_every_bucket(self) -> int:
+        """One synthetic batch per (batch, prompt) bucket, generated: `validate --load`'s check
+        that the model prefills and decodes at every shape before a long run. Returns how many."""
+        count = 0
+        for rows in self.batch_buckets:
+            for width in self.prompt_buckets:
+                self.generator.generate([[1] * width for _ in range(rows)], list(range(rows)))
+                count += 1
+        return count
+
     # -- the manifest --------------------------------------------------------------------------
 
     def bucket_reports(self) -> list[BucketReport]:
