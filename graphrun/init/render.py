@@ -154,7 +154,7 @@ def render_generate_spec(found, spec_dir: Path, out_dir: str) -> str:
         "# A generation job: one completion per prompt (id, token_ids, text, finish_reason,",
         "# prompt_tokens, output_tokens); inputs and outputs are implied. Look at what",
         "# `graphrun init` printed to check, then: graphrun validate this file, graphrun run",
-        "# this file. Keys: the README's spec reference.",
+        "# this file. Keys: graphrun's docs/spec.md.",
         "version: 1",
         f"name: {_scalar(found.name)}",
         _c("device: auto", "auto: cuda if present, else cpu"),
