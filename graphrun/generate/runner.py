@@ -100,6 +100,7 @@ class GenerationRunner:
         self.buckets: dict[Bucket, PrefillBucket] = {}
         self.results: list[BatchResult] = []  # every part's, for the generation section
         self._decode = None
+        self.launcher = self  # the feed's engine (feed/protocols.Engine): it launches its parts
         self.setup_s = time.perf_counter() - t0
 
     def _model(self):

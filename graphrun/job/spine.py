@@ -231,12 +231,12 @@ def run_stream(job: RunState, fingerprint: dict, resume_point, start: int, stop,
     job.overlapped = overlap
     if overlap:  # the overlapped path's pinned slots: setup, not the stream
         with phase("host slots"):
-            runner.host_slots(slot_count(runner.slot_bytes))
+            runner.launcher.host_slots(slot_count(runner.launcher.slot_bytes))
     job.stream_t0 = time.perf_counter()
     stop_signal.streaming()  # from here a signal lets the batch in flight finish
     with phase("stream"):
         job.host_s = feed_stream(
-            runner, job.reader, writer, oversize=spec.data.oversize,
+            runner.launcher, job.reader, writer, oversize=spec.data.oversize,
             on_batches=lambda ran, n, first: job.log_batches(job.latencies, ran, n, first),
             on_read=lambda rb: progress.advance(job.count(rb)),
             should_stop=lambda: bool(stop_signal.signum), start=start, overlap=overlap)
