@@ -479,7 +479,7 @@ def inner_variant(runner: Runner, case: Case, label: str, bucket, sets, ref, ite
             slot.inputs.pad_rows(n, bucket, a, 0.0)  # converted to the model's dtype
 
     def inner():
-        return runner.launch(bucket, 0, bucket.batch, {}, timed=True).wait()
+        return runner.launcher.launch(bucket, 0, bucket.batch, {}, timed=True).wait()
 
     phases: list[dict] = []
     prepare(0)

@@ -398,11 +398,11 @@ def replay_rates(case: Case, spec: PipelineSpec, seconds: float) -> ReplayRates:
     n = len(first)
     with Runner(spec) as runner:
         with torch.inference_mode():
-            runner.host_slots(2)
-            bucket = runner.stage(first.fields, n, first.lengths, 0)
-            runner.stage(first.fields, n, first.lengths, 1)
+            runner.launcher.host_slots(2)
+            bucket = runner.launcher.stage(first.fields, n, first.lengths, 0)
+            runner.launcher.stage(first.fields, n, first.lengths, 1)
             # one launch first: a bucket under capture.lazy is set up on its first use
-            runner.launch(bucket, 0, n, first.lengths).result()
+            runner.launcher.launch(bucket, 0, n, first.lengths).result()
             lane = runner.lanes[0]
             # the graph (or eager step) alone, inputs already in the static device views
             for dst, src in runner.launcher.slots[0].copies(bucket, lane).h2d:
@@ -411,13 +411,13 @@ def replay_rates(case: Case, spec: PipelineSpec, seconds: float) -> ReplayRates:
             slot = [0]
 
             def device_path():  # h2d + replay + d2h enqueued back to back
-                runner.launch(bucket, slot[0], n, first.lengths)
+                runner.launcher.launch(bucket, slot[0], n, first.lengths)
                 slot[0] ^= 1
 
             path_s = timed_loop(device_path, runner, seconds)
 
             def launch_collect():
-                runner.launch(bucket, 0, n, first.lengths).result()
+                runner.launcher.launch(bucket, 0, n, first.lengths).result()
 
             lc_s = timed_loop(launch_collect, runner, seconds)
         note = f"bucket {bucket.name}, {runner.states[bucket].status}"

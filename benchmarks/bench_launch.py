@@ -68,7 +68,8 @@ def launch_us(runner: Runner, bucket, iters: int, *, timed: bool, stream) -> flo
     slot = 0
     for _ in range(iters):
         t0 = time.perf_counter()
-        launched = runner.launch(bucket, slot, bucket.batch, {}, timed=timed, stream=stream)
+        launched = runner.launcher.launch(bucket, slot, bucket.batch, {}, timed=timed,
+                                          stream=stream)
         times.append((time.perf_counter() - t0) * 1e6)
         launched.wait()
         slot = (slot + 1) % len(runner.launcher.slots)
@@ -92,17 +93,17 @@ def main() -> None:
     import tempfile
     rows = []
     with tempfile.TemporaryDirectory() as tmp, Runner(spec(Path(tmp), args.batch, cuda)) as r:
-        r.host_slots(4)
+        r.launcher.host_slots(4)
         bucket = r.table.all[0]
         x = np.random.default_rng(0).standard_normal((args.batch, r.spec.inputs["x"].shape[1]))
         slots = r.launcher.slots
         for s in range(len(slots)):
-            r.stage({"x": x.astype(np.float32)}, args.batch, {}, s)
-        with r.device_context():
-            stream = r.current_stream()
+            r.launcher.stage({"x": x.astype(np.float32)}, args.batch, {}, s)
+        with r.launcher.device_context():
+            stream = r.launcher.current_stream()
             sync = torch.cuda.synchronize if cuda else (lambda: None)
             for _ in range(20):  # warm: every slot's copies built, events made
-                r.launch(bucket, _ % len(slots), args.batch, {}, stream=stream).wait()
+                r.launcher.launch(bucket, _ % len(slots), args.batch, {}, stream=stream).wait()
             if cuda:
                 lane0, lane1 = r.lanes[0], r.lanes[-1]
                 c = slots[0].copies(bucket, lane0)

@@ -164,7 +164,7 @@ def test_memory_budget_drops_the_largest_buckets(tmp_path):
         assert states[1].status == "captured"
         assert runner.table.max_batch < 4096
         x = np.random.default_rng(0).standard_normal((100, 32), dtype=np.float32)
-        out, ran = runner.run_rows({"x": x}, 100, {})  # split over the buckets still there
+        out, ran = runner.launcher.run_rows({"x": x}, 100, {})  # split over the buckets still there
         assert out["y"].shape == (100, 8) and all(b.batch < 4096 for b, _ in ran)
 
 
@@ -186,7 +186,7 @@ def test_a_second_capture_that_fails_leaves_the_bucket_on_one_lane(tmp_path, mon
             return real(step, bucket, **kw)
 
         monkeypatch.setattr(capture_mod, "capture_graph", fails_for_16)
-        runner.host_slots(3)
+        runner.launcher.host_slots(3)
         on = {b.batch: [lane.index for lane in runner.lanes if b in lane.graphs]
               for b in runner.states}
         assert on == {16: [0], 4: [0, 1]}
@@ -270,11 +270,12 @@ def test_overlapped_stream_on_two_lanes_gives_serials_outputs_bit_for_bit(tmp_pa
         for overlap in (False, True):
             grown[overlap] = {b: s.memory_bytes for b, s in runner.states.items()}
             w = got[overlap] = Keep()
-            feed_stream(runner, data, w, on_batches=lambda ran, n, first, w=w: w.times.extend(
-                t for _, t in ran), on_read=lambda rb: None, should_stop=lambda: False,
-                overlap=overlap)
+            feed_stream(runner.launcher, data, w,
+                        on_batches=lambda ran, n, first, w=w: w.times.extend(t for _, t in ran),
+                        on_read=lambda rb: None, should_stop=lambda: False,
+                        overlap=overlap)
             assert len(runner.lanes) == (2 if overlap else 1)
-        assert len(runner.launcher.slots) == slot_count(runner.slot_bytes) > 2
+        assert len(runner.launcher.slots) == slot_count(runner.launcher.slot_bytes) > 2
         for bucket, state in runner.states.items():
             second = runner.lanes[1].graphs[bucket]
             assert second.verify.passed, second.verify

@@ -45,9 +45,9 @@ PARENT = int(os.environ.get("GRAPHRUN_JOB_PARENT") or 0)
 
 
 def hang_when_orphaned():
-    from graphrun.job.state import RunState
+    from graphrun.job.state import RunResources
 
-    finish = RunState.finish  # every run's end, however it stopped
+    finish = RunResources.finish  # every run's end, however it stopped
 
     def stuck(self, *args, **kwargs):
         while PARENT and os.getppid() != PARENT:
@@ -57,7 +57,7 @@ def hang_when_orphaned():
                 pass
         return finish(self, *args, **kwargs)
 
-    RunState.finish = stuck
+    RunResources.finish = stuck
 
 
 class Scorer(torch.nn.Module):

@@ -67,7 +67,7 @@ def batches(sizes: list[int], *, reject_every: int = 0, seed: int = 0) -> list[R
 
 def run(runner, source, writer, *, overlap, should_stop=lambda: False, reads=None):
     reads = [] if reads is None else reads
-    return feed_stream(runner, source, writer, on_batches=lambda ran, n, first: None,
+    return feed_stream(runner.launcher, source, writer, on_batches=lambda ran, n, first: None,
                          on_read=lambda rb: reads.append(len(rb)), should_stop=should_stop,
                          oversize=runner.spec.data.oversize, overlap=overlap)
 
@@ -144,7 +144,7 @@ def test_a_stop_finishes_the_batches_launched_and_reads_no_further(runner, overl
 
 def test_the_overlapped_path_keeps_at_most_slots_batches_in_flight(runner):
     held, most = set(), [0]
-    stage, launch = runner.stage, runner.launch
+    stage, launch = runner.launcher.stage, runner.launcher.launch
 
     def staging(fields, n, lengths, slot, ids=None):
         assert slot not in held, f"slot {slot} staged while still in flight"
@@ -161,12 +161,12 @@ def test_the_overlapped_path_keeps_at_most_slots_batches_in_flight(runner):
             held.discard(self.launched.slot)
             return out
 
-    runner.stage = staging
-    runner.launch = lambda *a, **k: Collecting(launch(*a, **k))
+    runner.launcher.stage = staging
+    runner.launcher.launch = lambda *a, **k: Collecting(launch(*a, **k))
     writer = ListWriter()
     run(runner, batches([4] * 40), writer, overlap=True)
-    slots = slot_count(runner.slot_bytes)
-    assert len(writer.calls) == 40 and 1 <= most[0] <= slots == runner.host_slots(1)
+    slots = slot_count(runner.launcher.slot_bytes)
+    assert len(writer.calls) == 40 and 1 <= most[0] <= slots == runner.launcher.host_slots(1)
 
 
 def test_slot_count_is_what_the_budget_holds_within_bounds():

@@ -120,5 +120,5 @@ def test_on_the_gpu_every_input_form_gives_the_models_bits(tmp_path):
             got = runner.run_batch({"x": t})["y"]
             np.testing.assert_array_equal(got.float().numpy(), want, err_msg=name)
         np.testing.assert_array_equal(np.stack(runner.run_batch({"x": x})["y"]), want)
-        outs, _, _ = runner.run_padded({"x": x}, 3, {"seq": np.full(3, 8)})
+        outs, _, _ = runner.launcher.run_padded({"x": x}, 3, {"seq": np.full(3, 8)})
         np.testing.assert_array_equal(np.stack(outs["y"]), want)

@@ -176,9 +176,9 @@ def test_the_overlapped_paths_slots_are_made_before_the_stream_starts(tmp_path, 
 
     seen, feed_stream = [], pipeline.feed_stream
 
-    def counting(runner, *args, **kwargs):
-        seen.append((len(runner.launcher.slots), slot_count(runner.slot_bytes)))
-        return feed_stream(runner, *args, **kwargs)
+    def counting(engine, *args, **kwargs):
+        seen.append((len(engine.slots), slot_count(engine.slot_bytes)))
+        return feed_stream(engine, *args, **kwargs)
 
     monkeypatch.setattr(pipeline, "feed_stream", counting)
     spec = graphrun.load_spec(ROOT / "pipelines" / "decoder-step.yaml")

@@ -109,7 +109,7 @@ def test_oversize_split_runs_the_batch_in_chunks(tmp_path):
     spec = mlp_spec(tmp_path)
     x = np.random.default_rng(1).standard_normal((11, 4), dtype=np.float32)
     with Runner(spec) as runner:
-        out, ran = runner.run_rows({"x": x}, 11, {})
+        out, ran = runner.launcher.run_rows({"x": x}, 11, {})
         assert [b.batch for b, _ in ran] == [4, 4, 4]
         np.testing.assert_allclose(out["y"], eager_alone(spec, x), rtol=1e-5, atol=1e-6)
 
@@ -118,7 +118,7 @@ def test_oversize_eager_and_error(tmp_path):
     x = np.random.default_rng(2).standard_normal((6, 4), dtype=np.float32)
     spec = mlp_spec(tmp_path, data__oversize="eager")
     with Runner(spec) as runner:
-        out, ran = runner.run_rows({"x": x}, 6, {})
+        out, ran = runner.launcher.run_rows({"x": x}, 6, {})
         assert ran[0][0] is None
         np.testing.assert_allclose(out["y"], eager_alone(spec, x), rtol=1e-5, atol=1e-6)
     with Runner(mlp_spec(tmp_path, data__oversize="error", data__batch_size=4)) as runner:
@@ -374,8 +374,8 @@ def test_on_the_cpu_more_slots_add_no_second_lane(tmp_path):
     spec = mlp_spec(tmp_path)
     x = np.random.default_rng(8).standard_normal((3, 4), dtype=np.float32)
     with Runner(spec) as runner:
-        assert runner.host_slots(4) == 4 and len(runner.lanes) == 1
+        assert runner.launcher.host_slots(4) == 4 and len(runner.lanes) == 1
         for slot in range(4):
-            bucket = runner.stage({"x": x}, 3, {}, slot)
-            outs, _ = runner.launch(bucket, slot, 3, {}).result()
+            bucket = runner.launcher.stage({"x": x}, 3, {}, slot)
+            outs, _ = runner.launcher.launch(bucket, slot, 3, {}).result()
             np.testing.assert_allclose(outs["y"], eager_alone(spec, x), rtol=1e-5, atol=1e-6)

@@ -250,7 +250,7 @@ def test_gpu_a_bucket_costs_its_warm_up_and_captures_no_extra_eager_run(tmp_path
     records, and on the second lane one warm-up and one capture; the checks only replay."""
     spec = counted_spec(tmp_path, device="cuda", capture={"warmup_iters": 3, "lazy": False})
     with Runner(spec) as runner:
-        runner.host_slots(3)  # the overlapped stream's second lane
+        runner.launcher.host_slots(3)  # the overlapped stream's second lane
         calls = [n for kind, n in calls_of(runner.model) if kind == "call"]
         assert calls == [1] + [4] * 4 + [2] * 4 + [1] * 4 + [4, 4, 2, 2, 1, 1]  # was 6 more: eager per lane
         for bucket, state in runner.states.items():

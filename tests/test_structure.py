@@ -1,6 +1,6 @@
 """The package's shape (docs/architecture.md): packages named after the flow's steps, each
 importing only the packages below it; few modules outside them; no import circle between modules;
-no private name imported across modules."""
+no private name imported or read across modules."""
 
 from __future__ import annotations
 
@@ -118,3 +118,48 @@ def test_no_private_name_crosses_a_module():
                     if alias.name.startswith("_") and not alias.name.startswith("__"):
                         crossings.append(f"{module} imports {alias.name} from {node.module}")
     assert not crossings, "private names across modules:\n" + "\n".join(crossings)
+
+
+def private_reads(tree: ast.AST) -> tuple[set[str], set[str]]:
+    """A module's private attribute names: those it defines (self._x = ..., a class body's _x)
+    and those it reads off another object than self or cls (obj._x)."""
+    defined, read = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                targets = (item.targets if isinstance(item, ast.Assign) else
+                           [item.target] if isinstance(item, ast.AnnAssign) else [])
+                defined.update(t.id for t in targets if isinstance(t, ast.Name))
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    defined.add(item.name)
+        if not isinstance(node, ast.Attribute):
+            continue
+        name = node.attr
+        if not name.startswith("_") or name.startswith("__"):
+            continue
+        own = isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+        (defined if own and isinstance(node.ctx, ast.Store) else
+         read if not own else set()).add(name)
+    return defined, read
+
+
+def test_no_private_attribute_is_used_across_packages():
+    """obj._x used in one package where only another graphrun package defines _x: give it a
+    public name (a property) instead. Other libraries' private names are not checked."""
+    known = modules()
+    defined, read = {}, {}
+    for module, path in known.items():
+        package = ".".join(module.split(".")[:2])
+        own, used = private_reads(ast.parse(path.read_text()))
+        defined.setdefault(package, set()).update(own)
+        read.setdefault(package, set()).update(used)
+    everywhere = set().union(*defined.values())
+    crossings = [f"{package} uses .{name}" for package in sorted(read)
+                 for name in sorted(read[package] & everywhere - defined[package])]
+    assert not crossings, "private attributes read across modules:\n" + "\n".join(crossings)
+
+
+def test_the_private_read_check_sees_one():
+    defined, read = private_reads(ast.parse(
+        "class A:\n    _b = 1\n    def f(self):\n        self._c = other._d\n"))
+    assert defined == {"_b", "_c", "f"} and read == {"_d"}

@@ -55,7 +55,7 @@ class BucketTable:
 
     def __init__(self, spec: PipelineSpec):
         if spec.auto_axes:  # graphrun.run plans them; a Runner built directly cannot guess
-            raise SpecError([Problem(str(spec._source or "spec"), "buckets", (
+            raise SpecError([Problem(str(spec.source_path or "spec"), "buckets", (
                 f"{', '.join(spec.auto_axes)}: auto must be planned before a Runner is built: "
                 "spec = graphrun.plan.auto.resolve_auto(spec)[0], or give the values"))])
         self.axes = tuple(spec.axes)

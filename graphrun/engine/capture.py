@@ -23,6 +23,7 @@ from graphrun.engine.buckets import Bucket
 from graphrun.base.errors import CaptureError, GraphrunError, ModelError
 from graphrun.base.phases import phase
 from graphrun.engine.lanes import Lane, LaneGraph, Layout
+from graphrun.engine.padding import add_padded_positions
 from graphrun.engine.verify import (Tolerance, fill_verify_batch, verify_bucket, verify_real_batch,
                                     verify_remedies)
 
@@ -47,6 +48,15 @@ class BucketState:
     replay_us: float | None = None
     stats: dict = field(default_factory=lambda: {"batches": 0, "records": 0, "padded_rows": 0})
     launches: int = 0  # batches launched: which are timed (timing.sampled)
+
+    def count(self, n: int, lengths: dict | None = None) -> None:
+        """A finished batch of n real rows in the counts; with the records' lengths per axis,
+        its padded positions on each axis too."""
+        self.stats["batches"] += 1
+        self.stats["records"] += n
+        self.stats["padded_rows"] += self.bucket.batch - n
+        if lengths:
+            add_padded_positions(self.stats, self.bucket, lengths, n)
 
 
 class Capturer:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
 from graphrun.base.errors import GraphrunError
@@ -30,3 +32,11 @@ def resolve_backend(name: str, device: torch.device) -> str:
         raise GraphrunError(f"capture.backend: cuda-graph needs a CUDA device, but the device is "
                             f"{device}: set capture.backend: auto or eager")
     return name
+
+
+def made_current(device: torch.device):
+    """A context making `device` current, only where another device is (a multi-GPU process);
+    a no-op on the CPU."""
+    if device.type == "cuda" and torch.cuda.current_device() != device.index:
+        return torch.cuda.device(device)
+    return nullcontext()

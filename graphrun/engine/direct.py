@@ -31,15 +31,17 @@ class Views:
 
 
 class Direct:
-    def __init__(self, runner, launcher: Launcher):
-        self.runner, self.launcher = runner, launcher
-        self.cuda = runner.cuda
+    """run_batch's two ways, on the launcher's slot 0, lanes and counts."""
+
+    def __init__(self, launcher: Launcher):
+        self.launcher = launcher
+        self.cuda = launcher.cuda
         self._views: dict[tuple[int, Bucket], Views] = {}
 
     def views(self, lane: Lane, bucket: Bucket) -> Views:
         v = self._views.get((lane.index, bucket))
         if v is None:
-            v = self._views[lane.index, bucket] = Views(lane, bucket, self.runner.layout.out_dims)
+            v = self._views[lane.index, bucket] = Views(lane, bucket, self.launcher.layout.out_dims)
         return v
 
     def _lane(self, bucket: Bucket) -> Lane:
@@ -50,11 +52,11 @@ class Direct:
         return lane
 
     def _replay(self, lane: Lane, bucket: Bucket, n: int) -> None:
-        entry = lane.graphs[bucket]
+        entry, state = lane.graphs[bucket], self.launcher.states[bucket]
         entry.run()
         if entry.check_real:
-            self.runner.check_real(lane, self.runner.states[bucket])
-        self.runner.count(bucket, n)
+            self.launcher.check_real(lane, state)
+        state.count(n)
 
     def arrays(self, batch: ApiBatch) -> dict:
         """numpy rows: padded into host slot 0 (pinned on a GPU; converted to bfloat16 there
@@ -70,7 +72,7 @@ class Direct:
         self._replay(lane, bucket, n)
         copy_and_wait(copies.d2h)
         return {name: cut_rows(real_rows(slot.outputs, name, bucket, n), dims, batch.lengths)
-                for name, dims in self.runner.layout.out_dims.items()}
+                for name, dims in self.launcher.layout.out_dims.items()}
 
     def tensors(self, batch: ApiBatch, *, device: bool) -> dict:
         """Dense tensors: copied (and padded) straight into the static views, which hold the
@@ -79,7 +81,7 @@ class Direct:
         on the device (device=True) or in new host tensors (pinned on a GPU)."""
         n, fields = batch.n, batch.fields
         want = {a: int(v[0]) if len(v) else 1 for a, v in batch.lengths.items()}
-        bucket = self.runner.table.pick(n, want)
+        bucket = self.launcher.table.pick(n, want)
         if bucket is None:
             raise InputError(f"no bucket covers {n} records with lengths {want}")
         lane = self._lane(bucket)
@@ -92,7 +94,7 @@ class Direct:
             if static.shape == t.shape:
                 static.copy_(t, non_blocking=async_ok)
             else:
-                self._pad(static, t, n, self.runner.spec.inputs[name].pad, async_ok)
+                self._pad(static, t, n, self.launcher.inputs[name].pad, async_ok)
         self._replay(lane, bucket, n)
         outs, last = {}, len(views.outputs) - 1
         for i, (name, static) in enumerate(views.outputs.items()):

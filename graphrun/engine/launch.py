@@ -13,15 +13,19 @@ shorter way, on one stream (direct.py).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
 
-from graphrun.engine.buckets import Bucket, cut_rows
+from graphrun.engine.buckets import Bucket, BucketTable, cut_rows, split_sizes
 from graphrun.base.errors import InputError
 from graphrun.engine.buffers import BufferSet
-from graphrun.engine.lanes import Lane
+from graphrun.engine.capture import BucketState
+from graphrun.engine.device import made_current
+from graphrun.engine.lanes import Lane, Layout
 from graphrun.engine.timing import BatchTimer, Marks, sampled
 
 
@@ -86,50 +90,94 @@ class Launch:
 
 
 class Launcher:
-    """Host slots, copy streams and phase timers; stage() and launch() a batch on a lane."""
+    """Host slots, copy streams and phase timers; stage() and launch() a batch on a lane. The
+    feed's engine (feed/protocols.Engine): what it needs of the runner is given here, once.
 
-    def __init__(self, runner, slot_layout: tuple):
-        self.runner = runner
-        self.cuda = runner.cuda
-        self.timer = BatchTimer(runner.device)
+    lanes: the runner's list, which grows by second_lane(); states: each bucket's status and
+    counts; set_up(state, batch): capture.lazy's setup of a bucket on first use;
+    check_real(lane, state): a lane's first real batch checked against eager;
+    second_lane(): the overlapped stream's second lane added, False where none is;
+    eager(fields, n, lengths): rows larger than every batch bucket, with data.oversize eager."""
+
+    def __init__(self, table: BucketTable, layout: Layout, lanes: list[Lane],
+                 states: dict[Bucket, BucketState], *, inputs: dict, device: torch.device,
+                 set_up: Callable[[BucketState, int], None],
+                 check_real: Callable[[Lane, BucketState], bool],
+                 second_lane: Callable[[], bool], eager: Callable[[dict, int, dict], dict],
+                 oversize: str):
+        self.table, self.layout, self.lanes, self.states = table, layout, lanes, states
+        self.inputs, self.device, self.cuda = inputs, device, device.type == "cuda"
+        self.set_up, self.check_real, self.second_lane = set_up, check_real, second_lane
+        self.eager, self.oversize = eager, oversize
+        self.timer = BatchTimer(device)  # CUDA events on the GPU, host clocks on the CPU
         # copies run on their own streams, beside the replays on the compute stream
-        self.copy_streams = ((torch.cuda.Stream(runner.device), torch.cuda.Stream(runner.device))
+        self.copy_streams = ((torch.cuda.Stream(device), torch.cuda.Stream(device))
                              if self.cuda else None)
-        self._slot_layout = slot_layout  # (in dims, in dtypes, out dims, out dtypes)
         self.slots: list[HostSlot] = []
         self._turn = 0  # batches take the lanes that hold their bucket's graph in turn
         self._lanes_of: dict[Bucket, list[Lane]] = {}  # cleared when a lane is added
         self.add_slots(1)
 
+    # -- the feed's surface (feed/protocols.Engine) --------------------------------------------
+
+    @property
+    def max_batch(self) -> int:
+        return self.table.max_batch
+
+    @property
+    def slot_bytes(self) -> int:
+        """Host bytes of one slot."""
+        return self.slots[0].nbytes
+
+    def host_slots(self, count: int) -> int:
+        """At least `count` host slots (pinned staging, one per batch in flight); returns how
+        many. With two or more the captured buckets get a second lane."""
+        self.add_slots(count)
+        if count >= 2 and len(self.lanes) == 1 and self.second_lane():
+            self.lanes_changed()
+        return len(self.slots)
+
+    def current_stream(self):
+        """The stream launches go to from this thread (None on the CPU)."""
+        if not self.cuda:
+            return None
+        with self.device_context():
+            return torch.cuda.current_stream()
+
+    def device_context(self):
+        """The device made current for a stream of launches (a no-op on the CPU)."""
+        return made_current(self.device)
+
     def lanes_changed(self) -> None:
         self._lanes_of.clear()
 
     def add_slots(self, count: int) -> None:
-        in_dims, in_dtypes, out_dims, out_dtypes = self._slot_layout
-        largest, cpu = self.runner.table.all[0], torch.device("cpu")
+        lay, largest, cpu = self.layout, self.table.all[0], torch.device("cpu")
         while len(self.slots) < count:
             self.slots.append(HostSlot(
-                BufferSet(in_dims, in_dtypes, largest, cpu, pin=self.cuda),
-                BufferSet(out_dims, out_dtypes, largest, cpu, pin=self.cuda)))
+                BufferSet(lay.in_dims, lay.in_dtypes, largest, cpu, pin=self.cuda),
+                BufferSet(lay.out_dims, lay.out_dtypes, largest, cpu, pin=self.cuda)))
 
-    def stage(self, fields: dict, n: int, lengths: dict[str, np.ndarray], slot: int) -> Bucket:
-        """Pick the bucket for n real rows and pad them into host slot `slot`'s staging views."""
+    def stage(self, fields: dict, n: int, lengths: dict[str, np.ndarray], slot: int,
+              ids=None) -> Bucket:
+        """Pick the bucket for n real rows and pad them into host slot `slot`'s staging views
+        (one forward pass: ids play no part)."""
         want = {a: int(v.max()) if len(v) else 1 for a, v in lengths.items()}
-        bucket = self.runner.table.pick(n, want)
+        bucket = self.table.pick(n, want)
         if bucket is None:
             raise InputError(f"no bucket covers {n} records with lengths {want}")
-        staging, specs = self.slots[slot].inputs, self.runner.spec.inputs
+        staging = self.slots[slot].inputs
         for name, rows in fields.items():
-            staging.pad_rows(name, bucket, rows, specs[name].pad)
+            staging.pad_rows(name, bucket, rows, self.inputs[name].pad)
         return bucket
 
     def pick_lane(self, bucket: Bucket) -> Lane:
         lanes = self._lanes_of.get(bucket)
         if lanes is None:
-            state = self.runner.states[bucket]
+            state = self.states[bucket]
             if state.status == "unused":  # capture.lazy: the first batch that needs it
-                self.runner.first_use(state, self._turn)
-            lanes = self._lanes_of[bucket] = [lane for lane in self.runner.lanes
+                self.set_up(state, self._turn)
+            lanes = self._lanes_of[bucket] = [lane for lane in self.lanes
                                               if bucket in lane.graphs]
         lane = lanes[self._turn % len(lanes)]
         self._turn += 1
@@ -138,10 +186,14 @@ class Launcher:
     def launch(self, bucket: Bucket, slot: int, n: int, lengths: dict, *,
                timed: bool | None = None, stream=None) -> Launch:
         """Enqueue a staged batch; nothing waits here. The slot must be free (its last batch's
-        result taken). stream: the compute stream, this thread's current one, with the
-        runner's device current (Runner.device_context); timed: per-phase events, None for a
-        sample of the bucket's batches (timing.sampled)."""
-        state = self.runner.states[bucket]
+        result taken). stream: the compute stream, this thread's current one with the device
+        current (device_context), None for it to be looked up; timed: per-phase events, None
+        for a sample of the bucket's batches (timing.sampled)."""
+        if self.cuda and stream is None:
+            with self.device_context():
+                return self.launch(bucket, slot, n, lengths, timed=timed,
+                                   stream=torch.cuda.current_stream())
+        state = self.states[bucket]
         lane = self.pick_lane(bucket)
         entry = lane.graphs[bucket]
         copies = self.slots[slot].copies(bucket, lane)
@@ -157,6 +209,38 @@ class Launcher:
             self._run_here(lane, entry, state, copies, marks, timed)
         return Launch(bucket, slot, lane.index, n, lengths, marks, self)
 
+    def run_padded(self, fields: dict, n: int, lengths: dict[str, np.ndarray], *,
+                   timed: bool = True):
+        """Real rows (n of them) through the right bucket on slot 0, waited for:
+        (outputs, bucket, timings)."""
+        bucket = self.stage(fields, n, lengths, 0)
+        outs, times = self.launch(bucket, 0, n, lengths, timed=timed).result()
+        return outs, bucket, times
+
+    def run_rows(self, fields: dict, n: int, lengths: dict[str, np.ndarray]):
+        """n real rows, any n: through one bucket, or per data.oversize when n is larger than
+        every batch bucket. Returns (outputs, [(bucket or None, phase times)])."""
+        largest = self.table.max_batch
+        if n <= largest:
+            outs, bucket, times = self.run_padded(fields, n, lengths)
+            return outs, [(bucket, times)]
+        if self.oversize == "error":
+            raise InputError(f"a batch of {n} records is larger than the largest batch bucket "
+                             f"({largest}): add a bucket or set data.oversize: split")
+        if self.oversize == "eager":
+            t0 = time.perf_counter()
+            outs = self.eager(fields, n, lengths)
+            return outs, [(None, {"e2e": (time.perf_counter() - t0) * 1e6})]
+        parts, ran, start = [], [], 0
+        for size in split_sizes(n, largest):
+            sl = slice(start, start + size)
+            outs, bucket, times = self.run_padded({k: v[sl] for k, v in fields.items()}, size,
+                                                  {a: v[sl] for a, v in lengths.items()})
+            parts.append(outs)
+            ran.append((bucket, times))
+            start += size
+        return {name: concat_rows([p[name] for p in parts]) for name in self.layout.out_dims}, ran
+
     def _run_here(self, lane, entry, state, copies, marks, timed) -> None:
         """The CPU: the same steps one after another, host clocks."""
         record = self.timer.record
@@ -167,7 +251,7 @@ class Launcher:
         entry.run()
         t2 = after = record(marks, "replay")
         if entry.check_real:  # the check's time is not the replay's
-            self.runner.check_real(lane, state)
+            self.check_real(lane, state)
             after = record(marks, "checked")
         for dst, src in copies.d2h:
             dst.copy_(src)
@@ -196,7 +280,7 @@ class Launcher:
             if entry.check_real:
                 # the lane's first real batch, checked against eager: the static outputs then
                 # hold eager's, copied out after the check (its time is not the replay's)
-                self.runner.check_real(lane, state)
+                self.check_real(lane, state)
                 after = record(marks, "checked", stream)
             set_stream(copy_out)
             copy_out.wait_event(after)
@@ -212,8 +296,8 @@ class Launcher:
         """The real rows of a finished launch, as fresh numpy arrays; counts it."""
         host, n, bucket = self.slots[launch.slot].outputs, launch.n, launch.bucket
         outs = {name: cut_rows(real_rows(host, name, bucket, n), dims, launch.lengths)
-                for name, dims in self.runner.layout.out_dims.items()}
-        self.runner.count(bucket, n, launch.lengths)
+                for name, dims in self.layout.out_dims.items()}
+        self.states[bucket].count(n, launch.lengths)
         return outs
 
 
@@ -223,6 +307,13 @@ def real_rows(host: BufferSet, name: str, bucket: Bucket, n: int) -> np.ndarray:
     if view.dtype == torch.bfloat16:
         return view[:n].float().numpy()
     return host.numpy_view(name, bucket)[:n].copy()
+
+
+def concat_rows(parts: list) -> np.ndarray | list:
+    """One output's rows of several parts, in order: arrays joined, per-record lists chained."""
+    if isinstance(parts[0], np.ndarray):
+        return np.concatenate(parts)
+    return [row for p in parts for row in p]
 
 
 def fresh_rows(host: torch.Tensor, n: int) -> np.ndarray:

@@ -5,24 +5,25 @@
 
 Setup follows the flow: model -> static buffers (lanes.py) -> capture and verify per bucket,
 largest first (capture.py). A batch then runs one of two ways: run_batch, one synchronous call
-on the caller's stream (direct.py), or, for the file's stream (feed.py), stage ->
-launch -> Launch.result() on host slots and copy streams (launch.py).
+on the caller's stream (direct.py), or, for the file's stream (feed/), stage ->
+launch -> Launch.result() on host slots and copy streams: `runner.launcher` (launch.py), the
+feed's engine, given the table, lanes, states and setup callables it needs at construction.
 """
 
 from __future__ import annotations
 
 import time
 from contextlib import nullcontext
+from functools import partial
 
 import numpy as np
 import torch
 
 from graphrun.engine.buckets import Bucket, BucketTable, cut_rows, pad_into, split_sizes
-from graphrun.engine.device import resolve_backend, resolve_device
+from graphrun.engine.device import made_current, resolve_backend, resolve_device
 from graphrun.engine.device_start import DeviceStart
-from graphrun.base.errors import GraphrunError, InputError
+from graphrun.base.errors import GraphrunError
 from graphrun.manifest.keys import BucketReport, LaneReport
-from graphrun.engine.padding import add_padded_positions
 from graphrun.base.phases import FIRST_USE, phase
 from graphrun.models.call import call_model, first_call, name_outputs, unlisted_outputs
 from graphrun.models.load import build_model, compile_model, import_library, model_input_dtypes
@@ -34,7 +35,7 @@ from graphrun.engine.lazy import first_use_failed
 from graphrun.engine.direct import Direct
 from graphrun.engine.inputs import check_batch
 from graphrun.engine.lanes import Lane, Layout
-from graphrun.engine.launch import Launch, Launcher, fresh_rows
+from graphrun.engine.launch import Launcher, fresh_rows
 from graphrun.engine.timing import median_us
 from graphrun.engine.verify import fill_synthetic
 
@@ -56,7 +57,7 @@ class Runner:
         self.cuda = self.device.type == "cuda"
         self.table = BucketTable(spec)
         self.states: dict[Bucket, BucketState] = {b: BucketState(b) for b in self.table.all}
-        with self._device_ctx():
+        with made_current(self.device):
             with torch.inference_mode(), phase("model build"):
                 self.model = build_model(spec, self.device, spec.base_dir)
             if spec.model.compile:
@@ -73,19 +74,16 @@ class Runner:
                                          self.layout, self.log)
             with phase("bucket setup"):  # warm-up, capture and verify are phases in it
                 self.capturer.first_lane(self.lanes[0], self.states, self.table, needed)
-                lay = self.layout
-                self.launcher = Launcher(self, (lay.in_dims, lay.in_dtypes, lay.out_dims,
-                                                lay.out_dtypes))
-                self.direct = Direct(self, self.launcher)
+                self.launcher = Launcher(
+                    self.table, self.layout, self.lanes, self.states, inputs=spec.inputs,
+                    device=self.device, set_up=self.first_use,
+                    check_real=partial(self.capturer.check_real, self.lanes),
+                    second_lane=self._second_lane, eager=self.run_unbucketed,
+                    oversize=spec.data.oversize)
+                self.direct = Direct(self.launcher)
         self.setup_s = time.perf_counter() - t0
 
     # -- setup ---------------------------------------------------------------------------------
-
-    def _device_ctx(self):
-        """A device context only where another device is current (a multi-GPU process)."""
-        if self.cuda and torch.cuda.current_device() != self.device.index:
-            return torch.cuda.device(self.device)
-        return nullcontext()
 
     def _layout(self, probed: Bucket) -> Layout:
         """The static buffers' names, shapes and dtypes; the outputs' dtypes from one probe run
@@ -116,30 +114,24 @@ class Runner:
     def _new_lane(self, index: int) -> Lane:
         return Lane(index, self.layout, self.table.all[0], self.device, self.spec.inputs)
 
-    def host_slots(self, count: int) -> int:
-        """At least `count` host slots (pinned staging, one per batch in flight); returns how
-        many. With two or more the captured buckets get a second lane."""
-        self.launcher.add_slots(count)
-        if count >= 2 and len(self.lanes) == 1 and self.backend == "cuda-graph":
-            t0 = time.perf_counter()
-            lane = self._new_lane(len(self.lanes))
-            self.lanes.append(lane)
-            with self._device_ctx(), torch.inference_mode():
-                self.capturer.another_lane(lane, self.states)
-            self.launcher.lanes_changed()
-            self.setup_s += time.perf_counter() - t0
-        return len(self.launcher.slots)
-
-    @property
-    def slot_bytes(self) -> int:
-        """Host bytes of one slot."""
-        return self.launcher.slots[0].nbytes
+    def _second_lane(self) -> bool:
+        """The overlapped stream's second lane, each captured bucket captured again on it (the
+        launcher asks once it has two slots); False where graphs are not captured."""
+        if self.backend != "cuda-graph":
+            return False
+        t0 = time.perf_counter()
+        lane = self._new_lane(len(self.lanes))
+        self.lanes.append(lane)
+        with made_current(self.device), torch.inference_mode():
+            self.capturer.another_lane(lane, self.states)
+        self.setup_s += time.perf_counter() - t0
+        return True
 
     def measure_baseline(self, iters: int = 20) -> None:
         """report.baseline: eager, median eager step and median replay of each bucket set up,
         timed side by side on the same inputs (CUDA events on the GPU, host clocks on the
         CPU); a bucket set up later (capture.lazy) is timed on its first use."""
-        with self._device_ctx(), torch.inference_mode():
+        with made_current(self.device), torch.inference_mode():
             for state in self.states.values():
                 self._baseline(state, iters)
 
@@ -153,43 +145,13 @@ class Runner:
         state.eager_us = median_us(self.launcher.timer, entry.step, iters)
         state.replay_us = median_us(self.launcher.timer, entry.run, iters)
 
-    # -- the feed's surface (feed_types.Engine)--------------------------------------------------
-
-    @property
-    def max_batch(self) -> int:
-        return self.table.max_batch
-
-    def stage(self, fields: dict, n: int, lengths: dict[str, np.ndarray], slot: int,
-              ids=None) -> Bucket:
-        return self.launcher.stage(fields, n, lengths, slot)  # one forward pass: ids play no part
-
-    def launch(self, bucket: Bucket, slot: int, n: int, lengths: dict, *, timed=None,
-               stream=None) -> Launch:
-        if self.cuda and stream is None:
-            with self._device_ctx():
-                return self.launcher.launch(bucket, slot, n, lengths, timed=timed,
-                                            stream=torch.cuda.current_stream())
-        return self.launcher.launch(bucket, slot, n, lengths, timed=timed, stream=stream)
-
-    def current_stream(self):
-        """The stream launches go to from this thread (None on the CPU)."""
-        if not self.cuda:
-            return None
-        with self._device_ctx():
-            return torch.cuda.current_stream()
-
-    def device_context(self):
-        """The runner's device made current for a stream of launches (a no-op on the CPU)."""
-        return self._device_ctx()
-
-    def check_real(self, lane: Lane, state: BucketState) -> bool:
-        return self.capturer.check_real(self.lanes, lane, state)
+    # -- capture.lazy ----------------------------------------------------------------------
 
     def first_use(self, state: BucketState, batch: int) -> None:
         """capture.lazy: batch number `batch` needs a bucket not set up yet. Wait for the lanes'
         work in flight (no capture beside it), set it up on every lane, then go on. Its time
         is one phase of the run (FIRST_USE), not the stream's; a failure names the batch."""
-        with self._device_ctx():
+        with made_current(self.device):
             if self.cuda:  # the batches in flight finish: the stream's time
                 torch.cuda.synchronize(self.device)
             with phase(FIRST_USE, whole=True):
@@ -204,16 +166,6 @@ class Runner:
                         self._baseline(state)
         self.launcher.lanes_changed()
 
-    def count(self, bucket: Bucket, n: int, lengths: dict | None = None) -> None:
-        """A finished batch in its bucket's counts; with the records' lengths per axis, its
-        padded positions on each axis too."""
-        stats = self.states[bucket].stats
-        stats["batches"] += 1
-        stats["records"] += n
-        stats["padded_rows"] += bucket.batch - n
-        if lengths:
-            add_padded_positions(stats, bucket, lengths, n)
-
     # -- running batches -----------------------------------------------------------------------
 
     def run_batch(self, inputs: dict, *, device: bool = False) -> dict:
@@ -227,7 +179,7 @@ class Runner:
         batch = check_batch(inputs, self.spec.inputs, self.table.axes)
         if batch.n > self.table.max_batch:
             return self._run_oversize(batch, device)
-        with self._device_ctx():
+        with made_current(self.device):
             if batch.tensors:
                 return self.direct.tensors(batch, device=device)
             return self.direct.arrays(batch)
@@ -235,7 +187,7 @@ class Runner:
     def _run_oversize(self, batch, device: bool) -> dict:
         """More records than the largest batch bucket: data.oversize decides."""
         if not batch.tensors or self.spec.data.oversize != "split":
-            outs = self.run_rows(batch.as_numpy().fields, batch.n, batch.lengths)[0]
+            outs = self.launcher.run_rows(batch.as_numpy().fields, batch.n, batch.lengths)[0]
             return outs if not batch.tensors else {
                 k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
                 for k, v in outs.items()}
@@ -247,44 +199,11 @@ class Runner:
             start += size
         return {name: torch.cat([p[name] for p in parts]) for name in self.spec.outputs}
 
-    def run_padded(self, fields: dict, n: int, lengths: dict[str, np.ndarray], *,
-                   timed: bool = True):
-        """Real rows (n of them) through the right bucket on slot 0, waited for:
-        (outputs, bucket, timings)."""
-        bucket = self.stage(fields, n, lengths, 0)
-        outs, times = self.launch(bucket, 0, n, lengths, timed=timed).result()
-        return outs, bucket, times
-
-    def run_rows(self, fields: dict, n: int, lengths: dict[str, np.ndarray]):
-        """n real rows, any n: through one bucket, or per data.oversize when n is larger than
-        every batch bucket. Returns (outputs, [(bucket or None, phase times)])."""
-        largest = self.table.max_batch
-        if n <= largest:
-            outs, bucket, times = self.run_padded(fields, n, lengths)
-            return outs, [(bucket, times)]
-        oversize = self.spec.data.oversize
-        if oversize == "error":
-            raise InputError(f"a batch of {n} records is larger than the largest batch bucket "
-                             f"({largest}): add a bucket or set data.oversize: split")
-        if oversize == "eager":
-            t0 = time.perf_counter()
-            outs = self.run_unbucketed(fields, n, lengths)
-            return outs, [(None, {"e2e": (time.perf_counter() - t0) * 1e6})]
-        parts, ran, start = [], [], 0
-        for size in split_sizes(n, largest):
-            sl = slice(start, start + size)
-            outs, bucket, times = self.run_padded({k: v[sl] for k, v in fields.items()}, size,
-                                                  {a: v[sl] for a, v in lengths.items()})
-            parts.append(outs)
-            ran.append((bucket, times))
-            start += size
-        return {name: _concat([p[name] for p in parts]) for name in self.spec.outputs}, ran
-
     def run_unbucketed(self, fields: dict, n: int, lengths: dict[str, np.ndarray]):
-        """oversize: eager - the model called directly at the batch's own padded size."""
+        """data.oversize: eager - the model called directly at the batch's own padded size."""
         sizes = {BATCH: n, **{a: int(v.max()) for a, v in lengths.items()}}
         lay = self.layout
-        with self._device_ctx(), torch.inference_mode():
+        with made_current(self.device), torch.inference_mode():
             tensors = {}
             for name, spec in self.spec.inputs.items():
                 shape = tuple(sizes[d] if isinstance(d, str) else d for d in spec.shape)
@@ -334,8 +253,3 @@ class Runner:
     def __exit__(self, *exc) -> None:
         self.close()
 
-
-def _concat(parts: list) -> np.ndarray | list:
-    if isinstance(parts[0], np.ndarray):
-        return np.concatenate(parts)
-    return [row for p in parts for row in p]

@@ -251,7 +251,7 @@ def bench(spec: PipelineSpec, *, iters: int = 50, warmup: int = 5, distinct: int
             if eager is not None:
                 r.speedup = eager.latency_us["p50"] / r.latency_us["p50"]
         out.append(BucketBench(name=name, sizes=sizes, modes=ran))
-    return Bench(spec=str(spec._source or spec.name), device=str(device), iters=iters,
+    return Bench(spec=str(spec.source_path or spec.name), device=str(device), iters=iters,
                  warmup=warmup, distinct=distinct, inputs=inputs, notes=notes, buckets=out)
 
 

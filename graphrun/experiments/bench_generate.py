@@ -66,7 +66,7 @@ def bench_generation(spec: PipelineSpec, *, iters: int = 20, warmup: int = 2,
             if eager is not None:
                 r.speedup = eager.latency_us["p50"] / r.latency_us["p50"]
         rows.append(BucketBench(name=name, sizes={BATCH: b, PROMPT_AXIS: p}, modes=ran))
-    return Bench(spec=str(spec._source or spec.name), device=str(device), iters=iters,
+    return Bench(spec=str(spec.source_path or spec.name), device=str(device), iters=iters,
                  warmup=warmup, distinct=distinct,
                  inputs=f"synthetic prompts (seeded token ids) of each prompt bucket's length, "
                  f"{new} new tokens a row", notes=notes, buckets=rows, new_tokens=new)

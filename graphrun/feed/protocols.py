@@ -20,7 +20,8 @@ class Launched(Protocol):
 
 
 class Engine(Protocol):
-    """What the feed needs of the engine (engine/runner.py's Runner)."""
+    """What the feed needs of the engine: a runner's `launcher` (engine/launch.py's Launcher,
+    or generate/runner.py's GenerationRunner, which launches its own parts)."""
 
     max_batch: int
     slot_bytes: int

@@ -104,6 +104,7 @@ class GenerationRunner:
         self.results: list[BatchResult] = []  # every part's, for the generation section
         self.output_tokens = 0  # of the parts generated so far: the progress's tokens/s
         self._decode = None
+        self.launcher = self  # the feed's engine (feed/protocols.Engine): it launches its parts
         self.setup_s = time.perf_counter() - t0
 
     def _model(self):

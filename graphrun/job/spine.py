@@ -26,7 +26,7 @@ from graphrun.engine.lazy import data_needs, look_ahead
 from graphrun.feed.loop import OVERLAP_ENV, feed_stream, overlap_choice, slot_count
 from graphrun.read.grouping import PaddingCount
 from graphrun.base.phases import BEFORE_RUN, PhaseClock, phase
-from graphrun.job.state import RunHashes, RunState
+from graphrun.job.state import RunHashes, RunRecord, RunResources
 from graphrun.job.signals import StopSignals
 from graphrun.read.stream import ReadAhead, read_batches
 from graphrun.read.text import TextCuts
@@ -62,87 +62,88 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     job hashed once, scale/input_digest.py), else this run hashes them (RunHashes.own)."""
     clock = clock or PhaseClock(BEFORE_RUN)
     with clock.active():
-        job, overlap = new_job(spec, out, overlap, tuning, clock, hashes)
+        record, held, overlap = new_job(spec, out, overlap, tuning, clock, hashes)
     stop_signal = StopSignals()
     try:
-        with stop_signal, clock.active(), locked(job.out_dir):
-            manifest = run_locked(job, stop_signal, resume=resume, overwrite=overwrite,
+        with stop_signal, clock.active(), locked(record.out_dir):
+            manifest = run_locked(record, held, stop_signal, resume=resume, overwrite=overwrite,
                                   accept_model_change=accept_model_change, show=show,
                                   start=start, stop=stop, overlap=overlap, place=place,
                                   progress=progress)
     except KeyboardInterrupt:  # a signal before the run's folder was ready: nothing written
         raise Interrupted(stop_signal.signum or signal.SIGINT) from None
     finally:
-        job.stop_hashes()
+        held.stop_hashes()
     if manifest.already_complete:
         return manifest
     if show:
-        summary_table(manifest, shown=job.printed)
+        summary_table(manifest, shown=record.printed)
     if stop_signal.signum:
         raise Interrupted(stop_signal.signum)
     return manifest
 
 
-def run_locked(job: RunState, stop_signal: StopSignals, *, resume: bool, overwrite: bool,
+def run_locked(record: RunRecord, held: RunResources, stop_signal: StopSignals, *, resume: bool, overwrite: bool,
                accept_model_change: bool, show: bool, start: int, stop: int | None,
                overlap, place: ShardPlace | None = None, progress=None) -> Manifest:
     """The run, its output folder locked: prepare it, set up, stream, and write the manifest
     whatever happens (a write of it failing on a full disk fails the run with one message,
     not a second traceback over the first error)."""
-    spec, out_dir = job.spec, job.out_dir  # buckets: auto planned
+    spec, out_dir = record.spec, record.out_dir  # buckets: auto planned
     # The input and model files are hashed beside setup (journal.InputHash); --resume needs
     # them first, to compare, and a new run records them in run.json before streaming.
     with phase("input hash wait"):
-        fingerprint = {"spec_sha256": job.spec_sha,
-                       "input_sha256": job.input_hash.result() if resume else None,
-                       "model_sha256": job.model_hash.result() if resume else None,
+        fingerprint = {"spec_sha256": record.spec_sha,
+                       "input_sha256": held.input_hash.result() if resume else None,
+                       "model_sha256": held.model_hash.result() if resume else None,
                        "slice": [start, stop],
                        "shards": shard_suffixes(spec.output.format, list(spec.outputs))}
     if place is not None:
         fingerprint["shard_range"] = [place.first, place.end]
-    job.place = place
+    held.place = place
     with phase("output folder"):
         done = (completed_manifest(out_dir, fingerprint, with_model=not accept_model_change,
                                    shard_dir=place and place.folder) if resume else None)
     if done is not None:  # --resume of a completed run: nothing to do, nothing rewritten
         return done
-    resume_point, start = open_out_dir(job, fingerprint, resume, overwrite, start,
+    resume_point, start = open_out_dir(record, held, fingerprint, resume, overwrite, start,
                                        accept_model_change)
     progress = progress or Progress(show, total=None)  # total: counted beside setup
     try:
-        run_stream(job, fingerprint, resume_point, start, stop, overlap, progress,
+        run_stream(record, held, fingerprint, resume_point, start, stop, overlap, progress,
                    stop_signal, show)
-        job.status = "interrupted" if stop_signal.signum else "completed"
+        record.status = "interrupted" if stop_signal.signum else "completed"
     except GraphrunError as err:
-        job.status, job.error = "failed", str(err)
+        record.status, record.error = "failed", str(err)
         raise
     except OSError as err:  # the disk: full, gone, not writable
-        job.status = "failed"
-        job.error = f"writing {out_dir} failed: {err}"
-        raise OutputError(f"{job.error}; committed shards are intact, free space or fix "
+        record.status = "failed"
+        record.error = f"writing {out_dir} failed: {err}"
+        raise OutputError(f"{record.error}; committed shards are intact, free space or fix "
                           "the folder and run again with --resume") from err
     except KeyboardInterrupt:
         # A signal during setup, or a second one while streaming: stopped at once, the batch
         # in flight dropped. What is complete is still committed below, so this is an
         # interruption like the first signal's (manifest, exit 130/143, --resume).
-        job.status = "interrupted"
+        record.status = "interrupted"
         raise Interrupted(stop_signal.signum or signal.SIGINT) from None
     except BaseException as err:  # not a user error: a bug in graphrun or in the model
-        job.error = f"{type(err).__name__}: {err}"  # the manifest says why it failed
+        record.error = f"{type(err).__name__}: {err}"  # the manifest says why it failed
         raise
     finally:
         stop_signal.hold()  # a signal now must not cut the commit and manifest below short
-        manifest = job.finish(progress)
-    if job.late_error is not None:  # the stream ended well, but its bookkeeping did not
-        raise OutputError(f"{job.late_error}; committed shards are intact, free space or fix "
+        manifest = held.finish(record, progress)
+    if record.late_error is not None:  # the stream ended well, but its bookkeeping did not
+        raise OutputError(f"{record.late_error}; committed shards are intact, free space or fix "
                           "the folder and run again with --resume")
     return manifest
 
 
 def new_job(spec, out, overlap, tuning: Tuning | None, clock: PhaseClock | None = None,
-            hashes: RunHashes | None = None) -> tuple[RunState, object]:
-    """The run's state, its spec's `buckets: auto` planned (auto_buckets.py), and the overlap
-    choice (the caller's, else GRAPHRUN_OVERLAP's; None: by the device)."""
+            hashes: RunHashes | None = None) -> tuple[RunRecord, RunResources, object]:
+    """What the run records and what it holds (the hashes started), its spec's `buckets: auto`
+    planned (plan/auto.py), and the overlap choice (the caller's, else GRAPHRUN_OVERLAP's;
+    None: by the device)."""
     how = "set by run()'s overlap" if overlap is not None else f"set by {OVERLAP_ENV}"
     overlap = overlap_choice(overlap)
     started = DeviceStart.begin(spec)  # the CUDA context, on a thread beside what follows
@@ -150,10 +151,11 @@ def new_job(spec, out, overlap, tuning: Tuning | None, clock: PhaseClock | None 
         spec, bucket_plan = resolve_auto(with_implied_io(spec))
     out_dir = Path(out).resolve() if out else spec.output.dir
     with phase("input hash start"):  # a child process for the input, a thread for the model
-        job = RunState(spec, out_dir, resolved_json(spec), clock, hashes)
-    job.bucket_plan, job.overlap_how, job.device_start = bucket_plan, how, started
-    job.tuning = tuning or Tuning.from_machine()  # the reader's and writer's threads and chunks
-    return job, overlap
+        record = RunRecord(spec, out_dir, resolved_json(spec), clock or PhaseClock(),
+                           bucket_plan=bucket_plan, overlap_how=how)
+        held = RunResources(spec, out_dir, tuning=tuning or Tuning.from_machine(),
+                            device_start=started, hashes=hashes)
+    return record, held, overlap
 
 
 def resolved_json(spec) -> dict:
@@ -165,37 +167,34 @@ def resolved_json(spec) -> dict:
     return dumped
 
 
-def open_out_dir(job: RunState, fingerprint: dict, resume: bool, overwrite: bool,
-                 start: int, accept_model_change: bool = False):
+def open_out_dir(record: RunRecord, held: RunResources, fingerprint: dict, resume: bool,
+                 overwrite: bool, start: int, accept_model_change: bool = False):
     """The output folder made ready (or its committed part found, for --resume); returns the
     resume point and the first input ordinal to read."""
     try:
         with phase("output folder"):
             resume_point = prepare_out_dir(
-                job.out_dir, resume=resume, overwrite=overwrite, fingerprint=fingerprint,
-                input_path=job.spec.data.path, model=job.model_files,
+                record.out_dir, resume=resume, overwrite=overwrite, fingerprint=fingerprint,
+                input_path=record.spec.data.path, model=held.model_files,
                 accept_model_change=accept_model_change)
     except OSError as err:
-        raise OutputError(f"cannot use output folder {job.out_dir}: {err.strerror or err}; "
+        raise OutputError(f"cannot use output folder {record.out_dir}: {err.strerror or err}; "
                           "pick a folder you can write to (--out or output.dir)") from err
     if resume_point is not None:
-        # Re-read from the start of the batch that held the last committed row, so batches
-        # (and their buckets) are as before; the records below next_index are not counted again.
-        job.resumed_from = job.count_from = resume_point.next_index
+        record.resumed(resume_point)
         start = max(start, resume_point.start)
-        job.records_in = resume_point.rows + resume_point.rejects
-        job.earlier = (resume_point.rows, resume_point.rejects)
     return resume_point, start
 
 
-def run_stream(job: RunState, fingerprint: dict, resume_point, start: int, stop, overlap,
-               progress, stop_signal, show: bool) -> None:
+def run_stream(record: RunRecord, held: RunResources, fingerprint: dict, resume_point,
+               start: int, stop, overlap, progress, stop_signal, show: bool) -> None:
     """Setup beside the first batch's reading and the outputs' opening, then the stream. What
-    it opens goes on `job`, which closes it whatever happens (RunState.finish)."""
-    spec = job.spec
+    it opens goes on `held`, which closes it whatever happens (RunResources.finish); what it
+    counts and times, on `record`."""
+    spec = record.spec
     with phase("output open"):
         # the writer and latencies.jsonl (in the folder prepared above) open beside setup too
-        opening = beside(open_sinks, job, resume_point, start)
+        opening = beside(open_sinks, held, resume_point, start)
         # the progress bar's total: a line count for JSONL, on a daemon thread a failed setup
         # does not wait for
         counting = beside(count_records, spec, start, stop, daemon=True) if show else None
@@ -204,62 +203,61 @@ def run_stream(job: RunState, fingerprint: dict, resume_point, start: int, stop,
         # above: a thread's start waits for the GIL, which the reader's imports hold): for a
         # Parquet file, its first row groups decode meanwhile, not while the device waits
         with phase("reader start"):
-            job.padding = PaddingCount(spec) if spec.data.group_by_length else None
-            job.cuts = TextCuts(spec, job.count_from) if spec.data.text is not None else None
-            ids_from = job.place.job_start if job.place else fingerprint["slice"][0] or 0
-            job.reader = ReadAhead(read_batches(spec, start=start, stop=stop, ids_from=ids_from,
-                                                tuning=job.tuning, padding=job.padding,
-                                                cuts=job.cuts),
-                                   ahead=look_ahead(spec))
+            record.padding = PaddingCount(spec) if spec.data.group_by_length else None
+            record.cuts = TextCuts(spec, record.count_from) if spec.data.text is not None else None
+            ids_from = held.place.job_start if held.place else fingerprint["slice"][0] or 0
+            held.reader = ReadAhead(read_batches(spec, start=start, stop=stop,
+                                                 ids_from=ids_from, tuning=held.tuning,
+                                                 padding=record.padding, cuts=record.cuts),
+                                    ahead=look_ahead(spec))
         engine = GenerationRunner if spec.generate is not None else Runner
-        job.runner = runner = engine(spec, log=job.print_and_warn if show else job.warn,
-                                     needs=data_needs(spec, job.reader, job.bucket_plan),
-                                     started=job.device_start)
+        held.runner = runner = engine(spec, log=record.print_and_warn if show else record.warn,
+                                      needs=data_needs(spec, held.reader, record.bucket_plan),
+                                      started=held.device_start)
         if spec.report.baseline == "eager":
             with phase("eager baseline"):
                 runner.measure_baseline()
     except BaseException:
-        take_sinks(job, opening, quiet=True)  # setup's error is the one to report
+        take_sinks(record, held, opening, quiet=True)  # setup's error is the one to report
         raise
     with phase("output open"):
-        take_sinks(job, opening)
+        take_sinks(record, held, opening)
         progress.set_total(counting.result() if counting else None)
         if spec.generate is not None:
             progress.count_tokens(lambda: runner.output_tokens)
-    writer, runner = job.writer, job.runner
     if fingerprint["input_sha256"] is None:
         # not beside the stream: reading the file to hash it slows the stream's reads
-        job.record_hashes(fingerprint)
+        held.record_hashes(record, fingerprint)
     if overlap is None:
         overlap = runner.cuda
-        job.overlap_how = "the default on a GPU" if runner.cuda else "the default on the CPU"
-    job.overlapped = overlap
+        record.overlap_how = "the default on a GPU" if runner.cuda else "the default on the CPU"
+    record.overlapped = overlap
     if overlap:  # the overlapped path's pinned slots: setup, not the stream
         with phase("host slots"):
-            runner.host_slots(slot_count(runner.slot_bytes))
-    job.stream_t0 = time.perf_counter()
+            runner.launcher.host_slots(slot_count(runner.launcher.slot_bytes))
+    record.stream_t0 = time.perf_counter()
     stop_signal.streaming()  # from here a signal lets the batch in flight finish
     with phase("stream"):
-        job.host_s = feed_stream(
-            runner, job.reader, writer, oversize=spec.data.oversize,
-            on_batches=lambda ran, n, first: job.log_batches(job.latencies, ran, n, first),
-            on_read=lambda rb: progress.advance(job.count(rb)),
+        record.host_s = feed_stream(
+            runner.launcher, held.reader, held.writer, oversize=spec.data.oversize,
+            on_batches=lambda ran, n, first: record.log_batches(held.latencies, ran, n, first),
+            on_read=lambda rb: progress.advance(record.count(rb)),
             should_stop=lambda: bool(stop_signal.signum), start=start, overlap=overlap)
     # Full shards commit in the background: the stream is over once they are
     # journaled (and a commit that failed fails the run here, with its manifest).
     with phase("drain and fsync"):
-        writer.wait_for_commits()
+        held.writer.wait_for_commits()
 
 
-def open_sinks(job: RunState, resume_point, start: int):
+def open_sinks(held: RunResources, resume_point, start: int):
     """The writer (its leftovers from an interrupted run restored, for --resume), and
     latencies.jsonl (cut back to where reading restarts). Runs on a thread of its own beside
     setup: none of it needs the model."""
-    writer = ShardWriter(job.spec, job.out_dir, resume=resume_point, tuning=job.tuning,
-                         place=job.place)
+    writer = ShardWriter(held.spec, held.out_dir, resume=resume_point, tuning=held.tuning,
+                         place=held.place)
     latencies = None
     try:
-        latencies = open_latencies(job.out_dir / "latencies.jsonl",
+        latencies = open_latencies(held.out_dir / "latencies.jsonl",
                                    keep_below=start if resume_point else None)
         writer.on_hand_over = latencies.flush  # a shard's batches logged before it commits
     except BaseException:  # nothing written yet: closed as they are
@@ -285,13 +283,14 @@ def beside(fn, *args, daemon: bool = False) -> Future:
     return done
 
 
-def take_sinks(job: RunState, opening: Future, quiet: bool = False) -> None:
-    """What open_sinks opened, on `job` (which closes it); quiet: its error is dropped (an
+def take_sinks(record: RunRecord, held: RunResources, opening: Future,
+               quiet: bool = False) -> None:
+    """What open_sinks opened, on `held` (which closes it); quiet: its error is dropped (an
     error of setup is on its way: the one the user sees)."""
     try:
-        job.writer, job.latencies = opening.result()
+        held.writer, held.latencies = opening.result()
     except Exception:
         if not quiet:
             raise
         return
-    job.batches_before = job.latencies.lines_before
+    record.batches_before = held.latencies.lines_before

@@ -1,5 +1,9 @@
-"""RunState: what the spine (pipeline.py) accumulates over a run, and the manifest it is turned
-into at the end, whatever happened (counts, hashes, latencies per bucket and phase, warnings)."""
+"""What a run records and what it holds open, apart.
+
+RunRecord: what the run records (counts, timings, warnings, its status), each filled by the
+step that owns it, and turned into the manifest at the end whatever happened. RunResources:
+what the run holds open (the hashes in flight, the reader, the writer, latencies.jsonl, the
+runner), closed at the end whatever happened (finish)."""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import datetime as dt
 import json
 import time
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -44,97 +48,67 @@ class RunHashes:
         return cls(InputHash(Path(path)), FilesHash(model))
 
 
-class RunState:
-    """What the spine accumulates for the manifest."""
+@dataclass(eq=False)
+class RunRecord:
+    """What a run records for its manifest; the spine's steps fill it as they go."""
 
-    def __init__(self, spec, out_dir: Path, spec_json: dict, clock: PhaseClock | None = None,
-                 hashes: RunHashes | None = None):
-        self.spec, self.out_dir, self.spec_json = spec, out_dir, spec_json
-        self.clock = clock or PhaseClock()  # the process's time, as phases (phases.py)
-        self.spec_sha = spec_digest(spec_json)
-        self.t0 = time.perf_counter()
-        self.model_files = model_files(spec.model, spec.base_dir)
-        # for --resume: the same input and model; a job's worker is given the digests its job
-        # hashed once (scale/input_digest.py)
-        hashes = hashes or RunHashes.own(spec.data.path, self.model_files)
-        self.input_hash, self.model_hash = hashes.input, hashes.model
-        self.input_sha: str | None = None
-        self.late_error: str | None = None  # writing the manifest or latencies failed
-        self.started = _now()
-        self.status, self.error = "failed", None
-        self.records_in = self.records_out = self.rejected = self.batches = 0
-        self.batches_before = 0  # latencies.jsonl lines kept from the run this one resumes
-        self.resumed_from = None
-        self.earlier = (0, 0)  # (rows, rejects) committed by the attempts this one resumes
-        self.count_from = 0  # records below it were committed by the run this one resumes
-        self.runner = self.writer = self.latencies = self.reader = None  # open while streaming
-        self.stream_t0 = None
-        self.files = []
-        self.stream_s = 0.0
-        self.warnings: list[str] = []
-        self.printed: set[str] = set()  # warnings already printed while running
-        self.samples: dict = {}  # bucket -> phase -> [us]
-        self.bucket_batches: dict[str, int] = {}  # bucket -> batches (timed or not)
-        self.host_s: dict[str, float] = {}
-        self.overlapped: bool | None = None
-        self.overlap_how: str | None = None  # who chose the path: the caller or the default
-        self.bucket_plan = None  # buckets: auto: what was planned (auto_buckets.py)
-        self.device_start = None  # the CUDA context begun beside setup (device_start.py)
-        self.tuning = None  # the reader's and writer's threads and chunks (tuning.py)
-        self.padding = None  # data.group_by_length: the padding saved (grouping.PaddingCount)
-        self.cuts = None  # data.text: the texts truncate cut (text.TextCuts)
-        self.place = None  # a job's worker: where its shards go (journal.ShardPlace)
+    spec: Any
+    out_dir: Path
+    spec_json: dict  # the resolved spec as run.json and the manifest record it
+    clock: PhaseClock = field(default_factory=PhaseClock)  # the process's time, as phases
+    bucket_plan: Any = None  # buckets: auto: what was planned (plan/auto.py)
+    t0: float = field(default_factory=time.perf_counter)
+    started: str = field(default_factory=lambda: _now())
+    # how it ended
+    status: str = "failed"
+    error: str | None = None
+    late_error: str | None = None  # writing the manifest or latencies failed
+    input_sha: str | None = None
+    # counts
+    records_in: int = 0
+    records_out: int = 0
+    rejected: int = 0
+    batches: int = 0
+    files: list = field(default_factory=list)
+    # --resume: what the attempts before this one committed
+    resumed_from: int | None = None
+    count_from: int = 0  # records below it were committed by the run this one resumes
+    earlier: tuple = (0, 0)  # (rows, rejects) committed by the attempts this one resumes
+    batches_before: int = 0  # latencies.jsonl lines kept from the run this one resumes
+    # the stream
+    overlapped: bool | None = None
+    overlap_how: str | None = None  # who chose the path: the caller or the default
+    stream_t0: float | None = None
+    stream_s: float = 0.0
+    host_s: dict = field(default_factory=dict)  # host seconds per phase and thread (feed)
+    samples: dict = field(default_factory=dict)  # bucket -> phase -> [us]
+    bucket_batches: dict = field(default_factory=dict)  # bucket -> batches (timed or not)
+    padding: Any = None  # data.group_by_length: the padding saved (grouping.PaddingCount)
+    cuts: Any = None  # data.text: the texts truncate cut (text.TextCuts)
+    warnings: list = field(default_factory=list)
+    printed: set = field(default_factory=set)  # warnings already printed while running
 
-    def finish(self, progress) -> Manifest:
-        """Close what the stream opened, commit, and write the manifest (whatever happened).
-        A write that fails here (a full disk) is kept in late_error, and the manifest's temp
-        file removed: it must not hide the error that ended the stream."""
-        self.stream_s = time.perf_counter() - self.stream_t0 if self.stream_t0 else 0.0
-        with phase("drain and fsync"):
-            self.close_outputs(progress)
-        self.settle_hash()
-        self.settle_counts()
-        with phase("manifest write"):  # the run's end: the manifest's content complete
-            manifest = self.manifest()
-        path = self.out_dir / "manifest.json"
-        try:
-            write_manifest(manifest, path)
-        except OSError as err:
-            Path(f"{path}.tmp").unlink(missing_ok=True)
-            self.fail_late(f"writing {path} failed: {err}")
-        if self.runner:
-            self.runner.close()
-        return manifest
+    def __post_init__(self):
+        self.spec_sha = spec_digest(self.spec_json)
 
-    def close_outputs(self, progress) -> None:
-        """The reader stopped, latencies.jsonl closed, the writer's last shard committed."""
-        if self.reader is not None:
-            self.reader.close()
-        progress.close()
-        if self.latencies is not None:
-            try:
-                self.latencies.close()
-            except OSError as err:
-                self.fail_late(f"writing {self.out_dir / 'latencies.jsonl'} failed: {err}")
-        if self.writer:
-            # interrupted: only complete shards are committed, so that --resume writes the
-            # same shards as an uninterrupted run; a failure commits all it has before it
-            try:
-                self.files = self.writer.close(partial=self.status != "interrupted")
-            except OSError as err:
-                self.fail_late(f"writing {self.out_dir} failed: {err}")
-                self.files = self.writer.committed_files()
-            self.records_out = self.writer.rows_written
-            self.rejected = self.writer.rejects_written
+    def resumed(self, point) -> None:
+        """--resume: re-read from the start of the batch that held the last committed row, so
+        batches (and their buckets) are as before; the records below next_index are not
+        counted again."""
+        self.resumed_from = self.count_from = point.next_index
+        self.records_in = point.rows + point.rejects
+        self.earlier = (point.rows, point.rejects)
+
+    def written(self, writer, files: list) -> None:
+        """The writer's counts, once it is closed."""
+        self.files = files
+        self.records_out = writer.rows_written
+        self.rejected = writer.rejects_written
 
     def fail_late(self, error: str) -> None:
         if self.status != "failed":  # the first error is the one the user sees
             self.status, self.error = "failed", error
             self.late_error = error
-
-    def stop_hashes(self) -> None:
-        self.input_hash.stop()
-        self.model_hash.stop()
 
     def count(self, rb) -> int:
         """Count a record batch's records and rejects (those not committed by an earlier run)."""
@@ -145,20 +119,6 @@ class RunState:
                 r.index >= self.count_from for r in rb.rejects)
         self.records_in += new
         return new
-
-    def record_hashes(self, fingerprint: dict) -> None:
-        """run.json gets the input's and model's hashes, waited for: before the stream starts,
-        so before any journal line (a run.json without them means nothing was committed)."""
-        with phase("input hash wait"):
-            fingerprint["input_sha256"] = self.input_sha = self.input_hash.result()
-            fingerprint["model_sha256"] = self.model_hash.result()
-        with phase("output folder"):
-            write_fingerprint(self.out_dir, fingerprint)
-
-    def settle_hash(self) -> None:
-        """The manifest's input hash: known once streaming started; a run that failed before
-        (in setup, say) stops the hashing instead of waiting for it."""
-        self.input_sha = self.input_hash.stop()
 
     def settle_counts(self) -> None:
         """A completed run's records_in is counted as read, independently of the writer's
@@ -215,8 +175,8 @@ class RunState:
             return None
         return f"{'overlapped' if self.overlapped else 'serial'}: {self.overlap_how}"
 
-    def manifest(self) -> Manifest:
-        runner, spec = self.runner, self.spec
+    def manifest(self, runner, input_hash_s: float) -> Manifest:
+        spec = self.spec
         ps = spec.report.percentiles
         buckets, capture_s, capture_mem, rows_run, padded = [], 0.0, 0, 0, 0
         for report in (runner.bucket_reports() if runner else []):
@@ -242,7 +202,7 @@ class RunState:
             records_in=self.records_in, records_out=self.records_out,
             records_rejected=self.rejected, batches=self.batches, wall_s=wall,
             setup_s=runner.setup_s if runner else 0.0, stream_s=self.stream_s,
-            input_hash_s=self.input_hash.waited_s,
+            input_hash_s=input_hash_s,
             earlier_records_out=self.earlier[0], earlier_records_rejected=self.earlier[1],
             records_per_s=((self.records_out - self.earlier[0]) / self.stream_s
                            if self.stream_s else 0.0),
@@ -282,6 +242,80 @@ class RunState:
                  for (bucket, lane), got in clock.parts.items()]
         return Phases(process_start=clock.t0_how,
                       top=[Phase(name=n, s=s) for n, s in clock.top()], buckets=parts)
+
+
+class RunResources:
+    """What a run holds open, and what its setup was given to open it with; closed by
+    finish() whatever happened (the hashes stopped by stop_hashes(), after the folder's lock)."""
+
+    def __init__(self, spec, out_dir: Path, *, tuning, device_start=None,
+                 hashes: RunHashes | None = None):
+        self.spec, self.out_dir = spec, out_dir
+        self.tuning = tuning  # the reader's and writer's threads and chunks (tuning.py)
+        self.device_start = device_start  # the CUDA context begun beside setup
+        self.model_files = model_files(spec.model, spec.base_dir)
+        # for --resume: the same input and model; a job's worker is given the digests its job
+        # hashed once (scale/input_digest.py)
+        hashes = hashes or RunHashes.own(spec.data.path, self.model_files)
+        self.input_hash, self.model_hash = hashes.input, hashes.model
+        self.place = None  # a job's worker: where its shards go (journal.ShardPlace)
+        self.runner = self.writer = self.latencies = self.reader = None  # open while streaming
+
+    def record_hashes(self, record: RunRecord, fingerprint: dict) -> None:
+        """run.json gets the input's and model's hashes, waited for: before the stream starts,
+        so before any journal line (a run.json without them means nothing was committed)."""
+        with phase("input hash wait"):
+            fingerprint["input_sha256"] = record.input_sha = self.input_hash.result()
+            fingerprint["model_sha256"] = self.model_hash.result()
+        with phase("output folder"):
+            write_fingerprint(self.out_dir, fingerprint)
+
+    def close_outputs(self, record: RunRecord, progress) -> None:
+        """The reader stopped, latencies.jsonl closed, the writer's last shard committed."""
+        if self.reader is not None:
+            self.reader.close()
+        progress.close()
+        if self.latencies is not None:
+            try:
+                self.latencies.close()
+            except OSError as err:
+                record.fail_late(f"writing {self.out_dir / 'latencies.jsonl'} failed: {err}")
+        if self.writer:
+            # interrupted: only complete shards are committed, so that --resume writes the
+            # same shards as an uninterrupted run; a failure commits all it has before it
+            try:
+                files = self.writer.close(partial=record.status != "interrupted")
+            except OSError as err:
+                record.fail_late(f"writing {self.out_dir} failed: {err}")
+                files = self.writer.committed_files()
+            record.written(self.writer, files)
+
+    def stop_hashes(self) -> None:
+        self.input_hash.stop()
+        self.model_hash.stop()
+
+    def finish(self, record: RunRecord, progress) -> Manifest:
+        """Close what the stream opened, commit, and write the manifest (whatever happened).
+        A write that fails here (a full disk) is kept in late_error, and the manifest's temp
+        file removed: it must not hide the error that ended the stream."""
+        record.stream_s = time.perf_counter() - record.stream_t0 if record.stream_t0 else 0.0
+        with phase("drain and fsync"):
+            self.close_outputs(record, progress)
+        # the manifest's input hash: known once streaming started; a run that failed before
+        # (in setup, say) stops the hashing instead of waiting for it
+        record.input_sha = self.input_hash.stop()
+        record.settle_counts()
+        with phase("manifest write"):  # the run's end: the manifest's content complete
+            manifest = record.manifest(self.runner, self.input_hash.waited_s)
+        path = self.out_dir / "manifest.json"
+        try:
+            write_manifest(manifest, path)
+        except OSError as err:
+            Path(f"{path}.tmp").unlink(missing_ok=True)
+            record.fail_late(f"writing {path} failed: {err}")
+        if self.runner:
+            self.runner.close()
+        return manifest
 
 
 def _now() -> str:

@@ -30,7 +30,7 @@ def resolve_auto(spec: PipelineSpec) -> tuple[PipelineSpec, BucketPlan | None]:
     for values in fixed.values():
         fixed_graphs *= len(values)
     if fixed_graphs > spec.buckets_max_graphs:
-        raise SpecError([Problem(str(spec._source or "spec"), "buckets_max_graphs", (
+        raise SpecError([Problem(str(spec.source_path or "spec"), "buckets_max_graphs", (
             f"the lists given make {fixed_graphs} graphs, more than buckets_max_graphs "
             f"({spec.buckets_max_graphs}), so the auto axes {auto} get no value: raise it or "
             "shorten the lists"))])
@@ -43,7 +43,7 @@ def resolve_auto(spec: PipelineSpec) -> tuple[PipelineSpec, BucketPlan | None]:
     # model is built for it once more); without a budget nothing is measured
     chosen, note, _ = budget_plan(spec, _covering(hist, limits), spec.buckets_max_graphs,
                                   spec.buckets_multiple_of, fixed, _cuda(spec),
-                                  str(spec._source or "spec"))
+                                  str(spec.source_path or "spec"))
     buckets = {a: chosen.lists[a] for a in spec.buckets}
     info = BucketPlan(auto_axes=auto, buckets={a: chosen.lists[a] for a in auto},
                       sample_records=hist.records, graphs=chosen.graphs,

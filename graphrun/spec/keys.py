@@ -357,6 +357,11 @@ class PipelineSpec(Strict):
     _source: Optional[Path] = PrivateAttr(None)
 
     @property
+    def source_path(self) -> Optional[Path]:
+        """The spec file this came from, resolved; None when built in Python."""
+        return self._source
+
+    @property
     def base_dir(self) -> Path:
         return self._source.parent if self._source else Path.cwd()
 

@@ -157,7 +157,7 @@ class BatchMapper:
                              "to collect such records in rejects.jsonl and go on",
                              where=bad.where, record_id=bad.id)
         n = len(checked)
-        outs, ran = (self.runner.run_rows(checked.fields, n, checked.lengths) if n
+        outs, ran = (self.runner.launcher.run_rows(checked.fields, n, checked.lengths) if n
                      else ({}, []))
         times = [(b.name if b else "oversize-eager", t) for b, t in ran]
         rejects = [{"index": r.index, "id": plain_id(r.id), "where": r.where,
