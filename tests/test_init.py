@@ -328,3 +328,43 @@ def test_init_keeps_an_image_size_the_majority_holds(tmp_path):
     printed = " ".join(result.output.split())
     assert "img.jsonl:4: image has 1 at dimension 1 where 11 of 12 records have 3" in printed
     assert "img.jsonl:8: image has 7 at dimension 3 where" in printed
+
+
+# token and position embeddings: at most 16 positions
+POSITIONS = """
+import torch
+from torch import nn
+
+class Positional(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(5)
+        self.tok = nn.Embedding(50, 4)
+        self.pos = nn.Embedding(16, 4)
+
+    def forward(self, tokens):
+        at = torch.arange(tokens.shape[1])  # [S]; past 16 an IndexError
+        return (self.tok(tokens) + self.pos(at)).sum(1)  # [B, 4]
+
+def build():
+    return Positional()
+"""
+
+
+def test_init_stops_an_axis_at_the_models_position_table(tmp_path):
+    target, _ = model_from(tmp_path, POSITIONS)
+    rng = np.random.default_rng(6)
+    records = [{"tokens": rng.integers(0, 45, int(rng.integers(3, 14))).tolist()}
+               for _ in range(20)]
+    records[4] = {"tokens": rng.integers(0, 45, 40).tolist()}  # past the 16 positions
+    (tmp_path / "d.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    result = cli("init", "--model", target, "--data", tmp_path / "d.jsonl", "-o",
+                 tmp_path / "p.yaml", "--out-dir", tmp_path / "out", "--batch-size", 4)
+    assert result.exit_code == 0, result.output
+    spec = graphrun.load_spec(tmp_path / "p.yaml")
+    assert spec.buckets["seq"][-1] == 16 and spec.inputs["tokens"].range == (0, 50)
+    assert "d.jsonl:5: 40 positions along seq, past the model's nn.Embedding of 16 rows" \
+        in " ".join(result.output.split())
+    spec.data.on_bad_record = "skip"
+    manifest = graphrun.run(spec)
+    assert (manifest.totals.records_out, manifest.totals.records_rejected) == (19, 1)

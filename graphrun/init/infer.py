@@ -63,6 +63,7 @@ def init(*, data: str | Path, target: str | None = None, builtin: str | None = N
     found.call, found.inputs = _call_convention(model, profile)
     found.buckets = propose_buckets(profile, batch_size, found.inputs)  # used axes only
     found.ranges, outside = _ranges(model, found.inputs, profile)
+    outside += _position_limits(model, found)
     found.outputs = _probe_outputs(model, found)
     # ranges came first to keep the probe inside the model's tables; a probe that took whole
     # numbers as float32 leaves them none
@@ -380,6 +381,36 @@ def _ranges(model, inputs: dict[str, FieldInfo], profile: DataProfile
                            f"outside [0, {rows})")
         f.probe = [v for v in f.probe if v.min() >= 0 and v.max() < rows] or [np.zeros(1, int)]
     return out, outside
+
+
+def _position_limits(model, found: Inferred) -> list[str]:
+    """An nn.Embedding no range took, of fewer rows than an axis' last bucket but at least as
+    many as at least MAJORITY of the records' lengths, is read as a position table: the axis'
+    buckets stop at its rows, and the longer records are listed (run rejects them)."""
+    from torch import nn
+
+    taken = {r[1] for r in found.ranges.values()}
+    tables = sorted({m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding)}
+                    - taken)
+    p, out = found.profile, []
+    for axis in [a for a in found.buckets if a != BATCH]:
+        lengths = next(f.lengths[d] for f in found.inputs.values()
+                       for d, name in enumerate(f.dims) if name == axis)  # [n] per record
+        last = found.buckets[axis][-1]
+        rows = next((n for n in tables if n < last and (lengths <= n).sum()
+                     >= MAJORITY * len(lengths)), None)
+        if rows is None:
+            continue
+        found.buckets[axis] = [b for b in found.buckets[axis] if b < rows] + [rows]
+        longer = np.flatnonzero(lengths > rows)
+        for i in longer[:MAX_LISTED]:
+            where = p.wheres[i] if p.wheres else f"{p.path.name}[{i}]"
+            out.append(f"{where}: {lengths[i]} positions along {axis}, past the model's "
+                       f"nn.Embedding of {rows} rows (its position table): `run` rejects "
+                       "this record")
+        if len(longer) > MAX_LISTED:
+            out.append(f"... and {len(longer) - MAX_LISTED} more records longer than {rows}")
+    return out
 
 
 def _table_for(tables: list[int], lo: np.ndarray, hi: np.ndarray) -> int | None:
