@@ -309,3 +309,50 @@ def test_an_unlisted_dict_output_is_warned_of_once(tmp_path):
     assert warned == ["the model also returns hidden, which outputs does not list: not "
                       "written; list it under outputs to keep it"]
     assert result.output.count("also returns hidden") == 1
+
+
+EMBED = '''\
+import torch
+
+
+class Bag(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(50, 3)
+
+    def forward(self, tokens):
+        return self.emb(tokens).sum(1)
+
+
+def build():
+    return Bag()
+'''
+
+
+def embed_job(folder: Path, token_range, pad=0) -> Path:
+    (folder / "model.py").write_text(EMBED)
+    (folder / "data.jsonl").write_text("".join(
+        json.dumps({"id": f"r{i}", "tokens": [i % 50, 1, 2]}) + "\n" for i in range(20)))
+    spec = {**spec_dict(), "inputs": {"tokens": {"shape": ["batch", 3], "dtype": "int64",
+                                                 "range": token_range, "pad": pad}},
+            "outputs": {"y": {"shape": ["batch", 3]}}}
+    path = folder / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def test_validate_rejects_a_pad_outside_the_inputs_range(tmp_path):
+    result = cli("validate", embed_job(tmp_path, [0, 50], pad=-1))
+    assert result.exit_code == 1, result.output
+    assert "inputs.tokens.pad: pad -1 lies outside range [0, 50)" in result.output
+
+
+def test_an_index_past_the_models_table_names_the_range_pad_and_the_table(tmp_path):
+    result = cli("run", embed_job(tmp_path, [0, 7001]))
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    text = " ".join(result.output.split())
+    assert "IndexError" in text
+    assert "inputs.tokens range [0, 7001), pad 0" in text
+    assert "the model's nn.Embedding tables hold 50 rows" in text
+    assert "match the model's forward" not in text

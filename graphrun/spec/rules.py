@@ -209,6 +209,13 @@ def _ranges(spec: PipelineSpec) -> Found:
             yield ("inputs", name, "range"), f"needs lo < hi (got [{lo:g}, {hi:g}])"
         elif lo != int(lo) or hi != int(hi):
             yield ("inputs", name, "range"), f"bounds must be integers (got [{lo:g}, {hi:g}])"
+        elif not lo <= item.pad < hi:
+            # padded positions reach the model as real values do: a pad past the range is
+            # an index past the model's table (an IndexError at the first padded batch)
+            yield ("inputs", name, "pad"), (
+                f"pad {item.pad:g} lies outside range [{lo:g}, {hi:g}): the model gets it at "
+                "every padded position; set pad inside the range (the tokenizer's pad id, "
+                "or 0)")
     for name, item in spec.inputs.items():
         if item.finite and item.dtype not in FLOAT_DTYPES:
             yield ("inputs", name, "finite"), (f"finite applies to float inputs only (dtype is "
