@@ -356,3 +356,19 @@ def test_an_index_past_the_models_table_names_the_range_pad_and_the_table(tmp_pa
     assert "inputs.tokens range [0, 7001), pad 0" in text
     assert "the model's nn.Embedding tables hold 50 rows" in text
     assert "match the model's forward" not in text
+
+
+def test_resume_with_other_settings_names_the_keys_and_how_to_repeat_them(tmp_path):
+    spec = make_job(tmp_path, broken=True)
+    first = cli("run", spec, "-q", "--set", "output.rows_per_file=8")
+    assert first.exit_code == 2, first.output
+    (tmp_path / "broken").unlink()
+    again = cli("run", spec, "-q", "--resume")  # the --set forgotten
+    assert again.exit_code == 2, again.output
+    text = " ".join(again.output.split())
+    assert "output.rows_per_file was 8, now 16" in text
+    assert "--set output.rows_per_file=8" in text
+    assert "spec_sha256" not in text
+    done = cli("run", spec, "-q", "--resume", "--set", "output.rows_per_file=8")
+    assert done.exit_code == 0, done.output
+    assert ids_written(tmp_path / "out") == [f"r{i}" for i in range(100)]

@@ -173,7 +173,7 @@ def open_out_dir(job: RunState, fingerprint: dict, resume: bool, overwrite: bool
             resume_point = prepare_out_dir(
                 job.out_dir, resume=resume, overwrite=overwrite, fingerprint=fingerprint,
                 input_path=job.spec.data.path, model=job.model_files,
-                accept_model_change=accept_model_change)
+                accept_model_change=accept_model_change, spec=job.spec_json)
     except OSError as err:
         raise OutputError(f"cannot use output folder {job.out_dir}: {err.strerror or err}; "
                           "pick a folder you can write to (--out or output.dir)") from err
