@@ -119,7 +119,10 @@ def _record_problem(record, field: str, id_field: str | None) -> str:
     if not isinstance(record, dict):
         return f"the record is {_kind(record)}; expected an object with a {field!r} field"
     if field not in record:
-        return f"missing field {field!r} (the text to tokenize)"
+        from graphrun.read.formats.jsonl_parse import close_field
+
+        return f"missing field {field!r} (the text to tokenize)" + close_field(
+            field, [k for k in record if k != id_field])
     if id_field:
         rid = record.get(id_field)
         if rid is None:

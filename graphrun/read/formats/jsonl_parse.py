@@ -9,6 +9,7 @@ json.loads per line or one conversion per record.
 
 from __future__ import annotations
 
+import difflib
 import json
 import random
 import sys
@@ -90,10 +91,23 @@ def _record_problem(spec: PipelineSpec, record) -> tuple[object, str]:
             return rid, (f"id field {id_field!r} is not valid Unicode (it holds a lone "
                          "surrogate escape such as \\ud800), so no output format can store it")
     missing = [k for k in spec.inputs if k not in record]
-    if missing:
-        return rid, f"missing field {missing[0]!r} (expected fields: {fields})"
     unknown = [k for k in record if k not in expected]
+    if missing:
+        return rid, (f"missing field {missing[0]!r} (expected fields: {fields})"
+                     + close_field(missing[0], unknown))
     return rid, f"unknown field {unknown[0]!r} (expected fields: {fields})"
+
+
+def close_field(wanted: str, held: list[str]) -> str:
+    """"; the record has 'ids' ..." where one of the record's other fields looks like the one
+    missing (a prefix dropped, a typo): the usual cause of a missing field."""
+    near = [k for k in held if isinstance(k, str) and k and (k in wanted or wanted in k)]
+    near = near or difflib.get_close_matches(wanted, [k for k in held if isinstance(k, str)],
+                                             n=1, cutoff=0.6)
+    if not near:
+        return ""
+    return (f"; the record has {near[0]!r}, which may be it: rename the field in the data, or "
+            f"the input in the spec")
 
 
 def _parse_together(lines: list[bytes]) -> list | None:
@@ -135,7 +149,12 @@ def _parse_line(line: bytes) -> tuple[object, str]:
         return None, truncated if last else (
             f"invalid UTF-8 (byte 0x{line[e.start]:02x} at byte {e.start + 1} of the line)")
     except json.JSONDecodeError as e:
-        return None, truncated if last else f"invalid JSON: {e.msg} (column {e.colno})"
+        if last:
+            return None, truncated
+        # the line's own column: a line cut short fails past its newline, at "column 1" of
+        # a second line, so the position is taken within the line without it
+        text = line.rstrip(b"\r\n").decode("utf-8")
+        return None, f"invalid JSON: {e.msg} (column {min(e.pos, len(text)) + 1})"
     except ValueError:  # Python's limit on an integer's digits (sys.get_int_max_str_digits)
         return None, (f"a number of more than {sys.get_int_max_str_digits()} digits, "
                       "longer than Python reads: not a record")
