@@ -5,6 +5,7 @@ checks use it before torch is imported."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 from graphrun.base.errors import ModelError
@@ -40,3 +41,26 @@ def resolve_path(path: str, base_dir: Path | None, key: str = "model.hf.path") -
                              "hub name, or pkg://PACKAGE/FOLDER")
         return str(p.resolve())
     return path  # a hub name: found in the local cache or not at all
+
+
+def package_form(folder: Path) -> str | None:
+    """pkg://PACKAGE/SUB for a folder inside an installed package (under a site-packages or
+    dist-packages entry of sys.path, and found there again by resolve_path), else None: a
+    spec naming the package stays valid wherever it is installed, a site-packages path not."""
+    folder = folder.resolve()
+    for entry in map(Path, sys.path):
+        if entry.name not in ("site-packages", "dist-packages"):
+            continue
+        try:
+            rest = folder.relative_to(entry.resolve())
+        except (ValueError, OSError):
+            continue
+        if len(rest.parts) < 2:
+            continue
+        form = PKG + "/".join(rest.parts)
+        try:
+            if Path(resolve_path(form, None)).resolve() == folder:
+                return form
+        except ModelError:
+            continue
+    return None
