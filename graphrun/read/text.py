@@ -17,7 +17,7 @@ import numpy as np
 
 from graphrun.base.errors import InputError, ModelError
 from graphrun.read.formats.dense import int64_ids
-from graphrun.read.formats.jsonl_lines import encodable
+from graphrun.read.formats.jsonl_lines import close_field, encodable
 from graphrun.read.records import Candidates, Field, Reject, RowWhere
 from graphrun.spec.keys import BATCH, PipelineSpec
 
@@ -119,8 +119,6 @@ def _record_problem(record, field: str, id_field: str | None) -> str:
     if not isinstance(record, dict):
         return f"the record is {_kind(record)}; expected an object with a {field!r} field"
     if field not in record:
-        from graphrun.read.formats.jsonl_parse import close_field
-
         return f"missing field {field!r} (the text to tokenize)" + close_field(
             field, [k for k in record if k != id_field])
     if id_field:

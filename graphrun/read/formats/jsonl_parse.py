@@ -9,14 +9,14 @@ json.loads per line or one conversion per record.
 
 from __future__ import annotations
 
-import difflib
 import json
 import random
 import sys
 
 import numpy as np
 
-from graphrun.read.formats.jsonl_lines import encodable, readable_id, repeated_keys
+from graphrun.read.formats.jsonl_lines import (close_field, encodable, readable_id,
+                                               repeated_keys)
 from graphrun.read.records import Candidates, Reject, field_from_values
 from graphrun.spec.keys import PipelineSpec
 
@@ -96,18 +96,6 @@ def _record_problem(spec: PipelineSpec, record) -> tuple[object, str]:
         return rid, (f"missing field {missing[0]!r} (expected fields: {fields})"
                      + close_field(missing[0], unknown))
     return rid, f"unknown field {unknown[0]!r} (expected fields: {fields})"
-
-
-def close_field(wanted: str, held: list[str]) -> str:
-    """"; the record has 'ids' ..." where one of the record's other fields looks like the one
-    missing (a prefix dropped, a typo): the usual cause of a missing field."""
-    near = [k for k in held if isinstance(k, str) and k and (k in wanted or wanted in k)]
-    near = near or difflib.get_close_matches(wanted, [k for k in held if isinstance(k, str)],
-                                             n=1, cutoff=0.6)
-    if not near:
-        return ""
-    return (f"; the record has {near[0]!r}, which may be it: rename the field in the data, or "
-            f"the input in the spec")
 
 
 def _parse_together(lines: list[bytes]) -> list | None:
