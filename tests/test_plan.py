@@ -303,3 +303,19 @@ def test_plan_never_passes_the_models_positions_or_the_truncation_length(tmp_pat
         assert "the last, 16, is the spec's truncation length" in after
     written.data.on_bad_record = "skip"
     assert graphrun.run(written).status == "completed"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                    reason="needs transformers and tokenizers")
+def test_validate_refuses_a_seq_bucket_past_the_models_positions(tmp_path):
+    from tests.test_init_hf import LIMIT, save_model, write_texts
+
+    folder = save_model(tmp_path / "bert", "embed")
+    write_texts(tmp_path / "texts.jsonl", n=8)
+    spec = tmp_path / "s.yaml"
+    result = CliRunner().invoke(main, ["init", "--hf", str(folder), "--data",
+                                       str(tmp_path / "texts.jsonl"), "-o", str(spec)])
+    assert result.exit_code == 0, result.output
+    with pytest.raises(SpecError, match=rf"buckets.seq: {2 * LIMIT} is past the model's "
+                       rf"{LIMIT} positions \(config.json's max_position_embeddings\)"):
+        graphrun.load_spec(spec, [f"buckets.seq=[8, {2 * LIMIT}]"])

@@ -9,8 +9,6 @@ from pathlib import Path
 
 from graphrun.spec.keys import PipelineSpec
 
-_POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len")
-
 
 @dataclass(frozen=True)
 class Limit:
@@ -61,23 +59,22 @@ def _model_folder(spec: PipelineSpec) -> Path | None:
 
 
 def _positions(folder: Path | None) -> list[tuple[int, str]]:
-    config = _json(folder / "config.json") if folder else {}
-    for key in _POSITION_KEYS:
-        value = config.get(key)
-        if isinstance(value, int) and 0 < value < 1 << 20:
-            return [(value, f"the model's {value} positions (config.json's {key})")]
-    return []
+    from graphrun.spec.paths import model_positions
+
+    found = model_positions(folder) if folder else None
+    if found is None:
+        return []
+    value, key = found
+    return [(value, f"the model's {value} positions (config.json's {key})")]
 
 
 def _tokenizer_length(folder: str) -> list[tuple[int, str]]:
-    out = []
+    """The tokenizer's model_max_length (a sentence-transformers max_seq_length is where its
+    encode() cuts by choice, not a limit of the model: init --hf reads it, a plan does not)."""
     value = _json(Path(folder) / "tokenizer_config.json").get("model_max_length")
     if isinstance(value, (int, float)) and 0 < value < 1 << 20:  # 1e30 means "no limit"
-        out.append((int(value), "the tokenizer's model_max_length"))
-    value = _json(Path(folder) / "sentence_bert_config.json").get("max_seq_length")
-    if isinstance(value, int) and value > 0:
-        out.append((value, "sentence_bert_config.json's max_seq_length"))
-    return out
+        return [(int(value), "the tokenizer's model_max_length")]
+    return []
 
 
 def _json(path: Path) -> dict:

@@ -11,6 +11,7 @@ from pathlib import Path
 from graphrun.base.errors import ModelError
 
 PKG = "pkg://"
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len")  # config.json
 
 
 def resolve_path(path: str, base_dir: Path | None, key: str = "model.hf.path") -> str:
@@ -63,4 +64,19 @@ def package_form(folder: Path) -> str | None:
                 return form
         except ModelError:
             continue
+    return None
+
+
+def model_positions(folder: Path) -> tuple[int, str] | None:
+    """(positions, the config.json key saying so) of a Hugging Face folder's model, or None."""
+    import json
+
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for key in POSITION_KEYS if isinstance(config, dict) else ():
+        value = config.get(key)
+        if isinstance(value, int) and 0 < value < 1 << 20:
+            return value, key
     return None

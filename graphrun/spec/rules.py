@@ -382,6 +382,26 @@ def _hf_paths(spec: PipelineSpec, base_dir: Path) -> Found:
 
     for key, path in keys:
         try:
-            resolve_path(path, base_dir, ".".join(key))
+            folder = resolve_path(path, base_dir, ".".join(key))
         except ModelError as e:
             yield key, str(e).split(": ", 1)[1]
+            continue
+        if key == ("model", "hf", "path") and spec.generate is None:
+            yield from _past_positions(spec, folder)
+
+
+def _past_positions(spec: PipelineSpec, folder: str) -> Found:
+    """No seq bucket past the model's position table: the model cannot run it (a raw
+    'size of tensor a must match' from inside its forward)."""
+    from graphrun.spec.paths import model_positions
+
+    ids = spec.inputs.get("input_ids")
+    axis = ids.shape[1] if ids is not None and len(ids.shape) > 1 else None
+    values = spec.buckets.get(axis) if isinstance(axis, str) else None
+    found = model_positions(Path(folder)) if Path(folder).is_dir() else None
+    if not isinstance(values, list) or found is None or max(values) <= found[0]:
+        return
+    positions, key = found
+    yield ("buckets", axis), (f"{max(values)} is past the model's {positions} positions "
+                              f"(config.json's {key}): end the list at {positions} or below "
+                              "(graphrun plan proposes values within it)")
