@@ -389,8 +389,8 @@ def _field_outliers(name: str, values: list) -> dict[int, str]:
             if i not in whole:
                 v = values[i].ravel()
                 shown = v[(v != np.round(v)) | ~np.isfinite(v)][0]
-                out[i] = (f"{name} holds {shown}, not a whole number as {len(whole)} of "
-                          f"{len(rest)} records' values are")
+                out[i] = (f"{name} holds {shown}, not a whole number, where {len(whole)} of "
+                          f"{len(rest)} records hold whole numbers only")
     rest = [i for i in rest if i not in out]
     ranks = {values[i].ndim for i in rest}
     for d in range(ranks.pop() if len(ranks) == 1 else 0):
