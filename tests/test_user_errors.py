@@ -372,3 +372,21 @@ def test_resume_with_other_settings_names_the_keys_and_how_to_repeat_them(tmp_pa
     done = cli("run", spec, "-q", "--resume", "--set", "output.rows_per_file=8")
     assert done.exit_code == 0, done.output
     assert ids_written(tmp_path / "out") == [f"r{i}" for i in range(100)]
+
+
+def test_an_index_error_mid_run_names_the_range_and_pad_not_the_models_code(tmp_path):
+    path = embed_job(tmp_path, [0, 50])
+    (tmp_path / "model.py").write_text(EMBED.replace(
+        "        return self.emb(tokens).sum(1)",
+        "        if bool((tokens == 45).all(1).any()):  # as a table one row short would\n"
+        "            raise IndexError('index out of range in self')\n"
+        "        return self.emb(tokens).sum(1)"))
+    with open(tmp_path / "data.jsonl", "a") as f:
+        f.write(json.dumps({"id": "r45", "tokens": [45, 45, 45]}) + "\n")
+    result = cli("run", path, "-q")
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    text = " ".join(result.output.split())
+    assert "the model raised on the batch of 5 records from data.jsonl:17" in text
+    assert "inputs.tokens range [0, 50), pad 0; the model's nn.Embedding tables hold 50 rows" \
+        in text
+    assert "fix the model" not in text and "--overwrite" in text
