@@ -196,7 +196,7 @@ def test_resume_refuses_changed_weights_and_a_changed_target_module(tmp_path):
         run_job(spec, out, resume=True)
     spec.write_text(spec.read_text().replace("name: attack", "name: other"))
     with pytest.raises(OutputError, match=r"holds a different run \(the model's "
-                       r"source file \S*model\.py changed; spec_sha256 changed"):
+                       r"source file \S*model\.py changed; name was \"attack\", now \"other\""):
         run_job(spec, out, resume=True, accept_model_change=True)  # not only the model
 
 

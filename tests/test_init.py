@@ -255,3 +255,116 @@ def test_a_module_target_beside_the_working_directory_is_flagged(tmp_path, monke
     assert away.exit_code == 0, away.output
     assert f"mymodels was imported from {tmp_path.resolve()}, but `run` imports beside the " \
         f"spec ({tmp_path.resolve() / 'specs'})" in " ".join(away.output.split())
+
+
+# a convolution over fixed [3, 8, 8] images
+CNN = """
+import torch
+from torch import nn
+
+class Cnn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(2)
+        self.conv = nn.Conv2d(3, 2, 3)
+
+    def forward(self, image):
+        return self.conv(image).mean((2, 3))  # [B, 2]
+
+def build():
+    return Cnn()
+"""
+
+
+def test_init_infers_from_the_majority_and_lists_the_records_that_disagree(tmp_path):
+    target, model = model_from(tmp_path, ENCODER)
+    rng = np.random.default_rng(3)
+    records = []
+    for i in range(30):
+        n = int(rng.integers(3, 12))
+        records.append({"id": f"r{i}", "tokens": rng.integers(0, 40, n).tolist(),
+                        "mask": [1] * n})
+    bad = [{"id": "b1", "tokens": [1, 1.5, 2], "mask": [1, 1, 1]},  # not a whole number
+           {"id": "b2", "tokens": [], "mask": []},  # empty
+           {"id": "b3", "tokens": [3, 70, 4], "mask": [1, 1, 1]},  # over the 50-row table
+           {"id": "b4", "tokens": [-1, 4, 5], "mask": [1, 1, 1]},  # negative
+           {"id": "b5", "tokens": [5, 6, 7, 8], "mask": [1, 1, 1]}]  # mask one shorter
+    lines = [json.dumps(r) for r in records[:5] + bad + records[5:]]
+    (tmp_path / "d.jsonl").write_text("\n".join(lines) + "\n")
+    spec_path = tmp_path / "specs" / "pipe.yaml"
+    result = cli("init", "--model", target, "--data", tmp_path / "d.jsonl", "-o", spec_path,
+                 "--out-dir", tmp_path / "out", "--batch-size", 8)
+    assert result.exit_code == 0, result.output
+    spec = graphrun.load_spec(spec_path)
+    tokens = spec.inputs["tokens"]
+    assert tokens.dtype == "int64" and tokens.range == (0, 50)  # the model's table, not 71
+    assert tokens.shape == ["batch", "seq"] == spec.inputs["mask"].shape  # one axis, no seq2
+    assert set(spec.buckets) == {"batch", "seq"}
+    printed = " ".join(result.output.split())
+    for line, why in [(6, "tokens holds 1.5, not a whole number"), (7, "tokens is empty"),
+                      (8, "tokens holds 70, outside [0, 50)"),
+                      (9, "tokens holds -1, outside [0, 50)"),
+                      (10, "mask has 3 positions where tokens has 4")]:
+        assert f"d.jsonl:{line}: {why}" in printed, (line, printed)
+    spec.data.on_bad_record = "skip"
+    manifest = graphrun.run(spec)
+    assert manifest.status == "completed"
+    assert manifest.totals.records_in == 35 and manifest.totals.records_rejected == 5
+
+
+def test_init_keeps_an_image_size_the_majority_holds(tmp_path):
+    target, _ = model_from(tmp_path, CNN)
+    rng = np.random.default_rng(4)
+    rows = [{"image": rng.normal(size=(3, 8, 8)).round(3).tolist()} for _ in range(12)]
+    rows[3] = {"image": rng.normal(size=(1, 8, 8)).round(3).tolist()}  # one channel
+    rows[7] = {"image": rng.normal(size=(3, 8, 7)).round(3).tolist()}  # one column short
+    (tmp_path / "img.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    result = cli("init", "--model", target, "--data", tmp_path / "img.jsonl", "-o",
+                 tmp_path / "p.yaml", "--out-dir", tmp_path / "out", "--batch-size", 4)
+    assert result.exit_code == 0, result.output
+    spec = graphrun.load_spec(tmp_path / "p.yaml")
+    assert spec.inputs["image"].shape == ["batch", 3, 8, 8]
+    assert set(spec.buckets) == {"batch"}
+    printed = " ".join(result.output.split())
+    assert "img.jsonl:4: image has 1 at dimension 1 where 11 of 12 records have 3" in printed
+    assert "img.jsonl:8: image has 7 at dimension 3 where" in printed
+
+
+# token and position embeddings: at most 16 positions
+POSITIONS = """
+import torch
+from torch import nn
+
+class Positional(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(5)
+        self.tok = nn.Embedding(50, 4)
+        self.pos = nn.Embedding(16, 4)
+
+    def forward(self, tokens):
+        at = torch.arange(tokens.shape[1])  # [S]; past 16 an IndexError
+        return (self.tok(tokens) + self.pos(at)).sum(1)  # [B, 4]
+
+def build():
+    return Positional()
+"""
+
+
+def test_init_stops_an_axis_at_the_models_position_table(tmp_path):
+    target, _ = model_from(tmp_path, POSITIONS)
+    rng = np.random.default_rng(6)
+    records = [{"tokens": rng.integers(0, 45, int(rng.integers(3, 14))).tolist()}
+               for _ in range(20)]
+    records[4] = {"tokens": rng.integers(0, 45, 40).tolist()}  # past the 16 positions
+    (tmp_path / "d.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    result = cli("init", "--model", target, "--data", tmp_path / "d.jsonl", "-o",
+                 tmp_path / "p.yaml", "--out-dir", tmp_path / "out", "--batch-size", 4)
+    assert result.exit_code == 0, result.output
+    spec = graphrun.load_spec(tmp_path / "p.yaml")
+    assert spec.buckets["seq"][-1] == 16 and spec.inputs["tokens"].range == (0, 50)
+    assert "d.jsonl:5: 40 positions along seq, past the model's nn.Embedding of 16 rows" \
+        in " ".join(result.output.split())
+    spec.data.on_bad_record = "skip"
+    manifest = graphrun.run(spec)
+    assert (manifest.totals.records_out, manifest.totals.records_rejected) == (19, 1)

@@ -246,3 +246,18 @@ def test_a_hub_cache_entry_is_found_by_name_without_downloading(tmp_path, folder
     spec, texts, _ = init_and_run(tmp_path, "tiny/gpt")
     assert spec.model.hf.path == "tiny/gpt" and spec.name == "gpt-next-token"
     assert out(tmp_path, "next_ids").shape == (len(texts), 5)
+
+
+def test_a_folder_shipped_in_an_installed_package_is_written_as_pkg(tmp_path, folders,
+                                                                    monkeypatch):
+    import importlib
+    import shutil
+
+    site = tmp_path / "lib" / "site-packages"  # as pip installs a model's wheel
+    (site / "tinymodels").mkdir(parents=True)
+    (site / "tinymodels" / "__init__.py").write_text("")
+    shutil.copytree(folders["embed"], site / "tinymodels" / "bert")
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    spec, _, _ = init_and_run(tmp_path, site / "tinymodels" / "bert")
+    assert spec.model.hf.path == "pkg://tinymodels/bert"

@@ -171,7 +171,8 @@ def test_target_by_relative_py_path(tmp_path):
 
 @pytest.mark.parametrize("target, message", [
     ("gr_test_no_such_module:build", "cannot import 'gr_test_no_such_module'"),
-    ("net.py:builder", "has no attribute 'builder'; callables it defines: broken, build"),
+    ("net.py:builder", "net.py has no attribute 'builder'; did you mean 'build'? Callables it "
+     "defines: broken, build"),
     ("net.py:not_a_module", "returned a int, not a torch.nn.Module"),
     ("net.py:broken", "RuntimeError: out of widgets"),
     ("missing.py:build", "file not found"),
@@ -182,6 +183,7 @@ def test_target_errors_say_what_and_where(tmp_path, target, message):
     with pytest.raises(ModelError, match="model.target") as err:
         build_model(make_spec({"target": target}), CPU, base_dir=tmp_path)
     assert message in str(err.value)
+    assert "graphrun_target_" not in str(err.value)  # the user's file, not the import's name
 
 
 def test_target_unknown_arg_lists_accepted(tmp_path):

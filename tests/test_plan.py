@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -260,3 +262,60 @@ def test_auto_buckets_plan_within_the_budget(tmp_path):
     assert max(m.spec["buckets"]["batch"]) < max(free.spec["buckets"]["batch"]) == 64
     assert "batch buckets kept at <=" in m.bucket_plan.memory_budget
     assert free.bucket_plan.memory_budget is None
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                    reason="needs transformers and tokenizers")
+@pytest.mark.parametrize("truncate", [True, False])
+def test_plan_never_passes_the_models_positions_or_the_truncation_length(tmp_path, truncate):
+    from tests.test_init_hf import LIMIT, save_model, write_texts
+
+    folder = save_model(tmp_path / "bert", "embed")  # 32 positions
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["model_max_length"] = 1000  # the tokenizer says more than the model holds
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    write_texts(tmp_path / "texts.jsonl", n=40, longest=45)
+    spec = tmp_path / "s.yaml"
+    result = CliRunner().invoke(main, ["init", "--hf", str(folder), "--data",
+                                       str(tmp_path / "texts.jsonl"), "-o", str(spec),
+                                       "--sample", "16", "--batch-size", "4",
+                                       "--out-dir", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    text = spec.read_text()
+    seq_line = next(line for line in text.splitlines() if line.startswith("  seq:"))
+    assert seq_line.endswith("the last: the model's limit")  # init's comment, kept
+    text = text.replace(seq_line, re.sub(r"\[[^\]]*\]", "[8, 16]", seq_line))
+    text = text.replace("truncate: true", f"truncate: {str(truncate).lower()}")
+    spec.write_text(text)
+    result = CliRunner().invoke(main, ["plan", str(spec), "--max-graphs", "4", "--write"])
+    assert result.exit_code == 0, result.output
+    top = 16 if truncate else LIMIT  # cut at the spec's 16; else up to the model's 32
+    assert ("too long" in result.output) is not truncate
+    assert f"seq stops at {top}" in result.output
+    written = graphrun.load_spec(spec)
+    assert max(written.buckets["seq"]) <= top
+    after = spec.read_text()
+    graphs = len(written.buckets["batch"]) * len(written.buckets["seq"])
+    assert f"one graph per combination: {graphs}" in after
+    assert "the model's limit" not in after
+    if truncate:
+        assert written.buckets["seq"][-1] == 16
+        assert "the last, 16, is the spec's truncation length" in after
+    written.data.on_bad_record = "skip"
+    assert graphrun.run(written).status == "completed"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                    reason="needs transformers and tokenizers")
+def test_validate_refuses_a_seq_bucket_past_the_models_positions(tmp_path):
+    from tests.test_init_hf import LIMIT, save_model, write_texts
+
+    folder = save_model(tmp_path / "bert", "embed")
+    write_texts(tmp_path / "texts.jsonl", n=8)
+    spec = tmp_path / "s.yaml"
+    result = CliRunner().invoke(main, ["init", "--hf", str(folder), "--data",
+                                       str(tmp_path / "texts.jsonl"), "-o", str(spec)])
+    assert result.exit_code == 0, result.output
+    with pytest.raises(SpecError, match=rf"buckets.seq: {2 * LIMIT} is past the model's "
+                       rf"{LIMIT} positions \(config.json's max_position_embeddings\)"):
+        graphrun.load_spec(spec, [f"buckets.seq=[8, {2 * LIMIT}]"])

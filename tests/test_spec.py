@@ -28,7 +28,7 @@ BROKEN = [
     ("unknown-key-depth-4", replace("  warmup_iters: 1", "  verify: {enabled: true, tol: 1}"),
      [], "14:27", "capture.verify.tol: unknown key 'tol'"),
     ("wrong-type", replace("warmup_iters: 1", "warmup_iters: many"), [], "14:17",
-     "must be a valid integer, unable to parse string as an integer (got 'many')"),
+     "must be a valid integer (got 'many')"),
     ("negative-warmup", replace("warmup_iters: 1", "warmup_iters: -2"), [], "14:17",
      "must be >= 0 (got -2)"),
     ("missing-model-source", replace("  builtin: mlp\n", ""), [], "5:3",
@@ -92,6 +92,19 @@ BROKEN = [
     ("bad-percentile", MLP_SPEC + "report: {percentiles: [50, 120]}\n", [], "20:23",
      "percentiles must lie in (0, 100] (got 120)"),
     ("not-a-mapping", "- just\n- a list\n", [], "1:1", "the spec must be a mapping"),
+    # strict types: YAML's true, a quoted number, bytes and control characters are refused
+    ("bool-rows-per-file", MLP_SPEC + "  rows_per_file: true\n", [], "20:18",
+     "output.rows_per_file: must be a valid integer (got True)"),
+    ("string-batch-size", replace("batch_size: 4", "batch_size: '4'"), [], "17:15",
+     "data.batch_size: must be a valid integer (got '4')"),
+    ("binary-name", replace("name: tiny-mlp", "name: !!binary dGlueQ=="), [], "2:7",
+     "name: must be a valid string (got b'tiny')"),
+    ("nul-in-name", replace("name: tiny-mlp", 'name: "tiny\\0mlp"'), [], "2:7",
+     "name: holds the control character '\\x00' at 4"),
+    ("huge-integer", replace("batch_size: 4", "batch_size: " + "9" * 5000), [], "17:15",
+     "data.batch_size: an integer of 5000 digits, more than the 4300 Python reads"),
+    ("huge-integer-override", MLP_SPEC, ["data.batch_size=" + "9" * 5000], None,
+     "an integer of 5000 digits, more than the 4300 Python reads"),
 ]
 
 

@@ -249,12 +249,17 @@ def good(inputs: dict, i: int) -> dict:
 BAD_JSONL = [  # (inputs, line 3 of 5, the record id a reject carries, reason)
     (DECODER, b'{"id": "r2", "tokens": ["\xff"], "positions": 2}', None, "invalid UTF-8"),
     (DECODER, '{"id": "r2", "tokens": [2,}', None, "invalid JSON: Expecting value (column 27)"),
+    (DECODER, '{"id": "r2", "tokens": [2', None,  # cut short: Python's column, not line 2's
+     "invalid JSON: Expecting ',' delimiter (column 26)"),
     (DECODER, '{"id": "r2", "tokens": [2], "positions": 2} {"id": "r9"}', None, "invalid JSON"),
     (DECODER, '{"id": "r2", "tokens": [2], "positions": 2}, {"id": "r9", "tokens": [9], '
               '"positions": 9}', None, "invalid JSON: Extra data"),
     (DECODER, "[1, 2]", None, "the record is an array; expected an object"),
     (DECODER, "7", None, "the record is a number; expected an object"),
     (DECODER, {"id": "r2", "tokens": [2]}, "r2", "missing field 'positions'"),
+    (DECODER, {"id": "r2", "token": [2], "positions": 2}, "r2",
+     "missing field 'tokens' (expected fields: id, positions, tokens); the record has "
+     "'token', which may be it"),
     (DECODER, {"id": "r2", "tokens": [2], "positions": 2, "extra": 1}, "r2",
      "unknown field 'extra'"),
     (DECODER, {"tokens": [2], "positions": 2}, None, "missing id: field 'id' is absent"),

@@ -310,3 +310,84 @@ def test_an_unlisted_dict_output_is_warned_of_once(tmp_path):
     assert warned == ["the model also returns hidden, which outputs does not list: not "
                       "written; list it under outputs to keep it"]
     assert result.output.count("also returns hidden") == 1
+
+
+EMBED = '''\
+import torch
+
+
+class Bag(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(50, 3)
+
+    def forward(self, tokens):
+        return self.emb(tokens).sum(1)
+
+
+def build():
+    return Bag()
+'''
+
+
+def embed_job(folder: Path, token_range, pad=0) -> Path:
+    (folder / "model.py").write_text(EMBED)
+    (folder / "data.jsonl").write_text("".join(
+        json.dumps({"id": f"r{i}", "tokens": [i % 50, 1, 2]}) + "\n" for i in range(20)))
+    spec = {**spec_dict(), "inputs": {"tokens": {"shape": ["batch", 3], "dtype": "int64",
+                                                 "range": token_range, "pad": pad}},
+            "outputs": {"y": {"shape": ["batch", 3]}}}
+    path = folder / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def test_validate_rejects_a_pad_outside_the_inputs_range(tmp_path):
+    result = cli("validate", embed_job(tmp_path, [0, 50], pad=-1))
+    assert result.exit_code == 1, result.output
+    assert "inputs.tokens.pad: pad -1 lies outside range [0, 50)" in result.output
+
+
+def test_an_index_past_the_models_table_names_the_range_pad_and_the_table(tmp_path):
+    result = cli("run", embed_job(tmp_path, [0, 7001]))
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    text = " ".join(result.output.split())
+    assert "IndexError" in text
+    assert "inputs.tokens range [0, 7001), pad 0" in text
+    assert "the model's nn.Embedding tables hold 50 rows" in text
+    assert "match the model's forward" not in text
+
+
+def test_resume_with_other_settings_names_the_keys_and_how_to_repeat_them(tmp_path):
+    spec = make_job(tmp_path, broken=True)
+    first = cli("run", spec, "-q", "--set", "output.rows_per_file=8")
+    assert first.exit_code == 2, first.output
+    (tmp_path / "broken").unlink()
+    again = cli("run", spec, "-q", "--resume")  # the --set forgotten
+    assert again.exit_code == 2, again.output
+    text = " ".join(again.output.split())
+    assert "output.rows_per_file was 8, now 16" in text
+    assert "--set output.rows_per_file=8" in text
+    assert "spec_sha256" not in text
+    done = cli("run", spec, "-q", "--resume", "--set", "output.rows_per_file=8")
+    assert done.exit_code == 0, done.output
+    assert ids_written(tmp_path / "out") == [f"r{i}" for i in range(100)]
+
+
+def test_an_index_error_mid_run_names_the_range_and_pad_not_the_models_code(tmp_path):
+    path = embed_job(tmp_path, [0, 50])
+    (tmp_path / "model.py").write_text(EMBED.replace(
+        "        return self.emb(tokens).sum(1)",
+        "        if bool((tokens == 45).all(1).any()):  # as a table one row short would\n"
+        "            raise IndexError('index out of range in self')\n"
+        "        return self.emb(tokens).sum(1)"))
+    with open(tmp_path / "data.jsonl", "a") as f:
+        f.write(json.dumps({"id": "r45", "tokens": [45, 45, 45]}) + "\n")
+    result = cli("run", path, "-q")
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    text = " ".join(result.output.split())
+    assert "the model raised on the batch of 5 records from data.jsonl:17" in text
+    assert "inputs.tokens range [0, 50), pad 0; the model's nn.Embedding tables hold 50 rows" \
+        in text
+    assert "fix the model" not in text and "--overwrite" in text

@@ -371,9 +371,11 @@ def explain_capture_failure(exc: BaseException, bucket: Bucket) -> CaptureError:
     return CaptureError(text, bucket=bucket.name, remedies=REMEDIES)
 
 
-def model_failed(exc: BaseException, bucket: str, where: str, ids: list) -> ModelError:
+def model_failed(exc: BaseException, bucket: str, where: str, ids: list,
+                 index_hint: str | None = None) -> ModelError:
     """The model raised on a batch of the stream: name the batch (its first record's place in
-    the input, its ids), the bucket, and the model's own error line, without a traceback."""
+    the input, its ids), the bucket, and the model's own error line, without a traceback.
+    index_hint: what an IndexError most likely comes from (models.call.index_hint)."""
     chain = []
     while exc is not None and exc not in chain:
         chain.append(exc)
@@ -386,6 +388,10 @@ def model_failed(exc: BaseException, bucket: str, where: str, ids: list) -> Mode
             f"in bucket {bucket}: {type(cause).__name__}: {first}")
     if at:
         text += f"\n  at {at}"
+    if index_hint and isinstance(cause, IndexError):
+        return ModelError(text + f"\n  {index_hint}. The batches before it are committed; a "
+                          "changed spec cannot --resume this folder: rerun with --overwrite "
+                          "or another output.dir (--debug shows the traceback)")
     return ModelError(text + "\n  the batches before it are committed: fix the model, then "
                       "run again with --resume --accept-model-change to continue from this "
                       "batch (--debug shows the traceback)")

@@ -104,7 +104,8 @@ class Runner:
         """The model's first call. Failing here is nearly always the spec and the model
         disagreeing: first_call says so, with what was passed."""
         names = list(self.spec.outputs)
-        ret = first_call(self.model, inputs, self.spec.model.call, f"bucket {bucket.name}")
+        ret = first_call(self.model, inputs, self.spec.model.call, f"bucket {bucket.name}",
+                         self.spec.inputs)
         extra = unlisted_outputs(ret, names)
         if extra:
             self.log(f"warning: the model also returns {', '.join(extra)}, which outputs does "

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import io
+import math
+import re
 from pathlib import Path
 
 from graphrun.base.errors import SpecError, Problem
@@ -72,9 +74,12 @@ def yaml_snippet(lists: dict[str, list[int]]) -> str:
     return "buckets:\n" + "".join(f"  {a}: {flow_list(v)}\n" for a, v in lists.items())
 
 
-def write_buckets(path: Path, lists: dict[str, list[int]]) -> str:
+def write_buckets(path: Path, lists: dict[str, list[int]], notes: dict[str, str] | None = None
+                  ) -> str:
     """Replace the bucket lists in the spec file in place (ruamel.yaml's round trip keeps
-    comments, key order, flow or block style); returns the new text."""
+    comments, key order, flow or block style); returns the new text. The comments that
+    describe the lists (init's graph count, an axis' "the last: the model's limit") are
+    rewritten to describe the new ones: notes, axis -> what its list is."""
     try:
         from ruamel.yaml import YAML
         from ruamel.yaml.comments import CommentedMap, CommentedSeq
@@ -100,9 +105,34 @@ def write_buckets(path: Path, lists: dict[str, list[int]]) -> str:
             buckets[axis] = seq
     out = io.StringIO()
     yaml.dump(data, out)
-    new = out.getvalue()
+    new = _fresh_comments(out.getvalue(), lists, notes or {})
     path.write_text(new)
     return new
+
+
+# the comments init (or an earlier plan) wrote of a list; a user's own comment is kept
+_DESCRIBES = re.compile(r"\s*(up to data\.batch_size|(lengths|tokens) \d+-\d+ in the sample|"
+                        r"planned by graphrun plan)")
+
+
+def _fresh_comments(text: str, lists: dict[str, list[int]], notes: dict[str, str]) -> str:
+    """The buckets block's own comments made true of `lists`: the graph count on `buckets:`,
+    and a flow list's trailing comment replaced by what the plan says of it."""
+    graphs = math.prod(len(v) for v in lists.values())
+    lines, inside = text.split("\n"), False
+    for i, line in enumerate(lines):
+        if re.match(r"buckets:", line):
+            inside = True
+            lines[i] = re.sub(r"one graph per combination: \d+",
+                              f"one graph per combination: {graphs}", line)
+            continue
+        if inside and line and not line[0].isspace():
+            break
+        axis = re.match(r"(\s+)([A-Za-z_][\w-]*):\s*\[[^\]]*\](\s*)#", line)
+        if inside and axis and axis.group(2) in lists and _DESCRIBES.match(line[axis.end():]):
+            lines[i] = line[:axis.end() - 1] + "# " + notes.get(
+                axis.group(2), "planned by graphrun plan")
+    return "\n".join(lines)
 
 
 def parse_multiples(items: tuple[str, ...], axes: tuple[str, ...]) -> dict[str, int]:
@@ -123,6 +153,8 @@ def run_plan(spec_path: Path, overrides, max_graphs: int, sample: int | None,
     from rich.console import Console
 
     from graphrun.base.errors import InputError
+    from graphrun.plan.auto import covering
+    from graphrun.plan.limits import axis_limits
     from graphrun.plan.planner import evaluate, histogram, power_of_two
     from graphrun.spec.load import load_spec
 
@@ -131,13 +163,18 @@ def run_plan(spec_path: Path, overrides, max_graphs: int, sample: int | None,
     hist = histogram(spec, sample=sample)
     if hist.batches == 0:
         raise InputError("no valid record to plan from", where=str(spec.data.path))
+    limits = axis_limits(spec)
     cuda = _cuda(spec)
     if spec.capture.memory_budget_mib is not None:
         echo("measuring one bucket to keep the plan within capture.memory_budget_mib ...")
-    chosen, note, model = budget_plan(spec, hist, max_graphs, multiple_of, {}, cuda,
-                                      str(spec_path))
+    # texts are cut at a limit: the plan's last value stays there, so --write does not move
+    # where the run cuts them
+    cut = {a: lim.value for a, lim in limits.items() if lim.cut}
+    chosen, note, model = budget_plan(spec, covering(hist, cut), max_graphs, multiple_of, {},
+                                      cuda, str(spec_path))
     rows = [] if spec.auto_axes else [("spec", evaluate(hist, spec.buckets))]
-    rows += [("power of two", power_of_two(hist, max_graphs, multiple_of)),
+    rows += [("power of two", power_of_two(hist, max_graphs, multiple_of,
+                                           {a: lim.value for a, lim in limits.items()})),
              ("planned", chosen)]
     costs = None
     if cuda:
@@ -152,8 +189,14 @@ def run_plan(spec_path: Path, overrides, max_graphs: int, sample: int | None,
     if hist.rejected:
         top = sorted(hist.reasons.items(), key=lambda kv: -kv[1])[0][0]
         echo(f"{hist.rejected} bad records were not counted (e.g. {top})")
+    notes = {}
+    for axis, lim in limits.items():
+        echo(f"{axis} stops at {lim.value}: {lim.why}; longer texts are "
+             + ("cut there (data.text.truncate: true)" if lim.cut else "rejected"))
+        if chosen.lists[axis][-1] == lim.value:
+            notes[axis] = f"planned by graphrun plan; the last, {lim.value}, is {lim.why}"
     if write:
-        write_buckets(spec_path, chosen.lists)
+        write_buckets(spec_path, chosen.lists, notes)
         echo(f"wrote the planned buckets into {spec_path}")
     else:
         echo("\n" + yaml_snippet(chosen.lists).rstrip())

@@ -45,6 +45,7 @@ import numpy as np
 from graphrun.engine.buckets import split_sizes
 from graphrun.feed.completer import Completer
 from graphrun.engine.capture import model_failed
+from graphrun.models.call import index_hint
 from graphrun.base import envs
 from graphrun.base.errors import GraphrunError
 from graphrun.feed.protocols import Batch, Engine, Sink, Work
@@ -166,13 +167,13 @@ class Stream:
                 self.on_read(item.rb)
             if item.kind == "graph":
                 t0 = time.perf_counter()
-                with model_blamed(item, rb):
+                with model_blamed(item, rb, self.engine):
                     launched = self.engine.launch(item.bucket, item.slot, item.n,
                                                   item.lengths, stream=stream)
                 host["launch"] += time.perf_counter() - t0
                 done.collect(item, launched)
             elif item.kind == "whole":  # data.oversize: eager, or error, which run_rows raises
-                with model_blamed(item, rb):
+                with model_blamed(item, rb, self.engine):
                     outs, ran = self.engine.run_rows(item.fields, item.n, item.lengths)
                 done.written(item, outs, ran)
             if item.last and self.should_stop():
@@ -229,7 +230,7 @@ class Stream:
 
 
 @contextmanager
-def model_blamed(item: Work, rb):
+def model_blamed(item: Work, rb, engine=None):
     """What the model raises on a part (not a user error graphrun raised) becomes a
     ModelError naming the part's bucket, its first record's place in the input and its ids."""
     try:
@@ -244,7 +245,10 @@ def model_blamed(item: Work, rb):
             where = take_where(rb.where, np.flatnonzero(rb.indices == first)[:1])[0]
         ids = item.ids.tolist() if isinstance(item.ids, np.ndarray) else list(item.ids)
         bucket = item.bucket.name if item.bucket is not None else "oversize-eager"
-        raise model_failed(exc, bucket, where or f"record {first}", ids) from exc
+        hint = None
+        if isinstance(exc, IndexError) and hasattr(engine, "spec"):
+            hint = index_hint(engine.model, engine.spec.inputs)
+        raise model_failed(exc, bucket, where or f"record {first}", ids, hint) from exc
 
 
 def slot_count(slot_bytes: int) -> int:

@@ -64,7 +64,7 @@ def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml
     """Infer a spec for the model in `hf` over the text in `data`, write it to `spec_path`
     with pipeline.schema.json beside it, and return what was inferred. task: auto (from
     config.json) or generate (a generation job over a causal LM)."""
-    from graphrun.spec.paths import PKG
+    from graphrun.spec.paths import PKG, package_form
     from graphrun.models.hf import require
 
     if task not in TASKS:
@@ -92,6 +92,8 @@ def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml
     spec_dir = spec_path.parent
     if hf.startswith(PKG):  # stays valid wherever the package is installed
         found.model["hf"]["path"] = hf
+    elif Path(where).is_dir() and (packaged := package_form(Path(where))):
+        found.model["hf"]["path"] = packaged  # a folder a package ships, named as such
     elif Path(where).is_dir():
         found.model["hf"]["path"] = relative_to_spec(Path(where), spec_dir)
     out = f"runs/{found.name}" if out_dir is None else relative_to_spec(Path(out_dir), spec_dir)

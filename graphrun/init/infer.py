@@ -16,9 +16,11 @@ from pathlib import Path
 import numpy as np
 
 from graphrun.base.errors import GraphrunError, InputError, ModelError
-from graphrun.init.sample import DataProfile, FieldInfo, sample_data
+from graphrun.init.sample import MAJORITY, DataProfile, FieldInfo, sample_data
 from graphrun.init.render import relative_to_spec, render_spec, write_spec_files
 from graphrun.spec.keys import BATCH
+
+MAX_LISTED = 20  # records listed by name among the "check:" lines; the rest counted
 
 
 @dataclass
@@ -60,9 +62,13 @@ def init(*, data: str | Path, target: str | None = None, builtin: str | None = N
     model = _build(found, Path.cwd())
     found.call, found.inputs = _call_convention(model, profile)
     found.buckets = propose_buckets(profile, batch_size, found.inputs)  # used axes only
+    found.ranges, outside = _ranges(model, found.inputs, profile)
+    outside += _position_limits(model, found)
     found.outputs = _probe_outputs(model, found)
-    found.ranges = _ranges(model, found.inputs)
-    found.checks += _checks(found)
+    # ranges came first to keep the probe inside the model's tables; a probe that took whole
+    # numbers as float32 leaves them none
+    found.ranges = {n: r for n, r in found.ranges.items() if found.inputs[n].kind == "int"}
+    found.checks += _checks(found) + outside
     spec_dir = spec_path.parent
     if target:
         found.model["target"] = _spec_target(target, spec_dir)
@@ -345,23 +351,77 @@ def _checks(found: Inferred) -> list[str]:
     return out
 
 
-def _ranges(model, inputs: dict[str, FieldInfo]) -> dict[str, tuple[int, int, str]]:
-    """Integer inputs: [0, n) where the model has an nn.Embedding of n rows, n a little above
-    the sample's largest value (token ids, positions); else what the sample holds."""
+def _ranges(model, inputs: dict[str, FieldInfo], profile: DataProfile
+            ) -> tuple[dict[str, tuple[int, int, str]], list[str]]:
+    """Integer inputs: [0, n) where the model has an nn.Embedding of n rows that holds the
+    values of at least MAJORITY of the records, n a little above their largest (token ids,
+    positions); else what the sample holds. The model's limit wins over the sample: the records
+    outside it are listed (run rejects them) and left out of the probe calls."""
     from torch import nn
 
     tables = sorted({m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding)})
-    out = {}
+    out, outside = {}, []
     for name, f in inputs.items():
         if f.kind != "int":
             continue
-        lo, hi = min(0, int(f.lo)), int(f.hi) + 1
-        rows = next((n for n in tables if hi <= n <= 2 * hi), None)
-        if lo == 0 and rows is not None:
-            out[name] = (0, rows, f"the model's nn.Embedding of {rows} rows")
-        else:
-            out[name] = (lo, hi, "the sample: widen it to all the model accepts")
+        rows = _table_for(tables, f.record_lo, f.record_hi)
+        if rows is None:
+            out[name] = (min(0, int(f.lo)), int(f.hi) + 1,
+                         "the sample: widen it to all the model accepts")
+            continue
+        out[name] = (0, rows, f"the model's nn.Embedding of {rows} rows")
+        bad = (f.record_lo < 0) | (f.record_hi >= rows)  # [n] records outside the table
+        for i in np.flatnonzero(bad)[:MAX_LISTED]:
+            value = f.record_lo[i] if f.record_lo[i] < 0 else f.record_hi[i]
+            where = profile.wheres[i] if profile.wheres else f"{profile.path.name}[{i}]"
+            outside.append(f"{where}: {name} holds {value}, outside [0, {rows}) (the model's "
+                           "nn.Embedding): `run` rejects this record")
+        if bad.sum() > MAX_LISTED:
+            outside.append(f"... and {int(bad.sum()) - MAX_LISTED} more records of {name} "
+                           f"outside [0, {rows})")
+        f.probe = [v for v in f.probe if v.min() >= 0 and v.max() < rows] or [np.zeros(1, int)]
+    return out, outside
+
+
+def _position_limits(model, found: Inferred) -> list[str]:
+    """An nn.Embedding no range took, of fewer rows than an axis' last bucket but at least as
+    many as at least MAJORITY of the records' lengths, is read as a position table: the axis'
+    buckets stop at its rows, and the longer records are listed (run rejects them)."""
+    from torch import nn
+
+    taken = {r[1] for r in found.ranges.values()}
+    tables = sorted({m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding)}
+                    - taken)
+    p, out = found.profile, []
+    for axis in [a for a in found.buckets if a != BATCH]:
+        lengths = next(f.lengths[d] for f in found.inputs.values()
+                       for d, name in enumerate(f.dims) if name == axis)  # [n] per record
+        last = found.buckets[axis][-1]
+        rows = next((n for n in tables if n < last and (lengths <= n).sum()
+                     >= MAJORITY * len(lengths)), None)
+        if rows is None:
+            continue
+        found.buckets[axis] = [b for b in found.buckets[axis] if b < rows] + [rows]
+        longer = np.flatnonzero(lengths > rows)
+        for i in longer[:MAX_LISTED]:
+            where = p.wheres[i] if p.wheres else f"{p.path.name}[{i}]"
+            out.append(f"{where}: {lengths[i]} positions along {axis}, past the model's "
+                       f"nn.Embedding of {rows} rows (its position table): `run` rejects "
+                       "this record")
+        if len(longer) > MAX_LISTED:
+            out.append(f"... and {len(longer) - MAX_LISTED} more records longer than {rows}")
     return out
+
+
+def _table_for(tables: list[int], lo: np.ndarray, hi: np.ndarray) -> int | None:
+    """The smallest embedding that holds at least MAJORITY of the records ([n] smallest and
+    largest values), and is at most twice their largest value (an id table, not a far
+    bigger one)."""
+    for rows in tables:
+        fits = (lo >= 0) & (hi < rows)
+        if fits.any() and fits.sum() >= MAJORITY * len(fits) and rows <= 2 * (hi[fits].max() + 1):
+            return rows
+    return None
 
 
 def sample_notes(dtype: str, p: DataProfile) -> list[str]:
@@ -374,4 +434,11 @@ def sample_notes(dtype: str, p: DataProfile) -> list[str]:
         out.append(f"{len(p.skipped)} records of the sample could not be used and were left "
                    f"out (the first: {p.skipped[0]}); `run` rejects them "
                    "(data.on_bad_record: skip) or stops at them (error)")
+    if p.disagree:
+        out.append(f"{len(p.disagree)} records disagree with the rest of the sample and were "
+                   "left out of what was inferred; `run` rejects them (data.on_bad_record: "
+                   "skip) or stops at them (error):")
+        out += p.disagree[:MAX_LISTED]
+        if len(p.disagree) > MAX_LISTED:
+            out.append(f"... and {len(p.disagree) - MAX_LISTED} more")
     return out

@@ -3,6 +3,10 @@
 Field names, per-record ranks, which sizes are fixed and which vary (and by how much), element
 kinds, integer ranges, and which field looks like a record id. Sizes that vary together (a
 `tokens` and a `mask` of the same length in every record) share one bucket axis.
+
+The sample is inferred from its majority: where at least MAJORITY of the records agree (on a
+rank, a kind, a size, two fields' lengths), the few that disagree are left out and listed, with
+their line and why, rather than turning a field float32 or a fixed size into a bucket axis.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ SUFFIXES = (".jsonl", ".npy", ".npz", ".parquet")
 PROBE_RECORDS = 8  # records kept per field for the model's probe calls
 SAMPLE_BYTES = 64 << 20  # a dense array's sample holds at most this much (and PROBE_RECORDS)
 SKIPPED = "\0skipped"  # the readers' entry for records left out of the sample, with why
+WHERE = "\0where"  # the readers' entry for each record's place (file:line, file[row n])
+MAJORITY = 0.9  # this share of the sample agreeing makes the rest outliers, not the rule
 _ID_NAMES = re.compile(r"^(id|ids|uid|guid|key|idx|index)$|_id$|^id_", re.IGNORECASE)
 
 
@@ -36,6 +42,8 @@ class FieldInfo:
     nonfinite: bool = False  # floats: NaN or Inf seen
     probe: list = field(default_factory=list)  # the first records' values, for the probe
     lengths: list = field(default_factory=list)  # per dim: [n] lengths, or None where fixed
+    record_lo: np.ndarray | None = None  # integers: [n] each record's smallest and largest value
+    record_hi: np.ndarray | None = None
 
     @property
     def dtype(self) -> str:
@@ -54,6 +62,8 @@ class DataProfile:
     left_out: list[str]  # fields that are neither inputs nor the id (Parquet, npz)
     skipped: list[str] = field(default_factory=list)  # records left out of the sample, and why
     texts: dict[str, list] = field(default_factory=dict)  # text=True: string fields' values
+    wheres: list[str] = field(default_factory=list)  # per record sampled: file:line
+    disagree: list[str] = field(default_factory=list)  # "where: field ...: why", left out
 
     @property
     def format(self) -> str:
@@ -74,9 +84,15 @@ def sample_data(path: Path, limit: int, id_field: str | None = None, *,
               ".parquet": _read_parquet}[path.suffix]
     columns, total = reader(path, limit)
     skipped = columns.pop(SKIPPED, [])
+    wheres = columns.pop(WHERE, None)
+    disagree: list[str] = []
+    if wheres is not None and columns:  # per-record values: outvote the few that disagree
+        columns, wheres, disagree = outvote(columns, wheres)
     sampled = len(next(iter(columns.values()))) if columns else 0
     if sampled == 0:
-        raise InputError("holds no records to learn the inputs from", where=str(path))
+        raise InputError("holds no records to learn the inputs from"
+                         + (f"; the first left out: {disagree[0]}" if disagree else ""),
+                         where=str(path))
     fields = {n: _describe(path, n, v) for n, v in columns.items()}
     named = {n: f for n, f in fields.items() if f.kind != "str" or _ID_NAMES.search(n)}
     chosen = _pick_id(named if text and id_field is None else fields, id_field, path)
@@ -85,7 +101,8 @@ def sample_data(path: Path, limit: int, id_field: str | None = None, *,
     left_out = [n for n, f in fields.items() if f.kind == "str"]
     if text:
         texts = {n: columns[n] for n in left_out}
-        return DataProfile(path, total, sampled, {}, chosen, {}, left_out, skipped, texts)
+        return DataProfile(path, total, sampled, {}, chosen, {}, left_out, skipped, texts,
+                           wheres or [], disagree)
     if left_out and path.suffix == ".jsonl":
         raise InputError(f"field {left_out[0]!r} holds strings, and every JSONL field must be "
                          "an input (numbers) or the id: turn it into numbers (token ids) or "
@@ -96,7 +113,8 @@ def sample_data(path: Path, limit: int, id_field: str | None = None, *,
     if not fields:
         raise InputError("has no numeric field to use as an input", where=str(path))
     axes = _name_axes(fields)
-    return DataProfile(path, total, sampled, fields, chosen, axes, left_out, skipped)
+    return DataProfile(path, total, sampled, fields, chosen, axes, left_out, skipped, {},
+                       wheres or [], disagree)
 
 
 # ---- readers: name -> per-record values (a list) or a dense [n, ...] array --------------------
@@ -105,7 +123,7 @@ def _read_jsonl(path: Path, limit: int) -> tuple[dict, int]:
     """A record that cannot be used (not JSON, other fields, ragged) is left out of the sample
     and counted in the "skipped" entry; `run` rejects or stops at it as the spec says."""
     columns: dict[str, list] = {}
-    total, skipped = 0, []
+    total, skipped, wheres = 0, [], []
     with open(path, "rb") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -120,10 +138,11 @@ def _read_jsonl(path: Path, limit: int) -> tuple[dict, int]:
                 continue
             for name, value in record.items():
                 columns.setdefault(name, []).append(value)
+            wheres.append(f"{path.name}:{lineno}")
     if skipped and not columns:
         raise InputError(f"no record of the sample could be used; the first: {skipped[0]}",
                          where=str(path))
-    return {**columns, SKIPPED: skipped}, total
+    return {**columns, SKIPPED: skipped, WHERE: wheres}, total
 
 
 def _jsonl_record(line: bytes, columns: dict, where: str) -> dict:
@@ -181,11 +200,23 @@ def _read_parquet(path: Path, limit: int) -> tuple[dict, int]:
         raise InputError(f"cannot read the Parquet file: {e}", where=str(path)) from e
     if batch is None:
         return {}, 0
-    columns = {}
-    for name, col in zip(batch.schema.names, batch.columns):
-        values = col.to_pylist()
-        columns[name] = [_as_array(v, f"{path}[row {i}]", name) for i, v in enumerate(values)]
-    return columns, pf.metadata.num_rows
+    columns: dict[str, list] = {n: [] for n in batch.schema.names}
+    skipped, wheres = [], []
+    values = [col.to_pylist() for col in batch.columns]
+    for i, row in enumerate(zip(*values)):
+        where = f"{path.name}[row {i}]"
+        try:  # a null or ragged row is left out of the sample, as a bad JSONL line is
+            row = [_as_array(v, where, n) for n, v in zip(columns, row)]
+        except InputError as err:
+            skipped.append(str(err))
+            continue
+        for n, v in zip(columns, row):
+            columns[n].append(v)
+        wheres.append(where)
+    if skipped and not wheres:
+        raise InputError(f"no record of the sample could be used; the first: {skipped[0]}",
+                         where=str(path))
+    return {**columns, SKIPPED: skipped, WHERE: wheres}, pf.metadata.num_rows
 
 
 def _as_array(value, where: str, name: str):
@@ -209,8 +240,12 @@ def _as_array(value, where: str, name: str):
 
 def _describe(path: Path, name: str, values) -> FieldInfo:
     if isinstance(values, np.ndarray):  # dense: every record has the same shape
-        return _summarise(name, values.dtype, list(values.shape[1:]), values[:PROBE_RECORDS],
+        info = _summarise(name, values.dtype, list(values.shape[1:]), values[:PROBE_RECORDS],
                           values, [None] * (values.ndim - 1))
+        if info.kind == "int" and values.size:
+            per = values.reshape(len(values), -1)  # [n, elements]
+            info.record_lo, info.record_hi = per.min(1), per.max(1)
+        return info
     if any(isinstance(v, str) for v in values):
         return FieldInfo(name, "str", "str", [], probe=values[:PROBE_RECORDS])
     ranks = {v.ndim for v in values}
@@ -227,7 +262,11 @@ def _describe(path: Path, name: str, values) -> FieldInfo:
     kinds = [v.dtype for v in values]
     dtype = np.result_type(*kinds) if kinds else np.dtype("float32")
     flat = np.concatenate([v.ravel() for v in values]) if rank else np.array(values)
-    return _summarise(name, dtype, dims, values[:PROBE_RECORDS], flat, lengths)
+    info = _summarise(name, dtype, dims, values[:PROBE_RECORDS], flat, lengths)
+    if info.kind == "int" and flat.size:
+        info.record_lo = np.array([int(v.min()) if v.size else 0 for v in values])
+        info.record_hi = np.array([int(v.max()) if v.size else 0 for v in values])
+    return info
 
 
 def _summarise(name, dtype, dims, probe, values, lengths) -> FieldInfo:
@@ -279,3 +318,112 @@ def _name_axes(fields: dict[str, FieldInfo]) -> dict[str, tuple[int, int]]:
             f.dims[d] = name
     return axes
 
+
+
+# ---- the majority: records that disagree with at least MAJORITY of the sample ----------------
+
+def outvote(columns: dict[str, list], wheres: list[str]) -> tuple[dict, list, list[str]]:
+    """The records that agree with the sample's majority, their places, and one line per record
+    left out ("file:line: field ...: why"). Numeric fields only; strings are the id or text."""
+    n = len(wheres)
+    numeric = {k: v for k, v in columns.items() if not any(isinstance(x, str) for x in v)}
+    why: dict[int, str] = {}
+    for name, values in numeric.items():
+        for i, reason in _field_outliers(name, values).items():
+            why.setdefault(i, reason)
+    for i, reason in _axis_outliers(numeric, [i for i in range(n) if i not in why]).items():
+        why.setdefault(i, reason)
+    keep = [i for i in range(n) if i not in why]
+    for name in numeric:  # whole-valued floats of an integer field (JSON 3.0) become integers
+        values = columns[name]
+        if _kind_of([values[i] for i in keep]) == "int":
+            for i in keep:
+                if values[i].dtype.kind == "f":
+                    values[i] = values[i].astype(np.int64)
+    kept = {k: [v[i] for i in keep] for k, v in columns.items()}
+    return kept, [wheres[i] for i in keep], [f"{wheres[i]}: {why[i]}" for i in sorted(why)]
+
+
+def _agreed(items: list) -> tuple[object, int] | None:
+    """The value at least MAJORITY of `items` share, and how many; None where none does."""
+    if not items:
+        return None
+    values, counts = np.unique(np.array(items, dtype=object).astype(str), return_counts=True)
+    top = int(counts.argmax())
+    if counts[top] < MAJORITY * len(items):
+        return None
+    return next(x for x in items if str(x) == values[top]), int(counts[top])
+
+
+def _kind_of(values: list) -> str:
+    """int where every record's values are whole numbers, else float (bool: bool)."""
+    kinds = {v.dtype.kind for v in values if v.size}
+    if kinds <= {"b"}:
+        return "bool"
+    if all(v.dtype.kind in "biu" or _whole(v) for v in values if v.size):
+        return "int"
+    return "float"
+
+
+def _whole(v: np.ndarray) -> bool:
+    return v.dtype.kind == "f" and bool(np.isfinite(v).all()) and bool((v == np.round(v)).all())
+
+
+def _field_outliers(name: str, values: list) -> dict[int, str]:
+    """index -> why, for records of one field that are empty, or of another rank, kind or
+    fixed size than at least MAJORITY of the others."""
+    n = len(values)
+    out = {i: f"{name} is empty" for i, v in enumerate(values) if v.ndim and v.size == 0}
+    rest = [i for i in range(n) if i not in out]
+    agreed = _agreed([values[i].ndim for i in rest])
+    if agreed is not None:
+        rank, count = agreed
+        for i in rest:
+            if values[i].ndim != rank:
+                out[i] = (f"{name} has rank {values[i].ndim} where {count} of {len(rest)} "
+                          f"records have rank {rank}")
+    rest = [i for i in rest if i not in out]
+    whole = [i for i in rest if values[i].dtype.kind in "biu" or _whole(values[i])]
+    if whole and len(whole) >= MAJORITY * len(rest):
+        for i in rest:
+            if i not in whole:
+                v = values[i].ravel()
+                shown = v[(v != np.round(v)) | ~np.isfinite(v)][0]
+                out[i] = (f"{name} holds {shown}, not a whole number, where {len(whole)} of "
+                          f"{len(rest)} records hold whole numbers only")
+    rest = [i for i in rest if i not in out]
+    ranks = {values[i].ndim for i in rest}
+    for d in range(ranks.pop() if len(ranks) == 1 else 0):
+        sizes = [values[i].shape[d] for i in rest]
+        agreed = _agreed(sizes)
+        if agreed is None or agreed[1] == len(rest):
+            continue  # varies (a bucket axis), or fixed in every record
+        size, count = agreed
+        for i, s in zip(rest, sizes):
+            if s != size:
+                out.setdefault(i, f"{name} has {s} at dimension {d + 1} where {count} of "
+                               f"{len(rest)} records have {size}")
+    return out
+
+
+def _axis_outliers(fields: dict[str, list], rest: list[int]) -> dict[int, str]:
+    """index -> why, for records where two fields' varying lengths differ although they agree
+    in at least MAJORITY of the others (a `mask` one shorter than its `tokens`)."""
+    varying = []  # (field, dim, [len(rest)] sizes)
+    for name, values in fields.items():
+        ranks = {values[i].ndim for i in rest}
+        for d in range(ranks.pop() if len(ranks) == 1 else 0):
+            sizes = np.array([values[i].shape[d] for i in rest])
+            if len(rest) and not (sizes == sizes[0]).all():
+                varying.append((name, d, sizes))
+    out: dict[int, str] = {}
+    for a, (name_a, _, sa) in enumerate(varying):
+        for name_b, _, sb in varying[a + 1:]:
+            same = sa == sb
+            if same.all() or same.sum() < MAJORITY * len(rest):
+                continue
+            for j in np.flatnonzero(~same):
+                out.setdefault(rest[j], f"{name_b} has {sb[j]} positions where {name_a} has "
+                               f"{sa[j]} (they are as long in {int(same.sum())} of "
+                               f"{len(rest)} records)")
+    return out

@@ -8,6 +8,7 @@ of a user's specs, is never written to unless --out names it.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # graphrun/, above manifest/
@@ -108,6 +109,11 @@ def _submodel(ann):
 def _type_name(ann) -> str:
     text = str(ann).replace("typing.", "").replace("pathlib.", "").replace("NoneType", "null")
     text = text.replace("Annotated[int, Gt(gt=0)]", "int>0").replace("<class '", "")
+    # spec/base.py's strict Size and Text: the table shows the type, not its validators
+    text = re.sub(r"Annotated\[int, FieldInfo\([^]]*Gt\(gt=0\)[^]]*\]\)\]", "int>0", text)
+    text = re.sub(r"Annotated\[int, FieldInfo\([^]]*\]\)\]", "int", text)
+    text = re.sub(r"Annotated\[str, FieldInfo\([^]]*\]\), AfterValidator\([^)]*\)\]", "str",
+                  text)
     return "`" + text.replace("'>", "").replace("|", r"\|") + "`"
 
 

@@ -22,8 +22,20 @@ _DTYPE_WORDS = ("dtype", "scalar type", "input type", "weight type", "half", "bf
                 "double")
 
 
+def index_hint(model: nn.Module, specs: dict) -> str:
+    """An IndexError in the model is nearly always an integer input's values (its range, or
+    its pad at padded positions) past one of the model's nn.Embedding tables: name them."""
+    ints = [f"inputs.{n} range " + (f"[{s.range[0]:g}, {s.range[1]:g})" if s.range else "none")
+            + f", pad {s.pad:g}" for n, s in specs.items() if s.dtype.startswith(("int", "uint"))]
+    tables = sorted({m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding)})
+    limit = (f"the model's nn.Embedding tables hold {', '.join(map(str, tables))} rows"
+             if tables else "the model indexes with them")
+    return (f"an index past a table: {'; '.join(ints) or 'no integer input'}; {limit}: set "
+            "each input's range to at most its table's rows, and its pad inside the range")
+
+
 def first_call_error(exc: Exception, model: nn.Module, inputs: dict[str, torch.Tensor],
-                     call: str, what: str) -> ModelError:
+                     call: str, what: str, specs: dict | None = None) -> ModelError:
     """The model failed on its first call (sample inputs of the largest bucket): nearly always
     the spec and the model disagreeing. Say what was passed and the one change that fits."""
     args = {n: f"{list(t.shape)} {str(t.dtype).replace('torch.', '')}" for n, t in inputs.items()}
@@ -40,6 +52,8 @@ def first_call_error(exc: Exception, model: nn.Module, inputs: dict[str, torch.T
             hint = (f"model.call is positional: forward gets the {len(inputs)} inputs in the "
                     f"order they are listed; forward takes ({', '.join(params) or '?'}): list "
                     "as many inputs, in that order")
+    elif isinstance(exc, IndexError) and specs:
+        hint = index_hint(model, specs)
     elif any(w in text.lower() for w in _DTYPE_WORDS):
         hint = ("a dtype does not match: floating inputs are cast to model.dtype before the "
                 "call, integer and bool inputs are passed as declared; set inputs.<name>.dtype "
@@ -51,16 +65,18 @@ def first_call_error(exc: Exception, model: nn.Module, inputs: dict[str, torch.T
                       f"{type(exc).__name__}: {text}\n  {hint}; --debug shows the traceback")
 
 
-def first_call(model: nn.Module, inputs: dict[str, torch.Tensor], call: str, what: str) -> Any:
+def first_call(model: nn.Module, inputs: dict[str, torch.Tensor], call: str, what: str,
+               specs: dict | None = None) -> Any:
     """The model's return for `inputs` (no grad); `graphrun run` and `graphrun init` both call
-    the model first through here, so a mismatch gets the same message from both."""
+    the model first through here, so a mismatch gets the same message from both. specs: the
+    spec's inputs, named in the message where an index went past a table."""
     try:
         with torch.inference_mode():
             return call_model(model, inputs, call)
     except ModelError:
         raise
     except Exception as exc:  # noqa: BLE001 - re-raised as a user error, chained
-        raise first_call_error(exc, model, inputs, call, what) from exc
+        raise first_call_error(exc, model, inputs, call, what, specs) from exc
 
 
 def _forward_params(model: nn.Module) -> list[str]:

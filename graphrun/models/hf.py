@@ -107,6 +107,11 @@ def tokenizer_folder(spec) -> str:
     if spec.model.hf is None:
         raise ModelError("data.text.tokenizer: the model is not a Hugging Face model "
                          "(model.hf), so give the tokenizer's folder")
+    return model_folder(spec)
+
+
+def model_folder(spec) -> str:
+    """The folder of model.hf: its path, or a hub name's snapshot in the local cache."""
     return _cached(resolve_path(spec.model.hf.path, spec.base_dir),
                    spec.model.hf.kwargs.get("cache_dir"))
 

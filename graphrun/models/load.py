@@ -5,6 +5,7 @@ How the model is called with the static inputs and how its return is named: mode
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
 import importlib.util
@@ -218,8 +219,12 @@ def _resolve_target(target: str, base_dir: Path | None) -> Callable[..., Any]:
         if not hasattr(obj, part):
             defined = sorted(n for n, v in vars(module).items()
                              if callable(v) and not n.startswith("_"))
-            raise ModelError(f"model.target {target!r}: {module.__name__} has no attribute "
-                             f"{attr!r}; callables it defines: {', '.join(defined) or 'none'}")
+            # a file target is imported under an internal name: show the user's file instead
+            owner = module.__file__ if module_part.endswith(".py") else module.__name__
+            near = difflib.get_close_matches(attr, defined, n=1)
+            raise ModelError(f"model.target {target!r}: {owner} has no attribute {attr!r}"
+                             + (f"; did you mean {near[0]!r}?" if near else "")
+                             + f" Callables it defines: {', '.join(defined) or 'none'}")
         obj = getattr(obj, part)
     if not callable(obj):
         raise ModelError(f"model.target {target!r}: {attr} is {describe(obj)}, not a callable")

@@ -41,7 +41,7 @@ def resolve_auto(spec: PipelineSpec) -> tuple[PipelineSpec, BucketPlan | None]:
     spec, limits = _pin_text_length(spec, auto)
     # capture.memory_budget_mib: one bucket is measured on the run's device first (the
     # model is built for it once more); without a budget nothing is measured
-    chosen, note, _ = budget_plan(spec, _covering(hist, limits), spec.buckets_max_graphs,
+    chosen, note, _ = budget_plan(spec, covering(hist, limits), spec.buckets_max_graphs,
                                   spec.buckets_multiple_of, fixed, _cuda(spec),
                                   str(spec.source_path or "spec"))
     buckets = {a: chosen.lists[a] for a in spec.buckets}
@@ -56,7 +56,8 @@ def resolve_auto(spec: PipelineSpec) -> tuple[PipelineSpec, BucketPlan | None]:
 def _pin_text_length(spec: PipelineSpec, auto: list[str]) -> tuple[PipelineSpec, dict]:
     """Text tokenized into an auto seq axis: its length limit is fixed before planning (the
     tokenizer's, or data.text.max_length), so a record the sample did not see is cut or
-    rejected at that limit, never at whatever the plan's largest value happens to be."""
+    rejected at that limit, never at whatever the plan's largest value happens to be, and
+    never past the model's position table."""
     if spec.data.text is None:
         return spec, {}
     from graphrun.read.text import max_length, seq_axis
@@ -65,13 +66,17 @@ def _pin_text_length(spec: PipelineSpec, auto: list[str]) -> tuple[PipelineSpec,
     axis = seq_axis(spec)
     if axis not in auto:
         return spec, {}
+    from graphrun.plan.limits import axis_limits
+
     limit = max_length(spec, tokenizer_folder(spec))
+    if axis in (limits := axis_limits(spec)):  # the model's position table may be shorter
+        limit = min(limit, limits[axis].value)
     text = spec.data.text.model_copy(update={"max_length": limit})
     data = spec.data.model_copy(update={"text": text})
     return spec.model_copy(update={"data": data}), {axis: limit}
 
 
-def _covering(hist, limits: dict):
+def covering(hist, limits: dict):
     """The histogram with a batch shape of no weight at each limit, so that the plan's largest
     value on that axis covers it (a limit below the sample's largest changes nothing)."""
     if not limits:

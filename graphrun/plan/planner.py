@@ -59,13 +59,27 @@ def read_batches_for_plan(spec: PipelineSpec, stop: int | None = None) -> Iterat
 
 def reading_spec(spec: PipelineSpec) -> PipelineSpec:
     """The spec as the planner reads with it: bad records skipped (counted), and no record
-    rejected for being longer than today's largest bucket, since the plan must cover it. A
-    generation job's prompts are read as its run reads them (its implied inputs)."""
+    rejected for being longer than today's largest bucket, since the plan must cover it; but
+    none past the axis' limit (plan/limits.py): text is cut there with truncate on, and a
+    longer record is rejected (counted) with it off. A generation job's prompts are read as
+    its run reads them (its implied inputs)."""
+    from graphrun.plan.limits import axis_limits
+
     spec = with_implied_io(spec)
-    buckets = {a: ([spec.data.batch_size] if v == "auto" else v) if a == BATCH
-               else [UNBOUNDED] if v == "auto" else sorted(v)[:-1] + [UNBOUNDED]
-               for a, v in spec.buckets.items()}
+    limits = axis_limits(spec)
+    buckets = {}
+    for a, v in spec.buckets.items():
+        if a == BATCH:
+            buckets[a] = [spec.data.batch_size] if v == "auto" else v
+        elif a in limits:
+            top = limits[a].value
+            buckets[a] = [x for x in ([] if v == "auto" else sorted(v)) if x < top] + [top]
+        else:
+            buckets[a] = [UNBOUNDED] if v == "auto" else sorted(v)[:-1] + [UNBOUNDED]
     data = spec.data.model_copy(update={"on_bad_record": "skip"})
+    if data.text is not None and limits:
+        top = next(iter(limits.values())).value
+        data = data.model_copy(update={"text": data.text.model_copy(update={"max_length": top})})
     return spec.model_copy(update={"buckets": buckets, "data": data})
 
 
@@ -264,16 +278,19 @@ def _alternate(hist: Histogram, needs: np.ndarray, distinct: list, counts: tuple
     return lists
 
 
-def power_of_two(hist: Histogram, max_graphs: int, multiple_of: dict[str, int] | None = None
-                 ) -> Evaluation:
+def power_of_two(hist: Histogram, max_graphs: int, multiple_of: dict[str, int] | None = None,
+                 limits: dict[str, int] | None = None) -> Evaluation:
     """The best plain power-of-two lists of at most max_graphs graphs: per axis the largest k
-    powers of two up to the first covering the data's largest need."""
-    multiple_of = multiple_of or {}
+    powers of two up to the first covering the data's largest need, or the axis' limit where
+    that comes first (the limit is then the last value)."""
+    multiple_of, limits = multiple_of or {}, limits or {}
     ladders = []
     for a in hist.axes:
         top = 1 << max(0, math.ceil(math.log2(max(1, hist.largest(a)))))
         m = multiple_of.get(a, 1)
         ladder = [p for p in (1 << e for e in range(top.bit_length())) if p % m == 0] or [top]
+        if a in limits and ladder[-1] > limits[a]:
+            ladder = [p for p in ladder if p < limits[a]] + [limits[a]]
         ladders.append(ladder)
     best = None
     for counts in _allocations([len(x) for x in ladders], max_graphs):

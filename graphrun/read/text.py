@@ -17,7 +17,7 @@ import numpy as np
 
 from graphrun.base.errors import InputError, ModelError
 from graphrun.read.formats.dense import int64_ids
-from graphrun.read.formats.jsonl_lines import encodable
+from graphrun.read.formats.jsonl_lines import close_field, encodable
 from graphrun.read.records import Candidates, Field, Reject, RowWhere
 from graphrun.spec.keys import BATCH, PipelineSpec
 
@@ -141,7 +141,8 @@ def _record_problem(record, field: str, id_field: str | None) -> str:
     if not isinstance(record, dict):
         return f"the record is {_kind(record)}; expected an object with a {field!r} field"
     if field not in record:
-        return f"missing field {field!r} (the text to tokenize)"
+        return f"missing field {field!r} (the text to tokenize)" + close_field(
+            field, [k for k in record if k != id_field])
     if id_field:
         rid = record.get(id_field)
         if rid is None:

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from graphrun.spec.base import Size, Strict
+from graphrun.spec.base import Size, Strict, Whole
 
 PROMPT_AXIS = "seq"  # the bucket axis of prompt lengths (prefill)
 GENERATE_BUILTINS = ("llama",)  # generate/'s builtin causal LMs, for specs with generate:
@@ -43,12 +43,12 @@ class SamplingSpec(Strict):
         "draws depending only on (seed, record id, position).")
     temperature: float = Field(SAMPLE_DEFAULTS["temperature"], gt=0, description="sample: "
                                "divides the logits; below 1 sharpens, above 1 flattens.")
-    top_k: int = Field(SAMPLE_DEFAULTS["top_k"], ge=0, description="sample: keep the k most "
+    top_k: Whole = Field(SAMPLE_DEFAULTS["top_k"], ge=0, description="sample: keep the k most "
                        "likely tokens; 0: all.")
     top_p: float = Field(SAMPLE_DEFAULTS["top_p"], gt=0, le=1, description="sample: keep the "
                          "smallest set of most likely tokens whose probabilities add up to at "
                          "least top_p; 1: all.")
-    seed: int = Field(SAMPLE_DEFAULTS["seed"], description="sample: the seed of every record's "
+    seed: Whole = Field(SAMPLE_DEFAULTS["seed"], description="sample: the seed of every record's "
                       "random stream.")
 
     @model_validator(mode="after")
@@ -81,7 +81,7 @@ class GenerateSpec(Strict):
 
     max_new_tokens: Size = Field(128, description="New tokens per record at most "
                                  "(finish_reason length when reached).")
-    min_new_tokens: int = Field(0, ge=0, description="New tokens per record at least: the stop "
+    min_new_tokens: Whole = Field(0, ge=0, description="New tokens per record at least: the stop "
                                 "ids are not picked before this many (at most max_new_tokens).")
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     stop: StopSpec = Field(default_factory=StopSpec)

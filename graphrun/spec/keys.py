@@ -11,11 +11,10 @@ import math
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import (ConfigDict, Discriminator, Field, PositiveInt, PrivateAttr, Tag,
-                      field_validator)
+from pydantic import ConfigDict, Discriminator, Field, PrivateAttr, Tag, field_validator
 
 from graphrun.base import dtypes
-from graphrun.spec.base import Size, Strict
+from graphrun.spec.base import Size, Strict, Text, Whole
 from graphrun.spec.generate import GENERATE_DOC, IMPLIED_SECTIONS_SCHEMA, GenerateSpec
 
 FLOAT_DTYPES = dtypes.FLOAT
@@ -54,11 +53,11 @@ class HFModelSpec(Strict):
     model_config = ConfigDict(extra="forbid", validate_default=True, populate_by_name=True,
                               serialize_by_alias=True)
 
-    path: str = Field(..., min_length=1, description="A folder holding config.json and the "
+    path: Text = Field(..., min_length=1, description="A folder holding config.json and the "
                       "weights (relative to the spec's folder), a cached hub name such as "
                       "'sentence-transformers/all-MiniLM-L6-v2', or pkg://PACKAGE/SUBFOLDER: a "
                       "folder inside an installed Python package.")
-    class_: str = Field("AutoModel", alias="class", description="The transformers class that "
+    class_: Text = Field("AutoModel", alias="class", description="The transformers class that "
                         "loads it: any Auto class (AutoModel, AutoModelForCausalLM, "
                         "AutoModelForSequenceClassification, ...) or a model class name.")
     trust_remote_code: bool = Field(
@@ -70,10 +69,10 @@ class HFModelSpec(Strict):
 class TimmModelSpec(Strict):
     """A timm vision model by name; seeded random weights unless model.weights is given."""
 
-    name: str = Field(..., min_length=1, description="timm model name, e.g. resnet18.")
+    name: Text = Field(..., min_length=1, description="timm model name, e.g. resnet18.")
     args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for "
                                  "timm.create_model (num_classes, in_chans, ...).")
-    seed: int = Field(0, description="Seed of the random weights.")
+    seed: Whole = Field(0, description="Seed of the random weights.")
 
 
 # Named here so that a spec is checked without importing torch or the readers (tested equal):
@@ -84,10 +83,10 @@ INPUT_SUFFIXES = (".jsonl", ".npy", ".npz", ".parquet")  # inputs/'s readers
 class ModelSpec(Strict):
     """Where the model comes from and how it is prepared. Exactly one source."""
 
-    builtin: Optional[str] = Field(
+    builtin: Optional[Text] = Field(
         None, description="A reference model shipped in graphrun: mlp or decoder; with "
         "generate:, llama (a Llama-layout causal LM, configured by args).")
-    target: Optional[str] = Field(
+    target: Optional[Text] = Field(
         None, description='"package.module:callable" returning an nn.Module, called with `args`; '
         "modules beside the spec are importable.")
     exported: Optional[Path] = Field(
@@ -164,7 +163,7 @@ class OutputSpec(Strict):
         "argmax (last axis; must come last).")
     topk: Optional[TopKSpec] = Field(
         None, description="After reduce: the top k along the last axis (ids or values).")
-    mask: str = Field(
+    mask: Text = Field(
         "attention_mask", min_length=1, description="The input holding the [batch, seq] mask "
         "(1 real, 0 padding) that mean_pool and last_pool use.")
 
@@ -214,7 +213,7 @@ class CaptureSpec(Strict):
 
     backend: Literal["auto", "cuda-graph", "eager"] = Field(
         "auto", description="auto: cuda-graph on a CUDA device, eager elsewhere.")
-    warmup_iters: int = Field(3, ge=0, description="Eager runs per bucket on a side stream "
+    warmup_iters: Whole = Field(3, ge=0, description="Eager runs per bucket on a side stream "
                               "before capture.")
     pool: Literal["shared", "per-graph"] = Field(
         "shared", description="shared: one memory pool for all graphs (captured largest first); "
@@ -248,9 +247,9 @@ class CaptureSpec(Strict):
 class TextSpec(Strict):
     """A text field tokenized into the model's inputs as the records are read."""
 
-    field: str = Field("text", min_length=1, description="The JSONL field or Parquet column "
+    field: Text = Field("text", min_length=1, description="The JSONL field or Parquet column "
                        "holding each record's text.")
-    tokenizer: Optional[str] = Field(
+    tokenizer: Optional[Text] = Field(
         None, description="A folder with tokenizer.json (a fast tokenizer), as model.hf.path "
         "is written; null: the model's own (model.hf.path).")
     truncate: bool = Field(
@@ -267,17 +266,17 @@ class DataSpec(Strict):
 
     path: Path = Field(..., description=".jsonl, .npy, .npz or .parquet, relative to the spec's "
                        "folder.")
-    id_field: Optional[str] = Field(
+    id_field: Optional[Text] = Field(
         None, min_length=1, description="Field (or .npz array / Parquet column) holding record "
         "ids; otherwise a record's position is its id.")
-    batch_size: PositiveInt = Field(32, description="Records per batch.")
+    batch_size: Size = Field(32, description="Records per batch.")
     oversize: Literal["split", "eager", "error"] = Field(
         "split", description="For a batch larger than every batch bucket: split it across "
         "buckets, run it eagerly, or stop.")
     on_bad_record: Literal["error", "skip"] = Field(
         "error", description="error: stop at the first bad record; skip: write it to "
         "rejects.jsonl with the reason and go on.")
-    group_by_length: Optional[PositiveInt] = Field(
+    group_by_length: Optional[Size] = Field(
         None, description="Sort each window of this many consecutive records (input order) by "
         "length on the variable bucket axes (e.g. seq; for text input, the token count) and "
         "batch within it, so that similar lengths share a batch and pad less. Outputs are "
@@ -295,7 +294,7 @@ class OutputConfig(Strict):
 
     dir: Path = Field(..., description="Output folder, relative to the spec's folder.")
     format: Literal["npy", "jsonl", "parquet"] = Field("npy", description="Shard format.")
-    rows_per_file: PositiveInt = Field(100000, description="Records per output shard.")
+    rows_per_file: Size = Field(100000, description="Records per output shard.")
 
 
 class ReportSpec(Strict):
@@ -324,8 +323,8 @@ class PipelineSpec(Strict):
         "title": "graphrun pipeline spec, version 1", **IMPLIED_SECTIONS_SCHEMA})
 
     version: Literal[1] = Field(..., description="Spec format version; 1.")
-    name: str = Field(..., min_length=1, description="Name of the pipeline, used in reports.")
-    device: str = Field("auto", description="auto (cuda if present, else cpu) | cpu | cuda | "
+    name: Text = Field(..., min_length=1, description="Name of the pipeline, used in reports.")
+    device: Text = Field("auto", description="auto (cuda if present, else cpu) | cpu | cuda | "
                         "cuda:N.")
     model: ModelSpec
     # Required without generate: (spec_checks._sections); a generation job implies them.

@@ -104,7 +104,9 @@ def _node_value(node: yaml.Node, loc: Loc, pos: Positions, problems: list[Proble
                 problems.append(Problem(_mark(pos.source, key_node), fmt_path(loc),
                                         "keys must be plain scalars"))
                 continue
-            key = loader.construct_object(key_node, deep=True)
+            key = _scalar(key_node, loc, pos, problems, loader)
+            if key is _BAD:
+                continue
             if not isinstance(key, (str, int, float, bool)) or key is None:
                 problems.append(Problem(_mark(pos.source, key_node), fmt_path(loc),
                                         "keys must be plain scalars"))
@@ -124,7 +126,26 @@ def _node_value(node: yaml.Node, loc: Loc, pos: Positions, problems: list[Proble
     if isinstance(node, yaml.SequenceNode):
         return [_to_python(item, loc + (i,), pos, problems, loader, walk)
                 for i, item in enumerate(node.value)]
-    return loader.construct_object(node, deep=True)
+    value = _scalar(node, loc, pos, problems, loader)
+    return None if value is _BAD else value
+
+
+_BAD = object()  # a scalar that could not be built; its problem is recorded
+
+
+def _scalar(node: yaml.Node, loc: Loc, pos: Positions, problems: list[Problem],
+            loader: yaml.SafeLoader) -> Any:
+    try:
+        return loader.construct_object(node, deep=True)
+    except ValueError as exc:  # an integer past sys.get_int_max_str_digits, a bad date
+        import sys
+
+        what = (f"an integer of {len(str(node.value))} digits, more than the "
+                f"{sys.get_int_max_str_digits()} Python reads; no spec value is that large: "
+                "give a smaller number") if "digits" in str(exc) else (
+                f"cannot read the value {str(node.value)[:40]!r}: {exc}")
+        problems.append(Problem(_mark(pos.source, node), fmt_path(loc), what))
+        return _BAD
 
 
 def _mark(source: str, node: yaml.Node) -> str:

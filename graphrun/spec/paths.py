@@ -5,11 +5,13 @@ checks use it before torch is imported."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 from graphrun.base.errors import ModelError
 
 PKG = "pkg://"
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len")  # config.json
 
 
 def resolve_path(path: str, base_dir: Path | None, key: str = "model.hf.path") -> str:
@@ -40,3 +42,41 @@ def resolve_path(path: str, base_dir: Path | None, key: str = "model.hf.path") -
                              "hub name, or pkg://PACKAGE/FOLDER")
         return str(p.resolve())
     return path  # a hub name: found in the local cache or not at all
+
+
+def package_form(folder: Path) -> str | None:
+    """pkg://PACKAGE/SUB for a folder inside an installed package (under a site-packages or
+    dist-packages entry of sys.path, and found there again by resolve_path), else None: a
+    spec naming the package stays valid wherever it is installed, a site-packages path not."""
+    folder = folder.resolve()
+    for entry in map(Path, sys.path):
+        if entry.name not in ("site-packages", "dist-packages"):
+            continue
+        try:
+            rest = folder.relative_to(entry.resolve())
+        except (ValueError, OSError):
+            continue
+        if len(rest.parts) < 2:
+            continue
+        form = PKG + "/".join(rest.parts)
+        try:
+            if Path(resolve_path(form, None)).resolve() == folder:
+                return form
+        except ModelError:
+            continue
+    return None
+
+
+def model_positions(folder: Path) -> tuple[int, str] | None:
+    """(positions, the config.json key saying so) of a Hugging Face folder's model, or None."""
+    import json
+
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for key in POSITION_KEYS if isinstance(config, dict) else ():
+        value = config.get(key)
+        if isinstance(value, int) and 0 < value < 1 << 20:
+            return value, key
+    return None

@@ -209,6 +209,13 @@ def _ranges(spec: PipelineSpec) -> Found:
             yield ("inputs", name, "range"), f"needs lo < hi (got [{lo:g}, {hi:g}])"
         elif lo != int(lo) or hi != int(hi):
             yield ("inputs", name, "range"), f"bounds must be integers (got [{lo:g}, {hi:g}])"
+        elif not lo <= item.pad < hi:
+            # padded positions reach the model as real values do: a pad past the range is
+            # an index past the model's table (an IndexError at the first padded batch)
+            yield ("inputs", name, "pad"), (
+                f"pad {item.pad:g} lies outside range [{lo:g}, {hi:g}): the model gets it at "
+                "every padded position; set pad inside the range (the tokenizer's pad id, "
+                "or 0)")
     for name, item in spec.inputs.items():
         if item.finite and item.dtype not in FLOAT_DTYPES:
             yield ("inputs", name, "finite"), (f"finite applies to float inputs only (dtype is "
@@ -375,6 +382,26 @@ def _hf_paths(spec: PipelineSpec, base_dir: Path) -> Found:
 
     for key, path in keys:
         try:
-            resolve_path(path, base_dir, ".".join(key))
+            folder = resolve_path(path, base_dir, ".".join(key))
         except ModelError as e:
             yield key, str(e).split(": ", 1)[1]
+            continue
+        if key == ("model", "hf", "path") and spec.generate is None:
+            yield from _past_positions(spec, folder)
+
+
+def _past_positions(spec: PipelineSpec, folder: str) -> Found:
+    """No seq bucket past the model's position table: the model cannot run it (a raw
+    'size of tensor a must match' from inside its forward)."""
+    from graphrun.spec.paths import model_positions
+
+    ids = spec.inputs.get("input_ids")
+    axis = ids.shape[1] if ids is not None and len(ids.shape) > 1 else None
+    values = spec.buckets.get(axis) if isinstance(axis, str) else None
+    found = model_positions(Path(folder)) if Path(folder).is_dir() else None
+    if not isinstance(values, list) or found is None or max(values) <= found[0]:
+        return
+    positions, key = found
+    yield ("buckets", axis), (f"{max(values)} is past the model's {positions} positions "
+                              f"(config.json's {key}): end the list at {positions} or below "
+                              "(graphrun plan proposes values within it)")

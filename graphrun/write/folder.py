@@ -214,7 +214,8 @@ def lock_holder(path: Path) -> int | None:
 
 def prepare_out_dir(out_dir: Path, *, resume: bool, overwrite: bool, fingerprint: dict,
                     input_path: Path | None = None, model: dict[str, Path] | None = None,
-                    accept_model_change: bool = False) -> ResumePoint | None:
+                    accept_model_change: bool = False, spec: dict | None = None
+                    ) -> ResumePoint | None:
     """Make `out_dir` ready for a run; return where to resume, or None to start from record 0.
 
     A new or empty folder is used as is. Otherwise: --overwrite replaces graphrun's own files
@@ -222,7 +223,9 @@ def prepare_out_dir(out_dir: Path, *, resume: bool, overwrite: bool, fingerprint
     plain run is refused, unless the run there ended (failed or interrupted) before committing
     anything. A folder holding the input file is refused whatever is asked. model: the
     model's files by role (model_files), named when --resume finds one changed; with
-    accept_model_change the run goes on and run.json takes the new hashes."""
+    accept_model_change the run goes on and run.json takes the new hashes. spec: the resolved
+    spec as JSON, compared key by key with the earlier attempt's (its manifest) where
+    --resume finds another spec_sha256."""
     out_dir = Path(out_dir)
     if resume and overwrite:
         raise OutputError("--resume and --overwrite exclude each other; pass one of them")
@@ -261,7 +264,7 @@ def prepare_out_dir(out_dir: Path, *, resume: bool, overwrite: bool, fingerprint
                           "continue it or --overwrite to replace it")
     # before anything is written: restore would have to remove a user's entry to go on
     refuse_foreign(out_dir, shard_shaped(out_dir, fingerprint.get("shards") or []))
-    if _check_fingerprint(out_dir, fingerprint, model or {}, accept_model_change):
+    if _check_fingerprint(out_dir, fingerprint, model or {}, accept_model_change, spec):
         write_fingerprint(out_dir, fingerprint)  # later resumes compare with the new model
     point = read_journal(out_dir, _first(fingerprint), first_shard(fingerprint))
     if point is None:
@@ -335,7 +338,7 @@ def first_shard(fingerprint: dict) -> int:
 
 
 def _check_fingerprint(out_dir: Path, fingerprint: dict, model: dict[str, Path],
-                       accept_model_change: bool) -> bool:
+                       accept_model_change: bool, spec: dict | None = None) -> bool:
     """Refuse a folder holding another run; True when only the model's files changed and
     that is accepted (run.json is then rewritten)."""
     path = out_dir / RUN_JSON
@@ -362,11 +365,52 @@ def _check_fingerprint(out_dir: Path, fingerprint: dict, model: dict[str, Path],
                           "the change does not alter outputs (e.g. it fixes the error that "
                           "stopped the run), add --accept-model-change; otherwise use "
                           "--overwrite to start over")
+    differ = spec_changes(out_dir, spec) if "spec_sha256" in keys and spec else None
+    if differ:  # the manifest names the keys: say them, and how to give them again
+        changed[keys.index("spec_sha256")] = "; ".join(
+            f"{k} was {_shown(a)}, now {_shown(b)}" for k, a, b in differ[:6]) + (
+            f"; and {len(differ) - 6} more keys" if len(differ) > 6 else "")
+        again = ("to resume it, repeat the interrupted run's settings ("
+                 + " ".join(f"--set {k}={_shown(a)}" for k, a, _ in differ[:6] if a is not None)
+                 + ", or the spec file as it was); ")
+    elif "spec_sha256" in keys:
+        again = "to resume it, repeat the spec file and the --set options it ran with; "
+    else:
+        again = ""
     if changed:
         raise OutputError(f"cannot resume {out_dir}: it holds a different run ("
-                          + "; ".join(changed) + "); rerun with --overwrite to start over, or "
-                          "pick another output folder")
+                          + "; ".join(changed) + f"); {again}--overwrite starts over "
+                          "(discarding its committed work), or pick another output folder")
     return False
+
+
+def spec_changes(out_dir: Path, spec: dict) -> list[tuple[str, object, object]] | None:
+    """(key path, then, now) for every key of the resolved spec that differs from the one the
+    earlier attempt wrote into its manifest; None without a readable manifest (kill -9)."""
+    try:
+        before = json.loads((out_dir / MANIFEST).read_text()).get("spec")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(before, dict):
+        return None
+    was, now = _flat(before), _flat(json.loads(json.dumps(spec)))
+    return [(k, was.get(k), now.get(k)) for k in sorted(set(was) | set(now))
+            if was.get(k) != now.get(k)]
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _shown(value) -> str:
+    """A value as --set takes it (YAML flow; JSON is YAML)."""
+    return "absent" if value is None else json.dumps(value)
 
 
 def _model_change(was, now, model: dict[str, Path]) -> str:

@@ -5,6 +5,8 @@ ended by CR alone, a field repeated within a record, an id JSON allows but UTF-8
 
 from __future__ import annotations
 
+import difflib
+
 import json
 import operator
 from itertools import repeat
@@ -88,3 +90,15 @@ def readable_id(record, id_field: str | None):
     """The id of a parsed record rejected for another reason (a repeated field), if usable."""
     rid = record.get(id_field) if id_field and type(record) is dict else None
     return rid if type(rid) is int or (type(rid) is str and encodable(rid)) else None
+
+
+def close_field(wanted: str, held: list[str]) -> str:
+    """"; the record has 'ids' ..." where one of the record's other fields looks like the one
+    missing (a prefix dropped, a typo): the usual cause of a missing field."""
+    near = [k for k in held if isinstance(k, str) and k and (k in wanted or wanted in k)]
+    near = near or difflib.get_close_matches(wanted, [k for k in held if isinstance(k, str)],
+                                             n=1, cutoff=0.6)
+    if not near:
+        return ""
+    return (f"; the record has {near[0]!r}, which may be it: rename the field in the data, or "
+            f"the input in the spec")

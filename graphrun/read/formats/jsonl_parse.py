@@ -15,7 +15,8 @@ import sys
 
 import numpy as np
 
-from graphrun.read.formats.jsonl_lines import encodable, readable_id, repeated_keys
+from graphrun.read.formats.jsonl_lines import (close_field, encodable, readable_id,
+                                               repeated_keys)
 from graphrun.read.records import Candidates, Reject, field_from_values
 from graphrun.spec.keys import PipelineSpec
 
@@ -90,9 +91,10 @@ def _record_problem(spec: PipelineSpec, record) -> tuple[object, str]:
             return rid, (f"id field {id_field!r} is not valid Unicode (it holds a lone "
                          "surrogate escape such as \\ud800), so no output format can store it")
     missing = [k for k in spec.inputs if k not in record]
-    if missing:
-        return rid, f"missing field {missing[0]!r} (expected fields: {fields})"
     unknown = [k for k in record if k not in expected]
+    if missing:
+        return rid, (f"missing field {missing[0]!r} (expected fields: {fields})"
+                     + close_field(missing[0], unknown))
     return rid, f"unknown field {unknown[0]!r} (expected fields: {fields})"
 
 
@@ -135,7 +137,12 @@ def _parse_line(line: bytes) -> tuple[object, str]:
         return None, truncated if last else (
             f"invalid UTF-8 (byte 0x{line[e.start]:02x} at byte {e.start + 1} of the line)")
     except json.JSONDecodeError as e:
-        return None, truncated if last else f"invalid JSON: {e.msg} (column {e.colno})"
+        if last:
+            return None, truncated
+        # the line's own column: a line cut short fails past its newline, at "column 1" of
+        # a second line, so the position is taken within the line without it
+        text = line.rstrip(b"\r\n").decode("utf-8")
+        return None, f"invalid JSON: {e.msg} (column {min(e.pos, len(text)) + 1})"
     except ValueError:  # Python's limit on an integer's digits (sys.get_int_max_str_digits)
         return None, (f"a number of more than {sys.get_int_max_str_digits()} digits, "
                       "longer than Python reads: not a record")
