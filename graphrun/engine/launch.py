@@ -104,8 +104,9 @@ class Launcher:
                  set_up: Callable[[BucketState, int], None],
                  check_real: Callable[[Lane, BucketState], bool],
                  second_lane: Callable[[], bool], eager: Callable[[dict, int, dict], dict],
-                 oversize: str):
+                 oversize: str, explain: Callable[[BaseException], str | None] = lambda e: None):
         self.table, self.layout, self.lanes, self.states = table, layout, lanes, states
+        self.explain = explain  # what the model's own error most likely comes from, or None
         self.inputs, self.device, self.cuda = inputs, device, device.type == "cuda"
         self.set_up, self.check_real, self.second_lane = set_up, check_real, second_lane
         self.eager, self.oversize = eager, oversize

@@ -25,7 +25,8 @@ from graphrun.engine.device_start import DeviceStart
 from graphrun.base.errors import GraphrunError
 from graphrun.manifest.keys import BucketReport, LaneReport
 from graphrun.base.phases import FIRST_USE, phase
-from graphrun.models.call import call_model, first_call, name_outputs, unlisted_outputs
+from graphrun.models.call import (call_model, first_call, index_hint, name_outputs,
+                                 unlisted_outputs)
 from graphrun.models.load import build_model, compile_model, import_library, model_input_dtypes
 from graphrun.spec.keys import BATCH, PipelineSpec
 from graphrun.base.dtypes import torch_dtype
@@ -79,7 +80,7 @@ class Runner:
                     device=self.device, set_up=self.first_use,
                     check_real=partial(self.capturer.check_real, self.lanes),
                     second_lane=self._second_lane, eager=self.run_unbucketed,
-                    oversize=spec.data.oversize)
+                    oversize=spec.data.oversize, explain=self._explain)
                 self.direct = Direct(self.launcher)
         self.setup_s = time.perf_counter() - t0
 
@@ -147,6 +148,10 @@ class Runner:
         state.replay_us = median_us(self.launcher.timer, entry.run, iters)
 
     # -- capture.lazy ----------------------------------------------------------------------
+
+    def _explain(self, exc: BaseException) -> str | None:
+        """An IndexError is most often an input's range or pad past an embedding table."""
+        return index_hint(self.model, self.spec.inputs) if isinstance(exc, IndexError) else None
 
     def first_use(self, state: BucketState, batch: int) -> None:
         """capture.lazy: batch number `batch` needs a bucket not set up yet. Wait for the lanes'

@@ -45,7 +45,6 @@ import numpy as np
 from graphrun.engine.buckets import split_sizes
 from graphrun.feed.completer import Completer
 from graphrun.engine.capture import model_failed
-from graphrun.models.call import index_hint
 from graphrun.base import envs
 from graphrun.base.errors import GraphrunError
 from graphrun.feed.protocols import Batch, Engine, Sink, Work
@@ -245,9 +244,7 @@ def model_blamed(item: Work, rb, engine=None):
             where = take_where(rb.where, np.flatnonzero(rb.indices == first)[:1])[0]
         ids = item.ids.tolist() if isinstance(item.ids, np.ndarray) else list(item.ids)
         bucket = item.bucket.name if item.bucket is not None else "oversize-eager"
-        hint = None
-        if isinstance(exc, IndexError) and hasattr(engine, "spec"):
-            hint = index_hint(engine.model, engine.spec.inputs)
+        hint = engine.explain(exc) if engine is not None else None
         raise model_failed(exc, bucket, where or f"record {first}", ids, hint) from exc
 
 

@@ -39,6 +39,8 @@ class Engine(Protocol):
 
     def current_stream(self): ...
 
+    def explain(self, exc: BaseException) -> str | None: ...  # the model's error's likely cause
+
     def device_context(self) -> ContextManager: ...
 
 

@@ -112,6 +112,9 @@ class GenerationRunner:
 
     # -- the feed's engine ---------------------------------------------------------------------
 
+    def explain(self, exc: BaseException) -> str | None:
+        return None  # the generator's own errors say where and what to do
+
     def host_slots(self, count: int) -> int:
         return count
 
