@@ -99,7 +99,7 @@ class GenerationRunner:
                 dtype=spec.model.dtype, backend=self.backend,
                 verify=spec.capture.verify.enabled, lazy=spec.capture.lazy,
                 memory_budget_mib=spec.capture.memory_budget_mib, log=self.log)
-        self._slots: dict[int, list[list[int]]] = {}
+        self._slots: dict[int, tuple[list[list[int]], list]] = {}  # slot -> (prompts, ids)
         self.buckets: dict[Bucket, PrefillBucket] = {}
         self.results: list[BatchResult] = []  # every part's, for the generation section
         self.output_tokens = 0  # of the parts generated so far: the progress's tokens/s
