@@ -172,10 +172,13 @@ def test_validate_load_and_plan_take_a_generation_spec(tmp_path):
 
 
 @pytest.mark.slow
-def test_kill_9_then_resume_gives_the_same_completions(tmp_path):
+@pytest.mark.parametrize("sampling", [{"method": "greedy"},
+                                      {"method": "sample", "temperature": 1.3, "seed": 5}])
+def test_kill_9_then_resume_gives_the_same_completions(tmp_path, sampling):
     clean = tmp_path / "clean"
     clean.mkdir()
     spec = write_spec(clean, n=24, data__group_by_length=None,
+                      generate={"max_new_tokens": NEW, "sampling": sampling},
                       output={"dir": str(clean / "out"), "format": "jsonl",
                               "rows_per_file": 4})
     graphrun.run(graphrun.load_spec(spec))
