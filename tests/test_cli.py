@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import io
 import json
 import os
@@ -170,10 +171,17 @@ def test_a_run_outside_a_terminal_prints_progress_lines_summary_and_warnings(
     result = cli("run", write_spec())  # CliRunner's stdout is no terminal
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert any(l.startswith("graphrun: 4/10 records (40%), ") for l in lines), result.output
-    assert any(re.fullmatch(r"graphrun: 10/10 records \(100%\), [\d,]+ records/s, ETA "
-                            r"0:00:00", l) for l in lines), result.output
-    assert "records in 10, out 10, rejected 0" in result.output
+    stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d"  # each line's ISO time
+    assert any(re.match(stamp + r" graphrun: 4/10 records \(40%\), ", l) for l in lines), \
+        result.output
+    assert any(re.fullmatch(stamp + r" graphrun: 10/10 records \(100%\), [\d,]+ records/s, "
+                            r"ETA 0:00:00", l) for l in lines), result.output
+    # the summary's lines are whole, not cut at 80 columns, when piped
+    assert any(l.startswith("records in 10, out 10, rejected 0; ") and "padding" in l
+               for l in lines), result.output
+    # capture.lazy left batch=1 unused (batches of 4, 4 and 2): one row for the unused
+    assert any(re.match(r"1 bucket not used\s+unused", l) for l in lines), result.output
+    assert not any(l.startswith("batch=1 ") for l in lines), result.output
     assert "warning: bucket batch=4 e2e: spread too wide to trust" in result.output
 
 
@@ -183,8 +191,11 @@ def test_progress_lines_give_rate_and_eta():
     out = io.StringIO()
     lines = ProgressLines(total=1000, out=out)
     lines.done = 250
-    assert lines.line(10.0) == "graphrun: 250/1,000 records (25%), 25 records/s, ETA 0:00:30"
-    assert ProgressLines(None, out).line(1.0) == "graphrun: 0 records, 0 records/s"
+    stamp, text = lines.line(10.0).split(" ", 1)
+    assert datetime.datetime.fromisoformat(stamp).tzinfo is not None  # local time, with offset
+    assert text == "graphrun: 250/1,000 records (25%), 25 records/s, ETA 0:00:30"
+    assert ProgressLines(None, out).line(1.0).split(" ", 1)[1] == \
+        "graphrun: 0 records, 0 records/s"
 
 
 def test_spec_page_lists_every_key():
@@ -196,8 +207,8 @@ def test_spec_page_lists_every_key():
         assert f"`{key}`" in page
 
 
-def test_summary_table_fits_80_columns_and_names_every_bucket(write_spec, tmp_path, capsys,
-                                                              monkeypatch):
+def test_summary_table_fits_80_columns_names_the_buckets_used_and_counts_the_rest(
+        write_spec, tmp_path, capsys, monkeypatch):
     import graphrun
     from graphrun.job.progress import summary_table
 
@@ -207,18 +218,22 @@ def test_summary_table_fits_80_columns_and_names_every_bucket(write_spec, tmp_pa
     summary_table(manifest)
     text = capsys.readouterr().out
     lines = text.splitlines()
-    assert max(map(len, lines)) <= 80
-    header = next(line for line in lines if line.startswith("bucket"))
-    assert header.split() == ["bucket", "status", "batches", "records", "padded", "replay",
-                              "capture", "verify"]
-    for name in ("batch=4", "batch=2", "batch=1"):
-        assert any(line.startswith(name + " ") for line in lines), name
-    assert "records in 10, out 10, rejected 0" in text
+    header = next(i for i, line in enumerate(lines) if line.startswith("bucket"))
+    assert lines[header].split() == ["bucket", "status", "batches", "records", "padded",
+                                     "replay", "capture", "verify"]
+    table = lines[header:header + 4]
+    assert max(map(len, table)) <= 80
+    for name in ("batch=4", "batch=2"):
+        assert any(line.startswith(name + " ") for line in table), name
+    assert any(line.startswith("1 bucket not used ") for line in table), table
+    # piped, the summary's lines are whole: none is cut at 80 columns
+    assert any(line.startswith("records in 10, out 10, rejected 0; ") and "padding" in line
+               for line in lines), text
     # batches of 4, 4, 2: buckets 4 and 2 set up from the reader's first batches, 1 never
     assert "buckets: 2 set up at start, 1 never set up (no batch selected them: " \
-        "capture.lazy)" in " ".join(text.split())
+        "capture.lazy)" in text
     assert re.search(r"stream \(serial\): read \d+%, pad \d+%, launch \d+%, device wait "
-                     r"\d+%, write \d+%; busiest: \w+", " ".join(text.split())), text
+                     r"\d+%, write \d+%; busiest: \w+", text), text
 
 
 def test_an_output_folder_that_cannot_be_made_is_one_clear_error(write_spec, tmp_path):

@@ -7,6 +7,7 @@ file, CI) it is a plain line every LINE_S seconds, with records, rate and ETA.
 
 from __future__ import annotations
 
+import datetime
 import sys
 import time
 
@@ -107,7 +108,9 @@ class ProgressLines:
 
     def line(self, elapsed: float) -> str:
         rate = self.done / elapsed if elapsed > 0 else 0.0
-        text = f"graphrun: {self.done:,}"
+        # a log read later (CI, a scheduler's file) says when each line was written
+        stamp = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+        text = f"{stamp} graphrun: {self.done:,}"
         if self.total:
             text += f"/{self.total:,} records ({self.done / self.total:.0%})"
         else:
@@ -146,14 +149,21 @@ def summary_table(manifest, shown: set[str] = frozenset()) -> None:
                 "verify"):
         table.add_column(col, justify="left" if col in ("bucket", "status") else "right",
                          no_wrap=True, min_width=len(col))
+    unused = [b for b in manifest.buckets if b.status == "unused"]
     for b in manifest.buckets:
+        if b.status == "unused":
+            continue
         replay = b.latency_us.get("replay", {}).get("p50")
         checks = [lane.verify for lane in b.lanes if lane.verify is not None]
         verify = "-" if not checks else ("ok" if all(v.passed for v in checks) else "FAILED")
         table.add_row(b.name, b.status, str(b.batches), str(b.records), str(b.padded_rows),
                       f"{replay:.0f}" if replay else "-",
                       f"{b.capture_s * 1e3:.1f}" if b.capture_s else "-", verify)
-    console = Console()
+    if unused:  # capture.lazy: buckets no batch selected, one row for all of them
+        table.add_row(f"{len(unused)} bucket{'s' if len(unused) > 1 else ''} not used",
+                      "unused", "0", "0", "0", "-", "-", "-")
+    # piped (a log file, CI): lines are not cut at 80 columns; a terminal wraps as it is wide
+    console = Console(soft_wrap=not sys.stdout.isatty())
     console.print(table)
     t = manifest.totals
     console.print(f"records in {t.records_in}, out {t.records_out}, rejected "
