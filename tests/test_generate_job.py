@@ -153,6 +153,25 @@ def test_sampled_completions_do_not_depend_on_the_batching(tmp_path):
     assert greedy_like < len(runs["alone"])  # the draws vary: the test can tell
 
 
+def test_the_builtin_llama_generates_stopping_at_its_tokenizers_eos(tmp_path):
+    from graphrun.generate.runner import generate_config
+
+    model = {"builtin": "llama", "dtype": "float32",
+             "args": {"layers": 2, "d_model": 64, "heads": 4, "kv_heads": 2, "vocab": 512,
+                      "max_len": 600}}
+    spec = write_spec(tmp_path, n=6, model=model,
+                      data__text={"field": "prompt", "tokenizer": str(FOLDER)})
+    loaded = graphrun.load_spec(spec)
+    manifest = graphrun.run(loaded)
+    rows = completions(tmp_path / "out")
+    assert [r["id"] for r in rows] == [f"p000{i}" for i in range(6)]
+    assert all(1 <= r["output_tokens"] <= NEW for r in rows)
+    assert manifest.generation.records == 6
+    # stop.eos auto: a builtin has no config, so its tokenizer's folder names the EOS
+    eos = json.loads((FOLDER / "generation_config.json").read_text())["eos_token_id"]
+    assert generate_config(loaded, None).eos_ids == (eos,)
+
+
 def test_a_wrong_section_is_refused_before_any_work(tmp_path):
     spec = write_spec(tmp_path, output={"dir": str(tmp_path / "out"), "format": "npy"})
     result = CliRunner().invoke(main, ["run", str(spec)])

@@ -218,7 +218,7 @@ class Launcher:
         outs, times = self.launch(bucket, 0, n, lengths, timed=timed).result()
         return outs, bucket, times
 
-    def run_rows(self, fields: dict, n: int, lengths: dict[str, np.ndarray]):
+    def run_rows(self, fields: dict, n: int, lengths: dict[str, np.ndarray], ids=None):
         """n real rows, any n: through one bucket, or per data.oversize when n is larger than
         every batch bucket. Returns (outputs, [(bucket or None, phase times)])."""
         largest = self.table.max_batch

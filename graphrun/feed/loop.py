@@ -173,7 +173,8 @@ class Stream:
                 done.collect(item, launched)
             elif item.kind == "whole":  # data.oversize: eager, or error, which run_rows raises
                 with model_blamed(item, rb, self.engine):
-                    outs, ran = self.engine.run_rows(item.fields, item.n, item.lengths)
+                    outs, ran = self.engine.run_rows(item.fields, item.n, item.lengths,
+                                                     ids=item.ids)
                 done.written(item, outs, ran)
             if item.last and self.should_stop():
                 break

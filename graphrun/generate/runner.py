@@ -15,13 +15,16 @@ from __future__ import annotations
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from graphrun.base.dtypes import torch_dtype
 from graphrun.base.phases import phase
 from graphrun.engine.buckets import Bucket
 from graphrun.engine.device import resolve_backend, resolve_device
+from graphrun.engine.launch import concat_rows
 from graphrun.generate.builtin import build_llama
 from graphrun.generate.config import BatchResult, GenerateConfig, Sampling
 from graphrun.generate.generator import Generator
@@ -147,7 +150,7 @@ class GenerationRunner:
     def run_rows(self, fields: dict, n: int, lengths: dict, ids=None) -> tuple[dict, list]:
         """A part larger than every batch bucket (data.oversize eager): in chunks of the
         largest, as split would run it."""
-        outs: dict = {}
+        parts: dict[str, list] = {}
         ran = []
         for start in range(0, n, self.max_batch):
             stop = min(n, start + self.max_batch)
@@ -158,9 +161,9 @@ class GenerationRunner:
             got = self.launch(bucket, -1, stop - start, sub)
             rows, times = got.result()
             for k, v in rows.items():
-                outs[k] = v if k not in outs else _concat(outs[k], v)
+                parts.setdefault(k, []).append(v)
             ran.append((bucket, times))
-        return outs, ran
+        return {k: concat_rows(v) for k, v in parts.items()}, ran
 
     def _generate(self, bucket: Bucket, prompts: list[list[int]], record_ids: list) -> Generated:
         t0 = time.perf_counter()
@@ -243,19 +246,36 @@ def build_generation_model(spec: PipelineSpec, device: torch.device):
     model is built (models/load.py: Hugging Face, target, ...)."""
     m = spec.model
     if m.builtin is not None:
-        return GENERATE_BUILDERS[m.builtin](**m.args, device=device, dtype=_dtype(m.dtype))
+        return GENERATE_BUILDERS[m.builtin](**m.args, device=device, dtype=torch_dtype(m.dtype))
     from graphrun.models.load import build_model
 
     return build_model(spec, device, spec.base_dir)
+
+
+def folder_eos_ids(spec: PipelineSpec) -> tuple[int, ...]:
+    """The EOS ids a tokenizer's folder names (generation_config.json, else config.json)."""
+    import json
+
+    from graphrun.models.hf import tokenizer_folder
+
+    folder = Path(tokenizer_folder(spec))
+    for name in ("generation_config.json", "config.json"):
+        try:
+            eos = json.loads((folder / name).read_text()).get("eos_token_id")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if eos is not None:
+            return tuple(eos) if isinstance(eos, list) else (int(eos),)
+    return ()
 
 
 def generate_config(spec: PipelineSpec, model) -> GenerateConfig:
     """The spec's generate: section as the generator's config: the stop ids (the model's EOS
     with stop.eos auto, and stop.token_ids), the pad id (the tokenizer's, else EOS, else 0)."""
     g = spec.generate
-    eos = list(eos_ids_of(model)) if g.stop.eos == "auto" and hasattr(model, "config") else []
-    if g.stop.eos == "auto" and not hasattr(model, "config"):
-        eos = [int(e) for e in spec.model.args.get("eos_ids", [])]
+    eos = []
+    if g.stop.eos == "auto":  # a builtin has no config of its own: its tokenizer's folder's
+        eos = list(eos_ids_of(model) if hasattr(model, "config") else folder_eos_ids(spec))
     stops = tuple(dict.fromkeys([*eos, *g.stop.token_ids]))
     pad = getattr(getattr(model, "config", None), "pad_token_id", None)
     if pad is None:
@@ -267,15 +287,4 @@ def generate_config(spec: PipelineSpec, model) -> GenerateConfig:
                           top_p=s.top_p, seed=s.seed),
         eos_ids=stops, pad_id=int(pad if not isinstance(pad, (list, tuple)) else pad[0]))
 
-
-def _dtype(name: str) -> torch.dtype:
-    from graphrun.base.dtypes import torch_dtype
-
-    return torch_dtype(name)
-
-
-def _concat(a, b):
-    if isinstance(a, list):
-        return a + list(b)
-    return np.concatenate([a, b])
 
