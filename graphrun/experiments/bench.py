@@ -199,6 +199,22 @@ def _with(spec: PipelineSpec, section: str, **values) -> PipelineSpec:
     return spec.model_copy(update={section: getattr(spec, section).model_copy(update=values)})
 
 
+def run_modes(modes: list, notes: list[str], log) -> dict:
+    """mode -> its results, each mode's run() in order. One mode failing is a finding (a note,
+    no results), not the end of the bench; eager, the baseline, failing is."""
+    by_mode = {}
+    for mode, run in modes:
+        log(f"bench: {mode} ...")
+        try:
+            by_mode[mode] = run()
+        except Exception as err:  # noqa: BLE001 - see the docstring
+            if mode == "eager":
+                raise
+            by_mode[mode] = {}
+            notes.append(f"{mode} failed: {type(err).__name__}: {str(err).splitlines()[0]}")
+    return by_mode
+
+
 def bench(spec: PipelineSpec, *, iters: int = 50, warmup: int = 5, distinct: int = 4,
           compile: bool = False, records: int | None = None, log=print) -> Bench:
     from graphrun.engine.device import resolve_device
@@ -232,16 +248,7 @@ def bench(spec: PipelineSpec, *, iters: int = 50, warmup: int = 5, distinct: int
                           lambda: bench_reduce_overhead(spec, batches, iters, warmup)))
         else:
             notes.append("no CUDA device: torch.compile reduce-overhead not measured")
-    by_mode = {}
-    for mode, run in modes:
-        log(f"bench: {mode} ...")
-        try:
-            by_mode[mode] = run()
-        except Exception as err:  # noqa: BLE001 - one mode failing is a finding, not the end
-            if mode == "eager":
-                raise
-            by_mode[mode] = {}
-            notes.append(f"{mode} failed: {type(err).__name__}: {str(err).splitlines()[0]}")
+    by_mode = run_modes(modes, notes, log)
     out = []
     for sizes in bucket_sizes(spec):
         name = _name(sizes)

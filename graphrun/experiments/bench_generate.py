@@ -13,12 +13,13 @@ graph (capture.backend: prefill and decode steps replayed).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 
 import numpy as np
 
 from graphrun.base.errors import SpecError, Problem
-from graphrun.experiments.bench import PERCENTILES, Bench, BucketBench, ModeResult
+from graphrun.experiments.bench import PERCENTILES, Bench, BucketBench, ModeResult, run_modes
 from graphrun.spec.generate import PROMPT_AXIS
 from graphrun.spec.keys import BATCH, PipelineSpec
 
@@ -46,17 +47,10 @@ def bench_generation(spec: PipelineSpec, *, iters: int = 20, warmup: int = 2,
     else:
         notes.append("no CUDA device: the eager backend only, graph replay not measured")
     sizes = [(b, p) for b in sorted(spec.buckets[BATCH]) for p in sorted(spec.buckets[PROMPT_AXIS])]
-    by_mode: dict[str, dict] = {}
-    for mode, backend in modes:
-        log(f"bench: {mode} ...")
-        try:
-            by_mode[mode] = _bench_mode(spec, model, config, device, mode, backend, sizes,
-                                        iters, warmup, distinct)
-        except Exception as err:  # noqa: BLE001 - one mode failing is a finding, not the end
-            if mode == "eager":
-                raise
-            by_mode[mode] = {}
-            notes.append(f"{mode} failed: {type(err).__name__}: {str(err).splitlines()[0]}")
+    by_mode = run_modes(
+        [(mode, functools.partial(_bench_mode, spec, model, config, device, mode, backend,
+                                  sizes, iters, warmup, distinct)) for mode, backend in modes],
+        notes, log)
     rows = []
     for b, p in sizes:
         name = f"{BATCH}={b},{PROMPT_AXIS}={p}"
