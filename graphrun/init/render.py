@@ -100,22 +100,26 @@ def _run_lines(found, spec_dir: Path, out_dir: str) -> list[str]:
     ]
 
 
+def _hf_model_lines(found) -> list[str]:
+    """The spec's head for a Hugging Face model: version, name, device and model."""
+    hf = found.model["hf"]
+    return ["version: 1", f"name: {_scalar(found.name)}",
+            _c("device: auto", "auto: cuda if present, else cpu"), "model:",
+            _c(f"  hf: {_flow({'path': hf['path'], 'class': hf['class']})}",
+               found.task.why.partition(":")[0]),
+            _c(f"  dtype: {found.model['dtype']}", "float32 | float16 | bfloat16")]
+
+
 def render_hf_spec(found, spec_dir: Path, out_dir: str) -> str:
     """The spec's YAML text for a Hugging Face model over text; `found` is
     init_hf.HfInferred."""
-    p, hf = found.profile, found.model["hf"]
+    p = found.profile
     lines = [
         f"# yaml-language-server: $schema={SCHEMA_NAME}",
         f"# Written by `graphrun init --hf` from {p.sampled} records of {p.path.name} and one",
         "# call of the model. Look at what `graphrun init` printed to check, then: graphrun",
         "# validate this file, graphrun run this file. Keys: graphrun's docs/spec.md.",
-        "version: 1",
-        f"name: {_scalar(found.name)}",
-        _c("device: auto", "auto: cuda if present, else cpu"),
-        "model:",
-        _c(f"  hf: {_flow({'path': hf['path'], 'class': hf['class']})}",
-           found.task.why.partition(":")[0]),
-        _c(f"  dtype: {found.model['dtype']}", "float32 | float16 | bfloat16"),
+        *_hf_model_lines(found),
         _c("inputs:", "the tokenizer's, for each text"),
     ]
     for name in found.inputs:
@@ -144,7 +148,7 @@ def render_hf_spec(found, spec_dir: Path, out_dir: str) -> str:
 def render_generate_spec(found, spec_dir: Path, out_dir: str) -> str:
     """The spec's YAML text for a generation job over a causal LM; `found` is
     init_hf.HfInferred with its generate section."""
-    p, hf, gen = found.profile, found.model["hf"], found.generate
+    p, gen = found.profile, found.generate
     lo, hi = found.lengths
     last = found.buckets["seq"][-1]
     lines = [
@@ -155,13 +159,7 @@ def render_generate_spec(found, spec_dir: Path, out_dir: str) -> str:
         "# prompt_tokens, output_tokens); inputs and outputs are implied. Look at what",
         "# `graphrun init` printed to check, then: graphrun validate this file, graphrun run",
         "# this file. Keys: graphrun's docs/spec.md.",
-        "version: 1",
-        f"name: {_scalar(found.name)}",
-        _c("device: auto", "auto: cuda if present, else cpu"),
-        "model:",
-        _c(f"  hf: {_flow({'path': hf['path'], 'class': hf['class']})}",
-           found.task.why.partition(":")[0]),
-        _c(f"  dtype: {found.model['dtype']}", "float32 | float16 | bfloat16"),
+        *_hf_model_lines(found),
         "data:",
         f"  path: {_scalar(relative_to_spec(p.path, spec_dir))}",
     ]
