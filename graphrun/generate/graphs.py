@@ -7,21 +7,22 @@ entry with backend cuda-graph: warm-up on a side stream, capture into the shared
 graphs past the memory budget runs eagerly instead, with the reason recorded: the tokens stay
 right, only slower. With backend eager an entry is the step itself.
 
-Verification runs a few steps eagerly, restores the per-row state and replays the same steps:
-every cache column read was either there before (the same for both) or written by this run's
-earlier steps, so the cache itself needs no copy. It runs only before a batch's prefill (the
+Verification runs a few steps eagerly (these runs are also the warm-up), restores the per-row
+state, captures, and replays the same steps: every cache column read was either there before
+(the same for both) or written by this run's earlier steps, so the cache itself needs no copy. It runs only before a batch's prefill (the
 generator sets up every graph a batch can need first), so it never meets a batch's own rows.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 from graphrun.engine.buckets import Bucket
-from graphrun.engine.capture import capture_graph, warm_up
+from graphrun.engine.capture import capture_graph
 from graphrun.engine.verify import ULP_SLACK, compare
 from graphrun.base.errors import CaptureError
 
@@ -29,6 +30,7 @@ from graphrun.generate.steps import RowState
 
 MiB = 1 << 20
 VERIFY_STEPS = 3  # decode steps compared per bucket
+WARM_UP_RUNS = 2  # eager runs before a capture, the verification's own included
 # the share of rows whose picked tokens may differ from eager's when the logits are close:
 # a near tie may flip under half precision, never in float32
 TOKEN_SLACK = {torch.float32: 0.0, torch.float64: 0.0}
@@ -57,6 +59,7 @@ class StepGraph:
     set_up: str = "setup"  # setup | first_use
     capture_s: float | None = None
     memory_bytes: int | None = None
+    set_up_s: float | None = None  # warm-up, capture and verification
     verify: dict = field(default_factory=dict)  # passed, max_error, token_mismatches, steps
 
     def run(self) -> None:
@@ -69,7 +72,8 @@ class StepGraph:
         shape = {"rows": self.key.rows,
                  ("prompt" if self.key.kind == "prefill" else "kv"): self.key.length}
         return {"kind": self.key.kind, "shape": shape, "status": self.status,
-                "reason": self.reason, "set_up": self.set_up, "capture_s": self.capture_s,
+                "reason": self.reason, "set_up": self.set_up, "set_up_s": self.set_up_s,
+                "capture_s": self.capture_s,
                 "memory_bytes": self.memory_bytes,
                 "verify_max_error": self.verify.get("max_error"), "verify": dict(self.verify)}
 
@@ -106,17 +110,39 @@ class GraphTable:
             entry.reason = ("no CUDA device: backend eager" if self.device.type != "cuda"
                             else "backend eager")
             return entry
+        t0 = time.perf_counter()
         saved = self.state.snapshot()
         with torch.no_grad():
+            fill_synthetic(self.state, key)  # warm-up on values the step can take
+            start = self.state.snapshot()
+            # the eager reference is the warm-up: an eager step costs far more than a replay
+            want = self._warm_up(entry, start)
+            self.state.restore(start)
             self._capture(entry)
-            if entry.graph is not None and self.verify_on:
-                self._verify(entry)
+            if entry.graph is not None and want is not None:
+                self._verify(entry, start, want)
         self.state.restore(saved)
+        entry.set_up_s = time.perf_counter() - t0
         return entry
 
+    def _warm_up(self, entry: StepGraph, start: dict[str, torch.Tensor]
+                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+        """WARM_UP_RUNS eager runs on the side stream; when verifying, the first ones are the
+        reference steps, run from `start`."""
+        steps = verify_steps(entry.key) if self.verify_on else 0
+        want = None
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            if steps:
+                want = run_checked(entry, self.state, steps, replay=False)
+            for _ in range(max(0, WARM_UP_RUNS - steps)):
+                self.state.restore(start)
+                entry.step()
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        torch.cuda.synchronize(self.device)
+        return want
+
     def _capture(self, entry: StepGraph) -> None:
-        fill_synthetic(self.state, entry.key)  # warm-up on values the step can take
-        warm_up(entry.step, 2, self.stream)
         try:
             # on first use other threads (a writer, a reader) may be making CUDA calls
             mode = "thread_local" if entry.set_up == "first_use" else "global"
@@ -137,8 +163,10 @@ class GraphTable:
         self.log(f"captured {entry.key.kind} {entry.key.bucket.name} in "
                  f"{entry.capture_s * 1e3:.1f} ms")
 
-    def _verify(self, entry: StepGraph) -> None:
-        result = verify_entry(entry, self.state, self.dtype)
+    def _verify(self, entry: StepGraph, start: dict[str, torch.Tensor],
+                want: tuple[list[torch.Tensor], list[torch.Tensor]]) -> None:
+        self.state.restore(start)
+        result = verify_entry(entry, self.state, self.dtype, want)
         entry.verify = result
         if not result["passed"]:
             entry.graph, entry.status = None, "eager"
@@ -146,6 +174,10 @@ class GraphTable:
                             f"{result['token_mismatches']} rows picked other tokens): runs "
                             "eagerly")
             self.log(f"warning: {entry.key.kind} {entry.key.bucket.name}: {entry.reason}")
+
+
+def verify_steps(key: StepKey) -> int:
+    return 1 if key.kind == "prefill" else min(VERIFY_STEPS, key.length)
 
 
 def fill_synthetic(state: RowState, key: StepKey, seed: int = 1234) -> None:
@@ -182,15 +214,14 @@ def run_checked(entry: StepGraph, state: RowState, steps: int, *, replay: bool
     return tokens, logits
 
 
-def verify_entry(entry: StepGraph, state: RowState, dtype: torch.dtype) -> dict:
-    """Replay against eager from the same state: picked tokens equal, logits within
-    tolerance (float32: tight; half precision: a few units of its precision)."""
+def verify_entry(entry: StepGraph, state: RowState, dtype: torch.dtype,
+                 want: tuple[list[torch.Tensor], list[torch.Tensor]]) -> dict:
+    """Replay from the state the eager reference `want` (tokens, logits per step) started
+    from: picked tokens equal, logits within tolerance (float32: tight; half precision: a few
+    units of its precision)."""
     key = entry.key
-    steps = 1 if key.kind == "prefill" else min(VERIFY_STEPS, key.length)
-    fill_synthetic(state, key)
-    saved = state.snapshot()
-    want_tokens, want_logits = run_checked(entry, state, steps, replay=False)
-    state.restore(saved)
+    want_tokens, want_logits = want
+    steps = len(want_tokens)
     got_tokens, got_logits = run_checked(entry, state, steps, replay=True)
     torch.cuda.synchronize(state.start.device)
     half = dtype not in TOKEN_SLACK

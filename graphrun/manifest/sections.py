@@ -130,8 +130,10 @@ class GraphSetup(_M):
         "capture.on_failure: eager), skipped (capture.memory_budget_mib), unused (no batch "
         "needed it).")
     reason: Optional[str] = Field(None, description="Why eager, skipped or unused.")
-    capture_s: Optional[float] = Field(None, description="Warm-up, capture and verification "
-                                       "of this graph; null when never set up.")
+    set_up_s: Optional[float] = Field(None, description="Warm-up, capture and verification "
+                                      "of this graph; null when never set up.")
+    capture_s: Optional[float] = Field(None, description="The capture alone; null when not "
+                                       "captured.")
     memory_bytes: Optional[int] = Field(None, description="Pool growth while capturing it.")
 
 
