@@ -29,7 +29,7 @@ from graphrun.base.errors import CaptureError
 from graphrun.generate.steps import RowState
 
 MiB = 1 << 20
-VERIFY_STEPS = 3  # decode steps compared per bucket
+VERIFY_STEPS = 2  # decode steps compared per bucket: the second reads what the first wrote
 WARM_UP_RUNS = 2  # eager runs before a capture, the verification's own included
 # the share of rows whose picked tokens may differ from eager's when the logits are close:
 # a near tie may flip under half precision, never in float32

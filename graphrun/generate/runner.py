@@ -217,7 +217,8 @@ class GenerationRunner:
         decode steps run against those that produced a needed token, the KV cache, every graph."""
         graphs = [GraphSetup(kind=g["kind"], batch=g["shape"]["rows"],
                              length=g["shape"].get("prompt", g["shape"].get("kv")),
-                             status=g["status"], reason=g["reason"], set_up_s=g["set_up_s"],
+                             status=g["status"], reason=g["reason"], set_up=g["set_up"],
+                             set_up_s=g["set_up_s"],
                              capture_s=g["capture_s"],
                              memory_bytes=g["memory_bytes"])
                   for g in self.generator.buckets()]

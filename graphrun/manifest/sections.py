@@ -130,6 +130,9 @@ class GraphSetup(_M):
         "capture.on_failure: eager), skipped (capture.memory_budget_mib), unused (no batch "
         "needed it).")
     reason: Optional[str] = Field(None, description="Why eager, skipped or unused.")
+    set_up: Literal["setup", "first_use"] = Field(
+        "setup", description="When it was set up: at setup, or on the first batch that needed it "
+        "(its set_up_s is then inside totals.stream_s).")
     set_up_s: Optional[float] = Field(None, description="Warm-up, capture and verification "
                                       "of this graph; null when never set up.")
     capture_s: Optional[float] = Field(None, description="The capture alone; null when not "
