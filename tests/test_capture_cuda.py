@@ -153,6 +153,22 @@ def test_on_failure_eager_runs_the_uncapturable_buckets_eagerly(tmp_path):
         np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
 
 
+def test_a_failed_capture_leaves_the_devices_random_ops_working(tmp_path):
+    """A capture that fails mid-way must not leave the CUDA generator marked as capturing:
+    random ops after it (a model built on the GPU, sampling) run, from the seed's stream."""
+    (tmp_path / "m.py").write_text(SYNCS_ON_ITEM)
+    spec = small_spec(tmp_path, model={"target": f"{tmp_path / 'm.py'}:build"},
+                      inputs={"x": {"shape": ["batch", 4]}}, outputs={"y": {"shape": ["batch", 4]}},
+                      capture={"on_failure": "eager", "lazy": False})
+    with Runner(spec) as runner:
+        assert {s.status for s in runner.states.values()} == {"eager"}
+    torch.cuda.manual_seed(7)
+    first = torch.rand(4, device="cuda").cpu()
+    torch.cuda.manual_seed(7)
+    assert torch.equal(torch.rand(4, device="cuda").cpu(), first)
+    assert torch.nn.Linear(3, 2, device="cuda").weight.device.type == "cuda"
+
+
 def test_memory_budget_drops_the_largest_buckets(tmp_path):
     args = {"in_features": 32, "hidden": 4096, "layers": 4, "out_features": 8}
     spec = small_spec(tmp_path, model={"builtin": "mlp", "args": args},

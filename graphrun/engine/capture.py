@@ -333,11 +333,18 @@ def _end_failed_capture(graph: torch.cuda.CUDAGraph, device: torch.device) -> No
 
 
 def _recover_after_failed_capture(device: torch.device) -> None:
-    """A failed capture can leave a sticky error on the stream; clear what can be cleared."""
+    """A failed capture can leave a sticky error on the stream; clear what can be cleared.
+    It also leaves the device's random generator marked as capturing (the capture's end never
+    ran), after which every random op on the device raises: give it a fresh state of the same
+    seed and offset."""
     try:
         torch.cuda.synchronize(device)
     except Exception:  # noqa: BLE001 - the original error is what the user needs to see
         pass
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    gen = torch.cuda.default_generators[index]
+    if hasattr(gen, "graphsafe_set_state"):  # torch >= 2.4
+        gen.graphsafe_set_state(gen.clone_state())
 
 
 REMEDIES = [
