@@ -140,7 +140,7 @@ def test_a_generation_run_has_its_own_part(tmp_path):
     assert "TTFT ms (p50/p90/p99)" in part and "TPOT ms (p50/p90/p99)" in part
     reasons = ", ".join(f"{k} {v:,}" for k, v in g.finish_reasons.items())
     assert reasons in part
-    assert {"generation-ttft", "generation-tpot"} <= set(chart_names(page))
+    assert {"generation-ttft", "generation-tpot", "generation-phases"} <= set(chart_names(page))
     assert "generation-graphs" not in chart_names(page)  # eager graphs: no set-up times
 
 
@@ -261,3 +261,13 @@ def test_tick_steps_are_round(integer):
         if integer:
             assert step >= 1 and step == int(step)
     assert charts.count_axis("batches", [1])["dtick"] == 1  # one batch: no 0.2 steps
+
+
+def test_a_run_that_failed_before_its_device_says_so(write_spec, tmp_path):
+    graphrun.run(graphrun.load_spec(write_spec()), out=tmp_path / "f")
+    path = tmp_path / "f" / "manifest.json"
+    m = json.loads(path.read_text())
+    m.update(status="failed", error="model: no such file", environment=None)
+    path.write_text(json.dumps(m))
+    assert banner(render([tmp_path / "f"])) == [
+        "failed (model: no such file); no device was set up: no batch ran"]

@@ -56,8 +56,12 @@ def what_ran(m: dict) -> tuple[str, bool]:
         items, unit = [g for g in gen["graphs"] if g["status"] in ("captured", "eager")], "graph"
     else:
         items, unit = _set_up(m), "bucket"
-    text, eager = c.what_ran([i["status"] for i in items], env.get("device"), env.get("gpu"),
-                             unit, [i.get("reason") for i in items if i["status"] == "eager"])
+    if not env:  # the run failed before its device was set up
+        text, eager = "no device was set up: no batch ran", True
+    else:
+        text, eager = c.what_ran([i["status"] for i in items], env.get("device"),
+                                 env.get("gpu"), unit,
+                                 [i.get("reason") for i in items if i["status"] == "eager"])
     if m["status"] != "completed":
         text = f"{m['status']}" + (f" ({m['error']})" if m.get("error") else "") + "; " + text
     return text, eager
@@ -321,8 +325,8 @@ def generation_html(runs: list[tuple[str, dict]]) -> str:
 
 
 def generation_figures(go, runs) -> list[tuple[str, object]]:
-    """TTFT and TPOT percentiles per run, and each graph's set-up time where graphs were set
-    up (captured or timed)."""
+    """TTFT and TPOT percentiles per run, prefill and decode time per bucket, and each graph's
+    set-up time where graphs were set up (captured or timed)."""
     gens = [(label, m["generation"]) for label, m in runs if m.get("generation")]
     out = []
     for key, name, title in (("ttft_ms", "ttft", "Time to first token (per prompt)"),
@@ -334,6 +338,18 @@ def generation_figures(go, runs) -> list[tuple[str, object]]:
         if fig.data:
             c.layout(fig, f"{title}, percentiles", yaxis=c.value_axis("ms"))
             out.append((f"generation-{name}", fig))
+    fig = go.Figure()
+    for label, m in runs:
+        buckets = [b for b in _ran(m) if "decode" in b["latency_us"]]
+        for phase in ("prefill", "decode"):
+            y = [b["latency_us"].get(phase, {}).get("p50") for b in buckets]
+            if m.get("generation") and c.has_data(y):
+                fig.add_bar(name=f"{label} {phase} p50", x=[b["name"] for b in buckets],
+                            y=c.scaled(y, 1e3))
+    if fig.data:
+        c.layout(fig, "Prefill and decode time per batch, per bucket (median)",
+                 yaxis=c.value_axis("ms"))
+        out.append(("generation-phases", fig))
     fig = go.Figure()
     for label, g in gens:
         graphs = [x for x in g.get("graphs") or [] if c.finite(x.get("set_up_s"))]
@@ -419,8 +435,8 @@ def bench_figures(folder: Path) -> list[tuple[str, object]]:
 STYLE = ("body{font-family:system-ui,sans-serif;margin:24px;color:#222}"
          "table{border-collapse:collapse;margin:12px 0}td,th{border:1px solid #ccc;"
          "padding:4px 8px;text-align:right}td:first-child,th:first-child{text-align:left}"
-         "table.rejects td,table.rejects th,ul.warnings{text-align:left;font-family:ui-monospace,monospace;"
-         "font-size:13px}.what-ran{list-style:none;padding:0;margin:8px 0 16px}"
+         "table.rejects td,table.rejects th,ul.warnings{text-align:left;"
+         "font-family:ui-monospace,monospace;font-size:13px}.what-ran{list-style:none;padding:0;margin:8px 0 16px}"
          ".what-ran li{padding:8px 12px;margin:4px 0;font-size:17px;border-left:6px solid}"
          ".what-ran li.eager{background:#fff4e0;border-color:#e69500}"
          ".what-ran li.graph{background:#e8f4ea;border-color:#2e8b57}"
