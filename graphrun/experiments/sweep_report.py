@@ -51,37 +51,67 @@ def load_sweep(folder: Path) -> Sweep:
     return Sweep.model_validate_json((Path(folder) / "sweep.json").read_text())
 
 
-def sweep_figures(go, folder: Path) -> list[tuple[str, object]]:
-    """The throughput-memory scatter with its front, and records/s and latency per variant."""
+def _tick(v) -> str:
+    """A variant's tick label: its number, then each overridden key's last part and value."""
+    return "<br>".join([v.name.split("_")[0], *(f"{k.rsplit('.', 1)[-1]}={json.dumps(x)}"
+                                                 for k, x in v.overrides.items())])
+
+
+def sweep_figures(go, folder: Path) -> list:
+    """A line naming the charts left out, then records/s per variant (the front starred), the
+    throughput-memory scatter with its front where variants took graph memory, padding waste
+    and latency per variant."""
+    from graphrun.experiments import charts as c
+
     result = load_sweep(folder)
     done = [v for v in result.variants if v.status == "completed"]
-    mib = [(v.memory_bytes or 0) / 2**20 for v in done]
-    front = sorted((m, v.records_per_s, v.name) for m, v in zip(mib, done) if v.pareto)
-    scatter = go.Figure()
-    scatter.add_scatter(name="variants", mode="markers+text", x=mib,
-                        y=[v.records_per_s for v in done], text=[v.name for v in done],
-                        textposition="top center", marker={"size": 10})
-    scatter.add_scatter(name="Pareto front", mode="lines+markers", x=[f[0] for f in front],
-                        y=[f[1] for f in front], text=[f[2] for f in front],
-                        marker={"size": 14, "symbol": "star"})
-    scatter.update_layout(title="Throughput against graph memory (front: nothing faster with "
-                          "less memory)", xaxis_title="graph memory MiB",
-                          yaxis_title="records/s")
-    names = [v.name for v in done]
+    names = [_tick(v) for v in done]
     rate = go.Figure()
-    rate.add_bar(name="records/s", x=names, y=[v.records_per_s for v in done])
-    rate.add_scatter(name="padding waste %", x=names, yaxis="y2", mode="lines+markers",
-                     y=[100 * (v.padding_waste or 0) for v in done])
-    rate.update_layout(title="Records/s and padding waste per variant",
-                       yaxis={"title": "records/s"},
-                       yaxis2={"title": "%", "overlaying": "y", "side": "right",
-                               "rangemode": "tozero"})
+    rate.add_bar(name="records/s", x=names, y=[v.records_per_s for v in done],
+                 marker={"color": ["#2e8b57" if v.pareto else "#7f8fa6" for v in done]},
+                 text=["*" if v.pareto else "" for v in done], textposition="outside",
+                 textfont={"size": 20})
+    c.layout(rate, "Records/s per variant (* and green: the front)",
+             yaxis=c.value_axis("records/s"))
+    out = [("throughput", rate)]
+    if generation(result):
+        tokens = go.Figure()
+        tokens.add_bar(name="output tokens/s", x=names, y=[v.output_tokens_per_s for v in done])
+        c.layout(tokens, "Output tokens/s per variant", yaxis=c.value_axis("tokens/s"))
+        out.append(("tokens", tokens))
+    mib = [(v.memory_bytes or 0) / 2**20 for v in done]
+    if c.has_data(mib):  # without graph memory (eager) every point sits on x = 0
+        front = sorted((m, v.records_per_s, v.name) for m, v in zip(mib, done) if v.pareto)
+        scatter = go.Figure()
+        scatter.add_scatter(name="variants", mode="markers+text", x=mib,
+                            y=[v.records_per_s for v in done], text=[v.name for v in done],
+                            textposition="top center", marker={"size": 10})
+        scatter.add_scatter(name="Pareto front", mode="lines+markers", x=[f[0] for f in front],
+                            y=[f[1] for f in front], text=[f[2] for f in front],
+                            marker={"size": 14, "symbol": "star"})
+        c.layout(scatter, "Throughput against graph memory (front: nothing faster with less "
+                 "memory)", xaxis=c.value_axis("graph memory MiB"),
+                 yaxis=c.value_axis("records/s"))
+        out.append(("pareto", scatter))
+    else:
+        out.append(("pareto", None))
+    waste = [None if v.padding_waste is None else 100 * v.padding_waste for v in done]
+    if c.has_data(waste):
+        padding = go.Figure()
+        padding.add_bar(name="padding waste", x=names, y=waste)
+        c.layout(padding, "Padding waste per variant: padded work (rows x positions) run",
+                 yaxis=c.percent_axis("padded %"))
+        out.append(("padding", padding))
+    else:
+        out.append(("padding", None))
+    div, unit = c.time_unit([v.p99_us for v in done] + [v.p50_us for v in done])
     latency = go.Figure()
-    latency.add_bar(name="p50", x=names, y=[v.p50_us for v in done])
-    latency.add_bar(name="p99", x=names, y=[v.p99_us for v in done])
-    latency.update_layout(title="End-to-end batch latency per variant", yaxis_title="us",
-                          barmode="group")
-    return [("pareto", scatter), ("throughput", rate), ("variant-latency", latency)]
+    latency.add_bar(name="p50", x=names, y=c.scaled([v.p50_us for v in done], div))
+    latency.add_bar(name="p99", x=names, y=c.scaled([v.p99_us for v in done], div))
+    c.layout(latency, "End-to-end batch latency per variant", yaxis=c.value_axis(unit))
+    out.append(("variant-latency", latency))
+    return c.drawn(out, {"pareto": "no variant took graph memory (eager): every point would "
+                         "sit at 0 MiB", "padding": "no variant padded"})
 
 
 def sweep_html(folder: Path) -> str:
