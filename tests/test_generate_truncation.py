@@ -1,7 +1,8 @@
 """Texts cut by data.text.truncate, counted: read in this process (in line or on the threads
 tokenizing ahead), by JSONL child processes and from Parquet (the count comes back with each
-block), for a generation job's prompts (cut from the left) and an encoder's texts (from the right), into the manifest (totals.texts_truncated,
-generation.prompts_truncated), the run's summary line, and a --gpus job's merged totals."""
+block), for a generation job's prompts (cut from the left) and an encoder's texts (from the
+right), into the manifest (totals.texts_truncated, generation.prompts_truncated), the run's
+summary line, and a --gpus job's merged totals."""
 
 from __future__ import annotations
 
