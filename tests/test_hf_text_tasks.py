@@ -200,3 +200,54 @@ def test_a_parquet_pair_is_read_as_the_jsonl_one(tmp_path, reranker):
             assert all(np.array_equal(u, v) for u, v in zip(x.fields[name], y.fields[name]))
     types = a[0].fields["token_type_ids"][0]
     assert types[0] == 0 and types[-1] == 1  # the passage's tokens are type 1
+
+
+def init(tmp_path, folder, data, *extra):
+    spec_path = tmp_path / "init" / "pipe.yaml"
+    result = CliRunner().invoke(main, ["init", "--hf", str(folder), "--data", str(data),
+                                       "-o", str(spec_path), "--out-dir", str(tmp_path / "out"),
+                                       "--batch-size", "4", *map(str, extra)])
+    return spec_path, result
+
+
+def test_init_writes_a_cross_encoder_spec_for_query_passage_records(tmp_path, reranker):
+    rng = np.random.default_rng(3)
+    pairs = [(words(rng, 1, 5), words(rng, 2, 20)) for _ in range(10)]
+    with open(tmp_path / "pairs.jsonl", "w") as f:
+        for i, (q, p) in enumerate(pairs):
+            f.write(json.dumps({"id": f"p{i}", "query": q, "passage": p}) + "\n")
+    spec_path, result = init(tmp_path, reranker, tmp_path / "pairs.jsonl")
+    assert result.exit_code == 0, result.output
+    assert "a pair, 'query' then 'passage'" in result.output
+    assert "its one logit" in result.output
+    spec = graphrun.load_spec(spec_path)
+    assert spec.data.text.fields == ["query", "passage"]
+    assert list(spec.outputs) == ["logits"] and spec.outputs["logits"].shape == ["batch", 1]
+    assert "token_type_ids" in spec.inputs
+    assert graphrun.run(spec).status == "completed"
+    ids, got = outputs(tmp_path)
+    assert ids == [f"p{i}" for i in range(10)]
+    for row, (q, p) in zip(got, pairs):
+        np.testing.assert_allclose(row, eager_logits(reranker, q, p), rtol=1e-4, atol=1e-5)
+
+
+def test_init_writes_a_classifiers_logits_and_takes_the_pair_it_is_told(tmp_path, classifier):
+    rng = np.random.default_rng(4)
+    rows = [{"id": i, "a": words(rng, 1, 5), "b": words(rng, 1, 9)} for i in range(8)]
+    with open(tmp_path / "ab.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    spec_path, result = init(tmp_path, classifier, tmp_path / "ab.jsonl", "--text-field", "a,b")
+    assert result.exit_code == 0, result.output
+    spec = graphrun.load_spec(spec_path)
+    assert spec.data.text.fields == ["a", "b"]
+    assert list(spec.outputs) == ["logits", "probs", "label"]
+    assert graphrun.run(spec).status == "completed"
+    _, got = outputs(tmp_path)
+    for row, r in zip(got, rows):
+        np.testing.assert_allclose(row, eager_logits(classifier, r["a"], r["b"]), rtol=1e-4,
+                                   atol=1e-5)
+    for given, message in (("a,c", "no string field 'c'"), ("a,b,a", "give one field, or two")):
+        _, result = init(tmp_path, classifier, tmp_path / "ab.jsonl", "--text-field", given,
+                         "--force")
+        assert result.exit_code != 0 and message in result.output, result.output
+        assert "Traceback" not in result.output
