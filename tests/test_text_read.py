@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import pickle
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -160,3 +164,23 @@ def test_closing_early_stops_the_work_ahead():
     time.sleep(0.05)
     assert count == len(done) <= 5  # what was running ended; nothing more started
     assert not [t for t in threading.enumerate() if t.name.startswith("graphrun-ahead")]
+
+
+@needs_hf
+def test_a_child_tokenizing_text_does_not_import_torch(tmp_path, folder):
+    """Each JSONL child process starts as the run reads; torch's import would cost it seconds."""
+    spec = spec_of(tmp_path, folder)
+    (tmp_path / "spec.pickle").write_bytes(pickle.dumps(spec))
+    code = ("import pickle, sys\n"
+            "from graphrun.read.formats.jsonl import _blocks\n"
+            "from graphrun.read.formats.jsonl_workers import _parse_and_precheck\n"
+            f"spec = pickle.loads(open({str(tmp_path / 'spec.pickle')!r}, 'rb').read())\n"
+            "with open(spec.data.path, 'rb') as f:\n"
+            "    chunk = _parse_and_precheck(spec, next(_blocks(f, 'd', 0, None, 1 << 20)))\n"
+            "assert len(chunk.indices) > 40, len(chunk.indices)\n"
+            "print('torch' in sys.modules)\n")
+    root = str(Path(__file__).resolve().parents[1])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": root})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
