@@ -1,7 +1,8 @@
-"""Texts cut by data.text.truncate, counted: read in this process, by JSONL child processes and
-from Parquet (the count comes back with each block), for a generation job's prompts (cut from
-the left) and an encoder's texts (from the right), into the manifest (totals.texts_truncated,
-generation.prompts_truncated), the run's summary line, and a --gpus job's merged totals."""
+"""Texts cut by data.text.truncate, counted: read in this process (in line or on the threads
+tokenizing ahead), by JSONL child processes and from Parquet (the count comes back with each
+block), for a generation job's prompts (cut from the left) and an encoder's texts (from the
+right), into the manifest (totals.texts_truncated, generation.prompts_truncated), the run's
+summary line, and a --gpus job's merged totals."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ from graphrun.read.text import TextCuts  # noqa: E402
 from tests.test_generate_job import FOLDER, completions, write_spec  # noqa: E402
 
 CHILDREN = Tuning(jsonl_workers=2, jsonl_workers_min_bytes=0, jsonl_chunk_bytes=2048)
-HERE = Tuning(jsonl_workers=0, jsonl_chunk_bytes=2048)
+HERE = Tuning(jsonl_workers=0, text_threads=0, jsonl_chunk_bytes=2048)
+THREADS = Tuning(jsonl_workers=0, text_threads=2, jsonl_chunk_bytes=2048)
 LONG = " ".join(["the long tale goes on"] * 60)  # well over 64 tokens
 
 
@@ -50,7 +52,8 @@ def generation_spec(tmp_path: Path, **changes):
     return with_implied_io(graphrun.load_spec(path))
 
 
-@pytest.mark.parametrize("tuning", [HERE, CHILDREN], ids=["here", "children"])
+@pytest.mark.parametrize("tuning", [HERE, THREADS, CHILDREN], ids=["here", "threads",
+                                                                   "children"])
 def test_cut_prompts_are_counted_in_this_process_and_by_the_children(tmp_path, tuning):
     spec = generation_spec(tmp_path)
     long = prompts_file(spec.data.path)

@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_pools_are_sized_by_the_cores(cores, parquet, jsonl, writers):
     t = Tuning.from_machine(cores=cores, environ={})
     assert (t.parquet_threads, t.jsonl_workers, t.row_writers) == (parquet, jsonl, writers)
+    assert t.text_threads == min(2, cores)
 
 
 def test_the_environment_overrides_the_cores_and_arguments_override_both():
@@ -27,6 +28,8 @@ def test_the_environment_overrides_the_cores_and_arguments_override_both():
     t = Tuning.from_machine(cores=16, environ=env)
     assert (t.parquet_threads, t.jsonl_workers, t.row_writers, t.row_pool_bytes) == (3, 0, 4, 1)
     assert Tuning.from_machine(cores=16, environ=env, parquet_threads=5).parquet_threads == 5
+    assert Tuning.from_machine(cores=16, environ={"GRAPHRUN_TEXT_THREADS": "0"}
+                               ).text_threads == 0
 
 
 @pytest.mark.parametrize("value", ["many", "0", "-2", "1.5"])

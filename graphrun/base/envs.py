@@ -19,6 +19,9 @@ VARIABLES: dict[str, tuple[str, str]] = {
         "cores - 4, 2 to 12", "threads decoding Parquet row groups at once"),
     "GRAPHRUN_JSONL_WORKERS": (
         "cores - 4, at most 8; 0 under 6 cores", "child processes parsing JSONL blocks"),
+    "GRAPHRUN_TEXT_THREADS": (
+        "cores, at most 2", "threads parsing and tokenizing data.text's JSONL blocks ahead of "
+                            "the stream, where no child process does (0: on the stream's thread)"),
     "GRAPHRUN_ROW_WRITERS": (
         "cores, at most 4", "threads writing the rows of big npy output batches"),
     "GRAPHRUN_ROW_POOL_BYTES": (

@@ -23,6 +23,11 @@ class Tuning:
     # (the children take a while to start)
     jsonl_workers: int = 0
     jsonl_workers_min_bytes: int = 1 << 20
+    # data.text read in this process: threads parsing and tokenizing JSONL blocks ahead of the
+    # stream (the tokenizer's batch encoding runs off the GIL, on its own threads), and how
+    # many blocks they hold ahead at most; 0 threads: in line, on the stream's thread
+    text_threads: int = 2
+    text_ahead: int = 4
     rejects_held: int = 4096  # a longer run of bad records is handed out without a full batch
     # Parquet row groups decoded at once: pyarrow decodes a column chunk on one thread only
     parquet_threads: int = 2
@@ -54,6 +59,7 @@ class Tuning:
         sized = dict(
             parquet_threads=envs.integer("GRAPHRUN_PARQUET_THREADS", parquet, 1, environ),
             jsonl_workers=envs.integer("GRAPHRUN_JSONL_WORKERS", jsonl, 0, environ),
+            text_threads=envs.integer("GRAPHRUN_TEXT_THREADS", min(2, cores), 0, environ),
             row_writers=envs.integer("GRAPHRUN_ROW_WRITERS", min(4, cores), 1, environ),
             row_pool_bytes=envs.integer("GRAPHRUN_ROW_POOL_BYTES", cls.row_pool_bytes, 1,
                                         environ),

@@ -320,6 +320,9 @@ def _schema_targets(kinds, out: Path | None) -> list[tuple[Path, str]]:
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]),
               default="float32", show_default=True, help="model.dtype.")
 @click.option("--id-field", help="The field holding record ids (default: guessed by name).")
+@click.option("--text-field", metavar="FIELD[,FIELD]", help="With --hf: the text's field, or "
+              "two joined by a comma for a pair a cross-encoder scores (query,passage); "
+              "default: guessed by name.")
 @click.option("--sample", type=click.IntRange(min=1), default=10000, show_default=True,
               help="Records read to learn the inputs.")
 @click.option("--force", is_flag=True, help="Replace the spec file if it exists.")
@@ -328,7 +331,7 @@ def _schema_targets(kinds, out: Path | None) -> list[tuple[Path, str]]:
               "computes in one pass (embedding, next-token top-k, class); generate, a "
               "generation job over a causal LM (prompts in, completions out).")
 def init(target, builtin, hf, args, data, spec_path, out_dir, name, batch_size, dtype,
-         id_field, sample, force, task) -> None:
+         id_field, text_field, sample, force, task) -> None:
     """Write a spec for your model and data: inputs from the file, outputs from calling the
     model once, buckets from the records' sizes; prints what to check."""
     from graphrun.init.infer import init as init_spec
@@ -338,6 +341,9 @@ def init(target, builtin, hf, args, data, spec_path, out_dir, name, batch_size, 
                   batch_size=batch_size, sample=sample, id_field=id_field, dtype=dtype,
                   force=force)
     try:
+        if hf is None and text_field is not None:
+            raise GraphrunError("--text-field names the text an --hf model tokenizes: give "
+                                "--hf DIR too")
         if hf is None and task != "auto":
             raise GraphrunError(f"--task {task} needs --hf DIR: the folder of a causal "
                                 "language model and its tokenizer")
@@ -348,7 +354,7 @@ def init(target, builtin, hf, args, data, spec_path, out_dir, name, batch_size, 
             raise GraphrunError("--hf takes the model from its folder: leave out --model, "
                                 "--builtin and --arg")
         else:
-            found = init_hf(hf=hf, task=task, **common)
+            found = init_hf(hf=hf, task=task, text_field=text_field, **common)
     except GraphrunError as err:
         fail(err)
     click.echo(_init_report(found, spec_path))

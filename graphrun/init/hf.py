@@ -2,7 +2,8 @@
 file of text.
 
 config.json -> the task and its Auto class (an encoder: a mean-pooled, L2-normalised embedding;
-a causal LM: the next token's top k; a sequence classifier: softmax and argmax) -> the model's
+a causal LM: the next token's top k; a sequence classifier: its logits, softmax and argmax;
+of one text or, for a pair of fields such as query and passage, of the pair) -> the model's
 tokenizer -> the inputs it gives that the model takes -> seq buckets from the sample's token
 lengths, the last at the model's limit -> the model built as `run` builds it and called once on
 two tokenized records (output names and sizes) -> the spec, commented, validated, written.
@@ -24,7 +25,7 @@ from graphrun.init.sample import FieldInfo, sample_data
 from graphrun.init.generate import (NEW_TOKENS, PROMPT_NAMES, causal_arch, eos_ids, plan_generate,
                                     stop_check)
 from graphrun.init.render import relative_to_spec, render_generate_spec, render_hf_spec, write_spec_files
-from graphrun.init.text import TEXT_NAMES, plan_seq, text_field
+from graphrun.init.text import TEXT_NAMES, chosen_fields, plan_seq, texts_of
 from graphrun.spec.keys import BATCH
 
 TOPK = 5  # next tokens written per record
@@ -48,7 +49,7 @@ class HfInferred(Inferred):
 
     task: Task | None = None
     heads: dict[str, dict] = field(default_factory=dict)  # output name -> its spec entry
-    text_field: str = "text"
+    text_field: str | list[str] = "text"  # a pair's two fields for a cross-encoder
     limit: int = 512  # tokens per record at most: the model's
     lengths: tuple[int, int] = (0, 0)  # the sample's shortest and longest text, in tokens
     truncate: bool = True  # data.text.truncate: cut longer texts, else reject them
@@ -60,10 +61,12 @@ class HfInferred(Inferred):
 def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml",
             out_dir: str | Path | None = None, name: str | None = None, batch_size: int = 32,
             sample: int = 10000, id_field: str | None = None, dtype: str = "float32",
-            force: bool = False, task: str = "auto") -> HfInferred:
+            force: bool = False, task: str = "auto",
+            text_field: str | None = None) -> HfInferred:
     """Infer a spec for the model in `hf` over the text in `data`, write it to `spec_path`
     with pipeline.schema.json beside it, and return what was inferred. task: auto (from
-    config.json) or generate (a generation job over a causal LM)."""
+    config.json) or generate (a generation job over a causal LM). text_field: --text-field,
+    one name or two joined by a comma (a pair); default: guessed by name."""
     from graphrun.spec.paths import PKG, package_form
     from graphrun.models.hf import require
 
@@ -80,9 +83,11 @@ def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml
     found = HfInferred(name=name or _default_name(hf, kind), profile=profile,
                        model={"hf": {"path": where, "class": kind.auto_class}, "dtype": dtype},
                        batch_size=batch_size, task=kind)
-    found.text_field = text_field(profile, prefer=PROMPT_NAMES if kind.kind == "generate"
-                                   else TEXT_NAMES)
-    texts = [t for t in profile.texts[found.text_field] if isinstance(t, str)]
+    found.text_field = chosen_fields(profile, text_field, kind.kind == "classify",
+                                     PROMPT_NAMES if kind.kind == "generate" else TEXT_NAMES)
+    if kind.kind == "generate" and not isinstance(found.text_field, str):
+        raise GraphrunError("--text-field: a generation job reads one prompt field, not a pair")
+    texts = texts_of(profile, found.text_field)
     limit = model_limit(tokenizer, config, where)
     if kind.kind == "generate":
         plan_generate(found, texts, tokenizer, limit, eos_ids(transformers, where, config))
@@ -175,8 +180,11 @@ def task_of(config) -> Task:
     archs = list(getattr(config, "architectures", None) or [])
     for arch in archs:
         if arch.endswith("ForSequenceClassification"):
+            one = int(getattr(config, "num_labels", 2)) < 2
             return Task("classify", "AutoModelForSequenceClassification",
-                        f"{arch}: a sequence classifier, softmax and argmax of its logits")
+                        f"{arch}: a sequence classifier, " + (
+                            "its one logit (a score, as a cross-encoder's)" if one else
+                            "its logits, their softmax and argmax"))
         if arch.endswith(("ForCausalLM", "LMHeadModel")):
             return Task("next-token", "AutoModelForCausalLM",
                         f"{arch}: a causal language model, the next token's top {TOPK}")
@@ -238,7 +246,10 @@ def _heads(task: Task, config) -> dict[str, dict]:
                              "topk": {"k": k, "take": "ids"}},
                 "next_probs": {"from": "logits", "reduce": ["last_pool", "softmax"],
                                "topk": {"k": k, "take": "values"}, "dtype": "float32"}}
-    return {"probs": {"from": "logits", "reduce": ["softmax"], "dtype": "float32"},
+    logits = {"logits": {"from": "logits", "dtype": "float32"}}
+    if int(getattr(config, "num_labels", 2)) < 2:  # one score (a cross-encoder): no classes
+        return logits
+    return {**logits, "probs": {"from": "logits", "reduce": ["softmax"], "dtype": "float32"},
             "label": {"from": "logits", "reduce": ["argmax"]}}
 
 
@@ -303,7 +314,10 @@ def _probe(model, tokenizer, texts: list[str], found: HfInferred) -> dict[str, t
 
     from graphrun.models.call import first_call
 
-    rows = tokenizer(texts[:PROBE_TEXTS], truncation=True, max_length=found.limit)
+    first = texts[:PROBE_TEXTS]
+    pair = bool(first) and isinstance(first[0], tuple)
+    rows = tokenizer(*(zip(*first) if pair else [first]), truncation=True,
+                     max_length=found.limit)
     seq = max(len(ids) for ids in rows["input_ids"])
     tensors = {}
     for name in found.inputs:
@@ -335,10 +349,14 @@ def _checks(found: HfInferred, config) -> list[str]:
     if found.generate is not None:
         out.append(stop_check(found))
     labels = getattr(config, "id2label", None) or {}
-    if task.kind == "classify" and labels:
+    if task.kind == "classify" and not isinstance(found.text_field, str):
+        out.append(f"data.text: a pair, {found.text_field[0]!r} then {found.text_field[1]!r}, "
+                   "tokenized together as the tokenizer's text pairs (a cross-encoder)")
+    if task.kind == "classify" and labels and len(labels) > 1:
         shown = ", ".join(f"{k}: {v}" for k, v in list(labels.items())[:8])
         out.append(f"outputs.label is the class index; config.json's labels: {shown}")
-    others = [n for n in p.texts if n != found.text_field]
+    used = [found.text_field] if isinstance(found.text_field, str) else found.text_field
+    others = [n for n in p.texts if n not in used]
     if others:
         out.append(f"string fields not used: {', '.join(others)}")
     return out + sample_notes(found.model["dtype"], p)

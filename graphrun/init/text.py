@@ -31,8 +31,45 @@ def text_field(profile, prefer: tuple[str, ...] = TEXT_NAMES) -> str:
                      "pass --id-field for the one that is the id", where=str(profile.path))
 
 
+# field names of a pair of texts a cross-encoder scores together, as datasets name them
+PAIR_NAMES = (("query", "passage"), ("query", "document"), ("question", "passage"),
+              ("question", "context"), ("question", "answer"), ("sentence1", "sentence2"),
+              ("text", "text_pair"), ("premise", "hypothesis"))
+
+
+def chosen_fields(profile, given: str | None, pairs: bool,
+                  prefer: tuple[str, ...] = TEXT_NAMES) -> str | list[str]:
+    """data.text.field: --text-field's one name or two (comma-separated), else for a model
+    that scores pairs (a classifier) a pair named as PAIR_NAMES names one, else the one text
+    field text_field() picks."""
+    if given is not None:
+        names = [n.strip() for n in given.split(",")]
+        if not 1 <= len(names) <= 2 or not all(names) or len(set(names)) != len(names):
+            raise InputError(f"--text-field {given!r}: give one field, or two different ones "
+                             "joined by a comma for a pair (--text-field query,passage)")
+        absent = [n for n in names if n not in profile.texts]
+        if absent:
+            raise InputError(f"--text-field: no string field {absent[0]!r} in the records "
+                             f"(string fields: {', '.join(profile.texts) or 'none'})",
+                             where=str(profile.path))
+        return names[0] if len(names) == 1 else names
+    if pairs:
+        for pair in PAIR_NAMES:
+            if all(n in profile.texts for n in pair):
+                return list(pair)
+    return text_field(profile, prefer)
+
+
+def texts_of(profile, field: str | list[str]) -> list:
+    """The sampled texts (a pair's as tuples) whose fields all hold strings."""
+    names = [field] if isinstance(field, str) else field
+    rows = zip(*(profile.texts[n] for n in names))
+    return [row[0] if len(names) == 1 else row for row in rows
+            if all(isinstance(t, str) for t in row)]
+
+
 def token_lengths(tokenizer, texts: list[str]) -> np.ndarray:
-    """Each text's length in tokens (special tokens included), uncut."""
+    """Each text's (or pair's) length in tokens (special tokens included), uncut."""
     import copy
 
     backend = copy.deepcopy(tokenizer.backend_tokenizer)  # truncation off on our copy only

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Any
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from graphrun.base.errors import ModelError
 from graphrun.spec.paths import resolve_path
 from graphrun.base.phases import LIBRARY_IMPORTS, phase
+
+if TYPE_CHECKING:  # torch is imported by those who build the model, not by the tokenizer's
+    from torch import nn
 
 EXTRA = 'pip install "graphrun[hf]"'
 

@@ -13,7 +13,8 @@ import numpy as np
 
 from graphrun.read.ids import check_duplicate_ids
 from graphrun.read.records import (Candidates, Field, RecordBatch, Records, Reject, RowWhere,
-                                   dense_if_uniform, numpy_dtype, take, take_where)
+                                   dense_if_uniform, numpy_dtype, pack_records, take,
+                                   take_where, unpack_records)
 from graphrun.spec.keys import InputSpec, PipelineSpec
 
 
@@ -171,6 +172,16 @@ class Prechecked:
     shaped: np.ndarray  # [g] positions with a good shape
     converted: dict[str, Records]  # input -> the records at `shaped`, in the input's dtype
     cut: list[int] = field(default_factory=list)  # data.text: positions whose text was cut
+
+    # a child process sends it pickled: records of varying length go as one array and their
+    # lengths, not an array each (unpickling thousands of small arrays held the caller's GIL)
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "converted": {name: pack_records(r)
+                                               for name, r in self.converted.items()}}
+
+    def __setstate__(self, state: dict) -> None:
+        state["converted"] = {name: unpack_records(r) for name, r in state["converted"].items()}
+        self.__dict__.update(state)
 
 
 def precheck(spec: PipelineSpec, c: Candidates) -> Prechecked:

@@ -252,3 +252,32 @@ def take(records: Records, rows: np.ndarray) -> Records:
         return records[rows]
     return dense_if_uniform([records[i] for i in rows.tolist()])
 
+
+
+class PackedRecords:
+    """Records of one dtype and inner shape, varying along their first axis, laid end to end:
+    flat [total, *inner] and lengths [n] (one array to pickle instead of n)."""
+
+    def __init__(self, flat: np.ndarray, lengths: np.ndarray):
+        self.flat, self.lengths = flat, lengths
+
+
+def pack_records(records: Records) -> "Records | PackedRecords":
+    """A list of arrays as PackedRecords where they share dtype and inner shape; else as is."""
+    if (isinstance(records, np.ndarray) or not records
+            or not all(isinstance(a, np.ndarray) and a.ndim >= 1 for a in records)):
+        return records
+    first = records[0]
+    if any(a.dtype != first.dtype or a.shape[1:] != first.shape[1:] for a in records):
+        return records
+    lengths = np.fromiter((len(a) for a in records), np.int64, len(records))
+    return PackedRecords(np.concatenate(records), lengths)
+
+
+def unpack_records(records) -> Records:
+    """pack_records undone: the records as views of the one array."""
+    if not isinstance(records, PackedRecords):
+        return records
+    ends = np.cumsum(records.lengths).tolist()
+    flat = records.flat
+    return [flat[s:e] for s, e in zip([0] + ends[:-1], ends)]

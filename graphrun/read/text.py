@@ -65,24 +65,31 @@ def _tokenizer(folder: str, length: int, truncate: bool, direction: str = "right
     return tok
 
 
-def tokenize(spec: PipelineSpec, texts: list
+def tokenize(spec: PipelineSpec, columns: list[list]
              ) -> tuple[dict[str, Field], dict[int, str], list[int]]:
-    """texts [n] -> one Field per input (one int array per record), reasons by position, and
-    the positions whose text truncate cut (the tokenizer kept what it cut in `overflowing`)."""
+    """columns: one list of n values per field of data.text (a text, or a pair's two) -> one
+    Field per input (one int array per record), reasons by position, and the positions whose
+    text truncate cut (the tokenizer kept what it cut in `overflowing`). A pair is encoded as
+    the tokenizer's text pair, cut longest first as transformers' truncation=True cuts it."""
     from graphrun.models.hf import tokenizer_folder
 
     text = spec.data.text
     folder = tokenizer_folder(spec)
     length = max_length(spec, folder)
-    problems = {p: (f"{text.field}: expected a string, got {_kind(t)}")
-                for p, t in enumerate(texts) if not isinstance(t, str)}
-    strings = [t if isinstance(t, str) else "" for t in texts]
+    problems: dict[int, str] = {}
+    for name, values in zip(text.fields, columns):
+        for p, t in enumerate(values):
+            if not isinstance(t, str):
+                problems.setdefault(p, f"{name}: expected a string, got {_kind(t)}")
+    rows = list(zip(*columns)) if text.pair else columns[0]
+    blank = ("", "") if text.pair else ""
+    items = [blank if p in problems else row for p, row in enumerate(rows)] if problems else rows
     cut_from = "left" if spec.generate is not None else "right"
-    encodings = _tokenizer(folder, length, text.truncate, cut_from).encode_batch(strings)
+    encodings = _tokenizer(folder, length, text.truncate, cut_from).encode_batch(items)
     if not text.truncate:
         for p, enc in enumerate(encodings):
             if p not in problems and len(enc.ids) > length:
-                problems[p] = (f"{text.field}: {len(enc.ids)} tokens, more than {length} "
+                problems[p] = (f"{text.named}: {len(enc.ids)} tokens, more than {length} "
                                "(the largest seq bucket or data.text.max_length); set "
                                "data.text.truncate: true to cut it")
     cut = ([p for p, enc in enumerate(encodings) if enc.overflowing and p not in problems]
@@ -118,18 +125,18 @@ class TextCuts:
 def jsonl_text_candidates(spec: PipelineSpec, file: str, records: list, reasons: list[str],
                           linenos: list[int], first: int) -> Candidates:
     """A JSONL block's parsed records (reasons: "" or why a line could not be parsed): the text
-    field tokenized, other fields but the id ignored."""
-    field, id_field = spec.data.text.field, spec.data.id_field
+    field (or the pair's two) tokenized, other fields but the id ignored."""
+    names, id_field = spec.data.text.fields, spec.data.id_field
     good, rejects = [], []
     for p, record in enumerate(records):
-        reason = reasons[p] or _record_problem(record, field, id_field)
+        reason = reasons[p] or _record_problem(record, names, id_field)
         if reason:
             rid = record.get(id_field) if id_field and isinstance(record, dict) else None
             rejects.append(Reject(first + p, rid if id_field else first + p,
                                   f"{file}:{linenos[p]}", reason))
         else:
             good.append(p)
-    fields, problems, cut = tokenize(spec, [records[p][field] for p in good])
+    fields, problems, cut = tokenize(spec, [[records[p][name] for p in good] for name in names])
     return Candidates(
         indices=np.array(good, np.int64) + first,
         ids=[records[p][id_field] for p in good] if id_field else None,
@@ -137,12 +144,18 @@ def jsonl_text_candidates(spec: PipelineSpec, file: str, records: list, reasons:
         fields=fields, problems=problems, rejects=rejects, cut=cut)
 
 
-def _record_problem(record, field: str, id_field: str | None) -> str:
+def _record_problem(record, names: list[str], id_field: str | None) -> str:
     if not isinstance(record, dict):
-        return f"the record is {_kind(record)}; expected an object with a {field!r} field"
-    if field not in record:
-        return f"missing field {field!r} (the text to tokenize)" + close_field(
-            field, [k for k in record if k != id_field])
+        fields = " and ".join(repr(n) for n in names)
+        return (f"the record is {_kind(record)}; expected an object with "
+                f"{'a ' + fields + ' field' if len(names) == 1 else 'fields ' + fields}")
+    for k, name in enumerate(names):
+        if name not in record:
+            what = ("the text to tokenize" if len(names) == 1 else
+                    f"the pair's {('first', 'second')[k]} text, data.text.field "
+                    f"[{', '.join(names)}]")
+            return f"missing field {name!r} ({what})" + close_field(
+                name, [f for f in record if f != id_field and f not in names])
     if id_field:
         rid = record.get(id_field)
         if rid is None:
@@ -158,20 +171,22 @@ def _record_problem(record, field: str, id_field: str | None) -> str:
 def check_text_schema(spec: PipelineSpec, schema, file: str) -> None:
     import pyarrow as pa
 
-    field = spec.data.text.field
-    if field not in schema.names:
-        raise InputError(f"text column {field!r} is missing (columns: "
-                         f"{', '.join(schema.names)})", where=file)
-    t = schema.field(field).type
-    if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
-        raise InputError(f"text column {field!r} holds {t}; expected strings", where=file)
+    for field in spec.data.text.fields:
+        if field not in schema.names:
+            raise InputError(f"text column {field!r} is missing (columns: "
+                             f"{', '.join(schema.names)})", where=file)
+        t = schema.field(field).type
+        if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
+            raise InputError(f"text column {field!r} holds {t}; expected strings", where=file)
 
 
 def parquet_text_candidates(spec: PipelineSpec, file: str, rb, first: int) -> Candidates:
-    """A record batch's rows: the text column tokenized (a null text is a bad record)."""
+    """A record batch's rows: the text column (or the pair's two) tokenized (a null text is a
+    bad record)."""
     import pyarrow as pa
 
-    fields, problems, cut = tokenize(spec, rb.column(spec.data.text.field).to_pylist())
+    fields, problems, cut = tokenize(spec, [rb.column(name).to_pylist()
+                                            for name in spec.data.text.fields])
     ids = None
     if spec.data.id_field:
         col = rb.column(spec.data.id_field)

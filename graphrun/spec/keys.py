@@ -247,8 +247,10 @@ class CaptureSpec(Strict):
 class TextSpec(Strict):
     """A text field tokenized into the model's inputs as the records are read."""
 
-    field: Text = Field("text", min_length=1, description="The JSONL field or Parquet column "
-                       "holding each record's text.")
+    field: Union[Text, list[Text]] = Field(
+        "text", description="The JSONL field or Parquet column holding each record's text; "
+        "or a list of two, [query, passage], for a pair of texts tokenized together as the "
+        "tokenizer's text pairs (a cross-encoder: [CLS] query [SEP] passage [SEP]).")
     tokenizer: Optional[Text] = Field(
         None, description="A folder with tokenizer.json (a fast tokenizer), as model.hf.path "
         "is written; null: the model's own (model.hf.path).")
@@ -259,6 +261,33 @@ class TextSpec(Strict):
     max_length: Optional[Size] = Field(
         None, description="Tokens per record at most; null: the largest seq bucket (or the "
         "tokenizer's model_max_length when seq is auto).")
+
+    @field_validator("field")
+    @classmethod
+    def _one_or_a_pair(cls, v):
+        names = [v] if isinstance(v, str) else v
+        if not 1 <= len(names) <= 2:
+            raise ValueError(f"names {len(names)} fields; give one field (a text) or a list "
+                             "of two (a pair of texts, e.g. [query, passage])")
+        if any(not n for n in names):
+            raise ValueError("a field name is empty")
+        if len(set(names)) != len(names):
+            raise ValueError(f"names {names[0]!r} twice; a pair is two different fields")
+        return v
+
+    @property
+    def fields(self) -> list[str]:
+        """The field read (one), or the pair's two fields, in their order."""
+        return [self.field] if isinstance(self.field, str) else list(self.field)
+
+    @property
+    def pair(self) -> bool:
+        return len(self.fields) == 2
+
+    @property
+    def named(self) -> str:
+        """The field, or the pair, as a message names it."""
+        return self.fields[0] if not self.pair else "[" + ", ".join(self.fields) + "]"
 
 
 class DataSpec(Strict):

@@ -354,6 +354,9 @@ def _text(spec: PipelineSpec) -> Found:
         yield ("data", "text"), (f"text is read from .jsonl or .parquet files, not "
                                  f"{spec.data.path.suffix or 'this file'}")
     if spec.generate is not None:  # the generation job tokenizes into inputs of its own
+        if text.pair:
+            yield ("data", "text", "field"), ("with generate: each record is one prompt: name "
+                                              "its one field, not a pair")
         return
     other = [n for n in spec.inputs if n not in TEXT_INPUTS]
     if other:

@@ -41,7 +41,7 @@ def jsonl_candidates(spec: PipelineSpec, file: str, lines: list[bytes], linenos:
     if records is None:  # some line is bad: parse line by line for its reason
         records, reasons = zip(*map(_parse_line, lines))
     text = spec.data.text
-    keyed = expected if text is None else {text.field} | ({id_field} if id_field else set())
+    keyed = expected if text is None else set(text.fields) | ({id_field} if id_field else set())
     reasons = repeated_keys(lines, keyed, list(reasons))
     if spec.data.text is not None:  # a text field tokenized into the inputs (inputs/text.py)
         from graphrun.read.text import jsonl_text_candidates

@@ -17,6 +17,7 @@ here instead, where an error is raised as it would have been.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import pickle
@@ -26,6 +27,7 @@ import sys
 from collections import deque
 from typing import Callable, Iterable, Iterator
 
+from graphrun.read.ahead import ahead_map
 from graphrun.read.formats.jsonl_parse import parse_block
 from graphrun.read.checks import precheck
 from graphrun.base.tuning import Tuning
@@ -75,6 +77,11 @@ def serve(inp, out) -> None:
             _send(out, result)
     except (EOFError, BrokenPipeError):
         return
+
+
+def _parse_and_precheck(spec, block: tuple):
+    """What a child does with a block, on a pool thread of this process."""
+    return precheck(spec, parse_block(spec, block))
 
 
 class ParseWorkers:
@@ -148,10 +155,16 @@ class ParseWorkers:
 def parse_blocks(spec, size: int, blocks: Iterable[tuple], parse_here: Callable,
                  tuning: Tuning) -> Iterator:
     """The parsed blocks, in order: by children where tuning.jsonl_workers and the file's size
-    (in bytes) call for them and an interpreter can be started, else here."""
+    (in bytes) call for them and an interpreter can be started, else here: data.text's on
+    tuning.text_threads threads ahead of the caller (the tokenizer runs off the GIL), the
+    rest on the caller's thread."""
     if (tuning.jsonl_workers < 1 or size < tuning.jsonl_workers_min_bytes
             or not sys.executable):
-        yield from map(parse_here, blocks)
+        if spec.data.text is not None and tuning.text_threads > 0:
+            yield from ahead_map(functools.partial(_parse_and_precheck, spec), blocks,
+                                 tuning.text_threads, tuning.text_ahead, "graphrun-tokenize")
+        else:
+            yield from map(parse_here, blocks)
         return
     workers = None
     blocks = iter(blocks)

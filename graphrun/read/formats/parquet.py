@@ -103,7 +103,7 @@ class _Decoding:
         id_field = self.spec.data.id_field
         # a text column is read in place of the inputs it is tokenized into (read/text.py)
         text = self.spec.data.text
-        self.columns = (([text.field] if text else list(self.spec.inputs))
+        self.columns = ((text.fields if text else list(self.spec.inputs))
                         + ([id_field] if id_field else []))
         self.first = dict(spans)
         self.sizes = {g: decoded_bytes(self.meta.row_group(g), self.spec) for g, _ in spans}
