@@ -275,17 +275,27 @@ def _at(tree: Any, key: str) -> Any:
     return tree
 
 
-def option(row: Variant, base_spec: dict) -> Option:
+def _same(base: Any, value: Any, base_dir: Path | None) -> bool:
+    """The base spec's value equals the override; a path the spec holds resolved counts equal
+    to the same path relative to the spec's folder."""
+    if base == value:
+        return True
+    return (base_dir is not None and isinstance(base, str) and isinstance(value, str)
+            and Path(base).is_absolute() and str((base_dir / value).resolve()) == base)
+
+
+def option(row: Variant, base_spec: dict, base_dir: Path | None = None) -> Option:
     changes = [SpecChange(key=k, base=_at(base_spec, k), value=v) for k, v in
-               row.overrides.items() if _at(base_spec, k) != v]
+               row.overrides.items() if not _same(_at(base_spec, k), v, base_dir)]
     return Option(variant=row.name, changes=changes,
                   set_args=_overrides({c.key: c.value for c in changes}))
 
 
-def recommend(rows: list[Variant], objective: str, base_spec: dict) -> Recommendation:
+def recommend(rows: list[Variant], objective: str, base_spec: dict,
+              base_dir: Path | None = None) -> Recommendation:
     """The best variant on the objective among those that completed within the constraints,
     named only beyond the noise; otherwise those within the noise of the best."""
-    field, spread_field, label, higher, scale = OBJECTIVES[objective]
+    _, spread_field, label, higher, scale = OBJECTIVES[objective]
     done = [r for r in rows if r.status == "completed"]
     eligible = [r for r in done if not r.broken and getattr(r, spread_field) is not None]
     why = [f"{r.name} is left out: {'; '.join(r.broken)}" for r in done if r.broken]
@@ -308,7 +318,7 @@ def recommend(rows: list[Variant], objective: str, base_spec: dict) -> Recommend
         picked = [by_name[n] for n in v.within_noise]
         for r in picked:
             r.pick = "within_noise"
-    options = [option(r, base_spec) for r in picked]
+    options = [option(r, base_spec, base_dir) for r in picked]
     lines = [v.text]
     lines += [f"{r.name}'s outputs differ from the first variant's: check that they are the "
               "outputs you want" for r in picked if r.outputs_equal_first is False]
@@ -379,7 +389,8 @@ def sweep(spec: Path, grid: dict[str, list[Any]], out: Path, *, stop: int | None
     check_constraints(rows, constraints)
     result = Sweep(spec=str(spec), grid=grid, stop=stop, repeats=repeats, objective=objective,
                    constraints=constraints, variants=rows,
-                   recommendation=recommend(rows, objective, base_spec.model_dump(mode="json")))
+                   recommendation=recommend(rows, objective, base_spec.model_dump(mode="json"),
+                                            base_spec.base_dir))
     (out / "sweep.json").write_text(result.model_dump_json(indent=2) + "\n")
     return result
 
