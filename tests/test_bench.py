@@ -38,10 +38,15 @@ def test_cli_bench_on_the_cpu_times_every_bucket_eagerly_and_says_so(write_spec,
     doc = json.loads((tmp_path / "b" / "bench.json").read_text())
     jsonschema.validate(doc, json.loads(SCHEMA.read_text()))
     assert [b["name"] for b in doc["buckets"]] == ["batch=1", "batch=2", "batch=4"]
+    assert doc["repeats"] == 2  # the CPU's default
     for b in doc["buckets"]:
         (mode,) = b["modes"]
         assert mode["mode"] == "eager" and mode["speedup"] == 1.0 and mode["verify"] is True
         assert 0 < mode["latency_us"]["p50"] <= mode["latency_us"]["p99"]
+        spread = mode["p50_spread_us"]
+        assert spread["n"] == 2 and len(spread["values"]) == 2
+        assert spread["min"] <= spread["median"] <= spread["max"]
+        assert b["fastest"] is None  # one mode: nothing to rank
     assert "graph replay not measured" in doc["notes"][0]
     assert "note: no CUDA device" in result.output and "batch=4" in result.output
     assert not list((tmp_path / "b").glob("part-*"))  # no output shards
@@ -56,7 +61,9 @@ def test_bench_on_the_gpu_times_graph_replay_with_capture_costs(write_spec):
         assert set(modes) == {"eager", "graph", "compile", "reduce-overhead"}
         assert modes["graph"].backend == "cuda-graph" and modes["graph"].verify is True
         assert modes["graph"].capture_s > 0 and modes["graph"].memory_bytes is not None
-        assert modes["graph"].speedup > 0
+        assert modes["graph"].speedup > 0 and modes["graph"].p50_spread_us.n == 3
+        assert b.fastest is not None and b.fastest.best in modes
+    assert result.repeats == 3  # the GPU's default
 
 
 def test_real_records_are_cut_or_padded_to_the_bucket(tmp_path):
@@ -82,20 +89,58 @@ def test_cli_bench_with_real_records(write_spec, tmp_path):
     assert doc["inputs"] == "the first 5 real records" and len(doc["buckets"]) == 3
 
 
-def test_a_failing_mode_is_a_note_not_the_end(write_spec, monkeypatch):
+def test_repeats_alternate_the_modes_bucket_by_bucket():
+    from graphrun.experiments.bench import Session, round_robin
+
+    calls = []
+    sessions = [Session(m, steps={"b1": None, "b2": None}) for m in ("eager", "graph")]
+    got = round_robin(sessions, ["b1", "b2"], 2,
+                      lambda s, key: calls.append((s.mode, key)) or len(calls), [],
+                      lambda m: None)
+    assert calls == [("eager", "b1"), ("graph", "b1"), ("eager", "b2"), ("graph", "b2")] * 2
+    assert got["graph"]["b2"] == [4, 8] and got["eager"]["b1"] == [1, 5]
+
+
+def test_the_fastest_mode_is_named_only_beyond_the_noise():
+    from graphrun.experiments.bench import ModeResult, judge
+    from graphrun.experiments.stats import spread
+
+    def mode(name, p50s):
+        return ModeResult(mode=name, backend=name, latency_us={"p50": 0.0},
+                          p50_spread_us=spread(p50s))
+
+    apart = [mode("eager", [100, 104, 102]), mode("graph", [20, 21, 22])]
+    v = judge(apart)
+    assert v.winner == "graph" and apart[1].speedup == pytest.approx(102 / 21)
+    assert apart[1].speedup_beyond_noise is True and apart[0].speedup_beyond_noise is None
+    close = [mode("eager", [100, 130, 115]), mode("graph", [90, 120, 110])]
+    v = judge(close)
+    assert v.winner is None and v.within_noise == ["graph", "eager"]
+    assert "no significant difference" in v.text and close[1].speedup_beyond_noise is False
+    few = [mode("eager", [100, 101]), mode("graph", [20, 21])]  # 2 repeats: no winner
+    assert judge(few).winner is None and "--repeats 3" in judge(few).text
+
+
+@pytest.mark.parametrize("when", ["setting up", "timed"])
+def test_a_failing_mode_is_a_note_not_the_end(write_spec, monkeypatch, when):
     import graphrun.experiments.bench as b
 
-    real = b.bench_graphrun
+    real = b.open_graphrun
 
-    def failing(spec, mode, *args):
-        if mode == "compile":
+    def failing(stack, spec, mode, batches):
+        if mode == "compile" and when == "setting up":
             raise RuntimeError("inductor exploded\nmore lines")
-        return real(spec, mode, *args)
+        session = real(stack, spec, mode, batches)
+        if mode == "compile":  # its second bucket's step fails
+            session.steps["batch=2"] = lambda batch: (_ for _ in ()).throw(
+                RuntimeError("inductor exploded\nmore lines"))
+        return session
 
-    monkeypatch.setattr(b, "bench_graphrun", failing)
+    monkeypatch.setattr(b, "open_graphrun", failing)
     result = bench(graphrun.load_spec(write_spec()), iters=2, warmup=0, compile=True,
-                   log=lambda m: None)
+                   repeats=2, log=lambda m: None)
     assert "compile failed: RuntimeError: inductor exploded" in result.notes
+    # a mode failing part-way is dropped whole: no bucket keeps its half-done timings
     assert all([m.mode for m in bk.modes] == ["eager"] for bk in result.buckets)
 
 
@@ -124,6 +169,7 @@ def test_bench_of_a_generation_spec_times_prefill_and_decode_per_bucket(generati
         assert mode["output_tokens_per_s"] > 0
         assert set(mode["ttft_ms"]) == set(mode["tpot_ms"]) == {"p50", "p90", "p99"}
         assert 0 < mode["ttft_ms"]["p50"] <= mode["latency_us"]["p99"] / 1e3
+        assert mode["output_tokens_per_s_spread"]["n"] == mode["p50_spread_us"]["n"] == 2
     assert "every row makes 3 new tokens" in doc["notes"][0]
     assert "graph replay not measured" in doc["notes"][1]
     assert "TTFT p50 ms" in result.output and "batch=2,seq=16" in result.output
@@ -134,7 +180,8 @@ def test_a_generations_tokens_per_s_counts_every_rows_new_tokens(generation_spec
     from graphrun.experiments.bench_generate import bench_generation, synthetic_prompts
 
     spec = graphrun.load_spec(generation_spec, ["buckets.batch=[2]", "buckets.seq=[8]"])
-    result = bench_generation(spec, iters=2, warmup=0, new_tokens=2, log=lambda m: None)
+    result = bench_generation(spec, iters=2, warmup=0, new_tokens=2, repeats=1,
+                              log=lambda m: None)
     (mode,) = result.buckets[0].modes
     calls_s = mode.latency_us["p50"] / 1e6  # two calls: p50 is their mean
     assert mode.output_tokens_per_s == pytest.approx(2 * 2 / calls_s, rel=1e-6)

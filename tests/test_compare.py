@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 import graphrun
@@ -124,3 +125,58 @@ def test_picked_ids_are_judged_by_the_records_that_differ(write_spec, tmp_path):
     assert out["within_tolerance"] and out["picks_differ"] == {"best": 2}
     out = change(3)
     assert out["within_tolerance"] is False and out["picks_differ"] == {"best": 3}
+
+
+def test_identical_runs_say_only_timing_differs_and_judge_it_on_the_batches(write_spec,
+                                                                           tmp_path):
+    spec = write_spec(data="".join(f'{{"x": [{i}, 1, 2, 3]}}\n' for i in range(40)))
+    a = run_into(spec, tmp_path / "a", "buckets.batch=[4]")
+    b = run_into(spec, tmp_path / "b", "buckets.batch=[4]")
+    result = compare(a, b)
+    assert result["only_timing_differs"] is True
+    assert result["verdict"].startswith("outputs identical: only timing differs")
+    assert result["timing"]["a_batches"] == result["timing"]["b_batches"] == 10
+    # the two halves of one run's batches (alternate lines): the same distribution, so no
+    # difference beyond the noise, overall and in the bucket
+    lines = (a / "latencies.jsonl").read_text().splitlines(keepends=True)
+    (a / "latencies.jsonl").write_text("".join(lines[0::2]))
+    (b / "latencies.jsonl").write_text("".join(lines[1::2]))
+    result = compare(a, b)
+    assert result["timing"]["significant"] is False
+    assert "no significant difference" in result["timing"]["text"]
+    assert [r["significant"] for r in result["buckets"]] == [False]
+    out = CliRunner().invoke(main, ["compare", str(a), str(b)])
+    assert "outputs identical: only timing differs. Timing over all batches" in out.output
+    assert "beyond noise" in out.output
+    # every batch of B slower than A's slowest: beyond the noise, said with its caveat
+    slow = [json.loads(x) for x in lines[1::2]]
+    worst = max(json.loads(x)["e2e_us"] for x in lines)
+    (b / "latencies.jsonl").write_text("".join(
+        json.dumps({**r, "e2e_us": r["e2e_us"] + 2 * worst}) + "\n" for r in slow))
+    result = compare(a, b)
+    assert result["timing"]["significant"] is True and result["buckets"][0]["significant"]
+    assert result["timing"]["text"].startswith("B is slower beyond the batches' noise")
+    assert "one run a side" in result["timing"]["text"]
+
+
+def test_too_few_batches_are_never_a_significant_difference():
+    from graphrun.experiments.stats import batch_noise
+
+    noise = batch_noise([100.0, 101.0], [900.0, 901.0])
+    assert noise.significant is False and "too few batches" in noise.text
+    assert noise.ratio == pytest.approx(900.5 / 100.5)
+    assert batch_noise([], [1.0]).significant is False
+
+
+def test_identical_bench_folders_report_no_significant_difference(write_spec, tmp_path):
+    from graphrun.experiments.bench import bench
+
+    text = bench(graphrun.load_spec(write_spec()), iters=2, warmup=0, repeats=3,
+                 log=lambda m: None).model_dump_json()
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "bench.json").write_text(text)
+    result = compare(tmp_path / "a", tmp_path / "b")
+    assert not any(r["significant"] for r in result["buckets"])
+    assert result["timing"] == ("timing: no significant difference in any bucket (within the "
+                                "noise)")

@@ -285,7 +285,7 @@ def test_bench_sets_every_bucket_up_before_it_times_one(tmp_path, monkeypatch):
         return timed(step, *args)
 
     monkeypatch.setattr(bench, "time_steps", time_steps)
-    result = bench.bench(spec, iters=2, warmup=1, distinct=1, log=lambda m: None)
+    result = bench.bench(spec, iters=2, warmup=1, distinct=1, repeats=1, log=lambda m: None)
     assert [b.name for b in result.buckets] == ["batch=1", "batch=8", "batch=64"]
     assert seen == [{"setup"}] * 3
 

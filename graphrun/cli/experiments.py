@@ -82,29 +82,45 @@ def report(dirs, out) -> None:
               help="The sweep's folder: one subfolder per variant, sweep.json.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a spec key in every variant (repeatable).")
+@click.option("--repeats", type=click.IntRange(min=1), default=None,
+              help="Runs per variant, alternating the variants (default: 3 on a CUDA device, "
+              "2 on a CPU; a winner needs 3).")
+@click.option("--objective", type=click.Choice(["records_per_s", "tokens_per_s", "p99_ms"]),
+              default=None, help="What the recommendation maximises (p99_ms: minimises); "
+              "default tokens_per_s for a generation spec, else records_per_s.")
+@click.option("--max-memory-mib", type=click.FloatRange(min=0), default=None,
+              help="Recommend no variant whose graph memory is above this.")
+@click.option("--max-p99-ms", type=click.FloatRange(min=0), default=None,
+              help="Recommend no variant whose batch p99 latency is above this.")
 @debug_option
-def sweep(spec, grids, stop, out, overrides) -> None:
-    """Run every combination of the grid as a spec variant, side by side."""
+def sweep(spec, grids, stop, out, overrides, repeats, objective, max_memory_mib,
+          max_p99_ms) -> None:
+    """Run every combination of the grid as a spec variant, side by side, and recommend one."""
     from rich.console import Console
 
-    from graphrun.experiments.sweep import parse_grid, sweep as run_sweep
-    from graphrun.experiments.sweep_report import sweep_table
+    from graphrun.experiments.sweep import Constraints, parse_grid, sweep as run_sweep
+    from graphrun.experiments.sweep_report import recommendation_lines, sweep_table
 
     try:
         result = run_sweep(spec, parse_grid(grids), out, stop=stop, base=list(overrides),
+                           repeats=repeats, objective=objective,
+                           constraints=Constraints(max_memory_mib=max_memory_mib,
+                                                   max_p99_ms=max_p99_ms),
                            echo=lambda msg: click.echo(msg, err=True))
     except GraphrunError as err:
         fail(err)
-    Console(width=160).print(sweep_table(result))
+    Console(width=200).print(sweep_table(result))
+    for line in recommendation_lines(result):
+        click.echo(line)
     click.echo(f"-> {out}/sweep.json; charts: graphrun report {out}")
 
 
 @click.command()
 @click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--iters", type=click.IntRange(min=1), default=50, show_default=True,
-              help="Timed steps per bucket and mode.")
+              help="Timed steps per repeat, bucket and mode.")
 @click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True,
-              help="Untimed steps per bucket and mode before timing.")
+              help="Untimed steps before each repeat's.")
 @click.option("--compile", "with_compile", is_flag=True,
               help="Also model.compile: true and torch.compile reduce-overhead (GPU).")
 @click.option("--records", type=click.IntRange(min=1), default=None,
@@ -114,15 +130,19 @@ def sweep(spec, grids, stop, out, overrides) -> None:
 @click.option("--new-tokens", type=click.IntRange(min=1), default=None,
               help="A generation spec: new tokens per row and call (default: "
               "generate.max_new_tokens).")
+@click.option("--repeats", type=click.IntRange(min=1), default=None,
+              help="Timings per bucket and mode, the modes alternating (default: 3 on a CUDA "
+              "device, 2 on a CPU; a winner needs 3).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a spec key (repeatable).")
 @debug_option
-def bench(spec, iters, warmup, with_compile, records, out, new_tokens, overrides) -> None:
+def bench(spec, iters, warmup, with_compile, records, out, new_tokens, repeats,
+          overrides) -> None:
     """Time every bucket: eager, graph replay (and compiled), with speedups; no outputs. A
     generation spec: prefill and decode per (batch, prompt) bucket, tokens/s, TTFT, TPOT."""
     from rich.console import Console
 
-    from graphrun.experiments.bench import bench as run_bench, bench_table
+    from graphrun.experiments.bench import bench as run_bench, bench_table, verdict_lines
     from graphrun.spec.load import load_spec
 
     try:
@@ -148,19 +168,21 @@ def bench(spec, iters, warmup, with_compile, records, out, new_tokens, overrides
                 raise refuse("--records", "a generation spec is timed on synthetic prompts of "
                              "each prompt bucket's length: leave --records out")
             result = bench_generation(pipeline, iters=iters, warmup=warmup,
-                                      new_tokens=new_tokens, log=log)
+                                      new_tokens=new_tokens, repeats=repeats, log=log)
         else:
             if new_tokens is not None:
                 raise refuse_new_tokens()
             result = run_bench(pipeline, iters=iters, warmup=warmup, compile=with_compile,
-                               records=records, log=log)
+                               records=records, repeats=repeats, log=log)
     except GraphrunError as err:
         fail(err)
     dest = Path(out or pipeline.output.dir / "bench")
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "bench.json").write_text(result.model_dump_json(indent=2) + "\n")
-    Console(width=160 if generation else 140).print(
+    Console(width=200).print(
         generation_table(result) if generation else bench_table(result))
+    for line in verdict_lines(result):
+        click.echo(line)
     for note in result.notes:
         click.echo(f"note: {note}")
     click.echo(f"-> {dest}/bench.json")

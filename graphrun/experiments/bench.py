@@ -5,22 +5,28 @@ Modes: eager (graphrun with capture.backend: eager), graph (the spec's backend: 
 replay on a GPU), and with --compile graphrun's `model.compile: true` and torch.compile's
 reduce-overhead mode (GPU only). Each step is end to end and synchronous: host arrays in, the
 copy to the device, the step, the copy back; timed by the host clock around it (the step
-returns only once the outputs are on the host). Per bucket: a warm-up of `warmup` steps, then
-`iters` steps over `distinct` different input batches in turn; percentiles and the speedup
-over eager of the medians.
+returns only once the outputs are on the host). Every mode is set up first (all at once), then
+timed `repeats` times, alternating (per repeat and bucket: eager, graph, ... in turn, so drift
+of the machine hits every mode alike). Per repeat, bucket and mode: a warm-up of `warmup`
+steps, then `iters` steps over `distinct` different input batches in turn. Percentiles are over
+all the timed steps; each repeat's p50 gives the median and range (stats.Spread) that decide
+whether one mode beats another beyond the noise (stats.RULE), and the speedup over eager.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from graphrun.engine.probe import bucket_costs, synthetic_batch
+from graphrun.experiments.stats import Spread, Verdict, range_text, separated, spread, verdict
 from graphrun.spec.keys import BATCH, FLOAT_DTYPES, PipelineSpec
 
 SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "bench.schema.json"
@@ -34,8 +40,15 @@ class _B(BaseModel):
 class ModeResult(_B):
     mode: str = Field(..., description="eager | graph | compile | reduce-overhead")
     backend: str = Field(..., description="What ran: cuda-graph, eager, torch.compile ...")
-    latency_us: dict[str, float] = Field(..., description="p50/p90/p99 of the steps, us.")
-    speedup: Optional[float] = Field(None, description="Eager p50 / this mode's p50.")
+    latency_us: dict[str, float] = Field(..., description="p50/p90/p99 of all the timed "
+                                         "steps (every repeat), us.")
+    p50_spread_us: Optional[Spread] = Field(None, description="Each repeat's p50, us: their "
+                                            "median and range.")
+    speedup: Optional[float] = Field(None, description="Eager's median p50 / this mode's "
+                                     "(the medians of the repeats' p50s).")
+    speedup_beyond_noise: Optional[bool] = Field(
+        None, description="Whether this mode and eager differ beyond the noise (stats rule); "
+        "null for eager itself.")
     capture_s: Optional[float] = Field(None, description="Capture time (graph modes); the "
                                        "first call for reduce-overhead (compilation).")
     memory_bytes: Optional[int] = None
@@ -43,6 +56,8 @@ class ModeResult(_B):
     # a generation spec's rows (bench_generate.py): latency_us is then a whole generate call
     output_tokens_per_s: Optional[float] = Field(
         None, description="Generation: new tokens of the timed calls / their wall time.")
+    output_tokens_per_s_spread: Optional[Spread] = Field(
+        None, description="Generation: each repeat's output tokens/s.")
     ttft_ms: Optional[dict[str, float]] = Field(
         None, description="Generation: time to first token per call (prefill and the first "
         "pick), p50/p90/p99, ms.")
@@ -55,6 +70,8 @@ class BucketBench(_B):
     name: str
     sizes: dict[str, int]
     modes: list[ModeResult]
+    fastest: Optional[Verdict] = Field(None, description="The fastest mode by the repeats' "
+                                       "p50, named only beyond the noise; null with one mode.")
 
 
 class Bench(_B):
@@ -62,8 +79,9 @@ class Bench(_B):
 
     spec: str
     device: str
-    iters: int
-    warmup: int
+    iters: int = Field(..., description="Timed steps (calls) per repeat, bucket and mode.")
+    warmup: int = Field(..., description="Untimed ones before each repeat's.")
+    repeats: int = Field(1, description="Timings per bucket and mode, alternating the modes.")
     distinct: int = Field(..., description="Different input batches per bucket, in turn.")
     inputs: str = Field(..., description="synthetic (seeded, the spec's dtypes and ranges), or "
                         "the first N real records, cut or padded to each bucket's shape.")
@@ -132,33 +150,39 @@ def _name(sizes: dict[str, int]) -> str:
     return ",".join(f"{a}={s}" for a, s in sizes.items())
 
 
-def bench_graphrun(spec: PipelineSpec, mode: str, batches: dict, iters: int, warmup: int
-                   ) -> dict[str, ModeResult]:
-    """One graphrun Runner for the whole spec; each bucket timed through run_batch, every
-    bucket set up (and dropped, over a memory budget) before any is timed."""
+@dataclass
+class Session:
+    """One mode, set up: a step per bucket (key), what each bucket's set-up cost, and its
+    backend."""
+
+    mode: str
+    steps: dict[Any, Callable] = field(default_factory=dict)
+    costs: dict[Any, dict] = field(default_factory=dict)  # capture_s, memory_bytes, verify
+    backend: dict[Any, str] = field(default_factory=dict)
+
+
+def open_graphrun(stack: contextlib.ExitStack, spec: PipelineSpec, mode: str, batches: dict
+                  ) -> Session:
+    """One graphrun Runner for the whole spec, every bucket set up (and dropped, over a memory
+    budget) before any is timed."""
     import graphrun
 
-    with graphrun.Runner(_with(spec, "capture", lazy=False)) as runner:
-        costs = bucket_costs(runner)
-        results = {}
-        for name, bucket_batches in batches.items():
-            c = costs.get(name, {})
-            if c.get("status") == "skipped":
-                continue
-            times = time_steps(runner.run_batch, bucket_batches, iters, warmup)
-            backend = "cuda-graph" if c.get("status") == "captured" else "eager"
-            results[name] = ModeResult(
-                mode=mode, backend=backend + (" + torch.compile" if spec.model.compile else ""),
-                latency_us={f"p{p}": float(np.percentile(times, p)) for p in PERCENTILES},
-                capture_s=c.get("capture_s"), memory_bytes=c.get("memory_bytes"),
-                verify=c.get("verify"))
-    return results
+    runner = stack.enter_context(graphrun.Runner(_with(spec, "capture", lazy=False)))
+    session = Session(mode)
+    for name, c in bucket_costs(runner).items():
+        if name not in batches or c.get("status") == "skipped":
+            continue
+        session.steps[name] = runner.run_batch
+        session.costs[name] = {k: c.get(k) for k in ("capture_s", "memory_bytes", "verify")}
+        session.backend[name] = ("cuda-graph" if c.get("status") == "captured" else "eager") + (
+            " + torch.compile" if spec.model.compile else "")
+    return session
 
 
-def bench_reduce_overhead(spec: PipelineSpec, batches: dict, iters: int, warmup: int
-                          ) -> dict[str, ModeResult]:
+def open_reduce_overhead(spec: PipelineSpec, batches: dict) -> Session:
     """torch.compile(mode="reduce-overhead") of the bare model, fed and read back as graphrun's
-    steps are (host arrays in, host arrays out); the first call per bucket compiles."""
+    steps are (host arrays in, host arrays out); the first call per bucket compiles (its
+    capture_s)."""
     import torch
 
     from graphrun.engine.device import resolve_device
@@ -182,41 +206,83 @@ def bench_reduce_overhead(spec: PipelineSpec, batches: dict, iters: int, warmup:
                       ret if isinstance(ret, (tuple, list)) else [ret]):
                 t.cpu()
 
-    results = {}
+    session = Session("reduce-overhead")
     for name, bucket_batches in batches.items():
         t0 = time.perf_counter()
         step(bucket_batches[0])
-        first_s = time.perf_counter() - t0
-        times = time_steps(step, bucket_batches, iters, warmup)
-        results[name] = ModeResult(
-            mode="reduce-overhead", backend="torch.compile reduce-overhead",
-            latency_us={f"p{p}": float(np.percentile(times, p)) for p in PERCENTILES},
-            capture_s=first_s)
-    return results
+        session.steps[name] = step
+        session.costs[name] = {"capture_s": time.perf_counter() - t0}
+        session.backend[name] = "torch.compile reduce-overhead"
+    return session
 
 
 def _with(spec: PipelineSpec, section: str, **values) -> PipelineSpec:
     return spec.model_copy(update={section: getattr(spec, section).model_copy(update=values)})
 
 
-def run_modes(modes: list, notes: list[str], log) -> dict:
-    """mode -> its results, each mode's run() in order. One mode failing is a finding (a note,
-    no results), not the end of the bench; eager, the baseline, failing is."""
-    by_mode = {}
-    for mode, run in modes:
-        log(f"bench: {mode} ...")
+def open_sessions(openers: list, notes: list[str], log) -> list[Session]:
+    """Each mode's session, in order. One mode failing to set up is a finding (a note, no
+    results), not the end of the bench; eager, the baseline, failing is."""
+    sessions = []
+    for mode, opener in openers:
+        log(f"bench: setting up {mode} ...")
         try:
-            by_mode[mode] = run()
+            sessions.append(opener())
         except Exception as err:  # noqa: BLE001 - see the docstring
             if mode == "eager":
                 raise
-            by_mode[mode] = {}
             notes.append(f"{mode} failed: {type(err).__name__}: {str(err).splitlines()[0]}")
-    return by_mode
+    return sessions
+
+
+def round_robin(sessions: list[Session], keys: list, repeats: int, measure, notes: list[str],
+                log) -> dict[str, dict[Any, list]]:
+    """mode -> key -> each repeat's measure(session, key), alternating: per repeat and key,
+    every mode in turn. A mode failing while timed is dropped with a note (eager raises)."""
+    got: dict[str, dict[Any, list]] = {s.mode: {k: [] for k in keys if k in s.steps}
+                                       for s in sessions}
+    alive = list(sessions)
+    for r in range(repeats):
+        log(f"bench: repeat {r + 1}/{repeats} ({', '.join(s.mode for s in alive)} in turn)")
+        for key in keys:
+            for s in list(alive):
+                if key not in s.steps:
+                    continue
+                try:
+                    got[s.mode][key].append(measure(s, key))
+                except Exception as err:  # noqa: BLE001 - as open_sessions
+                    if s.mode == "eager":
+                        raise
+                    notes.append(f"{s.mode} failed: {type(err).__name__}: "
+                                 f"{str(err).splitlines()[0]}")
+                    alive.remove(s)
+                    got[s.mode] = {}
+    return got
+
+
+def judge(modes: list[ModeResult]) -> Optional[Verdict]:
+    """Speedups over eager marked beyond the noise or not, and the fastest mode (by the
+    repeats' p50) named only beyond the noise."""
+    eager = next((m for m in modes if m.mode == "eager"), None)
+    for m in modes:
+        if eager is not None and eager.p50_spread_us and m.p50_spread_us:
+            m.speedup = eager.p50_spread_us.median / m.p50_spread_us.median
+            if m is not eager:
+                m.speedup_beyond_noise = (
+                    separated(m.p50_spread_us, eager.p50_spread_us, higher=False)
+                    or separated(eager.p50_spread_us, m.p50_spread_us, higher=False))
+    timed = {m.mode: m.p50_spread_us for m in modes if m.p50_spread_us}
+    return verdict(timed, "p50 us", higher=False, fmt=",.0f") if len(timed) > 1 else None
+
+
+def default_repeats(device) -> int:
+    """3 on a CUDA device (a range, and enough to name a winner); 2 on a CPU (a range, fast)."""
+    return 3 if device.type == "cuda" else 2
 
 
 def bench(spec: PipelineSpec, *, iters: int = 50, warmup: int = 5, distinct: int = 4,
-          compile: bool = False, records: int | None = None, log=print) -> Bench:
+          compile: bool = False, records: int | None = None, repeats: int | None = None,
+          log=print) -> Bench:
     from graphrun.engine.device import resolve_device
     from graphrun.base.errors import InputError
 
@@ -233,51 +299,83 @@ def bench(spec: PipelineSpec, *, iters: int = 50, warmup: int = 5, distinct: int
         batches = {_name(s): [real_batch(spec, real, s, k * s[BATCH]) for k in range(distinct)]
                    for s in bucket_sizes(spec)}
     device = resolve_device(spec.device)
+    repeats = repeats or default_repeats(device)
     cuda, notes = device.type == "cuda", []
-    modes = [("eager", lambda: bench_graphrun(_with(spec, "capture", backend="eager"), "eager",
-                                              batches, iters, warmup))]
+    openers = [("eager", lambda: open_graphrun(stack, _with(spec, "capture", backend="eager"),
+                                               "eager", batches))]
     if cuda:
-        modes.append(("graph", lambda: bench_graphrun(spec, "graph", batches, iters, warmup)))
+        openers.append(("graph", lambda: open_graphrun(stack, spec, "graph", batches)))
     else:
         notes.append("no CUDA device: the eager backend only, graph replay not measured")
     if compile:
-        modes.append(("compile", lambda: bench_graphrun(_with(spec, "model", compile=True),
-                                                        "compile", batches, iters, warmup)))
+        openers.append(("compile", lambda: open_graphrun(
+            stack, _with(spec, "model", compile=True), "compile", batches)))
         if cuda:
-            modes.append(("reduce-overhead",
-                          lambda: bench_reduce_overhead(spec, batches, iters, warmup)))
+            openers.append(("reduce-overhead", lambda: open_reduce_overhead(spec, batches)))
         else:
             notes.append("no CUDA device: torch.compile reduce-overhead not measured")
-    by_mode = run_modes(modes, notes, log)
+    names = [_name(s) for s in bucket_sizes(spec)]
+    with contextlib.ExitStack() as stack:
+        sessions = open_sessions(openers, notes, log)
+        times = round_robin(sessions, names, repeats,
+                            lambda s, name: time_steps(s.steps[name], batches[name], iters,
+                                                       warmup), notes, log)
     out = []
     for sizes in bucket_sizes(spec):
         name = _name(sizes)
-        ran = [by_mode[m][name] for m, _ in modes if name in by_mode[m]]
-        eager = by_mode["eager"].get(name)
-        for r in ran:  # the eager run of the same bucket is the baseline
-            if eager is not None:
-                r.speedup = eager.latency_us["p50"] / r.latency_us["p50"]
-        out.append(BucketBench(name=name, sizes=sizes, modes=ran))
+        ran = []
+        for s in sessions:
+            per_repeat = times[s.mode].get(name)
+            if not per_repeat:
+                continue
+            steps = np.concatenate(per_repeat)
+            cost = s.costs[name]
+            ran.append(ModeResult(
+                mode=s.mode, backend=s.backend[name],
+                latency_us={f"p{p}": float(np.percentile(steps, p)) for p in PERCENTILES},
+                p50_spread_us=spread([float(np.percentile(t, 50)) for t in per_repeat]),
+                capture_s=cost.get("capture_s"), memory_bytes=cost.get("memory_bytes"),
+                verify=cost.get("verify")))
+        out.append(BucketBench(name=name, sizes=sizes, modes=ran, fastest=judge(ran)))
     return Bench(spec=str(spec.source_path or spec.name), device=str(device), iters=iters,
-                 warmup=warmup, distinct=distinct, inputs=inputs, notes=notes, buckets=out)
+                 warmup=warmup, repeats=repeats, distinct=distinct, inputs=inputs, notes=notes,
+                 buckets=out)
+
+
+def speedup_text(m: ModeResult) -> str:
+    if m.speedup is None:
+        return "-"
+    return f"{m.speedup:.2f}x" + ("" if m.speedup_beyond_noise in (None, True) else " ~")
+
+
+def title_of(result: Bench, what: str, sets: str) -> str:
+    return (f"bench of {result.spec} on {result.device}: {result.repeats} repeat"
+            f"{'s' if result.repeats > 1 else ''} (modes alternated) of {result.iters} {what} "
+            f"per bucket and mode over {result.distinct} {sets} ({result.inputs}), each after "
+            f"{result.warmup} warm-up ones; p50: the repeats' median and range; p90, p99: of all "
+            "steps; ~ = within the noise of eager")
+
+
+def verdict_lines(result: Bench) -> list[str]:
+    """Per bucket with more than one mode: the fastest, or "no significant difference"."""
+    return [f"{b.name}: {b.fastest.text}" for b in result.buckets if b.fastest is not None]
 
 
 def bench_table(result: Bench):
     from rich.table import Table
 
-    table = Table(title=f"bench of {result.spec} on {result.device}: {result.iters} steps per "
-                  f"bucket and mode over {result.distinct} input batches ({result.inputs}), "
-                  f"after {result.warmup} warm-up steps")
-    for col in ("bucket", "mode", "backend", "p50 us", "p90 us", "p99 us", "speedup",
-                "capture s", "MiB", "verify"):
+    table = Table(title=title_of(result, "steps", "input batches"))
+    for col in ("bucket", "mode", "backend", "p50 us", "p50 range", "p90 us", "p99 us",
+                "speedup", "capture s", "MiB", "verify"):
         table.add_column(col, justify="left" if col in ("bucket", "mode", "backend")
                          else "right")
     for b in result.buckets:
         for i, m in enumerate(b.modes):
             lat = m.latency_us
-            table.add_row(b.name if i == 0 else "", m.mode, m.backend, f"{lat['p50']:,.0f}",
-                          f"{lat['p90']:,.0f}", f"{lat['p99']:,.0f}",
-                          "-" if m.speedup is None else f"{m.speedup:.2f}x",
+            p50 = m.p50_spread_us.median if m.p50_spread_us else lat["p50"]
+            table.add_row(b.name if i == 0 else "", m.mode, m.backend, f"{p50:,.0f}",
+                          range_text(m.p50_spread_us, ",.0f"),
+                          f"{lat['p90']:,.0f}", f"{lat['p99']:,.0f}", speedup_text(m),
                           "-" if m.capture_s is None else f"{m.capture_s:.3f}",
                           "-" if m.memory_bytes is None else f"{m.memory_bytes / 2**20:,.1f}",
                           {True: "passed", False: "FAILED", None: "-"}[m.verify])

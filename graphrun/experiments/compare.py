@@ -3,7 +3,9 @@
 
 The spec difference as key paths, per-bucket latency ratios (B over A), the totals, and whether
 the outputs are equal: by sha256 when both runs wrote the same files, else value by value over
-the records both hold (A's outputs are held in memory, keyed by record id).
+the records both hold (A's outputs are held in memory, keyed by record id). Whether a latency
+difference is beyond the noise is judged on the runs' own per-batch latencies (latencies.jsonl,
+stats.batch_noise), per bucket and over all batches; two bench folders by their repeats.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from graphrun.base.errors import InputError
+from graphrun.experiments.stats import batch_noise, verdict
 from graphrun.spec.keys import VerifySpec, allowed_picks
 
 TOTALS = ("records_out", "batches", "records_per_s", "wall_s", "setup_s", "stream_s",
@@ -62,8 +65,26 @@ def _ratio(a, b) -> float | None:
     return b / a
 
 
-def bucket_rows(ma: dict, mb: dict) -> list[dict]:
-    """Per bucket that ran batches in either run: batches and e2e p50/p99 (us) of each, and B/A."""
+def batch_latencies(folder: Path) -> dict[str, list[float]]:
+    """bucket -> end-to-end us of each of its batches, from the run's latencies.jsonl ({} when
+    the run has none)."""
+    path = Path(folder) / "latencies.jsonl"
+    out: dict[str, list[float]] = {}
+    if not path.is_file():
+        return out
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                row = json.loads(line)
+                out.setdefault(row.get("bucket", ""), []).append(float(row["e2e_us"]))
+    return out
+
+
+def bucket_rows(ma: dict, mb: dict, la: dict | None = None, lb: dict | None = None
+                ) -> list[dict]:
+    """Per bucket that ran batches in either run: batches and e2e p50/p99 (us) of each, B/A,
+    and whether the difference is beyond the batches' noise (la, lb: batch_latencies)."""
+    la, lb = la or {}, lb or {}
     a = {x["name"]: x for x in ma["buckets"]}
     b = {x["name"]: x for x in mb["buckets"]}
     rows = []
@@ -76,6 +97,8 @@ def bucket_rows(ma: dict, mb: dict) -> list[dict]:
             row[f"{side}_p99_us"] = e2e.get("p99")
         row["p50_ratio"] = _ratio(row["a_p50_us"], row["b_p50_us"])
         row["p99_ratio"] = _ratio(row["a_p99_us"], row["b_p99_us"])
+        noise = batch_noise(la.get(name, []), lb.get(name, []))
+        row["significant"], row["noise"] = noise.significant, noise.text
         if row["a_batches"] or row["b_batches"]:  # buckets no batch reached say nothing
             rows.append(row)
     return rows
@@ -195,13 +218,27 @@ def compare_bench(a: Path, b: Path) -> dict:
             other = theirs.get((bucket.name, m.mode))
             if other is None:
                 continue
+            judged = (verdict({"A": m.p50_spread_us, "B": other.p50_spread_us}, "p50 us",
+                              higher=False) if m.p50_spread_us and other.p50_spread_us
+                      else None)
             rows.append({"bucket": bucket.name, "mode": m.mode,
                          "a_p50_us": m.latency_us["p50"], "b_p50_us": other.latency_us["p50"],
                          "p50_ratio": _ratio(m.latency_us["p50"], other.latency_us["p50"]),
                          "a_p99_us": m.latency_us["p99"], "b_p99_us": other.latency_us["p99"],
-                         "p99_ratio": _ratio(m.latency_us["p99"], other.latency_us["p99"])})
+                         "p99_ratio": _ratio(m.latency_us["p99"], other.latency_us["p99"]),
+                         "significant": bool(judged and judged.winner),
+                         "noise": judged.text if judged else "no repeats recorded (a bench "
+                         "from before repeats): no significant difference claimed"})
     return {"a": str(a), "b": str(b), "kind": "bench", "devices": [ba.device, bb.device],
-            "buckets": rows}
+            "buckets": rows, "timing": timing_line(rows)}
+
+
+def timing_line(rows: list[dict]) -> str:
+    beyond = [f"{r['bucket']}" + (f" {r['mode']}" if "mode" in r else "") for r in rows
+              if r["significant"]]
+    if not beyond:
+        return "timing: no significant difference in any bucket (within the noise)"
+    return f"timing: beyond the noise in {', '.join(beyond)}; within it elsewhere"
 
 
 def compare(a: Path, b: Path) -> dict:
@@ -209,11 +246,22 @@ def compare(a: Path, b: Path) -> dict:
     if (Path(a) / "bench.json").is_file() and (Path(b) / "bench.json").is_file():
         return compare_bench(a, b)
     ma, mb = load_manifest(a), load_manifest(b)
+    la, lb = batch_latencies(a), batch_latencies(b)
+    outputs = compare_outputs(a, ma, b, mb)
+    overall = batch_noise([x for v in la.values() for x in v], [x for v in lb.values() for x in v])
     return {"a": str(a), "b": str(b),
             "spec_diff": [{"key": k, "a": va, "b": vb}
                           for k, va, vb in spec_diff(ma["spec"], mb["spec"])],
-            "buckets": bucket_rows(ma, mb), "totals": totals_rows(ma, mb),
-            "outputs": asdict(compare_outputs(a, ma, b, mb))}
+            "buckets": bucket_rows(ma, mb, la, lb), "totals": totals_rows(ma, mb),
+            "outputs": asdict(outputs), "only_timing_differs": outputs.equal,
+            "timing": overall.model_dump(), "verdict": verdict_line(outputs.equal, overall)}
+
+
+def verdict_line(identical: bool, overall) -> str:
+    """The answer first: are the outputs the same, and is the timing difference real?"""
+    head = ("outputs identical: only timing differs. " if identical else "")
+    return (f"{head}Timing over all batches: {overall.text}; the totals are one number a run, "
+            "with no spread of their own")
 
 
 # ---- the table ----------------------------------------------------------------------------------
@@ -235,10 +283,13 @@ def print_compare(result: dict, console) -> None:
         bt = Table(title=f"bench step latency (us), on {' vs '.join(result['devices'])}")
         for col in ("bucket", "mode", "A p50", "B p50", "B/A p50", "A p99", "B p99", "B/A p99"):
             bt.add_column(col, justify="left" if col in ("bucket", "mode") else "right")
+        bt.add_column("beyond noise")
         for r in result["buckets"]:
             bt.add_row(r["bucket"], r["mode"], *(_num(r[k]) for k in (
-                "a_p50_us", "b_p50_us", "p50_ratio", "a_p99_us", "b_p99_us", "p99_ratio")))
+                "a_p50_us", "b_p50_us", "p50_ratio", "a_p99_us", "b_p99_us", "p99_ratio")),
+                "yes" if r["significant"] else "no")
         console.print(bt)
+        console.print(result["timing"], soft_wrap=True)
         return
     diff = Table(title="spec difference")
     for col in ("key", "A", "B"):
@@ -248,12 +299,12 @@ def print_compare(result: dict, console) -> None:
     console.print(diff if result["spec_diff"] else "specs are identical")
     bt = Table(title="per bucket, end-to-end latency (us)")
     for col in ("bucket", "A batches", "B batches", "A p50", "B p50", "B/A p50", "A p99",
-                "B p99", "B/A p99"):
+                "B p99", "B/A p99", "beyond noise"):
         bt.add_column(col, justify="left" if col == "bucket" else "right")
     for r in result["buckets"]:
         bt.add_row(r["bucket"], *(_num(r[k]) for k in (
             "a_batches", "b_batches", "a_p50_us", "b_p50_us", "p50_ratio", "a_p99_us",
-            "b_p99_us", "p99_ratio")))
+            "b_p99_us", "p99_ratio")), "yes" if r["significant"] else "no")
     console.print(bt)
     tt = Table(title="totals")
     for col in ("total", "A", "B", "B/A"):
@@ -262,6 +313,7 @@ def print_compare(result: dict, console) -> None:
         tt.add_row(r["total"], _num(r["a"]), _num(r["b"]), _num(r["ratio"]))
     console.print(tt)
     console.print(outputs_line(result["outputs"]))
+    console.print(result["verdict"], soft_wrap=True)
 
 
 def outputs_line(o: dict) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from graphrun.experiments.stats import range_text
 from graphrun.experiments.sweep import Sweep
 
 
@@ -12,34 +13,79 @@ def _fmt(x, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
+PICKS = {"recommended": "recommended", "within_noise": "within noise"}
+
+
+def _pick(v) -> str:
+    if v.broken:
+        return "breaks " + "; ".join(v.broken)
+    return PICKS.get(v.pick or "", "")
+
+
+def recommendation_lines(result: Sweep) -> list[str]:
+    """The answer, in words: what to pick (or that nothing is beyond the noise), the spec
+    lines to change, and why."""
+    rec = result.recommendation
+    if rec is None:
+        return []
+    label = OBJECTIVE_LABELS[rec.objective]
+    limits = [f"{k.replace('_', '-')} {v:g}" for k, v in
+              result.constraints.model_dump().items() if v is not None]
+    under = f" under --{', --'.join(limits)}" if limits else ""
+    if rec.variant is not None:
+        head = f"recommended for {label}{under}: {rec.variant}"
+    elif rec.within_noise:
+        head = (f"no significant difference in {label}{under} between "
+                f"{', '.join(rec.within_noise)}: no winner named")
+    else:
+        head = f"nothing to recommend for {label}{under}"
+    lines = [head]
+    for o in rec.options:
+        lines.append(f"  {o.variant}: " + (change_text(o) if o.changes else "the spec as it is"))
+    lines += [f"  why: {w}" for w in rec.why]
+    return lines
+
+
+def change_text(o) -> str:
+    return (" ".join(f"--set {a}" for a in o.set_args) + "  (" + "; ".join(
+        f"{c.key}: {json.dumps(c.base)} -> {json.dumps(c.value)}" for c in o.changes) + ")")
+
+
+OBJECTIVE_LABELS = {"records_per_s": "records/s", "tokens_per_s": "output tokens/s",
+                    "p99_ms": "p99 latency"}
+
+
 def sweep_table(result: Sweep):
     from rich.table import Table
 
     table = Table(title=f"sweep of {result.spec}" + (
-        f" (first {result.stop} records each)" if result.stop else "") + "; * = Pareto front "
-        "(records/s against graph memory)")
+        f" (first {result.stop} records each)" if result.stop else "") + f"; {result.repeats} "
+        f"repeat{'s' if result.repeats > 1 else ''} per variant, alternated: medians and "
+        "min..max; * = Pareto front (records/s against graph memory)")
     tokens = generation(result)  # a generation spec's variants: their tokens/s too
-    for col in ("", "variant", *result.grid, "records/s", *(["tokens/s"] if tokens else []),
-                "p50 us", "p99 us", "capture s", "graph MiB", "padding waste", "verify",
-                "= first"):
-        table.add_column(col, justify="left" if col in ("", "variant", *result.grid)
+    cols = ("", "variant", *result.grid, "records/s", "range",
+            *(["tokens/s", "range "] if tokens else []), "p50 us", "p99 us", "p99 range",
+            "capture s", "graph MiB", "padding waste", "verify", "= first", "pick")
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("", "variant", "pick", *result.grid)
                          else "right")
     for v in result.variants:
         values = [json.dumps(v.overrides[k]) for k in result.grid]
         if v.status == "failed":
             table.add_row("", v.name.split("_")[0], *values, f"failed: {v.error}",
-                          *[""] * (8 if tokens else 7))
+                          *[""] * (len(cols) - len(values) - 3))
             continue
         equal = "-" if v.outputs_equal_first is None else (
             "yes" if v.outputs_equal_first else "NO")
         table.add_row("*" if v.pareto else "", v.name.split("_")[0], *values,
-                      _fmt(v.records_per_s, ",.1f"),
-                      *([_fmt(v.output_tokens_per_s, ",.1f")] if tokens else []),
-                      _fmt(v.p50_us, ",.0f"),
-                      _fmt(v.p99_us, ",.0f"), _fmt(v.capture_s, ".2f"),
+                      _fmt(v.records_per_s, ",.1f"), range_text(v.records_per_s_spread, ",.1f"),
+                      *([_fmt(v.output_tokens_per_s, ",.1f"),
+                         range_text(v.output_tokens_per_s_spread, ",.1f")] if tokens else []),
+                      _fmt(v.p50_us, ",.0f"), _fmt(v.p99_us, ",.0f"),
+                      range_text(v.p99_us_spread, ",.0f"), _fmt(v.capture_s, ".2f"),
                       _fmt((v.memory_bytes or 0) / 2**20, ",.1f"),
                       _fmt(100 * v.padding_waste if v.padding_waste is not None else None,
-                           ".1f") + "%", v.verify or "-", equal)
+                           ".1f") + "%", v.verify or "-", equal, _pick(v))
     return table
 
 
@@ -114,14 +160,39 @@ def sweep_figures(go, folder: Path) -> list:
                          "sit at 0 MiB", "padding": "no variant padded"})
 
 
+def recommendation_html(result: Sweep) -> str:
+    """The page's first screen: the recommendation (or "no significant difference"), the spec
+    lines to change, and why; the evidence (the table, the charts) follows it."""
+    import html
+
+    lines = recommendation_lines(result)
+    if not lines:
+        return ""
+    rec = result.recommendation
+    options = "".join(
+        f"<li><b>{html.escape(o.variant)}</b>: " + (
+            "<code>" + html.escape(" ".join(f"--set {a}" for a in o.set_args)) + "</code>"
+            if o.set_args else "the spec as it is") + (
+            "<pre>" + html.escape("\n".join(f"{c.key}: {json.dumps(c.value)}"
+                                            f"    # was {json.dumps(c.base)}"
+                                            for c in o.changes)) + "</pre>"
+            if o.changes else "") + "</li>" for o in rec.options)
+    why = "".join(f"<li>{html.escape(w)}</li>" for w in rec.why)
+    return (f'<section class="recommendation" data-significant="'
+            f'{"yes" if rec.variant else "no"}"><h2>{html.escape(lines[0])}</h2>'
+            f"<ul>{options}</ul><h3>why</h3><ul>{why}</ul>"
+            f"<p><small>{html.escape(rec.rule)}</small></p></section>")
+
+
 def sweep_html(folder: Path) -> str:
-    """The sweep's table for the report page, failed variants with their error."""
+    """The recommendation, then the sweep's table (medians and ranges of the repeats), failed
+    variants with their error."""
     import html
 
     result = load_sweep(folder)
     head = "".join(f"<th>{html.escape(c)}</th>" for c in (
-        "front", "variant", *result.grid, "records/s", "p50 us", "p99 us", "capture s",
-        "graph MiB", "padding waste", "verify", "= first"))
+        "front", "variant", *result.grid, "records/s", "records/s range", "p50 us", "p99 us",
+        "p99 range", "capture s", "graph MiB", "padding waste", "verify", "= first", "pick"))
     rows = []
     for v in result.variants:
         cells = ["*" if v.pareto else "", v.name, *(json.dumps(v.overrides[k])
@@ -129,12 +200,16 @@ def sweep_html(folder: Path) -> str:
         if v.status == "failed":
             cells.append(f"failed: {v.error}")
         else:
-            cells += [_fmt(v.records_per_s, ",.1f"), _fmt(v.p50_us, ",.0f"),
-                      _fmt(v.p99_us, ",.0f"), _fmt(v.capture_s, ".2f"),
+            cells += [_fmt(v.records_per_s, ",.1f"), range_text(v.records_per_s_spread, ",.1f"),
+                      _fmt(v.p50_us, ",.0f"), _fmt(v.p99_us, ",.0f"),
+                      range_text(v.p99_us_spread, ",.0f"), _fmt(v.capture_s, ".2f"),
                       _fmt((v.memory_bytes or 0) / 2**20, ",.1f"),
                       _fmt(None if v.padding_waste is None else 100 * v.padding_waste, ".1f"),
                       v.verify or "-", "-" if v.outputs_equal_first is None else
-                      ("yes" if v.outputs_equal_first else "NO")]
+                      ("yes" if v.outputs_equal_first else "NO"), _pick(v)]
         rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells)
                     + "</tr>")
-    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+    caption = (f"<caption>{result.repeats} repeat{'s' if result.repeats > 1 else ''} per "
+               "variant, alternated; medians and min..max</caption>")
+    return (recommendation_html(result)
+            + f"<table>{caption}<tr>{head}</tr>{''.join(rows)}</table>")
