@@ -171,6 +171,7 @@ def test_a_pair_with_a_field_missing_or_not_text_is_rejected_with_its_line(tmp_p
     ("[query, passage, title]", "names 3 fields; give one field (a text) or a list of two"),
     ("[]", "names 0 fields"),
     ("[query, query]", "names 'query' twice"),
+    ("[query, 5]", "give a field's name, or a list of two names for a pair"),
 ])
 def test_a_wrong_field_list_is_one_clear_message(tmp_path, reranker, field, message):
     path = spec_for(tmp_path, reranker, 1, ["query", "passage"], [])
