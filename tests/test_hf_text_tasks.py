@@ -171,6 +171,7 @@ def test_a_pair_with_a_field_missing_or_not_text_is_rejected_with_its_line(tmp_p
     ("[query, passage, title]", "names 3 fields; give one field (a text) or a list of two"),
     ("[]", "names 0 fields"),
     ("[query, query]", "names 'query' twice"),
+    ("[query, 5]", "give a field's name, or a list of two names for a pair"),
 ])
 def test_a_wrong_field_list_is_one_clear_message(tmp_path, reranker, field, message):
     path = spec_for(tmp_path, reranker, 1, ["query", "passage"], [])
@@ -251,3 +252,16 @@ def test_init_writes_a_classifiers_logits_and_takes_the_pair_it_is_told(tmp_path
                          "--force")
         assert result.exit_code != 0 and message in result.output, result.output
         assert "Traceback" not in result.output
+
+
+def test_a_generation_job_takes_no_pair(tmp_path, reranker):
+    path = spec_for(tmp_path, reranker, 1, ["query", "passage"], [])
+    spec = yaml.safe_load(path.read_text())
+    for key in ("inputs", "outputs", "buckets"):
+        spec.pop(key)
+    spec["buckets"] = {"batch": [1, 4], "seq": [16, 32]}
+    spec["generate"] = {"max_new_tokens": 4}
+    path.write_text(yaml.safe_dump(spec))
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code != 0
+    assert "each record is one prompt: name its one field, not a pair" in result.output

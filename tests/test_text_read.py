@@ -148,6 +148,18 @@ def test_an_error_is_raised_in_its_turn_after_the_results_before_it():
     assert got == [0, 1, 2, 3]
 
 
+def test_an_error_reading_the_items_comes_after_the_items_read_before_it():
+    def items():
+        yield from range(3)
+        raise OSError("the disk went away")
+
+    got = []
+    with pytest.raises(OSError, match="disk"):
+        for v in ahead_map(lambda i: -i, items(), threads=2, depth=8):
+            got.append(v)
+    assert got == [0, -1, -2]
+
+
 def test_closing_early_stops_the_work_ahead():
     done, started = [], threading.Event()
 

@@ -316,7 +316,7 @@ def _probe(model, tokenizer, texts: list[str], found: HfInferred) -> dict[str, t
 
     first = texts[:PROBE_TEXTS]
     pair = bool(first) and isinstance(first[0], tuple)
-    rows = tokenizer(*(zip(*first) if pair else [first]), truncation=True,
+    rows = tokenizer(*([list(c) for c in zip(*first)] if pair else [first]), truncation=True,
                      max_length=found.limit)
     seq = max(len(ids) for ids in rows["input_ids"])
     tensors = {}

@@ -4,7 +4,8 @@ tokenized while the stream takes the batches of those before (read/text.py says 
 fn(item) runs on `threads` pool threads for up to `depth` items past the one the consumer
 waits for; results come back in the items' order, and an exception fn raised is raised by the
 next() that reaches its item, after the results before it, as map() would raise it. The items
-iterator itself is advanced on the consumer's thread (a file's lines are read there, in order).
+iterator itself is advanced on the consumer's thread (a file's lines are read there, in order);
+its own error is raised after the results of the items before it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,15 @@ def ahead_map(fn: Callable, items: Iterable, threads: int, depth: int,
     pending: deque = deque()
     pool = ThreadPoolExecutor(max(threads, 1), thread_name_prefix=name)
     try:
-        for item in items:
+        while True:
+            try:
+                item = next(items)
+            except StopIteration:
+                break
+            except Exception:  # the items read before it are handed out first, as by map()
+                while pending:
+                    yield pending.popleft().result()
+                raise
             pending.append(pool.submit(fn, item))
             if len(pending) >= depth:
                 yield pending.popleft().result()

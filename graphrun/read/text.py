@@ -1,7 +1,9 @@
-"""Text in, tokens out (data.text): a JSONL field or Parquet column of text tokenized with the
-model's fast tokenizer into the inputs the spec lists (input_ids, attention_mask,
-token_type_ids), one batched call per chunk, on the reader's chunk path (a child process or
-pool thread for a big file, never the thread that launches the GPU work).
+"""Text in, tokens out (data.text): a JSONL field or Parquet column of text (or two, a pair
+tokenized together as the tokenizer's text pairs) tokenized with the model's fast tokenizer
+into the inputs the spec lists (input_ids, attention_mask, token_type_ids), one batched call
+per chunk, ahead of the stream: on the JSONL reader's threads (read/ahead.py), in its child
+processes for a big file on many cores, or on Parquet's decoding pool; never on the thread
+that launches the GPU work. The tokenizer's encode_batch runs on its own threads, off the GIL.
 
 Each record keeps its id and its line (or row); a text that is not a string, or longer than
 max_length tokens when truncate is false, is a bad record with its reason.

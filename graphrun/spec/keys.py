@@ -262,6 +262,15 @@ class TextSpec(Strict):
         None, description="Tokens per record at most; null: the largest seq bucket (or the "
         "tokenizer's model_max_length when seq is auto).")
 
+    @field_validator("field", mode="before")
+    @classmethod
+    def _names(cls, v):
+        if isinstance(v, list) and all(isinstance(n, str) for n in v) or isinstance(v, str):
+            return v
+        got = next((n for n in v if not isinstance(n, str)), v) if isinstance(v, list) else v
+        raise ValueError(f"give a field's name, or a list of two names for a pair ([query, "
+                         f"passage]); got {got!r}")
+
     @field_validator("field")
     @classmethod
     def _one_or_a_pair(cls, v):
