@@ -139,18 +139,26 @@ class BatchMapper:
         with self.reported():
             return self.run_table(table)
 
-    def run_table(self, table):
+    def candidates(self, table):
+        """A Ray batch as the records one process reads: JSONL lines parsed (ray/jsonl.py),
+        or columns (Parquet, .npy, a Dataset from Python) located by row."""
         from graphrun.read.formats.parquet_columns import parquet_candidates
         from graphrun.read.records import RowWhere
+        from graphrun.scale.ray.jsonl import LINE_TEXT, line_candidates
 
-        if table.num_rows == 0:
-            return output_table(self.spec, [], {}, 0)
-        t0 = time.perf_counter()
+        if LINE_TEXT in table.column_names:
+            return line_candidates(self.spec, self.file, table)
         ordinals = table.column(ORDINAL).to_numpy().astype(np.int64)
         rb = plain_columns(table.drop_columns([ORDINAL]).combine_chunks().to_batches()[0])
         c = parquet_candidates(self.spec, self.file, rb, int(ordinals[0]))
         c.indices, c.where = ordinals, RowWhere(self.file, ordinals)
-        checked = self.checker.check(c)
+        return c
+
+    def run_table(self, table):
+        if table.num_rows == 0:
+            return output_table(self.spec, [], {}, 0)
+        t0 = time.perf_counter()
+        checked = self.checker.check(self.candidates(table))
         if checked.rejects and self.spec.data.on_bad_record == "error":
             bad = checked.rejects[0]
             raise InputError(f"{bad.reason}; fix the record, or set data.on_bad_record: skip "
