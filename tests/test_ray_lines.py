@@ -13,8 +13,8 @@ import pytest
 from graphrun.read.checks import RecordChecker
 from graphrun.read.formats.jsonl import _blocks
 from graphrun.read.formats.jsonl_lines import lines_of
-from graphrun.scale.ray.data import ORDINAL
-from graphrun.scale.ray.jsonl import LINE_NO, LINE_TEXT, line_candidates, line_spans, span_lines
+from graphrun.scale.ray.columns import LINE_NO, LINE_TEXT, ORDINAL
+from graphrun.scale.ray.jsonl import line_candidates, line_spans, span_lines
 from graphrun.spec.load import load_spec
 
 

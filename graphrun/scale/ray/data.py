@@ -20,12 +20,10 @@ import warnings
 import numpy as np
 
 from graphrun.base.errors import GraphrunError, InputError
+from graphrun.scale.ray.columns import LINE_TEXT, ORDINAL
 from graphrun.spec.keys import PipelineSpec
 
 RAY_EXTRA = 'pip install "graphrun[ray]"'
-# The input's record ordinal, zipped onto the dataset before the map: the id of a record
-# without data.id_field, and the position a reject reports.
-ORDINAL = "graphrun_ordinal"
 
 
 def need_ray():
@@ -144,7 +142,7 @@ class BatchMapper:
         or columns (Parquet, .npy, a Dataset from Python) located by row."""
         from graphrun.read.formats.parquet_columns import parquet_candidates
         from graphrun.read.records import RowWhere
-        from graphrun.scale.ray.jsonl import LINE_TEXT, line_candidates
+        from graphrun.scale.ray.jsonl import line_candidates
 
         if LINE_TEXT in table.column_names:
             return line_candidates(self.spec, self.file, table)

@@ -18,10 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from graphrun.read.formats.jsonl_lines import lines_of
+from graphrun.scale.ray.columns import LINE_NO, LINE_TEXT, ORDINAL
 
-# The columns of a line row: its record ordinal is data.ORDINAL; these hold the rest.
-LINE_NO = "graphrun_line"
-LINE_TEXT = "graphrun_json"
 SPAN_BYTES = 32 << 20  # a read task's share of a big file, at most
 BLOCK_BYTES = 4 << 20  # lines per block a read task yields
 
@@ -96,8 +94,6 @@ def jsonl_lines_source(path: Path, span_bytes: int | None = None):
     from ray.data import Datasource, ReadTask
     from ray.data.block import BlockMetadata
 
-    from graphrun.scale.ray.data import ORDINAL
-
     def read(span: Span):
         for lines, linenos, ordinals in span_lines(path, span):
             if lines:
@@ -128,7 +124,6 @@ def line_candidates(spec, file: str, table):
     """A Ray batch of line rows as the one-process reader's Candidates: parsed, located by the
     file's line numbers, numbered by the file's record ordinals."""
     from graphrun.read.formats.jsonl_parse import jsonl_candidates
-    from graphrun.scale.ray.data import ORDINAL
 
     ordinals = table.column(ORDINAL).to_numpy().astype(np.int64)
     c = jsonl_candidates(spec, file, table.column(LINE_TEXT).to_pylist(),
