@@ -95,3 +95,11 @@ def test_init_on_an_npz_that_is_not_a_zip_does_not_suggest_unpickling(spec_path)
                         folder / "data.npz", "-o", folder / "init.yaml")
     assert "File is not a zip file" in out and "pickle" not in out
     assert not (folder / "init.yaml").exists()
+
+
+def test_a_sweep_whose_every_variant_fails_exits_non_zero(spec_path, tmp_path):
+    """A grid key the spec refuses fails every variant: the table says why, the exit says
+    the sweep gave nothing (it was 0)."""
+    out = fails_cleanly("sweep", spec_path, "--grid", "data.batchsize=[2,4]", "--stop", "4",
+                        "--out", tmp_path / "sw")
+    assert out.count("unknown key 'batchsize'") >= 2 and "no variant completed" in out
