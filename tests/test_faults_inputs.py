@@ -75,3 +75,23 @@ def test_an_input_failing_to_read_is_named_and_resume_completes(tmp_path, monkey
     result = cli("run", spec, "-q", "--resume")
     assert result.exit_code == 0, result.output
     check_equals_clean(tmp_path / "out", tmp_path / "clean")
+
+
+def test_a_full_disk_names_the_free_space_left(tmp_path, monkeypatch):
+    import graphrun.write.sinks.npy as npy
+
+    spec = make_job(tmp_path, n=400)
+    real = npy.pwrite_all
+    calls = []
+
+    def full(fd, data, offset):  # the disk fills after a few shards' rows
+        calls.append(1)
+        if len(calls) > 12:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(npy, "pwrite_all", full)
+    result = cli("run", spec, "-q")
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "No space left on device (the disk holding it has " in result.output
+    assert "MiB free)" in result.output and "--resume" in result.output
