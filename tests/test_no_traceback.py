@@ -103,3 +103,16 @@ def test_a_sweep_whose_every_variant_fails_exits_non_zero(spec_path, tmp_path):
     out = fails_cleanly("sweep", spec_path, "--grid", "data.batchsize=[2,4]", "--stop", "4",
                         "--out", tmp_path / "sw")
     assert out.count("unknown key 'batchsize'") >= 2 and "no variant completed" in out
+
+
+def test_a_model_raising_in_a_bucket_set_up_on_first_use_is_one_message(spec_path):
+    """capture.lazy: the long records come after the read-ahead, so seq 16 is set up mid-run,
+    where the model raises: one message naming the bucket, the batch and --resume."""
+    with open(spec_path.parent / "late.jsonl", "w") as f:
+        for i in range(40):
+            f.write(json.dumps({"id": i, "x": [i, 1, 2, 3], "t": [1] * (3 if i < 32 else 12)})
+                    + "\n")
+    out = fails_cleanly("run", spec_path, "--set", "data.path=late.jsonl", "--set",
+                        "capture.lazy=true", "--set", "model.args.fail_at=16")
+    assert "bucket batch=4,seq=16: its setup on first use" in out and "--resume" in out
+    assert "ValueError: cannot take 16 positions" in out and "model.py:12 in forward" in out
