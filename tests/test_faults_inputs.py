@@ -1,16 +1,18 @@
 """Messages that sent the user in circles, and a record that raised instead of being rejected
 (issue 28): a folder left with only .run.json.tmp simply starts; a JSONL integer longer than
-Python reads is one rejected record."""
+Python reads is one rejected record; the input failing to read (EIO) is the input's error, not
+the output folder's, and --resume completes the run."""
 
 from __future__ import annotations
 
+import errno
 import json
 import sys
 
 from click.testing import CliRunner
 
 from graphrun.cli.main import main
-from tests.test_faults_folder import make_job, manifest
+from tests.test_faults_folder import check_equals_clean, make_job, manifest
 
 
 def cli(*args):
@@ -48,3 +50,48 @@ def test_a_jsonl_integer_longer_than_python_reads_is_one_rejected_record(tmp_pat
     assert f"more than {sys.get_int_max_str_digits()} digits" in long[0]["reason"]
     t = manifest(tmp_path / "out")["totals"]
     assert t["records_in"] == 40 == t["records_out"] + t["records_rejected"]
+
+
+def test_an_input_failing_to_read_is_named_and_resume_completes(tmp_path, monkeypatch):
+    import graphrun.read.formats.jsonl as jsonl
+
+    spec = make_job(tmp_path, n=400)
+    assert cli("run", spec, "-q", "--out", tmp_path / "clean").exit_code == 0
+    blocks = jsonl._blocks
+
+    def failing(f, file, start, stop, block_bytes):  # the disk fails after some blocks
+        for k, block in enumerate(blocks(f, file, start, stop, 2048)):
+            if k == 6:
+                raise OSError(errno.EIO, "Input/output error")
+            yield block
+
+    monkeypatch.setattr(jsonl, "_blocks", failing)
+    result = cli("run", spec, "-q")
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "data.jsonl: reading the input file failed: Input/output error" in result.output
+    assert "--resume" in result.output and "writing" not in result.output
+    assert manifest(tmp_path / "out")["status"] == "failed"
+    monkeypatch.setattr(jsonl, "_blocks", blocks)
+    result = cli("run", spec, "-q", "--resume")
+    assert result.exit_code == 0, result.output
+    check_equals_clean(tmp_path / "out", tmp_path / "clean")
+
+
+def test_a_full_disk_names_the_free_space_left(tmp_path, monkeypatch):
+    import graphrun.write.sinks.npy as npy
+
+    spec = make_job(tmp_path, n=400)
+    real = npy.pwrite_all
+    calls = []
+
+    def full(fd, data, offset):  # the disk fills after a few shards' rows
+        calls.append(1)
+        if len(calls) > 12:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(npy, "pwrite_all", full)
+    result = cli("run", spec, "-q")
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "No space left on device (the disk holding it has " in result.output
+    assert "MiB free)" in result.output and "--resume" in result.output

@@ -232,3 +232,58 @@ def test_an_unknown_overlap_is_refused(monkeypatch, overlap):
     with pytest.raises(GraphrunError, match=f"GRAPHRUN_OVERLAP='{overlap}' is not one of on, "
                                             "off, auto"):
         overlap_choice(None)
+
+
+def interrupt_at(n: int, call) -> bool:
+    """call() with a KeyboardInterrupt raised at its n-th line event on this thread (in the
+    completer's code or the queue and lock code it runs), as a second SIGINT or SIGTERM raises
+    one between any two lines of the main thread. True: it was raised."""
+    import sys
+
+    seen = [0]
+
+    def tracer(frame, event, arg):
+        if event == "line":
+            seen[0] += 1
+            if seen[0] == n:
+                raise KeyboardInterrupt
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        call()
+    except KeyboardInterrupt:
+        return True
+    finally:
+        sys.settrace(None)
+    return False
+
+
+def test_a_submission_cut_by_an_interrupt_never_leaves_drain_or_close_waiting():
+    """A KeyboardInterrupt raised anywhere in the launching thread's hand-off of a job (queue
+    code included) must leave drain() and close() able to return: a job left queued with its
+    consumer never woken had a stopping worker wait in close for good, holding the lock."""
+    from graphrun.feed.completer import Completer
+    from graphrun.feed.handoff import SlotPool
+
+    n, cut = 1, 0
+    while True:
+        writer = ListWriter()
+        done = Completer(writer, SlotPool(1), lambda *a: None,
+                         dict.fromkeys(("device_wait", "write"), 0.0), threaded=True)
+        done.reject(Reject(0, 0, "d.jsonl:1", "bad"))
+        hit = interrupt_at(n, lambda: done.reject(Reject(1, 1, "d.jsonl:2", "bad")))
+        ended = threading.Event()
+
+        def finish():
+            done.drain()
+            done.close()
+            ended.set()
+
+        threading.Thread(target=finish, daemon=True).start()
+        assert ended.wait(10), f"drain or close waited for good after an interrupt at line {n}"
+        assert [c[1] for c in writer.calls] in ([0], [0, 1])
+        if not hit:
+            break
+        n, cut = n + 1, cut + 1
+    assert cut >= 1

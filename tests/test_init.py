@@ -368,3 +368,21 @@ def test_init_stops_an_axis_at_the_models_position_table(tmp_path):
     spec.data.on_bad_record = "skip"
     manifest = graphrun.run(spec)
     assert (manifest.totals.records_out, manifest.totals.records_rejected) == (19, 1)
+
+
+def test_two_specs_of_one_model_get_their_own_output_folders(tmp_path):
+    """Without --out-dir, output.dir is runs/<the spec file's stem>: a second spec of the same
+    model (another batch size, say) runs beside the first instead of finding its folder taken."""
+    target, _ = model_from(tmp_path, DENSE)
+    np.save(tmp_path / "rows.npy", np.ones((5, 6), np.float32))
+    folders = []
+    for spec_name, batch in (("small.yaml", 2), ("big batch.yaml", 8)):
+        spec_path = tmp_path / spec_name
+        result = cli("init", "--model", target, "--data", tmp_path / "rows.npy", "-o",
+                     spec_path, "--batch-size", batch)
+        assert result.exit_code == 0, result.output
+        spec = graphrun.load_spec(spec_path)
+        assert graphrun.run(spec).status == "completed"
+        folders.append(spec.output.dir)
+    assert folders == [tmp_path / "runs" / "small", tmp_path / "runs" / "big-batch"]
+    assert all((f / "manifest.json").is_file() for f in folders)

@@ -148,6 +148,32 @@ def test_ray_run_equals_single_process(ray_cluster, tmp_path, fmt):
     assert "ray" not in json.loads((tmp_path / "single" / "manifest.json").read_text())
 
 
+def test_dirty_jsonl_rejected_as_one_process(ray_cluster, tmp_path):
+    """A malformed line, a missing field, strings among numbers, a wrong shape, blank lines and
+    a line cut short: skipped with one process's rejects.jsonl lines (file:line), the same
+    outputs, exit 0 and no traceback."""
+    spec_path = write_case(tmp_path, "jsonl")
+    lines = [json.dumps(r) for r in records()]
+    lines[2] = lines[2][:-5]  # malformed JSON
+    lines[9] = json.dumps({k: v for k, v in records()[9].items() if k != "k"})
+    lines[17] = lines[17].replace('"x": [', '"x": ["a", ')  # a string among numbers
+    lines[23] = json.dumps({**records()[23], "t": [[1, 2]]})  # nested one level too deep
+    lines[30] = lines[30] + "\n"  # a blank line after it
+    (tmp_path / "data.jsonl").write_text("\n".join(lines) + "\n" + lines[0][:12])
+    graphrun.run(graphrun.load_spec(spec_path), out=tmp_path / "single")
+    result = run_ray_cli(spec_path, "--workers", "2")
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+    out = tmp_path / "out"
+    assert_same_outputs(read_back(out, "jsonl"), read_back(tmp_path / "single", "jsonl"))
+    want = (tmp_path / "single" / "rejects.jsonl").read_text()
+    assert (out / "rejects.jsonl").read_text() == want
+    assert [json.loads(line)["where"] for line in want.splitlines()] == [
+        f"data.jsonl:{n}" for n in (3, 6, 10, 18, 24, 45)]  # BAD's range, the last line cut
+    t = json.loads((out / "manifest.json").read_text())["totals"]
+    assert (t["records_in"], t["records_rejected"]) == (N + 1, 6)
+
+
 def test_dataset_map_from_python(ray_cluster, tmp_path):
     spec_path = write_case(tmp_path, "parquet")
     spec = graphrun.load_spec(spec_path)
@@ -189,6 +215,15 @@ def test_refusals_before_any_ray_work(tmp_path, write_spec):
     assert result.exit_code == 2 and "notes.txt" in result.output
     assert (out / "notes.txt").read_text() == "mine" and sorted(out.iterdir()) == [
         out / "notes.txt"]
+    # a whole-file problem is one process's message: strings in a numeric column, which
+    # Ray's reader would have turned into numbers
+    rows = records()
+    pq.write_table(pa.table({**{k: [r[k] for r in rows] for k in rows[0]},
+                             "x": [[str(v) for v in r["x"]] for r in rows]}),
+                   tmp_path / "data.parquet")
+    result = run_ray_cli(spec_path, "--overwrite")
+    assert result.exit_code == 2, result.output
+    assert "column 'x' holds string; expected float32 numbers" in result.output
 
 
 def test_without_ray_names_the_extra(tmp_path, monkeypatch):

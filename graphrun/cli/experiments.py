@@ -113,6 +113,9 @@ def sweep(spec, grids, stop, out, overrides, repeats, objective, max_memory_mib,
     for line in recommendation_lines(result):
         click.echo(line)
     click.echo(f"-> {out}/sweep.json; charts: graphrun report {out}")
+    if not any(v.status == "completed" for v in result.variants):  # a bad grid, most likely
+        fail(GraphrunError("no variant completed; each row says why (a grid key or value the "
+                           "spec refuses fails every variant)"))
 
 
 @click.command()

@@ -313,7 +313,7 @@ def _schema_targets(kinds, out: Path | None) -> list[tuple[Path, str]]:
 @click.option("-o", "--output", "spec_path", default="pipeline.yaml", show_default=True,
               type=click.Path(dir_okay=False, path_type=Path), help="The spec to write.")
 @click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path),
-              help="The spec's output.dir (default: runs/NAME beside the spec).")
+              help="The spec's output.dir (default: runs/<the spec file's stem>, beside it).")
 @click.option("--name", help="The pipeline's name (default: from the model).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True,
               help="data.batch_size; batch buckets are the powers of two below it, and it.")

@@ -22,6 +22,7 @@ import torch
 from graphrun.engine.buckets import Bucket
 from graphrun.base.errors import CaptureError, GraphrunError, ModelError
 from graphrun.base.phases import phase
+from graphrun.models.call import index_hint
 from graphrun.engine.lanes import Lane, LaneGraph, Layout
 from graphrun.engine.padding import add_padded_positions
 from graphrun.engine.verify import (Tolerance, fill_verify_batch, verify_bucket, verify_real_batch,
@@ -113,6 +114,18 @@ class Capturer:
 
     def _prepare(self, lane: Lane, state: BucketState, table, nth: str,
                  mode: str = "global") -> None:
+        """Warm-up, capture and verify of one bucket; what the model raises there (a shape
+        only this bucket has, say) is one located ModelError, never a traceback."""
+        try:
+            self._set_up(lane, state, table, nth, mode)
+        except GraphrunError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the model's own error, in this bucket
+            hint = index_hint(self.model, self.input_specs) if isinstance(exc, IndexError) \
+                else None
+            raise setup_failed(exc, state.bucket.name, hint) from exc
+
+    def _set_up(self, lane: Lane, state: BucketState, table, nth: str, mode: str) -> None:
         bucket = state.bucket
         step = lane.make_step(bucket, self.model, self.call, self.layout)
         # eager needs no warm-up but one run, which surfaces shape errors before any data
@@ -383,12 +396,7 @@ def model_failed(exc: BaseException, bucket: str, where: str, ids: list,
     """The model raised on a batch of the stream: name the batch (its first record's place in
     the input, its ids), the bucket, and the model's own error line, without a traceback.
     index_hint: what an IndexError most likely comes from (models.call.index_hint)."""
-    chain = []
-    while exc is not None and exc not in chain:
-        chain.append(exc)
-        exc = exc.__context__ or exc.__cause__
-    at = next((w for w in map(_model_frame, chain) if w), None)
-    cause = next((e for e in chain if _model_frame(e)), chain[0])
+    cause, at = _model_cause(exc)
     first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
     shown = ", ".join(map(str, ids[:3])) + (f", ... {ids[-1]}" if len(ids) > 3 else "")
     text = (f"the model raised on the batch of {len(ids)} records from {where} (ids {shown}) "
@@ -402,6 +410,33 @@ def model_failed(exc: BaseException, bucket: str, where: str, ids: list,
     return ModelError(text + "\n  the batches before it are committed: fix the model, then "
                       "run again with --resume --accept-model-change to continue from this "
                       "batch (--debug shows the traceback)")
+
+
+def setup_failed(exc: BaseException, bucket: str, hint: str | None = None) -> ModelError:
+    """The model raised while a bucket was set up (its warm-up or verification, on seeded
+    inputs of the bucket's shape), after its first call worked on another bucket: name the
+    bucket, the model's own line and what to try."""
+    cause, at = _model_cause(exc)
+    first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+    text = (f"the model raised while bucket {bucket} was set up (run on sample inputs of "
+            f"that shape): {type(cause).__name__}: {first}")
+    if at:
+        text += f"\n  at {at}"
+    hint = hint if isinstance(cause, IndexError) and hint else (
+        "the model ran on a smaller bucket, so this shape is what it fails on: make it take "
+        "this bucket's sizes, or leave them out of buckets (the largest value of an axis is "
+        "the longest record it can take)")
+    return ModelError(text + f"\n  {hint}; --debug shows the traceback")
+
+
+def _model_cause(exc: BaseException) -> tuple[BaseException, str | None]:
+    """The error of a chain raised in the model's own code, and its line (or exc, None)."""
+    chain = []
+    while exc is not None and exc not in chain:
+        chain.append(exc)
+        exc = exc.__context__ or exc.__cause__
+    at = next((w for w in map(_model_frame, chain) if w), None)
+    return next((e for e in chain if _model_frame(e)), chain[0]), at
 
 
 def _model_frame(exc: BaseException) -> str | None:

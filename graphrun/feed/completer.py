@@ -16,6 +16,7 @@ from graphrun.read.grouping import Reorder
 from graphrun.feed.handoff import SlotPool
 
 _DONE = object()  # the end of the completer's queue
+POLL_S = 0.2  # how often drain and close look again when no wake-up came
 
 
 @dataclass
@@ -51,9 +52,16 @@ class Completer:
         self.on_batches, self.host = on_batches, host
         self._error: BaseException | None = None  # raised once on the launching thread
         self._failed = False  # for good: nothing more is written after a failure
-        self._queue: queue.Queue | None = None
+        self._thread: threading.Thread | None = None
         if threaded:
-            self._queue = queue.Queue()  # bounded by the slots: a batch holds one until done
+            # SimpleQueue: its put is one C call, so a KeyboardInterrupt (a second signal)
+            # cannot land inside it; queue.Queue's Python put could leave a job queued with the
+            # completer never woken, or its count off, and drain or close then waited for good
+            self._jobs: queue.SimpleQueue = queue.SimpleQueue()  # bounded by the slots
+            self._acks: queue.SimpleQueue = queue.SimpleQueue()  # a wake-up per job done
+            self._waiting = False  # drain is waiting: only then are wake-ups put
+            self._submitted = 0  # launching thread only: jobs handed over
+            self._finished = 0  # completer thread only: jobs done
             self._thread = threading.Thread(target=self._drain, name="graphrun-completer",
                                             daemon=True)
             self._thread.start()
@@ -70,32 +78,45 @@ class Completer:
         self._submit(RejectJob(r))
 
     def drain(self) -> None:
-        """Wait until everything submitted is done; raise what failed there."""
-        if self._queue is not None:
-            self._queue.join()
+        """Wait until everything submitted is done; raise what failed there. A wake-up lost
+        to an interrupt costs one poll, never the wait."""
+        if self._thread is not None:
+            self._waiting = True
+            while self._finished < self._submitted and self._thread.is_alive():
+                try:
+                    self._acks.get(timeout=POLL_S)
+                except queue.Empty:
+                    pass
+            self._waiting = False
         self._raise()
 
     def close(self) -> None:
         """Stop the thread once everything submitted is done. A second Ctrl-C while waiting
-        must not leave it writing while the caller closes the sink: keep waiting."""
-        if self._queue is None:
+        must not leave it writing while the caller closes the sink: keep waiting (the thread
+        ends once the jobs before the end mark are done; a mark put twice is harmless)."""
+        if self._thread is None:
             return
-        self._queue.put(_DONE)
         while True:
             try:
-                self._thread.join()
+                self._jobs.put(_DONE)
                 break
             except KeyboardInterrupt:
                 continue
-        self._queue = None
+        while self._thread.is_alive():
+            try:
+                self._thread.join(POLL_S)
+            except KeyboardInterrupt:
+                continue
+        self._thread = None
         self._raise()
 
     def _submit(self, job) -> None:
         self._raise()
-        if self._queue is None:
+        if self._thread is None:
             self._do(job)
         else:
-            self._queue.put(job)
+            self._jobs.put(job)
+            self._submitted += 1  # counted after: an interrupt between never leaves drain waiting
 
     def _raise(self) -> None:
         if self._error is not None:
@@ -106,10 +127,10 @@ class Completer:
 
     def _drain(self) -> None:
         while True:
-            job = self._queue.get()
+            job = self._jobs.get()
+            if job is _DONE:
+                return
             try:
-                if job is _DONE:
-                    return
                 if not self._failed:
                     self._do(job)
                 elif isinstance(job, Collect):  # failed: only wait for it and free its slot
@@ -121,7 +142,9 @@ class Completer:
                 self._failed = True
                 self._error = self._error or exc  # the first one; slots are freed already
             finally:
-                self._queue.task_done()
+                self._finished += 1
+                if self._waiting:
+                    self._acks.put(None)
 
     def _do(self, job) -> None:
         if isinstance(job, RejectJob):

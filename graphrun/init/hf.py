@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from graphrun.base.errors import GraphrunError, ModelError
-from graphrun.init.infer import Inferred, sample_notes, spec_target
+from graphrun.init.infer import Inferred, sample_notes, spec_out_dir, spec_target
 from graphrun.init.sample import FieldInfo, sample_data
 from graphrun.init.generate import (NEW_TOKENS, PROMPT_NAMES, causal_arch, eos_ids, plan_generate,
                                     stop_check)
@@ -101,7 +101,7 @@ def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml
         found.model["hf"]["path"] = packaged  # a folder a package ships, named as such
     elif Path(where).is_dir():
         found.model["hf"]["path"] = relative_to_spec(Path(where), spec_dir)
-    out = f"runs/{found.name}" if out_dir is None else relative_to_spec(Path(out_dir), spec_dir)
+    out = spec_out_dir(spec_path, out_dir)
     render = render_generate_spec if kind.kind == "generate" else render_hf_spec
     found.spec_path, found.schema_path = write_spec_files(
         spec_path, render(found, spec_dir, out))

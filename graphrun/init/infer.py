@@ -73,7 +73,7 @@ def init(*, data: str | Path, target: str | None = None, builtin: str | None = N
     if target:
         found.model["target"] = _spec_target(target, spec_dir)
         found.checks += _import_check(target, spec_dir)
-    text = render_spec(found, spec_dir, _out_dir(found, out_dir, spec_dir))
+    text = render_spec(found, spec_dir, spec_out_dir(spec_path, out_dir))
     found.spec_path, found.schema_path = write_spec_files(spec_path, text)
     return found
 
@@ -116,7 +116,12 @@ def _ceil_pow2(n: int) -> int:
 def _default_name(source: str) -> str:
     module = source.rpartition(":")[0] or source
     stem = Path(module).stem if module.endswith(".py") else module.rpartition(".")[2]
-    return re.sub(r"[^A-Za-z0-9_-]+", "-", stem).strip("-") or "pipeline"
+    return slug(stem)
+
+
+def slug(text: str) -> str:
+    """text as a name for a spec or a folder: letters, digits, _ and -."""
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", text).strip("-") or "pipeline"
 
 
 # ---- the model: built as `run` builds it, then called on two padded batches ------------------
@@ -311,10 +316,12 @@ def _import_check(target: str, spec_dir: Path) -> list[str]:
     return []
 
 
-def _out_dir(found: Inferred, out_dir, spec_dir: Path) -> str:
+def spec_out_dir(spec_path: Path, out_dir) -> str:
+    """The written spec's output.dir: the one given, else runs/<the spec file's stem>, one
+    folder per spec (two specs of one model must not share, or refuse, each other's folder)."""
     if out_dir is None:
-        return f"runs/{found.name}"
-    return relative_to_spec(Path(out_dir), spec_dir)
+        return f"runs/{slug(spec_path.stem)}"
+    return relative_to_spec(Path(out_dir), spec_path.parent)
 
 
 # ---- what to check ---------------------------------------------------------------------------

@@ -169,6 +169,11 @@ def _read_npy(path: Path, limit: int) -> tuple[dict, int]:
 
 
 def _read_npz(path: Path, limit: int) -> tuple[dict, int]:
+    import zipfile
+
+    if not zipfile.is_zipfile(path):  # np.load would take it for a pickle, and say so
+        raise InputError("cannot read the .npz file: File is not a zip file (np.savez "
+                         "writes one)", where=str(path))
     try:
         arrays = np.load(path, mmap_mode="r", allow_pickle=False)
     except Exception as e:  # noqa: BLE001

@@ -118,7 +118,7 @@ def run_locked(record: RunRecord, held: RunResources, stop_signal: StopSignals, 
         raise
     except OSError as err:  # the disk: full, gone, not writable
         record.status = "failed"
-        record.error = f"writing {out_dir} failed: {err}"
+        record.error = f"writing {out_dir} failed: {err}{free_space(out_dir, err)}"
         raise OutputError(f"{record.error}; committed shards are intact, free space or fix "
                           "the folder and run again with --resume") from err
     except KeyboardInterrupt:
@@ -184,6 +184,20 @@ def open_out_dir(record: RunRecord, held: RunResources, fingerprint: dict, resum
         record.resumed(resume_point)
         start = max(start, resume_point.start)
     return resume_point, start
+
+
+def free_space(out_dir: Path, err: OSError) -> str:
+    """For a full disk: what is left on the one holding out_dir (the user frees it there)."""
+    import errno
+    import shutil
+
+    if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return ""
+    try:
+        free = shutil.disk_usage(out_dir).free
+    except OSError:
+        return ""
+    return f" (the disk holding it has {free / 2**20:,.1f} MiB free)"
 
 
 def run_stream(record: RunRecord, held: RunResources, fingerprint: dict, resume_point,

@@ -355,7 +355,12 @@ def _read_state_dict(path: Path, device: torch.device) -> dict[str, torch.Tensor
             raise ModelError(f"model.weights {path}: reading .safetensors needs the safetensors "
                              "package: `pip install safetensors`, or convert the weights to a "
                              ".pt state dict") from None
-        return load_file(str(path), device=str(device))
+        try:
+            return load_file(str(path), device=str(device))
+        except Exception as e:  # noqa: BLE001 - SafetensorError, by safetensors' version
+            raise ModelError(f"model.weights {path}: cannot read it as a .safetensors file "
+                             f"({type(e).__name__}: {e}); save model.state_dict() with "
+                             "safetensors.torch.save_file, or give a .pt file") from e
     try:
         state = torch.load(path, map_location=device, weights_only=True)
     except Exception as e:

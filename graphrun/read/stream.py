@@ -50,17 +50,28 @@ def read_batches(spec: PipelineSpec, *, start: int = 0, stop: int | None = None,
     if ids_from is not None and ids_from < start and spec.data.id_field:
         # the records before start are another worker's (or committed before a resume):
         # checked again only for the ids one process would remember by now
-        for chunk in reader.chunks(ids_from, start):
+        for chunk in _read(reader, spec, ids_from, start):
             checker.check(chunk)
     # a reader's chunk is Candidates, or Prechecked on another thread (Parquet's decoding pool):
     # this thread then only checks its ids for duplicates and cuts it into batches
-    checked = (checker.check(c) for c in reader.chunks(start, stop))
+    checked = (checker.check(c) for c in _read(reader, spec, start, stop))
     if cuts is not None:
         checked = _counting_cuts(checked, cuts)
     if spec.data.group_by_length:
         yield from _regroup_windows(checked, spec, start, padding)
     else:
         yield from _regroup(checked, spec, tuning.rejects_held)
+
+
+def _read(reader, spec: PipelineSpec, start: int, stop: int | None) -> Iterator:
+    """The reader's chunks; the file failing to read (EIO, a disk gone) is the input's error,
+    not a write failure of the output folder."""
+    try:
+        yield from reader.chunks(start, stop)
+    except OSError as err:
+        raise InputError(f"reading the input file failed: {err.strerror or err}; the batches "
+                         "before it are committed: fix the file's disk, then run again with "
+                         "--resume", where=str(spec.data.path)) from err
 
 
 class ReadAhead:

@@ -28,7 +28,7 @@ class NpzReader:
 
     def count(self) -> int:
         """Records in the file, from the header of the first input's array."""
-        with zipfile.ZipFile(self.path) as zf, zf.open(next(iter(self.spec.inputs)) + ".npy") as f:
+        with self._zip() as zf, zf.open(next(iter(self.spec.inputs)) + ".npy") as f:
             shape, _, _ = read_npy_header(f, self.path.name)
         return shape[0] if shape else 0
 

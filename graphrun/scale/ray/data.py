@@ -20,12 +20,10 @@ import warnings
 import numpy as np
 
 from graphrun.base.errors import GraphrunError, InputError
+from graphrun.scale.ray.columns import LINE_TEXT, ORDINAL
 from graphrun.spec.keys import PipelineSpec
 
 RAY_EXTRA = 'pip install "graphrun[ray]"'
-# The input's record ordinal, zipped onto the dataset before the map: the id of a record
-# without data.id_field, and the position a reject reports.
-ORDINAL = "graphrun_ordinal"
 
 
 def need_ray():
@@ -139,18 +137,26 @@ class BatchMapper:
         with self.reported():
             return self.run_table(table)
 
-    def run_table(self, table):
+    def candidates(self, table):
+        """A Ray batch as the records one process reads: JSONL lines parsed (ray/jsonl.py),
+        or columns (Parquet, .npy, a Dataset from Python) located by row."""
         from graphrun.read.formats.parquet_columns import parquet_candidates
         from graphrun.read.records import RowWhere
+        from graphrun.scale.ray.jsonl import line_candidates
 
-        if table.num_rows == 0:
-            return output_table(self.spec, [], {}, 0)
-        t0 = time.perf_counter()
+        if LINE_TEXT in table.column_names:
+            return line_candidates(self.spec, self.file, table)
         ordinals = table.column(ORDINAL).to_numpy().astype(np.int64)
         rb = plain_columns(table.drop_columns([ORDINAL]).combine_chunks().to_batches()[0])
         c = parquet_candidates(self.spec, self.file, rb, int(ordinals[0]))
         c.indices, c.where = ordinals, RowWhere(self.file, ordinals)
-        checked = self.checker.check(c)
+        return c
+
+    def run_table(self, table):
+        if table.num_rows == 0:
+            return output_table(self.spec, [], {}, 0)
+        t0 = time.perf_counter()
+        checked = self.checker.check(self.candidates(table))
         if checked.rejects and self.spec.data.on_bad_record == "error":
             bad = checked.rejects[0]
             raise InputError(f"{bad.reason}; fix the record, or set data.on_bad_record: skip "

@@ -14,7 +14,9 @@ import re
 import time
 from pathlib import Path
 
+from graphrun.base.tuning import Tuning
 from graphrun.plan.auto import resolve_auto
+from graphrun.read.formats import reader_for
 from graphrun.base.errors import GraphrunError, InputError, OutputError
 from graphrun.write.folder import locked, prepare_out_dir
 from graphrun.write.journal import REJECTS
@@ -89,6 +91,9 @@ def check_supported(spec: PipelineSpec, resume: bool) -> None:
                           f"--ray writes {' or '.join(WRITERS)}: set output.format: parquet")
     if not spec.data.path.is_file():
         raise InputError("input file not found", where=str(spec.data.path))
+    # what makes the whole file unreadable, as one process says it (a Parquet column missing,
+    # or of strings: Ray's reader would turn '1' into 1.0)
+    reader_for(spec, Tuning.from_machine()).check()
 
 
 def join_cluster(ray, address: str | None, show: bool) -> None:
@@ -110,8 +115,10 @@ def map_input(spec: PipelineSpec, ray, workers: int | None):
     ray.data.DataContext.get_current().execution_options.preserve_order = True
     if suffix == ".parquet":
         ds = ray.data.read_parquet(path)
-    elif suffix == ".jsonl":
-        ds = ray.data.read_json(path, lines=True)
+    elif suffix == ".jsonl":  # lines, parsed by the actors as one process parses them
+        from graphrun.scale.ray.jsonl import jsonl_lines_source
+
+        ds = ray.data.read_datasource(jsonl_lines_source(spec.data.path))
     else:  # .npy: one column named "data"
         ds = ray.data.read_numpy(path).rename_columns({"data": next(iter(spec.inputs))})
     mapped = dataset_map(spec, ds, workers=workers, file=spec.data.path.name)
