@@ -104,7 +104,8 @@ def test_a_run_sets_up_at_start_only_what_its_batches_select_and_says_so(tmp_pat
     assert 0 < first["warmup_s"] + first["verify_s"] <= top[FIRST_USE]
     assert top["warm-up"] == pytest.approx(parts["batch=8"]["warmup_s"])  # at start only
     assert sum(top.values()) == pytest.approx(m["totals"]["process_wall_s"], rel=1e-9)
-    assert top["stream"] + top[FIRST_USE] == pytest.approx(m["totals"]["stream_s"], abs=0.05)
+    # the first use's set-up is a phase beside the stream's, not counted in both
+    assert top["stream"] + top[FIRST_USE] <= m["totals"]["stream_s"] + 0.01
 
 
 def test_lazy_false_sets_every_bucket_up_at_start(tmp_path):
