@@ -40,7 +40,8 @@ def test_cli_bench_on_the_cpu_times_every_bucket_eagerly_and_says_so(write_spec,
     assert [b["name"] for b in doc["buckets"]] == ["batch=1", "batch=2", "batch=4"]
     for b in doc["buckets"]:
         (mode,) = b["modes"]
-        assert mode["mode"] == "eager" and mode["speedup"] == 1.0 and mode["verify"] is True
+        assert mode["mode"] == "eager" and mode["speedup"] == 1.0
+        assert mode["verify"] is None  # nothing captured: nothing to check
         assert 0 < mode["latency_us"]["p50"] <= mode["latency_us"]["p99"]
     assert "graph replay not measured" in doc["notes"][0]
     assert "note: no CUDA device" in result.output and "batch=4" in result.output
