@@ -153,6 +153,16 @@ np.save(sys.argv[6], emb.astype(np.float32))
 """
 
 
+def st_padding(texts_path: Path, lengths: np.ndarray, batch: int) -> float:
+    """Padded share of the positions encode() computes: it sorts the texts by characters,
+    longest first, and pads each batch to its longest text."""
+    chars = np.array([len(json.loads(line)["text"]) for line in texts_path.open()])
+    order = lengths[np.argsort(-chars, kind="stable")]
+    run = sum(int(order[s:s + batch].max()) * len(order[s:s + batch])
+              for s in range(0, len(order), batch))
+    return 1 - int(lengths.sum()) / run
+
+
 def timed_process(cmd: list[str], cwd: Path) -> tuple[float, float]:
     """(wall s, CPU s of the child: user + sys) of one process, start to exit."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -167,7 +177,7 @@ def timed_process(cmd: list[str], cwd: Path) -> tuple[float, float]:
 
 
 def run_processes(work: Path, dtype: str, batch: int, st_batch: int, device: str,
-                  repeat: int) -> list[dict]:
+                  repeat: int, lengths: np.ndarray) -> list[dict]:
     """Whole processes: st's script, and `graphrun run` of the spec `graphrun init --hf`
     writes (written once, untimed), alternated `repeat` times; each row keeps its fastest."""
     spec = work / "init.yaml"
@@ -191,7 +201,9 @@ def run_processes(work: Path, dtype: str, batch: int, st_batch: int, device: str
     buckets = manifest["spec"]["buckets"]
     st_row = {"variant": f"st whole process, batch_size={st_batch}", "wall_s": min(st)[0],
               "cpu_s": min(st)[1], "setup_s": float("nan"), "stream_s": float("nan"),
-              "emb": np.load(work / "st-process.npy"), "walls": [w for w, _ in st]}
+              "emb": np.load(work / "st-process.npy"), "walls": [w for w, _ in st],
+              "padding_rows": 0.0,
+              "padding_seq": st_padding(work / "texts.jsonl", lengths, st_batch)}
     g_row = {"variant": "graphrun run, the spec init --hf wrote, whole process",
              "wall_s": min(gr)[0], "cpu_s": min(gr)[1], "setup_s": t["setup_s"],
              "stream_s": t["stream_s"], "emb": emb[np.argsort(ids)],
@@ -276,7 +288,7 @@ def main() -> None:
                                      a.dtype, a.batch_size, a.device, seq, group))
     if a.processes:
         rows += run_processes(work, a.dtype, a.batch_size, a.st_batch_size, a.device,
-                              a.repeat)
+                              a.repeat, lengths)
     if a.sorted:
         rows.append(run_sorted(work, a.dtype, a.batch_size, a.device))
     for r in rows[1:]:
