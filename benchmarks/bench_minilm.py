@@ -15,9 +15,15 @@ examples/make_sentences.py's sentences cut to that many words. Variants:
             order (data.group_by_length: null), then with data.group_by_length (--group)
   graphrun-auto  grouped, with `seq: auto` (buckets planned from the data at the run's start)
   graphrun-sorted  (--sorted) the spec's buckets over the file sorted by length beforehand
+  processes  (--processes) whole processes, as a user runs them: `python -m graphrun run` with
+            the spec `graphrun init --hf` wrote (no edits), against a python process that
+            imports sentence-transformers, loads the model, encodes and saves; each timed from
+            its start to its exit, with its CPU seconds (user + sys; the cores may be shared)
 Each graphrun row gives the whole run's wall time (model load, capture, verify, stream, write)
 and its stream time; outputs are checked against st's (cosine > 0.999 for every sentence).
 --smoke: 300 sentences, float32, on whatever device there is (a CPU check of the plumbing).
+--cpu: the laptop case: 2,000 sentences, float32, batch 32 (init's default), device cpu, the
+whole processes only (--processes), --repeat 2.
 """
 
 from __future__ import annotations
@@ -25,7 +31,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
+import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -131,6 +140,81 @@ def run_sorted(work: Path, dtype: str, batch: int, device: str) -> dict:
     return r
 
 
+ST_PROCESS = """
+import json, sys
+import numpy as np
+from sentence_transformers import SentenceTransformer
+import torch
+model = SentenceTransformer(sys.argv[1], device=sys.argv[4])
+model = model.to(getattr(torch, sys.argv[5]))
+texts = [json.loads(line)["text"] for line in open(sys.argv[2])]
+emb = model.encode(texts, batch_size=int(sys.argv[3]), convert_to_numpy=True)
+np.save(sys.argv[6], emb.astype(np.float32))
+"""
+
+
+def st_padding(texts_path: Path, lengths: np.ndarray, batch: int) -> float:
+    """Padded share of the positions encode() computes: it sorts the texts by characters,
+    longest first, and pads each batch to its longest text."""
+    chars = np.array([len(json.loads(line)["text"]) for line in texts_path.open()])
+    order = lengths[np.argsort(-chars, kind="stable")]
+    run = sum(int(order[s:s + batch].max()) * len(order[s:s + batch])
+              for s in range(0, len(order), batch))
+    return 1 - int(lengths.sum()) / run
+
+
+def timed_process(cmd: list[str], cwd: Path) -> tuple[float, float]:
+    """(wall s, CPU s of the child: user + sys) of one process, start to exit."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    wall = time.perf_counter() - t0
+    if proc.returncode:
+        sys.exit(f"{' '.join(cmd[:4])} ... failed:\n{proc.stderr[-2000:]}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def run_processes(work: Path, dtype: str, batch: int, st_batch: int, device: str,
+                  repeat: int, lengths: np.ndarray) -> list[dict]:
+    """Whole processes: st's script, and `graphrun run` of the spec `graphrun init --hf`
+    writes (written once, untimed), alternated `repeat` times; each row keeps its fastest."""
+    spec = work / "init.yaml"
+    subprocess.run([sys.executable, "-m", "graphrun", "init", "--hf", MODEL, "--data",
+                    str(work / "texts.jsonl"), "-o", str(spec), "--batch-size", str(batch),
+                    "--dtype", dtype, "--out-dir", str(work / "g-init"), "--force"],
+                   check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    st_cmd = [sys.executable, "-c", ST_PROCESS, model_folder(), str(work / "texts.jsonl"),
+              str(st_batch), device, dtype, str(work / "st-process.npy")]
+    g_cmd = [sys.executable, "-m", "graphrun", "run", str(spec), "-q", "--overwrite",
+             "--set", f"device={device}"]
+    st, gr = [], []
+    for _ in range(repeat):
+        st.append(timed_process(st_cmd, work))
+        gr.append(timed_process(g_cmd, work))
+    manifest = json.loads((work / "g-init" / "manifest.json").read_text())
+    out = work / "g-init"
+    ids = np.concatenate([np.load(p) for p in sorted(out.glob("*.ids.npy"))])
+    emb = np.concatenate([np.load(p) for p in sorted(out.glob("*.embedding.npy"))])
+    t = manifest["totals"]
+    buckets = manifest["spec"]["buckets"]
+    st_row = {"variant": f"st whole process, batch_size={st_batch}", "wall_s": min(st)[0],
+              "cpu_s": min(st)[1], "setup_s": float("nan"), "stream_s": float("nan"),
+              "emb": np.load(work / "st-process.npy"), "walls": [w for w, _ in st],
+              "padding_rows": 0.0,
+              "padding_seq": st_padding(work / "texts.jsonl", lengths, st_batch)}
+    g_row = {"variant": "graphrun run, the spec init --hf wrote, whole process",
+             "wall_s": min(gr)[0], "cpu_s": min(gr)[1], "setup_s": t["setup_s"],
+             "stream_s": t["stream_s"], "emb": emb[np.argsort(ids)],
+             "padding_rows": t["padding_ratio"],
+             "padding_seq": t["padding_ratio_positions"].get("seq"),
+             "planned": f"batch {buckets['batch']}, seq {buckets['seq']}, group_by_length "
+                        f"{manifest['spec']['data'].get('group_by_length')}",
+             "walls": [w for w, _ in gr]}
+    return [st_row, g_row]
+
+
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -149,15 +233,23 @@ def report(rows: list[dict], n: int, lengths: np.ndarray, dtype: str, device: st
              "| variant | wall s (text -> npy) | sentences/s | setup s | stream s | vs st | "
              "min cosine vs st | padding rows / seq | planned seq |",
              "|---|---|---|---|---|---|---|---|---|"]
-    st_wall = rows[0]["wall_s"]
+    st_process = next((r["wall_s"] for r in rows if "cpu_s" in r), None)
     for r in rows:
+        st_wall = st_process if "cpu_s" in r else rows[0]["wall_s"]  # like against like
         pad = (f"{r['padding_rows']:.1%} / {r['padding_seq']:.1%}" if "padding_rows" in r
                else "-")
         lines.append(f"| {r['variant']} | {r['wall_s']:.2f} | {n / r['wall_s']:,.0f} | "
                      f"{r['setup_s']:.2f} | {r['stream_s']:.2f} | {st_wall / r['wall_s']:.2f}x | "
                      f"{r.get('cosine', 1.0):.6f} | {pad} | {r.get('planned') or '-'} |")
+    if any("cpu_s" in r for r in rows):
+        lines += ["", "| whole process | wall s (fastest) | every wall s | CPU s (user + sys) |",
+                  "|---|---|---|---|"]
+        lines += [f"| {r['variant']} | {r['wall_s']:.2f} | "
+                  f"{', '.join(f'{w:.2f}' for w in r['walls'])} | {r['cpu_s']:.2f} |"
+                  for r in rows if "cpu_s" in r]
     lines += ["", "st's wall excludes its model load (setup s); graphrun's includes its whole "
-              "run (model load, capture, verify: setup s)."]
+              "run (model load, capture, verify: setup s). Whole processes: from the start "
+              "to the exit, imports and model load included on both sides."]
     return "\n".join(lines) + "\n"
 
 
@@ -174,16 +266,29 @@ def main() -> None:
     ap.add_argument("--sorted", action="store_true",
                     help="also graphrun over the whole file sorted by length beforehand")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--processes", action="store_true",
+                    help="also the whole processes: graphrun run of init --hf's spec, st's")
+    ap.add_argument("--repeat", type=int, default=1, help="whole processes: runs of each")
+    ap.add_argument("--cpu", action="store_true", help="2,000 sentences on the CPU, whole "
+                    "processes only")
     a = ap.parse_args()
     if a.smoke:
         a.sentences, a.dtype, a.batch_size, a.st_batch_size = 300, "float32", 32, 32
+    if a.cpu:
+        a.sentences, a.dtype, a.batch_size, a.st_batch_size = 2000, "float32", 32, 32
+        a.device, a.processes, a.repeat = "cpu", True, max(a.repeat, 2)
     work = Path(tempfile.mkdtemp(prefix="bench_minilm_"))
     lengths = write_texts(work / "texts.jsonl", a.sentences)
-    rows = [run_st(work / "texts.jsonl", work, a.dtype, a.st_batch_size, a.device)]
-    for seq, group in (("[16,32,64,128]", None), ("[16,32,64,128]", a.group),
-                       ("auto", a.group)):
-        rows.append(run_graphrun(work / "texts.jsonl", work / f"g-{seq[:4]}-{group}", a.dtype,
-                                 a.batch_size, a.device, seq, group))
+    rows = []
+    if not a.cpu:
+        rows.append(run_st(work / "texts.jsonl", work, a.dtype, a.st_batch_size, a.device))
+        for seq, group in (("[16,32,64,128]", None), ("[16,32,64,128]", a.group),
+                           ("auto", a.group)):
+            rows.append(run_graphrun(work / "texts.jsonl", work / f"g-{seq[:4]}-{group}",
+                                     a.dtype, a.batch_size, a.device, seq, group))
+    if a.processes:
+        rows += run_processes(work, a.dtype, a.batch_size, a.st_batch_size, a.device,
+                              a.repeat, lengths)
     if a.sorted:
         rows.append(run_sorted(work, a.dtype, a.batch_size, a.device))
     for r in rows[1:]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -117,6 +118,10 @@ def test_an_encoder_gives_mean_pooled_normalised_embeddings(tmp_path, folders):
                                                      ["mean_pool", "l2_normalize"], ["batch", 16])
     assert spec.data.text.field == "text" and spec.data.id_field == "id"
     assert "BertModel: an encoder" in printed
+    # grouped by length (init's default), yet written in input order with the ids
+    assert spec.data.group_by_length == len(texts)
+    ids = [i for p in sorted((tmp_path / "out").glob("*.ids.npy")) for i in np.load(p).tolist()]
+    assert ids == [f"r{i}" for i in range(len(texts))]
     got = out(tmp_path, "embedding")
     assert got.shape == (len(texts), 16)
     for row, text in zip(got, texts):
@@ -173,6 +178,44 @@ def test_seq_buckets_come_from_the_token_lengths_and_end_at_the_models_limit(tmp
     lengths = np.array([9] * 28 + [40] + [9] * 3)
     assert seq_values(lengths, 4, 64, whole=True) == [16, 40]
     assert seq_values(lengths, 4, 32, whole=False) == [16, 32]
+
+
+def test_buckets_are_planned_for_the_batches_grouping_forms(tmp_path, folders):
+    """Mixed lengths: init groups by length (one window: the whole file), plans batch values
+    only where the batches need them and seq values on the grouped batches' lengths, and says
+    the token padding expected against batches in file order."""
+    rng = np.random.default_rng(1)
+    lengths = [int(rng.choice([2, 3, 4, 25, 28])) for _ in range(100)]  # tokens, with 2 special
+    texts = [" ".join(rng.choice(WORDS, n - 2)) for n in lengths]
+    (tmp_path / "texts.jsonl").write_text("".join(json.dumps({"id": i, "text": t}) + "\n"
+                                                  for i, t in enumerate(texts)))
+    result = cli("init", "--hf", folders["embed"], "--data", tmp_path / "texts.jsonl",
+                 "-o", tmp_path / "p.yaml", "--batch-size", 16, "--out-dir", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    spec = graphrun.load_spec(tmp_path / "p.yaml")
+    assert spec.data.group_by_length == 100
+    # 6 batches of 16 and one of 4: no bucket between them is ever selected
+    assert set(spec.buckets["batch"]) <= {4, 16} and 16 in spec.buckets["batch"]
+    assert spec.buckets["seq"][0] <= 8 and max(spec.buckets["seq"]) <= LIMIT
+    said = " ".join(result.output.split())
+    found = re.search(r"buckets planned for them: (\d+)% of token positions padding expected "
+                      r"\((\d+)% for batches in file order\)", said)
+    assert found and int(found.group(1)) < int(found.group(2)), said
+    m = graphrun.run(spec)
+    assert m.status == "completed" and m.totals.records_out == 100
+    assert m.totals.padding_ratio_positions["seq"] < 0.5
+
+
+def test_a_sample_of_a_bigger_file_windows_it_and_cuts_at_the_models_limit(tmp_path, folders):
+    from graphrun.init.text import GROUP_CAP
+
+    write_texts(tmp_path / "texts.jsonl", n=60, longest=45)
+    result = cli("init", "--hf", folders["embed"], "--data", tmp_path / "texts.jsonl",
+                 "-o", tmp_path / "p.yaml", "--sample", 20, "--batch-size", 8)
+    assert result.exit_code == 0, result.output
+    spec = graphrun.load_spec(tmp_path / "p.yaml")
+    assert spec.data.group_by_length == min(60, GROUP_CAP)
+    assert spec.buckets["seq"][-1] == LIMIT and spec.data.text.truncate is True
 
 
 def test_without_transformers_one_message_names_the_extra(tmp_path, monkeypatch, folders):

@@ -49,7 +49,8 @@ def build():
 
 def flaky_job(tmp_path, records: int = 49, **capture) -> PipelineSpec:
     """records rows in batches of 8 into buckets [1, 8, 64]: with 49, batches 0-5 hold 8 and
-    batch 6 holds 1, past the reader's look-ahead (4 batches): bucket 1's first use."""
+    batch 6 holds 1, past the reader's look-ahead (4 batches): bucket 1's first use. Eager
+    buckets are checked (capture.verify.eager), as captured ones are on a GPU."""
     (tmp_path / "model.py").write_text(FLAKY)
     (tmp_path / "flaky").write_text("")
     rng = np.random.default_rng(0)
@@ -58,7 +59,7 @@ def flaky_job(tmp_path, records: int = 49, **capture) -> PipelineSpec:
         for i in range(records)))
     spec = {"version": 1, "name": "lazy", "device": "cpu", "model": {"target": "model.py:build"},
             "inputs": {"x": {"shape": ["batch", 4]}}, "outputs": {"y": {"shape": ["batch", 3]}},
-            "buckets": {"batch": [1, 8, 64]}, "capture": {"warmup_iters": 1, **capture},
+            "buckets": {"batch": [1, 8, 64]}, "capture": {"warmup_iters": 1, "verify": {"eager": True}, **capture},
             "data": {"path": "data.jsonl", "id_field": "id", "batch_size": 8},
             "output": {"dir": "out", "format": "npy", "rows_per_file": 16}}
     path = tmp_path / "spec.json"

@@ -112,6 +112,18 @@ def test_multiple_of_is_respected_and_still_covers_the_largest():
     assert got.uncovered == 0
 
 
+def test_rounding_to_a_multiple_stops_at_the_axis_limit():
+    """A limit (the model's positions, the truncation length) is never passed: a need rounded
+    up past it is planned at the limit itself (the limit need not be a multiple)."""
+    from graphrun.plan.auto import covering
+
+    hist = small_histogram([(8, 5, 3), (8, 13, 2), (8, 30, 1)])
+    got = plan(covering(hist, {"seq": 30}), 4, {"seq": 7})
+    assert got.lists["seq"][-1] == 30 and all(v <= 30 for v in got.lists["seq"])
+    capped = plan(covering(hist, {}, {"seq": 30}), 4, {"seq": 16})
+    assert max(capped.lists["seq"]) == 30 and capped.uncovered == 0
+
+
 def test_histogram_counts_every_batch_the_last_included_and_longer_than_the_spec(tmp_path):
     lengths = [3, 5, 2, 7, 20, 4, 4, 4, 9, 1]  # batches of 4: max 7, 20; last batch of 2: max 9
     spec = graphrun.load_spec(write_encoder(tmp_path, lengths))

@@ -69,7 +69,8 @@ def test_a_bucket_costs_one_eager_reference_and_the_lanes_runs_not_a_second_eage
     """Setup's model calls on the eager backend: the layout's probe, then per bucket its
     warm-up on the verification batch (the eager reference), the lane's run compared with it,
     and (batch > 1) the run with other padded rows. Before: one eager run more per bucket."""
-    with Runner(counted_spec(tmp_path, capture={"lazy": False})) as runner:
+    spec = counted_spec(tmp_path, capture={"lazy": False, "verify": {"eager": True}})
+    with Runner(spec) as runner:
         calls = [c for c in calls_of(runner.model) if c[0] == "call"]
         assert [n for _, n in calls] == [1, 4, 4, 4, 2, 2, 2, 1, 1]  # was 12 calls
         for state in runner.states.values():
@@ -79,17 +80,25 @@ def test_a_bucket_costs_one_eager_reference_and_the_lanes_runs_not_a_second_eage
             assert state.reference is None  # no second lane on the eager backend: let go
 
 
-def test_verify_off_costs_one_run_per_bucket(tmp_path):
-    spec = counted_spec(tmp_path, capture={"verify": {"enabled": False}, "lazy": False})
+@pytest.mark.parametrize("verify", [{}, {"enabled": False}, {"enabled": False, "eager": True}])
+def test_an_eager_bucket_costs_no_run_at_setup_and_says_why(tmp_path, verify):
+    """Nothing is captured, so nothing is warmed up or checked: the first call (the layout's
+    probe) is setup's only one, unless capture.verify.eager asks for the model's checks."""
+    spec = counted_spec(tmp_path, capture={"verify": verify, "lazy": False})
     with Runner(spec) as runner:
-        assert len([c for c in calls_of(runner.model) if c[0] == "call"]) == 1 + 3
+        assert [c[1] for c in calls_of(runner.model) if c[0] == "call"] == [1]
+        for report in runner.bucket_reports():
+            assert (report.status, report.set_up, report.warmup_s) == ("eager", "setup", None)
+            assert [lane.verify for lane in report.lanes] == [None]
+            assert "no warm-up and no replay-vs-eager check" in report.reason
 
 
 def test_a_model_that_differs_from_itself_still_fails_verification(tmp_path):
     """The lane's run is compared with the reference taken by the warm-up: a model whose
     outputs change from call to call is caught, as when eager ran again for the check."""
     spec = counted_spec(tmp_path, model={"target": f"{tmp_path / 'counted.py'}:build",
-                                         "args": {"noise": 1.0}}, capture={"lazy": False})
+                                         "args": {"noise": 1.0}},
+                        capture={"lazy": False, "verify": {"eager": True}})
     with pytest.raises(CaptureError, match="replay differs from eager"):
         Runner(spec)
 
@@ -100,7 +109,7 @@ def test_padded_rows_that_move_real_rows_still_fail(tmp_path):
         "        return (x - x.mean(0, keepdim=True))[:, :3]\n"
         "def build():\n    return Mix()\n")
     spec = make_spec(tmp_path, model={"target": f"{tmp_path / 'mix.py'}:build"},
-                     capture={"lazy": False})
+                     capture={"lazy": False, "verify": {"eager": True}})
     with pytest.raises(CaptureError, match="padded rows change real rows"):
         Runner(spec)
 
@@ -147,7 +156,8 @@ def test_a_bucket_first_selected_late_is_set_up_on_first_use(tmp_path, overlap):
     one = buckets["batch=1"]
     assert (one.set_up, one.first_use_batch, one.batches, one.status) == (
         "first_use", 6, 1, "eager")
-    assert one.lanes[0].verify.passed and one.warmup_s is not None
+    # eager: set up without a warm-up or a check, so first use costs no model call
+    assert one.lanes[0].verify is None and one.warmup_s is None
     assert buckets["batch=64"].status == "unused"
 
 

@@ -7,6 +7,7 @@ import json
 
 import jsonschema
 import pytest
+import torch
 from click.testing import CliRunner
 
 from graphrun.cli.main import main
@@ -63,7 +64,9 @@ def test_sweep_runs_each_variant_and_keeps_going_after_failures(write_spec, tmp_
         assert manifest["spec"]["data"]["batch_size"] == r["overrides"]["data.batch_size"]
         # every bucket's capture and memory, not only those 6 records select (capture.lazy)
         assert [b["set_up"] for b in manifest["buckets"]] == ["setup"] * 3
-        assert r["verify"] == "passed" and r["records_per_s"] > 0
+        # the CPU captures nothing, so nothing is verified
+        assert r["verify"] == ("passed" if torch.cuda.is_available() else "off")
+        assert r["records_per_s"] > 0
     assert rows[0]["outputs_equal_first"] is None and rows[2]["outputs_equal_first"] is True
     # batches of 2 into buckets [1, 2, 4] pad nothing; 6 records as 4 + 2 pad nothing either
     assert rows[0]["padding_waste"] == 0 and rows[2]["padding_waste"] == 0

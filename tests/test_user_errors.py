@@ -152,6 +152,7 @@ def test_pad_isolation_failure_offers_only_remedies_that_work(tmp_path, on_failu
     mixing = spec_dict()
     mixing["model"]["args"] = {"mix": True}
     mixing["capture"]["on_failure"] = on_failure
+    mixing["capture"]["verify"] = {"eager": True}  # the CPU: no replay, the model's own checks
     spec = make_job(tmp_path, mixing)
     result = cli("run", spec, "-q", "--overwrite")
     assert result.exit_code == 2 and "padded rows change real rows" in result.output
@@ -191,7 +192,9 @@ def build(**args):
 def test_an_eager_bucket_that_differs_from_itself_offers_remedies_that_work(tmp_path):
     """On the CPU a bucket runs eagerly, so replay vs eager differ only if the model does
     from call to call: on_failure: eager cannot help, and is not offered."""
-    spec = make_job(tmp_path)
+    checked = spec_dict()
+    checked["capture"]["verify"] = {"eager": True}  # the CPU: no replay, the model's own checks
+    spec = make_job(tmp_path, checked)
     (tmp_path / "model.py").write_text(NOISY)
     result = cli("run", spec, "-q")
     assert result.exit_code == 2 and "replay differs from eager" in result.output

@@ -214,6 +214,7 @@ def _load(spec) -> int:
     spec = spec.model_copy(deep=True)
     spec.capture.backend = "eager"
     spec.capture.lazy = False  # every bucket checked now, not on a first use that never comes
+    spec.capture.verify.eager = True  # each bucket called, its pads checked, though none is captured
     spec.report.baseline = "none"
     log = lambda msg: click.echo(msg, err=True) if msg.startswith("warning:") else None  # noqa: E731
     if spec.generate is not None:  # prefill and two decode steps at every (batch, prompt) bucket

@@ -77,6 +77,8 @@ class Capturer:
         self.budget = self.cap.memory_budget_mib * MiB if self.cap.memory_budget_mib else None
         self.spent = 0  # pool growth of the captures so far (capture.memory_budget_mib)
         self.tolerance = Tolerance.of(spec)
+        # an eager bucket has no replay to check: only capture.verify.eager checks the model
+        self.verifies = self.cap.verify.enabled and (self.graphs or self.cap.verify.eager)
 
     def first_lane(self, lane: Lane, states: dict[Bucket, BucketState], table,
                    needed: set[Bucket] | None = None) -> None:
@@ -128,17 +130,11 @@ class Capturer:
     def _set_up(self, lane: Lane, state: BucketState, table, nth: str, mode: str) -> None:
         bucket = state.bucket
         step = lane.make_step(bucket, self.model, self.call, self.layout)
-        # eager needs no warm-up but one run, which surfaces shape errors before any data
-        iters = self.cap.warmup_iters if self.graphs or self.compiled else 1
-        with phase("warm-up", (bucket.name, lane.index)):
-            state.warmup_s = self._warm_up(lane, state, step, max(iters, 1))
         if not self.graphs:
-            state.status = "eager"
-            state.reason = ("backend eager" if self.device.type == "cuda"
-                            else "no CUDA device: backend eager")
-            self._verify_first(lane, state, LaneGraph(step))
-            self.log(f"set up {bucket.name} ({nth}, eager)")
+            self._prepare_eager(lane, state, step, nth)
             return
+        with phase("warm-up", (bucket.name, lane.index)):
+            state.warmup_s = self._warm_up(lane, state, step, max(self.cap.warmup_iters, 1))
         if self.budget is not None and not self._fits(state, step, table):
             return
         try:
@@ -158,12 +154,34 @@ class Capturer:
         self._verify_first(lane, state, LaneGraph(step, graph))
         self.log(f"captured {bucket.name} ({nth}) in {state.capture_s * 1e3:.1f} ms")
 
+    def _prepare_eager(self, lane: Lane, state: BucketState, step, nth: str) -> None:
+        """Nothing is captured: no warm-up (torch.compile's kernels excepted: they compile in
+        it) and no replay-vs-eager check, unless capture.verify.eager asks for the model's
+        own checks (the same result twice, pad isolation), whose reference is one eager run."""
+        bucket = state.bucket
+        iters = self.cap.warmup_iters if self.compiled else 0
+        if self.verifies:
+            iters = max(iters, 1)
+        if iters:
+            with phase("warm-up", (bucket.name, lane.index)):
+                state.warmup_s = self._warm_up(lane, state, step, iters)
+        state.status = "eager"
+        state.reason = ("backend eager" if self.device.type == "cuda"
+                        else "no CUDA device: backend eager") + (
+            "; checked as capture.verify.eager asks" if self.verifies else
+            "; nothing captured, so no warm-up and no replay-vs-eager check")
+        if self.verifies:
+            self._verify_first(lane, state, LaneGraph(step))
+        else:
+            lane.graphs[bucket] = LaneGraph(step)
+        self.log(f"set up {bucket.name} ({nth}, eager)")
+
     def _warm_up(self, lane: Lane, state: BucketState, step, iters: int) -> float:
         """Warm-up on the bucket's verification batch: its last eager run's outputs are the
         bucket's eager reference, which every lane's verification compares with."""
         fill_verify_batch(state.bucket, lane.inputs.views(state.bucket), self.input_specs)
         seconds = warm_up(step, iters, self.stream)
-        if self.cap.verify.enabled:
+        if self.verifies:
             state.reference = {n: t.clone() for n, t in lane.outputs.views(state.bucket).items()}
         return seconds
 
@@ -187,7 +205,7 @@ class Capturer:
     def _verify(self, lane: Lane, state: BucketState, entry: LaneGraph):
         """The lane's replay against the bucket's eager reference on its verification batch;
         None with verify off."""
-        if not self.cap.verify.enabled:
+        if not self.verifies:
             return None
         bucket = state.bucket
         with phase("verify", (bucket.name, lane.index)):

@@ -22,7 +22,7 @@ import torch
 from graphrun.engine.buckets import Bucket, BucketTable, cut_rows, pad_into, split_sizes
 from graphrun.engine.device import made_current, resolve_backend, resolve_device
 from graphrun.engine.device_start import DeviceStart
-from graphrun.base.errors import GraphrunError
+from graphrun.base.errors import GraphrunError, ModelError
 from graphrun.manifest.keys import BucketReport, LaneReport
 from graphrun.base.phases import FIRST_USE, phase
 from graphrun.models.call import (call_model, first_call, index_hint, name_outputs,
@@ -35,7 +35,7 @@ from graphrun.engine.capture import BucketState, Capturer
 from graphrun.engine.lazy import first_use_failed
 from graphrun.engine.direct import Direct
 from graphrun.engine.inputs import check_batch
-from graphrun.engine.lanes import Lane, Layout
+from graphrun.engine.lanes import Lane, Layout, output_shape_problem
 from graphrun.engine.launch import Launcher, fresh_rows
 from graphrun.engine.timing import median_us
 from graphrun.engine.verify import fill_synthetic
@@ -96,6 +96,10 @@ class Runner:
                   for n, d in in_dims.items()}
         fill_synthetic(sample, specs, torch.Generator().manual_seed(0))
         probe = self._probe(probed, sample)
+        for name, t in probe.items():  # here, not in a warm-up: the eager backend has none
+            want = probed.shape(self.spec.outputs[name].shape)
+            if list(t.shape) != list(want):
+                raise ModelError(output_shape_problem(name, list(t.shape), list(want)))
         out_dtypes = {n: torch_dtype(o.dtype) if o.dtype else probe[n].dtype
                       for n, o in self.spec.outputs.items()}
         return Layout(in_dims, in_dtypes, {n: o.shape for n, o in self.spec.outputs.items()},

@@ -112,7 +112,7 @@ def write_buckets(path: Path, lists: dict[str, list[int]], notes: dict[str, str]
 
 # the comments init (or an earlier plan) wrote of a list; a user's own comment is kept
 _DESCRIBES = re.compile(r"\s*(up to data\.batch_size|(lengths|tokens) \d+-\d+ in the sample|"
-                        r"planned by graphrun plan)")
+                        r"planned by graphrun plan|planned for the grouped batches)")
 
 
 def _fresh_comments(text: str, lists: dict[str, list[int]], notes: dict[str, str]) -> str:
@@ -170,8 +170,9 @@ def run_plan(spec_path: Path, overrides, max_graphs: int, sample: int | None,
     # texts are cut at a limit: the plan's last value stays there, so --write does not move
     # where the run cuts them
     cut = {a: lim.value for a, lim in limits.items() if lim.cut}
-    chosen, note, model = budget_plan(spec, covering(hist, cut), max_graphs, multiple_of, {},
-                                      cuda, str(spec_path))
+    chosen, note, model = budget_plan(spec, covering(hist, cut, {a: lim.value for a, lim in
+                                                           limits.items()}),
+                                      max_graphs, multiple_of, {}, cuda, str(spec_path))
     rows = [] if spec.auto_axes else [("spec", evaluate(hist, spec.buckets))]
     rows += [("power of two", power_of_two(hist, max_graphs, multiple_of,
                                            {a: lim.value for a, lim in limits.items()})),
@@ -186,6 +187,7 @@ def run_plan(spec_path: Path, overrides, max_graphs: int, sample: int | None,
                                         spec.capture.memory_budget_mib))
     if note is not None:
         echo(note.text())
+    echo(padding_line(spec, rows))
     if hist.rejected:
         top = sorted(hist.reasons.items(), key=lambda kv: -kv[1])[0][0]
         echo(f"{hist.rejected} bad records were not counted (e.g. {top})")
@@ -201,6 +203,20 @@ def run_plan(spec_path: Path, overrides, max_graphs: int, sample: int | None,
     else:
         echo("\n" + yaml_snippet(chosen.lists).rstrip())
     return chosen.lists
+
+
+def padding_line(spec, rows: list[tuple[str, Evaluation]]) -> str:
+    """The padded share of the computed positions (rows x positions), with the spec's lists
+    (or the first row) before and planned after, for batches formed as the run forms them."""
+    before_label, before = rows[0]
+    after = rows[-1][1]
+    how = (f"batches grouped by length (data.group_by_length: {spec.data.group_by_length})"
+           if spec.data.group_by_length else "batches in input order")
+    hint = ("" if spec.data.group_by_length or len(spec.axes) < 2 else
+            "; data.group_by_length: N batches similar lengths together and pads less, "
+            "outputs still in input order (plan again with --set data.group_by_length=N)")
+    return (f"padding expected, {how}: {before.waste:.1%} of the computed positions with the "
+            f"{before_label} lists, {after.waste:.1%} planned{hint}")
 
 
 def _cuda(spec) -> bool:

@@ -56,7 +56,9 @@ class Variant(BaseModel):
     memory_bytes: Optional[int] = Field(None, description="Graph memory (capture pool growth).")
     padding_waste: Optional[float] = Field(
         None, description="1 - real / padded work (rows x positions) of the records it ran.")
-    verify: Optional[Literal["passed", "failed", "off"]] = None
+    verify: Optional[Literal["passed", "failed", "off"]] = Field(
+        None, description="Its buckets' verification: off where none was checked "
+        "(capture.verify off, or nothing captured: the eager backend, e.g. the CPU).")
     outputs_equal_first: Optional[bool] = Field(
         None, description="Outputs equal to the first completed variant's within its verify "
         "tolerance, over the records both hold; null for that variant itself.")

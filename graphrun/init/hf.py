@@ -4,9 +4,11 @@ file of text.
 config.json -> the task and its Auto class (an encoder: a mean-pooled, L2-normalised embedding;
 a causal LM: the next token's top k; a sequence classifier: its logits, softmax and argmax;
 of one text or, for a pair of fields such as query and passage, of the pair) -> the model's
-tokenizer -> the inputs it gives that the model takes -> seq buckets from the sample's token
-lengths, the last at the model's limit -> the model built as `run` builds it and called once on
-two tokenized records (output names and sizes) -> the spec, commented, validated, written.
+tokenizer -> the inputs it gives that the model takes -> grouping by length on (a window sized
+to the file) and the batch and seq buckets planned for the batches it forms from the sample's
+token lengths, never past the model's limit -> the model built as `run` builds it and called
+once on two tokenized records (output names and sizes) -> the spec, commented, validated,
+written.
 
 With --task generate (a causal LM only): the prompts' field, seq buckets from the prompts'
 token lengths within the model's limit less the new tokens, and a generate: section; inputs
@@ -25,7 +27,7 @@ from graphrun.init.sample import FieldInfo, sample_data
 from graphrun.init.generate import (NEW_TOKENS, PROMPT_NAMES, causal_arch, eos_ids, plan_generate,
                                     stop_check)
 from graphrun.init.render import relative_to_spec, render_generate_spec, render_hf_spec, write_spec_files
-from graphrun.init.text import TEXT_NAMES, chosen_fields, plan_seq, texts_of
+from graphrun.init.text import TEXT_NAMES, chosen_fields, plan_grouped, texts_of
 from graphrun.spec.keys import BATCH
 
 TOPK = 5  # next tokens written per record
@@ -56,6 +58,8 @@ class HfInferred(Inferred):
     generate: dict | None = None  # the spec's generate section (--task generate)
     eos_ids: list[int] = field(default_factory=list)  # what stop.eos: auto stops at
     positions: int = 0  # the model's positions, which a prompt and its new tokens share
+    window: int | None = None  # data.group_by_length: records per window sorted by length
+    padding: tuple[float, float] | None = None  # token padding expected: file order, grouped
 
 
 def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml",
@@ -112,7 +116,7 @@ def _plan_inputs_and_outputs(found: HfInferred, texts: list[str], tokenizer, lim
                              config) -> None:
     """One forward pass per record: the tokenizer's inputs the model takes, and its outputs'
     heads, shaped by one call of the model."""
-    plan_seq(found, texts, tokenizer, limit)
+    plan_grouped(found, texts, tokenizer, limit)
     names = _input_names(tokenizer, config)
     found.ranges = _ranges(names, config)
     found.heads = _heads(found.task, config)
@@ -346,6 +350,11 @@ def _checks(found: HfInferred, config) -> list[str]:
            f"data.text: field {found.text_field!r}, tokenized by the model's tokenizer",
            f"buckets.seq {found.buckets['seq']}: token lengths {lo}-{hi} {seen}; "
            + _longer(found)]
+    if found.window is not None:
+        before, after = found.padding
+        out.append(f"data.group_by_length {found.window}: batches of similar lengths (outputs "
+                   f"still in input order); buckets planned for them: {after:.0%} of token "
+                   f"positions padding expected ({before:.0%} for batches in file order)")
     if found.generate is not None:
         out.append(stop_check(found))
     labels = getattr(config, "id2label", None) or {}

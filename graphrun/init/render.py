@@ -132,7 +132,8 @@ def render_hf_spec(found, spec_dir: Path, out_dir: str) -> str:
         lines.append(f"  {_key(name)}: {_flow(entry)}")
     lines.append(_c("buckets:", "one graph per combination: "
                     f"{len(found.buckets[BATCH]) * len(found.buckets['seq'])}"))
-    lines.append(_c(f"  {BATCH}: {_flow(found.buckets[BATCH])}", "up to data.batch_size"))
+    lines.append(_c(f"  {BATCH}: {_flow(found.buckets[BATCH])}",
+                    "planned for the grouped batches' sizes"))
     lo, hi = found.lengths
     lines.append(_c(f"  seq: {_flow(found.buckets['seq'])}", f"tokens {lo}-{hi} in the sample"
                     + ("; the last: the model's limit" if found.truncate else "")))
@@ -142,6 +143,8 @@ def render_hf_spec(found, spec_dir: Path, out_dir: str) -> str:
     last = found.buckets["seq"][-1]
     run.insert(at, _c(f"  text: {text}", f"longer than {last} tokens: " + (
         "cut" if found.truncate else "rejected")))
+    run.insert(at + 1, _c(f"  group_by_length: {found.window}",
+                          "similar lengths batched; outputs in input order"))
     return "\n".join(lines + run) + "\n"
 
 

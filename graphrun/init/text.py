@@ -9,6 +9,9 @@ from graphrun.base.errors import InputError
 from graphrun.init.infer import propose_buckets
 
 SEQ_VALUES = 4  # seq bucket values fitted to the sample's lengths, before the model's limit
+GRAPHS = 12  # graphs planned per text job: each seq value less padding; unselected are never set up
+GROUP_CAP = 16384  # records per window at most: a window's inputs and outputs wait in memory
+SEQ_MULTIPLE = 8  # seq values are multiples of 8 (GPU kernels favour them), up to the limit
 TEXT_NAMES = ("text", "sentence", "sentences", "content", "prompt", "query", "document")
 
 
@@ -108,3 +111,52 @@ def seq_values(lengths: np.ndarray, batch_size: int, limit: int, whole: bool) ->
     weights = np.array([len(cut[s:s + batch_size]) for s in starts], dtype=np.float64)
     values = best_values(needs, weights, SEQ_VALUES)
     return sorted(set(values) | (set() if whole else {limit}))
+
+
+def group_window(profile, batch_size: int) -> int:
+    """data.group_by_length for a text file: the whole file in one window where it holds at
+    most GROUP_CAP records, else windows of about GROUP_CAP in whole batches."""
+    cap = -(-GROUP_CAP // batch_size) * batch_size
+    return min(profile.records, cap) if profile.records else cap
+
+
+def batch_shapes(lengths: np.ndarray, batch_size: int, window: int | None) -> list[tuple]:
+    """(records, longest, tokens) of each batch the run forms from these lengths: cut in file
+    order, or (window) from each window sorted by length, as read/grouping.py does."""
+    out = []
+    for start in range(0, len(lengths), window or len(lengths)):
+        part = lengths[start:start + (window or len(lengths))]
+        part = np.sort(part, kind="stable") if window else part
+        for b in range(0, len(part), batch_size):
+            rows = part[b:b + batch_size]
+            out.append((len(rows), int(rows.max()), int(rows.sum())))
+    return out
+
+
+def plan_grouped(found, texts: list[str], tokenizer, limit: int) -> None:
+    """found (init_hf.HfInferred): data.group_by_length (found.window), and the batch and seq
+    buckets planned (plan/planner.py, at most GRAPHS graphs) for the batches grouping forms
+    from the sampled texts' token lengths, never past the model's limit; found.padding: the
+    token padding expected (batches in file order with their own best plan, then grouped)."""
+    from graphrun.plan.auto import covering
+    from graphrun.plan.planner import batches_histogram, evaluate, plan
+    from graphrun.spec.keys import BATCH
+
+    p = found.profile
+    lengths = token_lengths(tokenizer, texts)
+    whole = p.records is not None and p.records <= p.sampled
+    found.limit, found.lengths = limit, (int(lengths.min()), int(lengths.max()))
+    found.truncate = not whole or found.lengths[1] > limit
+    found.window = group_window(p, found.batch_size)
+    # the sample stands for the file: its windows hold the file's share of a window's records
+    share = 1.0 if whole or not p.records else len(lengths) / p.records
+    window = max(found.batch_size, round(found.window * share))
+    cut = np.minimum(lengths, limit)
+    axes = (BATCH, "seq")
+    grouped = batches_histogram(axes, batch_shapes(cut, found.batch_size, window))
+    in_order = batches_histogram(axes, batch_shapes(cut, found.batch_size, None))
+    every = {} if whole else {"seq": limit}  # a text the sample did not see is cut there
+    chosen = plan(covering(grouped, every, {"seq": limit}), GRAPHS, {"seq": SEQ_MULTIPLE})
+    before = plan(covering(in_order, every, {"seq": limit}), GRAPHS, {"seq": SEQ_MULTIPLE})
+    found.buckets = {BATCH: chosen.lists[BATCH], "seq": chosen.lists["seq"]}
+    found.padding = (before.waste, evaluate(grouped, found.buckets).waste)

@@ -233,6 +233,10 @@ def bucket_setup(manifest) -> str:
     skipped = sum(b.status == "skipped" for b in buckets)
     if skipped:
         said.append(f"{skipped} skipped (the manifest says why)")
+    unchecked = [b for b in buckets if b.status == "eager" and b.set_up and not b.capture_s
+                 and not any(lane.verify for lane in b.lanes)]
+    if unchecked and len(unchecked) == sum(b.set_up is not None for b in buckets):
+        said.append("all eager: nothing captured, so no warm-up and no replay-vs-eager check")
     return "buckets: " + ", ".join(said)
 
 

@@ -76,9 +76,12 @@ def _pin_text_length(spec: PipelineSpec, auto: list[str]) -> tuple[PipelineSpec,
     return spec.model_copy(update={"data": data}), {axis: limit}
 
 
-def covering(hist, limits: dict):
+def covering(hist, limits: dict, caps: dict | None = None):
     """The histogram with a batch shape of no weight at each limit, so that the plan's largest
-    value on that axis covers it (a limit below the sample's largest changes nothing)."""
+    value on that axis covers it (a limit below the sample's largest changes nothing); no
+    planned value passes a limit or a cap (caps: limits not to cover, e.g. the model's
+    positions where longer texts are rejected, not cut)."""
+    hist = dataclasses.replace(hist, limits={**hist.limits, **(caps or {}), **limits})
     if not limits:
         return hist
     row = np.ones((1, len(hist.axes)), dtype=hist.needs.dtype)

@@ -43,6 +43,8 @@ class Histogram:
     rejected: int = 0
     sampled: bool = False
     reasons: dict[str, int] = field(default_factory=dict)
+    # axis -> the largest value a plan may give it (plan/limits.py): rounding stops there
+    limits: dict[str, int] = field(default_factory=dict)
 
     def largest(self, axis: str) -> int:
         return int(self.needs[:, self.axes.index(axis)].max())
@@ -185,6 +187,17 @@ def best_values(needs: np.ndarray, weights: np.ndarray, k: int) -> list[int]:
     return sorted(values[chosen].tolist())
 
 
+def batches_histogram(axes: tuple[str, ...], rows: list[tuple]) -> Histogram:
+    """A histogram of batches known without reading the file (init's sample): rows of (records,
+    longest per variable axis..., real positions)."""
+    table = np.asarray(rows, np.int64).reshape(-1, len(axes) + 1)
+    shapes, inverse = np.unique(table[:, :-1], axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    return Histogram(axes, shapes, np.bincount(inverse).astype(np.int64),
+                     np.bincount(inverse, weights=table[:, -1]).astype(np.int64),
+                     int(table[:, 0].sum()), len(table))
+
+
 def _rounded(needs: np.ndarray, multiple: int) -> np.ndarray:
     return -(-needs // multiple) * multiple
 
@@ -204,7 +217,8 @@ def plan(hist: Histogram, max_graphs: int, multiple_of: dict[str, int] | None = 
     """The bucket lists of at most max_graphs graphs that minimise padded work; the axes in
     `fixed` keep their lists."""
     multiple_of, fixed = multiple_of or {}, fixed or {}
-    needs = np.stack([_rounded(hist.needs[:, i], multiple_of.get(a, 1))
+    needs = np.stack([np.minimum(_rounded(hist.needs[:, i], multiple_of.get(a, 1)),
+                                 hist.limits.get(a, UNBOUNDED))
                       for i, a in enumerate(hist.axes)], axis=1)
     distinct = [np.asarray(sorted(fixed[a])) if a in fixed else np.unique(needs[:, i])
                 for i, a in enumerate(hist.axes)]

@@ -190,7 +190,13 @@ class OutputSpec(Strict):
 class VerifySpec(Strict):
     """Replay-against-eager check run once per bucket before it is trusted."""
 
-    enabled: bool = Field(True, description="Check replay == eager and pad isolation per bucket.")
+    enabled: bool = Field(True, description="Check replay == eager and pad isolation per "
+                          "captured bucket.")
+    eager: bool = Field(False, description=(
+        "Also check the buckets that run eagerly (the eager backend, e.g. the CPU), where there "
+        "is no replay: the model gives the same outputs twice and padded rows do not move real "
+        "rows, at one eager run more per bucket. false: an eager bucket gets no warm-up and no "
+        "check (the manifest's reason says so)."))
     rtol: float = Field(1e-3, ge=0, description="Relative tolerance.")
     atol: float = Field(1e-3, ge=0, description=(
         "Absolute tolerance. bfloat16 and float16 outputs get 2 units of their precision at "
