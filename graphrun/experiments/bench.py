@@ -25,6 +25,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from graphrun.base.errors import GraphrunError
+from graphrun.engine.capture import setup_failed
 from graphrun.engine.probe import bucket_costs, synthetic_batch
 from graphrun.experiments.stats import Spread, Verdict, range_text, separated, spread, verdict
 from graphrun.spec.keys import BATCH, FLOAT_DTYPES, PipelineSpec
@@ -250,9 +252,11 @@ def round_robin(sessions: list[Session], keys: list, repeats: int, measure, note
                     continue
                 try:
                     got[s.mode][key].append(measure(s, key))
+                except GraphrunError:
+                    raise
                 except Exception as err:  # noqa: BLE001 - as open_sessions
-                    if s.mode == "eager":
-                        raise
+                    if s.mode == "eager":  # the model itself fails on this bucket's shape
+                        raise setup_failed(err, str(key)) from err
                     notes.append(f"{s.mode} failed: {type(err).__name__}: "
                                  f"{str(err).splitlines()[0]}")
                     alive.remove(s)
