@@ -8,6 +8,7 @@ from pathlib import Path
 
 from graphrun.experiments import charts as c
 from graphrun.experiments.bench import Bench
+from graphrun.experiments.stats import range_text
 
 GRAPH_BACKENDS = ("cuda-graph", "torch.compile reduce-overhead")  # backends that capture
 
@@ -39,7 +40,7 @@ def bench_html(result: Bench) -> str:
     head = ["bucket", "mode", "backend"]
     head += (["tokens/s", "TTFT p50 ms", "TPOT p50 ms", "call p50 ms", "call p99 ms"] if gen
              else ["p50 us", "p90 us", "p99 us"])
-    head += ["speedup", "capture s", "graph MiB", "verify"]
+    head += ["p50 over repeats us", "speedup", "capture s", "graph MiB", "verify", "fastest"]
     rows = []
     for b in result.buckets:
         for m in b.modes:
@@ -53,16 +54,23 @@ def bench_html(result: Bench) -> str:
                           c.fmt(lat.get("p99", 0) / 1e3, ",.2f")]
             else:
                 cells += [c.fmt(lat.get(k), ",.0f") for k in ("p50", "p90", "p99")]
-            cells += [c.fmt(m.speedup, ".2f", "x"), c.fmt(m.capture_s, ".2f"),
+            # the speedup is marked ~ when it lies within the repeats' noise
+            noisy = m.speedup is not None and m.mode != "eager" and not m.speedup_beyond_noise
+            cells += [range_text(m.p50_spread_us, ",.0f"),
+                      ("~" if noisy else "") + c.fmt(m.speedup, ".2f", "x"),
+                      c.fmt(m.capture_s, ".2f"),
                       c.fmt(None if m.memory_bytes is None else m.memory_bytes / 2**20, ",.1f"),
-                      "-" if m.verify is None else ("passed" if m.verify else "FAILED")]
+                      "-" if m.verify is None else ("passed" if m.verify else "FAILED"),
+                      b.fastest.text if b.fastest is not None and m is b.modes[0] else ""]
             rows.append(cells)
     return c.table(head, rows, "bench")
 
 
 def _about(result: Bench) -> str:
     text = (f"{result.iters} timed steps per bucket and mode after {result.warmup} warm-up, over "
-            f"{result.distinct} input batches; inputs: {result.inputs}")
+            f"{result.distinct} input batches, {result.repeats} repeats with the modes taking "
+            f"turns; inputs: {result.inputs}. A mode is named fastest only beyond the repeats' "
+            "spread; ~ marks a speedup within it")
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in result.notes)
     return f'<p class="about">{html.escape(text)}</p>' + (
         f'<ul class="notes">{notes}</ul>' if notes else "")
