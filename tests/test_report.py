@@ -53,14 +53,15 @@ def test_report_of_two_runs_is_self_contained_and_says_what_ran(write_spec, tmp_
     assert result.exit_code == 0, result.output
     page = out.read_text()
     # eager on the CPU: no graph memory chart; every other chart holds data
-    assert chart_names(page) == ["latency", "batches", "padding", "setup", "phases", "timeline"]
+    # and no set-up chart: on the CPU a bucket gets neither a warm-up nor a capture
+    assert chart_names(page) == ["latency", "batches", "padding", "phases", "timeline"]
     assert "memory (no graph memory: nothing captured)" in page
+    assert "setup (no warm-up or capture ran" in page
     assert not re.search(r"<script[^>]+src=", page) and "<link" not in page  # nothing fetched
-    assert page.count("Plotly.newPlot") == 6
+    assert page.count("Plotly.newPlot") == 5
     assert '"name":"a e2e p50"' in page and '"name":"b e2e p50"' in page
     assert banner(page) == [f"a: {EAGER}", f"b: {EAGER}"]
     assert "capture s" not in page  # no capture trace where nothing was captured
-    assert "warm-up seconds (eager: nothing captured)" in page
     # padded rows are bars per bucket (categories), not a line joining them
     chart = page.split('data-chart="padding"')[1].split("data-chart")[0]
     assert '"name":"b padded rows"' in chart and '"type":"bar"' in chart
@@ -228,7 +229,7 @@ def test_report_of_a_cpu_bench_folder_has_its_table_and_only_latency(write_spec,
     assert "bench-speedup (eager alone ran" in page
     table = page.split('<table class="bench">')[1].split("</table>")[0]
     assert table.count("<tr>") == 1 + len(result.buckets)
-    assert "batch=4" in table and "passed" in table
+    assert "batch=4" in table and "FAILED" not in table  # eager on the CPU: verify is off
 
 
 def test_a_bench_with_graphs_draws_speedup_capture_and_memory(write_spec, tmp_path):

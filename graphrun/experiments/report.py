@@ -25,7 +25,7 @@ PHASES = ("read", "stage", "read_wait", "launch", "device_wait", "write")
 FIRST_REJECTS = 5  # rejects shown per run; rejects.jsonl has them all
 
 LEFT_OUT = {"latency": "no batch ran", "batches": "no batch ran",
-            "padding": "no padded rows or positions", "setup": "no bucket was set up",
+            "padding": "no padded rows or positions", "setup": "no warm-up or capture ran (eager on the CPU needs neither)",
             "memory": "no graph memory: nothing captured",
             "phases": "no host phase times", "timeline": "no latencies.jsonl"}
 
