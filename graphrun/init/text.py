@@ -107,7 +107,10 @@ def seq_values(lengths: np.ndarray, batch_size: int, limit: int, whole: bool) ->
 
     cut = np.minimum(-(-lengths // 8) * 8, limit)
     starts = range(0, len(cut), batch_size)
-    needs = np.array([cut[s:s + batch_size].max() for s in starts], dtype=np.int64)
+    # a batch also covers the next few records: a record rejected by the run but not by the
+    # sample (or the other way) moves every later cut of a window by one
+    slack = max(1, batch_size // 16)
+    needs = np.array([cut[s:s + batch_size + slack].max() for s in starts], dtype=np.int64)
     weights = np.array([len(cut[s:s + batch_size]) for s in starts], dtype=np.float64)
     values = best_values(needs, weights, SEQ_VALUES)
     return sorted(set(values) | (set() if whole else {limit}))
