@@ -206,7 +206,10 @@ def run_plan(spec_path: Path, overrides, max_graphs: int | None, sample: int | N
     if note is not None:
         echo(note.text())
     if generating:
-        echo(f"graphs, planned: {graphs.text()}; at most {max_graphs} (--max-graphs)")
+        over = graphs.total > max_graphs
+        echo(f"graphs, planned: {graphs.text()}; " + (
+            f"more than --max-graphs {max_graphs}: one prompt bucket makes this many"
+            if over else f"at most {max_graphs} (--max-graphs)"))
     echo(padding_line(spec, rows))
     if hist.rejected:
         top = sorted(hist.reasons.items(), key=lambda kv: -kv[1])[0][0]
