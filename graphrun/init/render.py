@@ -18,7 +18,7 @@ from graphrun.spec.keys import BATCH
 SCHEMA_NAME = "pipeline.schema.json"
 _PLAIN = re.compile(r"[A-Za-z_./][A-Za-z0-9_./-]*")
 _COMMENT_COL = 44
-GROUP_WINDOW = 4096  # data.group_by_length of a generation spec: prompts sorted per window
+GROUP_WINDOW = 4096  # prompts per window of a generation spec at most (the whole file if fewer)
 
 
 def render_spec(found, spec_dir: Path, out_dir: str) -> str:
