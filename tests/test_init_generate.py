@@ -208,8 +208,7 @@ def test_buckets_are_planned_for_the_grouped_batches_within_the_graph_bound(tmp_
     # 48 prompts and 3 bad lines in one window, batches of 8: no other size is ever selected
     assert spec.data.group_by_length == 51
     assert batch == [8]
-    # the sample has left out lines, so a prompt it did not see is cut at the limit:
-    # 200 positions less 128 new tokens
+    # the longest prompts are cut at the limit: 200 positions less 128 new tokens
     assert seq[-1] == 72 and spec.data.text.truncate is True and max(seq) <= 72
     assert all(v % 8 == 0 for v in seq) and len(seq) > 1
     graphs = graphs_of(spec.buckets, 128)
@@ -221,6 +220,26 @@ def test_buckets_are_planned_for_the_grouped_batches_within_the_graph_bound(tmp_
     assert f"graphs: {graphs.prefill} prefill + {graphs.decode} decode" in spec_path.read_text()
     grouped, in_order = expected_padding(result.output)
     assert grouped < in_order
+
+
+def test_a_sample_of_the_whole_file_with_bad_lines_needs_no_bucket_at_the_limit(tmp_path):
+    """Every line read, the bad ones too (the run rejects them as well): no prompt the sample
+    did not see can come, so the last bucket is the longest prompt's and a longer one would be
+    rejected, not cut."""
+    data = tmp_path / "prompts.jsonl"
+    write_prompts(data)
+    with open(data, "a") as f:
+        f.write("{not json\n" + json.dumps({"id": "n", "prompt": 7}) + "\n")
+    folder = short_model(tmp_path, 300)  # prompts of 3-113 tokens; 172 positions left
+    result, spec_path = init(tmp_path, folder, data=data)
+    assert result.exit_code == 0, result.output
+    spec = graphrun.load_spec(spec_path)
+    assert spec.buckets["seq"][-1] == 120 and spec.data.text.truncate is False
+    assert "the sample is the whole file, so a longer text is rejected" in result.output
+    result, spec_path = init(tmp_path, folder, "--sample", 10, "--force", data=data)
+    assert result.exit_code == 0, result.output
+    spec = graphrun.load_spec(spec_path)  # a part of the file: the limit, where longer are cut
+    assert spec.buckets["seq"][-1] == 168 and spec.data.text.truncate is True
 
 
 def test_the_written_spec_runs_and_pads_as_init_said(tmp_path):

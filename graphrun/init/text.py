@@ -121,7 +121,7 @@ def plan_grouped(found, texts: list[str], tokenizer, limit: int, *,
             return plan(hist, GRAPHS, {"seq": SEQ_MULTIPLE})
     p = found.profile
     lengths = token_lengths(tokenizer, texts)
-    whole = p.records is not None and p.records <= p.sampled
+    whole = p.whole
     found.limit, found.lengths = limit, (int(lengths.min()), int(lengths.max()))
     found.truncate = not whole or found.lengths[1] > limit
     found.window = group_window(p, found.batch_size, window_most)
