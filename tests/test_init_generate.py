@@ -1,14 +1,18 @@
 """`graphrun init --hf DIR --task generate`: a generation spec for a causal LM over a prompts
-file; it validates, its seq buckets fit prompt and new tokens into the model's positions, and
-a model that is no causal LM is one clear message."""
+file; it validates, its batch and seq buckets are planned for the grouped batches within a
+bounded count of prefill and decode graphs, its seq buckets fit prompt and new tokens into the
+model's positions, the written spec runs and pads as init said, `graphrun plan` plans a
+generation spec the same way, and a model that is no causal LM is one clear message."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -53,10 +57,11 @@ def test_the_written_spec_is_a_generation_job_that_validates(tmp_path):
     assert (spec.model.hf.class_, spec.model.dtype) == ("AutoModelForCausalLM", "float32")
     assert spec.inputs == {} and spec.outputs == {}
     assert spec.data.text.field == "prompt" and spec.data.id_field == "id"
-    assert spec.data.group_by_length == 4096 and spec.data.batch_size == 8
+    assert spec.data.group_by_length == 30 and spec.data.batch_size == 8  # the whole file
     g = spec.generate
     assert (g.max_new_tokens, g.sampling.method, g.stop.eos) == (128, "greedy", "auto")
-    assert spec.buckets["batch"] == [1, 2, 4, 8]
+    # 3 batches of 8 and one of 6: no batch bucket between them is ever selected
+    assert set(spec.buckets["batch"]) <= {6, 8} and 8 in spec.buckets["batch"]
     seq = spec.buckets["seq"]
     assert all(v % 8 == 0 for v in seq) and seq[-1] + 128 <= 1024
     assert spec.output.format == "jsonl"
@@ -127,3 +132,208 @@ def test_the_default_task_is_what_config_json_computes(tmp_path):
     assert result.exit_code == 0, result.output
     spec = graphrun.load_spec(spec_path)
     assert spec.generate is None and list(spec.outputs) == ["next_ids", "next_probs"]
+
+
+# ---- the plan: grouped batches, graphs counted, the limit, padding as init says ---------------
+
+WORDS = "the river city train report night garden letter music storm".split()
+
+
+def short_model(tmp_path: Path, positions: int = 200) -> Path:
+    """The tiny Llama with fewer positions: a prompt gets positions - 128 (init's new tokens)."""
+    folder = tmp_path / f"tiny-{positions}"
+    shutil.copytree(TINY, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config,
+                                                    "max_position_embeddings": positions}))
+    return folder
+
+
+def varied_prompts(path: Path, n: int = 48, seed: int = 0, bad: bool = True) -> list[str]:
+    """n prompts of long-tailed lengths (a few past 72 tokens), in no order of length, and
+    (bad) three lines the run rejects: not JSON, a number for a prompt, no prompt field."""
+    rng = np.random.default_rng(seed)
+    words = np.minimum(rng.pareto(1.2, n) * 6 + 1, 150).astype(int)
+    lines = [json.dumps({"id": f"q{i}", "prompt": " ".join(rng.choice(WORDS, k))})
+             for i, k in enumerate(words)]
+    if bad:
+        lines[5:5] = ["{not json"]
+        lines[20:20] = [json.dumps({"id": "num", "prompt": 7})]
+        lines[33:33] = [json.dumps({"id": "none", "text": "no prompt here"})]
+    path.write_text("\n".join(lines) + "\n")
+    return lines
+
+
+def expected_padding(output: str) -> tuple[float, float]:
+    """(grouped, file order) prompt padding init printed, as fractions."""
+    said = " ".join(output.split())
+    found = re.search(r"(\d+)% of prompt token positions padding expected \((\d+)% for "
+                      r"batches in file order\)", said)
+    assert found, said
+    return int(found.group(1)) / 100, int(found.group(2)) / 100
+
+
+def test_batch_needs_cover_the_next_few_records():
+    """The planned need of a batch is the longest of its records and the next slack ones, so
+    a record the run rejects and the sample did not (every later cut of the window moves by
+    one) leaves each batch within the prompt length planned for it."""
+    from graphrun.init.generate import slack
+    from graphrun.init.text import batch_shapes
+
+    assert (slack(4), slack(32), slack(64)) == (1, 2, 4)
+    lengths = np.array([9] * 7 + [40] + [9] * 4)
+    # in file order, batches of 4: the 40 is the second batch's, and the first's next record
+    assert [s[1] for s in batch_shapes(lengths, 4, None)] == [9, 40, 9]
+    assert [s[1] for s in batch_shapes(lengths, 4, None, slack=1)] == [9, 40, 9]
+    assert [s[1] for s in batch_shapes(lengths, 4, None, slack=4)] == [40, 40, 9]
+    assert [s[0] for s in batch_shapes(lengths, 4, None, slack=4)] == [4, 4, 4]  # own rows
+    rng = np.random.default_rng(3)
+    window = rng.integers(1, 300, 61)
+    planned = [s[1] for s in batch_shapes(window, 8, 61, slack=slack(8))]
+    for dropped in range(len(window)):
+        shifted = batch_shapes(np.delete(window, dropped), 8, 61)
+        assert all(s[1] <= need for s, need in zip(shifted, planned)), dropped
+
+
+def test_buckets_are_planned_for_the_grouped_batches_within_the_graph_bound(tmp_path):
+    from graphrun.plan.generation import GRAPHS, graphs_of
+
+    data = tmp_path / "prompts.jsonl"
+    varied_prompts(data)
+    folder = short_model(tmp_path)
+    result, spec_path = init(tmp_path, folder, data=data)
+    assert result.exit_code == 0, result.output
+    spec = graphrun.load_spec(spec_path)
+    seq, batch = spec.buckets["seq"], spec.buckets["batch"]
+    # 48 prompts and 3 bad lines in one window, batches of 8: no other size is ever selected
+    assert spec.data.group_by_length == 51
+    assert batch == [8]
+    # the longest prompts are cut at the limit: 200 positions less 128 new tokens
+    assert seq[-1] == 72 and spec.data.text.truncate is True and max(seq) <= 72
+    assert all(v % 8 == 0 for v in seq) and len(seq) > 1
+    graphs = graphs_of(spec.buckets, 128)
+    assert graphs.total <= GRAPHS and graphs.prefill == len(batch) * len(seq)
+    assert max(graphs.kv) <= 200  # no decode graph past the model's positions
+    said = " ".join(result.output.split())
+    assert f"buckets: {graphs.total} graphs ({graphs.prefill} prefill, {graphs.decode} decode" \
+        in said
+    assert f"graphs: {graphs.prefill} prefill + {graphs.decode} decode" in spec_path.read_text()
+    grouped, in_order = expected_padding(result.output)
+    assert grouped < in_order
+
+
+def test_a_sample_of_the_whole_file_with_bad_lines_needs_no_bucket_at_the_limit(tmp_path):
+    """Every line read, the bad ones too (the run rejects them as well): no prompt the sample
+    did not see can come, so the last bucket is the longest prompt's and a longer one would be
+    rejected, not cut."""
+    data = tmp_path / "prompts.jsonl"
+    write_prompts(data)
+    with open(data, "a") as f:
+        f.write("{not json\n" + json.dumps({"id": "n", "prompt": 7}) + "\n")
+    folder = short_model(tmp_path, 300)  # prompts of 3-113 tokens; 172 positions left
+    result, spec_path = init(tmp_path, folder, data=data)
+    assert result.exit_code == 0, result.output
+    spec = graphrun.load_spec(spec_path)
+    assert spec.buckets["seq"][-1] == 120 and spec.data.text.truncate is False
+    assert "the sample is the whole file, so a longer text is rejected" in result.output
+    result, spec_path = init(tmp_path, folder, "--sample", 10, "--force", data=data)
+    assert result.exit_code == 0, result.output
+    spec = graphrun.load_spec(spec_path)  # a part of the file: the limit, where longer are cut
+    assert spec.buckets["seq"][-1] == 168 and spec.data.text.truncate is True
+
+
+def test_the_written_spec_runs_and_pads_as_init_said(tmp_path):
+    """The spec init writes runs on the CPU (bad lines skipped, few new tokens so the test is
+    quick: the prompt buckets do not change), and its prompt padding, in the manifest, is the
+    padding init printed."""
+    data = tmp_path / "prompts.jsonl"
+    lines = varied_prompts(data)
+    folder = short_model(tmp_path)
+    result, spec_path = init(tmp_path, folder, data=data)
+    assert result.exit_code == 0, result.output
+    grouped, _ = expected_padding(result.output)
+    out = tmp_path / "out"
+    run = cli("run", spec_path, "--out", out, "--set", "data.on_bad_record=skip",
+              "--set", "generate.max_new_tokens=3")
+    assert run.exit_code == 0, run.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    totals = manifest["totals"]
+    assert (totals["records_in"], totals["records_out"], totals["records_rejected"]) == (
+        len(lines), len(lines) - 3, 3)
+    assert totals["texts_truncated"] >= 1  # the long tail, cut from the left at 72 tokens
+    g = manifest["grouping"]
+    ran = g["padded_positions"]["seq"] / g["positions_run"]["seq"]
+    assert abs(ran - grouped) <= 0.05, (ran, grouped)
+    spec = graphrun.load_spec(spec_path)
+    used = {tuple(b["sizes"].values()) for b in manifest["buckets"] if b["batches"]}
+    assert all(s in spec.buckets["seq"] and b in spec.buckets["batch"] for b, s in used)
+    rows = []
+    for part in sorted(out.glob("part-*.jsonl")):
+        rows += [json.loads(line) for line in part.read_text().splitlines()]
+    assert [r["id"] for r in rows] == [f"q{i}" for i in range(len(lines) - 3)]  # input order
+    assert max(r["prompt_tokens"] for r in rows) <= 72
+
+
+def test_the_graphs_counted_are_the_ones_the_generator_sets_up():
+    """plan/generation.py counts graphs as the generator makes them: every graph of the lists
+    (set up at once with capture.lazy off), and those a batch of each shape sets up."""
+    import torch
+
+    from graphrun.generate.builtin import build_llama
+    from graphrun.generate.config import GenerateConfig
+    from graphrun.generate.generator import Generator
+    from graphrun.plan.generation import graphs_of
+    from graphrun.plan.planner import batches_histogram
+
+    lists = {"batch": [2, 4], "seq": [8, 24, 40]}
+    new = 20
+    model = build_llama(max_len=64, vocab=64)
+    make = dict(config=GenerateConfig(max_new_tokens=new), batch_buckets=lists["batch"],
+                prompt_buckets=lists["seq"], device="cpu", dtype=torch.float32,
+                backend="eager")
+    every = Generator(model, lazy=False, **make)
+    counted = graphs_of(lists, new)
+    assert len(every.table.entries) == counted.total
+    assert sorted({k.length for k in every.table.entries if k.kind == "decode"}) == counted.kv
+    lazy = Generator(model, **make)
+    shapes = [(4, 20), (1, 5), (3, 33)]  # (prompts, longest prompt)
+    for n, longest in shapes:
+        lazy.generate([[3] * longest] * n, list(range(n)))
+    hist = batches_histogram(("batch", "seq"), [(n, p, n * p) for n, p in shapes])
+    assert len(lazy.table.entries) == graphs_of(lists, new, hist).selected
+
+
+def test_plan_on_a_generation_spec_counts_its_graphs_and_stops_at_the_positions_left(tmp_path):
+    data = tmp_path / "prompts.jsonl"
+    varied_prompts(data, n=60, seed=1, bad=False)
+    folder = short_model(tmp_path)
+    result, spec_path = init(tmp_path, folder, data=data)
+    assert result.exit_code == 0, result.output
+    for new, room in ((128, 72), (64, 136)):
+        planned = cli("plan", spec_path, "--set", f"generate.max_new_tokens={new}",
+                      "--set", f"data.text.max_length={room + 50}", "--max-graphs", 24)
+        assert planned.exit_code == 0, planned.output
+        said = " ".join(planned.output.split())
+        assert (f"seq stops at {room}: the model's 200 positions (config.json's "
+                f"max_position_embeddings) less generate.max_new_tokens ({new})") in said
+        lists = yaml_lists(planned.output)
+        assert max(lists["seq"]) == room  # texts are cut there: the plan covers them
+        graphs = int(re.search(r"graphs, planned: (\d+) graphs", said).group(1))
+        assert graphs <= 24
+        assert "of the prompt positions prefill computes" in said
+    wrote = cli("plan", spec_path, "--write")
+    assert wrote.exit_code == 0, wrote.output
+    spec = graphrun.load_spec(spec_path)
+    from graphrun.plan.generation import GRAPHS, graphs_of
+
+    graphs = graphs_of(spec.buckets, 128)
+    assert graphs.total <= GRAPHS and max(spec.buckets["seq"]) <= 72
+    assert f"graphs: {graphs.prefill} prefill + {graphs.decode} decode" in spec_path.read_text()
+    assert f"generation spec, prefill and decode graphs (default {GRAPHS})" in " ".join(
+        cli("plan", "--help").output.split())
+
+
+def yaml_lists(output: str) -> dict:
+    import yaml
+
+    return yaml.safe_load(output[output.rindex("buckets:"):])["buckets"]

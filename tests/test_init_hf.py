@@ -16,7 +16,6 @@ from click.testing import CliRunner
 
 import graphrun
 from graphrun.cli.main import main
-from graphrun.init.text import seq_values
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("transformers") is None or
@@ -174,10 +173,6 @@ def test_seq_buckets_come_from_the_token_lengths_and_end_at_the_models_limit(tmp
     # a sample of the file: the last bucket is the model's limit, longer texts cut there
     spec = graphrun.load_spec(part)
     assert spec.buckets["seq"][-1] == LIMIT and spec.data.text.truncate is True
-    # fitted to what the batches need: 8 batches of 4 needing 9 and one needing 40
-    lengths = np.array([9] * 28 + [40] + [9] * 3)
-    assert seq_values(lengths, 4, 64, whole=True) == [16, 40]
-    assert seq_values(lengths, 4, 32, whole=False) == [16, 32]
 
 
 def test_buckets_are_planned_for_the_batches_grouping_forms(tmp_path, folders):

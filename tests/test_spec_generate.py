@@ -226,3 +226,15 @@ def test_the_shipped_generation_pipeline_validates():
     assert spec.buckets == {"batch": [1, 4, 16], "seq": [32, 64, 128, 256, 512]}
     assert (spec.generate.max_new_tokens, spec.generate.sampling.method) == (32, "greedy")
     assert spec.output.format == "jsonl" and spec.inputs == {}
+
+
+def test_a_prompt_bucket_and_its_new_tokens_past_the_positions_is_located(write_gen, tmp_path):
+    """A prompt and its new tokens share the model's positions: validate says so at the seq
+    list (the run would stop only once the model is built)."""
+    (tmp_path / "model" / "config.json").write_text('{"max_position_embeddings": 40}')
+    found = problems(write_gen())
+    assert any(p.split(": ", 1)[0].endswith("gen.yaml:17:8") and
+               "buckets.seq: 32 + generate.max_new_tokens (16) is past the model's 40 positions"
+               in p and "end the list at 24 or below" in p for p in found), found
+    (tmp_path / "model" / "config.json").write_text('{"max_position_embeddings": 48}')
+    assert load_spec(write_gen()).buckets["seq"] == [16, 32]

@@ -11,6 +11,9 @@ from pathlib import Path
 from graphrun.base.errors import SpecError, Problem
 from graphrun.plan.planner import Evaluation, Histogram
 from graphrun.plan.budget import budget_plan, largest_bucket_cost
+from graphrun.plan.generation import GRAPHS as GENERATE_GRAPHS
+
+MAX_GRAPHS = 8  # graphrun plan --max-graphs of a forward-pass spec (product of the lists)
 
 
 def flow_list(values: list[int]) -> str:
@@ -74,12 +77,13 @@ def yaml_snippet(lists: dict[str, list[int]]) -> str:
     return "buckets:\n" + "".join(f"  {a}: {flow_list(v)}\n" for a, v in lists.items())
 
 
-def write_buckets(path: Path, lists: dict[str, list[int]], notes: dict[str, str] | None = None
-                  ) -> str:
+def write_buckets(path: Path, lists: dict[str, list[int]], notes: dict[str, str] | None = None,
+                  counted: str | None = None) -> str:
     """Replace the bucket lists in the spec file in place (ruamel.yaml's round trip keeps
     comments, key order, flow or block style); returns the new text. The comments that
     describe the lists (init's graph count, an axis' "the last: the model's limit") are
-    rewritten to describe the new ones: notes, axis -> what its list is."""
+    rewritten to describe the new ones: notes, axis -> what its list is; counted: a generation
+    spec's graph count ("8 prefill + 32 decode")."""
     try:
         from ruamel.yaml import YAML
         from ruamel.yaml.comments import CommentedMap, CommentedSeq
@@ -105,17 +109,19 @@ def write_buckets(path: Path, lists: dict[str, list[int]], notes: dict[str, str]
             buckets[axis] = seq
     out = io.StringIO()
     yaml.dump(data, out)
-    new = _fresh_comments(out.getvalue(), lists, notes or {})
+    new = _fresh_comments(out.getvalue(), lists, notes or {}, counted)
     path.write_text(new)
     return new
 
 
 # the comments init (or an earlier plan) wrote of a list; a user's own comment is kept
-_DESCRIBES = re.compile(r"\s*(up to data\.batch_size|(lengths|tokens) \d+-\d+ in the sample|"
-                        r"planned by graphrun plan|planned for the grouped batches)")
+_DESCRIBES = re.compile(r"\s*(up to data\.batch_size|(lengths|tokens|prompt tokens) \d+-\d+ in "
+                        r"the sample|planned by graphrun plan|planned for the grouped batches|"
+                        r"rows of the graphs, planned for the grouped batches)")
 
 
-def _fresh_comments(text: str, lists: dict[str, list[int]], notes: dict[str, str]) -> str:
+def _fresh_comments(text: str, lists: dict[str, list[int]], notes: dict[str, str],
+                    counted: str | None = None) -> str:
     """The buckets block's own comments made true of `lists`: the graph count on `buckets:`,
     and a flow list's trailing comment replaced by what the plan says of it."""
     graphs = math.prod(len(v) for v in lists.values())
@@ -125,6 +131,9 @@ def _fresh_comments(text: str, lists: dict[str, list[int]], notes: dict[str, str
             inside = True
             lines[i] = re.sub(r"one graph per combination: \d+",
                               f"one graph per combination: {graphs}", line)
+            if counted:
+                lines[i] = re.sub(r"graphs: \d+ prefill \+ \d+ decode", f"graphs: {counted}",
+                                  lines[i])
             continue
         if inside and line and not line[0].isspace():
             break
@@ -147,9 +156,11 @@ def parse_multiples(items: tuple[str, ...], axes: tuple[str, ...]) -> dict[str, 
     return out
 
 
-def run_plan(spec_path: Path, overrides, max_graphs: int, sample: int | None,
+def run_plan(spec_path: Path, overrides, max_graphs: int | None, sample: int | None,
              multiples: tuple[str, ...], write: bool, echo) -> dict[str, list[int]]:
-    """The verb: histogram, plan, table; the YAML printed, or written into the spec."""
+    """The verb: histogram, plan, table; the YAML printed, or written into the spec. A
+    generation spec's lists are planned by plan/generation.py, its graphs counted as prefill
+    and decode graphs; max_graphs None: the default of the spec's kind."""
     from rich.console import Console
 
     from graphrun.base.errors import InputError
@@ -159,24 +170,31 @@ def run_plan(spec_path: Path, overrides, max_graphs: int, sample: int | None,
     from graphrun.spec.load import load_spec
 
     spec = load_spec(spec_path, overrides)
+    generating = spec.generate is not None
+    if max_graphs is None:
+        max_graphs = GENERATE_GRAPHS if generating else MAX_GRAPHS
     multiple_of = {**spec.buckets_multiple_of, **parse_multiples(multiples, tuple(spec.axes))}
     hist = histogram(spec, sample=sample)
     if hist.batches == 0:
         raise InputError("no valid record to plan from", where=str(spec.data.path))
     limits = axis_limits(spec)
-    cuda = _cuda(spec)
-    if spec.capture.memory_budget_mib is not None:
-        echo("measuring one bucket to keep the plan within capture.memory_budget_mib ...")
+    caps = {a: lim.value for a, lim in limits.items()}
     # texts are cut at a limit: the plan's last value stays there, so --write does not move
     # where the run cuts them
     cut = {a: lim.value for a, lim in limits.items() if lim.cut}
-    chosen, note, model = budget_plan(spec, covering(hist, cut, {a: lim.value for a, lim in
-                                                           limits.items()}),
-                                      max_graphs, multiple_of, {}, cuda, str(spec_path))
-    rows = [] if spec.auto_axes else [("spec", evaluate(hist, spec.buckets))]
-    rows += [("power of two", power_of_two(hist, max_graphs, multiple_of,
-                                           {a: lim.value for a, lim in limits.items()})),
-             ("planned", chosen)]
+    if generating:
+        rows, graphs, cuda, note, model = _generation_rows(spec, hist, covering(hist, cut, caps),
+                                                           max_graphs, multiple_of, caps, echo)
+        chosen = rows[-1][1]
+    else:
+        graphs, cuda = None, _cuda(spec)
+        if spec.capture.memory_budget_mib is not None:
+            echo("measuring one bucket to keep the plan within capture.memory_budget_mib ...")
+        chosen, note, model = budget_plan(spec, covering(hist, cut, caps), max_graphs,
+                                          multiple_of, {}, cuda, str(spec_path))
+        rows = [] if spec.auto_axes else [("spec", evaluate(hist, spec.buckets))]
+        rows += [("power of two", power_of_two(hist, max_graphs, multiple_of, caps)),
+                 ("planned", chosen)]
     costs = None
     if cuda:
         echo("capturing the largest bucket to estimate capture time and memory ...")
@@ -187,6 +205,11 @@ def run_plan(spec_path: Path, overrides, max_graphs: int, sample: int | None,
                                         spec.capture.memory_budget_mib))
     if note is not None:
         echo(note.text())
+    if generating:
+        over = graphs.total > max_graphs
+        echo(f"graphs, planned: {graphs.text()}; " + (
+            f"more than --max-graphs {max_graphs}: one prompt bucket makes this many"
+            if over else f"at most {max_graphs} (--max-graphs)"))
     echo(padding_line(spec, rows))
     if hist.rejected:
         top = sorted(hist.reasons.items(), key=lambda kv: -kv[1])[0][0]
@@ -198,11 +221,40 @@ def run_plan(spec_path: Path, overrides, max_graphs: int, sample: int | None,
         if chosen.lists[axis][-1] == lim.value:
             notes[axis] = f"planned by graphrun plan; the last, {lim.value}, is {lim.why}"
     if write:
-        write_buckets(spec_path, chosen.lists, notes)
+        write_buckets(spec_path, chosen.lists, notes,
+                      f"{graphs.prefill} prefill + {graphs.decode} decode" if generating else None)
         echo(f"wrote the planned buckets into {spec_path}")
     else:
         echo("\n" + yaml_snippet(chosen.lists).rstrip())
     return chosen.lists
+
+
+def _generation_rows(spec, hist, covered, max_graphs: int, multiple_of: dict[str, int],
+                     caps: dict[str, int], echo):
+    """A generation spec's table rows (spec, power of two, planned; graphs: prefill and
+    decode) and the planned lists' graphs; nothing is measured on the device (a capture of
+    one generation bucket says little of its decode graphs), and capture.memory_budget_mib is
+    the run's to keep (the generator sizes its KV cache and graphs against it)."""
+    import dataclasses
+
+    from graphrun.plan.generation import graphs_of, plan_generation, power_of_two_generation
+    from graphrun.plan.planner import evaluate
+
+    new = spec.generate.max_new_tokens
+    if spec.capture.memory_budget_mib is not None:
+        echo("capture.memory_budget_mib: not planned for in a generation spec (the run keeps "
+             "its KV cache and graphs within it)")
+    chosen, graphs = plan_generation(covered, max_graphs, new, multiple_of)
+    rows = []
+    if not spec.auto_axes:
+        own = evaluate(hist, spec.buckets)
+        rows.append(("spec", dataclasses.replace(
+            own, graphs=graphs_of(spec.buckets, new).total)))
+    rows += [("power of two", power_of_two_generation(hist, max_graphs, new, multiple_of,
+                                                      caps)[0]),
+             ("planned", evaluate(hist, chosen.lists))]
+    rows[-1] = ("planned", dataclasses.replace(rows[-1][1], graphs=graphs.total))
+    return rows, graphs, False, None, None
 
 
 def padding_line(spec, rows: list[tuple[str, Evaluation]]) -> str:
@@ -212,10 +264,11 @@ def padding_line(spec, rows: list[tuple[str, Evaluation]]) -> str:
     after = rows[-1][1]
     how = (f"batches grouped by length (data.group_by_length: {spec.data.group_by_length})"
            if spec.data.group_by_length else "batches in input order")
+    what = "computed positions" if spec.generate is None else "prompt positions prefill computes"
     hint = ("" if spec.data.group_by_length or len(spec.axes) < 2 else
             "; data.group_by_length: N batches similar lengths together and pads less, "
             "outputs still in input order (plan again with --set data.group_by_length=N)")
-    return (f"padding expected, {how}: {before.waste:.1%} of the computed positions with the "
+    return (f"padding expected, {how}: {before.waste:.1%} of the {what} with the "
             f"{before_label} lists, {after.waste:.1%} planned{hint}")
 
 

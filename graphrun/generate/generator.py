@@ -30,7 +30,8 @@ from graphrun.generate.graphs import GraphTable, StepKey
 from graphrun.generate.hf_attention import HFCausalLM, is_hf_model, unsupported
 from graphrun.generate.kv_cache import KVCache
 from graphrun.generate.sampling import record_key
-from graphrun.generate.steps import RowState, decode_step, kv_lengths, prefill_step
+from graphrun.generate.steps import (RowState, decode_lengths, decode_step, kv_lengths,
+                                     prefill_step)
 
 MiB = 1 << 20
 
@@ -121,8 +122,8 @@ class Generator:
 
     def _batch_keys(self, b: int, p: int) -> list[StepKey]:
         """Every graph a batch on (b, p) can need: its prefill and its decode KV lengths."""
-        lengths = {self._kv_for(p + t) for t in range(1, self.config.max_new_tokens)}
-        return [StepKey("prefill", b, p)] + [StepKey("decode", b, n) for n in sorted(lengths)]
+        lengths = decode_lengths(self.kv, p, self.config.max_new_tokens)
+        return [StepKey("prefill", b, p)] + [StepKey("decode", b, n) for n in lengths]
 
     def _check_batch(self, prompts: list[list[int]], record_ids: list) -> tuple[int, int]:
         n = len(prompts)

@@ -14,6 +14,7 @@ from one, so the same closure runs eagerly (CPU, backend eager) or is captured.
 
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Callable, Protocol
 
@@ -157,3 +158,9 @@ def kv_lengths(prompt_buckets: list[int], max_new_tokens: int, max_len: int,
             reach = p + math.ceil(max_new_tokens * quarter / 4)
             lengths.add(min(max_len, -(-reach // align) * align))
     return sorted(lengths)
+
+
+def decode_lengths(kv: list[int], prompt: int, max_new_tokens: int) -> list[int]:
+    """The KV lengths (of `kv`, sorted) a batch on prompt bucket `prompt` decodes over: step t
+    writes column prompt + t - 1, so it runs on the smallest length holding prompt + t."""
+    return sorted({kv[bisect.bisect_left(kv, prompt + t)] for t in range(1, max_new_tokens)})

@@ -1,12 +1,14 @@
 """`graphrun init --hf DIR --task generate`: a generation spec for a causal LM. The prompts'
-field, seq buckets from their token lengths within the model's positions less the new tokens,
-and the generate section; inputs and outputs are implied, so the model is not built."""
+field, grouping by length, the batch and prompt (seq) buckets planned for the batches the run
+forms from the prompts' token lengths (plan/generation.py: prefill and decode graphs counted,
+at most GRAPHS), within the model's positions less the new tokens, and the generate section;
+inputs and outputs are implied, so the model is not built."""
 
 from __future__ import annotations
 
 from graphrun.base.errors import ModelError
 from graphrun.init.render import GROUP_WINDOW
-from graphrun.init.text import TEXT_NAMES, plan_seq
+from graphrun.init.text import SEQ_MULTIPLE, TEXT_NAMES, plan_grouped
 from graphrun.spec.generate import CAUSAL_LM_SUFFIXES
 
 NEW_TOKENS = 128  # generate.max_new_tokens of a written generation spec
@@ -28,18 +30,34 @@ def causal_arch(config) -> str:
 
 def plan_generate(found, texts: list[str], tokenizer, limit: int,
                   eos: list[int]) -> None:
-    """found (init_hf.HfInferred) as a generation job: seq buckets (prompt lengths) within
-    the positions that a prompt and its new tokens share, grouped batches, and the generate
-    section."""
+    """found (init_hf.HfInferred) as a generation job: grouped batches, their batch and prompt
+    buckets within the positions that a prompt and its new tokens share, the graphs they make
+    (found.graphs), and the generate section."""
+    from graphrun.plan.generation import GRAPHS, graphs_of, plan_generation
+
     room = limit - NEW_TOKENS
-    if room < 8:
+    if room < SEQ_MULTIPLE:
         raise ModelError(f"--hf: the model holds {limit} positions, too few for a prompt and "
                          f"{NEW_TOKENS} new tokens (generate.max_new_tokens); init writes "
                          "generation specs for models of more positions")
-    plan_seq(found, texts, tokenizer, room // 8 * 8, window=GROUP_WINDOW)
+
+    def planner(hist):
+        return plan_generation(hist, GRAPHS, NEW_TOKENS, {"seq": SEQ_MULTIPLE})[0]
+
+    batches = plan_grouped(found, texts, tokenizer, room // SEQ_MULTIPLE * SEQ_MULTIPLE,
+                           window_most=GROUP_WINDOW, slack=slack(found.batch_size),
+                           planner=planner)
+    found.graphs = graphs_of(found.buckets, NEW_TOKENS, batches)
     found.generate = {"max_new_tokens": NEW_TOKENS, "sampling": {"method": "greedy"},
                       "stop": {"eos": "auto"}}
     found.eos_ids, found.positions = eos, limit
+
+
+def slack(batch_size: int) -> int:
+    """Records past its own that a planned batch's prompt bucket covers: a record the run
+    rejects and the sample did not (or the other way) moves every later cut of its window by
+    one."""
+    return max(1, batch_size // 16)
 
 
 def eos_ids(transformers, where: str, config) -> list[int]:

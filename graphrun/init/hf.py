@@ -10,9 +10,10 @@ token lengths, never past the model's limit -> the model built as `run` builds i
 once on two tokenized records (output names and sizes) -> the spec, commented, validated,
 written.
 
-With --task generate (a causal LM only): the prompts' field, seq buckets from the prompts'
-token lengths within the model's limit less the new tokens, and a generate: section; inputs
-and outputs are implied, so the model is not built.
+With --task generate (a causal LM only): the prompts' field, grouping by length, the batch and
+seq (prompt) buckets planned for the batches it forms, their prefill and decode graphs counted
+(plan/generation.py), within the model's limit less the new tokens, and a generate: section;
+inputs and outputs are implied, so the model is not built.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class HfInferred(Inferred):
     positions: int = 0  # the model's positions, which a prompt and its new tokens share
     window: int | None = None  # data.group_by_length: records per window sorted by length
     padding: tuple[float, float] | None = None  # token padding expected: file order, grouped
+    graphs: object = None  # --task generate: plan/generation.py's GenerationGraphs of the lists
 
 
 def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml",
@@ -352,10 +354,13 @@ def _checks(found: HfInferred, config) -> list[str]:
            + _longer(found)]
     if found.window is not None:
         before, after = found.padding
+        what = "token" if found.generate is None else "prompt token"
         out.append(f"data.group_by_length {found.window}: batches of similar lengths (outputs "
-                   f"still in input order); buckets planned for them: {after:.0%} of token "
+                   f"still in input order); buckets planned for them: {after:.0%} of {what} "
                    f"positions padding expected ({before:.0%} for batches in file order)")
     if found.generate is not None:
+        out.append(f"buckets: {found.graphs.text()} (capture.lazy sets up only those a batch "
+                   "needs)")
         out.append(stop_check(found))
     labels = getattr(config, "id2label", None) or {}
     if task.kind == "classify" and not isinstance(found.text_field, str):

@@ -18,7 +18,7 @@ from graphrun.spec.keys import BATCH
 SCHEMA_NAME = "pipeline.schema.json"
 _PLAIN = re.compile(r"[A-Za-z_./][A-Za-z0-9_./-]*")
 _COMMENT_COL = 44
-GROUP_WINDOW = 4096  # data.group_by_length of a generation spec: prompts sorted per window
+GROUP_WINDOW = 4096  # prompts per window of a generation spec at most (the whole file if fewer)
 
 
 def render_spec(found, spec_dir: Path, out_dir: str) -> str:
@@ -173,7 +173,7 @@ def render_generate_spec(found, spec_dir: Path, out_dir: str) -> str:
            f"the prompt; longer than {last} tokens: "
            + ("cut from the left" if found.truncate else "rejected")),
         _c(f"  batch_size: {found.batch_size}", "prompts per batch"),
-        _c(f"  group_by_length: {GROUP_WINDOW}", "similar lengths batched; output in input order"),
+        _c(f"  group_by_length: {found.window}", "similar lengths batched; output in input order"),
         _c("  on_bad_record: error", "error | skip (to rejects.jsonl)"),
         "generate:",
         _c(f"  max_new_tokens: {gen['max_new_tokens']}", "new tokens per prompt at most"),
@@ -181,8 +181,9 @@ def render_generate_spec(found, spec_dir: Path, out_dir: str) -> str:
            "or {method: sample, temperature: 0.8, top_p: 0.95, seed: 0}"),
         _c(f"  stop: {_flow(gen['stop'])}",
            f"the model's EOS {found.eos_ids}" if found.eos_ids else "the model names no EOS"),
-        _c("buckets:", f"prefill graphs: {len(found.buckets[BATCH]) * len(found.buckets['seq'])}"),
-        _c(f"  {BATCH}: {_flow(found.buckets[BATCH])}", "rows of the decode graph"),
+        _c("buckets:", f"graphs: {found.graphs.prefill} prefill + {found.graphs.decode} decode"),
+        _c(f"  {BATCH}: {_flow(found.buckets[BATCH])}",
+           "rows of the graphs, planned for the grouped batches' sizes"),
         _c(f"  seq: {_flow(found.buckets['seq'])}", f"prompt tokens {lo}-{hi} in the sample"
            + ("; the last: the model's limit less the new tokens" if found.truncate else "")),
         "output:",

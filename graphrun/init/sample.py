@@ -69,6 +69,14 @@ class DataProfile:
     def format(self) -> str:
         return self.path.suffix.lstrip(".")
 
+    @property
+    def whole(self) -> bool:
+        """Every record of the file was read: those left out (bad lines, the few that
+        disagree) are records the run rejects too, so no record the sample did not see can
+        come."""
+        read = self.sampled + len(self.skipped) + len(self.disagree)
+        return self.records is not None and self.records <= read
+
 
 def sample_data(path: Path, limit: int, id_field: str | None = None, *,
                 text: bool = False) -> DataProfile:

@@ -1,14 +1,13 @@
-"""`graphrun init --hf`, the text half: which field holds the text, and seq buckets from the
-sampled texts' token lengths (init_hf.py and init_generate.py plan with these)."""
+"""`graphrun init --hf`, the text half: which field holds the text, and the batch and seq
+buckets planned for the batches the run forms from the sampled texts' token lengths
+(init/hf.py and init/generate.py plan with these)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from graphrun.base.errors import InputError
-from graphrun.init.infer import propose_buckets
 
-SEQ_VALUES = 4  # seq bucket values fitted to the sample's lengths, before the model's limit
 GRAPHS = 12  # graphs planned per text job: each seq value less padding; unselected are never set up
 GROUP_CAP = 16384  # records per window at most: a window's inputs and outputs wait in memory
 SEQ_MULTIPLE = 8  # seq values are multiples of 8 (GPU kernels favour them), up to the limit
@@ -81,85 +80,66 @@ def token_lengths(tokenizer, texts: list[str]) -> np.ndarray:
     return np.array([len(e.ids) for e in backend.encode_batch(texts)] or [1], dtype=np.int64)
 
 
-def plan_seq(found, texts: list[str], tokenizer, limit: int,
-             window: int | None = None) -> None:
-    """found (init_hf.HfInferred): its buckets (seq from the texts' token lengths) and
-    whether longer texts are cut. window: data.group_by_length, whose batches are cut from
-    each window sorted by length."""
-    p = found.profile
-    lengths = token_lengths(tokenizer, texts)
-    whole = p.records is not None and p.records <= p.sampled
-    found.limit, found.lengths = limit, (int(lengths.min()), int(lengths.max()))
-    batched = lengths if window is None else np.concatenate(
-        [np.sort(lengths[s:s + window]) for s in range(0, len(lengths), window)])
-    found.buckets = {**propose_buckets(p, found.batch_size, {}),
-                     "seq": seq_values(batched, found.batch_size, limit, whole)}
-    found.truncate = not whole or found.lengths[1] > limit
-
-
-def seq_values(lengths: np.ndarray, batch_size: int, limit: int, whole: bool) -> list[int]:
-    """The seq bucket values: SEQ_VALUES fitted to what the sample's batches need (each its
-    longest text, in file order, rounded up to a multiple of 8, which GPU kernels favour)
-    with the least padding (plan.best_values); unless the sample is the whole file, then the
-    model's limit too, so that a text the sample did not see is cut where the model would
-    cut it, never at the sample's longest."""
-    from graphrun.plan.planner import best_values
-
-    cut = np.minimum(-(-lengths // 8) * 8, limit)
-    starts = range(0, len(cut), batch_size)
-    # a batch also covers the next few records: a record rejected by the run but not by the
-    # sample (or the other way) moves every later cut of a window by one
-    slack = max(1, batch_size // 16)
-    needs = np.array([cut[s:s + batch_size + slack].max() for s in starts], dtype=np.int64)
-    weights = np.array([len(cut[s:s + batch_size]) for s in starts], dtype=np.float64)
-    values = best_values(needs, weights, SEQ_VALUES)
-    return sorted(set(values) | (set() if whole else {limit}))
-
-
-def group_window(profile, batch_size: int) -> int:
+def group_window(profile, batch_size: int, most: int = GROUP_CAP) -> int:
     """data.group_by_length for a text file: the whole file in one window where it holds at
-    most GROUP_CAP records, else windows of about GROUP_CAP in whole batches."""
-    cap = -(-GROUP_CAP // batch_size) * batch_size
+    most `most` records, else windows of about `most` in whole batches."""
+    cap = -(-most // batch_size) * batch_size
     return min(profile.records, cap) if profile.records else cap
 
 
-def batch_shapes(lengths: np.ndarray, batch_size: int, window: int | None) -> list[tuple]:
+def batch_shapes(lengths: np.ndarray, batch_size: int, window: int | None,
+                 slack: int = 0) -> list[tuple]:
     """(records, longest, tokens) of each batch the run forms from these lengths: cut in file
-    order, or (window) from each window sorted by length, as read/grouping.py does."""
+    order, or (window) from each window sorted by length, as read/grouping.py does. slack:
+    the longest is taken over the next `slack` records of the window too."""
     out = []
     for start in range(0, len(lengths), window or len(lengths)):
         part = lengths[start:start + (window or len(lengths))]
         part = np.sort(part, kind="stable") if window else part
         for b in range(0, len(part), batch_size):
             rows = part[b:b + batch_size]
-            out.append((len(rows), int(rows.max()), int(rows.sum())))
+            out.append((len(rows), int(part[b:b + batch_size + slack].max()), int(rows.sum())))
     return out
 
 
-def plan_grouped(found, texts: list[str], tokenizer, limit: int) -> None:
+def plan_grouped(found, texts: list[str], tokenizer, limit: int, *,
+                 window_most: int = GROUP_CAP, slack: int = 0, planner=None):
     """found (init_hf.HfInferred): data.group_by_length (found.window), and the batch and seq
-    buckets planned (plan/planner.py, at most GRAPHS graphs) for the batches grouping forms
-    from the sampled texts' token lengths, never past the model's limit; found.padding: the
-    token padding expected (batches in file order with their own best plan, then grouped)."""
+    buckets planned for the batches grouping forms from the sampled texts' token lengths,
+    never past `limit`; found.padding: the token padding expected (batches in file order with
+    their own best plan, then grouped). planner: histogram -> Evaluation, by default
+    plan/planner.py's plan of at most GRAPHS graphs. slack: a batch's need covers the next
+    `slack` records too (batch_shapes), so that a record the run rejects and the sample did
+    not, which moves every later cut of its window by one, still finds its bucket; the padding
+    expected is that of the batches' own lengths. Returns the grouped batches' histogram."""
     from graphrun.plan.auto import covering
     from graphrun.plan.planner import batches_histogram, evaluate, plan
     from graphrun.spec.keys import BATCH
 
+    if planner is None:
+        def planner(hist):
+            return plan(hist, GRAPHS, {"seq": SEQ_MULTIPLE})
     p = found.profile
     lengths = token_lengths(tokenizer, texts)
-    whole = p.records is not None and p.records <= p.sampled
+    whole = p.whole
     found.limit, found.lengths = limit, (int(lengths.min()), int(lengths.max()))
     found.truncate = not whole or found.lengths[1] > limit
-    found.window = group_window(p, found.batch_size)
+    found.window = group_window(p, found.batch_size, window_most)
     # the sample stands for the file: its windows hold the file's share of a window's records
     share = 1.0 if whole or not p.records else len(lengths) / p.records
     window = max(found.batch_size, round(found.window * share))
     cut = np.minimum(lengths, limit)
     axes = (BATCH, "seq")
-    grouped = batches_histogram(axes, batch_shapes(cut, found.batch_size, window))
-    in_order = batches_histogram(axes, batch_shapes(cut, found.batch_size, None))
     every = {} if whole else {"seq": limit}  # a text the sample did not see is cut there
-    chosen = plan(covering(grouped, every, {"seq": limit}), GRAPHS, {"seq": SEQ_MULTIPLE})
-    before = plan(covering(in_order, every, {"seq": limit}), GRAPHS, {"seq": SEQ_MULTIPLE})
+
+    def planned(group: int | None):
+        needs = batches_histogram(axes, batch_shapes(cut, found.batch_size, group, slack))
+        own = batches_histogram(axes, batch_shapes(cut, found.batch_size, group))
+        chosen = planner(covering(needs, every, {"seq": limit}))
+        return chosen, evaluate(own, chosen.lists), own
+
+    chosen, grouped, batches = planned(window)
+    _, in_order, _ = planned(None)
     found.buckets = {BATCH: chosen.lists[BATCH], "seq": chosen.lists["seq"]}
-    found.padding = (before.waste, evaluate(grouped, found.buckets).waste)
+    found.padding = (in_order.waste, grouped.waste)
+    return batches

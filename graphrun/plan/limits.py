@@ -1,5 +1,6 @@
-"""What no planned bucket may pass: the model's position table, the tokenizer's length and
-data.text's truncation length. A plan past them would capture graphs the model cannot run."""
+"""What no planned bucket may pass: the model's position table (for a generation job's prompts,
+less generate.max_new_tokens, which share it), the tokenizer's length and data.text's
+truncation length. A plan past them would capture graphs the model cannot run."""
 
 from __future__ import annotations
 
@@ -20,14 +21,18 @@ class Limit:
 def axis_limits(spec: PipelineSpec) -> dict[str, Limit]:
     """The seq axis of a Hugging Face model (or of tokenized text) -> its limit; {} where
     nothing is known (a target model's positions are its own business)."""
+    from graphrun.generate.records import with_implied_io
     from graphrun.read.text import seq_axis
 
+    spec = with_implied_io(spec)  # a generation job's prompts: its implied inputs
     axis = seq_axis(spec)
     if axis is None or (spec.model.hf is None and spec.data.text is None):
         return {}
     found: list[tuple[int, str]] = []
     if spec.model.hf is not None:
-        found += _positions(_model_folder(spec))
+        found += _positions(_model_folder(spec), spec.generate)
+    elif spec.generate is not None and spec.model.builtin == "llama":
+        found += _builtin_positions(spec)
     text = spec.data.text
     if text is not None:
         from graphrun.models.hf import tokenizer_folder
@@ -58,14 +63,33 @@ def _model_folder(spec: PipelineSpec) -> Path | None:
         return None  # not found here: the run says so where it loads the model
 
 
-def _positions(folder: Path | None) -> list[tuple[int, str]]:
+def _positions(folder: Path | None, generate) -> list[tuple[int, str]]:
+    """The model's positions; a generation job's prompt shares them with its new tokens."""
     from graphrun.spec.paths import model_positions
 
     found = model_positions(folder) if folder else None
     if found is None:
         return []
     value, key = found
-    return [(value, f"the model's {value} positions (config.json's {key})")]
+    if generate is None:
+        return [(value, f"the model's {value} positions (config.json's {key})")]
+    new = generate.max_new_tokens
+    return [(max(1, value - new), f"the model's {value} positions (config.json's {key}) less "
+             f"generate.max_new_tokens ({new})")]
+
+
+def _builtin_positions(spec: PipelineSpec) -> list[tuple[int, str]]:
+    """The builtin llama's max_len (model.args, else its builder's default), less the new
+    tokens."""
+    import inspect
+
+    from graphrun.generate.builtin import build_llama
+
+    value = spec.model.args.get("max_len",
+                                inspect.signature(build_llama).parameters["max_len"].default)
+    new = spec.generate.max_new_tokens
+    return [(max(1, int(value) - new), f"the builtin llama's max_len ({value}) less "
+             f"generate.max_new_tokens ({new})")]
 
 
 def _tokenizer_length(folder: str) -> list[tuple[int, str]]:

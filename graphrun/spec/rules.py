@@ -12,7 +12,7 @@ from typing import Iterator
 from graphrun.base import dtypes
 from graphrun.spec.keys import (BATCH, BUILTIN_NAMES, FLOAT_DTYPES, INPUT_SUFFIXES, INT_DTYPES,
                                 PipelineSpec)
-from graphrun.spec.generate import CAUSAL_LM_SUFFIXES, GENERATE_BUILTINS
+from graphrun.spec.generate import CAUSAL_LM_SUFFIXES, GENERATE_BUILTINS, PROMPT_AXIS
 
 Found = Iterator[tuple[tuple, str]]
 # One graph (or eager bucket) per combination of the axes' values is set up before the first
@@ -389,7 +389,7 @@ def _hf_paths(spec: PipelineSpec, base_dir: Path) -> Found:
         except ModelError as e:
             yield key, str(e).split(": ", 1)[1]
             continue
-        if key == ("model", "hf", "path") and spec.generate is None:
+        if key == ("model", "hf", "path"):
             yield from _past_positions(spec, folder)
 
 
@@ -400,11 +400,20 @@ def _past_positions(spec: PipelineSpec, folder: str) -> Found:
 
     ids = spec.inputs.get("input_ids")
     axis = ids.shape[1] if ids is not None and len(ids.shape) > 1 else None
+    new = spec.generate.max_new_tokens if spec.generate is not None else 0
+    axis = PROMPT_AXIS if spec.generate is not None else axis  # a prompt and its new tokens
     values = spec.buckets.get(axis) if isinstance(axis, str) else None
     found = model_positions(Path(folder)) if Path(folder).is_dir() else None
-    if not isinstance(values, list) or found is None or max(values) <= found[0]:
+    if not isinstance(values, list) or found is None or max(values) + new <= found[0]:
         return
     positions, key = found
+    if new:
+        yield ("buckets", axis), (
+            f"{max(values)} + generate.max_new_tokens ({new}) is past the model's {positions} "
+            f"positions (config.json's {key}), which a prompt and its new tokens share: end "
+            f"the list at {positions - new} or below, or lower max_new_tokens (graphrun plan "
+            "proposes values within it)")
+        return
     yield ("buckets", axis), (f"{max(values)} is past the model's {positions} positions "
                               f"(config.json's {key}): end the list at {positions} or below "
                               "(graphrun plan proposes values within it)")
