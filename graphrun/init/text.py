@@ -102,6 +102,34 @@ def batch_shapes(lengths: np.ndarray, batch_size: int, window: int | None,
     return out
 
 
+SAMPLE_WINDOWS = 64  # whole windows a file's plan weighs at most against its last, short one
+
+
+def file_batch_shapes(lengths: np.ndarray, batch_size: int, window: int, records: int,
+                      slack: int = 0) -> list[tuple]:
+    """batch_shapes of a file of `records` records grouped in windows of `window`, known from
+    a sample of it (`lengths`): each window's lengths taken as distributed as the sample's, a
+    batch cut at ranks [a, b) of its sorted window gets the sample's length at rank b's
+    quantile as its longest. (The sample cut into its share of a window instead gives every
+    window a short last batch, which whole windows of whole batches do not have, and batches
+    four times as wide in length.)"""
+    srt = np.sort(lengths)
+    s = len(srt)
+    total = np.concatenate([[0], np.cumsum(srt)])
+    full, rest = divmod(records, window)
+    out = []
+    for n, times in ((window, min(full, SAMPLE_WINDOWS)), (rest, 1 if rest else 0)):
+        rows = []
+        for a in range(0, n, batch_size):
+            b = min(a + batch_size, n)
+            top = min(s - 1, -(-(b + slack) * s // n) - 1)
+            lo = min(s - 1, a * s // n)
+            hi = max(lo + 1, -(-b * s // n))
+            rows.append((b - a, int(srt[top]), round((total[hi] - total[lo]) / (hi - lo) * (b - a))))
+        out += rows * times
+    return out
+
+
 def plan_grouped(found, texts: list[str], tokenizer, limit: int, *,
                  window_most: int = GROUP_CAP, slack: int = 0, planner=None):
     """found (init_hf.HfInferred): data.group_by_length (found.window), and the batch and seq
@@ -125,20 +153,24 @@ def plan_grouped(found, texts: list[str], tokenizer, limit: int, *,
     found.limit, found.lengths = limit, (int(lengths.min()), int(lengths.max()))
     found.truncate = not whole or found.lengths[1] > limit
     found.window = group_window(p, found.batch_size, window_most)
-    # the sample stands for the file: its windows hold the file's share of a window's records
-    share = 1.0 if whole or not p.records else len(lengths) / p.records
-    window = max(found.batch_size, round(found.window * share))
+    # a sample of part of the file stands for the file's windows (file_batch_shapes)
+    sampled = not whole and bool(p.records)
     cut = np.minimum(lengths, limit)
     axes = (BATCH, "seq")
     every = {} if whole else {"seq": limit}  # a text the sample did not see is cut there
 
+    def shapes(group: int | None, slack: int = 0) -> list[tuple]:
+        if group is not None and sampled:
+            return file_batch_shapes(cut, found.batch_size, group, p.records, slack)
+        return batch_shapes(cut, found.batch_size, group, slack)
+
     def planned(group: int | None):
-        needs = batches_histogram(axes, batch_shapes(cut, found.batch_size, group, slack))
-        own = batches_histogram(axes, batch_shapes(cut, found.batch_size, group))
+        needs = batches_histogram(axes, shapes(group, slack))
+        own = batches_histogram(axes, shapes(group))
         chosen = planner(covering(needs, every, {"seq": limit}))
         return chosen, evaluate(own, chosen.lists), own
 
-    chosen, grouped, batches = planned(window)
+    chosen, grouped, batches = planned(found.window)
     _, in_order, _ = planned(None)
     found.buckets = {BATCH: chosen.lists[BATCH], "seq": chosen.lists["seq"]}
     found.padding = (in_order.waste, grouped.waste)
