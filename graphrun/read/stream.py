@@ -19,11 +19,12 @@ from graphrun.base.errors import InputError
 from graphrun.read.grouping import PaddingCount, sorted_batches
 from graphrun.read.formats import reader_for
 from graphrun.read.checks import RecordChecker
+from graphrun.read.ids import last_repeat
 from graphrun.read.records import Reject, RecordBatch, concat_where, dense_if_uniform, numpy_dtype
 from graphrun.spec.keys import PipelineSpec
 from graphrun.base.tuning import Tuning
 
-__all__ = ["Reject", "RecordBatch", "ReadAhead", "read_batches"]
+__all__ = ["Reject", "RecordBatch", "ReadAhead", "job_duplicates", "read_batches"]
 
 
 def read_batches(spec: PipelineSpec, *, start: int = 0, stop: int | None = None,
@@ -61,6 +62,27 @@ def read_batches(spec: PipelineSpec, *, start: int = 0, stop: int | None = None,
         yield from _regroup_windows(checked, spec, start, padding)
     else:
         yield from _regroup(checked, spec, tuning.rejects_held)
+
+
+def job_duplicates(spec: PipelineSpec, tuning: Tuning | None = None) -> dict[int, str]:
+    """ordinal -> reason of every record that one process reading the whole file rejects as a
+    duplicate id, for a job whose processes each see only part of the file (a Ray run's
+    actors). The ids are read alone first (JSONL: the lines parsed for their id; Parquet: the
+    id column); only a file whose ids repeat is then checked as one process checks it (only an
+    id of a record that passes every other check counts), up to its last repeat."""
+    if not spec.data.id_field:
+        return {}
+    reader = reader_for(spec, tuning or Tuning.from_machine())
+    checker = RecordChecker(spec)
+    checker.found_duplicates = {}
+    try:
+        last = last_repeat(reader.ids())
+        for chunk in reader.chunks(0, last + 1) if last is not None else ():
+            checker.check(chunk)
+    except OSError as err:
+        raise InputError(f"reading the input file failed: {err.strerror or err}; fix the "
+                         "file's disk, then run again", where=str(spec.data.path)) from err
+    return checker.found_duplicates
 
 
 def _read(reader, spec: PipelineSpec, start: int, stop: int | None) -> Iterator:
