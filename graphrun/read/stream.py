@@ -115,6 +115,10 @@ class ReadAhead:
         # next() and close() one at a time: a consumer thread (replay's prefetch) may still be
         # in next() when the main thread, stopped by a signal, closes the reader
         self._lock = threading.Lock()
+        # set once the thread is done with the iterator: what the consumer waits for, not
+        # Thread.join, which Python 3.11 leaves marking a live thread as ended when a signal
+        # handler's KeyboardInterrupt cuts it short (the next join then returns at once)
+        self._fetched = threading.Event()
         self._thread: threading.Thread | None = threading.Thread(
             target=self._fetch, name="graphrun-read-ahead", daemon=True)
         self._thread.start()
@@ -129,7 +133,9 @@ class ReadAhead:
                     break
         except BaseException as exc:  # noqa: BLE001 - raised by the consumer's next()
             got.append((False, exc))
-        self._first = got
+        finally:
+            self._first = got
+            self._fetched.set()
 
     def peek(self) -> tuple[list[RecordBatch], bool]:
         """(the batches read ahead and not yet taken, whether the input ends after them);
@@ -141,8 +147,12 @@ class ReadAhead:
         return batches, any(ok and item is _END for ok, item in held)
 
     def _join(self) -> None:
+        """Wait until the thread no longer touches the iterator. A KeyboardInterrupt here
+        leaves the (daemon) thread be; the next call waits for it again, so that no one
+        advances or closes the iterator while it does ("generator already executing")."""
         if self._thread is not None:
-            self._thread.join()  # a KeyboardInterrupt here leaves the (daemon) thread be
+            self._fetched.wait()
+            self._thread.join()  # past its last step: returns at once
             self._thread = None
 
     def __iter__(self) -> "ReadAhead":
