@@ -93,5 +93,48 @@ def test_a_full_disk_names_the_free_space_left(tmp_path, monkeypatch):
     monkeypatch.setattr(npy, "pwrite_all", full)
     result = cli("run", spec, "-q")
     assert result.exit_code == 2 and "Traceback" not in result.output
-    assert "No space left on device (the disk holding it has " in result.output
-    assert "MiB free)" in result.output and "--resume" in result.output
+    device, mount = df(tmp_path)
+    said = " ".join(result.output.split())  # the message as one line, unwrapped
+    assert f"No space left on device (the filesystem holding it, {device}" in said
+    assert f"mounted at {mount}, has " in said and " free of " in said
+    assert f"free space on {mount} (delete or move files off that filesystem), then run the " \
+        "same command again with --resume" in said
+    assert manifest(tmp_path / "out")["error"].startswith(f"writing {tmp_path / 'out'} failed")
+
+
+def df(path) -> tuple[str, str]:
+    """(the device, the mount point) of the filesystem holding path, as df says."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    if shutil.which("df") is None:
+        pytest.skip("no df here")
+    last = subprocess.run(["df", "-P", str(path)], capture_output=True, text=True,
+                          check=True).stdout.splitlines()[-1].split()
+    return last[0], last[-1]
+
+
+def test_a_full_disk_at_commit_names_the_disk_too(tmp_path, monkeypatch):
+    """A full disk met on the committer (the journal's append), not by the writer's rows."""
+    import graphrun.write.journal as journal
+    import graphrun.write.shards as shards
+
+    spec = make_job(tmp_path, n=400)
+    real, calls = journal.append_journal, []
+
+    def full(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(shards, "append_journal", full)
+    result = cli("run", spec, "-q")
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    device, mount = df(tmp_path)
+    said = " ".join(result.output.split())
+    assert f"the filesystem holding it, {device}" in said and f"free space on {mount}" in said
+    monkeypatch.undo()
+    assert cli("run", spec, "-q", "--resume").exit_code == 0

@@ -43,6 +43,27 @@ def build():
 """
 
 
+# Each actor builds its model once the other has started too, so that both are ready before
+# the blocks are handed out (the first one ready would otherwise take them all).
+BOTH_ACTORS = """
+
+def _both_actors(build=build):
+    import os
+    import time
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    (here / f"actor-{os.getpid()}").touch()
+    deadline = time.monotonic() + 60
+    while len(list(here.glob("actor-*"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return build()
+
+
+build = _both_actors
+"""
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     """One local cluster for the whole file: starting one takes seconds."""
@@ -174,13 +195,54 @@ def test_dirty_jsonl_rejected_as_one_process(ray_cluster, tmp_path):
     assert (t["records_in"], t["records_rejected"]) == (N + 1, 6)
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_duplicates_across_actors_rejected_as_one_process(ray_cluster, tmp_path, fmt,
+                                                          monkeypatch):
+    """Ids repeated far apart in a file read as several blocks, so that the copies fall in
+    different actors: the same rejects.jsonl lines, ids and outputs as one process. BAD's id
+    repeated later is no duplicate (its first copy was rejected); a later copy that is itself
+    bad keeps its own reason."""
+    from graphrun.scale.ray import jsonl
+
+    monkeypatch.setattr(jsonl, "SPAN_BYTES", 400)  # a read task per few lines
+    read_parquet = ray_cluster.data.read_parquet  # one block for one file: cut it in 11
+    monkeypatch.setattr(ray_cluster.data, "read_parquet",
+                        lambda path: read_parquet(path).repartition(11))
+    spec_path = write_case(tmp_path, fmt)
+    rows = records()
+    for later, earlier in {30: 1, 33: BAD, 36: 0, 41: 2, 42: 36}.items():
+        rows[later]["id"] = rows[earlier]["id"]
+    rows[41]["k"] = 12  # a duplicate id, but out of range first
+    if fmt == "parquet":
+        pq.write_table(pa.table({k: [r[k] for r in rows] for k in rows[0]}),
+                       tmp_path / "data.parquet", row_group_size=4)
+    else:
+        (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    graphrun.run(graphrun.load_spec(spec_path), out=tmp_path / "single")
+    (tmp_path / "model.py").write_text(MODEL + BOTH_ACTORS)
+    result = run_ray_cli(spec_path, "--workers", "2")
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "out"
+    assert_same_outputs(read_back(out, fmt), read_back(tmp_path / "single", fmt))
+    want = (tmp_path / "single" / "rejects.jsonl").read_text()
+    assert (out / "rejects.jsonl").read_text() == want
+    reasons = {json.loads(line)["index"]: json.loads(line)["reason"] for line in want.splitlines()}
+    assert sorted(reasons) == [BAD, 30, 36, 41, 42]
+    assert reasons[42] == "duplicate id 'r0': an earlier record has the same id"
+    assert "outside range" in reasons[41]
+    t = json.loads((out / "manifest.json").read_text())["totals"]
+    assert (t["records_in"], t["records_out"], t["records_rejected"]) == (N, N - 5, 5)
+    m = json.loads((out / "manifest.json").read_text())
+    assert [a["records"] > 0 for a in m["ray"]["actors"]] == [True, True]  # both had blocks
+
+
 def test_dataset_map_from_python(ray_cluster, tmp_path):
     spec_path = write_case(tmp_path, "parquet")
     spec = graphrun.load_spec(spec_path)
     graphrun.run(spec, out=tmp_path / "single")
     # several blocks over two actors: the order holds across them
     ds = ray_cluster.data.read_parquet(str(tmp_path / "data.parquet"), override_num_blocks=4)
-    mapped = graphrun.ray.dataset_map(spec, ds, workers=2)
+    mapped = graphrun.ray.dataset_map(spec, ds, workers=2)  # duplicates: none in this file
     rows = mapped.take_all()
     got = ([r["id"] for r in rows],
            {n: [np.asarray(r[n], np.float32) for r in rows] for n in ("y", "s")})

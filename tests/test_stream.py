@@ -186,6 +186,60 @@ def test_read_ahead_raises_a_bad_file_at_the_first_next_and_closes_early(tmp_pat
     assert list(unread) == []
 
 
+def test_a_signal_while_setup_waits_for_the_read_ahead_then_close_waits_for_it_too():
+    """SIGTERM in setup (StopSignals raises KeyboardInterrupt) while the main thread waits
+    for the first batch, still being read: the run then closes the reader. Python 3.11's
+    Thread.join, cut short so, marks the reading thread as ended although it is still in the
+    generator; closing on that word raised "ValueError: generator already executing" in a
+    --gpus worker stopped in setup instead of exiting 143."""
+    import os
+    import signal
+    import sys
+    import threading
+
+    from graphrun.job.signals import StopSignals
+
+    inside, release, closed = threading.Event(), threading.Event(), []
+
+    def source():
+        try:
+            inside.set()
+            release.wait(30)  # the first batch's read, still going when the signal comes
+            yield 1
+            yield 2
+        finally:
+            closed.append(True)
+
+    main = threading.main_thread().ident
+
+    def waiting_in_peek() -> bool:
+        frame = sys._current_frames().get(main)
+        names = set()
+        while frame is not None:
+            names.add(frame.f_code.co_name)
+            frame = frame.f_back
+        return "peek" in names and bool(names & {"wait", "join", "_wait_for_tstate_lock"})
+
+    def signal_while_waiting():
+        assert inside.wait(30)
+        while not waiting_in_peek():
+            threading.Event().wait(0.005)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    with StopSignals() as stop:
+        batches = stream.ReadAhead(source())
+        sender = threading.Thread(target=signal_while_waiting)
+        sender.start()
+        with pytest.raises(KeyboardInterrupt):
+            batches.peek()  # data_needs' look at the first batches, in setup
+        sender.join(30)
+        stop.hold()  # as the run does before it closes what it opened
+        assert stop.signum == signal.SIGTERM and not release.is_set()
+        threading.Timer(0.2, release.set).start()  # the read ends a little later
+        batches.close()  # was: ValueError: generator already executing
+    assert closed == [True] and release.is_set()
+
+
 # ---- start / stop ---------------------------------------------------------------------------
 
 def write_decoder_file(tmp_path: Path, fmt: str, n: int) -> Path:

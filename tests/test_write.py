@@ -459,7 +459,8 @@ def test_a_failed_commit_is_an_output_error_and_stops_the_journal(tmp_path, monk
     w = ShardWriter(make_spec(tmp_path, rows_per_file=2), out)
     rows = make_rows(8, ragged=False)
     w.write(np.arange(6), list(range(6)), take(rows, list(range(6))))  # shards 0, 1, 2
-    with pytest.raises(OutputError, match=r"No space left on device; committed shards are "
+    with pytest.raises(OutputError, match=r"No space left on device \(the filesystem holding "
+                                          r"it, .* mounted at .*\); committed shards are "
                                           r"intact.*--resume"):
         w.wait_for_commits()
     # Every later call says so too: nothing after a failed commit can be journaled.

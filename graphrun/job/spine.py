@@ -33,6 +33,7 @@ from graphrun.read.text import TextCuts
 from graphrun.base.tuning import Tuning
 from graphrun.write.folder import completed_manifest, locked, prepare_out_dir
 from graphrun.write.journal import ShardPlace
+from graphrun.write.disk import write_failure, write_remedy
 from graphrun.write.latencies import open_latencies
 from graphrun.write.sinks import shard_suffixes
 from graphrun.write.shards import ShardWriter
@@ -118,9 +119,8 @@ def run_locked(record: RunRecord, held: RunResources, stop_signal: StopSignals, 
         raise
     except OSError as err:  # the disk: full, gone, not writable
         record.status = "failed"
-        record.error = f"writing {out_dir} failed: {err}{free_space(out_dir, err)}"
-        raise OutputError(f"{record.error}; committed shards are intact, free space or fix "
-                          "the folder and run again with --resume") from err
+        record.error = write_failure(out_dir, err)
+        raise OutputError(f"{record.error}; {write_remedy(out_dir, err)}") from err
     except KeyboardInterrupt:
         # A signal during setup, or a second one while streaming: stopped at once, the batch
         # in flight dropped. What is complete is still committed below, so this is an
@@ -134,8 +134,7 @@ def run_locked(record: RunRecord, held: RunResources, stop_signal: StopSignals, 
         stop_signal.hold()  # a signal now must not cut the commit and manifest below short
         manifest = held.finish(record, progress)
     if record.late_error is not None:  # the stream ended well, but its bookkeeping did not
-        raise OutputError(f"{record.late_error}; committed shards are intact, free space or fix "
-                          "the folder and run again with --resume")
+        raise OutputError(f"{record.late_error}; {record.late_remedy}")
     return manifest
 
 
@@ -184,20 +183,6 @@ def open_out_dir(record: RunRecord, held: RunResources, fingerprint: dict, resum
         record.resumed(resume_point)
         start = max(start, resume_point.start)
     return resume_point, start
-
-
-def free_space(out_dir: Path, err: OSError) -> str:
-    """For a full disk: what is left on the one holding out_dir (the user frees it there)."""
-    import errno
-    import shutil
-
-    if err.errno not in (errno.ENOSPC, errno.EDQUOT):
-        return ""
-    try:
-        free = shutil.disk_usage(out_dir).free
-    except OSError:
-        return ""
-    return f" (the disk holding it has {free / 2**20:,.1f} MiB free)"
 
 
 def run_stream(record: RunRecord, held: RunResources, fingerprint: dict, resume_point,

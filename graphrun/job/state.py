@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from graphrun.engine.timing import noise_floor_us, percentiles, spread_warning
+from graphrun.write.disk import write_failure, write_remedy
 from graphrun.write.folder import FilesHash, model_files, write_fingerprint
 from graphrun.write.journal import InputHash
 from graphrun.manifest.keys import (FileEntry, Manifest, Totals, all_rejected, environment,
@@ -63,6 +64,7 @@ class RunRecord:
     status: str = "failed"
     error: str | None = None
     late_error: str | None = None  # writing the manifest or latencies failed
+    late_remedy: str | None = None  # what to do about it
     input_sha: str | None = None
     # counts
     records_in: int = 0
@@ -105,10 +107,11 @@ class RunRecord:
         self.records_out = writer.rows_written
         self.rejected = writer.rejects_written
 
-    def fail_late(self, error: str) -> None:
+    def fail_late(self, path: Path, err: OSError) -> None:
         if self.status != "failed":  # the first error is the one the user sees
-            self.status, self.error = "failed", error
-            self.late_error = error
+            self.status = "failed"
+            self.error = self.late_error = write_failure(path, err)
+            self.late_remedy = write_remedy(path, err)
 
     def count(self, rb) -> int:
         """Count a record batch's records and rejects (those not committed by an earlier run)."""
@@ -279,14 +282,14 @@ class RunResources:
             try:
                 self.latencies.close()
             except OSError as err:
-                record.fail_late(f"writing {self.out_dir / 'latencies.jsonl'} failed: {err}")
+                record.fail_late(self.out_dir / "latencies.jsonl", err)
         if self.writer:
             # interrupted: only complete shards are committed, so that --resume writes the
             # same shards as an uninterrupted run; a failure commits all it has before it
             try:
                 files = self.writer.close(partial=record.status != "interrupted")
             except OSError as err:
-                record.fail_late(f"writing {self.out_dir} failed: {err}")
+                record.fail_late(self.out_dir, err)
                 files = self.writer.committed_files()
             record.written(self.writer, files)
 
@@ -312,7 +315,7 @@ class RunResources:
             write_manifest(manifest, path)
         except OSError as err:
             Path(f"{path}.tmp").unlink(missing_ok=True)
-            record.fail_late(f"writing {path} failed: {err}")
+            record.fail_late(path, err)
         if self.runner:
             self.runner.close()
         return manifest

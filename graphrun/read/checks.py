@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from graphrun.read.ids import check_duplicate_ids
+from graphrun.read.ids import check_duplicate_ids, mark_decided
 from graphrun.read.records import (Candidates, Field, RecordBatch, Records, Reject, RowWhere,
                                    dense_if_uniform, numpy_dtype, pack_records, take,
                                    take_where, unpack_records)
@@ -201,19 +201,32 @@ def precheck(spec: PipelineSpec, c: Candidates) -> Prechecked:
 
 
 class RecordChecker:
-    """Checks chunk after chunk of one file; remembers the ids seen so far."""
+    """Checks chunk after chunk of one file; remembers the ids seen so far. duplicates: the
+    job's duplicate ids decided beforehand (stream.job_duplicates: ordinal -> reason), for a
+    checker that sees only part of the file in no set order (a Ray actor); ids are then not
+    remembered. found_duplicates, if set to a dict, gets the duplicates this checker finds."""
 
-    def __init__(self, spec: PipelineSpec):
+    def __init__(self, spec: PipelineSpec, duplicates: dict[int, str] | None = None):
         self.spec = spec
         self.seen_ids: set = set()
+        self.duplicates = duplicates
+        self._decided = np.array(sorted(duplicates or ()), np.int64)
+        self.found_duplicates: dict[int, str] | None = None
 
     def check(self, c: Candidates | Prechecked) -> RecordBatch:
         """The valid records of a chunk, in file order, with the chunk's rejects. A chunk
         prechecked already (on another thread) is only checked for duplicate ids here."""
         p = c if isinstance(c, Prechecked) else precheck(self.spec, c)
         n, problems, shaped = len(p.indices), p.problems, p.shaped
-        if p.ids is not None:
+        if self.duplicates is not None:
+            if self.duplicates:
+                mark_decided(p.indices, shaped, self._decided, self.duplicates, problems)
+        elif p.ids is not None:
+            known = len(problems)
             check_duplicate_ids(p.ids, shaped, self.seen_ids, problems)
+            if self.found_duplicates is not None and len(problems) > known:
+                for q in list(problems)[known:]:  # a dict keeps its keys in insertion order
+                    self.found_duplicates[int(p.indices[q])] = problems[q]
 
         good = _not_in(shaped, problems)  # [k] positions of valid records
         if len(good) == len(shaped):

@@ -64,3 +64,33 @@ def _id_key(rid):
         return int(rid)
     return rid
 
+
+
+def last_repeat(chunks) -> int | None:
+    """The last ordinal whose id an earlier record holds too, or None; chunks: (ordinals,
+    ids) in file order. Ids compare here as loosely as one process may compare them (an int's
+    text as the int), so a record past it never repeats an id one process would find."""
+    seen: set = set()
+    last = None
+    for ordinals, ids in chunks:
+        keys = ids.tolist() if isinstance(ids, np.ndarray) else [_id_key(x) for x in ids]
+        fresh = set(keys)
+        if len(fresh) == len(keys) and seen.isdisjoint(fresh):  # the common case
+            seen |= fresh
+            continue
+        ordinals = ordinals.tolist() if isinstance(ordinals, np.ndarray) else ordinals
+        for o, k in zip(ordinals, keys):
+            if k in seen:
+                last = o
+            else:
+                seen.add(k)
+    return last
+
+
+def mark_decided(indices: np.ndarray, positions: np.ndarray, decided: np.ndarray,
+                 reasons: dict[int, str], problems: dict[int, str]) -> None:
+    """The records at `positions` whose ordinal is in `decided` (sorted ordinals, their reasons
+    in `reasons`) get that reason, unless they have a problem already."""
+    at = positions[np.isin(indices[positions], decided)]
+    for p in at.tolist():
+        problems.setdefault(p, reasons[int(indices[p])])

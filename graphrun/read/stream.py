@@ -19,11 +19,12 @@ from graphrun.base.errors import InputError
 from graphrun.read.grouping import PaddingCount, sorted_batches
 from graphrun.read.formats import reader_for
 from graphrun.read.checks import RecordChecker
+from graphrun.read.ids import last_repeat
 from graphrun.read.records import Reject, RecordBatch, concat_where, dense_if_uniform, numpy_dtype
 from graphrun.spec.keys import PipelineSpec
 from graphrun.base.tuning import Tuning
 
-__all__ = ["Reject", "RecordBatch", "ReadAhead", "read_batches"]
+__all__ = ["Reject", "RecordBatch", "ReadAhead", "job_duplicates", "read_batches"]
 
 
 def read_batches(spec: PipelineSpec, *, start: int = 0, stop: int | None = None,
@@ -63,6 +64,27 @@ def read_batches(spec: PipelineSpec, *, start: int = 0, stop: int | None = None,
         yield from _regroup(checked, spec, tuning.rejects_held)
 
 
+def job_duplicates(spec: PipelineSpec, tuning: Tuning | None = None) -> dict[int, str]:
+    """ordinal -> reason of every record that one process reading the whole file rejects as a
+    duplicate id, for a job whose processes each see only part of the file (a Ray run's
+    actors). The ids are read alone first (JSONL: the lines parsed for their id; Parquet: the
+    id column); only a file whose ids repeat is then checked as one process checks it (only an
+    id of a record that passes every other check counts), up to its last repeat."""
+    if not spec.data.id_field:
+        return {}
+    reader = reader_for(spec, tuning or Tuning.from_machine())
+    checker = RecordChecker(spec)
+    checker.found_duplicates = {}
+    try:
+        last = last_repeat(reader.ids())
+        for chunk in reader.chunks(0, last + 1) if last is not None else ():
+            checker.check(chunk)
+    except OSError as err:
+        raise InputError(f"reading the input file failed: {err.strerror or err}; fix the "
+                         "file's disk, then run again", where=str(spec.data.path)) from err
+    return checker.found_duplicates
+
+
 def _read(reader, spec: PipelineSpec, start: int, stop: int | None) -> Iterator:
     """The reader's chunks; the file failing to read (EIO, a disk gone) is the input's error,
     not a write failure of the output folder."""
@@ -93,6 +115,10 @@ class ReadAhead:
         # next() and close() one at a time: a consumer thread (replay's prefetch) may still be
         # in next() when the main thread, stopped by a signal, closes the reader
         self._lock = threading.Lock()
+        # set once the thread is done with the iterator: what the consumer waits for, not
+        # Thread.join, which Python 3.11 leaves marking a live thread as ended when a signal
+        # handler's KeyboardInterrupt cuts it short (the next join then returns at once)
+        self._fetched = threading.Event()
         self._thread: threading.Thread | None = threading.Thread(
             target=self._fetch, name="graphrun-read-ahead", daemon=True)
         self._thread.start()
@@ -107,7 +133,9 @@ class ReadAhead:
                     break
         except BaseException as exc:  # noqa: BLE001 - raised by the consumer's next()
             got.append((False, exc))
-        self._first = got
+        finally:
+            self._first = got
+            self._fetched.set()
 
     def peek(self) -> tuple[list[RecordBatch], bool]:
         """(the batches read ahead and not yet taken, whether the input ends after them);
@@ -119,8 +147,12 @@ class ReadAhead:
         return batches, any(ok and item is _END for ok, item in held)
 
     def _join(self) -> None:
+        """Wait until the thread no longer touches the iterator. A KeyboardInterrupt here
+        leaves the (daemon) thread be; the next call waits for it again, so that no one
+        advances or closes the iterator while it does ("generator already executing")."""
         if self._thread is not None:
-            self._thread.join()  # a KeyboardInterrupt here leaves the (daemon) thread be
+            self._fetched.wait()
+            self._thread.join()  # past its last step: returns at once
             self._thread = None
 
     def __iter__(self) -> "ReadAhead":

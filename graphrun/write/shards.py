@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from graphrun.base.errors import OutputError
+from graphrun.write.disk import write_failure, write_remedy
 from graphrun.write.folder import prepare_out_dir
 from graphrun.write.journal import (REJECTS, FileInfo, ResumePoint, ShardPlace, append_journal,
                                     check_fresh, fsync_path, read_journal, restore, sha256_file)
@@ -261,9 +262,8 @@ class ShardWriter:
             return
         self._reported = True
         if isinstance(err, OSError):  # the disk: full, gone, not writable
-            raise OutputError(f"writing {self.out_dir} failed: {err}; committed shards are "
-                              "intact, free space or fix the folder and run again with "
-                              "--resume") from err
+            raise OutputError(f"{write_failure(self.out_dir, err)}; "
+                              f"{write_remedy(self.out_dir, err)}") from err
         raise err
 
     # --- rows ---

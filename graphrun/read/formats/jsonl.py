@@ -12,7 +12,7 @@ from typing import Iterator
 
 from graphrun.base.errors import InputError
 from graphrun.read.formats.jsonl_lines import lines_of
-from graphrun.read.formats.jsonl_parse import parse_block
+from graphrun.read.formats.jsonl_parse import line_ids, parse_block
 from graphrun.read.formats.jsonl_workers import parse_blocks
 from graphrun.read.checks import Prechecked
 from graphrun.read.records import Candidates
@@ -46,6 +46,14 @@ class JsonlReader:
             blocks = _blocks(f, self.path.name, start, stop, self.tuning.jsonl_chunk_bytes)
             yield from parse_blocks(self.spec, size, blocks,
                                     functools.partial(parse_block, self.spec), self.tuning)
+
+    def ids(self) -> Iterator[tuple[list[int], list]]:
+        """(ordinals, ids) block by block of the records whose id field parses: the lines
+        parsed for their ids only (stream.job_duplicates)."""
+        with _open(self.path) as f:
+            for _, lines, _, first in _blocks(f, self.path.name, 0, None,
+                                              self.tuning.jsonl_chunk_bytes):
+                yield line_ids(lines, self.spec.data.id_field, first)
 
 
 def _blocks(f, file: str, start: int, stop: int | None, block_bytes: int) -> Iterator[tuple]:

@@ -72,6 +72,21 @@ def jsonl_candidates(spec: PipelineSpec, file: str, lines: list[bytes], linenos:
         fields=fields, problems=problems, rejects=rejects)
 
 
+def line_ids(lines: list[bytes], id_field: str, first: int) -> tuple[list[int], list]:
+    """(ordinals, ids) of the lines (consecutive records, the first with ordinal `first`)
+    whose id field parses as an int or a str: the lines parsed, no field converted."""
+    records = _parse_together(lines)
+    if records is None:  # some line is bad: it has no id
+        records = [_parse_line(line)[0] for line in lines]
+    ordinals, ids = [], []
+    for p, record in enumerate(records):
+        rid = record.get(id_field) if type(record) is dict else None
+        if type(rid) is int or type(rid) is str:
+            ordinals.append(first + p)
+            ids.append(rid)
+    return ordinals, ids
+
+
 def _record_problem(spec: PipelineSpec, record) -> tuple[object, str]:
     """(id if readable, reason) for a parsed line that is not a good record."""
     id_field = spec.data.id_field

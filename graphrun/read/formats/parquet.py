@@ -24,10 +24,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
 import pyarrow.parquet as pq
 
 from graphrun.base.errors import InputError
-from graphrun.read.formats.parquet_columns import check_schema, parquet_candidates
+from graphrun.read.formats.parquet_columns import check_schema, id_values, parquet_candidates
 from graphrun.read.checks import Prechecked, precheck
 from graphrun.read.records import Candidates, numpy_dtype
 from graphrun.spec.keys import PipelineSpec
@@ -73,6 +74,20 @@ class ParquetReader:
             # prechecked on a pool thread, or a record batch left to this thread (pool_chunk)
             yield chunk if isinstance(chunk, Prechecked) else parquet_candidates(
                 self.spec, self.path.name, *chunk)
+
+    def ids(self) -> Iterator[tuple[np.ndarray, np.ndarray | list]]:
+        """(ordinals, ids) of the records whose id is not null, a batch of the id column at a
+        time: that column alone is read (stream.job_duplicates)."""
+        pf, row = self._open(), 0
+        for g in range(pf.metadata.num_row_groups):
+            for rb in _stream_group(pf, self.path.name, g, [self.spec.data.id_field],
+                                    self.tuning.array_chunk_rows):
+                col, rows = rb.column(0), np.arange(row, row + rb.num_rows, dtype=np.int64)
+                row += rb.num_rows
+                if col.null_count:
+                    keep = col.is_valid().to_numpy(zero_copy_only=False)
+                    col, rows = col.filter(keep), rows[keep]
+                yield rows, id_values(col)
 
     def _open(self) -> pq.ParquetFile:
         return open_parquet(self.path, self.tuning)

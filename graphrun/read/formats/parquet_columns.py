@@ -67,7 +67,7 @@ def parquet_candidates(spec: PipelineSpec, file: str, rb, first: int,
     ids = None
     if spec.data.id_field:
         col = rb.column(spec.data.id_field)
-        ids = _ids(col)
+        ids = id_values(col)
         if col.null_count:  # a Python loop over the ids only when some are null
             for p in np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False)).tolist():
                 problems.setdefault(p, f"missing id: {spec.data.id_field!r} is null")
@@ -75,7 +75,7 @@ def parquet_candidates(spec: PipelineSpec, file: str, rb, first: int,
     return Candidates(rows, ids, RowWhere(file, rows), fields, problems)
 
 
-def _ids(col) -> np.ndarray | list:
+def id_values(col) -> np.ndarray | list:
     """An integer id column without nulls as int64 (see dense.int64_ids), else Python values."""
     if pa.types.is_integer(col.type) and not col.null_count:
         return int64_ids(col.to_numpy(zero_copy_only=False))

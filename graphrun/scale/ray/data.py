@@ -37,7 +37,7 @@ def need_ray():
 
 
 def dataset_map(spec: PipelineSpec, ds, *, workers: int | None = None, collector=None,
-                file: str = "ray"):
+                file: str = "ray", duplicates: dict[int, str] | None = None):
     """ds mapped through graphrun: a Ray Dataset with an `id` column (data.id_field's value,
     else the record's ordinal in ds) and one column per output, in ds's order when the
     DataContext preserves order. ds holds one column per input (and the id field); a
@@ -47,7 +47,10 @@ def dataset_map(spec: PipelineSpec, ds, *, workers: int | None = None, collector
     the CPUs but one). collector: a Collector that gathers the rejects and the actors'
     statistics; one is made when None and kept as the dataset's `graphrun_collector` (and
     the pool's size as `graphrun_workers`).
-    file: the name rejects give as their place ("<file>[row 7]")."""
+    file: the name rejects give as their place ("<file>[row 7]").
+    duplicates: the records (by ordinal) to reject as duplicate ids, with the reason, as
+    graphrun.read.stream.job_duplicates decides them for a file before Ray starts; None: each
+    actor finds the duplicates among the records it is handed only."""
     ray = need_ray()
     if ORDINAL not in (ds.columns() or []):
         ds = with_ordinals(ds)
@@ -56,7 +59,7 @@ def dataset_map(spec: PipelineSpec, ds, *, workers: int | None = None, collector
     collector = collector or Collector()
     resources = {"num_gpus": 1} if gpu else {"num_cpus": cpu_share(workers, ray)}
     mapped = ds.map_batches(
-        BatchMapper, fn_constructor_args=(spec, collector.actor, file, gpu),
+        BatchMapper, fn_constructor_args=(spec, collector.actor, file, gpu, duplicates),
         batch_size=spec.data.batch_size, batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=workers), **resources)
     mapped.context.execution_options.preserve_order = True  # ids and outputs in ds's order
@@ -99,12 +102,13 @@ def cpu_share(workers: int, ray) -> float:
 class BatchMapper:
     """One pool actor: a Runner built once, then Ray batch after Ray batch."""
 
-    def __init__(self, spec: PipelineSpec, collector, file: str, gpu: bool):
+    def __init__(self, spec: PipelineSpec, collector, file: str, gpu: bool,
+                 duplicates: dict[int, str] | None = None):
         import ray
 
         self.collector, self.ray = collector, ray
         with self.reported():
-            self.setup(spec, file, gpu)
+            self.setup(spec, file, gpu, duplicates)
 
     @contextlib.contextmanager
     def reported(self):
@@ -116,7 +120,8 @@ class BatchMapper:
             self.ray.get(self.collector.fail.remote(str(err)))
             raise
 
-    def setup(self, spec: PipelineSpec, file: str, gpu: bool) -> None:
+    def setup(self, spec: PipelineSpec, file: str, gpu: bool,
+              duplicates: dict[int, str] | None) -> None:
         from graphrun.engine import Runner
         from graphrun.read.checks import RecordChecker
 
@@ -127,7 +132,7 @@ class BatchMapper:
         said: list[str] = []
         self.runner = Runner(spec, log=lambda msg: said.append(msg[len("warning: "):])
                              if msg.startswith("warning: ") else None)
-        self.checker = RecordChecker(spec)
+        self.checker = RecordChecker(spec, duplicates)
         r = self.runner
         self.ray.get(self.collector.setup.remote(self.key, {
             "host": socket.gethostname(), "pid": os.getpid(), "device": str(r.device),

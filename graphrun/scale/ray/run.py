@@ -17,6 +17,7 @@ from pathlib import Path
 from graphrun.base.tuning import Tuning
 from graphrun.plan.auto import resolve_auto
 from graphrun.read.formats import reader_for
+from graphrun.read.stream import job_duplicates
 from graphrun.base.errors import GraphrunError, InputError, OutputError
 from graphrun.write.folder import locked, prepare_out_dir
 from graphrun.write.journal import REJECTS
@@ -54,8 +55,10 @@ def run_ray(spec: PipelineSpec, *, out: str | Path | None = None, address: str |
             raise OutputError(f"cannot use output folder {out_dir}: {err.strerror or err}; "
                               "pick a folder you can write to (--out or output.dir)") from err
         try:  # a failure from here on leaves a failed manifest: the next run starts over
+            # the ids of the whole file, before its records are spread over the actors
+            duplicates = job_duplicates(spec)
             join_cluster(ray, address, show)
-            mapped = map_input(spec, ray, workers)
+            mapped = map_input(spec, ray, workers, duplicates)
             facts.workers = mapped.graphrun_workers
             facts.collector = mapped.graphrun_collector
             facts.stream_t0 = time.perf_counter()
@@ -109,7 +112,8 @@ def join_cluster(ray, address: str | None, show: bool) -> None:
     ray.data.DataContext.get_current().enable_progress_bars = show
 
 
-def map_input(spec: PipelineSpec, ray, workers: int | None):
+def map_input(spec: PipelineSpec, ray, workers: int | None,
+              duplicates: dict[int, str] | None = None):
     """The input through Ray's reader for its format, mapped by a pool of Runner actors."""
     path, suffix = str(spec.data.path), spec.data.path.suffix.lower()
     ray.data.DataContext.get_current().execution_options.preserve_order = True
@@ -121,7 +125,8 @@ def map_input(spec: PipelineSpec, ray, workers: int | None):
         ds = ray.data.read_datasource(jsonl_lines_source(spec.data.path))
     else:  # .npy: one column named "data"
         ds = ray.data.read_numpy(path).rename_columns({"data": next(iter(spec.inputs))})
-    mapped = dataset_map(spec, ds, workers=workers, file=spec.data.path.name)
+    mapped = dataset_map(spec, ds, workers=workers, file=spec.data.path.name,
+                         duplicates=duplicates)
     return mapped
 
 

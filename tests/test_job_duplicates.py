@@ -1,0 +1,110 @@
+"""Duplicate ids decided for a whole file before its records are spread over processes that
+each see part of it (issue 28, a --ray run's actors): stream.job_duplicates gives exactly the
+records, reasons included, that one process reading the whole file rejects as duplicates; an
+earlier copy that is itself rejected does not make a later one a duplicate."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from graphrun.base.tuning import Tuning
+from graphrun.read.checks import RecordChecker
+from graphrun.read.stream import job_duplicates, read_batches
+from graphrun.spec.load import load_spec
+
+SPEC = """\
+version: 1
+name: dups
+device: cpu
+model: {builtin: mlp, args: {in_features: 2, hidden: 4, layers: 1, out_features: 2}}
+inputs:
+  x: {shape: [batch, 2], dtype: float32}
+outputs:
+  scores: {shape: [batch, 2]}
+buckets: {batch: [1, 4]}
+data: {path: data.%s, id_field: id, batch_size: 4, on_bad_record: skip}
+output: {dir: out}
+"""
+N = 300
+# ordinal -> the earlier ordinal whose id it repeats; 40's first copy (7) is bad, so 40 is
+# kept, and 41 repeats 40; 290 repeats 5, 291 repeats 290's id too
+REPEATS = {3: 1, 40: 7, 41: 40, 120: 2, 290: 5, 291: 5}
+BAD = {7, 150}  # a short x
+
+
+def write(tmp_path, fmt: str, ids: list) -> object:
+    rows = [[float(i), 1.0] if i not in BAD else [1.0] for i in range(len(ids))]
+    if fmt == "jsonl":
+        lines = [json.dumps({"id": rid, "x": x}) for rid, x in zip(ids, rows)]
+        lines[200] = lines[200][:-4]  # malformed: no id
+        (tmp_path / "data.jsonl").write_text("\n".join(lines) + "\n")
+    else:
+        pq.write_table(pa.table({"id": ids, "x": rows}), tmp_path / "data.parquet",
+                       row_group_size=32)
+    (tmp_path / "p.yaml").write_text(SPEC % fmt)
+    return load_spec(tmp_path / "p.yaml")
+
+
+def one_process_duplicates(spec, tuning) -> dict[int, str]:
+    return {r.index: r.reason for b in read_batches(spec, tuning=tuning) for r in b.rejects
+            if r.reason.startswith("duplicate id")}
+
+
+def ids_with_repeats(kind=str) -> list:
+    ids = [f"r{i}" if kind is str else 1000 + i for i in range(N)]
+    for later, earlier in REPEATS.items():
+        ids[later] = ids[earlier]
+    return ids
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+@pytest.mark.parametrize("kind", [str, int])
+def test_job_duplicates_are_one_process_duplicates(tmp_path, fmt, kind):
+    spec = write(tmp_path, fmt, ids_with_repeats(kind))
+    tuning = replace(Tuning(), jsonl_chunk_bytes=512, array_chunk_rows=16)  # many chunks
+    want = one_process_duplicates(spec, tuning)
+    assert sorted(want) == [3, 41, 120, 290, 291]  # not 40: its earlier copy was rejected
+    assert job_duplicates(spec, tuning) == want
+
+
+def test_ids_mixing_ints_and_their_text(tmp_path):
+    """5 and "5" are one id once a file holds both kinds (read/ids.py); "05" is another."""
+    ids = ids_with_repeats(str)
+    ids[10], ids[60], ids[61], ids[250] = 5, "5", "05", 5
+    spec = write(tmp_path, "jsonl", ids)
+    tuning = replace(Tuning(), jsonl_chunk_bytes=512)
+    want = one_process_duplicates(spec, tuning)
+    assert {60, 250} <= set(want) and 61 not in want
+    assert job_duplicates(spec, tuning) == want
+
+
+def test_no_repeat_reads_the_ids_only(tmp_path, monkeypatch):
+    spec = write(tmp_path, "parquet", [f"r{i}" for i in range(N)])
+    from graphrun.read.formats.parquet import ParquetReader
+
+    def no_chunks(*args, **kwargs):
+        raise AssertionError("a file without repeated ids is not read whole")
+
+    monkeypatch.setattr(ParquetReader, "chunks", no_chunks)
+    assert job_duplicates(spec) == {}
+
+
+def test_a_checker_given_the_job_duplicates_rejects_them_in_any_order(tmp_path):
+    """An actor's checker sees its chunks in no set order and remembers no ids: the decided
+    records get their reasons, whatever it saw before."""
+    spec = write(tmp_path, "parquet", ids_with_repeats(str))
+    decided = job_duplicates(spec)
+    chunks = list(read_batches(spec, tuning=replace(Tuning(), array_chunk_rows=16)))
+    want = [(r.index, r.reason) for b in chunks for r in b.rejects]
+    from graphrun.read.formats import reader_for
+
+    checker = RecordChecker(spec, decided)
+    raw = list(reader_for(spec, replace(Tuning(), array_chunk_rows=16)).chunks(0, None))
+    got = [(r.index, r.reason) for c in reversed(raw) for r in checker.check(c).rejects]
+    assert sorted(got) == sorted(want)
+    assert checker.seen_ids == set()
