@@ -498,7 +498,10 @@ def test_closing_the_reader_while_another_thread_is_in_next_waits_for_it():
     got = []
     consumer = threading.Thread(target=lambda: got.append(next(ahead)))
     consumer.start()
-    assert inside.wait(10)
+    assert inside.wait(10)  # the reading thread is in the source, one item ahead
+    deadline = time.monotonic() + 10
+    while not ahead._inside and time.monotonic() < deadline:  # and the consumer in next()
+        time.sleep(0.01)
     threading.Timer(0.2, release.set).start()
     t0 = time.perf_counter()
     ahead.close()  # was: ValueError: generator already executing

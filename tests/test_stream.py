@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -149,27 +150,68 @@ def test_missing_file(tmp_path):
 
 # ---- ReadAhead: the first batch read while the runner sets up --------------------------------
 
-def test_read_ahead_reads_the_first_batch_before_it_is_asked_for():
+def test_read_ahead_reads_the_first_batch_before_it_is_asked_for_then_one_ahead():
     import threading
 
-    started, resumed, closed = threading.Event(), threading.Event(), []
+    started, asked, closed = threading.Event(), [], []
 
     def source():
         started.set()
         try:
-            yield 1
-            resumed.set()  # only once the second item is asked for
-            yield 2
+            for i in range(1, 6):
+                asked.append(i)
+                yield i
         finally:
             closed.append(True)
 
-    batches = stream.ReadAhead(source())
+    batches = stream.ReadAhead(source())  # no byte budget: the next item only
     assert started.wait(5)  # no next() called: the thread is reading
     assert next(batches) == 1
-    assert not resumed.wait(0.2)  # nothing read beyond the first item
-    assert list(batches) == [2]
+    assert next(batches) == 2
+    deadline = time.monotonic() + 5
+    while len(asked) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)
+    assert asked == [1, 2, 3]  # one ahead of the consumer, never more
+    assert list(batches) == [3, 4, 5]
     batches.close()
     assert closed == [True]
+
+
+def test_read_ahead_reads_on_within_its_byte_budget_and_waits_at_it():
+    def source(n):
+        for i in range(n):
+            yield stream.RecordBatch(indices=np.full(128, i, np.int64), ids=[], where=[],
+                                     fields={"x": np.zeros((128, 8), np.float32)}, lengths={})
+
+    per = 128 * 8 + 128 * 8 * 4  # indices + the field: 5,120 bytes a batch
+    batches = stream.ReadAhead(source(50), ahead=2, hold_bytes=10 * per)
+    deadline = time.monotonic() + 5
+    while batches._read < 10 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert batches._read == 10  # the budget, then it waits
+    first, ends = batches.peek()
+    assert [int(b.indices[0]) for b in first] == [0, 1] and not ends
+    got = [int(b.indices[0]) for b in batches]
+    assert got == list(range(50)) and batches._held == 0
+    batches.close()
+
+
+def test_read_ahead_close_stops_the_thread_at_its_budget_and_closes_the_source():
+    closed = []
+
+    def source():
+        try:
+            while True:
+                yield 1
+        finally:
+            closed.append(True)
+
+    batches = stream.ReadAhead(source(), ahead=3)
+    assert batches.peek()[0] == [1, 1, 1]
+    batches.close()
+    assert closed == [True] and list(batches) == []
 
 
 def test_read_ahead_raises_a_bad_file_at_the_first_next_and_closes_early(tmp_path):

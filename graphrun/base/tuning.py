@@ -28,6 +28,9 @@ class Tuning:
     # many blocks they hold ahead at most; 0 threads: in line, on the stream's thread
     text_threads: int = 2
     text_ahead: int = 4
+    # batches read ahead of the stream, on their own thread, at most this many bytes (and
+    # always the next one): the reading and tokenizing run during setup's imports
+    read_ahead_bytes: int = 256 << 20
     rejects_held: int = 4096  # a longer run of bad records is handed out without a full batch
     # Parquet row groups decoded at once: pyarrow decodes a column chunk on one thread only
     parquet_threads: int = 2

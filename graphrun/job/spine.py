@@ -208,7 +208,8 @@ def run_stream(record: RunRecord, held: RunResources, fingerprint: dict, resume_
             held.reader = ReadAhead(read_batches(spec, start=start, stop=stop,
                                                  ids_from=ids_from, tuning=held.tuning,
                                                  padding=record.padding, cuts=record.cuts),
-                                    ahead=look_ahead(spec))
+                                    ahead=look_ahead(spec),
+                                    hold_bytes=held.tuning.read_ahead_bytes)
         engine = GenerationRunner if spec.generate is not None else Runner
         held.runner = runner = engine(spec, log=record.print_and_warn if show else record.warn,
                                       needs=data_needs(spec, held.reader, record.bucket_plan),

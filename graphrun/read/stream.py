@@ -97,86 +97,125 @@ def _read(reader, spec: PipelineSpec, start: int, stop: int | None) -> Iterator:
 
 
 class ReadAhead:
-    """Iterate `batches`, fetching the first `ahead` batches on a thread started at once, so
-    that the input's first chunk is read while the runner sets up (loads the model, captures,
-    verifies): a Parquet row group decoded, a JSONL block parsed, a mapped file's first pages
-    read. The rest is read where it is asked for, as before; an error met on the way is raised
-    by the next() that reaches it, in order, as the plain iterator raises it. peek() shows the
-    batches read ahead (capture.lazy decides from them which buckets to set up).
+    """Iterate `batches`, read on a thread of their own started at once: the first `ahead`
+    while the runner sets up (loads the model, captures, verifies), then on ahead of the
+    consumer while the batches held take less than `hold_bytes` (at least one): a text file is
+    tokenized during the model library's import, not while the device waits. An error met on
+    the way is raised by the next() that reaches it, in order, as the plain iterator raises
+    it. peek() shows the first `ahead` batches (capture.lazy decides from them which buckets
+    to set up).
 
-    close() waits for that thread, then closes the iterator (a Parquet reader's decoding pool
-    stops)."""
+    Only that thread advances the iterator, so a signal on the consumer's thread never lands
+    inside it; close() stops the thread, waits until it is out of the iterator, then closes it
+    (a Parquet reader's decoding pool stops)."""
 
-    def __init__(self, batches: Iterator[RecordBatch], ahead: int = 1):
+    def __init__(self, batches: Iterator[RecordBatch], ahead: int = 1, hold_bytes: int = 0):
         self._it = iter(batches)
-        self._ahead = ahead
-        # [(True, batch or _END) or (False, the exception)], in order, once the thread is done
-        self._first: list | None = None
-        # next() and close() one at a time: a consumer thread (replay's prefetch) may still be
-        # in next() when the main thread, stopped by a signal, closes the reader
-        self._lock = threading.Lock()
-        # set once the thread is done with the iterator: what the consumer waits for, not
+        self._ahead, self._hold = max(1, ahead), hold_bytes
+        # (True, batch or _END) or (False, the exception), in order, not yet taken
+        self._queue: deque = deque()
+        self._held = 0  # bytes of the batches in the queue
+        self._read = 0  # entries the thread has put in the queue
+        self._stop = False
+        self._inside = 0  # consumers in next()
+        self._cond = threading.Condition()
+        # set once the thread is done with the iterator: what close() waits for, not
         # Thread.join, which Python 3.11 leaves marking a live thread as ended when a signal
         # handler's KeyboardInterrupt cuts it short (the next join then returns at once)
         self._fetched = threading.Event()
-        self._thread: threading.Thread | None = threading.Thread(
-            target=self._fetch, name="graphrun-read-ahead", daemon=True)
+        self._thread = threading.Thread(target=self._fetch, name="graphrun-read-ahead",
+                                        daemon=True)
         self._thread.start()
 
+    def _room(self) -> bool:
+        return (self._read < self._ahead or not self._queue
+                or self._held < self._hold) and not self._stop
+
     def _fetch(self) -> None:
-        got: list = []
         try:
-            while len(got) < self._ahead:
+            while True:
+                with self._cond:
+                    while not self._room() and not self._stop:
+                        self._cond.wait()
+                    if self._stop:
+                        return
                 item = next(self._it, _END)
-                got.append((True, item))
+                with self._cond:
+                    self._queue.append((True, item))
+                    self._held += _bytes(item)
+                    self._read += 1
+                    self._cond.notify_all()
                 if item is _END:
-                    break
+                    return
         except BaseException as exc:  # noqa: BLE001 - raised by the consumer's next()
-            got.append((False, exc))
+            with self._cond:
+                self._queue.append((False, exc))
+                self._read += 1
         finally:
-            self._first = got
-            self._fetched.set()
+            with self._cond:
+                self._fetched.set()
+                self._cond.notify_all()
 
     def peek(self) -> tuple[list[RecordBatch], bool]:
-        """(the batches read ahead and not yet taken, whether the input ends after them);
-        waits for the read-ahead thread."""
-        with self._lock:
-            self._join()
-            held = self._first or []
+        """(the first `ahead` batches, none taken yet, whether the input ends after them);
+        waits until they are read."""
+        with self._cond:
+            while self._read < self._ahead and not self._fetched.is_set():
+                self._cond.wait()
+            held = list(self._queue)[:self._ahead]
         batches = [item for ok, item in held if ok and item is not _END]
         return batches, any(ok and item is _END for ok, item in held)
-
-    def _join(self) -> None:
-        """Wait until the thread no longer touches the iterator. A KeyboardInterrupt here
-        leaves the (daemon) thread be; the next call waits for it again, so that no one
-        advances or closes the iterator while it does ("generator already executing")."""
-        if self._thread is not None:
-            self._fetched.wait()
-            self._thread.join()  # past its last step: returns at once
-            self._thread = None
 
     def __iter__(self) -> "ReadAhead":
         return self
 
     def __next__(self) -> RecordBatch:
-        with self._lock:
-            self._join()
-            if not self._first:
-                return next(self._it)
-            ok, item = self._first.pop(0)
+        with self._cond:
+            self._inside += 1
+            try:
+                while not self._queue and not self._fetched.is_set():
+                    self._cond.wait()
+                if not self._queue:  # stopped (closed), or past the end or an error
+                    raise StopIteration
+                ok, item = self._queue.popleft()
+                self._held -= _bytes(item) if ok else 0
+            finally:
+                self._inside -= 1
+                self._cond.notify_all()
         if not ok:
             raise item
         if item is _END:
+            with self._cond:
+                self._queue.appendleft((True, _END))  # the end stays the end
             raise StopIteration
         return item
 
     def close(self) -> None:
-        with self._lock:
-            self._join()
-            self._first = None
-            close = getattr(self._it, "close", None)
-            if close is not None:
-                close()
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self._fetched.wait()  # the thread is out of the iterator (a signal here: call again)
+        with self._cond:
+            while self._inside:  # a consumer already in next() gets what it waits for
+                self._cond.wait()
+            self._queue.clear()
+            self._held = 0
+        close = getattr(self._it, "close", None)
+        if close is not None:
+            close()
+
+
+def _bytes(batch) -> int:
+    """A batch's arrays' bytes (ragged records: each record's array's)."""
+    if not isinstance(batch, RecordBatch):
+        return 0
+    total = batch.indices.nbytes
+    for records in batch.fields.values():
+        if isinstance(records, np.ndarray):
+            total += records.nbytes
+        else:
+            total += sum(a.nbytes for a in records if isinstance(a, np.ndarray))
+    return total
 
 
 _END = object()
