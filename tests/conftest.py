@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
 import pytest
-import torch
+
+# One torch thread per test process (children inherit it): the tests' models are tiny, and
+# the threads of several processes on a 2-core box spin waiting for each other.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+import torch  # noqa: E402  (after OMP_NUM_THREADS, which torch reads as it loads)
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -48,6 +48,14 @@ def small_spec(tmp_path, **over) -> PipelineSpec:
     return PipelineSpec.model_validate(raw)
 
 
+def syncing_spec(tmp_path, **capture) -> PipelineSpec:
+    """small_spec of a model that syncs with the host in forward, so no bucket captures."""
+    (tmp_path / "m.py").write_text(SYNCS_ON_ITEM)
+    return small_spec(tmp_path, model={"target": f"{tmp_path / 'm.py'}:build"},
+                      inputs={"x": {"shape": ["batch", 4]}}, outputs={"y": {"shape": ["batch", 4]}},
+                      capture={"lazy": False, **capture})
+
+
 def test_every_bucket_is_captured_and_verified(tmp_path):
     with Runner(small_spec(tmp_path, capture={"lazy": False})) as runner:
         assert runner.backend == "cuda-graph"
@@ -126,24 +134,22 @@ def test_shared_pool_takes_less_memory_than_a_pool_per_graph(tmp_path):
 
 
 def test_host_sync_in_forward_fails_with_the_model_line_and_remedies(tmp_path):
-    (tmp_path / "m.py").write_text(SYNCS_ON_ITEM)
-    spec = small_spec(tmp_path, model={"target": f"{tmp_path / 'm.py'}:build"},
-                      inputs={"x": {"shape": ["batch", 4]}}, outputs={"y": {"shape": ["batch", 4]}},
-                      capture={"lazy": False})
     with pytest.raises(CaptureError) as info:
-        Runner(spec)
+        Runner(syncing_spec(tmp_path))
     text = str(info.value)
     assert "bucket batch=32" in text and "CUDA graph capture failed" in text
     assert f"{tmp_path / 'm.py'}:8 in forward" in text and ".item()" in text
     assert "1. remove host synchronisations" in text
 
 
-def test_on_failure_eager_runs_the_uncapturable_buckets_eagerly(tmp_path):
-    (tmp_path / "m.py").write_text(SYNCS_ON_ITEM)
-    spec = small_spec(tmp_path, model={"target": f"{tmp_path / 'm.py'}:build"},
-                      inputs={"x": {"shape": ["batch", 4]}}, outputs={"y": {"shape": ["batch", 4]}},
-                      capture={"on_failure": "eager", "lazy": False})
-    with Runner(spec) as runner:
+@pytest.fixture
+def eager_fallback(tmp_path) -> PipelineSpec:
+    """The host-syncing model with on_failure: eager: every bucket's capture fails."""
+    return syncing_spec(tmp_path, on_failure="eager")
+
+
+def test_on_failure_eager_runs_the_uncapturable_buckets_eagerly(eager_fallback):
+    with Runner(eager_fallback) as runner:
         assert {s.status for s in runner.states.values()} == {"eager"}
         assert all("CUDA graph capture failed" in s.reason for s in runner.states.values())
         x = np.random.default_rng(0).standard_normal((3, 4), dtype=np.float32)
@@ -153,14 +159,10 @@ def test_on_failure_eager_runs_the_uncapturable_buckets_eagerly(tmp_path):
         np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
 
 
-def test_a_failed_capture_leaves_the_devices_random_ops_working(tmp_path):
+def test_a_failed_capture_leaves_the_devices_random_ops_working(eager_fallback):
     """A capture that fails mid-way must not leave the CUDA generator marked as capturing:
     random ops after it (a model built on the GPU, sampling) run, from the seed's stream."""
-    (tmp_path / "m.py").write_text(SYNCS_ON_ITEM)
-    spec = small_spec(tmp_path, model={"target": f"{tmp_path / 'm.py'}:build"},
-                      inputs={"x": {"shape": ["batch", 4]}}, outputs={"y": {"shape": ["batch", 4]}},
-                      capture={"on_failure": "eager", "lazy": False})
-    with Runner(spec) as runner:
+    with Runner(eager_fallback) as runner:
         assert {s.status for s in runner.states.values()} == {"eager"}
     torch.cuda.manual_seed(7)
     first = torch.rand(4, device="cuda").cpu()

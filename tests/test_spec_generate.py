@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
-from graphrun import SpecError, load_spec
+from graphrun import load_spec
 from tests.conftest import MLP_SPEC
+from tests.spec_text import edited, problems
 
 GEN_SPEC = """\
 version: 1
@@ -45,15 +48,7 @@ def write_gen(tmp_path):
     return write
 
 
-def edit(old: str, new: str) -> str:
-    assert old in GEN_SPEC, old
-    return GEN_SPEC.replace(old, new)
-
-
-def problems(path, overrides=()) -> list[str]:
-    with pytest.raises(SpecError) as e:
-        load_spec(path, overrides)
-    return [str(p) for p in e.value.problems]
+edit = partial(edited, GEN_SPEC)
 
 
 def test_a_generation_spec_loads_with_its_defaults(write_gen):
@@ -83,8 +78,6 @@ def test_a_generation_spec_dumped_and_loaded_again_is_valid(write_gen):
     path = write_gen(yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True)))
     assert load_spec(path).generate.max_new_tokens == 16
 
-
-MLP_LINES = MLP_SPEC.splitlines()
 
 # (case, spec text, --set overrides, "line:col" or None, message part)
 BROKEN = [

@@ -14,6 +14,16 @@ from graphrun.cli.main import main
 from graphrun.experiments.sweep import SCHEMA, Variant, mark_pareto, parse_grid, schema_text, variants
 
 
+def sweep(spec, out, *args) -> tuple:
+    """`graphrun sweep SPEC ARGS --out OUT`, which must succeed: (its result, sweep.json, which
+    must validate against the schema)."""
+    result = CliRunner().invoke(main, ["sweep", str(spec), *args, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "sweep.json").read_text())
+    jsonschema.validate(doc, json.loads(SCHEMA.read_text()))
+    return result, doc
+
+
 def test_the_checked_in_schema_is_current():
     assert SCHEMA.read_text() == schema_text(), (
         "stale: python3 -c 'from graphrun.experiments.sweep import *; SCHEMA.write_text(schema_text())'")
@@ -47,13 +57,9 @@ def test_sweep_runs_each_variant_and_keeps_going_after_failures(write_spec, tmp_
     out = tmp_path / "sw"
     # batch_size 8 > the largest batch bucket (4) with oversize: error is an invalid variant;
     # a record of the wrong shape fails in the variant's own run (a child process)
-    result = CliRunner().invoke(main, [
-        "sweep", str(spec), "--grid", "data.batch_size=[2,4,8]", "--grid",
-        "data.path=[data.jsonl, bad.jsonl]", "--set", "data.oversize=error", "--stop", "6",
-        "--out", str(out)])
-    assert result.exit_code == 0, result.output
-    doc = json.loads((out / "sweep.json").read_text())
-    jsonschema.validate(doc, json.loads(SCHEMA.read_text()))
+    result, doc = sweep(spec, out, "--grid", "data.batch_size=[2,4,8]", "--grid",
+                        "data.path=[data.jsonl, bad.jsonl]", "--set", "data.oversize=error",
+                        "--stop", "6")
     rows = doc["variants"]
     assert [r["status"] for r in rows] == ["completed", "failed"] * 2 + ["failed"] * 2
     assert "bad.jsonl:2" in rows[1]["error"] and "must be 4" in rows[1]["error"]
@@ -82,13 +88,9 @@ def test_a_generation_sweep_shows_output_tokens_per_s_and_tells_completions_apar
                                  generate={"max_new_tokens": 2, "min_new_tokens": 2,
                                            "sampling": {"method": "greedy"}})
     out = tmp_path / "sw"
-    result = CliRunner().invoke(main, [
-        "sweep", str(spec), "--grid", "generate.max_new_tokens=[2,3]", "--grid",
-        "data.batch_size=[1,2]", "--set", "generate.min_new_tokens=0", "--repeats", "1",
-        "--out", str(out)])
-    assert result.exit_code == 0, result.output
-    doc = json.loads((out / "sweep.json").read_text())
-    jsonschema.validate(doc, json.loads(SCHEMA.read_text()))
+    result, doc = sweep(spec, out, "--grid", "generate.max_new_tokens=[2,3]", "--grid",
+                        "data.batch_size=[1,2]", "--set", "generate.min_new_tokens=0",
+                        "--repeats", "1")
     rows = doc["variants"]
     assert [r["status"] for r in rows] == ["completed"] * 4, result.output
     for r in rows:
@@ -188,12 +190,7 @@ def test_two_identical_sweeps_never_name_different_winners_beyond_the_noise(writ
     recs, outputs = [], []
     for k in (1, 2):
         out = tmp_path / f"sw{k}"
-        result = CliRunner().invoke(main, [
-            "sweep", str(spec), "--grid", "capture.warmup_iters=[1,2]", "--repeats", "3",
-            "--out", str(out)])
-        assert result.exit_code == 0, result.output
-        doc = json.loads((out / "sweep.json").read_text())
-        jsonschema.validate(doc, json.loads(SCHEMA.read_text()))
+        result, doc = sweep(spec, out, "--grid", "capture.warmup_iters=[1,2]", "--repeats", "3")
         assert doc["repeats"] == 3
         for v in doc["variants"]:
             assert v["repeats"] == 3 and v["records_per_s_spread"]["n"] == 3
