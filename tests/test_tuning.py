@@ -20,6 +20,8 @@ def test_pools_are_sized_by_the_cores(cores, parquet, jsonl, writers):
     t = Tuning.from_machine(cores=cores, environ={})
     assert (t.parquet_threads, t.jsonl_workers, t.row_writers) == (parquet, jsonl, writers)
     assert t.text_threads == min(2, cores)
+    # read ahead beyond the next batch only where cores are spare for it
+    assert t.read_ahead_bytes == (Tuning.read_ahead_bytes if cores >= 6 else 0)
 
 
 def test_the_environment_overrides_the_cores_and_arguments_override_both():

@@ -22,6 +22,9 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "GRAPHRUN_TEXT_THREADS": (
         "cores, at most 2", "threads parsing and tokenizing data.text's JSONL blocks ahead of "
                             "the stream, where no child process does (0: on the stream's thread)"),
+    "GRAPHRUN_READ_AHEAD_BYTES": (
+        "268435456; 0 under 6 cores", "bytes of batches read ahead of the stream, during setup "
+                                      "too (0: the next batch only)"),
     "GRAPHRUN_ROW_WRITERS": (
         "cores, at most 4", "threads writing the rows of big npy output batches"),
     "GRAPHRUN_ROW_POOL_BYTES": (

@@ -29,7 +29,8 @@ class Tuning:
     text_threads: int = 2
     text_ahead: int = 4
     # batches read ahead of the stream, on their own thread, at most this many bytes (and
-    # always the next one): the reading and tokenizing run during setup's imports
+    # always the next one): the reading and tokenizing run during setup's imports, where
+    # cores are spare (from_machine: none below 6 cores, where it slows the imports down)
     read_ahead_bytes: int = 256 << 20
     rejects_held: int = 4096  # a longer run of bad records is handed out without a full batch
     # Parquet row groups decoded at once: pyarrow decodes a column chunk on one thread only
@@ -63,6 +64,8 @@ class Tuning:
             parquet_threads=envs.integer("GRAPHRUN_PARQUET_THREADS", parquet, 1, environ),
             jsonl_workers=envs.integer("GRAPHRUN_JSONL_WORKERS", jsonl, 0, environ),
             text_threads=envs.integer("GRAPHRUN_TEXT_THREADS", min(2, cores), 0, environ),
+            read_ahead_bytes=envs.integer("GRAPHRUN_READ_AHEAD_BYTES",
+                                          cls.read_ahead_bytes if cores >= 6 else 0, 0, environ),
             row_writers=envs.integer("GRAPHRUN_ROW_WRITERS", min(4, cores), 1, environ),
             row_pool_bytes=envs.integer("GRAPHRUN_ROW_POOL_BYTES", cls.row_pool_bytes, 1,
                                         environ),
