@@ -202,3 +202,33 @@ def test_a_run_given_the_shared_hashes_waits_for_them_as_its_input_hash_wait(wri
     assert m.totals.input_hash_s > 1.0  # setup took less than the 2 s the digest came late
     assert phases["input hash wait"] >= m.totals.input_hash_s
     assert sum(phases.values()) == pytest.approx(m.totals.process_wall_s, rel=0.02)
+
+
+def test_a_signal_while_waiting_for_the_hash_then_stop_kills_the_hashing_child(tmp_path):
+    import os
+    import signal
+
+    fifo = tmp_path / "never-written.fifo"
+    os.mkfifo(fifo)  # the child's open() blocks: the hash never ends by itself
+    digest = journal.InputHash(fifo)
+    deadline = time.monotonic() + 10
+    while digest._proc is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc = digest._proc
+    assert proc is not None
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(KeyboardInterrupt):
+            digest.result()  # as --resume's wait for the hash, cut short by a signal
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert not digest.done()
+    assert digest.stop() is None  # stopped, not done
+    assert proc.wait(10) is not None  # the child was killed, not left hashing
+    assert digest.done()

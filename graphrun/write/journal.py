@@ -145,7 +145,11 @@ class InputHash:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
-        self._thread = threading.Thread(target=self._hash, name="graphrun-input-hash",
+        # set when _hash returns: what result() and stop() wait for, not Thread.join, which
+        # Python 3.11 leaves marking a live thread as ended when a signal handler's
+        # KeyboardInterrupt cuts it short (stop() would then leave the child hashing)
+        self._finished = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="graphrun-input-hash",
                                         daemon=True)
         self._thread.start()
 
@@ -171,12 +175,18 @@ class InputHash:
         except BaseException as err:  # noqa: BLE001 - raised by result()
             self._error = err
 
+    def _run(self) -> None:
+        try:
+            self._hash()
+        finally:
+            self._finished.set()
+
     def done(self) -> bool:
-        return not self._thread.is_alive()
+        return self._finished.is_set()
 
     def result(self) -> str:
         t0 = time.perf_counter()
-        self._thread.join()
+        self._finished.wait()
         self.waited_s += time.perf_counter() - t0
         if self._error is not None:
             raise InputError(f"cannot read the input file to hash it (for --resume's check "
@@ -193,7 +203,7 @@ class InputHash:
                 self._stop.set()
                 if self._proc is not None and self._proc.poll() is None:
                     self._proc.kill()
-        self._thread.join()
+        self._finished.wait()
         return self._digest
 
 
