@@ -112,7 +112,7 @@ class ReadAhead:
     def __init__(self, batches: Iterator[RecordBatch], ahead: int = 1, hold_bytes: int = 0):
         self._it = iter(batches)
         self._ahead, self._hold = max(1, ahead), hold_bytes
-        # (True, batch or _END) or (False, the exception), in order, not yet taken
+        # (True, batch or _END, its bytes) or (False, the exception, 0), in order, not taken
         self._queue: deque = deque()
         self._held = 0  # bytes of the batches in the queue
         self._read = 0  # entries the thread has put in the queue
@@ -128,8 +128,7 @@ class ReadAhead:
         self._thread.start()
 
     def _room(self) -> bool:
-        return (self._read < self._ahead or not self._queue
-                or self._held < self._hold) and not self._stop
+        return self._read < self._ahead or not self._queue or self._held < self._hold
 
     def _fetch(self) -> None:
         try:
@@ -140,16 +139,17 @@ class ReadAhead:
                     if self._stop:
                         return
                 item = next(self._it, _END)
+                size = _bytes(item) if self._hold else 0  # no budget: nothing to count
                 with self._cond:
-                    self._queue.append((True, item))
-                    self._held += _bytes(item)
+                    self._queue.append((True, item, size))
+                    self._held += size
                     self._read += 1
                     self._cond.notify_all()
                 if item is _END:
                     return
         except BaseException as exc:  # noqa: BLE001 - raised by the consumer's next()
             with self._cond:
-                self._queue.append((False, exc))
+                self._queue.append((False, exc, 0))
                 self._read += 1
         finally:
             with self._cond:
@@ -163,8 +163,8 @@ class ReadAhead:
             while self._read < self._ahead and not self._fetched.is_set():
                 self._cond.wait()
             held = list(self._queue)[:self._ahead]
-        batches = [item for ok, item in held if ok and item is not _END]
-        return batches, any(ok and item is _END for ok, item in held)
+        batches = [item for ok, item, _ in held if ok and item is not _END]
+        return batches, any(ok and item is _END for ok, item, _ in held)
 
     def __iter__(self) -> "ReadAhead":
         return self
@@ -177,8 +177,8 @@ class ReadAhead:
                     self._cond.wait()
                 if not self._queue:  # stopped (closed), or past the end or an error
                     raise StopIteration
-                ok, item = self._queue.popleft()
-                self._held -= _bytes(item) if ok else 0
+                ok, item, size = self._queue.popleft()
+                self._held -= size
             finally:
                 self._inside -= 1
                 self._cond.notify_all()
@@ -186,7 +186,7 @@ class ReadAhead:
             raise item
         if item is _END:
             with self._cond:
-                self._queue.appendleft((True, _END))  # the end stays the end
+                self._queue.appendleft((True, _END, 0))  # the end stays the end
             raise StopIteration
         return item
 
