@@ -380,6 +380,13 @@ def run_job(way: str, model, setup_s: float, prompts: list[list[int]], batch: in
     return row, tokens
 
 
+def child_env() -> dict:
+    """This environment with the project first on PYTHONPATH, the rest kept (the GPU machine
+    finds the wheels it lacks there)."""
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT)] + rest)}
+
+
 def run_hand_process(folder: Path, prompts: list[list[int]], batch: int, new: int,
                      max_seconds: float, dtype: str, work: Path, name: str,
                      timeout: float) -> tuple[Row, dict[int, list[int]]]:
@@ -391,8 +398,7 @@ def run_hand_process(folder: Path, prompts: list[list[int]], batch: int, new: in
                                "new": new, "max_seconds": max_seconds, "name": name,
                                "dtype": dtype}))
     result = work / "hand-result.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    env = child_env()
     t0, started = time.perf_counter(), time.time()
     try:
         proc = subprocess.run([sys.executable, __file__, "--child-hand", str(job), str(result)],
@@ -471,8 +477,7 @@ def run_graphrun(folder: Path, prompts: list[list[int]], count: int, batch: int,
     spec.write_text(GRAPHRUN_SPEC.format(device=device.type, folder=json.dumps(str(folder)),
                                          dtype=dtype,
                                          batch=batch, new=new, seq=seq))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    env = child_env()
     t0 = time.perf_counter()
     try:
         proc = subprocess.run([sys.executable, "-m", "graphrun", "run", str(spec)], cwd=work,
