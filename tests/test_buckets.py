@@ -58,6 +58,28 @@ def test_pad_into_ragged_rows_pads_each_record_to_the_bucket():
     assert dst.tolist() == [[1, 2, 9, 9], [3, 4, 5, 9], [9, 9, 9, 9]]
 
 
+def test_pad_into_records_of_vectors_ragged_on_more_axes_and_empty_ones():
+    """Records that differ in their first axis only, in more axes, or hold nothing: each one
+    at the top left of its row, the rest padding, whichever way it is copied."""
+    rng = np.random.default_rng(3)
+    vectors = [rng.standard_normal((k, 3)).astype(np.float32) for k in (2, 0, 5, 1)]
+    dst = np.zeros((6, 5, 3), np.float32)
+    pad_into(dst, vectors, pad=-1)
+    for i, r in enumerate(vectors):
+        np.testing.assert_array_equal(dst[i, :len(r)], r)
+        assert (dst[i, len(r):] == -1).all()
+    assert (dst[4:] == -1).all()
+    grids = [np.ones((2, 1)), np.full((1, 3), 2.0)]  # ragged on both axes
+    dst = np.zeros((2, 3, 3))
+    pad_into(dst, grids, pad=0)
+    assert dst[0].tolist() == [[1, 0, 0], [1, 0, 0], [0, 0, 0]]
+    assert dst[1].tolist() == [[2, 2, 2], [0, 0, 0], [0, 0, 0]]
+    tokens = [np.array([], np.int64), np.array([4], np.int64)]
+    dst = np.zeros((3, 2), np.int64)
+    pad_into(dst, tokens, pad=7)
+    assert dst.tolist() == [[7, 7], [4, 7], [7, 7]]
+
+
 def test_cut_rows_returns_real_rows_each_at_its_own_length():
     rows = np.arange(2 * 4 * 2).reshape(2, 4, 2)
     cut = cut_rows(rows, ["batch", "seq", 2], {"seq": np.array([1, 3])})

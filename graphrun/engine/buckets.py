@@ -114,8 +114,25 @@ def pad_into(dst: np.ndarray, rows: np.ndarray | list[np.ndarray], pad: float) -
             dst[n:] = pad
         return
     dst[...] = pad
+    flat = _concatenated(rows, dst) if n and dst.ndim >= 2 else None
+    if flat is not None:
+        # one masked copy: a per-row loop holds the GIL the launching thread waits for
+        lengths = np.fromiter(map(len, rows), np.intp, count=n)
+        dst[:n][np.arange(dst.shape[1]) < lengths[:, None]] = flat
+        return
     for i, row in enumerate(rows):
         dst[(i,) + tuple(slice(0, s) for s in np.shape(row))] = row
+
+
+def _concatenated(rows: list, dst: np.ndarray) -> np.ndarray | None:
+    """The records joined along their first axis when they differ only in it (text's tokens,
+    a sequence of fixed-size vectors), so that they pad as one copy under a length mask; None
+    for records ragged on other axes too."""
+    try:
+        flat = np.concatenate(rows)
+    except ValueError:  # the records differ in a later axis, or one is a scalar
+        return None
+    return flat if flat.ndim == dst.ndim - 1 and flat.shape[1:] == dst.shape[2:] else None
 
 
 def cut_rows(rows: np.ndarray, dims: list, lengths: dict[str, np.ndarray]

@@ -102,8 +102,8 @@ class ReadAhead:
     consumer while the batches held take less than `hold_bytes` (at least one): a text file is
     tokenized during the model library's import, not while the device waits. An error met on
     the way is raised by the next() that reaches it, in order, as the plain iterator raises
-    it. peek() shows the first `ahead` batches (capture.lazy decides from them which buckets
-    to set up).
+    it. peek() shows every batch held: at least the first `ahead` (capture.lazy decides from
+    them which buckets to set up before the stream; a file read ahead whole sets up all).
 
     Only that thread advances the iterator, so a signal on the consumer's thread never lands
     inside it; close() stops the thread, waits until it is out of the iterator, then closes it
@@ -157,12 +157,12 @@ class ReadAhead:
                 self._cond.notify_all()
 
     def peek(self) -> tuple[list[RecordBatch], bool]:
-        """(the first `ahead` batches, none taken yet, whether the input ends after them);
-        waits until they are read."""
+        """(the batches held, not taken: the first `ahead` and those read on past them, whether
+        the input ends among them); waits until the first `ahead` are read."""
         with self._cond:
             while self._read < self._ahead and not self._fetched.is_set():
                 self._cond.wait()
-            held = list(self._queue)[:self._ahead]
+            held = list(self._queue)
         batches = [item for ok, item, _ in held if ok and item is not _END]
         return batches, any(ok and item is _END for ok, item, _ in held)
 

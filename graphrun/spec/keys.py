@@ -235,8 +235,9 @@ class CaptureSpec(Strict):
     lazy: bool = Field(
         True, description="true: set up (warm up, capture, verify) at start only the buckets "
         "the input's batches select, as far as the run knows before streaming: the planner's "
-        "histogram when buckets: auto ran, and the first batches the reader holds (4, or with "
-        "data.group_by_length the first window's). A bucket "
+        "histogram when buckets: auto ran, and the batches the reader holds by then (at least 4, "
+        "or with data.group_by_length the first window's; more where it read on during setup, "
+        "within GRAPHRUN_READ_AHEAD_BYTES). A bucket "
         "first selected later is set up when that batch comes: the launching thread waits for "
         "the batches in flight, captures and verifies the bucket on every lane, then goes on "
         "(the phase `bucket setup on first use`); where that fails and capture.on_failure is "
