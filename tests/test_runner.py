@@ -339,6 +339,44 @@ def test_a_replay_that_agrees_is_checked_once(tmp_path):
         assert entry.verify.real_batch.passed is True and entry.check_real is False
 
 
+class _Held:
+    """A record batch as the reader holds it: what check_ahead reads of one."""
+
+    def __init__(self, x: np.ndarray):
+        self.ids, self.fields, self.lengths = list(range(len(x))), {"x": x}, {}
+
+
+def test_the_first_batches_read_ahead_are_checked_at_setup_and_not_counted(tmp_path):
+    spec = mlp_spec(tmp_path, capture__lazy=False)
+    x = np.random.default_rng(8).standard_normal((3, 4), dtype=np.float32)
+    with Runner(spec) as runner:
+        bucket = runner.table.pick(3, {})
+        _replay_that_drifts(runner, bucket)
+        with pytest.raises(CaptureError, match="bucket batch=4: verification failed: output 'y': "
+                                               "on the first real batch, replay differs"):
+            runner.launcher.check_ahead({bucket: _Held(x)})
+        assert runner.states[bucket].stats["batches"] == 0  # the stream runs it, not setup
+
+
+def test_a_batch_checked_at_setup_is_not_checked_again_on_any_lane(tmp_path):
+    spec = mlp_spec(tmp_path, capture__lazy=False, capture__verify__eager=True)
+    x = np.random.default_rng(9).standard_normal((3, 4), dtype=np.float32)
+    with Runner(spec) as runner:
+        bucket = runner.table.pick(3, {})
+        entry = runner.lanes[0].graphs[bucket]
+        entry.check_real = True  # as after a capture
+        other = runner.table.pick(1, {})
+        runner.launcher.check_ahead({bucket: _Held(x), other: None})  # None: no batch held
+        state = runner.states[bucket]
+        assert entry.verify.real_batch.passed is True and not entry.check_real
+        assert state.real_checked and state.stats["batches"] == 0
+        checked = []
+        runner.launcher.check_real = lambda lane, st: checked.append(st.bucket)
+        np.testing.assert_allclose(runner.run_batch({"x": x})["y"], eager_alone(spec, x),
+                                   rtol=1e-5, atol=1e-6)
+        assert checked == [] and state.stats["batches"] == 1
+
+
 def test_a_model_that_does_not_take_the_spec_inputs_is_a_clear_model_error(tmp_path):
     (tmp_path / "m.py").write_text(
         "import torch\n"

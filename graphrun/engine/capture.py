@@ -49,6 +49,9 @@ class BucketState:
     replay_us: float | None = None
     stats: dict = field(default_factory=lambda: {"batches": 0, "records": 0, "padded_rows": 0})
     launches: int = 0  # batches launched: which are timed (timing.sampled)
+    # its first real batch checked against eager, on one lane: every lane's graph is a capture
+    # of the same step from the same verification batch, so one check stands for all
+    real_checked: bool = False
 
     def count(self, n: int, lengths: dict | None = None) -> None:
         """A finished batch of n real rows in the counts; with the records' lengths per axis,
@@ -213,7 +216,8 @@ class Capturer:
                                          lane.inputs.views(bucket), lane.outputs.views(bucket),
                                          self.input_specs, self.tolerance)
         # an eager bucket needs no check against itself
-        entry.check_real = entry.verify.passed and entry.graph is not None
+        entry.check_real = entry.verify.passed and entry.graph is not None \
+            and not state.real_checked
         return entry.verify
 
     def _fits(self, state: BucketState, step, table) -> bool:
@@ -270,11 +274,15 @@ class Capturer:
         lane.graphs[bucket] = entry
 
     def check_real(self, lanes: list[Lane], lane: Lane, state: BucketState) -> bool:
-        """The first real batch of a captured bucket on a lane, right after its replay: eager
-        on the same inputs (the lane's static outputs then hold eager's results). False when
-        they disagree and the bucket fell back to eager; with on_failure: error, raises."""
+        """The first real batch of a captured bucket, right after its replay on a lane: eager
+        on the same inputs (the lane's static outputs then hold eager's results). Once per
+        bucket, whichever lane ran it. False when they disagree and the bucket fell back to
+        eager; with on_failure: error, raises."""
         entry = lane.graphs[state.bucket]
-        entry.check_real = False
+        state.real_checked = True
+        for other in lanes:
+            if state.bucket in other.graphs:
+                other.graphs[state.bucket].check_real = False
         entry.verify.real_batch = result = verify_real_batch(
             entry.step, lane.outputs.views(state.bucket), self.tolerance)
         if not result.passed:

@@ -95,7 +95,7 @@ class Launcher:
 
     lanes: the runner's list, which grows by second_lane(); states: each bucket's status and
     counts; set_up(state, batch): capture.lazy's setup of a bucket on first use;
-    check_real(lane, state): a lane's first real batch checked against eager;
+    check_real(lane, state): a bucket's first real batch checked against eager;
     second_lane(): the overlapped stream's second lane added, False where none is;
     eager(fields, n, lengths): rows larger than every batch bucket, with data.oversize eager."""
 
@@ -209,6 +209,19 @@ class Launcher:
         else:
             self._run_here(lane, entry, state, copies, marks, timed)
         return Launch(bucket, slot, lane.index, n, lengths, marks, self)
+
+    def check_ahead(self, first: dict) -> None:
+        """Each captured bucket's first real batch, read ahead (bucket -> a record batch that
+        runs in it whole), replayed on slot 0 and checked against eager before the stream:
+        the check's sync and eager call then stall setup, not the device's queue of batches.
+        The outputs are dropped and nothing is counted: the stream runs the batch again."""
+        for bucket, rb in first.items():
+            entry = self.lanes[0].graphs.get(bucket)
+            if rb is None or entry is None or not entry.check_real:
+                continue
+            n = len(rb.ids)
+            if self.stage(rb.fields, n, rb.lengths, 0) == bucket:
+                self.launch(bucket, 0, n, rb.lengths, timed=False).wait()
 
     def run_padded(self, fields: dict, n: int, lengths: dict[str, np.ndarray], *,
                    timed: bool = True):

@@ -38,13 +38,18 @@ def selected(table: BucketTable, n: int, want: dict[str, int], split: bool) -> s
     return {b for b in picked if b is not None}
 
 
-def batch_needs(table: BucketTable, batches: Iterable, split: bool) -> set[Bucket]:
+def batch_needs(table: BucketTable, batches: Iterable, split: bool) -> dict[Bucket, object]:
     """Buckets the record batches select (the lengths of a split batch's longest record
-    stand for each part's: at most one bucket too many)."""
-    found: set[Bucket] = set()
+    stand for each part's: at most one bucket too many), each with the first batch that runs
+    in it whole (None where only a split batch's part does): the bucket's first real batch,
+    which setup checks against eager (Launcher.check_ahead)."""
+    found: dict[Bucket, object] = {}
     for rb in batches:
         want = {a: int(v.max()) if len(v) else 1 for a, v in rb.lengths.items()}
-        found |= selected(table, len(rb.ids), want, split)
+        whole = len(rb.ids) <= table.max_batch
+        for b in selected(table, len(rb.ids), want, split):
+            if found.get(b) is None:
+                found[b] = rb if whole else None
     return found
 
 
@@ -56,17 +61,19 @@ def shape_needs(table: BucketTable, shapes: np.ndarray, split: bool) -> set[Buck
     return found
 
 
-def data_needs(spec, reader, plan=None) -> Callable[[BucketTable], set[Bucket]]:
-    """Runner's `needs`: the buckets of the reader's read-ahead batches and, when buckets:
-    auto ran, of the planner's histogram (plan: the manifest's BucketPlan)."""
+def data_needs(spec, reader, plan=None) -> Callable[[BucketTable], dict[Bucket, object]]:
+    """Runner's `needs`: the buckets of the reader's read-ahead batches, each with its first
+    batch there, and, when buckets: auto ran, those of the planner's histogram (plan: the
+    manifest's BucketPlan), with no batch."""
     split = spec.data.oversize == "split"
 
-    def needs(table: BucketTable) -> set[Bucket]:
+    def needs(table: BucketTable) -> dict[Bucket, object]:
         batches, _ = reader.peek()
         found = batch_needs(table, batches, split)
         shapes = getattr(plan, "shapes", None)
         if shapes is not None:
-            found |= shape_needs(table, shapes, split)
+            for b in shape_needs(table, shapes, split):
+                found.setdefault(b, None)
         return found
 
     return needs

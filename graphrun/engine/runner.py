@@ -45,7 +45,9 @@ class Runner:
     def __init__(self, spec: PipelineSpec, *, log=None, needs=None,
                  started: DeviceStart | None = None):
         """needs: with capture.lazy, table -> the buckets to set up now (lazy.py; asked after
-        the model is built); the others are set up on first use. None: all on first use.
+        the model is built), as a set or as a dict giving each the input's first batch for it,
+        checked against eager at setup; the others are set up on first use. None: all on
+        first use.
         started: the device's context begun earlier, beside other setup (device_start.py)."""
         self.spec = spec
         self.log = log or (lambda msg: None)
@@ -82,6 +84,9 @@ class Runner:
                     second_lane=self._second_lane, eager=self.run_unbucketed,
                     oversize=spec.data.oversize, explain=self._explain)
                 self.direct = Direct(self.launcher)
+            if isinstance(needed, dict) and self.backend == "cuda-graph":
+                with phase("verify on the input's batches"):
+                    self.launcher.check_ahead(needed)
         self.setup_s = time.perf_counter() - t0
 
     # -- setup ---------------------------------------------------------------------------------

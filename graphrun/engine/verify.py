@@ -8,7 +8,9 @@ taken once, by its last warm-up run (capture.py), and shared by every lane's che
   2. pad isolation: fill the padded rows (the second half of the batch) with other values and
      replay again: the real rows' outputs must not move.
 Then once more on the first real batch that reaches the bucket (verify_real_batch): replay vs
-eager on those inputs, as synthetic values need not exercise what real data does.
+eager on those inputs, as synthetic values need not exercise what real data does; once per
+bucket, at setup when the reader holds that batch already (Launcher.check_ahead), else in the
+stream on whichever lane runs it.
 Results are the manifest's types (VerifyResult, BatchCheck), kept on the lane's graph entry.
 """
 

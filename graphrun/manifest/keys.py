@@ -49,8 +49,10 @@ class VerifyResult(_M):
     pad_isolated: Optional[bool] = Field(None, description="null for a bucket of batch 1.")
     failures: list[str] = Field(default_factory=list)
     real_batch: Optional[BatchCheck] = Field(
-        None, description="Replay vs eager on the first real batch that reached the bucket "
-        "(captured buckets only; null if none reached it).")
+        None, description="Replay vs eager on the first real batch that reached the bucket, "
+        "on the lane that ran it: at setup when the reader held it by then, else in the stream "
+        "(captured buckets only; once per bucket: null on its other lanes, and if none "
+        "reached it).")
 
 
 class LaneReport(_M):
