@@ -1,4 +1,5 @@
-"""Tests' spec texts: an edit that must match, and the SpecError a broken spec raises."""
+"""Tests' spec texts: a tiny MLP's, an edit that must match, and the SpecError a broken spec
+raises."""
 
 from __future__ import annotations
 
@@ -24,3 +25,22 @@ def spec_error(path, overrides=()):
 def problems(path, overrides=()) -> list[str]:
     """Each problem of that SpecError, as it prints."""
     return [str(p) for p in spec_error(path, overrides).problems]
+
+
+def mlp_spec(name: str, **data) -> str:
+    """The text of a CPU spec of a tiny builtin MLP (x: 2 floats in, scores: 2 out, batch
+    buckets 1 and 4); data: the data section's keys (path, batch_size, ...)."""
+    section = ", ".join(f"{key}: {value}" for key, value in data.items())
+    return f"""\
+version: 1
+name: {name}
+device: cpu
+model: {{builtin: mlp, args: {{in_features: 2, hidden: 4, layers: 1, out_features: 2}}}}
+inputs:
+  x: {{shape: [batch, 2], dtype: float32}}
+outputs:
+  scores: {{shape: [batch, 2]}}
+buckets: {{batch: [1, 4]}}
+data: {{{section}}}
+output: {{dir: out}}
+"""

@@ -82,7 +82,7 @@ def test_plan_write_replaces_auto_with_a_flow_list(tmp_path):
     path = auto_spec(tmp_path, [3, 5, 9, 12, 2, 7])
     result = CliRunner().invoke(main, ["plan", str(path), "--max-graphs", "4", "--write"])
     assert result.exit_code == 0, result.output
-    assert "  seq: [" in path.read_text() and "auto" not in path.read_text()
+    assert "  seq: [" in path.read_text() and "seq: auto" not in path.read_text()
     assert "│ spec " not in result.output and "│ planned " in result.output  # no (auto) row
 
 

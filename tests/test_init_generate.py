@@ -329,7 +329,7 @@ def test_plan_on_a_generation_spec_counts_its_graphs_and_stops_at_the_positions_
     graphs = graphs_of(spec.buckets, 128)
     assert graphs.total <= GRAPHS and max(spec.buckets["seq"]) <= 72
     assert f"graphs: {graphs.prefill} prefill + {graphs.decode} decode" in spec_path.read_text()
-    assert f"generation spec, prefill and decode graphs (default {GRAPHS})" in " ".join(
+    assert f"8, or {GRAPHS} for a generation spec" in " ".join(
         cli("plan", "--help").output.split())
 
 

@@ -16,20 +16,8 @@ from graphrun.base.tuning import Tuning
 from graphrun.read.checks import RecordChecker
 from graphrun.read.stream import job_duplicates, read_batches
 from graphrun.spec.load import load_spec
+from tests.spec_text import mlp_spec
 
-SPEC = """\
-version: 1
-name: dups
-device: cpu
-model: {builtin: mlp, args: {in_features: 2, hidden: 4, layers: 1, out_features: 2}}
-inputs:
-  x: {shape: [batch, 2], dtype: float32}
-outputs:
-  scores: {shape: [batch, 2]}
-buckets: {batch: [1, 4]}
-data: {path: data.%s, id_field: id, batch_size: 4, on_bad_record: skip}
-output: {dir: out}
-"""
 N = 300
 # ordinal -> the earlier ordinal whose id it repeats; 40's first copy (7) is bad, so 40 is
 # kept, and 41 repeats 40; 290 repeats 5, 291 repeats 290's id too
@@ -46,7 +34,8 @@ def write(tmp_path, fmt: str, ids: list) -> object:
     else:
         pq.write_table(pa.table({"id": ids, "x": rows}), tmp_path / "data.parquet",
                        row_group_size=32)
-    (tmp_path / "p.yaml").write_text(SPEC % fmt)
+    (tmp_path / "p.yaml").write_text(mlp_spec("dups", path=f"data.{fmt}", id_field="id",
+                                              batch_size=4, on_bad_record="skip"))
     return load_spec(tmp_path / "p.yaml")
 
 

@@ -16,6 +16,7 @@ from graphrun.read.formats.jsonl_lines import lines_of
 from graphrun.scale.ray.columns import LINE_NO, LINE_TEXT, ORDINAL
 from graphrun.scale.ray.jsonl import line_candidates, line_spans, span_lines
 from graphrun.spec.load import load_spec
+from tests.spec_text import mlp_spec
 
 
 def one_process_lines(path) -> list[tuple]:
@@ -54,21 +55,6 @@ def line_table(path, rows: slice) -> pa.Table:
                      LINE_TEXT: pa.array(lines, pa.binary())})
 
 
-SPEC = """\
-version: 1
-name: lines
-device: cpu
-model: {builtin: mlp, args: {in_features: 2, hidden: 4, layers: 1, out_features: 2}}
-inputs:
-  x: {shape: [batch, 2], dtype: float32}
-outputs:
-  scores: {shape: [batch, 2]}
-buckets: {batch: [1, 4]}
-data: {path: data.jsonl, batch_size: 4, on_bad_record: skip%s}
-output: {dir: out}
-"""
-
-
 @pytest.mark.parametrize("id_field", [None, "id"])
 def test_a_batch_of_bad_lines_is_rejected_as_one_process(tmp_path, id_field):
     records = [{"id": f"r{i}", "x": [i, 1.5]} for i in range(12)]
@@ -102,5 +88,7 @@ def test_a_batch_of_bad_lines_is_rejected_as_one_process(tmp_path, id_field):
 
 def _spec(tmp_path, id_field):
     path = tmp_path / "pipeline.yaml"
-    path.write_text(SPEC % (f", id_field: {id_field}" if id_field else ""))
+    ids = {"id_field": id_field} if id_field else {}
+    path.write_text(mlp_spec("lines", path="data.jsonl", batch_size=4, on_bad_record="skip",
+                             **ids))
     return path

@@ -14,8 +14,10 @@ from graphrun.base.errors import GraphrunError
 @click.command()
 @click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--max-graphs", type=click.IntRange(min=1), default=None,
-              help="At most this many graphs in total: the product of the lists' lengths "
-              "(default 8); for a generation spec, prefill and decode graphs (default 40).")
+              help="At most this many graphs in total (the product of the lists' lengths; "
+              "for a generation spec, prefill and decode graphs). Default: the spec's "
+              "buckets_max_graphs, which `buckets: auto` plans to (unset: 8, or 40 for a "
+              "generation spec).")
 @click.option("--sample", type=click.IntRange(min=1), default=None,
               help="Plan from a uniform sample of about N records (whole batches).")
 @click.option("--multiple-of", "multiples", multiple=True, metavar="AXIS=M",

@@ -10,10 +10,7 @@ from pathlib import Path
 
 from graphrun.base.errors import SpecError, Problem
 from graphrun.plan.planner import Evaluation, Histogram
-from graphrun.plan.budget import budget_plan, largest_bucket_cost
-from graphrun.plan.generation import GRAPHS as GENERATE_GRAPHS
-
-MAX_GRAPHS = 8  # graphrun plan --max-graphs of a forward-pass spec (product of the lists)
+from graphrun.plan.budget import largest_bucket_cost
 
 
 def flow_list(values: list[int]) -> str:
@@ -158,21 +155,23 @@ def parse_multiples(items: tuple[str, ...], axes: tuple[str, ...]) -> dict[str, 
 
 def run_plan(spec_path: Path, overrides, max_graphs: int | None, sample: int | None,
              multiples: tuple[str, ...], write: bool, echo) -> dict[str, list[int]]:
-    """The verb: histogram, plan, table; the YAML printed, or written into the spec. A
-    generation spec's lists are planned by plan/generation.py, its graphs counted as prefill
-    and decode graphs; max_graphs None: the default of the spec's kind."""
+    """The verb: histogram, plan, table; the YAML printed, or written into the spec. The
+    planned lists are plan/auto.py's plan_spec, as `buckets: auto` runs with (a generation
+    spec's graphs counted as prefill and decode graphs); max_graphs None: the spec's
+    buckets_max_graphs (its default is of the spec's kind)."""
     from rich.console import Console
 
     from graphrun.base.errors import InputError
-    from graphrun.plan.auto import covering
+    from graphrun.plan.auto import covering, plan_spec
     from graphrun.plan.limits import axis_limits
     from graphrun.plan.planner import evaluate, histogram, power_of_two
     from graphrun.spec.load import load_spec
 
     spec = load_spec(spec_path, overrides)
     generating = spec.generate is not None
+    bound = "--max-graphs" if max_graphs is not None else "buckets_max_graphs"
     if max_graphs is None:
-        max_graphs = GENERATE_GRAPHS if generating else MAX_GRAPHS
+        max_graphs = spec.max_graphs
     multiple_of = {**spec.buckets_multiple_of, **parse_multiples(multiples, tuple(spec.axes))}
     hist = histogram(spec, sample=sample)
     if hist.batches == 0:
@@ -182,19 +181,21 @@ def run_plan(spec_path: Path, overrides, max_graphs: int | None, sample: int | N
     # texts are cut at a limit: the plan's last value stays there, so --write does not move
     # where the run cuts them
     cut = {a: lim.value for a, lim in limits.items() if lim.cut}
+    # nothing is measured on the device for a generation spec (a capture of one of its
+    # buckets says little of its decode graphs)
+    cuda = not generating and _cuda(spec)
+    if not generating and spec.capture.memory_budget_mib is not None:
+        echo("measuring one bucket to keep the plan within capture.memory_budget_mib ...")
+    planned = plan_spec(spec, covering(hist, cut, caps), max_graphs, multiple_of, {}, cuda,
+                        str(spec_path))
+    graphs, model, budget = planned.generation, planned.memory, planned.budget_text(spec)
     if generating:
-        rows, graphs, cuda, note, model = _generation_rows(spec, hist, covering(hist, cut, caps),
-                                                           max_graphs, multiple_of, caps, echo)
-        chosen = rows[-1][1]
+        rows = _generation_rows(spec, hist, planned, max_graphs, multiple_of, caps)
     else:
-        graphs, cuda = None, _cuda(spec)
-        if spec.capture.memory_budget_mib is not None:
-            echo("measuring one bucket to keep the plan within capture.memory_budget_mib ...")
-        chosen, note, model = budget_plan(spec, covering(hist, cut, caps), max_graphs,
-                                          multiple_of, {}, cuda, str(spec_path))
         rows = [] if spec.auto_axes else [("spec", evaluate(hist, spec.buckets))]
         rows += [("power of two", power_of_two(hist, max_graphs, multiple_of, caps)),
-                 ("planned", chosen)]
+                 ("planned", planned.chosen)]
+    chosen = rows[-1][1]
     costs = None
     if cuda:
         echo("capturing the largest bucket to estimate capture time and memory ...")
@@ -203,13 +204,13 @@ def run_plan(spec_path: Path, overrides, max_graphs: int | None, sample: int | N
     memory = [model.lists_bytes(ev.lists, per_graph) for _, ev in rows] if model else None
     Console(width=160).print(plan_table(hist, rows, costs, memory,
                                         spec.capture.memory_budget_mib))
-    if note is not None:
-        echo(note.text())
+    if budget is not None:
+        echo(budget)
     if generating:
         over = graphs.total > max_graphs
         echo(f"graphs, planned: {graphs.text()}; " + (
-            f"more than --max-graphs {max_graphs}: one prompt bucket makes this many"
-            if over else f"at most {max_graphs} (--max-graphs)"))
+            f"more than {bound} {max_graphs}: one prompt bucket makes this many"
+            if over else f"at most {max_graphs} ({bound})"))
     echo(padding_line(spec, rows))
     if hist.rejected:
         top = sorted(hist.reasons.items(), key=lambda kv: -kv[1])[0][0]
@@ -229,22 +230,16 @@ def run_plan(spec_path: Path, overrides, max_graphs: int | None, sample: int | N
     return chosen.lists
 
 
-def _generation_rows(spec, hist, covered, max_graphs: int, multiple_of: dict[str, int],
-                     caps: dict[str, int], echo):
-    """A generation spec's table rows (spec, power of two, planned; graphs: prefill and
-    decode) and the planned lists' graphs; nothing is measured on the device (a capture of
-    one generation bucket says little of its decode graphs), and capture.memory_budget_mib is
-    the run's to keep (the generator sizes its KV cache and graphs against it)."""
+def _generation_rows(spec, hist, planned, max_graphs: int, multiple_of: dict[str, int],
+                     caps: dict[str, int]) -> list[tuple[str, Evaluation]]:
+    """A generation spec's table rows (spec, power of two, planned), their graphs counted as
+    prefill and decode graphs."""
     import dataclasses
 
-    from graphrun.plan.generation import graphs_of, plan_generation, power_of_two_generation
+    from graphrun.plan.generation import graphs_of, power_of_two_generation
     from graphrun.plan.planner import evaluate
 
     new = spec.generate.max_new_tokens
-    if spec.capture.memory_budget_mib is not None:
-        echo("capture.memory_budget_mib: not planned for in a generation spec (the run keeps "
-             "its KV cache and graphs within it)")
-    chosen, graphs = plan_generation(covered, max_graphs, new, multiple_of)
     rows = []
     if not spec.auto_axes:
         own = evaluate(hist, spec.buckets)
@@ -252,9 +247,9 @@ def _generation_rows(spec, hist, covered, max_graphs: int, multiple_of: dict[str
             own, graphs=graphs_of(spec.buckets, new).total)))
     rows += [("power of two", power_of_two_generation(hist, max_graphs, new, multiple_of,
                                                       caps)[0]),
-             ("planned", evaluate(hist, chosen.lists))]
-    rows[-1] = ("planned", dataclasses.replace(rows[-1][1], graphs=graphs.total))
-    return rows, graphs, False, None, None
+             ("planned", dataclasses.replace(evaluate(hist, planned.chosen.lists),
+                                             graphs=planned.generation.total))]
+    return rows
 
 
 def padding_line(spec, rows: list[tuple[str, Evaluation]]) -> str:

@@ -191,13 +191,17 @@ class Totals(_M):
 
 
 class BucketPlan(_M):
-    """What `buckets: {axis: auto}` planned at the start of the run (graphrun.plan.planner)."""
+    """What `buckets: {axis: auto}` planned at the start of the run (graphrun.plan.auto)."""
 
     auto_axes: list[str]
     buckets: dict[str, list[int]] = Field(..., description="The planned lists of the auto axes.")
     sample_records: int = Field(..., description="Records of the input's start planned from.")
-    graphs: int = Field(..., description="Graphs of all axes together.")
-    max_graphs: int
+    graphs: int = Field(..., description="Graphs of all axes together; a generation spec's: its "
+                        "prefill and decode graphs.")
+    decode_graphs: Optional[int] = Field(
+        None, description="Of those, a generation spec's decode graphs (batch values x KV "
+        "lengths); null for any other spec.")
+    max_graphs: int = Field(..., description="buckets_max_graphs, as it applied.")
     padding_waste: float = Field(..., description="1 - real / padded work (rows x positions) "
                                  "of the sample in the planned buckets.")
     memory_budget: Optional[str] = Field(

@@ -1,21 +1,62 @@
 """`buckets: {seq: auto}`: the planner run at the start of `graphrun run` on the input's first
 records, so a spec need not guess its bucket values. The chosen lists replace `auto` in the
 resolved spec (and so in the manifest's spec); the manifest's bucket_plan says what was planned
-and the sample's padding waste."""
+and the sample's padding waste. plan_spec is the one planner of a spec's lists that `graphrun
+plan` and the run share: a generation spec's by plan/generation.py (prefill and decode graphs
+counted), any other's by plan/budget.py (within capture.memory_budget_mib)."""
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 import numpy as np
 
 from graphrun.base.errors import InputError, Problem, SpecError
 from graphrun.manifest.keys import BucketPlan
-from graphrun.plan.planner import histogram
-from graphrun.plan.budget import budget_plan
-from graphrun.spec.keys import PipelineSpec
+from graphrun.plan.budget import BudgetNote, MemoryModel, budget_plan
+from graphrun.plan.generation import GenerationGraphs, plan_generation
+from graphrun.plan.planner import Evaluation, Histogram, histogram
+from graphrun.spec.keys import BATCH, PipelineSpec
 
 AUTO_SAMPLE = 10000  # records read from the start of the input to plan the `auto` axes
+# budget_plan scales a forward bucket, blind to the KV cache and graphs the generator budgets
+GENERATION_BUDGET = ("capture.memory_budget_mib: not planned for in a generation spec (the run "
+                     "keeps its KV cache and graphs within it)")
+
+
+@dataclass(frozen=True)
+class SpecPlan:
+    """A spec's planned lists and what bounded them."""
+
+    chosen: Evaluation  # its graphs: all the lists make (a generation spec's: prefill + decode)
+    note: BudgetNote | None = None  # what capture.memory_budget_mib did to a forward plan
+    memory: MemoryModel | None = None  # the estimate it was kept within
+    generation: GenerationGraphs | None = None  # a generation spec's graphs, counted
+
+    def budget_text(self, spec: PipelineSpec) -> str | None:
+        """What capture.memory_budget_mib did to the plan, for the plan's output and the
+        manifest; None without a budget."""
+        if self.note is not None:
+            return self.note.text()
+        if spec.generate is not None and spec.capture.memory_budget_mib is not None:
+            return GENERATION_BUDGET
+        return None
+
+
+def plan_spec(spec: PipelineSpec, hist: Histogram, max_graphs: int, multiple_of: dict[str, int],
+              fixed: dict[str, list[int]], cuda: bool, where: str = "spec") -> SpecPlan:
+    """The spec's lists planned from hist (already covered at the spec's limits, see
+    covering) for at most max_graphs graphs, the axes in fixed keeping their lists: what
+    `graphrun plan` proposes and `buckets: auto` runs with."""
+    if spec.generate is not None:
+        chosen, graphs = plan_generation(hist, max_graphs, spec.generate.max_new_tokens,
+                                         multiple_of, fixed)
+        return SpecPlan(chosen, generation=graphs)
+    # capture.memory_budget_mib: one bucket is measured on the run's device first (the
+    # model is built for it once more); without a budget nothing is measured
+    chosen, note, model = budget_plan(spec, hist, max_graphs, multiple_of, fixed, cuda, where)
+    return SpecPlan(chosen, note, model)
 
 
 def resolve_auto(spec: PipelineSpec) -> tuple[PipelineSpec, BucketPlan | None]:
@@ -25,30 +66,35 @@ def resolve_auto(spec: PipelineSpec) -> tuple[PipelineSpec, BucketPlan | None]:
     auto = spec.auto_axes
     if not auto:
         return spec, None
+    where, most = str(spec.source_path or "spec"), spec.max_graphs
     fixed = {a: v for a, v in spec.buckets.items() if v != "auto"}
     fixed_graphs = 1
     for values in fixed.values():
         fixed_graphs *= len(values)
-    if fixed_graphs > spec.buckets_max_graphs:
-        raise SpecError([Problem(str(spec.source_path or "spec"), "buckets_max_graphs", (
+    if fixed_graphs > most:
+        raise SpecError([Problem(where, "buckets_max_graphs", (
             f"the lists given make {fixed_graphs} graphs, more than buckets_max_graphs "
-            f"({spec.buckets_max_graphs}), so the auto axes {auto} get no value: raise it or "
-            "shorten the lists"))])
+            f"({most}), so the auto axes {auto} get no value: raise it or shorten the lists"))])
     hist = histogram(spec, stop=AUTO_SAMPLE)
     if hist.batches == 0:
         raise InputError(f"buckets: auto plans from the first {AUTO_SAMPLE} records, and none "
                          "of them is valid", where=str(spec.data.path))
     spec, limits = _pin_text_length(spec, auto)
-    # capture.memory_budget_mib: one bucket is measured on the run's device first (the
-    # model is built for it once more); without a budget nothing is measured
-    chosen, note, _ = budget_plan(spec, covering(hist, limits), spec.buckets_max_graphs,
-                                  spec.buckets_multiple_of, fixed, _cuda(spec),
-                                  str(spec.source_path or "spec"))
+    planned = plan_spec(spec, covering(hist, limits), most, spec.buckets_multiple_of, fixed,
+                        _cuda(spec), where)
+    chosen, graphs = planned.chosen, planned.generation
+    if graphs is not None and graphs.total > most:
+        fewer = ", or give fewer batch values" if BATCH in fixed else ""
+        raise SpecError([Problem(where, "buckets_max_graphs", (
+            f"the fewest graphs a generation plan makes here are {graphs.total} "
+            f"({graphs.prefill} prefill, {graphs.decode} decode: each prompt bucket brings its "
+            f"decode KV lengths), more than buckets_max_graphs ({most}): raise it{fewer}"))])
     buckets = {a: chosen.lists[a] for a in spec.buckets}
     info = BucketPlan(auto_axes=auto, buckets={a: chosen.lists[a] for a in auto},
                       sample_records=hist.records, graphs=chosen.graphs,
-                      max_graphs=spec.buckets_max_graphs, padding_waste=chosen.waste,
-                      memory_budget=note.text() if note else None)
+                      decode_graphs=graphs.decode if graphs is not None else None,
+                      max_graphs=most, padding_waste=chosen.waste,
+                      memory_budget=planned.budget_text(spec))
     info.keep_shapes(hist.needs)  # capture.lazy sets up the buckets these select
     return spec.model_copy(update={"buckets": buckets}), info
 
@@ -68,9 +114,10 @@ def _pin_text_length(spec: PipelineSpec, auto: list[str]) -> tuple[PipelineSpec,
         return spec, {}
     from graphrun.plan.limits import axis_limits
 
-    limit = max_length(spec, tokenizer_folder(spec))
-    if axis in (limits := axis_limits(spec)):  # the model's position table may be shorter
-        limit = min(limit, limits[axis].value)
+    # the limit `graphrun plan` stops at (the model's positions, less a generation job's new
+    # tokens; the tokenizer's; data.text.max_length), else the run's own default length
+    limits = axis_limits(spec)
+    limit = limits[axis].value if axis in limits else max_length(spec, tokenizer_folder(spec))
     text = spec.data.text.model_copy(update={"max_length": limit})
     data = spec.data.model_copy(update={"text": text})
     return spec.model_copy(update={"data": data}), {axis: limit}

@@ -1,8 +1,9 @@
-"""A generation job's buckets planned (init --task generate, `graphrun plan` on a generation
-spec): the batch and prompt (seq) lists that minimise padded prefill work for the batches the
-run forms, with every graph the lists make counted as the generator makes them: a prefill graph
-per (batch, prompt bucket) and a decode graph per (batch, KV length), the KV lengths derived
-from the prompt buckets and generate.max_new_tokens (generate/steps.py's kv_lengths).
+"""A generation job's buckets planned (init --task generate; `graphrun plan` on a generation
+spec and its `buckets: auto` at run time, those two through plan/auto.py's plan_spec): the batch
+and prompt (seq) lists that minimise padded prefill work for the batches the run forms, with
+every graph the lists make counted as the generator makes them: a prefill graph per (batch, prompt
+bucket) and a decode graph per (batch, KV length), the KV lengths derived from the prompt
+buckets and generate.max_new_tokens (generate/steps.py's kv_lengths).
 
 A prompt bucket's padding costs its decode steps too (a longer prompt bucket attends over a
 longer cache), so the planner's padded prefill work (rows x prompt positions) is the measure;
@@ -19,10 +20,10 @@ from typing import Callable
 from graphrun.engine.buckets import split_sizes
 from graphrun.generate.steps import decode_lengths, kv_lengths
 from graphrun.plan.planner import Evaluation, Histogram, plan, power_of_two
-from graphrun.spec.generate import PROMPT_AXIS
+from graphrun.spec.generate import GENERATE_MAX_GRAPHS, PROMPT_AXIS
 from graphrun.spec.keys import BATCH
 
-GRAPHS = 40  # prefill and decode graphs of a planned generation spec, at most
+GRAPHS = GENERATE_MAX_GRAPHS  # prefill and decode graphs of a planned generation spec, at most
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from pydantic import ConfigDict, Field, model_validator
 from graphrun.spec.base import Size, Strict, Whole
 
 PROMPT_AXIS = "seq"  # the bucket axis of prompt lengths (prefill)
+GENERATE_MAX_GRAPHS = 40  # buckets_max_graphs of a generation spec: prefill and decode graphs
 GENERATE_BUILTINS = ("llama",)  # generate/'s builtin causal LMs, for specs with generate:
 # The transformers classes that generate: their names end so (AutoModelForCausalLM,
 # LlamaForCausalLM, GPT2LMHeadModel, ...).

@@ -15,7 +15,8 @@ from pydantic import ConfigDict, Discriminator, Field, PrivateAttr, Tag, field_v
 
 from graphrun.base import dtypes
 from graphrun.spec.base import Size, Strict, Text, Whole
-from graphrun.spec.generate import GENERATE_DOC, IMPLIED_SECTIONS_SCHEMA, GenerateSpec
+from graphrun.spec.generate import (GENERATE_DOC, GENERATE_MAX_GRAPHS,
+                                     IMPLIED_SECTIONS_SCHEMA, GenerateSpec)
 
 FLOAT_DTYPES = dtypes.FLOAT
 INT_DTYPES = dtypes.INT
@@ -44,6 +45,7 @@ BucketValues = Annotated[
     Discriminator(_BucketKind())]
 
 BATCH = "batch"
+MAX_GRAPHS = 8  # buckets_max_graphs of a forward-pass spec: the product of the lists
 
 
 class HFModelSpec(Strict):
@@ -388,9 +390,11 @@ class PipelineSpec(Strict):
     buckets_multiple_of: dict[str, Size] = Field(
         default_factory=dict, description="Bucket values of an axis must be multiples of this "
         "(e.g. seq: 8 for kernels that want aligned lengths); planned values obey it too.")
-    buckets_max_graphs: Size = Field(
-        8, description="`auto` axes are planned so that all axes together make at most this "
-        "many graphs.")
+    buckets_max_graphs: Optional[Size] = Field(
+        None, description="`auto` axes are planned so that all axes together make at most this "
+        "many graphs; a generation spec's graphs are its prefill and decode graphs. `graphrun "
+        f"plan` plans to it too, unless --max-graphs is given. null: {MAX_GRAPHS}, or "
+        f"{GENERATE_MAX_GRAPHS} for a generation spec.")
     capture: CaptureSpec = Field(default_factory=CaptureSpec)
     data: DataSpec
     generate: Optional[GenerateSpec] = Field(None, description=GENERATE_DOC)
@@ -441,6 +445,13 @@ class PipelineSpec(Strict):
         return max(self.buckets[axis])
 
     @property
+    def max_graphs(self) -> int:
+        """buckets_max_graphs, or the default of the spec's kind (forward pass or generation)."""
+        if self.buckets_max_graphs is not None:
+            return self.buckets_max_graphs
+        return MAX_GRAPHS if self.generate is None else GENERATE_MAX_GRAPHS
+
+    @property
     def auto_axes(self) -> list[str]:
-        """Axes whose values `graphrun run` plans from the data (plan.planner.resolve_auto)."""
+        """Axes whose values `graphrun run` plans from the data (plan.auto.resolve_auto)."""
         return [a for a, v in self.buckets.items() if v == "auto"]

@@ -297,11 +297,12 @@ def _device(spec: PipelineSpec) -> Found:
 def _grid(spec: PipelineSpec) -> Found:
     """At most MAX_BUCKETS buckets, and static buffers that fit in this machine's memory:
     estimated before anything is allocated (torch would fail with a bare allocator error)."""
-    # an auto axis is planned at run start, to buckets_max_graphs graphs at most (auto_buckets)
-    sizes = [spec.buckets_max_graphs if v == "auto" else len(v) for v in spec.buckets.values()]
-    if math.prod(sizes) > MAX_BUCKETS:
-        grid = f"{' x '.join(map(str, sizes))} = " if len(sizes) > 1 else ""
-        yield ("buckets",), (f"{grid}{math.prod(sizes):,} buckets, more than {MAX_BUCKETS} "
+    # auto axes are planned at run start so that all axes make at most max_graphs (plan/auto.py)
+    sizes = [len(v) for v in spec.buckets.values() if v != "auto"]
+    count = max(math.prod(sizes), spec.max_graphs) if spec.auto_axes else math.prod(sizes)
+    if count > MAX_BUCKETS:
+        grid = f"{' x '.join(map(str, sizes))} = " if len(sizes) > 1 and not spec.auto_axes else ""
+        yield ("buckets",), (f"{grid}{count:,} buckets, more than {MAX_BUCKETS} "
                              "(each may be warmed up, captured and verified): keep the sizes "
                              "the data needs (graphrun plan suggests them)")
     largest = {axis: max(v) for axis, v in spec.buckets.items() if v and v != "auto"}
