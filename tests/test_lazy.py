@@ -19,6 +19,15 @@ from graphrun.base.phases import FIRST_USE
 from graphrun.job.progress import bucket_setup
 from graphrun.spec.keys import PipelineSpec
 
+
+@pytest.fixture(autouse=True)
+def reads_no_further_than_it_must(monkeypatch):
+    """These tests set buckets up on first use: a reader that held the whole file by setup
+    (GRAPHRUN_READ_AHEAD_BYTES, on by default with 6 or more cores) would set them all up at
+    start, as the run should, and leave no first use to test."""
+    monkeypatch.setenv("GRAPHRUN_READ_AHEAD_BYTES", "0")
+
+
 # A linear scorer that differs from itself at batch size 1 while the file "flaky" sits beside
 # it: bucket batch=1 fails verification wherever it is set up, the others pass.
 FLAKY = '''\

@@ -112,9 +112,11 @@ def test_a_sweep_whose_every_variant_fails_exits_non_zero(spec_path, tmp_path):
     assert out.count("unknown key 'batchsize'") >= 2 and "no variant completed" in out
 
 
-def test_a_model_raising_in_a_bucket_set_up_on_first_use_is_one_message(spec_path):
+def test_a_model_raising_in_a_bucket_set_up_on_first_use_is_one_message(spec_path,
+                                                                          monkeypatch):
     """capture.lazy: the long records come after the read-ahead, so seq 16 is set up mid-run,
     where the model raises: one message naming the bucket, the batch and --resume."""
+    monkeypatch.setenv("GRAPHRUN_READ_AHEAD_BYTES", "0")  # the first 4 batches held, no more
     with open(spec_path.parent / "late.jsonl", "w") as f:
         for i in range(40):
             f.write(json.dumps({"id": i, "x": [i, 1, 2, 3], "t": [1] * (3 if i < 32 else 12)})

@@ -38,6 +38,14 @@ def build(noise=0.0):
 """
 
 
+@pytest.fixture(autouse=True)
+def reads_no_further_than_it_must(monkeypatch):
+    """These tests set buckets up on first use: a reader that held the whole file by setup
+    (GRAPHRUN_READ_AHEAD_BYTES, on by default with 6 or more cores) would set them all up at
+    start, as the run should, and leave no first use to test."""
+    monkeypatch.setenv("GRAPHRUN_READ_AHEAD_BYTES", "0")
+
+
 def make_spec(tmp_path, *, records: int = 19, batch_size: int = 8, **over) -> PipelineSpec:
     """Rows of 4 floats in an .npy file; buckets [1, 8, 64, 128] unless overridden."""
     x = np.random.default_rng(0).standard_normal((records, 4)).astype(np.float32)
@@ -191,6 +199,33 @@ def test_needs_from_batches_and_from_the_planners_shapes(tmp_path):
             self.lengths = {"seq": np.array([1] * (n - 1) + [longest])}
     assert names(batch_needs(table, [RB(1, 5), RB(8, 17)], split=True)) == [
         "batch=1,seq=16", "batch=8,seq=32"]
+    # each bucket with its first batch that runs in it whole (a split one's part: none)
+    first, again, split = RB(8, 17), RB(8, 20), RB(100, 9)
+    found = batch_needs(table, [split, first, again], split=True)
+    assert {b.name: rb for b, rb in found.items()} == {
+        "batch=64,seq=16": None, "batch=8,seq=32": first}
+
+
+def test_every_batch_the_reader_holds_by_setup_selects_its_bucket(tmp_path):
+    """The reader read the whole file during setup: the last batch's bucket is set up at
+    start too, with that batch to check it against eager; not only the first 4 batches'."""
+    from graphrun.engine.lazy import data_needs
+    from graphrun.read.stream import ReadAhead
+
+    spec = make_spec(tmp_path, records=33)
+    table = BucketTable(spec)
+
+    class RB:
+        def __init__(self, n):
+            self.ids, self.lengths = list(range(n)), {}
+
+    batches = [RB(8), RB(8), RB(8), RB(8), RB(1)]
+    reader = ReadAhead(iter(batches), ahead=4, hold_bytes=1 << 30)
+    assert reader._fetched.wait(5)  # the whole input read, as during a model's import
+    found = data_needs(spec, reader)(table)
+    assert {b.name: rb for b, rb in found.items()} == {"batch=8": batches[0],
+                                                       "batch=1": batches[4]}
+    reader.close()
 
 
 # ---- the model built where it runs -----------------------------------------------------------
