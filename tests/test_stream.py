@@ -978,3 +978,36 @@ def test_npy_pages_released_without_libc_madvise_read_the_same(tmp_path, monkeyp
     got = np.concatenate([b.fields["x"] for b in read_batches(spec, tuning=tuning)])
     np.testing.assert_array_equal(got, data)
     assert len(calls) == (0 if madvise == "missing" else 7)  # every chunk but the last
+
+
+def test_ragged_records_are_padded_to_their_batchs_longest_as_they_are_read():
+    """Text's tokens: one array per batch, each record at the left of its row, the rest the
+    input's pad value; records ragged in a later axis too stay as they are; closing the padded
+    stream closes the reader under it."""
+    from types import SimpleNamespace
+
+    from graphrun.read.records import RecordBatch
+
+    spec = SimpleNamespace(inputs={"ids": SimpleNamespace(pad=7),
+                                   "grid": SimpleNamespace(pad=0)})
+    tokens = [np.array([1, 2], np.int64), np.array([3], np.int64), np.array([4, 5, 6], np.int64)]
+    grids = [np.ones((1, 2)), np.ones((2, 1))]
+    closed = []
+
+    def source():
+        try:
+            yield RecordBatch(indices=np.arange(3), ids=[0, 1, 2], where=["a"] * 3,
+                              fields={"ids": tokens, "grid": grids + grids[:1]},
+                              lengths={"seq": np.array([2, 1, 3])})
+            yield RecordBatch(indices=np.arange(3, 5), ids=[3, 4], where=["b"] * 2,
+                              fields={"ids": tokens[:2], "grid": grids}, lengths={})
+        finally:
+            closed.append(True)
+
+    padded = stream.padded_batches(source(), spec)
+    first = next(padded)
+    assert first.fields["ids"].tolist() == [[1, 2, 7], [3, 7, 7], [4, 5, 6]]
+    assert first.fields["ids"].dtype == np.int64 and first.lengths["seq"].tolist() == [2, 1, 3]
+    assert isinstance(first.fields["grid"], list)  # ragged in both axes: as read
+    padded.close()
+    assert closed == [True]

@@ -114,6 +114,12 @@ def pad_into(dst: np.ndarray, rows: np.ndarray | list[np.ndarray], pad: float) -
             dst[n:] = pad
         return
     dst[...] = pad
+    if isinstance(rows, np.ndarray) and rows.ndim == dst.ndim:
+        # dense, padded to its batch's longest when read: past the bucket only where a part of
+        # a split batch is shorter than the batch, and there the rows hold padding alone
+        fit = tuple(slice(0, min(s, d)) for s, d in zip(rows.shape[1:], dst.shape[1:]))
+        dst[(slice(0, n),) + fit] = rows[(slice(None),) + fit]
+        return
     flat = _concatenated(rows, dst) if n and dst.ndim >= 2 else None
     if flat is not None:
         # one masked copy: a per-row loop holds the GIL the launching thread waits for

@@ -28,7 +28,7 @@ from graphrun.read.grouping import PaddingCount
 from graphrun.base.phases import BEFORE_RUN, PhaseClock, phase
 from graphrun.job.state import RunHashes, RunRecord, RunResources
 from graphrun.job.signals import StopSignals
-from graphrun.read.stream import ReadAhead, read_batches
+from graphrun.read.stream import ReadAhead, padded_batches, read_batches
 from graphrun.read.text import TextCuts
 from graphrun.base.tuning import Tuning
 from graphrun.write.folder import completed_manifest, locked, prepare_out_dir
@@ -205,9 +205,9 @@ def run_stream(record: RunRecord, held: RunResources, fingerprint: dict, resume_
             record.padding = PaddingCount(spec) if spec.data.group_by_length else None
             record.cuts = TextCuts(spec, record.count_from) if spec.data.text is not None else None
             ids_from = held.place.job_start if held.place else fingerprint["slice"][0] or 0
-            held.reader = ReadAhead(read_batches(spec, start=start, stop=stop,
-                                                 ids_from=ids_from, tuning=held.tuning,
-                                                 padding=record.padding, cuts=record.cuts),
+            batches = read_batches(spec, start=start, stop=stop, ids_from=ids_from,
+                                   tuning=held.tuning, padding=record.padding, cuts=record.cuts)
+            held.reader = ReadAhead(padded_batches(batches, spec),
                                     ahead=look_ahead(spec),
                                     hold_bytes=held.tuning.read_ahead_bytes)
         engine = GenerationRunner if spec.generate is not None else Runner

@@ -64,6 +64,40 @@ def read_batches(spec: PipelineSpec, *, start: int = 0, stop: int | None = None,
         yield from _regroup(checked, spec, tuning.rejects_held)
 
 
+def padded_batches(batches: Iterator[RecordBatch], spec: PipelineSpec) -> Iterator[RecordBatch]:
+    """Each batch's records of an input that differ in their first axis only (text's tokens)
+    as one array [n, the batch's longest, ...], the rest the input's pad value; `lengths`
+    still give each record's own. Made where the batches are read (the read-ahead thread),
+    so that staging a batch for the device is one slice copy, not one per record."""
+    try:
+        for rb in batches:
+            if isinstance(rb, RecordBatch) and len(rb):
+                for name, records in rb.fields.items():
+                    if not isinstance(records, np.ndarray):
+                        dense = padded_to_longest(records, spec.inputs[name].pad)
+                        if dense is not None:
+                            rb.fields[name] = dense
+            yield rb
+    finally:  # closed early (a stop, an error): the reader's own close, its pool stopped
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
+
+
+def padded_to_longest(records: list, pad: float) -> np.ndarray | None:
+    """Records of one dtype and inner shape as [n, longest, ...] padded with `pad`; None for
+    records that differ in more than their first axis."""
+    if not all(isinstance(a, np.ndarray) and a.ndim >= 1 for a in records):
+        return None
+    first = records[0]
+    if any(a.dtype != first.dtype or a.shape[1:] != first.shape[1:] for a in records):
+        return None
+    lengths = np.fromiter(map(len, records), np.intp, count=len(records))
+    out = np.full((len(records), int(lengths.max()), *first.shape[1:]), pad, first.dtype)
+    out[np.arange(out.shape[1]) < lengths[:, None]] = np.concatenate(records)
+    return out
+
+
 def job_duplicates(spec: PipelineSpec, tuning: Tuning | None = None) -> dict[int, str]:
     """ordinal -> reason of every record that one process reading the whole file rejects as a
     duplicate id, for a job whose processes each see only part of the file (a Ray run's
