@@ -301,6 +301,8 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--processes", action="store_true",
                     help="also the whole processes: graphrun run of init --hf's spec, st's")
+    ap.add_argument("--processes-only", action="store_true",
+                    help="the whole processes alone, without the in-process variants")
     ap.add_argument("--repeat", type=int, default=1, help="whole processes: runs of each")
     ap.add_argument("--cpu", action="store_true", help="2,000 sentences on the CPU, whole "
                     "processes only")
@@ -318,8 +320,9 @@ def main() -> None:
     if a.seeded:
         _model["path"] = str(seeded_copy(model_folder(), work / "seeded-model"))
     lengths = write_texts(work / "texts.jsonl", a.sentences)
+    a.processes = a.processes or a.processes_only
     rows = []
-    if not a.cpu:
+    if not a.cpu and not a.processes_only:
         rows.append(run_st(work / "texts.jsonl", work, a.dtype, a.st_batch_size, a.device))
         for seq, group in (("[16,32,64,128]", None), ("[16,32,64,128]", a.group),
                            ("auto", a.group)):
