@@ -377,6 +377,20 @@ def test_a_batch_checked_at_setup_is_not_checked_again_on_any_lane(tmp_path):
         assert checked == [] and state.stats["batches"] == 1
 
 
+def test_a_check_at_setup_is_not_one_of_the_runs_batches(tmp_path):
+    """A bucket set up on first use names the batch that needed it: the run's first, though a
+    batch read ahead was replayed at setup to be checked."""
+    spec = mlp_spec(tmp_path, capture__verify__eager=True)  # capture.lazy: on first use
+    x = np.random.default_rng(10).standard_normal((3, 4), dtype=np.float32)
+    with Runner(spec, needs=lambda table: {table.pick(3, {}): None}) as runner:
+        bucket = runner.table.pick(3, {})
+        runner.lanes[0].graphs[bucket].check_real = True  # as after a capture
+        runner.launcher.check_ahead({bucket: _Held(x)})
+        runner.run_batch({"x": x[:1]})  # bucket batch=1, not set up yet
+        one = runner.states[runner.table.pick(1, {})]
+        assert (one.set_up, one.first_use_batch) == ("first_use", 0)
+
+
 def test_a_model_that_does_not_take_the_spec_inputs_is_a_clear_model_error(tmp_path):
     (tmp_path / "m.py").write_text(
         "import torch\n"

@@ -219,9 +219,10 @@ class Launcher:
             entry = self.lanes[0].graphs.get(bucket)
             if rb is None or entry is None or not entry.check_real:
                 continue
-            n = len(rb.ids)
+            n, turn = len(rb.ids), self._turn
             if self.stage(rb.fields, n, rb.lengths, 0) == bucket:
                 self.launch(bucket, 0, n, rb.lengths, timed=False).wait()
+            self._turn = turn  # not one of the run's batches, which first use names by number
 
     def run_padded(self, fields: dict, n: int, lengths: dict[str, np.ndarray], *,
                    timed: bool = True):
