@@ -20,7 +20,8 @@ from graphrun.read.grouping import PaddingCount, sorted_batches
 from graphrun.read.formats import reader_for
 from graphrun.read.checks import RecordChecker
 from graphrun.read.ids import last_repeat
-from graphrun.read.records import Reject, RecordBatch, concat_where, dense_if_uniform, numpy_dtype
+from graphrun.read.records import (PackedRecords, Reject, RecordBatch, concat_where,
+                                   dense_if_uniform, numpy_dtype, pack_records)
 from graphrun.spec.keys import PipelineSpec
 from graphrun.base.tuning import Tuning
 
@@ -87,14 +88,12 @@ def padded_batches(batches: Iterator[RecordBatch], spec: PipelineSpec) -> Iterat
 def padded_to_longest(records: list, pad: float) -> np.ndarray | None:
     """Records of one dtype and inner shape as [n, longest, ...] padded with `pad`; None for
     records that differ in more than their first axis."""
-    if not all(isinstance(a, np.ndarray) and a.ndim >= 1 for a in records):
+    packed = pack_records(records)
+    if not isinstance(packed, PackedRecords):
         return None
-    first = records[0]
-    if any(a.dtype != first.dtype or a.shape[1:] != first.shape[1:] for a in records):
-        return None
-    lengths = np.fromiter(map(len, records), np.intp, count=len(records))
-    out = np.full((len(records), int(lengths.max()), *first.shape[1:]), pad, first.dtype)
-    out[np.arange(out.shape[1]) < lengths[:, None]] = np.concatenate(records)
+    lengths, flat = packed.lengths, packed.flat
+    out = np.full((len(lengths), int(lengths.max()), *flat.shape[1:]), pad, flat.dtype)
+    out[np.arange(out.shape[1]) < lengths[:, None]] = flat
     return out
 
 
