@@ -284,7 +284,7 @@ def _regroup(chunks: Iterator[RecordBatch], spec: PipelineSpec, rejects_held: in
         if bad is not None:  # the records before the bad one are still written
             if len(held) or rejects:
                 yield _with_rejects(held.pop(len(held)), rejects)
-            raise InputError(bad.reason, where=bad.where, record_id=bad.id)
+            raise stopped_at(bad)
     if len(held) or rejects:
         yield _with_rejects(held.pop(len(held)), rejects)
 
@@ -313,7 +313,7 @@ def _regroup_windows(chunks: Iterator[RecordBatch], spec: PipelineSpec, start: i
         if bad is not None:
             if len(held) or rejects:
                 yield from _window(held, rejects, lo, None, spec, padding)
-            raise InputError(bad.reason, where=bad.where, record_id=bad.id)
+            raise stopped_at(bad)
     if len(held) or rejects:
         yield from _window(held, rejects, lo, None, spec, padding)
 
@@ -389,6 +389,14 @@ class _Held:
             lengths={axis: np.concatenate([p.lengths[axis] for p in parts])
                      for axis in parts[0].lengths},
         )
+
+
+def stopped_at(bad: Reject) -> InputError:
+    """data.on_bad_record: error's stop at a bad record: what is wrong, where, what to do."""
+    return InputError(f"{bad.reason}; the records before it are written. Fix that record and run "
+                      "again, or set data.on_bad_record: skip to go on past bad records (each "
+                      "one goes to rejects.jsonl with its place and reason)",
+                      where=bad.where, record_id=bad.id)
 
 
 def _empty_batch(spec: PipelineSpec) -> RecordBatch:
