@@ -328,13 +328,20 @@ def test_first_real_batch_failure_with_on_failure_eager_gives_eager_outputs(tmp_
         np.testing.assert_array_equal(first, second)
 
 
+def _to_check(runner, bucket):
+    """The bucket's first lane's entry as after a capture: its first real batch unchecked
+    (the CPU's eager entries start with nothing to check)."""
+    entry = runner.lanes[0].graphs[bucket]
+    entry.check_real = True
+    return entry
+
+
 def test_a_replay_that_agrees_is_checked_once(tmp_path):
     spec = mlp_spec(tmp_path, capture__lazy=False, capture__verify__eager=True)
     x = np.random.default_rng(7).standard_normal((3, 4), dtype=np.float32)
     with Runner(spec) as runner:
         bucket = runner.table.pick(3, {})
-        entry = runner.lanes[0].graphs[bucket]
-        entry.check_real = True  # as after a capture
+        entry = _to_check(runner, bucket)
         runner.run_batch({"x": x})
         assert entry.verify.real_batch.passed is True and entry.check_real is False
 
@@ -358,13 +365,12 @@ def test_the_first_batches_read_ahead_are_checked_at_setup_and_not_counted(tmp_p
         assert runner.states[bucket].stats["batches"] == 0  # the stream runs it, not setup
 
 
-def test_a_batch_checked_at_setup_is_not_checked_again_on_any_lane(tmp_path):
+def test_a_batch_checked_at_setup_is_not_checked_again_in_the_stream(tmp_path):
     spec = mlp_spec(tmp_path, capture__lazy=False, capture__verify__eager=True)
     x = np.random.default_rng(9).standard_normal((3, 4), dtype=np.float32)
     with Runner(spec) as runner:
         bucket = runner.table.pick(3, {})
-        entry = runner.lanes[0].graphs[bucket]
-        entry.check_real = True  # as after a capture
+        entry = _to_check(runner, bucket)
         other = runner.table.pick(1, {})
         runner.launcher.check_ahead({bucket: _Held(x), other: None})  # None: no batch held
         state = runner.states[bucket]
@@ -384,7 +390,7 @@ def test_a_check_at_setup_is_not_one_of_the_runs_batches(tmp_path):
     x = np.random.default_rng(10).standard_normal((3, 4), dtype=np.float32)
     with Runner(spec, needs=lambda table: {table.pick(3, {}): None}) as runner:
         bucket = runner.table.pick(3, {})
-        runner.lanes[0].graphs[bucket].check_real = True  # as after a capture
+        _to_check(runner, bucket)
         runner.launcher.check_ahead({bucket: _Held(x)})
         runner.run_batch({"x": x[:1]})  # bucket batch=1, not set up yet
         one = runner.states[runner.table.pick(1, {})]
