@@ -15,7 +15,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Collection
 
 import torch
 
@@ -84,7 +84,7 @@ class Capturer:
         self.verifies = self.cap.verify.enabled and (self.graphs or self.cap.verify.eager)
 
     def first_lane(self, lane: Lane, states: dict[Bucket, BucketState], table,
-                   needed: set[Bucket] | None = None) -> None:
+                   needed: Collection[Bucket] | None = None) -> None:
         """Every bucket, or with capture.lazy only those in `needed`: the others are left
         unused, to be set up on first use (first_use)."""
         todo = [b for b in table.all if needed is None or b in needed]

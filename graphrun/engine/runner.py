@@ -45,9 +45,8 @@ class Runner:
     def __init__(self, spec: PipelineSpec, *, log=None, needs=None,
                  started: DeviceStart | None = None):
         """needs: with capture.lazy, table -> the buckets to set up now (lazy.py; asked after
-        the model is built), as a set or as a dict giving each the input's first batch for it,
-        checked against eager at setup; the others are set up on first use. None: all on
-        first use.
+        the model is built), each with the input's first batch for it (or None), checked
+        against eager at setup; the others are set up on first use. None: all on first use.
         started: the device's context begun earlier, beside other setup (device_start.py)."""
         self.spec = spec
         self.log = log or (lambda msg: None)
@@ -67,7 +66,7 @@ class Runner:
                 with phase("compile"):
                     self.model = compile_model(self.model, len(self.table.all))
             with phase("read ahead"):  # capture.lazy: the first batches, to decide from
-                needed = (needs(self.table) if needs else set()) if spec.capture.lazy else None
+                needed = (needs(self.table) if needs else {}) if spec.capture.lazy else None
             # Buffers are made outside inference mode: they are written in place per batch.
             with phase("first call and buffers"):
                 self.layout = self._layout(min(needed, key=lambda b: (b.volume, b.sizes))
@@ -84,7 +83,7 @@ class Runner:
                     second_lane=self._second_lane, eager=self.run_unbucketed,
                     oversize=spec.data.oversize, explain=self._explain)
                 self.direct = Direct(self.launcher)
-            if isinstance(needed, dict) and self.backend == "cuda-graph":
+            if needed and self.backend == "cuda-graph":
                 with phase("verify on the input's batches"):
                     self.launcher.check_ahead(needed)
         self.setup_s = time.perf_counter() - t0
