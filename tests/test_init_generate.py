@@ -279,7 +279,7 @@ def test_the_graphs_counted_are_the_ones_the_generator_sets_up():
     (set up at once with capture.lazy off), and those a batch of each shape sets up."""
     import torch
 
-    from graphrun.generate.builtin import build_llama
+    from graphrun.generate.llama import build_llama
     from graphrun.generate.config import GenerateConfig
     from graphrun.generate.generator import Generator
     from graphrun.plan.generation import graphs_of

@@ -43,7 +43,7 @@ def bench_generation(spec: PipelineSpec, *, iters: int = 20, warmup: int = 2,
     device = resolve_device(spec.device)
     repeats = repeats or default_repeats(device)
     cuda = device.type == "cuda"
-    model = build_generation_model(spec, device)
+    model, _ = build_generation_model(spec, device)
     config = dataclasses.replace(generate_config(spec, model), max_new_tokens=new,
                                  min_new_tokens=new)
     modes = [("eager", "eager")]

@@ -7,7 +7,7 @@ sampling.py: the pick inside the step; steps.py: prefill and decode over static 
 graphs.py: capture and verification per bucket; generator.py: the batch loop.
 """
 
-from graphrun.generate.builtin import Llama, build_llama
+from graphrun.generate.llama import Llama, build_llama
 from graphrun.generate.config import (BatchResult, Completion, GenerateConfig, GenerationError, Sampling)
 from graphrun.generate.generator import Generator, build_generator
 from graphrun.generate.hf_attention import eos_ids_of

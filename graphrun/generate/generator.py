@@ -24,7 +24,7 @@ import torch
 
 from graphrun.base.dtypes import torch_dtype
 
-from graphrun.generate.builtin import Llama
+from graphrun.generate.llama import Llama
 from graphrun.generate.config import BatchResult, Completion, GenerateConfig, GenerationError, check_config
 from graphrun.generate.graphs import GraphTable, StepKey
 from graphrun.generate.hf_attention import HFCausalLM, is_hf_model, unsupported
@@ -39,11 +39,20 @@ MiB = 1 << 20
 def adapt(model, max_len: int):
     """(step model, KV layout, close) for a model the generator can drive, else one error."""
     if isinstance(model, Llama):
+        checkpoint = model.eos_ids is not None  # loaded from a folder, not the builtin
         if max_len > model.max_len:
+            limit = ("max_position_embeddings" if checkpoint else "max_len")
             raise GenerationError(
-                f"llama: the longest prompt bucket + max_new_tokens is {max_len} tokens, past "
-                f"the model's max_len ({model.max_len}): give the model a larger max_len, or "
-                "lower the prompt buckets or max_new_tokens")
+                f"{model.shape.family}: the longest prompt bucket + max_new_tokens is {max_len} "
+                f"tokens, past the model's {limit} ({model.max_len}): lower the prompt buckets "
+                f"or max_new_tokens" + ("" if checkpoint else ", or give the model a larger "
+                                         "max_len"))
+        window = model.shape.window
+        if window is not None and window < max_len:
+            raise GenerationError(
+                f"{model.shape.family}: sliding-window attention (sliding_window={window}) is "
+                f"not supported; keep the longest prompt bucket + max_new_tokens ({max_len}) "
+                "within the window")
         return model, model.layout, lambda: None
     if is_hf_model(model):
         hf = HFCausalLM(model, max_len)

@@ -25,7 +25,8 @@ from graphrun.base.phases import phase
 from graphrun.engine.buckets import Bucket
 from graphrun.engine.device import resolve_backend, resolve_device
 from graphrun.engine.launch import concat_rows
-from graphrun.generate.builtin import build_llama
+from graphrun.base.errors import ModelError
+from graphrun.generate.llama import Checkpoint, Llama, build_llama, find_checkpoint, load_llama
 from graphrun.generate.config import BatchResult, GenerateConfig, Sampling
 from graphrun.generate.generator import Generator
 from graphrun.generate.hf_attention import eos_ids_of
@@ -88,7 +89,7 @@ class GenerationRunner:
         self.slot_bytes = self.max_batch * self.prompt_buckets[-1] * 8
         self.first_use_s = 0.0
         with phase("model build"):
-            model = self._model()
+            model, self.model_code = self._model()
         # the weights a decode step reads (generation.mbu)
         self.param_bytes = sum(t.numel() * t.element_size() for t in model.parameters())
         self.config = generate_config(spec, model)
@@ -225,7 +226,8 @@ class GenerationRunner:
         return generation_summary(self.results, percentiles,
                                   kv_cache_bytes=self.generator.kv_bytes, graphs=graphs,
                                   prompts_truncated=truncated, prompts_rejected=rejected,
-                                  mbu=self.mbu())
+                                  mbu=self.mbu(), model_code=self.model_code.name,
+                                  model_code_reason=self.model_code.reason)
 
     def mbu(self) -> float | None:
         """generation.mbu on a GPU of known peak bandwidth (generate/mbu.py); None on the CPU."""
@@ -243,15 +245,40 @@ class GenerationRunner:
         self.generator.close()
 
 
+@dataclass(frozen=True)
+class ModelCode:
+    """Whose code runs a generation spec's model (the manifest's generation.model_code), and
+    why transformers' where graphrun's could have."""
+
+    name: str  # builtin, graphrun or transformers
+    reason: str | None = None
+
+
 def build_generation_model(spec: PipelineSpec, device: torch.device):
-    """A generation spec's causal LM on `device`: a builtin (model.builtin), else as every
-    model is built (models/load.py: Hugging Face, target, ...)."""
+    """A generation spec's causal LM on `device`, and whose code it is: a builtin
+    (model.builtin); a Hugging Face folder graphrun's Llama loads (model.hf.implementation:
+    auto or graphrun), which imports no transformers; else as every model is built
+    (models/load.py: transformers, target, ...)."""
     m = spec.model
     if m.builtin is not None:
-        return GENERATE_BUILDERS[m.builtin](**m.args, device=device, dtype=torch_dtype(m.dtype))
+        model = GENERATE_BUILDERS[m.builtin](**m.args, device=device, dtype=torch_dtype(m.dtype))
+        return model, ModelCode("builtin")
+    reason = None
+    if m.hf is not None and m.hf.implementation != "transformers":
+        from graphrun.models.hf import model_folder
+
+        found = find_checkpoint(model_folder(spec), m.hf.class_, m.hf.kwargs)
+        if isinstance(found, Checkpoint):
+            return load_llama(found, device, torch_dtype(m.dtype)), ModelCode("graphrun")
+        if m.hf.implementation == "graphrun":
+            raise ModelError(f"model.hf.implementation: graphrun cannot load {m.hf.path!r}: "
+                             f"{found}; set implementation: auto (transformers' code then "
+                             "runs it) or transformers")
+        reason = found
     from graphrun.models.load import build_model
 
-    return build_model(spec, device, spec.base_dir)
+    return build_model(spec, device, spec.base_dir), ModelCode("transformers" if m.hf else
+                                                               "target", reason)
 
 
 def folder_eos_ids(spec: PipelineSpec) -> tuple[int, ...]:
@@ -276,10 +303,12 @@ def generate_config(spec: PipelineSpec, model) -> GenerateConfig:
     with stop.eos auto, and stop.token_ids), the pad id (the tokenizer's, else EOS, else 0)."""
     g = spec.generate
     eos = []
+    own = isinstance(model, Llama) and model.eos_ids is not None  # a checkpoint's, read
     if g.stop.eos == "auto":  # a builtin has no config of its own: its tokenizer's folder's
-        eos = list(eos_ids_of(model) if hasattr(model, "config") else folder_eos_ids(spec))
+        eos = list(model.eos_ids if own else eos_ids_of(model) if hasattr(model, "config")
+                   else folder_eos_ids(spec))
     stops = tuple(dict.fromkeys([*eos, *g.stop.token_ids]))
-    pad = getattr(getattr(model, "config", None), "pad_token_id", None)
+    pad = model.pad_id if own else getattr(getattr(model, "config", None), "pad_token_id", None)
     if pad is None:
         pad = stops[0] if stops else 0
     s = g.sampling

@@ -66,6 +66,12 @@ class HFModelSpec(Strict):
         False, description="Run Python code shipped in the model folder. Off unless set.")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="More keyword arguments "
                                    "for from_pretrained (e.g. attn_implementation: sdpa).")
+    implementation: Literal["auto", "graphrun", "transformers"] = Field(
+        "auto", description="Whose model code runs the folder's weights. graphrun: its own "
+        "(generation on a Llama, Mistral or Qwen2 causal LM saved as safetensors), which "
+        "needs no transformers import; transformers: the class above. auto: graphrun's where "
+        "it can load the folder exactly as transformers would, else transformers' (the "
+        "manifest's generation.model_code says which ran, and why).")
 
 
 class TimmModelSpec(Strict):

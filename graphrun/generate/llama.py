@@ -1,0 +1,263 @@
+"""graphrun's Llama: the `llama` builtin, and Llama-family checkpoints (Llama, Mistral, Qwen2)
+read from a Hugging Face folder without transformers, both on graphrun's KV cache.
+
+RMSNorm, rotary position embeddings (default, linear or llama3 frequencies), grouped-query
+attention, a SwiGLU MLP, an LM head (tied or not). Parameters carry transformers' names
+(model.layers.0.self_attn.q_proj.weight, ...), so a checkpoint's tensors load as saved, and the
+arithmetic follows transformers' (norms and RoPE in float32, cast back), so a completion is the
+one transformers' generate gives (tests/test_generate_native.py). Attention goes through
+kv_cache.attend, as an adapted transformers model's does.
+
+forward(tokens [b, q] int64, positions [b, q] int64, kv: StepKV) -> logits [b, V] float32 of
+the last column: the step interface of steps.StepModel.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from graphrun.base.errors import ModelError
+from graphrun.models.builtin.seeded import DEFAULT_RULES, Constant, Init, materialise, on_meta, std
+from graphrun.models.checkpoint import (CAUSAL_LM_CLASSES, LlamaShape, Rope, inv_freq,
+                                        llama_shape, load_tensors, read_config, tensor_names,
+                                        weight_files)
+
+from graphrun.generate.kv_cache import KVLayout, StepKV, attend
+
+WEIGHT_STD = 0.02  # the builtin's projections; the embedding keeps unit variance (PyTorch's)
+
+
+class RMSNorm(nn.Module):
+    """transformers' Llama norm: the mean square in float32, the weight applied after the
+    cast back (torch's nn.RMSNorm rounds in another order)."""
+
+    def __init__(self, width: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+    def seeded_init(self, name: str) -> Init:
+        return Constant(1.0)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE, the half-split convention of Llama: x [b, h, q, d]; cos, sin [b, 1, q, d]."""
+    half = x.shape[-1] // 2
+    turned = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + turned * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, s: LlamaShape, layer: int):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim, self.layer = (s.heads, s.kv_heads,
+                                                                s.head_dim, layer)
+        self.q_proj = nn.Linear(s.d_model, s.heads * s.head_dim, bias=s.qkv_bias)
+        self.k_proj = nn.Linear(s.d_model, s.kv_heads * s.head_dim, bias=s.qkv_bias)
+        self.v_proj = nn.Linear(s.d_model, s.kv_heads * s.head_dim, bias=s.qkv_bias)
+        self.o_proj = nn.Linear(s.heads * s.head_dim, s.d_model, bias=s.o_bias)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                kv: StepKV) -> torch.Tensor:
+        b, q_len, _ = x.shape  # x: [b, q, d_model]
+        q = self.q_proj(x).view(b, q_len, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, q_len, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, q_len, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)  # [b, heads | kv_heads, q, head_dim]
+        y = attend(kv, self.layer, q, k, v, self.head_dim ** -0.5)  # [b, q, heads, head_dim]
+        return self.o_proj(y.reshape(b, q_len, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, s: LlamaShape):
+        super().__init__()
+        self.gate_proj = nn.Linear(s.d_model, s.ffn, bias=s.mlp_bias)
+        self.up_proj = nn.Linear(s.d_model, s.ffn, bias=s.mlp_bias)
+        self.down_proj = nn.Linear(s.ffn, s.d_model, bias=s.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Layer(nn.Module):
+    """Pre-norm block: attention, then the MLP, each residual."""
+
+    def __init__(self, s: LlamaShape, layer: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(s.d_model, s.norm_eps)
+        self.self_attn = Attention(s, layer)
+        self.post_attention_layernorm = RMSNorm(s.d_model, s.norm_eps)
+        self.mlp = MLP(s)
+
+    def forward(self, x, cos, sin, kv: StepKV) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Body(nn.Module):
+    def __init__(self, s: LlamaShape):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(s.vocab, s.d_model)
+        self.layers = nn.ModuleList(Layer(s, i) for i in range(s.layers))
+        self.norm = RMSNorm(s.d_model, s.norm_eps)
+
+
+class Llama(nn.Module):
+    """Built on the meta device (build_llama, load_llama); make_scratch once the weights have
+    values. eos_ids and pad_id: a checkpoint's own (its config files), None for the builtin."""
+
+    def __init__(self, shape: LlamaShape):
+        super().__init__()
+        self.shape, self.vocab, self.max_len = shape, shape.vocab, shape.max_len
+        self.layout = KVLayout(shape.layers, shape.heads, shape.kv_heads, shape.head_dim)
+        self.eos_ids: tuple[int, ...] | None = None
+        self.pad_id: int | None = None
+        self.model = Body(shape)
+        self.lm_head = nn.Linear(shape.d_model, shape.vocab, bias=False)
+        if shape.tied:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.register_buffer("inv_freq", None, persistent=False)  # [head_dim / 2] float32
+        self.register_load_state_dict_post_hook(lambda module, _keys: module.make_scratch())
+
+    @torch.no_grad()
+    def make_scratch(self) -> None:
+        """RoPE's frequencies, made where the weights are (None while they are on meta)."""
+        weight = self.lm_head.weight
+        if not weight.is_meta:
+            self.inv_freq = inv_freq(self.shape.rope, self.shape.head_dim).to(weight.device)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor,
+                kv: StepKV) -> torch.Tensor:
+        # tokens, positions: [b, q] -> logits [b, V] float32 of the last column
+        x = self.model.embed_tokens(tokens)  # [b, q, d_model]
+        # cos, sin: [b, 1, q, head_dim], computed in float32 then cast, as transformers does
+        freqs = positions[..., None].float() * self.inv_freq  # [b, q, head_dim / 2]
+        angles = torch.cat((freqs, freqs), dim=-1)[:, None]
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, kv)
+        return self.lm_head(self.model.norm(x[:, -1])).float()
+
+
+def _linear(module: nn.Module, name: str) -> Init:
+    return std(WEIGHT_STD) if name == "weight" else Constant(0.0)
+
+
+RULES = DEFAULT_RULES | {nn.Linear: _linear}
+
+
+def build_llama(layers: int = 2, d_model: int = 64, heads: int = 4, kv_heads: int | None = None,
+                vocab: int = 512, max_len: int = 512, ffn: int | None = None, seed: int = 0,
+                device=None, dtype: torch.dtype | None = None) -> Llama:
+    """The builtin: the same arguments give the same weights on any device (models/seeded.py).
+    kv_heads defaults to heads (no GQA); ffn to 8/3 d_model rounded up to 16, as Llama sizes
+    it. max_len is the longest prompt + completion the model is meant for (RoPE needs no
+    table, so it only documents the limit the generator checks)."""
+    kv_heads = kv_heads or heads
+    if d_model % heads or heads % kv_heads:
+        raise ValueError(f"llama: d_model ({d_model}) must be divisible by heads ({heads}) and "
+                         f"heads by kv_heads ({kv_heads})")
+    if (d_model // heads) % 2:
+        raise ValueError(f"llama: head_dim d_model / heads ({d_model // heads}) must be even "
+                         "for rotary embeddings")
+    ffn = ffn or -(-(8 * d_model // 3) // 16) * 16
+    shape = LlamaShape(layers=layers, d_model=d_model, heads=heads, kv_heads=kv_heads,
+                       head_dim=d_model // heads, ffn=ffn, vocab=vocab, max_len=max_len,
+                       norm_eps=1e-5, rope=Rope())
+    with on_meta():
+        model = Llama(shape)
+    materialise(model, seed, device, dtype, RULES)
+    model.make_scratch()
+    return model.eval()
+
+
+def weight_mismatch(model: Llama, names: set[str]) -> tuple[list[str], list[str]]:
+    """(missing, unexpected) tensor names of a checkpoint for this model; a tied head may be
+    saved or not."""
+    want = set(model.state_dict())
+    if model.shape.tied:
+        want.discard("lm_head.weight")
+        names = names - {"lm_head.weight"}
+    return sorted(want - names), sorted(names - want)
+
+
+def load_llama(found: "Checkpoint", device: torch.device, dtype: torch.dtype) -> Llama:
+    """A checkpoint's weights in graphrun's Llama on `device` in `dtype`: built on meta, each
+    tensor read onto the device and cast as it becomes the parameter."""
+    shape, folder = found.shape, found.folder
+    with on_meta():
+        model = Llama(shape)
+    tensors = load_tensors(found.files, device)
+    missing, extra = weight_mismatch(model, set(tensors))
+    if missing or extra:  # implementation() checked the names: the files changed since
+        raise ModelError(f"model.hf {str(folder)!r}: the weights do not match the config "
+                         f"(missing {missing[:3]}, unexpected {extra[:3]})")
+    weights = {n: t.to(dtype) for n, t in tensors.items()}
+    if shape.tied:
+        weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+    model.load_state_dict(weights, assign=True)
+    if shape.tied:  # assign replaced the shared parameter: share it again
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.eos_ids, model.pad_id = found.eos_ids, found.pad_id
+    model.make_scratch()
+    return model.eval()
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A Hugging Face folder graphrun's Llama can load: its shape, weight files, stop and pad
+    ids (generation_config.json's, else config.json's, as transformers reads them)."""
+
+    folder: Path
+    shape: LlamaShape
+    files: list[Path]
+    eos_ids: tuple[int, ...]
+    pad_id: int | None
+
+
+def find_checkpoint(folder: str | Path, class_: str, kwargs: dict) -> Checkpoint | str:
+    """The folder as a Checkpoint, or why graphrun's Llama cannot load it as transformers
+    would (then transformers does): read from config.json and the safetensors headers only."""
+    if class_ not in CAUSAL_LM_CLASSES:
+        return f"class {class_} (graphrun's Llama loads {', '.join(CAUSAL_LM_CLASSES)})"
+    if kwargs:
+        return f"model.hf.kwargs ({', '.join(sorted(kwargs))}) are from_pretrained's"
+    folder = Path(folder)
+    config = read_config(folder)
+    shape = llama_shape(config)
+    if isinstance(shape, str):
+        return shape
+    files = weight_files(folder)
+    if isinstance(files, str):
+        return files
+    names = tensor_names(files)
+    if isinstance(names, str):
+        return names
+    with on_meta():
+        missing, extra = weight_mismatch(Llama(shape), names)
+    if missing or extra:
+        return (f"the weights' names are not a {shape.family} causal LM's "
+                f"(missing {missing[:2]}, unexpected {extra[:2]})")
+    eos = None
+    for source in ("generation_config.json", "config.json"):
+        try:
+            eos = json.loads((folder / source).read_text()).get("eos_token_id")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if eos is not None:
+            break
+    eos_ids = () if eos is None else tuple(eos) if isinstance(eos, list) else (int(eos),)
+    pad = config.get("pad_token_id")
+    return Checkpoint(folder, shape, files, eos_ids,
+                      int(pad[0] if isinstance(pad, list) else pad) if pad is not None else None)

@@ -1,0 +1,182 @@
+"""graphrun's own Llama loading Hugging Face folders (model.hf.implementation auto/graphrun):
+greedy completions equal transformers' generate record by record for each family and RoPE
+kind it takes, a folder it cannot load as transformers would falls back with the reason in the
+manifest, and a job on such a folder never imports transformers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+pytest.importorskip("transformers")
+
+import graphrun  # noqa: E402
+from graphrun.base.errors import ModelError  # noqa: E402
+from graphrun.generate import GenerateConfig, build_generator  # noqa: E402
+from graphrun.generate.llama import Checkpoint, find_checkpoint, load_llama  # noqa: E402
+from tests.children import child_env  # noqa: E402
+from tests.generate_models import IDS, PROMPTS, _spread, hf_greedy  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+            bos_token_id=1, eos_token_id=2, pad_token_id=0)
+LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+KINDS = {
+    "llama": ("LlamaForCausalLM", "LlamaConfig", {}),
+    "llama-tied-bias": ("LlamaForCausalLM", "LlamaConfig",
+                        {"tie_word_embeddings": True, "attention_bias": True, "mlp_bias": True}),
+    "llama3-rope": ("LlamaForCausalLM", "LlamaConfig", {"rope_parameters": LLAMA3}),
+    "linear-rope": ("LlamaForCausalLM", "LlamaConfig",
+                    {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0,
+                                         "factor": 4.0}}),
+    "mistral": ("MistralForCausalLM", "MistralConfig", {"head_dim": 32}),
+    "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", {}),
+}
+
+
+def save(folder: Path, kind: str = "llama", **extra) -> Path:
+    import transformers
+
+    cls, config_cls, changes = KINDS[kind]
+    torch.manual_seed(0)
+    config = getattr(transformers, config_cls)(**{**BASE, **changes, **extra})
+    model = _spread(getattr(transformers, cls)(config).eval())
+    if config.tie_word_embeddings:  # _spread scaled the shared matrix once: still tied
+        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    with torch.no_grad():  # biases away from zero, so a bias loaded wrongly shows
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.copy_(torch.randn_like(p) * 0.5)
+    model.save_pretrained(folder)
+    return folder
+
+
+def generate(model, **config):
+    gen = build_generator(model, GenerateConfig(**config), batch_buckets=[2, 8],
+                          prompt_buckets=[4, 8, 16])
+    try:
+        return [c.token_ids for c in gen.generate(PROMPTS, IDS).completions]
+    finally:
+        gen.close()
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_greedy_on_graphruns_llama_equals_transformers_generate(tmp_path, kind):
+    import transformers
+
+    folder = save(tmp_path / kind, kind)
+    found = find_checkpoint(folder, "AutoModelForCausalLM", {})
+    assert isinstance(found, Checkpoint), found
+    ours = load_llama(found, torch.device("cpu"), torch.float32)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert generate(ours, max_new_tokens=10) == hf_greedy(theirs, PROMPTS, max_new_tokens=10)
+    assert found.eos_ids == (2,) and found.pad_id == 0
+
+
+def test_stopping_at_the_folders_eos_equals_transformers(tmp_path):
+    import transformers
+
+    folder = save(tmp_path / "m")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    free = hf_greedy(theirs, PROMPTS, max_new_tokens=12)
+    eos = next(row[3] for row in free if row[3] not in row[:3])
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "eos_token_id": eos}))
+    (folder / "generation_config.json").unlink(missing_ok=True)
+    found = find_checkpoint(folder, "LlamaForCausalLM", {})
+    assert found.eos_ids == (eos,)
+    ours = load_llama(found, torch.device("cpu"), torch.float32)
+    got = generate(ours, max_new_tokens=12, eos_ids=found.eos_ids)
+    assert got == hf_greedy(theirs, PROMPTS, max_new_tokens=12, eos_ids=(eos,))
+    assert any(row[-1] == eos and len(row) < 12 for row in got)
+
+
+def test_a_folder_it_cannot_load_as_transformers_would_says_why(tmp_path):
+    folder = save(tmp_path / "m")
+    assert "class AutoModel " in find_checkpoint(folder, "AutoModel", {})
+    assert "kwargs (revision)" in find_checkpoint(folder, "AutoModelForCausalLM",
+                                                  {"revision": "main"})
+    config = json.loads((folder / "config.json").read_text())
+    dynamic = {**config, "rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4,
+                                             "factor": 2.0}}
+    (folder / "config.json").write_text(json.dumps(dynamic))
+    assert "rope_type 'dynamic'" in find_checkpoint(folder, "AutoModelForCausalLM", {})
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "gemma"}))
+    assert "model_type 'gemma'" in find_checkpoint(folder, "AutoModelForCausalLM", {})
+    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3}))
+    assert "missing ['model.layers.2." in find_checkpoint(folder, "AutoModelForCausalLM", {})
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "model.safetensors").rename(folder / "elsewhere.safetensors")
+    assert "no model.safetensors" in find_checkpoint(folder, "AutoModelForCausalLM", {})
+
+
+def write_spec(tmp_path: Path, folder: Path, **hf) -> Path:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": i, "prompt": t}) + "\n"
+                               for i, t in enumerate(["the cat sat", "a dog", "once upon"])))
+    spec = {"version": 1, "name": "gen", "device": "cpu",
+            "model": {"hf": {"path": str(folder), "class": "AutoModelForCausalLM", **hf},
+                      "dtype": "float32"},
+            "data": {"path": str(prompts), "id_field": "id", "text": {"field": "prompt"},
+                     "batch_size": 2},
+            "generate": {"max_new_tokens": 4},
+            "buckets": {"batch": [2], "seq": [16]},
+            "output": {"dir": str(tmp_path / "out"), "format": "jsonl"}}
+    path = tmp_path / "gen.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+TINY = ROOT / "examples" / "models" / "tiny-llama"
+
+
+def completions(out: Path) -> list[list[int]]:
+    return [json.loads(line)["token_ids"] for p in sorted(out.glob("part-*.jsonl"))
+            for line in p.read_text().splitlines()]
+
+
+def test_the_manifest_says_whose_code_ran_and_both_give_the_same_completions(tmp_path):
+    ours = graphrun.run(graphrun.load_spec(write_spec(tmp_path, TINY)))
+    assert ours.generation.model_code == "graphrun"
+    assert ours.generation.model_code_reason is None
+    mine = completions(tmp_path / "out")
+    theirs = graphrun.run(graphrun.load_spec(write_spec(tmp_path, TINY,
+                                                        implementation="transformers")),
+                          overwrite=True)
+    assert theirs.generation.model_code == "transformers"
+    assert completions(tmp_path / "out") == mine
+    fallback = graphrun.run(graphrun.load_spec(write_spec(tmp_path, TINY,
+                                                          kwargs={"revision": "main"})),
+                            overwrite=True)
+    assert fallback.generation.model_code == "transformers"
+    assert "kwargs (revision)" in fallback.generation.model_code_reason
+
+
+def test_implementation_graphrun_on_a_folder_it_cannot_load_is_one_error(tmp_path):
+    spec = write_spec(tmp_path, TINY, implementation="graphrun", kwargs={"revision": "main"})
+    with pytest.raises(ModelError, match=r"implementation: graphrun cannot load .*kwargs "
+                                         r"\(revision\).*set implementation: auto"):
+        graphrun.run(graphrun.load_spec(spec))
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and "cannot load" in manifest["error"]
+    assert not list((tmp_path / "out").glob("part-*"))
+
+
+def test_a_job_on_graphruns_llama_never_imports_transformers(tmp_path):
+    spec = write_spec(tmp_path, TINY)
+    code = ("import sys, graphrun\n"
+            f"graphrun.run(graphrun.load_spec({str(spec)!r}))\n"
+            "print('transformers' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "False"
+    assert len(completions(tmp_path / "out")) == 3
