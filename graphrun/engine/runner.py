@@ -27,6 +27,7 @@ from graphrun.manifest.keys import BucketReport, LaneReport
 from graphrun.base.phases import FIRST_USE, phase
 from graphrun.models.call import (call_model, first_call, index_hint, name_outputs,
                                  unlisted_outputs)
+from graphrun.models.hf import model_code
 from graphrun.models.load import build_model, compile_model, import_library, model_input_dtypes
 from graphrun.spec.keys import BATCH, PipelineSpec
 from graphrun.base.dtypes import torch_dtype
@@ -52,6 +53,7 @@ class Runner:
         self.log = log or (lambda msg: None)
         t0 = time.perf_counter()
         started = started or DeviceStart.begin(spec)
+        self.model_code = model_code(spec)  # the folder's headers read: no library imported
         import_library(spec)  # pure CPU work, beside the device's start
         with phase("cuda context") if started else nullcontext():  # the wait for it
             self.device = started.wait() if started else resolve_device(spec.device)

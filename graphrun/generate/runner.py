@@ -226,8 +226,7 @@ class GenerationRunner:
         return generation_summary(self.results, percentiles,
                                   kv_cache_bytes=self.generator.kv_bytes, graphs=graphs,
                                   prompts_truncated=truncated, prompts_rejected=rejected,
-                                  mbu=self.mbu(), model_code=self.model_code.name,
-                                  model_code_reason=self.model_code.reason)
+                                  mbu=self.mbu())
 
     def mbu(self) -> float | None:
         """generation.mbu on a GPU of known peak bandwidth (generate/mbu.py); None on the CPU."""
@@ -245,31 +244,23 @@ class GenerationRunner:
         self.generator.close()
 
 
-@dataclass(frozen=True)
-class ModelCode:
-    """Whose code runs a generation spec's model (the manifest's generation.model_code), and
-    why transformers' where graphrun's could have."""
-
-    name: str  # builtin, graphrun or transformers
-    reason: str | None = None
-
-
 def build_generation_model(spec: PipelineSpec, device: torch.device):
-    """A generation spec's causal LM on `device`, and whose code it is: a builtin
+    """A generation spec's causal LM on `device`, and whose code it is (the manifest's
+    environment.model_code, and why transformers' where graphrun's could not): a builtin
     (model.builtin); a Hugging Face folder graphrun's Llama loads (model.hf.implementation:
     auto or graphrun), which imports no transformers; else as every model is built
     (models/load.py: transformers, target, ...)."""
     m = spec.model
     if m.builtin is not None:
         model = GENERATE_BUILDERS[m.builtin](**m.args, device=device, dtype=torch_dtype(m.dtype))
-        return model, ModelCode("builtin")
+        return model, ("builtin", None)
     reason = None
     if m.hf is not None and m.hf.implementation != "transformers":
         from graphrun.models.hf import model_folder
 
         found = find_checkpoint(model_folder(spec), m.hf.class_, m.hf.kwargs)
         if isinstance(found, Checkpoint):
-            return load_llama(found, device, torch_dtype(m.dtype)), ModelCode("graphrun")
+            return load_llama(found, device, torch_dtype(m.dtype)), ("graphrun", None)
         if m.hf.implementation == "graphrun":
             raise ModelError(f"model.hf.implementation: graphrun cannot load {m.hf.path!r}: "
                              f"{found}; set implementation: auto (transformers' code then "
@@ -277,8 +268,7 @@ def build_generation_model(spec: PipelineSpec, device: torch.device):
         reason = found
     from graphrun.models.load import build_model
 
-    return build_model(spec, device, spec.base_dir), ModelCode("transformers" if m.hf else
-                                                               "target", reason)
+    return build_model(spec, device, spec.base_dir), ("transformers" if m.hf else None, reason)
 
 
 def folder_eos_ids(spec: PipelineSpec) -> tuple[int, ...]:

@@ -33,6 +33,13 @@ class Environment(_M):
     platform: str
     device: str = Field(..., description="The device the run used.")
     backend: str = Field(..., description="cuda-graph or eager.")
+    model_code: Optional[str] = Field(
+        None, description="A model.hf or builtin model: whose code ran it. graphrun (its own "
+        "Llama or BERT, loading the folder's weights; no transformers import), transformers "
+        "(the model.hf class), or builtin.")
+    model_code_reason: Optional[str] = Field(
+        None, description="Why model.hf.implementation auto ran transformers' code: what "
+        "graphrun's own could not load as transformers would.")
 
 
 class BatchCheck(_M):
@@ -305,7 +312,8 @@ def spec_digest(spec_json: dict) -> str:
     return hashlib.sha256(json.dumps(spec_json, sort_keys=True).encode()).hexdigest()
 
 
-def environment(device, backend: str) -> Environment:
+def environment(device, backend: str, model_code: tuple[str | None, str | None] = (None, None)
+                ) -> Environment:
     import sys
 
     import torch
@@ -319,7 +327,8 @@ def environment(device, backend: str) -> Environment:
     return Environment(graphrun=__version__, python=sys.version.split()[0],
                        torch=torch.__version__, cuda=torch.version.cuda, gpu=gpu, driver=driver,
                        host=socket.gethostname(), platform=platform.platform(),
-                       device=str(device), backend=backend)
+                       device=str(device), backend=backend, model_code=model_code[0],
+                       model_code_reason=model_code[1])
 
 
 def _driver_version() -> Optional[str]:

@@ -193,20 +193,11 @@ class Generation(_M):
                                    "(or data.text.max_length), cut from the left and run.")
     prompts_rejected: int = Field(0, description="Prompts too long, not cut "
                                   "(data.text.truncate: false), written to rejects.jsonl.")
-    model_code: str = Field("transformers", description="Whose code ran the model: graphrun "
-                            "(its Llama, loading a Hugging Face folder's weights; no "
-                            "transformers import), transformers (the model.hf class, with "
-                            "graphrun's KV cache), builtin or target.")
-    model_code_reason: Optional[str] = Field(
-        None, description="Why model.hf.implementation auto ran transformers' code: what "
-        "graphrun's Llama could not load as transformers would.")
 
 
 def generation_summary(results, percentiles, *, kv_cache_bytes: int,
                        graphs: list[GraphSetup] = (), prompts_truncated: int = 0,
-                       prompts_rejected: int = 0, mbu: float | None = None,
-                       model_code: str = "transformers",
-                       model_code_reason: str | None = None) -> Generation:
+                       prompts_rejected: int = 0, mbu: float | None = None) -> Generation:
     """The generation section from the batches' results (generate.BatchResult: completions,
     prefill_s, decode_s, ttft_s, decode_steps, useful_steps, rows or bucket)."""
     import numpy as np
@@ -238,8 +229,7 @@ def generation_summary(results, percentiles, *, kv_cache_bytes: int,
         decode_steps=sum(r.decode_steps for r in results), decode_row_steps=row_steps,
         useful_steps=useful, wasted_fraction=1 - useful / row_steps if row_steps else 0.0,
         kv_cache_bytes=kv_cache_bytes, graphs=list(graphs), mbu=mbu,
-        prompts_truncated=prompts_truncated, prompts_rejected=prompts_rejected,
-        model_code=model_code, model_code_reason=model_code_reason)
+        prompts_truncated=prompts_truncated, prompts_rejected=prompts_rejected)
 
 
 def merged_generation(sections: list[Generation]) -> Generation | None:
@@ -276,5 +266,4 @@ def merged_generation(sections: list[Generation]) -> Generation | None:
         graphs=[x for g in sections for x in g.graphs],
         mbu=sum(mbus) / len(mbus) if mbus else None,
         prompts_truncated=sum(g.prompts_truncated for g in sections),
-        prompts_rejected=sum(g.prompts_rejected for g in sections),
-        model_code=sections[0].model_code, model_code_reason=sections[0].model_code_reason)
+        prompts_rejected=sum(g.prompts_rejected for g in sections))

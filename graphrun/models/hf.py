@@ -35,6 +35,11 @@ def load_hf(hf, base_dir: Path | None, dtype=None) -> nn.Module:
     hf.kwargs names one; build_model moves it. from_pretrained makes the parameters on the meta
     device and skips their random init, as the weights replace them."""
     where = resolve_path(hf.path, base_dir)
+    own, _ = encoder_checkpoint(hf, where)
+    if own is not None:
+        from graphrun.models.bert import load_bert
+
+        return load_bert(own, dtype)
     # never downloaded, and remote code only as the spec's own key says, whatever kwargs hold
     kwargs = {**hf.kwargs, "local_files_only": True, "trust_remote_code": hf.trust_remote_code}
     with phase(LIBRARY_IMPORTS.format("transformers")):  # imports, not the model's build
@@ -66,6 +71,39 @@ def load_hf(hf, base_dir: Path | None, dtype=None) -> nn.Module:
     if config is not None and hasattr(config, "use_cache"):
         config.use_cache = False  # no KV cache object in the return: one step, static shapes
     return model
+
+
+def encoder_checkpoint(hf, where: str):
+    """(graphrun's own encoder's checkpoint of the folder (models/bert.py), None) or (None, why
+    transformers' class runs it): model.hf.implementation transformers, or auto on a folder
+    graphrun's code cannot load as transformers would. implementation: graphrun on such a
+    folder is one error saying why."""
+    if hf.implementation == "transformers":
+        return None, None
+    from graphrun.models.bert import find_bert
+
+    found = find_bert(_cached(where, hf.kwargs.get("cache_dir")), hf.class_, hf.kwargs)
+    if isinstance(found, str):
+        if hf.implementation == "graphrun":
+            raise ModelError(f"model.hf.implementation: graphrun cannot load {hf.path!r}: "
+                             f"{found}; set implementation: auto (transformers' code then "
+                             "runs it) or transformers")
+        return None, found
+    return found, None
+
+
+def model_code(spec) -> tuple[str | None, str | None]:
+    """Whose code runs a one-pass spec's model.hf (the manifest's environment.model_code):
+    graphrun or transformers, and why transformers where auto chose it; (None, None) for
+    other model sources. A folder that cannot be read is the build's to report."""
+    hf = spec.model.hf
+    if hf is None:
+        return None, None
+    try:
+        found, reason = encoder_checkpoint(hf, resolve_path(hf.path, spec.base_dir))
+    except ModelError:
+        return "transformers", None
+    return ("graphrun", None) if found is not None else ("transformers", reason)
 
 
 def import_model_code(transformers, cls, where: str, kwargs: dict) -> None:

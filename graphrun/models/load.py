@@ -86,7 +86,10 @@ def import_library(spec: PipelineSpec) -> None:
     """The model library's import (transformers, timm) alone, before the build: CPU work the
     device's start runs beside (device_start.py). One that fails is reported by the
     build, with what to install."""
-    name = "transformers" if spec.model.hf else "timm" if spec.model.timm else None
+    from graphrun.models.hf import model_code
+
+    name = ("transformers" if model_code(spec)[0] == "transformers" else "timm"
+            if spec.model.timm else None)
     if name is not None:
         with phase(LIBRARY_IMPORTS.format(name)):
             try:

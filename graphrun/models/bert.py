@@ -1,0 +1,233 @@
+"""graphrun's BERT encoder: a Hugging Face BERT folder (all-MiniLM-L6-v2, bge, e5, ...) saved
+as safetensors, run without transformers, whose import is most of a short embedding job's start.
+
+Parameters carry transformers' names (embeddings.word_embeddings.weight,
+encoder.layer.0.attention.self.query.weight, ...), so the checkpoint loads as saved, and the
+arithmetic is BertModel's: embeddings summed then normed, post-norm layers, exact GELU, the
+tanh pooler on the first token. forward takes BertModel's input names and returns its two
+fields, last_hidden_state and pooler_output, as a dict (models/call.py names the outputs).
+Equal to transformers' BertModel within float rounding (tests/test_bert_native.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from graphrun.base.errors import ModelError
+from graphrun.models.builtin.seeded import on_meta
+from graphrun.models.checkpoint import load_tensors, read_config, tensor_names, weight_files
+
+CLASSES = ("AutoModel", "BertModel")
+ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu}
+PREFIX = "bert."  # a checkpoint saved from a task model (BertForMaskedLM, ...): its encoder
+IGNORED = ("embeddings.position_ids", "cls.")  # a saved buffer; a task model's heads
+
+
+@dataclass(frozen=True)
+class BertShape:
+    layers: int
+    d_model: int
+    heads: int
+    ffn: int
+    vocab: int
+    positions: int
+    type_vocab: int
+    norm_eps: float
+    act: str
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, s: BertShape):
+        super().__init__()
+        self.heads = s.heads
+        self.query = nn.Linear(s.d_model, s.d_model)
+        self.key = nn.Linear(s.d_model, s.d_model)
+        self.value = nn.Linear(s.d_model, s.d_model)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        b, n, d = x.shape  # x [b, s, d]; mask [b, 1, 1, s] bool or None
+        q, k, v = (proj(x).view(b, n, self.heads, d // self.heads).transpose(1, 2)
+                   for proj in (self.query, self.key, self.value))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [b, heads, s, d / heads]
+        return y.transpose(1, 2).reshape(b, n, d)
+
+
+class Dense(nn.Module):
+    """A projection, then the residual added and normed (BertSelfOutput and BertOutput)."""
+
+    def __init__(self, width_in: int, s: BertShape):
+        super().__init__()
+        self.dense = nn.Linear(width_in, s.d_model)
+        self.LayerNorm = nn.LayerNorm(s.d_model, eps=s.norm_eps)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dense(x) + residual)
+
+
+class Attention(nn.Module):
+    def __init__(self, s: BertShape):
+        super().__init__()
+        self.self = SelfAttention(s)
+        self.output = Dense(s.d_model, s)
+
+
+class Intermediate(nn.Module):
+    def __init__(self, s: BertShape):
+        super().__init__()
+        self.dense = nn.Linear(s.d_model, s.ffn)
+        self.act = ACTIVATIONS[s.act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.dense(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, s: BertShape):
+        super().__init__()
+        self.attention = Attention(s)
+        self.intermediate = Intermediate(s)
+        self.output = Dense(s.ffn, s)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        x = self.attention.output(self.attention.self(x, mask), x)
+        return self.output(self.intermediate(x), x)
+
+
+class Embeddings(nn.Module):
+    def __init__(self, s: BertShape):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(s.vocab, s.d_model)
+        self.position_embeddings = nn.Embedding(s.positions, s.d_model)
+        self.token_type_embeddings = nn.Embedding(s.type_vocab, s.d_model)
+        self.LayerNorm = nn.LayerNorm(s.d_model, eps=s.norm_eps)
+
+
+class Encoder(nn.Module):
+    def __init__(self, s: BertShape):
+        super().__init__()
+        self.layer = nn.ModuleList(Layer(s) for _ in range(s.layers))
+
+
+class Pooler(nn.Module):
+    def __init__(self, s: BertShape):
+        super().__init__()
+        self.dense = nn.Linear(s.d_model, s.d_model)
+
+
+class Bert(nn.Module):
+    def __init__(self, shape: BertShape):
+        super().__init__()
+        self.shape = shape
+        self.embeddings = Embeddings(shape)
+        self.encoder = Encoder(shape)
+        self.pooler = Pooler(shape)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        # input_ids [b, s] -> last_hidden_state [b, s, d], pooler_output [b, d]
+        e = self.embeddings
+        n = input_ids.shape[1]
+        if position_ids is None:
+            position_ids = torch.arange(n, device=input_ids.device)[None]
+        types = (e.token_type_embeddings.weight[0] if token_type_ids is None
+                 else e.token_type_embeddings(token_type_ids))
+        x = e.LayerNorm(e.word_embeddings(input_ids) + types + e.position_embeddings(position_ids))
+        mask = None
+        if attention_mask is not None:
+            keys = attention_mask.bool()  # [b, s]
+            # a row of padding only (a bucket's spare row) attends to every key: finite, unread
+            keys = keys | ~keys.any(dim=-1, keepdim=True)
+            mask = keys[:, None, None, :]
+        for layer in self.encoder.layer:
+            x = layer(x, mask)
+        pooled = torch.tanh(self.pooler.dense(x[:, 0]))
+        return {"last_hidden_state": x, "pooler_output": pooled}
+
+
+def bert_shape(config: dict) -> BertShape | str:
+    """The config as a BertShape, or why graphrun's BERT cannot reproduce the model."""
+    if config.get("model_type") != "bert":
+        return f"model_type {config.get('model_type')!r} (graphrun's encoder is BERT's)"
+    act = config.get("hidden_act", "gelu")
+    if act not in ACTIVATIONS:
+        return f"hidden_act {act!r} (graphrun's BERT has {', '.join(ACTIVATIONS)})"
+    if config.get("position_embedding_type", "absolute") != "absolute":
+        return f"position_embedding_type {config['position_embedding_type']!r}"
+    for key in ("is_decoder", "add_cross_attention", "quantization_config", "auto_map"):
+        if config.get(key):
+            return f"config.json sets {key}"
+    try:
+        shape = BertShape(layers=int(config["num_hidden_layers"]),
+                          d_model=int(config["hidden_size"]),
+                          heads=int(config["num_attention_heads"]),
+                          ffn=int(config["intermediate_size"]), vocab=int(config["vocab_size"]),
+                          positions=int(config.get("max_position_embeddings", 512)),
+                          type_vocab=int(config.get("type_vocab_size", 2)),
+                          norm_eps=float(config.get("layer_norm_eps", 1e-12)), act=act)
+    except (KeyError, TypeError, ValueError) as e:
+        return f"config.json lacks or mistypes a field graphrun's BERT reads ({e})"
+    if shape.d_model % shape.heads:
+        return f"hidden_size {shape.d_model} is not a multiple of {shape.heads} heads"
+    return shape
+
+
+@dataclass(frozen=True)
+class BertCheckpoint:
+    folder: Path
+    shape: BertShape
+    files: list[Path]
+    prefix: str  # "bert." where a task model saved it, else ""
+
+
+def _names(model: Bert) -> set[str]:
+    return set(model.state_dict())
+
+
+def find_bert(folder: str | Path, class_: str, kwargs: dict) -> BertCheckpoint | str:
+    """The folder as a BertCheckpoint, or why graphrun's BERT cannot load it as transformers'
+    BertModel would: read from config.json and the safetensors headers only."""
+    if class_ not in CLASSES:
+        return f"class {class_} (graphrun's BERT loads {', '.join(CLASSES)})"
+    if kwargs:
+        return f"model.hf.kwargs ({', '.join(sorted(kwargs))}) are from_pretrained's"
+    folder = Path(folder)
+    shape = bert_shape(read_config(folder))
+    if isinstance(shape, str):
+        return shape
+    files = weight_files(folder)
+    if isinstance(files, str):
+        return files
+    names = tensor_names(files)
+    if isinstance(names, str):
+        return names
+    prefix = PREFIX if names and all(n.startswith((PREFIX, "cls.")) for n in names) else ""
+    kept = {n[len(prefix):] for n in names if n.startswith(prefix)} - {IGNORED[0]}
+    kept = {n for n in kept if not n.startswith(IGNORED[1])}
+    with on_meta():
+        want = _names(Bert(shape))
+    if kept != want:  # a missing pooler, say: transformers would make it up at random
+        return (f"the weights' names are not BertModel's (missing {sorted(want - kept)[:2]}, "
+                f"unexpected {sorted(kept - want)[:2]})")
+    return BertCheckpoint(folder, shape, files, prefix)
+
+
+def load_bert(found: BertCheckpoint, dtype: torch.dtype | None) -> Bert:
+    """The checkpoint's weights in graphrun's BERT on the CPU, cast to `dtype` as read."""
+    with on_meta():
+        model = Bert(found.shape)
+    tensors = load_tensors(found.files, "cpu")
+    weights = {n[len(found.prefix):]: t for n, t in tensors.items()
+               if n.startswith(found.prefix)}
+    weights = {n: (t.to(dtype) if dtype is not None and t.is_floating_point() else t)
+               for n, t in weights.items() if n in _names(model)}
+    if set(weights) != _names(model):
+        raise ModelError(f"model.hf {str(found.folder)!r}: the weights changed since they were "
+                         "checked; run again")
+    model.load_state_dict(weights, assign=True)
+    return model.eval()
