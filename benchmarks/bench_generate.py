@@ -40,6 +40,8 @@ Ways (part `job`, over the prompts):
             over the saved folder, buckets batch [B] and seq [32..512], greedy, stop.eos none,
             jsonl); its whole process is timed and its manifest's generation section read. When
             this graphrun cannot run a generate: spec yet, the row says so in one line.
+  graphrun-hf  the same with model.hf.implementation: transformers (transformers' Llama with
+            graphrun's KV cache, instead of graphrun's own Llama; its import included)
 Columns: tokens/s over the whole job (setup included: the model's from_pretrained for the
 in-process ways, graphrun's whole process from interpreter start) and over generation alone;
 TTFT and TPOT p50/p99 per record (TTFT: from the batch's start to its first token's logits, one
@@ -103,7 +105,7 @@ LAYOUTS = {
                  num_key_value_heads=2, intermediate_size=128, vocab_size=512,
                  tie_word_embeddings=False),
 }
-WAYS = ("eager", "static", "compile", "hand", "hand-process", "graphrun")
+WAYS = ("eager", "static", "compile", "hand", "hand-process", "graphrun", "graphrun-hf")
 PEAK_BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12}  # bytes/s, by GPU name
 SEQ_BUCKETS = [32, 64, 128, 256, 512]
 PAD = 0  # token 0 pads; prompts never hold it
@@ -443,7 +445,7 @@ version: 1
 name: bench-generate
 device: {device}
 model:
-  hf: {{path: {folder}, class: AutoModelForCausalLM}}
+  hf: {{path: {folder}, class: AutoModelForCausalLM, implementation: {implementation}}}
   dtype: {dtype}
 data:
   path: prompts.jsonl
@@ -463,9 +465,10 @@ output: {{dir: out, format: jsonl}}
 
 def run_graphrun(folder: Path, prompts: list[list[int]], count: int, batch: int, new: int,
                  device: torch.device, dtype: str, work: Path, name: str,
-                 timeout: float) -> tuple[Row, dict[int, list[int]]]:
-    """`python -m graphrun run` on the first `count` prompts as text; its whole process timed."""
-    row = Row(name, batch, "graphrun", prompts_total=len(prompts))
+                 timeout: float, way: str = "graphrun") -> tuple[Row, dict[int, list[int]]]:
+    """`python -m graphrun run` on the first `count` prompts as text; its whole process timed.
+    way graphrun-hf: on transformers' model code."""
+    row = Row(name, batch, way, prompts_total=len(prompts))
     work.mkdir(parents=True, exist_ok=True)
     with (work / "prompts.jsonl").open("w") as f:
         for i, ids in enumerate(prompts[:count]):
@@ -475,8 +478,9 @@ def run_graphrun(folder: Path, prompts: list[list[int]], count: int, batch: int,
                                                           if s >= longest)]
     spec = work / "gen.yaml"
     spec.write_text(GRAPHRUN_SPEC.format(device=device.type, folder=json.dumps(str(folder)),
-                                         dtype=dtype,
-                                         batch=batch, new=new, seq=seq))
+                                         dtype=dtype, batch=batch, new=new, seq=seq,
+                                         implementation=("transformers" if way == "graphrun-hf"
+                                                         else "auto")))
     env = child_env()
     t0 = time.perf_counter()
     try:
@@ -560,7 +564,7 @@ def fixed_rows(model, name: str, batches: list[int], ways: list[str], prompt: in
         prompts = make_prompts(b, vocab, prompt, prompt, seed=7)
         row = {"model": name, "batch": b, "prompt": prompt, "new": new}
         for way in ways:
-            if way == "graphrun":
+            if way in ("graphrun", "graphrun-hf", "hand-process"):
                 continue
             if way == "compile" and device.type != "cuda":
                 row["compile"] = "skipped: transformers compiles only on an accelerator"
@@ -696,13 +700,13 @@ def job_rows(ways, model, setup_s, prompts, b, args, folder, device, dtype_name,
             row, tokens = run_hand_process(folder, prompts, b, args.new_tokens,
                                            args.max_seconds, dtype_name, work, name,
                                            timeout=max(180.0, 4 * args.max_seconds))
-        elif way == "graphrun":
+        elif way in ("graphrun", "graphrun-hf"):
             count = len(prompts)
             if hand_rate:  # prompts per second of the hand loop: what fits in the box
                 count = min(count, max(b, int(hand_rate * args.max_seconds) // b * b))
             row, tokens = run_graphrun(folder, prompts, count, b, args.new_tokens, device,
-                                       dtype_name, work, name,
-                                       timeout=max(180.0, 4 * args.max_seconds))
+                                       dtype_name, work / way, name,
+                                       timeout=max(180.0, 4 * args.max_seconds), way=way)
         else:
             try:
                 row, tokens = run_job(way, model, setup_s, prompts, b, args.new_tokens,
