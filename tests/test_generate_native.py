@@ -180,3 +180,18 @@ def test_a_job_on_graphruns_llama_never_imports_transformers(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "False"
     assert len(completions(tmp_path / "out")) == 3
+
+
+def test_transformers_code_in_16_bits_keeps_ropes_frequencies_in_float32(tmp_path):
+    """The transformers path casts the weights, not transformers' float32 scratch: RoPE's
+    inv_freq rounded to bfloat16 would move every position's angle."""
+    from graphrun.models.load import build_model
+
+    spec = graphrun.load_spec(write_spec(tmp_path, save(tmp_path / "m", "llama-tied-bias"),
+                                         implementation="transformers"))
+    spec.model.dtype = "bfloat16"
+    model = build_model(spec, torch.device("cpu"), spec.base_dir)
+    rotary = model.model.rotary_emb
+    assert rotary.inv_freq.dtype == torch.float32
+    assert model.lm_head.weight.dtype == torch.bfloat16
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # still tied

@@ -234,7 +234,10 @@ def find_checkpoint(folder: str | Path, class_: str, kwargs: dict) -> Checkpoint
     if kwargs:
         return f"model.hf.kwargs ({', '.join(sorted(kwargs))}) are from_pretrained's"
     folder = Path(folder)
-    config = read_config(folder)
+    try:
+        config = read_config(folder)
+    except ModelError as e:  # transformers' loading says it in its words, or the extra's
+        return str(e)
     shape = llama_shape(config)
     if isinstance(shape, str):
         return shape

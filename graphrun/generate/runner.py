@@ -258,7 +258,12 @@ def build_generation_model(spec: PipelineSpec, device: torch.device):
     if m.hf is not None and m.hf.implementation != "transformers":
         from graphrun.models.hf import model_folder
 
-        found = find_checkpoint(model_folder(spec), m.hf.class_, m.hf.kwargs)
+        try:
+            folder = model_folder(spec)
+        except ModelError:  # not in the hub cache: from_pretrained's message says so
+            folder = None
+        found = (find_checkpoint(folder, m.hf.class_, m.hf.kwargs) if folder is not None
+                 else f"{m.hf.path!r} is no folder and not in the local hub cache")
         if isinstance(found, Checkpoint):
             return load_llama(found, device, torch_dtype(m.dtype)), ("graphrun", None)
         if m.hf.implementation == "graphrun":

@@ -197,7 +197,11 @@ def find_bert(folder: str | Path, class_: str, kwargs: dict) -> BertCheckpoint |
     if kwargs:
         return f"model.hf.kwargs ({', '.join(sorted(kwargs))}) are from_pretrained's"
     folder = Path(folder)
-    shape = bert_shape(read_config(folder))
+    try:
+        config = read_config(folder)
+    except ModelError as e:  # transformers' loading says it in its words, or the extra's
+        return str(e)
+    shape = bert_shape(config)
     if isinstance(shape, str):
         return shape
     files = weight_files(folder)

@@ -82,7 +82,12 @@ def encoder_checkpoint(hf, where: str):
         return None, None
     from graphrun.models.bert import find_bert
 
-    found = find_bert(_cached(where, hf.kwargs.get("cache_dir")), hf.class_, hf.kwargs)
+    try:
+        folder = _cached(where, hf.kwargs.get("cache_dir"))
+    except ModelError:  # not in the hub cache: from_pretrained's message says so
+        folder = None
+    found = (find_bert(folder, hf.class_, hf.kwargs) if folder is not None
+             else f"{hf.path!r} is no folder and not in the local hub cache")
     if isinstance(found, str):
         if hf.implementation == "graphrun":
             raise ModelError(f"model.hf.implementation: graphrun cannot load {hf.path!r}: "

@@ -71,7 +71,10 @@ def build_model(spec: PipelineSpec, device: torch.device,
         with phase("weights load"):
             _load_weights(model, m.weights, device)
     with phase("to device"):
-        model = model.to(device=device, dtype=torch_dtype(m.dtype))
+        if m.hf is not None:
+            model = _to_keeping_scratch(model, device, torch_dtype(m.dtype))
+        else:
+            model = model.to(device=device, dtype=torch_dtype(m.dtype))
     # An exported program's train/eval mode is fixed at export; .eval() raises on it.
     if m.exported is None:
         model.eval()
@@ -79,6 +82,25 @@ def build_model(spec: PipelineSpec, device: torch.device,
         param.requires_grad_(False)
     if needs_heads(spec):  # outputs picked and reduced inside the captured step
         model = Heads(model, spec.outputs, list(spec.inputs), m.call)
+    return model
+
+
+def _to_keeping_scratch(model: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    """model.to(device), parameters and persistent buffers cast to dtype; non-persistent
+    buffers keep theirs: transformers keeps scratch in float32 (RoPE's inv_freq), which a cast
+    to 16 bits would round, moving every position's angle (from_pretrained leaves it so)."""
+    model = model.to(device=device)
+    scratch = {id(b) for mod in model.modules() for name, b in mod._buffers.items()
+               if b is not None and name in mod._non_persistent_buffers_set}
+    made: dict[int, torch.Tensor] = {}  # a tied weight stays one tensor
+    for mod in model.modules():
+        for name, t in list(mod._parameters.items()) + list(mod._buffers.items()):
+            if t is None or not t.is_floating_point() or t.dtype == dtype or id(t) in scratch:
+                continue
+            if id(t) not in made:
+                made[id(t)] = (nn.Parameter(t.to(dtype), t.requires_grad)
+                               if name in mod._parameters else t.to(dtype))
+            (mod._parameters if name in mod._parameters else mod._buffers)[name] = made[id(t)]
     return model
 
 
