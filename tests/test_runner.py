@@ -438,3 +438,27 @@ def test_on_the_cpu_more_slots_add_no_second_lane(tmp_path):
             bucket = runner.launcher.stage({"x": x}, 3, {}, slot)
             outs, _ = runner.launcher.launch(bucket, slot, 3, {}).result()
             np.testing.assert_allclose(outs["y"], eager_alone(spec, x), rtol=1e-5, atol=1e-6)
+
+
+def test_buckets_the_reader_shows_while_setup_runs_are_set_up_before_the_stream(tmp_path):
+    """capture.lazy decides from the batches read ahead; the reader goes on meanwhile, so what
+    it holds once the first buckets are set up is set up too, at setup, not mid-stream."""
+    spec = mlp_spec(tmp_path)
+    looks = []
+
+    def needs(table):  # the reader's view: one bucket first, a second one by the next look
+        looks.append(1)
+        found = {table.pick(3, {}): None}
+        if len(looks) > 1:
+            found[table.pick(1, {})] = None
+        return found
+
+    with Runner(spec, needs=needs) as runner:
+        first, late = runner.table.pick(3, {}), runner.table.pick(1, {})
+        assert len(looks) == 2
+        assert runner.states[first].set_up == runner.states[late].set_up == "setup"
+        assert runner.states[late].status in ("captured", "eager")
+        unused = [b for b in runner.table.all if b not in (first, late)]
+        assert unused and all(runner.states[b].status == "unused" for b in unused)
+        runner.run_batch({"x": np.ones((1, 4), np.float32)})
+        assert runner.states[late].first_use_batch is None  # no setup on first use

@@ -98,6 +98,18 @@ class Capturer:
             if states[bucket].status != "skipped":  # memory_budget_mib dropped it: not set up
                 states[bucket].set_up = "setup"
 
+    def read_meanwhile(self, lane: Lane, states: dict[Bucket, BucketState], table,
+                       seen: Collection[Bucket]) -> list[Bucket]:
+        """capture.lazy: buckets of batches the reader held only after first_lane began (it
+        reads on while setup runs), set up now as at setup rather than mid-stream on first use;
+        returns them."""
+        todo = [b for b in table.all if b in seen and states[b].status == "unused"]
+        for k, bucket in enumerate(todo, 1):
+            self._prepare(lane, states[bucket], table, f"{k}/{len(todo)}, read meanwhile")
+            if states[bucket].status != "skipped":
+                states[bucket].set_up = "setup"
+        return todo
+
     def first_use(self, lanes: list[Lane], state: BucketState, table, batch: int) -> None:
         """capture.lazy: set up a bucket no batch selected before, on every lane, when batch
         number `batch` (0-based, this run's) needs it. The caller has waited for the device

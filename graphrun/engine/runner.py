@@ -78,6 +78,11 @@ class Runner:
                                          self.layout, self.log)
             with phase("bucket setup"):  # warm-up, capture and verify are phases in it
                 self.capturer.first_lane(self.lanes[0], self.states, self.table, needed)
+                if needed is not None and needs:  # what the reader held meanwhile, too
+                    late = {b: x for b, x in needs(self.table).items() if b not in needed}
+                    for bucket in self.capturer.read_meanwhile(self.lanes[0], self.states,
+                                                                self.table, late):
+                        needed[bucket] = late[bucket]
                 self.launcher = Launcher(
                     self.table, self.layout, self.lanes, self.states, inputs=spec.inputs,
                     device=self.device, set_up=self.first_use,
