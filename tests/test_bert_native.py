@@ -79,9 +79,26 @@ def test_a_task_models_checkpoint_loads_its_encoder(tmp_path):
                                    atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("labels", [1, 3])
+def test_a_sequence_classifiers_logits_equal_transformers(tmp_path, labels):
+    folder = save(tmp_path / "clf", transformers.BertForSequenceClassification,
+                  num_labels=labels)
+    found = find_bert(folder, "AutoModelForSequenceClassification", {})
+    assert isinstance(found, BertCheckpoint) and found.labels == labels, found
+    ours = load_bert(found, torch.float32)
+    theirs = transformers.AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    ids, mask, types = batch()
+    with torch.no_grad():
+        got = ours(ids, attention_mask=mask, token_type_ids=types)["logits"]
+        want = theirs(ids, attention_mask=mask, token_type_ids=types).logits
+    assert got.shape == (4, labels)
+    torch.testing.assert_close(got[:3], want[:3], atol=2e-5, rtol=1e-4)
+
+
 def test_a_folder_it_cannot_load_as_transformers_would_says_why(tmp_path):
     folder = save(tmp_path / "bert")
-    assert "class AutoModelForSequenceClassification" in find_bert(
+    assert "class AutoModelForMaskedLM" in find_bert(folder, "AutoModelForMaskedLM", {})
+    assert "not BertForSequenceClassification's" in find_bert(
         folder, "AutoModelForSequenceClassification", {})
     assert "kwargs (revision)" in find_bert(folder, "AutoModel", {"revision": "main"})
     no_pooler = tmp_path / "no-pooler"

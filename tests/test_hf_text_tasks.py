@@ -125,6 +125,7 @@ def test_a_sequence_classifier_gives_its_eager_logits(tmp_path, classifier):
         np.testing.assert_allclose(row, eager_logits(classifier, text), rtol=1e-4, atol=1e-5)
     long = sum(len(t.split()) + 2 > LIMIT for t in texts)
     assert long and manifest.totals.texts_truncated == long
+    assert manifest.environment.model_code == "graphrun"  # its own BERT, against transformers
 
 
 def test_a_cross_encoder_scores_each_pair_as_it_does_eagerly(tmp_path, reranker):

@@ -5,8 +5,9 @@ Parameters carry transformers' names (embeddings.word_embeddings.weight,
 encoder.layer.0.attention.self.query.weight, ...), so the checkpoint loads as saved, and the
 arithmetic is BertModel's: embeddings summed then normed, post-norm layers, exact GELU, the
 tanh pooler on the first token. forward takes BertModel's input names and returns its two
-fields, last_hidden_state and pooler_output, as a dict (models/call.py names the outputs).
-Equal to transformers' BertModel within float rounding (tests/test_bert_native.py).
+fields, last_hidden_state and pooler_output, as a dict (models/call.py names the outputs);
+BertForSequenceClassification (a classifier, a cross-encoder) returns its logits. Equal to
+transformers' classes within float rounding (tests/test_bert_native.py).
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ from graphrun.base.errors import ModelError
 from graphrun.models.builtin.seeded import on_meta
 from graphrun.models.checkpoint import load_tensors, read_config, tensor_names, weight_files
 
-CLASSES = ("AutoModel", "BertModel")
+ENCODERS = ("AutoModel", "BertModel")
+CLASSIFIERS = ("AutoModelForSequenceClassification", "BertForSequenceClassification")
 ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu}
-PREFIX = "bert."  # a checkpoint saved from a task model (BertForMaskedLM, ...): its encoder
-IGNORED = ("embeddings.position_ids", "cls.")  # a saved buffer; a task model's heads
+PREFIX = "bert."  # a task model's checkpoint (BertForMaskedLM, ...) holds its encoder so
+HEADS = ("cls.", "classifier.", "qa_outputs.")  # a task model's heads: not the encoder's
+POSITION_IDS = "embeddings.position_ids"  # a buffer older transformers saved
 
 
 @dataclass(frozen=True)
@@ -177,23 +180,42 @@ def bert_shape(config: dict) -> BertShape | str:
     return shape
 
 
+class BertClassifier(nn.Module):
+    """BertForSequenceClassification: the encoder's pooled output through a linear layer;
+    returns {"logits": [b, labels]} (a cross-encoder's relevance score where labels is 1)."""
+
+    def __init__(self, shape: BertShape, labels: int):
+        super().__init__()
+        self.bert = Bert(shape)
+        self.classifier = nn.Linear(shape.d_model, labels)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        pooled = self.bert(input_ids, attention_mask, token_type_ids,
+                           position_ids)["pooler_output"]
+        return {"logits": self.classifier(pooled)}
+
+
 @dataclass(frozen=True)
 class BertCheckpoint:
     folder: Path
     shape: BertShape
     files: list[Path]
-    prefix: str  # "bert." where a task model saved it, else ""
+    labels: int | None  # a sequence classifier's; None for the encoder alone
+    prefix: str  # "bert." where a task model saved the encoder loaded alone, else ""
 
 
-def _names(model: Bert) -> set[str]:
-    return set(model.state_dict())
+def _build(shape: BertShape, labels: int | None) -> nn.Module:
+    return Bert(shape) if labels is None else BertClassifier(shape, labels)
 
 
 def find_bert(folder: str | Path, class_: str, kwargs: dict) -> BertCheckpoint | str:
     """The folder as a BertCheckpoint, or why graphrun's BERT cannot load it as transformers'
-    BertModel would: read from config.json and the safetensors headers only."""
-    if class_ not in CLASSES:
-        return f"class {class_} (graphrun's BERT loads {', '.join(CLASSES)})"
+    BertModel or BertForSequenceClassification would: from config.json and the safetensors
+    headers only."""
+    if class_ not in ENCODERS + CLASSIFIERS:
+        return f"class {class_} (graphrun's BERT loads {', '.join(ENCODERS + CLASSIFIERS)})"
     if kwargs:
         return f"model.hf.kwargs ({', '.join(sorted(kwargs))}) are from_pretrained's"
     folder = Path(folder)
@@ -204,33 +226,40 @@ def find_bert(folder: str | Path, class_: str, kwargs: dict) -> BertCheckpoint |
     shape = bert_shape(config)
     if isinstance(shape, str):
         return shape
+    labels = None
+    if class_ in CLASSIFIERS:
+        labels = len(config.get("id2label") or {}) or int(config.get("num_labels", 2))
     files = weight_files(folder)
     if isinstance(files, str):
         return files
     names = tensor_names(files)
     if isinstance(names, str):
         return names
-    prefix = PREFIX if names and all(n.startswith((PREFIX, "cls.")) for n in names) else ""
-    kept = {n[len(prefix):] for n in names if n.startswith(prefix)} - {IGNORED[0]}
-    kept = {n for n in kept if not n.startswith(IGNORED[1])}
+    names = {n for n in names if not n.endswith(POSITION_IDS)}
+    prefix = ""
+    if labels is None and names and all(n.startswith((PREFIX, *HEADS)) for n in names):
+        prefix = PREFIX  # the encoder of a task model's checkpoint; its heads left out
+        names = {n[len(PREFIX):] for n in names if n.startswith(PREFIX)}
     with on_meta():
-        want = _names(Bert(shape))
-    if kept != want:  # a missing pooler, say: transformers would make it up at random
-        return (f"the weights' names are not BertModel's (missing {sorted(want - kept)[:2]}, "
-                f"unexpected {sorted(kept - want)[:2]})")
-    return BertCheckpoint(folder, shape, files, prefix)
+        want = set(_build(shape, labels).state_dict())
+    if names != want:  # a missing pooler, say: transformers would make it up at random
+        kind = "BertModel's" if labels is None else "BertForSequenceClassification's"
+        return (f"the weights' names are not {kind} (missing {sorted(want - names)[:2]}, "
+                f"unexpected {sorted(names - want)[:2]})")
+    return BertCheckpoint(folder, shape, files, labels, prefix)
 
 
-def load_bert(found: BertCheckpoint, dtype: torch.dtype | None) -> Bert:
+def load_bert(found: BertCheckpoint, dtype: torch.dtype | None) -> nn.Module:
     """The checkpoint's weights in graphrun's BERT on the CPU, cast to `dtype` as read."""
     with on_meta():
-        model = Bert(found.shape)
-    tensors = load_tensors(found.files, "cpu")
-    weights = {n[len(found.prefix):]: t for n, t in tensors.items()
-               if n.startswith(found.prefix)}
-    weights = {n: (t.to(dtype) if dtype is not None and t.is_floating_point() else t)
-               for n, t in weights.items() if n in _names(model)}
-    if set(weights) != _names(model):
+        model = _build(found.shape, found.labels)
+    want = set(model.state_dict())
+    weights = {}
+    for name, t in load_tensors(found.files, "cpu").items():
+        name = name[len(found.prefix):] if name.startswith(found.prefix) else name
+        if name in want:
+            weights[name] = t.to(dtype) if dtype is not None and t.is_floating_point() else t
+    if set(weights) != want:
         raise ModelError(f"model.hf {str(found.folder)!r}: the weights changed since they were "
                          "checked; run again")
     model.load_state_dict(weights, assign=True)

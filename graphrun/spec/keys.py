@@ -68,8 +68,9 @@ class HFModelSpec(Strict):
                                    "for from_pretrained (e.g. attn_implementation: sdpa).")
     implementation: Literal["auto", "graphrun", "transformers"] = Field(
         "auto", description="Whose model code runs the folder's weights. graphrun: its own, "
-        "which needs no transformers import: a BERT encoder (class AutoModel or BertModel), "
-        "or for generation a Llama, Mistral or Qwen2 causal LM, saved as safetensors. "
+        "which needs no transformers import: a BERT encoder (class AutoModel or BertModel) or "
+        "sequence classifier (AutoModelForSequenceClassification), or for generation a "
+        "Llama, Mistral or Qwen2 causal LM, saved as safetensors. "
         "transformers: the class above. auto: graphrun's where it loads the folder as "
         "transformers would, else transformers' (the manifest's environment.model_code says "
         "which ran, and why).")
