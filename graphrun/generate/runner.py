@@ -25,7 +25,6 @@ from graphrun.base.phases import phase
 from graphrun.engine.buckets import Bucket
 from graphrun.engine.device import resolve_backend, resolve_device
 from graphrun.engine.launch import concat_rows
-from graphrun.base.errors import ModelError
 from graphrun.generate.llama import Checkpoint, Llama, build_llama, find_checkpoint, load_llama
 from graphrun.generate.config import BatchResult, GenerateConfig, Sampling
 from graphrun.generate.generator import Generator
@@ -256,20 +255,16 @@ def build_generation_model(spec: PipelineSpec, device: torch.device):
         return model, ("builtin", None)
     reason = None
     if m.hf is not None and m.hf.implementation != "transformers":
-        from graphrun.models.hf import model_folder
+        from graphrun.models.hf import local_folder, not_graphruns
+        from graphrun.spec.paths import resolve_path
 
-        try:
-            folder = model_folder(spec)
-        except ModelError:  # not in the hub cache: from_pretrained's message says so
-            folder = None
-        found = (find_checkpoint(folder, m.hf.class_, m.hf.kwargs) if folder is not None
-                 else f"{m.hf.path!r} is no folder and not in the local hub cache")
+        folder, found = local_folder(m.hf, resolve_path(m.hf.path, spec.base_dir))
+        if folder is not None:
+            found = find_checkpoint(folder, m.hf.class_, m.hf.kwargs)
         if isinstance(found, Checkpoint):
             return load_llama(found, device, torch_dtype(m.dtype)), ("graphrun", None)
         if m.hf.implementation == "graphrun":
-            raise ModelError(f"model.hf.implementation: graphrun cannot load {m.hf.path!r}: "
-                             f"{found}; set implementation: auto (transformers' code then "
-                             "runs it) or transformers")
+            raise not_graphruns(m.hf, found)
         reason = found
     from graphrun.models.load import build_model
 

@@ -73,6 +73,22 @@ def load_hf(hf, base_dir: Path | None, dtype=None) -> nn.Module:
     return model
 
 
+def local_folder(hf, where: str) -> tuple[str | None, str | None]:
+    """(model.hf's folder, None), or (None, why not) where it is neither a folder nor in the
+    local hub cache: from_pretrained's own message then says so."""
+    try:
+        return _cached(where, hf.kwargs.get("cache_dir")), None
+    except ModelError:
+        return None, f"{hf.path!r} is no folder and not in the local hub cache"
+
+
+def not_graphruns(hf, reason: str) -> ModelError:
+    """model.hf.implementation: graphrun on a folder graphrun's own code cannot load."""
+    return ModelError(f"model.hf.implementation: graphrun cannot load {hf.path!r}: {reason}; "
+                      "set implementation: auto (transformers' code then runs it) or "
+                      "transformers")
+
+
 def encoder_checkpoint(hf, where: str):
     """(graphrun's own encoder's checkpoint of the folder (models/bert.py), None) or (None, why
     transformers' class runs it): model.hf.implementation transformers, or auto on a folder
@@ -82,17 +98,12 @@ def encoder_checkpoint(hf, where: str):
         return None, None
     from graphrun.models.bert import find_bert
 
-    try:
-        folder = _cached(where, hf.kwargs.get("cache_dir"))
-    except ModelError:  # not in the hub cache: from_pretrained's message says so
-        folder = None
-    found = (find_bert(folder, hf.class_, hf.kwargs) if folder is not None
-             else f"{hf.path!r} is no folder and not in the local hub cache")
+    folder, found = local_folder(hf, where)
+    if folder is not None:
+        found = find_bert(folder, hf.class_, hf.kwargs)
     if isinstance(found, str):
         if hf.implementation == "graphrun":
-            raise ModelError(f"model.hf.implementation: graphrun cannot load {hf.path!r}: "
-                             f"{found}; set implementation: auto (transformers' code then "
-                             "runs it) or transformers")
+            raise not_graphruns(hf, found)
         return None, found
     return found, None
 
@@ -106,8 +117,8 @@ def model_code(spec) -> tuple[str | None, str | None]:
         return None, None
     try:
         found, reason = encoder_checkpoint(hf, resolve_path(hf.path, spec.base_dir))
-    except ModelError:
-        return "transformers", None
+    except ModelError:  # the build reports it
+        return None, None
     return ("graphrun", None) if found is not None else ("transformers", reason)
 
 
