@@ -298,7 +298,8 @@ def test_the_model_librarys_import_is_its_own_phase_not_model_build(tmp_path):
                     str(ROOT / "pipelines" / "minilm-embed.yaml"), "--out", str(tmp_path / "o"),
                     "-q", "--set", "device=cpu", "--set", f"data.path={data}",
                     "--set", "data.batch_size=8", "--set", "buckets.batch=[1,8]",
-                    "--set", "buckets.seq=[16,64]"], check=True, cwd=tmp_path, env=child_env())
+                    "--set", "buckets.seq=[16,64]", "--set", "model.hf.implementation="
+                    "transformers"], check=True, cwd=tmp_path, env=child_env())
     m = json.loads((tmp_path / "o" / "manifest.json").read_text())
     top = check_adds_up(m)
     names = list(top)
@@ -306,3 +307,4 @@ def test_the_model_librarys_import_is_its_own_phase_not_model_build(tmp_path):
     assert names.index("imports (transformers)") < names.index("model build")
     assert top["imports (transformers)"] > 0.1
     assert top["model build"] < top["imports (transformers)"]
+    assert m["environment"]["model_code"] == "transformers"
