@@ -29,6 +29,10 @@ VARIABLES: dict[str, tuple[str, str]] = {
         "cores, at most 4", "threads writing the rows of big npy output batches"),
     "GRAPHRUN_ROW_POOL_BYTES": (
         "1048576", "npy output batches of at least this many bytes go to those threads"),
+    "GRAPHRUN_HASH_CACHE": (
+        "$XDG_CACHE_HOME/graphrun, else ~/.cache/graphrun", "the folder of the sha256 digests "
+        "of large input and model files, kept by path, size, modification time and inode so "
+        "that a file unchanged since a run is not read again to hash it (off: none kept)"),
     "GRAPHRUN_SLOW_EXIT": (
         "0", "1: the command line exits through the interpreter's teardown (exit hooks, module "
              "cleanup) instead of ending the process once its work is done and flushed"),

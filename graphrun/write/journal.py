@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from graphrun.base.errors import InputError, OutputError
+from graphrun.write import digests
 from graphrun.write.guard import check_rejects_sha256, file_differs, refuse_foreign
 
 JOURNAL = "journal.jsonl"
@@ -155,8 +156,13 @@ class InputHash:
 
     def _hash(self) -> None:
         try:
+            key = digests.stat_key(self.path)  # a large file unchanged since it was hashed:
+            self._digest = digests.known(key)  # its digest, not its bytes read again
+            if self._digest is not None:
+                return
             if not sys.executable:  # embedded without an interpreter to start: hash here
                 self._digest = sha256_file(self.path)
+                digests.keep(self.path, key, self._digest)
                 return
             with self._lock:
                 if self._stop.is_set():
@@ -172,6 +178,7 @@ class InputHash:
                 lines = err.strip().splitlines()
                 raise OSError(lines[-1] if lines else f"exit status {self._proc.returncode}")
             self._digest = out.strip()
+            digests.keep(self.path, key, self._digest)
         except BaseException as err:  # noqa: BLE001 - raised by result()
             self._error = err
 

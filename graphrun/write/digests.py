@@ -1,0 +1,87 @@
+"""sha256 digests of large files kept between runs, by what the file system says of the file.
+
+--resume checks that the input and the model did not change by their sha256; reading a 2.5 GB
+checkpoint to hash it takes longer than the rest of a short job's setup, and most runs read the
+same model (and often the same input) as the run before. A digest is kept under the file's
+real path with its size, modification time (ns), inode and device: if any of them differs the
+file is hashed again, as `git status` trusts a file's stat until it changes. Only files of at
+least MIN_BYTES are kept; a cache that cannot be read or written is skipped, never an error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from graphrun.base import envs
+
+MIN_BYTES = 64 << 20  # smaller files hash in well under 50 ms
+KEEP = 2000  # entries kept, the newest
+NAME = "sha256-v1.json"
+
+
+def cache_file(environ=None) -> Path | None:
+    """Where the digests are kept (GRAPHRUN_HASH_CACHE), None where it says off."""
+    env = os.environ if environ is None else environ
+    where = envs.get("GRAPHRUN_HASH_CACHE", env)
+    if where.lower() in ("off", "0", "none"):
+        return None
+    if where:
+        return Path(where) / NAME
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "graphrun" / NAME
+
+
+def stat_key(path: Path) -> tuple[str, list[int]] | None:
+    """(real path, [size, mtime ns, inode, device]) of a file large enough to keep, else None."""
+    try:
+        st = os.stat(path)
+        real = os.path.realpath(path)
+    except OSError:
+        return None
+    if st.st_size < MIN_BYTES:
+        return None
+    return real, [st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
+
+
+def _read(cache: Path) -> dict:
+    try:
+        kept = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        return {}
+    return kept if isinstance(kept, dict) else {}
+
+
+def known(key: tuple[str, list[int]] | None, environ=None) -> str | None:
+    """The digest kept for the file of this stat_key, or None."""
+    cache = cache_file(environ)
+    if cache is None or key is None:
+        return None
+    entry = _read(cache).get(key[0])
+    if isinstance(entry, dict) and entry.get("stat") == key[1]:
+        digest = entry.get("sha256")
+        return digest if isinstance(digest, str) and len(digest) == 64 else None
+    return None
+
+
+def keep(path: Path, key: tuple[str, list[int]] | None, digest: str, environ=None) -> None:
+    """Keep the digest of the file hashed from the state `key` (its stat_key before), unless
+    it changed meanwhile. The cache is written whole: another process reading it meanwhile
+    sees the old one or the new one."""
+    cache = cache_file(environ)
+    if cache is None or key is None or stat_key(path) != key:
+        return
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        kept = _read(cache)
+        kept.pop(key[0], None)
+        kept[key[0]] = {"stat": key[1], "sha256": digest}
+        kept = dict(list(kept.items())[-KEEP:])
+        fd, tmp = tempfile.mkstemp(dir=cache.parent, prefix=".sha256-", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(kept, f)
+        os.replace(tmp, cache)
+    except OSError:
+        pass

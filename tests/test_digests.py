@@ -1,0 +1,71 @@
+"""Digests of large files kept between runs (write/digests.py): a file unchanged since it was
+hashed is not read again, one changed in any way the file system shows is, and a cache that
+cannot be read or written changes nothing but the time."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from graphrun.write import digests, journal
+from graphrun.write.journal import InputHash, sha256_file
+
+
+@pytest.fixture
+def small_cache(tmp_path, monkeypatch):
+    """Every file large enough to keep, the cache in the test's folder."""
+    monkeypatch.setattr(digests, "MIN_BYTES", 1)
+    monkeypatch.setenv("GRAPHRUN_HASH_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache" / digests.NAME
+
+
+def hashed(path) -> tuple[str, bool]:
+    """(the digest, whether a child process read the file)."""
+    spawned = []
+    real = journal.subprocess.Popen
+
+    def spy(*args, **kwargs):
+        spawned.append(args)
+        return real(*args, **kwargs)
+
+    journal.subprocess.Popen = spy
+    try:
+        return InputHash(path).result(), bool(spawned)
+    finally:
+        journal.subprocess.Popen = real
+
+
+def test_an_unchanged_file_is_hashed_once_and_a_changed_one_again(tmp_path, small_cache):
+    data = tmp_path / "weights.bin"
+    data.write_bytes(b"a" * 1000)
+    assert hashed(data) == (sha256_file(data), True)
+    assert small_cache.is_file()
+    assert hashed(data) == (sha256_file(data), False)  # from the cache: not read
+    data.write_bytes(b"b" * 1000)  # same size, new bytes: its modification time moved
+    st = os.stat(data)
+    os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    assert hashed(data) == (sha256_file(data), True)
+    assert hashed(data) == (sha256_file(data), False)
+
+
+def test_a_broken_or_unwritable_cache_only_costs_the_hash(tmp_path, small_cache):
+    data = tmp_path / "input.jsonl"
+    data.write_bytes(b"{}\n" * 100)
+    small_cache.parent.mkdir()
+    small_cache.write_text("{not json")
+    assert hashed(data) == (sha256_file(data), True)
+    assert hashed(data) == (sha256_file(data), False)  # rewritten whole, readable again
+    small_cache.write_text('{"%s": {"stat": "x", "sha256": 5}}' % os.path.realpath(data))
+    assert hashed(data) == (sha256_file(data), True)
+
+
+def test_small_files_and_off_keep_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRAPHRUN_HASH_CACHE", str(tmp_path / "cache"))
+    small = tmp_path / "config.json"
+    small.write_text("{}")
+    assert hashed(small)[1] and not (tmp_path / "cache").exists()  # under MIN_BYTES
+    monkeypatch.setattr(digests, "MIN_BYTES", 1)
+    monkeypatch.setenv("GRAPHRUN_HASH_CACHE", "off")
+    assert digests.cache_file() is None
+    assert hashed(small)[1] and hashed(small)[1]
