@@ -11,7 +11,8 @@ import math
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import ConfigDict, Discriminator, Field, PrivateAttr, Tag, field_validator
+from pydantic import (ConfigDict, Discriminator, Field, PrivateAttr, Tag, field_validator,
+                      model_validator)
 
 from graphrun.base import dtypes
 from graphrun.spec.base import Size, Strict, Text, Whole
@@ -350,7 +351,11 @@ class OutputConfig(Strict):
 
     dir: Path = Field(..., description="Output folder, relative to the spec's folder.")
     format: Literal["npy", "jsonl", "parquet"] = Field("npy", description="Shard format.")
-    rows_per_file: Size = Field(100000, description="Records per output shard.")
+    rows_per_file: Optional[Size] = Field(
+        None, description="Records per output shard. null: as many as make about 64 MiB of "
+        "outputs (from the outputs' shapes and dtypes, an axis at its largest bucket), a "
+        "multiple of 1024 from 1024 to 100000: full shards commit in the background while the "
+        "stream goes on, and a crash costs at most one shard's work.")
 
 
 class ReportSpec(Strict):
@@ -444,6 +449,12 @@ class PipelineSpec(Strict):
         return {axis: values if values == "auto" else sorted(values)
                 for axis, values in v.items()}
 
+    @model_validator(mode="after")
+    def _shard_rows(self) -> "PipelineSpec":
+        if self.output.rows_per_file is None:
+            self.output.rows_per_file = shard_rows(self)
+        return self
+
     # Convenience views used along the flow.
     @property
     def axes(self) -> list[str]:
@@ -464,3 +475,28 @@ class PipelineSpec(Strict):
     def auto_axes(self) -> list[str]:
         """Axes whose values `graphrun run` plans from the data (plan.auto.resolve_auto)."""
         return [a for a, v in self.buckets.items() if v == "auto"]
+
+
+SHARD_BYTES = 64 << 20  # an output shard's size, where output.rows_per_file is null
+SHARD_ROWS = (1024, 100000)
+UNKNOWN_AXIS = 512  # an axis of outputs whose buckets are planned at run time (auto)
+
+
+def shard_rows(spec: "PipelineSpec") -> int:
+    """output.rows_per_file's default: records making about SHARD_BYTES of outputs, estimated
+    from the spec alone (so a resumed run and --gpus workers compute the same)."""
+    itemsize = {"float64": 8, "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1,
+                "bool": 1, "float16": 2, "bfloat16": 4}  # bfloat16 is written as float32
+    row = 0
+    for o in spec.outputs.values():
+        cells = 1
+        for d in o.shape[1:]:
+            values = spec.buckets.get(d) if isinstance(d, str) else None
+            cells *= (d if isinstance(d, int) else max(values)
+                      if isinstance(values, list) else UNKNOWN_AXIS)
+        row += cells * itemsize.get(o.dtype or "", 4)
+    if spec.generate is not None:  # token ids and their text, at most max_new_tokens each
+        row += spec.generate.max_new_tokens * 16
+    rows = SHARD_BYTES // max(row, 1)
+    return max(SHARD_ROWS[0], min(SHARD_ROWS[1], rows // 1024 * 1024))
+
