@@ -199,8 +199,7 @@ class RunRecord:
         wall = time.perf_counter() - self.t0
         busy = (min(1.0, self.device_s() / self.stream_s)
                 if self.stream_s and runner and runner.cuda else None)
-        env = (environment(runner.device, runner.backend, getattr(runner, "model_code", (None, None)))
-               if runner else None)
+        env = environment(runner.device, runner.backend, runner.model_code) if runner else None
         process_wall = self.clock.end()  # what follows is the manifest's few assignments
         totals = Totals(
             records_in=self.records_in, records_out=self.records_out,
