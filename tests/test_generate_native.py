@@ -195,3 +195,14 @@ def test_transformers_code_in_16_bits_keeps_ropes_frequencies_in_float32(tmp_pat
     assert rotary.inv_freq.dtype == torch.float32
     assert model.lm_head.weight.dtype == torch.bfloat16
     assert model.lm_head.weight is model.model.embed_tokens.weight  # still tied
+
+
+def test_new_tokens_filling_the_models_positions_is_one_spec_error_naming_the_key(tmp_path):
+    """No prompt bucket can fit: the message names max_new_tokens, not a bucket list to end at
+    0 or below."""
+    from graphrun import SpecError
+
+    spec = write_spec(tmp_path, TINY)
+    with pytest.raises(SpecError, match=r"generate.max_new_tokens: 1024 new tokens leave no "
+                                        r"room for a prompt in the model's 1024 positions"):
+        graphrun.load_spec(spec, ["generate.max_new_tokens=1024"])

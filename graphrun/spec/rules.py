@@ -408,6 +408,12 @@ def _past_positions(spec: PipelineSpec, folder: str) -> Found:
     if not isinstance(values, list) or found is None or max(values) + new <= found[0]:
         return
     positions, key = found
+    if new >= positions:  # no prompt bucket can fit: the new tokens alone fill the table
+        yield ("generate", "max_new_tokens"), (
+            f"{new} new tokens leave no room for a prompt in the model's {positions} positions "
+            f"(config.json's {key}), which a prompt and its new tokens share: set it below "
+            f"{positions}, leaving room for the longest prompt bucket")
+        return
     if new:
         yield ("buckets", axis), (
             f"{max(values)} + generate.max_new_tokens ({new}) is past the model's {positions} "
