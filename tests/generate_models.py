@@ -10,7 +10,8 @@ IDS = ["r0", 1, "r2", 3, "r4"]
 
 
 def tiny_llama(kind: str = "llama"):
-    """A seeded 2-layer Llama layout with GQA (4 heads, 2 kv heads), or its Qwen2 twin."""
+    """A seeded 2-layer Llama layout with GQA (4 heads, 2 kv heads), or its Qwen2 or Qwen3
+    twin."""
     import transformers
 
     torch.manual_seed(0)
@@ -19,6 +20,8 @@ def tiny_llama(kind: str = "llama"):
                 bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if kind == "qwen2":
         model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**args))
+    elif kind == "qwen3":
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**args, head_dim=16))
     else:
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**args))
     return _spread(model.eval())

@@ -1,5 +1,5 @@
 """Greedy generation on transformers models equals transformers' own generate, record by
-record: a Llama layout with GQA, its Qwen2 twin and GPT-2, left-padded prompts of different
+record: a Llama layout with GQA, its Qwen2 and Qwen3 twins and GPT-2, left-padded prompts of different
 lengths in one batch, with and without EOS reached, min_new_tokens; unsupported models."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from tests.generate_models import IDS, PROMPTS, hf_greedy, tiny_gpt2, tiny_llama
 from graphrun.generate import (GenerateConfig, GenerationError, Generator,  # noqa: E402
                                build_generator)
 
-MAKERS = {"llama": tiny_llama, "gpt2": tiny_gpt2, "qwen2": lambda: tiny_llama("qwen2")}
+MAKERS = {"llama": tiny_llama, "gpt2": tiny_gpt2, "qwen2": lambda: tiny_llama("qwen2"),
+          "qwen3": lambda: tiny_llama("qwen3")}
 
 
 def run(model, prompts=PROMPTS, ids=IDS, **config):

@@ -39,6 +39,7 @@ KINDS = {
                                          "factor": 4.0}}),
     "mistral": ("MistralForCausalLM", "MistralConfig", {"head_dim": 32}),
     "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", {}),
+    "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", {"head_dim": 24, "attention_bias": True}),
 }
 
 
@@ -51,10 +52,12 @@ def save(folder: Path, kind: str = "llama", **extra) -> Path:
     model = _spread(getattr(transformers, cls)(config).eval())
     if config.tie_word_embeddings:  # _spread scaled the shared matrix once: still tied
         assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-    with torch.no_grad():  # biases away from zero, so a bias loaded wrongly shows
+    with torch.no_grad():  # biases off zero and norms off one, so one loaded wrongly shows
         for name, p in model.named_parameters():
             if name.endswith(".bias"):
                 p.copy_(torch.randn_like(p) * 0.5)
+            elif name.endswith("norm.weight"):
+                p.mul_(1 + 0.3 * torch.randn_like(p))
     model.save_pretrained(folder)
     return folder
 

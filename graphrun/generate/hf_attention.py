@@ -23,7 +23,7 @@ from graphrun.generate.kv_cache import KVLayout, StepKV, attend
 ATTENTION_NAME = "graphrun"
 # model_type -> the architecture family, for the messages
 SUPPORTED = {"llama": "Llama", "mistral": "Llama (Mistral)", "qwen2": "Llama (Qwen2)",
-             "gpt2": "GPT-2"}
+             "qwen3": "Llama (Qwen3)", "gpt2": "GPT-2"}
 
 
 def graphrun_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
@@ -72,7 +72,7 @@ def check_supported(model, max_len: int) -> None:
     if getattr(config, "add_cross_attention", False) or config.is_encoder_decoder:
         raise GenerationError(f"{name}: cross-attention is not supported for generation")
     window = getattr(config, "sliding_window", None)
-    if kind == "qwen2" and not getattr(config, "use_sliding_window", False):
+    if kind in ("qwen2", "qwen3") and not getattr(config, "use_sliding_window", False):
         window = None
     if window is not None and window < max_len:
         raise GenerationError(

@@ -1,8 +1,8 @@
-"""graphrun's Llama: the `llama` builtin, and Llama-family checkpoints (Llama, Mistral, Qwen2)
-read from a Hugging Face folder without transformers, both on graphrun's KV cache.
+"""graphrun's Llama: the `llama` builtin, and Llama-family checkpoints (Llama, Mistral, Qwen2,
+Qwen3) read from a Hugging Face folder without transformers, both on graphrun's KV cache.
 
 RMSNorm, rotary position embeddings (default, linear or llama3 frequencies), grouped-query
-attention, a SwiGLU MLP, an LM head (tied or not). Parameters carry transformers' names
+attention (Qwen3's with q and k normed per head), a SwiGLU MLP, an LM head (tied or not). Parameters carry transformers' names
 (model.layers.0.self_attn.q_proj.weight, ...), so a checkpoint's tensors load as saved, and the
 arithmetic follows transformers' (norms and RoPE in float32, cast back), so a completion is the
 one transformers' generate gives (tests/test_generate_native.py). Attention goes through
@@ -67,12 +67,19 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(s.d_model, s.kv_heads * s.head_dim, bias=s.qkv_bias)
         self.v_proj = nn.Linear(s.d_model, s.kv_heads * s.head_dim, bias=s.qkv_bias)
         self.o_proj = nn.Linear(s.heads * s.head_dim, s.d_model, bias=s.o_bias)
+        if s.qk_norm:
+            self.q_norm = RMSNorm(s.head_dim, s.norm_eps)
+            self.k_norm = RMSNorm(s.head_dim, s.norm_eps)
+        self.qk_norm = s.qk_norm
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv: StepKV) -> torch.Tensor:
         b, q_len, _ = x.shape  # x: [b, q, d_model]
-        q = self.q_proj(x).view(b, q_len, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, q_len, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(b, q_len, self.heads, self.head_dim)
+        k = self.k_proj(x).view(b, q_len, self.kv_heads, self.head_dim)
+        if self.qk_norm:  # per head, over head_dim
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(b, q_len, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)  # [b, heads | kv_heads, q, head_dim]
         y = attend(kv, self.layer, q, k, v, self.head_dim ** -0.5)  # [b, q, heads, head_dim]

@@ -20,9 +20,11 @@ from graphrun.base.errors import ModelError
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 # model_type -> (the family's name, its q/k/v projections' bias)
-LLAMA_FAMILY = {"llama": ("Llama", None), "mistral": ("Mistral", False), "qwen2": ("Qwen2", True)}
+LLAMA_FAMILY = {"llama": ("Llama", None), "mistral": ("Mistral", False), "qwen2": ("Qwen2", True),
+                "qwen3": ("Qwen3", None)}
 CAUSAL_LM_CLASSES = ("AutoModelForCausalLM", "LlamaForCausalLM", "MistralForCausalLM",
-                     "Qwen2ForCausalLM")
+                     "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+WINDOW_BY_FLAG = ("qwen2", "qwen3")  # sliding_window applies only with use_sliding_window
 ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -56,6 +58,7 @@ class LlamaShape:
     o_bias: bool = False
     mlp_bias: bool = False
     tied: bool = False
+    qk_norm: bool = False  # Qwen3: an RMSNorm over each head's q and k, before RoPE
     window: int | None = None  # sliding-window attention's width, where the config has one
     family: str = "Llama"
 
@@ -83,8 +86,8 @@ def llama_shape(config: dict[str, Any]) -> LlamaShape | str:
     for key in ("quantization_config", "auto_map"):
         if config.get(key):
             return f"config.json sets {key}"
-    if kind == "qwen2" and config.get("use_sliding_window"):
-        return "Qwen2 with use_sliding_window"
+    if kind in WINDOW_BY_FLAG and config.get("use_sliding_window"):
+        return f"{family} with use_sliding_window"
     rope = _rope(config)
     if isinstance(rope, str):
         return rope
@@ -98,11 +101,12 @@ def llama_shape(config: dict[str, Any]) -> LlamaShape | str:
             ffn=int(config["intermediate_size"]), vocab=int(config["vocab_size"]),
             max_len=int(config.get("max_position_embeddings", 2048)),
             norm_eps=float(config.get("rms_norm_eps", 1e-6)), rope=rope, qkv_bias=bias,
-            o_bias=bias if kind == "llama" else False,
+            o_bias=bias if kind in ("llama", "qwen3") else False,
             mlp_bias=bool(config.get("mlp_bias", False)),
             tied=bool(config.get("tie_word_embeddings", False)),
+            qk_norm=kind == "qwen3",
             window=(int(config["sliding_window"]) if config.get("sliding_window")
-                    and not (kind == "qwen2") else None),
+                    and kind not in WINDOW_BY_FLAG else None),
             family=family)
     except (KeyError, TypeError, ValueError) as e:
         return f"config.json lacks or mistypes a field graphrun's Llama reads ({e})"
