@@ -1,6 +1,7 @@
 """Greedy generation on transformers models equals transformers' own generate, record by
-record: a Llama layout with GQA, its Qwen2 and Qwen3 twins and GPT-2, left-padded prompts of different
-lengths in one batch, with and without EOS reached, min_new_tokens; unsupported models."""
+record: a Llama layout with GQA, its Qwen2 and Qwen3 twins and GPT-2, left-padded prompts of
+different lengths in one batch, with and without EOS reached, min_new_tokens; unsupported
+models."""
 
 from __future__ import annotations
 
