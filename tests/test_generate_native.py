@@ -209,3 +209,20 @@ def test_new_tokens_filling_the_models_positions_is_one_spec_error_naming_the_ke
     with pytest.raises(SpecError, match=r"generate.max_new_tokens: 1024 new tokens leave no "
                                         r"room for a prompt in the model's 1024 positions"):
         graphrun.load_spec(spec, ["generate.max_new_tokens=1024"])
+
+
+def test_a_checkpoint_in_shards_loads_from_its_index(tmp_path):
+    """Real checkpoints come in shards named by model.safetensors.index.json."""
+    import transformers
+
+    one = save(tmp_path / "one")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(one).eval()
+    theirs.save_pretrained(tmp_path / "shards", max_shard_size="100KB")
+    shards = sorted((tmp_path / "shards").glob("model-*.safetensors"))
+    assert len(shards) > 1 and (tmp_path / "shards" / "model.safetensors.index.json").is_file()
+    found = find_checkpoint(tmp_path / "shards", "AutoModelForCausalLM", {})
+    assert isinstance(found, Checkpoint) and found.files == shards
+    ours = load_llama(found, torch.device("cpu"), torch.float32)
+    assert generate(ours, max_new_tokens=6) == hf_greedy(theirs, PROMPTS, max_new_tokens=6)
+    shards[-1].unlink()
+    assert "missing" in find_checkpoint(tmp_path / "shards", "AutoModelForCausalLM", {})
