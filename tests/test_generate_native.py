@@ -19,7 +19,7 @@ pytest.importorskip("transformers")
 import graphrun  # noqa: E402
 from graphrun.base.errors import ModelError  # noqa: E402
 from graphrun.generate import GenerateConfig, build_generator  # noqa: E402
-from graphrun.generate.llama import Checkpoint, find_checkpoint, load_llama  # noqa: E402
+from graphrun.generate.llama import Checkpoint, find_checkpoint, load_checkpoint  # noqa: E402
 from tests.children import child_env  # noqa: E402
 from tests.generate_models import IDS, PROMPTS, _spread, hf_greedy  # noqa: E402
 
@@ -40,6 +40,7 @@ KINDS = {
     "mistral": ("MistralForCausalLM", "MistralConfig", {"head_dim": 32}),
     "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", {}),
     "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", {"head_dim": 24, "attention_bias": True}),
+    "gpt2": ("GPT2LMHeadModel", "GPT2Config", {}),  # its config maps the Llama names
 }
 
 
@@ -51,7 +52,8 @@ def save(folder: Path, kind: str = "llama", **extra) -> Path:
     config = getattr(transformers, config_cls)(**{**BASE, **changes, **extra})
     model = _spread(getattr(transformers, cls)(config).eval())
     if config.tie_word_embeddings:  # _spread scaled the shared matrix once: still tied
-        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+        assert (model.get_output_embeddings().weight.data_ptr()
+                == model.get_input_embeddings().weight.data_ptr())
     with torch.no_grad():  # biases off zero and norms off one, so one loaded wrongly shows
         for name, p in model.named_parameters():
             if name.endswith(".bias"):
@@ -78,10 +80,28 @@ def test_greedy_on_graphruns_llama_equals_transformers_generate(tmp_path, kind):
     folder = save(tmp_path / kind, kind)
     found = find_checkpoint(folder, "AutoModelForCausalLM", {})
     assert isinstance(found, Checkpoint), found
-    ours = load_llama(found, torch.device("cpu"), torch.float32)
+    ours = load_checkpoint(found, torch.device("cpu"), torch.float32)
     theirs = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     assert generate(ours, max_new_tokens=10) == hf_greedy(theirs, PROMPTS, max_new_tokens=10)
     assert found.eos_ids == (2,) and found.pad_id == 0
+
+
+def test_a_gpt2_checkpoint_saved_as_openai_did_loads(tmp_path):
+    """openai-community/gpt2's safetensors name its tensors without `transformer.` and hold
+    the causal-mask buffers older transformers saved: both as transformers loads them."""
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    folder = save(tmp_path / "gpt2", "gpt2")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    tensors = load_file(str(folder / "model.safetensors"))
+    renamed = {n.removeprefix("transformer."): t for n, t in tensors.items()}
+    renamed["h.0.attn.bias"] = torch.tril(torch.ones(1, 1, 128, 128, dtype=torch.bool))
+    save_file(renamed, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    found = find_checkpoint(folder, "GPT2LMHeadModel", {})
+    assert isinstance(found, Checkpoint), found
+    ours = load_checkpoint(found, torch.device("cpu"), torch.float32)
+    assert generate(ours, max_new_tokens=8) == hf_greedy(theirs, PROMPTS, max_new_tokens=8)
 
 
 def test_stopping_at_the_folders_eos_equals_transformers(tmp_path):
@@ -96,7 +116,7 @@ def test_stopping_at_the_folders_eos_equals_transformers(tmp_path):
     (folder / "generation_config.json").unlink(missing_ok=True)
     found = find_checkpoint(folder, "LlamaForCausalLM", {})
     assert found.eos_ids == (eos,)
-    ours = load_llama(found, torch.device("cpu"), torch.float32)
+    ours = load_checkpoint(found, torch.device("cpu"), torch.float32)
     got = generate(ours, max_new_tokens=12, eos_ids=found.eos_ids)
     assert got == hf_greedy(theirs, PROMPTS, max_new_tokens=12, eos_ids=(eos,))
     assert any(row[-1] == eos and len(row) < 12 for row in got)
@@ -222,7 +242,7 @@ def test_a_checkpoint_in_shards_loads_from_its_index(tmp_path):
     assert len(shards) > 1 and (tmp_path / "shards" / "model.safetensors.index.json").is_file()
     found = find_checkpoint(tmp_path / "shards", "AutoModelForCausalLM", {})
     assert isinstance(found, Checkpoint) and found.files == shards
-    ours = load_llama(found, torch.device("cpu"), torch.float32)
+    ours = load_checkpoint(found, torch.device("cpu"), torch.float32)
     assert generate(ours, max_new_tokens=6) == hf_greedy(theirs, PROMPTS, max_new_tokens=6)
     shards[-1].unlink()
     assert "missing" in find_checkpoint(tmp_path / "shards", "AutoModelForCausalLM", {})

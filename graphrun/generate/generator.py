@@ -24,7 +24,7 @@ import torch
 
 from graphrun.base.dtypes import torch_dtype
 
-from graphrun.generate.llama import Llama
+from graphrun.generate.llama import OwnLM
 from graphrun.generate.config import BatchResult, Completion, GenerateConfig, GenerationError, check_config
 from graphrun.generate.graphs import GraphTable, StepKey
 from graphrun.generate.hf_attention import HFCausalLM, is_hf_model, unsupported
@@ -38,7 +38,7 @@ MiB = 1 << 20
 
 def adapt(model, max_len: int):
     """(step model, KV layout, close) for a model the generator can drive, else one error."""
-    if isinstance(model, Llama):
+    if isinstance(model, OwnLM):
         checkpoint = model.eos_ids is not None  # loaded from a folder, not the builtin
         if max_len > model.max_len:
             limit = ("max_position_embeddings" if checkpoint else "max_len")
@@ -66,7 +66,7 @@ def _place(model, device: torch.device, dtype: torch.dtype) -> None:
     params = [t for t in model.parameters() if t.is_floating_point()]
     if not all(t.device == device and t.dtype == dtype for t in params):
         model.to(device=device, dtype=dtype)
-    if isinstance(model, Llama):  # also after a cast by the caller (models/load.py does one)
+    if isinstance(model, OwnLM):  # also after a cast by the caller (models/load.py does one)
         model.make_scratch()
 
 

@@ -24,10 +24,11 @@ from torch.nn import functional as F
 
 from graphrun.base.errors import ModelError
 from graphrun.models.builtin.seeded import DEFAULT_RULES, Constant, Init, materialise, on_meta, std
-from graphrun.models.checkpoint import (CAUSAL_LM_CLASSES, LlamaShape, Rope, inv_freq,
-                                        llama_shape, load_tensors, read_config, tensor_names,
-                                        weight_files)
+from graphrun.models.checkpoint import (CAUSAL_LM_CLASSES, GPT2Shape, LlamaShape, Rope,
+                                        gpt2_shape, inv_freq, llama_shape, load_tensors,
+                                        read_config, tensor_names, weight_files)
 
+from graphrun.generate.gpt2 import GPT2
 from graphrun.generate.kv_cache import KVLayout, StepKV, attend
 
 WEIGHT_STD = 0.02  # the builtin's projections; the embedding keeps unit variance (PyTorch's)
@@ -121,7 +122,7 @@ class Body(nn.Module):
 
 
 class Llama(nn.Module):
-    """Built on the meta device (build_llama, load_llama); make_scratch once the weights have
+    """Built on the meta device (build_llama, load_checkpoint); make_scratch once the weights have
     values. eos_ids and pad_id: a checkpoint's own (its config files), None for the builtin."""
 
     def __init__(self, shape: LlamaShape):
@@ -189,33 +190,58 @@ def build_llama(layers: int = 2, d_model: int = 64, heads: int = 4, kv_heads: in
     return model.eval()
 
 
-def weight_mismatch(model: Llama, names: set[str]) -> tuple[list[str], list[str]]:
+OwnLM = (Llama, GPT2)  # the causal LMs graphrun runs on its own code
+
+
+def _build(shape) -> "Llama | GPT2":
+    return GPT2(shape) if isinstance(shape, GPT2Shape) else Llama(shape)
+
+
+def _head_name(model) -> str:
+    return "transformer.wte.weight" if isinstance(model, GPT2) else "model.embed_tokens.weight"
+
+
+def saved_name(shape, name: str) -> str | None:
+    """A checkpoint's tensor name as graphrun's model names it; None for what it leaves out
+    (GPT-2's causal-mask buffers, which older transformers saved). GPT-2 checkpoints saved
+    from GPT2Model (openai-community/gpt2's) lack the `transformer.` prefix."""
+    if isinstance(shape, GPT2Shape):
+        if name.endswith((".attn.bias", ".attn.masked_bias")) and ".c_" not in name:
+            return None
+        if not name.startswith(("transformer.", "lm_head.")):
+            return "transformer." + name
+    return name
+
+
+def weight_mismatch(model, names: set[str]) -> tuple[list[str], list[str]]:
     """(missing, unexpected) tensor names of a checkpoint for this model; a tied head may be
     saved or not."""
     want = set(model.state_dict())
+    names = {n for n in (saved_name(model.shape, x) for x in names) if n is not None}
     if model.shape.tied:
         want.discard("lm_head.weight")
         names = names - {"lm_head.weight"}
     return sorted(want - names), sorted(names - want)
 
 
-def load_llama(found: "Checkpoint", device: torch.device, dtype: torch.dtype) -> Llama:
-    """A checkpoint's weights in graphrun's Llama on `device` in `dtype`: built on meta, each
-    tensor read onto the device and cast as it becomes the parameter."""
+def load_checkpoint(found: "Checkpoint", device: torch.device, dtype: torch.dtype):
+    """A checkpoint's weights in graphrun's Llama or GPT-2 on `device` in `dtype`: built on
+    meta, each tensor read onto the device and cast as it becomes the parameter."""
     shape, folder = found.shape, found.folder
     with on_meta():
-        model = Llama(shape)
+        model = _build(shape)
     tensors = load_tensors(found.files, device)
     missing, extra = weight_mismatch(model, set(tensors))
-    if missing or extra:  # implementation() checked the names: the files changed since
+    if missing or extra:  # find_checkpoint checked the names: the files changed since
         raise ModelError(f"model.hf {str(folder)!r}: the weights do not match the config "
                          f"(missing {missing[:3]}, unexpected {extra[:3]})")
-    weights = {n: t.to(dtype) for n, t in tensors.items()}
+    weights = {saved_name(shape, n): t.to(dtype) for n, t in tensors.items()}
+    weights.pop(None, None)
     if shape.tied:
-        weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+        weights["lm_head.weight"] = weights[_head_name(model)]
     model.load_state_dict(weights, assign=True)
     if shape.tied:  # assign replaced the shared parameter: share it again
-        model.lm_head.weight = model.model.embed_tokens.weight
+        model.lm_head.weight = model.get_parameter(_head_name(model))
     model.eos_ids, model.pad_id = found.eos_ids, found.pad_id
     model.make_scratch()
     return model.eval()
@@ -223,21 +249,21 @@ def load_llama(found: "Checkpoint", device: torch.device, dtype: torch.dtype) ->
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A Hugging Face folder graphrun's Llama can load: its shape, weight files, stop and pad
-    ids (generation_config.json's, else config.json's, as transformers reads them)."""
+    """A Hugging Face folder graphrun's Llama or GPT-2 can load: its shape, weight files, stop
+    and pad ids (generation_config.json's, else config.json's, as transformers reads them)."""
 
     folder: Path
-    shape: LlamaShape
+    shape: "LlamaShape | GPT2Shape"
     files: list[Path]
     eos_ids: tuple[int, ...]
     pad_id: int | None
 
 
 def find_checkpoint(folder: str | Path, class_: str, kwargs: dict) -> Checkpoint | str:
-    """The folder as a Checkpoint, or why graphrun's Llama cannot load it as transformers
+    """The folder as a Checkpoint, or why graphrun's own code cannot load it as transformers
     would (then transformers does): read from config.json and the safetensors headers only."""
     if class_ not in CAUSAL_LM_CLASSES:
-        return f"class {class_} (graphrun's Llama loads {', '.join(CAUSAL_LM_CLASSES)})"
+        return f"class {class_} (graphrun's own code loads {', '.join(CAUSAL_LM_CLASSES)})"
     if kwargs:
         return f"model.hf.kwargs ({', '.join(sorted(kwargs))}) are from_pretrained's"
     folder = Path(folder)
@@ -245,7 +271,7 @@ def find_checkpoint(folder: str | Path, class_: str, kwargs: dict) -> Checkpoint
         config = read_config(folder)
     except ModelError as e:  # transformers' loading says it in its words, or the extra's
         return str(e)
-    shape = llama_shape(config)
+    shape = gpt2_shape(config) if config.get("model_type") == "gpt2" else llama_shape(config)
     if isinstance(shape, str):
         return shape
     files = weight_files(folder)
@@ -255,7 +281,7 @@ def find_checkpoint(folder: str | Path, class_: str, kwargs: dict) -> Checkpoint
     if isinstance(names, str):
         return names
     with on_meta():
-        missing, extra = weight_mismatch(Llama(shape), names)
+        missing, extra = weight_mismatch(_build(shape), names)
     if missing or extra:
         return (f"the weights' names are not a {shape.family} causal LM's "
                 f"(missing {missing[:2]}, unexpected {extra[:2]})")

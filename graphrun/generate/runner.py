@@ -25,7 +25,8 @@ from graphrun.base.phases import phase
 from graphrun.engine.buckets import Bucket
 from graphrun.engine.device import resolve_backend, resolve_device
 from graphrun.engine.launch import concat_rows
-from graphrun.generate.llama import Checkpoint, Llama, build_llama, find_checkpoint, load_llama
+from graphrun.generate.llama import (Checkpoint, OwnLM, build_llama, find_checkpoint,
+                                     load_checkpoint)
 from graphrun.generate.config import BatchResult, GenerateConfig, Sampling
 from graphrun.generate.generator import Generator
 from graphrun.generate.hf_attention import eos_ids_of
@@ -246,7 +247,7 @@ class GenerationRunner:
 def build_generation_model(spec: PipelineSpec, device: torch.device):
     """A generation spec's causal LM on `device`, and whose code it is (the manifest's
     environment.model_code, and why transformers' where graphrun's could not): a builtin
-    (model.builtin); a Hugging Face folder graphrun's Llama loads (model.hf.implementation:
+    (model.builtin); a Hugging Face folder graphrun's Llama or GPT-2 loads (model.hf.implementation:
     auto or graphrun), which imports no transformers; else as every model is built
     (models/load.py: transformers, target, ...)."""
     m = spec.model
@@ -262,7 +263,7 @@ def build_generation_model(spec: PipelineSpec, device: torch.device):
         if folder is not None:
             found = find_checkpoint(folder, m.hf.class_, m.hf.kwargs)
         if isinstance(found, Checkpoint):
-            return load_llama(found, device, torch_dtype(m.dtype)), ("graphrun", None)
+            return load_checkpoint(found, device, torch_dtype(m.dtype)), ("graphrun", None)
         if m.hf.implementation == "graphrun":
             raise not_graphruns(m.hf, found)
         reason = found
@@ -293,7 +294,7 @@ def generate_config(spec: PipelineSpec, model) -> GenerateConfig:
     with stop.eos auto, and stop.token_ids), the pad id (the tokenizer's, else EOS, else 0)."""
     g = spec.generate
     eos = []
-    own = isinstance(model, Llama) and model.eos_ids is not None  # a checkpoint's, read
+    own = isinstance(model, OwnLM) and model.eos_ids is not None  # a checkpoint's, read
     if g.stop.eos == "auto":  # a builtin has no config of its own: its tokenizer's folder's
         eos = list(model.eos_ids if own else eos_ids_of(model) if hasattr(model, "config")
                    else folder_eos_ids(spec))

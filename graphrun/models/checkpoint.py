@@ -1,6 +1,7 @@
 """Hugging Face model folders read without transformers: config.json and safetensors weights.
 
-graphrun builds some architectures itself (generate/llama.py: the Llama family), so a job on
+graphrun builds some architectures itself (generate/llama.py: the Llama family; generate/
+gpt2.py; models/bert.py), so a job on
 such a folder never imports transformers, whose import is most of a short job's start. What
 is read here is plain data: the config's fields as a typed shape, the checkpoint's tensor names,
 the tensors themselves. Whether a folder can be built so is decided from those alone, before
@@ -23,7 +24,7 @@ INDEX = "model.safetensors.index.json"
 LLAMA_FAMILY = {"llama": ("Llama", None), "mistral": ("Mistral", False), "qwen2": ("Qwen2", True),
                 "qwen3": ("Qwen3", None)}
 CAUSAL_LM_CLASSES = ("AutoModelForCausalLM", "LlamaForCausalLM", "MistralForCausalLM",
-                     "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+                     "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GPT2LMHeadModel")
 WINDOW_BY_FLAG = ("qwen2", "qwen3")  # sliding_window applies only with use_sliding_window
 ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -61,6 +62,57 @@ class LlamaShape:
     qk_norm: bool = False  # Qwen3: an RMSNorm over each head's q and k, before RoPE
     window: int | None = None  # sliding-window attention's width, where the config has one
     family: str = "Llama"
+
+
+@dataclass(frozen=True)
+class GPT2Shape:
+    """A GPT-2 decoder's layout, as its config.json gives it."""
+
+    layers: int
+    d_model: int
+    heads: int
+    ffn: int
+    vocab: int
+    max_len: int
+    norm_eps: float = 1e-5
+    act: str = "gelu_new"
+    scale: bool = True  # scale_attn_weights: q.k / sqrt(head_dim)
+    tied: bool = True
+    window: None = None  # no sliding window
+    family: str = "GPT-2"
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.heads
+
+
+GPT2_ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh", "gelu", "relu")
+
+
+def gpt2_shape(config: dict[str, Any]) -> GPT2Shape | str:
+    """The config as a GPT2Shape, or why graphrun's GPT-2 cannot reproduce this model."""
+    act = config.get("activation_function", "gelu_new")
+    if act not in GPT2_ACTIVATIONS:
+        return f"activation_function {act!r} (graphrun's GPT-2 has {', '.join(GPT2_ACTIVATIONS)})"
+    for key in ("scale_attn_by_inverse_layer_idx", "add_cross_attention",
+                "quantization_config", "auto_map"):
+        if config.get(key):
+            return f"config.json sets {key}"
+    try:
+        d_model = int(config.get("n_embd", config.get("hidden_size")))
+        shape = GPT2Shape(
+            layers=int(config.get("n_layer", config.get("num_hidden_layers"))), d_model=d_model,
+            heads=int(config.get("n_head", config.get("num_attention_heads"))),
+            ffn=int(config.get("n_inner") or 4 * d_model), vocab=int(config["vocab_size"]),
+            max_len=int(config.get("n_positions", config.get("max_position_embeddings", 1024))),
+            norm_eps=float(config.get("layer_norm_epsilon", 1e-5)), act=act,
+            scale=bool(config.get("scale_attn_weights", True)),
+            tied=bool(config.get("tie_word_embeddings", True)))
+    except (KeyError, TypeError, ValueError) as e:
+        return f"config.json lacks or mistypes a field graphrun's GPT-2 reads ({e})"
+    if shape.d_model % shape.heads:
+        return f"n_embd {shape.d_model} is not a multiple of {shape.heads} heads"
+    return shape
 
 
 def read_config(folder: str | Path) -> dict[str, Any]:

@@ -71,7 +71,7 @@ class HFModelSpec(Strict):
         "auto", description="Whose model code runs the folder's weights. graphrun: its own, "
         "which needs no transformers import: a BERT encoder (class AutoModel or BertModel) or "
         "sequence classifier (AutoModelForSequenceClassification), or for generation a "
-        "Llama, Mistral, Qwen2 or Qwen3 causal LM, saved as safetensors. "
+        "Llama, Mistral, Qwen2, Qwen3 or GPT-2 causal LM, saved as safetensors. "
         "transformers: the class above. auto: graphrun's where it loads the folder as "
         "transformers would, else transformers' (the manifest's environment.model_code says "
         "which ran, and why).")
