@@ -2,10 +2,12 @@
 Qwen3) read from a Hugging Face folder without transformers, both on graphrun's KV cache.
 
 RMSNorm, rotary position embeddings (default, linear or llama3 frequencies), grouped-query
-attention (Qwen3's with q and k normed per head), a SwiGLU MLP, an LM head (tied or not). Parameters carry transformers' names
-(model.layers.0.self_attn.q_proj.weight, ...), so a checkpoint's tensors load as saved, and the
-arithmetic follows transformers' (norms and RoPE in float32, cast back), so a completion is the
-one transformers' generate gives (tests/test_generate_native.py). Attention goes through
+attention (Qwen3's with q and k normed per head), a SwiGLU MLP, an LM head (tied or not).
+Parameters carry transformers' names (model.layers.0.self_attn.q_proj.weight, ...), so a
+checkpoint's tensors load as saved, and the arithmetic follows transformers' (norms and RoPE in
+float32, cast back), so a completion is the one transformers' generate gives
+(tests/test_generate_native.py). find_checkpoint and load_checkpoint take GPT-2 folders too
+(generate/gpt2.py). Attention goes through
 kv_cache.attend, as an adapted transformers model's does.
 
 forward(tokens [b, q] int64, positions [b, q] int64, kv: StepKV) -> logits [b, V] float32 of
