@@ -11,3 +11,17 @@ def child_env() -> dict:
     (site folders outside the venv, as on the GPU machine)."""
     paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+
+
+def imports_transformers(spec) -> bool:
+    """Whether graphrun.run of this spec file, in a child process, imports transformers."""
+    import subprocess
+    import sys
+
+    code = ("import sys, graphrun\n"
+            f"graphrun.run(graphrun.load_spec({str(spec)!r}))\n"
+            "print('transformers' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()[-1] == "True"

@@ -54,7 +54,7 @@ class Runner:
         t0 = time.perf_counter()
         started = started or DeviceStart.begin(spec)
         self.model_code = model_code(spec)  # the folder's headers read: no library imported
-        import_library(spec)  # pure CPU work, beside the device's start
+        import_library(spec, self.model_code[0])  # CPU work, beside the device's start
         with phase("cuda context") if started else nullcontext():  # the wait for it
             self.device = started.wait() if started else resolve_device(spec.device)
         self.backend = resolve_backend(spec.capture.backend, self.device)

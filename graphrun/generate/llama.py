@@ -16,7 +16,6 @@ the last column: the step interface of steps.StepModel.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,8 +26,8 @@ from torch.nn import functional as F
 from graphrun.base.errors import ModelError
 from graphrun.models.builtin.seeded import DEFAULT_RULES, Constant, Init, materialise, on_meta, std
 from graphrun.models.checkpoint import (CAUSAL_LM_CLASSES, GPT2Shape, LlamaShape, Rope,
-                                        gpt2_shape, inv_freq, llama_shape, load_tensors,
-                                        read_config, tensor_names, weight_files)
+                                        eos_ids_in, gpt2_shape, inv_freq, llama_shape,
+                                        load_tensors, read_folder)
 
 from graphrun.generate.gpt2 import GPT2
 from graphrun.generate.kv_cache import KVLayout, StepKV, attend
@@ -266,36 +265,18 @@ def find_checkpoint(folder: str | Path, class_: str, kwargs: dict) -> Checkpoint
     would (then transformers does): read from config.json and the safetensors headers only."""
     if class_ not in CAUSAL_LM_CLASSES:
         return f"class {class_} (graphrun's own code loads {', '.join(CAUSAL_LM_CLASSES)})"
-    if kwargs:
-        return f"model.hf.kwargs ({', '.join(sorted(kwargs))}) are from_pretrained's"
-    folder = Path(folder)
-    try:
-        config = read_config(folder)
-    except ModelError as e:  # transformers' loading says it in its words, or the extra's
-        return str(e)
+    read = read_folder(folder, kwargs)
+    if isinstance(read, str):
+        return read
+    config, files, names = read
     shape = gpt2_shape(config) if config.get("model_type") == "gpt2" else llama_shape(config)
     if isinstance(shape, str):
         return shape
-    files = weight_files(folder)
-    if isinstance(files, str):
-        return files
-    names = tensor_names(files)
-    if isinstance(names, str):
-        return names
     with on_meta():
         missing, extra = weight_mismatch(_build(shape), names)
     if missing or extra:
         return (f"the weights' names are not a {shape.family} causal LM's "
                 f"(missing {missing[:2]}, unexpected {extra[:2]})")
-    eos = None
-    for source in ("generation_config.json", "config.json"):
-        try:
-            eos = json.loads((folder / source).read_text()).get("eos_token_id")
-        except (OSError, ValueError, AttributeError):
-            continue
-        if eos is not None:
-            break
-    eos_ids = () if eos is None else tuple(eos) if isinstance(eos, list) else (int(eos),)
     pad = config.get("pad_token_id")
-    return Checkpoint(folder, shape, files, eos_ids,
+    return Checkpoint(Path(folder), shape, files, eos_ids_in(folder),
                       int(pad[0] if isinstance(pad, list) else pad) if pad is not None else None)

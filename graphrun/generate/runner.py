@@ -274,19 +274,10 @@ def build_generation_model(spec: PipelineSpec, device: torch.device):
 
 def folder_eos_ids(spec: PipelineSpec) -> tuple[int, ...]:
     """The EOS ids a tokenizer's folder names (generation_config.json, else config.json)."""
-    import json
-
+    from graphrun.models.checkpoint import eos_ids_in
     from graphrun.models.hf import tokenizer_folder
 
-    folder = Path(tokenizer_folder(spec))
-    for name in ("generation_config.json", "config.json"):
-        try:
-            eos = json.loads((folder / name).read_text()).get("eos_token_id")
-        except (OSError, ValueError, AttributeError):
-            continue
-        if eos is not None:
-            return tuple(eos) if isinstance(eos, list) else (int(eos),)
-    return ()
+    return eos_ids_in(tokenizer_folder(spec))
 
 
 def generate_config(spec: PipelineSpec, model) -> GenerateConfig:

@@ -21,7 +21,7 @@ from torch.nn import functional as F
 
 from graphrun.base.errors import ModelError
 from graphrun.models.builtin.seeded import on_meta
-from graphrun.models.checkpoint import load_tensors, read_config, tensor_names, weight_files
+from graphrun.models.checkpoint import load_tensors, read_folder
 
 ENCODERS = ("AutoModel", "BertModel")
 CLASSIFIERS = ("AutoModelForSequenceClassification", "BertForSequenceClassification")
@@ -216,25 +216,16 @@ def find_bert(folder: str | Path, class_: str, kwargs: dict) -> BertCheckpoint |
     headers only."""
     if class_ not in ENCODERS + CLASSIFIERS:
         return f"class {class_} (graphrun's BERT loads {', '.join(ENCODERS + CLASSIFIERS)})"
-    if kwargs:
-        return f"model.hf.kwargs ({', '.join(sorted(kwargs))}) are from_pretrained's"
-    folder = Path(folder)
-    try:
-        config = read_config(folder)
-    except ModelError as e:  # transformers' loading says it in its words, or the extra's
-        return str(e)
+    read = read_folder(folder, kwargs)
+    if isinstance(read, str):
+        return read
+    config, files, names = read
     shape = bert_shape(config)
     if isinstance(shape, str):
         return shape
     labels = None
     if class_ in CLASSIFIERS:
         labels = len(config.get("id2label") or {}) or int(config.get("num_labels", 2))
-    files = weight_files(folder)
-    if isinstance(files, str):
-        return files
-    names = tensor_names(files)
-    if isinstance(names, str):
-        return names
     names = {n for n in names if not n.endswith(POSITION_IDS)}
     prefix = ""
     if labels is None and names and all(n.startswith((PREFIX, *HEADS)) for n in names):
@@ -246,7 +237,7 @@ def find_bert(folder: str | Path, class_: str, kwargs: dict) -> BertCheckpoint |
         kind = "BertModel's" if labels is None else "BertForSequenceClassification's"
         return (f"the weights' names are not {kind} (missing {sorted(want - names)[:2]}, "
                 f"unexpected {sorted(names - want)[:2]})")
-    return BertCheckpoint(folder, shape, files, labels, prefix)
+    return BertCheckpoint(Path(folder), shape, files, labels, prefix)
 
 
 def load_bert(found: BertCheckpoint, dtype: torch.dtype | None) -> nn.Module:

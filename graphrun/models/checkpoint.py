@@ -218,6 +218,36 @@ def inv_freq(rope: Rope, head_dim: int):
     return freq
 
 
+def read_folder(folder: str | Path, kwargs: dict
+                ) -> tuple[dict[str, Any], list[Path], set[str]] | str:
+    """(config.json, the safetensors files, their tensor names) of a folder graphrun's own
+    code may load, or why it may not (then transformers' loading reports in its words)."""
+    if kwargs:
+        return f"model.hf.kwargs ({', '.join(sorted(kwargs))}) are from_pretrained's"
+    try:
+        config = read_config(folder)
+    except ModelError as e:
+        return str(e)
+    files = weight_files(folder)
+    if isinstance(files, str):
+        return files
+    names = tensor_names(files)
+    return names if isinstance(names, str) else (config, files, names)
+
+
+def eos_ids_in(folder: str | Path) -> tuple[int, ...]:
+    """The EOS ids a folder names: generation_config.json's, else config.json's, as
+    transformers reads them."""
+    for name in ("generation_config.json", "config.json"):
+        try:
+            eos = json.loads((Path(folder) / name).read_text()).get("eos_token_id")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if eos is not None:
+            return tuple(eos) if isinstance(eos, list) else (int(eos),)
+    return ()
+
+
 def weight_files(folder: str | Path) -> list[Path] | str:
     """The folder's safetensors files (one, or the shards its index names), or why not."""
     folder = Path(folder)

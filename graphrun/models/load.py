@@ -104,14 +104,12 @@ def _to_keeping_scratch(model: nn.Module, device: torch.device, dtype: torch.dty
     return model
 
 
-def import_library(spec: PipelineSpec) -> None:
+def import_library(spec: PipelineSpec, code: str | None) -> None:
     """The model library's import (transformers, timm) alone, before the build: CPU work the
-    device's start runs beside (device_start.py). One that fails is reported by the
+    device's start runs beside (device_start.py). code: models/hf.model_code's name for the
+    spec (transformers' is imported only where it runs). One that fails is reported by the
     build, with what to install."""
-    from graphrun.models.hf import model_code
-
-    name = ("transformers" if model_code(spec)[0] == "transformers" else "timm"
-            if spec.model.timm else None)
+    name = "transformers" if code == "transformers" else "timm" if spec.model.timm else None
     if name is not None:
         with phase(LIBRARY_IMPORTS.format(name)):
             try:
