@@ -26,6 +26,7 @@ from graphrun.base.dtypes import torch_dtype
 
 from graphrun.generate.llama import OwnLM
 from graphrun.generate.config import BatchResult, Completion, GenerateConfig, GenerationError, check_config
+from graphrun.generate.compiled import CompiledStep
 from graphrun.generate.graphs import GraphTable, StepKey
 from graphrun.generate.hf_attention import HFCausalLM, is_hf_model, unsupported
 from graphrun.generate.kv_cache import KVCache
@@ -74,7 +75,7 @@ class Generator:
     def __init__(self, model, *, config: GenerateConfig, batch_buckets: list[int],
                  prompt_buckets: list[int], device, dtype, backend: str, pool=None,
                  verify: bool = True, lazy: bool = True, memory_budget_mib=None,
-                 log: Callable[[str], None] | None = None):
+                 compile: bool = False, log: Callable[[str], None] | None = None):
         self.config, self.log = config, log or (lambda line: None)
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:  # the one it would use
@@ -107,17 +108,19 @@ class Generator:
         self.cache = KVCache(layout, rows, self.max_len, self.dtype, self.device)
         self.state = RowState(rows, max_prompt, config, vocab, self.max_len, self.device)
         self.kv = kv_lengths(self.prompt_buckets, config.max_new_tokens, self.max_len)
+        self.compiled = CompiledStep(self.model, self.cache) if compile else None
         self.table = GraphTable(self._make_step, self.state, backend=backend,
                                 device=self.device, dtype=self.dtype, pool=pool, verify=verify,
                                 budget_bytes=None if budget is None else budget - self.kv_bytes,
-                                log=self.log)
+                                log=self.log, compiled=compile)
         self._host = _HostSide(rows, max_prompt, self.device)
         if not lazy:
             self.table.prepare(self._all_keys(), "setup")
 
-    def _make_step(self, key: StepKey):
+    def _make_step(self, key: StepKey, compiled: bool = False):
         build = prefill_step if key.kind == "prefill" else decode_step
-        return build(self.model, self.state, self.cache, self.config, key.rows, key.length)
+        model = self.compiled if compiled else self.model
+        return build(model, self.state, self.cache, self.config, key.rows, key.length)
 
     def _all_keys(self) -> list[StepKey]:
         keys = [StepKey("prefill", b, p) for b in self.batch_buckets for p in self.prompt_buckets]

@@ -7,6 +7,11 @@ entry with backend cuda-graph: warm-up on a side stream, capture into the shared
 graphs past the memory budget runs eagerly instead, with the reason recorded: the tokens stay
 right, only slower. With backend eager an entry is the step itself.
 
+With model.compile an entry's step runs the compiled step model (generate/compiled.py), checked
+against the plain model's eager steps. Where the compiler fails, its step cannot be captured or
+it disagrees with the plain model, the entry is set up from the plain model instead, with the
+reason; after a failed compilation every later entry is too.
+
 Verification runs a few steps eagerly (these runs are also the warm-up), restores the per-row
 state, captures, and replays the same steps: every cache column read was either there before
 (the same for both) or written by this run's earlier steps, so the cache itself needs no copy. It runs only before a batch's prefill (the
@@ -61,6 +66,8 @@ class StepGraph:
     memory_bytes: int | None = None
     set_up_s: float | None = None  # warm-up, capture and verification
     verify: dict = field(default_factory=dict)  # passed, max_error, token_mismatches, steps
+    compiled: bool | None = None  # model.compile: its kernels ran (False: fell back); None: off
+    plain: Callable[[], None] | None = None  # the step on the plain model, while compiled
 
     def run(self) -> None:
         if self.graph is not None:
@@ -74,17 +81,21 @@ class StepGraph:
         return {"kind": self.key.kind, "shape": shape, "status": self.status,
                 "reason": self.reason, "set_up": self.set_up, "set_up_s": self.set_up_s,
                 "capture_s": self.capture_s,
-                "memory_bytes": self.memory_bytes,
+                "memory_bytes": self.memory_bytes, "compiled": self.compiled,
                 "verify_max_error": self.verify.get("max_error"), "verify": dict(self.verify)}
 
 
 class GraphTable:
-    """Entries by StepKey; make_step(key) builds a step closure over the static buffers."""
+    """Entries by StepKey; make_step(key, compiled) builds a step closure over the static
+    buffers, on the compiled step model (model.compile) or the plain one."""
 
-    def __init__(self, make_step: Callable[[StepKey], Callable[[], None]], state: RowState,
-                 *, backend: str, device: torch.device, dtype: torch.dtype, pool, verify: bool,
-                 budget_bytes: int | None, log: Callable[[str], None]):
+    def __init__(self, make_step: Callable[[StepKey, bool], Callable[[], None]],
+                 state: RowState, *, backend: str, device: torch.device, dtype: torch.dtype,
+                 pool, verify: bool, budget_bytes: int | None, log: Callable[[str], None],
+                 compiled: bool = False):
         self.make_step, self.state, self.log = make_step, state, log
+        self.compiling = compiled  # off for good after a compilation fails
+        self.compile_failure: str | None = None  # the reason, given to every later entry
         self.graphs = backend == "cuda-graph"
         self.device, self.dtype, self.verify_on = device, dtype, verify
         self.stream = torch.cuda.Stream(device) if self.graphs else None
@@ -105,10 +116,24 @@ class GraphTable:
         return self.entries[key]
 
     def _set_up(self, key: StepKey, how: str) -> StepGraph:
-        entry = StepGraph(key, self.make_step(key), set_up=how)
+        entry = StepGraph(key, self.make_step(key, self.compiling), set_up=how)
         if not self.graphs:
             entry.reason = ("no CUDA device: backend eager" if self.device.type != "cuda"
                             else "backend eager")
+        if self.compiling:
+            entry.compiled, entry.plain = True, self.make_step(key, False)
+        elif self.compile_failure:
+            entry.compiled = False
+            entry.reason = "; ".join(filter(None, (entry.reason, self.compile_failure)))
+        if not self.graphs:
+            if entry.compiled:  # compiled now, on a batch the step can take, not mid-stream
+                t0 = time.perf_counter()
+                saved = self.state.snapshot()
+                with torch.no_grad():
+                    fill_synthetic(self.state, key)
+                    self._run_compiled(entry)
+                self.state.restore(saved)
+                entry.set_up_s = time.perf_counter() - t0
             return entry
         t0 = time.perf_counter()
         saved = self.state.snapshot()
@@ -133,14 +158,34 @@ class GraphTable:
         want = None
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.stream):
-            if steps:
-                want = run_checked(entry, self.state, steps, replay=False)
-            for _ in range(max(0, WARM_UP_RUNS - steps)):
+            if steps:  # a compiled step is checked against the plain model's
+                want = run_checked(entry, self.state, steps, replay=False,
+                                   step=entry.plain if entry.compiled else None)
+            for _ in range(max(0, WARM_UP_RUNS - (0 if entry.compiled else steps))):
                 self.state.restore(start)
-                entry.step()
+                self._run_compiled(entry) if entry.compiled else entry.step()
         torch.cuda.current_stream(self.device).wait_stream(self.stream)
         torch.cuda.synchronize(self.device)
         return want
+
+    def _run_compiled(self, entry: StepGraph) -> None:
+        """One run of a compiled step (the first compiles); a compilation that fails leaves
+        this entry, and every later one, on the plain model."""
+        try:
+            entry.step()
+        except Exception as err:  # noqa: BLE001 - any compiler failure: the plain step runs
+            from graphrun.generate.compiled import compile_failure
+
+            self.compiling = False
+            self.compile_failure = (f"model.compile failed, runs without it: "
+                                    f"{compile_failure(err)}")
+            self._uncompile(entry, self.compile_failure)
+            entry.step()
+
+    def _uncompile(self, entry: StepGraph, reason: str) -> None:
+        entry.step, entry.plain, entry.compiled = entry.plain, None, False
+        entry.reason = "; ".join(filter(None, (entry.reason, reason)))
+        self.log(f"warning: {entry.key.kind} {entry.key.bucket.name}: {reason}")
 
     def _capture(self, entry: StepGraph) -> None:
         try:
@@ -149,9 +194,13 @@ class GraphTable:
             graph, entry.capture_s, entry.memory_bytes = capture_graph(
                 entry.step, entry.key.bucket, stream=self.stream, pool=self.pool, mode=mode)
         except CaptureError as err:
+            self.pool = torch.cuda.graph_pool_handle()  # a failed capture leaves its pool open
+            if entry.compiled:  # the plain step may capture where the compiled one did not
+                self._uncompile(entry, f"the compiled step could not be captured ({err}): "
+                                       "captured without model.compile")
+                return self._capture(entry)
             entry.reason = f"capture failed, runs eagerly: {err}"
             self.log(f"warning: {entry.key.kind} {entry.key.bucket.name}: {entry.reason}")
-            self.pool = torch.cuda.graph_pool_handle()  # a failed capture leaves its pool open
             return
         self.spent += entry.memory_bytes
         if self.budget is not None and self.spent > self.budget:
@@ -168,6 +217,19 @@ class GraphTable:
         self.state.restore(start)
         result = verify_entry(entry, self.state, self.dtype, want)
         entry.verify = result
+        if not result["passed"] and entry.compiled:  # the compiler's numbers, not the capture
+            self._uncompile(entry, (
+                f"the compiled step disagrees with the plain model (max logit error "
+                f"{result['max_error']:.3g}, {result['token_mismatches']} rows picked other "
+                "tokens): captured without model.compile"))
+            entry.graph = None
+            self.state.restore(start)
+            self._capture(entry)
+            if entry.graph is None:
+                return
+            self.state.restore(start)
+            result = verify_entry(entry, self.state, self.dtype, want)
+            entry.verify = result
         if not result["passed"]:
             entry.graph, entry.status = None, "eager"
             entry.reason = (f"verification failed (max logit error {result['max_error']:.3g}, "
@@ -202,13 +264,16 @@ def fill_synthetic(state: RowState, key: StepKey, seed: int = 1234) -> None:
     state.token[:b].copy_(torch.randint(0, vocab, (b,), generator=gen).to(dev))
 
 
-def run_checked(entry: StepGraph, state: RowState, steps: int, *, replay: bool
+def run_checked(entry: StepGraph, state: RowState, steps: int, *, replay: bool,
+                step: Callable[[], None] | None = None
                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """`steps` runs of the entry (replayed, or its eager step): tokens and logits of each."""
+    """`steps` runs of the entry (replayed, or an eager step: its own unless `step` is
+    given): tokens and logits of each."""
     b = entry.key.rows
+    step = step or entry.step
     tokens, logits = [], []
     for _ in range(steps):
-        entry.graph.replay() if replay else entry.step()
+        entry.graph.replay() if replay else step()
         tokens.append(state.token[:b].clone())
         logits.append(state.logits[:b].clone())
     return tokens, logits

@@ -15,6 +15,7 @@ positions (continuous batching, later) need no new graph.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch.nn import functional as F
@@ -69,24 +70,41 @@ def attend(kv: StepKV, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Te
 
     q: [b, heads, q_len, head_dim]; k, v: [b, kv_heads, q_len, head_dim], RoPE applied.
     Returns [b, q_len, heads, head_dim] (the layout transformers' attention functions return).
+    One operator (graphrun::attend): torch.compile traces a model around it as one graph, the
+    cache writes declared, and never looks inside (model.compile, generate/compiled.py).
     """
+    return torch.ops.graphrun.attend(kv.cache.k[layer], kv.cache.v[layer], q, k, v, kv.mask,
+                                     kv.write_col, scaling)
+
+
+@torch.library.custom_op("graphrun::attend", mutates_args=("cache_k", "cache_v"))
+def _attend(cache_k: torch.Tensor, cache_v: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+            v: torch.Tensor, mask: torch.Tensor, write_col: Optional[torch.Tensor],
+            scaling: Optional[float]) -> torch.Tensor:
+    """cache_k, cache_v: one layer's whole buffers; mask [b, 1, q_len, L] says b and L."""
     b, heads, q_len, head_dim = q.shape
-    kv_heads = k.shape[1]
-    cache_k, cache_v = kv.cache.k[layer][:b], kv.cache.v[layer][:b]
-    if kv.write_col is None:  # prefill: the prompt's columns, the same for every row
+    kv_heads, length = k.shape[1], mask.shape[-1]
+    cache_k, cache_v = cache_k[:b], cache_v[:b]
+    if write_col is None:  # prefill: the prompt's columns, the same for every row
         cache_k[:, :, :q_len].copy_(k)
         cache_v[:, :, :q_len].copy_(v)
     else:  # decode: one column per row, at the row's own position
-        at = kv.write_col.view(b, 1, 1, 1).expand(b, kv_heads, 1, head_dim)
+        at = write_col.view(b, 1, 1, 1).expand(b, kv_heads, 1, head_dim)
         cache_k.scatter_(2, at, k.to(cache_k.dtype))
         cache_v.scatter_(2, at, v.to(cache_v.dtype))
-    keys, values = cache_k[:, :, :kv.length], cache_v[:, :, :kv.length]  # [b, kv_heads, L, d]
+    keys, values = cache_k[:, :, :length], cache_v[:, :, :length]  # [b, kv_heads, L, d]
     # GQA without repeating the cache: the query heads sharing a kv head become extra query
     # rows of it (transformers' repeat_kv puts head h at kv head h // groups).
     groups = heads // kv_heads
     q = q.reshape(b, kv_heads, groups * q_len, head_dim)
-    mask = kv.mask[:, :, None].expand(b, 1, groups, q_len, kv.length)
-    mask = mask.reshape(b, 1, groups * q_len, kv.length)
+    mask = mask[:, :, None].expand(b, 1, groups, q_len, length)
+    mask = mask.reshape(b, 1, groups * q_len, length)
     out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scaling)
-    # out: [b, kv_heads, groups * q_len, d] -> [b, q_len, heads, d]
-    return out.reshape(b, heads, q_len, head_dim).transpose(1, 2)  # SDPA may give it strided
+    # out: [b, kv_heads, groups * q_len, d] -> [b, q_len, heads, d], contiguous as the fake's
+    return out.reshape(b, heads, q_len, head_dim).transpose(1, 2).contiguous()
+
+
+@_attend.register_fake
+def _attend_shape(cache_k, cache_v, q, k, v, mask, write_col, scaling):
+    b, heads, q_len, head_dim = q.shape
+    return q.new_empty((b, q_len, heads, head_dim))

@@ -102,7 +102,8 @@ class GenerationRunner:
                 prompt_buckets=self.prompt_buckets, device=self.device,
                 dtype=spec.model.dtype, backend=self.backend,
                 verify=spec.capture.verify.enabled, lazy=spec.capture.lazy,
-                memory_budget_mib=spec.capture.memory_budget_mib, log=self.log)
+                memory_budget_mib=spec.capture.memory_budget_mib,
+                compile=spec.model.compile, log=self.log)
         self._slots: dict[int, tuple[list[list[int]], list]] = {}  # slot -> (prompts, ids)
         self.buckets: dict[Bucket, PrefillBucket] = {}
         self.results: list[BatchResult] = []  # every part's, for the generation section
@@ -221,7 +222,7 @@ class GenerationRunner:
                              status=g["status"], reason=g["reason"], set_up=g["set_up"],
                              set_up_s=g["set_up_s"],
                              capture_s=g["capture_s"],
-                             memory_bytes=g["memory_bytes"])
+                             memory_bytes=g["memory_bytes"], compiled=g["compiled"])
                   for g in self.generator.buckets()]
         return generation_summary(self.results, percentiles,
                                   kv_cache_bytes=self.generator.kv_bytes, graphs=graphs,

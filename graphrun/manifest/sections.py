@@ -140,6 +140,9 @@ class GraphSetup(_M):
     capture_s: Optional[float] = Field(None, description="The capture alone; null when not "
                                        "captured.")
     memory_bytes: Optional[int] = Field(None, description="Pool growth while capturing it.")
+    compiled: Optional[bool] = Field(
+        None, description="model.compile: true: whether its step ran torch.compile's kernels "
+        "(false: set up from the plain model, reason says why); null when compile is off.")
 
 
 class Generation(_M):

@@ -116,7 +116,9 @@ class ModelSpec(Strict):
     dtype: ModelDType = Field("float32", description="Parameter dtype of the model.")
     compile: bool = Field(
         False, description="torch.compile the model (its own CUDA graphs off) before graphrun "
-        "captures it.")
+        "captures it. A generation spec compiles its prefill and decode steps with dynamic shapes "
+        "(a compilation per kind, not per bucket); a graph whose compilation fails or disagrees "
+        "with the plain model is set up without it (generation.graphs[].compiled, reason).")
     call: Literal["keyword", "positional"] = Field(
         "keyword", description="keyword: model(name=tensor, ...); positional: model(t1, t2, ...) "
         "in the order the inputs are listed (usual for exported and TorchScript models).")

@@ -1,0 +1,50 @@
+"""model.compile for generation: the step model under torch.compile, inside graphrun's capture.
+
+inductor fuses what lies between the attention calls (norms, RoPE, activations, residual adds)
+into a few kernels; graphrun's KV cache stays one opaque operator (kv_cache.attend), so the
+whole forward is one graph with no break. Shapes are dynamic: one compilation serves every
+batch and KV-length bucket of a kind (torch specializes a size of 1 apart), not one per shape
+as HF's static cache needs. torch.compile's own CUDA graphs stay off: the graph table captures
+the compiled step with its bookkeeping, as it captures the plain one.
+
+A compilation that fails, or a compiled step whose outputs disagree with the plain model's, is
+not fatal: that graph (and every later one, after a failure) is set up from the plain model,
+with the reason in the manifest.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from graphrun.generate.kv_cache import KVCache, StepKV
+
+# a compilation per kind and batch regime (prefill, decode; one row or many), and a few spare
+RECOMPILE_LIMIT = 16
+
+
+class CompiledStep:
+    """A step model (steps.StepModel) whose calls run torch.compile's kernels; `plain` is the
+    model itself, the reference every compiled graph is verified against."""
+
+    def __init__(self, model, cache: KVCache):
+        import torch._dynamo.config as dynamo_config
+
+        for knob in ("recompile_limit", "cache_size_limit"):  # renamed across torch versions
+            if hasattr(dynamo_config, knob):
+                setattr(dynamo_config, knob, max(getattr(dynamo_config, knob), RECOMPILE_LIMIT))
+        for t in (*cache.k, *cache.v):  # their sizes never change: no guard ties them to b
+            torch._dynamo.mark_static(t)
+        self.plain, self.vocab = model, model.vocab
+        self.error: str | None = None  # why compilation failed, once it has
+        self._fn = torch.compile(model, dynamic=True, fullgraph=True,
+                                 options={"triton.cudagraphs": False})
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor,
+                 kv: StepKV) -> torch.Tensor:
+        return self._fn(tokens, positions, kv)
+
+
+def compile_failure(err: BaseException) -> str:
+    """One line for the manifest and the log: the compiler's own first line, not its stack."""
+    text = f"{type(err).__name__}: {err}".strip()
+    return text.splitlines()[0][:300] if text else type(err).__name__

@@ -1,0 +1,108 @@
+"""model.compile for generation: the steps run torch.compile's kernels around graphrun's
+attention operator, one compilation per kind rather than per bucket, the completions those of
+the plain model; a compiler that fails leaves the job running on the plain model, with the
+reason."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import graphrun
+from graphrun.generate import GenerateConfig, Generator, Sampling, build_llama
+from graphrun.generate.kv_cache import KVCache, StepKV, attend
+from tests.test_generate_job import FOLDER, completions, write_spec
+
+PROMPTS = [[3, 8, 1], [9] * 12, [4, 5, 6, 7, 8], [2], [11, 12, 13, 14, 15, 16, 17]]
+IDS = [f"rec-{i}" for i in range(len(PROMPTS))]
+
+
+def generate(model, *, compile: bool, sampling=Sampling(), **kw):
+    gen = Generator(model, config=GenerateConfig(max_new_tokens=10, sampling=sampling),
+                    batch_buckets=[1, 8], prompt_buckets=[8, 16], device="cpu",
+                    dtype=torch.float32, backend="eager", compile=compile, **kw)
+    try:
+        out = [gen.generate(PROMPTS, IDS), gen.generate(PROMPTS[:1], IDS[:1])]
+        return [[c.token_ids for c in r.completions] for r in out], gen.buckets()
+    finally:
+        gen.close()
+
+
+def test_the_attention_operator_writes_the_cache_in_place_and_attends_as_before():
+    torch.manual_seed(0)
+    layout_cache = KVCache(build_llama(layers=1, d_model=32, heads=4, kv_heads=2).layout,
+                           rows=3, max_len=8, dtype=torch.float32, device=torch.device("cpu"))
+    q, k, v = torch.randn(2, 4, 1, 8), torch.randn(2, 2, 1, 8), torch.randn(2, 2, 1, 8)
+    col = torch.tensor([2, 5])
+    mask = (torch.arange(6)[None] <= col[:, None])[:, None, None, :]  # [2, 1, 1, 6]
+    out = attend(StepKV(layout_cache, 2, 6, mask, col), 0, q, k, v, None)
+    assert out.shape == (2, 1, 4, 8) and out.is_contiguous()
+    assert torch.equal(layout_cache.k[0][0, :, 2], k[0, :, 0])
+    assert torch.equal(layout_cache.v[0][1, :, 5], v[1, :, 0])
+    assert not layout_cache.k[0][2].any()  # the rows past b untouched
+    # row 0 sees columns 0..2: two zero keys and its own
+    keys = layout_cache.k[0][0, :, :3].repeat_interleave(2, 0)  # [heads, 3, d]
+    values = layout_cache.v[0][0, :, :3].repeat_interleave(2, 0)
+    weights = torch.softmax(q[0, :, 0, None] @ keys.transpose(1, 2) / 8 ** 0.5, -1)
+    assert torch.allclose(out[0, 0], (weights @ values)[:, 0], atol=1e-6)
+
+
+@pytest.mark.slow
+def test_compiled_steps_give_the_plain_models_tokens_and_compile_once_per_kind():
+    model = build_llama(layers=2, d_model=64, heads=4, kv_heads=2, vocab=128, max_len=64)
+    plain, _ = generate(model, compile=False)
+    torch._dynamo.reset()
+    frames = torch._dynamo.utils.counters["stats"]
+    before = frames["unique_graphs"]
+    got, buckets = generate(model, compile=True)
+    assert got == plain
+    assert buckets and all(b["compiled"] is True for b in buckets), buckets
+    # prefill and decode, each for one row and for many: not one per bucket
+    assert len(buckets) > 4 and frames["unique_graphs"] - before <= 4
+
+
+def test_a_compiler_failure_leaves_every_graph_on_the_plain_model_with_the_reason(
+        monkeypatch):
+    from graphrun.generate import compiled
+
+    calls = []
+
+    def broken(self, tokens, positions, kv):
+        calls.append(tokens.shape)
+        raise RuntimeError("inductor exploded\nstack line")
+
+    monkeypatch.setattr(compiled.CompiledStep, "__call__", broken)
+    model = build_llama(layers=2, d_model=64, heads=4, kv_heads=2, vocab=128, max_len=64)
+    plain, _ = generate(model, compile=False)
+    got, buckets = generate(model, compile=True)
+    assert got == plain
+    assert len(calls) == 1  # tried once, then never again
+    assert all(b["compiled"] is False for b in buckets)
+    assert {b["reason"] for b in buckets} == {
+        "no CUDA device: backend eager; model.compile failed, runs without it: RuntimeError: "
+        "inductor exploded"}
+
+
+def test_a_compile_job_reports_its_compiled_graphs_in_the_manifest(tmp_path, monkeypatch):
+    from graphrun.generate import compiled
+
+    # the compiler itself is the slow test's; here the job's wiring, on a stand-in that runs
+    # the plain model
+    monkeypatch.setattr(compiled.CompiledStep, "__call__",
+                        lambda self, tokens, positions, kv: self.plain(tokens, positions, kv))
+    for name in ("plain", "compiled"):
+        (tmp_path / name).mkdir()
+    graphrun.run(graphrun.load_spec(write_spec(tmp_path / "plain", n=6)))
+    spec = write_spec(tmp_path / "compiled", n=6, model={
+        "hf": {"path": str(FOLDER), "class": "AutoModelForCausalLM"}, "dtype": "float32",
+        "compile": True})
+    manifest = graphrun.run(graphrun.load_spec(spec))
+    graphs = manifest.generation.graphs
+    assert graphs and all(g.compiled is True for g in graphs)
+    got = [r["token_ids"] for r in completions(tmp_path / "compiled" / "out")]
+    want = [r["token_ids"] for r in completions(tmp_path / "plain" / "out")]
+    assert got == want
+    off = json.loads((tmp_path / "plain" / "out" / "manifest.json").read_text())
+    assert {g["compiled"] for g in off["generation"]["graphs"]} == {None}
