@@ -42,6 +42,8 @@ Ways (part `job`, over the prompts):
             this graphrun cannot run a generate: spec yet, the row says so in one line.
   graphrun-hf  the same with model.hf.implementation: transformers (transformers' Llama with
             graphrun's KV cache, instead of graphrun's own Llama; its import included)
+  graphrun-compile  the graphrun way with model.compile: true (inductor's kernels inside
+            graphrun's capture; its compilations included in the whole process)
 Columns: tokens/s over the whole job (setup included: the model's from_pretrained for the
 in-process ways, graphrun's whole process from interpreter start) and over generation alone;
 TTFT and TPOT p50/p99 per record (TTFT: from the batch's start to its first token's logits, one
@@ -105,7 +107,8 @@ LAYOUTS = {
                  num_key_value_heads=2, intermediate_size=128, vocab_size=512,
                  tie_word_embeddings=False),
 }
-WAYS = ("eager", "static", "compile", "hand", "hand-process", "graphrun", "graphrun-hf")
+WAYS = ("eager", "static", "compile", "hand", "hand-process", "graphrun", "graphrun-hf",
+        "graphrun-compile")
 PEAK_BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12}  # bytes/s, by GPU name
 SEQ_BUCKETS = [32, 64, 128, 256, 512]
 PAD = 0  # token 0 pads; prompts never hold it
@@ -447,6 +450,7 @@ device: {device}
 model:
   hf: {{path: {folder}, class: AutoModelForCausalLM, implementation: {implementation}}}
   dtype: {dtype}
+  compile: {compile}
 data:
   path: prompts.jsonl
   id_field: id
@@ -467,7 +471,7 @@ def run_graphrun(folder: Path, prompts: list[list[int]], count: int, batch: int,
                  device: torch.device, dtype: str, work: Path, name: str,
                  timeout: float, way: str = "graphrun") -> tuple[Row, dict[int, list[int]]]:
     """`python -m graphrun run` on the first `count` prompts as text; its whole process timed.
-    way graphrun-hf: on transformers' model code."""
+    way graphrun-hf: on transformers' model code; graphrun-compile: with model.compile."""
     row = Row(name, batch, way, prompts_total=len(prompts))
     work.mkdir(parents=True, exist_ok=True)
     with (work / "prompts.jsonl").open("w") as f:
@@ -480,7 +484,8 @@ def run_graphrun(folder: Path, prompts: list[list[int]], count: int, batch: int,
     spec.write_text(GRAPHRUN_SPEC.format(device=device.type, folder=json.dumps(str(folder)),
                                          dtype=dtype, batch=batch, new=new, seq=seq,
                                          implementation=("transformers" if way == "graphrun-hf"
-                                                         else "auto")))
+                                                         else "auto"),
+                                         compile=str(way == "graphrun-compile").lower()))
     env = child_env()
     t0 = time.perf_counter()
     try:
@@ -564,7 +569,7 @@ def fixed_rows(model, name: str, batches: list[int], ways: list[str], prompt: in
         prompts = make_prompts(b, vocab, prompt, prompt, seed=7)
         row = {"model": name, "batch": b, "prompt": prompt, "new": new}
         for way in ways:
-            if way in ("graphrun", "graphrun-hf", "hand-process"):
+            if way in ("graphrun", "graphrun-hf", "graphrun-compile", "hand-process"):
                 continue
             if way == "compile" and device.type != "cuda":
                 row["compile"] = "skipped: transformers compiles only on an accelerator"
@@ -700,7 +705,7 @@ def job_rows(ways, model, setup_s, prompts, b, args, folder, device, dtype_name,
             row, tokens = run_hand_process(folder, prompts, b, args.new_tokens,
                                            args.max_seconds, dtype_name, work, name,
                                            timeout=max(180.0, 4 * args.max_seconds))
-        elif way in ("graphrun", "graphrun-hf"):
+        elif way in ("graphrun", "graphrun-hf", "graphrun-compile"):
             count = len(prompts)
             if hand_rate:  # prompts per second of the hand loop: what fits in the box
                 count = min(count, max(b, int(hand_rate * args.max_seconds) // b * b))
@@ -753,6 +758,25 @@ def print_tables(rows: list[Row], fixed: list[dict], args) -> None:
                   f"{r.tokens_per_s_job_less_imports:,.0f} | "
                   f"{r.tokens_per_s_generate:,.0f} | {_pp(r.ttft_ms)} | {_pp(r.tpot_ms)} | "
                   f"{r.setup_s:.2f} | {r.imports_s:.2f} | {wall} | {eq} | {r.note} |")
+    ours = [r for r in rows if r.status == "ok" and r.graphrun]
+    if ours:
+        print("\n### graphrun's graphs: MBU (generation.mbu), graphs captured / compiled, "
+              "set-up seconds on first use (compilation included)\n")
+        print("| model | batch | way | MBU | graphs | captured | compiled | first-use set-up s |")
+        print("|---|---:|---|---:|---:|---:|---:|---:|")
+        for r in ours:
+            gen = r.graphrun["generation"]
+            graphs = gen.get("graphs", [])
+            mbu = gen.get("mbu")
+            print(f"| {r.model} | {r.batch} | {r.way} | "
+                  f"{'' if mbu is None else f'{mbu:.1%}'} | {len(graphs)} | "
+                  f"{sum(g.get('status') == 'captured' for g in graphs)} | "
+                  f"{sum(g.get('compiled') is True for g in graphs)} | "
+                  f"{r.graphrun['graphs_set_up_s']:.2f} |")
+        reasons = {g["reason"] for r in ours for g in r.graphrun["generation"].get("graphs", [])
+                   if g.get("reason")}
+        for reason in sorted(reasons):
+            print(f"- reason: {reason}")
     if fixed:
         print(f"\n### Fixed shape: prompt {args.fixed_prompt} tokens, {args.new_tokens} new, one "
               "generate call (tokens/s)\n")
