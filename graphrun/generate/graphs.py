@@ -40,6 +40,9 @@ WARM_UP_RUNS = 2  # eager runs before a capture, the verification's own included
 # a near tie may flip under half precision, never in float32
 TOKEN_SLACK = {torch.float32: 0.0, torch.float64: 0.0}
 HALF_TOKEN_SLACK = 0.1
+# a compiled step against the plain model, half precision: the largest logit error allowed,
+# as a share of the largest logit (inductor keeps float32 where eager rounds every op)
+COMPILED_HALF_SHARE = 0.05
 
 
 @dataclass(frozen=True)
@@ -257,6 +260,14 @@ class GraphTable:
             self.log(f"warning: {entry.key.kind} {entry.key.bucket.name}: {entry.reason}")
 
 
+def _near_ties(got_t: torch.Tensor, want_t: torch.Tensor, want: torch.Tensor,
+               gap: float) -> torch.Tensor:
+    """Rows picking another token whose plain logit is within `gap` of the plain pick's."""
+    rows = torch.arange(want.shape[0], device=want.device)
+    other = got_t != want_t
+    return (other & (want[rows, want_t] - want[rows, got_t] <= gap)).sum()
+
+
 def verify_steps(key: StepKey) -> int:
     return 1 if key.kind == "prefill" else min(VERIFY_STEPS, key.length)
 
@@ -312,13 +323,15 @@ def compare_runs(got: tuple[list[torch.Tensor], list[torch.Tensor]],
                  rows: int, *, compiled: bool = False) -> dict:
     """Picked tokens equal, logits within tolerance (float32: tight; half precision: a few
     units of its precision). compiled: a compiled step against the plain model, whose kernels
-    round in another order: float32 logits within 1e-3, half precision's picks only."""
+    round in another order: float32 logits within 1e-3; half precision's within
+    COMPILED_HALF_SHARE of their largest, and another pick only where the plain model's logits
+    of the two tokens lie within twice that error (a near tie), so it counts as no mismatch."""
     want_tokens, want_logits = want
     got_tokens, got_logits = got
     steps = len(want_tokens)
     half = dtype not in TOKEN_SLACK
     rtol, atol = (2e-2, 2e-2) if half else (1e-3, 1e-3) if compiled else (1e-4, 1e-4)
-    close, worst = True, 0.0
+    close, worst, ties = True, 0.0, 0
     fed_alike = torch.ones_like(want_tokens[0], dtype=torch.bool)  # [b]: same tokens so far
     for got, want, got_t, want_t in zip(got_logits, want_logits, got_tokens, want_tokens):
         # a row that picked another token (a near tie, in half precision) is fed another
@@ -329,11 +342,13 @@ def compare_runs(got: tuple[list[torch.Tensor], list[torch.Tensor]],
         slack = ULP_SLACK * torch.finfo(dtype).eps * float(
             want[finite].abs().max()) if half and finite.any() else 0.0
         ok, max_abs, _ = compare(got[finite], want[finite], rtol, atol + slack)
-        if half and compiled:  # only the picks count; the error is reported
-            ok = bool((got.isfinite() == finite).all())
+        if half and compiled:  # logits within a share of their range, picks near ties
+            bound = COMPILED_HALF_SHARE * float(want[finite].abs().max()) if finite.any() else 0
+            ok = bool((got.isfinite() == finite).all()) and max_abs <= bound
+            ties += int(_near_ties(got_t[fed_alike], want_t[fed_alike], want, 2 * max_abs))
         close, worst = close and ok, max(worst, max_abs)
         fed_alike &= got_t == want_t
-    mismatches = sum(int((g != w).sum()) for g, w in zip(got_tokens, want_tokens))
+    mismatches = sum(int((g != w).sum()) for g, w in zip(got_tokens, want_tokens)) - ties
     allowed = TOKEN_SLACK.get(dtype, HALF_TOKEN_SLACK) * rows * steps
     return {"passed": close and mismatches <= allowed, "max_error": worst,
             "token_mismatches": mismatches, "steps": steps}
