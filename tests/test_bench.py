@@ -191,9 +191,35 @@ def test_a_generations_tokens_per_s_counts_every_rows_new_tokens(generation_spec
     assert [len(p) for p in a] == [8, 8] and min(min(p) for p in a) >= 1
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU's modes")
+@pytest.mark.parametrize("broken", [False, True], ids=["compiles", "compiler-fails"])
+def test_bench_compile_on_a_generation_spec_times_the_compiled_steps(generation_spec, tmp_path,
+                                                                     monkeypatch, broken):
+    from graphrun.generate import compiled
+
+    def call(self, tokens, positions, kv):  # the compiler's own run is the slow test's
+        if broken:
+            raise RuntimeError("inductor exploded")
+        return self.plain(tokens, positions, kv)
+
+    monkeypatch.setattr(compiled.CompiledStep, "__call__", call)
+    result = CliRunner().invoke(main, ["bench", str(generation_spec), "--iters", "2",
+                                       "--warmup", "0", "--new-tokens", "3", "--compile",
+                                       "--out", str(tmp_path / "b")])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((tmp_path / "b" / "bench.json").read_text())
+    jsonschema.validate(doc, json.loads(SCHEMA.read_text()))
+    for b in doc["buckets"]:
+        modes = {m["mode"]: m["backend"] for m in b["modes"]}
+        assert modes == {"eager": "eager",
+                         "compile": "eager" if broken else "eager + torch.compile"}
+    failed = [n for n in doc["notes"] if "inductor exploded" in n]
+    assert len(failed) == (1 if broken else 0)  # once, naming the first graph
+    if broken:
+        assert failed[0].startswith("compile: prefill rows=1,prompt=8 and others like it: ")
+
+
 @pytest.mark.parametrize("args, says", [
-    (["--compile"], "graphrun bench --compile: a generation spec is timed eager and with "
-                    "graph replay only"),
     (["--records", "4"], "graphrun bench --records: a generation spec is timed on synthetic"),
 ])
 def test_bench_options_a_generation_spec_cannot_take_are_one_message(generation_spec, args,

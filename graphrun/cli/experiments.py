@@ -128,7 +128,8 @@ def sweep(spec, grids, stop, out, overrides, repeats, objective, max_memory_mib,
 @click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True,
               help="Untimed steps before each repeat's.")
 @click.option("--compile", "with_compile", is_flag=True,
-              help="Also model.compile: true and torch.compile reduce-overhead (GPU).")
+              help="Also model.compile: true (and, for a forward spec on a GPU, torch.compile "
+                   "reduce-overhead).")
 @click.option("--records", type=click.IntRange(min=1), default=None,
               help="Inputs from the first N real records (default: synthetic).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -167,14 +168,12 @@ def bench(spec, iters, warmup, with_compile, records, out, new_tokens, repeats,
             from graphrun.experiments.bench_generate import (bench_generation,
                                                              generation_table, refuse)
 
-            if with_compile:
-                raise refuse("--compile", "a generation spec is timed eager and with graph "
-                             "replay only: leave --compile out")
             if records is not None:
                 raise refuse("--records", "a generation spec is timed on synthetic prompts of "
                              "each prompt bucket's length: leave --records out")
             result = bench_generation(pipeline, iters=iters, warmup=warmup,
-                                      new_tokens=new_tokens, repeats=repeats, log=log)
+                                      new_tokens=new_tokens, repeats=repeats,
+                                      compile=with_compile, log=log)
         else:
             if new_tokens is not None:
                 raise refuse_new_tokens()

@@ -7,8 +7,10 @@ and every row makes exactly `new_tokens` tokens (min_new_tokens = max_new_tokens
 never ends a batch early and every iteration does the same work). Per bucket and mode: one call
 that sets up its graphs (their capture time is the row's capture_s), all before any timing; then
 `repeats` times, the modes alternating per bucket, `warmup` untimed calls and `iters` timed ones
-over `distinct` prompt sets in turn. Modes: eager (the eager backend), and on a GPU graph
-(capture.backend: prefill and decode steps replayed).
+over `distinct` prompt sets in turn. Modes: eager (the eager backend), on a GPU graph
+(capture.backend: prefill and decode steps replayed; compiled where the spec says
+model.compile), and with --compile, compile: the steps under model.compile (replayed on a GPU,
+run directly on the CPU).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def refuse(option: str, why: str) -> SpecError:
 
 def bench_generation(spec: PipelineSpec, *, iters: int = 20, warmup: int = 2,
                      distinct: int = 2, new_tokens: int | None = None,
-                     repeats: int | None = None, log=print) -> Bench:
+                     repeats: int | None = None, compile: bool = False, log=print) -> Bench:
     """The Bench of a generation spec (spec.generate set): one row per bucket and mode."""
     from graphrun.engine.device import resolve_backend, resolve_device
     from graphrun.generate.runner import build_generation_model, generate_config
@@ -46,18 +48,22 @@ def bench_generation(spec: PipelineSpec, *, iters: int = 20, warmup: int = 2,
     model, _ = build_generation_model(spec, device)
     config = dataclasses.replace(generate_config(spec, model), max_new_tokens=new,
                                  min_new_tokens=new)
-    modes = [("eager", "eager")]
+    backend = resolve_backend(spec.capture.backend, device)
+    modes = [("eager", "eager", False)]
     notes = [f"every row makes {new} new tokens (min_new_tokens = max_new_tokens = {new})"]
     if cuda:
-        modes.append(("graph", resolve_backend(spec.capture.backend, device)))
+        modes.append(("graph", backend, spec.model.compile))
     else:
         notes.append("no CUDA device: the eager backend only, graph replay not measured")
+    if compile:
+        modes.append(("compile", backend, True))
     sizes = [(b, p) for b in sorted(spec.buckets[BATCH]) for p in sorted(spec.buckets[PROMPT_AXIS])]
     gens: list = []
     try:
         sessions = open_sessions(
             [(mode, functools.partial(_open_mode, spec, model, config, device, mode, backend,
-                                      sizes, distinct, gens)) for mode, backend in modes],
+                                      compiled, sizes, distinct, gens, notes))
+             for mode, backend, compiled in modes],
             notes, log)
         got = round_robin(sessions, sizes, repeats,
                           lambda s, key: _time_calls(s.steps[key], iters, warmup, distinct),
@@ -92,16 +98,17 @@ def bench_generation(spec: PipelineSpec, *, iters: int = 20, warmup: int = 2,
                  f"{new} new tokens a row", notes=notes, buckets=rows, new_tokens=new)
 
 
-def _open_mode(spec, model, config, device, mode: str, backend: str, sizes: list,
-               distinct: int, gens: list) -> Session:
-    """One Generator over all the buckets, each bucket's graphs set up by a first call."""
+def _open_mode(spec, model, config, device, mode: str, backend: str, compiled: bool,
+               sizes: list, distinct: int, gens: list, notes: list[str]) -> Session:
+    """One Generator over all the buckets, each bucket's graphs set up by a first call; a
+    compiled graph that fell back to the plain model is named in the notes."""
     from graphrun.generate.generator import Generator
 
     gen = Generator(model, config=config, batch_buckets=sorted(spec.buckets[BATCH]),
                     prompt_buckets=sorted(spec.buckets[PROMPT_AXIS]), device=device,
                     dtype=spec.model.dtype, backend=backend,
                     verify=spec.capture.verify.enabled, lazy=True,
-                    memory_budget_mib=spec.capture.memory_budget_mib)
+                    memory_budget_mib=spec.capture.memory_budget_mib, compile=compiled)
     gens.append(gen)
     vocab = gen.model.vocab
     session = Session(mode)
@@ -118,8 +125,18 @@ def _open_mode(spec, model, config, device, mode: str, backend: str, sizes: list
             "capture_s": sum(g["capture_s"] or 0.0 for g in new) if graphs else None,
             "memory_bytes": sum(g["memory_bytes"] or 0 for g in new) if graphs else None,
             "verify": all(checks) if checks else None}
-        session.backend[(b, p)] = backend
+        fell_back = [g for g in new if g["compiled"] is False]
+        for g in fell_back:  # one note per reason, naming the first graph it held
+            if not any(n.endswith(f": {g['reason']}") for n in notes):
+                notes.append(f"{mode}: {g['kind']} {_shape(g)} and others like it: "
+                             f"{g['reason']}")
+        session.backend[(b, p)] = backend + (
+            " + torch.compile" if compiled and len(fell_back) < len(new) else "")
     return session
+
+
+def _shape(g: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in g["shape"].items())
 
 
 def _time_calls(step, iters: int, warmup: int, distinct: int) -> dict:
