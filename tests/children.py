@@ -15,13 +15,19 @@ def child_env() -> dict:
 
 def imports_transformers(spec) -> bool:
     """Whether graphrun.run of this spec file, in a child process, imports transformers."""
+    return imports_of(spec, "transformers")["transformers"]
+
+
+def imports_of(spec, *modules: str) -> dict[str, bool]:
+    """Which of these modules graphrun.run of this spec file imports, in a child process."""
     import subprocess
     import sys
 
     code = ("import sys, graphrun\n"
             f"graphrun.run(graphrun.load_spec({str(spec)!r}))\n"
-            "print('transformers' in sys.modules)\n")
+            f"print([m in sys.modules for m in {list(modules)!r}])\n")
     done = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout.strip().splitlines()[-1] == "True"
+    said = done.stdout.strip().splitlines()[-1]
+    return dict(zip(modules, (flag == "True" for flag in said.strip("[]").split(", "))))

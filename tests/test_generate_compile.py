@@ -13,6 +13,7 @@ import torch
 import graphrun
 from graphrun.generate import GenerateConfig, Generator, Sampling, build_llama
 from graphrun.generate.kv_cache import KVCache, StepKV, attend
+from tests.children import imports_of
 from tests.test_generate_job import FOLDER, completions, write_spec
 
 PROMPTS = [[3, 8, 1], [9] * 12, [4, 5, 6, 7, 8], [2], [11, 12, 13, 14, 15, 16, 17]]
@@ -47,6 +48,11 @@ def test_the_attention_operator_writes_the_cache_in_place_and_attends_as_before(
     values = layout_cache.v[0][0, :, :3].repeat_interleave(2, 0)
     weights = torch.softmax(q[0, :, 0, None] @ keys.transpose(1, 2) / 8 ** 0.5, -1)
     assert torch.allclose(out[0, 0], (weights @ values)[:, 0], atol=1e-6)
+    # the operator torch.compile traces is the same function, its writes declared
+    again = torch.ops.graphrun.attend(layout_cache.k[0], layout_cache.v[0], q, k, v, mask, col,
+                                      None)
+    assert torch.equal(again, out)
+    assert torch.ops.graphrun.attend.default._schema.arguments[0].alias_info.is_write
 
 
 @pytest.mark.slow
@@ -121,3 +127,12 @@ def test_half_precision_compiled_picks_may_differ_only_at_near_ties():
     assert not wrong["passed"]
     # the capture itself gets no such slack
     assert not compare_runs(([torch.tensor([1])], [near]), want, torch.bfloat16, 1)["passed"]
+
+
+def test_a_job_without_compile_never_imports_torchs_compiler(tmp_path):
+    # graphrun::attend is traced only under torch.compile: an eager call of the operator
+    # would import the compiler, seconds of every job's first graph set-up
+    (tmp_path / "job").mkdir()
+    spec = write_spec(tmp_path / "job", n=4)
+    assert imports_of(spec, "torch._dynamo", "torch._inductor") == {
+        "torch._dynamo": False, "torch._inductor": False}

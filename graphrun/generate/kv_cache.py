@@ -70,14 +70,15 @@ def attend(kv: StepKV, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Te
 
     q: [b, heads, q_len, head_dim]; k, v: [b, kv_heads, q_len, head_dim], RoPE applied.
     Returns [b, q_len, heads, head_dim] (the layout transformers' attention functions return).
-    One operator (graphrun::attend): torch.compile traces a model around it as one graph, the
-    cache writes declared, and never looks inside (model.compile, generate/compiled.py).
+    Under torch.compile it is one operator (graphrun::attend): the model traces around it as
+    one graph, the cache writes declared, never looked inside (model.compile,
+    generate/compiled.py). Run eagerly it is a plain call: an operator's first call imports
+    torch's compiler, seconds of a job's set-up.
     """
-    return torch.ops.graphrun.attend(kv.cache.k[layer], kv.cache.v[layer], q, k, v, kv.mask,
-                                     kv.write_col, scaling)
+    call = torch.ops.graphrun.attend if torch.compiler.is_compiling() else _attend
+    return call(kv.cache.k[layer], kv.cache.v[layer], q, k, v, kv.mask, kv.write_col, scaling)
 
 
-@torch.library.custom_op("graphrun::attend", mutates_args=("cache_k", "cache_v"))
 def _attend(cache_k: torch.Tensor, cache_v: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
             v: torch.Tensor, mask: torch.Tensor, write_col: Optional[torch.Tensor],
             scaling: Optional[float]) -> torch.Tensor:
@@ -104,7 +105,11 @@ def _attend(cache_k: torch.Tensor, cache_v: torch.Tensor, q: torch.Tensor, k: to
     return out.reshape(b, heads, q_len, head_dim).transpose(1, 2).contiguous()
 
 
-@_attend.register_fake
+_attend_op = torch.library.custom_op("graphrun::attend", _attend,
+                                     mutates_args=("cache_k", "cache_v"))
+
+
+@_attend_op.register_fake
 def _attend_shape(cache_k, cache_v, q, k, v, mask, write_col, scaling):
     b, heads, q_len, head_dim = q.shape
     return q.new_empty((b, q_len, heads, head_dim))
