@@ -147,36 +147,38 @@ class GraphTable:
             fill_synthetic(self.state, key)  # warm-up on values the step can take
             start = self.state.snapshot()
             # the eager reference is the warm-up: an eager step costs far more than a replay
-            want = self._warm_up(entry, start)
+            want, plain = self._warm_up(entry, start)
             self.state.restore(start)
             self._capture(entry)
+            if not entry.compiled:  # never compiled, or fell back: the plain model's runs
+                want = plain
             if entry.graph is not None and want is not None:
                 self._verify(entry, start, want)
         self.state.restore(saved)
         entry.set_up_s = time.perf_counter() - t0
         return entry
 
-    def _warm_up(self, entry: StepGraph, start: dict[str, torch.Tensor]
-                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+    def _warm_up(self, entry: StepGraph, start: dict[str, torch.Tensor]):
         """WARM_UP_RUNS eager runs on the side stream; when verifying, the first ones are the
-        reference steps, run from `start`. A compiled entry's reference is its own eager
-        steps (the capture replays those kernels), once they agree with the plain model's."""
+        reference steps, run from `start`. Returns (the compiled step's eager runs, the plain
+        model's): a compiled capture replays the compiled kernels, so they are its reference,
+        once they agree with the plain model's (None when not verifying)."""
         steps = verify_steps(entry.key) if self.verify_on else 0
-        want = None
+        want = plain = None
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.stream):
             if steps:
-                want = run_checked(entry, self.state, steps, replay=False,
-                                   step=entry.plain if entry.compiled else None)
+                plain = run_checked(entry, self.state, steps, replay=False,
+                                    step=entry.plain if entry.compiled else None)
             if entry.compiled:
                 self.state.restore(start)
-                want = self._compiled_reference(entry, steps, want)
+                want = self._compiled_reference(entry, steps, plain)
             for _ in range(max(0, WARM_UP_RUNS - steps - bool(entry.compiled))):
                 self.state.restore(start)
                 entry.step()
         torch.cuda.current_stream(self.device).wait_stream(self.stream)
         torch.cuda.synchronize(self.device)
-        return want
+        return want, plain
 
     def _compiled_reference(self, entry: StepGraph, steps: int, plain):
         """The compiled step's first runs (the first compiles), checked against the plain
