@@ -107,6 +107,10 @@ def test_a_compile_job_reports_its_compiled_graphs_in_the_manifest(tmp_path, mon
     manifest = graphrun.run(graphrun.load_spec(spec))
     graphs = manifest.generation.graphs
     assert graphs and all(g.compiled is True for g in graphs)
+    from graphrun.job.progress import generation_line
+
+    assert generation_line(manifest.generation).endswith(
+        f"; model.compile: {len(graphs)} of {len(graphs)} graphs compiled")
     got = [r["token_ids"] for r in completions(tmp_path / "compiled" / "out")]
     want = [r["token_ids"] for r in completions(tmp_path / "plain" / "out")]
     assert got == want
