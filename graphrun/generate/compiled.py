@@ -27,15 +27,12 @@ class CompiledStep:
     model itself, the reference every compiled graph is verified against."""
 
     def __init__(self, model, cache: KVCache):
-        import torch._dynamo.config as dynamo_config
+        from graphrun.models.load import allow_recompiles
 
-        for knob in ("recompile_limit", "cache_size_limit"):  # renamed across torch versions
-            if hasattr(dynamo_config, knob):
-                setattr(dynamo_config, knob, max(getattr(dynamo_config, knob), RECOMPILE_LIMIT))
+        allow_recompiles(RECOMPILE_LIMIT)
         for t in (*cache.k, *cache.v):  # their sizes never change: no guard ties them to b
             torch._dynamo.mark_static(t)
         self.plain, self.vocab = model, model.vocab
-        self.error: str | None = None  # why compilation failed, once it has
         self._fn = torch.compile(model, dynamic=True, fullgraph=True,
                                  options={"triton.cudagraphs": False})
 

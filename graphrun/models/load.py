@@ -408,9 +408,14 @@ def _require_file(key: str, path: Path) -> None:
 def compile_model(model: torch.nn.Module, n_shapes: int) -> torch.nn.Module:
     """torch.compile with its own CUDA graphs off (graphrun captures them), one static graph per
     shape."""
+    allow_recompiles(n_shapes + 8)
+    return torch.compile(model, dynamic=False, options={"triton.cudagraphs": False})
+
+
+def allow_recompiles(count: int) -> None:
+    """Let dynamo compile a function `count` times before it gives up on new shapes."""
     import torch._dynamo.config as dynamo_config
 
     for knob in ("recompile_limit", "cache_size_limit"):  # renamed across torch versions
         if hasattr(dynamo_config, knob):
-            setattr(dynamo_config, knob, max(getattr(dynamo_config, knob), n_shapes + 8))
-    return torch.compile(model, dynamic=False, options={"triton.cudagraphs": False})
+            setattr(dynamo_config, knob, max(getattr(dynamo_config, knob), count))
