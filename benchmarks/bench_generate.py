@@ -563,8 +563,10 @@ def compare(tokens: dict[int, list[int]], reference: dict[int, list[int]]) -> tu
 def fixed_rows(model, name: str, batches: list[int], ways: list[str], prompt: int, new: int,
                peak: float | None) -> list[dict]:
     device, out = model.device, []
+    from graphrun.generate.mbu import weight_bytes_per_step
+
     vocab = model.config.vocab_size
-    bound_bytes = weight_bytes(model)
+    bound_bytes = weight_bytes_per_step(model)
     for b in batches:
         prompts = make_prompts(b, vocab, prompt, prompt, seed=7)
         row = {"model": name, "batch": b, "prompt": prompt, "new": new}
@@ -594,10 +596,6 @@ def fixed_rows(model, name: str, batches: list[int], ways: list[str], prompt: in
             row["bound_tokens_per_s"] = b * peak / (bound_bytes + kv)
         out.append(row)
     return out
-
-
-def weight_bytes(model) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def kv_bytes_per_step(config, rows: int, context: int) -> int:

@@ -60,3 +60,14 @@ def test_a_cpu_generation_job_has_no_mbu(tmp_path):
                                                "sampling": {"method": "greedy"}})
     manifest = graphrun.run(graphrun.load_spec(spec))
     assert manifest.generation.mbu is None and manifest.generation.decode_steps > 0
+
+
+def test_a_step_reads_an_untied_embedding_only_by_rows_a_tied_one_whole():
+    from graphrun.generate.llama import build_llama
+    from graphrun.generate.mbu import weight_bytes_per_step
+
+    untied = build_llama(layers=1, d_model=16, heads=2, vocab=100, ffn=32)
+    every = sum(p.numel() * 4 for p in untied.parameters())
+    assert weight_bytes_per_step(untied) == every - 100 * 16 * 4  # less the embedding table
+    untied.lm_head.weight = untied.model.embed_tokens.weight  # tied: one tensor, multiplied
+    assert weight_bytes_per_step(untied) == every - 100 * 16 * 4

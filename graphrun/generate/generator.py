@@ -24,7 +24,7 @@ import torch
 
 from graphrun.base.dtypes import torch_dtype
 
-from graphrun.generate.llama import OwnLM
+from graphrun.generate.llama import Llama, OwnLM
 from graphrun.generate.config import BatchResult, Completion, GenerateConfig, GenerationError, check_config
 from graphrun.generate.compiled import CompiledStep
 from graphrun.generate.graphs import GraphTable, StepKey
@@ -63,12 +63,15 @@ def adapt(model, max_len: int):
 
 def _place(model, device: torch.device, dtype: torch.dtype) -> None:
     """The model on the generator's device in its dtype, moved only when it is not there;
-    the builtin remakes its float32 RoPE frequencies, which a dtype cast rounds."""
+    the builtin remakes its float32 RoPE frequencies, which a dtype cast rounds, and stacks
+    its projections (Llama.fuse_projections)."""
     params = [t for t in model.parameters() if t.is_floating_point()]
     if not all(t.device == device and t.dtype == dtype for t in params):
         model.to(device=device, dtype=dtype)
     if isinstance(model, OwnLM):  # also after a cast by the caller (models/load.py does one)
         model.make_scratch()
+    if isinstance(model, Llama):  # on the device, in the dtype: the stacked weights made there
+        model.fuse_projections()
 
 
 class Generator:

@@ -73,16 +73,26 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(s.head_dim, s.norm_eps)
             self.k_norm = RMSNorm(s.head_dim, s.norm_eps)
         self.qk_norm = s.qk_norm
+        self.qkv_proj: nn.Linear | None = None  # q, k and v in one, once fused
+
+    def fuse(self) -> None:
+        self.qkv_proj = _fused(self.q_proj, self.k_proj, self.v_proj)
+        del self.q_proj, self.k_proj, self.v_proj
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv: StepKV) -> torch.Tensor:
         b, q_len, _ = x.shape  # x: [b, q, d_model]
-        q = self.q_proj(x).view(b, q_len, self.heads, self.head_dim)
-        k = self.k_proj(x).view(b, q_len, self.kv_heads, self.head_dim)
+        if self.qkv_proj is not None:
+            q, k, v = self.qkv_proj(x).split(
+                [self.heads * self.head_dim, *(2 * [self.kv_heads * self.head_dim])], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(b, q_len, self.heads, self.head_dim)
+        k = k.view(b, q_len, self.kv_heads, self.head_dim)
         if self.qk_norm:  # per head, over head_dim
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
-        v = self.v_proj(x).view(b, q_len, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(b, q_len, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)  # [b, heads | kv_heads, q, head_dim]
         y = attend(kv, self.layer, q, k, v, self.head_dim ** -0.5)  # [b, q, heads, head_dim]
         return self.o_proj(y.reshape(b, q_len, -1))
@@ -94,9 +104,30 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(s.d_model, s.ffn, bias=s.mlp_bias)
         self.up_proj = nn.Linear(s.d_model, s.ffn, bias=s.mlp_bias)
         self.down_proj = nn.Linear(s.ffn, s.d_model, bias=s.mlp_bias)
+        self.gate_up_proj: nn.Linear | None = None  # gate and up in one, once fused
+
+    def fuse(self) -> None:
+        self.gate_up_proj = _fused(self.gate_proj, self.up_proj)
+        del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
+
+
+def _fused(*parts: nn.Linear) -> nn.Linear:
+    """One Linear whose output is the parts' outputs side by side (their weights stacked)."""
+    w = parts[0].weight
+    fused = nn.Linear(w.shape[1], sum(p.out_features for p in parts),
+                      bias=parts[0].bias is not None, device="meta", dtype=w.dtype)
+    with torch.no_grad():
+        fused.weight = nn.Parameter(torch.cat([p.weight for p in parts]), w.requires_grad)
+        if fused.bias is not None:
+            fused.bias = nn.Parameter(torch.cat([p.bias for p in parts]), w.requires_grad)
+    return fused
 
 
 class Layer(nn.Module):
@@ -138,6 +169,19 @@ class Llama(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", None, persistent=False)  # [head_dim / 2] float32
         self.register_load_state_dict_post_hook(lambda module, _keys: module.make_scratch())
+
+    @torch.no_grad()
+    def fuse_projections(self) -> None:
+        """q, k, v and gate, up each become one matrix multiply: at a decode step's few rows a
+        projection is bound by reading its weights, and one larger read in one kernel runs
+        nearer the bandwidth than several small ones. The parameters' names change
+        (qkv_proj, gate_up_proj), so a checkpoint loads before this, never after."""
+        if any(p.is_meta for p in self.parameters()):
+            raise ValueError("fuse_projections: the weights must have values first")
+        for layer in self.model.layers:
+            if layer.self_attn.qkv_proj is None:
+                layer.self_attn.fuse()
+                layer.mlp.fuse()
 
     @torch.no_grad()
     def make_scratch(self) -> None:

@@ -30,6 +30,18 @@ def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, element_bytes:
     return 2 * layers * kv_heads * head_dim * element_bytes
 
 
+def weight_bytes_per_step(model) -> int:
+    """The parameter bytes one decode step reads: every parameter once (a tied head and its
+    embedding are one tensor), less the embedding tables no matrix multiply uses, of which a
+    step reads only its rows' entries."""
+    from torch import nn
+
+    multiplied = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+    looked_up = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    return sum(t.numel() * t.element_size() for t in model.parameters()
+               if id(t) not in looked_up - multiplied)
+
+
 def decode_bytes(results, param_bytes: int, kv_token_bytes: int) -> int:
     """What the decode steps of the batches (generate.BatchResult) read: per step the weights,
     and per real row the KV columns it attends over (its prompt and the tokens made so far:

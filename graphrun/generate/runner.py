@@ -30,7 +30,7 @@ from graphrun.generate.llama import (Checkpoint, OwnLM, build_llama, find_checkp
 from graphrun.generate.config import BatchResult, GenerateConfig, Sampling
 from graphrun.generate.generator import Generator
 from graphrun.generate.hf_attention import eos_ids_of
-from graphrun.generate.mbu import kv_bytes_per_token, mbu, peak_bandwidth
+from graphrun.generate.mbu import kv_bytes_per_token, mbu, peak_bandwidth, weight_bytes_per_step
 from graphrun.manifest.keys import BucketReport
 from graphrun.manifest.sections import Generation, GraphSetup, generation_summary
 from graphrun.spec.generate import PROMPT_AXIS
@@ -91,7 +91,7 @@ class GenerationRunner:
         with phase("model build"):
             model, self.model_code = self._model()
         # the weights a decode step reads (generation.mbu)
-        self.param_bytes = sum(t.numel() * t.element_size() for t in model.parameters())
+        self.param_bytes = weight_bytes_per_step(model)
         self.config = generate_config(spec, model)
         from graphrun.models.hf import tokenizer_folder
 
