@@ -20,6 +20,8 @@ from typing import Optional
 import torch
 from torch.nn import functional as F
 
+from graphrun.generate.decode_attention import decode_attend, usable
+
 
 @dataclass(frozen=True)
 class KVLayout:
@@ -83,6 +85,17 @@ def _attend(cache_k: torch.Tensor, cache_v: torch.Tensor, q: torch.Tensor, k: to
             v: torch.Tensor, mask: torch.Tensor, write_col: Optional[torch.Tensor],
             scaling: Optional[float]) -> torch.Tensor:
     """cache_k, cache_v: one layer's whole buffers; mask [b, 1, q_len, L] says b and L."""
+    b = q.shape[0]
+    if write_col is not None and usable(q):  # decode: the write and the attention, one kernel
+        return decode_attend(cache_k[:b], cache_v[:b], q, k, v, mask, write_col, scaling)
+    return general_attend(cache_k, cache_v, q, k, v, mask, write_col, scaling)
+
+
+def general_attend(cache_k: torch.Tensor, cache_v: torch.Tensor, q: torch.Tensor,
+                   k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                   write_col: Optional[torch.Tensor], scaling: Optional[float]) -> torch.Tensor:
+    """The cache written with torch's indexing, then scaled_dot_product_attention: any step,
+    any device."""
     b, heads, q_len, head_dim = q.shape
     kv_heads, length = k.shape[1], mask.shape[-1]
     cache_k, cache_v = cache_k[:b], cache_v[:b]

@@ -1,0 +1,166 @@
+"""Decode attention as one pass over the cache: the step's new key and value written into their
+column and every query head of a KV head attended over the first L columns, in Triton.
+
+A decode step's attention per layer is tiny (one query per row) and the general path spends more
+in launches than in work: the cache writes (a scatter for k, one for v), the boolean mask made
+into the form the fused attention takes, the attention kernel. Here it is one kernel, or two
+where one row's columns are split across programs to fill the GPU (flash-decoding): each
+program takes a share of the columns of one (row, KV head), all the query heads sharing that KV
+head at once (grouped-query attention without repeating the cache), and keeps a running
+softmax; a second kernel merges the shares. The new column is read from the step's k and v
+themselves, not back from the cache, so the programs that read the column need not wait for
+the one that writes it.
+
+Used where it can run: Triton importable, the tensors on a GPU (or Triton's interpreter on the
+CPU, TRITON_INTERPRET=1, for tests), one query per row, a head_dim of at most 256. Elsewhere
+kv_cache._attend takes the general path (scatter, then scaled_dot_product_attention).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+MAX_SPLITS = 16  # shares of one row's columns; the merge kernel reads them all at once
+PROGRAMS = 128  # split a row's columns until (rows x KV heads x shares) reaches about this
+
+
+@functools.lru_cache(maxsize=1)
+def _kernels():
+    """(split kernel, merge kernel), or None without Triton; built on first use so a job that
+    never decodes on a GPU never imports Triton."""
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        return None
+
+    @triton.jit
+    def split(Q, KN, VN, CK, CV, MASK, COL, OUT, PART, STAT, scale, length, chunk,
+              sq_b, sq_h, sq_d, sk_b, sk_h, sk_d, sv_b, sv_h, sv_d, sc_b, sc_h, sc_n, sc_d, sm_b, sm_n,
+              G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+              BN: tl.constexpr, FINAL: tl.constexpr):
+        row, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        shares = tl.num_programs(2)
+        g, d = tl.arange(0, BG), tl.arange(0, BD)
+        gm, dm = g < G, d < D
+        q = tl.load(Q + row * sq_b + (h * G + g)[:, None] * sq_h + d[None, :] * sq_d,
+                    mask=gm[:, None] & dm[None, :], other=0.0).to(tl.float32)  # [BG, BD]
+        col = tl.load(COL + row)
+        k_new = tl.load(KN + row * sk_b + h * sk_h + d * sk_d, mask=dm, other=0.0)
+        v_new = tl.load(VN + row * sv_b + h * sv_h + d * sv_d, mask=dm, other=0.0)
+        at = row * sc_b + h * sc_h + col * sc_n + d * sc_d
+        tl.store(CK + at, k_new.to(CK.dtype.element_ty), mask=dm & (s == 0))
+        tl.store(CV + at, v_new.to(CV.dtype.element_ty), mask=dm & (s == 0))
+        k_new, v_new = k_new.to(tl.float32), v_new.to(tl.float32)
+        m_i = tl.full([BG], float("-inf"), tl.float32)
+        l_i = tl.zeros([BG], tl.float32)
+        acc = tl.zeros([BG, BD], tl.float32)
+        lo = s * chunk
+        hi = tl.minimum(lo + chunk, length)
+        for i in range(0, chunk, BN):
+            n = lo + i + tl.arange(0, BN)
+            inside = n < hi
+            seen = tl.load(MASK + row * sm_b + n * sm_n, mask=inside, other=0) != 0
+            kv_at = row * sc_b + h * sc_h + n[:, None] * sc_n + d[None, :] * sc_d
+            both = inside[:, None] & dm[None, :]
+            k = tl.load(CK + kv_at, mask=both, other=0.0).to(tl.float32)  # [BN, BD]
+            v = tl.load(CV + kv_at, mask=both, other=0.0).to(tl.float32)
+            here = (n == col)[:, None]
+            k = tl.where(here, k_new[None, :], k)
+            v = tl.where(here, v_new[None, :], v)
+            scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale  # [BG, BN]
+            scores = tl.where(seen[None, :], scores, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key seen yet: no NaN
+            alpha = tl.exp(m_i - m_use)
+            p = tl.exp(scores - m_use[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+            m_i = m_new
+        if FINAL:  # one share: the answer itself, into out [b, 1, heads, D]
+            out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+            heads = tl.num_programs(1) * G
+            tl.store(OUT + (row * heads + h * G + g)[:, None] * D + d[None, :],
+                     out.to(OUT.dtype.element_ty), mask=gm[:, None] & dm[None, :])
+        else:  # part [b, kv_heads, MAX_SPLITS, BG, BD], stat [b, kv_heads, MAX_SPLITS, 2, BG]
+            base = (row * tl.num_programs(1) + h) * shares + s
+            tl.store(PART + (base * BG + g)[:, None] * BD + d[None, :], acc)
+            tl.store(STAT + (base * 2) * BG + g, m_i)
+            tl.store(STAT + (base * 2 + 1) * BG + g, l_i)
+
+    @triton.jit
+    def merge(OUT, PART, STAT, shares, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr,
+              BD: tl.constexpr, BS: tl.constexpr):
+        row, h = tl.program_id(0), tl.program_id(1)
+        kv_heads = tl.num_programs(1)
+        s, g, d = tl.arange(0, BS), tl.arange(0, BG), tl.arange(0, BD)
+        sm = s < shares
+        base = (row * kv_heads + h) * shares + s  # [BS]
+        m = tl.load(STAT + (base * 2)[:, None] * BG + g[None, :], mask=sm[:, None],
+                    other=float("-inf"))  # [BS, BG]
+        l = tl.load(STAT + (base * 2 + 1)[:, None] * BG + g[None, :], mask=sm[:, None],
+                    other=0.0)
+        top = tl.max(m, axis=0)  # [BG]
+        w = tl.exp(m - tl.where(top == float("-inf"), 0.0, top)[None, :])  # [BS, BG]
+        part = tl.load(PART + ((base[:, None] * BG + g[None, :]) * BD)[:, :, None]
+                       + d[None, None, :], mask=sm[:, None, None], other=0.0)  # [BS, BG, BD]
+        total = tl.sum(w * l, axis=0)
+        out = tl.sum(w[:, :, None] * part, axis=0) / tl.where(total > 0, total, 1.0)[:, None]
+        heads = kv_heads * G
+        tl.store(OUT + (row * heads + h * G + g)[:, None] * D + d[None, :],
+                 out.to(OUT.dtype.element_ty), mask=(g < G)[:, None] & (d < D)[None, :])
+
+    return split, merge
+
+
+def usable(q: torch.Tensor) -> bool:
+    """Whether this kernel can run the attention of q [b, heads, q_len, head_dim]."""
+    on = q.is_cuda or (q.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
+    return (on and q.shape[2] == 1 and q.shape[3] <= 256
+            and q.dtype in (torch.float16, torch.bfloat16, torch.float32)
+            and _kernels() is not None)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def decode_attend(cache_k: torch.Tensor, cache_v: torch.Tensor, q: torch.Tensor,
+                  k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                  write_col: torch.Tensor, scaling: float | None) -> torch.Tensor:
+    """cache_k, cache_v: [b, kv_heads, max_len, d] (the step's rows); q [b, heads, 1, d];
+    k, v [b, kv_heads, 1, d]; mask [b, 1, 1, L] bool; write_col [b] int64.
+    Writes k, v at write_col, returns [b, 1, heads, d] (kv_cache.attend's layout)."""
+    split, merge = _kernels()
+    assert cache_k.stride() == cache_v.stride(), "k and v caches of one layout"
+    b, heads, _, dim = q.shape
+    kv_heads, length = k.shape[1], mask.shape[-1]
+    groups = heads // kv_heads
+    bg, bd = _pow2(groups), _pow2(dim)
+    bn = max(8, min(64, 128 // bg))  # columns a program holds at once: [bg, bn, bd] in registers
+    shares = min(MAX_SPLITS, -(-length // bn), max(1, -(-PROGRAMS // (b * kv_heads))))
+    chunk = -(-(-(-length // shares)) // bn) * bn  # columns per share, whole blocks
+    shares = -(-length // chunk)
+    out = torch.empty((b, 1, heads, dim), dtype=q.dtype, device=q.device)
+    if shares > 1:
+        part = torch.empty((b, kv_heads, shares, bg, bd), dtype=torch.float32, device=q.device)
+        stat = torch.empty((b, kv_heads, shares, 2, bg), dtype=torch.float32, device=q.device)
+    else:
+        part = stat = out  # not written: the one share writes the answer
+    seen = mask.view(torch.uint8)  # [b, 1, 1, L]: its strides say where each row's keys are
+    warps = 4 if bd <= 64 else 8
+    split[(b, kv_heads, shares)](
+        q, k, v, cache_k, cache_v, seen, write_col, out, part, stat,
+        dim ** -0.5 if scaling is None else scaling, length, chunk,
+        q.stride(0), q.stride(1), q.stride(3), k.stride(0), k.stride(1), k.stride(3),
+        v.stride(0), v.stride(1), v.stride(3),
+        cache_k.stride(0), cache_k.stride(1), cache_k.stride(2), cache_k.stride(3),
+        seen.stride(0), seen.stride(3),
+        G=groups, BG=bg, D=dim, BD=bd, BN=bn, FINAL=shares == 1, num_warps=warps)
+    if shares > 1:
+        merge[(b, kv_heads)](out, part, stat, shares, G=groups, BG=bg, D=dim, BD=bd,
+                             BS=MAX_SPLITS, num_warps=warps)
+    return out
