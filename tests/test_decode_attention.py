@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # (rows, heads, kv_heads, head_dim, length, dtype): shares of 1 (final) and several (merged)
 CASES = [(1, 8, 2, 16, 300, torch.float32), (1, 8, 2, 16, 40, torch.float32),
          (3, 4, 4, 12, 70, torch.float32), (2, 8, 1, 32, 9, torch.bfloat16),
-         (5, 4, 2, 16, 130, torch.float16), (4, 6, 2, 64, 200, torch.bfloat16)]
+         (5, 4, 2, 16, 130, torch.float16), (4, 6, 2, 64, 200, torch.bfloat16),
+         (1, 32, 8, 64, 256, torch.float16), (2, 40, 2, 128, 100, torch.float16)]
 
 
 def patch_interpreter() -> None:
@@ -42,13 +43,17 @@ def patch_interpreter() -> None:
 
 
 def compare(device: str) -> list[str]:
-    """Each case through the kernel and through the general path; the failures, as lines."""
+    """Each case through the kernel and through the general path; the failures, as lines.
+    The interpreter multiplies bfloat16 tiles as integers (numpy has no bfloat16): those cases
+    run on the GPU only."""
     from graphrun.generate import kv_cache
     from graphrun.generate.decode_attention import decode_attend, usable
 
     failures = []
     gen = torch.Generator().manual_seed(0)
     for b, heads, kv_heads, dim, length, dtype in CASES:
+        if device == "cpu" and dtype == torch.bfloat16:
+            continue
         def rand(*shape):
             return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
 

@@ -79,3 +79,18 @@ def test_record_keys_are_stable_and_tell_types_apart():
     assert record_key(0, 5) != record_key(0, "5")
     assert record_key(0, "a") != record_key(1, "a")
     assert -2**63 <= record_key(7, "x") < 2**63
+
+
+def test_the_two_stage_argmax_is_torchs_first_maximum_ties_and_ragged_parts_included():
+    from graphrun.generate.sampling import ARGMAX_PARTS, SPLIT_ARGMAX, first_argmax
+
+    gen = torch.Generator().manual_seed(5)
+    for v in (SPLIT_ARGMAX, SPLIT_ARGMAX + 1, 128256, 50257):
+        x = torch.randint(-3, 4, (6, v), generator=gen).float()  # many equal maxima per row
+        x[1] = float("-inf")  # no finite score: torch says 0
+        x[2, -1] = 10.0  # the maximum in the last, ragged part
+        x[3, v // ARGMAX_PARTS] = 10.0  # at a part's first column
+        got = first_argmax(x)
+        assert got.dtype == torch.int64 and got.tolist() == x.argmax(dim=-1).tolist()
+    small = torch.randn(3, 100, generator=gen)
+    assert first_argmax(small).tolist() == small.argmax(dim=-1).tolist()

@@ -41,20 +41,21 @@ def _kernels():
     def split(Q, KN, VN, CK, CV, MASK, COL, OUT, PART, STAT, scale, length, chunk,
               sq_b, sq_h, sq_d, sk_b, sk_h, sk_d, sv_b, sv_h, sv_d, sc_b, sc_h, sc_n, sc_d, sm_b, sm_n,
               G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-              BN: tl.constexpr, FINAL: tl.constexpr):
+              BN: tl.constexpr, FINAL: tl.constexpr, PRECISION: tl.constexpr):
         row, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         shares = tl.num_programs(2)
         g, d = tl.arange(0, BG), tl.arange(0, BD)
         gm, dm = g < G, d < D
         q = tl.load(Q + row * sq_b + (h * G + g)[:, None] * sq_h + d[None, :] * sq_d,
-                    mask=gm[:, None] & dm[None, :], other=0.0).to(tl.float32)  # [BG, BD]
+                    mask=gm[:, None] & dm[None, :], other=0.0)  # [BG, BD], rows past G zero
+        q = (q.to(tl.float32) * scale).to(CK.dtype.element_ty)
         col = tl.load(COL + row)
         k_new = tl.load(KN + row * sk_b + h * sk_h + d * sk_d, mask=dm, other=0.0)
         v_new = tl.load(VN + row * sv_b + h * sv_h + d * sv_d, mask=dm, other=0.0)
+        k_new, v_new = k_new.to(CK.dtype.element_ty), v_new.to(CV.dtype.element_ty)
         at = row * sc_b + h * sc_h + col * sc_n + d * sc_d
-        tl.store(CK + at, k_new.to(CK.dtype.element_ty), mask=dm & (s == 0))
-        tl.store(CV + at, v_new.to(CV.dtype.element_ty), mask=dm & (s == 0))
-        k_new, v_new = k_new.to(tl.float32), v_new.to(tl.float32)
+        tl.store(CK + at, k_new, mask=dm & (s == 0))
+        tl.store(CV + at, v_new, mask=dm & (s == 0))
         m_i = tl.full([BG], float("-inf"), tl.float32)
         l_i = tl.zeros([BG], tl.float32)
         acc = tl.zeros([BG, BD], tl.float32)
@@ -66,19 +67,19 @@ def _kernels():
             seen = tl.load(MASK + row * sm_b + n * sm_n, mask=inside, other=0) != 0
             kv_at = row * sc_b + h * sc_h + n[:, None] * sc_n + d[None, :] * sc_d
             both = inside[:, None] & dm[None, :]
-            k = tl.load(CK + kv_at, mask=both, other=0.0).to(tl.float32)  # [BN, BD]
-            v = tl.load(CV + kv_at, mask=both, other=0.0).to(tl.float32)
-            here = (n == col)[:, None]
+            k = tl.load(CK + kv_at, mask=both, other=0.0)  # [BN, BD]
+            v = tl.load(CV + kv_at, mask=both, other=0.0)
+            here = (n == col)[:, None]  # the new column, from the step's own k and v
             k = tl.where(here, k_new[None, :], k)
             v = tl.where(here, v_new[None, :], v)
-            scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale  # [BG, BN]
+            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BG, BN] float32
             scores = tl.where(seen[None, :], scores, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(scores, axis=1))
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key seen yet: no NaN
             alpha = tl.exp(m_i - m_use)
             p = tl.exp(scores - m_use[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
         if FINAL:  # one share: the answer itself, into out [b, 1, heads, D]
             out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -139,8 +140,9 @@ def decode_attend(cache_k: torch.Tensor, cache_v: torch.Tensor, q: torch.Tensor,
     b, heads, _, dim = q.shape
     kv_heads, length = k.shape[1], mask.shape[-1]
     groups = heads // kv_heads
-    bg, bd = _pow2(groups), _pow2(dim)
-    bn = max(8, min(64, 128 // bg))  # columns a program holds at once: [bg, bn, bd] in registers
+    # tensor-core products need 16 rows and 16 columns at least: query heads past the group's
+    # are zero rows, columns past head_dim zero columns
+    bg, bd, bn = max(16, _pow2(groups)), max(16, _pow2(dim)), 32
     shares = min(MAX_SPLITS, -(-length // bn), max(1, -(-PROGRAMS // (b * kv_heads))))
     chunk = -(-(-(-length // shares)) // bn) * bn  # columns per share, whole blocks
     shares = -(-length // chunk)
@@ -151,7 +153,7 @@ def decode_attend(cache_k: torch.Tensor, cache_v: torch.Tensor, q: torch.Tensor,
     else:
         part = stat = out  # not written: the one share writes the answer
     seen = mask.view(torch.uint8)  # [b, 1, 1, L]: its strides say where each row's keys are
-    warps = 4 if bd <= 64 else 8
+    warps = 4
     split[(b, kv_heads, shares)](
         q, k, v, cache_k, cache_v, seen, write_col, out, part, stat,
         dim ** -0.5 if scaling is None else scaling, length, chunk,
@@ -159,7 +161,8 @@ def decode_attend(cache_k: torch.Tensor, cache_v: torch.Tensor, q: torch.Tensor,
         v.stride(0), v.stride(1), v.stride(3),
         cache_k.stride(0), cache_k.stride(1), cache_k.stride(2), cache_k.stride(3),
         seen.stride(0), seen.stride(3),
-        G=groups, BG=bg, D=dim, BD=bd, BN=bn, FINAL=shares == 1, num_warps=warps)
+        G=groups, BG=bg, D=dim, BD=bd, BN=bn, FINAL=shares == 1,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=warps)
     if shares > 1:
         merge[(b, kv_heads)](out, part, stat, shares, G=groups, BG=bg, D=dim, BD=bd,
                              BS=MAX_SPLITS, num_warps=warps)

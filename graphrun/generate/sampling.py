@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 
 import torch
+from torch.nn import functional as F
 
 from graphrun.generate.config import Sampling
 
@@ -75,11 +76,29 @@ def filter_scores(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
     return scores
 
 
+SPLIT_ARGMAX = 16384  # from this vocabulary size on, the argmax runs in two stages
+ARGMAX_PARTS = 64
+
+
+def first_argmax(x: torch.Tensor) -> torch.Tensor:
+    """argmax over the last dim, [b, V] -> [b] int64, the first of equal maxima as
+    torch.argmax gives; over a long vocabulary in two stages (the best of each of 64 parts,
+    then the best part), since one row reduced whole runs on one block of the GPU."""
+    b, v = x.shape
+    if v < SPLIT_ARGMAX:
+        return x.argmax(dim=-1)
+    width = -(-v // ARGMAX_PARTS)
+    padded = F.pad(x, (0, ARGMAX_PARTS * width - v), value=float("-inf"))  # after the real
+    best, at = padded.view(b, ARGMAX_PARTS, width).max(dim=-1)  # [b, parts]
+    part = best.argmax(dim=-1, keepdim=True)  # [b, 1]: the first part holding the maximum
+    return (part * width + at.gather(1, part)).squeeze(1)
+
+
 def pick(logits: torch.Tensor, s: Sampling, keys: torch.Tensor, index: torch.Tensor,
          vocab_ids: torch.Tensor) -> torch.Tensor:
     """The next token per row, [b] int64, from logits [b, V] float32 (EOS already masked
     where min_new_tokens says so)."""
     if s.method == "greedy":
-        return logits.argmax(dim=-1)
+        return first_argmax(logits)
     scores = filter_scores(logits, s)
-    return (scores + gumbel(keys, index, vocab_ids)).argmax(dim=-1)
+    return first_argmax(scores + gumbel(keys, index, vocab_ids))
