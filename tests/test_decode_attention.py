@@ -87,7 +87,8 @@ def compare(device: str) -> list[str]:
 def test_the_kernel_in_the_interpreter_equals_the_general_path():
     code = ("import tests.test_decode_attention as t; t.patch_interpreter(); "
             "import sys; f = t.compare('cpu'); print('\\n'.join(f)); sys.exit(1 if f else 0)")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr[-3000:]

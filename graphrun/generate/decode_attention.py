@@ -23,7 +23,7 @@ import os
 
 import torch
 
-MAX_SPLITS = 16  # shares of one row's columns; the merge kernel reads them all at once
+MAX_SPLITS = 16  # shares of one row's columns at most; the merge kernel reads them at once
 PROGRAMS = 128  # split a row's columns until (rows x KV heads x shares) reaches about this
 
 
@@ -37,11 +37,12 @@ def _kernels():
     except ImportError:
         return None
 
-    @triton.jit
+    # one compilation for every bucket: a length or share size is never specialized on
+    @triton.jit(do_not_specialize=["length", "chunk"])
     def split(Q, KN, VN, CK, CV, MASK, COL, OUT, PART, STAT, scale, length, chunk,
               sq_b, sq_h, sq_d, sk_b, sk_h, sk_d, sv_b, sv_h, sv_d, sc_b, sc_h, sc_n, sc_d, sm_b, sm_n,
               G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-              BN: tl.constexpr, FINAL: tl.constexpr, PRECISION: tl.constexpr):
+              BN: tl.constexpr, PRECISION: tl.constexpr):
         row, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         shares = tl.num_programs(2)
         g, d = tl.arange(0, BG), tl.arange(0, BD)
@@ -81,7 +82,7 @@ def _kernels():
             l_i = l_i * alpha + tl.sum(p, axis=1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
-        if FINAL:  # one share: the answer itself, into out [b, 1, heads, D]
+        if shares == 1:  # the answer itself, into out [b, 1, heads, D]
             out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
             heads = tl.num_programs(1) * G
             tl.store(OUT + (row * heads + h * G + g)[:, None] * D + d[None, :],
@@ -92,21 +93,22 @@ def _kernels():
             tl.store(STAT + (base * 2) * BG + g, m_i)
             tl.store(STAT + (base * 2 + 1) * BG + g, l_i)
 
-    @triton.jit
-    def merge(OUT, PART, STAT, shares, G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr,
-              BD: tl.constexpr, BS: tl.constexpr):
+    @triton.jit(do_not_specialize=["shares"])
+    def merge(OUT, PART, STAT, shares, G: tl.constexpr, BG: tl.constexpr, PG: tl.constexpr,
+              D: tl.constexpr, BD: tl.constexpr, BS: tl.constexpr):
+        # PG: the rows per share the split kernel wrote; BG: the real ones, to a power of two
         row, h = tl.program_id(0), tl.program_id(1)
         kv_heads = tl.num_programs(1)
         s, g, d = tl.arange(0, BS), tl.arange(0, BG), tl.arange(0, BD)
         sm = s < shares
         base = (row * kv_heads + h) * shares + s  # [BS]
-        m = tl.load(STAT + (base * 2)[:, None] * BG + g[None, :], mask=sm[:, None],
+        m = tl.load(STAT + (base * 2)[:, None] * PG + g[None, :], mask=sm[:, None],
                     other=float("-inf"))  # [BS, BG]
-        l = tl.load(STAT + (base * 2 + 1)[:, None] * BG + g[None, :], mask=sm[:, None],
+        l = tl.load(STAT + (base * 2 + 1)[:, None] * PG + g[None, :], mask=sm[:, None],
                     other=0.0)
         top = tl.max(m, axis=0)  # [BG]
         w = tl.exp(m - tl.where(top == float("-inf"), 0.0, top)[None, :])  # [BS, BG]
-        part = tl.load(PART + ((base[:, None] * BG + g[None, :]) * BD)[:, :, None]
+        part = tl.load(PART + ((base[:, None] * PG + g[None, :]) * BD)[:, :, None]
                        + d[None, None, :], mask=sm[:, None, None], other=0.0)  # [BS, BG, BD]
         total = tl.sum(w * l, axis=0)
         out = tl.sum(w[:, :, None] * part, axis=0) / tl.where(total > 0, total, 1.0)[:, None]
@@ -147,11 +149,10 @@ def decode_attend(cache_k: torch.Tensor, cache_v: torch.Tensor, q: torch.Tensor,
     chunk = -(-(-(-length // shares)) // bn) * bn  # columns per share, whole blocks
     shares = -(-length // chunk)
     out = torch.empty((b, 1, heads, dim), dtype=q.dtype, device=q.device)
-    if shares > 1:
-        part = torch.empty((b, kv_heads, shares, bg, bd), dtype=torch.float32, device=q.device)
-        stat = torch.empty((b, kv_heads, shares, 2, bg), dtype=torch.float32, device=q.device)
-    else:
-        part = stat = out  # not written: the one share writes the answer
+    # with one share nothing is merged (the same kernel either way: one compilation)
+    merged = (b, kv_heads, shares) if shares > 1 else (1,)
+    part = torch.empty((*merged, bg, bd), dtype=torch.float32, device=q.device)
+    stat = torch.empty((*merged, 2, bg), dtype=torch.float32, device=q.device)
     seen = mask.view(torch.uint8)  # [b, 1, 1, L]: its strides say where each row's keys are
     warps = 4
     split[(b, kv_heads, shares)](
@@ -161,9 +162,9 @@ def decode_attend(cache_k: torch.Tensor, cache_v: torch.Tensor, q: torch.Tensor,
         v.stride(0), v.stride(1), v.stride(3),
         cache_k.stride(0), cache_k.stride(1), cache_k.stride(2), cache_k.stride(3),
         seen.stride(0), seen.stride(3),
-        G=groups, BG=bg, D=dim, BD=bd, BN=bn, FINAL=shares == 1,
+        G=groups, BG=bg, D=dim, BD=bd, BN=bn,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=warps)
     if shares > 1:
-        merge[(b, kv_heads)](out, part, stat, shares, G=groups, BG=bg, D=dim, BD=bd,
-                             BS=MAX_SPLITS, num_warps=warps)
+        merge[(b, kv_heads)](out, part, stat, shares, G=groups, BG=_pow2(groups), PG=bg,
+                             D=dim, BD=bd, BS=MAX_SPLITS, num_warps=warps)
     return out

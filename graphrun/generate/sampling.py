@@ -77,12 +77,12 @@ def filter_scores(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
 
 
 SPLIT_ARGMAX = 16384  # from this vocabulary size on, the argmax runs in two stages
-ARGMAX_PARTS = 64
+ARGMAX_PARTS = 256
 
 
 def first_argmax(x: torch.Tensor) -> torch.Tensor:
     """argmax over the last dim, [b, V] -> [b] int64, the first of equal maxima as
-    torch.argmax gives; over a long vocabulary in two stages (the best of each of 64 parts,
+    torch.argmax gives; over a long vocabulary in two stages (the best of each of 256 parts,
     then the best part), since one row reduced whole runs on one block of the GPU."""
     b, v = x.shape
     if v < SPLIT_ARGMAX:
