@@ -15,8 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("triton", reason="the decode-attention kernel is written in Triton")
-
 ROOT = Path(__file__).resolve().parents[1]
 
 # (rows, heads, kv_heads, head_dim, length, dtype): shares of 1 (final) and several (merged)
@@ -85,6 +83,7 @@ def compare(device: str) -> list[str]:
 
 
 def test_the_kernel_in_the_interpreter_equals_the_general_path():
+    pytest.importorskip("triton", reason="the decode-attention kernel is written in Triton")
     code = ("import tests.test_decode_attention as t; t.patch_interpreter(); "
             "import sys; f = t.compare('cpu'); print('\\n'.join(f)); sys.exit(1 if f else 0)")
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
@@ -106,6 +105,7 @@ def test_outside_the_interpreter_the_cpu_takes_the_general_path():
 def test_the_kernel_on_the_gpu_equals_the_general_path():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
+    pytest.importorskip("triton", reason="the decode-attention kernel is written in Triton")
     assert compare("cuda") == []
 
 
@@ -113,6 +113,7 @@ def test_the_kernel_on_the_gpu_equals_the_general_path():
 def test_captured_generation_with_the_kernel_gives_the_general_paths_completions(monkeypatch):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
+    pytest.importorskip("triton", reason="the decode-attention kernel is written in Triton")
     from graphrun.generate import kv_cache
     from graphrun.generate.config import GenerateConfig
     from graphrun.generate.generator import build_generator
@@ -132,3 +133,43 @@ def test_captured_generation_with_the_kernel_gives_the_general_paths_completions
     with_kernel = complete()
     monkeypatch.setattr(kv_cache, "usable", lambda q: False)
     assert complete() == with_kernel
+
+
+def test_a_kernel_that_fails_leaves_the_general_path_and_says_so_once(monkeypatch):
+    """A GPU or Triton the kernel cannot run on: the step still attends (the general path's
+    answer), the kernel is not tried again, and the graph table names the failure once."""
+    from graphrun.generate import decode_attention as da
+    from graphrun.generate import kv_cache
+
+    calls = []
+
+    def broken(*args):
+        calls.append(1)
+        raise RuntimeError("no kernel image for this GPU\nsecond line")
+
+    monkeypatch.setattr(da, "_failures", [])
+    monkeypatch.setattr(kv_cache, "usable", lambda q: not da._failures)
+    monkeypatch.setattr(kv_cache, "decode_attend", broken)
+    gen = torch.Generator().manual_seed(1)
+    ck, cv = torch.randn(2, 2, 8, 4, generator=gen), torch.randn(2, 2, 8, 4, generator=gen)
+    q, k, v = (torch.randn(2, h, 1, 4, generator=gen) for h in (4, 2, 2))
+    mask = torch.ones(2, 1, 1, 6, dtype=torch.bool)
+    col = torch.tensor([3, 5])
+    want = kv_cache.general_attend(ck.clone(), cv.clone(), q, k, v, mask, col, None)
+    for _ in range(2):
+        got = kv_cache._attend(ck.clone(), cv.clone(), q, k, v, mask, col, None)
+        assert torch.allclose(got, want)
+    assert len(calls) == 1 and da.failure() == "RuntimeError: no kernel image for this GPU"
+
+    from graphrun.generate.config import GenerateConfig
+    from graphrun.generate.generator import build_generator
+    from graphrun.generate.llama import build_llama
+
+    lines = []
+    g = build_generator(build_llama(), GenerateConfig(max_new_tokens=3), batch_buckets=[1],
+                        prompt_buckets=[8], log=lines.append)
+    g.generate([[5, 6, 7]], [0])
+    said = [line for line in lines if "decode attention kernel failed" in line]
+    assert len(said) == 1 and "no kernel image for this GPU" in said[0]
+    assert sum("decode attention kernel failed" in (e["reason"] or "")
+               for e in g.buckets()) == 1

@@ -13,7 +13,9 @@ the one that writes it.
 
 Used where it can run: Triton importable, the tensors on a GPU (or Triton's interpreter on the
 CPU, TRITON_INTERPRET=1, for tests), one query per row, a head_dim of at most 256. Elsewhere
-kv_cache._attend takes the general path (scatter, then scaled_dot_product_attention).
+kv_cache._attend takes the general path (scatter, then scaled_dot_product_attention), and so it
+does for the rest of the process once the kernel has failed (give_up; the graph table names the
+failure in the manifest once).
 """
 
 from __future__ import annotations
@@ -119,12 +121,27 @@ def _kernels():
     return split, merge
 
 
+_failures: list[str] = []  # why the kernel failed in this process: it is not tried again
+
+
 def usable(q: torch.Tensor) -> bool:
     """Whether this kernel can run the attention of q [b, heads, q_len, head_dim]."""
     on = q.is_cuda or (q.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
-    return (on and q.shape[2] == 1 and q.shape[3] <= 256
+    return (on and not _failures and q.shape[2] == 1 and q.shape[3] <= 256
             and q.dtype in (torch.float16, torch.bfloat16, torch.float32)
             and _kernels() is not None)
+
+
+def give_up(err: BaseException) -> None:
+    """The kernel failed (a GPU or a Triton it cannot compile for): the general path from now
+    on. Its first call is an eager step before any capture, so nothing was launched."""
+    text = f"{type(err).__name__}: {err}".strip().splitlines()
+    _failures.append(text[0][:300] if text else type(err).__name__)
+
+
+def failure() -> str | None:
+    """Why the kernel is no longer used in this process, or None."""
+    return _failures[0] if _failures else None
 
 
 def _pow2(n: int) -> int:

@@ -31,6 +31,7 @@ from graphrun.engine.capture import capture_graph
 from graphrun.engine.verify import ULP_SLACK, compare
 from graphrun.base.errors import CaptureError
 
+from graphrun.generate import decode_attention
 from graphrun.generate.steps import RowState
 
 MiB = 1 << 20
@@ -99,6 +100,7 @@ class GraphTable:
         self.make_step, self.state, self.log = make_step, state, log
         self.compiling = compiled  # off for good after a compilation fails
         self.compile_failure: str | None = None  # the reason, given to every later entry
+        self.attention_failure: str | None = None  # decode_attention's, noted once
         self.graphs = backend == "cuda-graph"
         self.device, self.dtype, self.verify_on = device, dtype, verify
         self.stream = torch.cuda.Stream(device) if self.graphs else None
@@ -116,7 +118,13 @@ class GraphTable:
         todo = sorted({k for k in keys if k not in self.entries},
                       key=lambda k: (k.kind == "prefill", k.rows, k.length), reverse=True)
         for key in todo:
-            self.entries[key] = self._set_up(key, how)
+            self.entries[key] = entry = self._set_up(key, how)
+            failed = decode_attention.failure()
+            if failed and not self.attention_failure:  # said once, on the graph it happened in
+                self.attention_failure = (f"the decode attention kernel failed, the general "
+                                          f"path runs: {failed}")
+                entry.reason = "; ".join(filter(None, (entry.reason, self.attention_failure)))
+                self.log(f"warning: {self.attention_failure}")
 
     def __getitem__(self, key: StepKey) -> StepGraph:
         return self.entries[key]

@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 from torch.nn import functional as F
 
-from graphrun.generate.decode_attention import decode_attend, usable
+from graphrun.generate.decode_attention import decode_attend, give_up, usable
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,10 @@ def _attend(cache_k: torch.Tensor, cache_v: torch.Tensor, q: torch.Tensor, k: to
     """cache_k, cache_v: one layer's whole buffers; mask [b, 1, q_len, L] says b and L."""
     b = q.shape[0]
     if write_col is not None and usable(q):  # decode: the write and the attention, one kernel
-        return decode_attend(cache_k[:b], cache_v[:b], q, k, v, mask, write_col, scaling)
+        try:
+            return decode_attend(cache_k[:b], cache_v[:b], q, k, v, mask, write_col, scaling)
+        except Exception as err:  # noqa: BLE001 - a kernel that cannot run: the general path
+            give_up(err)
     return general_attend(cache_k, cache_v, q, k, v, mask, write_col, scaling)
 
 
