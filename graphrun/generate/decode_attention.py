@@ -45,7 +45,8 @@ def _kernels():
               sq_b, sq_h, sq_d, sk_b, sk_h, sk_d, sv_b, sv_h, sv_d, sc_b, sc_h, sc_n, sc_d, sm_b, sm_n,
               G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
               BN: tl.constexpr, PRECISION: tl.constexpr):
-        row, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        # 64-bit offsets: rows x a row's cache can pass 2**31 elements in a large cache
+        row, h, s = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
         shares = tl.num_programs(2)
         g, d = tl.arange(0, BG), tl.arange(0, BD)
         gm, dm = g < G, d < D
@@ -99,7 +100,7 @@ def _kernels():
     def merge(OUT, PART, STAT, shares, G: tl.constexpr, BG: tl.constexpr, PG: tl.constexpr,
               D: tl.constexpr, BD: tl.constexpr, BS: tl.constexpr):
         # PG: the rows per share the split kernel wrote; BG: the real ones, to a power of two
-        row, h = tl.program_id(0), tl.program_id(1)
+        row, h = tl.program_id(0).to(tl.int64), tl.program_id(1)
         kv_heads = tl.num_programs(1)
         s, g, d = tl.arange(0, BS), tl.arange(0, BG), tl.arange(0, BD)
         sm = s < shares
