@@ -562,9 +562,9 @@ def compare(tokens: dict[int, list[int]], reference: dict[int, list[int]]) -> tu
 
 def fixed_rows(model, name: str, batches: list[int], ways: list[str], prompt: int, new: int,
                peak: float | None) -> list[dict]:
-    device, out = model.device, []
     from graphrun.generate.mbu import weight_bytes_per_step
 
+    device, out = model.device, []
     vocab = model.config.vocab_size
     bound_bytes = weight_bytes_per_step(model)
     for b in batches:

@@ -63,8 +63,8 @@ def adapt(model, max_len: int):
 
 def _place(model, device: torch.device, dtype: torch.dtype) -> None:
     """The model on the generator's device in its dtype, moved only when it is not there;
-    the builtin remakes its float32 RoPE frequencies, which a dtype cast rounds, and stacks
-    its projections (Llama.fuse_projections)."""
+    graphrun's own models remake their float32 RoPE frequencies, which a dtype cast rounds,
+    and its Llama stacks its projections (Llama.fuse_projections)."""
     params = [t for t in model.parameters() if t.is_floating_point()]
     if not all(t.device == device and t.dtype == dtype for t in params):
         model.to(device=device, dtype=dtype)
