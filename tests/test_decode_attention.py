@@ -130,6 +130,9 @@ def test_captured_generation_with_the_kernel_gives_the_general_paths_completions
         assert all(e["status"] == "captured" for e in gen.buckets()), gen.buckets()
         return [[c.token_ids for c in r.completions] for r in out]
 
+    from graphrun.generate.decode_attention import runs_on
+
+    assert runs_on(torch.device("cuda"), torch.float32, 8)  # what the manifest will say
     with_kernel = complete()
     monkeypatch.setattr(kv_cache, "usable", lambda q: False)
     assert complete() == with_kernel

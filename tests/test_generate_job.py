@@ -236,6 +236,7 @@ def test_gpus_workers_give_the_same_completions_as_one_process(tmp_path):
     assert gen["records"] == 16 and gen["output_tokens"] == one.generation.output_tokens
     assert gen["finish_reasons"] == one.generation.finish_reasons
     assert gen["prompts_truncated"] == one.generation.prompts_truncated
+    assert gen["decode_attention"] == one.generation.decode_attention == "general"
 
 
 @pytest.mark.slow

@@ -52,7 +52,7 @@ def test_mbu_is_unknown_without_a_peak_or_a_timed_decode_step():
     assert mbu([], param_bytes=1, kv_token_bytes=1, peak=4.8e12) is None
 
 
-def test_a_cpu_generation_job_has_no_mbu(tmp_path):
+def test_a_cpu_generation_job_has_no_mbu_and_the_general_attention(tmp_path):
     import graphrun
     from tests.test_generate_job import write_spec
 
@@ -60,6 +60,20 @@ def test_a_cpu_generation_job_has_no_mbu(tmp_path):
                                                "sampling": {"method": "greedy"}})
     manifest = graphrun.run(graphrun.load_spec(spec))
     assert manifest.generation.mbu is None and manifest.generation.decode_steps > 0
+    assert manifest.generation.decode_attention == "general"  # the kernel runs on a GPU
+
+
+def test_merged_workers_say_each_attention_their_decode_steps_ran():
+    from graphrun.manifest.sections import generation_summary, merged_generation
+
+    def section(attention):
+        return generation_summary([], (50,), kv_cache_bytes=0, decode_attention=attention)
+
+    assert merged_generation([section("kernel"), section("kernel")]).decode_attention == \
+        "kernel"
+    assert merged_generation([section("kernel"), section("general")]).decode_attention == \
+        "general, kernel"
+    assert merged_generation([section(None)]).decode_attention is None
 
 
 def test_a_step_reads_an_untied_embedding_only_by_rows_a_tied_one_whole():

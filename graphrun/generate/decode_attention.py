@@ -127,9 +127,17 @@ _failures: list[str] = []  # why the kernel failed in this process: it is not tr
 
 def usable(q: torch.Tensor) -> bool:
     """Whether this kernel can run the attention of q [b, heads, q_len, head_dim]."""
-    on = q.is_cuda or (q.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
-    return (on and not _failures and q.shape[2] == 1 and q.shape[3] <= 256
-            and q.dtype in (torch.float16, torch.bfloat16, torch.float32)
+    return runs_on(q.device, q.dtype, q.shape[3], q_len=q.shape[2])
+
+
+def runs_on(device: torch.device, dtype: torch.dtype, head_dim: int, q_len: int = 1) -> bool:
+    """Whether a decode step's attention on this device, in this dtype, runs this kernel (the
+    manifest's generation.decode_attention)."""
+    device = torch.device(device)
+    on = device.type == "cuda" or (device.type == "cpu"
+                                   and os.environ.get("TRITON_INTERPRET") == "1")
+    return (on and not _failures and q_len == 1 and head_dim <= 256
+            and dtype in (torch.float16, torch.bfloat16, torch.float32)
             and _kernels() is not None)
 
 

@@ -28,6 +28,7 @@ from graphrun.engine.launch import concat_rows
 from graphrun.generate.llama import (Checkpoint, OwnLM, build_llama, find_checkpoint,
                                      load_checkpoint)
 from graphrun.generate.config import BatchResult, GenerateConfig, Sampling
+from graphrun.generate.decode_attention import runs_on
 from graphrun.generate.generator import Generator
 from graphrun.generate.hf_attention import eos_ids_of
 from graphrun.generate.mbu import kv_bytes_per_token, mbu, peak_bandwidth, weight_bytes_per_step
@@ -227,7 +228,16 @@ class GenerationRunner:
         return generation_summary(self.results, percentiles,
                                   kv_cache_bytes=self.generator.kv_bytes, graphs=graphs,
                                   prompts_truncated=truncated, prompts_rejected=rejected,
-                                  mbu=self.mbu())
+                                  mbu=self.mbu(), decode_attention=self.decode_attention())
+
+    def decode_attention(self) -> str | None:
+        """generation.decode_attention: which attention the decode steps ran (None without a
+        decode step)."""
+        g = self.generator
+        if g.cache is None or not any(r.decode_steps for r in self.results):
+            return None
+        return ("kernel" if runs_on(g.device, g.dtype, g.cache.layout.head_dim)
+                else "general")
 
     def mbu(self) -> float | None:
         """generation.mbu on a GPU of known peak bandwidth (generate/mbu.py); None on the CPU."""

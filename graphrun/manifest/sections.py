@@ -196,11 +196,18 @@ class Generation(_M):
                                    "(or data.text.max_length), cut from the left and run.")
     prompts_rejected: int = Field(0, description="Prompts too long, not cut "
                                   "(data.text.truncate: false), written to rejects.jsonl.")
+    decode_attention: Optional[str] = Field(
+        None, description="The attention of the decode steps: 'kernel' (graphrun's Triton "
+        "kernel: the cache write and the attention in one pass, on a GPU) or 'general' "
+        "(torch's indexing, then scaled_dot_product_attention: on the CPU, without Triton, or "
+        "once the kernel failed, whose reason is in graphs[]); workers that differ are listed "
+        "comma-separated.")
 
 
 def generation_summary(results, percentiles, *, kv_cache_bytes: int,
                        graphs: list[GraphSetup] = (), prompts_truncated: int = 0,
-                       prompts_rejected: int = 0, mbu: float | None = None) -> Generation:
+                       prompts_rejected: int = 0, mbu: float | None = None,
+                       decode_attention: str | None = None) -> Generation:
     """The generation section from the batches' results (generate.BatchResult: completions,
     prefill_s, decode_s, ttft_s, decode_steps, useful_steps, rows or bucket)."""
     import numpy as np
@@ -232,7 +239,8 @@ def generation_summary(results, percentiles, *, kv_cache_bytes: int,
         decode_steps=sum(r.decode_steps for r in results), decode_row_steps=row_steps,
         useful_steps=useful, wasted_fraction=1 - useful / row_steps if row_steps else 0.0,
         kv_cache_bytes=kv_cache_bytes, graphs=list(graphs), mbu=mbu,
-        prompts_truncated=prompts_truncated, prompts_rejected=prompts_rejected)
+        prompts_truncated=prompts_truncated, prompts_rejected=prompts_rejected,
+        decode_attention=decode_attention)
 
 
 def merged_generation(sections: list[Generation]) -> Generation | None:
@@ -269,4 +277,6 @@ def merged_generation(sections: list[Generation]) -> Generation | None:
         graphs=[x for g in sections for x in g.graphs],
         mbu=sum(mbus) / len(mbus) if mbus else None,
         prompts_truncated=sum(g.prompts_truncated for g in sections),
-        prompts_rejected=sum(g.prompts_rejected for g in sections))
+        prompts_rejected=sum(g.prompts_rejected for g in sections),
+        decode_attention=", ".join(sorted({g.decode_attention for g in sections
+                                           if g.decode_attention})) or None)
