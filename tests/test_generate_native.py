@@ -238,3 +238,25 @@ def test_a_checkpoint_in_shards_loads_from_its_index(tmp_path):
     assert generate(ours, max_new_tokens=6) == hf_greedy(theirs, PROMPTS, max_new_tokens=6)
     shards[-1].unlink()
     assert "missing" in find_checkpoint(tmp_path / "shards", "AutoModelForCausalLM", {})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_graphruns_rms_norm_rounds_as_transformers_llama_norm_does(dtype):
+    """One fused call in place of transformers' steps (float32 mean square, one rounding,
+    then the weight): the same values, to a unit in the last place of the dtype."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from graphrun.generate.llama import RMSNorm
+
+    gen = torch.Generator().manual_seed(4)
+    ours, theirs = RMSNorm(256, 1e-6), LlamaRMSNorm(256, eps=1e-6)
+    with torch.no_grad():
+        ours.weight.copy_(torch.rand(256, generator=gen) + 0.5)
+        theirs.weight.copy_(ours.weight)
+    ours, theirs = ours.to(dtype), theirs.to(dtype)
+    for scale in (1e-3, 1.0, 300.0):
+        x = (torch.randn(5, 3, 256, generator=gen) * scale).to(dtype)
+        got, want = ours(x), theirs(x)
+        assert got.dtype == want.dtype == dtype
+        ulp = torch.finfo(dtype).eps * want.float().abs()
+        assert ((got.float() - want.float()).abs() <= ulp).all(), (dtype, scale)
