@@ -82,19 +82,18 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv: StepKV) -> torch.Tensor:
         b, q_len, _ = x.shape  # x: [b, q, d_model]
+        h, g, d = self.heads, self.kv_heads, self.head_dim
         if self.qkv_proj is not None:
-            q, k, v = self.qkv_proj(x).split(
-                [self.heads * self.head_dim, *(2 * [self.kv_heads * self.head_dim])], dim=-1)
+            qk, v = self.qkv_proj(x).split([(h + g) * d, g * d], dim=-1)
         else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = q.view(b, q_len, self.heads, self.head_dim)
-        k = k.view(b, q_len, self.kv_heads, self.head_dim)
+            qk, v = torch.cat((self.q_proj(x), self.k_proj(x)), dim=-1), self.v_proj(x)
+        qk = qk.view(b, q_len, h + g, d)  # q's heads, then k's
         if self.qk_norm:  # per head, over head_dim
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = q.transpose(1, 2), k.transpose(1, 2)
-        v = v.view(b, q_len, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)  # [b, heads | kv_heads, q, head_dim]
-        y = attend(kv, self.layer, q, k, v, self.head_dim ** -0.5)  # [b, q, heads, head_dim]
+            qk = torch.cat((self.q_norm(qk[:, :, :h]), self.k_norm(qk[:, :, h:])), dim=2)
+        # RoPE on q and k at once: the same elementwise arithmetic, half the kernels
+        q, k = rotate(qk.transpose(1, 2), cos, sin).split([h, g], dim=1)  # [b, h | g, q, d]
+        v = v.view(b, q_len, g, d).transpose(1, 2)
+        y = attend(kv, self.layer, q, k, v, d ** -0.5)  # [b, q, heads, head_dim]
         return self.o_proj(y.reshape(b, q_len, -1))
 
 
