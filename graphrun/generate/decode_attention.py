@@ -42,7 +42,8 @@ def _kernels():
     # one compilation for every bucket: a length or share size is never specialized on
     @triton.jit(do_not_specialize=["length", "chunk"])
     def split(Q, KN, VN, CK, CV, MASK, COL, OUT, PART, STAT, scale, length, chunk,
-              sq_b, sq_h, sq_d, sk_b, sk_h, sk_d, sv_b, sv_h, sv_d, sc_b, sc_h, sc_n, sc_d, sm_b, sm_n,
+              sq_b, sq_h, sq_d, sk_b, sk_h, sk_d, sv_b, sv_h, sv_d,
+              sc_b, sc_h, sc_n, sc_d, sm_b, sm_n,
               G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
               BN: tl.constexpr, PRECISION: tl.constexpr):
         # 64-bit offsets: rows x a row's cache can pass 2**31 elements in a large cache
