@@ -17,11 +17,14 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# (rows, heads, kv_heads, head_dim, length, dtype): shares of 1 (final) and several (merged)
+# (rows, heads, kv_heads, head_dim, length, dtype): shares of 1 (final) and several (merged),
+# head_dim 8-256, groups of 1-64 query heads, 2-600 columns, 70 rows
 CASES = [(1, 8, 2, 16, 300, torch.float32), (1, 8, 2, 16, 40, torch.float32),
          (3, 4, 4, 12, 70, torch.float32), (2, 8, 1, 32, 9, torch.bfloat16),
          (5, 4, 2, 16, 130, torch.float16), (4, 6, 2, 64, 200, torch.bfloat16),
-         (1, 32, 8, 64, 256, torch.float16), (2, 40, 2, 128, 100, torch.float16)]
+         (1, 32, 8, 64, 256, torch.float16), (2, 40, 2, 128, 100, torch.float16),
+         (1, 2, 1, 256, 40, torch.float32), (2, 4, 4, 8, 2, torch.float32),
+         (1, 64, 1, 16, 600, torch.float16), (70, 2, 2, 16, 33, torch.float32)]
 
 
 def patch_interpreter() -> None:
@@ -59,7 +62,7 @@ def compare(device: str) -> list[str]:
                                                                       length + 8, dim)
         q = rand(b, 1, heads, dim).transpose(1, 2)  # [b, heads, 1, d], strided as a model's
         k, v = rand(b, 1, kv_heads, dim).transpose(1, 2), rand(b, 1, kv_heads, dim).transpose(1, 2)
-        start = torch.randint(0, length // 2, (b,), generator=gen).to(device)
+        start = torch.randint(0, max(1, length // 2), (b,), generator=gen).to(device)
         col = torch.randint(length // 2, length, (b,), generator=gen).to(device)
         cols = torch.arange(length, device=device)
         seen = (cols[None] >= start[:, None]) & (cols[None] <= col[:, None])
