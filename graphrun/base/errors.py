@@ -94,3 +94,10 @@ def debugging() -> bool:
 def set_debugging(on: bool) -> None:
     global _debug
     _debug = on
+
+
+def first_line(err: BaseException, limit: int = 300) -> str:
+    """An exception in one line for a manifest or a log: its type and its message's first line,
+    not a stack."""
+    text = f"{type(err).__name__}: {err}".strip()
+    return text.splitlines()[0][:limit] if text else type(err).__name__

@@ -39,9 +39,3 @@ class CompiledStep:
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor,
                  kv: StepKV) -> torch.Tensor:
         return self._fn(tokens, positions, kv)
-
-
-def compile_failure(err: BaseException) -> str:
-    """One line for the manifest and the log: the compiler's own first line, not its stack."""
-    text = f"{type(err).__name__}: {err}".strip()
-    return text.splitlines()[0][:300] if text else type(err).__name__

@@ -29,7 +29,7 @@ import torch
 from graphrun.engine.buckets import Bucket
 from graphrun.engine.capture import capture_graph
 from graphrun.engine.verify import ULP_SLACK, compare
-from graphrun.base.errors import CaptureError
+from graphrun.base.errors import CaptureError, first_line
 
 from graphrun.generate import decode_attention
 from graphrun.generate.steps import RowState
@@ -219,10 +219,8 @@ class GraphTable:
 
     def _compile_failed(self, entry: StepGraph, err: BaseException) -> None:
         """This entry, and every later one, on the plain model."""
-        from graphrun.generate.compiled import compile_failure
-
         self.compiling = False
-        self.compile_failure = f"model.compile failed, runs without it: {compile_failure(err)}"
+        self.compile_failure = f"model.compile failed, runs without it: {first_line(err)}"
         self._uncompile(entry, self.compile_failure)
 
     def _uncompile(self, entry: StepGraph, reason: str) -> None:
