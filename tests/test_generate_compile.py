@@ -91,6 +91,19 @@ def test_a_compiler_failure_leaves_every_graph_on_the_plain_model_with_the_reaso
         "inductor exploded"}
 
 
+def test_only_the_one_row_decode_step_compiles_under_coordinate_descent_tuning():
+    from graphrun.generate import compiled
+
+    seen = []
+    step = compiled.CompiledStep.__new__(compiled.CompiledStep)
+    step._fn = lambda tokens, positions, kv: seen.append(
+        (tuple(tokens.shape), torch._inductor.config.coordinate_descent_tuning))
+    for shape in [(1, 1), (1, 16), (4, 1), (4, 16)]:
+        step(torch.zeros(shape, dtype=torch.long), None, None)
+    assert seen == [((1, 1), True), ((1, 16), False), ((4, 1), False), ((4, 16), False)]
+    assert torch._inductor.config.coordinate_descent_tuning is False
+
+
 def test_a_compile_job_reports_its_compiled_graphs_in_the_manifest(tmp_path, monkeypatch):
     from graphrun.generate import compiled
 

@@ -7,6 +7,12 @@ batch and KV-length bucket of a kind (torch specializes a size of 1 apart), not 
 as HF's static cache needs. torch.compile's own CUDA graphs stay off: the graph table captures
 the compiled step with its bookkeeping, as it captures the plain one.
 
+A one-row decode step (tokens [1, 1]) is compiled with inductor's coordinate-descent tuning:
+with it inductor writes each of the step's matrix-vector products as a tuned reduction kernel
+(fused with the norm or activation beside it) instead of a cuBLAS GEMM, whose tiles leave a
+one-row product short of the memory bandwidth the step is bound by. The tuning costs compile
+time once per machine (inductor caches its choices); other shapes keep the default.
+
 A compilation that fails, or a compiled step whose outputs disagree with the plain model's, is
 not fatal: that graph (and every later one, after a failure) is set up from the plain model,
 with the reason in the manifest.
@@ -38,4 +44,8 @@ class CompiledStep:
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor,
                  kv: StepKV) -> torch.Tensor:
+        if tokens.shape == (1, 1):
+            # read at compile time only: the [1, 1] specialization is compiled under it
+            with torch._inductor.config.patch(coordinate_descent_tuning=True):
+                return self._fn(tokens, positions, kv)
         return self._fn(tokens, positions, kv)
