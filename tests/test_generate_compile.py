@@ -142,6 +142,12 @@ def test_half_precision_compiled_picks_may_differ_only_at_near_ties():
     assert tie["passed"] and tie["token_mismatches"] == 0
     wrong = compare_runs(([torch.tensor([2])], [far]), want, torch.bfloat16, 1, compiled=True)
     assert not wrong["passed"]
+    # after a near tie the row is fed another token: its later, other picks are not counted
+    later = torch.tensor([[0.5, -1.0, 3.0]])
+    two = ([torch.tensor([0]), torch.tensor([2])], [want_logits, later])
+    tie_then_other = compare_runs(([torch.tensor([1]), torch.tensor([0])], [near, later * 0]),
+                                  two, torch.bfloat16, 1, compiled=True)
+    assert tie_then_other["passed"] and tie_then_other["token_mismatches"] == 0
     # the capture itself gets no such slack
     assert not compare_runs(([torch.tensor([1])], [near]), want, torch.bfloat16, 1)["passed"]
 
