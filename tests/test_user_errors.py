@@ -394,3 +394,13 @@ def test_an_index_error_mid_run_names_the_range_and_pad_not_the_models_code(tmp_
     assert "inputs.tokens range [0, 50), pad 0; the model's nn.Embedding tables hold 50 rows" \
         in text
     assert "fix the model" not in text and "--overwrite" in text
+
+
+def test_an_exception_in_one_line_even_without_a_message():
+    from graphrun.base.errors import first_line, first_message
+
+    assert first_line(ValueError("bad shape\n  at layer 3")) == "ValueError: bad shape"
+    assert first_line(RuntimeError()) == "RuntimeError"  # an empty message raised IndexError
+    assert first_message(AssertionError()) == ""
+    assert first_message(OSError("  no config.json  \nmore")) == "no config.json"
+    assert len(first_line(ValueError("x" * 1000), limit=40)) == 40

@@ -96,8 +96,14 @@ def set_debugging(on: bool) -> None:
     _debug = on
 
 
+def first_message(err: BaseException) -> str:
+    """The first line of an exception's message; "" for an exception raised without one."""
+    text = str(err).strip()
+    return text.splitlines()[0].rstrip() if text else ""
+
+
 def first_line(err: BaseException, limit: int = 300) -> str:
     """An exception in one line for a manifest or a log: its type and its message's first line,
     not a stack."""
-    text = f"{type(err).__name__}: {err}".strip()
-    return text.splitlines()[0][:limit] if text else type(err).__name__
+    message = first_message(err)
+    return (f"{type(err).__name__}: {message}" if message else type(err).__name__)[:limit]

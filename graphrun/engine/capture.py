@@ -20,7 +20,7 @@ from typing import Callable, Collection
 import torch
 
 from graphrun.engine.buckets import Bucket
-from graphrun.base.errors import CaptureError, GraphrunError, ModelError
+from graphrun.base.errors import CaptureError, GraphrunError, ModelError, first_message
 from graphrun.base.phases import phase
 from graphrun.models.call import index_hint
 from graphrun.engine.lanes import Lane, LaneGraph, Layout
@@ -422,7 +422,7 @@ def explain_capture_failure(exc: BaseException, bucket: Bucket) -> CaptureError:
         exc = exc.__context__ or exc.__cause__
     where = next((w for w in map(_model_frame, chain) if w), None)
     cause = next((e for e in chain if _model_frame(e)), chain[-1])
-    first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+    first = first_message(cause)
     text = f"CUDA graph capture failed: {type(cause).__name__}: {first}"
     if where:
         text += f"\n  at {where}"
@@ -435,7 +435,7 @@ def model_failed(exc: BaseException, bucket: str, where: str, ids: list,
     the input, its ids), the bucket, and the model's own error line, without a traceback.
     index_hint: what an IndexError most likely comes from (models.call.index_hint)."""
     cause, at = _model_cause(exc)
-    first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+    first = first_message(cause)
     shown = ", ".join(map(str, ids[:3])) + (f", ... {ids[-1]}" if len(ids) > 3 else "")
     text = (f"the model raised on the batch of {len(ids)} records from {where} (ids {shown}) "
             f"in bucket {bucket}: {type(cause).__name__}: {first}")
@@ -455,7 +455,7 @@ def setup_failed(exc: BaseException, bucket: str, hint: str | None = None) -> Mo
     inputs of the bucket's shape), after its first call worked on another bucket: name the
     bucket, the model's own line and what to try."""
     cause, at = _model_cause(exc)
-    first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+    first = first_message(cause)
     text = (f"the model raised while bucket {bucket} was set up (run on sample inputs of "
             f"that shape): {type(cause).__name__}: {first}")
     if at:

@@ -22,7 +22,7 @@ import torch
 from graphrun.engine.buckets import Bucket, BucketTable, cut_rows, pad_into, split_sizes
 from graphrun.engine.device import made_current, resolve_backend, resolve_device
 from graphrun.engine.device_start import DeviceStart
-from graphrun.base.errors import GraphrunError, ModelError
+from graphrun.base.errors import GraphrunError, ModelError, first_message
 from graphrun.manifest.keys import BucketReport, LaneReport
 from graphrun.base.phases import FIRST_USE, phase
 from graphrun.models.call import (call_model, first_call, index_hint, name_outputs,
@@ -180,7 +180,7 @@ class Runner:
                     self.capturer.first_use(self.lanes, state, self.table, batch)
                 except GraphrunError as err:
                     state.reason = (f"its setup on first use (batch {batch}) failed: "
-                                    f"{str(err).splitlines()[0]}")
+                                    f"{first_message(err)}")
                     raise first_use_failed(err, state.bucket.name, batch) from err
                 if self.spec.report.baseline == "eager":
                     with torch.inference_mode():

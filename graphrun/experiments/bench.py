@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from graphrun.base.errors import GraphrunError
+from graphrun.base.errors import GraphrunError, first_line
 from graphrun.engine.capture import setup_failed
 from graphrun.engine.probe import bucket_costs, synthetic_batch
 from graphrun.experiments.stats import Spread, Verdict, range_text, separated, spread, verdict
@@ -233,7 +233,7 @@ def open_sessions(openers: list, notes: list[str], log) -> list[Session]:
         except Exception as err:  # noqa: BLE001 - see the docstring
             if mode == "eager":
                 raise
-            notes.append(f"{mode} failed: {type(err).__name__}: {str(err).splitlines()[0]}")
+            notes.append(f"{mode} failed: {first_line(err)}")
     return sessions
 
 
@@ -257,8 +257,7 @@ def round_robin(sessions: list[Session], keys: list, repeats: int, measure, note
                 except Exception as err:  # noqa: BLE001 - as open_sessions
                     if s.mode == "eager":  # the model itself fails on this bucket's shape
                         raise setup_failed(err, str(key)) from err
-                    notes.append(f"{s.mode} failed: {type(err).__name__}: "
-                                 f"{str(err).splitlines()[0]}")
+                    notes.append(f"{s.mode} failed: {first_line(err)}")
                     alive.remove(s)
                     got[s.mode] = {}
     return got

@@ -24,7 +24,7 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from graphrun.base.errors import GraphrunError, Problem, SpecError
+from graphrun.base.errors import GraphrunError, Problem, SpecError, first_message
 from graphrun.experiments.stats import RULE, Spread, spread, verdict
 
 SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "sweep.schema.json"
@@ -360,7 +360,7 @@ def sweep(spec: Path, grid: dict[str, list[Any]], out: Path, *, stop: int | None
         try:
             load_spec(spec, list(base) + _overrides(chosen))
         except GraphrunError as err:
-            errors[name] = str(err).splitlines()[0]
+            errors[name] = first_message(err)
             echo(f"{name}: failed: {errors[name]}")
     folders: dict[str, list[Path]] = {name: [] for name, _ in plan}
     for k in range(repeats):  # round-robin: every variant once per round

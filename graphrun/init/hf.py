@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from graphrun.base.errors import GraphrunError, ModelError
+from graphrun.base.errors import GraphrunError, ModelError, first_line
 from graphrun.init.infer import Inferred, sample_notes, spec_out_dir, spec_target
 from graphrun.init.sample import FieldInfo, sample_data
 from graphrun.init.generate import (NEW_TOKENS, PROMPT_NAMES, causal_arch, eos_ids, plan_generate,
@@ -149,7 +149,7 @@ def _config(transformers, hf: str, where: str):
         return transformers.AutoConfig.from_pretrained(where, local_files_only=True)
     except Exception as e:  # noqa: BLE001 - OSError, ValueError: the files say what is missing
         raise ModelError(f"--hf {hf!r}: its config.json could not be read with local files "
-                         f"only ({_first_line(e)}); give a folder holding config.json and the "
+                         f"only ({first_line(e)}); give a folder holding config.json and the "
                          "weights, or a name already in the hub cache (nothing is "
                          "downloaded)") from e
 
@@ -164,18 +164,13 @@ def _tokenizer(transformers, hf: str, where: str):
     try:
         tok = transformers.AutoTokenizer.from_pretrained(where, local_files_only=True)
     except Exception as e:  # noqa: BLE001
-        raise ModelError(f"--hf {hf!r}: no tokenizer could be loaded ({_first_line(e)}); "
+        raise ModelError(f"--hf {hf!r}: no tokenizer could be loaded ({first_line(e)}); "
                          f"{remedy}") from e
     if getattr(tok, "backend_tokenizer", None) is None:
         raise ModelError(f"--hf {hf!r}: its tokenizer ({type(tok).__name__}) is not a fast "
                          "one; graphrun tokenizes with the tokenizers library: save a fast "
                          "tokenizer (tokenizer.json) into the folder")
     return tok
-
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 def task_of(config) -> Task:

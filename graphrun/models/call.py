@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphrun.base.errors import ModelError
+from graphrun.base.errors import ModelError, first_message
 
 
 def unlisted_outputs(ret: Any, names: list[str]) -> list[str]:
@@ -41,7 +41,7 @@ def first_call_error(exc: Exception, model: nn.Module, inputs: dict[str, torch.T
     args = {n: f"{list(t.shape)} {str(t.dtype).replace('torch.', '')}" for n, t in inputs.items()}
     how = "model(" + ", ".join(f"{n}={a}" if call == "keyword" else a
                                for n, a in args.items()) + ")"
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    text = first_message(exc)
     params = _forward_params(model)
     if isinstance(exc, TypeError) and ("argument" in text or "positional" in text):
         if call == "keyword":

@@ -11,7 +11,7 @@ import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from graphrun.base.errors import ModelError
+from graphrun.base.errors import ModelError, first_message
 from graphrun.spec.paths import resolve_path
 from graphrun.base.phases import LIBRARY_IMPORTS, phase
 
@@ -59,7 +59,7 @@ def load_hf(hf, base_dir: Path | None, dtype=None) -> nn.Module:
     try:
         model = cls.from_pretrained(where, **kwargs)
     except Exception as e:  # noqa: BLE001 - OSError, ValueError, ...: all say what is missing
-        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        text = first_message(e) or type(e).__name__
         raise ModelError(f"model.hf {hf.path!r}: {hf.class_}.from_pretrained failed with local "
                          f"files only: {text}; give a folder holding config.json and the "
                          "weights (graphrun never downloads), or a name already in the hub "
