@@ -10,8 +10,9 @@ the compiled step with its bookkeeping, as it captures the plain one.
 A one-row decode step (tokens [1, 1]) is compiled with inductor's coordinate-descent tuning:
 with it inductor writes each of the step's matrix-vector products as a tuned reduction kernel
 (fused with the norm or activation beside it) instead of a cuBLAS GEMM, whose tiles leave a
-one-row product short of the memory bandwidth the step is bound by. The tuning costs compile
-time once per machine (inductor caches its choices); other shapes keep the default.
+one-row product short of the memory bandwidth the step is bound by. The tuning lengthens that
+compilation (inductor's on-disk cache serves a later process with the same shapes); other
+shapes keep the default.
 
 A compilation that fails, or a compiled step whose outputs disagree with the plain model's, is
 not fatal: that graph (and every later one, after a failure) is set up from the plain model,
