@@ -16,8 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from click.testing import CliRunner
 
 import graphrun
+from graphrun.cli.main import main
 
 # end to end: processes, real models, whole runs (`pytest -m "not slow"` leaves them out)
 pytestmark = pytest.mark.slow
@@ -141,6 +143,15 @@ def finish(proc: subprocess.Popen, rc: int = 0) -> str:
     return err
 
 
+def run_here(*args) -> None:
+    """`graphrun run ARGS`, which must succeed, as the command line runs it but in this
+    process (CliRunner: no interpreter start and torch import of its own for the --gpus
+    parent; its workers are processes all the same): where the parent's being a process is
+    not what a test is about."""
+    result = CliRunner().invoke(main, ["run", *map(str, args)])
+    assert result.exit_code == 0 and result.exception is None, result.output
+
+
 def records(out: Path) -> tuple[list, np.ndarray]:
     ids = [i for f in sorted(out.glob("part-*.ids.npy")) for i in np.load(f).tolist()]
     return ids, np.concatenate([np.load(f) for f in sorted(out.glob("part-*.scores.npy"))])
@@ -175,7 +186,7 @@ def test_gpus_2_rejects_a_duplicate_whose_copies_are_in_different_shares(tmp_pat
     spec = make_job(tmp_path, fmt)
     one_process(spec, tmp_path / "one")
     out = tmp_path / "job"
-    finish(cli(spec, "--gpus", "2", "--out", out, "-q"))
+    run_here(spec, "--gpus", "2", "--out", out, "-q")
     m = json.loads((out / "manifest.json").read_text())
     assert [w["slice"] for w in m["workers"]] == [[0, 200], [200, N]]
     check_equals_one_process(out, tmp_path / "one")
@@ -239,7 +250,7 @@ def test_workers_end_when_the_parent_is_killed_and_resume_completes(tmp_path):
     n = 1600
     spec = make_job(tmp_path, "jsonl", n=n, duplicates={})
     clean = tmp_path / "clean"
-    finish(cli(spec, "--gpus", "2", "--out", clean, "-q"))
+    run_here(spec, "--gpus", "2", "--out", clean, "-q")
     (tmp_path / "slow").write_text("")
     out = tmp_path / "job"
     parent = cli(spec, "--gpus", "2", "--out", out, "-q")
@@ -263,7 +274,7 @@ def test_workers_end_when_the_parent_is_killed_and_resume_completes(tmp_path):
     assert len(list(out.glob("part-*.ids.npy"))) < len(list(clean.glob("part-*.ids.npy")))
 
     (tmp_path / "slow").unlink()
-    finish(cli(spec, "--gpus", "2", "--out", out, "-q", "--resume"))
+    run_here(spec, "--gpus", "2", "--out", out, "-q", "--resume")
     names = sorted(p.name for p in clean.glob("part-*"))
     assert sorted(p.name for p in out.glob("part-*")) == names
     for name in names:
