@@ -3,6 +3,7 @@ alone; it validates and runs on the CPU to what the model computes eagerly on ea
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import re
@@ -99,11 +100,18 @@ def out(tmp_path, name: str) -> np.ndarray:
     return np.concatenate([np.load(p) for p in sorted((tmp_path / "out").glob(f"*.{name}.npy"))])
 
 
-def eager(auto_class: str, folder, text: str):
+@functools.lru_cache(maxsize=None)
+def _loaded(auto_class: str, folder: str):
+    """The folder's tokenizer and model as transformers loads them, once per folder for all
+    the texts compared (from_pretrained again per text gave the same objects, slower)."""
     import transformers as tf
 
-    tok = tf.AutoTokenizer.from_pretrained(folder)
-    model = getattr(tf, auto_class).from_pretrained(folder).eval()
+    return (tf.AutoTokenizer.from_pretrained(folder),
+            getattr(tf, auto_class).from_pretrained(folder).eval())
+
+
+def eager(auto_class: str, folder, text: str):
+    tok, model = _loaded(auto_class, str(folder))
     enc = tok(text, return_tensors="pt")
     with torch.inference_mode():
         return model(**{k: v for k, v in enc.items() if k != "token_type_ids"}), enc

@@ -90,18 +90,42 @@ def write_parquet(path: Path, n: int) -> None:
         row_group_size=None)
 
 
-def peak_rss(tmp_path: Path, data: Path, overlap: bool, tuning: dict | None = None) -> int:
+def start_run(tmp_path: Path, data: Path, overlap: bool, tuning: dict | None = None):
+    """graphrun.run over `data` in a fresh process, started; returns a function that waits
+    for it and gives its peak RSS in bytes."""
     spec = tmp_path / f"{data.stem}.yaml"
     spec.write_text(SPEC % {"data": data.name})
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    done = subprocess.run([sys.executable, "-c", f"TUNING = {tuning or {}!r}\n" + RUN, str(spec), str(tmp_path / data.stem),
-                           "1" if overlap else "0"], capture_output=True, text=True, env=env,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
-    assert got["records"] == int(data.stem.split("-")[1])
-    return got["peak"]
+    proc = subprocess.Popen([sys.executable, "-c", f"TUNING = {tuning or {}!r}\n" + RUN,
+                             str(spec), str(tmp_path / data.stem), "1" if overlap else "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+    def peak() -> int:
+        try:
+            stdout, stderr = proc.communicate(timeout=300)
+        finally:
+            proc.kill()
+        assert proc.returncode == 0, stderr[-3000:]
+        got = json.loads(stdout.strip().splitlines()[-1])
+        assert got["records"] == int(data.stem.split("-")[1])
+        return got["peak"]
+
+    peak.proc = proc
+    return peak
+
+
+def peak_rss(tmp_path: Path, small: Path, big: Path, overlap: bool,
+             tuning: dict | None = None) -> tuple[int, int]:
+    """The peak RSS of a run over the small file and of one over the big file. Each is its
+    own process (ru_maxrss is one process's high-water mark, whatever else runs beside it),
+    so the two run at the same time."""
+    waits = [start_run(tmp_path, data, overlap, tuning) for data in (small, big)]
+    try:
+        return waits[0](), waits[1]()
+    finally:
+        for wait in waits:  # the other one too, should one fail
+            wait.proc.kill()
 
 
 def assert_flat(small: int, big: int, what: str) -> None:
@@ -116,7 +140,7 @@ def test_peak_rss_flat_in_npy_size(tmp_path, overlap):
     small, big = tmp_path / "x-10000.npy", tmp_path / "x-1000000.npy"
     write_npy(small, 10_000)
     write_npy(big, 1_000_000)
-    assert_flat(peak_rss(tmp_path, small, overlap), peak_rss(tmp_path, big, overlap),
+    assert_flat(*peak_rss(tmp_path, small, big, overlap),
                 f"npy, {'overlapped' if overlap else 'serial'}")
 
 
@@ -124,7 +148,7 @@ def test_peak_rss_flat_in_jsonl_size(tmp_path):
     small, big = tmp_path / "x-20000.jsonl", tmp_path / "x-400000.jsonl"
     write_jsonl(small, 20_000)
     write_jsonl(big, 400_000)
-    assert_flat(peak_rss(tmp_path, small, True), peak_rss(tmp_path, big, True), "jsonl")
+    assert_flat(*peak_rss(tmp_path, small, big, True), "jsonl")
 
 
 def test_peak_rss_flat_in_parquet_size(tmp_path):
@@ -134,8 +158,7 @@ def test_peak_rss_flat_in_parquet_size(tmp_path):
     write_parquet(small, 10_000)
     write_parquet(big, 1_000_000)
     tuning = {"parquet_group_bytes": 4 << 20}
-    assert_flat(peak_rss(tmp_path, small, True, tuning), peak_rss(tmp_path, big, True, tuning),
-                "parquet")
+    assert_flat(*peak_rss(tmp_path, small, big, True, tuning), "parquet")
 
 
 def _rss_file() -> int:

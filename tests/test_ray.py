@@ -66,11 +66,18 @@ build = _both_actors
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    """One local cluster for the whole file: starting one takes seconds."""
+    """One local cluster for the whole file: starting one takes seconds. Ray's Parquet reader
+    lists a file's row groups on a pool of FooterReader actors, 32 by default (a big
+    cluster's many network-bound footer reads): on this 2-CPU cluster, 32 worker processes
+    started for each read_parquet of one small file, seconds of the 2 CPUs each time. One
+    actor lists them the same way (the variable reaches the cluster's workers through the
+    environment they inherit)."""
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", "1")
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        yield ray
+        ray.shutdown()
 
 
 def records() -> list[dict]:

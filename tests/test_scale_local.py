@@ -22,8 +22,10 @@ import jsonschema
 import numpy as np
 import pytest
 import yaml
+from click.testing import CliRunner
 
 import graphrun
+from graphrun.cli.main import main
 from graphrun.base.errors import GraphrunError
 from graphrun.write.journal import sha256_file
 from graphrun.scale.local.workers import worker_count
@@ -112,6 +114,18 @@ def finish(proc: subprocess.Popen, rc: int = 0) -> str:
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == rc, out + err
     return err
+
+
+def run_here(*args, rc: int = 0) -> str:
+    """`graphrun run ARGS` as the command line runs it, but in this process (CliRunner: no
+    interpreter start and torch import of its own for the --gpus parent; its workers are
+    processes all the same); what it printed. For a test's later runs, whose parent's being
+    a process is not what the test is about: each test's first run stays a process."""
+    result = CliRunner().invoke(main, ["run", *map(str, args)])
+    assert result.exit_code == rc, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), \
+        result.exception  # an exit status, not a bug's exception counted as status 1
+    return result.output
 
 
 def records(out: Path) -> tuple[list, np.ndarray]:
@@ -235,9 +249,9 @@ def test_gpus_2_on_the_cpu_equals_one_process(job, tmp_path):
     assert first == "r1600" and len(np.load(out / "part-00039.ids.npy")) < ROWS_PER_FILE
     assert (out / "workers/rank-1/journal.jsonl").exists()
     # the job as finished: --resume changes nothing, a one-process run is refused
-    finish(cli(job.specs["jsonl"], "--gpus", "2", "--out", out, "-q", "--resume"))
+    run_here(job.specs["jsonl"], "--gpus", "2", "--out", out, "-q", "--resume")
     check_equals_one_process(out, job.folder / "one-jsonl")
-    err = finish(cli(job.specs["jsonl"], "--out", out, "-q", "--resume"), rc=2)
+    err = run_here(job.specs["jsonl"], "--out", out, "-q", "--resume", rc=2)
     assert "holds a different run" in err or "one process" in err, err
 
 
@@ -251,7 +265,7 @@ def own_copy(job, tmp_path) -> Path:
 def test_resume_of_a_job_whose_input_changed_is_refused(job, tmp_path):
     spec = own_copy(job, tmp_path)
     out = tmp_path / "job"
-    finish(cli(spec, "--gpus", "2", "--out", out, "-q", "--stop", "320"))
+    run_here(spec, "--gpus", "2", "--out", out, "-q", "--stop", "320")
     with open(tmp_path / "data.jsonl", "a") as f:  # records past the slice: still another input
         f.write(json.dumps({"id": "new", "x": [1, 2, 3, 4]}) + "\n")
     err = finish(cli(spec, "--gpus", "2", "--out", out, "-q", "--stop", "320", "--resume"),
@@ -287,14 +301,13 @@ def test_weights_hashed_once_and_resume_after_they_changed_is_refused(job, tmp_p
     check_hashed_once(out, tmp_path / "data.jsonl", {"weights": weights}, tmp_path / "one",
                       log, proc.pid)
     torch.save(build_mlp(**args, seed=4).state_dict(), weights)
-    err = finish(cli(spec, "--gpus", "2", "--out", out, "-q", "--stop", "320", "--resume"),
-                 rc=1)
+    err = run_here(spec, "--gpus", "2", "--out", out, "-q", "--stop", "320", "--resume", rc=1)
     # either worker may be the first to report it
     assert re.search(r"worker rank [01] \(cpu\)", err) and "cannot resume" in err, err
     assert f"weights file {weights} changed" in err and "--accept-model-change" in err, err
     assert "run the same command again with --resume" not in err, err
-    finish(cli(spec, "--gpus", "2", "--out", out, "-q", "--stop", "320", "--resume",
-               "--accept-model-change"))
+    run_here(spec, "--gpus", "2", "--out", out, "-q", "--stop", "320", "--resume",
+             "--accept-model-change")
     record = json.loads((out / "workers/input.sha256").read_text())
     assert record["model"]["sha256"] == {"weights": sha256_file(weights)}
 
@@ -379,7 +392,7 @@ def test_kill_9_of_a_worker_fails_naming_it_and_resume_completes(job, tmp_path):
     m = json.loads((out / "manifest.json").read_text())
     assert m["status"] == "failed" and m["workers"][1]["status"] == "failed"
     assert m["workers"][1]["records_out"] >= 2 * ROWS_PER_FILE  # its commits, from its journal
-    finish(cli(job.specs["jsonl"], "--gpus", "2", "--out", out, "-q", "--resume"))
+    run_here(job.specs["jsonl"], "--gpus", "2", "--out", out, "-q", "--resume")
     m = check_equals_one_process(out, job.folder / "one-jsonl")
     assert m["totals"]["earlier_records_out"] > 0
 
@@ -397,9 +410,9 @@ def test_sigterm_to_the_parent_stops_every_worker_and_resume_completes(job, tmp_
     m = json.loads((out / "manifest.json").read_text())
     assert m["status"] == "interrupted"
     assert m["totals"]["records_out"] + m["totals"]["records_rejected"] < N
-    err = finish(cli(job.specs["jsonl"], "--gpus", "3", "--out", out, "-q", "--resume"), rc=2)
+    err = run_here(job.specs["jsonl"], "--gpus", "3", "--out", out, "-q", "--resume", rc=2)
     assert "holds a job of 2 workers: resume it with --gpus 2" in err, err
-    finish(cli(job.specs["jsonl"], "--gpus", "2", "--out", out, "-q", "--resume"))
+    run_here(job.specs["jsonl"], "--gpus", "2", "--out", out, "-q", "--resume")
     check_equals_one_process(out, job.folder / "one-jsonl")
 
 

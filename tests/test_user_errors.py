@@ -4,8 +4,6 @@ to do, and every remedy a message prints works."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -286,19 +284,26 @@ def test_validate_load_builds_the_model_and_calls_it_per_bucket(tmp_path):
 
 # ---- 6. --debug after the verb ------------------------------------------------------------
 
-@pytest.mark.slow
 def test_debug_is_accepted_after_the_verb(tmp_path):
+    """--debug before the verb or after it: the user error (here the model's, found while
+    running or while validating with --load) is raised out of the command with its traceback
+    instead of ending as one line. In this process: the exception itself; the traceback a
+    real process then prints is tests/test_cli.py's (both places of --debug)."""
+    from graphrun.base.errors import GraphrunError, set_debugging
+
     raw = spec_dict()
     raw["model"]["args"] = {"rows": 1}
     spec = make_job(tmp_path, raw)
-    for args in (["--debug", "run", spec], ["run", spec, "--debug"],
-                 ["validate", "--load", spec, "--debug"]):
-        proc = subprocess.run([sys.executable, "-m", "graphrun", *map(str, args), "-q"]
-                              if args[0] == "run" or args[1] == "run" else
-                              [sys.executable, "-m", "graphrun", *map(str, args)],
-                              capture_output=True, text=True, cwd=Path(__file__).parent.parent)
-        assert proc.returncode != 0 and "Traceback" in proc.stderr, (args, proc.stderr[-500:])
-        assert "No such option" not in proc.stderr
+    try:
+        for args in (["--debug", "run", spec, "-q"], ["run", spec, "--debug", "-q"],
+                     ["validate", "--load", spec, "--debug"]):
+            result = cli(*args)
+            assert result.exit_code != 0, (args, result.output)
+            assert isinstance(result.exception, GraphrunError), (args, result.exception)
+            assert "the model returned 1 rows" in str(result.exception), (args, result.exception)
+            assert "No such option" not in result.output
+    finally:
+        set_debugging(False)  # the flag is this process's: no later test may inherit it
 
 
 # ---- 9. a dict output the spec does not list ------------------------------------------------
