@@ -81,6 +81,68 @@ def journal_lines(d: Path) -> list[dict]:
 
 # --- shards and formats ---
 
+@pytest.mark.parametrize("pool", [False, True], ids=["caller", "row-pool"])
+def test_full_npy_shards_are_hashed_as_they_are_written(tmp_path, monkeypatch, pool):
+    """A full shard's output file is hashed (and flushed) in steps while rows arrive; the commit
+    then only finishes that digest. The short last shard, whose header changes, and the ids
+    files are hashed whole. Either way the journal holds each file's real sha256, on both the
+    caller's and the row pool's write paths, and no descriptor is left open."""
+    import hashlib
+
+    from graphrun.write import ahead
+
+    monkeypatch.setattr(ahead, "STEP", 512)  # two rows of 64 float32 a step
+    whole = []
+    monkeypatch.setattr(write, "sha256_file", lambda p: whole.append(p.name) or sha256_file(p))
+    fds = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+    out = tmp_path / "out"
+    spec = make_spec(tmp_path, rows_per_file=40, outputs={"y": {"shape": ["batch", 64]}})
+    w = ShardWriter(spec, out, tuning=Tuning(row_pool_bytes=2048 if pool else 1 << 30,
+                                             row_writers=2))
+    rng = np.random.default_rng(0)
+    y = rng.standard_normal((100, 64)).astype(np.float32)
+    start = 0
+    for n in (1, 17, 3, 9, 30, 2, 11, 27):  # 9 rows and more go to the row pool
+        idx = np.arange(start, start + n)
+        w.write(idx, idx + 1000, {"y": y[idx]})
+        start += n
+    files = w.close()
+
+    assert [(f.path, f.rows) for f in files] == [
+        ("part-00000.ids.npy", 40), ("part-00000.y.npy", 40),
+        ("part-00001.ids.npy", 40), ("part-00001.y.npy", 40),
+        ("part-00002.ids.npy", 20), ("part-00002.y.npy", 20)]
+    for f in files:
+        assert f.sha256 == hashlib.sha256((out / f.path).read_bytes()).hexdigest()
+    if not pool:  # a pool thread's rows count once written, which timing decides
+        assert sorted(whole) == [".part-00000.ids.npy.tmp", ".part-00001.ids.npy.tmp",
+                                 ".part-00002.ids.npy.tmp", ".part-00002.y.npy.tmp"]
+    got = np.concatenate([np.load(out / f"part-0000{k}.y.npy") for k in range(3)])
+    assert np.array_equal(got, y)
+    if fds is not None:
+        assert len(os.listdir("/proc/self/fd")) == fds
+
+
+def test_an_interrupted_writer_drops_its_running_digests(tmp_path, monkeypatch):
+    """partial=False (an interrupted run): the open shard, hashed in steps so far, is
+    dropped with its temp file and descriptors; the complete shard is committed."""
+    from graphrun.write import ahead
+
+    monkeypatch.setattr(ahead, "STEP", 512)
+    fds = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+    out = tmp_path / "out"
+    spec = make_spec(tmp_path, rows_per_file=40, outputs={"y": {"shape": ["batch", 64]}})
+    w = ShardWriter(spec, out, tuning=Tuning(row_pool_bytes=2048, row_writers=2))
+    y = np.ones((70, 64), np.float32)
+    w.write(np.arange(70), np.arange(70), {"y": y})
+    files = w.close(partial=False)
+
+    assert [f.path for f in files] == ["part-00000.ids.npy", "part-00000.y.npy"]
+    assert not list(out.glob(".*.tmp"))
+    if fds is not None:
+        assert len(os.listdir("/proc/self/fd")) == fds
+
+
 def test_npy_shards_follow_rows_per_file_across_batches(tmp_path):
     out = tmp_path / "out"
     w = ShardWriter(make_spec(tmp_path), out)

@@ -204,6 +204,9 @@ class ShardWriter:
             # threads start with the first shard, end at close()
             self._row_pool = ThreadPoolExecutor(self.tuning.row_writers,
                                                 thread_name_prefix="graphrun-rows")
+        if self.sink_type.hashes_ahead:
+            return self.sink_type(self.shard_dir, stem, self.rows_per_file, self._shapes,
+                                  self.tuning, self._row_pool, ahead=self._committer.ahead)
         return self.sink_type(self.shard_dir, stem, self.rows_per_file, self._shapes,
                               self.tuning, self._row_pool)
 
@@ -224,7 +227,8 @@ class ShardWriter:
             raise
         self._rows += self._shard_rows
         self._committer.submit(_Shard(
-            number=self._shard, files=files, rows=self._shard_rows, total_rows=self._rows,
+            number=self._shard, files=files, digests=getattr(sink, "digests", {}),
+            rows=self._shard_rows, total_rows=self._rows,
             next_index=next_index, read_from=self._batch_start, rejects=self._rejects,
             rejects_bytes=self._rejects_bytes, rejects_sha256=self._rejects_hash.hexdigest()))
         self._shard += 1
@@ -298,6 +302,7 @@ class _Shard:
 
     number: int
     files: list[tuple[Path, str]]  # (temp path, final name): complete, not yet durable
+    digests: dict  # temp path -> the sink's ahead.RunningDigest of it, where it kept one
     rows: int  # in this shard
     total_rows: int  # in the run once it is committed
     next_index: int
@@ -312,8 +317,9 @@ class _Committer:
 
     Per file of a shard, at once: an fsync on one of the in_flight sync threads (it waits on
     the disk) and a sha256 on one of the hashers threads (it re-reads the file from the page
-    cache, on a CPU), so neither the disk nor the CPUs idle while the other works, and later
-    shards proceed while earlier ones finish. On the one journal thread, strictly in shard
+    cache, on a CPU, or finishes the digest the sink kept as it wrote: ahead.py), so neither
+    the disk nor the CPUs idle while the other works, and later shards proceed while earlier
+    ones finish. On the one journal thread, strictly in shard
     order: wait for the shard's fsyncs and hashes, rename its files into place, fsync
     rejects.jsonl (the writer appended the rejects below the shard's next_index before handing
     it over), fsync the folder (the renames and new names), append the journal line. So a line
@@ -337,6 +343,7 @@ class _Committer:
         self._syncers = ThreadPoolExecutor(tuning.in_flight, thread_name_prefix="graphrun-fsync")
         self._hashers = ThreadPoolExecutor(tuning.hashers, thread_name_prefix="graphrun-sha256")
         self._journal = ThreadPoolExecutor(1, thread_name_prefix="graphrun-journal")
+        self.ahead = (self._hashers, self._syncers)  # a sink's files hashed as written
 
     def submit(self, shard: _Shard) -> None:
         """Hand over a shard; waits while in_flight shards are not yet journaled."""
@@ -344,7 +351,8 @@ class _Committer:
             self._lock.wait_for(lambda: self._handed - self._settled < self.in_flight)
             self._handed += 1
         synced = [self._syncers.submit(fsync_path, tmp) for tmp, _ in shard.files]
-        hashed = [self._hashers.submit(sha256_file, tmp) for tmp, _ in shard.files]
+        hashed = [self._hashers.submit(shard.digests[tmp].result) if tmp in shard.digests
+                  else self._hashers.submit(sha256_file, tmp) for tmp, _ in shard.files]
         self._journal.submit(self._commit, shard, synced, hashed)  # one thread: in order
 
     def wait(self) -> None:

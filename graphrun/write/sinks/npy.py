@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from graphrun.base.errors import OutputError
+from graphrun.write.ahead import RunningDigest
 from graphrun.write.sinks.ids import Ids
 from graphrun.spec.keys import BATCH
 from graphrun.base.tuning import Tuning
@@ -47,6 +48,7 @@ class RowFile:
     dtype: np.dtype
     header_bytes: int
     end: int
+    digest: RunningDigest | None = None  # hashed as it is written (a writer pool's steps)
 
     def close(self) -> None:
         """Once: a second close (abort after finish) must not close a descriptor number the
@@ -64,19 +66,24 @@ class NpySink:
     writer's row pool, a few threads writing at once: one thread's page-cache copies are slower
     than a GPU makes logits. Each batch's rows stay referenced until written, at most
     tuning.row_pool_pending batches; a write's error is raised by the next add() or finish().
-    Small batches are written on the caller's thread."""
+    Small batches are written on the caller's thread. Given the committer's threads (ahead:
+    hashers, syncers), each file is also hashed and flushed as it grows (ahead.RunningDigest):
+    `digests` hands that to the committer for a full shard, whose header never changes."""
 
     suffix = ".npy"
     uses_row_pool = True
+    hashes_ahead = True
 
     def __init__(self, out_dir: Path, stem: str, rows_per_file: int, shapes: dict,
-                 tuning: Tuning, pool: Executor | None = None):
+                 tuning: Tuning, pool: Executor | None = None,
+                 ahead: tuple[Executor, Executor] | None = None):
         self.out_dir, self.stem = out_dir, stem
         self.rows_per_file, self.shapes = rows_per_file, shapes
-        self.tuning, self.pool = tuning, pool
+        self.tuning, self.pool, self.ahead = tuning, pool, ahead
         self.ids = Ids()
         self.files: dict[str, RowFile] = {}
-        self._pending: deque[Future] = deque()
+        self._pending: deque[tuple[Future, RowFile, int]] = deque()  # (write, file, offset)
+        self.digests: dict[Path, RunningDigest] = {}  # temp path -> its running sha256
         self.error: BaseException | None = None  # a failed write: this shard is never finished
 
     @staticmethod
@@ -102,13 +109,18 @@ class NpySink:
             f = self.files[name]
             data = memoryview(np.ascontiguousarray(a)).cast("B")
             offset, f.end = f.end, f.end + len(data)
-            if self.pool is None or len(data) < self.tuning.row_pool_bytes:
+            pooled = self.pool is not None and len(data) >= self.tuning.row_pool_bytes
+            while self._pending and (self._pending[0][0].done() or (
+                    pooled and len(self._pending) >= self.tuning.row_pool_pending)):
+                self._settle(self._pending.popleft()[0].result)
+            if pooled:
+                self._pending.append((self.pool.submit(pwrite_all, f.fd, data, offset), f,
+                                      offset))
+            else:
                 self._settle(pwrite_all, f.fd, data, offset)
-                continue
-            while self._pending and (self._pending[0].done()
-                                     or len(self._pending) >= self.tuning.row_pool_pending):
-                self._settle(self._pending.popleft().result)
-            self._pending.append(self.pool.submit(pwrite_all, f.fd, data, offset))
+            if f.digest is not None:
+                # hashed up to the first byte a pool thread may still be writing
+                f.digest.written(min((o for _, g, o in self._pending if g is f), default=f.end))
 
     def _settle(self, call, *args) -> None:
         """Run a write (or wait for one); a failure is kept: the shard has a hole."""
@@ -123,21 +135,24 @@ class NpySink:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         header = npy_header(dtype, (self.rows_per_file, *self.shapes[name]))
         pwrite_all(fd, header, 0)
-        return RowFile(fd, path, dtype, len(header), len(header))
+        digest = RunningDigest(path, *self.ahead) if self.ahead is not None else None
+        return RowFile(fd, path, dtype, len(header), len(header), digest)
 
     def _wait(self) -> None:
         while self._pending:
-            self._settle(self._pending.popleft().result)
+            self._settle(self._pending.popleft()[0].result)
         if self.error is not None:
             raise self.error
 
     def abort(self) -> None:
         try:
-            for future in self._pending:  # let no thread write into a closed descriptor
+            for future, _, _ in self._pending:  # let no thread write into a closed descriptor
                 future.exception()
         finally:
             self._pending.clear()
             for f in self.files.values():
+                if f.digest is not None:
+                    f.digest.close()
                 f.close()
                 f.path.unlink(missing_ok=True)
 
@@ -152,4 +167,10 @@ class NpySink:
             pwrite_all(f.fd, header, 0)
             f.close()
             placed.append((f.path, f"{self.stem}.{name}.npy"))
+            if f.digest is None:
+                continue
+            if f.digest.started and len(self.ids) == self.rows_per_file:
+                self.digests[f.path] = f.digest  # the header it hashed is the one written
+            else:  # a short shard's header changed, or nothing was hashed: whole at commit
+                f.digest.close()
         return placed

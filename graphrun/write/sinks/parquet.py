@@ -22,6 +22,7 @@ class ParquetSink:
 
     suffix = ".parquet"
     uses_row_pool = False
+    hashes_ahead = False
 
     def __init__(self, out_dir: Path, stem: str, rows_per_file: int, shapes: dict,
                  tuning: Tuning, pool=None):
