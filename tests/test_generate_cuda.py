@@ -3,6 +3,8 @@ seeded sampling), each graph verified at capture; a transformers Llama too."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -88,3 +90,37 @@ def test_compiled_steps_are_captured_and_verified_against_the_plain_model(dtype)
     else:  # inductor rounds bf16 in its own order: near ties may flip, the rest agree
         rows = [(a, b) for part_a, part_b in zip(got, plain) for a, b in zip(part_a, part_b)]
         assert sum(a[:4] == b[:4] for a, b in rows) >= len(rows) - 1
+
+
+def test_decode_steps_the_device_waited_on_the_host_for_are_counted(monkeypatch):
+    from graphrun.generate import graphs
+
+    model = build_llama(layers=1, d_model=32, heads=4, kv_heads=2, vocab=128, max_len=64,
+                        device="cuda")
+    gen = Generator(model, config=GenerateConfig(max_new_tokens=12), batch_buckets=[4],
+                    prompt_buckets=[16], device="cuda", dtype=torch.float32,
+                    backend="cuda-graph")
+    try:
+        gen.generate(PROMPTS[:4], IDS[:4])  # the graphs set up, outside what is counted
+        kv_for = gen._kv_for
+
+        def slow_host(columns):  # between a launch and the next: its step long done
+            time.sleep(0.003)
+            return kv_for(columns)
+
+        monkeypatch.setattr(gen, "_kv_for", slow_host)
+        waited = gen.generate(PROMPTS[:4], IDS[:4])
+        monkeypatch.setattr(gen, "_kv_for", kv_for)
+        replay = graphs.StepGraph.run
+
+        def slow_device(self):  # about a millisecond of the device's time before each step
+            torch.cuda._sleep(2_000_000)
+            replay(self)
+
+        monkeypatch.setattr(graphs.StepGraph, "run", slow_device)
+        ahead = gen.generate(PROMPTS[:4], IDS[:4])
+    finally:
+        gen.close()
+    assert waited.decode_steps == ahead.decode_steps == 11
+    assert waited.host_bound_steps == 11
+    assert ahead.host_bound_steps == 0

@@ -81,3 +81,43 @@ def test_the_summary_adds_up_the_batches():
     assert g.ttft_ms["p50"] == pytest.approx(100.0) and set(g.ttft_ms) == {"p50", "p99"}
     assert g.tpot_ms == {"p50": pytest.approx(100.0), "p99": pytest.approx(100.0)}
     assert (g.kv_cache_bytes, g.prompts_rejected, g.mbu) == (1024, 2, None)
+
+
+def test_steps_the_device_waited_on_the_host_are_added_up_and_named_in_the_summary():
+    from types import SimpleNamespace as NS
+
+    from graphrun.job.progress import generation_line
+    from graphrun.manifest.sections import generation_summary, merged_generation
+
+    def batch(host_bound):
+        return NS(completions=[NS(token_ids=[0] * 4, finish_reason="length", prompt_tokens=5,
+                                  output_tokens=4)], prefill_s=0.1, decode_s=0.3, ttft_s=0.1,
+                  decode_steps=3, useful_steps=3, rows=1, bucket=(1, 8),
+                  host_bound_steps=host_bound)
+
+    gpu = generation_summary([batch(2), batch(0)], [50], kv_cache_bytes=0)
+    cpu = generation_summary([batch(None), batch(None)], [50], kv_cache_bytes=0)
+    assert (gpu.host_bound_steps, cpu.host_bound_steps) == (2, None)
+    assert generation_line(gpu).endswith("; the device waited on the host at 2 of 6 decode "
+                                         "steps")
+    ahead = generation_summary([batch(0)], [50], kv_cache_bytes=0)
+    assert "waited" not in generation_line(ahead) and "waited" not in generation_line(cpu)
+    assert merged_generation([gpu, ahead]).host_bound_steps == 2
+    assert merged_generation([cpu, cpu]).host_bound_steps is None
+    doc = json.loads(gpu.model_dump_json())
+    assert doc["host_bound_steps"] == 2
+
+
+def test_on_the_cpu_no_step_is_counted_as_waited_for():
+    import torch
+
+    from graphrun.generate import GenerateConfig, Generator, build_llama
+
+    model = build_llama(layers=1, d_model=32, heads=4, kv_heads=2, vocab=64, max_len=32)
+    gen = Generator(model, config=GenerateConfig(max_new_tokens=4), batch_buckets=[2],
+                    prompt_buckets=[8], device="cpu", dtype=torch.float32, backend="eager")
+    try:
+        result = gen.generate([[3, 4], [5]], ["a", "b"])
+    finally:
+        gen.close()
+    assert result.decode_steps == 3 and result.host_bound_steps is None

@@ -62,6 +62,9 @@ class BatchResult:
     kv_buckets: tuple = ()  # the KV lengths of the decode graphs used, in order of use
     rows: int = 0  # batch rows of the graphs used (bucket[0])
     finish_counts: dict = field(default_factory=dict)  # finish_reason -> records
+    # decode steps launched after the device had finished every step before them (it idled
+    # until the host's launch); None off a GPU, where the host runs the steps itself
+    host_bound_steps: int | None = None
 
 
 def check_config(config: GenerateConfig, vocab: int) -> None:

@@ -11,6 +11,8 @@ The host never waits on a token: after each launch the device's "all rows done" 
 to pinned host memory behind an event, and before launching step t the host reads the flag of
 launch t-2, so the device always has the previous step queued while the host waits. A batch
 that is done runs at most two steps more, whose tokens (pad, past every row's EOS) are cut.
+Where launch t-1 has finished too by the time step t is launched, the device idled waiting on
+the host: those steps are counted (BatchResult.host_bound_steps).
 """
 
 from __future__ import annotations
@@ -182,7 +184,8 @@ class Generator:
             completions=completions, prefill_s=prefill_s, decode_s=decode_s,
             ttft_s=clock.host_before_first - called + prefill_s, decode_steps=steps,
             useful_steps=sum(c.output_tokens - 1 for c in completions), bucket=(b, p),
-            kv_buckets=tuple(used), rows=b, finish_counts=reasons)
+            kv_buckets=tuple(used), rows=b, finish_counts=reasons,
+            host_bound_steps=self._host.host_bound)
 
     def _decode(self, b: int, p: int) -> tuple[int, list[int]]:
         """Decode steps until the flag of the launch before the last says all rows are done,
@@ -194,6 +197,7 @@ class Generator:
             length = self._kv_for(p + t)  # this step writes column p + t - 1
             if not used or used[-1] != length:
                 used.append(length)
+            self._host.count_idle(t - 1)
             self.table[StepKey("decode", b, length)].run()
             self._host.post_flag(self.state, t)
             steps += 1
@@ -236,12 +240,15 @@ class _HostSide:
         self.rows = torch.zeros(3, rows, dtype=torch.int64, pin_memory=pin)
         self.flags = torch.ones(2, dtype=torch.bool, pin_memory=pin)
         self.events = [torch.cuda.Event() for _ in range(2)] if pin else None
+        self.host_bound = 0 if pin else None  # this batch's steps the device waited for
 
     def load(self, state: RowState, prompts, record_ids, b: int, p: int,
              config: GenerateConfig) -> None:
         """Left-pad the prompts into [b, P], with each row's start, real flag and key."""
         prompt = self.prompt[: b * p].view(b, p).numpy()
         prompt.fill(config.pad_id)
+        if self.events is not None:
+            self.host_bound = 0
         rows = self.rows[:, :b].numpy()
         rows[:] = 0  # padded rows: start 0, not real, key 0
         for i, (ids, rid) in enumerate(zip(prompts, record_ids)):
@@ -257,6 +264,12 @@ class _HostSide:
         self.flags[slot:slot + 1].copy_(state.all_done, non_blocking=True)
         if self.events is not None:
             self.events[slot].record()
+
+    def count_idle(self, launch: int) -> None:
+        """Before the next launch: has `launch`, the last one, finished already? Then the
+        device has nothing queued and waits on this launch."""
+        if self.events is not None and self.events[launch % 2].query():
+            self.host_bound += 1
 
     def done_after(self, launch: int) -> bool:
         slot = launch % 2

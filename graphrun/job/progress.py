@@ -192,7 +192,8 @@ def summary_table(manifest, shown: set[str] = frozenset()) -> None:
 def generation_line(g) -> str:
     """`generation: 48 output tokens (eos 2, length 6), 310 tokens/s; TTFT p50 12.1 ms, TPOT
     p50 3.2 ms; 25% of decode row-steps wasted`: the generation section in a line (with
-    model.compile, how many of its graphs compiled: a fallback's reasons are in the manifest)."""
+    model.compile, how many of its graphs compiled: a fallback's reasons are in the manifest;
+    on a GPU, the decode steps the device waited on the host for, where there were any)."""
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(g.finish_reasons.items()))
     times = "; ".join(f"{name} {key} {values[key]:.1f} ms"
                       for name, values in (("TTFT", g.ttft_ms), ("TPOT", g.tpot_ms))
@@ -200,9 +201,11 @@ def generation_line(g) -> str:
     asked = [x for x in g.graphs if x.compiled is not None]  # model.compile on
     compiled = (f"; model.compile: {sum(x.compiled for x in asked)} of {len(asked)} graphs "
                 "compiled" if asked else "")
+    waited = (f"; the device waited on the host at {g.host_bound_steps:,} of "
+              f"{g.decode_steps:,} decode steps" if g.host_bound_steps else "")
     return (f"generation: {g.output_tokens:,} output tokens ({reasons}), "
             f"{g.output_tokens_per_s:,.0f} tokens/s" + (f"; {times}" if times else "")
-            + f"; {g.wasted_fraction:.0%} of decode row-steps wasted" + compiled)
+            + f"; {g.wasted_fraction:.0%} of decode row-steps wasted" + compiled + waited)
 
 
 def text_cuts(manifest) -> str | None:

@@ -202,6 +202,11 @@ class Generation(_M):
         "(torch's indexing, then scaled_dot_product_attention: on the CPU, without Triton, or "
         "once the kernel failed, whose reason is in graphs[]); workers that differ are listed "
         "comma-separated.")
+    host_bound_steps: Optional[int] = Field(
+        None, description="GPU runs: decode steps the device waited for, launched after every "
+        "step before them had finished. Near 0: the host stays ahead and decode is bound by "
+        "the device; a large share of decode_steps: the host's launches are the limit (a "
+        "small model, a slow or busy CPU). Null on the CPU, where the host runs each step.")
 
 
 def generation_summary(results, percentiles, *, kv_cache_bytes: int,
@@ -240,7 +245,14 @@ def generation_summary(results, percentiles, *, kv_cache_bytes: int,
         useful_steps=useful, wasted_fraction=1 - useful / row_steps if row_steps else 0.0,
         kv_cache_bytes=kv_cache_bytes, graphs=list(graphs), mbu=mbu,
         prompts_truncated=prompts_truncated, prompts_rejected=prompts_rejected,
-        decode_attention=decode_attention)
+        decode_attention=decode_attention, host_bound_steps=_total(
+            getattr(r, "host_bound_steps", None) for r in results))
+
+
+def _total(counts) -> int | None:
+    """The sum of the counts given, None where none is (the CPU's)."""
+    known = [c for c in counts if c is not None]
+    return sum(known) if known else None
 
 
 def merged_generation(sections: list[Generation]) -> Generation | None:
@@ -279,4 +291,5 @@ def merged_generation(sections: list[Generation]) -> Generation | None:
         prompts_truncated=sum(g.prompts_truncated for g in sections),
         prompts_rejected=sum(g.prompts_rejected for g in sections),
         decode_attention=", ".join(sorted({g.decode_attention for g in sections
-                                           if g.decode_attention})) or None)
+                                           if g.decode_attention})) or None,
+        host_bound_steps=_total(g.host_bound_steps for g in sections))
