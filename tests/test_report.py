@@ -141,6 +141,7 @@ def test_a_generation_run_has_its_own_part(tmp_path):
     assert "TTFT ms (p50/p90/p99)" in part and "TPOT ms (p50/p90/p99)" in part
     reasons = ", ".join(f"{k} {v:,}" for k, v in g.finish_reasons.items())
     assert reasons in part
+    assert "decode steps waiting on the host" in part  # a count on a GPU, "-" here
     assert {"generation-ttft", "generation-tpot", "generation-phases"} <= set(chart_names(page))
     assert "generation-graphs" not in chart_names(page)  # eager graphs: no set-up times
 

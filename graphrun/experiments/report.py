@@ -308,7 +308,8 @@ def generation_html(runs: list[tuple[str, dict]]) -> str:
         head = head or ["run", "output tokens/s", "prompts", "prompt tokens", "output tokens",
                         f"TTFT ms ({keys})", f"TPOT ms ({keys})", "finish reasons",
                         "decode row-steps wasted", "KV cache MiB", "MBU",
-                        "prompts cut / rejected", "graphs"]
+                        "decode steps waiting on the host", "prompts cut / rejected", "graphs"]
+        waited = g.get("host_bound_steps")
         rows.append([label, f"{g['output_tokens_per_s']:,.1f}", f"{g['records']:,}",
                      f"{g['prompt_tokens']:,}", f"{g['output_tokens']:,}", _pcts(g["ttft_ms"]),
                      _pcts(g["tpot_ms"]),
@@ -316,6 +317,7 @@ def generation_html(runs: list[tuple[str, dict]]) -> str:
                      f"{100 * g['wasted_fraction']:.1f}%",
                      f"{g['kv_cache_bytes'] / 2**20:,.1f}", c.fmt(
                          None if g.get("mbu") is None else 100 * g["mbu"], ".1f", "%"),
+                     "-" if waited is None else f"{waited:,} of {g['decode_steps']:,}",
                      f"{g.get('prompts_truncated', 0):,} / {g.get('prompts_rejected', 0):,}",
                      _graphs(g)])
     if not rows:
