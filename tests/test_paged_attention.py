@@ -134,7 +134,8 @@ def test_write_prefill_fills_the_slots_it_is_given():
 
 
 def test_the_operators_give_the_calls_answers():
-    """graphrun::paged_decode and graphrun::write_prefill, what torch.compile traces."""
+    """graphrun::paged_decode and graphrun::write_prefill, what torch.compile traces: the
+    calls' answers, their declared cache writes and their shapes without data."""
     step = make_step([7, 30], 4, 2, 8, seed=4)
     twin = {n: t.clone() if isinstance(t, torch.Tensor) else t for n, t in step.items()}
     assert torch.equal(torch.ops.graphrun.paged_decode(**step), pa.paged_decode(**twin))
@@ -143,6 +144,12 @@ def test_the_operators_give_the_calls_answers():
     torch.ops.graphrun.write_prefill(k, k, step["k_cache"], step["v_cache"],
                                      torch.tensor([0, 1, 17]))
     assert torch.equal(step["k_cache"][1, :, 1], k[2])
+    # the declared mutations and the fake shapes hold as torch.compile traces them
+    names = ("q", "k_new", "v_new", "k_cache", "v_cache", "block_table", "seq_lens", "scale")
+    torch.library.opcheck(torch.ops.graphrun.paged_decode.default,
+                          tuple(step[n] for n in names))
+    torch.library.opcheck(torch.ops.graphrun.write_prefill.default,
+                          (k, k, step["k_cache"], step["v_cache"], torch.tensor([0, 1, 17])))
 
 
 def test_a_kernel_that_fails_leaves_the_reference_and_is_not_tried_again(monkeypatch):
