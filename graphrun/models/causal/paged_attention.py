@@ -49,9 +49,8 @@ def paged_decode(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
     q [b, heads, 1, d]; k_new, v_new [b, kv_heads, 1, d], RoPE applied; k_cache, v_cache one
     layer's [num_blocks, kv_heads, block_size, d]; block_table [b, max_blocks] int32; seq_lens
     [b] int32, the keys visible including the new one (so at least 1). Returns [b, 1, heads, d]
-    contiguous
-    (transformers' attention-function layout). Under torch.compile it is one operator
-    (graphrun::paged_decode), the cache writes declared.
+    contiguous (transformers' attention-function layout). Under torch.compile it is one
+    operator (graphrun::paged_decode), the cache writes declared.
     """
     call = torch.ops.graphrun.paged_decode if torch.compiler.is_compiling() else _paged_decode
     return call(q, k_new, v_new, k_cache, v_cache, block_table, seq_lens, scale)
