@@ -113,8 +113,8 @@ BROKEN = [
      "the most likely token: set method: sample to sample with them, or remove them"),
     ("default-greedy-top-k", edit("{method: greedy}", "{top_k: 5, seed: 1}"), [], "13:13",
      "top_k 5, seed 1 given with method greedy"),
-    ("zero-temperature", edit("{method: greedy}", "{method: sample, temperature: 0}"), [],
-     "13:43", "generate.sampling.temperature: must be > 0 (got 0)"),
+    ("negative-temperature", edit("{method: greedy}", "{method: sample, temperature: -1}"), [],
+     "13:43", "generate.sampling.temperature: must be >= 0 (got -1)"),
     ("top-p-over-one", edit("{method: greedy}", "{method: sample, top_p: 1.5}"), [], "13:37",
      "generate.sampling.top_p: must be <= 1 (got 1.5)"),
     ("top-p-zero", edit("{method: greedy}", "{method: sample, top_p: 0}"), [], "13:37",
@@ -231,3 +231,9 @@ def test_a_prompt_bucket_and_its_new_tokens_past_the_positions_is_located(write_
                in p and "end the list at 24 or below" in p for p in found), found
     (tmp_path / "model" / "config.json").write_text('{"max_position_embeddings": 48}')
     assert load_spec(write_gen()).buckets["seq"] == [16, 32]
+
+
+def test_temperature_zero_is_greedy_as_openai_and_vllm_read_it(write_gen):
+    path = write_gen(edit("{method: greedy}", "{method: sample, temperature: 0, top_p: 0.5}"))
+    sampling = load_spec(path).generate.sampling
+    assert (sampling.method, sampling.temperature, sampling.top_p) == ("greedy", 1.0, 1.0)

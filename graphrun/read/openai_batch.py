@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from graphrun.read.requests import _number, _stop, _whole
+from graphrun.read.requests import number_in, stop_strings, whole
 from graphrun.spec.request import DEFAULT_PARAMS, RequestParams
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
@@ -98,17 +98,17 @@ def body_params(body: dict, chat: bool) -> RequestParams | str:
     if len(most) == 2 and most[0] != most[1]:
         return "body: max_tokens and max_completion_tokens differ: give one"
     if most:
-        got = _whole("body.max_tokens", most[0], 1)
+        got = whole("body.max_tokens", most[0], 1)
         if isinstance(got, str):
             return got
         given["max_new_tokens"] = got
-    for key, check in (("temperature", lambda k, v: _number(k, v, 0, 2)),
-                       ("top_p", lambda k, v: _number(k, v, 0, 1, low_open=True)),
-                       ("top_k", lambda k, v: _whole(k, v, 0) if v != -1 else 0),
-                       ("min_p", lambda k, v: _number(k, v, 0, 1)),
+    for key, check in (("temperature", lambda k, v: number_in(k, v, 0, 2)),
+                       ("top_p", lambda k, v: number_in(k, v, 0, 1, low_open=True)),
+                       ("top_k", lambda k, v: whole(k, v, 0) if v != -1 else 0),
+                       ("min_p", lambda k, v: number_in(k, v, 0, 1)),
                        ("seed", lambda k, v: v if type(v) is int else f"{k}: {v!r} is not a "
                         "whole number"),
-                       ("n", lambda k, v: _whole(k, v, 1))):
+                       ("n", lambda k, v: whole(k, v, 1))):
         v = body.get(key)
         if v is not None:
             got = check(f"body.{key}", v)
@@ -118,7 +118,7 @@ def body_params(body: dict, chat: bool) -> RequestParams | str:
     if given.get("top_k") == 0:
         del given["top_k"]  # -1 and 0: all tokens, the default
     if body.get("stop") is not None:
-        got = _stop("body.stop", body["stop"])
+        got = stop_strings("body.stop", body["stop"])
         if isinstance(got, str):
             return got
         given["stop_strings"] = got
@@ -137,7 +137,7 @@ def _logprobs(body: dict, chat: bool) -> int | None | str:
     if not chat:
         if top is not None:
             return "body.top_logprobs is a chat request's key: a completions request gives logprobs"
-        return None if lp is None else _whole("body.logprobs", lp, 0) if type(lp) is int and (
+        return None if lp is None else whole("body.logprobs", lp, 0) if type(lp) is int and (
             lp <= 5) else f"body.logprobs: {lp!r} is not a whole number in [0, 5]"
     if lp is not None and not isinstance(lp, bool):
         return f"body.logprobs: {lp!r} is not true or false"

@@ -21,13 +21,13 @@ ENGINE_SERVES: frozenset[str] = frozenset()
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
 
 
-def _whole(name: str, v, low: int) -> int | str:
+def whole(name: str, v, low: int) -> int | str:
     if type(v) is not int or v < low:
         return f"{name}: {v!r} is not a whole number >= {low}"
     return v
 
 
-def _number(name: str, v, low: float, high: float, low_open: bool = False) -> float | str:
+def number_in(name: str, v, low: float, high: float, low_open: bool = False) -> float | str:
     ok = (type(v) in (int, float) and math.isfinite(v) and v <= high
           and (v > low if low_open else v >= low))
     if not ok:
@@ -36,7 +36,7 @@ def _number(name: str, v, low: float, high: float, low_open: bool = False) -> fl
     return float(v)
 
 
-def _stop(name: str, v) -> tuple[str, ...] | str:
+def stop_strings(name: str, v) -> tuple[str, ...] | str:
     stops = [v] if isinstance(v, str) else v
     if (not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops)
             or len(stops) > MAX_STOP):
@@ -46,14 +46,14 @@ def _stop(name: str, v) -> tuple[str, ...] | str:
 
 # parameter -> (check(name, value) -> value or reason, the RequestParams field it sets)
 CHECKS = {
-    "max_new_tokens": (lambda k, v: _whole(k, v, 1), "max_new_tokens"),
-    "temperature": (lambda k, v: _number(k, v, 0, 1e4), "temperature"),
-    "top_p": (lambda k, v: _number(k, v, 0, 1, low_open=True), "top_p"),
-    "top_k": (lambda k, v: _whole(k, v, 0), "top_k"),
-    "min_p": (lambda k, v: _number(k, v, 0, 1), "min_p"),
+    "max_new_tokens": (lambda k, v: whole(k, v, 1), "max_new_tokens"),
+    "temperature": (lambda k, v: number_in(k, v, 0, 1e4), "temperature"),
+    "top_p": (lambda k, v: number_in(k, v, 0, 1, low_open=True), "top_p"),
+    "top_k": (lambda k, v: whole(k, v, 0), "top_k"),
+    "min_p": (lambda k, v: number_in(k, v, 0, 1), "min_p"),
     "seed": (lambda k, v: v if type(v) is int else f"{k}: {v!r} is not a whole number", "seed"),
-    "stop": (_stop, "stop_strings"),
-    "n": (lambda k, v: _whole(k, v, 1), "n"),
+    "stop": (stop_strings, "stop_strings"),
+    "n": (lambda k, v: whole(k, v, 1), "n"),
 }
 
 

@@ -124,13 +124,17 @@ class ShardWriter:
             raise ValueError(f"indices must increase past {self._last_index} "
                              f"(got {indices[:5].tolist()}...)")
         self._batch_start = int(indices[0]) if batch_start is None else int(batch_start)
-        self._rejects_into_shard(below=int(indices[0]))
         # Rejects below this batch can no longer fall after any future shard's next_index.
         self._flush_rejects(below=int(indices[0]))
         outputs = {name: self._cast(name, outputs[name]) for name in self.names}
         start = 0
         while start < len(indices):
             stop = min(len(indices), start + self.rows_per_file - self._shard_rows)
+            if self._to_sink:  # the rejects before this row, then the rows up to the next
+                self._rejects_into_shard(below=int(indices[start]))
+                if self._to_sink:
+                    after = min(r[0] for r in self._to_sink)
+                    stop = start + max(1, int(np.searchsorted(indices[start:stop], after)))
             if self._sink is None:
                 self._sink = self._open_sink()
             try:

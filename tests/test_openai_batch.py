@@ -1,0 +1,223 @@
+"""OpenAI Batch files in and out (data.format / output.format openai_batch), and per-record
+parameters (generate.per_record): every request answered by one line in input order, in the
+Batch API's output shape; each request graphrun cannot serve an error line and a reject with
+why, never served with its parameters dropped."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import graphrun
+from graphrun.read.openai_batch import body_params
+from graphrun.read.requests import params_from_fields
+from graphrun.spec.request import REQUEST_FIELD, RequestParams
+from tests.test_chat import CHATS, chat_model, hf_chat_greedy, rows
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+import check_openai_batch  # noqa: E402
+
+NEW = 5
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+
+
+def request(cid: str, body: dict, url: str = CHAT) -> dict:
+    return {"custom_id": cid, "method": "POST", "url": url, "body": body}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return chat_model(tmp_path_factory.mktemp("m") / "tiny-chat")
+
+
+@pytest.fixture(scope="module")
+def hf(model_dir):
+    transformers = pytest.importorskip("transformers")
+    return (transformers.AutoTokenizer.from_pretrained(model_dir),
+            transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval())
+
+
+def write_batch(tmp_path: Path, lines: list, model: Path, **spec_over) -> tuple[Path, Path]:
+    """A requests file (dicts as JSON lines, strings as they are) and a spec of model, data and
+    output alone, plus spec_over's sections."""
+    path = tmp_path / "requests.jsonl"
+    path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines))
+    spec = {"version": 1, "name": "batch", "device": "cpu",
+            "model": {"hf": {"path": str(model), "class": "AutoModelForCausalLM"},
+                      "dtype": "float32"},
+            "data": {"path": str(path), "format": "openai_batch", "on_bad_record": "skip"},
+            "output": {"dir": str(tmp_path / "out")}, **spec_over}
+    out = tmp_path / "batch.yaml"
+    out.write_text(yaml.safe_dump(spec))
+    return out, path
+
+
+def test_a_chat_batch_file_is_answered_line_by_line_in_the_batch_output_shape(tmp_path,
+                                                                              model_dir, hf):
+    lines = [request("a", {"model": "tiny", "messages": CHATS[0], "max_tokens": NEW,
+                           "temperature": 0}),
+             request("b", {"messages": CHATS[1], "max_completion_tokens": NEW, "seed": 7}),
+             "{not json",
+             request("c", {"messages": CHATS[2]}, url="/v1/embeddings"),
+             request("d", {"messages": CHATS[0], "presence_penalty": 0.5}),
+             request("e", {"messages": CHATS[0], "n": 3}),
+             request("f", {"messages": CHATS[0], "logprobs": True, "top_logprobs": 5}),
+             request("g", {"messages": CHATS[0], "stop": ["\n"]}),
+             request("h", {"messages": CHATS[0], "max_tokens": 3}),
+             request("i", {"messages": CHATS[0], "temperature": "hot"}),
+             request("j", {"prompt": "hello"}, url=COMPLETIONS),
+             request("k", {"messages": CHATS[2], "frequency_penalty": 0, "stream": False})]
+    spec, path = write_batch(tmp_path, lines, model_dir,
+                             generate={"max_new_tokens": NEW})
+    loaded = graphrun.load_spec(spec)
+    assert loaded.buckets == {"batch": "auto", "seq": "auto"}
+    assert loaded.output.format == "openai_batch" and loaded.data.id_field == "custom_id"
+    manifest = graphrun.run(loaded)
+    out = rows(tmp_path / "out")
+    requests = check_openai_batch.read_lines(str(path), strict=False)
+    assert check_openai_batch.check(requests, out) == []
+    assert [x["custom_id"] for x in out] == ["a", "b", None, "c", "d", "e", "f", "g", "h", "i",
+                                             "j", "k"]
+    served = {x["custom_id"]: x for x in out if x["error"] is None}
+    assert sorted(served) == ["a", "b", "k"]
+    for cid, messages in (("a", CHATS[0]), ("b", CHATS[1]), ("k", CHATS[2])):
+        prompt, want = hf_chat_greedy(hf, messages)
+        body = served[cid]["response"]["body"]
+        assert body["object"] == "chat.completion"
+        assert body["choices"][0]["message"]["content"] == hf[0].decode(
+            want, skip_special_tokens=True)
+        assert body["usage"]["prompt_tokens"] == len(prompt)
+        assert body["usage"]["completion_tokens"] == len(want)
+    errors = {x["custom_id"]: x["error"]["message"] for x in out if x["error"] is not None}
+    assert "invalid JSON" in errors[None] and "requests.jsonl:3" in errors[None]
+    assert "/v1/embeddings" in errors["c"]
+    assert "presence_penalty" in errors["d"]
+    assert "n > 1" in errors["e"]
+    assert "logprobs" in errors["f"]
+    assert "stop" in errors["g"]
+    assert "max_new_tokens 3 differs" in errors["h"]
+    assert "temperature" in errors["i"]
+    assert "one endpoint" in errors["j"]
+    assert manifest.totals.records_out == 3 and manifest.totals.records_rejected == 9
+    rejects = (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()
+    assert len(rejects) == 9
+
+
+def test_a_completions_batch_file_tokenizes_its_prompts_with_special_tokens(tmp_path,
+                                                                            model_dir, hf):
+    import torch
+
+    lines = [request(f"p{i}", {"prompt": text, "max_tokens": NEW}, url=COMPLETIONS)
+             for i, text in enumerate(["An old fisherman", "The committee described"])]
+    spec, path = write_batch(tmp_path, lines, model_dir, generate={"max_new_tokens": NEW})
+    graphrun.run(graphrun.load_spec(spec))
+    out = rows(tmp_path / "out")
+    assert check_openai_batch.check(check_openai_batch.read_lines(str(path), False), out) == []
+    tok, lm = hf
+    for line, req in zip(out, lines):
+        ids = tok(req["body"]["prompt"], return_tensors="pt").input_ids
+        with torch.no_grad():
+            new = lm.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW,
+                              do_sample=False)[0, ids.shape[1]:].tolist()
+        body = line["response"]["body"]
+        assert body["object"] == "text_completion"
+        assert body["choices"][0]["text"] == tok.decode(new, skip_special_tokens=True)
+        assert body["usage"]["prompt_tokens"] == ids.shape[1]
+
+
+def test_rejected_requests_after_the_last_served_one_still_get_their_lines(tmp_path,
+                                                                           model_dir):
+    lines = [request("a", {"messages": CHATS[0]}), request("b", {"messages": CHATS[0], "n": 2}),
+             request("c", {"messages": "no"})]
+    spec, path = write_batch(tmp_path, lines, model_dir, generate={"max_new_tokens": 2})
+    graphrun.run(graphrun.load_spec(spec))
+    out = rows(tmp_path / "out")
+    assert [x["custom_id"] for x in out] == ["a", "b", "c"]
+    assert [x["error"] is None for x in out] == [True, False, False]
+
+
+@pytest.mark.parametrize("body,why", [
+    ({"messages": [], "top_logprobs": 3}, "needs logprobs: true"),
+    ({"messages": [], "max_tokens": 0}, "max_tokens: 0 is not a whole number >= 1"),
+    ({"messages": [], "max_tokens": 4, "max_completion_tokens": 5}, "differ"),
+    ({"messages": [], "top_p": 0}, "top_p: 0 is not a number in (0, 1]"),
+    ({"messages": [], "stop": ["a", "b", "c", "d", "e"]}, "up to 4"),
+    ({"messages": [], "tools": [{"type": "function"}]}, "body.tools"),
+    ({"messages": [], "guided_json": {}}, "not a parameter graphrun serves"),
+    ({"prompt": "x"}, "no 'messages'"),
+])
+def test_a_request_body_with_a_bad_or_unserved_value_says_why(body, why):
+    got = body_params(body, chat=True)
+    assert isinstance(got, str) and why in got
+
+
+def test_a_request_body_becomes_its_request_params():
+    got = body_params({"messages": [], "max_tokens": 9, "temperature": 0.5, "top_p": 0.9,
+                       "seed": 3, "stop": "END", "n": 2, "logprobs": True, "top_logprobs": 4,
+                       "top_k": -1, "user": "u1", "presence_penalty": 0}, chat=True)
+    assert got == RequestParams(max_new_tokens=9, temperature=0.5, top_p=0.9, seed=3,
+                                stop_strings=("END",), n=2, logprobs=4)
+    assert body_params({"prompt": "x", "logprobs": 2}, chat=False) == RequestParams(logprobs=2)
+
+
+def per_record_job(tmp_path: Path, records: list[dict], model: Path, per_record: dict,
+                   **generate) -> Path:
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    spec = {"version": 1, "name": "per", "device": "cpu",
+            "model": {"hf": {"path": str(model), "class": "AutoModelForCausalLM"},
+                      "dtype": "float32"},
+            "data": {"path": str(path), "id_field": "id", "text": {"field": "prompt"},
+                     "on_bad_record": "skip", "batch_size": 2},
+            "generate": {"max_new_tokens": 4, "per_record": per_record, **generate},
+            "output": {"dir": str(tmp_path / "out")}}
+    out = tmp_path / "per.yaml"
+    out.write_text(yaml.safe_dump(spec))
+    return out
+
+
+def test_per_record_values_are_checked_record_by_record(tmp_path, model_dir):
+    records = [{"id": "same", "prompt": "a", "max_tokens": 4, "temp": 0},
+               {"id": "none", "prompt": "b"},
+               {"id": "longer", "prompt": "c", "max_tokens": 8},
+               {"id": "bad", "prompt": "d", "max_tokens": "many"},
+               {"id": "hot", "prompt": "e", "temp": 0.7},
+               {"id": "neg", "prompt": "f", "temp": -1}]
+    spec = per_record_job(tmp_path, records, model_dir,
+                          {"max_new_tokens": "max_tokens", "temperature": "temp"})
+    manifest = graphrun.run(graphrun.load_spec(spec))
+    assert [r["id"] for r in rows(tmp_path / "out")] == ["same", "none"]
+    rejects = {json.loads(x)["id"]: json.loads(x) for x in
+               (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()}
+    assert "max_new_tokens 8 differs" in rejects["longer"]["reason"]
+    assert "max_tokens (generate.per_record.max_new_tokens): 'many'" in rejects["bad"]["reason"]
+    assert rejects["bad"]["where"].endswith("prompts.jsonl:4")
+    assert "temperature 0.7 differs" in rejects["hot"]["reason"]
+    assert "temp (generate.per_record.temperature): -1" in rejects["neg"]["reason"]
+    assert manifest.totals.records_rejected == 4
+
+
+def test_per_record_params_ride_with_each_record_to_the_engine(tmp_path, model_dir):
+    from graphrun.read.stream import read_batches
+
+    records = [{"id": i, "prompt": f"p{i}", "seed": i} for i in range(5)]
+    spec = per_record_job(tmp_path, records, model_dir, {"seed": "seed"})
+    spec = graphrun.load_spec(spec)
+    from graphrun.generate.records import with_implied_io
+    from graphrun.plan.auto import resolve_auto
+
+    spec, _ = resolve_auto(with_implied_io(spec))
+    batches = [b for b in read_batches(spec) if len(b)]
+    got = [(i, p.seed) for b in batches for i, p in zip(b.ids, b.fields[REQUEST_FIELD])]
+    assert got == [(i, i) for i in range(5)]  # greedy: any seed is served, and carried
+
+
+def test_params_from_fields_reads_each_named_field():
+    got = params_from_fields({"mt": 3, "s": ["x"], "k": None},
+                             {"max_new_tokens": "mt", "stop": "s", "top_k": "k"})
+    assert got == RequestParams(max_new_tokens=3, stop_strings=("x",))
