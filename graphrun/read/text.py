@@ -82,7 +82,7 @@ def tokenize(spec: PipelineSpec, prompts: list[Prompt | None]
     folder = tokenizer_folder(spec)
     length = max_length(spec, folder)
     problems = {p: "" for p, prompt in enumerate(prompts) if prompt is None}
-    blank = ("", "") if text.pair else ""
+    blank = ("", "") if text.pair else ""  # stands in for a bad record's text
     cut_from = "left" if spec.generate is not None else "right"
     tok = _tokenizer(folder, length, text.truncate, cut_from)
     encodings: list = [None] * len(prompts)
@@ -93,7 +93,7 @@ def tokenize(spec: PipelineSpec, prompts: list[Prompt | None]
             for p, enc in zip(at, tok.encode_batch([prompts[p].text for p in at],
                                                    add_special_tokens=special)):
                 encodings[p] = enc
-    empty = tok.encode(blank) if problems else None
+    empty = (tok.encode(*blank) if text.pair else tok.encode(blank)) if problems else None
     encodings = [empty if enc is None else enc for enc in encodings]
     if not text.truncate:
         for p, enc in enumerate(encodings):
