@@ -82,7 +82,7 @@ def test_seq_buckets_end_where_prompt_and_new_tokens_fill_the_positions(tmp_path
     assert result.exit_code == 0, result.output
     spec = graphrun.load_spec(spec_path)
     assert spec.buckets["seq"][-1] == 72  # (200 - 128) rounded down to a multiple of 8
-    assert spec.data.text.truncate is True
+    assert spec.data.text.truncate is False  # a longer prompt is rejected, as the schema says
 
 
 def test_too_few_positions_for_the_new_tokens_is_one_message(tmp_path):
@@ -201,9 +201,12 @@ def test_an_openai_batch_file_is_recognised_and_written_as_such(tmp_path):
 
 
 def test_a_chat_file_for_a_model_without_a_template_is_one_message(tmp_path):
+    from tests.test_chat import chat_model
+
     data = tmp_path / "chats.jsonl"
     data.write_text(json.dumps({"id": 0, "messages": [{"role": "user", "content": "x"}]}) + "\n")
-    result = cli("init", "--hf", TINY, "--data", data, "-o", tmp_path / "c.yaml")
+    bare = chat_model(tmp_path / "bare", template=None)
+    result = cli("init", "--hf", bare, "--data", data, "-o", tmp_path / "c.yaml")
     assert result.exit_code != 0 and "Traceback" not in result.output
     assert "has no chat template" in " ".join(result.output.split())
 
@@ -386,7 +389,8 @@ def test_plan_on_a_generation_spec_counts_its_graphs_and_stops_at_the_positions_
     assert result.exit_code == 0, result.output
     for new, room in ((128, 72), (64, 136)):
         planned = cli("plan", spec_path, "--set", f"generate.max_new_tokens={new}",
-                      "--set", f"data.text.max_length={room + 50}", "--max-graphs", 24)
+                      "--set", f"data.text.max_length={room + 50}", "--max-graphs", 24,
+                      "--set", "data.text.truncate=true")
         assert planned.exit_code == 0, planned.output
         said = " ".join(planned.output.split())
         assert (f"seq stops at {room}: the model's 200 positions (config.json's "

@@ -97,8 +97,8 @@ def unserved(params: RequestParams, spec: PipelineSpec) -> str:
                     "generate: section, or split the file by it")
         if name == "stop_token_ids" and set(v) <= set(g.stop.token_ids):
             continue
-        return (f"{_named(name)} is not served by this graphrun's generation engine yet "
-                "(issue 46): remove it from the record")
+        return (f"{_named(name)} is not served by this graphrun's generation engine yet: "
+                "remove it from the record")
     return ""
 
 
