@@ -221,3 +221,82 @@ def test_params_from_fields_reads_each_named_field():
     got = params_from_fields({"mt": 3, "s": ["x"], "k": None},
                              {"max_new_tokens": "mt", "stop": "s", "top_k": "k"})
     assert got == RequestParams(max_new_tokens=3, stop_strings=("x",))
+
+
+def batch_outputs(idx: list[int]) -> dict:
+    import numpy as np
+
+    return {"token_ids": [np.array([i, i + 1], np.int64) for i in idx],
+            "text": np.array([f"answer {i}" for i in idx]),
+            "finish_reason": np.array(["eos" if i % 2 else "length" for i in idx]),
+            "prompt_tokens": np.array([10 + i for i in idx], np.int64),
+            "output_tokens": np.array([2] * len(idx), np.int64)}
+
+
+def write_batch_shards(spec, out: Path, rejected: set[int], n: int, resume=None, start=0,
+                       stop_after=None) -> "ShardWriter":
+    import numpy as np
+
+    from graphrun.write.shards import ShardWriter
+
+    w = ShardWriter(spec, out, resume=resume)
+    for k, b in enumerate(range(start, n, 5)):  # batches of 5: rejects first, then the rows
+        if stop_after is not None and k == stop_after:
+            return w
+        span = range(b, min(b + 5, n))
+        for i in span:
+            if i in rejected:
+                w.reject(i, f"r{i}", f"requests.jsonl:{i + 1}", f"request {i} is bad")
+        good = [i for i in span if i not in rejected]
+        if good:
+            w.write(np.array(good), [f"r{i}" for i in good], batch_outputs(good), batch_start=b)
+    return w
+
+
+def shard_lines(out: Path) -> list[dict]:
+    lines = rows(out)
+    for x in lines:  # the time a line was written: the one field a rerun changes
+        if x["response"]["body"]:
+            x["response"]["body"].pop("created")
+    return lines
+
+
+def test_error_lines_take_their_places_across_shards_and_after_a_resume(tmp_path, model_dir):
+    from graphrun.generate.records import with_implied_io
+    from graphrun.write.shards import prepare_out_dir
+
+    spec, _ = write_batch(tmp_path, [request("x", {"messages": CHATS[0]})], model_dir,
+                          buckets={"batch": [1, 4], "seq": [64]})
+    spec = graphrun.load_spec(spec)
+    spec.output.rows_per_file = 2
+    spec = with_implied_io(spec)
+    fp = {"spec_sha256": "a" * 64, "input_sha256": "b" * 64, "shards": ["jsonl"]}
+    n, rejected = 17, {0, 3, 4, 8, 14, 15, 16}  # the first, runs, and the last three
+    whole = tmp_path / "whole"
+    prepare_out_dir(whole, resume=False, overwrite=False, fingerprint=fp)
+    write_batch_shards(spec, whole, rejected, n).close()
+    got = shard_lines(whole)
+    assert [x["custom_id"] for x in got] == [f"r{i}" for i in range(n)]  # one each, in order
+    assert [x["error"] is not None for x in got] == [i in rejected for i in range(n)]
+    assert got[1]["response"]["body"]["choices"][0] == {
+        "index": 0, "message": {"role": "assistant", "content": "answer 1"}, "logprobs": None,
+        "finish_reason": "stop"}
+    assert "request 3 is bad (requests.jsonl:4)" == got[3]["error"]["message"]
+    requests = [{"custom_id": f"r{i}", "url": CHAT} for i in range(n)]
+    assert check_openai_batch.check(requests, rows(whole)) == []
+    assert len((whole / "rejects.jsonl").read_text().splitlines()) == len(rejected)
+
+    crashed = tmp_path / "crashed"
+    prepare_out_dir(crashed, resume=False, overwrite=False, fingerprint=fp)
+    dead = write_batch_shards(spec, crashed, rejected, n, stop_after=2)
+    dead.wait_for_commits()  # then killed
+    point = prepare_out_dir(crashed, resume=True, overwrite=False, fingerprint=fp)
+    write_batch_shards(spec, crashed, rejected, n, resume=point, start=point.start).close()
+    assert shard_lines(crashed) == got
+    assert (crashed / "rejects.jsonl").read_text() == (whole / "rejects.jsonl").read_text()
+
+
+def test_runner_on_a_generation_spec_says_what_to_use(tmp_path, model_dir):
+    spec, _ = write_batch(tmp_path, [request("x", {"messages": CHATS[0]})], model_dir)
+    with pytest.raises(graphrun.SpecError, match=r"graphrun.run\(spec\)"):
+        graphrun.Runner(graphrun.load_spec(spec))
