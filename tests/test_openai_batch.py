@@ -202,19 +202,24 @@ def test_per_record_values_are_checked_record_by_record(tmp_path, model_dir):
     assert manifest.totals.records_rejected == 4
 
 
-def test_per_record_params_ride_with_each_record_to_the_engine(tmp_path, model_dir):
+@pytest.mark.parametrize("workers", [0, 2], ids=["here", "children"])
+def test_per_record_params_ride_with_each_record_to_the_engine(tmp_path, model_dir, workers):
+    from graphrun.base.tuning import Tuning
+    from graphrun.generate.records import with_implied_io
     from graphrun.read.stream import read_batches
 
-    records = [{"id": i, "prompt": f"p{i}", "seed": i} for i in range(5)]
+    records = [{"id": i, "prompt": f"prompt number {i}", "seed": i} for i in range(40)]
     spec = per_record_job(tmp_path, records, model_dir, {"seed": "seed"})
-    spec = graphrun.load_spec(spec)
-    from graphrun.generate.records import with_implied_io
-    from graphrun.plan.auto import resolve_auto
-
-    spec, _ = resolve_auto(with_implied_io(spec))
-    batches = [b for b in read_batches(spec) if len(b)]
-    got = [(i, p.seed) for b in batches for i, p in zip(b.ids, b.fields[REQUEST_FIELD])]
-    assert got == [(i, i) for i in range(5)]  # greedy: any seed is served, and carried
+    raw = yaml.safe_load(spec.read_text())
+    raw["buckets"] = {"batch": [1, 2], "seq": [64]}
+    raw["data"]["group_by_length"] = 8  # batches sorted by length: the params move along
+    spec.write_text(yaml.safe_dump(raw))
+    spec = with_implied_io(graphrun.load_spec(spec))
+    tuning = Tuning(jsonl_workers=workers, jsonl_workers_min_bytes=0, jsonl_chunk_bytes=512,
+                    text_threads=0)
+    batches = [b for b in read_batches(spec, tuning=tuning) if len(b)]
+    got = sorted((i, p.seed) for b in batches for i, p in zip(b.ids, b.fields[REQUEST_FIELD]))
+    assert got == [(i, i) for i in range(40)]  # greedy: any seed is served, and carried
 
 
 def test_params_from_fields_reads_each_named_field():
@@ -300,3 +305,30 @@ def test_runner_on_a_generation_spec_says_what_to_use(tmp_path, model_dir):
     spec, _ = write_batch(tmp_path, [request("x", {"messages": CHATS[0]})], model_dir)
     with pytest.raises(graphrun.SpecError, match=r"graphrun.run\(spec\)"):
         graphrun.Runner(graphrun.load_spec(spec))
+
+
+def test_parquet_chat_records_carry_their_per_record_fields(tmp_path, model_dir, hf):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "chats.parquet"
+    pq.write_table(pa.table({"id": ["a", "b", "c"],
+                             "messages": [CHATS[0], CHATS[2], CHATS[0]],
+                             "mt": [4, None, 9]}), path)
+    spec = {"version": 1, "name": "pq", "device": "cpu",
+            "model": {"hf": {"path": str(model_dir), "class": "AutoModelForCausalLM"},
+                      "dtype": "float32"},
+            "data": {"path": str(path), "id_field": "id", "chat": {}, "on_bad_record": "skip"},
+            "generate": {"max_new_tokens": 4, "per_record": {"max_new_tokens": "mt"}},
+            "output": {"dir": str(tmp_path / "out")}}
+    (tmp_path / "pq.yaml").write_text(yaml.safe_dump(spec))
+    manifest = graphrun.run(graphrun.load_spec(tmp_path / "pq.yaml"))
+    got = rows(tmp_path / "out")
+    assert [r["id"] for r in got] == ["a", "b"]
+    for row, messages in zip(got, (CHATS[0], CHATS[2])):
+        prompt, want = hf_chat_greedy(hf, messages)
+        assert row["prompt_tokens"] == len(prompt) and row["token_ids"] == want[:4]
+    (reject,) = [json.loads(x) for x in (tmp_path / "out" / "rejects.jsonl").read_text()
+                 .splitlines()]
+    assert reject["id"] == "c" and "max_new_tokens 9 differs" in reject["reason"]
+    assert manifest.totals.records_rejected == 1

@@ -184,6 +184,17 @@ def test_a_forward_spec_still_needs_inputs_and_outputs(write_spec, key):
     assert any(f"{key}: needs at least one {key[:-1]}" in p for p in found), found
 
 
+def test_a_forward_spec_needs_buckets_and_a_generation_spec_plans_its_own(write_spec, write_gen):
+    lines = MLP_SPEC.splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if line.startswith("buckets:"))
+    found = problems(write_spec("".join(lines[:start] + lines[start + 2:])))
+    assert any(p.endswith("buckets: required key 'buckets' is missing (e.g. buckets: {batch: "
+                          "[1, 8, 32]}); a generation spec plans its own") for p in found), found
+    spec = load_spec(write_gen(GEN_SPEC.replace("buckets:\n  batch: [1, 4]\n  seq: [16, 32]\n",
+                                                "")))
+    assert spec.buckets == {"batch": "auto", "seq": "auto"}
+
+
 @pytest.mark.parametrize("cls", ["LlamaForCausalLM", "GPT2LMHeadModel", "AutoModelForCausalLM"])
 def test_causal_lm_classes_are_accepted(write_gen, cls):
     spec = load_spec(write_gen(edit("class: AutoModelForCausalLM", f"class: {cls}")))

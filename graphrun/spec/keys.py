@@ -518,11 +518,10 @@ class PipelineSpec(Strict):
             self.output.format = "openai_batch" if d.format == "openai_batch" else "jsonl"
         if d.text is not None and d.text.truncate is None:
             d.text.truncate = self.generate is None
-        if self.buckets is None:
+        if self.buckets is None:  # a forward pass's are required (spec_checks._sections)
+            self.buckets = {} if self.generate is None else {BATCH: "auto", "seq": "auto"}
             if self.generate is None:
-                raise ValueError("buckets: required (e.g. buckets: {batch: [1, 8, 32]}); only "
-                                 "a generation spec plans its own")
-            self.buckets = {BATCH: "auto", "seq": "auto"}
+                self.__pydantic_fields_set__.discard("buckets")
         return self
 
     @model_validator(mode="after")

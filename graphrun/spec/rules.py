@@ -179,7 +179,7 @@ def _model_source(spec: PipelineSpec) -> Found:
 
 
 def _sections(spec: PipelineSpec) -> Found:
-    """inputs and outputs: required for a forward pass, implied by generate:."""
+    """inputs, outputs and buckets: required for a forward pass, implied by generate:."""
     for key in ("inputs", "outputs"):
         given = key in spec.model_fields_set
         if spec.generate is not None:
@@ -191,6 +191,9 @@ def _sections(spec: PipelineSpec) -> Found:
             yield (key,), f"required key {key!r} is missing"
         elif not getattr(spec, key):
             yield (key,), f"needs at least one {key[:-1]}"
+    if spec.generate is None and "buckets" not in spec.model_fields_set:
+        yield ("buckets",), ("required key 'buckets' is missing (e.g. buckets: {batch: [1, 8, "
+                             "32]}); a generation spec plans its own")
 
 
 GENERATE_AXES = (BATCH, "seq")  # rows of the decode graph; prompt lengths of the prefill
