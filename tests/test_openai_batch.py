@@ -71,7 +71,8 @@ def test_a_chat_batch_file_is_answered_line_by_line_in_the_batch_output_shape(tm
              request("h", {"messages": CHATS[0], "max_tokens": 3}),
              request("i", {"messages": CHATS[0], "temperature": "hot"}),
              request("j", {"prompt": "hello"}, url=COMPLETIONS),
-             request("k", {"messages": CHATS[2], "frequency_penalty": 0, "stream": False})]
+             request("k", {"messages": CHATS[2], "frequency_penalty": 0, "stream": False}),
+             request("a", {"messages": CHATS[1]})]
     spec, path = write_batch(tmp_path, lines, model_dir,
                              generate={"max_new_tokens": NEW})
     loaded = graphrun.load_spec(spec)
@@ -82,7 +83,8 @@ def test_a_chat_batch_file_is_answered_line_by_line_in_the_batch_output_shape(tm
     requests = check_openai_batch.read_lines(str(path), strict=False)
     assert check_openai_batch.check(requests, out) == []
     assert [x["custom_id"] for x in out] == ["a", "b", None, "c", "d", "e", "f", "g", "h", "i",
-                                             "j", "k"]
+                                             "j", "k", "a"]
+    assert len({x["id"] for x in out}) == len(out)  # a repeated custom_id's line too
     served = {x["custom_id"]: x for x in out if x["error"] is None}
     assert sorted(served) == ["a", "b", "k"]
     for cid, messages in (("a", CHATS[0]), ("b", CHATS[1]), ("k", CHATS[2])):
@@ -103,9 +105,10 @@ def test_a_chat_batch_file_is_answered_line_by_line_in_the_batch_output_shape(tm
     assert "max_new_tokens 3 differs" in errors["h"]
     assert "temperature" in errors["i"]
     assert "one endpoint" in errors["j"]
-    assert manifest.totals.records_out == 3 and manifest.totals.records_rejected == 9
+    assert "duplicate" in out[-1]["error"]["message"]
+    assert manifest.totals.records_out == 3 and manifest.totals.records_rejected == 10
     rejects = (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()
-    assert len(rejects) == 9
+    assert len(rejects) == 10
 
 
 def test_a_completions_batch_file_tokenizes_its_prompts_with_special_tokens(tmp_path,
@@ -150,6 +153,8 @@ def test_rejected_requests_after_the_last_served_one_still_get_their_lines(tmp_p
     ({"messages": [], "tools": [{"type": "function"}]}, "body.tools"),
     ({"messages": [], "guided_json": {}}, "not a parameter graphrun serves"),
     ({"prompt": "x"}, "no 'messages'"),
+    ({"messages": [], "stop_token_ids": [-1]}, "not a list of token ids"),
+    ({"messages": [], "logit_bias": {"5": 1}}, "body.logit_bias"),
 ])
 def test_a_request_body_with_a_bad_or_unserved_value_says_why(body, why):
     got = body_params(body, chat=True)
@@ -163,6 +168,8 @@ def test_a_request_body_becomes_its_request_params():
     assert got == RequestParams(max_new_tokens=9, temperature=0.5, top_p=0.9, seed=3,
                                 stop_strings=("END",), n=2, logprobs=4)
     assert body_params({"prompt": "x", "logprobs": 2}, chat=False) == RequestParams(logprobs=2)
+    assert body_params({"messages": [], "stop_token_ids": [2, 7], "logit_bias": {}},
+                       chat=True) == RequestParams(stop_token_ids=(2, 7))
 
 
 def per_record_job(tmp_path: Path, records: list[dict], model: Path, per_record: dict,

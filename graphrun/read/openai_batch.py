@@ -25,7 +25,7 @@ LINE_KEYS = {"custom_id", "method", "url", "body"}
 AT_DEFAULT = {
     "presence_penalty": (0, 0.0, None), "frequency_penalty": (0, 0.0, None),
     "repetition_penalty": (1, 1.0, None), "stream": (False, None), "echo": (False, None),
-    "best_of": (1, None), "suffix": (None, ""), "logit_bias": (None,), "tools": (None,),
+    "best_of": (1, None), "suffix": (None, ""), "logit_bias": (None, {}), "tools": (None, []),
     "tool_choice": (None, "none"), "functions": (None,), "function_call": (None, "none"),
     "response_format": (None, {"type": "text"}), "stream_options": (None,), "modalities": (None,),
     "audio": (None,), "prediction": (None,), "reasoning_effort": (None,),
@@ -84,7 +84,8 @@ def body_params(body: dict, chat: bool) -> RequestParams | str:
                 "is not served)")
     given: dict = {}
     known = {prompt_key, "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
-             "n", "logprobs", "top_logprobs", *(["max_completion_tokens"] if chat else [])}
+             "stop_token_ids", "n", "logprobs", "top_logprobs",
+             *(["max_completion_tokens"] if chat else [])}
     for key, v in body.items():
         if key in INERT or key in known:
             continue
@@ -102,9 +103,11 @@ def body_params(body: dict, chat: bool) -> RequestParams | str:
         if isinstance(got, str):
             return got
         given["max_new_tokens"] = got
+    if body.get("top_k") == -1:
+        body = {**body, "top_k": None}  # vLLM's "all tokens", the default
     for key, check in (("temperature", lambda k, v: number_in(k, v, 0, 2)),
                        ("top_p", lambda k, v: number_in(k, v, 0, 1, low_open=True)),
-                       ("top_k", lambda k, v: whole(k, v, 0) if v != -1 else 0),
+                       ("top_k", lambda k, v: whole(k, v, 0)),
                        ("min_p", lambda k, v: number_in(k, v, 0, 1)),
                        ("seed", lambda k, v: v if type(v) is int else f"{k}: {v!r} is not a "
                         "whole number"),
@@ -115,8 +118,11 @@ def body_params(body: dict, chat: bool) -> RequestParams | str:
             if isinstance(got, str):
                 return got
             given[key] = got
-    if given.get("top_k") == 0:
-        del given["top_k"]  # -1 and 0: all tokens, the default
+    ids = body.get("stop_token_ids")  # vLLM's: more ids that end the completion
+    if ids is not None:
+        if not isinstance(ids, list) or not all(type(t) is int and t >= 0 for t in ids):
+            return f"body.stop_token_ids: {ids!r} is not a list of token ids"
+        given["stop_token_ids"] = tuple(ids)
     if body.get("stop") is not None:
         got = stop_strings("body.stop", body["stop"])
         if isinstance(got, str):

@@ -78,25 +78,26 @@ def unserved(params: RequestParams, spec: PipelineSpec) -> str:
     differs from the spec's for a parameter the engine does not take per row."""
     g = spec.generate
     greedy = g.sampling.method == "greedy"
-    s = g.sampling
-    spec_value = {"max_new_tokens": g.max_new_tokens, "temperature": 0 if greedy else s.temperature,
-                  "top_p": s.top_p, "top_k": s.top_k, "seed": s.seed}
+    # parameter -> (the spec's value, the key that sets it)
+    spec_value = {"max_new_tokens": (g.max_new_tokens, "generate.max_new_tokens"),
+                  "temperature": ((0, "generate.sampling.method greedy (temperature 0)")
+                                  if greedy else (g.sampling.temperature,
+                                                  "generate.sampling.temperature"))}
+    spec_value.update((k, (getattr(g.sampling, k), f"generate.sampling.{k}"))
+                      for k in ("top_p", "top_k", "seed"))
+    drawn = not greedy or params.temperature not in (None, 0)
     for name, v in params.given().items():
         if name in ENGINE_SERVES:
             continue
         if name in spec_value:
-            if v == spec_value[name] or (greedy and name in ("top_p", "top_k", "seed")
-                                         and params.temperature in (None, 0)):
+            value, key = spec_value[name]
+            if v == value or (name in ("top_p", "top_k", "seed") and not drawn):
                 continue  # the spec's own value; greedy draws nothing to seed or cut
-            where = ("generate.sampling.temperature" if name == "temperature" and not greedy
-                     else "generate.sampling.method greedy (temperature 0)"
-                     if name == "temperature" else "generate.max_new_tokens"
-                     if name == "max_new_tokens" else f"generate.sampling.{name}")
-            return (f"{name} {v!r} differs from the spec's ({where}: {spec_value[name]!r}), "
-                    "and this graphrun serves one value per job: set it in the spec's "
-                    "generate: section, or split the file by it")
+            return (f"{name} {v!r} differs from the spec's ({key}: {value!r}), and this "
+                    "graphrun serves one value per job: set it in the spec's generate: "
+                    "section, or split the file by it")
         if name == "stop_token_ids" and set(v) <= set(g.stop.token_ids):
-            continue
+            continue  # the spec stops at these already
         return (f"{_named(name)} is not served by this graphrun's generation engine yet: "
                 "remove it from the record")
     return ""

@@ -74,17 +74,18 @@ class OpenAIBatchSink(JsonlSink):
                     "created": created, "model": self.model, "choices": [choice],
                     "usage": {"prompt_tokens": prompt, "completion_tokens": new,
                               "total_tokens": prompt + new}}
-            self._line(rid, {"status_code": 200, "request_id": "req_" + _hex("req", rid),
-                             "body": body}, None)
+            self._line(rid, rid, {"status_code": 200, "request_id": "req_" + _hex("req", rid),
+                                  "body": body}, None)
 
     def add_reject(self, rid, where: str, reason: str) -> None:
         """A request graphrun did not serve: its error line."""
         rid = plain(rid)
-        self._line(rid, {"status_code": 400, "request_id": "req_" + _hex("req", (rid, where)),
-                         "body": None},
+        key = (rid, where)  # a repeated or missing custom_id's line has an id of its own
+        self._line(rid, key, {"status_code": 400, "request_id": "req_" + _hex("req", key),
+                              "body": None},
                    {"code": ERROR_CODE, "message": f"{reason} ({where})"})
 
-    def _line(self, rid, response: dict, error: dict | None) -> None:
-        line = {"id": "batch_req_" + _hex("line", rid), "custom_id": rid,
+    def _line(self, rid, key, response: dict, error: dict | None) -> None:
+        line = {"id": "batch_req_" + _hex("line", key), "custom_id": rid,
                 "response": response, "error": error}
         self.f.write(json.dumps(line, separators=(",", ":"), ensure_ascii=False) + "\n")
