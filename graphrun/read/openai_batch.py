@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from graphrun.read.requests import number_in, stop_strings, whole
+from graphrun.read.requests import CHECKS, number_in, stop_strings, whole
 from graphrun.spec.request import DEFAULT_PARAMS, RequestParams
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
@@ -105,19 +105,18 @@ def body_params(body: dict, chat: bool) -> RequestParams | str:
         given["max_new_tokens"] = got
     if body.get("top_k") == -1:
         body = {**body, "top_k": None}  # vLLM's "all tokens", the default
-    for key, check in (("temperature", lambda k, v: number_in(k, v, 0, 2)),
-                       ("top_p", lambda k, v: number_in(k, v, 0, 1, low_open=True)),
-                       ("top_k", lambda k, v: whole(k, v, 0)),
-                       ("min_p", lambda k, v: number_in(k, v, 0, 1)),
-                       ("seed", lambda k, v: v if type(v) is int else f"{k}: {v!r} is not a "
-                        "whole number"),
-                       ("n", lambda k, v: whole(k, v, 1))):
-        v = body.get(key)
-        if v is not None:
-            got = check(f"body.{key}", v)
+    if body.get("temperature") is not None:  # OpenAI's range, narrower than a spec's
+        got = number_in("body.temperature", body["temperature"], 0, 2)
+        if isinstance(got, str):
+            return got
+        given["temperature"] = got
+    for key in ("top_p", "top_k", "min_p", "seed", "n"):
+        if body.get(key) is not None:
+            check, attr = CHECKS[key]
+            got = check(f"body.{key}", body[key])
             if isinstance(got, str):
                 return got
-            given[key] = got
+            given[attr] = got
     ids = body.get("stop_token_ids")  # vLLM's: more ids that end the completion
     if ids is not None:
         if not isinstance(ids, list) or not all(type(t) is int and t >= 0 for t in ids):
@@ -143,8 +142,9 @@ def _logprobs(body: dict, chat: bool) -> int | None | str:
     if not chat:
         if top is not None:
             return "body.top_logprobs is a chat request's key: a completions request gives logprobs"
-        return None if lp is None else whole("body.logprobs", lp, 0) if type(lp) is int and (
-            lp <= 5) else f"body.logprobs: {lp!r} is not a whole number in [0, 5]"
+        if lp is not None and (type(lp) is not int or not 0 <= lp <= 5):
+            return f"body.logprobs: {lp!r} is not a whole number in [0, 5]"
+        return lp
     if lp is not None and not isinstance(lp, bool):
         return f"body.logprobs: {lp!r} is not true or false"
     if top is not None and (type(top) is not int or not 0 <= top <= 20):

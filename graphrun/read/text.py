@@ -178,8 +178,9 @@ def jsonl_text_candidates(spec: PipelineSpec, file: str, records: list, reasons:
 def _record_problem(record, names: list[str], id_field: str | None) -> str:
     if not isinstance(record, dict):
         fields = " and ".join(repr(n) for n in names)
-        return (f"the record is {kind(record)}; expected an object with "
-                f"{'a ' + fields + ' field' if len(names) == 1 else 'fields ' + fields}")
+        return (f"the record is {kind(record)}; expected an object" + (
+            "" if not names else f" with a {fields} field" if len(names) == 1
+            else f" with fields {fields}"))
     for k, name in enumerate(names):
         if name not in record:
             what = ("the text to tokenize" if len(names) == 1 else

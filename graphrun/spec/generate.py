@@ -18,9 +18,11 @@ CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 
 GENERATE_DOC = (
     "Make this a generation job over a causal LM (model.hf of a causal-LM class, or builtin "
-    "llama): data.text's prompts in, one completion per record out (id, token_ids, text, "
-    "finish_reason, prompt_tokens, output_tokens); buckets batch and seq (prompt lengths). "
-    "null: one forward pass per record.")
+    "llama): data.text's prompts (or data.chat's messages, or an OpenAI Batch file's "
+    "requests) in, one completion per record out (id, token_ids, text, finish_reason, "
+    "prompt_tokens, output_tokens); buckets batch and seq (prompt lengths). null: one forward "
+    "pass per record, unless data.chat or data.format openai_batch implies this section with "
+    "its defaults.")
 # The pipeline schema says what spec_checks._sections says: inputs and outputs are required
 # without generate:, and refused with it.
 # data.chat and data.format imply generate: (PipelineSpec._implied), and a generation spec
