@@ -99,8 +99,15 @@ def read_lines(path: str, strict: bool) -> list[dict]:
 
 
 def main(argv: list[str]) -> int:
-    requests = read_lines(argv[0], strict=False)
-    outputs = [line for path in argv[1:] for line in read_lines(path, strict=True)]
+    if len(argv) < 2:
+        print(__doc__)
+        return 2
+    try:
+        requests = read_lines(argv[0], strict=False)
+        outputs = [line for path in argv[1:] for line in read_lines(path, strict=True)]
+    except (OSError, ValueError) as e:
+        print(f"cannot read: {e}")
+        return 1
     bad = check(requests, outputs)
     for problem in bad:
         print(problem)
