@@ -164,3 +164,18 @@ def test_chat_alone_implies_generation_buckets_and_jsonl(tmp_path, model_dir):
     assert loaded.output.format == "jsonl" and loaded.data.text.truncate is False
     manifest = graphrun.run(loaded)
     assert manifest.totals.records_out == 1
+
+
+def test_validate_load_plans_the_auto_buckets_a_chat_spec_implies(tmp_path, model_dir):
+    from click.testing import CliRunner
+
+    from graphrun.cli.main import main
+
+    spec = write_job(tmp_path, [{"id": f"c{i}", "messages": m} for i, m in enumerate(CHATS)],
+                     {"chat": {}}, model_dir)
+    raw = yaml.safe_load(spec.read_text())
+    del raw["buckets"]
+    spec.write_text(yaml.safe_dump(raw))
+    result = CliRunner().invoke(main, ["validate", "--load", str(spec)])
+    assert result.exit_code == 0, result.output
+    assert "ok (model built, called on each of" in result.output

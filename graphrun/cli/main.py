@@ -210,20 +210,22 @@ def _load(spec) -> int:
     """Build the spec's model and run each bucket once eagerly (the Runner's setup with the
     eager backend: one call per bucket, then verify's replay and padding checks)."""
     from graphrun.engine import Runner
+    from graphrun.generate.records import with_implied_io
+    from graphrun.plan.auto import resolve_auto
 
-    spec = spec.model_copy(deep=True)
+    # `auto` axes planned from the data first, as the run plans them
+    spec, _ = resolve_auto(with_implied_io(spec.model_copy(deep=True)))
     spec.capture.backend = "eager"
     spec.capture.lazy = False  # every bucket checked now, not on a first use that never comes
     spec.capture.verify.eager = True  # each bucket called, its pads checked, though none is captured
     spec.report.baseline = "none"
     log = lambda msg: click.echo(msg, err=True) if msg.startswith("warning:") else None  # noqa: E731
     if spec.generate is not None:  # prefill and two decode steps at every (batch, prompt) bucket
-        from graphrun.generate.records import with_implied_io
         from graphrun.generate.runner import GenerationRunner
 
         spec.generate.max_new_tokens = min(3, spec.generate.max_new_tokens)
         spec.generate.min_new_tokens = min(spec.generate.min_new_tokens, 3)
-        runner = GenerationRunner(with_implied_io(spec), log=log)
+        runner = GenerationRunner(spec, log=log)
         try:
             return runner.try_every_bucket()
         finally:
