@@ -339,3 +339,16 @@ def test_parquet_chat_records_carry_their_per_record_fields(tmp_path, model_dir,
                  .splitlines()]
     assert reject["id"] == "c" and "max_new_tokens 9 differs" in reject["reason"]
     assert manifest.totals.records_rejected == 1
+
+
+def test_model_data_and_output_alone_run_a_batch_file(tmp_path, model_dir):
+    lines = [request("a", {"messages": CHATS[0]}), request("b", {"messages": CHATS[1],
+                                                                  "temperature": 0})]
+    spec, path = write_batch(tmp_path, lines, model_dir)
+    raw = yaml.safe_load(spec.read_text())
+    assert set(raw) == {"version", "name", "device", "model", "data", "output"}
+    manifest = graphrun.run(graphrun.load_spec(spec))
+    out = rows(tmp_path / "out")
+    assert check_openai_batch.check(check_openai_batch.read_lines(str(path), False), out) == []
+    assert manifest.totals.records_out == 2
+    assert all(0 < x["response"]["body"]["usage"]["completion_tokens"] <= 128 for x in out)
