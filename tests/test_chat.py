@@ -62,6 +62,36 @@ def rows(out: Path) -> list[dict]:
             for line in p.read_text().splitlines()]
 
 
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def qwen2_chat_model(folder: Path) -> Path:
+    """A seeded 2-layer Qwen2 layout beside the tiny Llama's tokenizer, with a ChatML template
+    that writes no BOS (as Qwen's): the prompt is the template's text, no token added."""
+    import transformers
+
+    from tests.generate_models import _spread
+
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128,
+                                      num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, max_position_embeddings=256,
+                                      bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    _spread(transformers.Qwen2ForCausalLM(config).eval()).save_pretrained(folder)
+    for name in ("tokenizer.json", "special_tokens_map.json"):
+        shutil.copy(FOLDER / name, folder / name)
+    tok = json.loads((FOLDER / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**tok, "chat_template": CHATML}))
+    return folder
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def layout(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(request.param) / "tiny-chat"
+    return chat_model(folder) if request.param == "llama" else qwen2_chat_model(folder)
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return chat_model(tmp_path_factory.mktemp("m") / "tiny-chat")
@@ -89,18 +119,23 @@ def hf_chat_greedy(hf, messages) -> tuple[list[int], list[int]]:
     return ids[0].tolist(), out[0, ids.shape[1]:].tolist()
 
 
-def test_chat_completions_equal_transformers_generate_on_the_chat_template(tmp_path, model_dir,
-                                                                           hf):
+def test_chat_completions_equal_transformers_generate_on_the_chat_template(tmp_path, layout):
+    import transformers
+
+    hf = (transformers.AutoTokenizer.from_pretrained(layout),
+          transformers.AutoModelForCausalLM.from_pretrained(layout).eval())
     records = [{"id": f"c{i}", "messages": m} for i, m in enumerate(CHATS)]
-    spec = write_job(tmp_path, records, {"chat": {"field": "messages"}}, model_dir)
-    graphrun.run(graphrun.load_spec(spec))
+    spec = write_job(tmp_path, records, {"chat": {"field": "messages"}}, layout)
+    manifest = graphrun.run(graphrun.load_spec(spec))
     got = rows(tmp_path / "out")
     assert [r["id"] for r in got] == ["c0", "c1", "c2"]
+    bos = 1 if "bos_token" in hf[0].chat_template else 0
     for row, messages in zip(got, CHATS):
         prompt, want = hf_chat_greedy(hf, messages)
-        assert prompt.count(hf[0].bos_token_id) == 1  # the template's BOS, not a second one
+        assert prompt.count(hf[0].bos_token_id) == bos  # the template's BOS, none added
         assert row["prompt_tokens"] == len(prompt)
         assert row["token_ids"] == want, row["id"]
+    assert manifest.environment.model_code == "graphrun"  # its own Llama, for both layouts
 
 
 def test_text_holding_its_special_tokens_is_not_given_them_again(tmp_path, model_dir, hf):
