@@ -352,3 +352,15 @@ def test_model_data_and_output_alone_run_a_batch_file(tmp_path, model_dir):
     assert check_openai_batch.check(check_openai_batch.read_lines(str(path), False), out) == []
     assert manifest.totals.records_out == 2
     assert all(0 < x["response"]["body"]["usage"]["completion_tokens"] <= 128 for x in out)
+
+
+def test_a_per_record_field_given_twice_in_a_line_rejects_it(tmp_path, model_dir):
+    spec = per_record_job(tmp_path, [{"id": "b", "prompt": "x", "mt": 4}], model_dir,
+                          {"max_new_tokens": "mt"})
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"id": "a", "prompt": "x", "mt": 9, "mt": 4}\n' + path.read_text())
+    graphrun.run(graphrun.load_spec(spec))
+    assert [r["id"] for r in rows(tmp_path / "out")] == ["b"]
+    (reject,) = [json.loads(x) for x in (tmp_path / "out" / "rejects.jsonl").read_text()
+                 .splitlines()]
+    assert "'mt' appears more than once" in reject["reason"]

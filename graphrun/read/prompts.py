@@ -39,8 +39,10 @@ class Prompts:
 
     @property
     def fields(self) -> list[str]:
-        """The record fields read: the text's (or messages', or the request's body) and the
+        """The record fields read: the text's (or messages', or a request line's) and the
         per-record parameters'."""
+        if self.batch:
+            return ["method", "url", "body"]
         return list(dict.fromkeys([*self.text.fields, *self.per_record.values()]))
 
     def chat(self):
