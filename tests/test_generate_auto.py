@@ -97,7 +97,7 @@ def test_no_prompt_bucket_passes_the_positions_left_for_the_new_tokens(tmp_path)
     manifest = graphrun.run(graphrun.load_spec(spec))
     seq = manifest.spec["buckets"]["seq"]
     assert seq == lists["seq"]
-    # texts are cut at the limit (data.text.truncate's default), so the plan covers it
+    # texts are cut at the limit (data.text.truncate: true), so the plan covers it
     assert seq[-1] == positions - new
     assert max(graphs_of(manifest.spec["buckets"], new).kv) <= positions
     rows = completions(tmp_path / "out")

@@ -43,7 +43,8 @@ def write_spec(folder: Path, *, n: int = 12, extra: list[str] = (), **changes) -
     spec = {"version": 1, "name": "gen", "device": "cpu",
             "model": {"hf": {"path": str(FOLDER), "class": "AutoModelForCausalLM"},
                       "dtype": "float32"},
-            "data": {"path": str(data), "id_field": "id", "text": {"field": "prompt"},
+            "data": {"path": str(data), "id_field": "id",
+                     "text": {"field": "prompt", "truncate": True},
                      "batch_size": 4, "group_by_length": 8},
             "generate": {"max_new_tokens": NEW, "sampling": {"method": "greedy"}},
             "buckets": {"batch": [1, 4], "seq": [64, 128, 512]},
@@ -120,16 +121,18 @@ def test_bad_prompts_are_rejected_with_their_lines_and_long_ones_cut_from_the_le
     assert sorted(r["id"] for r in rejects) == ["no-prompt", "not-text"]
     assert {r["where"].rsplit(":", 1)[1] for r in rejects} == {"5", "6"}  # their lines
     assert manifest.totals.records_in == manifest.totals.records_out + 2
-    # truncate (the default) keeps the prompt's end: the last 64 tokens, as HF is given them
+    # truncate keeps the prompt's end: the last 64 tokens, as HF is given them
     assert rows["long"]["prompt_tokens"] == 64
     assert rows["long"]["token_ids"] == hf_greedy(hf, long_text, max_prompt=64)
 
 
-def test_a_too_long_prompt_is_rejected_when_truncate_is_off(tmp_path):
+@pytest.mark.parametrize("text", [{"field": "prompt", "truncate": False}, {"field": "prompt"}],
+                         ids=["off", "unset"])
+def test_a_too_long_prompt_is_rejected_unless_truncate_is_set(tmp_path, text):
     long_text = " ".join(["words"] * 400)
     spec = write_spec(tmp_path, n=3, extra=[json.dumps({"id": "long", "prompt": long_text})],
-                      data__on_bad_record="skip", data__text={"field": "prompt",
-                                                              "truncate": False})
+                      data__on_bad_record="skip", data__text=text)
+    assert graphrun.load_spec(spec).data.text.truncate is False
     graphrun.run(graphrun.load_spec(spec))
     rejects = (tmp_path / "out" / "rejects.jsonl").read_text()
     assert '"long"' in rejects and "tokens, more than 512" in rejects
@@ -221,7 +224,8 @@ def test_kill_9_then_resume_gives_the_same_completions(tmp_path, sampling):
 @pytest.mark.slow
 def test_gpus_workers_give_the_same_completions_as_one_process(tmp_path):
     # prompts cut to 64 tokens: the workers' counts of cut prompts add up to one process's
-    spec = write_spec(tmp_path, n=16, data__text={"field": "prompt", "max_length": 64})
+    spec = write_spec(tmp_path, n=16, data__text={"field": "prompt", "max_length": 64,
+                                                  "truncate": True})
     one = graphrun.run(graphrun.load_spec(spec), out=tmp_path / "one")
     # the --gpus parent in this process (its workers are processes): the job's merge is what
     # is checked, not the parent's process

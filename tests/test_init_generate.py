@@ -82,7 +82,7 @@ def test_seq_buckets_end_where_prompt_and_new_tokens_fill_the_positions(tmp_path
     assert result.exit_code == 0, result.output
     spec = graphrun.load_spec(spec_path)
     assert spec.buckets["seq"][-1] == 72  # (200 - 128) rounded down to a multiple of 8
-    assert spec.data.text.truncate is True
+    assert spec.data.text.truncate is False  # a longer prompt is rejected, as the schema says
 
 
 def test_too_few_positions_for_the_new_tokens_is_one_message(tmp_path):
@@ -124,14 +124,91 @@ def test_task_generate_needs_hf(tmp_path):
     assert "--task generate needs --hf DIR" in result.output
 
 
-def test_the_default_task_is_what_config_json_computes(tmp_path):
-    """Without --task, a causal LM still gets the next token's top k (one pass per record)."""
+def test_a_causal_lm_over_text_without_task_asks_which(tmp_path):
+    """Without --task, a causal LM over text asks: completions (generate) or the next token's
+    top k (next-token), never picking one silently."""
     write_prompts(tmp_path / "p.jsonl")
     spec_path = tmp_path / "next.yaml"
     result = cli("init", "--hf", TINY, "--data", tmp_path / "p.jsonl", "-o", spec_path)
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    said = " ".join(result.output.split())
+    assert "is a causal language model: say what to run with --task generate" in said
+    assert "--task next-token" in said and not spec_path.exists()
+    result = cli("init", "--hf", TINY, "--data", tmp_path / "p.jsonl", "-o", spec_path,
+                 "--task", "next-token")
     assert result.exit_code == 0, result.output
     spec = graphrun.load_spec(spec_path)
     assert spec.generate is None and list(spec.outputs) == ["next_ids", "next_probs"]
+
+
+def test_generation_options_are_written_and_imply_generate(tmp_path):
+    write_prompts(tmp_path / "p.jsonl")
+    spec_path = tmp_path / "gen.yaml"
+    result = cli("init", "--hf", TINY, "--data", tmp_path / "p.jsonl", "-o", spec_path,
+                 "--max-new-tokens", 12, "--temperature", 0.7, "--top-p", 0.9, "--seed", 3)
+    assert result.exit_code == 0, result.output
+    g = graphrun.load_spec(spec_path).generate
+    assert g.max_new_tokens == 12
+    assert (g.sampling.method, g.sampling.temperature, g.sampling.top_p, g.sampling.seed) == (
+        "sample", 0.7, 0.9, 3)
+    result = cli("init", "--hf", TINY, "--data", tmp_path / "p.jsonl", "-o", spec_path,
+                 "--force", "--top-p", 0.9)
+    assert result.exit_code != 0 and "give --temperature above 0 too" in result.output
+
+
+CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}"
+                 "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def chat_folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "tiny-chat"
+    shutil.copytree(TINY, folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config,
+                                                              "chat_template": CHAT_TEMPLATE}))
+    return folder
+
+
+def test_a_chat_file_is_recognised_and_written_as_data_chat(tmp_path):
+    data = tmp_path / "chats.jsonl"
+    data.write_text("".join(json.dumps({"id": f"c{i}", "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "tell me about the river " * (1 + i % 5)}]}) + "\n"
+        for i in range(20)))
+    spec_path = tmp_path / "chat.yaml"
+    result = cli("init", "--hf", chat_folder(tmp_path), "--data", data, "-o", spec_path,
+                 "--max-new-tokens", 4)
+    assert result.exit_code == 0, result.output
+    spec = graphrun.load_spec(spec_path)
+    assert spec.data.chat.field == "messages" and spec.generate.max_new_tokens == 4
+    assert spec.data.text.add_special_tokens is False and spec.data.text.truncate is False
+    assert "rendered by the model's chat template" in result.output
+    assert graphrun.run(spec).totals.records_out == 20
+
+
+def test_an_openai_batch_file_is_recognised_and_written_as_such(tmp_path):
+    data = tmp_path / "batch.jsonl"
+    data.write_text("".join(json.dumps({
+        "custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
+        "body": {"model": "tiny", "messages": [{"role": "user", "content": "hi " * (i + 1)}]}})
+        + "\n" for i in range(10)))
+    spec_path = tmp_path / "batch.yaml"
+    result = cli("init", "--hf", chat_folder(tmp_path), "--data", data, "-o", spec_path)
+    assert result.exit_code == 0, result.output
+    spec = graphrun.load_spec(spec_path)
+    assert spec.data.format == "openai_batch" and spec.output.format == "openai_batch"
+    assert spec.data.id_field == "custom_id" and "string fields not used" not in result.output
+
+
+def test_a_chat_file_for_a_model_without_a_template_is_one_message(tmp_path):
+    from tests.test_chat import chat_model
+
+    data = tmp_path / "chats.jsonl"
+    data.write_text(json.dumps({"id": 0, "messages": [{"role": "user", "content": "x"}]}) + "\n")
+    bare = chat_model(tmp_path / "bare", template=None)
+    result = cli("init", "--hf", bare, "--data", data, "-o", tmp_path / "c.yaml")
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert "has no chat template" in " ".join(result.output.split())
 
 
 # ---- the plan: grouped batches, graphs counted, the limit, padding as init says ---------------
@@ -209,7 +286,8 @@ def test_buckets_are_planned_for_the_grouped_batches_within_the_graph_bound(tmp_
     assert spec.data.group_by_length == 51
     assert batch == [8]
     # the longest prompts are cut at the limit: 200 positions less 128 new tokens
-    assert seq[-1] == 72 and spec.data.text.truncate is True and max(seq) <= 72
+    # a longer prompt is rejected with its line unless the user sets truncate (the default)
+    assert seq[-1] == 72 and spec.data.text.truncate is False and max(seq) <= 72
     assert all(v % 8 == 0 for v in seq) and len(seq) > 1
     graphs = graphs_of(spec.buckets, 128)
     assert graphs.total <= GRAPHS and graphs.prefill == len(batch) * len(seq)
@@ -238,8 +316,8 @@ def test_a_sample_of_the_whole_file_with_bad_lines_needs_no_bucket_at_the_limit(
     assert "the sample is the whole file, so a longer text is rejected" in result.output
     result, spec_path = init(tmp_path, folder, "--sample", 10, "--force", data=data)
     assert result.exit_code == 0, result.output
-    spec = graphrun.load_spec(spec_path)  # a part of the file: the limit, where longer are cut
-    assert spec.buckets["seq"][-1] == 168 and spec.data.text.truncate is True
+    spec = graphrun.load_spec(spec_path)  # a part of the file: the limit, past it rejected
+    assert spec.buckets["seq"][-1] == 168 and spec.data.text.truncate is False
 
 
 def test_the_written_spec_runs_and_pads_as_init_said(tmp_path):
@@ -254,7 +332,7 @@ def test_the_written_spec_runs_and_pads_as_init_said(tmp_path):
     grouped, _ = expected_padding(result.output)
     out = tmp_path / "out"
     run = cli("run", spec_path, "--out", out, "--set", "data.on_bad_record=skip",
-              "--set", "generate.max_new_tokens=3")
+              "--set", "generate.max_new_tokens=3", "--set", "data.text.truncate=true")
     assert run.exit_code == 0, run.output
     manifest = json.loads((out / "manifest.json").read_text())
     totals = manifest["totals"]
@@ -311,7 +389,8 @@ def test_plan_on_a_generation_spec_counts_its_graphs_and_stops_at_the_positions_
     assert result.exit_code == 0, result.output
     for new, room in ((128, 72), (64, 136)):
         planned = cli("plan", spec_path, "--set", f"generate.max_new_tokens={new}",
-                      "--set", f"data.text.max_length={room + 50}", "--max-graphs", 24)
+                      "--set", f"data.text.max_length={room + 50}", "--max-graphs", 24,
+                      "--set", "data.text.truncate=true")
         assert planned.exit_code == 0, planned.output
         said = " ".join(planned.output.split())
         assert (f"seq stops at {room}: the model's 200 positions (config.json's "

@@ -139,7 +139,7 @@ def test_an_encoder_gives_mean_pooled_normalised_embeddings(tmp_path, folders):
 
 @pytest.mark.slow
 def test_a_causal_lm_gives_the_next_tokens_top_k(tmp_path, folders):
-    spec, texts, printed = init_and_run(tmp_path, folders["next-token"])
+    spec, texts, printed = init_and_run(tmp_path, folders["next-token"], "--task", "next-token")
     assert spec.model.hf.class_ == "AutoModelForCausalLM"
     assert list(spec.inputs) == ["input_ids", "attention_mask"]
     ids, probs = out(tmp_path, "next_ids"), out(tmp_path, "next_probs")
@@ -289,7 +289,7 @@ def test_a_hub_cache_entry_is_found_by_name_without_downloading(tmp_path, folder
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("0" * 40)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    spec, texts, _ = init_and_run(tmp_path, "tiny/gpt")
+    spec, texts, _ = init_and_run(tmp_path, "tiny/gpt", "--task", "next-token")
     assert spec.model.hf.path == "tiny/gpt" and spec.name == "gpt-next-token"
     assert out(tmp_path, "next_ids").shape == (len(texts), 5)
 

@@ -113,8 +113,8 @@ BROKEN = [
      "the most likely token: set method: sample to sample with them, or remove them"),
     ("default-greedy-top-k", edit("{method: greedy}", "{top_k: 5, seed: 1}"), [], "13:13",
      "top_k 5, seed 1 given with method greedy"),
-    ("zero-temperature", edit("{method: greedy}", "{method: sample, temperature: 0}"), [],
-     "13:43", "generate.sampling.temperature: must be > 0 (got 0)"),
+    ("negative-temperature", edit("{method: greedy}", "{method: sample, temperature: -1}"), [],
+     "13:43", "generate.sampling.temperature: must be >= 0 (got -1)"),
     ("top-p-over-one", edit("{method: greedy}", "{method: sample, top_p: 1.5}"), [], "13:37",
      "generate.sampling.top_p: must be <= 1 (got 1.5)"),
     ("top-p-zero", edit("{method: greedy}", "{method: sample, top_p: 0}"), [], "13:37",
@@ -184,6 +184,17 @@ def test_a_forward_spec_still_needs_inputs_and_outputs(write_spec, key):
     assert any(f"{key}: needs at least one {key[:-1]}" in p for p in found), found
 
 
+def test_a_forward_spec_needs_buckets_and_a_generation_spec_plans_its_own(write_spec, write_gen):
+    lines = MLP_SPEC.splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if line.startswith("buckets:"))
+    found = problems(write_spec("".join(lines[:start] + lines[start + 2:])))
+    assert any(p.endswith("buckets: required key 'buckets' is missing (e.g. buckets: {batch: "
+                          "[1, 8, 32]}); a generation spec plans its own") for p in found), found
+    spec = load_spec(write_gen(GEN_SPEC.replace("buckets:\n  batch: [1, 4]\n  seq: [16, 32]\n",
+                                                "")))
+    assert spec.buckets == {"batch": "auto", "seq": "auto"}
+
+
 @pytest.mark.parametrize("cls", ["LlamaForCausalLM", "GPT2LMHeadModel", "AutoModelForCausalLM"])
 def test_causal_lm_classes_are_accepted(write_gen, cls):
     spec = load_spec(write_gen(edit("class: AutoModelForCausalLM", f"class: {cls}")))
@@ -231,3 +242,9 @@ def test_a_prompt_bucket_and_its_new_tokens_past_the_positions_is_located(write_
                in p and "end the list at 24 or below" in p for p in found), found
     (tmp_path / "model" / "config.json").write_text('{"max_position_embeddings": 48}')
     assert load_spec(write_gen()).buckets["seq"] == [16, 32]
+
+
+def test_temperature_zero_is_greedy_as_openai_and_vllm_read_it(write_gen):
+    path = write_gen(edit("{method: greedy}", "{method: sample, temperature: 0, top_p: 0.5}"))
+    sampling = load_spec(path).generate.sampling
+    assert (sampling.method, sampling.temperature, sampling.top_p) == ("greedy", 1.0, 1.0)

@@ -72,12 +72,20 @@ def train_tokenizer(texts: list[str]):
                                    model_max_length=MAX_POSITIONS)
 
 
+# a small chat template in the Llama 3 manner (BOS, a header per turn, each turn ended by EOS),
+# so that chat records and OpenAI Batch chat requests run on this model too
+CHAT_TEMPLATE = ("{{ bos_token }}{% for message in messages %}<|{{ message['role'] }}|>\n"
+                 "{{ message['content'] }}{{ eos_token }}{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+
+
 def _portable_tokenizer_files(folder: Path) -> None:
     """transformers 5 names its own backend class and writes no special_tokens_map.json;
     PreTrainedTokenizerFast and the map load in older transformers too."""
     path = folder / "tokenizer_config.json"
     config = json.loads(path.read_text())
     config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config["chat_template"] = CHAT_TEMPLATE
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     special = {"bos_token": BOS, "eos_token": EOS, "pad_token": EOS}
     (folder / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")

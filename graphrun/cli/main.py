@@ -210,20 +210,22 @@ def _load(spec) -> int:
     """Build the spec's model and run each bucket once eagerly (the Runner's setup with the
     eager backend: one call per bucket, then verify's replay and padding checks)."""
     from graphrun.engine import Runner
+    from graphrun.generate.records import with_implied_io
+    from graphrun.plan.auto import resolve_auto
 
-    spec = spec.model_copy(deep=True)
+    # `auto` axes planned from the data first, as the run plans them
+    spec, _ = resolve_auto(with_implied_io(spec.model_copy(deep=True)))
     spec.capture.backend = "eager"
     spec.capture.lazy = False  # every bucket checked now, not on a first use that never comes
     spec.capture.verify.eager = True  # each bucket called, its pads checked, though none is captured
     spec.report.baseline = "none"
     log = lambda msg: click.echo(msg, err=True) if msg.startswith("warning:") else None  # noqa: E731
     if spec.generate is not None:  # prefill and two decode steps at every (batch, prompt) bucket
-        from graphrun.generate.records import with_implied_io
         from graphrun.generate.runner import GenerationRunner
 
         spec.generate.max_new_tokens = min(3, spec.generate.max_new_tokens)
         spec.generate.min_new_tokens = min(spec.generate.min_new_tokens, 3)
-        runner = GenerationRunner(with_implied_io(spec), log=log)
+        runner = GenerationRunner(spec, log=log)
         try:
             return runner.try_every_bucket()
         finally:
@@ -327,12 +329,23 @@ def _schema_targets(kinds, out: Path | None) -> list[tuple[Path, str]]:
 @click.option("--sample", type=click.IntRange(min=1), default=10000, show_default=True,
               help="Records read to learn the inputs.")
 @click.option("--force", is_flag=True, help="Replace the spec file if it exists.")
-@click.option("--task", type=click.Choice(["auto", "generate"]), default="auto",
+@click.option("--task", type=click.Choice(["auto", "generate", "next-token"]), default="auto",
               show_default=True, help="With --hf: auto, what config.json's architecture "
-              "computes in one pass (embedding, next-token top-k, class); generate, a "
-              "generation job over a causal LM (prompts in, completions out).")
+              "computes in one pass (embedding, class; a causal LM over chat or Batch records "
+              "generates, over text it asks which); generate, a generation job over a causal "
+              "LM (prompts in, completions out); next-token, its next token's top k.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=None,
+              help="With --task generate: generate.max_new_tokens [128].")
+@click.option("--temperature", type=click.FloatRange(min=0), default=None,
+              help="With --task generate: sample at this temperature (0 or none: greedy).")
+@click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=None,
+              help="With --temperature: nucleus sampling's top_p.")
+@click.option("--top-k", type=click.IntRange(min=0), default=None,
+              help="With --temperature: sample among the k most likely tokens (0: all).")
+@click.option("--seed", type=int, default=None, help="With --temperature: the sampling seed.")
 def init(target, builtin, hf, args, data, spec_path, out_dir, name, batch_size, dtype,
-         id_field, text_field, sample, force, task) -> None:
+         id_field, text_field, sample, force, task, max_new_tokens, temperature, top_p, top_k,
+         seed) -> None:
     """Write a spec for your model and data: inputs from the file, outputs from calling the
     model once, buckets from the records' sizes; prints what to check."""
     from graphrun.init.infer import init as init_spec
@@ -345,6 +358,10 @@ def init(target, builtin, hf, args, data, spec_path, out_dir, name, batch_size, 
         if hf is None and text_field is not None:
             raise GraphrunError("--text-field names the text an --hf model tokenizes: give "
                                 "--hf DIR too")
+        if hf is None and any(v is not None for v in (max_new_tokens, temperature, top_p,
+                                                       top_k, seed)):
+            raise GraphrunError("--max-new-tokens and the sampling options are for a "
+                                "generation job: give --hf DIR of a causal LM")
         if hf is None and task != "auto":
             raise GraphrunError(f"--task {task} needs --hf DIR: the folder of a causal "
                                 "language model and its tokenizer")
@@ -355,7 +372,15 @@ def init(target, builtin, hf, args, data, spec_path, out_dir, name, batch_size, 
             raise GraphrunError("--hf takes the model from its folder: leave out --model, "
                                 "--builtin and --arg")
         else:
-            found = init_hf(hf=hf, task=task, text_field=text_field, **common)
+            from graphrun.init.generate import NEW_TOKENS, Generation
+
+            generation = Generation(max_new_tokens or NEW_TOKENS, temperature, top_p, top_k,
+                                    seed)
+            if generation.given and task == "next-token":
+                raise GraphrunError("--max-new-tokens and the sampling options are a "
+                                    "generation job's: use --task generate")
+            found = init_hf(hf=hf, task=task, text_field=text_field, generation=generation,
+                            **common)
     except GraphrunError as err:
         fail(err)
     click.echo(_init_report(found, spec_path))

@@ -22,7 +22,8 @@ import torch
 from graphrun.engine.buckets import Bucket, BucketTable, cut_rows, pad_into, split_sizes
 from graphrun.engine.device import made_current, resolve_backend, resolve_device
 from graphrun.engine.device_start import DeviceStart
-from graphrun.base.errors import GraphrunError, ModelError, first_message
+from graphrun.base.errors import (GraphrunError, ModelError, Problem, SpecError,
+                                  first_message)
 from graphrun.manifest.keys import BucketReport, LaneReport
 from graphrun.base.phases import FIRST_USE, phase
 from graphrun.models.call import (call_model, first_call, index_hint, name_outputs,
@@ -49,6 +50,13 @@ class Runner:
         the model is built), each with the input's first batch for it (or None), checked
         against eager at setup; the others are set up on first use. None: all on first use.
         started: the device's context begun earlier, beside other setup (device_start.py)."""
+        if spec.generate is not None:  # the model's forward is not what a generation job calls
+            raise SpecError([Problem(
+                str(spec.source_path or "spec"), "generate",
+                "Runner replays one forward pass per batch, and this is a generation spec "
+                "(generate:, data.chat or an OpenAI Batch file): run the job with "
+                "graphrun.run(spec) (or `graphrun run`), whose completions go to output.dir; "
+                "graphrun has no in-process generate() yet")])
         self.spec = spec
         self.log = log or (lambda msg: None)
         t0 = time.perf_counter()

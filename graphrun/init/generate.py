@@ -6,7 +6,9 @@ inputs and outputs are implied, so the model is not built."""
 
 from __future__ import annotations
 
-from graphrun.base.errors import ModelError
+from dataclasses import dataclass
+
+from graphrun.base.errors import InputError, ModelError
 from graphrun.init.render import GROUP_WINDOW
 from graphrun.init.text import SEQ_MULTIPLE, TEXT_NAMES, plan_grouped
 from graphrun.spec.generate import CAUSAL_LM_SUFFIXES
@@ -28,29 +30,110 @@ def causal_arch(config) -> str:
     return causal[0]
 
 
-def plan_generate(found, texts: list[str], tokenizer, limit: int,
-                  eos: list[int]) -> None:
+@dataclass(frozen=True)
+class Generation:
+    """init's generation options: --max-new-tokens and the sampling ones."""
+
+    max_new_tokens: int = NEW_TOKENS
+    temperature: float | None = None  # None or 0: greedy
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+
+    @property
+    def given(self) -> bool:
+        """Any option besides the defaults: the user asked for a generation job."""
+        return self != Generation()
+
+    def sampling(self) -> dict:
+        """generate.sampling: greedy, or sample with the options given."""
+        extra = {k: v for k, v in (("top_p", self.top_p), ("top_k", self.top_k),
+                                   ("seed", self.seed)) if v is not None}
+        if not self.temperature:
+            if extra:
+                raise ModelError(f"--{next(iter(extra)).replace('_', '-')} samples: give "
+                                 "--temperature above 0 too (0 or none: greedy)")
+            return {"method": "greedy"}
+        return {"method": "sample", "temperature": self.temperature, **extra}
+
+
+def plan_generate(found, texts: list[str], tokenizer, limit: int, eos: list[int],
+                  options: Generation = Generation(), special: bool = True) -> None:
     """found (init_hf.HfInferred) as a generation job: grouped batches, their batch and prompt
     buckets within the positions that a prompt and its new tokens share, the graphs they make
-    (found.graphs), and the generate section."""
+    (found.graphs), and the generate section. special: the texts get the tokenizer's special
+    tokens (false: rendered chats hold theirs)."""
     from graphrun.plan.generation import GRAPHS, graphs_of, plan_generation
 
-    room = limit - NEW_TOKENS
+    new = options.max_new_tokens
+    room = limit - new
     if room < SEQ_MULTIPLE:
         raise ModelError(f"--hf: the model holds {limit} positions, too few for a prompt and "
-                         f"{NEW_TOKENS} new tokens (generate.max_new_tokens); init writes "
-                         "generation specs for models of more positions")
+                         f"{new} new tokens (generate.max_new_tokens): lower --max-new-tokens")
 
     def planner(hist):
-        return plan_generation(hist, GRAPHS, NEW_TOKENS, {"seq": SEQ_MULTIPLE})[0]
+        return plan_generation(hist, GRAPHS, new, {"seq": SEQ_MULTIPLE})[0]
 
     batches = plan_grouped(found, texts, tokenizer, room // SEQ_MULTIPLE * SEQ_MULTIPLE,
                            window_most=GROUP_WINDOW, slack=slack(found.batch_size),
-                           planner=planner)
-    found.graphs = graphs_of(found.buckets, NEW_TOKENS, batches)
-    found.generate = {"max_new_tokens": NEW_TOKENS, "sampling": {"method": "greedy"},
+                           planner=planner, special=special)
+    found.graphs = graphs_of(found.buckets, new, batches)
+    found.generate = {"max_new_tokens": new, "sampling": options.sampling(),
                       "stop": {"eos": "auto"}}
     found.eos_ids, found.positions = eos, limit
+    found.truncate = False  # a longer prompt is rejected with its line, as the run's default
+
+
+BATCH_KEYS = {"custom_id", "method", "url", "body"}
+
+
+def prompt_source(profile, text_field: str | None) -> tuple[str, str | None]:
+    """How the sampled records hold their prompts: ("batch", None) for OpenAI Batch request
+    lines, ("chat", field) for chat messages, ("text", None) for a text field."""
+    fields = set(profile.texts) | set(profile.objects) | {profile.id_field}
+    if BATCH_KEYS <= fields and "body" in profile.objects:
+        return "batch", None
+    chats = [n for n, values in profile.objects.items()
+             if all(isinstance(v, list) and all("role" in m for m in v) for v in values)]
+    if text_field is not None:
+        return ("chat", text_field) if text_field in chats else ("text", None)
+    if not chats:
+        return "text", None
+    return "chat", "messages" if "messages" in chats else chats[0]
+
+
+def rendered_prompts(profile, source: tuple[str, str | None], tokenizer
+                     ) -> tuple[list[str], bool]:
+    """The sampled prompts as the run tokenizes them, and whether the tokenizer adds its
+    special tokens to them: chats rendered by the tokenizer's chat template (it adds none), a
+    Batch file's completions prompts as they are (it does). One the run would reject is left
+    out."""
+    from graphrun.read.chat import check_messages
+    from graphrun.spec.rules import no_chat_template
+
+    kind, field = source
+    if kind == "batch":
+        items = [(b.get("messages"), b.get("prompt")) for b in profile.objects["body"]
+                 if isinstance(b, dict)]
+    else:
+        items = [(m, None) for m in profile.objects[field]]
+    texts, chats = [], []
+    for messages, prompt in items:
+        if messages is not None:
+            checked = check_messages(messages, "messages")
+            if not isinstance(checked, str):
+                chats.append(checked)
+        elif isinstance(prompt, str):
+            texts.append(prompt)
+    if chats and not tokenizer.chat_template:
+        raise InputError(no_chat_template(tokenizer.name_or_path), where=str(profile.path))
+    if chats:  # a Batch file has one endpoint: chats, or completions prompts
+        texts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False)
+                 for c in chats]
+    if not texts:
+        raise InputError("no record of the sample holds a prompt graphrun can read",
+                         where=str(profile.path))
+    return texts, not chats
 
 
 def slack(batch_size: int) -> int:

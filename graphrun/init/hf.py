@@ -25,14 +25,15 @@ from pathlib import Path
 from graphrun.base.errors import GraphrunError, ModelError, first_line
 from graphrun.init.infer import Inferred, sample_notes, spec_out_dir, spec_target
 from graphrun.init.sample import FieldInfo, sample_data
-from graphrun.init.generate import (NEW_TOKENS, PROMPT_NAMES, causal_arch, eos_ids, plan_generate,
-                                    stop_check)
+from graphrun.init.generate import (PROMPT_NAMES, Generation, causal_arch, eos_ids,
+                                    plan_generate, prompt_source, rendered_prompts, stop_check)
 from graphrun.init.render import relative_to_spec, render_generate_spec, render_hf_spec, write_spec_files
 from graphrun.init.text import TEXT_NAMES, chosen_fields, plan_grouped, texts_of
 from graphrun.spec.keys import BATCH
 
 TOPK = 5  # next tokens written per record
-TASKS = ("auto", "generate")  # auto: from config.json's architectures (embed, next-token, classify)
+# auto: from config.json's architectures (embed, classify; a causal LM asks which of the others)
+TASKS = ("auto", "generate", "next-token")
 PROBE_TEXTS = 2
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json",
                    "tokenizer.model", "spiece.model", "sentencepiece.bpe.model")
@@ -62,17 +63,23 @@ class HfInferred(Inferred):
     window: int | None = None  # data.group_by_length: records per window sorted by length
     padding: tuple[float, float] | None = None  # token padding expected: file order, grouped
     graphs: object = None  # --task generate: plan/generation.py's GenerationGraphs of the lists
+    # where the prompts are: ("text", None), ("chat", messages field), ("batch", None)
+    source: tuple = ("text", None)
 
 
 def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml",
             out_dir: str | Path | None = None, name: str | None = None, batch_size: int = 32,
             sample: int = 10000, id_field: str | None = None, dtype: str = "float32",
             force: bool = False, task: str = "auto",
-            text_field: str | None = None) -> HfInferred:
+            text_field: str | None = None,
+            generation: Generation = Generation()) -> HfInferred:
     """Infer a spec for the model in `hf` over the text in `data`, write it to `spec_path`
     with pipeline.schema.json beside it, and return what was inferred. task: auto (from
     config.json) or generate (a generation job over a causal LM). text_field: --text-field,
-    one name or two joined by a comma (a pair); default: guessed by name."""
+    one name or two joined by a comma (a pair); default: guessed by name. generation: a
+    generation job's --max-new-tokens and sampling options. A causal LM with task auto asks
+    for --task, unless the records are chats or Batch requests, or generation options are
+    given: then it is a generation job."""
     from graphrun.spec.paths import PKG, package_form
     from graphrun.models.hf import require
 
@@ -85,18 +92,30 @@ def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml
     config = _config(transformers, hf, where)
     tokenizer = _tokenizer(transformers, hf, where)
     profile = sample_data(Path(data).resolve(), sample, id_field, text=True)
-    kind = task_of(config) if task == "auto" else generate_task(config)
+    source = prompt_source(profile, text_field)
+    kind = chosen_task(config, task, source[0] != "text" or generation.given)
     found = HfInferred(name=name or _default_name(hf, kind), profile=profile,
                        model={"hf": {"path": where, "class": kind.auto_class}, "dtype": dtype},
                        batch_size=batch_size, task=kind)
-    found.text_field = chosen_fields(profile, text_field, kind.kind == "classify",
-                                     PROMPT_NAMES if kind.kind == "generate" else TEXT_NAMES)
-    if kind.kind == "generate" and not isinstance(found.text_field, str):
-        raise GraphrunError("--text-field: a generation job reads one prompt field, not a pair")
-    texts = texts_of(profile, found.text_field)
+    found.source = source
+    if source[0] != "text":
+        if kind.kind != "generate":
+            raise GraphrunError(f"{profile.path.name} holds "
+                                f"{'chat messages' if source[0] == 'chat' else 'Batch requests'}"
+                                ", which a generation job reads: use --task generate")
+        found.text_field = source[1] or "body"
+        texts, special = rendered_prompts(profile, source, tokenizer)
+    else:
+        found.text_field = chosen_fields(profile, text_field, kind.kind == "classify",
+                                         PROMPT_NAMES if kind.kind == "generate" else TEXT_NAMES)
+        if kind.kind == "generate" and not isinstance(found.text_field, str):
+            raise GraphrunError("--text-field: a generation job reads one prompt field, not "
+                                "a pair")
+        texts, special = texts_of(profile, found.text_field), True
     limit = model_limit(tokenizer, config, where)
     if kind.kind == "generate":
-        plan_generate(found, texts, tokenizer, limit, eos_ids(transformers, where, config))
+        plan_generate(found, texts, tokenizer, limit, eos_ids(transformers, where, config),
+                      generation, special)
     else:
         _plan_inputs_and_outputs(found, texts, tokenizer, limit, config)
     found.checks = _checks(found, config)
@@ -197,7 +216,26 @@ def task_of(config) -> Task:
 def generate_task(config) -> Task:
     """--task generate: the model must be a causal LM (config.json's architectures say so)."""
     return Task("generate", "AutoModelForCausalLM", f"{causal_arch(config)}: a causal language "
-                f"model, generating up to {NEW_TOKENS} new tokens per prompt")
+                "model, generating completions of the prompts")
+
+
+def chosen_task(config, task: str, generating: bool) -> Task:
+    """--task's, checked against config.json. A causal LM under auto: a generation job where
+    the records or the options say so (generating), else the question which one."""
+    if task == "generate":
+        return generate_task(config)
+    found = task_of(config)
+    if task == "next-token" and found.kind != "next-token":
+        causal_arch(config)  # one error: no causal LM
+    if task == "auto" and found.kind == "next-token":
+        if generating:
+            return generate_task(config)
+        raise GraphrunError(
+            f"--hf: {found.why.split(':')[0]} is a causal language model: say what to run "
+            "with --task generate (completions of each prompt: text, token ids, finish "
+            f"reason; --max-new-tokens, --temperature) or --task next-token (the next "
+            f"token's top {TOPK} per record, one forward pass)")
+    return found
 
 
 def model_limit(tokenizer, config, where: str) -> int:
@@ -344,7 +382,11 @@ def _checks(found: HfInferred, config) -> list[str]:
     seen = f"in the {p.sampled} records sampled" + (
         f" of {p.records}" if p.records and p.records > p.sampled else "")
     out = [f"model: config.json names {task.why} ({task.auto_class})",
-           f"data.text: field {found.text_field!r}, tokenized by the model's tokenizer",
+           {"text": f"data.text: field {found.text_field!r}, tokenized by the model's tokenizer",
+            "chat": f"data.chat: field {found.text_field!r}, each record's messages rendered by "
+                    "the model's chat template, then tokenized",
+            "batch": "data.format: openai_batch: each request's messages (chat template) or "
+                     "prompt; its parameters checked per request"}[found.source[0]],
            f"buckets.seq {found.buckets['seq']}: token lengths {lo}-{hi} {seen}; "
            + _longer(found)]
     if found.window is not None:
@@ -365,6 +407,8 @@ def _checks(found: HfInferred, config) -> list[str]:
         shown = ", ".join(f"{k}: {v}" for k, v in list(labels.items())[:8])
         out.append(f"outputs.label is the class index; config.json's labels: {shown}")
     used = [found.text_field] if isinstance(found.text_field, str) else found.text_field
+    if found.source[0] == "batch":
+        used = [*used, "method", "url"]
     others = [n for n in p.texts if n not in used]
     if others:
         out.append(f"string fields not used: {', '.join(others)}")
@@ -377,6 +421,9 @@ def _longer(found: HfInferred) -> str:
     if last == found.limit:
         limit = ("the model's limit" if found.generate is None else
                  f"the model's {found.positions} positions less the new tokens")
+        if not found.truncate:
+            return (f"the last, {last}, is {limit}: a longer prompt is rejected with its line "
+                    "(data.text.truncate: false; true cuts it from the left)")
         return (f"the last, {last}, is {limit}: a longer text is cut there "
                 "(data.text.truncate: true)")
     return (f"the sample is the whole file, so a longer text is rejected "

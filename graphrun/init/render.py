@@ -166,19 +166,29 @@ def render_generate_spec(found, spec_dir: Path, out_dir: str) -> str:
         "data:",
         f"  path: {_scalar(relative_to_spec(p.path, spec_dir))}",
     ]
-    if p.id_field:
+    kind = found.source[0]
+    cut = (f"longer than {last} tokens: " + ("cut from the left" if found.truncate else
+                                             "rejected (truncate: true cuts from the left)"))
+    if kind == "batch":
+        lines.append(_c("  format: openai_batch", "OpenAI Batch request lines; id_field: "
+                        "custom_id"))
+    elif p.id_field:
         lines.append(_c(f"  id_field: {_scalar(p.id_field)}", "kept beside the completions"))
+    if kind == "chat":
+        lines.append(_c(f"  chat: {_flow({'field': found.text_field})}",
+                        "messages rendered by the model's chat template"))
+    text = {"truncate": found.truncate} if kind != "text" else {
+        "field": found.text_field, "truncate": found.truncate}
     lines += [
-        _c(f"  text: {_flow({'field': found.text_field, 'truncate': found.truncate})}",
-           f"the prompt; longer than {last} tokens: "
-           + ("cut from the left" if found.truncate else "rejected")),
+        _c(f"  text: {_flow(text)}", ("the prompt; " if kind == "text" else "") + cut),
         _c(f"  batch_size: {found.batch_size}", "prompts per batch"),
         _c(f"  group_by_length: {found.window}", "similar lengths batched; output in input order"),
         _c("  on_bad_record: error", "error | skip (to rejects.jsonl)"),
         "generate:",
         _c(f"  max_new_tokens: {gen['max_new_tokens']}", "new tokens per prompt at most"),
         _c(f"  sampling: {_flow(gen['sampling'])}",
-           "or {method: sample, temperature: 0.8, top_p: 0.95, seed: 0}"),
+           "or {method: sample, temperature: 0.8, top_p: 0.95, seed: 0}"
+           if gen["sampling"]["method"] == "greedy" else "greedy: {method: greedy}"),
         _c(f"  stop: {_flow(gen['stop'])}",
            f"the model's EOS {found.eos_ids}" if found.eos_ids else "the model names no EOS"),
         _c("buckets:", f"graphs: {found.graphs.prefill} prefill + {found.graphs.decode} decode"),
@@ -188,7 +198,8 @@ def render_generate_spec(found, spec_dir: Path, out_dir: str) -> str:
            + ("; the last: the model's limit less the new tokens" if found.truncate else "")),
         "output:",
         f"  dir: {_scalar(out_dir)}",
-        _c("  format: jsonl", "jsonl | parquet"),
+        _c("  format: openai_batch", "the Batch API's output lines; or jsonl | parquet")
+        if kind == "batch" else _c("  format: jsonl", "jsonl | parquet | openai_batch"),
     ]
     return "\n".join(lines) + "\n"
 

@@ -34,7 +34,7 @@ class FieldInfo:
     """One field of the records, as the sample shows it."""
 
     name: str
-    kind: str  # float | int | bool | str
+    kind: str  # float | int | bool | str | object (JSON objects, lists of them)
     source_dtype: str  # as stored (numpy's name); JSON numbers read as int64/float64
     dims: list  # per record, after batch: an int (fixed) or an axis name (varies)
     lo: float | None = None  # integers: the smallest and largest value seen
@@ -64,6 +64,8 @@ class DataProfile:
     texts: dict[str, list] = field(default_factory=dict)  # text=True: string fields' values
     wheres: list[str] = field(default_factory=list)  # per record sampled: file:line
     disagree: list[str] = field(default_factory=list)  # "where: field ...: why", left out
+    # text=True: fields of objects or lists of objects (chat messages, a request's body)
+    objects: dict[str, list] = field(default_factory=dict)
 
     @property
     def format(self) -> str:
@@ -107,10 +109,14 @@ def sample_data(path: Path, limit: int, id_field: str | None = None, *,
     if chosen:
         del fields[chosen]
     left_out = [n for n, f in fields.items() if f.kind == "str"]
+    objects = [n for n, f in fields.items() if f.kind == "object"]
     if text:
         texts = {n: columns[n] for n in left_out}
         return DataProfile(path, total, sampled, {}, chosen, {}, left_out, skipped, texts,
-                           wheres or [], disagree)
+                           wheres or [], disagree, {n: columns[n] for n in objects})
+    if objects:
+        raise InputError(f"field {objects[0]!r} holds object values, not numbers",
+                         where=str(path))
     if left_out and path.suffix == ".jsonl":
         raise InputError(f"field {left_out[0]!r} holds strings, and every JSONL field must be "
                          "an input (numbers) or the id: turn it into numbers (token ids) or "
@@ -233,8 +239,8 @@ def _read_parquet(path: Path, limit: int) -> tuple[dict, int]:
 
 
 def _as_array(value, where: str, name: str):
-    if isinstance(value, str):
-        return value
+    if isinstance(value, str) or is_structured(value):
+        return value  # a text, or chat messages / a request body: read as they are
     if value is None:
         raise InputError(f"field {name!r} is null; inputs need a value in every record",
                          where=where)
@@ -249,6 +255,12 @@ def _as_array(value, where: str, name: str):
     return array
 
 
+def is_structured(value) -> bool:
+    """An object, or a list of objects (chat messages): JSON that is no array of numbers."""
+    return isinstance(value, dict) or (isinstance(value, list) and bool(value)
+                                       and all(isinstance(v, dict) for v in value))
+
+
 # ---- describing a field ----------------------------------------------------------------------
 
 def _describe(path: Path, name: str, values) -> FieldInfo:
@@ -261,6 +273,8 @@ def _describe(path: Path, name: str, values) -> FieldInfo:
         return info
     if any(isinstance(v, str) for v in values):
         return FieldInfo(name, "str", "str", [], probe=values[:PROBE_RECORDS])
+    if any(isinstance(v, (dict, list)) for v in values):
+        return FieldInfo(name, "object", "object", [], probe=values[:PROBE_RECORDS])
     ranks = {v.ndim for v in values}
     if len(ranks) > 1:
         raise InputError(f"field {name!r} has records of ranks {sorted(ranks)}; an input "
@@ -339,7 +353,8 @@ def outvote(columns: dict[str, list], wheres: list[str]) -> tuple[dict, list, li
     """The records that agree with the sample's majority, their places, and one line per record
     left out ("file:line: field ...: why"). Numeric fields only; strings are the id or text."""
     n = len(wheres)
-    numeric = {k: v for k, v in columns.items() if not any(isinstance(x, str) for x in v)}
+    numeric = {k: v for k, v in columns.items()
+               if not any(isinstance(x, (str, dict, list)) for x in v)}
     why: dict[int, str] = {}
     for name, values in numeric.items():
         for i, reason in _field_outliers(name, values).items():

@@ -70,14 +70,16 @@ def texts_of(profile, field: str | list[str]) -> list:
             if all(isinstance(t, str) for t in row)]
 
 
-def token_lengths(tokenizer, texts: list[str]) -> np.ndarray:
-    """Each text's (or pair's) length in tokens (special tokens included), uncut."""
+def token_lengths(tokenizer, texts: list[str], special: bool = True) -> np.ndarray:
+    """Each text's (or pair's) length in tokens (special tokens included, unless the texts
+    hold theirs: rendered chats), uncut."""
     import copy
 
     backend = copy.deepcopy(tokenizer.backend_tokenizer)  # truncation off on our copy only
     backend.no_truncation()
     backend.no_padding()
-    return np.array([len(e.ids) for e in backend.encode_batch(texts)] or [1], dtype=np.int64)
+    return np.array([len(e.ids) for e in backend.encode_batch(texts, add_special_tokens=special)]
+                    or [1], dtype=np.int64)
 
 
 def group_window(profile, batch_size: int, most: int = GROUP_CAP) -> int:
@@ -131,7 +133,8 @@ def file_batch_shapes(lengths: np.ndarray, batch_size: int, window: int, records
 
 
 def plan_grouped(found, texts: list[str], tokenizer, limit: int, *,
-                 window_most: int = GROUP_CAP, slack: int = 0, planner=None):
+                 window_most: int = GROUP_CAP, slack: int = 0, planner=None,
+                 special: bool = True):
     """found (init_hf.HfInferred): data.group_by_length (found.window), and the batch and seq
     buckets planned for the batches grouping forms from the sampled texts' token lengths,
     never past `limit`; found.padding: the token padding expected (batches in file order with
@@ -148,7 +151,7 @@ def plan_grouped(found, texts: list[str], tokenizer, limit: int, *,
         def planner(hist):
             return plan(hist, GRAPHS, {"seq": SEQ_MULTIPLE})
     p = found.profile
-    lengths = token_lengths(tokenizer, texts)
+    lengths = token_lengths(tokenizer, texts, special)
     whole = p.whole
     found.limit, found.lengths = limit, (int(lengths.min()), int(lengths.max()))
     found.truncate = not whole or found.lengths[1] > limit

@@ -15,6 +15,7 @@ from graphrun.read.ids import check_duplicate_ids, mark_decided
 from graphrun.read.records import (Candidates, Field, RecordBatch, Records, Reject, RowWhere,
                                    dense_if_uniform, numpy_dtype, pack_records, take,
                                    take_where, unpack_records)
+from graphrun.spec.request import REQUEST_FIELD
 from graphrun.spec.keys import InputSpec, PipelineSpec
 
 
@@ -196,6 +197,8 @@ def precheck(spec: PipelineSpec, c: Candidates) -> Prechecked:
     converted = {name: check_values(name, inp, _records_at(c.fields[name], shaped, n),
                                     shaped, problems)
                  for name, inp in spec.inputs.items()}
+    if REQUEST_FIELD in c.fields:  # each record's own generation parameters, carried along
+        converted[REQUEST_FIELD] = _records_at(c.fields[REQUEST_FIELD], shaped, n)
     return Prechecked(c.indices, c.ids, c.where, c.rejects, problems, axes, shaped, converted,
                       c.cut)
 

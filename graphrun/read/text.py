@@ -20,8 +20,10 @@ import numpy as np
 from graphrun.base.errors import InputError, ModelError
 from graphrun.read.formats.dense import int64_ids
 from graphrun.read.formats.jsonl_lines import close_field, encodable
+from graphrun.read.prompts import Prompt, Prompts, kind
 from graphrun.read.records import Candidates, Field, Reject, RowWhere
 from graphrun.spec.keys import BATCH, PipelineSpec
+from graphrun.spec.request import DEFAULT_PARAMS, REQUEST_FIELD
 
 # the tokenizer's name for each input the model may take
 ENCODING_FIELDS = {"input_ids": "ids", "attention_mask": "attention_mask",
@@ -67,33 +69,39 @@ def _tokenizer(folder: str, length: int, truncate: bool, direction: str = "right
     return tok
 
 
-def tokenize(spec: PipelineSpec, columns: list[list]
+def tokenize(spec: PipelineSpec, prompts: list[Prompt | None]
              ) -> tuple[dict[str, Field], dict[int, str], list[int]]:
-    """columns: one list of n values per field of data.text (a text, or a pair's two) -> one
-    Field per input (one int array per record), reasons by position, and the positions whose
-    text truncate cut (the tokenizer kept what it cut in `overflowing`). A pair is encoded as
-    the tokenizer's text pair, cut longest first as transformers' truncation=True cuts it."""
+    """prompts: one per record (None where the record is bad already) -> one Field per input
+    (one int array per record), reasons by position, and the positions whose text truncate
+    cut (the tokenizer kept what it cut in `overflowing`). A pair is encoded as the
+    tokenizer's text pair, cut longest first as transformers' truncation=True cuts it. A
+    prompt whose text holds its special tokens (a rendered chat) gets none added."""
     from graphrun.models.hf import tokenizer_folder
 
     text = spec.data.text
     folder = tokenizer_folder(spec)
     length = max_length(spec, folder)
-    problems: dict[int, str] = {}
-    for name, values in zip(text.fields, columns):
-        for p, t in enumerate(values):
-            if not isinstance(t, str):
-                problems.setdefault(p, f"{name}: expected a string, got {_kind(t)}")
-    rows = list(zip(*columns)) if text.pair else columns[0]
-    blank = ("", "") if text.pair else ""
-    items = [blank if p in problems else row for p, row in enumerate(rows)] if problems else rows
+    problems = {p: "" for p, prompt in enumerate(prompts) if prompt is None}
+    blank = ("", "") if text.pair else ""  # stands in for a bad record's text
     cut_from = "left" if spec.generate is not None else "right"
-    encodings = _tokenizer(folder, length, text.truncate, cut_from).encode_batch(items)
+    tok = _tokenizer(folder, length, text.truncate, cut_from)
+    encodings: list = [None] * len(prompts)
+    for special in (True, False):  # one batched call per kind
+        at = [p for p, prompt in enumerate(prompts)
+              if prompt is not None and prompt.special == special]
+        if at:
+            for p, enc in zip(at, tok.encode_batch([prompts[p].text for p in at],
+                                                   add_special_tokens=special)):
+                encodings[p] = enc
+    empty = (tok.encode(*blank) if text.pair else tok.encode(blank)) if problems else None
+    encodings = [empty if enc is None else enc for enc in encodings]
     if not text.truncate:
         for p, enc in enumerate(encodings):
             if p not in problems and len(enc.ids) > length:
                 problems[p] = (f"{text.named}: {len(enc.ids)} tokens, more than {length} "
                                "(the largest seq bucket or data.text.max_length); set "
-                               "data.text.truncate: true to cut it")
+                               "data.text.truncate: true to cut it"
+                               + (" from the left" if spec.generate is not None else ""))
     cut = ([p for p, enc in enumerate(encodings) if enc.overflowing and p not in problems]
            if text.truncate else [])
     fields = {}
@@ -103,7 +111,24 @@ def tokenize(spec: PipelineSpec, columns: list[list]
         fields[name] = Field(arrays=[None if p in problems else
                                      np.asarray(getattr(enc, attr), dtype=dtype)
                                      for p, enc in enumerate(encodings)])
+    problems = {p: why for p, why in problems.items() if why}  # the bad ones say so already
     return fields, problems, cut
+
+
+def _prompted(spec: PipelineSpec, records: list[dict]
+              ) -> tuple[list[Prompt | None], dict[int, str], dict[str, Field]]:
+    """Each record's Prompt (None where it has none), reasons by position, and the request
+    parameters' field (REQUEST_FIELD) where the records carry their own."""
+    prompts = Prompts(spec)
+    got = [prompts.of(r) for r in records]
+    problems = {p: g for p, g in enumerate(got) if isinstance(g, str)}
+    kept = [None if isinstance(g, str) else g for g in got]
+    extra = {}
+    if prompts.carries_params:
+        params = np.empty(len(kept), dtype=object)
+        params[:] = [DEFAULT_PARAMS if g is None else g.params for g in kept]
+        extra[REQUEST_FIELD] = Field(dense=params)
+    return kept, problems, extra
 
 
 class TextCuts:
@@ -126,9 +151,11 @@ class TextCuts:
 
 def jsonl_text_candidates(spec: PipelineSpec, file: str, records: list, reasons: list[str],
                           linenos: list[int], first: int) -> Candidates:
-    """A JSONL block's parsed records (reasons: "" or why a line could not be parsed): the text
-    field (or the pair's two) tokenized, other fields but the id ignored."""
+    """A JSONL block's parsed records (reasons: "" or why a line could not be parsed): each
+    record's prompt (read/prompts.py) tokenized, fields it does not read ignored."""
     names, id_field = spec.data.text.fields, spec.data.id_field
+    if spec.data.format == "openai_batch":
+        names = []  # a request line's keys are read_request's to check
     good, rejects = [], []
     for p, record in enumerate(records):
         reason = reasons[p] or _record_problem(record, names, id_field)
@@ -138,19 +165,22 @@ def jsonl_text_candidates(spec: PipelineSpec, file: str, records: list, reasons:
                                   f"{file}:{linenos[p]}", reason))
         else:
             good.append(p)
-    fields, problems, cut = tokenize(spec, [[records[p][name] for p in good] for name in names])
+    prompts, problems, extra = _prompted(spec, [records[p] for p in good])
+    fields, tokenized, cut = tokenize(spec, prompts)
+    problems.update(tokenized)
     return Candidates(
         indices=np.array(good, np.int64) + first,
         ids=[records[p][id_field] for p in good] if id_field else None,
         where=[f"{file}:{linenos[p]}" for p in good],
-        fields=fields, problems=problems, rejects=rejects, cut=cut)
+        fields={**fields, **extra}, problems=problems, rejects=rejects, cut=cut)
 
 
 def _record_problem(record, names: list[str], id_field: str | None) -> str:
     if not isinstance(record, dict):
         fields = " and ".join(repr(n) for n in names)
-        return (f"the record is {_kind(record)}; expected an object with "
-                f"{'a ' + fields + ' field' if len(names) == 1 else 'fields ' + fields}")
+        return (f"the record is {kind(record)}; expected an object" + (
+            "" if not names else f" with a {fields} field" if len(names) == 1
+            else f" with fields {fields}"))
     for k, name in enumerate(names):
         if name not in record:
             what = ("the text to tokenize" if len(names) == 1 else
@@ -163,7 +193,7 @@ def _record_problem(record, names: list[str], id_field: str | None) -> str:
         if rid is None:
             return f"missing id: field {id_field!r} is absent or null"
         if type(rid) not in (str, int):
-            return f"id field {id_field!r} must be a string or an integer, got {_kind(rid)}"
+            return f"id field {id_field!r} must be a string or an integer, got {kind(rid)}"
         if type(rid) is str and not encodable(rid):
             return (f"id field {id_field!r} is not valid Unicode (it holds a lone surrogate "
                     "escape such as \\ud800), so no output format can store it")
@@ -173,22 +203,27 @@ def _record_problem(record, names: list[str], id_field: str | None) -> str:
 def check_text_schema(spec: PipelineSpec, schema, file: str) -> None:
     import pyarrow as pa
 
-    for field in spec.data.text.fields:
+    prompts = Prompts(spec)
+    for field in prompts.fields:
         if field not in schema.names:
-            raise InputError(f"text column {field!r} is missing (columns: "
+            raise InputError(f"column {field!r} is missing (columns: "
                              f"{', '.join(schema.names)})", where=file)
+    for field in spec.data.text.fields:
         t = schema.field(field).type
-        if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
+        if spec.data.chat is None and not (pa.types.is_string(t) or pa.types.is_large_string(t)):
             raise InputError(f"text column {field!r} holds {t}; expected strings", where=file)
 
 
 def parquet_text_candidates(spec: PipelineSpec, file: str, rb, first: int) -> Candidates:
-    """A record batch's rows: the text column (or the pair's two) tokenized (a null text is a
-    bad record)."""
+    """A record batch's rows: each row's prompt tokenized (a null text is a bad record)."""
     import pyarrow as pa
 
-    fields, problems, cut = tokenize(spec, [rb.column(name).to_pylist()
-                                            for name in spec.data.text.fields])
+    names = Prompts(spec).fields
+    columns = {name: rb.column(name).to_pylist() for name in names}
+    records = [dict(zip(columns, row)) for row in zip(*columns.values())]
+    prompts, problems, extra = _prompted(spec, records)
+    fields, tokenized, cut = tokenize(spec, prompts)
+    problems.update(tokenized)
     ids = None
     if spec.data.id_field:
         col = rb.column(spec.data.id_field)
@@ -198,12 +233,5 @@ def parquet_text_candidates(spec: PipelineSpec, file: str, rb, first: int) -> Ca
             if v is None:
                 problems.setdefault(p, f"missing id: {spec.data.id_field!r} is null")
     rows = np.arange(first, first + rb.num_rows, dtype=np.int64)
-    return Candidates(rows, ids, RowWhere(file, rows), fields, problems, cut=cut)
+    return Candidates(rows, ids, RowWhere(file, rows), {**fields, **extra}, problems, cut=cut)
 
-
-def _kind(value) -> str:
-    if isinstance(value, bool):
-        return "a boolean"
-    if value is None:
-        return "null"
-    return {dict: "an object", list: "an array", str: "a string"}.get(type(value), "a number")

@@ -3,11 +3,11 @@ keys). Rules tying it to the rest of the spec are spec_checks._generate's."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Optional
 
 from pydantic import ConfigDict, Field, model_validator
 
-from graphrun.spec.base import Size, Strict, Whole
+from graphrun.spec.base import Size, Strict, Text, Whole
 
 PROMPT_AXIS = "seq"  # the bucket axis of prompt lengths (prefill)
 GENERATE_MAX_GRAPHS = 40  # buckets_max_graphs of a generation spec: prefill and decode graphs
@@ -18,15 +18,23 @@ CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 
 GENERATE_DOC = (
     "Make this a generation job over a causal LM (model.hf of a causal-LM class, or builtin "
-    "llama): data.text's prompts in, one completion per record out (id, token_ids, text, "
-    "finish_reason, prompt_tokens, output_tokens); buckets batch and seq (prompt lengths). "
-    "null: one forward pass per record.")
+    "llama): data.text's prompts (or data.chat's messages, or an OpenAI Batch file's "
+    "requests) in, one completion per record out (id, token_ids, text, finish_reason, "
+    "prompt_tokens, output_tokens); buckets batch and seq (prompt lengths). null: one forward "
+    "pass per record, unless data.chat or data.format openai_batch implies this section with "
+    "its defaults.")
 # The pipeline schema says what spec_checks._sections says: inputs and outputs are required
 # without generate:, and refused with it.
+# data.chat and data.format imply generate: (PipelineSpec._implied), and a generation spec
+# plans its buckets when it gives none.
 IMPLIED_SECTIONS_SCHEMA = {
-    "if": {"properties": {"generate": {"type": "object"}}, "required": ["generate"]},
+    "if": {"anyOf": [
+        {"properties": {"generate": {"type": "object"}}, "required": ["generate"]},
+        {"properties": {"data": {"anyOf": [
+            {"properties": {"chat": {"type": "object"}}, "required": ["chat"]},
+            {"properties": {"format": {"const": "openai_batch"}}, "required": ["format"]}]}}}]},
     "then": {"not": {"anyOf": [{"required": ["inputs"]}, {"required": ["outputs"]}]}},
-    "else": {"required": ["inputs", "outputs"]}}
+    "else": {"required": ["inputs", "outputs", "buckets"]}}
 SAMPLE_DEFAULTS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed": 0}
 
 
@@ -42,8 +50,9 @@ class SamplingSpec(Strict):
         "greedy", description="greedy: the most likely token (as HF generate(do_sample=False)); "
         "sample: drawn from softmax(logits / temperature) after top_k and top_p, each record's "
         "draws depending only on (seed, record id, position).")
-    temperature: float = Field(SAMPLE_DEFAULTS["temperature"], gt=0, description="sample: "
-                               "divides the logits; below 1 sharpens, above 1 flattens.")
+    temperature: float = Field(SAMPLE_DEFAULTS["temperature"], ge=0, description="sample: "
+                               "divides the logits; below 1 sharpens, above 1 flattens; 0: "
+                               "greedy (as OpenAI and vLLM read it).")
     top_k: Whole = Field(SAMPLE_DEFAULTS["top_k"], ge=0, description="sample: keep the k most "
                        "likely tokens; 0: all.")
     top_p: float = Field(SAMPLE_DEFAULTS["top_p"], gt=0, le=1, description="sample: keep the "
@@ -51,6 +60,15 @@ class SamplingSpec(Strict):
                          "least top_p; 1: all.")
     seed: Whole = Field(SAMPLE_DEFAULTS["seed"], description="sample: the seed of every record's "
                       "random stream.")
+
+    @model_validator(mode="after")
+    def _zero_is_greedy(self) -> "SamplingSpec":
+        # temperature 0 means the most likely token, whatever top_k, top_p and seed say
+        if self.temperature == 0:
+            for k, v in SAMPLE_DEFAULTS.items():
+                setattr(self, k, v)
+            self.method = "greedy"
+        return self
 
     @model_validator(mode="after")
     def _greedy_alone(self) -> "SamplingSpec":
@@ -76,6 +94,28 @@ class StopSpec(Strict):
         "output, as EOS is).")
 
 
+class PerRecordSpec(Strict):
+    """Record fields that set a record's own generation parameters (generate.per_record); an
+    absent or null field: the spec's value. Each value is checked per record: a bad one
+    rejects that record with its line and why."""
+
+    max_new_tokens: Optional[Text] = Field(None, description="Field of a whole number >= 1.")
+    temperature: Optional[Text] = Field(None, description="Field of a number >= 0 (0: greedy).")
+    top_p: Optional[Text] = Field(None, description="Field of a number in (0, 1].")
+    top_k: Optional[Text] = Field(None, description="Field of a whole number >= 0 (0: all).")
+    min_p: Optional[Text] = Field(None, description="Field of a number in [0, 1].")
+    seed: Optional[Text] = Field(None, description="Field of a whole number.")
+    stop: Optional[Text] = Field(None, description="Field of a string or a list of strings that "
+                                 "end the completion (the text ends before it).")
+    n: Optional[Text] = Field(None, description="Field of a whole number >= 1: samples of the "
+                              "prompt.")
+
+    @property
+    def fields(self) -> dict[str, str]:
+        """parameter -> the record field that sets it."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
 class GenerateSpec(Strict):
     """A generation job: prompts (data.text) in, completions out, the decode step replayed per
     token. inputs and outputs are implied."""
@@ -86,4 +126,8 @@ class GenerateSpec(Strict):
                                 "ids are not picked before this many (at most max_new_tokens).")
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     stop: StopSpec = Field(default_factory=StopSpec)
+    per_record: PerRecordSpec = Field(
+        default_factory=PerRecordSpec, description="Record fields that set each record's own "
+        "parameters (JSONL or Parquet records), e.g. {max_new_tokens: max_tokens, "
+        "temperature: temperature}.")
 

@@ -275,10 +275,15 @@ class TextSpec(Strict):
     tokenizer: Optional[Text] = Field(
         None, description="A folder with tokenizer.json (a fast tokenizer), as model.hf.path "
         "is written; null: the model's own (model.hf.path).")
-    truncate: bool = Field(
-        True, description="true: cut longer texts to max_length tokens (with generate:, from "
+    truncate: Optional[bool] = Field(
+        None, description="true: cut longer texts to max_length tokens (with generate:, from "
         "the left, keeping the prompt's end); false: reject them (on_bad_record says whether "
-        "the run stops).")
+        "the run stops). null: false with generate: (a prompt cut would lose its start "
+        "unseen), true for a forward pass.")
+    add_special_tokens: bool = Field(
+        True, description="true: the tokenizer adds its special tokens (BOS, [CLS]/[SEP]) as "
+        "transformers' tokenizer(text) does; false: the text already holds them (a chat "
+        "template rendered by hand), so none is added a second time. data.chat sets false.")
     max_length: Optional[Size] = Field(
         None, description="Tokens per record at most; null: the largest seq bucket (or the "
         "tokenizer's model_max_length when seq is auto).")
@@ -320,6 +325,19 @@ class TextSpec(Strict):
         return self.fields[0] if not self.pair else "[" + ", ".join(self.fields) + "]"
 
 
+class ChatSpec(Strict):
+    """Chat records: each holds an OpenAI message list, rendered into its prompt by the model's
+    chat template."""
+
+    field: Text = Field("messages", description="The JSONL field (or Parquet column) holding "
+                        "each record's messages: [{role: system|user|assistant, content: a "
+                        "string or a list of {type: text, text: ...} parts}, ...].")
+    template: Optional[Text] = Field(
+        None, description="A file holding a Jinja chat template, relative to the spec's folder; "
+        "null: the tokenizer's own (tokenizer_config.json's chat_template, or "
+        "chat_template.jinja beside it).")
+
+
 class DataSpec(Strict):
     """The input file and how it is batched."""
 
@@ -346,13 +364,27 @@ class DataSpec(Strict):
         None, description="Tokenize a text field into the inputs input_ids, attention_mask and "
         "token_type_ids (those the spec lists), with the model's fast tokenizer (needs "
         "graphrun[hf]).")
+    chat: Optional[ChatSpec] = Field(
+        None, description="Chat records: the prompt is the record's messages rendered by the "
+        "model's chat template (add_generation_prompt), tokenized without adding special "
+        "tokens again. Implies generate: (its defaults) and data.text (its field the messages', "
+        "add_special_tokens false); data.text may still set truncate, max_length, tokenizer.")
+    format: Optional[Literal["openai_batch"]] = Field(
+        None, description="openai_batch: a JSONL file of OpenAI Batch API requests (custom_id, "
+        "method POST, url /v1/chat/completions or /v1/completions, body with messages or "
+        "prompt and the request's parameters), each request's parameters its own. Implies "
+        "generate:, id_field custom_id, and data.text (field body). null: by the file's "
+        "suffix.")
 
 
 class OutputConfig(Strict):
     """Where and how outputs are written."""
 
     dir: Path = Field(..., description="Output folder, relative to the spec's folder.")
-    format: Literal["npy", "jsonl", "parquet"] = Field("npy", description="Shard format.")
+    format: Literal["npy", "jsonl", "parquet", "openai_batch"] = Field(
+        "npy", description="Shard format. openai_batch (a generation job): JSONL lines as the "
+        "OpenAI Batch API writes them ({id, custom_id, response: {status_code, request_id, "
+        "body: a chat.completion or text_completion}, error}).")
     rows_per_file: Optional[Size] = Field(
         None, description="Records per output shard. null: as many as make about 64 MiB of "
         "outputs (from the outputs' shapes and dtypes, an axis at its largest bucket), a "
@@ -398,9 +430,10 @@ class PipelineSpec(Strict):
         default_factory=dict, description="Names for the model's returns: a tensor, a tuple in "
         "this order, or a dict with these keys. Required, unless generate: is given (which "
         "implies them).")
-    buckets: dict[str, BucketValues] = Field(
-        ..., description="Values per bucket axis; one graph per combination. `batch` is "
-        "required; values are sorted on load. `auto`: `graphrun run` plans the axis's values "
+    buckets: Optional[dict[str, BucketValues]] = Field(
+        None, description="Values per bucket axis; one graph per combination. `batch` is "
+        "required; values are sorted on load. Required for a forward pass; a generation spec "
+        "without it plans both of its axes ({batch: auto, seq: auto}). `auto`: `graphrun run` plans the axis's values "
         "from the input's first records (as `graphrun plan` does), keeping the other axes' "
         "lists, and records the plan in the manifest.")
     buckets_multiple_of: dict[str, Size] = Field(
@@ -439,7 +472,9 @@ class PipelineSpec(Strict):
 
     @field_validator("buckets")
     @classmethod
-    def _sorted(cls, v: dict[str, list[int] | str]) -> dict[str, list[int] | str]:
+    def _sorted(cls, v: dict[str, list[int] | str] | None) -> dict[str, list[int] | str] | None:
+        if v is None:
+            return v
         for axis, values in v.items():
             if values == "auto":
                 continue
@@ -450,6 +485,44 @@ class PipelineSpec(Strict):
                 raise ValueError(f"{axis}: needs at least one value")
         return {axis: values if values == "auto" else sorted(values)
                 for axis, values in v.items()}
+
+    @model_validator(mode="after")
+    def _implied(self) -> "PipelineSpec":
+        """What chat records, an OpenAI Batch file and a generation spec imply, filled in so
+        that every later step reads one resolved spec (run.json records it)."""
+        d = self.data
+        if d.format == "openai_batch" or d.chat is not None:
+            if self.generate is None:
+                self.generate = GenerateSpec()
+            text = d.text or TextSpec()
+            given = text.model_fields_set
+            if d.format == "openai_batch":
+                if d.chat is not None:
+                    raise ValueError("data.chat and data.format openai_batch: a Batch request "
+                                     "holds its own messages; remove data.chat")
+                if d.id_field not in (None, BATCH_ID):
+                    raise ValueError(f"data.id_field {d.id_field!r}: an OpenAI Batch file's "
+                                     f"ids are its requests' {BATCH_ID}; remove id_field")
+                d.id_field, field, special = BATCH_ID, BATCH_BODY, text.add_special_tokens
+            else:
+                field, special = d.chat.field, False
+                if "add_special_tokens" in given and text.add_special_tokens:
+                    raise ValueError("data.text.add_special_tokens true with data.chat: the "
+                                     "chat template writes the special tokens; remove it")
+            if "field" in given and text.field != field:
+                raise ValueError(f"data.text.field {text.field!r}: the prompts come from "
+                                 f"{field!r} here; remove data.text.field")
+            d.text = text.model_copy(update={"field": field, "add_special_tokens": special})
+        if self.generate is not None and "format" not in self.output.model_fields_set:
+            # npy cannot hold completions: a Batch file's answers in its own format, else JSONL
+            self.output.format = "openai_batch" if d.format == "openai_batch" else "jsonl"
+        if d.text is not None and d.text.truncate is None:
+            d.text.truncate = self.generate is None
+        if self.buckets is None:  # a forward pass's are required (spec_checks._sections)
+            self.buckets = {} if self.generate is None else {BATCH: "auto", "seq": "auto"}
+            if self.generate is None:
+                self.__pydantic_fields_set__.discard("buckets")
+        return self
 
     @model_validator(mode="after")
     def _shard_rows(self) -> "PipelineSpec":
@@ -479,6 +552,7 @@ class PipelineSpec(Strict):
         return [a for a, v in self.buckets.items() if v == "auto"]
 
 
+BATCH_ID, BATCH_BODY = "custom_id", "body"  # an OpenAI Batch request's id and its request
 SHARD_BYTES = 64 << 20  # an output shard's size, where output.rows_per_file is null
 SHARD_ROWS = (1024, 100000)
 UNKNOWN_AXIS = 512  # an axis of outputs whose buckets are planned at run time (auto)

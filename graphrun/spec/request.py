@@ -4,11 +4,20 @@ read by read/ and honoured per row by the generation engine (generate/). None: t
 Typed once here, below both, so that what a record asks for reaches the row that serves it
 unchanged; a value the engine cannot serve is refused for that record when it is read, never
 dropped.
+
+How it travels: read/ puts one RequestParams per record in the record batch's fields under
+REQUEST_FIELD (an object array [n], DEFAULT_PARAMS where the record asks nothing of its own),
+present only where the spec lets records carry parameters (data.format openai_batch,
+generate.per_record). It is sliced, sorted and split with the record's other fields, so the
+engine's stage(fields, n, lengths, slot, ids) finds fields[REQUEST_FIELD][i] beside
+fields["input_ids"][i].
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+
+REQUEST_FIELD = "request_params"
 
 
 @dataclass(frozen=True)
@@ -27,6 +36,11 @@ class RequestParams:
     @property
     def is_default(self) -> bool:
         return self == DEFAULT_PARAMS
+
+    def given(self) -> dict[str, object]:
+        """The parameters this record sets, by name (those that differ from the defaults)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if getattr(self, f.name) != getattr(DEFAULT_PARAMS, f.name)}
 
 
 DEFAULT_PARAMS = RequestParams()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import importlib.util
 import math
 import os
@@ -45,11 +46,83 @@ def check_spec(spec: PipelineSpec, base_dir: Path | None = None) -> list[tuple[t
     """base_dir: the spec's folder, where model.target's file or module is looked for."""
     found = []
     for rule in (_sections, _model_source, _axes, _ranges, _ragged_npy, _multiples, _batch_size,
-                 _files, _device, _grid, _heads, _text, _generate):
+                 _files, _device, _grid, _heads, _text, _generate, _requests):
         found.extend(rule(spec))
     found.extend(_target_found(spec, base_dir or spec.base_dir))
     found.extend(_hf_paths(spec, base_dir or spec.base_dir))
+    found.extend(_chat_template(spec, base_dir or spec.base_dir))
     return found
+
+
+def _requests(spec: PipelineSpec) -> Found:
+    """OpenAI Batch files in and out, and per-record parameters: where each applies."""
+    d, g = spec.data, spec.generate
+    if d.format == "openai_batch" and d.path.suffix != ".jsonl":
+        yield ("data", "format"), (f"an OpenAI Batch file is JSONL (one request per line), "
+                                   f"not {d.path.suffix or 'this file'}")
+    if spec.output.format == "openai_batch" and g is None:
+        yield ("output", "format"), ("openai_batch writes completions: it needs a generation "
+                                     "job (generate:, data.chat or data.format openai_batch)")
+    if g is not None and g.per_record.fields:
+        if d.format == "openai_batch":
+            yield ("generate", "per_record"), ("an OpenAI Batch request's body holds its own "
+                                               "parameters: remove per_record")
+        elif d.path.suffix not in (".jsonl", ".parquet"):
+            yield ("generate", "per_record"), ("per-record parameters are read from JSONL or "
+                                               "Parquet records")
+
+
+def _chat_template(spec: PipelineSpec, base_dir: Path) -> Found:
+    """Chat records need a chat template: the spec's file, or the tokenizer's own (a local
+    folder's tokenizer_config.json chat_template, chat_template.jinja or chat_template.json;
+    a hub name's is looked for when the records are read)."""
+    d = spec.data
+    chat_file = d.format == "openai_batch" or d.chat is not None
+    if not chat_file or d.text is None:
+        return
+    if d.chat is not None and d.chat.template is not None:
+        path = Path(d.chat.template)
+        path = path if path.is_absolute() else base_dir / path
+        if not path.is_file():
+            yield ("data", "chat", "template"), f"no template file {str(path)!r}"
+        return
+    where = d.text.tokenizer or (spec.model.hf.path if spec.model.hf else None)
+    if where is None:
+        return
+    folder = Path(where) if Path(where).is_absolute() else base_dir / where
+    if not folder.is_dir():
+        return  # a hub name, or a folder _hf_paths reports missing
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = {}
+    has = bool(config.get("chat_template")) or any(
+        (folder / n).is_file() for n in ("chat_template.jinja", "chat_template.json"))
+    if not has and (d.chat is not None or _chat_requests(d.path)):
+        key = ("data", "chat") if d.chat is not None else ("data", "format")
+        yield key, no_chat_template(folder)
+
+
+def no_chat_template(folder) -> str:
+    return (f"the tokenizer in {folder} has no chat template (tokenizer_config.json's "
+            "chat_template, chat_template.jinja): name a template file in data.chat.template, "
+            "or render the prompts yourself and give data.text with add_special_tokens: false")
+
+
+def _chat_requests(path: Path) -> bool:
+    """An OpenAI Batch file's first request line goes to the chat endpoint."""
+    try:
+        with open(path, "rb") as f:
+            for raw in f:
+                try:
+                    line = json.loads(raw)
+                except ValueError:
+                    continue
+                if isinstance(line, dict) and "url" in line:
+                    return line["url"] == "/v1/chat/completions"
+    except OSError:
+        return False
+    return False
 
 
 def _target_found(spec: PipelineSpec, base_dir: Path) -> Found:
@@ -106,7 +179,7 @@ def _model_source(spec: PipelineSpec) -> Found:
 
 
 def _sections(spec: PipelineSpec) -> Found:
-    """inputs and outputs: required for a forward pass, implied by generate:."""
+    """inputs, outputs and buckets: required for a forward pass, implied by generate:."""
     for key in ("inputs", "outputs"):
         given = key in spec.model_fields_set
         if spec.generate is not None:
@@ -118,6 +191,9 @@ def _sections(spec: PipelineSpec) -> Found:
             yield (key,), f"required key {key!r} is missing"
         elif not getattr(spec, key):
             yield (key,), f"needs at least one {key[:-1]}"
+    if spec.generate is None and "buckets" not in spec.model_fields_set:
+        yield ("buckets",), ("required key 'buckets' is missing (e.g. buckets: {batch: [1, 8, "
+                             "32]}); a generation spec plans its own")
 
 
 GENERATE_AXES = (BATCH, "seq")  # rows of the decode graph; prompt lengths of the prefill

@@ -31,7 +31,7 @@ from graphrun.write.folder import prepare_out_dir
 from graphrun.write.journal import (REJECTS, FileInfo, ResumePoint, ShardPlace, append_journal,
                                     check_fresh, fsync_path, read_journal, restore, sha256_file)
 from graphrun.write.guard import rejects_sha256
-from graphrun.write.sinks import SINKS, Outputs, shard_suffixes
+from graphrun.write.sinks import Outputs, shard_suffixes, sink_for
 from graphrun.write.sinks.ids import plain
 from graphrun.spec.keys import PipelineSpec
 from graphrun.base.tuning import Tuning
@@ -52,7 +52,10 @@ class ShardWriter:
         self.out_dir = Path(out_dir)
         self.shard_dir = place.folder if place else self.out_dir
         self.tuning = tuning or Tuning.from_machine()
-        self.sink_type = SINKS[spec.output.format]
+        self.sink_type = sink_for(spec)
+        # a format whose shards hold the rejected records' lines too (openai_batch's error
+        # lines), in input order among the rows: rejects not yet in a shard
+        self._to_sink: list[tuple[int, object, str, str]] = []
         self.rows_per_file = spec.output.rows_per_file
         self.names = list(spec.outputs)
         self.sink_type.check(spec.outputs)
@@ -127,6 +130,11 @@ class ShardWriter:
         start = 0
         while start < len(indices):
             stop = min(len(indices), start + self.rows_per_file - self._shard_rows)
+            if self._to_sink:  # the rejects before this row, then the rows up to the next
+                self._rejects_into_shard(below=int(indices[start]))
+                if self._to_sink:
+                    after = min(r[0] for r in self._to_sink)
+                    stop = start + max(1, int(np.searchsorted(indices[start:stop], after)))
             if self._sink is None:
                 self._sink = self._open_sink()
             try:
@@ -149,6 +157,8 @@ class ShardWriter:
         line = json.dumps({"index": int(index), "id": plain(id), "where": where,
                            "reason": reason})
         self._pending.append((int(index), (line + "\n").encode()))
+        if getattr(self.sink_type, "takes_rejects", False):
+            self._to_sink.append((int(index), id, where, reason))
 
     def wait_for_commits(self) -> None:
         """Block until every shard completed so far is journaled; raise a commit error. What
@@ -169,7 +179,10 @@ class ShardWriter:
         self._closed = True
         try:
             if self._committer.error is None and not self._rejects_failed:
-                if self._shard_rows and partial and not self._sink_failed:
+                if partial and not self._sink_failed:
+                    self._rejects_into_shard(below=None)
+                if (self._shard_rows or self._sink is not None) and partial and not \
+                        self._sink_failed:
                     self._hand_over()
                 self._flush_rejects(below=None if partial else self._committed_below)
                 self._pending = []  # partial=False: the rejects after it come again on resume
@@ -234,6 +247,23 @@ class ShardWriter:
         self._shard += 1
         self._committed_below = next_index
         self._shard_rows = 0
+
+    def _rejects_into_shard(self, below: int | None) -> None:
+        """A sink that takes rejects: those below `below` (all when None) written into the
+        open shard (one opened for them), in input order; the shard then covers them."""
+        ready = sorted(r for r in self._to_sink if below is None or r[0] < below)
+        if not ready:
+            return
+        self._to_sink = [r for r in self._to_sink if below is not None and r[0] >= below]
+        if self._sink is None:
+            self._sink = self._open_sink()
+        try:
+            for index, rid, where, reason in ready:
+                self._sink.add_reject(rid, where, reason)
+        except BaseException:
+            self._sink_failed = True
+            raise
+        self._last_index = max(self._last_index, ready[-1][0])
 
     def _flush_rejects(self, below: int | None) -> None:
         """Append pending rejects with index < below (all when None), in index order. Not

@@ -17,6 +17,7 @@ import numpy as np
 
 from graphrun.read.formats.jsonl_lines import (close_field, encodable, readable_id,
                                                repeated_keys)
+from graphrun.read.prompts import Prompts
 from graphrun.read.records import Candidates, Reject, field_from_values
 from graphrun.spec.keys import PipelineSpec
 
@@ -41,7 +42,9 @@ def jsonl_candidates(spec: PipelineSpec, file: str, lines: list[bytes], linenos:
     if records is None:  # some line is bad: parse line by line for its reason
         records, reasons = zip(*map(_parse_line, lines))
     text = spec.data.text
-    keyed = expected if text is None else set(text.fields) | ({id_field} if id_field else set())
+    # the fields read: a repeated one is a bad line (json keeps the last value silently)
+    keyed = expected if text is None else set(Prompts(spec).fields) | (
+        {id_field} if id_field else set())
     reasons = repeated_keys(lines, keyed, list(reasons))
     if spec.data.text is not None:  # a text field tokenized into the inputs (inputs/text.py)
         from graphrun.read.text import jsonl_text_candidates

@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from graphrun.base.errors import InputError
+from graphrun.read.prompts import Prompts
 from graphrun.read.formats.parquet_columns import check_schema, id_values, parquet_candidates
 from graphrun.read.checks import Prechecked, precheck
 from graphrun.read.records import Candidates, numpy_dtype
@@ -118,7 +119,7 @@ class _Decoding:
         id_field = self.spec.data.id_field
         # a text column is read in place of the inputs it is tokenized into (read/text.py)
         text = self.spec.data.text
-        self.columns = ((text.fields if text else list(self.spec.inputs))
+        self.columns = ((Prompts(self.spec).fields if text else list(self.spec.inputs))
                         + ([id_field] if id_field else []))
         self.first = dict(spans)
         self.sizes = {g: decoded_bytes(self.meta.row_group(g), self.spec) for g, _ in spans}

@@ -15,6 +15,7 @@ import numpy as np
 
 from graphrun.write.sinks.jsonl import JsonlSink
 from graphrun.write.sinks.npy import NpySink
+from graphrun.write.sinks.openai_batch import OpenAIBatchSink
 from graphrun.write.sinks.parquet import ParquetSink
 from graphrun.base.tuning import Tuning
 
@@ -42,7 +43,14 @@ class Sink(Protocol):
     def finish(self) -> list[tuple[Path, str]]: ...
 
 
-SINKS: dict[str, type[Sink]] = {"npy": NpySink, "jsonl": JsonlSink, "parquet": ParquetSink}
+SINKS: dict[str, type[Sink]] = {"npy": NpySink, "jsonl": JsonlSink, "parquet": ParquetSink,
+                                "openai_batch": OpenAIBatchSink}
+
+
+def sink_for(spec) -> type[Sink]:
+    """The sink of spec.output.format (openai_batch's bound to the spec's endpoint and model)."""
+    sink = SINKS[spec.output.format]
+    return sink.bound(spec) if hasattr(sink, "bound") else sink
 
 
 def shard_suffixes(fmt: str, outputs: list[str]) -> list[str]:
@@ -50,4 +58,4 @@ def shard_suffixes(fmt: str, outputs: list[str]) -> list[str]:
     one file per output, the others one file."""
     if fmt == "npy":
         return ["ids.npy"] + [f"{name}.npy" for name in outputs]
-    return [fmt]
+    return ["jsonl" if fmt == "openai_batch" else fmt]

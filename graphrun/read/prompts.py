@@ -1,0 +1,106 @@
+"""What each record asks the model, as data.text tokenizes it: a text field (or a pair), chat
+messages rendered by the model's chat template (data.chat), or an OpenAI Batch request
+(data.format openai_batch); with the record's own generation parameters (generate.per_record,
+a request's body), checked against what the engine serves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from graphrun.read.chat import chat_template, check_messages
+from graphrun.read.openai_batch import file_endpoint, read_request
+from graphrun.read.requests import params_from_fields, unserved
+from graphrun.spec.keys import PipelineSpec
+from graphrun.spec.request import DEFAULT_PARAMS, RequestParams
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str | tuple[str, str]  # a text, or a pair's two
+    special: bool  # the tokenizer adds its special tokens; false: the text holds them
+    params: RequestParams = DEFAULT_PARAMS
+
+
+class Prompts:
+    """One spec's way from a record (a JSONL object, a Parquet row as a dict) to its Prompt."""
+
+    def __init__(self, spec: PipelineSpec):
+        self.spec, self.text = spec, spec.data.text
+        self.per_record = spec.generate.per_record.fields if spec.generate else {}
+        self.batch = spec.data.format == "openai_batch"
+        self.endpoint = file_endpoint(spec.data.path) if self.batch else None
+        self._chat = None
+
+    @property
+    def carries_params(self) -> bool:
+        """Records carry parameters of their own (the batch's fields get REQUEST_FIELD)."""
+        return self.batch or bool(self.per_record)
+
+    @property
+    def fields(self) -> list[str]:
+        """The record fields read: the text's (or messages', or a request line's) and the
+        per-record parameters'."""
+        if self.batch:
+            return ["method", "url", "body"]
+        return list(dict.fromkeys([*self.text.fields, *self.per_record.values()]))
+
+    def chat(self):
+        if self._chat is None:
+            self._chat = chat_template(self.spec)
+        return self._chat
+
+    def of(self, record: dict) -> Prompt | str:
+        """The record's prompt, or why it is rejected."""
+        if self.batch:
+            return self._request(record)
+        if self.spec.data.chat is not None:
+            name = self.text.fields[0]
+            messages = check_messages(record[name], name)
+            if isinstance(messages, str):
+                return messages
+            text = self.chat().render(messages)
+            if isinstance(text, str):
+                return text
+            prompt = Prompt(text[0], special=False)
+        else:
+            values = [record[name] for name in self.text.fields]
+            for name, v in zip(self.text.fields, values):
+                if not isinstance(v, str):
+                    return f"{name}: expected a string, got {kind(v)}"
+            prompt = Prompt(values[0] if len(values) == 1 else tuple(values),
+                            special=self.text.add_special_tokens)
+        if not self.per_record:
+            return prompt
+        params = params_from_fields(record, self.per_record)
+        if isinstance(params, str):
+            return params
+        return self._served(Prompt(prompt.text, prompt.special, params))
+
+    def _request(self, line: dict) -> Prompt | str:
+        request = read_request(line, self.endpoint)
+        if isinstance(request, str):
+            return request
+        if request.chat:
+            messages = check_messages(request.body["messages"], "body.messages")
+            if isinstance(messages, str):
+                return messages
+            text = self.chat().render(messages)
+            if isinstance(text, str):
+                return text
+            prompt = Prompt(text[0], special=False, params=request.params)
+        else:
+            prompt = Prompt(request.body["prompt"], special=self.text.add_special_tokens,
+                            params=request.params)
+        return self._served(prompt)
+
+    def _served(self, prompt: Prompt) -> Prompt | str:
+        return unserved(prompt.params, self.spec) or prompt
+
+
+def kind(value) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if value is None:
+        return "null"
+    return {dict: "an object", list: "an array", str: "a string"}.get(type(value), "a number")

@@ -1,0 +1,109 @@
+"""A record's own generation parameters, checked: from the fields generate.per_record names, or
+from an OpenAI Batch request's body. Each function returns a RequestParams, or the reason the
+record is rejected (a bad value, a key graphrun does not serve); nothing is dropped silently.
+
+ENGINE_SERVES names the parameters the generation engine honours row by row. A record asking
+for another one, at a value other than the spec's, is rejected here with what to do, until
+the engine serves it too.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from graphrun.spec.keys import PipelineSpec
+from graphrun.spec.request import DEFAULT_PARAMS, RequestParams
+
+# RequestParams fields the engine takes per row (the static-batching engine: none; the spec's
+# values serve every row)
+ENGINE_SERVES: frozenset[str] = frozenset()
+MAX_STOP = 4  # stop strings per request, as OpenAI allows
+
+
+def whole(name: str, v, low: int) -> int | str:
+    if type(v) is not int or v < low:
+        return f"{name}: {v!r} is not a whole number >= {low}"
+    return v
+
+
+def number_in(name: str, v, low: float, high: float, low_open: bool = False) -> float | str:
+    ok = (type(v) in (int, float) and math.isfinite(v) and v <= high
+          and (v > low if low_open else v >= low))
+    if not ok:
+        span = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+        return f"{name}: {v!r} is not a number in {span}"
+    return float(v)
+
+
+def stop_strings(name: str, v) -> tuple[str, ...] | str:
+    stops = [v] if isinstance(v, str) else v
+    if (not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops)
+            or len(stops) > MAX_STOP):
+        return f"{name}: {v!r} is not a string or a list of up to {MAX_STOP} non-empty strings"
+    return tuple(stops)
+
+
+# parameter -> (check(name, value) -> value or reason, the RequestParams field it sets)
+CHECKS = {
+    "max_new_tokens": (lambda k, v: whole(k, v, 1), "max_new_tokens"),
+    "temperature": (lambda k, v: number_in(k, v, 0, 1e4), "temperature"),
+    "top_p": (lambda k, v: number_in(k, v, 0, 1, low_open=True), "top_p"),
+    "top_k": (lambda k, v: whole(k, v, 0), "top_k"),
+    "min_p": (lambda k, v: number_in(k, v, 0, 1), "min_p"),
+    "seed": (lambda k, v: v if type(v) is int else f"{k}: {v!r} is not a whole number", "seed"),
+    "stop": (stop_strings, "stop_strings"),
+    "n": (lambda k, v: whole(k, v, 1), "n"),
+}
+
+
+def params_from_fields(record: dict, per_record: dict[str, str]) -> RequestParams | str:
+    """generate.per_record: parameter -> the record field setting it (absent or null: the
+    spec's value)."""
+    given = {}
+    for param, name in per_record.items():
+        v = record.get(name)
+        if v is None:
+            continue
+        check, attr = CHECKS[param]
+        got = check(f"{name} (generate.per_record.{param})", v)
+        if isinstance(got, str):
+            return got
+        given[attr] = got
+    return replace(DEFAULT_PARAMS, **given)
+
+
+def unserved(params: RequestParams, spec: PipelineSpec) -> str:
+    """Why the engine cannot serve a record's parameters ("" where it can): a value that
+    differs from the spec's for a parameter the engine does not take per row."""
+    g = spec.generate
+    greedy = g.sampling.method == "greedy"
+    # parameter -> (the spec's value, the key that sets it)
+    spec_value = {"max_new_tokens": (g.max_new_tokens, "generate.max_new_tokens"),
+                  "temperature": ((0, "generate.sampling.method greedy (temperature 0)")
+                                  if greedy else (g.sampling.temperature,
+                                                  "generate.sampling.temperature"))}
+    spec_value.update((k, (getattr(g.sampling, k), f"generate.sampling.{k}"))
+                      for k in ("top_p", "top_k", "seed"))
+    drawn = not greedy or params.temperature not in (None, 0)
+    for name, v in params.given().items():
+        if name in ENGINE_SERVES:
+            continue
+        if name in spec_value:
+            value, key = spec_value[name]
+            if v == value or (name in ("top_p", "top_k", "seed") and not drawn):
+                continue  # the spec's own value; greedy draws nothing to seed or cut
+            return (f"{name} {v!r} differs from the spec's ({key}: {value!r}), and this "
+                    "graphrun serves one value per job: set it in the spec's generate: "
+                    "section, or split the file by it")
+        if name == "stop_token_ids" and set(v) <= set(g.stop.token_ids):
+            continue  # the spec stops at these already
+        return (f"{_named(name)} is not served by this graphrun's generation engine yet: "
+                "remove it from the record")
+    return ""
+
+
+def _named(name: str) -> str:
+    return {"stop_strings": "stop (strings)", "n": "n > 1 (several samples)",
+            "logprobs": "logprobs", "min_p": "min_p",
+            "stop_token_ids": "stop token ids"}.get(name, name)

@@ -1,0 +1,91 @@
+"""openai_batch shards (output.format openai_batch): part-00000.jsonl, one OpenAI Batch API
+output line per request, in input order: {id, custom_id, response: {status_code, request_id,
+body: chat.completion | text_completion}, error}; a request graphrun rejected gets its line
+too, with status_code 400 and error {code, message} (Shards hands the rejects over in order).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from graphrun.read.openai_batch import CHAT, file_endpoint
+from graphrun.spec.keys import PipelineSpec
+from graphrun.write.sinks.ids import plain
+from graphrun.write.sinks.jsonl import JsonlSink
+
+FINISH = {"eos": "stop", "stop": "stop", "length": "length"}  # graphrun's -> OpenAI's
+ERROR_CODE = "invalid_request"
+
+
+def endpoint_of(spec: PipelineSpec) -> str:
+    """The url the output's lines answer: a Batch file's own, chat records' chat, else
+    completions."""
+    if spec.data.format == "openai_batch":
+        return file_endpoint(spec.data.path) or CHAT
+    return CHAT if spec.data.chat is not None else "/v1/completions"
+
+
+def model_name(spec: PipelineSpec) -> str:
+    m = spec.model
+    if m.hf is not None:
+        return Path(m.hf.path).name or m.hf.path
+    return m.builtin or spec.name
+
+
+def _hex(kind: str, rid) -> str:
+    """A stable id for a request's line (the same on a resumed or repeated run)."""
+    return hashlib.sha256(f"{kind}:{rid}".encode()).hexdigest()[:24]
+
+
+class OpenAIBatchSink(JsonlSink):
+    """JSONL lines shaped as the Batch API's output file; bound to one spec by bound()."""
+
+    takes_rejects = True
+    chat = True
+    model = ""
+
+    @classmethod
+    def bound(cls, spec: PipelineSpec) -> type["OpenAIBatchSink"]:
+        return type(cls.__name__, (cls,), {"chat": endpoint_of(spec) == CHAT,
+                                           "model": model_name(spec)})
+
+    @staticmethod
+    def check(outputs: dict) -> None:
+        pass  # the generation job's own outputs: the format reads them by name
+
+    def add(self, ids, outputs: dict) -> None:
+        if isinstance(ids, np.ndarray):
+            ids = ids.tolist()
+        created = int(time.time())
+        for i, rid in enumerate(ids):
+            rid = plain(rid)
+            text = str(outputs["text"][i])
+            prompt, new = int(outputs["prompt_tokens"][i]), int(outputs["output_tokens"][i])
+            choice = ({"index": 0, "message": {"role": "assistant", "content": text}}
+                      if self.chat else {"index": 0, "text": text})
+            choice.update(logprobs=None, finish_reason=FINISH[str(outputs["finish_reason"][i])])
+            body = {"id": ("chatcmpl-" if self.chat else "cmpl-") + _hex("body", rid),
+                    "object": "chat.completion" if self.chat else "text_completion",
+                    "created": created, "model": self.model, "choices": [choice],
+                    "usage": {"prompt_tokens": prompt, "completion_tokens": new,
+                              "total_tokens": prompt + new}}
+            self._line(rid, rid, {"status_code": 200, "request_id": "req_" + _hex("req", rid),
+                                  "body": body}, None)
+
+    def add_reject(self, rid, where: str, reason: str) -> None:
+        """A request graphrun did not serve: its error line."""
+        rid = plain(rid)
+        key = (rid, where)  # a repeated or missing custom_id's line has an id of its own
+        self._line(rid, key, {"status_code": 400, "request_id": "req_" + _hex("req", key),
+                              "body": None},
+                   {"code": ERROR_CODE, "message": f"{reason} ({where})"})
+
+    def _line(self, rid, key, response: dict, error: dict | None) -> None:
+        line = {"id": "batch_req_" + _hex("line", key), "custom_id": rid,
+                "response": response, "error": error}
+        self.f.write(json.dumps(line, separators=(",", ":"), ensure_ascii=False) + "\n")
