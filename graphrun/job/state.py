@@ -21,8 +21,8 @@ from graphrun.engine.timing import noise_floor_us, percentiles, spread_warning
 from graphrun.write.disk import write_failure, write_remedy
 from graphrun.write.folder import FilesHash, model_files, write_fingerprint
 from graphrun.write.journal import InputHash
-from graphrun.manifest.keys import (FileEntry, Manifest, Totals, all_rejected, environment,
-                                    spec_digest, write_manifest)
+from graphrun.manifest.keys import (Digests, FileEntry, Manifest, Totals, all_rejected,
+                                    environment, spec_digest, write_manifest)
 from graphrun.manifest.sections import BucketPhases, Phase, Phases
 from graphrun.engine.padding import position_ratios
 from graphrun.base.phases import PART_PHASES, PhaseClock, phase
@@ -35,6 +35,10 @@ class Digest(Protocol):
     def result(self) -> Any: ...
 
     def stop(self) -> Any: ...
+
+    @property
+    def source(self) -> Any:
+        """Where the digest came from (manifest.keys.Digests), shaped as result()."""
 
 
 @dataclass(frozen=True)
@@ -178,7 +182,7 @@ class RunRecord:
             return None
         return f"{'overlapped' if self.overlapped else 'serial'}: {self.overlap_how}"
 
-    def manifest(self, runner, input_hash_s: float) -> Manifest:
+    def manifest(self, runner, input_hash_s: float, digests: Digests | None = None) -> Manifest:
         spec = self.spec
         ps = spec.report.percentiles
         buckets, capture_s, capture_mem, rows_run, padded = [], 0.0, 0, 0, 0
@@ -230,7 +234,7 @@ class RunRecord:
             rejects={"path": "rejects.jsonl" if (self.out_dir / "rejects.jsonl").exists()
                      else None, "count": self.rejected},
             resumed_from=self.resumed_from, warnings=self.warnings,
-            bucket_plan=self.bucket_plan,
+            bucket_plan=self.bucket_plan, digests=digests,
             grouping=self.padding.report() if self.padding else None, phases=self.phases(),
             generation=(runner.generation_section(
                 ps, self.rejected, truncated=self.cuts.count if self.cuts else 0)
@@ -309,7 +313,8 @@ class RunResources:
         record.input_sha = self.input_hash.stop()
         record.settle_counts()
         with phase("manifest write"):  # the run's end: the manifest's content complete
-            manifest = record.manifest(self.runner, self.input_hash.waited_s)
+            manifest = record.manifest(self.runner, self.input_hash.waited_s, Digests(
+                input=self.input_hash.source, model=self.model_hash.source))
         path = self.out_dir / "manifest.json"
         try:
             write_manifest(manifest, path)
