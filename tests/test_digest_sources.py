@@ -97,3 +97,43 @@ def test_a_changed_file_is_hashed_again(job):
     got, run_json, reads = run(job)
     assert got["input"] == "read" and reads == 1
     assert run_json["input_sha256"] == journal.sha256_file(job.parent / "in.jsonl")
+
+
+class FirstAsked:
+    """The model's digests (folder.FilesHash), noting what the output folder held when the
+    run first asked for them."""
+
+    def __init__(self, out: Path, files: dict):
+        from graphrun.write.folder import FilesHash
+
+        self.out, self.inner, self.held = out, FilesHash(files), None
+
+    def result(self):
+        if self.held is None:
+            self.held = sorted(p.name for p in self.out.iterdir())
+        return self.inner.result()
+
+    def stop(self):
+        return self.inner.stop()
+
+    @property
+    def source(self):
+        return self.inner.source
+
+
+def test_the_stream_starts_before_the_models_hash_and_commits_after_it(job):
+    from graphrun.job.spine import run as run_job
+    from graphrun.job.state import RunHashes
+    from graphrun.write.folder import model_files
+
+    spec = graphrun.load_spec(job, overrides=["output.rows_per_file=4"])
+    model = FirstAsked(spec.output.dir, model_files(spec.model, spec.base_dir))
+    manifest = run_job(spec, hashes=RunHashes(journal.InputHash(spec.data.path), model))
+    assert manifest.status == "completed" and manifest.totals.records_out == 10
+    # first asked for at the first shard's hand-over: rows written, nothing journaled
+    assert any(name.startswith(".part-00000") for name in model.held), model.held
+    assert "journal.jsonl" not in model.held
+    run_json = json.loads((spec.output.dir / "run.json").read_text())
+    assert run_json["model_sha256"] == {
+        "weights": journal.sha256_file(job.parent / "w.safetensors"),
+        "target": journal.sha256_file(job.parent / "net.py")}
