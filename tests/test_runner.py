@@ -285,6 +285,15 @@ def test_run_batch_checks_integer_ranges_before_the_copy(tmp_path):
         with pytest.raises(InputError, match=r"input 'tokens' holds values outside its range "
                                              r"\[0, 50\) \(min 3, max 50\)"):
             runner.run_batch({"tokens": np.array([[3], [50]]), "positions": np.array([0, 7])})
+        tokens = torch.tensor([[3], [49]])
+        got = runner.run_batch({"tokens": tokens, "positions": torch.tensor([0, 7])})
+        assert torch.equal(got["logits"], torch.from_numpy(ok["logits"]))
+        with pytest.raises(InputError, match=r"input 'positions' holds values outside its "
+                                             r"range \[0, 8\) \(min -1, max 7\)"):
+            runner.run_batch({"tokens": tokens, "positions": torch.tensor([-1, 7])})
+        with pytest.raises(InputError, match=r"disagree on the number of records: "
+                                             r"\{'tokens': 2, 'positions': 3\}"):
+            runner.run_batch({"tokens": tokens, "positions": torch.tensor([0, 1, 2])})
 
 
 def _replay_that_drifts(runner, bucket):
