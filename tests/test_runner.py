@@ -269,6 +269,8 @@ def test_cuda_graph_backend_without_cuda_is_a_clear_error(tmp_path):
 
 
 def test_run_batch_checks_integer_ranges_before_the_copy(tmp_path):
+    from graphrun.engine.inputs import check_batch
+
     (tmp_path / "d.jsonl").write_text("")
     spec = PipelineSpec.model_validate({
         "version": 1, "name": "dec", "device": "cpu",
@@ -291,6 +293,11 @@ def test_run_batch_checks_integer_ranges_before_the_copy(tmp_path):
         with pytest.raises(InputError, match=r"input 'positions' holds values outside its "
                                              r"range \[0, 8\) \(min -1, max 7\)"):
             runner.run_batch({"tokens": tokens, "positions": torch.tensor([-1, 7])})
+        many = torch.zeros(100, dtype=torch.int64)  # more values than a few: one reduction
+        many[99] = 8
+        with pytest.raises(InputError, match=r"\(min 0, max 8\)"):
+            check_batch({"tokens": torch.zeros(100, 1, dtype=torch.int64), "positions": many},
+                        spec.inputs, ("batch",))
         with pytest.raises(InputError, match=r"disagree on the number of records: "
                                              r"\{'tokens': 2, 'positions': 3\}"):
             runner.run_batch({"tokens": tokens, "positions": torch.tensor([0, 1, 2])})

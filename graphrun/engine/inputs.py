@@ -16,6 +16,8 @@ import torch
 from graphrun.base.errors import InputError
 from graphrun.spec.keys import BATCH, FLOAT_DTYPES, InputSpec
 
+FEW = 64  # values a host tensor's range is checked on as Python ints, not by a reduction
+
 
 @dataclass
 class ApiBatch:
@@ -133,12 +135,23 @@ def _check_values(name: str, spec: InputSpec, value) -> None:
             # one transfer of both values: on the device, one wait for them
             low, high = torch.stack(torch.aminmax(value)).tolist()
         elif isinstance(value, torch.Tensor):
-            low, high = (x.item() for x in torch.aminmax(value))
+            low, high = _host_bounds(value)
         else:
             low, high = value.min(), value.max()
         if low < lo or high >= hi:
             raise InputError(f"input {name!r} holds values outside its range [{lo:g}, "
                              f"{hi:g}) (min {low}, max {high})")
+
+
+def _host_bounds(t: torch.Tensor) -> tuple:
+    """(min, max) of a host tensor: a few integers read as Python values (no torch op, a
+    batch of a few tokens), else one reduction."""
+    if t.numel() <= FEW and not t.is_floating_point():
+        values = t.tolist()
+        for _ in range(t.dim() - 1):
+            values = [x for row in values for x in row]
+        return min(values), max(values)
+    return tuple(x.item() for x in torch.aminmax(t))
 
 
 def _to_numpy(t: torch.Tensor) -> np.ndarray:
