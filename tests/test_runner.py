@@ -478,3 +478,32 @@ def test_buckets_the_reader_shows_while_setup_runs_are_set_up_before_the_stream(
         assert unused and all(runner.states[b].status == "unused" for b in unused)
         runner.run_batch({"x": np.ones((1, 4), np.float32)})
         assert runner.states[late].first_use_batch is None  # no setup on first use
+
+
+def test_checking_a_few_host_integers_runs_no_torch_op():
+    """run_batch's check of a decode step's batch (a few token ids on the host) reads their
+    values, with no reduction dispatched per input and call."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from graphrun.engine.inputs import check_batch
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ran = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ran.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    spec = PipelineSpec.model_validate({
+        "version": 1, "name": "dec", "model": {"builtin": "decoder"},
+        "inputs": {"tokens": {"shape": ["batch", 1], "dtype": "int64", "range": [0, 50]},
+                   "positions": {"shape": ["batch"], "dtype": "int64", "range": [0, 8]}},
+        "outputs": {"logits": {"shape": ["batch", 1, 50]}}, "buckets": {"batch": [1, 8]},
+        "data": {"path": "d.jsonl"}, "output": {"dir": "o"}})
+    batch = {"tokens": torch.tensor([[3], [49]]), "positions": torch.tensor([0, 7])}
+    with Ops() as ops:
+        checked = check_batch(batch, spec.inputs, ("batch",))
+    assert checked.n == 2 and checked.tensors
+    assert ops.ran == []
