@@ -1,7 +1,8 @@
 """Data path: records/s of the whole `graphrun run` against the back-to-back replay rate of the
 same graphs, serial path against overlapped, per input format.
 
-    python3 benchmarks/bench_datapath.py [--models decoder,mlp] [--formats jsonl,npy,parquet]
+    python3 benchmarks/bench_datapath.py [--models decoder,mlp]
+        [--formats jsonl,npy,parquet,parquet-out]
         [--records 1000000] [--jsonl-records 200000] [--records-decoder 20000]
         [--decoder-head logits|greedy] [--decoder-batch 32] [--parquet-row-group 65536]
         [--repeat N] [--workdir DIR] [--out FILE] [--smoke]
@@ -13,7 +14,8 @@ Models (bf16 on CUDA; tiny and float32 with --smoke or on a CPU):
            outputs its logits, or with --decoder-head greedy the next token (argmax in the graph)
   mlp      builtin mlp, in 256, hidden 1024, 24 layers, out 16; batch 1024, buckets [1, 64, 1024]
 Per model, one input file per format is written into --workdir from the same values (the MLP's
-rounded to 3 decimals, so JSONL holds them exactly), then for each format:
+rounded to 3 decimals, so JSONL holds them exactly), then for each format (outputs written as
+npy shards; parquet-out: the Parquet input, outputs written as Parquet shards):
   read-only   records/s of one pass of read_batches alone (parse, check, batch; no model)
   write-only  records/s of the ShardWriter alone, fed the model's output shapes in batches
               (shard commits included: sha256 and fsync), once per model
@@ -67,7 +69,9 @@ from graphrun.base.tuning import Tuning  # noqa: E402 - the reader's settings
 from graphrun.spec.keys import PipelineSpec  # noqa: E402
 from graphrun.read.stream import read_batches  # noqa: E402
 
-FORMATS = ("jsonl", "npy", "parquet")
+FORMATS = ("jsonl", "npy", "parquet", "parquet-out")
+OUT_FORMAT = {"parquet-out": "parquet"}  # the runs' output.format: npy unless named here
+IN_FORMAT = {"parquet-out": "parquet"}  # the input file a format reads: its own unless here
 WRITE_CHUNK = 65536  # records generated and written at a time (bounded memory while writing)
 # records per Parquet row group (--parquet-row-group; None: pyarrow's default, up to 1Mi)
 PARQUET_ROW_GROUP: int | None = 65536
@@ -101,7 +105,8 @@ class Case:
         # the decoder has two inputs: its dense-array file is a (stored) .npz
         return ".npz" if fmt == "npy" and self.decoder else f".{fmt}"
 
-    def spec(self, data: Path, out: Path, device: str) -> PipelineSpec:
+    def spec(self, data: Path, out: Path, device: str, out_format: str = "npy"
+             ) -> PipelineSpec:
         a = self.args
         if self.decoder:
             inputs = {"tokens": {"shape": ["batch", 1], "dtype": "int64",
@@ -124,7 +129,8 @@ class Case:
             "capture": {"backend": "cuda-graph" if cuda else "eager", "warmup_iters": 3,
                         "verify": {"enabled": True, "rtol": RTOL, "atol": ATOL}},
             "data": {"path": str(data), "batch_size": self.batch},
-            "output": {"dir": str(out), "format": "npy", "rows_per_file": self.rows_per_file},
+            "output": {"dir": str(out), "format": out_format,
+                       "rows_per_file": self.rows_per_file},
         })
 
 
@@ -347,9 +353,12 @@ def run_pipeline(spec: PipelineSpec, out: Path, overlap: bool, step: int = 1) ->
 
 
 def sample_outputs(out: Path, files: list[str], step: int) -> dict[str, np.ndarray]:
-    """Rows 0, step, 2 step, ... of each output, across the npy shards in order."""
+    """Rows 0, step, 2 step, ... of each output, across the npy or Parquet shards in order."""
     shards: dict[str, dict[str, Path]] = {}  # "part-00000" -> output name -> file
     for name in files:
+        if name.endswith(".parquet"):
+            shards.setdefault(name.split(".")[0], {})["*"] = out / name
+            continue
         stem, output, suffix = name.split(".", 2)
         if suffix == "npy" and output != "ids":
             shards.setdefault(stem, {})[output] = out / name
@@ -358,6 +367,15 @@ def sample_outputs(out: Path, files: list[str], step: int) -> dict[str, np.ndarr
     for stem in sorted(shards):
         rows = 0
         for output, path in shards[stem].items():
+            if output == "*":  # a Parquet shard: every output's column, its rows sampled
+                table = pyarrow.parquet.read_table(path)
+                rows = table.num_rows
+                taken = table.take(np.arange((-seen) % step, rows, step))
+                for column in taken.column_names:
+                    if column != "id":
+                        parts.setdefault(column, []).append(
+                            np.array(taken.column(column).to_pylist()))
+                continue
             a = np.load(path, mmap_mode="r")
             parts.setdefault(output, []).append(np.array(a[(-seen) % step::step]))
             rows = len(a)
@@ -455,18 +473,22 @@ def compare_outputs(results: list[tuple[str, RunResult]]) -> str:
 def bench_model(case: Case, formats: list[str], workdir: Path, device: str, report: Report,
                 replay_seconds: float, repeat: int = 1) -> None:
     t0 = time.perf_counter()
-    paths = write_inputs(case, case.records, workdir, formats, case.jsonl_records)
+    files = list(dict.fromkeys(IN_FORMAT.get(f, f) for f in formats))
+    paths = write_inputs(case, case.records, workdir, files, case.jsonl_records)
     report.timings.append((f"{case.name}: write {case.records:,} records x "
                            f"{len(formats)} formats", time.perf_counter() - t0))
     out = workdir / "out"
     step = max(1, case.records // 512)  # rows sampled to compare outputs across runs
     ran: list[tuple[str, RunResult]] = []
-    for fmt in formats:
-        path = paths[fmt]
-        records = case.records_in(fmt)
-        row = Row(case.name, path.suffix.lstrip("."), records, path.stat().st_size / 2**20)
+    for k, fmt in enumerate(formats):
+        source = IN_FORMAT.get(fmt, fmt)
+        path = paths[source]
+        records = case.records_in(source)
+        out_format = OUT_FORMAT.get(fmt, "npy")
+        label = path.suffix.lstrip(".") + ("" if out_format == "npy" else f" > {out_format}")
+        row = Row(case.name, label, records, path.stat().st_size / 2**20)
         report.rows.append(row)
-        spec = case.spec(path, out, device)
+        spec = case.spec(path, out, device, out_format)
         t0 = time.perf_counter()
         try:
             n, row.read_rate = read_rate(spec)
@@ -482,12 +504,14 @@ def bench_model(case: Case, formats: list[str], workdir: Path, device: str, repo
             row.error = f"{type(e).__name__}: {e}"
         report.timings.append((f"{case.name} {row.fmt}: read pass + serial + overlapped runs",
                                time.perf_counter() - t0))
-        path.unlink()
+        if all(IN_FORMAT.get(f, f) != source for f in formats[k + 1:]):
+            path.unlink()
     if len(ran) > 1:
         report.notes.append(f"{case.name}: {compare_outputs(ran)}")
     if formats:
         t0 = time.perf_counter()
-        small = write_inputs(case, case.batch, workdir, [formats[0]])[formats[0]]
+        first = IN_FORMAT.get(formats[0], formats[0])
+        small = write_inputs(case, case.batch, workdir, [first])[first]
         try:
             spec = case.spec(small, out, device)
             rates = report.replay[case.name] = replay_rates(case, spec, replay_seconds)
@@ -682,11 +706,11 @@ def estimate_bytes(case: Case, formats: list[str]) -> int:
     """Input files (all formats at once) plus one run's outputs."""
     n = case.records
     if case.decoder:
-        per_in = {"jsonl": 36, "npy": 16, "parquet": 20}
+        per_in = {"jsonl": 36, "npy": 16, "parquet": 20, "parquet-out": 0}
         per_out = 16 if case.greedy else case.args["vocab"] * 4 + 8
     else:
         w = case.args["in_features"]
-        per_in = {"jsonl": 7 * w + 8, "npy": 4 * w, "parquet": 4 * w + 8}
+        per_in = {"jsonl": 7 * w + 8, "npy": 4 * w, "parquet": 4 * w + 8, "parquet-out": 0}
         per_out = case.args["out_features"] * 4 + 8
     return sum(per_in[f] * case.records_in(f) for f in formats) + per_out * n
 

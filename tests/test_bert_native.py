@@ -24,9 +24,10 @@ CONFIG = dict(vocab_size=120, hidden_size=48, num_hidden_layers=2, num_attention
               intermediate_size=96, max_position_embeddings=64, type_vocab_size=2)
 
 
-def save(folder: Path, cls=None, **changes) -> Path:
+def save(folder: Path, cls=None, pooler: bool = True, **changes) -> Path:
     torch.manual_seed(0)
-    model = (cls or transformers.BertModel)(transformers.BertConfig(**{**CONFIG, **changes}))
+    config = transformers.BertConfig(**{**CONFIG, **changes})
+    model = (cls(config) if cls else transformers.BertModel(config, add_pooling_layer=pooler))
     with torch.no_grad():  # off the init's zero biases and unit norms, so each one shows
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.1)
@@ -175,3 +176,31 @@ def test_an_embedding_job_on_graphruns_bert_never_imports_transformers(tmp_path)
     spec = embed_spec(tmp_path, save(tmp_path / "bert"))
     assert not imports_transformers(spec)
     assert embeddings(tmp_path / "out").shape == (40, 48)
+
+
+def test_an_encoder_saved_without_its_pooler_runs_on_graphruns_code(tmp_path):
+    folder = save(tmp_path / "bert", pooler=False)
+    spec = embed_spec(tmp_path, folder)
+    assert not imports_transformers(spec)
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["environment"]["model_code"] == "graphrun"
+    assert manifest["environment"]["model_code_reason"] is None
+    mine = embeddings(tmp_path / "out")
+    theirs = graphrun.run(graphrun.load_spec(embed_spec(tmp_path, folder,
+                                                        implementation="transformers")),
+                          overwrite=True)
+    assert theirs.environment.model_code == "transformers"
+    assert mine.shape == (40, 48)
+    np.testing.assert_allclose(mine, embeddings(tmp_path / "out"), atol=1e-5)
+
+
+@pytest.mark.parametrize("output", [{"from": "pooler_output"}, {"from": 1}, {}])
+def test_an_output_reading_the_pooler_a_folder_lacks_is_refused(tmp_path, output):
+    folder = save(tmp_path / "bert", pooler=False)
+    path = embed_spec(tmp_path, folder)
+    spec = yaml.safe_load(path.read_text())
+    spec["outputs"] = {"pooler_output": {"shape": ["batch", 48], **output}}
+    path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(ModelError, match=r"no pooler weights .*outputs\.pooler_output reads "
+                                         r"pooler_output: read last_hidden_state instead"):
+        graphrun.run(graphrun.load_spec(path))

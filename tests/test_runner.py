@@ -269,6 +269,8 @@ def test_cuda_graph_backend_without_cuda_is_a_clear_error(tmp_path):
 
 
 def test_run_batch_checks_integer_ranges_before_the_copy(tmp_path):
+    from graphrun.engine.inputs import check_batch
+
     (tmp_path / "d.jsonl").write_text("")
     spec = PipelineSpec.model_validate({
         "version": 1, "name": "dec", "device": "cpu",
@@ -285,6 +287,20 @@ def test_run_batch_checks_integer_ranges_before_the_copy(tmp_path):
         with pytest.raises(InputError, match=r"input 'tokens' holds values outside its range "
                                              r"\[0, 50\) \(min 3, max 50\)"):
             runner.run_batch({"tokens": np.array([[3], [50]]), "positions": np.array([0, 7])})
+        tokens = torch.tensor([[3], [49]])
+        got = runner.run_batch({"tokens": tokens, "positions": torch.tensor([0, 7])})
+        assert torch.equal(got["logits"], torch.from_numpy(ok["logits"]))
+        with pytest.raises(InputError, match=r"input 'positions' holds values outside its "
+                                             r"range \[0, 8\) \(min -1, max 7\)"):
+            runner.run_batch({"tokens": tokens, "positions": torch.tensor([-1, 7])})
+        many = torch.zeros(100, dtype=torch.int64)  # more values than a few: one reduction
+        many[99] = 8
+        with pytest.raises(InputError, match=r"\(min 0, max 8\)"):
+            check_batch({"tokens": torch.zeros(100, 1, dtype=torch.int64), "positions": many},
+                        spec.inputs, ("batch",))
+        with pytest.raises(InputError, match=r"disagree on the number of records: "
+                                             r"\{'tokens': 2, 'positions': 3\}"):
+            runner.run_batch({"tokens": tokens, "positions": torch.tensor([0, 1, 2])})
 
 
 def _replay_that_drifts(runner, bucket):
@@ -462,3 +478,32 @@ def test_buckets_the_reader_shows_while_setup_runs_are_set_up_before_the_stream(
         assert unused and all(runner.states[b].status == "unused" for b in unused)
         runner.run_batch({"x": np.ones((1, 4), np.float32)})
         assert runner.states[late].first_use_batch is None  # no setup on first use
+
+
+def test_checking_a_few_host_integers_runs_no_torch_op():
+    """run_batch's check of a decode step's batch (a few token ids on the host) reads their
+    values, with no reduction dispatched per input and call."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from graphrun.engine.inputs import check_batch
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ran = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ran.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    spec = PipelineSpec.model_validate({
+        "version": 1, "name": "dec", "model": {"builtin": "decoder"},
+        "inputs": {"tokens": {"shape": ["batch", 1], "dtype": "int64", "range": [0, 50]},
+                   "positions": {"shape": ["batch"], "dtype": "int64", "range": [0, 8]}},
+        "outputs": {"logits": {"shape": ["batch", 1, 50]}}, "buckets": {"batch": [1, 8]},
+        "data": {"path": "d.jsonl"}, "output": {"dir": "o"}})
+    batch = {"tokens": torch.tensor([[3], [49]]), "positions": torch.tensor([0, 7])}
+    with Ops() as ops:
+        checked = check_batch(batch, spec.inputs, ("batch",))
+    assert checked.n == 2 and checked.tensors
+    assert ops.ran == []

@@ -840,3 +840,36 @@ def test_stopping_the_input_hash_ends_its_child_at_once(tmp_path):
     t0 = time.perf_counter()
     assert h.stop() is None and h.done()
     assert time.perf_counter() - t0 < 5
+
+
+class WholeBatch(np.ndarray):
+    """A batch of outputs that refuses to be taken apart into a Python object per row."""
+
+    def __iter__(self):
+        raise AssertionError("the batch was split into a Python object per row")
+
+
+def test_parquet_keeps_a_dense_batch_whole_and_writes_the_file_records_would(tmp_path):
+    spec = make_spec(tmp_path, "parquet", rows_per_file=40,
+                     outputs={"y": {"shape": ["batch", 3, 2]}, "s": {"shape": ["batch"]}})
+    rng = np.random.default_rng(0)
+    y = rng.standard_normal((40, 3, 2)).astype(np.float32)
+    s = np.arange(40, dtype=np.int64) * 3
+    tuning = Tuning(parquet_row_group_bytes=150)  # 32 B a row: cut inside the batches of 7
+    files = {}
+    for how in ("arrays", "records"):
+        out = tmp_path / how
+        w = ShardWriter(spec, out, tuning=tuning)
+        for b in range(0, 40, 7):
+            i = np.arange(b, min(b + 7, 40))
+            outputs = ({"y": y[i].view(WholeBatch), "s": s[i].view(WholeBatch)}
+                       if how == "arrays" else {"y": list(y[i]), "s": list(s[i])})
+            w.write(i, i, outputs)
+        (info,) = w.close()
+        files[how] = (out / info.path).read_bytes()
+        meta = pq.ParquetFile(out / info.path).metadata
+        assert [meta.row_group(g).num_rows for g in range(meta.num_row_groups)] == [5] * 8
+    assert files["arrays"] == files["records"]
+    table = pq.read_table(tmp_path / "arrays" / info.path)
+    assert table.column("y").to_pylist() == y.tolist()
+    assert table.column("s").to_pylist() == s.tolist()

@@ -90,7 +90,7 @@ class Direct:
             t = fields[name]
             # device=True waits for nothing: a host input is copied before the call returns,
             # so the caller may reuse it at once
-            async_ok = not device or t.device.type != "cpu"
+            async_ok = not device or not t.is_cpu
             if static.shape == t.shape:
                 static.copy_(t, non_blocking=async_ok)
             else:
@@ -124,7 +124,7 @@ class Direct:
             for i, axis in ragged:
                 index[i] = slice(0, lengths[axis])
             return static[tuple(index)]
-        return static if n == len(static) else static[:n]
+        return static if n == static.shape[0] else static[:n]
 
 
 def copy_and_wait(pairs: list) -> None:

@@ -16,6 +16,8 @@ import torch
 from graphrun.base.errors import InputError
 from graphrun.spec.keys import BATCH, FLOAT_DTYPES, InputSpec
 
+FEW = 64  # values a host tensor's range is checked on as Python ints, not by a reduction
+
 
 @dataclass
 class ApiBatch:
@@ -68,26 +70,30 @@ def check_batch(inputs: dict, specs: dict[str, InputSpec], axes: tuple[str, ...]
 
 def _check_tensors(inputs: dict, specs: dict[str, InputSpec], axes: tuple[str, ...]) -> ApiBatch:
     """check_batch for dense tensors, kept short: run_batch's fast path goes through it."""
-    fields, counts, lengths = {}, {}, {}
+    fields, lengths, n = {}, {}, None
     for name, spec in specs.items():
         t = inputs[name]
         if t.requires_grad:
             t = t.detach()
-        if t.dim() == 0:
+        shape = t.shape
+        if not shape:
             raise InputError(f"input {name!r} is a scalar; pass a batch of shape "
                              f"{_dims(spec.shape)}")
-        _check_shape(name, spec, tuple(t.shape[1:]), None)
+        _check_shape(name, spec, tuple(shape[1:]), None)
         if spec.finite or spec.range is not None or (
                 spec.dtype not in FLOAT_DTYPES and t.is_floating_point()):
             _check_values(name, spec, t)
         for i, dim in enumerate(spec.shape[1:], start=1):
             if isinstance(dim, str) and dim not in lengths:
-                lengths[dim] = np.full(len(t), t.shape[i], dtype=np.int64)
-        fields[name], counts[name] = t, len(t)
-    if len(set(counts.values())) != 1:
-        raise InputError(f"run_batch inputs disagree on the number of records: {counts}")
-    return ApiBatch(fields, counts[name], {a: lengths.get(a, np.zeros(0, np.int64))
-                                           for a in axes[1:]}, True)
+                lengths[dim] = np.full(shape[0], shape[i], dtype=np.int64)
+        if n is None:
+            n = shape[0]
+        elif shape[0] != n:
+            counts = {k: inputs[k].shape[0] if inputs[k].dim() else 0 for k in specs}
+            raise InputError(f"run_batch inputs disagree on the number of records: {counts}")
+        fields[name] = t
+    return ApiBatch(fields, n, {a: lengths.get(a, np.zeros(0, np.int64)) for a in axes[1:]},
+                    True)
 
 
 def _check_shape(name: str, spec: InputSpec, shape: tuple, record: int | None) -> None:
@@ -125,14 +131,27 @@ def _check_values(name: str, spec: InputSpec, value) -> None:
             raise InputError(f"input {name!r} holds NaN or Inf (inputs.{name}.finite is true)")
     if spec.range is not None:
         lo, hi = spec.range
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, torch.Tensor) and value.is_cuda:
             # one transfer of both values: on the device, one wait for them
             low, high = torch.stack(torch.aminmax(value)).tolist()
+        elif isinstance(value, torch.Tensor):
+            low, high = _host_bounds(value)
         else:
             low, high = value.min(), value.max()
         if low < lo or high >= hi:
             raise InputError(f"input {name!r} holds values outside its range [{lo:g}, "
                              f"{hi:g}) (min {low}, max {high})")
+
+
+def _host_bounds(t: torch.Tensor) -> tuple:
+    """(min, max) of a host tensor: a few integers read as Python values (no torch op, a
+    batch of a few tokens), else one reduction."""
+    if t.numel() <= FEW and not t.is_floating_point():
+        values = t.tolist()
+        for _ in range(t.dim() - 1):
+            values = [x for row in values for x in row]
+        return min(values), max(values)
+    return tuple(x.item() for x in torch.aminmax(t))
 
 
 def _to_numpy(t: torch.Tensor) -> np.ndarray:

@@ -17,12 +17,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from graphrun.base.errors import GraphrunError
 from graphrun.engine.timing import noise_floor_us, percentiles, spread_warning
 from graphrun.write.disk import write_failure, write_remedy
 from graphrun.write.folder import FilesHash, model_files, write_fingerprint
 from graphrun.write.journal import InputHash
-from graphrun.manifest.keys import (FileEntry, Manifest, Totals, all_rejected, environment,
-                                    spec_digest, write_manifest)
+from graphrun.manifest.keys import (Digests, FileEntry, Manifest, Totals, all_rejected,
+                                    environment, spec_digest, write_manifest)
 from graphrun.manifest.sections import BucketPhases, Phase, Phases
 from graphrun.engine.padding import position_ratios
 from graphrun.base.phases import PART_PHASES, PhaseClock, phase
@@ -35,6 +36,10 @@ class Digest(Protocol):
     def result(self) -> Any: ...
 
     def stop(self) -> Any: ...
+
+    @property
+    def source(self) -> Any:
+        """Where the digest came from (manifest.keys.Digests), shaped as result()."""
 
 
 @dataclass(frozen=True)
@@ -178,7 +183,7 @@ class RunRecord:
             return None
         return f"{'overlapped' if self.overlapped else 'serial'}: {self.overlap_how}"
 
-    def manifest(self, runner, input_hash_s: float) -> Manifest:
+    def manifest(self, runner, input_hash_s: float, digests: Digests | None = None) -> Manifest:
         spec = self.spec
         ps = spec.report.percentiles
         buckets, capture_s, capture_mem, rows_run, padded = [], 0.0, 0, 0, 0
@@ -230,7 +235,7 @@ class RunRecord:
             rejects={"path": "rejects.jsonl" if (self.out_dir / "rejects.jsonl").exists()
                      else None, "count": self.rejected},
             resumed_from=self.resumed_from, warnings=self.warnings,
-            bucket_plan=self.bucket_plan,
+            bucket_plan=self.bucket_plan, digests=digests,
             grouping=self.padding.report() if self.padding else None, phases=self.phases(),
             generation=(runner.generation_section(
                 ps, self.rejected, truncated=self.cuts.count if self.cuts else 0)
@@ -262,16 +267,32 @@ class RunResources:
         hashes = hashes or RunHashes.own(spec.data.path, self.model_files)
         self.input_hash, self.model_hash = hashes.input, hashes.model
         self.place = None  # a job's worker: where its shards go (journal.ShardPlace)
+        self.fingerprint = None  # run.json's, once record_hashes wrote it
         self.runner = self.writer = self.latencies = self.reader = None  # open while streaming
 
     def record_hashes(self, record: RunRecord, fingerprint: dict) -> None:
-        """run.json gets the input's and model's hashes, waited for: before the stream starts,
-        so before any journal line (a run.json without them means nothing was committed)."""
+        """run.json gets the input's hash, waited for before the stream starts (hashing the
+        file beside the stream would slow its reads), and the model's before the first shard
+        is handed to the committer, so before any journal line (a run.json without them means
+        nothing was committed): a large model's files are hashed beside the stream."""
         with phase("input hash wait"):
             fingerprint["input_sha256"] = record.input_sha = self.input_hash.result()
-            fingerprint["model_sha256"] = self.model_hash.result()
         with phase("output folder"):
             write_fingerprint(self.out_dir, fingerprint)
+        self.fingerprint, then = fingerprint, self.writer.on_hand_over
+
+        def model_hashed() -> None:  # on the writer's thread, before a shard's commit
+            self.record_model_hash()
+            if then is not None:
+                then()
+
+        self.writer.on_hand_over = model_hashed
+
+    def record_model_hash(self) -> None:
+        """The model's hash into run.json, once (record_hashes)."""
+        if self.fingerprint is not None and self.fingerprint["model_sha256"] is None:
+            self.fingerprint["model_sha256"] = self.model_hash.result()
+            write_fingerprint(self.out_dir, self.fingerprint)
 
     def close_outputs(self, record: RunRecord, progress) -> None:
         """The reader stopped, latencies.jsonl closed, the writer's last shard committed."""
@@ -304,12 +325,18 @@ class RunResources:
         record.stream_s = time.perf_counter() - record.stream_t0 if record.stream_t0 else 0.0
         with phase("drain and fsync"):
             self.close_outputs(record, progress)
+        if record.status == "completed":  # one that committed no shard: --resume finds it done
+            try:
+                self.record_model_hash()
+            except (GraphrunError, OSError):  # run.json without it: a --resume hashes again
+                pass
         # the manifest's input hash: known once streaming started; a run that failed before
         # (in setup, say) stops the hashing instead of waiting for it
         record.input_sha = self.input_hash.stop()
         record.settle_counts()
         with phase("manifest write"):  # the run's end: the manifest's content complete
-            manifest = record.manifest(self.runner, self.input_hash.waited_s)
+            manifest = record.manifest(self.runner, self.input_hash.waited_s, Digests(
+                input=self.input_hash.source, model=self.model_hash.source))
         path = self.out_dir / "manifest.json"
         try:
             write_manifest(manifest, path)

@@ -253,6 +253,24 @@ class FileEntry(_M):
     bytes: int
 
 
+DigestSource = Literal["read", "cache", "job"]
+
+
+class Digests(_M):
+    """Where the run's sha256 of its input and of its model's files came from: --resume
+    compares them, and reading a large file to hash it can outlast a short job's setup."""
+
+    input: Optional[DigestSource] = Field(
+        None, description="read: the file was read and hashed (beside setup); cache: its "
+        "digest was kept from an earlier run of the same file, by its real path, size, "
+        "modification time (ns), inode and device (GRAPHRUN_HASH_CACHE; files of 64 MiB and "
+        "more); job: the job's publisher (the --gpus parent, rank 0) hashed it for its "
+        "workers; null: not known (the run ended before).")
+    model: dict[str, Optional[DigestSource]] = Field(
+        default_factory=dict, description="The same per model file, by role (weights, "
+        "exported, torchscript, target, hf/<file>), as run.json's model_sha256.")
+
+
 class Manifest(_M):
     manifest_version: Literal[1] = MANIFEST_VERSION
     status: Literal["completed", "interrupted", "failed"]
@@ -278,6 +296,9 @@ class Manifest(_M):
                                          "padding it saved; null when off.")
     phases: Optional[Phases] = Field(None, description="The process's time as named "
                                      "phases; null in manifests of older graphrun.")
+    digests: Optional[Digests] = Field(None, description="Where the input's and the model "
+                                       "files' sha256 came from; null in manifests of older "
+                                       "graphrun and of a job of several workers.")
     generation: Optional[Generation] = Field(
         None, description="A generation job's tokens, times and graphs (a spec with "
         "generate:); null for one forward pass per record.")

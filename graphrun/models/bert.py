@@ -5,7 +5,8 @@ Parameters carry transformers' names (embeddings.word_embeddings.weight,
 encoder.layer.0.attention.self.query.weight, ...), so the checkpoint loads as saved, and the
 arithmetic is BertModel's: embeddings summed then normed, post-norm layers, exact GELU, the
 tanh pooler on the first token. forward takes BertModel's input names and returns its two
-fields, last_hidden_state and pooler_output, as a dict (models/call.py names the outputs);
+fields, last_hidden_state and pooler_output, as a dict (models/call.py names the outputs), or
+last_hidden_state alone for an encoder saved without its pooler that no output reads;
 BertForSequenceClassification (a classifier, a cross-encoder) returns its logits. Equal to
 transformers' classes within float rounding (tests/test_bert_native.py).
 """
@@ -28,6 +29,8 @@ CLASSIFIERS = ("AutoModelForSequenceClassification", "BertForSequenceClassificat
 ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu}
 PREFIX = "bert."  # a task model's checkpoint (BertForMaskedLM, ...) holds its encoder so
 HEADS = ("cls.", "classifier.", "qa_outputs.")  # a task model's heads: not the encoder's
+POOLER = "pooler."  # the tanh pooler's weights, which add_pooling_layer=False does not save
+POOLED = "pooler_output"
 POSITION_IDS = "embeddings.position_ids"  # a buffer older transformers saved
 
 
@@ -123,12 +126,15 @@ class Pooler(nn.Module):
 
 
 class Bert(nn.Module):
-    def __init__(self, shape: BertShape):
+    """pooler False: an encoder saved without its pooler, which returns last_hidden_state
+    alone (find_bert builds it so only where no output reads pooler_output)."""
+
+    def __init__(self, shape: BertShape, pooler: bool = True):
         super().__init__()
         self.shape = shape
         self.embeddings = Embeddings(shape)
         self.encoder = Encoder(shape)
-        self.pooler = Pooler(shape)
+        self.pooler = Pooler(shape) if pooler else None
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None,
@@ -149,8 +155,9 @@ class Bert(nn.Module):
             mask = keys[:, None, None, :]
         for layer in self.encoder.layer:
             x = layer(x, mask)
-        pooled = torch.tanh(self.pooler.dense(x[:, 0]))
-        return {"last_hidden_state": x, "pooler_output": pooled}
+        if self.pooler is None:
+            return {"last_hidden_state": x}
+        return {"last_hidden_state": x, POOLED: torch.tanh(self.pooler.dense(x[:, 0]))}
 
 
 def bert_shape(config: dict) -> BertShape | str:
@@ -204,16 +211,30 @@ class BertCheckpoint:
     files: list[Path]
     labels: int | None  # a sequence classifier's; None for the encoder alone
     prefix: str  # "bert." where a task model saved the encoder loaded alone, else ""
+    pooler: bool = True  # False: saved without it, and built without it
 
 
-def _build(shape: BertShape, labels: int | None) -> nn.Module:
-    return Bert(shape) if labels is None else BertClassifier(shape, labels)
+def _build(shape: BertShape, labels: int | None, pooler: bool = True) -> nn.Module:
+    return Bert(shape, pooler) if labels is None else BertClassifier(shape, labels)
 
 
-def find_bert(folder: str | Path, class_: str, kwargs: dict) -> BertCheckpoint | str:
+def reads_pooler(outputs: dict) -> list[str]:
+    """The names of the spec's outputs (name -> OutputSpec) that read BertModel's
+    pooler_output: by name, by from, or by its tuple position (1, -1) in the return."""
+    def reads(name, o) -> bool:
+        field = o.from_ if o.reduced else name
+        return field == POOLED or (isinstance(field, int) and field in (1, -1))
+    return [name for name, o in outputs.items() if reads(name, o)]
+
+
+def find_bert(folder: str | Path, class_: str, kwargs: dict,
+              pooled_by: list[str] | None = None) -> BertCheckpoint | str:
     """The folder as a BertCheckpoint, or why graphrun's BERT cannot load it as transformers'
     BertModel or BertForSequenceClassification would: from config.json and the safetensors
-    headers only."""
+    headers only. pooled_by: the outputs that read pooler_output (reads_pooler); an encoder
+    saved without its pooler (and missing nothing else) is built without it where there are
+    none, and is an error where there are (transformers would make the pooler up at random);
+    None: not known, so every weight must be there."""
     if class_ not in ENCODERS + CLASSIFIERS:
         return f"class {class_} (graphrun's BERT loads {', '.join(ENCODERS + CLASSIFIERS)})"
     read = read_folder(folder, kwargs)
@@ -233,17 +254,26 @@ def find_bert(folder: str | Path, class_: str, kwargs: dict) -> BertCheckpoint |
         names = {n[len(PREFIX):] for n in names if n.startswith(PREFIX)}
     with on_meta():
         want = set(_build(shape, labels).state_dict())
-    if names != want:  # a missing pooler, say: transformers would make it up at random
+    pooler = True
+    if labels is None and pooled_by is not None and names < want and all(n.startswith(POOLER) for n in want - names):
+        if pooled_by:
+            raise ModelError(
+                f"model.hf {str(folder)!r} holds no pooler weights (saved with "
+                f"add_pooling_layer=False) but outputs.{pooled_by[0]} reads {POOLED}: read "
+                "last_hidden_state instead (from: last_hidden_state, with reduce: [cls_pool] "
+                "or [mean_pool]), or give a folder saved with its pooler")
+        pooler, want = False, names
+    if names != want:  # transformers would make up what is missing at random
         kind = "BertModel's" if labels is None else "BertForSequenceClassification's"
         return (f"the weights' names are not {kind} (missing {sorted(want - names)[:2]}, "
                 f"unexpected {sorted(names - want)[:2]})")
-    return BertCheckpoint(Path(folder), shape, files, labels, prefix)
+    return BertCheckpoint(Path(folder), shape, files, labels, prefix, pooler)
 
 
 def load_bert(found: BertCheckpoint, dtype: torch.dtype | None) -> nn.Module:
     """The checkpoint's weights in graphrun's BERT on the CPU, cast to `dtype` as read."""
     with on_meta():
-        model = _build(found.shape, found.labels)
+        model = _build(found.shape, found.labels, found.pooler)
     want = set(model.state_dict())
     weights = {}
     for name, t in load_tensors(found.files, "cpu").items():

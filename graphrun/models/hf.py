@@ -30,12 +30,13 @@ def require(module: str, what: str) -> Any:
                          f"({e}); install the extra: {EXTRA}") from None
 
 
-def load_hf(hf, base_dir: Path | None, dtype=None) -> nn.Module:
+def load_hf(hf, base_dir: Path | None, dtype=None, outputs: dict | None = None) -> nn.Module:
     """hf: the spec's HFModelSpec. The model on the CPU, read in `dtype` (model.dtype) unless
     hf.kwargs names one; build_model moves it. from_pretrained makes the parameters on the meta
-    device and skips their random init, as the weights replace them."""
+    device and skips their random init, as the weights replace them. outputs: the spec's,
+    which say whether graphrun's BERT may be built without a pooler the folder lacks."""
     where = resolve_path(hf.path, base_dir)
-    own, _ = encoder_checkpoint(hf, where)
+    own, _ = encoder_checkpoint(hf, where, outputs)
     if own is not None:
         from graphrun.models.bert import load_bert
 
@@ -89,18 +90,20 @@ def not_graphruns(hf, reason: str) -> ModelError:
                       "transformers")
 
 
-def encoder_checkpoint(hf, where: str):
+def encoder_checkpoint(hf, where: str, outputs: dict | None):
     """(graphrun's own encoder's checkpoint of the folder (models/bert.py), None) or (None, why
     transformers' class runs it): model.hf.implementation transformers, or auto on a folder
     graphrun's code cannot load as transformers would. implementation: graphrun on such a
-    folder is one error saying why."""
+    folder is one error saying why. outputs: the spec's (None: not known), for a folder
+    saved without its pooler."""
     if hf.implementation == "transformers":
         return None, None
-    from graphrun.models.bert import find_bert
+    from graphrun.models.bert import find_bert, reads_pooler
 
     folder, found = local_folder(hf, where)
     if folder is not None:
-        found = find_bert(folder, hf.class_, hf.kwargs)
+        found = find_bert(folder, hf.class_, hf.kwargs,
+                          None if outputs is None else reads_pooler(outputs))
     if isinstance(found, str):
         if hf.implementation == "graphrun":
             raise not_graphruns(hf, found)
@@ -116,7 +119,8 @@ def model_code(spec) -> tuple[str | None, str | None]:
     if hf is None:
         return None, None
     try:
-        found, reason = encoder_checkpoint(hf, resolve_path(hf.path, spec.base_dir))
+        found, reason = encoder_checkpoint(hf, resolve_path(hf.path, spec.base_dir),
+                                           spec.outputs)
     except ModelError:  # the build reports it
         return None, None
     return ("graphrun", None) if found is not None else ("transformers", reason)

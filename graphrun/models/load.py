@@ -60,7 +60,7 @@ def build_model(spec: PipelineSpec, device: torch.device,
     elif m.exported is not None:
         model = _load_exported(m.exported, device)
     elif m.hf is not None:
-        model = load_hf(m.hf, base_dir, torch_dtype(m.dtype))
+        model = load_hf(m.hf, base_dir, torch_dtype(m.dtype), spec.outputs)
     elif m.timm is not None:
         with params_on_meta(empty):
             model = load_timm(m.timm)

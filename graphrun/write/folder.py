@@ -147,6 +147,11 @@ class FilesHash:
     def waited_s(self) -> float:
         return sum(h.waited_s for h in self.hashes.values())
 
+    @property
+    def source(self) -> dict[str, str | None]:
+        """Per file, where its digest came from (InputHash.source)."""
+        return {name: h.source for name, h in self.hashes.items()}
+
     def result(self) -> dict[str, str]:
         try:
             return {name: h.result() for name, h in self.hashes.items()}

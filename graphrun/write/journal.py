@@ -141,6 +141,9 @@ class InputHash:
     def __init__(self, path: Path):
         self.path = path
         self.waited_s = 0.0  # how long callers waited in result()
+        # where the digest came from: "cache" (kept from an earlier run, digests.py), "read"
+        # (the file read and hashed), None while not known
+        self.source: str | None = None
         self._digest: str | None = None
         self._error: BaseException | None = None
         self._stop = threading.Event()
@@ -159,9 +162,11 @@ class InputHash:
             key = digests.stat_key(self.path)  # a large file unchanged since it was hashed:
             self._digest = digests.known(key)  # its digest, not its bytes read again
             if self._digest is not None:
+                self.source = "cache"
                 return
             if not sys.executable:  # embedded without an interpreter to start: hash here
                 self._digest = sha256_file(self.path)
+                self.source = "read"
                 digests.keep(self.path, key, self._digest)
                 return
             with self._lock:
@@ -178,6 +183,7 @@ class InputHash:
                 lines = err.strip().splitlines()
                 raise OSError(lines[-1] if lines else f"exit status {self._proc.returncode}")
             self._digest = out.strip()
+            self.source = "read"
             digests.keep(self.path, key, self._digest)
         except BaseException as err:  # noqa: BLE001 - raised by result()
             self._error = err

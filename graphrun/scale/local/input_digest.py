@@ -186,7 +186,7 @@ class SharedHash:
     def __init__(self, record: SharedRecord, part: str, files: dict[str, Path]):
         self.record, self.part, self.files = record, part, files
         self.waited_s = 0.0  # how long the run waited in result()
-        self._own: dict | None = None  # hashed here: the record named other files
+        self._own: FilesHash | None = None  # hashed here: the record named other files
 
     def _shaped(self, digests: dict):
         return digests["input"] if self.part == "input" else digests
@@ -208,7 +208,8 @@ class SharedHash:
                                  f"{PARTS[self.part]} for the job's workers: {why}")
             digests = self._mine(got)
             if digests is None:  # found elsewhere by the publisher (its sys.path, say)
-                digests = self._own = FilesHash(self.files).result()
+                self._own = FilesHash(self.files)
+                digests = self._own.result()
             return self._shaped(digests)
         finally:
             self.waited_s += time.perf_counter() - t0
@@ -218,8 +219,19 @@ class SharedHash:
 
     def stop(self):
         """The digest if it is known, else None (nothing of this process to stop)."""
-        digests = self._own or self._mine(self.record.peek(self.part))
+        digests = self._own.stop() if self._own else self._mine(self.record.peek(self.part))
         return self._shaped(digests or {role: None for role in self.files})
+
+    @property
+    def source(self):
+        """Where the digests came from, shaped as result(): "job" where the publisher's
+        record gave them, else this process's own hashing's (InputHash.source)."""
+        if self._own is not None:
+            sources = self._own.source
+        else:
+            known = self._mine(self.record.peek(self.part)) is not None
+            sources = {role: "job" if known else None for role in self.files}
+        return self._shaped(sources)
 
 
 def worker_hashes(top: Path, spec, parent: int | None, rank0: tuple | None) -> RunHashes:

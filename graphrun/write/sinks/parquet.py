@@ -40,16 +40,24 @@ class ParquetSink:
             raise OutputError("output 'id' clashes with the record id in parquet; rename it")
 
     def add(self, ids, outputs: dict) -> None:
-        records = {name: list(v) for name, v in outputs.items()}  # per-record arrays (views)
-        sizes = np.sum([[np.asarray(r).nbytes for r in rs] for rs in records.values()], axis=0)
+        if all(isinstance(v, np.ndarray) for v in outputs.values()):
+            whole = sum(v.nbytes for v in outputs.values())
+            if self.bytes + whole < self.row_group_bytes:  # no row reaches the cap: no cut
+                self.ids.add(ids)
+                for name, v in outputs.items():
+                    self.columns.setdefault(name, []).append(v)
+                self.bytes += whole
+                return
+        # per row, the bytes of all its outputs: where the row group is cut
+        sizes = np.sum([row_bytes(v) for v in outputs.values()], axis=0)
         start = 0
         while start < len(ids):
             filled = self.bytes + np.cumsum(sizes[start:])
             k = int(np.searchsorted(filled, self.row_group_bytes))  # first row reaching the cap
             stop = min(len(ids), start + k + 1)
             self.ids.add(ids[start:stop])
-            for name, rs in records.items():
-                self.columns.setdefault(name, []).extend(rs[start:stop])
+            for name, v in outputs.items():  # a batch's array (or its records' list), sliced
+                self.columns.setdefault(name, []).append(v[start:stop])
             self.bytes = int(filled[stop - start - 1])
             start = stop
             if k < len(filled):
@@ -57,7 +65,8 @@ class ParquetSink:
 
     def _flush(self) -> None:
         columns = {"id": self._id_column()}
-        columns.update((name, arrow_column(rs)) for name, rs in self.columns.items())
+        columns.update((name, arrow_column(joined(parts)))
+                       for name, parts in self.columns.items())
         table = pa.table(columns)
         if self.writer is None:
             self.writer = pq.ParquetWriter(self.tmp, table.schema)
@@ -89,8 +98,26 @@ class ParquetSink:
         return [(self.tmp, self.name)]
 
 
-def arrow_column(records: list) -> pa.Array:
-    """n per-record arrays of one ndim -> a scalar column (ndim 0) or nested list column."""
+def row_bytes(v) -> np.ndarray:
+    """[n] bytes of each row of one output: a batch's array [n, ...], or a list of records."""
+    if isinstance(v, np.ndarray):
+        return np.full(len(v), v.itemsize * int(np.prod(v.shape[1:])), np.int64)
+    return np.array([np.asarray(r).nbytes for r in v], np.int64)
+
+
+def joined(parts: list):
+    """A row group's batches of one output: one array [n, ...] where every batch is an array
+    of one shape (one copy, no Python per row), else the records' list."""
+    if all(isinstance(p, np.ndarray) for p in parts) and len({p.shape[1:] for p in parts}) == 1:
+        return np.concatenate(parts)
+    return [r for p in parts for r in (list(p) if isinstance(p, np.ndarray) else p)]
+
+
+def arrow_column(records) -> pa.Array:
+    """n per-record arrays of one ndim, or one array [n, ...] -> a scalar column (ndim 0) or
+    nested list column; the same column either way."""
+    if isinstance(records, np.ndarray):
+        return _dense_column(records)
     if np.ndim(records[0]) == 0:
         return pa.array(np.asarray(records))
     values = pa.array(np.concatenate([np.ravel(r) for r in records]))
@@ -100,5 +127,15 @@ def arrow_column(records: list) -> pa.Array:
         # One list per element of the axes before `axis`, each shapes[:, axis] long.
         lengths = np.repeat(shapes[:, axis], np.prod(shapes[:, :axis], axis=1))
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        column = pa.ListArray.from_arrays(pa.array(offsets), column)
+    return column
+
+
+def _dense_column(a: np.ndarray) -> pa.Array:
+    """arrow_column of the records a[0], a[1], ...: every list of an axis as long as it."""
+    column = pa.array(a.reshape(-1))
+    for axis in reversed(range(1, a.ndim)):
+        lists = int(np.prod(a.shape[:axis]))  # one list per element of the axes before
+        offsets = np.arange(lists + 1, dtype=np.int32) * np.int32(a.shape[axis])
         column = pa.ListArray.from_arrays(pa.array(offsets), column)
     return column
