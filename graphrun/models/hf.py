@@ -35,6 +35,9 @@ def load_hf(hf, base_dir: Path | None, dtype=None) -> nn.Module:
     hf.kwargs names one; build_model moves it. from_pretrained makes the parameters on the meta
     device and skips their random init, as the weights replace them."""
     where = resolve_path(hf.path, base_dir)
+    if not hf.trust_remote_code:
+        refuse_remote_code(local_folder(hf, where)[0], f"model.hf {hf.path!r}",
+                           "set model.hf.trust_remote_code: true")
     own, _ = encoder_checkpoint(hf, where)
     if own is not None:
         from graphrun.models.bert import load_bert
@@ -131,10 +134,50 @@ def import_model_code(transformers, cls, where: str, kwargs: dict) -> None:
     try:
         config = transformers.AutoConfig.from_pretrained(
             where, **{k: v for k, v in kwargs.items()
-                      if k in ("local_files_only", "cache_dir", "revision", "subfolder")})
+                      if k in ("local_files_only", "cache_dir", "revision", "subfolder",
+                               "trust_remote_code")})
         mapping[type(config)]
     except Exception:  # noqa: BLE001 - a missing or unknown config: from_pretrained says so
         pass
+
+
+def refuse_remote_code(folder: str | None, what: str, remedy: str) -> None:
+    """A folder whose config.json or tokenizer_config.json maps a class to the folder's own
+    Python files (auto_map) for a model_type transformers does not have: loading it runs that
+    code, so it is refused here, before transformers would ask on stdin."""
+    if folder is None:  # not found: from_pretrained says so, with trust_remote_code off
+        return
+    import json
+
+    maps = {}
+    for name in ("config.json", "tokenizer_config.json"):
+        try:
+            data = json.loads((Path(folder) / name).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and data.get("auto_map"):
+            maps[name] = data
+    if not maps:
+        return
+    kind = maps.get("config.json", {}).get("model_type")
+    if kind is not None and "tokenizer_config.json" not in maps:
+        known = require("transformers", what).models.auto.configuration_auto.CONFIG_MAPPING
+        if kind in known:  # transformers' own class loads it; the folder's code is not run
+            return
+    files = sorted({str(v).split(".")[0] + ".py" for data in maps.values()
+                    for v in _class_refs(data["auto_map"])})
+    raise ModelError(f"{what}: {' and '.join(maps)} in {folder} map classes to Python code "
+                     f"shipped in the folder ({', '.join(files) or 'auto_map'}), which graphrun "
+                     f"does not run unless allowed; read that code, then {remedy}")
+
+
+def _class_refs(auto_map) -> list[str]:
+    """auto_map's "module.Class" entries (a value may be a list, a tokenizer's pair)."""
+    refs = auto_map.values() if isinstance(auto_map, dict) else auto_map
+    out: list[str] = []
+    for ref in refs:
+        out.extend(r for r in (ref if isinstance(ref, list) else [ref]) if isinstance(r, str))
+    return [r.split("--")[-1] for r in out]
 
 
 def fast_tokenizer(folder: str):
@@ -147,8 +190,10 @@ def fast_tokenizer(folder: str):
         return tokenizers.Tokenizer.from_file(str(path))
     transformers = require("transformers", "data.text")
     try:
+        # a tokenizer's own Python is never run: refused by transformers, never asked on stdin
         return transformers.AutoTokenizer.from_pretrained(
-            folder, use_fast=True, local_files_only=True).backend_tokenizer
+            folder, use_fast=True, local_files_only=True, trust_remote_code=False
+        ).backend_tokenizer
     except Exception as e:  # noqa: BLE001 - OSError, ValueError: the files are wrong
         raise ModelError(f"data.text.tokenizer {folder!r}: no tokenizer.json and no fast "
                          f"tokenizer could be made ({type(e).__name__}: {e})") from e
