@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from graphrun.base.errors import ModelError, first_message
+from graphrun.models.checkpoint import CONFIG_REMEDY, tensor_headers, weight_files
+from graphrun.models.weights import Mismatch, allowed, held, weights_error
 from graphrun.spec.paths import resolve_path
 from graphrun.base.phases import LIBRARY_IMPORTS, phase
 
@@ -30,10 +32,12 @@ def require(module: str, what: str) -> Any:
                          f"({e}); install the extra: {EXTRA}") from None
 
 
-def load_hf(hf, base_dir: Path | None, dtype=None) -> nn.Module:
+def load_hf(hf, base_dir: Path | None, dtype=None, allow_missing: Sequence[str] = ()
+            ) -> nn.Module:
     """hf: the spec's HFModelSpec. The model on the CPU, read in `dtype` (model.dtype) unless
     hf.kwargs names one; build_model moves it. from_pretrained makes the parameters on the meta
-    device and skips their random init, as the weights replace them."""
+    device and skips their random init, as the weights replace them; a tensor the weights do
+    not give is an error unless allow_missing (model.allow_missing) names it."""
     where = resolve_path(hf.path, base_dir)
     if not hf.trust_remote_code:
         refuse_remote_code(local_folder(hf, where)[0], f"model.hf {hf.path!r}",
@@ -44,7 +48,8 @@ def load_hf(hf, base_dir: Path | None, dtype=None) -> nn.Module:
 
         return load_bert(own, dtype)
     # never downloaded, and remote code only as the spec's own key says, whatever kwargs hold
-    kwargs = {**hf.kwargs, "local_files_only": True, "trust_remote_code": hf.trust_remote_code}
+    kwargs = {**hf.kwargs, "local_files_only": True, "trust_remote_code": hf.trust_remote_code,
+              "output_loading_info": True}
     with phase(LIBRARY_IMPORTS.format("transformers")):  # imports, not the model's build
         transformers = require("transformers", "model.hf")
         cls = getattr(transformers, hf.class_, None)  # transformers imports classes lazily
@@ -60,7 +65,7 @@ def load_hf(hf, base_dir: Path | None, dtype=None) -> nn.Module:
     bar = transformers.utils.logging.is_progress_bar_enabled()
     transformers.utils.logging.disable_progress_bar()  # no "Loading weights" bar in our output
     try:
-        model = cls.from_pretrained(where, **kwargs)
+        model, loading = cls.from_pretrained(where, **kwargs)
     except Exception as e:  # noqa: BLE001 - OSError, ValueError, ...: all say what is missing
         text = first_message(e) or type(e).__name__
         raise ModelError(f"model.hf {hf.path!r}: {hf.class_}.from_pretrained failed with local "
@@ -70,10 +75,49 @@ def load_hf(hf, base_dir: Path | None, dtype=None) -> nn.Module:
     finally:
         if bar:
             transformers.utils.logging.enable_progress_bar()
+    differ = loading_mismatch(model, loading, local_folder(hf, where)[0], allow_missing)
+    if differ:
+        raise weights_error(f"model.hf {hf.path!r} ({hf.class_})", differ, CONFIG_REMEDY)
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "use_cache"):
         config.use_cache = False  # no KV cache object in the return: one step, static shapes
     return model
+
+
+def loading_mismatch(model, loading: dict, folder: str | None,
+                     allow_missing: Sequence[str]) -> Mismatch:
+    """transformers' loading report as models/weights.py's Mismatch: the tensors it left at
+    their random init (missing), dropped (unexpected: of the model's own modules; a task
+    model's head given to a base model is none of its weights) or reshaped; and, from the
+    folder's safetensors headers, those it cast from another kind of dtype."""
+    found = Mismatch(
+        missing=sorted(k for k in loading.get("missing_keys", ()) if not allowed(k, allow_missing)),
+        unexpected=sorted(k for k in loading.get("unexpected_keys", ()) if _owned(model, k)),
+        reshaped=sorted(f"{k}: saved {list(a)}, model {list(b)}"
+                        for k, a, b in loading.get("mismatched_keys", ())))
+    found.unexpected += [str(m) for m in loading.get("error_msgs", ())]
+    files = weight_files(folder) if folder is not None else "no folder"
+    headers = tensor_headers(files) if not isinstance(files, str) else {}
+    if isinstance(headers, dict) and headers:
+        have = held(model.state_dict())
+        prefix = getattr(model, "base_model_prefix", "") + "."
+        for name, saved in sorted(headers.items()):
+            key = next((k for k in (name, prefix + name, name.removeprefix(prefix))
+                        if k in have), None)
+            if key is not None and have[key].kind != saved.kind:
+                found.retyped.append(f"{name}: saved {saved.dtype}, model {have[key].dtype}")
+    return found
+
+
+def _owned(model, key: str) -> bool:
+    """Whether a checkpoint's tensor falls in one of the model's own modules (under its
+    base_model_prefix or not), not in another task's head."""
+    children = {name for name, _ in model.named_children()}
+    prefix = getattr(model, "base_model_prefix", "")
+    head = key.split(".")[0]
+    if head == prefix and head not in children:
+        head = key.split(".")[1] if key.count(".") else head
+    return head in children
 
 
 def local_folder(hf, where: str) -> tuple[str | None, str | None]:
