@@ -257,3 +257,16 @@ def test_model_weights_are_checked_as_a_folders_are(tmp_path):
     model = build_model(mlp(tmp_path / "w.safetensors", allow_missing=[name]), cpu)
     rest = model.state_dict()
     assert all(torch.equal(rest[k], v) for k, v in state.items() if k != name)
+
+
+@pytest.mark.parametrize("content,problem", [
+    ((TINY / "tokenizer.json").read_bytes()[:500], "EOF while parsing"),
+    (b"", "EOF while parsing"),
+    (b"[1, 2]", "invalid type: sequence"),
+    (b'{"version": "\xff"}', "valid UTF-8"),
+], ids=["truncated", "empty", "list", "invalid-utf8"])
+def test_a_bad_tokenizer_json_is_one_message_naming_the_file(tmp_path, content, problem):
+    folder = tiny_copy(tmp_path)
+    (folder / "tokenizer.json").write_bytes(content)
+    message = refused(generation_spec(tmp_path, folder), problem)
+    assert str(folder / "tokenizer.json") in message

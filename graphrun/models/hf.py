@@ -231,7 +231,13 @@ def fast_tokenizer(folder: str):
     tokenizers = require("tokenizers", "data.text")
     path = Path(folder) / "tokenizer.json"
     if path.is_file():
-        return tokenizers.Tokenizer.from_file(str(path))
+        try:
+            return tokenizers.Tokenizer.from_file(str(path))
+        except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception
+            raise ModelError(f"{path}: not a tokenizer the tokenizers library reads "
+                             f"({first_message(e) or type(e).__name__}); save it again with "
+                             "tokenizer.save_pretrained, or name another folder in "
+                             "data.text.tokenizer") from None
     transformers = require("transformers", "data.text")
     try:
         # a tokenizer's own Python is never run: refused by transformers, never asked on stdin
