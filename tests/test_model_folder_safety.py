@@ -17,6 +17,7 @@ import yaml
 pytest.importorskip("transformers")
 
 from tests.children import child_env  # noqa: E402
+from tests.test_generate_native import write_spec  # noqa: E402
 
 EVIL_CONFIG = """import pathlib
 pathlib.Path({marker!r}).write_text("ran")
@@ -95,23 +96,6 @@ def tiny_copy(tmp_path: Path, **config) -> Path:
     return folder
 
 
-def generation_spec(tmp_path: Path, folder: Path, **hf) -> Path:
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"id": i, "prompt": t}) + "\n"
-                               for i, t in enumerate(["the cat sat", "a dog"])))
-    spec = {"version": 1, "name": "gen", "device": "cpu",
-            "model": {"hf": {"path": str(folder), "class": "AutoModelForCausalLM", **hf},
-                      "dtype": "float32"},
-            "data": {"path": str(prompts), "id_field": "id", "text": {"field": "prompt"},
-                     "batch_size": 2},
-            "generate": {"max_new_tokens": 2},
-            "buckets": {"batch": [2], "seq": [8]},
-            "output": {"dir": str(tmp_path / "out"), "format": "jsonl"}}
-    path = tmp_path / "gen.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
-
-
 def refused(spec: Path, pattern: str) -> str:
     """graphrun.run of the spec is one ModelError matching pattern, before any output."""
     import graphrun
@@ -145,15 +129,15 @@ LAYERS = [(3, r"missing \(model\.layers\.2\.", r"missing \(model\.layers\.2\."),
 def test_a_config_whose_layers_the_weights_lack_or_exceed_never_runs(tmp_path, layers, ours,
                                                                      theirs):
     folder = tiny_copy(tmp_path, num_hidden_layers=layers)
-    refused(generation_spec(tmp_path, folder), ours)  # implementation: auto
-    refused(generation_spec(tmp_path, folder, implementation="transformers"), theirs)
+    refused(write_spec(tmp_path, folder), ours)  # implementation: auto
+    refused(write_spec(tmp_path, folder, implementation="transformers"), theirs)
 
 
 @pytest.mark.parametrize("implementation", ["auto", "transformers"])
 def test_integers_relabelled_as_floats_in_a_header_are_refused(tmp_path, implementation):
     folder = tiny_copy(tmp_path)
     relabel(folder / "model.safetensors", "model.norm.weight", "F32", "I32")
-    refused(generation_spec(tmp_path, folder, implementation=implementation),
+    refused(write_spec(tmp_path, folder, implementation=implementation),
             r"of another kind of dtype \(model\.norm\.weight: saved I32, model torch\.float32\)")
 
 
@@ -161,14 +145,14 @@ def test_a_transposed_tensor_or_another_vocabulary_is_one_error_naming_the_tenso
     from safetensors.torch import load_file, save_file
 
     folder = tiny_copy(tmp_path, vocab_size=10**12)
-    refused(generation_spec(tmp_path, folder), r"model\.embed_tokens\.weight: saved \[512, 64\], "
+    refused(write_spec(tmp_path, folder), r"model\.embed_tokens\.weight: saved \[512, 64\], "
                                                r"model \[1000000000000, 64\]")
     folder = tiny_copy(tmp_path / "t")
     tensors = load_file(str(folder / "model.safetensors"))
     name = "model.layers.0.mlp.down_proj.weight"
     tensors[name] = tensors[name].T.contiguous()
     save_file(tensors, str(folder / "model.safetensors"))
-    refused(generation_spec(tmp_path / "t", folder),
+    refused(write_spec(tmp_path / "t", folder),
             rf"{name}: saved \[128, 64\], model \[64, 128\]")
 
 
@@ -179,7 +163,7 @@ def test_a_transposed_tensor_or_another_vocabulary_is_one_error_naming_the_tenso
 def test_an_absurd_size_in_config_json_is_one_message_naming_the_file(tmp_path, change,
                                                                      pattern):
     folder = tiny_copy(tmp_path, **change)
-    message = refused(generation_spec(tmp_path, folder), pattern)
+    message = refused(write_spec(tmp_path, folder), pattern)
     assert str(folder) in message and "config.json" in message
 
 
@@ -268,5 +252,5 @@ def test_model_weights_are_checked_as_a_folders_are(tmp_path):
 def test_a_bad_tokenizer_json_is_one_message_naming_the_file(tmp_path, content, problem):
     folder = tiny_copy(tmp_path)
     (folder / "tokenizer.json").write_bytes(content)
-    message = refused(generation_spec(tmp_path, folder), problem)
+    message = refused(write_spec(tmp_path, folder), problem)
     assert str(folder / "tokenizer.json") in message
