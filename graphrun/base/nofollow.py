@@ -52,7 +52,12 @@ def open_fd(path: str | os.PathLike, flags: int, mode: int = 0o666) -> int:
 
 def open_file(path: str | os.PathLike, mode: str, **kwargs: Any) -> IO:
     """open(path, mode) for mode w, a or r+ (with b for bytes), without following links."""
-    return os.fdopen(open_fd(path, _FLAGS[mode.replace("b", "")]), mode, **kwargs)
+    fd = open_fd(path, _FLAGS[mode.replace("b", "")])
+    try:
+        return open(fd, mode, **kwargs)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def refuse_links(folder: Path, names) -> None:
