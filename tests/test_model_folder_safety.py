@@ -254,3 +254,18 @@ def test_a_bad_tokenizer_json_is_one_message_naming_the_file(tmp_path, content, 
     (folder / "tokenizer.json").write_bytes(content)
     message = refused(write_spec(tmp_path, folder), problem)
     assert str(folder / "tokenizer.json") in message
+
+
+def test_a_tokenizer_folder_with_its_own_code_is_refused_unless_allowed(tmp_path):
+    from graphrun.base.errors import ModelError
+    from graphrun.models.hf import fast_tokenizer
+
+    folder, marker = evil_folder(tmp_path)
+    (folder / "tokenizer.json").unlink()
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"auto_map": {"AutoTokenizer": ["tokenization_evil.EvilTokenizer", None]}}))
+    (folder / "tokenization_evil.py").write_text(EVIL_CONFIG.format(marker=str(marker)))
+    with pytest.raises(ModelError, match=r"tokenizer_config.json .*tokenization_evil.py.*"
+                                         r"model.hf.trust_remote_code: true"):
+        fast_tokenizer(str(folder), trust_remote_code=False)
+    assert not marker.exists()

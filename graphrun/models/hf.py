@@ -224,10 +224,11 @@ def _class_refs(auto_map) -> list[str]:
     return [r.split("--")[-1] for r in out]
 
 
-def fast_tokenizer(folder: str):
+def fast_tokenizer(folder: str, trust_remote_code: bool):
     """The folder's fast tokenizer (a `tokenizers.Tokenizer`): its tokenizer.json, else the
-    slow tokenizer's files converted by transformers. A new object each call: callers set its
-    padding and truncation."""
+    slow tokenizer's files converted by transformers, running the folder's own Python only
+    where trust_remote_code (remote_code(spec)) allows it. A new object each call: callers set
+    its padding and truncation."""
     tokenizers = require("tokenizers", "data.text")
     path = Path(folder) / "tokenizer.json"
     if path.is_file():
@@ -239,14 +240,22 @@ def fast_tokenizer(folder: str):
                              "tokenizer.save_pretrained, or name another folder in "
                              "data.text.tokenizer") from None
     transformers = require("transformers", "data.text")
+    if not trust_remote_code:
+        refuse_remote_code(folder, f"data.text tokenizer {folder!r}",
+                           "set model.hf.trust_remote_code: true")
     try:
-        # a tokenizer's own Python is never run: refused by transformers, never asked on stdin
+        # passed either way: left out, transformers would ask on stdin
         return transformers.AutoTokenizer.from_pretrained(
-            folder, use_fast=True, local_files_only=True, trust_remote_code=False
+            folder, use_fast=True, local_files_only=True, trust_remote_code=trust_remote_code
         ).backend_tokenizer
     except Exception as e:  # noqa: BLE001 - OSError, ValueError: the files are wrong
         raise ModelError(f"data.text.tokenizer {folder!r}: no tokenizer.json and no fast "
                          f"tokenizer could be made ({type(e).__name__}: {e})") from e
+
+
+def remote_code(spec) -> bool:
+    """Whether the spec lets a model folder's own Python run: model.hf.trust_remote_code."""
+    return spec.model.hf is not None and spec.model.hf.trust_remote_code
 
 
 def tokenizer_folder(spec) -> str:

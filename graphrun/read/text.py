@@ -53,12 +53,13 @@ def max_length(spec: PipelineSpec, folder: str) -> int:
 
 
 @functools.lru_cache(maxsize=8)
-def _tokenizer(folder: str, length: int, truncate: bool, direction: str = "right"):
+def _tokenizer(folder: str, length: int, truncate: bool, direction: str = "right",
+               trust_remote_code: bool = False):
     """A fast tokenizer without padding (the buckets pad), truncating at `length` if asked:
     from the right, or from the left for a generation job's prompts (their end is kept)."""
     from graphrun.models.hf import fast_tokenizer
 
-    tok = fast_tokenizer(folder)
+    tok = fast_tokenizer(folder, trust_remote_code)
     tok.no_padding()
     if truncate:
         tok.enable_truncation(length, direction=direction)
@@ -73,7 +74,7 @@ def tokenize(spec: PipelineSpec, columns: list[list]
     Field per input (one int array per record), reasons by position, and the positions whose
     text truncate cut (the tokenizer kept what it cut in `overflowing`). A pair is encoded as
     the tokenizer's text pair, cut longest first as transformers' truncation=True cuts it."""
-    from graphrun.models.hf import tokenizer_folder
+    from graphrun.models.hf import remote_code, tokenizer_folder
 
     text = spec.data.text
     folder = tokenizer_folder(spec)
@@ -87,7 +88,8 @@ def tokenize(spec: PipelineSpec, columns: list[list]
     blank = ("", "") if text.pair else ""
     items = [blank if p in problems else row for p, row in enumerate(rows)] if problems else rows
     cut_from = "left" if spec.generate is not None else "right"
-    encodings = _tokenizer(folder, length, text.truncate, cut_from).encode_batch(items)
+    encodings = _tokenizer(folder, length, text.truncate, cut_from,
+                           remote_code(spec)).encode_batch(items)
     if not text.truncate:
         for p, enc in enumerate(encodings):
             if p not in problems and len(enc.ids) > length:
