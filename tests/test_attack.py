@@ -344,8 +344,9 @@ class DiskFull:
 
         def full_open(file, mode="r", *a, **k):
             f = real_open(file, mode, *a, **k)
-            mine = isinstance(file, (str, Path)) and str(file).startswith(disk.folder)
-            return Full(f) if mine and any(c in mode for c in "wax+") else f
+            ours = (mine(file) if isinstance(file, int)  # a descriptor: base/nofollow.py's
+                    else isinstance(file, (str, Path)) and str(file).startswith(disk.folder))
+            return Full(f) if ours and any(c in mode for c in "wax+") else f
 
         def mine(fd):
             try:

@@ -389,3 +389,30 @@ def test_parquet_with_a_damaged_page_is_an_input_error(tmp_path):
     result = cli("run", spec, "-q")
     assert result.exit_code == 2 and result.output.startswith("error: data.parquet: ")
     assert manifest(tmp_path / "out")["status"] == "failed"
+
+
+def test_ids_ending_in_nul_are_refused_for_npy_naming_the_record(tmp_path):
+    """numpy's fixed-width strings drop trailing NULs: 'a' and 'a\\x00' would both be 'a'."""
+    ids = ["a", "a\x00", "b", "b\x00\x00"]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({**good(i), "id": rid}) + "\n"
+                            for i, rid in enumerate(ids)))
+
+    def spec(on_bad_record: str, fmt: str) -> Path:
+        s = mixed_spec(str(data), on_bad_record=on_bad_record, fmt=fmt)
+        del s["outputs"]["s"]  # npy holds no per-record axis
+        return write_spec(tmp_path, s)
+
+    result = cli("run", spec("error", "npy"))
+    assert result.exit_code != 0
+    assert "record 'a\\x00'" in result.output and "ends in NUL" in result.output
+    assert cli("run", spec("skip", "npy"), "--overwrite").exit_code == 0
+    written = np.concatenate([np.load(p) for p in sorted((tmp_path / "out").glob("*.ids.npy"))])
+    assert written.tolist() == ["a", "b"]
+    rejects = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").open()]
+    assert [r["id"] for r in rejects] == ["a\x00", "b\x00\x00"]
+    assert all("ends in NUL" in r["reason"] for r in rejects)
+    assert cli("run", spec("error", "jsonl"), "--overwrite").exit_code == 0  # ids kept as is
+    got = [json.loads(line)["id"] for p in sorted((tmp_path / "out").glob("part-*.jsonl"))
+           for line in p.open()]
+    assert got == ids

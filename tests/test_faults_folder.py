@@ -203,10 +203,12 @@ def test_a_failed_rejects_write_fails_the_run_and_resume_accounts_for_every_reco
     out = tmp_path / "out"
     spec = graphrun.load_spec(job)
 
-    def failing_open(path, *args, **kwargs):
-        return FailingFile(open(path, *args, **kwargs), fail_at, err)
+    from graphrun.base.nofollow import open_file
 
-    monkeypatch.setattr(graphrun.write.shards, "open", failing_open, raising=False)
+    def failing_open(path, *args, **kwargs):
+        return FailingFile(open_file(path, *args, **kwargs), fail_at, err)
+
+    monkeypatch.setattr(graphrun.write.shards, "open_file", failing_open)
     with pytest.raises(OutputError, match="rejects.jsonl|No space|Input/output"):
         graphrun.run(spec, out=out, overlap=overlap)
     monkeypatch.undo()

@@ -288,15 +288,16 @@ def test_weights_key_mismatch_lists_keys(tmp_path):
     with pytest.raises(ModelError) as err:
         build_model(mlp_spec(tmp_path / "w.pt", layers=1), CPU)
     msg = str(err.value)
-    assert "model.weights" in msg and "keys do not match the model" in msg
-    assert "8 unexpected (e.g. blocks.1.fc.bias, blocks.1.fc.weight, blocks.1.norm.bias" in msg
+    assert "model.weights" in msg and "the saved weights are not the model's" in msg
+    assert "8 unexpected (blocks.1.fc.bias; blocks.1.fc.weight; blocks.1.norm.bias" in msg
     assert "missing" not in msg
 
 
 def test_weights_shape_mismatch_and_not_a_state_dict(tmp_path):
     torch.save(build_model(mlp_spec(hidden=32), CPU).state_dict(), tmp_path / "wide.pt")
-    with pytest.raises(ModelError, match=r"model.weights .*: 13 tensors have other shapes than "
-                       r"the model's \(e.g. inp.weight: file \[32, 8\], model \[16, 8\]; "):
+    with pytest.raises(ModelError, match=r"model.weights .*: the saved weights are not the "
+                       r"model's: 13 of another shape \(blocks.0.fc.bias: saved \[32\], model "
+                       r"\[16\]; .* and 9 more\)"):
         build_model(mlp_spec(tmp_path / "wide.pt"), CPU)
     torch.save({"epoch": 3, "model": {}}, tmp_path / "ckpt.pt")
     with pytest.raises(ModelError, match=r"entries \['epoch', 'model'\] are not tensors"):

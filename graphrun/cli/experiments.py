@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from graphrun.base.nofollow import open_file
 from graphrun.cli.errors import debug_option, fail
 from graphrun.base.errors import GraphrunError
 
@@ -183,7 +184,8 @@ def bench(spec, iters, warmup, with_compile, records, out, new_tokens, repeats,
         fail(err)
     dest = Path(out or pipeline.output.dir / "bench")
     dest.mkdir(parents=True, exist_ok=True)
-    (dest / "bench.json").write_text(result.model_dump_json(indent=2) + "\n")
+    with open_file(dest / "bench.json", "w") as f:  # never through a link
+        f.write(result.model_dump_json(indent=2) + "\n")
     Console(width=200).print(
         generation_table(result) if generation else bench_table(result))
     for line in verdict_lines(result):

@@ -24,6 +24,7 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from graphrun.base.nofollow import open_file
 from graphrun.base.errors import GraphrunError, Problem, SpecError, first_message
 from graphrun.experiments.stats import RULE, Spread, spread, verdict
 
@@ -393,7 +394,8 @@ def sweep(spec: Path, grid: dict[str, list[Any]], out: Path, *, stop: int | None
                    constraints=constraints, variants=rows,
                    recommendation=recommend(rows, objective, base_spec.model_dump(mode="json"),
                                             base_spec.base_dir))
-    (out / "sweep.json").write_text(result.model_dump_json(indent=2) + "\n")
+    with open_file(out / "sweep.json", "w") as f:  # never through a link
+        f.write(result.model_dump_json(indent=2) + "\n")
     return result
 
 

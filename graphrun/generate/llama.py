@@ -25,9 +25,11 @@ from torch.nn import functional as F
 
 from graphrun.base.errors import ModelError
 from graphrun.models.builtin.seeded import DEFAULT_RULES, Constant, Init, materialise, on_meta, std
-from graphrun.models.checkpoint import (CAUSAL_LM_CLASSES, GPT2Shape, LlamaShape, Rope,
-                                        eos_ids_in, gpt2_shape, inv_freq, llama_shape,
-                                        load_tensors, read_folder)
+from graphrun.models.checkpoint import (CAUSAL_LM_CLASSES, CONFIG_REMEDY, GPT2Shape,
+                                        LlamaShape, Rope, built_on_meta, eos_ids_in,
+                                        gpt2_shape, inv_freq, llama_shape, load_tensors,
+                                        read_folder)
+from graphrun.models.weights import Held, Mismatch, compare, held, weights_error
 
 from graphrun.generate.gpt2 import GPT2
 from graphrun.generate.kv_cache import KVLayout, StepKV, attend
@@ -257,15 +259,14 @@ def saved_name(shape, name: str) -> str | None:
     return name
 
 
-def weight_mismatch(model, names: set[str]) -> tuple[list[str], list[str]]:
-    """(missing, unexpected) tensor names of a checkpoint for this model; a tied head may be
-    saved or not."""
-    want = set(model.state_dict())
-    names = {n for n in (saved_name(model.shape, x) for x in names) if n is not None}
+def weight_mismatch(model, saved: dict[str, Held]) -> Mismatch:
+    """How a checkpoint's tensors differ from this model's; a tied head may be saved or not."""
+    want = held(model.state_dict())
+    saved = {n: h for x, h in saved.items() if (n := saved_name(model.shape, x)) is not None}
     if model.shape.tied:
-        want.discard("lm_head.weight")
-        names = names - {"lm_head.weight"}
-    return sorted(want - names), sorted(names - want)
+        want.pop("lm_head.weight")
+        saved.pop("lm_head.weight", None)
+    return compare(want, saved)
 
 
 def load_checkpoint(found: "Checkpoint", device: torch.device, dtype: torch.dtype):
@@ -275,10 +276,10 @@ def load_checkpoint(found: "Checkpoint", device: torch.device, dtype: torch.dtyp
     with on_meta():
         model = _build(shape)
     tensors = load_tensors(found.files, device)
-    missing, extra = weight_mismatch(model, set(tensors))
-    if missing or extra:  # find_checkpoint checked the names: the files changed since
-        raise ModelError(f"model.hf {str(folder)!r}: the weights do not match the config "
-                         f"(missing {missing[:3]}, unexpected {extra[:3]})")
+    differ = weight_mismatch(model, held(tensors))
+    if differ:  # find_checkpoint checked the headers: the files changed since
+        raise weights_error(f"model.hf {str(folder)!r}", differ, "they changed since they "
+                            "were checked; run again")
     weights = {saved_name(shape, n): t.to(dtype) for n, t in tensors.items()}
     weights.pop(None, None)
     if shape.tied:
@@ -311,15 +312,21 @@ def find_checkpoint(folder: str | Path, class_: str, kwargs: dict) -> Checkpoint
     read = read_folder(folder, kwargs)
     if isinstance(read, str):
         return read
-    config, files, names = read
-    shape = gpt2_shape(config) if config.get("model_type") == "gpt2" else llama_shape(config)
+    config, files, headers = read
+    where = f"model.hf {str(folder)!r}"
+    try:
+        shape = gpt2_shape(config) if config.get("model_type") == "gpt2" else llama_shape(config)
+    except ModelError as e:  # a size no model has: transformers' class would fail on it too
+        raise ModelError(f"{where}: {e}") from None
     if isinstance(shape, str):
         return shape
     with on_meta():
-        missing, extra = weight_mismatch(_build(shape), names)
-    if missing or extra:
+        differ = weight_mismatch(built_on_meta(where, _build, shape), headers)
+    if differ.missing or differ.unexpected:  # saved under names transformers may map
         return (f"the weights' names are not a {shape.family} causal LM's "
-                f"(missing {missing[:2]}, unexpected {extra[:2]})")
+                f"(missing {differ.missing[:2]}, unexpected {differ.unexpected[:2]})")
+    if differ:
+        raise weights_error(where, differ, CONFIG_REMEDY)
     pad = config.get("pad_token_id")
     return Checkpoint(Path(folder), shape, files, eos_ids_in(folder),
                       int(pad[0] if isinstance(pad, list) else pad) if pad is not None else None)

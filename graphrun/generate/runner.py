@@ -185,9 +185,9 @@ class GenerationRunner:
     def _text_decoder(self):
         """token ids -> text, special tokens skipped (as HF's decode(skip_special_tokens))."""
         if self._decode is None:
-            from graphrun.models.hf import fast_tokenizer
+            from graphrun.models.hf import fast_tokenizer, remote_code
 
-            tok = fast_tokenizer(self.tokenizer_folder)
+            tok = fast_tokenizer(self.tokenizer_folder, remote_code(self.spec))
             self._decode = lambda ids: tok.decode(ids, skip_special_tokens=True)
         return self._decode
 

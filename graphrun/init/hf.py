@@ -81,7 +81,7 @@ def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml
     for --task, unless the records are chats or Batch requests, or generation options are
     given: then it is a generation job."""
     from graphrun.spec.paths import PKG, package_form
-    from graphrun.models.hf import require
+    from graphrun.models.hf import refuse_remote_code, require
 
     if task not in TASKS:
         raise GraphrunError(f"--task {task!r}: use one of {', '.join(TASKS)}")
@@ -89,6 +89,8 @@ def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml
     transformers = require("transformers", WHAT)
     require("tokenizers", WHAT)
     where = _model_location(hf)
+    refuse_remote_code(where if Path(where).is_dir() else None, f"--hf {hf!r}",
+                       "write the spec by hand with model.hf.trust_remote_code: true")
     config = _config(transformers, hf, where)
     tokenizer = _tokenizer(transformers, hf, where)
     profile = sample_data(Path(data).resolve(), sample, id_field, text=True)
@@ -165,7 +167,8 @@ def _model_location(hf: str) -> str:
 
 def _config(transformers, hf: str, where: str):
     try:
-        return transformers.AutoConfig.from_pretrained(where, local_files_only=True)
+        return transformers.AutoConfig.from_pretrained(where, local_files_only=True,
+                                                       trust_remote_code=False)
     except Exception as e:  # noqa: BLE001 - OSError, ValueError: the files say what is missing
         raise ModelError(f"--hf {hf!r}: its config.json could not be read with local files "
                          f"only ({first_line(e)}); give a folder holding config.json and the "
@@ -181,7 +184,8 @@ def _tokenizer(transformers, hf: str, where: str):
         files = ", ".join(TOKENIZER_FILES[:3])
         raise ModelError(f"--hf {hf!r}: the folder holds no tokenizer ({files}, ...); {remedy}")
     try:
-        tok = transformers.AutoTokenizer.from_pretrained(where, local_files_only=True)
+        tok = transformers.AutoTokenizer.from_pretrained(where, local_files_only=True,
+                                                         trust_remote_code=False)
     except Exception as e:  # noqa: BLE001
         raise ModelError(f"--hf {hf!r}: no tokenizer could be loaded ({first_line(e)}); "
                          f"{remedy}") from e

@@ -14,6 +14,7 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from graphrun.manifest.sections import Generation, Phases, RayReport, WorkerReport
+from graphrun.base.nofollow import open_file
 
 MANIFEST_VERSION = 1
 
@@ -364,7 +365,7 @@ def _driver_version() -> Optional[str]:
 def write_manifest(manifest: Manifest, path) -> None:
     """Written under a temporary name and renamed, so a reader never sees half a manifest."""
     tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
+    with open_file(tmp, "w") as f:
         # a single-process manifest has no ray key at all
         f.write(manifest.model_dump_json(indent=2, exclude=None if manifest.ray else {"ray"}))
         f.flush()

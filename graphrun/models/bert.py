@@ -22,7 +22,9 @@ from torch.nn import functional as F
 
 from graphrun.base.errors import ModelError
 from graphrun.models.builtin.seeded import on_meta
-from graphrun.models.checkpoint import load_tensors, read_folder
+from graphrun.models.checkpoint import (CONFIG_REMEDY, built_on_meta, load_tensors,
+                                        read_folder, whole)
+from graphrun.models.weights import compare, held, weights_error
 
 ENCODERS = ("AutoModel", "BertModel")
 CLASSIFIERS = ("AutoModelForSequenceClassification", "BertForSequenceClassification")
@@ -173,12 +175,13 @@ def bert_shape(config: dict) -> BertShape | str:
         if config.get(key):
             return f"config.json sets {key}"
     try:
-        shape = BertShape(layers=int(config["num_hidden_layers"]),
-                          d_model=int(config["hidden_size"]),
-                          heads=int(config["num_attention_heads"]),
-                          ffn=int(config["intermediate_size"]), vocab=int(config["vocab_size"]),
-                          positions=int(config.get("max_position_embeddings", 512)),
-                          type_vocab=int(config.get("type_vocab_size", 2)),
+        shape = BertShape(layers=whole(config, "num_hidden_layers"),
+                          d_model=whole(config, "hidden_size"),
+                          heads=whole(config, "num_attention_heads"),
+                          ffn=whole(config, "intermediate_size"),
+                          vocab=whole(config, "vocab_size"),
+                          positions=whole(config, "max_position_embeddings", default=512),
+                          type_vocab=whole(config, "type_vocab_size", default=2),
                           norm_eps=float(config.get("layer_norm_eps", 1e-12)), act=act)
     except (KeyError, TypeError, ValueError) as e:
         return f"config.json lacks or mistypes a field graphrun's BERT reads ({e})"
@@ -240,33 +243,41 @@ def find_bert(folder: str | Path, class_: str, kwargs: dict,
     read = read_folder(folder, kwargs)
     if isinstance(read, str):
         return read
-    config, files, names = read
-    shape = bert_shape(config)
+    config, files, headers = read
+    where = f"model.hf {str(folder)!r}"
+    try:
+        shape = bert_shape(config)
+    except ModelError as e:  # a size no model has: transformers' class would fail on it too
+        raise ModelError(f"{where}: {e}") from None
     if isinstance(shape, str):
         return shape
     labels = None
     if class_ in CLASSIFIERS:
         labels = len(config.get("id2label") or {}) or int(config.get("num_labels", 2))
-    names = {n for n in names if not n.endswith(POSITION_IDS)}
+    saved = {n: h for n, h in headers.items() if not n.endswith(POSITION_IDS)}
     prefix = ""
-    if labels is None and names and all(n.startswith((PREFIX, *HEADS)) for n in names):
+    if labels is None and saved and all(n.startswith((PREFIX, *HEADS)) for n in saved):
         prefix = PREFIX  # the encoder of a task model's checkpoint; its heads left out
-        names = {n[len(PREFIX):] for n in names if n.startswith(PREFIX)}
+        saved = {n[len(PREFIX):]: h for n, h in saved.items() if n.startswith(PREFIX)}
     with on_meta():
-        want = set(_build(shape, labels).state_dict())
+        differ = compare(held(built_on_meta(where, lambda s: _build(s, labels), shape)
+                              .state_dict()), saved)
     pooler = True
-    if labels is None and pooled_by is not None and names < want and all(n.startswith(POOLER) for n in want - names):
+    if (labels is None and pooled_by is not None and differ.missing and not differ.unexpected
+            and all(n.startswith(POOLER) for n in differ.missing)):
         if pooled_by:
             raise ModelError(
-                f"model.hf {str(folder)!r} holds no pooler weights (saved with "
-                f"add_pooling_layer=False) but outputs.{pooled_by[0]} reads {POOLED}: read "
-                "last_hidden_state instead (from: last_hidden_state, with reduce: [cls_pool] "
-                "or [mean_pool]), or give a folder saved with its pooler")
-        pooler, want = False, names
-    if names != want:  # transformers would make up what is missing at random
+                f"{where} holds no pooler weights (saved with add_pooling_layer=False) but "
+                f"outputs.{pooled_by[0]} reads {POOLED}: read last_hidden_state instead (from: "
+                "last_hidden_state, with reduce: [cls_pool] or [mean_pool]), or give a folder "
+                "saved with its pooler")
+        pooler, differ.missing = False, []  # built without it: nothing is made up
+    if differ.missing or differ.unexpected:  # a missing pooler, say: transformers decides
         kind = "BertModel's" if labels is None else "BertForSequenceClassification's"
-        return (f"the weights' names are not {kind} (missing {sorted(want - names)[:2]}, "
-                f"unexpected {sorted(names - want)[:2]})")
+        return (f"the weights' names are not {kind} (missing {differ.missing[:2]}, "
+                f"unexpected {differ.unexpected[:2]})")
+    if differ:
+        raise weights_error(where, differ, CONFIG_REMEDY)
     return BertCheckpoint(Path(folder), shape, files, labels, prefix, pooler)
 
 

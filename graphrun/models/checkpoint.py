@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from graphrun.base.errors import ModelError
+from graphrun.models.weights import Held
 
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -99,12 +100,12 @@ def gpt2_shape(config: dict[str, Any]) -> GPT2Shape | str:
         if config.get(key):
             return f"config.json sets {key}"
     try:
-        d_model = int(config.get("n_embd", config.get("hidden_size")))
+        d_model = whole(config, "n_embd", "hidden_size")
         shape = GPT2Shape(
-            layers=int(config.get("n_layer", config.get("num_hidden_layers"))), d_model=d_model,
-            heads=int(config.get("n_head", config.get("num_attention_heads"))),
-            ffn=int(config.get("n_inner") or 4 * d_model), vocab=int(config["vocab_size"]),
-            max_len=int(config.get("n_positions", config.get("max_position_embeddings", 1024))),
+            layers=whole(config, "n_layer", "num_hidden_layers"), d_model=d_model,
+            heads=whole(config, "n_head", "num_attention_heads"),
+            ffn=whole(config, "n_inner", default=4 * d_model), vocab=whole(config, "vocab_size"),
+            max_len=whole(config, "n_positions", "max_position_embeddings", default=1024),
             norm_eps=float(config.get("layer_norm_epsilon", 1e-5)), act=act,
             scale=bool(config.get("scale_attn_weights", True)),
             tied=bool(config.get("tie_word_embeddings", True)))
@@ -113,6 +114,37 @@ def gpt2_shape(config: dict[str, Any]) -> GPT2Shape | str:
     if shape.d_model % shape.heads:
         return f"n_embd {shape.d_model} is not a multiple of {shape.heads} heads"
     return shape
+
+
+CONFIG_REMEDY = ("make the folder's config.json describe the saved weights, or save the model "
+                 "again with save_pretrained")
+_NO_DEFAULT = object()
+
+
+def whole(config: dict[str, Any], *keys: str, default: Any = _NO_DEFAULT, least: int = 1) -> int:
+    """config.json's size under the first of `keys` it has: a whole number of at least `least`
+    (2.7 layers, -5 layers, 0 heads are errors, never rounded or built empty); `default` where
+    it has none (or null)."""
+    key = next((k for k in keys if config.get(k) is not None), None)
+    if key is None:
+        if default is _NO_DEFAULT:
+            raise KeyError(keys[0])
+        return default
+    value = config[key]
+    if type(value) is not int or value < least:
+        raise ModelError(f"config.json: {key} is {value!r}, not a whole number of at least "
+                         f"{least}; make it describe the saved weights")
+    return value
+
+
+def built_on_meta(where: str, build, shape):
+    """build(shape) on the meta device, or one error where the config's sizes make a model no
+    tensor can hold (2**30 wide, say)."""
+    try:
+        return build(shape)
+    except (RuntimeError, ValueError, OverflowError) as e:
+        raise ModelError(f"{where}: config.json describes a model that cannot be built "
+                         f"({type(e).__name__}: {e}); {CONFIG_REMEDY}") from None
 
 
 def read_config(folder: str | Path) -> dict[str, Any]:
@@ -144,14 +176,14 @@ def llama_shape(config: dict[str, Any]) -> LlamaShape | str:
     if isinstance(rope, str):
         return rope
     try:
-        d_model, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
-        head_dim = int(config.get("head_dim") or d_model // heads)
+        d_model, heads = whole(config, "hidden_size"), whole(config, "num_attention_heads")
+        head_dim = whole(config, "head_dim", default=d_model // heads)
         bias = bool(config.get("attention_bias", False)) if qkv_bias is None else qkv_bias
         shape = LlamaShape(
-            layers=int(config["num_hidden_layers"]), d_model=d_model, heads=heads,
-            kv_heads=int(config.get("num_key_value_heads") or heads), head_dim=head_dim,
-            ffn=int(config["intermediate_size"]), vocab=int(config["vocab_size"]),
-            max_len=int(config.get("max_position_embeddings", 2048)),
+            layers=whole(config, "num_hidden_layers"), d_model=d_model, heads=heads,
+            kv_heads=whole(config, "num_key_value_heads", default=heads), head_dim=head_dim,
+            ffn=whole(config, "intermediate_size"), vocab=whole(config, "vocab_size"),
+            max_len=whole(config, "max_position_embeddings", default=2048),
             norm_eps=float(config.get("rms_norm_eps", 1e-6)), rope=rope, qkv_bias=bias,
             o_bias=bias if kind in ("llama", "qwen3") else False,
             mlp_bias=bool(config.get("mlp_bias", False)),
@@ -219,8 +251,8 @@ def inv_freq(rope: Rope, head_dim: int):
 
 
 def read_folder(folder: str | Path, kwargs: dict
-                ) -> tuple[dict[str, Any], list[Path], set[str]] | str:
-    """(config.json, the safetensors files, their tensor names) of a folder graphrun's own
+                ) -> tuple[dict[str, Any], list[Path], dict[str, Held]] | str:
+    """(config.json, the safetensors files, their tensors' headers) of a folder graphrun's own
     code may load, or why it may not (then transformers' loading reports in its words)."""
     if kwargs:
         return f"model.hf.kwargs ({', '.join(sorted(kwargs))}) are from_pretrained's"
@@ -231,8 +263,8 @@ def read_folder(folder: str | Path, kwargs: dict
     files = weight_files(folder)
     if isinstance(files, str):
         return files
-    names = tensor_names(files)
-    return names if isinstance(names, str) else (config, files, names)
+    headers = tensor_headers(files)
+    return headers if isinstance(headers, str) else (config, files, headers)
 
 
 def eos_ids_in(folder: str | Path) -> tuple[int, ...]:
@@ -264,20 +296,23 @@ def weight_files(folder: str | Path) -> list[Path] | str:
     return f"no {WEIGHTS} (graphrun reads safetensors weights only)"
 
 
-def tensor_names(files: list[Path]) -> set[str] | str:
-    """Every tensor's name in the files (their headers only), or why they cannot be read."""
+def tensor_headers(files: list[Path]) -> dict[str, Held] | str:
+    """Every tensor's shape and dtype by name in the files (their headers only), or why they
+    cannot be read."""
     try:
         from safetensors import safe_open
     except ImportError:
         return "the safetensors package is not installed"
-    names: set[str] = set()
+    headers: dict[str, Held] = {}
     try:
         for path in files:
             with safe_open(str(path), framework="pt") as f:
-                names.update(f.keys())
+                for name in f.keys():
+                    t = f.get_slice(name)
+                    headers[name] = Held(tuple(t.get_shape()), t.get_dtype())
     except Exception as e:  # noqa: BLE001 - a corrupt header: transformers reports it
         return f"{path.name} unreadable ({type(e).__name__})"
-    return names
+    return headers
 
 
 def load_tensors(files: list[Path], device) -> dict[str, Any]:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from graphrun.base.errors import ModelError, first_message
+from graphrun.models.checkpoint import CONFIG_REMEDY, tensor_headers, weight_files
+from graphrun.models.weights import Mismatch, allowed, held, weights_error
 from graphrun.spec.paths import resolve_path
 from graphrun.base.phases import LIBRARY_IMPORTS, phase
 
@@ -30,19 +32,27 @@ def require(module: str, what: str) -> Any:
                          f"({e}); install the extra: {EXTRA}") from None
 
 
-def load_hf(hf, base_dir: Path | None, dtype=None, outputs: dict | None = None) -> nn.Module:
+def load_hf(hf, base_dir: Path | None, dtype=None, allow_missing: Sequence[str] = (),
+            outputs: dict | None = None) -> nn.Module:
     """hf: the spec's HFModelSpec. The model on the CPU, read in `dtype` (model.dtype) unless
     hf.kwargs names one; build_model moves it. from_pretrained makes the parameters on the meta
-    device and skips their random init, as the weights replace them. outputs: the spec's,
-    which say whether graphrun's BERT may be built without a pooler the folder lacks."""
+    device and skips their random init, as the weights replace them; a tensor the weights do
+    not give is an error unless allow_missing (model.allow_missing) names it. outputs: the
+    spec's, which say whether graphrun's BERT may be built without a pooler the folder lacks."""
     where = resolve_path(hf.path, base_dir)
+    if not hf.trust_remote_code:
+        refuse_remote_code(local_folder(hf, where)[0], f"model.hf {hf.path!r}",
+                           "set model.hf.trust_remote_code: true")
     own, _ = encoder_checkpoint(hf, where, outputs)
     if own is not None:
         from graphrun.models.bert import load_bert
 
         return load_bert(own, dtype)
     # never downloaded, and remote code only as the spec's own key says, whatever kwargs hold
-    kwargs = {**hf.kwargs, "local_files_only": True, "trust_remote_code": hf.trust_remote_code}
+    # a tensor of another shape is listed in the loading info (and refused by
+    # loading_mismatch with the others), not raised as a pointer to transformers' log
+    kwargs = {**hf.kwargs, "local_files_only": True, "trust_remote_code": hf.trust_remote_code,
+              "output_loading_info": True, "ignore_mismatched_sizes": True}
     with phase(LIBRARY_IMPORTS.format("transformers")):  # imports, not the model's build
         transformers = require("transformers", "model.hf")
         cls = getattr(transformers, hf.class_, None)  # transformers imports classes lazily
@@ -57,8 +67,11 @@ def load_hf(hf, base_dir: Path | None, dtype=None, outputs: dict | None = None) 
         kwargs["dtype" if v5 else "torch_dtype"] = dtype
     bar = transformers.utils.logging.is_progress_bar_enabled()
     transformers.utils.logging.disable_progress_bar()  # no "Loading weights" bar in our output
+    verbosity = transformers.utils.logging.get_verbosity()
+    # no load report table: loading_mismatch below says the same in one message
+    transformers.utils.logging.set_verbosity_error()
     try:
-        model = cls.from_pretrained(where, **kwargs)
+        model, loading = cls.from_pretrained(where, **kwargs)
     except Exception as e:  # noqa: BLE001 - OSError, ValueError, ...: all say what is missing
         text = first_message(e) or type(e).__name__
         raise ModelError(f"model.hf {hf.path!r}: {hf.class_}.from_pretrained failed with local "
@@ -66,12 +79,56 @@ def load_hf(hf, base_dir: Path | None, dtype=None, outputs: dict | None = None) 
                          "weights (graphrun never downloads), or a name already in the hub "
                          "cache") from e
     finally:
+        transformers.utils.logging.set_verbosity(verbosity)
         if bar:
             transformers.utils.logging.enable_progress_bar()
+    from graphrun.models.bert import POOLER, reads_pooler
+
+    if outputs is not None and not reads_pooler(outputs):
+        allow_missing = (*allow_missing, f"{POOLER}*")  # only pooler_output reads them
+    differ = loading_mismatch(model, loading, local_folder(hf, where)[0], allow_missing)
+    if differ:
+        raise weights_error(f"model.hf {hf.path!r} ({hf.class_})", differ, CONFIG_REMEDY)
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "use_cache"):
         config.use_cache = False  # no KV cache object in the return: one step, static shapes
     return model
+
+
+def loading_mismatch(model, loading: dict, folder: str | None,
+                     allow_missing: Sequence[str]) -> Mismatch:
+    """transformers' loading report as models/weights.py's Mismatch: the tensors it left at
+    their random init (missing), dropped (unexpected: of the model's own modules; a task
+    model's head given to a base model is none of its weights) or reshaped; and, from the
+    folder's safetensors headers, those it cast from another kind of dtype."""
+    found = Mismatch(
+        missing=sorted(k for k in loading.get("missing_keys", ()) if not allowed(k, allow_missing)),
+        unexpected=sorted(k for k in loading.get("unexpected_keys", ()) if _owned(model, k)),
+        reshaped=sorted(f"{k}: saved {list(a)}, model {list(b)}"
+                        for k, a, b in loading.get("mismatched_keys", ())))
+    found.unexpected += [str(m) for m in loading.get("error_msgs", ())]
+    files = weight_files(folder) if folder is not None else "no folder"
+    headers = tensor_headers(files) if not isinstance(files, str) else {}
+    if isinstance(headers, dict) and headers:
+        have = held(model.state_dict())
+        prefix = getattr(model, "base_model_prefix", "") + "."
+        for name, saved in sorted(headers.items()):
+            key = next((k for k in (name, prefix + name, name.removeprefix(prefix))
+                        if k in have), None)
+            if key is not None and have[key].kind != saved.kind:
+                found.retyped.append(f"{name}: saved {saved.dtype}, model {have[key].dtype}")
+    return found
+
+
+def _owned(model, key: str) -> bool:
+    """Whether a checkpoint's tensor falls in one of the model's own modules (under its
+    base_model_prefix or not), not in another task's head."""
+    children = {name for name, _ in model.named_children()}
+    prefix = getattr(model, "base_model_prefix", "")
+    head = key.split(".")[0]
+    if head == prefix and head not in children:
+        head = key.split(".")[1] if key.count(".") else head
+    return head in children
 
 
 def local_folder(hf, where: str) -> tuple[str | None, str | None]:
@@ -135,27 +192,84 @@ def import_model_code(transformers, cls, where: str, kwargs: dict) -> None:
     try:
         config = transformers.AutoConfig.from_pretrained(
             where, **{k: v for k, v in kwargs.items()
-                      if k in ("local_files_only", "cache_dir", "revision", "subfolder")})
+                      if k in ("local_files_only", "cache_dir", "revision", "subfolder",
+                               "trust_remote_code")})
         mapping[type(config)]
     except Exception:  # noqa: BLE001 - a missing or unknown config: from_pretrained says so
         pass
 
 
-def fast_tokenizer(folder: str):
+def refuse_remote_code(folder: str | None, what: str, remedy: str) -> None:
+    """A folder whose config.json or tokenizer_config.json maps a class to the folder's own
+    Python files (auto_map) for a model_type transformers does not have: loading it runs that
+    code, so it is refused here, before transformers would ask on stdin."""
+    if folder is None:  # not found: from_pretrained says so, with trust_remote_code off
+        return
+    import json
+
+    maps = {}
+    for name in ("config.json", "tokenizer_config.json"):
+        try:
+            data = json.loads((Path(folder) / name).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and data.get("auto_map"):
+            maps[name] = data
+    if not maps:
+        return
+    kind = maps.get("config.json", {}).get("model_type")
+    if kind is not None and "tokenizer_config.json" not in maps:
+        known = require("transformers", what).models.auto.configuration_auto.CONFIG_MAPPING
+        if kind in known:  # transformers' own class loads it; the folder's code is not run
+            return
+    files = sorted({str(v).split(".")[0] + ".py" for data in maps.values()
+                    for v in _class_refs(data["auto_map"])})
+    raise ModelError(f"{what}: {' and '.join(maps)} in {folder} map classes to Python code "
+                     f"shipped in the folder ({', '.join(files) or 'auto_map'}), which graphrun "
+                     f"does not run unless allowed; read that code, then {remedy}")
+
+
+def _class_refs(auto_map) -> list[str]:
+    """auto_map's "module.Class" entries (a value may be a list, a tokenizer's pair)."""
+    refs = auto_map.values() if isinstance(auto_map, dict) else auto_map
+    out: list[str] = []
+    for ref in refs:
+        out.extend(r for r in (ref if isinstance(ref, list) else [ref]) if isinstance(r, str))
+    return [r.split("--")[-1] for r in out]
+
+
+def fast_tokenizer(folder: str, trust_remote_code: bool):
     """The folder's fast tokenizer (a `tokenizers.Tokenizer`): its tokenizer.json, else the
-    slow tokenizer's files converted by transformers. A new object each call: callers set its
-    padding and truncation."""
+    slow tokenizer's files converted by transformers, running the folder's own Python only
+    where trust_remote_code (remote_code(spec)) allows it. A new object each call: callers set
+    its padding and truncation."""
     tokenizers = require("tokenizers", "data.text")
     path = Path(folder) / "tokenizer.json"
     if path.is_file():
-        return tokenizers.Tokenizer.from_file(str(path))
+        try:
+            return tokenizers.Tokenizer.from_file(str(path))
+        except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception
+            raise ModelError(f"{path}: not a tokenizer the tokenizers library reads "
+                             f"({first_message(e) or type(e).__name__}); save it again with "
+                             "tokenizer.save_pretrained, or name another folder in "
+                             "data.text.tokenizer") from None
     transformers = require("transformers", "data.text")
+    if not trust_remote_code:
+        refuse_remote_code(folder, f"data.text tokenizer {folder!r}",
+                           "set model.hf.trust_remote_code: true")
     try:
+        # passed either way: left out, transformers would ask on stdin
         return transformers.AutoTokenizer.from_pretrained(
-            folder, use_fast=True, local_files_only=True).backend_tokenizer
+            folder, use_fast=True, local_files_only=True, trust_remote_code=trust_remote_code
+        ).backend_tokenizer
     except Exception as e:  # noqa: BLE001 - OSError, ValueError: the files are wrong
         raise ModelError(f"data.text.tokenizer {folder!r}: no tokenizer.json and no fast "
                          f"tokenizer could be made ({type(e).__name__}: {e})") from e
+
+
+def remote_code(spec) -> bool:
+    """Whether the spec lets a model folder's own Python run: model.hf.trust_remote_code."""
+    return spec.model.hf is not None and spec.model.hf.trust_remote_code
 
 
 def tokenizer_folder(spec) -> str:

@@ -27,6 +27,7 @@ from graphrun.models.builtin.decoder import build_decoder
 from graphrun.models.heads import Heads, needs_heads
 from graphrun.models.hf import load_hf
 from graphrun.models.vision import load_timm
+from graphrun.models.weights import compare, held, weights_error
 from graphrun.models.builtin.mlp import build_mlp
 from graphrun.base.phases import LIBRARY_IMPORTS, phase
 from graphrun.spec.keys import BATCH, PipelineSpec
@@ -48,7 +49,9 @@ def build_model(spec: PipelineSpec, device: torch.device,
     .py paths are found there.
     """
     m = spec.model
-    empty = m.weights is not None  # parameters on meta: the weights give every value
+    # parameters on meta where the weights give every value; a tensor they may lack keeps the
+    # builder's
+    empty = m.weights is not None and not m.allow_missing
     if m.builtin is not None:
         model = _build_builtin(m.builtin, m.args, spec.max_size(BATCH),
                                torch.device("meta") if empty else device,
@@ -60,7 +63,7 @@ def build_model(spec: PipelineSpec, device: torch.device,
     elif m.exported is not None:
         model = _load_exported(m.exported, device)
     elif m.hf is not None:
-        model = load_hf(m.hf, base_dir, torch_dtype(m.dtype), spec.outputs)
+        model = load_hf(m.hf, base_dir, torch_dtype(m.dtype), m.allow_missing, spec.outputs)
     elif m.timm is not None:
         with params_on_meta(empty):
             model = load_timm(m.timm)
@@ -69,7 +72,7 @@ def build_model(spec: PipelineSpec, device: torch.device,
         model = _load_torchscript(m.torchscript, device)
     if m.weights is not None:
         with phase("weights load"):
-            _load_weights(model, m.weights, device)
+            _load_weights(model, m.weights, device, m.allow_missing)
     with phase("to device"):
         if m.hf is not None:
             model = _to_keeping_scratch(model, device, torch_dtype(m.dtype))
@@ -335,31 +338,20 @@ def _load_torchscript(path: Path, device: torch.device) -> nn.Module:
                          f"({type(e).__name__}: {e}); write it with torch.jit.save") from e
 
 
-def _load_weights(model: nn.Module, path: Path, device: torch.device) -> None:
-    """Load a full state dict (strict): every key the model has, and no other. The file's
-    tensors are read onto `device` and become the model's (assign: no copy into parameters
-    that may be on the meta device); build_model then casts them to model.dtype."""
+def _load_weights(model: nn.Module, path: Path, device: torch.device,
+                  allow_missing: list[str]) -> None:
+    """Load a full state dict: every tensor the model has (but those allow_missing names, which
+    keep the builder's values), no other, each of the model's shape and kind of dtype
+    (models/weights.py). The file's tensors are read onto `device` and become the model's
+    (assign: no copy into parameters that may be on the meta device); build_model then casts
+    them to model.dtype."""
     state = _read_state_dict(path, device)
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} missing (e.g. {', '.join(missing[:5])})")
-        if unexpected:
-            parts.append(f"{len(unexpected)} unexpected (e.g. {', '.join(unexpected[:5])})")
-        raise ModelError(f"model.weights {path}: keys do not match the model: "
-                         f"{'; '.join(parts)}; save model.state_dict() of the same model and "
-                         "args")
-    reshaped = [f"{k}: file {list(v.shape)}, model {list(expected[k].shape)}"
-                for k, v in state.items() if v.shape != expected[k].shape]
-    if reshaped:
-        raise ModelError(f"model.weights {path}: {len(reshaped)} tensors have other shapes "
-                         f"than the model's (e.g. {'; '.join(reshaped[:3])}); check model.args "
-                         "against the model the weights were saved from")
+    differ = compare(held(model.state_dict()), held(state), allow_missing)
+    if differ:
+        raise weights_error(f"model.weights {path}", differ, "save model.state_dict() of the "
+                            "same model and model.args")
     try:
-        model.load_state_dict(state, strict=True, assign=True)
+        model.load_state_dict(state, strict=not allow_missing, assign=True)
     except RuntimeError as e:
         raise ModelError(f"model.weights {path}: {e}") from e
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]

@@ -60,11 +60,16 @@ class ChatTemplate:
     """The tokenizer's chat template (or the spec's data.chat.template file), rendering one
     conversation at a time so that one bad conversation rejects only its record."""
 
-    def __init__(self, folder: str, template: str | None):
-        from graphrun.models.hf import require
+    def __init__(self, folder: str, template: str | None, trust_remote_code: bool = False):
+        from graphrun.models.hf import refuse_remote_code, require
 
         transformers = require("transformers", "data.chat")
-        self.tok = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        if not trust_remote_code:
+            refuse_remote_code(folder, f"data.chat tokenizer {folder!r}",
+                               "set model.hf.trust_remote_code: true")
+        # passed either way: left out, transformers would ask on stdin
+        self.tok = transformers.AutoTokenizer.from_pretrained(
+            folder, local_files_only=True, trust_remote_code=trust_remote_code)
         self.template = template
         if template is None and not self.tok.chat_template:
             raise InputError(no_chat_template(folder), where="data.chat")
@@ -79,13 +84,14 @@ class ChatTemplate:
 
 
 @functools.lru_cache(maxsize=4)
-def _template(folder: str, path: str | None) -> ChatTemplate:
+def _template(folder: str, path: str | None, trust_remote_code: bool) -> ChatTemplate:
     text = Path(path).read_text(encoding="utf-8") if path else None
-    return ChatTemplate(folder, text)
+    return ChatTemplate(folder, text, trust_remote_code)
 
 
 def chat_template(spec: PipelineSpec) -> ChatTemplate:
-    from graphrun.models.hf import tokenizer_folder
+    from graphrun.models.hf import remote_code, tokenizer_folder
 
     path = spec.data.chat.template if spec.data.chat else None
-    return _template(tokenizer_folder(spec), str(spec.base_dir / path) if path else None)
+    return _template(tokenizer_folder(spec), str(spec.base_dir / path) if path else None,
+                     remote_code(spec))

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from graphrun.read.ids import check_duplicate_ids, mark_decided
+from graphrun.read.ids import check_duplicate_ids, check_npy_ids, mark_decided
 from graphrun.read.records import (Candidates, Field, RecordBatch, Records, Reject, RowWhere,
                                    dense_if_uniform, numpy_dtype, pack_records, take,
                                    take_where, unpack_records)
@@ -190,6 +190,8 @@ def precheck(spec: PipelineSpec, c: Candidates) -> Prechecked:
     are not kept: a field converted to another dtype no longer holds the file's values."""
     n = len(c.indices)
     problems = dict(c.problems)
+    if c.ids is not None and spec.output.format == "npy":
+        check_npy_ids(c.ids, problems)
     per_input = {name: record_lengths(name, inp, c.fields[name], spec, problems, n)
                  for name, inp in spec.inputs.items()}
     axes = check_shared_axes(per_input, problems)

@@ -34,6 +34,20 @@ def check_duplicate_ids(ids: np.ndarray | list, positions: np.ndarray, seen: set
             seen.add(rid)
 
 
+def check_npy_ids(ids: np.ndarray | list, problems: dict[int, str]) -> None:
+    """A str id ending in NUL is a problem of its record for npy output: the ids file holds
+    fixed-width unicode, which drops trailing NULs ('a' and 'a\\x00' would both read 'a')."""
+    if isinstance(ids, np.ndarray):
+        if ids.dtype != object:  # int64 ids, or strings numpy has already cut
+            return
+        ids = ids.tolist()
+    for p, rid in enumerate(ids):
+        if type(rid) is str and rid.endswith("\x00"):
+            problems.setdefault(p, f"id {rid!r} ends in NUL (\\x00), which an npy ids file "
+                                   "cannot hold (numpy's strings drop trailing NULs); set "
+                                   "output.format jsonl or parquet, or change the id")
+
+
 _INT_TEXT = re.compile(r"-?(0|[1-9][0-9]*)")
 # Markers kept in a file's set of seen ids: it held an int id, a str id, and was made canonical.
 _INT_SEEN, _STR_SEEN, _CANONICAL = object(), object(), object()

@@ -55,12 +55,13 @@ def max_length(spec: PipelineSpec, folder: str) -> int:
 
 
 @functools.lru_cache(maxsize=8)
-def _tokenizer(folder: str, length: int, truncate: bool, direction: str = "right"):
+def _tokenizer(folder: str, length: int, truncate: bool, direction: str = "right",
+               trust_remote_code: bool = False):
     """A fast tokenizer without padding (the buckets pad), truncating at `length` if asked:
     from the right, or from the left for a generation job's prompts (their end is kept)."""
     from graphrun.models.hf import fast_tokenizer
 
-    tok = fast_tokenizer(folder)
+    tok = fast_tokenizer(folder, trust_remote_code)
     tok.no_padding()
     if truncate:
         tok.enable_truncation(length, direction=direction)
@@ -76,7 +77,7 @@ def tokenize(spec: PipelineSpec, prompts: list[Prompt | None]
     cut (the tokenizer kept what it cut in `overflowing`). A pair is encoded as the
     tokenizer's text pair, cut longest first as transformers' truncation=True cuts it. A
     prompt whose text holds its special tokens (a rendered chat) gets none added."""
-    from graphrun.models.hf import tokenizer_folder
+    from graphrun.models.hf import remote_code, tokenizer_folder
 
     text = spec.data.text
     folder = tokenizer_folder(spec)
@@ -84,7 +85,7 @@ def tokenize(spec: PipelineSpec, prompts: list[Prompt | None]
     problems = {p: "" for p, prompt in enumerate(prompts) if prompt is None}
     blank = ("", "") if text.pair else ""  # stands in for a bad record's text
     cut_from = "left" if spec.generate is not None else "right"
-    tok = _tokenizer(folder, length, text.truncate, cut_from)
+    tok = _tokenizer(folder, length, text.truncate, cut_from, remote_code(spec))
     encodings: list = [None] * len(prompts)
     for special in (True, False):  # one batched call per kind
         at = [p for p, prompt in enumerate(prompts)

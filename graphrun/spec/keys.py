@@ -122,6 +122,11 @@ class ModelSpec(Strict):
     call: Literal["keyword", "positional"] = Field(
         "keyword", description="keyword: model(name=tensor, ...); positional: model(t1, t2, ...) "
         "in the order the inputs are listed (usual for exported and TorchScript models).")
+    allow_missing: list[Text] = Field(
+        default_factory=list, description="Tensors the saved weights (model.hf's folder or "
+        "model.weights) may lack, by name or glob (e.g. 'pooler.*', a head the outputs do not "
+        "use); they keep their initial values. Any other missing, unexpected, reshaped or "
+        "retyped tensor is an error before any work.")
 
 
 class InputSpec(Strict):

@@ -25,6 +25,7 @@ from graphrun.write.journal import (JOURNAL, REJECTS, RUN_JSON, InputHash, Resum
                                     read_journal, remove_and_sync, shard_number)
 from graphrun.write.guard import only_a_first_mark_temp, refuse_foreign
 from graphrun.write.job_layout import WORKERS, is_job, job_shards, workers_entry
+from graphrun.base.nofollow import open_file, refuse_links
 
 MANIFEST = "manifest.json"
 LATENCIES = "latencies.jsonl"
@@ -269,6 +270,7 @@ def prepare_out_dir(out_dir: Path, *, resume: bool, overwrite: bool, fingerprint
                           "continue it or --overwrite to replace it")
     # before anything is written: restore would have to remove a user's entry to go on
     refuse_foreign(out_dir, shard_shaped(out_dir, fingerprint.get("shards") or []))
+    refuse_links(out_dir, FIXED_NAMES)  # appended or replaced by name: never written through
     if _check_fingerprint(out_dir, fingerprint, model or {}, accept_model_change, spec):
         write_fingerprint(out_dir, fingerprint)  # later resumes compare with the new model
     point = read_journal(out_dir, _first(fingerprint), first_shard(fingerprint))
@@ -294,8 +296,9 @@ def write_fingerprint(out_dir: Path, fingerprint: dict) -> None:
     fails (a full disk) leaves no temp file: before run.json exists it would be a file in the
     folder that graphrun cannot show it wrote."""
     tmp = out_dir / f".{RUN_JSON}.tmp"
+    f = open_file(tmp, "w")  # a link there is refused, and left for its owner
     try:
-        with open(tmp, "w") as f:
+        with f:
             json.dump(fingerprint, f, indent=2, sort_keys=True)
             f.write("\n")
             f.flush()

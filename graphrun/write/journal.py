@@ -48,6 +48,7 @@ from pathlib import Path
 from graphrun.base.errors import InputError, OutputError
 from graphrun.write import digests
 from graphrun.write.guard import check_rejects_sha256, file_differs, refuse_foreign
+from graphrun.base.nofollow import open_file
 
 JOURNAL = "journal.jsonl"
 REJECTS = "rejects.jsonl"
@@ -233,7 +234,7 @@ def fsync_path(path: Path) -> None:
 def append_durably(path: Path, data: bytes) -> None:
     """Append and fsync; a crash leaves either the old file or the old file plus a torn tail."""
     created = not path.exists()
-    with open(path, "ab") as f:
+    with open_file(path, "ab") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
@@ -242,7 +243,7 @@ def append_durably(path: Path, data: bytes) -> None:
 
 
 def truncate_durably(path: Path, size: int) -> None:
-    with open(path, "r+b") as f:
+    with open_file(path, "r+b") as f:
         f.truncate(size)
         os.fsync(f.fileno())
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from graphrun.base.nofollow import open_fd, open_file
 from pathlib import Path
 
 
@@ -23,7 +24,7 @@ class LatencyLog:
         self.lines_before = lines_before  # kept from the run this one resumes
         self._lines: list[str] = []
         flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
-        self._fd: int | None = os.open(path, flags, 0o666)
+        self._fd: int | None = open_fd(path, flags)
 
     def write(self, line: str) -> None:
         self._lines.append(line)
@@ -62,6 +63,7 @@ def open_latencies(path: Path, keep_below: int | None) -> LatencyLog:
         except (ValueError, AttributeError):  # a line torn by a crash of an older graphrun
             continue
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(kept))
+    with open_file(tmp, "w") as f:
+        f.write("".join(kept))
     tmp.replace(path)
     return LatencyLog(path, len(kept), append=True)

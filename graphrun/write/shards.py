@@ -35,6 +35,7 @@ from graphrun.write.sinks import Outputs, shard_suffixes, sink_for
 from graphrun.write.sinks.ids import plain
 from graphrun.spec.keys import PipelineSpec
 from graphrun.base.tuning import Tuning
+from graphrun.base.nofollow import open_file
 
 __all__ = ["ShardWriter", "FileInfo", "ResumePoint", "prepare_out_dir", "read_journal",
            "sha256_file"]
@@ -278,7 +279,8 @@ class ShardWriter:
             view = memoryview(data)
             try:
                 if self._rejects_file is None:
-                    self._rejects_file = open(self.out_dir / REJECTS, "ab", buffering=0)
+                    self._rejects_file = open_file(self.out_dir / REJECTS, "ab",
+                                                    buffering=0)
                 while view:  # all of it reaches the file before the caller goes on
                     view = view[self._rejects_file.write(view):]
             except BaseException:

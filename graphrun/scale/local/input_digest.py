@@ -34,6 +34,7 @@ from graphrun.write.folder import FilesHash, model_files
 from graphrun.job.state import RunHashes
 from graphrun.write.job_layout import digest_file
 from graphrun.scale.local.world import alive
+from graphrun.base.nofollow import open_file
 
 POLL_S = 0.02  # how often a waiting worker looks for the record
 # The longest a worker waits for a publisher that still runs: a floor, and the files' size
@@ -117,7 +118,8 @@ def write_entry(file: Path, entry: dict) -> None:
     """The record's file, replaced atomically: a reader sees the whole record or none."""
     file.parent.mkdir(parents=True, exist_ok=True)
     tmp = file.with_name(f".{file.name}.tmp")
-    tmp.write_text(json.dumps(entry) + "\n")
+    with open_file(tmp, "w") as f:
+        f.write(json.dumps(entry) + "\n")
     os.replace(tmp, file)
 
 

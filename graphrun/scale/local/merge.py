@@ -20,6 +20,7 @@ from graphrun.manifest.keys import BucketReport, FileEntry, Manifest, Totals, wr
 from graphrun.manifest.sections import WorkerReport, merged_generation
 from graphrun.engine.padding import position_ratios
 from graphrun.write.job_layout import committed, manifest_since, shares, worker_dir
+from graphrun.base.nofollow import open_file
 
 
 def read_worker(top: Path, rank: int) -> Manifest | None:
@@ -119,7 +120,7 @@ def merge_rejects(top: Path, mark: dict, manifests: list) -> int:
         target.unlink(missing_ok=True)
         return 0
     tmp = top / f"{REJECTS}.tmp"
-    with open(tmp, "wb") as f:
+    with open_file(tmp, "wb") as f:
         for data in parts:
             f.write(data)
         f.flush()

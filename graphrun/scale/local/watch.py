@@ -12,6 +12,7 @@ import signal
 import time
 from pathlib import Path
 
+from graphrun.base.nofollow import open_fd
 from graphrun.job.progress import Progress
 from graphrun.write.job_layout import (committed, log_file, manifest_since, progress_file, shares,
                                        worker_dir)
@@ -54,7 +55,7 @@ class ProgressFile:
     def write(self, state: str) -> None:
         if self.fd is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o666)
+            self.fd = open_fd(self.path, os.O_WRONLY | os.O_CREAT)
         os.pwrite(self.fd, f"{self.done} {state}\n".encode().ljust(WIDTH), 0)
 
 

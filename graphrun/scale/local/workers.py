@@ -27,6 +27,7 @@ from graphrun.scale.local.watch import JobProgress, outcome, read_progress
 from graphrun.scale.local.worker import job_result
 from graphrun.scale.local.world import worker_device
 from graphrun.job.signals import SignalTrap
+from graphrun.base.nofollow import open_file
 
 
 def worker_count(gpus: str, spec) -> int:
@@ -103,7 +104,7 @@ def start_workers(spec_path: Path, overrides, top: Path, n: int, *, resume: bool
         for k in range(n):
             env = dict(os.environ, RANK=str(k), WORLD_SIZE=str(n), LOCAL_RANK=str(k),
                        LOCAL_WORLD_SIZE=str(n), GRAPHRUN_JOB_PARENT=str(os.getpid()))
-            with open(log_file(top, k), "wb") as log:
+            with open_file(log_file(top, k), "wb") as log:
                 procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
                                               stdout=log, stderr=log, start_new_session=True))
     except BaseException:

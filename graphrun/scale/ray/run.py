@@ -25,6 +25,7 @@ from graphrun.manifest.keys import Manifest, spec_digest, write_manifest
 from graphrun.scale.ray.data import dataset_map, need_ray
 from graphrun.scale.ray.manifest import RunFacts, ray_manifest
 from graphrun.spec.keys import PipelineSpec
+from graphrun.base.nofollow import open_file
 
 READERS = (".parquet", ".jsonl", ".npy")
 WRITERS = ("parquet", "jsonl")
@@ -174,7 +175,7 @@ def finish(facts: RunFacts) -> Manifest:
     facts.files = rename_in_order(facts.out_dir)
     rejects = facts.collector.rejects() if facts.collector else []
     if rejects:
-        with open(facts.out_dir / REJECTS, "w") as f:
+        with open_file(facts.out_dir / REJECTS, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rejects)
     facts.rejects = len(rejects)
     manifest = ray_manifest(facts)

@@ -11,6 +11,7 @@ import numpy as np
 from graphrun.base.errors import OutputError
 from graphrun.write.sinks.ids import plain
 from graphrun.base.tuning import Tuning
+from graphrun.base.nofollow import open_file
 
 
 class JsonlSink:
@@ -24,7 +25,7 @@ class JsonlSink:
                  tuning: Tuning, pool=None):
         self.tmp = out_dir / f".{stem}.jsonl.tmp"
         self.name = f"{stem}.jsonl"
-        self.f = open(self.tmp, "w", encoding="utf-8", newline="\n")
+        self.f = open_file(self.tmp, "w", encoding="utf-8", newline="\n")
 
     @staticmethod
     def check(outputs: dict) -> None:

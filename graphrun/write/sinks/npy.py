@@ -18,6 +18,7 @@ from graphrun.write.ahead import RunningDigest
 from graphrun.write.sinks.ids import Ids
 from graphrun.spec.keys import BATCH
 from graphrun.base.tuning import Tuning
+from graphrun.base.nofollow import open_fd, open_file
 
 SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
@@ -132,7 +133,7 @@ class NpySink:
 
     def _open(self, name: str, dtype: np.dtype) -> RowFile:
         path = self.out_dir / f".{self.stem}.{name}.npy.tmp"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        fd = open_fd(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         header = npy_header(dtype, (self.rows_per_file, *self.shapes[name]))
         pwrite_all(fd, header, 0)
         digest = RunningDigest(path, *self.ahead) if self.ahead is not None else None
@@ -159,7 +160,7 @@ class NpySink:
     def finish(self) -> list[tuple[Path, str]]:
         self._wait()
         ids_tmp = self.out_dir / f".{self.stem}.ids.npy.tmp"
-        with open(ids_tmp, "wb") as f:
+        with open_file(ids_tmp, "wb") as f:
             np.save(f, self.ids.array(), allow_pickle=False)
         placed = [(ids_tmp, f"{self.stem}.ids.npy")]
         for name, f in self.files.items():

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 from graphrun.base.errors import OutputError
 from graphrun.write.sinks.ids import Ids
 from graphrun.base.tuning import Tuning
+from graphrun.base.nofollow import open_file
 
 
 class ParquetSink:
@@ -33,6 +34,7 @@ class ParquetSink:
         self.columns: dict[str, list] = {}
         self.bytes = 0
         self.writer: pq.ParquetWriter | None = None
+        self.file = None  # the tmp file the writer writes: opened here, closed here
 
     @staticmethod
     def check(outputs: dict) -> None:
@@ -69,7 +71,8 @@ class ParquetSink:
                        for name, parts in self.columns.items())
         table = pa.table(columns)
         if self.writer is None:
-            self.writer = pq.ParquetWriter(self.tmp, table.schema)
+            self.file = open_file(self.tmp, "wb")
+            self.writer = pq.ParquetWriter(self.file, table.schema)
         self.writer.write_table(table, row_group_size=len(table))
         self.ids, self.columns, self.bytes = Ids(), {}, 0
 
@@ -89,12 +92,15 @@ class ParquetSink:
         writer, self.writer = self.writer, None  # once: abort may follow a failed finish
         if writer is not None:
             writer.close()
+        if self.file is not None:
+            self.file.close()
         self.tmp.unlink(missing_ok=True)
 
     def finish(self) -> list[tuple[Path, str]]:
         if len(self.ids):
             self._flush()
         self.writer.close()
+        self.file.close()
         return [(self.tmp, self.name)]
 
 
