@@ -11,8 +11,10 @@ PACKAGE = Path(__file__).resolve().parent.parent / "graphrun"
 # bottom to top: a package may import its own modules and those of the packages before it
 LAYERS = ["base", "spec", "manifest", "models", "engine", "generate", "read", "plan", "write",
           "feed", "job", "init", "experiments", "scale", "cli"]
-# the public API (graphrun/__init__.py), `python -m graphrun`, graphrun.ray.dataset_map
+# the public API (graphrun/__init__.py), `python -m graphrun`, graphrun.ray.dataset_map: the
+# top layer, above cli, so no package reaches the API through the root
 TOP_LEVEL = {"__init__.py", "__main__.py", "ray.py"}
+ROOT = len(LAYERS)
 
 
 def modules() -> dict[str, Path]:
@@ -53,7 +55,11 @@ def imports(module: str, path: Path, known: dict) -> set[str]:
 
 def layer(module: str) -> int | None:
     parts = module.split(".")
-    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else None
+    if parts[0] != "graphrun":
+        return None
+    if len(parts) == 1 or f"{parts[1]}.py" in TOP_LEVEL:
+        return ROOT
+    return LAYERS.index(parts[1]) if parts[1] in LAYERS else None
 
 
 def test_every_package_imports_only_the_layers_below_it():
@@ -81,6 +87,17 @@ def test_the_layering_test_sees_an_import_up(tmp_path):
     known = {"graphrun.base.m": path, "graphrun.cli.main": path}
     deps = imports("graphrun.base.m", path, known)
     assert [d for d in deps if layer(d) > layer("graphrun.base.m")] == ["graphrun.cli.main"]
+
+
+def test_the_layering_test_sees_an_import_of_the_package_root(tmp_path):
+    # `import graphrun` inside a package reaches the public API from below it
+    path = tmp_path / "m.py"
+    path.write_text("def f():\n    import graphrun\n    return graphrun.Runner\n")
+    known = {"graphrun.plan.m": path, "graphrun": path}
+    deps = imports("graphrun.plan.m", path, known)
+    assert [d for d in deps if layer(d) > layer("graphrun.plan.m")] == ["graphrun"]
+    assert layer("graphrun") > layer("graphrun.cli.main") == layer("graphrun.cli")
+    assert layer("graphrun.ray") == layer("graphrun.__main__") == layer("graphrun")
 
 
 def test_no_import_circle():

@@ -167,9 +167,9 @@ def open_graphrun(stack: contextlib.ExitStack, spec: PipelineSpec, mode: str, ba
                   ) -> Session:
     """One graphrun Runner for the whole spec, every bucket set up (and dropped, over a memory
     budget) before any is timed."""
-    import graphrun
+    from graphrun.engine.runner import Runner
 
-    runner = stack.enter_context(graphrun.Runner(_with(spec, "capture", lazy=False)))
+    runner = stack.enter_context(Runner(_with(spec, "capture", lazy=False)))
     session = Session(mode)
     for name, c in bucket_costs(runner).items():
         if name not in batches or c.get("status") == "skipped":
