@@ -180,3 +180,43 @@ def test_the_private_read_check_sees_one():
     defined, read = private_reads(ast.parse(
         "class A:\n    _b = 1\n    def f(self):\n        self._c = other._d\n"))
     assert defined == {"_b", "_c", "f"} and read == {"_d"}
+
+
+def defined_names(tree: ast.Module) -> list[str]:
+    """A module's own names that something must call: its top-level functions, classes and
+    constants, and its classes' plain methods (decorated ones are called by what decorates
+    them: validators, properties, registered operators)."""
+    names = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.decorator_list:
+            names.append(node.name)
+        if isinstance(node, ast.ClassDef):
+            names += [m.name for m in node.body if isinstance(m, ast.FunctionDef)
+                      and not m.decorator_list and not m.name.startswith("__")]
+        if isinstance(node, ast.Assign):
+            names += [t.id for t in node.targets
+                      if isinstance(t, ast.Name) and not t.id.startswith("__")]
+    return names
+
+
+def test_no_name_is_defined_and_never_used():
+    """A function, class, method or constant named nowhere but its definition (in the package,
+    the tests, scripts/, benchmarks/, examples/) is dead code: delete it."""
+    import collections
+    import re
+
+    root = PACKAGE.parent
+    used = collections.Counter()
+    for folder in ("graphrun", "tests", "scripts", "benchmarks", "examples", "pipelines"):
+        for path in (root / folder).rglob("*"):
+            if path.suffix in (".py", ".sh", ".yaml", ".toml"):
+                used.update(re.findall(r"[A-Za-z_]\w*", path.read_text(errors="replace")))
+    dead = [f"{module}.{name}" for module, path in modules().items()
+            for name in defined_names(ast.parse(path.read_text())) if used[name] <= 1]
+    assert not dead, "defined and never used:\n" + "\n".join(sorted(dead))
+
+
+def test_the_dead_code_check_sees_a_method_and_a_constant():
+    tree = ast.parse("X = 1\nclass A:\n    @property\n    def p(self): ...\n"
+                     "    def m(self): ...\n    def __init__(self): ...\ndef f(): ...\n")
+    assert defined_names(tree) == ["X", "A", "m", "f"]

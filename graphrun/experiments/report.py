@@ -391,10 +391,6 @@ def run_blocks(folders: list[Path]) -> list[Block]:
     return blocks + ["<h2>Per bucket</h2>", *c.drawn(figures, LEFT_OUT)]
 
 
-def run_figures(folders: list[Path]) -> list[tuple[str, object]]:
-    return [b for b in run_blocks(folders) if isinstance(b, tuple)]  # what the page draws
-
-
 def sweep_figures(folder: Path) -> list[tuple[str, object]]:
     from graphrun.experiments.sweep_report import sweep_figures as figures
 

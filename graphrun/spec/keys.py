@@ -138,8 +138,6 @@ class InputSpec(Strict):
     finite: bool = Field(False, description="Float inputs: reject records holding NaN or Inf.")
 
 
-REDUCE_OPS = ("mean_pool", "cls_pool", "last_pool", "l2_normalize", "softmax", "log_softmax",
-              "argmax")
 ReduceOp = Literal["mean_pool", "cls_pool", "last_pool", "l2_normalize", "softmax",
                    "log_softmax", "argmax"]
 

@@ -219,12 +219,6 @@ def apply_overrides(data: Any, overrides: list[str], pos: Positions) -> list[Pro
     return problems
 
 
-_NICER = {
-    "extra_forbidden": "unknown key",
-    "missing": "required key is missing",
-}
-
-
 def _pydantic_problems(err: ValidationError, pos: Positions, data: Any) -> list[Problem]:
     problems = []
     for e in err.errors():
