@@ -867,19 +867,19 @@ def test_parquet_chunks_checked_on_the_pool_read_as_on_the_readers_thread(
     reader's thread, the same values, dtypes, ids, rejects and reasons, in file order."""
     import threading
 
-    from graphrun.read import checks as record_checks
+    from graphrun.read import checks
 
     path = write_mixed_row_groups(tmp_path / "d.parquet")
     spec = make_spec(path, MIXED, id_field="id", batch_size=3, on_bad_record="skip")
     where = []  # (thread, first row) of each chunk prechecked
-    precheck = record_checks.precheck
+    precheck = checks.precheck
 
     def recorded(spec, c):
         where.append((threading.current_thread().name.split("_")[0], int(c.indices[0])))
         return precheck(spec, c)
 
     monkeypatch.setattr(parquet_in, "precheck", recorded)  # on the pool threads
-    monkeypatch.setattr(record_checks, "precheck", recorded)  # by RecordChecker.check
+    monkeypatch.setattr(checks, "precheck", recorded)  # by RecordChecker.check
 
     def read(tuning):
         ids, rejects, batches = everything(spec, start=start, stop=stop, tuning=tuning)

@@ -1,9 +1,9 @@
 """The command line: a thin layer over the Python API.
 
 A user error (GraphrunError) prints one message and exits non-zero, without a traceback unless
---debug is given (cli_errors.py); anything else is a bug in graphrun and keeps its traceback.
+--debug is given (errors.py); anything else is a bug in graphrun and keeps its traceback.
 This module holds the group and the verbs of a run (run, validate, schema, init); the experiment
-verbs are cli_experiments.py's.
+verbs are experiments.py's.
 """
 
 from __future__ import annotations

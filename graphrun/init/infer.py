@@ -1,6 +1,6 @@
 """`graphrun init`: write a first spec from the user's model and data file.
 
-data sample (init_data.py) -> buckets (powers of two up to the sample's largest) -> the model,
+data sample (sample.py) -> buckets (powers of two up to the sample's largest) -> the model,
 built as `run` builds it -> how it is called (keyword by name, else positional) -> two probe
 calls on small padded batches of real records (output names, dtypes, which output sizes follow
 batch or a bucket axis) -> the spec, commented, written beside its JSON schema and validated.

@@ -48,7 +48,7 @@ class Progress:
             self._lines.tokens = tokens
 
     def set_total(self, total: int | None) -> None:
-        """The records the run will read, once counted (beside setup: pipeline.open_sinks)."""
+        """The records the run will read, once counted (beside setup: spine.open_sinks)."""
         if self._lines is not None:
             self._lines.total = total
         elif self._bar is not None:
@@ -258,7 +258,7 @@ def biggest_phases(manifest, count: int = 3) -> str | None:
             + ", ".join(f"{p.name} {p.s:.2f} s ({p.s / total:.0%})" for p in top))
 
 
-# host_phase_s keys, as the summary names them: what each thread does (feed.py)
+# host_phase_s keys, as the summary names them: what each thread does (feed/loop.py)
 _STEPS = (("read", "read"), ("stage", "pad"), ("launch", "launch"),
           ("device_wait", "device wait"), ("write", "write"))
 

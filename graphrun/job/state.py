@@ -258,7 +258,7 @@ class RunResources:
         self.device_start = device_start  # the CUDA context begun beside setup
         self.model_files = model_files(spec.model, spec.base_dir)
         # for --resume: the same input and model; a job's worker is given the digests its job
-        # hashed once (scale/input_digest.py)
+        # hashed once (scale/local/input_digest.py)
         hashes = hashes or RunHashes.own(spec.data.path, self.model_files)
         self.input_hash, self.model_hash = hashes.input, hashes.model
         self.place = None  # a job's worker: where its shards go (journal.ShardPlace)

@@ -1,5 +1,5 @@
-"""The spec's generate: section: a generation job over a causal LM (GENERATION.md fixes the
-keys). Rules tying it to the rest of the spec are spec_checks._generate's."""
+"""The spec's generate: section: a generation job over a causal LM (docs/generation.md
+describes the keys). Rules tying it to the rest of the spec are rules._generate's."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ GENERATE_DOC = (
     "llama): data.text's prompts in, one completion per record out (id, token_ids, text, "
     "finish_reason, prompt_tokens, output_tokens); buckets batch and seq (prompt lengths). "
     "null: one forward pass per record.")
-# The pipeline schema says what spec_checks._sections says: inputs and outputs are required
+# The pipeline schema says what rules._sections says: inputs and outputs are required
 # without generate:, and refused with it.
 IMPLIED_SECTIONS_SCHEMA = {
     "if": {"properties": {"generate": {"type": "object"}}, "required": ["generate"]},

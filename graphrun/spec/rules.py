@@ -223,7 +223,7 @@ def _ranges(spec: PipelineSpec) -> Found:
 
 
 def _ragged_npy(spec: PipelineSpec) -> Found:
-    if spec.output.format != "npy":  # the one format of fixed-shape outputs (outputs/npy.py)
+    if spec.output.format != "npy":  # the one format of fixed-shape outputs (write/sinks/npy.py)
         return
     for name, item in spec.outputs.items():
         ragged = [d for d in item.shape[1:] if isinstance(d, str)]

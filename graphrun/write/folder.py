@@ -70,7 +70,7 @@ def own_entries(out_dir: Path, listed: set[str], unfinished: list[ShardPlace]
 
 def _workers_own(folder: Path) -> bool:
     """workers/ holds only rank-K folders of graphrun's bookkeeping files, and their progress
-    and log files (scale/layout.py)."""
+    and log files (job_layout.py)."""
     if folder.is_symlink() or not folder.is_dir():
         return False
     for sub in folder.iterdir():

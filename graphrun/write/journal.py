@@ -1,6 +1,6 @@
 """The output folder's bookkeeping: run.json, the crash-safe journal, and resume.
 
-An output folder holds, besides the shards (see outputs/ for their names):
+An output folder holds, besides the shards (see sinks/ for their names):
 
     run.json        the run's fingerprint ({"spec_sha256", "input_sha256", "model_sha256":
                     {role: sha256} of its files, "slice", "shards": the shard file
@@ -27,7 +27,7 @@ next_index are dropped as they come again), shard numbering at
 k + 1, and rejects.jsonl is cut back to rejects_bytes, so nothing after the last commit is kept
 and nothing before it is repeated. Every line is verified first (journal_line): its checksum
 chain, shard numbers without a gap (a job's worker starts at its share's first shard, and
-its shards sit in the job's folder: scale/layout.py), row counts, next_index = first + rows +
+its shards sit in the job's folder: job_layout.py), row counts, next_index = first + rows +
 rejects.
 """
 

@@ -43,7 +43,7 @@ def jsonl_candidates(spec: PipelineSpec, file: str, lines: list[bytes], linenos:
     text = spec.data.text
     keyed = expected if text is None else set(text.fields) | ({id_field} if id_field else set())
     reasons = repeated_keys(lines, keyed, list(reasons))
-    if spec.data.text is not None:  # a text field tokenized into the inputs (inputs/text.py)
+    if spec.data.text is not None:  # a text field tokenized into the inputs (read/text.py)
         from graphrun.read.text import jsonl_text_candidates
         return jsonl_text_candidates(spec, file, records, reasons, linenos, first)
     good, rejects = [], []

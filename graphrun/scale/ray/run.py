@@ -1,6 +1,6 @@
 """`graphrun run SPEC --ray`: the spec's input read with Ray's readers, mapped through one Runner
-per actor (ray_data.py), written with Ray's writers into the output folder, then rejects.jsonl
-and manifest.json gathered from the actors' statistics and Ray's (ray_manifest.py).
+per actor (data.py), written with Ray's writers into the output folder, then rejects.jsonl
+and manifest.json gathered from the actors' statistics and Ray's (manifest.py).
 
 Order: the DataContext preserves order, so each write task holds the records after the
 previous task's; the files are renamed part-00000.<format>, ... in task order, and reading
@@ -132,7 +132,7 @@ def map_input(spec: PipelineSpec, ray, workers: int | None,
 
 def write_output(mapped, out_dir: Path, spec: PipelineSpec) -> None:
     """Ray's writer for output.format into out_dir (renamed in task order afterwards)."""
-    if spec.output.format == "parquet":  # a task's rows in order (ray_write.py says why)
+    if spec.output.format == "parquet":  # a task's rows in order (write.py says why)
         from graphrun.scale.ray.write import OrderedParquetSink
 
         mapped.write_datasink(OrderedParquetSink(str(out_dir), spec.output.rows_per_file))
