@@ -295,3 +295,22 @@ def test_every_module_a_comment_names_exists():
 def test_the_named_files_check_reads_paths():
     assert named_files("see record_checks.py and (scale/layout.py), not x.pyc") == [
         "record_checks.py", "scale/layout.py"]
+
+
+# helpers every layer needs, defined once in base/: what writing one again looks like
+HELPERS = {
+    "base.units.MiB": r"^MiB = ",
+    "base.phases.utc_now": r"timezone\.utc\)",
+    "base.errors.error_chain": r"__context__ or \w+\.__cause__|__cause__ or \w+\.__context__",
+    "base.digest.file_sha256": r"hashlib\.sha256\(\)\n(?:.*\n){0,3}.*\.read\(",
+}
+
+
+def test_base_helpers_are_not_written_again():
+    import re
+
+    again = [f"{module}: {helper}" for module, path in modules().items()
+             if not module.startswith(("graphrun.base", *REWRITING))
+             for helper, pattern in HELPERS.items()
+             if re.search(pattern, path.read_text(), re.M)]
+    assert not again, "written again instead of imported from base/:\n" + "\n".join(again)

@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from graphrun.base.units import MiB
 from graphrun.base.errors import GraphrunError, first_line
 from graphrun.engine.capture import setup_failed
 from graphrun.engine.probe import bucket_costs, synthetic_batch
@@ -380,6 +381,6 @@ def bench_table(result: Bench):
                           range_text(m.p50_spread_us, ",.0f"),
                           f"{lat['p90']:,.0f}", f"{lat['p99']:,.0f}", speedup_text(m),
                           "-" if m.capture_s is None else f"{m.capture_s:.3f}",
-                          "-" if m.memory_bytes is None else f"{m.memory_bytes / 2**20:,.1f}",
+                          "-" if m.memory_bytes is None else f"{m.memory_bytes / MiB:,.1f}",
                           {True: "passed", False: "FAILED", None: "-"}[m.verify])
     return table

@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 from typing import Optional, Union
 
+from graphrun.base.units import MiB
 from graphrun.experiments import charts as c
 from graphrun.experiments.compare import load_manifest
 
@@ -165,7 +166,7 @@ def memory_chart(go, runs):
     for label, m in runs:
         buckets = _set_up(m)
         fig.add_bar(name=f"{label} graph MiB", x=[b["name"] for b in buckets],
-                    y=[(b.get("memory_bytes") or 0) / 2**20 for b in buckets])
+                    y=[(b.get("memory_bytes") or 0) / MiB for b in buckets])
     c.layout(fig, "Graph memory per bucket (the capture pool's growth)",
              yaxis=c.value_axis("MiB"))
     return fig
@@ -315,7 +316,7 @@ def generation_html(runs: list[tuple[str, dict]]) -> str:
                      _pcts(g["tpot_ms"]),
                      ", ".join(f"{k} {v:,}" for k, v in g["finish_reasons"].items()) or "-",
                      f"{100 * g['wasted_fraction']:.1f}%",
-                     f"{g['kv_cache_bytes'] / 2**20:,.1f}", c.fmt(
+                     f"{g['kv_cache_bytes'] / MiB:,.1f}", c.fmt(
                          None if g.get("mbu") is None else 100 * g["mbu"], ".1f", "%"),
                      "-" if waited is None else f"{waited:,} of {g['decode_steps']:,}",
                      f"{g.get('prompts_truncated', 0):,} / {g.get('prompts_rejected', 0):,}",

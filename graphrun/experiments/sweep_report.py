@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from graphrun.base.units import MiB
 from graphrun.experiments.stats import range_text
 from graphrun.experiments.sweep import Sweep
 
@@ -83,7 +84,7 @@ def sweep_table(result: Sweep):
                          range_text(v.output_tokens_per_s_spread, ",.1f")] if tokens else []),
                       _fmt(v.p50_us, ",.0f"), _fmt(v.p99_us, ",.0f"),
                       range_text(v.p99_us_spread, ",.0f"), _fmt(v.capture_s, ".2f"),
-                      _fmt((v.memory_bytes or 0) / 2**20, ",.1f"),
+                      _fmt((v.memory_bytes or 0) / MiB, ",.1f"),
                       _fmt(100 * v.padding_waste if v.padding_waste is not None else None,
                            ".1f") + "%", v.verify or "-", equal, _pick(v))
     return table
@@ -125,7 +126,7 @@ def sweep_figures(go, folder: Path) -> list:
         tokens.add_bar(name="output tokens/s", x=names, y=[v.output_tokens_per_s for v in done])
         c.layout(tokens, "Output tokens/s per variant", yaxis=c.value_axis("tokens/s"))
         out.append(("tokens", tokens))
-    mib = [(v.memory_bytes or 0) / 2**20 for v in done]
+    mib = [(v.memory_bytes or 0) / MiB for v in done]
     if c.has_data(mib):  # without graph memory (eager) every point sits on x = 0
         front = sorted((m, v.records_per_s, v.name) for m, v in zip(mib, done) if v.pareto)
         scatter = go.Figure()
@@ -203,7 +204,7 @@ def sweep_html(folder: Path) -> str:
             cells += [_fmt(v.records_per_s, ",.1f"), range_text(v.records_per_s_spread, ",.1f"),
                       _fmt(v.p50_us, ",.0f"), _fmt(v.p99_us, ",.0f"),
                       range_text(v.p99_us_spread, ",.0f"), _fmt(v.capture_s, ".2f"),
-                      _fmt((v.memory_bytes or 0) / 2**20, ",.1f"),
+                      _fmt((v.memory_bytes or 0) / MiB, ",.1f"),
                       _fmt(None if v.padding_waste is None else 100 * v.padding_waste, ".1f"),
                       v.verify or "-", "-" if v.outputs_equal_first is None else
                       ("yes" if v.outputs_equal_first else "NO"), _pick(v)]

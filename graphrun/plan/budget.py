@@ -24,10 +24,10 @@ import numpy as np
 
 from graphrun.engine.buckets import split_sizes
 from graphrun.base.errors import Problem, SpecError
+from graphrun.base.units import MiB
 from graphrun.plan.planner import Evaluation, Histogram, evaluate, plan
 from graphrun.spec.keys import BATCH
 
-MiB = 1 << 20
 CAP_STEP = 0.8  # a pool per graph over budget: the batch cap is lowered by this factor a try
 
 

@@ -34,6 +34,7 @@ rejects.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -45,6 +46,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from graphrun.base.digest import file_sha256
 from graphrun.base.errors import InputError, OutputError
 from graphrun.write import digests
 from graphrun.write.guard import check_rejects_sha256, file_differs, refuse_foreign
@@ -116,11 +118,7 @@ class ResumePoint:
 
 
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+    return file_sha256(path).hexdigest()
 
 
 class InputHash:
@@ -129,14 +127,10 @@ class InputHash:
     would take the GIL from the runner's and reader's threads now and then. result() waits
     for it; stop() abandons it (a run that failed in setup needs no hash)."""
 
-    # sha256_file's loop, standalone: the child runs isolated (-I), where graphrun may not be
+    # base/digest.py's source: the child runs isolated (-I), where graphrun may not be
     # importable (a checkout on PYTHONPATH, as on the GPU machine)
-    CHILD = ("import hashlib, sys\n"
-             "h = hashlib.sha256()\n"
-             "with open(sys.argv[1], 'rb') as f:\n"
-             "    while chunk := f.read(1 << 20):\n"
-             "        h.update(chunk)\n"
-             "print(h.hexdigest())\n")
+    CHILD = (inspect.getsource(inspect.getmodule(file_sha256)) +
+             "\nimport sys\nprint(file_sha256(sys.argv[1]).hexdigest())\n")
 
     def __init__(self, path: Path):
         self.path = path

@@ -18,7 +18,7 @@ from graphrun.base.tuning import Tuning
 from graphrun.plan.auto import resolve_auto
 from graphrun.read.formats import reader_for
 from graphrun.read.stream import job_duplicates
-from graphrun.base.errors import GraphrunError, InputError, OutputError
+from graphrun.base.errors import GraphrunError, InputError, OutputError, error_chain
 from graphrun.write.folder import locked, prepare_out_dir
 from graphrun.write.journal import REJECTS
 from graphrun.manifest.keys import Manifest, spec_digest, write_manifest
@@ -188,11 +188,5 @@ def graphrun_cause(err: BaseException, collector) -> GraphrunError | None:
     told = collector.failure() if collector is not None else None
     if told is not None:
         return GraphrunError(told)
-    seen = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        if isinstance(err, GraphrunError) and type(err).__module__.startswith("graphrun"):
-            return err
-        cause = getattr(err, "cause", None)
-        err = cause if isinstance(cause, BaseException) else (err.__cause__ or err.__context__)
-    return None
+    return next((e for e in error_chain(err) if isinstance(e, GraphrunError)
+                 and type(e).__module__.startswith("graphrun")), None)
