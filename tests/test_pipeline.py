@@ -304,11 +304,16 @@ def test_the_summary_names_reading_as_the_limit_where_it_is():
 
     from graphrun.job.progress import stream_breakdown
 
-    def totals(read: float, write: float):
-        return SimpleNamespace(stream_s=10.0, overlapped=True, host_phase_s={
+    def totals(read: float, write: float, out: int = 100):
+        return SimpleNamespace(stream_s=10.0, overlapped=True, records_out=out, host_phase_s={
             "read": read, "stage": 1.0, "launch": 2.0, "device_wait": 9.5, "write": write})
 
-    text = stream_breakdown(totals(read=9.0, write=1.0))
-    assert "busiest: read (reading the input limits the rate; for Parquet, write row groups of " \
-           "at most 65,536 records" in text
-    assert stream_breakdown(totals(read=1.0, write=6.0)).endswith("busiest: write")
+    text = stream_breakdown(totals(read=9.0, write=1.0), "data/in.parquet")
+    assert "busiest: read (reading the input limits the rate: write row groups of at most " \
+           "65,536 records" in text
+    assert stream_breakdown(totals(read=1.0, write=6.0), "in.parquet").endswith("busiest: write")
+    # a JSONL input's advice is JSONL's; with every record rejected, reading is all that ran
+    text = stream_breakdown(totals(read=9.0, write=1.0), "in.jsonl")
+    assert "row groups" not in text and ("orjson" in text or "binary format" in text)
+    assert stream_breakdown(totals(read=9.0, write=0.0, out=0), "in.jsonl").endswith(
+        "busiest: read")

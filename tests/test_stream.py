@@ -348,6 +348,11 @@ BAD_JSONL = [  # (inputs, line 3 of 5, the record id a reject carries, reason)
     (DECODER, '{"id": "r2", "tokens": [2', None,  # cut short: Python's column, not line 2's
      "invalid JSON: Expecting ',' delimiter (column 26)"),
     (DECODER, '{"id": "r2", "tokens": [2], "positions": 2} {"id": "r9"}', None, "invalid JSON"),
+    (DECODER, '{"id": "r2", "tokens": [2], "positions": 2, "note": "not closed', None,
+     "invalid JSON: the string opened at column 53 is not closed (no closing quote before "
+     "the line ends)"),
+    (DECODER, '{"id": "r2", "tokens": [2], "positions": 2, "note": "a\tb"}', None,
+     "invalid JSON: Invalid control character (column 55)"),
     (DECODER, '{"id": "r2", "tokens": [2], "positions": 2}, {"id": "r9", "tokens": [9], '
               '"positions": 9}', None, "invalid JSON: Extra data"),
     (DECODER, "[1, 2]", None, "the record is an array; expected an object"),

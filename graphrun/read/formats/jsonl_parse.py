@@ -140,6 +140,15 @@ def _loads_block(text: bytes):
     return json.loads(text.decode("utf-8"))
 
 
+def _unclosed_string(text: str) -> int | None:
+    """The column of the opening quote of a string the line never closes, or None."""
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as e:
+        return e.pos + 1 if e.msg.startswith("Unterminated string") else None
+    return None
+
+
 def _parse_line(line: bytes) -> tuple[object, str]:
     """(value, "") or (None, reason)."""
     truncated = "truncated last line (the file ends mid-record)"
@@ -157,7 +166,12 @@ def _parse_line(line: bytes) -> tuple[object, str]:
         # the line's own column: a line cut short fails past its newline, at "column 1" of
         # a second line, so the position is taken within the line without it
         text = line.rstrip(b"\r\n").decode("utf-8")
-        return None, f"invalid JSON: {e.msg} (column {min(e.pos, len(text)) + 1})"
+        opened = _unclosed_string(text) if e.pos >= len(text) else None
+        if opened is not None:  # json names the newline, a control character, not the cause
+            return None, (f"invalid JSON: the string opened at column {opened} is not closed "
+                          "(no closing quote before the line ends)")
+        return None, (f"invalid JSON: {e.msg.removesuffix(' at')} "
+                      f"(column {min(e.pos, len(text)) + 1})")
     except ValueError:  # Python's limit on an integer's digits (sys.get_int_max_str_digits)
         return None, (f"a number of more than {sys.get_int_max_str_digits()} digits, "
                       "longer than Python reads: not a record")
