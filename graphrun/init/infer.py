@@ -439,8 +439,11 @@ def sample_notes(dtype: str, p: DataProfile) -> list[str]:
                                "none: a record's position in the file is its id")]
     if p.skipped:
         out.append(f"{len(p.skipped)} records of the sample could not be used and were left "
-                   f"out (the first: {p.skipped[0]}); `run` rejects them "
-                   "(data.on_bad_record: skip) or stops at them (error)")
+                   "out; `run` rejects them (data.on_bad_record: skip) or stops at them "
+                   "(error):")
+        out += p.skipped[:MAX_LISTED]
+        if len(p.skipped) > MAX_LISTED:
+            out.append(f"... and {len(p.skipped) - MAX_LISTED} more")
     if p.disagree:
         out.append(f"{len(p.disagree)} records disagree with the rest of the sample and were "
                    "left out of what was inferred; `run` rejects them (data.on_bad_record: "

@@ -39,7 +39,7 @@ def jsonl_candidates(spec: PipelineSpec, file: str, lines: list[bytes], linenos:
     records = _parse_together(lines)
     reasons = [""] * len(lines)
     if records is None:  # some line is bad: parse line by line for its reason
-        records, reasons = zip(*map(_parse_line, lines))
+        records, reasons = zip(*map(parse_line, lines))
     text = spec.data.text
     keyed = expected if text is None else set(text.fields) | ({id_field} if id_field else set())
     reasons = repeated_keys(lines, keyed, list(reasons))
@@ -77,7 +77,7 @@ def line_ids(lines: list[bytes], id_field: str, first: int) -> tuple[list[int], 
     whose id field parses as an int or a str: the lines parsed, no field converted."""
     records = _parse_together(lines)
     if records is None:  # some line is bad: it has no id
-        records = [_parse_line(line)[0] for line in lines]
+        records = [parse_line(line)[0] for line in lines]
     ordinals, ids = [], []
     for p, record in enumerate(records):
         rid = record.get(id_field) if type(record) is dict else None
@@ -149,7 +149,7 @@ def _unclosed_string(text: str) -> int | None:
     return None
 
 
-def _parse_line(line: bytes) -> tuple[object, str]:
+def parse_line(line: bytes) -> tuple[object, str]:
     """(value, "") or (None, reason)."""
     truncated = "truncated last line (the file ends mid-record)"
     last = not line.endswith(b"\n")  # only the file's last line can lack one
