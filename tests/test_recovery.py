@@ -582,5 +582,6 @@ def test_a_copied_run_folder_resumes_where_it_now_is(tmp_path):
                                ["data.batch_size=4"])
     journal = tmp_path / "copy" / "journal.jsonl"
     journal.write_text(journal.read_text().splitlines(keepends=True)[0])
-    with pytest.raises(graphrun.OutputError, match="data.batch_size was"):
+    with pytest.raises(graphrun.OutputError, match="data.batch_size was") as err:
         graphrun.run(other, out=tmp_path / "copy", resume=True)
+    assert "output.dir" not in str(err.value)  # the key that moved is no change to repeat
