@@ -7,7 +7,7 @@ from graphrun.spec.load import load_spec
 
 
 def run(spec, **kwargs):
-    """The whole job: the spec's input file -> outputs + manifest (see pipeline.run)."""
+    """The whole job: the spec's input file -> outputs + manifest (see job/spine.run)."""
     from graphrun.job.spine import run as _run
 
     return _run(spec, **kwargs)

@@ -430,7 +430,7 @@ def test_a_full_disk_when_latencies_are_written_at_a_shard_s_hand_over(tmp_path,
 
 
 def test_a_full_disk_while_the_manifest_is_written_fails_cleanly(tmp_path, monkeypatch):
-    from graphrun.manifest import keys as manifest_module
+    from graphrun.manifest import keys
     spec = make_job(tmp_path)
     out = tmp_path / "out"
 
@@ -444,7 +444,7 @@ def test_a_full_disk_while_the_manifest_is_written_fails_cleanly(tmp_path, monke
             run_job(spec, out)
     assert not (out / "manifest.json.tmp").exists()
     run_job(spec, out, resume=True)
-    assert manifest_module.Manifest.model_validate_json((out / "manifest.json").read_text())
+    assert keys.Manifest.model_validate_json((out / "manifest.json").read_text())
 
 
 # ---- 12. latencies.jsonl across a crash --------------------------------------------------------
@@ -454,10 +454,10 @@ def test_every_committed_batch_has_its_latency_line_on_disk_before_its_journal_l
     """What a kill -9 leaves is what is on disk at that moment: so at each journal append, the
     lines of every batch below the line's re-read point must be in latencies.jsonl, numbered
     1, 2, 3, ... (a resume keeps those and logs the rest again)."""
-    from graphrun.write import shards as write
+    from graphrun.write import shards
     spec = make_job(tmp_path, n=200)
     out = tmp_path / "out"
-    real, checked = write.append_journal, []
+    real, checked = shards.append_journal, []
 
     def append(out_dir, shard, files, rows, next_index, rejects_bytes, rejects, read_from, **k):
         lines = [json.loads(x) for x in (out_dir / "latencies.jsonl").read_text().splitlines()]
@@ -468,7 +468,7 @@ def test_every_committed_batch_has_its_latency_line_on_disk_before_its_journal_l
         return real(out_dir, shard, files, rows, next_index, rejects_bytes, rejects, read_from,
                     **k)
 
-    monkeypatch.setattr(write, "append_journal", append)
+    monkeypatch.setattr(shards, "append_journal", append)
     run_job(spec, out)
     assert len(checked) == 67
 
@@ -555,17 +555,17 @@ def signal_number(name: str) -> int:
 def test_sigterm_during_setup_stops_the_run_at_once(tmp_path, monkeypatch):
     import signal
     import time
-    from graphrun.job import spine as pipeline
+    from graphrun.job import spine
     from graphrun.base.errors import Interrupted
     spec = make_job(tmp_path)
 
-    class SlowSetup(pipeline.Runner):
+    class SlowSetup(spine.Runner):
         def __init__(self, *a, **k):
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(30)  # setup that would go on long after the signal
             super().__init__(*a, **k)
 
-    monkeypatch.setattr(pipeline, "Runner", SlowSetup)
+    monkeypatch.setattr(spine, "Runner", SlowSetup)
     t0 = time.perf_counter()
     with pytest.raises(Interrupted) as err:
         run_job(spec, tmp_path / "out")
@@ -596,9 +596,9 @@ def test_a_bucket_grid_past_the_limit_is_refused(tmp_path):
 
 def test_static_buffers_past_the_machine_s_memory_are_refused_with_the_figure(tmp_path,
                                                                              monkeypatch):
-    from graphrun.spec import rules as spec_checks
+    from graphrun.spec import rules
 
-    monkeypatch.setattr(spec_checks, "_memory_bytes", lambda: 24 * 2**30)  # any machine's size
+    monkeypatch.setattr(rules, "_memory_bytes", lambda: 24 * 2**30)  # any machine's size
     spec = make_job(tmp_path)
     with pytest.raises(SpecError, match=r"buckets: the static buffers at the largest bucket "
                                         r"\(batch=2,147,483,647\) need 56\.0 GiB"):

@@ -124,23 +124,23 @@ def test_the_fastest_mode_is_named_only_beyond_the_noise():
 
 @pytest.mark.parametrize("when", ["setting up", "timed"])
 def test_a_failing_mode_is_a_note_not_the_end(write_spec, monkeypatch, when):
-    import graphrun.experiments.bench as b
+    from graphrun.experiments import bench
 
-    real = b.open_graphrun
+    real = bench.open_graphrun
 
     def failing(stack, spec, mode, batches):
         if mode == "compile" and when == "setting up":
             raise RuntimeError("inductor exploded\nmore lines")
         if mode == "compile":  # the plain model stands in: what is tested is the bench's part
-            spec = b._with(spec, "model", compile=False)
+            spec = bench._with(spec, "model", compile=False)
         session = real(stack, spec, mode, batches)
         if mode == "compile":  # its second bucket's step fails
             session.steps["batch=2"] = lambda batch: (_ for _ in ()).throw(
                 RuntimeError("inductor exploded\nmore lines"))
         return session
 
-    monkeypatch.setattr(b, "open_graphrun", failing)
-    result = bench(graphrun.load_spec(write_spec()), iters=2, warmup=0, compile=True,
+    monkeypatch.setattr(bench, "open_graphrun", failing)
+    result = bench.bench(graphrun.load_spec(write_spec()), iters=2, warmup=0, compile=True,
                    repeats=2, log=lambda m: None)
     assert "compile failed: RuntimeError: inductor exploded" in result.notes
     # a mode failing part-way is dropped whole: no bucket keeps its half-done timings

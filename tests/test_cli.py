@@ -126,20 +126,20 @@ def test_schema_outside_a_checkout_writes_nothing_and_says_how(tmp_path):
 
 
 def test_schema_in_a_checkout_rewrites_that_checkout_only(tmp_path, monkeypatch):
-    from graphrun.manifest import schema as schemas
+    from graphrun.manifest import schema
 
     (tmp_path / "graphrun" / "spec").mkdir(parents=True)
     (tmp_path / "graphrun" / "spec" / "keys.py").write_text("")
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "graphrun"\n')
     (tmp_path / "docs").mkdir()
     page = tmp_path / "docs" / "spec.md"
-    page.write_text(f"top\n{schemas.REF_START}\nOLD TABLE\n{schemas.REF_END}\n")
+    page.write_text(f"top\n{schema.REF_START}\nOLD TABLE\n{schema.REF_END}\n")
     (tmp_path / "README.md").write_text("readme\n")
     (tmp_path / "sub").mkdir()
     monkeypatch.chdir(tmp_path / "sub")
     refused = cli("schema")  # the checkout is not the graphrun running
     assert refused.exit_code == 2 and "is not the checkout's" in refused.output
-    monkeypatch.setattr(schemas, "PACKAGE_DIR", tmp_path / "graphrun")
+    monkeypatch.setattr(schema, "PACKAGE_DIR", tmp_path / "graphrun")
     assert cli("schema").exit_code == 0
     assert json.loads((tmp_path / "schemas" / "pipeline.schema.json").read_text())["title"]
     assert "`capture.verify.rtol`" in page.read_text()
@@ -163,10 +163,10 @@ def test_debug_is_accepted_after_the_verb(write_spec):
 def test_a_run_outside_a_terminal_prints_progress_lines_summary_and_warnings(
         write_spec, monkeypatch):
     from graphrun.job import progress
-    from graphrun.job import state as run_state
+    from graphrun.job import state
 
     monkeypatch.setattr(progress, "LINE_S", 0.0)  # a line every batch
-    monkeypatch.setattr(run_state, "spread_warning",
+    monkeypatch.setattr(state, "spread_warning",
                         lambda values, what, *_, **__: f"{what}: spread too wide to trust")
     result = cli("run", write_spec())  # CliRunner's stdout is no terminal
     assert result.exit_code == 0, result.output
@@ -246,12 +246,12 @@ def test_an_output_folder_that_cannot_be_made_is_one_clear_error(write_spec, tmp
 
 def test_a_full_disk_mid_run_is_an_output_error_and_the_manifest_says_failed(
         write_spec, tmp_path, monkeypatch):
-    from graphrun.write import shards as write
+    from graphrun.write import shards
 
     def no_space(self, *args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(write.ShardWriter, "write", no_space)
+    monkeypatch.setattr(shards.ShardWriter, "write", no_space)
     result = cli("run", write_spec(), "-q")
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "No space left on device" in result.output and "--resume" in result.output

@@ -144,7 +144,7 @@ def test_captured_generation_with_the_kernel_gives_the_general_paths_completions
 def test_a_kernel_that_fails_leaves_the_general_path_and_says_so_once(monkeypatch):
     """A GPU or Triton the kernel cannot run on: the step still attends (the general path's
     answer), the kernel is not tried again, and the graph table names the failure once."""
-    from graphrun.generate import decode_attention as da
+    from graphrun.generate import decode_attention
     from graphrun.generate import kv_cache
 
     calls = []
@@ -153,8 +153,8 @@ def test_a_kernel_that_fails_leaves_the_general_path_and_says_so_once(monkeypatc
         calls.append(1)
         raise RuntimeError("no kernel image for this GPU\nsecond line")
 
-    monkeypatch.setattr(da, "_failures", [])
-    monkeypatch.setattr(kv_cache, "usable", lambda q: not da._failures)
+    monkeypatch.setattr(decode_attention, "_failures", [])
+    monkeypatch.setattr(kv_cache, "usable", lambda q: not decode_attention._failures)
     monkeypatch.setattr(kv_cache, "decode_attend", broken)
     gen = torch.Generator().manual_seed(1)
     ck, cv = torch.randn(2, 2, 8, 4, generator=gen), torch.randn(2, 2, 8, 4, generator=gen)
@@ -165,7 +165,7 @@ def test_a_kernel_that_fails_leaves_the_general_path_and_says_so_once(monkeypatc
     for _ in range(2):
         got = kv_cache._attend(ck.clone(), cv.clone(), q, k, v, mask, col, None)
         assert torch.allclose(got, want)
-    assert len(calls) == 1 and da.failure() == "RuntimeError: no kernel image for this GPU"
+    assert len(calls) == 1 and decode_attention.failure() == "RuntimeError: no kernel image for this GPU"
 
     from graphrun.generate.config import GenerateConfig
     from graphrun.generate.generator import build_generator

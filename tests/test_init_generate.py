@@ -416,3 +416,31 @@ def yaml_lists(output: str) -> dict:
     import yaml
 
     return yaml.safe_load(output[output.rindex("buckets:"):])["buckets"]
+
+
+def test_a_huge_outlier_is_planned_around_and_every_bad_record_is_named(tmp_path):
+    """One prompt of thousands of tokens among short ones: the buckets are planned for the
+    rest, and the outlier is rejected past the largest (data.text.max_length), said with its line;
+    every bad line of the sample is named with its reason."""
+    data = tmp_path / "messy.jsonl"
+    lines = varied_prompts(data, n=120, bad=False)
+    lines[60] = json.dumps({"id": "huge", "prompt": " ".join(["river city"] * 3000)})
+    for k in (10, 30, 50, 70, 90, 110):
+        lines[k] = '{"id": "cut%d", "prompt": "not closed' % k
+    data.write_text("\n".join(lines) + "\n")
+    result, spec_path = init(tmp_path, TINY, data=data)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    spec = graphrun.load_spec(spec_path)
+    seq = spec.buckets["seq"]
+    # a generation spec rejects a prompt over the limit unless truncate is set: said so
+    assert seq[-1] < 896 and spec.data.text.max_length == seq[-1]
+    assert not spec.data.text.truncate
+    assert re.search(rf"1 text far longer than the rest, messy.jsonl:61 \([\d,]+ tokens\), was "
+                     rf"planned without: data.text.max_length {seq[-1]} rejects such a text "
+                     r"with its line", said)
+    assert "6 records of the sample could not be used" in said
+    for k in (10, 30, 50, 70, 90, 110):
+        assert (f"messy.jsonl:{k + 1}: invalid JSON: the string opened at column "
+                in said), k
+    assert cli("validate", spec_path).exit_code == 0

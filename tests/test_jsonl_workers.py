@@ -12,7 +12,7 @@ import pytest
 
 from graphrun.base.errors import InputError
 from graphrun.read.formats import jsonl as jsonl_reader
-from graphrun.read.formats import jsonl_workers as parse_workers
+from graphrun.read.formats import jsonl_workers
 from graphrun.read.stream import read_batches
 from graphrun.base.tuning import Tuning
 from tests.test_stream import DECODER, SEQ, make_spec
@@ -105,7 +105,7 @@ def test_children_read_variable_length_records(tmp_path, monkeypatch, children):
 
 def started_workers(monkeypatch, then=lambda workers: None) -> list:
     """The children of each ParseWorkers made from now on (a list each), after then(it)."""
-    made, workers = [], parse_workers.ParseWorkers
+    made, workers = [], jsonl_workers.ParseWorkers
 
     class Noted(workers):
         def __init__(self, *a, **kw):
@@ -113,7 +113,7 @@ def started_workers(monkeypatch, then=lambda workers: None) -> list:
             made.append(list(self.procs))
             then(self)
 
-    monkeypatch.setattr(parse_workers, "ParseWorkers", Noted)
+    monkeypatch.setattr(jsonl_workers, "ParseWorkers", Noted)
     return made
 
 
@@ -158,7 +158,7 @@ def test_the_first_bad_record_stops_the_run_as_before(tmp_path, monkeypatch, chi
 def test_small_files_and_small_machines_parse_here(tmp_path, monkeypatch):
     """No child for a file under jsonl_workers_min_bytes, nor with jsonl_workers 0."""
     made = []
-    monkeypatch.setattr(parse_workers, "ParseWorkers",
+    monkeypatch.setattr(jsonl_workers, "ParseWorkers",
                         lambda *a: made.append(a) or pytest.fail("a child was started"))
     path = write_lines(tmp_path / "d.jsonl")
     spec = make_spec(path, DECODER, id_field="id", batch_size=7, on_bad_record="skip")

@@ -237,10 +237,10 @@ def test_seq_auto_sets_up_the_models_limit_only_when_a_batch_needs_it(tmp_path, 
     """The plan (from the first 8 texts, all short) ends at the tokenizer's limit for longer
     texts later in the file: not set up while none comes; set up on first use by the batch
     that holds one, with the outputs of a run that set every bucket up at start."""
-    from graphrun.plan import auto as auto_buckets
+    from graphrun.plan import auto
     from tests.test_init_hf import LIMIT
 
-    monkeypatch.setattr(auto_buckets, "AUTO_SAMPLE", 8)
+    monkeypatch.setattr(auto, "AUTO_SAMPLE", 8)
     short = ["the cat sat", "a dog ran on the mat", "big red bird"] * 8  # 24: batches 0-5
     long = " ".join(["the quick small cat and then the slow big dog"] * 4)  # past the limit
     limit = f"batch=4,seq={LIMIT}"

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from graphrun.models.causal import paged_attention as pa
+from graphrun.models.causal import paged_attention
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,7 +79,7 @@ def test_the_reference_equals_dense_attention_over_shuffled_blocks(heads, kv_hea
     lens = [1, 5, 16, 17, 40, 64, 33]
     step = make_step(lens, heads, kv_heads, 16, max_blocks=5, seed=heads)
     want = torch.stack([dense(step, r) for r in range(len(lens))])
-    out = pa.paged_decode_reference(**step)
+    out = paged_attention.paged_decode_reference(**step)
     assert out.shape == (len(lens), 1, heads, 16) and out.is_contiguous()
     assert torch.allclose(out[:, 0], want, atol=1e-5, rtol=1e-5)
 
@@ -87,7 +87,7 @@ def test_the_reference_equals_dense_attention_over_shuffled_blocks(heads, kv_hea
 def test_the_new_key_lands_in_its_slot_and_nothing_else_changes():
     step = make_step([3, 16, 17, 50], 4, 2, 8, max_blocks=4, seed=1)
     before_k, before_v = step["k_cache"].clone(), step["v_cache"].clone()
-    pa.paged_decode_reference(**step)
+    paged_attention.paged_decode_reference(**step)
     changed = torch.zeros(step["k_cache"].shape[:1] + step["k_cache"].shape[2:3], dtype=bool)
     for r in range(4):
         block, offset = slot(step, r)
@@ -113,7 +113,7 @@ def test_padded_rows_and_garbage_past_the_lengths_stay_finite():
     junk = ~owned[:, None, :, None].expand_as(step["k_cache"])
     step["k_cache"][junk] = float("nan")
     step["v_cache"][junk] = float("inf")
-    out = pa.paged_decode_reference(**step)
+    out = paged_attention.paged_decode_reference(**step)
     assert torch.isfinite(out).all()
     assert slot(step, 0) == (0, 0) == slot(step, 2)
     for r in (1, 3):
@@ -126,7 +126,7 @@ def test_write_prefill_fills_the_slots_it_is_given():
     # 20 tokens: the first 16 in block 4, the rest at the start of block 2
     slots = torch.cat([4 * 16 + torch.arange(16), 2 * 16 + torch.arange(4)])
     k, v = torch.randn(20, 2, 8, generator=gen), torch.randn(20, 2, 8, generator=gen)
-    pa.write_prefill(k, v, k_cache, v_cache, slots)
+    paged_attention.write_prefill(k, v, k_cache, v_cache, slots)
     assert torch.equal(k_cache[4].transpose(0, 1), k[:16])
     assert torch.equal(v_cache[2, :, :4].transpose(0, 1), v[16:])
     assert k_cache.count_nonzero() == k.count_nonzero()
@@ -138,7 +138,7 @@ def test_the_operators_give_the_calls_answers():
     calls' answers, their declared cache writes and their shapes without data."""
     step = make_step([7, 30], 4, 2, 8, seed=4)
     twin = {n: t.clone() if isinstance(t, torch.Tensor) else t for n, t in step.items()}
-    assert torch.equal(torch.ops.graphrun.paged_decode(**step), pa.paged_decode(**twin))
+    assert torch.equal(torch.ops.graphrun.paged_decode(**step), paged_attention.paged_decode(**twin))
     assert torch.equal(step["k_cache"], twin["k_cache"])
     k = torch.randn(3, 2, 8)
     torch.ops.graphrun.write_prefill(k, k, step["k_cache"], step["v_cache"],
@@ -159,21 +159,21 @@ def test_a_kernel_that_fails_leaves_the_reference_and_is_not_tried_again(monkeyp
         calls.append(1)
         raise RuntimeError("no kernel image for this GPU\nsecond line")
 
-    monkeypatch.setattr(pa, "_failures", [])
-    monkeypatch.setattr(pa, "usable", lambda q: not pa._failures)
-    monkeypatch.setattr(pa, "_kernel_decode", broken)
+    monkeypatch.setattr(paged_attention, "_failures", [])
+    monkeypatch.setattr(paged_attention, "usable", lambda q: not paged_attention._failures)
+    monkeypatch.setattr(paged_attention, "_kernel_decode", broken)
     step = make_step([4, 9], 4, 2, 8, seed=5)
-    want = pa.paged_decode_reference(**{**step, "k_cache": step["k_cache"].clone(),
+    want = paged_attention.paged_decode_reference(**{**step, "k_cache": step["k_cache"].clone(),
                                         "v_cache": step["v_cache"].clone()})
     for _ in range(2):
-        assert torch.allclose(pa.paged_decode(**step), want)
-    assert len(calls) == 1 and pa.failure() == "RuntimeError: no kernel image for this GPU"
+        assert torch.allclose(paged_attention.paged_decode(**step), want)
+    assert len(calls) == 1 and paged_attention.failure() == "RuntimeError: no kernel image for this GPU"
 
 
 def test_outside_the_interpreter_the_cpu_takes_the_reference():
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("this process runs Triton's interpreter")
-    assert not pa.usable(torch.zeros(1, 4, 1, 16))
+    assert not paged_attention.usable(torch.zeros(1, 4, 1, 16))
 
 
 # (lengths, heads, kv_heads, head_dim, block_size, max_blocks, padded rows, dtype): one share
@@ -198,12 +198,12 @@ def compare(device: str) -> list[str]:
             continue
         step = make_step(lens, heads, kv_heads, dim, block_size=bs, max_blocks=max_blocks,
                          padded=padded, dtype=dtype, device=device, seed=10 + i)
-        if not pa.usable(step["q"]):
+        if not paged_attention.usable(step["q"]):
             return [f"usable() is False for {dtype} on {device}"]
         want_step = {n: t.float() if isinstance(t, torch.Tensor) and t.is_floating_point()
                      else t for n, t in step.items()}
-        want = pa.paged_decode_reference(**want_step)
-        got = pa._kernel_decode(**step)
+        want = paged_attention.paged_decode_reference(**want_step)
+        got = paged_attention._kernel_decode(**step)
         real = [r for r in range(len(lens)) if r not in padded]
         tol = 1e-5 if dtype == torch.float32 else 2e-2
         err = (got[real].float() - want[real]).abs().max().item()
@@ -253,15 +253,15 @@ def test_one_captured_graph_serves_every_length(dtype):
     for name in ("k_cache", "v_cache"):
         static[name] = torch.zeros(blocks, kv_heads, 16, dim, dtype=dtype, device="cuda")
     scale = dim ** -0.5
-    assert pa.usable(static["q"])
+    assert paged_attention.usable(static["q"])
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up: Triton compiles outside the capture
-        pa.paged_decode(**static, scale=scale)
+        paged_attention.paged_decode(**static, scale=scale)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = pa.paged_decode(**static, scale=scale)
+        out = paged_attention.paged_decode(**static, scale=scale)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     for i, step in enumerate(steps):
         for name, t in static.items():
@@ -269,7 +269,7 @@ def test_one_captured_graph_serves_every_length(dtype):
             src = step[name]
             t[tuple(slice(0, n) for n in src.shape)].copy_(src)
         want_step = {n: t.float() if t.is_floating_point() else t for n, t in static.items()}
-        want = pa.paged_decode_reference(**want_step, scale=scale)
+        want = paged_attention.paged_decode_reference(**want_step, scale=scale)
         graph.replay()
         assert torch.isfinite(out).all(), f"replay {i}"
         err = (out.float() - want).abs().max().item()

@@ -196,14 +196,14 @@ def test_a_run_with_verify_on_accounts_for_each_bucket(tmp_path):
 
 
 def test_a_failed_setup_still_accounts_for_its_time(tmp_path, monkeypatch):
-    import graphrun.job.spine as pipeline
+    from graphrun.job import spine
 
     def failing(*a, **k):
         with phase("model build"):
             time.sleep(0.05)
             raise graphrun.ModelError("model: the build failed")
 
-    monkeypatch.setattr(pipeline, "Runner", failing)
+    monkeypatch.setattr(spine, "Runner", failing)
     with pytest.raises(graphrun.ModelError):
         graphrun.run(graphrun.load_spec(ROOT / "pipelines" / "decoder-step.yaml"),
                      out=tmp_path / "o")
@@ -240,23 +240,23 @@ def test_the_clock_starts_without_torch():
 
 
 def test_the_writer_and_latencies_open_while_the_runner_sets_up(tmp_path, monkeypatch):
-    import graphrun.job.spine as pipeline
+    from graphrun.job import spine
 
     opened, seen = threading.Event(), []
-    real_open = pipeline.open_latencies
+    real_open = spine.open_latencies
 
     def opening(*a, **k):
         got = real_open(*a, **k)
         opened.set()
         return got
 
-    class SlowSetup(pipeline.Runner):
+    class SlowSetup(spine.Runner):
         def __init__(self, *a, **k):
             seen.append(opened.wait(10))  # set only if the outputs opened beside setup
             super().__init__(*a, **k)
 
-    monkeypatch.setattr(pipeline, "open_latencies", opening)
-    monkeypatch.setattr(pipeline, "Runner", SlowSetup)
+    monkeypatch.setattr(spine, "open_latencies", opening)
+    monkeypatch.setattr(spine, "Runner", SlowSetup)
     spec = graphrun.load_spec(ROOT / "pipelines" / "decoder-step.yaml", ["data.batch_size=8"])
     m = graphrun.run(spec, out=tmp_path / "o", stop=40, show=True)
     assert seen == [True] and m.totals.records_out == 40
@@ -264,10 +264,10 @@ def test_the_writer_and_latencies_open_while_the_runner_sets_up(tmp_path, monkey
 
 
 def test_a_failed_setup_reports_its_error_and_closes_the_writer(tmp_path, monkeypatch):
-    import graphrun.job.spine as pipeline
+    from graphrun.job import spine
 
     closed = []
-    real_close = pipeline.ShardWriter.close
+    real_close = spine.ShardWriter.close
 
     def close(self, *a, **k):
         closed.append(True)
@@ -276,8 +276,8 @@ def test_a_failed_setup_reports_its_error_and_closes_the_writer(tmp_path, monkey
     def failing(*a, **k):
         raise graphrun.CaptureError("the model cannot be captured")
 
-    monkeypatch.setattr(pipeline.ShardWriter, "close", close)
-    monkeypatch.setattr(pipeline, "Runner", failing)
+    monkeypatch.setattr(spine.ShardWriter, "close", close)
+    monkeypatch.setattr(spine, "Runner", failing)
     with pytest.raises(graphrun.CaptureError, match="cannot be captured"):
         graphrun.run(graphrun.load_spec(ROOT / "pipelines" / "decoder-step.yaml"),
                      out=tmp_path / "o")

@@ -111,22 +111,22 @@ def test_overlapped_and_serial_paths_write_the_same_files(tmp_path, fmt):
 def test_the_first_batch_is_read_while_the_runner_sets_up(tmp_path, monkeypatch):
     import threading
 
-    import graphrun.job.spine as pipeline
+    from graphrun.job import spine
 
-    read, seen, read_batches = threading.Event(), [], pipeline.read_batches
+    read, seen, read_batches = threading.Event(), [], spine.read_batches
 
     def reading(*args, **kwargs):
         for batch in read_batches(*args, **kwargs):
             read.set()
             yield batch
 
-    class SlowSetup(pipeline.Runner):
+    class SlowSetup(spine.Runner):
         def __init__(self, *args, **kwargs):
             seen.append(read.wait(10))  # set only if reading began before setup was over
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "read_batches", reading)
-    monkeypatch.setattr(pipeline, "Runner", SlowSetup)
+    monkeypatch.setattr(spine, "read_batches", reading)
+    monkeypatch.setattr(spine, "Runner", SlowSetup)
     spec = graphrun.load_spec(ROOT / "pipelines" / "decoder-step.yaml", ["data.batch_size=8"])
     m = graphrun.run(spec, out=tmp_path / "o", stop=100)
     assert seen == [True] and m.totals.records_out == 100 and m.totals.batches == 13
@@ -135,12 +135,12 @@ def test_the_first_batch_is_read_while_the_runner_sets_up(tmp_path, monkeypatch)
 def test_a_failed_setup_stops_the_read_ahead(tmp_path, monkeypatch):
     import threading
 
-    import graphrun.job.spine as pipeline
+    from graphrun.job import spine
 
     def broken(*args, **kwargs):
         raise graphrun.CaptureError("the model cannot be captured")
 
-    monkeypatch.setattr(pipeline, "Runner", broken)
+    monkeypatch.setattr(spine, "Runner", broken)
     spec = graphrun.load_spec(ROOT / "pipelines" / "decoder-step.yaml")
     with pytest.raises(graphrun.CaptureError, match="cannot be captured"):
         graphrun.run(spec, out=tmp_path / "o")
@@ -171,16 +171,16 @@ def test_the_overlapped_paths_slots_are_made_before_the_stream_starts(tmp_path, 
                                                                        overlap):
     """Pinned slots cost milliseconds to allocate on a GPU, a few percent of a 1M-record MLP
     stream: they are made with the runner, before the streaming time starts."""
-    import graphrun.job.spine as pipeline
+    from graphrun.job import spine
     from graphrun.feed.loop import slot_count
 
-    seen, feed_stream = [], pipeline.feed_stream
+    seen, feed_stream = [], spine.feed_stream
 
     def counting(engine, *args, **kwargs):
         seen.append((len(engine.slots), slot_count(engine.slot_bytes)))
         return feed_stream(engine, *args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "feed_stream", counting)
+    monkeypatch.setattr(spine, "feed_stream", counting)
     spec = graphrun.load_spec(ROOT / "pipelines" / "decoder-step.yaml")
     m = graphrun.run(spec, out=tmp_path / "o", stop=50, overlap=overlap)
     assert m.totals.records_out == 50 and len(seen) == 1
@@ -198,9 +198,9 @@ def test_the_input_is_hashed_beside_setup_and_in_run_json_before_the_first_journ
     import threading
     import time
 
-    import graphrun.job.spine as pipeline
+    from graphrun.job import spine
     from graphrun.write import journal
-    from graphrun.write import shards as write
+    from graphrun.write import shards
 
     spec = decoder_spec()
     want = journal.sha256_file(spec.data.path)
@@ -220,10 +220,10 @@ def test_the_input_is_hashed_beside_setup_and_in_run_json_before_the_first_journ
         seen.append(json.loads((out_dir / "run.json").read_text())["input_sha256"])
         return real_append(out_dir, *a, **k)
 
-    real_runner, real_append = pipeline.Runner, write.append_journal
+    real_runner, real_append = spine.Runner, shards.append_journal
     monkeypatch.setattr(journal.InputHash, "_hash", slow_hash)
-    monkeypatch.setattr(pipeline, "Runner", runner)
-    monkeypatch.setattr(write, "append_journal", append)
+    monkeypatch.setattr(spine, "Runner", runner)
+    monkeypatch.setattr(shards, "append_journal", append)
     m = graphrun.run(spec, out=tmp_path / "o", stop=300, overlap=False)
     assert times["setup"] < times["hashed"]  # setup started while the input was hashed
     assert len(seen) == 9 and seen == [want] * 9  # 300 rows in shards of 37
@@ -257,7 +257,7 @@ def test_a_failed_setup_does_not_wait_for_the_input_hash(tmp_path, monkeypatch):
     import threading
     import time
 
-    import graphrun.job.spine as pipeline
+    from graphrun.job import spine
     from graphrun.write import journal
 
     def never_done(self):  # hashing a huge file: it only ends when told to stop
@@ -268,7 +268,7 @@ def test_a_failed_setup_does_not_wait_for_the_input_hash(tmp_path, monkeypatch):
         raise graphrun.ModelError("model: the build failed")
 
     monkeypatch.setattr(journal.InputHash, "_hash", never_done)
-    monkeypatch.setattr(pipeline, "Runner", failing_runner)
+    monkeypatch.setattr(spine, "Runner", failing_runner)
     t0 = time.perf_counter()
     with pytest.raises(graphrun.ModelError):
         graphrun.run(decoder_spec(), out=tmp_path / "o")
@@ -282,7 +282,7 @@ def test_a_failed_setup_does_not_wait_for_the_input_hash(tmp_path, monkeypatch):
 def test_a_failure_counting_the_records_stops_the_input_hash(tmp_path, monkeypatch):
     import threading
 
-    import graphrun.job.spine as pipeline
+    from graphrun.job import spine
     from graphrun.write import journal
 
     def never_done(self):
@@ -293,7 +293,7 @@ def test_a_failure_counting_the_records_stops_the_input_hash(tmp_path, monkeypat
         raise graphrun.InputError("line 7: not JSON", where="decode.jsonl:7")
 
     monkeypatch.setattr(journal.InputHash, "_hash", never_done)
-    monkeypatch.setattr(pipeline, "count_records", bad_count)
+    monkeypatch.setattr(spine, "count_records", bad_count)
     with pytest.raises(graphrun.InputError, match="not JSON"):
         graphrun.run(decoder_spec(), out=tmp_path / "o", show=True)
     assert not [t for t in threading.enumerate() if t.name == "graphrun-input-hash"]
@@ -304,11 +304,16 @@ def test_the_summary_names_reading_as_the_limit_where_it_is():
 
     from graphrun.job.progress import stream_breakdown
 
-    def totals(read: float, write: float):
-        return SimpleNamespace(stream_s=10.0, overlapped=True, host_phase_s={
+    def totals(read: float, write: float, out: int = 100):
+        return SimpleNamespace(stream_s=10.0, overlapped=True, records_out=out, host_phase_s={
             "read": read, "stage": 1.0, "launch": 2.0, "device_wait": 9.5, "write": write})
 
-    text = stream_breakdown(totals(read=9.0, write=1.0))
-    assert "busiest: read (reading the input limits the rate; for Parquet, write row groups of " \
-           "at most 65,536 records" in text
-    assert stream_breakdown(totals(read=1.0, write=6.0)).endswith("busiest: write")
+    text = stream_breakdown(totals(read=9.0, write=1.0), "data/in.parquet")
+    assert "busiest: read (reading the input limits the rate: write row groups of at most " \
+           "65,536 records" in text
+    assert stream_breakdown(totals(read=1.0, write=6.0), "in.parquet").endswith("busiest: write")
+    # a JSONL input's advice is JSONL's; with every record rejected, reading is all that ran
+    text = stream_breakdown(totals(read=9.0, write=1.0), "in.jsonl")
+    assert "row groups" not in text and ("orjson" in text or "binary format" in text)
+    assert stream_breakdown(totals(read=9.0, write=0.0, out=0), "in.jsonl").endswith(
+        "busiest: read")

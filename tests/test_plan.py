@@ -206,7 +206,7 @@ def test_plan_on_the_gpu_prints_capture_estimates(tmp_path):
     assert "capture s (est.)" in result.output and "graph MiB (est.)" in result.output
 
 
-# ---- capture.memory_budget_mib (plan_budget.py) --------------------------------------------------
+# ---- capture.memory_budget_mib (plan/budget.py) --------------------------------------------------
 
 def test_a_budget_caps_the_batch_values_and_the_plan_fits_it():
     from graphrun.plan.budget import MemoryModel, plan_within

@@ -181,3 +181,49 @@ def test_the_spec_reference_markers_are_intact():
     text = (ROOT / SPEC_PAGE).read_text()
     assert text.count(REF_START) == 1 and text.count(REF_END) == 1
     assert REF_START not in README.read_text()
+
+
+def pip_lines() -> list:
+    """Every `pip install ...` the README and docs/ give a user, as written."""
+    found = []
+    for page in PAGES:
+        for line in re.findall(r"`((?:python3 -m )?pip install [^`]+)`", page.read_text()):
+            found.append(pytest.param(line, id=f"{page.name}: {line[:60]}"))
+    return found
+
+
+@pytest.mark.parametrize("line", pip_lines())
+def test_a_pip_line_installs_what_a_clone_can(line):
+    """graphrun is installed from its clone, not from an index: its extras are `-e ".[x]"`,
+    each one pyproject.toml defines."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    words = shlex.split(line.replace("\n", " "))
+    assert not [w for w in words if w.startswith("graphrun")], \
+        f"{line}: graphrun is not on an index; install it from the clone (-e \".[extra]\")"
+    for word in words:
+        if word.startswith(".["):
+            assert set(word[2:-1].split(",")) <= set(extras), f"{line}: no such extra"
+
+
+def test_the_set_up_s_commands_run_in_order_after_the_demo(tmp_path):
+    """scripts/demo.sh's run, then the README's next command, in the same folder: the second
+    finds the demo's outputs there."""
+    demo = [x for x in (ROOT / "scripts" / "demo.sh").read_text().splitlines()
+            if x.startswith("python3 -m graphrun run ")]
+    assert len(demo) == 1, "demo.sh's run line is not where this test looks"
+    copy = tmp_path / "repo"
+    for folder in ("pipelines", "examples", "schemas"):
+        shutil.copytree(ROOT / folder, copy / folder,
+                        ignore=shutil.ignore_patterns("__pycache__", "runs"))
+    env = shim_env(tmp_path)
+    run_block("run", demo[0].replace('"$@"', "-q"), copy, env)
+    printed = ""
+    for kind, _, body in blocks(section(README.read_text(), "Set up")):
+        if kind == "repo":
+            printed = run_block("repo", body, copy, env)
+        elif kind == "expect":
+            expect(body, printed)
+    assert "records in 2000, out 1996, rejected 4" in printed

@@ -364,15 +364,15 @@ def test_seq_auto_plans_up_to_the_tokenizer_limit_not_the_sample(tmp_path, monke
     """A text longer than every text of the planning sample is embedded whole, as with the
     spec's own lists: the plan's largest seq value is the tokenizer's limit, never a length
     the sample happened to reach (which would have cut that text silently)."""
-    from graphrun.plan import auto as auto_buckets
+    from graphrun.plan import auto
 
-    monkeypatch.setattr(auto_buckets, "AUTO_SAMPLE", 8)
+    monkeypatch.setattr(auto, "AUTO_SAMPLE", 8)
     short = [{"id": f"s{i}", "text": "a short one."} for i in range(8)]
     long = {"id": "long", "text": " ".join(["a much longer sentence follows here"] * 12)}
     data = tmp_path / "texts.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in [*short, long]))
     common = [f"data.path={data}", "device=cpu", "data.batch_size=8", "buckets.batch=[8]"]
-    planned, plan = auto_buckets.resolve_auto(graphrun.load_spec(
+    planned, plan = auto.resolve_auto(graphrun.load_spec(
         PIPELINES / "minilm-embed.yaml", [*common, "buckets.seq=auto"]))
     assert planned.buckets["seq"][-1] == planned.data.text.max_length == 512, planned.buckets
     graphrun.run(planned, out=tmp_path / "auto")

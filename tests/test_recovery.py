@@ -562,3 +562,26 @@ def test_a_failed_run_with_commits_is_not_reused(tmp_path):
     assert committed(out) >= 1
     result = cli("run", spec, "-q", *error)
     assert result.exit_code == 2 and "--resume" in result.output and "--overwrite" in result.output
+
+
+def test_a_copied_run_folder_resumes_where_it_now_is(tmp_path):
+    import shutil
+
+    spec = graphrun.load_spec(make_job(tmp_path, n=400, spec=spec_dict()))
+    graphrun.run(spec, out=tmp_path / "out")
+    journal = tmp_path / "out" / "journal.jsonl"
+    journal.write_text(journal.read_text().splitlines(keepends=True)[0])  # as if killed -9
+    shutil.copytree(tmp_path / "out", tmp_path / "copy")
+    moved = graphrun.load_spec(make_job(tmp_path, n=400, spec=spec_dict()),
+                               [f"output.dir={tmp_path / 'copy'}"])
+    m = graphrun.run(moved, resume=True)
+    assert m.status == "completed" and m.resumed_from > 0
+    assert m.totals.records_in == m.totals.records_out + m.totals.records_rejected == 400
+    # a key that changes what is computed still refuses it, and names the key
+    other = graphrun.load_spec(make_job(tmp_path, n=400, spec=spec_dict()),
+                               ["data.batch_size=4"])
+    journal = tmp_path / "copy" / "journal.jsonl"
+    journal.write_text(journal.read_text().splitlines(keepends=True)[0])
+    with pytest.raises(graphrun.OutputError, match="data.batch_size was") as err:
+        graphrun.run(other, out=tmp_path / "copy", resume=True)
+    assert "output.dir" not in str(err.value)  # the key that moved is no change to repeat

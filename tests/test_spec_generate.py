@@ -248,3 +248,17 @@ def test_temperature_zero_is_greedy_as_openai_and_vllm_read_it(write_gen):
     path = write_gen(edit("{method: greedy}", "{method: sample, temperature: 0, top_p: 0.5}"))
     sampling = load_spec(path).generate.sampling
     assert (sampling.method, sampling.temperature, sampling.top_p) == ("greedy", 1.0, 1.0)
+
+
+def test_a_stop_id_past_the_model_s_vocabulary_is_refused_at_validate(write_gen, tmp_path):
+    (tmp_path / "model" / "config.json").write_text('{"vocab_size": 1000}')
+    text = edit("stop: {eos: auto}", "stop: {eos: auto, token_ids: [2, 99999]}")
+    found = problems(write_gen(text))
+    assert len(found) == 1 and "generate.stop.token_ids" in found[0], found
+    assert "99999 past the model's vocabulary of 1000 (config.json's vocab_size)" in found[0]
+    assert load_spec(write_gen(edit("stop: {eos: auto}", "stop: {token_ids: [999]}")))
+    # the builtin llama: its vocabulary is model.args.vocab
+    builtin = edit("  hf: {path: model, class: AutoModelForCausalLM}",
+                   "  builtin: llama\n  args: {vocab: 64}")
+    found = problems(write_gen(edited(builtin, "stop: {eos: auto}", "stop: {token_ids: [64]}")))
+    assert any("64 past the model's vocabulary of 64 (model.args.vocab)" in p for p in found)

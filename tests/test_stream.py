@@ -348,6 +348,11 @@ BAD_JSONL = [  # (inputs, line 3 of 5, the record id a reject carries, reason)
     (DECODER, '{"id": "r2", "tokens": [2', None,  # cut short: Python's column, not line 2's
      "invalid JSON: Expecting ',' delimiter (column 26)"),
     (DECODER, '{"id": "r2", "tokens": [2], "positions": 2} {"id": "r9"}', None, "invalid JSON"),
+    (DECODER, '{"id": "r2", "tokens": [2], "positions": 2, "note": "not closed', None,
+     "invalid JSON: the string opened at column 53 is not closed (no closing quote before "
+     "the line ends)"),
+    (DECODER, '{"id": "r2", "tokens": [2], "positions": 2, "note": "a\tb"}', None,
+     "invalid JSON: Invalid control character (column 55)"),
     (DECODER, '{"id": "r2", "tokens": [2], "positions": 2}, {"id": "r9", "tokens": [9], '
               '"positions": 9}', None, "invalid JSON: Extra data"),
     (DECODER, "[1, 2]", None, "the record is an array; expected an object"),
@@ -867,19 +872,19 @@ def test_parquet_chunks_checked_on_the_pool_read_as_on_the_readers_thread(
     reader's thread, the same values, dtypes, ids, rejects and reasons, in file order."""
     import threading
 
-    from graphrun.read import checks as record_checks
+    from graphrun.read import checks
 
     path = write_mixed_row_groups(tmp_path / "d.parquet")
     spec = make_spec(path, MIXED, id_field="id", batch_size=3, on_bad_record="skip")
     where = []  # (thread, first row) of each chunk prechecked
-    precheck = record_checks.precheck
+    precheck = checks.precheck
 
     def recorded(spec, c):
         where.append((threading.current_thread().name.split("_")[0], int(c.indices[0])))
         return precheck(spec, c)
 
     monkeypatch.setattr(parquet_in, "precheck", recorded)  # on the pool threads
-    monkeypatch.setattr(record_checks, "precheck", recorded)  # by RecordChecker.check
+    monkeypatch.setattr(checks, "precheck", recorded)  # by RecordChecker.check
 
     def read(tuning):
         ids, rejects, batches = everything(spec, start=start, stop=stop, tuning=tuning)

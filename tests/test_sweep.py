@@ -216,3 +216,24 @@ def test_two_identical_sweeps_never_name_different_winners_beyond_the_noise(writ
     for a, b in ((recs[0], recs[1]), (recs[1], recs[0])):
         if a["variant"] is not None and b["variant"] is None:
             assert a["variant"] in b["within_noise"]  # the other sweep: within its noise
+
+
+def test_the_objective_s_chart_draws_each_variant_s_range_and_the_verdict(tmp_path):
+    pytest.importorskip("plotly")
+    from graphrun.experiments.charts import plotly
+    from graphrun.experiments.sweep import Sweep, recommend
+    from graphrun.experiments.sweep_report import sweep_figures
+
+    rows = [_row("v00", [100, 180, 140], **{"data.batch_size": 8}),
+            _row("v01", [60, 100, 80], **{"data.batch_size": 16})]
+    rec = recommend(rows, "records_per_s", {"data": {"batch_size": 8}})
+    (tmp_path / "sweep.json").write_text(Sweep(
+        spec="p.yaml", grid={"data.batch_size": [8, 16]}, repeats=3, variants=rows,
+        recommendation=rec).model_dump_json())
+    figures = dict(f for f in sweep_figures(plotly(), tmp_path) if isinstance(f, tuple))
+    bar = figures["throughput"].data[0]
+    assert list(bar.y) == [140, 80]
+    assert list(bar.error_y.array) == [40, 20] and list(bar.error_y.arrayminus) == [40, 20]
+    title = figures["throughput"].layout.title.text
+    assert "no significant difference in records/s between v00, v01" in title
+    assert "no significant difference" not in figures["variant-latency"].layout.title.text

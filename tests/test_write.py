@@ -15,7 +15,7 @@ import pytest
 
 from graphrun.base.errors import OutputError
 from graphrun.spec.keys import PipelineSpec
-from graphrun.write import shards as write
+from graphrun.write import shards
 from graphrun.write.sinks import npy as npy_sink
 from graphrun.base.tuning import Tuning
 from graphrun.write.shards import ShardWriter, prepare_out_dir, read_journal, sha256_file
@@ -93,7 +93,7 @@ def test_full_npy_shards_are_hashed_as_they_are_written(tmp_path, monkeypatch, p
 
     monkeypatch.setattr(ahead, "STEP", 512)  # two rows of 64 float32 a step
     whole = []
-    monkeypatch.setattr(write, "sha256_file", lambda p: whole.append(p.name) or sha256_file(p))
+    monkeypatch.setattr(shards, "sha256_file", lambda p: whole.append(p.name) or sha256_file(p))
     fds = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
     out = tmp_path / "out"
     spec = make_spec(tmp_path, rows_per_file=40, outputs={"y": {"shape": ["batch", 64]}})
@@ -417,7 +417,7 @@ def failing_for(shard: int, real, error: BaseException):
 
 def test_journal_keeps_shard_order_when_later_shards_hash_first(tmp_path, monkeypatch):
     out = tmp_path / "out"
-    sha256, fsync, append = write.sha256_file, write.fsync_path, write.append_journal
+    sha256, fsync, append = shards.sha256_file, shards.fsync_path, shards.append_journal
     shard_2_hashed, hashed, journaled, events = threading.Event(), [], [], []
 
     def slow_first_shard(path):
@@ -438,10 +438,10 @@ def test_journal_keeps_shard_order_when_later_shards_hash_first(tmp_path, monkey
         events.append(("line", shard))
         return append(out_dir, shard, files, rows, next_index, rejects_bytes, *rest, **kw)
 
-    monkeypatch.setattr(write, "sha256_file", slow_first_shard)
-    monkeypatch.setattr(write, "fsync_path", lambda path: events.append(("fsync", path.name))
+    monkeypatch.setattr(shards, "sha256_file", slow_first_shard)
+    monkeypatch.setattr(shards, "fsync_path", lambda path: events.append(("fsync", path.name))
                         or fsync(path))
-    monkeypatch.setattr(write, "append_journal", checked_append)
+    monkeypatch.setattr(shards, "append_journal", checked_append)
     w = ShardWriter(make_spec(tmp_path, rows_per_file=2), out)
     rows, ids = make_rows(9, ragged=False), list(range(9))
     feed(w, rows, ids, 0, 3, rejected={1, 5, 8})  # shards: rows 0 2 | 3 4 | 6 7
@@ -466,8 +466,8 @@ def test_journal_keeps_shard_order_when_later_shards_hash_first(tmp_path, monkey
 
 def test_the_writer_waits_while_in_flight_commits_are_all_taken(tmp_path, monkeypatch):
     out = tmp_path / "out"
-    fsync, release = write.fsync_path, threading.Event()
-    monkeypatch.setattr(write, "fsync_path", lambda path: release.wait(10) and fsync(path))
+    fsync, release = shards.fsync_path, threading.Event()
+    monkeypatch.setattr(shards, "fsync_path", lambda path: release.wait(10) and fsync(path))
     w = ShardWriter(make_spec(tmp_path, rows_per_file=1), out, tuning=Tuning(in_flight=2))
     rows = make_rows(4, ragged=False)
     writing = threading.Thread(target=lambda: [
@@ -486,17 +486,17 @@ def test_the_writer_waits_while_in_flight_commits_are_all_taken(tmp_path, monkey
 @pytest.mark.parametrize("partial", [True, False])
 def test_close_waits_for_every_commit(tmp_path, monkeypatch, partial):
     out = tmp_path / "out"
-    fsync = write.fsync_path
-    monkeypatch.setattr(write, "fsync_path", lambda path: time.sleep(0.05) or fsync(path))
+    fsync = shards.fsync_path
+    monkeypatch.setattr(shards, "fsync_path", lambda path: time.sleep(0.05) or fsync(path))
     w = ShardWriter(make_spec(tmp_path, rows_per_file=2), out)
     rows, ids = make_rows(9, ragged=False), list(range(9))
     feed(w, rows, ids, 0, 3, rejected={4})  # shards 0 1 | 2 3 | 5 6 | 7 8, rejects 4
     w.write(np.array([9]), [9], make_rows(1, ragged=False, seed=1))  # a partial shard
     files = w.close(partial=partial)
-    shards = 5 if partial else 4
-    assert [j["shard"] for j in journal_lines(out)] == list(range(shards))
-    assert len(files) == 2 * shards and not list(out.glob(".*.tmp"))
-    assert w.rows_written == 2 * shards - (0 if not partial else 1)
+    count = 5 if partial else 4
+    assert [j["shard"] for j in journal_lines(out)] == list(range(count))
+    assert len(files) == 2 * count and not list(out.glob(".*.tmp"))
+    assert w.rows_written == 2 * count - (0 if not partial else 1)
     assert w.rejects_written == 1 == len((out / "rejects.jsonl").read_text().splitlines())
 
 
@@ -516,8 +516,8 @@ def test_close_without_the_partial_shard_counts_only_the_rejects_it_wrote(tmp_pa
 
 def test_a_failed_commit_is_an_output_error_and_stops_the_journal(tmp_path, monkeypatch):
     out = tmp_path / "out"
-    monkeypatch.setattr(write, "fsync_path", failing_for(
-        1, write.fsync_path, OSError(28, "No space left on device")))
+    monkeypatch.setattr(shards, "fsync_path", failing_for(
+        1, shards.fsync_path, OSError(28, "No space left on device")))
     w = ShardWriter(make_spec(tmp_path, rows_per_file=2), out)
     rows = make_rows(8, ragged=False)
     w.write(np.arange(6), list(range(6)), take(rows, list(range(6))))  # shards 0, 1, 2
@@ -546,7 +546,7 @@ def test_a_failed_commit_is_an_output_error_and_stops_the_journal(tmp_path, monk
                                            (RuntimeError("a bug"), RuntimeError)])
 def test_a_commit_error_that_only_close_sees_is_raised_there(tmp_path, monkeypatch, error,
                                                              raised):
-    monkeypatch.setattr(write, "sha256_file", failing_for(0, write.sha256_file, error))
+    monkeypatch.setattr(shards, "sha256_file", failing_for(0, shards.sha256_file, error))
     out = tmp_path / "out"
     w = ShardWriter(make_spec(tmp_path, rows_per_file=10), out)
     w.reject(0, 0, "read", "bad")
@@ -572,7 +572,7 @@ def test_a_crash_while_a_later_shard_is_done_before_an_earlier_one(tmp_path, mon
 
     crashed = tmp_path / "crashed"
     prepare_out_dir(crashed, resume=False, overwrite=False, fingerprint=FP)
-    sha256, held, shard_2_hashed = write.sha256_file, threading.Event(), threading.Event()
+    sha256, held, shard_2_hashed = shards.sha256_file, threading.Event(), threading.Event()
 
     def stuck_on_shard_1(path):
         if shard_of(path) == 1:
@@ -583,7 +583,7 @@ def test_a_crash_while_a_later_shard_is_done_before_an_earlier_one(tmp_path, mon
             shard_2_hashed.set()
         return digest
 
-    monkeypatch.setattr(write, "sha256_file", stuck_on_shard_1)
+    monkeypatch.setattr(shards, "sha256_file", stuck_on_shard_1)
     dead = ShardWriter(spec, crashed)
     try:
         feed(dead, rows, ids, 0, 4, rejected, stop_after=3)  # records 0..11: shards 0, 1, 2
@@ -593,7 +593,7 @@ def test_a_crash_while_a_later_shard_is_done_before_an_earlier_one(tmp_path, mon
         assert not list(crashed.glob("part-0000[12].*"))
         assert (crashed / ".part-00002.y.npy.tmp").exists()
 
-        monkeypatch.setattr(write, "sha256_file", sha256)
+        monkeypatch.setattr(shards, "sha256_file", sha256)
         point = prepare_out_dir(crashed, resume=True, overwrite=False, fingerprint=FP)
         assert (point.shard, point.next_index) == (1, 3)
         resumed = ShardWriter(spec, crashed, resume=point)

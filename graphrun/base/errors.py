@@ -107,3 +107,14 @@ def first_line(err: BaseException, limit: int = 300) -> str:
     not a stack."""
     message = first_message(err)
     return (f"{type(err).__name__}: {message}" if message else type(err).__name__)[:limit]
+
+
+def error_chain(exc: BaseException | None) -> list[BaseException]:
+    """exc and the errors chained to it (raised while it was handled, or `from` it), each once,
+    outermost first. A wrapper's `cause` (Ray's error for an actor's) is followed first."""
+    chain: list[BaseException] = []
+    while exc is not None and not any(exc is seen for seen in chain):
+        chain.append(exc)
+        cause = getattr(exc, "cause", None)
+        exc = cause if isinstance(cause, BaseException) else (exc.__context__ or exc.__cause__)
+    return chain

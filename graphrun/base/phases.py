@@ -18,6 +18,7 @@ of its own, only the main thread's waits for it are (the stream, the drain).
 
 from __future__ import annotations
 
+import datetime as dt
 import contextvars
 import time
 from contextlib import contextmanager, nullcontext
@@ -152,3 +153,7 @@ def phase(name: str, part: tuple[str, int] | None = None, whole: bool = False):
     clock = _ACTIVE.get()
     return _NO_PHASE if clock is None else clock.phase(name, part, whole)
 
+
+def utc_now() -> str:
+    """The wall time a manifest records (started, finished_at): UTC, to the second."""
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")

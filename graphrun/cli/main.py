@@ -1,9 +1,9 @@
 """The command line: a thin layer over the Python API.
 
 A user error (GraphrunError) prints one message and exits non-zero, without a traceback unless
---debug is given (cli_errors.py); anything else is a bug in graphrun and keeps its traceback.
+--debug is given (errors.py); anything else is a bug in graphrun and keeps its traceback.
 This module holds the group and the verbs of a run (run, validate, schema, init); the experiment
-verbs are cli_experiments.py's.
+verbs are experiments.py's.
 """
 
 from __future__ import annotations
@@ -276,8 +276,8 @@ def schema(kind, check, to_stdout, out) -> None:
 
 def _schema_targets(kinds, out: Path | None) -> list[tuple[Path, str]]:
     """(file, text) to write: in --out, or in the checkout the working directory is in."""
-    from graphrun.manifest.schema import (SPEC_PAGE, checkout_root, path_of, render, runs_from,
-                                          with_spec_reference)
+    from graphrun.manifest.schema import (PACKAGE_DIR, SPEC_PAGE, checkout_root, path_of, render,
+                                          runs_from, with_spec_reference)
 
     if out is not None:
         return [(path_of(k, out), render(k)) for k in kinds]
@@ -288,10 +288,8 @@ def _schema_targets(kinds, out: Path | None) -> list[tuple[Path, str]]:
             "docs/spec.md this would rewrite: to write the schemas here, pass --out . ; to "
             "print one, --stdout (e.g. graphrun schema --stdout > pipeline.schema.json)"))
     if not runs_from(root):
-        import graphrun
-
         fail(GraphrunError(
-            f"the graphrun running ({Path(graphrun.__file__).parent}) is not the checkout's "
+            f"the graphrun running ({PACKAGE_DIR}) is not the checkout's "
             f"({root / 'graphrun'}), so its schemas would not describe that code: run "
             f"`python3 -m graphrun schema` from {root}, or pass --out"))
     targets = [(path_of(k, root / "schemas"), render(k)) for k in kinds]

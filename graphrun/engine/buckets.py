@@ -1,20 +1,18 @@
 """Shape buckets: one graph per combination of the axes' values; picking and padding to one.
 
 A bucket is a tuple of sizes in axis order (batch first), e.g. (8,) or (8, 64). A batch of
-records goes to the smallest bucket that covers it on every axis: `bisect` per axis, as the
-axes are independent.
+records goes to the smallest active bucket (by volume) that covers it on every axis; the
+answer is kept per question, as the hot path asks the same few.
 """
 
 from __future__ import annotations
 
-import bisect
 import itertools
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
-from graphrun.base.errors import InputError, Problem, SpecError
+from graphrun.base.errors import Problem, SpecError
 from graphrun.spec.keys import BATCH, PipelineSpec
 
 
@@ -91,11 +89,6 @@ class BucketTable:
                     best = b
         return best
 
-    def smallest_cover(self, axis: str, length: int) -> int | None:
-        values = self.values[axis]
-        i = bisect.bisect_left(values, length)
-        return values[i] if i < len(values) else None
-
 
 def split_sizes(n: int, largest: int) -> list[int]:
     """Oversize 'split': a batch of n records as chunks of the largest batch bucket."""
@@ -157,35 +150,3 @@ def cut_rows(rows: np.ndarray, dims: list, lengths: dict[str, np.ndarray]
         out.append(rows[tuple(idx)])
     return out
 
-
-def rows_from_inputs(inputs: dict, specs: dict, axes: tuple[str, ...]):
-    """The Python API's batch -> (fields, n, lengths), checked as the reader checks records:
-    the names, one record count, and integer ranges (an out-of-range index on the GPU kills
-    the CUDA context). inputs: name -> dense array/tensor [n, ...] or n per-record arrays."""
-    if len(inputs) != len(specs) or not all(name in inputs for name in specs):
-        missing, extra = set(specs) - set(inputs), set(inputs) - set(specs)
-        raise InputError(f"run_batch expects inputs {list(specs)}; missing {sorted(missing)}, "
-                         f"unknown {sorted(extra)}")
-    fields, counts = {}, set()
-    lengths: dict[str, list[int]] = {a: [] for a in axes[1:]}
-    for name, spec in specs.items():
-        value = inputs[name]
-        if isinstance(value, torch.Tensor):
-            value = value.detach().cpu()
-            value = value.float().numpy() if value.dtype == torch.bfloat16 else value.numpy()
-        rows = value if isinstance(value, np.ndarray) else [np.asarray(r) for r in value]
-        fields[name] = rows
-        counts.add(len(rows))
-        for i, dim in enumerate(spec.shape[1:], start=1):
-            if isinstance(dim, str) and not lengths[dim]:
-                lengths[dim] = [np.shape(r)[i - 1] for r in rows]
-        if spec.range is not None and len(rows):
-            lo, hi = spec.range
-            flat = rows if isinstance(rows, np.ndarray) else np.concatenate(
-                [np.ravel(r) for r in rows])
-            if flat.size and (flat.min() < lo or flat.max() >= hi):
-                raise InputError(f"input {name!r} holds values outside its range [{lo:g}, "
-                                 f"{hi:g}) (min {flat.min()}, max {flat.max()})")
-    if len(counts) != 1:
-        raise InputError(f"run_batch inputs disagree on the number of records: {counts}")
-    return fields, counts.pop(), {a: np.asarray(v, dtype=np.int64) for a, v in lengths.items()}

@@ -20,15 +20,16 @@ from typing import Callable, Collection
 import torch
 
 from graphrun.engine.buckets import Bucket
-from graphrun.base.errors import CaptureError, GraphrunError, ModelError, first_message
+from graphrun.base.errors import (CaptureError, GraphrunError, ModelError, error_chain,
+                                  first_message)
 from graphrun.base.phases import phase
+from graphrun.base.units import MiB
 from graphrun.models.call import index_hint
 from graphrun.engine.lanes import Lane, LaneGraph, Layout
 from graphrun.engine.padding import add_padded_positions
 from graphrun.engine.verify import (Tolerance, fill_verify_batch, verify_bucket, verify_real_batch,
                                     verify_remedies)
 
-MiB = 1 << 20
 
 
 @dataclass
@@ -416,10 +417,7 @@ def explain_capture_failure(exc: BaseException, bucket: Bucket) -> CaptureError:
     If the error came with others chained to it (as __context__ or __cause__), the one raised
     in the model's own code is the one that says what the model did: report that one.
     """
-    chain = []
-    while exc is not None and exc not in chain:
-        chain.append(exc)
-        exc = exc.__context__ or exc.__cause__
+    chain = error_chain(exc)
     where = next((w for w in map(_model_frame, chain) if w), None)
     cause = next((e for e in chain if _model_frame(e)), chain[-1])
     first = first_message(cause)
@@ -469,10 +467,7 @@ def setup_failed(exc: BaseException, bucket: str, hint: str | None = None) -> Mo
 
 def _model_cause(exc: BaseException) -> tuple[BaseException, str | None]:
     """The error of a chain raised in the model's own code, and its line (or exc, None)."""
-    chain = []
-    while exc is not None and exc not in chain:
-        chain.append(exc)
-        exc = exc.__context__ or exc.__cause__
+    chain = error_chain(exc)
     at = next((w for w in map(_model_frame, chain) if w), None)
     return next((e for e in chain if _model_frame(e)), chain[0]), at
 

@@ -1,6 +1,6 @@
 """capture.lazy: which buckets the input's batches select, known cheaply before the stream.
 
-Two sources: the planner's histogram of batch shapes when `buckets: auto` ran (auto_buckets.py),
+Two sources: the planner's histogram of batch shapes when `buckets: auto` ran (plan/auto.py),
 and the first batches the reader already holds (stream.ReadAhead). A bucket neither shows is
 set up when a batch first selects it (Capturer.first_use), or never.
 """

@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from graphrun.base.units import MiB
 from graphrun.base.errors import GraphrunError, first_line
 from graphrun.engine.capture import setup_failed
 from graphrun.engine.probe import bucket_costs, synthetic_batch
@@ -167,9 +168,9 @@ def open_graphrun(stack: contextlib.ExitStack, spec: PipelineSpec, mode: str, ba
                   ) -> Session:
     """One graphrun Runner for the whole spec, every bucket set up (and dropped, over a memory
     budget) before any is timed."""
-    import graphrun
+    from graphrun.engine.runner import Runner
 
-    runner = stack.enter_context(graphrun.Runner(_with(spec, "capture", lazy=False)))
+    runner = stack.enter_context(Runner(_with(spec, "capture", lazy=False)))
     session = Session(mode)
     for name, c in bucket_costs(runner).items():
         if name not in batches or c.get("status") == "skipped":
@@ -380,6 +381,6 @@ def bench_table(result: Bench):
                           range_text(m.p50_spread_us, ",.0f"),
                           f"{lat['p90']:,.0f}", f"{lat['p99']:,.0f}", speedup_text(m),
                           "-" if m.capture_s is None else f"{m.capture_s:.3f}",
-                          "-" if m.memory_bytes is None else f"{m.memory_bytes / 2**20:,.1f}",
+                          "-" if m.memory_bytes is None else f"{m.memory_bytes / MiB:,.1f}",
                           {True: "passed", False: "FAILED", None: "-"}[m.verify])
     return table

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
+from graphrun.base.units import MiB
 from graphrun.experiments import charts as c
 from graphrun.experiments.bench import Bench
 from graphrun.experiments.stats import range_text
@@ -59,7 +60,7 @@ def bench_html(result: Bench) -> str:
             cells += [range_text(m.p50_spread_us, ",.0f"),
                       ("~" if noisy else "") + c.fmt(m.speedup, ".2f", "x"),
                       c.fmt(m.capture_s, ".2f"),
-                      c.fmt(None if m.memory_bytes is None else m.memory_bytes / 2**20, ",.1f"),
+                      c.fmt(None if m.memory_bytes is None else m.memory_bytes / MiB, ",.1f"),
                       "-" if m.verify is None else ("passed" if m.verify else "FAILED"),
                       b.fastest.text if b.fastest is not None and m is b.modes[0] else ""]
             rows.append(cells)
@@ -117,7 +118,7 @@ def bench_figures(go, result: Bench) -> list:
     for key, name, title, axis, scale in (
             ("capture_s", "bench-capture", "Capture (or first-call compilation) seconds per "
              "bucket", "s", 1), ("memory_bytes", "bench-memory", "Graph memory per bucket",
-                                 "MiB", 2**20)):
+                                 "MiB", MiB)):
         fig = go.Figure()
         for mode in modes:
             rows = _rows(result, mode)

@@ -24,6 +24,7 @@ from graphrun.spec.keys import VerifySpec, allowed_picks
 
 TOTALS = ("records_out", "batches", "records_per_s", "wall_s", "setup_s", "stream_s",
           "capture_s", "capture_memory_bytes", "padding_ratio")
+GENERATION_TOTALS = ("output_tokens", "output_tokens_per_s")  # a generation run's, from its section
 
 
 def load_manifest(folder: Path) -> dict:
@@ -105,9 +106,12 @@ def bucket_rows(ma: dict, mb: dict, la: dict | None = None, lb: dict | None = No
 
 
 def totals_rows(ma: dict, mb: dict) -> list[dict]:
-    ta, tb = ma["totals"], mb["totals"]
-    return [{"total": k, "a": ta.get(k), "b": tb.get(k), "ratio": _ratio(ta.get(k), tb.get(k))}
-            for k in TOTALS]
+    """The totals of both runs and B/A; a generation run's output tokens and tokens/s too."""
+    pairs = [(k, ma["totals"].get(k), mb["totals"].get(k)) for k in TOTALS]
+    ga, gb = ma.get("generation") or {}, mb.get("generation") or {}
+    if ga or gb:
+        pairs += [(k, ga.get(k), gb.get(k)) for k in GENERATION_TOTALS]
+    return [{"total": k, "a": a, "b": b, "ratio": _ratio(a, b)} for k, a, b in pairs]
 
 
 # ---- outputs ------------------------------------------------------------------------------------
@@ -274,21 +278,47 @@ def _num(x) -> str:
     return f"{x:,}" if isinstance(x, int) else str(x)
 
 
+def latency(us) -> str:
+    """A latency in the unit that reads: us below 10 ms, ms below 1 s, else s."""
+    if us is None:
+        return "-"
+    if us < 10_000:
+        return f"{us:,.0f} us" if us >= 100 else f"{us:.3g} us"
+    if us < 1_000_000:
+        return f"{us / 1e3:.1f} ms"
+    return f"{us / 1e6:,.2f} s"
+
+
+def _table(title: str, head: tuple[str, ...], rows: list[tuple[str, ...]], left: int = 1):
+    """A table whose first column is never cut (bucket names differ only at their end:
+    batch=16,prompt=128 / =256) and whose cells never wrap; a header of two words takes two
+    lines. left: columns aligned left."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for i, col in enumerate(head):
+        width = max((len(r[i]) for r in rows), default=1) if i == 0 else None
+        table.add_column(col if i < left else col.replace(" ", "\n", 1), no_wrap=True,
+                         justify="left" if i < left else "right", min_width=width)
+    for r in rows:
+        table.add_row(*r)
+    return table
+
+
 def print_compare(result: dict, console) -> None:
     from rich.table import Table
 
     a, b = result["a"], result["b"]
     console.print(f"A = {a}\nB = {b}")
     if result.get("kind") == "bench":
-        bt = Table(title=f"bench step latency (us), on {' vs '.join(result['devices'])}")
-        for col in ("bucket", "mode", "A p50", "B p50", "B/A p50", "A p99", "B p99", "B/A p99"):
-            bt.add_column(col, justify="left" if col in ("bucket", "mode") else "right")
-        bt.add_column("beyond noise")
-        for r in result["buckets"]:
-            bt.add_row(r["bucket"], r["mode"], *(_num(r[k]) for k in (
-                "a_p50_us", "b_p50_us", "p50_ratio", "a_p99_us", "b_p99_us", "p99_ratio")),
-                "yes" if r["significant"] else "no")
-        console.print(bt)
+        console.print(_table(
+            f"bench step latency, on {' vs '.join(result['devices'])}",
+            ("bucket", "mode", "A p50", "B p50", "B/A p50", "A p99", "B p99", "B/A p99",
+             "beyond noise"),
+            [(r["bucket"], r["mode"], latency(r["a_p50_us"]), latency(r["b_p50_us"]),
+              _num(r["p50_ratio"]), latency(r["a_p99_us"]), latency(r["b_p99_us"]),
+              _num(r["p99_ratio"]), "yes" if r["significant"] else "no")
+             for r in result["buckets"]], left=2))
         console.print(result["timing"], soft_wrap=True)
         return
     diff = Table(title="spec difference")
@@ -297,21 +327,16 @@ def print_compare(result: dict, console) -> None:
     for d in result["spec_diff"]:
         diff.add_row(d["key"], json.dumps(d["a"]), json.dumps(d["b"]))
     console.print(diff if result["spec_diff"] else "specs are identical")
-    bt = Table(title="per bucket, end-to-end latency (us)")
-    for col in ("bucket", "A batches", "B batches", "A p50", "B p50", "B/A p50", "A p99",
-                "B p99", "B/A p99", "beyond noise"):
-        bt.add_column(col, justify="left" if col == "bucket" else "right")
-    for r in result["buckets"]:
-        bt.add_row(r["bucket"], *(_num(r[k]) for k in (
-            "a_batches", "b_batches", "a_p50_us", "b_p50_us", "p50_ratio", "a_p99_us",
-            "b_p99_us", "p99_ratio")), "yes" if r["significant"] else "no")
-    console.print(bt)
-    tt = Table(title="totals")
-    for col in ("total", "A", "B", "B/A"):
-        tt.add_column(col, justify="left" if col == "total" else "right")
-    for r in result["totals"]:
-        tt.add_row(r["total"], _num(r["a"]), _num(r["b"]), _num(r["ratio"]))
-    console.print(tt)
+    console.print(_table(
+        "per bucket, end-to-end latency",
+        ("bucket", "A batches", "B batches", "A p50", "B p50", "B/A p50", "A p99", "B p99",
+         "B/A p99", "beyond noise"),
+        [(r["bucket"], _num(r["a_batches"]), _num(r["b_batches"]), latency(r["a_p50_us"]),
+          latency(r["b_p50_us"]), _num(r["p50_ratio"]), latency(r["a_p99_us"]),
+          latency(r["b_p99_us"]), _num(r["p99_ratio"]), "yes" if r["significant"] else "no")
+         for r in result["buckets"]]))
+    console.print(_table("totals", ("total", "A", "B", "B/A"), [
+        (r["total"], _num(r["a"]), _num(r["b"]), _num(r["ratio"])) for r in result["totals"]]))
     console.print(outputs_line(result["outputs"]))
     console.print(result["verdict"], soft_wrap=True)
 

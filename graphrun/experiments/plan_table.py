@@ -8,6 +8,7 @@ import math
 import re
 from pathlib import Path
 
+from graphrun.base.units import MiB
 from graphrun.base.errors import SpecError, Problem
 from graphrun.plan.planner import Evaluation, Histogram
 from graphrun.plan.budget import largest_bucket_cost
@@ -30,7 +31,7 @@ def estimates(spec, rows: list[tuple[str, Evaluation]], measure=largest_bucket_c
             cache[key] = measure(spec, ev.lists)
         capture_s, memory = cache[key]
         per_graph = spec.capture.pool == "per-graph"
-        out.append((capture_s * ev.graphs, memory * (ev.graphs if per_graph else 1) / 2**20))
+        out.append((capture_s * ev.graphs, memory * (ev.graphs if per_graph else 1) / MiB))
     return out
 
 
@@ -63,8 +64,8 @@ def plan_table(hist: Histogram, rows: list[tuple[str, Evaluation]],
             waste += f" ({ev.uncovered} batches too long)"
         extra = [f"<= {costs[i][0]:.2f}", f"~{costs[i][1]:,.0f}"] if costs else []
         if memory:
-            fits = memory[i] <= budget_mib * 2**20
-            extra += [f"~{memory[i] / 2**20:,.1f}", "fits" if fits else "OVER: buckets dropped"]
+            fits = memory[i] <= budget_mib * MiB
+            extra += [f"~{memory[i] / MiB:,.1f}", "fits" if fits else "OVER: buckets dropped"]
         table.add_row(label, *(flow_list(ev.lists[a]) for a in hist.axes), str(ev.graphs),
                       f"{ev.padded:,}", waste, *extra)
     return table

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from pathlib import Path
 from typing import Optional, Union
 
+from graphrun.base.units import MiB
 from graphrun.experiments import charts as c
 from graphrun.experiments.compare import load_manifest
 
@@ -70,17 +72,27 @@ def what_ran(m: dict) -> tuple[str, bool]:
 # ---- a run's charts --------------------------------------------------------------------------
 
 
+def samples_for(p: float) -> int:
+    """The samples a percentile needs to say more than the largest of them: p90 needs 10,
+    p99 100; the median, any number."""
+    return 1 if p <= 50 else math.ceil(100 / (100 - p))
+
+
 def latency_chart(go, runs):
     values = [v for _, m in runs for b in _ran(m) for v in
               list(b["latency_us"].get("e2e", {}).values()) + [b.get("eager_us")]]
     div, unit = c.time_unit(values)
     fig = go.Figure()
+    short = {}  # percentile -> batches it needs, where a bucket ran fewer
     for label, m in runs:
         pcts = list(m["spec"].get("report", {}).get("percentiles", [50, 90, 99]))
         buckets = _ran(m)
         for p in pcts:
-            key = f"p{p:g}"
-            y = c.scaled([b["latency_us"].get("e2e", {}).get(key) for b in buckets], div)
+            key, need = f"p{p:g}", samples_for(p)
+            y = c.scaled([b["latency_us"].get("e2e", {}).get(key) if b["batches"] >= need
+                          else None for b in buckets], div)
+            if any(b["batches"] < need for b in buckets):
+                short[key] = need
             if c.has_data(y):
                 fig.add_bar(name=f"{label} e2e {key}", x=[b["name"] for b in buckets], y=y)
         eager = [b for b in buckets if b.get("eager_us")]
@@ -91,7 +103,9 @@ def latency_chart(go, runs):
                             marker={"symbol": "diamond", "size": 11})
     if not fig.data:
         return None
-    c.layout(fig, "End-to-end latency per bucket (percentiles; eager where measured)",
+    note = (" (" + ", ".join(f"{k} only of a bucket of {n}+ batches" for k, n in short.items())
+            + ")") if short else ""
+    c.layout(fig, f"End-to-end latency per bucket (percentiles; eager where measured){note}",
              yaxis=c.value_axis(unit))
     return fig
 
@@ -165,7 +179,7 @@ def memory_chart(go, runs):
     for label, m in runs:
         buckets = _set_up(m)
         fig.add_bar(name=f"{label} graph MiB", x=[b["name"] for b in buckets],
-                    y=[(b.get("memory_bytes") or 0) / 2**20 for b in buckets])
+                    y=[(b.get("memory_bytes") or 0) / MiB for b in buckets])
     c.layout(fig, "Graph memory per bucket (the capture pool's growth)",
              yaxis=c.value_axis("MiB"))
     return fig
@@ -315,7 +329,7 @@ def generation_html(runs: list[tuple[str, dict]]) -> str:
                      _pcts(g["tpot_ms"]),
                      ", ".join(f"{k} {v:,}" for k, v in g["finish_reasons"].items()) or "-",
                      f"{100 * g['wasted_fraction']:.1f}%",
-                     f"{g['kv_cache_bytes'] / 2**20:,.1f}", c.fmt(
+                     f"{g['kv_cache_bytes'] / MiB:,.1f}", c.fmt(
                          None if g.get("mbu") is None else 100 * g["mbu"], ".1f", "%"),
                      "-" if waited is None else f"{waited:,} of {g['decode_steps']:,}",
                      f"{g.get('prompts_truncated', 0):,} / {g.get('prompts_rejected', 0):,}",
@@ -330,13 +344,16 @@ def generation_figures(go, runs) -> list[tuple[str, object]]:
     """TTFT and TPOT percentiles per run, prefill and decode time per bucket, and each graph's
     set-up time where graphs were set up (captured or timed)."""
     gens = [(label, m["generation"]) for label, m in runs if m.get("generation")]
+    records = {label: (m.get("totals") or {}).get("records_out") or 0 for label, m in runs}
     out = []
     for key, name, title in (("ttft_ms", "ttft", "Time to first token (per prompt)"),
                              ("tpot_ms", "tpot", "Time per output token after the first")):
         fig = go.Figure()
         for label, g in gens:
-            if c.has_data(g[key].values()):
-                fig.add_bar(name=label, x=list(g[key]), y=list(g[key].values()))
+            n = records.get(label, 0)
+            kept = {p: v for p, v in g[key].items() if n >= samples_for(float(p[1:]))}
+            if len(kept) > 1:  # the median alone is in the table already
+                fig.add_bar(name=label, x=list(kept), y=list(kept.values()))
         if fig.data:
             c.layout(fig, f"{title}, percentiles", yaxis=c.value_axis("ms"))
             out.append((f"generation-{name}", fig))
@@ -369,6 +386,20 @@ def generation_figures(go, runs) -> list[tuple[str, object]]:
 # ---- pages -----------------------------------------------------------------------------------
 
 
+def compare_html(folders: list[Path], labels: list[str]) -> str:
+    """Two runs: `graphrun compare`'s answer first: the verdict, the spec difference, whether
+    the outputs are equal and whether the timing differs beyond the noise."""
+    from graphrun.experiments.compare import compare, outputs_line
+
+    result = compare(*folders)
+    diff = [[d["key"], json.dumps(d["a"]), json.dumps(d["b"])] for d in result["spec_diff"]]
+    spec = (c.table(["spec key", labels[0], labels[1]], diff, "spec-diff") if diff
+            else "<p>specs are identical</p>")
+    return (f'<section class="compare"><h2>{html.escape(labels[1])} against '
+            f"{html.escape(labels[0])}</h2><p><b>{html.escape(result['verdict'])}</b></p>"
+            f"{spec}<p>{html.escape(outputs_line(result['outputs']))}</p></section>")
+
+
 def run_blocks(folders: list[Path]) -> list[Block]:
     go = c.plotly()
     labels: list[str] = []
@@ -380,8 +411,10 @@ def run_blocks(folders: list[Path]) -> list[Block]:
     lines = [what_ran(m) for m in manifests]
     if len(runs) > 1:
         lines = [(f"{label}: {text}", eager) for label, (text, eager) in zip(labels, lines)]
-    blocks: list[Block] = [c.banner(lines), _summary(folders, manifests),
-                           _notes(folders, manifests, labels)]
+    blocks: list[Block] = [c.banner(lines)]
+    if len(folders) == 2:
+        blocks.append(compare_html(folders, labels))
+    blocks += [_summary(folders, manifests), _notes(folders, manifests, labels)]
     if any(m.get("generation") for m in manifests):
         blocks += [generation_html(runs), *generation_figures(go, runs)]
     figures = [("latency", latency_chart(go, runs)), ("batches", batches_chart(go, runs)),
@@ -389,10 +422,6 @@ def run_blocks(folders: list[Path]) -> list[Block]:
                ("memory", memory_chart(go, runs)), ("phases", phases_chart(go, runs)),
                ("timeline", timeline_chart(go, runs, folders))]
     return blocks + ["<h2>Per bucket</h2>", *c.drawn(figures, LEFT_OUT)]
-
-
-def run_figures(folders: list[Path]) -> list[tuple[str, object]]:
-    return [b for b in run_blocks(folders) if isinstance(b, tuple)]  # what the page draws
 
 
 def sweep_figures(folder: Path) -> list[tuple[str, object]]:

@@ -25,6 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from graphrun.base.nofollow import open_file
+from graphrun.base.units import MiB
 from graphrun.base.errors import GraphrunError, Problem, SpecError, first_message
 from graphrun.experiments.stats import RULE, Spread, spread, verdict
 
@@ -256,7 +257,7 @@ def check_constraints(rows: list[Variant], limits: Constraints) -> None:
     for r in rows:
         if r.status != "completed":
             continue
-        mib = (r.memory_bytes or 0) / 2**20
+        mib = (r.memory_bytes or 0) / MiB
         if limits.max_memory_mib is not None and mib > limits.max_memory_mib:
             r.broken.append(f"graph memory {mib:,.1f} MiB > --max-memory-mib "
                             f"{limits.max_memory_mib:g}")

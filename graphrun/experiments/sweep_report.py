@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from graphrun.base.units import MiB
 from graphrun.experiments.stats import range_text
 from graphrun.experiments.sweep import Sweep
 
@@ -83,7 +84,7 @@ def sweep_table(result: Sweep):
                          range_text(v.output_tokens_per_s_spread, ",.1f")] if tokens else []),
                       _fmt(v.p50_us, ",.0f"), _fmt(v.p99_us, ",.0f"),
                       range_text(v.p99_us_spread, ",.0f"), _fmt(v.capture_s, ".2f"),
-                      _fmt((v.memory_bytes or 0) / 2**20, ",.1f"),
+                      _fmt((v.memory_bytes or 0) / MiB, ",.1f"),
                       _fmt(100 * v.padding_waste if v.padding_waste is not None else None,
                            ".1f") + "%", v.verify or "-", equal, _pick(v))
     return table
@@ -103,10 +104,31 @@ def _tick(v) -> str:
                                                  for k, x in v.overrides.items())])
 
 
+def ranges(spreads: list, medians: list, divisor: float = 1.0) -> dict:
+    """Error bars from each bar's median down to its repeats' min and up to their max."""
+    up = [None if s is None or m is None else (s.max - m) / divisor
+          for s, m in zip(spreads, medians)]
+    down = [None if s is None or m is None else (m - s.min) / divisor
+            for s, m in zip(spreads, medians)]
+    return {"type": "data", "symmetric": False, "array": up, "arrayminus": down,
+            "visible": True}
+
+
+def titled(title: str, result: Sweep, metric: str) -> str:
+    """A chart's title, with the rule's verdict beneath it on the chart of the objective."""
+    import html
+
+    rec = result.recommendation
+    if rec is None or rec.objective != metric:
+        return title
+    return f"{title}<br><sup>{html.escape(recommendation_lines(result)[0])}</sup>"
+
+
 def sweep_figures(go, folder: Path) -> list:
     """A line naming the charts left out, then records/s per variant (the front starred), the
     throughput-memory scatter with its front where variants took graph memory, padding waste
-    and latency per variant."""
+    and latency per variant. Bars are medians with each variant's min..max over its repeats;
+    the objective's chart says the winner rule's verdict."""
     from graphrun.experiments import charts as c
 
     result = load_sweep(folder)
@@ -114,18 +136,24 @@ def sweep_figures(go, folder: Path) -> list:
     names = [_tick(v) for v in done]
     rate = go.Figure()
     rate.add_bar(name="records/s", x=names, y=[v.records_per_s for v in done],
+                 error_y=ranges([v.records_per_s_spread for v in done],
+                                [v.records_per_s for v in done]),
                  marker={"color": ["#2e8b57" if v.pareto else "#7f8fa6" for v in done]},
                  text=["*" if v.pareto else "" for v in done], textposition="outside",
                  textfont={"size": 20})
-    c.layout(rate, "Records/s per variant (* and green: the front)",
+    c.layout(rate, titled("Records/s per variant (* and green: the front; bars: min..max of "
+                          "the repeats)", result, "records_per_s"),
              yaxis=c.value_axis("records/s"))
     out = [("throughput", rate)]
     if generation(result):
         tokens = go.Figure()
-        tokens.add_bar(name="output tokens/s", x=names, y=[v.output_tokens_per_s for v in done])
-        c.layout(tokens, "Output tokens/s per variant", yaxis=c.value_axis("tokens/s"))
+        tokens.add_bar(name="output tokens/s", x=names, y=[v.output_tokens_per_s for v in done],
+                       error_y=ranges([v.output_tokens_per_s_spread for v in done],
+                                      [v.output_tokens_per_s for v in done]))
+        c.layout(tokens, titled("Output tokens/s per variant (bars: min..max of the repeats)",
+                                result, "tokens_per_s"), yaxis=c.value_axis("tokens/s"))
         out.append(("tokens", tokens))
-    mib = [(v.memory_bytes or 0) / 2**20 for v in done]
+    mib = [(v.memory_bytes or 0) / MiB for v in done]
     if c.has_data(mib):  # without graph memory (eager) every point sits on x = 0
         front = sorted((m, v.records_per_s, v.name) for m, v in zip(mib, done) if v.pareto)
         scatter = go.Figure()
@@ -152,9 +180,12 @@ def sweep_figures(go, folder: Path) -> list:
         out.append(("padding", None))
     div, unit = c.time_unit([v.p99_us for v in done] + [v.p50_us for v in done])
     latency = go.Figure()
-    latency.add_bar(name="p50", x=names, y=c.scaled([v.p50_us for v in done], div))
-    latency.add_bar(name="p99", x=names, y=c.scaled([v.p99_us for v in done], div))
-    c.layout(latency, "End-to-end batch latency per variant", yaxis=c.value_axis(unit))
+    for name, key in (("p50", "p50_us"), ("p99", "p99_us")):
+        medians = [getattr(v, key) for v in done]
+        latency.add_bar(name=name, x=names, y=c.scaled(medians, div), error_y=ranges(
+            [getattr(v, f"{key}_spread") for v in done], medians, div))
+    c.layout(latency, titled("End-to-end batch latency per variant (bars: min..max of the "
+                             "repeats)", result, "p99_ms"), yaxis=c.value_axis(unit))
     out.append(("variant-latency", latency))
     return c.drawn(out, {"pareto": "no variant took graph memory (eager): every point would "
                          "sit at 0 MiB", "padding": "no variant padded"})
@@ -203,7 +234,7 @@ def sweep_html(folder: Path) -> str:
             cells += [_fmt(v.records_per_s, ",.1f"), range_text(v.records_per_s_spread, ",.1f"),
                       _fmt(v.p50_us, ",.0f"), _fmt(v.p99_us, ",.0f"),
                       range_text(v.p99_us_spread, ",.0f"), _fmt(v.capture_s, ".2f"),
-                      _fmt((v.memory_bytes or 0) / 2**20, ",.1f"),
+                      _fmt((v.memory_bytes or 0) / MiB, ",.1f"),
                       _fmt(None if v.padding_waste is None else 100 * v.padding_waste, ".1f"),
                       v.verify or "-", "-" if v.outputs_equal_first is None else
                       ("yes" if v.outputs_equal_first else "NO"), _pick(v)]

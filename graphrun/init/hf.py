@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from graphrun.base.errors import GraphrunError, ModelError, first_line
-from graphrun.init.infer import Inferred, sample_notes, spec_out_dir, spec_target
+from graphrun.init.infer import MAX_LISTED, Inferred, sample_notes, spec_out_dir, spec_target
 from graphrun.init.sample import FieldInfo, sample_data
 from graphrun.init.generate import (PROMPT_NAMES, Generation, causal_arch, eos_ids,
                                     plan_generate, prompt_source, rendered_prompts, stop_check)
@@ -65,6 +65,8 @@ class HfInferred(Inferred):
     graphs: object = None  # --task generate: plan/generation.py's GenerationGraphs of the lists
     # where the prompts are: ("text", None), ("chat", messages field), ("batch", None)
     source: tuple = ("text", None)
+    outliers: list[tuple[str, int]] = field(default_factory=list)  # (where, tokens) planned without
+    max_length: int | None = None  # data.text.max_length: where the outliers are cut
 
 
 def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml",
@@ -422,6 +424,20 @@ def _checks(found: HfInferred, config) -> list[str]:
 def _longer(found: HfInferred) -> str:
     """What becomes of a text longer than the last seq bucket."""
     last = found.buckets["seq"][-1]
+    if found.outliers:
+        shown = ", ".join(f"{w} ({n:,} tokens)" for w, n in found.outliers[:MAX_LISTED])
+        more = f" and {len(found.outliers) - MAX_LISTED} more" if len(
+            found.outliers) > MAX_LISTED else ""
+        cut = "from the left, keeping its end" if found.generate is not None else "there"
+        # a generation spec rejects what it would cut unless truncate says otherwise
+        fate = (f"cuts such a text {cut}" if found.truncate else
+                f"rejects such a text with its line (truncate: true cuts it {cut} instead)")
+        n = len(found.outliers)
+        return (f"{n} text{'s' * (n > 1)} far longer than the rest, {shown}{more}, "
+                f"{'were' if n > 1 else 'was'} planned without: data.text.max_length {last} "
+                f"{fate} (raise it, up to {found.limit}, and add it to buckets.seq to keep "
+                "more of them" + ("; or truncate: false to reject them)" if found.truncate
+                                  else ")"))
     if last == found.limit:
         limit = ("the model's limit" if found.generate is None else
                  f"the model's {found.positions} positions less the new tokens")

@@ -1,6 +1,6 @@
 """`graphrun init`: write a first spec from the user's model and data file.
 
-data sample (init_data.py) -> buckets (powers of two up to the sample's largest) -> the model,
+data sample (sample.py) -> buckets (powers of two up to the sample's largest) -> the model,
 built as `run` builds it -> how it is called (keyword by name, else positional) -> two probe
 calls on small padded batches of real records (output names, dtypes, which output sizes follow
 batch or a bucket axis) -> the spec, commented, written beside its JSON schema and validated.
@@ -439,8 +439,11 @@ def sample_notes(dtype: str, p: DataProfile) -> list[str]:
                                "none: a record's position in the file is its id")]
     if p.skipped:
         out.append(f"{len(p.skipped)} records of the sample could not be used and were left "
-                   f"out (the first: {p.skipped[0]}); `run` rejects them "
-                   "(data.on_bad_record: skip) or stops at them (error)")
+                   "out; `run` rejects them (data.on_bad_record: skip) or stops at them "
+                   "(error):")
+        out += p.skipped[:MAX_LISTED]
+        if len(p.skipped) > MAX_LISTED:
+            out.append(f"... and {len(p.skipped) - MAX_LISTED} more")
     if p.disagree:
         out.append(f"{len(p.disagree)} records disagree with the rest of the sample and were "
                    "left out of what was inferred; `run` rejects them (data.on_bad_record: "

@@ -136,16 +136,24 @@ def render_hf_spec(found, spec_dir: Path, out_dir: str) -> str:
                     "planned for the grouped batches' sizes"))
     lo, hi = found.lengths
     lines.append(_c(f"  seq: {_flow(found.buckets['seq'])}", f"tokens {lo}-{hi} in the sample"
-                    + ("; the last: the model's limit" if found.truncate else "")))
+                    + ("; the last: the model's limit" if found.buckets["seq"][-1] == found.limit
+                       else "")))
     run = _run_lines(found, spec_dir, out_dir)
     at = run.index("output:")
-    text = _flow({"field": found.text_field, "truncate": found.truncate})
+    text = _flow(_text_key(found))
     last = found.buckets["seq"][-1]
     run.insert(at, _c(f"  text: {text}", f"longer than {last} tokens: " + (
         "cut" if found.truncate else "rejected")))
     run.insert(at + 1, _c(f"  group_by_length: {found.window}",
                           "similar lengths batched; outputs in input order"))
     return "\n".join(lines + run) + "\n"
+
+
+def _text_key(found) -> dict:
+    """data.text: the field, truncate, and max_length where outliers are cut short of the
+    model's limit."""
+    key = {"field": found.text_field, "truncate": found.truncate}
+    return key if found.max_length is None else {**key, "max_length": found.max_length}
 
 
 def render_generate_spec(found, spec_dir: Path, out_dir: str) -> str:
@@ -177,8 +185,9 @@ def render_generate_spec(found, spec_dir: Path, out_dir: str) -> str:
     if kind == "chat":
         lines.append(_c(f"  chat: {_flow({'field': found.text_field})}",
                         "messages rendered by the model's chat template"))
-    text = {"truncate": found.truncate} if kind != "text" else {
-        "field": found.text_field, "truncate": found.truncate}
+    text = _text_key(found)
+    if kind != "text":  # the prompt is the chat's or the request's, not a field's
+        text.pop("field")
     lines += [
         _c(f"  text: {_flow(text)}", ("the prompt; " if kind == "text" else "") + cut),
         _c(f"  batch_size: {found.batch_size}", "prompts per batch"),
@@ -195,7 +204,8 @@ def render_generate_spec(found, spec_dir: Path, out_dir: str) -> str:
         _c(f"  {BATCH}: {_flow(found.buckets[BATCH])}",
            "rows of the graphs, planned for the grouped batches' sizes"),
         _c(f"  seq: {_flow(found.buckets['seq'])}", f"prompt tokens {lo}-{hi} in the sample"
-           + ("; the last: the model's limit less the new tokens" if found.truncate else "")),
+           + ("; the last: the model's limit less the new tokens" if last == found.limit
+              else "")),
         "output:",
         f"  dir: {_scalar(out_dir)}",
         _c("  format: openai_batch", "the Batch API's output lines; or jsonl | parquet")

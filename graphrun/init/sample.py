@@ -11,7 +11,6 @@ their line and why, rather than turning a field float32 or a fixed size into a b
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -160,10 +159,11 @@ def _read_jsonl(path: Path, limit: int) -> tuple[dict, int]:
 
 
 def _jsonl_record(line: bytes, columns: dict, where: str) -> dict:
-    try:
-        record = json.loads(line)
-    except ValueError as e:
-        raise InputError(f"not JSON: {e}", where=where) from None
+    from graphrun.read.formats.jsonl_parse import parse_line
+
+    record, reason = parse_line(line)  # the reason `run` gives the same line
+    if reason:
+        raise InputError(reason, where=where)
     if not isinstance(record, dict):
         raise InputError("a record must be a JSON object {\"field\": value, ...}", where=where)
     if columns and set(record) != set(columns):

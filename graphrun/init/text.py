@@ -12,6 +12,9 @@ GRAPHS = 12  # graphs planned per text job: each seq value less padding; unselec
 GROUP_CAP = 16384  # records per window at most: a window's inputs and outputs wait in memory
 SEQ_MULTIPLE = 8  # seq values are multiples of 8 (GPU kernels favour them), up to the limit
 TEXT_NAMES = ("text", "sentence", "sentences", "content", "prompt", "query", "document")
+# a text this many times longer than the sample's 95th percentile is an outlier: planned
+# without, so that one huge record does not set the buckets of every batch
+OUTLIER_TIMES = 4
 
 
 def text_field(profile, prefer: tuple[str, ...] = TEXT_NAMES) -> str:
@@ -68,6 +71,21 @@ def texts_of(profile, field: str | list[str]) -> list:
     rows = zip(*(profile.texts[n] for n in names))
     return [row[0] if len(names) == 1 else row for row in rows
             if all(isinstance(t, str) for t in row)]
+
+
+def text_wheres(profile, field: str | list[str]) -> list[str]:
+    """Where each of texts_of's texts is in the file (file:line), in the same order."""
+    names = [field] if isinstance(field, str) else field
+    wheres = profile.wheres or [f"record {i + 1}" for i in range(len(profile.texts[names[0]]))]
+    return [w for w, *row in zip(wheres, *(profile.texts[n] for n in names))
+            if all(isinstance(t, str) for t in row)]
+
+
+def outliers(lengths: np.ndarray) -> np.ndarray:
+    """[n] bool: the texts far longer than the rest (OUTLIER_TIMES the 95th percentile)."""
+    if len(lengths) < 20:  # too few to tell the rest's spread
+        return np.zeros(len(lengths), dtype=bool)
+    return lengths > OUTLIER_TIMES * max(float(np.percentile(lengths, 95)), SEQ_MULTIPLE)
 
 
 def token_lengths(tokenizer, texts: list[str], special: bool = True) -> np.ndarray:
@@ -154,13 +172,20 @@ def plan_grouped(found, texts: list[str], tokenizer, limit: int, *,
     lengths = token_lengths(tokenizer, texts, special)
     whole = p.whole
     found.limit, found.lengths = limit, (int(lengths.min()), int(lengths.max()))
-    found.truncate = not whole or found.lengths[1] > limit
+    far = outliers(lengths)
+    if far.any():  # planned without them; the run cuts them at the largest bucket (said)
+        wheres = text_wheres(p, found.text_field)
+        found.outliers = [(wheres[i] if i < len(wheres) else f"text {i + 1}", int(lengths[i]))
+                          for i in np.flatnonzero(far)]
+        lengths = lengths[~far]
+    found.truncate = not whole or found.lengths[1] > limit or bool(found.outliers)
     found.window = group_window(p, found.batch_size, window_most)
     # a sample of part of the file stands for the file's windows (file_batch_shapes)
     sampled = not whole and bool(p.records)
     cut = np.minimum(lengths, limit)
     axes = (BATCH, "seq")
-    every = {} if whole else {"seq": limit}  # a text the sample did not see is cut there
+    # a text the sample did not see is cut at the limit, or at the largest bucket (outliers)
+    every = {} if whole or found.outliers else {"seq": limit}
 
     def shapes(group: int | None, slack: int = 0) -> list[tuple]:
         if group is not None and sampled:
@@ -176,5 +201,7 @@ def plan_grouped(found, texts: list[str], tokenizer, limit: int, *,
     chosen, grouped, batches = planned(found.window)
     _, in_order, _ = planned(None)
     found.buckets = {BATCH: chosen.lists[BATCH], "seq": chosen.lists["seq"]}
+    if found.outliers:
+        found.max_length = found.buckets["seq"][-1]
     found.padding = (in_order.waste, grouped.waste)
     return batches

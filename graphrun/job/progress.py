@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import sys
 import time
+from pathlib import Path
 
 from graphrun.base.errors import GraphrunError
 from graphrun.base.phases import FIRST_USE
@@ -48,7 +49,7 @@ class Progress:
             self._lines.tokens = tokens
 
     def set_total(self, total: int | None) -> None:
-        """The records the run will read, once counted (beside setup: pipeline.open_sinks)."""
+        """The records the run will read, once counted (beside setup: spine.open_sinks)."""
         if self._lines is not None:
             self._lines.total = total
         elif self._bar is not None:
@@ -178,7 +179,7 @@ def summary_table(manifest, shown: set[str] = frozenset()) -> None:
     cuts = text_cuts(manifest)
     if cuts:
         console.print(cuts)
-    where = stream_breakdown(t)
+    where = stream_breakdown(t, manifest.spec["data"]["path"])
     if where:
         console.print(where)
     biggest = biggest_phases(manifest)
@@ -258,15 +259,32 @@ def biggest_phases(manifest, count: int = 3) -> str | None:
             + ", ".join(f"{p.name} {p.s:.2f} s ({p.s / total:.0%})" for p in top))
 
 
-# host_phase_s keys, as the summary names them: what each thread does (feed.py)
+# host_phase_s keys, as the summary names them: what each thread does (feed/loop.py)
 _STEPS = (("read", "read"), ("stage", "pad"), ("launch", "launch"),
           ("device_wait", "device wait"), ("write", "write"))
 
 
-def stream_breakdown(totals) -> str | None:
+def read_advice(data_path: str) -> str:
+    """What makes reading this input faster, by its format."""
+    import importlib.util
+
+    suffix = Path(data_path).suffix.lower()
+    if suffix == ".parquet":
+        return "write row groups of at most 65,536 records so that several decode at once"
+    if suffix == ".jsonl":
+        if importlib.util.find_spec("orjson") is None:
+            return ('install orjson (pip install -e ".[fast]"), which parses JSONL several '
+                    "times faster")
+        return "a binary format (Parquet, npz) reads faster than JSONL's text"
+    return "give the input a faster disk, or a copy on local storage"
+
+
+def stream_breakdown(totals, data_path: str = "") -> str | None:
     """Where the streaming time went, per step, as shares of it: serially they add up to
     about all of it; overlapped the threads run side by side, and the largest share of a
-    step that is the host's own work (not a wait) is what bounds the rate."""
+    step that is the host's own work (not a wait) is what bounds the rate. When that is the
+    read (and a record came out: with none, reading is all that ran), what helps for the
+    input's format."""
     stream = totals.stream_s
     phases = totals.host_phase_s
     if stream <= 0 or not phases:
@@ -277,7 +295,6 @@ def stream_breakdown(totals) -> str | None:
     own = [(share, label) for label, share in shares if label != "device wait"]
     busiest = max(own)[1]
     text = f"stream ({path}): {text}; busiest: {busiest}"
-    if busiest == "read":  # the device waited for the input
-        text += (" (reading the input limits the rate; for Parquet, write row groups of at "
-                 "most 65,536 records so that several decode at once)")
+    if busiest == "read" and totals.records_out:  # the device waited for the input
+        text += f" (reading the input limits the rate: {read_advice(data_path)})"
     return text

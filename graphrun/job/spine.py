@@ -60,7 +60,7 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     stream starts stops the run at once; during the stream the batch in flight finishes.
     clock: the process's phases (phases.py; the CLI's holds its imports), else a new one.
     hashes: where the input's and model's sha256 come from (a job's worker: the digests its
-    job hashed once, scale/input_digest.py), else this run hashes them (RunHashes.own)."""
+    job hashed once, scale/local/input_digest.py), else this run hashes them (RunHashes.own)."""
     clock = clock or PhaseClock(BEFORE_RUN)
     with clock.active():
         record, held, overlap = new_job(spec, out, overlap, tuning, clock, hashes)

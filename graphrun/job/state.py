@@ -7,7 +7,6 @@ runner), closed at the end whatever happened (finish)."""
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import time
 from array import array
@@ -26,7 +25,7 @@ from graphrun.manifest.keys import (Digests, FileEntry, Manifest, Totals, all_re
                                     environment, spec_digest, write_manifest)
 from graphrun.manifest.sections import BucketPhases, Phase, Phases
 from graphrun.engine.padding import position_ratios
-from graphrun.base.phases import PART_PHASES, PhaseClock, phase
+from graphrun.base.phases import PART_PHASES, PhaseClock, phase, utc_now
 
 
 class Digest(Protocol):
@@ -64,7 +63,7 @@ class RunRecord:
     clock: PhaseClock = field(default_factory=PhaseClock)  # the process's time, as phases
     bucket_plan: Any = None  # buckets: auto: what was planned (plan/auto.py)
     t0: float = field(default_factory=time.perf_counter)
-    started: str = field(default_factory=lambda: _now())
+    started: str = field(default_factory=utc_now)
     # how it ended
     status: str = "failed"
     error: str | None = None
@@ -226,7 +225,7 @@ class RunRecord:
             text_max_tokens=self.cuts.length if self.cuts else None)
         return Manifest(
             status=self.status, error=self.error, name=spec.name, started_at=self.started,
-            finished_at=_now(), spec=self.spec_json, spec_sha256=self.spec_sha,
+            finished_at=utc_now(), spec=self.spec_json, spec_sha256=self.spec_sha,
             input={"path": str(spec.data.path), "format": spec.data.path.suffix.lstrip("."),
                    "sha256": self.input_sha},
             environment=env, buckets=buckets, totals=totals,
@@ -263,7 +262,7 @@ class RunResources:
         self.device_start = device_start  # the CUDA context begun beside setup
         self.model_files = model_files(spec.model, spec.base_dir)
         # for --resume: the same input and model; a job's worker is given the digests its job
-        # hashed once (scale/input_digest.py)
+        # hashed once (scale/local/input_digest.py)
         hashes = hashes or RunHashes.own(spec.data.path, self.model_files)
         self.input_hash, self.model_hash = hashes.input, hashes.model
         self.place = None  # a job's worker: where its shards go (journal.ShardPlace)
@@ -346,7 +345,3 @@ class RunResources:
         if self.runner:
             self.runner.close()
         return manifest
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")

@@ -280,7 +280,8 @@ class Manifest(_M):
     started_at: str
     finished_at: str
     spec: dict[str, Any] = Field(..., description="The resolved spec, overrides applied.")
-    spec_sha256: str
+    spec_sha256: str = Field(..., description="sha256 of the resolved spec less output.dir "
+                             "(what the run computes; --resume compares it).")
     input: dict[str, Any] = Field(..., description="path, format, sha256, slice.")
     environment: Optional[Environment] = Field(None, description="null when the run "
                                                "failed before its device was set up.")
@@ -331,7 +332,11 @@ class Manifest(_M):
 
 
 def spec_digest(spec_json: dict) -> str:
-    return hashlib.sha256(json.dumps(spec_json, sort_keys=True).encode()).hexdigest()
+    """sha256 of the resolved spec less output.dir: where the outputs go is no part of what the
+    run computes, so a run folder copied or moved elsewhere still resumes."""
+    output = {k: v for k, v in (spec_json.get("output") or {}).items() if k != "dir"}
+    return hashlib.sha256(json.dumps({**spec_json, "output": output},
+                                     sort_keys=True).encode()).hexdigest()
 
 
 def environment(device, backend: str, model_code: tuple[str | None, str | None] = (None, None)

@@ -41,7 +41,7 @@ def build_model(spec: PipelineSpec, device: torch.device,
                 base_dir: Path | None = None) -> nn.Module:
     """The spec's model with its weights, on `device` in the spec's dtype, eval, no grad.
 
-    A builtin is made on `device` in model.dtype by its seeded init (models/seeded.py: the
+    A builtin is made on `device` in model.dtype by its seeded init (builtin/seeded.py: the
     same values on every device), or, with model.weights, on the meta device. With weights, a
     target's or timm model's parameters are made on the meta device too, so neither memory nor
     random init is spent on values the weights replace; the weights are read onto `device`

@@ -24,10 +24,10 @@ import numpy as np
 
 from graphrun.engine.buckets import split_sizes
 from graphrun.base.errors import Problem, SpecError
+from graphrun.base.units import MiB
 from graphrun.plan.planner import Evaluation, Histogram, evaluate, plan
 from graphrun.spec.keys import BATCH
 
-MiB = 1 << 20
 CAP_STEP = 0.8  # a pool per graph over budget: the batch cap is lowered by this factor a try
 
 
@@ -163,12 +163,12 @@ def eager_peak_bytes(spec, sizes: dict[str, int]) -> int:
     running sum of torch.profiler's allocations and frees, in time order."""
     import torch
 
-    import graphrun
     from graphrun.engine.probe import synthetic_batch
+    from graphrun.engine.runner import Runner
 
     one = _measuring_spec(spec, sizes).model_copy(update={"device": "cpu"})
     batch = synthetic_batch(one, sizes, seed=0)
-    with graphrun.Runner(one) as runner, _quiet_profiler():
+    with Runner(one) as runner, _quiet_profiler():
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
                                     profile_memory=True) as prof:
             runner.run_batch(batch)
@@ -212,14 +212,14 @@ def _measuring_spec(spec, sizes: dict[str, int]):
 def largest_bucket_cost(spec, lists: dict[str, list[int]]) -> tuple[float, int]:
     """(capture s, memory bytes) of capturing the largest bucket of these lists alone, on the
     spec's (CUDA) device: the cost estimate's unit."""
-    import graphrun
     from graphrun.engine.probe import bucket_costs
+    from graphrun.engine.runner import Runner
 
     # without the budget, which would drop the very bucket measured, and captured now, to be timed
     capture = spec.capture.model_copy(update={"memory_budget_mib": None, "lazy": False})
     one = spec.model_copy(update={"buckets": {a: [max(v)] for a, v in lists.items()},
                                   "capture": capture})
-    with graphrun.Runner(one) as runner:
+    with Runner(one) as runner:
         (cost,) = bucket_costs(runner).values()
     return cost["capture_s"] or 0.0, cost["memory_bytes"] or 0
 

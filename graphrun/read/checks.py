@@ -161,7 +161,7 @@ def _flatten(records: Records) -> tuple[np.ndarray, np.ndarray]:
 class Prechecked:
     """A chunk after every check that needs no other chunk (all but duplicate ids): its
     records' problems so far, axis lengths and values in the inputs' dtypes. A Parquet row
-    group's chunks are prechecked on the thread that decoded it (inputs/parquet.py), off the
+    group's chunks are prechecked on the thread that decoded it (formats/parquet.py), off the
     thread that hands out the batches."""
 
     indices: np.ndarray  # [n] int64 ordinals

@@ -1,8 +1,8 @@
 """Records as read: each input's values turned into arrays (Field), a chunk of candidate records
 (Candidates), the valid records handed on (RecordBatch) and the rejected ones (Reject).
 
-The checks that decide which records are valid live in record_checks.py (shape, axes, values)
-and record_ids.py (duplicate ids).
+The checks that decide which records are valid live in checks.py (shape, axes, values)
+and ids.py (duplicate ids).
 """
 
 from __future__ import annotations

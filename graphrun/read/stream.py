@@ -1,8 +1,8 @@
 """The stream step: read the input file chunk by chunk, check every record, and hand out batches
 of data.batch_size valid records.
 
-The file's format is its reader's business (inputs/, one module per format); the checks are
-record_checks.py's and record_ids.py's; this module holds the entry point and the batching.
+The file's format is its reader's business (formats/, one module per format); the checks are
+checks.py's and ids.py's; this module holds the entry point and the batching.
 Memory stays at about one chunk whatever the file's size.
 """
 

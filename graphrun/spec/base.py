@@ -1,4 +1,4 @@
-"""The field types every section of the spec shares (spec.py, spec_generate.py)."""
+"""The field types every section of the spec shares (keys.py, generate.py)."""
 
 from __future__ import annotations
 

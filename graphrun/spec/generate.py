@@ -1,5 +1,5 @@
-"""The spec's generate: section: a generation job over a causal LM (GENERATION.md fixes the
-keys). Rules tying it to the rest of the spec are spec_checks._generate's."""
+"""The spec's generate: section: a generation job over a causal LM (docs/generation.md
+describes the keys). Rules tying it to the rest of the spec are rules._generate's."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ GENERATE_DOC = (
     "prompt_tokens, output_tokens); buckets batch and seq (prompt lengths). null: one forward "
     "pass per record, unless data.chat or data.format openai_batch implies this section with "
     "its defaults.")
-# The pipeline schema says what spec_checks._sections says: inputs and outputs are required
+# The pipeline schema says what rules._sections says: inputs and outputs are required
 # without generate:, and refused with it.
 # data.chat and data.format imply generate: (PipelineSpec._implied), and a generation spec
 # plans its buckets when it gives none.

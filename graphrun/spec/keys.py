@@ -88,7 +88,7 @@ class TimmModelSpec(Strict):
 
 # Named here so that a spec is checked without importing torch or the readers (tested equal):
 BUILTIN_NAMES = ("decoder", "mlp")  # models/load.py's builders
-INPUT_SUFFIXES = (".jsonl", ".npy", ".npz", ".parquet")  # inputs/'s readers
+INPUT_SUFFIXES = (".jsonl", ".npy", ".npz", ".parquet")  # read/formats/'s readers
 
 
 class ModelSpec(Strict):
@@ -143,8 +143,6 @@ class InputSpec(Strict):
     finite: bool = Field(False, description="Float inputs: reject records holding NaN or Inf.")
 
 
-REDUCE_OPS = ("mean_pool", "cls_pool", "last_pool", "l2_normalize", "softmax", "log_softmax",
-              "argmax")
 ReduceOp = Literal["mean_pool", "cls_pool", "last_pool", "l2_normalize", "softmax",
                    "log_softmax", "argmax"]
 
@@ -418,7 +416,7 @@ class ReportSpec(Strict):
 class PipelineSpec(Strict):
     """A graphrun pipeline: model, static buffers, buckets, capture, data, output, report."""
 
-    # inputs and outputs: required without generate:, refused with it (as spec_checks says)
+    # inputs and outputs: required without generate:, refused with it (as rules._sections says)
     model_config = ConfigDict(extra="forbid", validate_default=True, json_schema_extra={
         "title": "graphrun pipeline spec, version 1", **IMPLIED_SECTIONS_SCHEMA})
 
@@ -427,7 +425,7 @@ class PipelineSpec(Strict):
     device: Text = Field("auto", description="auto (cuda if present, else cpu) | cpu | cuda | "
                         "cuda:N.")
     model: ModelSpec
-    # Required without generate: (spec_checks._sections); a generation job implies them.
+    # Required without generate: (rules._sections); a generation job implies them.
     inputs: dict[str, InputSpec] = Field(
         default_factory=dict, description="Static input buffers by name, in the model's call "
         "order. Required, unless generate: is given (which implies them).")

@@ -2,7 +2,7 @@
 
 PyYAML keeps no positions in the objects it builds, so the file is composed into nodes and turned
 into plain Python values here, remembering where every key and value stood. Pydantic's error
-locations (and spec_checks' key paths) are then mapped back to those positions. A `--set`
+locations (and rules.py's key paths) are then mapped back to those positions. A `--set`
 override replaces the node at its path, and errors under that path name the override instead.
 """
 
@@ -217,12 +217,6 @@ def apply_overrides(data: Any, overrides: list[str], pos: Positions) -> list[Pro
             node[path[-1]] = value
             pos.overrides[path] = label
     return problems
-
-
-_NICER = {
-    "extra_forbidden": "unknown key",
-    "missing": "required key is missing",
-}
 
 
 def _pydantic_problems(err: ValidationError, pos: Positions, data: Any) -> list[Problem]:

@@ -67,6 +67,21 @@ def package_form(folder: Path) -> str | None:
     return None
 
 
+def model_vocab(folder: Path) -> int | None:
+    """A Hugging Face folder's vocabulary size (config.json's vocab_size, or its text
+    config's), or None."""
+    import json
+
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    value = config.get("vocab_size", (config.get("text_config") or {}).get("vocab_size"))
+    return value if isinstance(value, int) and value > 0 else None
+
+
 def model_positions(folder: Path) -> tuple[int, str] | None:
     """(positions, the config.json key saying so) of a Hugging Face folder's model, or None."""
     import json

@@ -217,6 +217,8 @@ def _generate(spec: PipelineSpec) -> Found:
             yield ("model", "hf", "class"), (
                 f"{m.hf.class_} is no causal LM, and generate: needs one: use "
                 "AutoModelForCausalLM (or a class such as LlamaForCausalLM, GPT2LMHeadModel)")
+    elif m.builtin in GENERATE_BUILTINS and isinstance(m.args.get("vocab"), int):
+        yield from _stop_ids(spec, m.args["vocab"], "model.args.vocab")
     elif m.builtin not in GENERATE_BUILTINS:
         source = next((k for k in ("builtin", "target", "exported", "torchscript", "timm")
                        if getattr(m, k)), None)
@@ -299,7 +301,7 @@ def _ranges(spec: PipelineSpec) -> Found:
 
 
 def _ragged_npy(spec: PipelineSpec) -> Found:
-    if spec.output.format != "npy":  # the one format of fixed-shape outputs (outputs/npy.py)
+    if spec.output.format != "npy":  # the one format of fixed-shape outputs (write/sinks/npy.py)
         return
     for name, item in spec.outputs.items():
         ragged = [d for d in item.shape[1:] if isinstance(d, str)]
@@ -468,6 +470,22 @@ def _hf_paths(spec: PipelineSpec, base_dir: Path) -> Found:
             continue
         if key == ("model", "hf", "path"):
             yield from _past_positions(spec, folder)
+            if spec.generate is not None and Path(folder).is_dir():
+                from graphrun.spec.paths import model_vocab
+
+                yield from _stop_ids(spec, model_vocab(Path(folder)), "config.json's vocab_size")
+
+
+def _stop_ids(spec: PipelineSpec, vocab: int | None, said: str) -> Found:
+    """generate.stop.token_ids within the model's vocabulary: an id past it is never picked,
+    so the stop would never come."""
+    if vocab is None:
+        return
+    bad = [t for t in spec.generate.stop.token_ids if t >= vocab]
+    if bad:
+        yield ("generate", "stop", "token_ids"), (
+            f"{', '.join(map(str, bad))} past the model's vocabulary of {vocab} ({said}): give "
+            f"ids below {vocab}")
 
 
 def _past_positions(spec: PipelineSpec, folder: str) -> Found:

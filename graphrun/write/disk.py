@@ -12,6 +12,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from graphrun.base.units import GiB, MiB
+
 MOUNTINFO = "/proc/self/mountinfo"
 FULL = (errno.ENOSPC, errno.EDQUOT)
 
@@ -102,10 +104,10 @@ def _unescape(text: str) -> str:
 
 
 def size(n: int) -> str:
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30)):
+    for unit, scale in (("TiB", 1 << 40), ("GiB", GiB)):
         if n >= scale:
             return f"{n / scale:,.1f} {unit}"
-    return f"{n / 2**20:,.1f} MiB"
+    return f"{n / MiB:,.1f} MiB"
 
 
 def write_failure(path: str | Path, err: OSError) -> str:

@@ -71,7 +71,7 @@ def own_entries(out_dir: Path, listed: set[str], unfinished: list[ShardPlace]
 
 def _workers_own(folder: Path) -> bool:
     """workers/ holds only rank-K folders of graphrun's bookkeeping files, and their progress
-    and log files (scale/layout.py)."""
+    and log files (job_layout.py)."""
     if folder.is_symlink() or not folder.is_dir():
         return False
     for sub in folder.iterdir():
@@ -393,8 +393,9 @@ def _check_fingerprint(out_dir: Path, fingerprint: dict, model: dict[str, Path],
 
 
 def spec_changes(out_dir: Path, spec: dict) -> list[tuple[str, object, object]] | None:
-    """(key path, then, now) for every key of the resolved spec that differs from the one the
-    earlier attempt wrote into its manifest; None without a readable manifest (kill -9)."""
+    """(key path, then, now) for every key of the resolved spec but output.dir that differs
+    from the one the earlier attempt wrote into its manifest; None without a readable manifest
+    (kill -9)."""
     try:
         before = json.loads((out_dir / MANIFEST).read_text()).get("spec")
     except (OSError, ValueError, AttributeError):
@@ -402,8 +403,9 @@ def spec_changes(out_dir: Path, spec: dict) -> list[tuple[str, object, object]] 
     if not isinstance(before, dict):
         return None
     was, now = _flat(before), _flat(json.loads(json.dumps(spec)))
+    # output.dir is no part of the run (manifest.keys.spec_digest): a copied folder's differs
     return [(k, was.get(k), now.get(k)) for k in sorted(set(was) | set(now))
-            if was.get(k) != now.get(k)]
+            if was.get(k) != now.get(k) and k != "output.dir"]
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:

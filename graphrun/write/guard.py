@@ -4,9 +4,9 @@ committed bytes that each journal line records."""
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
+from graphrun.base.digest import file_sha256
 from graphrun.base.errors import OutputError
 
 FIRST_MARK_TEMP = ".run.json.tmp"  # run.json's temp name while it is first written
@@ -46,13 +46,7 @@ def file_differs(out_dir: Path, path: Path, size: int, recorded: int, journal: s
 def rejects_sha256(path: Path, size: int):
     """A sha256 object fed the first `size` bytes of the file (rejects.jsonl; a writer resuming
     goes on feeding it what it appends)."""
-    h = hashlib.sha256()
-    if size:
-        with open(path, "rb") as f:
-            while size > 0 and (chunk := f.read(min(size, 1 << 20))):
-                h.update(chunk)
-                size -= len(chunk)
-    return h
+    return file_sha256(path, size)
 
 
 def check_rejects_sha256(out_dir: Path, path: Path, size: int, count: int, want: str | None,

@@ -1,6 +1,6 @@
 """The output folder's bookkeeping: run.json, the crash-safe journal, and resume.
 
-An output folder holds, besides the shards (see outputs/ for their names):
+An output folder holds, besides the shards (see sinks/ for their names):
 
     run.json        the run's fingerprint ({"spec_sha256", "input_sha256", "model_sha256":
                     {role: sha256} of its files, "slice", "shards": the shard file
@@ -27,13 +27,14 @@ next_index are dropped as they come again), shard numbering at
 k + 1, and rejects.jsonl is cut back to rejects_bytes, so nothing after the last commit is kept
 and nothing before it is repeated. Every line is verified first (journal_line): its checksum
 chain, shard numbers without a gap (a job's worker starts at its share's first shard, and
-its shards sit in the job's folder: scale/layout.py), row counts, next_index = first + rows +
+its shards sit in the job's folder: job_layout.py), row counts, next_index = first + rows +
 rejects.
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -45,6 +46,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from graphrun.base.digest import file_sha256
 from graphrun.base.errors import InputError, OutputError
 from graphrun.write import digests
 from graphrun.write.guard import check_rejects_sha256, file_differs, refuse_foreign
@@ -117,11 +119,7 @@ class ResumePoint:
 
 
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+    return file_sha256(path).hexdigest()
 
 
 class InputHash:
@@ -130,14 +128,10 @@ class InputHash:
     would take the GIL from the runner's and reader's threads now and then. result() waits
     for it; stop() abandons it (a run that failed in setup needs no hash)."""
 
-    # sha256_file's loop, standalone: the child runs isolated (-I), where graphrun may not be
+    # base/digest.py's source: the child runs isolated (-I), where graphrun may not be
     # importable (a checkout on PYTHONPATH, as on the GPU machine)
-    CHILD = ("import hashlib, sys\n"
-             "h = hashlib.sha256()\n"
-             "with open(sys.argv[1], 'rb') as f:\n"
-             "    while chunk := f.read(1 << 20):\n"
-             "        h.update(chunk)\n"
-             "print(h.hexdigest())\n")
+    CHILD = (inspect.getsource(inspect.getmodule(file_sha256)) +
+             "\nimport sys\nprint(file_sha256(sys.argv[1]).hexdigest())\n")
 
     def __init__(self, path: Path):
         self.path = path

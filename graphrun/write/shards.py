@@ -1,14 +1,14 @@
 """The write step: output shards, rejects, and the journal that makes a run resumable.
 
 Shards hold `output.rows_per_file` records each (the last one fewer), numbered from 00000, in
-the files each format's sink lists (outputs/).
+the files each format's sink lists (sinks/).
 
 A shard is written as `.part-00000.<suffix>.tmp`; when it is full the writer hands it to a
 committer and writes on into the next one. The committer hashes, fsyncs and renames it into
 place, and only then journals it (journal.py), in shard order; so a crash leaves committed
 shards plus temp files (or renamed but unjournaled shards) that a resume deletes. bfloat16
 outputs are stored as float32 holding bfloat16-rounded values (numpy, npy and parquet have no
-bfloat16). Memory is the sink's: see outputs/.
+bfloat16). Memory is the sink's: see sinks/.
 
 Rejects must reach reject() before write() is given any row with a larger ordinal: a shard's
 commit covers the rejects below its next_index, and a resume starts reading there.

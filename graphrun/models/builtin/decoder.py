@@ -156,7 +156,7 @@ RULES = DEFAULT_RULES | {nn.Linear: _linear, nn.Embedding: lambda m, name: std(W
 def build_decoder(layers: int = 2, d_model: int = 64, heads: int = 4, vocab: int = 512,
                   max_len: int = 128, max_batch: int = 32, seed: int = 0,
                   device=None, dtype: torch.dtype | None = None) -> Decoder:
-    """The same arguments give the same weights and context, on any device (models/seeded.py);
+    """The same arguments give the same weights and context, on any device (builtin/seeded.py);
     the global RNG is not used.
 
     max_batch sizes the KV cache; graphrun passes the largest batch bucket. The model is made

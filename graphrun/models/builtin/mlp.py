@@ -49,7 +49,7 @@ class MLP(nn.Module):
 def build_mlp(in_features: int = 64, hidden: int = 256, layers: int = 4,
               out_features: int = 16, seed: int = 0, device=None,
               dtype: torch.dtype | None = None) -> MLP:
-    """The same arguments give the same weights, on any device (models/seeded.py, PyTorch's
+    """The same arguments give the same weights, on any device (builtin/seeded.py, PyTorch's
     default scales); the global RNG is not used. Made on `device` (default cpu) in `dtype`
     (default float32); on the meta device, without values (weights follow)."""
     with on_meta():

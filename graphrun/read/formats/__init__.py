@@ -4,7 +4,7 @@ A reader knows its format only: how many records the file holds (count), what ma
 file unreadable (check: an InputError naming the file), and its records [start, stop) as
 chunks of Candidates (or Prechecked, where another thread or process checked them) in file
 order, about one chunk in memory whatever the file's size. The per-record checks and the
-batching are the same for every format (records.py, record_checks.py, stream.py).
+batching are the same for every format (read/records.py, checks.py, stream.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """JSONL lines as graphrun reads them, whatever wrote the file: a UTF-8 byte order mark, lines
 ended by CR alone, a field repeated within a record, an id JSON allows but UTF-8 cannot hold
-(a lone surrogate escape). inputs/jsonl.py and jsonl_parse.py call these; each is self-contained.
+(a lone surrogate escape). jsonl.py and jsonl_parse.py call these; each is self-contained.
 """
 
 from __future__ import annotations

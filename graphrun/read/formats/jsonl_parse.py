@@ -40,13 +40,13 @@ def jsonl_candidates(spec: PipelineSpec, file: str, lines: list[bytes], linenos:
     records = _parse_together(lines)
     reasons = [""] * len(lines)
     if records is None:  # some line is bad: parse line by line for its reason
-        records, reasons = zip(*map(_parse_line, lines))
+        records, reasons = zip(*map(parse_line, lines))
     text = spec.data.text
     # the fields read: a repeated one is a bad line (json keeps the last value silently)
     keyed = expected if text is None else set(Prompts(spec).fields) | (
         {id_field} if id_field else set())
     reasons = repeated_keys(lines, keyed, list(reasons))
-    if spec.data.text is not None:  # a text field tokenized into the inputs (inputs/text.py)
+    if spec.data.text is not None:  # a text field tokenized into the inputs (read/text.py)
         from graphrun.read.text import jsonl_text_candidates
         return jsonl_text_candidates(spec, file, records, reasons, linenos, first)
     good, rejects = [], []
@@ -80,7 +80,7 @@ def line_ids(lines: list[bytes], id_field: str, first: int) -> tuple[list[int], 
     whose id field parses as an int or a str: the lines parsed, no field converted."""
     records = _parse_together(lines)
     if records is None:  # some line is bad: it has no id
-        records = [_parse_line(line)[0] for line in lines]
+        records = [parse_line(line)[0] for line in lines]
     ordinals, ids = [], []
     for p, record in enumerate(records):
         rid = record.get(id_field) if type(record) is dict else None
@@ -143,7 +143,16 @@ def _loads_block(text: bytes):
     return json.loads(text.decode("utf-8"))
 
 
-def _parse_line(line: bytes) -> tuple[object, str]:
+def _unclosed_string(text: str) -> int | None:
+    """The column of the opening quote of a string the line never closes, or None."""
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as e:
+        return e.pos + 1 if e.msg.startswith("Unterminated string") else None
+    return None
+
+
+def parse_line(line: bytes) -> tuple[object, str]:
     """(value, "") or (None, reason)."""
     truncated = "truncated last line (the file ends mid-record)"
     last = not line.endswith(b"\n")  # only the file's last line can lack one
@@ -160,7 +169,12 @@ def _parse_line(line: bytes) -> tuple[object, str]:
         # the line's own column: a line cut short fails past its newline, at "column 1" of
         # a second line, so the position is taken within the line without it
         text = line.rstrip(b"\r\n").decode("utf-8")
-        return None, f"invalid JSON: {e.msg} (column {min(e.pos, len(text)) + 1})"
+        opened = _unclosed_string(text) if e.pos >= len(text) else None
+        if opened is not None:  # json names the newline, a control character, not the cause
+            return None, (f"invalid JSON: the string opened at column {opened} is not closed "
+                          "(no closing quote before the line ends)")
+        return None, (f"invalid JSON: {e.msg.removesuffix(' at')} "
+                      f"(column {min(e.pos, len(text)) + 1})")
     except ValueError:  # Python's limit on an integer's digits (sys.get_int_max_str_digits)
         return None, (f"a number of more than {sys.get_int_max_str_digits()} digits, "
                       "longer than Python reads: not a record")

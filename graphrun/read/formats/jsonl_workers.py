@@ -4,7 +4,7 @@ A JSONL block is parsed by orjson and converted by numpy while holding the GIL: 
 thread that caps the rate and takes the GIL from the thread launching the graphs. So, for a file
 big enough to pay for starting them (tuning.jsonl_workers_min_bytes), blocks go to
 tuning.jsonl_workers child processes, each running what the reader would
-(jsonl_parse.parse_block, then record_checks.precheck), and the reader gets Prechecked chunks back,
+(jsonl_parse.parse_block, then checks.precheck), and the reader gets Prechecked chunks back,
 in order.
 
 The children are plain interpreters (`python -I -c`), not multiprocessing's: nothing of the

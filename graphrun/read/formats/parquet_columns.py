@@ -14,7 +14,7 @@ from graphrun.spec.keys import PipelineSpec
 
 
 def check_schema(spec: PipelineSpec, schema: pa.Schema, file: str) -> None:
-    if spec.data.text is not None:  # a text column tokenized into the inputs (inputs/text.py)
+    if spec.data.text is not None:  # a text column tokenized into the inputs (read/text.py)
         from graphrun.read.text import check_text_schema
         check_text_schema(spec, schema, file)
         spec = spec.model_copy(update={"inputs": {}})  # the id column's check below
@@ -47,7 +47,7 @@ def parquet_candidates(spec: PipelineSpec, file: str, rb, first: int,
                        python_values: bool = True) -> Candidates | None:
     """The records of a record batch whose first row is `first`. Without python_values, None
     where an input column has to be read as Python values (nulls, ragged nested lists)."""
-    if spec.data.text is not None:  # a text column tokenized into the inputs (inputs/text.py)
+    if spec.data.text is not None:  # a text column tokenized into the inputs (read/text.py)
         from graphrun.read.text import parquet_text_candidates
         return parquet_text_candidates(spec, file, rb, first)
     n = rb.num_rows

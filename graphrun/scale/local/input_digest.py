@@ -12,7 +12,7 @@ then both (layout.digest_file):
      "model": {"paths": {role: path}, "sha256": {role: hex}}}     (a part fails: "error": why)
 
 A worker's run takes SharedHash views of that record in place of its own InputHash and
-FilesHash (run_state.RunHashes): it waits for the record where one process waits for its own hashes
+FilesHash (job/state.RunHashes): it waits for the record where one process waits for its own hashes
 (the "input hash wait" phase), so every run.json carries the input_sha256 and model_sha256
 one process would (and its manifest the input's), and --resume compares against them. A
 worker never waits for a publisher that is gone, nor past a limit in proportion to the files'

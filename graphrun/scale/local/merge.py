@@ -8,12 +8,12 @@ attempt; the per-worker section says who ran where, and how fast.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import time
 from pathlib import Path
 
+from graphrun.base.phases import utc_now
 from graphrun.engine.timing import percentiles
 from graphrun.write.journal import REJECTS, fsync_path
 from graphrun.manifest.keys import BucketReport, FileEntry, Manifest, Totals, write_manifest
@@ -56,7 +56,7 @@ def merge(top: Path, spec, mark: dict, outcomes: list, devices: list[str], t0: f
         env = env.model_copy(update={"device": ",".join(devices)})
     manifest = Manifest(
         status=status, error=failed[0].error if failed else None, name=spec.name,
-        started_at=started, finished_at=now(), spec=spec.model_dump(mode="json"),
+        started_at=started, finished_at=utc_now(), spec=spec.model_dump(mode="json"),
         spec_sha256=mark["spec_sha256"],
         input={"path": str(spec.data.path), "format": spec.data.path.suffix.lstrip("."),
                "sha256": first.input.get("sha256") if first else None,
@@ -221,7 +221,3 @@ def _sum_known(values: list) -> int | None:
     """The workers' counts added up; None where no worker counted (not a data.text job)."""
     known = [v for v in values if v is not None]
     return sum(known) if known else None
-
-
-def now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")

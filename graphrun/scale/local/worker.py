@@ -26,9 +26,10 @@ from graphrun.manifest.keys import Manifest
 from graphrun.scale.local.input_digest import PublishedHash, worker_hashes
 from graphrun.scale.local.job_folder import prepare_job
 from graphrun.write.job_layout import is_job, manifest_since, progress_file, shares, worker_dir
-from graphrun.scale.local.merge import merge, now
+from graphrun.scale.local.merge import merge
 from graphrun.scale.local.watch import JobProgress, ProgressFile, outcome
 from graphrun.scale.local.world import World, alive, watch_parent, worker_cores, worker_device
+from graphrun.base.phases import utc_now
 from graphrun.base.tuning import Tuning
 
 RENDEZVOUS_S = 1800  # how long workers wait for rank 0 to prepare the folder
@@ -41,7 +42,7 @@ def run_worker(spec, world: World, *, out, resume: bool, overwrite: bool,
     return their own); a launched worker returns its own."""
     top = Path(out).resolve() if out else spec.output.dir
     watch_parent(world)
-    since, started, t0 = time.time(), now(), time.perf_counter()
+    since, started, t0 = time.time(), utc_now(), time.perf_counter()
     if world.parent is None:
         mark, peers = rendezvous(top, spec, world, resume=resume, overwrite=overwrite,
                                  start=start, stop=stop)

@@ -17,12 +17,13 @@ import time
 from pathlib import Path
 
 from graphrun.base.errors import GraphrunError, Interrupted
+from graphrun.base.phases import utc_now
 from graphrun.write.folder import locked
 from graphrun.manifest.keys import Manifest
 from graphrun.scale.local.input_digest import PublishedHash
 from graphrun.scale.local.job_folder import prepare_job
 from graphrun.write.job_layout import WORKERS, log_file, progress_file
-from graphrun.scale.local.merge import merge, now
+from graphrun.scale.local.merge import merge
 from graphrun.scale.local.watch import JobProgress, outcome, read_progress
 from graphrun.scale.local.worker import job_result
 from graphrun.scale.local.world import worker_device
@@ -66,7 +67,7 @@ def launch(spec, spec_path: Path, overrides, *, gpus: str, out, resume: bool, ov
     a failed worker (worker.job_result)."""
     n = worker_count(gpus, spec)
     top = Path(out).resolve() if out else spec.output.dir
-    since, started, t0 = time.time(), now(), time.perf_counter()
+    since, started, t0 = time.time(), utc_now(), time.perf_counter()
     devices = [worker_device(spec.device, k) for k in range(n)]
     with locked(top) as lock:
         mark = prepare_job(top, spec, n, resume=resume, overwrite=overwrite, start=start,

@@ -3,7 +3,7 @@
     mapped = graphrun.ray.dataset_map(spec, ds)   # a Ray Dataset: id + one column per output
 
 Each actor builds its Runner (model, buffers, captured graphs) once, then runs every Ray batch
-it is handed as the file path runs a chunk: the same record checks (record_checks.py; a bad
+it is handed as the file path runs a chunk: the same record checks (read/checks.py; a bad
 record follows data.on_bad_record), the same padding to buckets and oversize handling
 (Runner.run_rows). Rejects and statistics go to a Collector actor, so none is lost with the
 actor that met it.
@@ -198,7 +198,7 @@ def plain_id(rid):
 
 
 def output_table(spec: PipelineSpec, ids, outs: dict, n: int):
-    """id + one column per output, as the Parquet sink lays them out (outputs/parquet.py)."""
+    """id + one column per output, as the Parquet sink lays them out (write/sinks/parquet.py)."""
     import pyarrow as pa
 
     from graphrun.write.sinks.parquet import arrow_column

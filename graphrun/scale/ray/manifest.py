@@ -3,12 +3,12 @@ Collector's), the output files read back, and Ray's own report (RayReport)."""
 
 from __future__ import annotations
 
-import datetime as dt
-import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from graphrun.base.digest import file_sha256
+from graphrun.base.phases import utc_now
 from graphrun.engine.timing import percentiles
 from graphrun.manifest.keys import (BucketReport, Environment, FileEntry, Manifest, Totals,
                                     environment, spec_digest)
@@ -26,7 +26,7 @@ class RunFacts:
     bucket_plan: object
     address: str | None
     t0: float = field(default_factory=time.perf_counter)
-    started: str = field(default_factory=lambda: _now())
+    started: str = field(default_factory=utc_now)
     status: str = "failed"
     error: str | None = None
     workers: int = 0
@@ -69,7 +69,7 @@ def ray_manifest(f: RunFacts) -> Manifest:
     spec = f.spec
     return Manifest(
         status=f.status, error=f.error, name=spec.name, started_at=f.started,
-        finished_at=_now(), spec=f.spec_json, spec_sha256=spec_digest(f.spec_json),
+        finished_at=utc_now(), spec=f.spec_json, spec_sha256=spec_digest(f.spec_json),
         input={"path": str(spec.data.path), "format": spec.data.path.suffix.lstrip("."),
                "sha256": None},
         environment=actor_environment(actors), buckets=buckets, totals=totals, files=files,
@@ -121,10 +121,7 @@ def actor_environment(actors: dict) -> Environment | None:
 
 
 def file_entry(path: Path, fmt: str) -> FileEntry:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(1 << 20):
-            digest.update(block)
+    digest = file_sha256(path)
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
@@ -134,8 +131,4 @@ def file_entry(path: Path, fmt: str) -> FileEntry:
             rows = sum(1 for line in fh if line.strip())
     return FileEntry(path=path.name, rows=rows, sha256=digest.hexdigest(),
                      bytes=path.stat().st_size)
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 

@@ -1,6 +1,6 @@
 """`graphrun run SPEC --ray`: the spec's input read with Ray's readers, mapped through one Runner
-per actor (ray_data.py), written with Ray's writers into the output folder, then rejects.jsonl
-and manifest.json gathered from the actors' statistics and Ray's (ray_manifest.py).
+per actor (data.py), written with Ray's writers into the output folder, then rejects.jsonl
+and manifest.json gathered from the actors' statistics and Ray's (manifest.py).
 
 Order: the DataContext preserves order, so each write task holds the records after the
 previous task's; the files are renamed part-00000.<format>, ... in task order, and reading
@@ -18,7 +18,7 @@ from graphrun.base.tuning import Tuning
 from graphrun.plan.auto import resolve_auto
 from graphrun.read.formats import reader_for
 from graphrun.read.stream import job_duplicates
-from graphrun.base.errors import GraphrunError, InputError, OutputError
+from graphrun.base.errors import GraphrunError, InputError, OutputError, error_chain
 from graphrun.write.folder import locked, prepare_out_dir
 from graphrun.write.journal import REJECTS
 from graphrun.manifest.keys import Manifest, spec_digest, write_manifest
@@ -133,7 +133,7 @@ def map_input(spec: PipelineSpec, ray, workers: int | None,
 
 def write_output(mapped, out_dir: Path, spec: PipelineSpec) -> None:
     """Ray's writer for output.format into out_dir (renamed in task order afterwards)."""
-    if spec.output.format == "parquet":  # a task's rows in order (ray_write.py says why)
+    if spec.output.format == "parquet":  # a task's rows in order (write.py says why)
         from graphrun.scale.ray.write import OrderedParquetSink
 
         mapped.write_datasink(OrderedParquetSink(str(out_dir), spec.output.rows_per_file))
@@ -189,11 +189,5 @@ def graphrun_cause(err: BaseException, collector) -> GraphrunError | None:
     told = collector.failure() if collector is not None else None
     if told is not None:
         return GraphrunError(told)
-    seen = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        if isinstance(err, GraphrunError) and type(err).__module__.startswith("graphrun"):
-            return err
-        cause = getattr(err, "cause", None)
-        err = cause if isinstance(cause, BaseException) else (err.__cause__ or err.__context__)
-    return None
+    return next((e for e in error_chain(err) if isinstance(e, GraphrunError)
+                 and type(e).__module__.startswith("graphrun")), None)
