@@ -12,20 +12,25 @@ import pyarrow.parquet as pq
 
 from graphrun.base.errors import OutputError
 from graphrun.write.sinks.ids import Ids
+from graphrun.write.sinks.rows_log import RowsLog, log_path
 from graphrun.base.tuning import Tuning
 
 
 class ParquetSink:
     """Rows are buffered per record and written as a row group each time the buffer reaches
     tuning.parquet_row_group_bytes; the cut depends only on the rows, so a resumed run writes
-    the same file."""
+    the same file.
+
+    A parquet file cannot be read back before its footer is written, so each row group's rows
+    also go to a RowsLog as it is written (raw arrays, without parquet's encoding), and
+    checkpoint() adds the rows still buffered: rows= replays the log into a new file."""
 
     suffix = ".parquet"
     uses_row_pool = False
     hashes_ahead = False
 
     def __init__(self, out_dir: Path, stem: str, rows_per_file: int, shapes: dict,
-                 tuning: Tuning, pool=None):
+                 tuning: Tuning, pool=None, rows: int = 0):
         self.tmp = out_dir / f".{stem}.parquet.tmp"
         self.name = f"{stem}.parquet"
         self.row_group_bytes = tuning.parquet_row_group_bytes
@@ -33,6 +38,13 @@ class ParquetSink:
         self.columns: dict[str, list] = {}
         self.bytes = 0
         self.writer: pq.ParquetWriter | None = None
+        self.log = RowsLog(log_path(out_dir, stem, "parquet"))
+        self.logs = [self.log.path]
+        self._logged = None  # buffered rows already in the log; None: while replaying it
+        if rows:
+            for ids, records in self.log.read():
+                self.add(ids, records)
+        self._logged = len(self.ids)
 
     @staticmethod
     def check(outputs: dict) -> None:
@@ -55,7 +67,20 @@ class ParquetSink:
             if k < len(filled):
                 self._flush()
 
+    def _log_buffered(self) -> None:
+        if self._logged is not None and self._logged < len(self.ids):
+            self.log.append(self.ids.values()[self._logged:],
+                            {name: rs[self._logged:] for name, rs in self.columns.items()})
+            self._logged = len(self.ids)
+
+    def checkpoint(self) -> list[tuple[Path, int]]:
+        self._log_buffered()
+        return [(self.log.path, self.log.size())]
+
     def _flush(self) -> None:
+        self._log_buffered()
+        if self._logged is not None:
+            self._logged = 0
         columns = {"id": self._id_column()}
         columns.update((name, arrow_column(rs)) for name, rs in self.columns.items())
         table = pa.table(columns)
@@ -76,16 +101,22 @@ class ParquetSink:
             return pa.array(ids, pa.int64())
         return pa.array([str(x) for x in self.ids.values()], pa.string())
 
-    def abort(self) -> None:
+    def leave(self) -> None:
         writer, self.writer = self.writer, None  # once: abort may follow a failed finish
         if writer is not None:
             writer.close()
+        self.log.close()
+
+    def abort(self) -> None:
+        self.leave()
         self.tmp.unlink(missing_ok=True)
+        self.log.remove()
 
     def finish(self) -> list[tuple[Path, str]]:
         if len(self.ids):
             self._flush()
         self.writer.close()
+        self.log.close()
         return [(self.tmp, self.name)]
 
 
