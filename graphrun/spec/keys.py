@@ -99,7 +99,10 @@ class ModelSpec(Strict):
         "generate:, llama (a Llama-layout causal LM, configured by args).")
     target: Optional[Text] = Field(
         None, description='"package.module:callable" returning an nn.Module, called with `args`; '
-        "modules beside the spec are importable.")
+        "modules beside the spec are importable. Built as your own code builds it, on the CPU "
+        "(its random init from the CPU generator, so a seeded builder gives the same values), "
+        "then moved to the device; with model.weights its parameters are made without values "
+        "and read from the file.")
     exported: Optional[Path] = Field(
         None, description="A torch.export archive (.pt2), relative to the spec's folder.")
     torchscript: Optional[Path] = Field(
