@@ -463,7 +463,8 @@ def completed_manifest(out_dir: Path, fingerprint: dict, *, with_model: bool = T
     if not same or any(ran.get(k) != fingerprint.get(k) for k in ("slice", "shard_range")):
         return None
     # the journal, not the manifest, says what is committed
-    point = read_journal(out_dir, fingerprint["slice"][0] or 0, first_shard(fingerprint))
+    point = read_journal(out_dir, fingerprint["slice"][0] or 0, first_shard(fingerprint),
+                         shard_dir)
     committed = point.rows if point else 0
     if manifest.status != "completed" or committed != manifest.totals.records_out:
         return None
