@@ -80,6 +80,25 @@ def journal_lines(d: Path) -> list[dict]:
     return [json.loads(line) for line in (d / "journal.jsonl").read_text().splitlines()]
 
 
+def whole_and_crashed(tmp_path: Path, spec: PipelineSpec, rows: dict, ids: list, batch: int,
+                      rejected: set[int], stop_after: int, tuning: Tuning | None = None
+                      ) -> tuple[list, Path]:
+    """An uninterrupted run's files, and the folder of a run that gave up after stop_after
+    batches, its commits done (what a crash leaves)."""
+    whole = tmp_path / "whole"
+    prepare_out_dir(whole, resume=False, overwrite=False, fingerprint=FP)
+    w = ShardWriter(spec, whole, tuning=tuning)
+    feed(w, rows, ids, 0, batch, rejected)
+    whole_files = w.close()
+
+    crashed = tmp_path / "crashed"
+    prepare_out_dir(crashed, resume=False, overwrite=False, fingerprint=FP)
+    dead = ShardWriter(spec, crashed, tuning=tuning)
+    feed(dead, rows, ids, 0, batch, rejected, stop_after=stop_after)
+    dead.wait_for_commits()
+    return whole_files, crashed
+
+
 # --- shards and formats ---
 
 @pytest.mark.parametrize("pool", [False, True], ids=["caller", "row-pool"])
@@ -325,19 +344,9 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, fmt):
     spec = make_spec(tmp_path, fmt, rows_per_file=4, outputs=None if fmt == "npy" else RAGGED)
     n, rejected = 22, {2, 7, 8, 15, 20, 21}
     rows, ids = make_rows(n, ragged=fmt != "npy"), [f"id{i}" for i in range(n)]
-
-    whole = tmp_path / "whole"
-    prepare_out_dir(whole, resume=False, overwrite=False, fingerprint=FP)
-    w = ShardWriter(spec, whole, tuning=tuning)
-    feed(w, rows, ids, 0, 5, rejected)
-    whole_files = w.close()
-
-    crashed = tmp_path / "crashed"
-    prepare_out_dir(crashed, resume=False, overwrite=False, fingerprint=FP)
-    dead = ShardWriter(spec, crashed, tuning=tuning)
     # records 0..9: shard 0 = rows 0, 1, 3, 4 committed; rows 5, 6, 9 in temp files
-    feed(dead, rows, ids, 0, 5, rejected, stop_after=2)
-    dead.wait_for_commits()  # then killed: the folder is what a crash leaves
+    whole_files, crashed = whole_and_crashed(tmp_path, spec, rows, ids, 5, rejected,
+                                             stop_after=2, tuning=tuning)
     assert list(crashed.glob(".*.tmp"))
     # What else a crash can leave: a shard renamed before its journal line, a torn journal
     # line, a reject past the last commit, a temp file of a later shard.
@@ -361,7 +370,7 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, fmt):
 
     assert files == whole_files
     assert w.rows_written == n - len(rejected) and w.rejects_written == len(rejected)
-    assert dir_bytes(crashed) == dir_bytes(whole)
+    assert dir_bytes(crashed) == dir_bytes(tmp_path / "whole")
     reject_index = [json.loads(line)["index"]
                     for line in (crashed / "rejects.jsonl").read_text().splitlines()]
     assert reject_index == sorted(rejected)
@@ -379,18 +388,9 @@ def test_a_shard_committed_open_by_time_resumes_to_the_same_files(tmp_path, fmt,
     n, rejected = 29, {2, 7, 8, 15, 20}
     rows = make_rows(n, ragged=fmt != "npy")
     ids = [f"id{i}" if i % 3 else i for i in range(n)]  # ints and strings: as the sinks keep them
-
-    whole = tmp_path / "whole"
-    prepare_out_dir(whole, resume=False, overwrite=False, fingerprint=FP)
-    w = ShardWriter(spec, whole, tuning=tuning)
-    feed(w, rows, ids, 0, 3, rejected)
-    whole_files = w.close()
-
-    crashed = tmp_path / "crashed"
-    prepare_out_dir(crashed, resume=False, overwrite=False, fingerprint=FP)
-    dead = ShardWriter(spec, crashed, tuning=tuning)
-    feed(dead, rows, ids, 0, 3, rejected, stop_after=5)  # records 0..14: shard 1 is open
-    dead.wait_for_commits()  # then killed: the folder is what a crash leaves
+    # records 0..14: shard 0 whole, shard 1 open
+    whole_files, crashed = whole_and_crashed(tmp_path, spec, rows, ids, 3, rejected,
+                                             stop_after=5, tuning=tuning)
     for tmp in crashed.glob(".*.tmp"):  # bytes written after the last commit
         with open(tmp, "ab") as f:
             f.write(b"rows of a batch after the commit")
@@ -403,7 +403,7 @@ def test_a_shard_committed_open_by_time_resumes_to_the_same_files(tmp_path, fmt,
     files = w.close()
 
     assert files == whole_files
-    assert dir_bytes(crashed) == dir_bytes(whole)  # no temp file left either
+    assert dir_bytes(crashed) == dir_bytes(tmp_path / "whole")  # no temp file left either
 
 
 def test_an_open_shard_whose_temp_files_changed_restarts_at_its_first_row(tmp_path):
@@ -412,17 +412,8 @@ def test_an_open_shard_whose_temp_files_changed_restarts_at_its_first_row(tmp_pa
     spec = make_spec(tmp_path, rows_per_file=8, commit_interval_s=1e-6)
     n = 20
     rows, ids = make_rows(n, ragged=False), list(range(n))
-    whole = tmp_path / "whole"
-    prepare_out_dir(whole, resume=False, overwrite=False, fingerprint=FP)
-    w = ShardWriter(spec, whole)
-    feed(w, rows, ids, 0, 3, set())
-    whole_files = w.close()
-
-    crashed = tmp_path / "crashed"
-    prepare_out_dir(crashed, resume=False, overwrite=False, fingerprint=FP)
-    dead = ShardWriter(spec, crashed)
-    feed(dead, rows, ids, 0, 3, set(), stop_after=4)  # shard 0 whole, shard 1 open at 4 rows
-    dead.wait_for_commits()
+    # shard 0 whole, shard 1 open at 4 rows
+    whole_files, crashed = whole_and_crashed(tmp_path, spec, rows, ids, 3, set(), stop_after=4)
     (crashed / ".part-00001.y.npy.tmp").write_bytes(b"rewritten")
 
     point = prepare_out_dir(crashed, resume=True, overwrite=False, fingerprint=FP)
@@ -431,7 +422,7 @@ def test_an_open_shard_whose_temp_files_changed_restarts_at_its_first_row(tmp_pa
     assert [j.get("open", False) for j in journal_lines(crashed)] == [True, True, False]
     feed(w, rows, ids, point.start, 3, set())
     assert w.close() == whole_files
-    assert dir_bytes(crashed) == dir_bytes(whole)
+    assert dir_bytes(crashed) == dir_bytes(tmp_path / "whole")
 
 
 def test_resume_with_nothing_committed_starts_over(tmp_path):
