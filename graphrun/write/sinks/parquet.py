@@ -21,9 +21,10 @@ class ParquetSink:
     tuning.parquet_row_group_bytes; the cut depends only on the rows, so a resumed run writes
     the same file.
 
-    A parquet file cannot be read back before its footer is written, so each row group's rows
-    also go to a RowsLog as it is written (raw arrays, without parquet's encoding), and
-    checkpoint() adds the rows still buffered: rows= replays the log into a new file."""
+    A parquet file cannot be read back before its footer is written, so each row group's
+    Arrow table also goes to a RowsLog as it is written (copied, not encoded again), and
+    checkpoint() adds the rows still buffered: rows= writes the logged row groups into a new
+    file and buffers the rows after them again."""
 
     suffix = ".parquet"
     uses_row_pool = False
@@ -40,10 +41,20 @@ class ParquetSink:
         self.writer: pq.ParquetWriter | None = None
         self.log = RowsLog(log_path(out_dir, stem, "parquet"))
         self.logs = [self.log.path]
-        self._logged = None  # buffered rows already in the log; None: while replaying it
+        self._logged = 0  # buffered rows already in the log
         if rows:
-            for ids, records in self.log.read():
-                self.add(ids, records)
+            self._reopen()
+
+    def _reopen(self) -> None:
+        buffered = []  # rows frames after the last row group: the buffer at the checkpoint
+        for kind, *frame in self.log.read():
+            if kind == "group":
+                self._write_group(frame[0])
+                buffered = []
+            else:
+                buffered.append(frame)
+        for ids, records in buffered:  # below the row group's size: add() flushes none
+            self.add(ids, records)
         self._logged = len(self.ids)
 
     @staticmethod
@@ -67,27 +78,24 @@ class ParquetSink:
             if k < len(filled):
                 self._flush()
 
-    def _log_buffered(self) -> None:
-        if self._logged is not None and self._logged < len(self.ids):
-            self.log.append(self.ids.values()[self._logged:],
-                            {name: rs[self._logged:] for name, rs in self.columns.items()})
-            self._logged = len(self.ids)
-
     def checkpoint(self) -> list[tuple[Path, int]]:
-        self._log_buffered()
+        self.log.append_rows(self.ids.values()[self._logged:],
+                             {name: rs[self._logged:] for name, rs in self.columns.items()})
+        self._logged = len(self.ids)
         return [(self.log.path, self.log.size())]
 
     def _flush(self) -> None:
-        self._log_buffered()
-        if self._logged is not None:
-            self._logged = 0
         columns = {"id": self._id_column()}
         columns.update((name, arrow_column(rs)) for name, rs in self.columns.items())
         table = pa.table(columns)
+        self._write_group(table)
+        self.log.append_group(table)
+        self.ids, self.columns, self.bytes, self._logged = Ids(), {}, 0, 0
+
+    def _write_group(self, table: pa.Table) -> None:
         if self.writer is None:
             self.writer = pq.ParquetWriter(self.tmp, table.schema)
         self.writer.write_table(table, row_group_size=len(table))
-        self.ids, self.columns, self.bytes = Ids(), {}, 0
 
     def _id_column(self) -> pa.Array:
         # The first row group fixes the type: ints may join a string column, not the reverse.
