@@ -32,8 +32,8 @@ k + 1, and rejects.jsonl is cut back to rejects_bytes, so nothing after the last
 and nothing before it is repeated. After an open line, the shard's temp files are cut back to
 their committed bytes and its sink reopens them, so the shard is written on to the same bytes
 as a run never interrupted; temp files that no longer hold those bytes (a crash while the
-shard was completed) put the point back to the shard's start. Every line is verified first (journal_line): its checksum
-chain, shard numbers without a gap (a job's worker starts at its share's first shard, and
+shard was completed) put the point back to the shard's start. Every line is verified first
+(journal_line): its checksum chain, shard numbers without a gap (a job's worker starts at its share's first shard, and
 its shards sit in the job's folder: scale/layout.py), row counts, next_index = first + rows +
 rejects.
 """
@@ -129,7 +129,7 @@ class ResumePoint:
 class OpenShard:
     """A shard committed as it stood, still open: its temp files' first bytes hold its rows."""
 
-    files: list[FileInfo]  # temp file names, the shard's rows so far, sha256 and size of those bytes
+    files: list[FileInfo]  # its temp files: the rows so far, sha256 and size of those bytes
     rows: int
     base: ResumePoint  # the point before its first open line: where it restarts without them
 

@@ -14,9 +14,10 @@ sink makes the rows so far resumable from its temp files (checkpoint()), and the
 fsyncs them and journals an open line with their sizes and sha256. The shard stays open; a
 resume cuts its temp files back to those sizes and reopens them, so every shard still holds
 output.rows_per_file rows and a resumed run writes the same files as one never interrupted.
-An interrupted run (close(partial=False)) commits its open shard so, losing nothing written. bfloat16
-outputs are stored as float32 holding bfloat16-rounded values (numpy, npy and parquet have no
-bfloat16). Memory is the sink's: see outputs/.
+An interrupted run (close(partial=False)) commits its open shard so, losing nothing written.
+
+bfloat16 outputs are stored as float32 holding bfloat16-rounded values (numpy, npy and parquet
+have no bfloat16). Memory is the sink's: see outputs/.
 
 Rejects must reach reject() before write() is given any row with a larger ordinal: a shard's
 commit covers the rejects below its next_index, and a resume starts reading there.
