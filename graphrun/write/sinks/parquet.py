@@ -1,6 +1,7 @@
 """parquet shards: part-00000.parquet, an `id` column (int64 for int ids, else string) and a
 column per output: a scalar for shape [batch], nested lists otherwise (ragged axes allowed).
-Memory stays within one row group plus a shard's ids."""
+Memory stays within a few row groups (one buffered, at most two more waiting for the rows log:
+rows_log.RowsLog) plus a shard's ids."""
 
 from __future__ import annotations
 
