@@ -71,10 +71,10 @@ def forward_job(folder: Path, fmt: str) -> Path:
 
 
 def generation_job(folder: Path) -> Path:
-    """The shipped tiny Llama over 24 prompts, 4 a batch; its shard (rows_per_file left to
+    """The shipped tiny Llama over 24 prompts, 2 a batch; its shard (rows_per_file left to
     the default) would hold 32,768 completions."""
     folder.mkdir(parents=True, exist_ok=True)
-    return write_generation_spec(folder, n=24, data__group_by_length=None,
+    return write_generation_spec(folder, n=24, data__group_by_length=None, data__batch_size=2,
                                  generate={"max_new_tokens": 16,
                                            "sampling": {"method": "greedy"}},
                                  output={"dir": str(folder / "out"), "format": "jsonl",
