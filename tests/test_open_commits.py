@@ -6,6 +6,7 @@ The test stops a real `graphrun run` itself, once the journal holds an open line
 from __future__ import annotations
 
 import json
+import random
 import signal
 import subprocess
 import sys
@@ -47,7 +48,7 @@ def build(**args):
 '''
 
 
-def forward_job(folder: Path, fmt: str) -> Path:
+def forward_job(folder: Path, fmt: str, **output) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "model.py").write_text(MODEL)
     with open(folder / "data.jsonl", "w") as f:
@@ -64,7 +65,7 @@ def forward_job(folder: Path, fmt: str) -> Path:
                      "on_bad_record": "skip"},
             # one shard for the whole job: nothing would commit before its end by size
             "output": {"dir": "out", "format": fmt, "rows_per_file": 100000,
-                       "commit_interval_s": 0.2}}
+                       "commit_interval_s": 0.2, **output}}
     path = folder / "pipeline.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
@@ -92,11 +93,12 @@ def clean_run(folder: Path, spec: Path) -> SimpleNamespace:
 def forward(tmp_path_factory):
     made = {}
 
-    def job(fmt: str) -> SimpleNamespace:
-        if fmt not in made:
+    def job(fmt: str, **output) -> SimpleNamespace:
+        key = (fmt, *sorted(output.items()))
+        if key not in made:
             folder = tmp_path_factory.mktemp(f"forward-{fmt}")
-            made[fmt] = clean_run(folder, forward_job(folder, fmt))
-        return made[fmt]
+            made[key] = clean_run(folder, forward_job(folder, fmt, **output))
+        return made[key]
     return job
 
 
@@ -176,3 +178,34 @@ def test_a_generation_job_stopped_after_a_batch_keeps_its_completions(
     proc = stop_after_an_open_commit(generation.spec, out, signum)
     check_stopped(out, proc, signum)
     resume_and_compare(generation, out)
+
+
+@pytest.mark.parametrize("fmt, seed", [("npy", 1), ("parquet", 2), ("jsonl", 3)])
+def test_kill_9_at_random_points_among_open_and_whole_commits_then_resume_is_the_same(
+        forward, tmp_path, fmt, seed):
+    """Commits every batch (open lines) and every 100 rows (whole shards): a kill lands
+    between any two steps of either, twice (the resume too)."""
+    job = forward(fmt, rows_per_file=100, commit_interval_s=0.005)
+    rng = random.Random(seed)
+    out = tmp_path / "out"
+    for attempt in range(2):
+        proc = subprocess.Popen([sys.executable, "-m", "graphrun", "run", str(job.spec),
+                                 "--out", str(out), "-q", *(["--resume"] if attempt else [])],
+                                env=child_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        lines = committed_lines(out) + rng.randint(1, 12)
+        deadline = time.monotonic() + 120
+        while committed_lines(out) < lines and proc.poll() is None:
+            assert time.monotonic() < deadline, "no commit"
+            time.sleep(0.002)
+        time.sleep(rng.uniform(0, 0.02))
+        proc.kill()
+        proc.communicate()
+    resume_and_compare(job, out)
+
+
+def committed_lines(out: Path) -> int:
+    try:
+        return (out / "journal.jsonl").read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
