@@ -341,3 +341,21 @@ def test_run_batch_with_tensors_gives_the_numpy_paths_values_in_the_models_dtype
             np.testing.assert_array_equal(dev.float().cpu().numpy(), want)
         with pytest.raises(graphrun.InputError, match=r"input 'x': each record has shape \[31\]"):
             runner.run_batch({"x": torch.zeros(2, 31, device="cuda")})
+
+
+def test_a_seeded_targets_replay_equals_its_users_own_eager_call(tmp_path):
+    """A randomly initialised target is built as its user's code builds it (on the CPU, then
+    moved): replayed, it gives what the user's own model gives eagerly on the GPU."""
+    from tests.test_models import users_own
+
+    own = users_own(tmp_path).build(max_batch=8).to("cuda").eval()
+    spec = small_spec(tmp_path, model={"target": f"{tmp_path / 'seeded.py'}:build"},
+                      inputs={"x": {"shape": ["batch", 8]}}, outputs={"y": {"shape": ["batch", 4]}},
+                      buckets={"batch": [1, 2, 4, 8]}, capture={"lazy": False})
+    x = np.random.default_rng(0).standard_normal((8, 8), dtype=np.float32)
+    with Runner(spec) as runner:
+        assert {s.status for s in runner.states.values()} == {"captured"}
+        got = runner.run_batch({"x": x})["y"]
+    with torch.inference_mode():
+        want = own(torch.as_tensor(x, device="cuda")).cpu().numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

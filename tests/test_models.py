@@ -357,29 +357,54 @@ def test_name_outputs_errors(ret, names, message):
     assert message in str(err.value)
 
 
-PLACED_SOURCE = """
+# A builder as users write them for benchmarks and tests: seeded, randomly initialised.
+SEEDED_SOURCE = """
 import torch
 
-def build(width=3):
-    net = torch.nn.Linear(width, 2)
-    net.built_on = net.weight.device.type  # where the builder made its parameters
-    return net
 
-def cpu_only(width=3):
-    if torch.empty(0).device.type != "cpu":
-        raise RuntimeError("this builder makes host tensors only")
-    net = torch.nn.Linear(width, 2)
-    net.built_on = "cpu"
-    return net
+class Scorer(torch.nn.Module):
+    def __init__(self, width, max_batch):
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(width, 16), torch.nn.Linear(16, 4)
+        self.scratch = torch.zeros(max_batch, 16)
+        self.built_on = torch.empty(0).device.type  # where the builder's tensors were made
+
+    def forward(self, x):
+        return self.second(torch.nn.functional.gelu(self.first(x)))
+
+
+def build(width=8, max_batch=1):
+    torch.manual_seed(0)
+    return Scorer(width, max_batch)
 """
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("target, built_on", [("placed.py:build", "cuda"),
-                                              ("placed.py:cpu_only", "cpu")])
-def test_a_target_is_built_on_the_gpu_or_else_built_and_moved(tmp_path, target, built_on):
-    (tmp_path / "placed.py").write_text(PLACED_SOURCE)
-    model = build_model(make_spec({"target": target}), torch.device("cuda"), base_dir=tmp_path)
-    assert model.built_on == built_on
-    assert model.weight.device.type == "cuda"
+def users_own(folder: Path, name: str = "seeded") -> object:
+    """The builder's module as the user's own code imports it."""
+    import importlib.util
+
+    path = folder / f"{name}.py"
+    path.write_text(SEEDED_SOURCE)
+    module_spec = importlib.util.spec_from_file_location(f"users_{name}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def test_a_seeded_target_is_built_as_its_users_code_builds_it_on_the_cpu(tmp_path):
+    """Whatever the run's device, a target without weights is built on the CPU and moved:
+    its random init draws from the CPU generator, as in its user's own process."""
+    users_own(tmp_path)
+    spec = make_spec({"target": "seeded.py:build"})
+    assert build_model(spec, torch.device("meta"), base_dir=tmp_path).built_on == "cpu"
+
+
+def test_a_seeded_targets_values_and_outputs_are_its_users_own(tmp_path):
+    own = users_own(tmp_path).build(max_batch=4)
+    model = build_model(make_spec({"target": "seeded.py:build"}), CPU, base_dir=tmp_path)
+    got, want = model.state_dict(), own.state_dict()
+    assert list(got) == list(want)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        assert torch.equal(model(x=x), own(x))

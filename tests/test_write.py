@@ -25,14 +25,15 @@ FP = {"spec_sha256": "a" * 64, "input_sha256": "b" * 64,
 
 
 def make_spec(tmp_path: Path, fmt: str = "npy", rows_per_file: int = 3,
-              outputs: dict | None = None) -> PipelineSpec:
+              outputs: dict | None = None, commit_interval_s: float = 10.0) -> PipelineSpec:
     return PipelineSpec.model_validate({
         "version": 1, "name": "t", "model": {"builtin": "mlp"},
         "inputs": {"x": {"shape": ["batch", 4]}},
         "outputs": outputs or {"y": {"shape": ["batch", 2]}},
         "buckets": {"batch": [1, 2, 4], "seq": [2, 4]},
         "data": {"path": str(tmp_path / "in.jsonl")},
-        "output": {"dir": str(tmp_path / "out"), "format": fmt, "rows_per_file": rows_per_file},
+        "output": {"dir": str(tmp_path / "out"), "format": fmt, "rows_per_file": rows_per_file,
+                   "commit_interval_s": commit_interval_s},
     })
 
 
@@ -79,6 +80,25 @@ def journal_lines(d: Path) -> list[dict]:
     return [json.loads(line) for line in (d / "journal.jsonl").read_text().splitlines()]
 
 
+def whole_and_crashed(tmp_path: Path, spec: PipelineSpec, rows: dict, ids: list, batch: int,
+                      rejected: set[int], stop_after: int, tuning: Tuning | None = None
+                      ) -> tuple[list, Path]:
+    """An uninterrupted run's files, and the folder of a run that gave up after stop_after
+    batches, its commits done (what a crash leaves)."""
+    whole = tmp_path / "whole"
+    prepare_out_dir(whole, resume=False, overwrite=False, fingerprint=FP)
+    w = ShardWriter(spec, whole, tuning=tuning)
+    feed(w, rows, ids, 0, batch, rejected)
+    whole_files = w.close()
+
+    crashed = tmp_path / "crashed"
+    prepare_out_dir(crashed, resume=False, overwrite=False, fingerprint=FP)
+    dead = ShardWriter(spec, crashed, tuning=tuning)
+    feed(dead, rows, ids, 0, batch, rejected, stop_after=stop_after)
+    dead.wait_for_commits()
+    return whole_files, crashed
+
+
 # --- shards and formats ---
 
 @pytest.mark.parametrize("pool", [False, True], ids=["caller", "row-pool"])
@@ -123,9 +143,11 @@ def test_full_npy_shards_are_hashed_as_they_are_written(tmp_path, monkeypatch, p
         assert len(os.listdir("/proc/self/fd")) == fds
 
 
-def test_an_interrupted_writer_drops_its_running_digests(tmp_path, monkeypatch):
+def test_an_interrupted_writer_commits_its_open_shard_and_closes_its_digests(
+        tmp_path, monkeypatch):
     """partial=False (an interrupted run): the open shard, hashed in steps so far, is
-    dropped with its temp file and descriptors; the complete shard is committed."""
+    committed by an open line on its temp files, its digests and descriptors closed; the
+    complete shard is committed as ever."""
     from graphrun.write import ahead
 
     monkeypatch.setattr(ahead, "STEP", 512)
@@ -138,7 +160,10 @@ def test_an_interrupted_writer_drops_its_running_digests(tmp_path, monkeypatch):
     files = w.close(partial=False)
 
     assert [f.path for f in files] == ["part-00000.ids.npy", "part-00000.y.npy"]
-    assert not list(out.glob(".*.tmp"))
+    last = journal_lines(out)[-1]
+    assert (last["shard"], last["open"], last["rows"]) == (1, True, 70)
+    assert sorted(p.name for p in out.glob(".*.tmp")) == sorted(f["path"] for f in last["files"])
+    assert w.rows_written == 70
     if fds is not None:
         assert len(os.listdir("/proc/self/fd")) == fds
 
@@ -319,19 +344,9 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, fmt):
     spec = make_spec(tmp_path, fmt, rows_per_file=4, outputs=None if fmt == "npy" else RAGGED)
     n, rejected = 22, {2, 7, 8, 15, 20, 21}
     rows, ids = make_rows(n, ragged=fmt != "npy"), [f"id{i}" for i in range(n)]
-
-    whole = tmp_path / "whole"
-    prepare_out_dir(whole, resume=False, overwrite=False, fingerprint=FP)
-    w = ShardWriter(spec, whole, tuning=tuning)
-    feed(w, rows, ids, 0, 5, rejected)
-    whole_files = w.close()
-
-    crashed = tmp_path / "crashed"
-    prepare_out_dir(crashed, resume=False, overwrite=False, fingerprint=FP)
-    dead = ShardWriter(spec, crashed, tuning=tuning)
     # records 0..9: shard 0 = rows 0, 1, 3, 4 committed; rows 5, 6, 9 in temp files
-    feed(dead, rows, ids, 0, 5, rejected, stop_after=2)
-    dead.wait_for_commits()  # then killed: the folder is what a crash leaves
+    whole_files, crashed = whole_and_crashed(tmp_path, spec, rows, ids, 5, rejected,
+                                             stop_after=2, tuning=tuning)
     assert list(crashed.glob(".*.tmp"))
     # What else a crash can leave: a shard renamed before its journal line, a torn journal
     # line, a reject past the last commit, a temp file of a later shard.
@@ -355,10 +370,59 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, fmt):
 
     assert files == whole_files
     assert w.rows_written == n - len(rejected) and w.rejects_written == len(rejected)
-    assert dir_bytes(crashed) == dir_bytes(whole)
+    assert dir_bytes(crashed) == dir_bytes(tmp_path / "whole")
     reject_index = [json.loads(line)["index"]
                     for line in (crashed / "rejects.jsonl").read_text().splitlines()]
     assert reject_index == sorted(rejected)
+
+
+@pytest.mark.parametrize("pool", [False, True], ids=["caller", "row-pool"])
+@pytest.mark.parametrize("fmt", ["npy", "jsonl", "parquet"])
+def test_a_shard_committed_open_by_time_resumes_to_the_same_files(tmp_path, fmt, pool):
+    """With the commit interval passed after every batch, each batch commits the open shard
+    (an open line); a crash then loses nothing committed, and --resume writes on into the
+    same files as an uninterrupted run."""
+    tuning = Tuning(parquet_row_group_bytes=48, row_pool_bytes=1 if pool else 1 << 30)
+    spec = make_spec(tmp_path, fmt, rows_per_file=8, commit_interval_s=1e-6,
+                     outputs=None if fmt == "npy" else RAGGED)
+    n, rejected = 29, {2, 7, 8, 15, 20}
+    rows = make_rows(n, ragged=fmt != "npy")
+    ids = [f"id{i}" if i % 3 else i for i in range(n)]  # ints and strings: as the sinks keep them
+    # records 0..14: shard 0 whole, shard 1 open
+    whole_files, crashed = whole_and_crashed(tmp_path, spec, rows, ids, 3, rejected,
+                                             stop_after=5, tuning=tuning)
+    for tmp in crashed.glob(".*.tmp"):  # bytes written after the last commit
+        with open(tmp, "ab") as f:
+            f.write(b"rows of a batch after the commit")
+
+    point = prepare_out_dir(crashed, resume=True, overwrite=False, fingerprint=FP)
+    assert (point.shard, point.next_index, point.rows, point.rejects) == (1, 15, 12, 3)
+    assert point.open.rows == 4 and point.start == 12
+    w = ShardWriter(spec, crashed, resume=point, tuning=tuning)
+    feed(w, rows, ids, point.start, 3, rejected)
+    files = w.close()
+
+    assert files == whole_files
+    assert dir_bytes(crashed) == dir_bytes(tmp_path / "whole")  # no temp file left either
+
+
+def test_an_open_shard_whose_temp_files_changed_restarts_at_its_first_row(tmp_path):
+    """A crash while an open shard was completed (its temp files renamed or rewritten) leaves
+    its open lines pointing at bytes that are gone: resume starts that shard over."""
+    spec = make_spec(tmp_path, rows_per_file=8, commit_interval_s=1e-6)
+    n = 20
+    rows, ids = make_rows(n, ragged=False), list(range(n))
+    # shard 0 whole, shard 1 open at 4 rows
+    whole_files, crashed = whole_and_crashed(tmp_path, spec, rows, ids, 3, set(), stop_after=4)
+    (crashed / ".part-00001.y.npy.tmp").write_bytes(b"rewritten")
+
+    point = prepare_out_dir(crashed, resume=True, overwrite=False, fingerprint=FP)
+    assert (point.shard, point.next_index, point.open, point.start) == (1, 8, None, 6)
+    w = ShardWriter(spec, crashed, resume=point)
+    assert [j.get("open", False) for j in journal_lines(crashed)] == [True, True, False]
+    feed(w, rows, ids, point.start, 3, set())
+    assert w.close() == whole_files
+    assert dir_bytes(crashed) == dir_bytes(tmp_path / "whole")
 
 
 def test_resume_with_nothing_committed_starts_over(tmp_path):
@@ -493,25 +557,29 @@ def test_close_waits_for_every_commit(tmp_path, monkeypatch, partial):
     feed(w, rows, ids, 0, 3, rejected={4})  # shards 0 1 | 2 3 | 5 6 | 7 8, rejects 4
     w.write(np.array([9]), [9], make_rows(1, ragged=False, seed=1))  # a partial shard
     files = w.close(partial=partial)
-    count = 5 if partial else 4
-    assert [j["shard"] for j in journal_lines(out)] == list(range(count))
-    assert len(files) == 2 * count and not list(out.glob(".*.tmp"))
-    assert w.rows_written == 2 * count - (0 if not partial else 1)
+    # partial=False: the last shard is committed open, on its temp files
+    assert [j["shard"] for j in journal_lines(out)] == list(range(5))
+    assert [j.get("open", False) for j in journal_lines(out)][-1] is not partial
+    assert len(files) == 2 * (4 + partial)
+    assert bool(list(out.glob(".*.tmp"))) is not partial
+    assert w.rows_written == 9
     assert w.rejects_written == 1 == len((out / "rejects.jsonl").read_text().splitlines())
 
 
-def test_close_without_the_partial_shard_counts_only_the_rejects_it_wrote(tmp_path):
+def test_close_without_the_partial_shard_commits_it_open_with_its_rejects(tmp_path):
     out = tmp_path / "out"
     w = ShardWriter(make_spec(tmp_path, rows_per_file=4), out)
     # one batch of 0..7, rejects 1 and 6: shard 0 = rows 0 2 3 4; rows 5 7 and reject 6 are
-    # past it, so an interrupted run drops them and --resume reads them again
+    # past it, committed with the open shard 1 that holds them
     feed(w, make_rows(8, ragged=False), list(range(8)), 0, 8, rejected={1, 6})
     w.close(partial=False)
-    assert (w.rows_written, w.rejects_written) == (4, 1)
+    assert (w.rows_written, w.rejects_written) == (6, 2)
     assert [json.loads(x)["index"] for x in (out / "rejects.jsonl").read_text().splitlines()] \
-        == [1]
+        == [1, 6]
     point = read_journal(out)
-    assert (point.next_index, point.rows, point.rejects) == (5, 4, 1)
+    assert (point.next_index, point.rows, point.rejects, point.shard) == (8, 6, 2, 1)
+    assert point.open.rows == 2
+    assert [f.path for f in point.files] == ["part-00000.ids.npy", "part-00000.y.npy"]
 
 
 def test_a_failed_commit_is_an_output_error_and_stops_the_journal(tmp_path, monkeypatch):

@@ -175,7 +175,8 @@ def open_out_dir(record: RunRecord, held: RunResources, fingerprint: dict, resum
             resume_point = prepare_out_dir(
                 record.out_dir, resume=resume, overwrite=overwrite, fingerprint=fingerprint,
                 input_path=record.spec.data.path, model=held.model_files,
-                accept_model_change=accept_model_change, spec=record.spec_json)
+                accept_model_change=accept_model_change, spec=record.spec_json,
+                shard_dir=held.place.folder if held.place else None)
     except OSError as err:
         raise OutputError(f"cannot use output folder {record.out_dir}: {err.strerror or err}; "
                           "pick a folder you can write to (--out or output.dir)") from err

@@ -304,8 +304,9 @@ class RunResources:
             except OSError as err:
                 record.fail_late(self.out_dir / "latencies.jsonl", err)
         if self.writer:
-            # interrupted: only complete shards are committed, so that --resume writes the
-            # same shards as an uninterrupted run; a failure commits all it has before it
+            # interrupted: the shard being written is committed open (its rows so far), so
+            # that --resume writes it on into the same shards as an uninterrupted run; a
+            # failure commits all it has before it
             try:
                 files = self.writer.close(partial=record.status != "interrupted")
             except OSError as err:

@@ -11,7 +11,6 @@ import importlib
 import importlib.util
 import inspect
 import sys
-import warnings
 from collections.abc import Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,8 +44,10 @@ def build_model(spec: PipelineSpec, device: torch.device,
     same values on every device), or, with model.weights, on the meta device. With weights, a
     target's or timm model's parameters are made on the meta device too, so neither memory nor
     random init is spent on values the weights replace; the weights are read onto `device`
-    and become the parameters. base_dir is the spec's folder: `target` modules and relative
-    .py paths are found there.
+    and become the parameters. Without weights a target is built as its user's code builds
+    it, on the CPU, then moved: under a CUDA device its random init would draw from the CUDA
+    generator (a seeded builder would give other values than in the user's own process).
+    base_dir is the spec's folder: `target` modules and relative .py paths are found there.
     """
     m = spec.model
     # parameters on meta where the weights give every value; a tensor they may lack keeps the
@@ -58,8 +59,7 @@ def build_model(spec: PipelineSpec, device: torch.device,
                                torch_dtype(m.dtype))
     elif m.target is not None:
         model = _build(f"model.target {m.target!r}", _resolve_target(m.target, base_dir),
-                       m.args, spec.max_size(BATCH), wrap=(Exception,), empty=empty,
-                       under=None if empty or device.type == "cpu" else device)
+                       m.args, spec.max_size(BATCH), wrap=(Exception,), empty=empty)
     elif m.exported is not None:
         model = _load_exported(m.exported, device)
     elif m.hf is not None:
@@ -150,14 +150,11 @@ def _build_builtin(name: str, args: dict[str, Any], max_batch: int, device: torc
 
 def _build(what: str, builder: Callable[..., Any], args: dict[str, Any], max_batch: int,
            wrap: tuple[type[Exception], ...], empty: bool = False,
-           placed: dict[str, Any] | None = None,
-           under: torch.device | None = None) -> nn.Module:
+           placed: dict[str, Any] | None = None) -> nn.Module:
     """builder(**args), plus max_batch (the largest batch bucket) when the builder takes it.
     empty: parameters on the meta device (weights follow); a builder that cannot build so (it
     reads a parameter's values, say) is built again as usual. placed: arguments graphrun sets
-    (a builtin's device and dtype), so left out of the messages about model.args. under: the
-    device to build on (tensors the builder makes land there, no copy after); a builder that
-    cannot build so is built on the CPU and moved, as without it."""
+    (a builtin's device and dtype), so left out of the messages about model.args."""
     params = inspect.signature(builder).parameters
     args = dict(args)
     if "max_batch" in params:
@@ -172,15 +169,6 @@ def _build(what: str, builder: Callable[..., Any], args: dict[str, Any], max_bat
                 return model
         except Exception:  # noqa: BLE001 - built again below, where its error is reported
             pass
-    if under is not None:
-        try:
-            with torch.device(under):
-                model = builder(**args, **placed)
-            if isinstance(model, nn.Module):
-                return model
-        except Exception as e:  # noqa: BLE001 - built again below, where its error is reported
-            warnings.warn(f"{what} could not be built on {under} ({type(e).__name__}: {e}); "
-                          "built on the CPU and moved", stacklevel=2)
     try:
         model = builder(**args, **placed)
     except ModelError:

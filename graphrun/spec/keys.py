@@ -99,7 +99,10 @@ class ModelSpec(Strict):
         "generate:, llama (a Llama-layout causal LM, configured by args).")
     target: Optional[Text] = Field(
         None, description='"package.module:callable" returning an nn.Module, called with `args`; '
-        "modules beside the spec are importable.")
+        "modules beside the spec are importable. Built as your own code builds it, on the CPU "
+        "(its random init from the CPU generator, so a seeded builder gives the same values), "
+        "then moved to the device; with model.weights its parameters are made without values "
+        "and read from the file.")
     exported: Optional[Path] = Field(
         None, description="A torch.export archive (.pt2), relative to the spec's folder.")
     torchscript: Optional[Path] = Field(
@@ -392,7 +395,13 @@ class OutputConfig(Strict):
         None, description="Records per output shard. null: as many as make about 64 MiB of "
         "outputs (from the outputs' shapes and dtypes, an axis at its largest bucket), a "
         "multiple of 1024 from 1024 to 100000: full shards commit in the background while the "
-        "stream goes on, and a crash costs at most one shard's work.")
+        "stream goes on.")
+    commit_interval_s: float = Field(
+        10.0, gt=0, description="Seconds after which the records written since the last "
+        "commit are committed although their shard is not full (the shard stays open and "
+        "keeps its rows_per_file): a crash or kill loses at most about this much work, plus "
+        "the batch in flight; a signal loses nothing written. Checked after each batch is "
+        "written, so it costs one fsync per interval, not per batch.")
 
 
 class ReportSpec(Strict):

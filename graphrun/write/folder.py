@@ -220,8 +220,8 @@ def lock_holder(path: Path) -> int | None:
 
 def prepare_out_dir(out_dir: Path, *, resume: bool, overwrite: bool, fingerprint: dict,
                     input_path: Path | None = None, model: dict[str, Path] | None = None,
-                    accept_model_change: bool = False, spec: dict | None = None
-                    ) -> ResumePoint | None:
+                    accept_model_change: bool = False, spec: dict | None = None,
+                    shard_dir: Path | None = None) -> ResumePoint | None:
     """Make `out_dir` ready for a run; return where to resume, or None to start from record 0.
 
     A new or empty folder is used as is. Otherwise: --overwrite replaces graphrun's own files
@@ -231,7 +231,8 @@ def prepare_out_dir(out_dir: Path, *, resume: bool, overwrite: bool, fingerprint
     model's files by role (model_files), named when --resume finds one changed; with
     accept_model_change the run goes on and run.json takes the new hashes. spec: the resolved
     spec as JSON, compared key by key with the earlier attempt's (its manifest) where
-    --resume finds another spec_sha256."""
+    --resume finds another spec_sha256. shard_dir: where the shards are (a job's worker: the
+    job's folder), default out_dir."""
     out_dir = Path(out_dir)
     if resume and overwrite:
         raise OutputError("--resume and --overwrite exclude each other; pass one of them")
@@ -273,7 +274,7 @@ def prepare_out_dir(out_dir: Path, *, resume: bool, overwrite: bool, fingerprint
     refuse_links(out_dir, FIXED_NAMES)  # appended or replaced by name: never written through
     if _check_fingerprint(out_dir, fingerprint, model or {}, accept_model_change, spec):
         write_fingerprint(out_dir, fingerprint)  # later resumes compare with the new model
-    point = read_journal(out_dir, _first(fingerprint), first_shard(fingerprint))
+    point = read_journal(out_dir, _first(fingerprint), first_shard(fingerprint), shard_dir)
     if point is None:
         # Nothing was committed: whatever the earlier attempt left is incomplete.
         remove_and_sync(out_dir, [p for p in own if p.name != RUN_JSON])
@@ -472,7 +473,8 @@ def completed_manifest(out_dir: Path, fingerprint: dict, *, with_model: bool = T
     if not same or any(ran.get(k) != fingerprint.get(k) for k in ("slice", "shard_range")):
         return None
     # the journal, not the manifest, says what is committed
-    point = read_journal(out_dir, fingerprint["slice"][0] or 0, first_shard(fingerprint))
+    point = read_journal(out_dir, fingerprint["slice"][0] or 0, first_shard(fingerprint),
+                         shard_dir)
     committed = point.rows if point else 0
     if manifest.status != "completed" or committed != manifest.totals.records_out:
         return None

@@ -94,6 +94,6 @@ def manifest_since(top: Path, rank: int, since: float) -> bool:
 def committed(top: Path, rank: int, start: int, first_shard: int):
     """A worker's journal point, or None (nothing committed, or a journal not graphrun's)."""
     try:
-        return read_journal(worker_dir(top, rank), start, first_shard)
+        return read_journal(worker_dir(top, rank), start, first_shard, shard_dir=Path(top))
     except OutputError:
         return None

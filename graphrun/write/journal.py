@@ -19,14 +19,21 @@ An output folder holds, besides the shards (see sinks/ for their names):
                      "rejects_bytes": size of rejects.jsonl then, "rejects": its line count,
                      "rejects_sha256": of those bytes (absent, or null, in older journals),
                      "sha256": of this line's fields and the previous line's sha256}
+                    A shard still open when output.commit_interval_s passed is committed as it
+                    stands by a line with "open": true, whose files are its temp files (their
+                    first "bytes" hold its rows so far: sinks' checkpoint()); later lines
+                    of the same shard, open or whole, replace it.
     rejects.jsonl   {"index", "id", "where", "reason"} per rejected record.
 
 Resuming reads the last whole journal line: reading restarts at read_from (the start of the
 batch that held the last committed row, so batching is as before; rows and rejects below
 next_index are dropped as they come again), shard numbering at
 k + 1, and rejects.jsonl is cut back to rejects_bytes, so nothing after the last commit is kept
-and nothing before it is repeated. Every line is verified first (journal_line): its checksum
-chain, shard numbers without a gap (a job's worker starts at its share's first shard, and
+and nothing before it is repeated. After an open line, the shard's temp files are cut back to
+their committed bytes and its sink reopens them, so the shard is written on to the same bytes
+as a run never interrupted; temp files that no longer hold those bytes (a crash while the
+shard was completed) put the point back to the shard's start. Every line is verified first
+(journal_line): its checksum chain, shard numbers without a gap (a job's worker starts at its share's first shard, and
 its shards sit in the job's folder: job_layout.py), row counts, next_index = first + rows +
 rejects.
 """
@@ -43,7 +50,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from graphrun.base.digest import file_sha256
@@ -55,16 +62,17 @@ from graphrun.base.nofollow import open_file
 JOURNAL = "journal.jsonl"
 REJECTS = "rejects.jsonl"
 RUN_JSON = "run.json"
-_SHARD = re.compile(r"(\.?)part-(\d{5,})\.(.+?)(\.tmp)?")
+_SHARD = re.compile(r"(\.?)part-(\d{5,})\.(.+?)(\.rows)?(\.tmp)?")
 
 
 def shard_number(name: str, suffixes: list[str], *, temp: bool | None = None) -> int | None:
     """The shard a file name belongs to, if it is exactly one of the format's names
-    (`part-00003.<suffix>`, or `.part-00003.<suffix>.tmp` while written); else None."""
+    (`part-00003.<suffix>`, or `.part-00003.<suffix>.tmp` while written, and
+    `.part-00003.<suffix>.rows.tmp`, what a sink keeps to reopen an open shard); else None."""
     m = _SHARD.fullmatch(name)
-    if m is None or m.group(3) not in suffixes or bool(m.group(1)) != bool(m.group(4)):
+    if m is None or m.group(3) not in suffixes or bool(m.group(1)) != bool(m.group(5)):
         return None
-    if temp is not None and bool(m.group(4)) != temp:
+    if m.group(4) and not m.group(5) or temp is not None and bool(m.group(5)) != temp:
         return None
     return int(m.group(2))
 
@@ -112,10 +120,21 @@ class ResumePoint:
     read_from: int | None = None
     digest: str = ""  # the last journal line's checksum; the next line's chains on it
     rejects_sha256: str | None = None  # of rejects.jsonl's committed bytes; None: not recorded
+    journal_bytes: int = 0  # journal.jsonl's size through this point's last line
+    open: OpenShard | None = None  # the shard `shard` as an open line committed it
 
     @property
     def start(self) -> int:
         return self.next_index if self.read_from is None else self.read_from
+
+
+@dataclass(frozen=True)
+class OpenShard:
+    """A shard committed as it stood, still open: its temp files' first bytes hold its rows."""
+
+    files: list[FileInfo]  # its temp files: the rows so far, sha256 and size of those bytes
+    rows: int
+    base: ResumePoint  # the point before its first open line: where it restarts without them
 
 
 def sha256_file(path: Path) -> str:
@@ -259,21 +278,28 @@ def line_digest(prev: str, line: dict) -> str:
 
 def append_journal(out_dir: Path, shard: int, files: list[FileInfo], rows: int,
                    next_index: int, rejects_bytes: int, rejects: int, read_from: int,
-                   prev: str = "", rejects_sha256: str | None = None) -> str:
-    """Append a shard's line (durably); returns its checksum, for the next line's `prev`."""
+                   prev: str = "", rejects_sha256: str | None = None,
+                   open_shard: bool = False) -> str:
+    """Append a shard's line (durably); returns its checksum, for the next line's `prev`.
+    open_shard: the shard is committed as it stands and stays open (files: its temp files)."""
     line = {"shard": shard, "files": [asdict(f) for f in files], "rows": rows,
             "next_index": next_index, "read_from": read_from,
             "rejects_bytes": rejects_bytes, "rejects": rejects, "rejects_sha256": rejects_sha256}
+    if open_shard:
+        line["open"] = True
     line["sha256"] = line_digest(prev, line)
     append_durably(out_dir / JOURNAL, (json.dumps(line) + "\n").encode())
     return line["sha256"]
 
 
-def read_journal(out_dir: Path, first: int = 0, first_shard: int = 0) -> ResumePoint | None:
+def read_journal(out_dir: Path, first: int = 0, first_shard: int = 0,
+                 shard_dir: Path | None = None) -> ResumePoint | None:
     """The point after the last whole journal line, or None when nothing was committed.
     Every line is checked (journal_line): its checksum, and that it continues the one
     before; first is the run's first input ordinal (its slice's start), first_shard its first
-    shard number (a worker's share of a job starts past the shards of the shares before it)."""
+    shard number (a worker's share of a job starts past the shards of the shares before it).
+    An open shard whose temp files (in shard_dir, default out_dir) no longer hold what its
+    line committed is left out: the point is the one before it."""
     path = Path(out_dir) / JOURNAL
     if not path.exists():
         return None
@@ -286,13 +312,55 @@ def read_journal(out_dir: Path, first: int = 0, first_shard: int = 0) -> ResumeP
             why = str(e) if isinstance(e, ValueError) and str(e) else repr(e)
             raise OutputError(f"{path}:{number} is not a journal line graphrun wrote ({why}); "
                               "the folder cannot be resumed; rerun with --overwrite") from None
-    return point if point.shard > first_shard else None
+        point = replace(point, journal_bytes=point.journal_bytes + len(raw) + 1)
+    if point.open is not None and not open_files_hold(point.open, Path(shard_dir or out_dir)):
+        point = point.open.base
+    return point if point.shard > first_shard or point.open is not None else None
+
+
+def open_files_hold(shard: OpenShard, folder: Path) -> bool:
+    """Whether an open shard's temp files still begin with the bytes its line committed."""
+    for info in shard.files:
+        path = folder / info.path
+        try:
+            if path.stat().st_size < info.bytes or prefix_sha256(path, info.bytes) != info.sha256:
+                return False
+        except OSError:
+            return False
+    return True
+
+
+class PrefixDigest:
+    """sha256 of a growing file's first bytes, read on from where the last call stopped (a
+    shard's open lines each commit a longer prefix of the same temp files)."""
+
+    def __init__(self):
+        self.hash, self.done = hashlib.sha256(), 0
+
+    def upto(self, path: Path, size: int) -> str:
+        with open(path, "rb") as f:
+            f.seek(self.done)
+            while self.done < size:
+                chunk = f.read(min(1 << 20, size - self.done))
+                if not chunk:
+                    raise OSError(f"{path} ends at {self.done} bytes, before {size}")
+                self.hash.update(chunk)
+                self.done += len(chunk)
+        return self.hash.hexdigest()
+
+
+def prefix_sha256(path: Path, size: int) -> str:
+    return PrefixDigest().upto(path, size)
 
 
 def journal_line(line: dict, before: ResumePoint, first: int) -> ResumePoint:
     """The point after `line`, checked against the point before it; ValueError says why not."""
     if line.get("sha256") != line_digest(before.digest, line):
         raise ValueError("its checksum does not match: edited, reordered or not graphrun's")
+    is_open = line.get("open", False)
+    if is_open is not True and "open" in line:
+        raise ValueError("its 'open' is not true")
+    base = before.open.base if before.open is not None else before
     files = [FileInfo(**f) for f in line["files"]]
     ints = [line[k] for k in ("shard", "rows", "next_index", "read_from", "rejects",
                               "rejects_bytes")] + [v for f in files for v in (f.rows, f.bytes)]
@@ -300,10 +368,13 @@ def journal_line(line: dict, before: ResumePoint, first: int) -> ResumePoint:
         raise ValueError("a count is not a whole number")
     if line["shard"] != before.shard:
         raise ValueError(f"shard {line['shard']} where shard {before.shard} comes next")
-    rows = line["rows"] - before.rows
+    rows = line["rows"] - base.rows
     if not files or any(f.rows != rows for f in files) or rows <= 0:
         raise ValueError(f"its files do not hold the {rows} rows it adds")
-    if any(shard_number(f.path, [f.path.split(".", 1)[-1]]) != before.shard for f in files):
+    if before.open is not None and rows < before.open.rows + is_open:
+        raise ValueError(f"it holds {rows} rows of shard {before.shard}, where an open line "
+                         f"committed {before.open.rows}")
+    if any(shard_number(f.path, [_suffix(f.path)], temp=is_open) != before.shard for f in files):
         raise ValueError(f"its files are not named as shard {before.shard}'s")
     if line["rejects"] < before.rejects or line["rejects_bytes"] < before.rejects_bytes:
         raise ValueError("its rejects count backwards")
@@ -313,10 +384,19 @@ def journal_line(line: dict, before: ResumePoint, first: int) -> ResumePoint:
     if not (before.start <= line["read_from"] <= line["next_index"]):
         raise ValueError(f"read_from {line['read_from']} is outside {before.start}.."
                          f"{line['next_index']}")
-    return ResumePoint(next_index=line["next_index"], shard=line["shard"] + 1, rows=line["rows"],
-                       rejects=line["rejects"], rejects_bytes=line["rejects_bytes"],
-                       files=before.files + files, read_from=line["read_from"],
-                       digest=line["sha256"], rejects_sha256=line.get("rejects_sha256"))
+    return ResumePoint(next_index=line["next_index"], shard=line["shard"] + (not is_open),
+                       rows=line["rows"], rejects=line["rejects"],
+                       rejects_bytes=line["rejects_bytes"],
+                       files=base.files + ([] if is_open else files), read_from=line["read_from"],
+                       digest=line["sha256"], rejects_sha256=line.get("rejects_sha256"),
+                       journal_bytes=before.journal_bytes,
+                       open=OpenShard(files, rows, base) if is_open else None)
+
+
+def _suffix(name: str) -> str:
+    """What a shard file's name has after `part-NNNNN.` (its .rows/.tmp ends left out)."""
+    m = _SHARD.fullmatch(name)
+    return m.group(3) if m else ""
 
 
 def journal_names(out_dir: Path) -> tuple[set[str], int]:
@@ -335,7 +415,8 @@ def journal_names(out_dir: Path) -> tuple[set[str], int]:
             for f in entry["files"]:
                 if shard_number(f["path"], [f["path"].split(".", 1)[-1]]) is not None:
                     names.add(f["path"])
-            shards = max(shards, int(entry["shard"]) + 1)
+            # an open shard's temp files are taken as those of a shard past the journal's
+            shards = max(shards, int(entry["shard"]) + (entry.get("open") is not True))
         except (ValueError, KeyError, TypeError, AttributeError):
             continue
     return names, shards
@@ -363,13 +444,21 @@ def restore(out_dir: Path, point: ResumePoint, suffixes: list[str],
     after = ShardPlace(shard_dir, point.shard, place.end if place else None)
     check_committed(out_dir, point, hashes=True, shard_dir=shard_dir)
     # A shard renamed into place whose journal line never landed is not part of the run, nor
-    # are temp files; their names are exactly the format's, numbered from the next shard.
-    leftovers = [p for p in shard_dir.iterdir() if after.holds(shard_number(p.name, suffixes))]
+    # are temp files; their names are exactly the format's, numbered from the next shard. An
+    # open shard's committed temp files are kept, cut back to the bytes its line committed.
+    kept = {f.path: f.bytes for f in point.open.files} if point.open is not None else {}
+    leftovers = [p for p in shard_dir.iterdir()
+                 if after.holds(shard_number(p.name, suffixes)) and p.name not in kept]
     remove_and_sync(shard_dir, refuse_foreign(shard_dir, leftovers))
+    for name, size in kept.items():
+        truncate_durably(shard_dir / name, size)
     rejects = out_dir / REJECTS
     if rejects.exists():
         truncate_durably(rejects, point.rejects_bytes)  # rejects past the last commit come again
-    cut_torn_tail(out_dir / JOURNAL)
+    journal = out_dir / JOURNAL
+    if point.journal_bytes and journal.stat().st_size > point.journal_bytes:
+        truncate_durably(journal, point.journal_bytes)  # lines of an open shard left out
+    cut_torn_tail(journal)
 
 
 def check_committed(out_dir: Path, point: ResumePoint, *, hashes: bool,

@@ -6,9 +6,18 @@ the files each format's sink lists (sinks/).
 A shard is written as `.part-00000.<suffix>.tmp`; when it is full the writer hands it to a
 committer and writes on into the next one. The committer hashes, fsyncs and renames it into
 place, and only then journals it (journal.py), in shard order; so a crash leaves committed
-shards plus temp files (or renamed but unjournaled shards) that a resume deletes. bfloat16
-outputs are stored as float32 holding bfloat16-rounded values (numpy, npy and parquet have no
-bfloat16). Memory is the sink's: see sinks/.
+shards plus temp files (or renamed but unjournaled shards) that a resume deletes.
+
+So that a crash or a signal loses at most output.commit_interval_s of rows, a shard still
+open that long after the last commit is committed as it stands, at the end of a write(): its
+sink makes the rows so far resumable from its temp files (checkpoint()), and the committer
+fsyncs them and journals an open line with their sizes and sha256. The shard stays open; a
+resume cuts its temp files back to those sizes and reopens them, so every shard still holds
+output.rows_per_file rows and a resumed run writes the same files as one never interrupted.
+An interrupted run (close(partial=False)) commits its open shard so, losing nothing written.
+
+bfloat16 outputs are stored as float32 holding bfloat16-rounded values (numpy, npy and parquet
+have no bfloat16). Memory is the sink's: see sinks/.
 
 Rejects must reach reject() before write() is given any row with a larger ordinal: a shard's
 commit covers the rejects below its next_index, and a resume starts reading there.
@@ -19,8 +28,9 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -28,8 +38,9 @@ import numpy as np
 from graphrun.base.errors import OutputError
 from graphrun.write.disk import write_failure, write_remedy
 from graphrun.write.folder import prepare_out_dir
-from graphrun.write.journal import (REJECTS, FileInfo, ResumePoint, ShardPlace, append_journal,
-                                    check_fresh, fsync_path, read_journal, restore, sha256_file)
+from graphrun.write.journal import (REJECTS, FileInfo, PrefixDigest, ResumePoint, ShardPlace,
+                                    append_journal, check_fresh, fsync_path, read_journal,
+                                    restore, sha256_file)
 from graphrun.write.guard import rejects_sha256
 from graphrun.write.sinks import Outputs, shard_suffixes, sink_for
 from graphrun.write.sinks.ids import plain
@@ -58,6 +69,7 @@ class ShardWriter:
         # lines), in input order among the rows: rejects not yet in a shard
         self._to_sink: list[tuple[int, object, str, str]] = []
         self.rows_per_file = spec.output.rows_per_file
+        self.commit_interval_s = spec.output.commit_interval_s
         self.names = list(spec.outputs)
         self.sink_type.check(spec.outputs)
         self._shapes = {n: tuple(o.shape[1:]) for n, o in spec.outputs.items()}
@@ -74,6 +86,7 @@ class ShardWriter:
         self._sink_failed = False  # a write into the open shard failed
         self._rejects_failed = False  # an append to rejects.jsonl failed: no later shard commits
         self._shard_rows = 0
+        self._open_rows = 0  # rows of the open shard that an open line committed
         self._closed = False
         self._reported = False  # a commit error was raised to the caller already
         # Called before a shard goes to the committer (so before its journal line): what
@@ -96,6 +109,11 @@ class ShardWriter:
             restore(self.out_dir, resume, self.suffixes)
         self._rejects_hash = rejects_sha256(self.out_dir / REJECTS, point.rejects_bytes)  # so far
         self._committer = _Committer(self.out_dir, point, self.tuning, self.shard_dir)
+        if point.open is not None:  # the shard an open line committed: written on
+            self._rows -= point.open.rows
+            self._sink = self._open_sink(rows=point.open.rows)
+            self._shard_rows = self._open_rows = point.open.rows
+        self._last_commit = time.monotonic()
 
     @property
     def rows_written(self) -> int:
@@ -148,6 +166,9 @@ class ShardWriter:
             start = stop
             if self._shard_rows == self.rows_per_file:
                 self._hand_over()
+        if (self._shard_rows > self._open_rows
+                and time.monotonic() - self._last_commit >= self.commit_interval_s):
+            self._commit_open()
 
     def reject(self, index: int, id, where: str, reason: str) -> None:
         if self._closed:
@@ -171,10 +192,11 @@ class ShardWriter:
         """Commit the last partial shard and every reject, wait for every commit; return all
         committed files.
 
-        partial=False (an interrupted run) commits only complete shards and the rejects below
-        them: the partial shard is dropped, so --resume writes the same shards as a run that
-        was never interrupted. After a failed commit nothing more is committed (the journal
-        must stay in shard order): the counts and files are the journal's."""
+        partial=False (an interrupted run) commits the partial shard as it stands, open (an
+        open line), and the rejects below its last row: --resume writes it on, so it writes
+        the same shards as a run that was never interrupted. After a failed commit nothing
+        more is committed (the journal must stay in shard order): the counts and files are
+        the journal's."""
         if self._closed:
             return self._committer.files()
         self._closed = True
@@ -185,12 +207,17 @@ class ShardWriter:
                 if (self._shard_rows or self._sink is not None) and partial and not \
                         self._sink_failed:
                     self._hand_over()
+                elif self._shard_rows > self._open_rows and not self._sink_failed:
+                    self._commit_open()
                 self._flush_rejects(below=None if partial else self._committed_below)
                 self._pending = []  # partial=False: the rejects after it come again on resume
         finally:
             if self._sink is not None:
-                self._sink.abort()
-                self._sink, self._shard_rows = None, 0
+                if self._open_rows:  # an open line committed its temp files: kept for resume
+                    self._sink.leave()
+                else:
+                    self._sink.abort()
+                self._sink, self._shard_rows = None, self._open_rows
             if self._row_pool is not None:
                 self._row_pool.shutdown()
             self._committer.close()
@@ -212,7 +239,8 @@ class ShardWriter:
 
     # --- shards ---
 
-    def _open_sink(self):
+    def _open_sink(self, rows: int = 0):
+        """The shard's sink; rows: reopened on its temp files, which hold that many rows."""
         stem = f"part-{self._shard:05d}"
         if self.sink_type.uses_row_pool and self._row_pool is None:
             # threads start with the first shard, end at close()
@@ -220,9 +248,31 @@ class ShardWriter:
                                                 thread_name_prefix="graphrun-rows")
         if self.sink_type.hashes_ahead:
             return self.sink_type(self.shard_dir, stem, self.rows_per_file, self._shapes,
-                                  self.tuning, self._row_pool, ahead=self._committer.ahead)
+                                  self.tuning, self._row_pool, ahead=self._committer.ahead,
+                                  rows=rows)
         return self.sink_type(self.shard_dir, stem, self.rows_per_file, self._shapes,
-                              self.tuning, self._row_pool)
+                              self.tuning, self._row_pool, rows=rows)
+
+    def _commit_open(self) -> None:
+        """Commit the open shard's rows so far (an open line); it stays open, written on."""
+        next_index = self._last_index + 1
+        try:
+            files = self._sink.checkpoint()
+            self._flush_rejects(below=next_index)
+            if self.on_hand_over is not None:
+                self.on_hand_over()
+        except BaseException:  # (a full disk) the shard is never committed
+            self._sink_failed = True
+            raise
+        self._committer.submit(_Shard(
+            number=self._shard, files=[(path, path.name) for path, _ in files], digests={},
+            rows=self._shard_rows, total_rows=self._rows + self._shard_rows,
+            next_index=next_index, read_from=self._batch_start, rejects=self._rejects,
+            rejects_bytes=self._rejects_bytes, rejects_sha256=self._rejects_hash.hexdigest(),
+            sizes=[size for _, size in files]))
+        self._committed_below = next_index
+        self._open_rows = self._shard_rows
+        self._last_commit = time.monotonic()
 
     def _hand_over(self) -> None:
         """Complete the shard's files and give them to the committer; writing goes on at once."""
@@ -242,12 +292,14 @@ class ShardWriter:
         self._rows += self._shard_rows
         self._committer.submit(_Shard(
             number=self._shard, files=files, digests=getattr(sink, "digests", {}),
+            logs=sink.logs,
             rows=self._shard_rows, total_rows=self._rows,
             next_index=next_index, read_from=self._batch_start, rejects=self._rejects,
             rejects_bytes=self._rejects_bytes, rejects_sha256=self._rejects_hash.hexdigest()))
         self._shard += 1
         self._committed_below = next_index
-        self._shard_rows = 0
+        self._shard_rows = self._open_rows = 0
+        self._last_commit = time.monotonic()
 
     def _rejects_into_shard(self, below: int | None) -> None:
         """A sink that takes rejects: those below `below` (all when None) written into the
@@ -342,6 +394,8 @@ class _Shard:
     rejects: int  # lines and bytes of rejects.jsonl below next_index, already appended
     rejects_bytes: int
     rejects_sha256: str
+    sizes: list[int] | None = None  # an open line's: the bytes of each file it commits
+    logs: list[Path] = field(default_factory=list)  # the sink's checkpoint logs: removed
 
 
 class _Committer:
@@ -361,7 +415,11 @@ class _Committer:
 
     Shared with the writer's thread, under _lock: how many shards were handed over and how
     many settled (journaled, or dropped after a failure), the first error, and what the
-    journal holds (files, rows, rejects)."""
+    journal holds (files, rows, rejects).
+
+    An open shard's line (sizes given) is committed on the journal thread alone: its temp
+    files fsynced and the sha256 of their first bytes taken (read on from the last open
+    line's, PrefixDigest), nothing renamed."""
 
     def __init__(self, out_dir: Path, point: ResumePoint, tuning: Tuning, shard_dir: Path):
         self.out_dir, self.shard_dir = out_dir, shard_dir  # journal and rejects; shards
@@ -376,12 +434,16 @@ class _Committer:
         self._hashers = ThreadPoolExecutor(tuning.hashers, thread_name_prefix="graphrun-sha256")
         self._journal = ThreadPoolExecutor(1, thread_name_prefix="graphrun-journal")
         self.ahead = (self._hashers, self._syncers)  # a sink's files hashed as written
+        self._prefixes: dict[Path, PrefixDigest] = {}  # the open shard's (journal thread only)
 
     def submit(self, shard: _Shard) -> None:
         """Hand over a shard; waits while in_flight shards are not yet journaled."""
         with self._lock:
             self._lock.wait_for(lambda: self._handed - self._settled < self.in_flight)
             self._handed += 1
+        if shard.sizes is not None:
+            self._journal.submit(self._commit, shard)
+            return
         synced = [self._syncers.submit(fsync_path, tmp) for tmp, _ in shard.files]
         hashed = [self._hashers.submit(shard.digests[tmp].result) if tmp in shard.digests
                   else self._hashers.submit(sha256_file, tmp) for tmp, _ in shard.files]
@@ -401,23 +463,25 @@ class _Committer:
         with self._lock:
             return list(self._files)
 
-    def _commit(self, shard: _Shard, synced: list[Future], hashed: list[Future]) -> None:
+    def _commit(self, shard: _Shard, synced: list[Future] | None = None,
+                hashed: list[Future] | None = None) -> None:
         try:
             if self.error is None:
-                infos = []
-                for (tmp, name), sync, digest in zip(shard.files, synced, hashed):
-                    sync.result()  # durable before it is renamed (raises the fsync's error)
-                    infos.append(FileInfo(name, shard.rows, digest.result(), tmp.stat().st_size))
-                    os.replace(tmp, self.shard_dir / name)
+                if shard.sizes is None:
+                    infos = self._place(shard, synced, hashed)
+                else:  # an open line: its temp files' first bytes, durable
+                    infos = [FileInfo(name, shard.rows, self._prefix(tmp, size), size)
+                             for (tmp, name), size in zip(shard.files, shard.sizes)]
                 if shard.rejects_bytes:
                     fsync_path(self.out_dir / REJECTS)
-                fsync_path(self.shard_dir)
+                fsync_path(self.shard_dir)  # renames, and an open shard's new temp names
                 self._digest = append_journal(
                     self.out_dir, shard.number, infos, shard.total_rows, shard.next_index,
                     shard.rejects_bytes, shard.rejects, shard.read_from, prev=self._digest,
-                    rejects_sha256=shard.rejects_sha256)
+                    rejects_sha256=shard.rejects_sha256, open_shard=shard.sizes is not None)
                 with self._lock:
-                    self._files += infos
+                    if shard.sizes is None:
+                        self._files += infos
                     self.rows, self.rejects = shard.total_rows, shard.rejects
         except BaseException as err:  # noqa: BLE001 - raised on the writer's thread
             with self._lock:
@@ -427,6 +491,23 @@ class _Committer:
                 self._settled += 1
                 self._lock.notify_all()
 
+    def _place(self, shard: _Shard, synced: list[Future], hashed: list[Future]
+               ) -> list[FileInfo]:
+        """A whole shard's files, fsynced and hashed, renamed into place."""
+        infos = []
+        for (tmp, name), sync, digest in zip(shard.files, synced, hashed):
+            sync.result()  # durable before it is renamed (raises the fsync's error)
+            infos.append(FileInfo(name, shard.rows, digest.result(), tmp.stat().st_size))
+            os.replace(tmp, self.shard_dir / name)
+        for log in shard.logs:  # after the open lines that committed them, in journal order
+            log.unlink(missing_ok=True)
+        self._prefixes.clear()  # the open shard's lines are over
+        return infos
+
+    def _prefix(self, tmp: Path, size: int) -> str:
+        """sha256 of the first `size` bytes of an open shard's temp file, made durable."""
+        fsync_path(tmp)
+        return self._prefixes.setdefault(tmp, PrefixDigest()).upto(tmp, size)
 
 def _round_bfloat16(a: np.ndarray) -> np.ndarray:
     """float32 -> nearest bfloat16 (ties to even), kept as float32; NaN stays NaN. One new

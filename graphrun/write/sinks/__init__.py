@@ -3,6 +3,10 @@
 A sink writes one shard's rows into temp files and, at finish(), completes and closes them and
 hands back (temp path, final name). Making them durable (hash, fsync, rename, journal) is the
 committer's work, off the writer's thread (write.py), so finish() does no fsync.
+
+A shard can also be committed while open: checkpoint() hands back (temp path, size) whose first
+`size` bytes hold the rows so far, and a sink made with rows=N reopens those files (cut back to
+those sizes) holding N rows and writes on to the same bytes as one never stopped.
 """
 
 from __future__ import annotations
@@ -28,15 +32,23 @@ class Sink(Protocol):
     # takes the committer's (hashers, syncers) as `ahead`, and after finish() lists in
     # `digests` (temp path -> ahead.RunningDigest) the files it hashed as it wrote them
     hashes_ahead: bool
+    # what it keeps for checkpoint() beside its temp files (rows_log.py); finish() leaves
+    # them, the committer removes them with the shard's commit
+    logs: list[Path]
 
     def __init__(self, out_dir: Path, stem: str, rows_per_file: int, shapes: dict,
-                 tuning: Tuning, pool: Executor | None = None): ...
+                 tuning: Tuning, pool: Executor | None = None, rows: int = 0): ...
 
     @staticmethod
     def check(outputs: dict) -> None:
         """Raise OutputError for outputs (spec.outputs) this format cannot store."""
 
     def add(self, ids, outputs: Outputs) -> None: ...
+
+    def checkpoint(self) -> list[tuple[Path, int]]: ...
+
+    def leave(self) -> None:
+        """Close its files and keep them: an open journal line committed their first bytes."""
 
     def abort(self) -> None: ...
 

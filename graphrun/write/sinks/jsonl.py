@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -15,17 +16,19 @@ from graphrun.base.nofollow import open_file
 
 
 class JsonlSink:
-    """One JSON object per record, written as it comes."""
+    """One JSON object per record, written as it comes: any first bytes of the file are the
+    shard's first rows, so checkpoint() only flushes and rows= appends to the file."""
 
     suffix = ".jsonl"
     uses_row_pool = False
     hashes_ahead = False
 
     def __init__(self, out_dir: Path, stem: str, rows_per_file: int, shapes: dict,
-                 tuning: Tuning, pool=None):
+                 tuning: Tuning, pool=None, rows: int = 0):
         self.tmp = out_dir / f".{stem}.jsonl.tmp"
         self.name = f"{stem}.jsonl"
-        self.f = open_file(self.tmp, "w", encoding="utf-8", newline="\n")
+        self.logs: list[Path] = []  # its temp file alone holds the rows so far
+        self.f = open_file(self.tmp, "a" if rows else "w", encoding="utf-8", newline="\n")
 
     @staticmethod
     def check(outputs: dict) -> None:
@@ -39,6 +42,13 @@ class JsonlSink:
             row = {"id": plain(rid)}
             row.update((name, v[i].tolist()) for name, v in outputs.items())
             self.f.write(json.dumps(row, separators=(",", ":")) + "\n")
+
+    def checkpoint(self) -> list[tuple[Path, int]]:
+        self.f.flush()
+        return [(self.tmp, os.fstat(self.f.fileno()).st_size)]
+
+    def leave(self) -> None:
+        self.f.close()
 
     def abort(self) -> None:
         self.f.close()

@@ -16,6 +16,7 @@ import numpy as np
 from graphrun.base.errors import OutputError
 from graphrun.write.ahead import RunningDigest
 from graphrun.write.sinks.ids import Ids
+from graphrun.write.sinks.rows_log import IdsLog, log_path
 from graphrun.spec.keys import BATCH
 from graphrun.base.tuning import Tuning
 from graphrun.base.nofollow import open_fd, open_file
@@ -69,7 +70,10 @@ class NpySink:
     tuning.row_pool_pending batches; a write's error is raised by the next add() or finish().
     Small batches are written on the caller's thread. Given the committer's threads (ahead:
     hashers, syncers), each file is also hashed and flushed as it grows (ahead.RunningDigest):
-    `digests` hands that to the committer for a full shard, whose header never changes."""
+    `digests` hands that to the committer for a full shard, whose header never changes.
+
+    checkpoint() appends the ids added since the last one to an IdsLog: the files' first bytes
+    and that log are then the shard so far, and rows= reopens them."""
 
     suffix = ".npy"
     uses_row_pool = True
@@ -77,7 +81,7 @@ class NpySink:
 
     def __init__(self, out_dir: Path, stem: str, rows_per_file: int, shapes: dict,
                  tuning: Tuning, pool: Executor | None = None,
-                 ahead: tuple[Executor, Executor] | None = None):
+                 ahead: tuple[Executor, Executor] | None = None, rows: int = 0):
         self.out_dir, self.stem = out_dir, stem
         self.rows_per_file, self.shapes = rows_per_file, shapes
         self.tuning, self.pool, self.ahead = tuning, pool, ahead
@@ -86,6 +90,11 @@ class NpySink:
         self._pending: deque[tuple[Future, RowFile, int]] = deque()  # (write, file, offset)
         self.digests: dict[Path, RunningDigest] = {}  # temp path -> its running sha256
         self.error: BaseException | None = None  # a failed write: this shard is never finished
+        self.ids_log = IdsLog(log_path(out_dir, stem, "ids.npy"))
+        self.logs = [self.ids_log.path]
+        if rows:  # an open shard's temp files, cut back to its committed rows
+            self.ids.add(self.ids_log.read())
+            self.files = {name: self._reopen(name) for name in shapes}
 
     @staticmethod
     def check(outputs: dict) -> None:
@@ -139,6 +148,23 @@ class NpySink:
         digest = RunningDigest(path, *self.ahead) if self.ahead is not None else None
         return RowFile(fd, path, dtype, len(header), len(header), digest)
 
+    def _reopen(self, name: str) -> RowFile:
+        path = self.out_dir / f".{self.stem}.{name}.npy.tmp"
+        with open(path, "rb") as f:
+            np.lib.format.read_magic(f)
+            dtype = np.lib.format.read_array_header_1_0(f)[2]
+            header_bytes = f.tell()
+        fd = open_fd(path, os.O_WRONLY)
+        digest = RunningDigest(path, *self.ahead) if self.ahead is not None else None
+        return RowFile(fd, path, dtype, header_bytes, os.fstat(fd).st_size, digest)
+
+    def checkpoint(self) -> list[tuple[Path, int]]:
+        """The rows so far made resumable: (temp file, bytes holding them) to commit."""
+        self._wait()
+        self.ids_log.append(self.ids.values()[self.ids_log.count:])
+        return [(self.ids_log.path, self.ids_log.size())] + [
+            (f.path, f.end) for f in self.files.values()]
+
     def _wait(self) -> None:
         while self._pending:
             self._settle(self._pending.popleft()[0].result)
@@ -146,6 +172,13 @@ class NpySink:
             raise self.error
 
     def abort(self) -> None:
+        self.leave()
+        for f in self.files.values():
+            f.path.unlink(missing_ok=True)
+        self.ids_log.remove()
+
+    def leave(self) -> None:
+        """Close the files, kept as they are (an open journal line committed their start)."""
         try:
             for future, _, _ in self._pending:  # let no thread write into a closed descriptor
                 future.exception()
@@ -155,10 +188,11 @@ class NpySink:
                 if f.digest is not None:
                     f.digest.close()
                 f.close()
-                f.path.unlink(missing_ok=True)
+            self.ids_log.close()
 
     def finish(self) -> list[tuple[Path, str]]:
         self._wait()
+        self.ids_log.close()  # the ids go into the shard's own ids file
         ids_tmp = self.out_dir / f".{self.stem}.ids.npy.tmp"
         with open_file(ids_tmp, "wb") as f:
             np.save(f, self.ids.array(), allow_pickle=False)

@@ -1,6 +1,7 @@
 """parquet shards: part-00000.parquet, an `id` column (int64 for int ids, else string) and a
 column per output: a scalar for shape [batch], nested lists otherwise (ragged axes allowed).
-Memory stays within one row group plus a shard's ids."""
+Memory stays within a few row groups (one buffered, at most two more waiting for the rows log:
+rows_log.RowsLog) plus a shard's ids."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pyarrow.parquet as pq
 
 from graphrun.base.errors import OutputError
 from graphrun.write.sinks.ids import Ids
+from graphrun.write.sinks.rows_log import RowsLog, log_path
 from graphrun.base.tuning import Tuning
 from graphrun.base.nofollow import open_file
 
@@ -19,14 +21,19 @@ from graphrun.base.nofollow import open_file
 class ParquetSink:
     """Rows are buffered per record and written as a row group each time the buffer reaches
     tuning.parquet_row_group_bytes; the cut depends only on the rows, so a resumed run writes
-    the same file."""
+    the same file.
+
+    A parquet file cannot be read back before its footer is written, so each row group's
+    Arrow table also goes to a RowsLog as it is written (copied, not encoded again), and
+    checkpoint() adds the rows still buffered: rows= writes the logged row groups into a new
+    file and buffers the rows after them again."""
 
     suffix = ".parquet"
     uses_row_pool = False
     hashes_ahead = False
 
     def __init__(self, out_dir: Path, stem: str, rows_per_file: int, shapes: dict,
-                 tuning: Tuning, pool=None):
+                 tuning: Tuning, pool=None, rows: int = 0):
         self.tmp = out_dir / f".{stem}.parquet.tmp"
         self.name = f"{stem}.parquet"
         self.row_group_bytes = tuning.parquet_row_group_bytes
@@ -35,6 +42,23 @@ class ParquetSink:
         self.bytes = 0
         self.writer: pq.ParquetWriter | None = None
         self.file = None  # the tmp file the writer writes: opened here, closed here
+        self.log = RowsLog(log_path(out_dir, stem, "parquet"))
+        self.logs = [self.log.path]
+        self._logged = 0  # buffered rows already in the log
+        if rows:
+            self._reopen()
+
+    def _reopen(self) -> None:
+        buffered = []  # rows frames after the last row group: the buffer at the checkpoint
+        for kind, *frame in self.log.read():
+            if kind == "group":
+                self._write_group(frame[0])
+                buffered = []
+            else:
+                buffered.append(frame)
+        for ids, records in buffered:  # below the row group's size: add() flushes none
+            self.add(ids, records)
+        self._logged = len(self.ids)
 
     @staticmethod
     def check(outputs: dict) -> None:
@@ -65,16 +89,27 @@ class ParquetSink:
             if k < len(filled):
                 self._flush()
 
+    def checkpoint(self) -> list[tuple[Path, int]]:
+        self.log.append_rows(self.ids.values()[self._logged:],  # the rows not yet logged
+                             {name: joined(parts)[self._logged:]
+                              for name, parts in self.columns.items()})
+        self._logged = len(self.ids)
+        return [(self.log.path, self.log.size())]
+
     def _flush(self) -> None:
         columns = {"id": self._id_column()}
         columns.update((name, arrow_column(joined(parts)))
                        for name, parts in self.columns.items())
         table = pa.table(columns)
+        self._write_group(table)
+        self.log.append_group(table)
+        self.ids, self.columns, self.bytes, self._logged = Ids(), {}, 0, 0
+
+    def _write_group(self, table: pa.Table) -> None:
         if self.writer is None:
             self.file = open_file(self.tmp, "wb")
             self.writer = pq.ParquetWriter(self.file, table.schema)
         self.writer.write_table(table, row_group_size=len(table))
-        self.ids, self.columns, self.bytes = Ids(), {}, 0
 
     def _id_column(self) -> pa.Array:
         # The first row group fixes the type: ints may join a string column, not the reverse.
@@ -88,19 +123,25 @@ class ParquetSink:
             return pa.array(ids, pa.int64())
         return pa.array([str(x) for x in self.ids.values()], pa.string())
 
-    def abort(self) -> None:
+    def leave(self) -> None:
         writer, self.writer = self.writer, None  # once: abort may follow a failed finish
         if writer is not None:
             writer.close()
         if self.file is not None:
             self.file.close()
+        self.log.close()
+
+    def abort(self) -> None:
+        self.leave()
         self.tmp.unlink(missing_ok=True)
+        self.log.remove()
 
     def finish(self) -> list[tuple[Path, str]]:
         if len(self.ids):
             self._flush()
         self.writer.close()
         self.file.close()
+        self.log.close()
         return [(self.tmp, self.name)]
 
 
