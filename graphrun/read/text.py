@@ -5,8 +5,10 @@ per chunk, ahead of the stream: on the JSONL reader's threads (read/ahead.py), i
 processes for a big file on many cores, or on Parquet's decoding pool; never on the thread
 that launches the GPU work. The tokenizer's encode_batch runs on its own threads, off the GIL.
 
-Each record keeps its id and its line (or row); a text that is not a string, or longer than
-max_length tokens when truncate is false, is a bad record with its reason.
+Each record keeps its id and its line (or row); a text that is not a string, is not valid
+Unicode, or is longer than max_length tokens when truncate is false, is a bad record with its
+reason. A text far longer in characters than max_length tokens can be is cut on characters
+before it is tokenized (bounded_text): the tokenizer's memory grows with the whole text's tokens.
 """
 
 from __future__ import annotations
@@ -83,10 +85,16 @@ def tokenize(spec: PipelineSpec, columns: list[list]
         for p, t in enumerate(values):
             if not isinstance(t, str):
                 problems.setdefault(p, f"{name}: expected a string, got {_kind(t)}")
+            elif not encodable(t):
+                problems.setdefault(p, f"{name}: the text is not valid Unicode (it holds a "
+                                       "lone surrogate escape such as \\ud800); fix or drop "
+                                       "the record")
+    cut_from = "left" if spec.generate is not None else "right"
+    columns = _bounded_columns(_tokenizer(folder, length, True, cut_from), columns, length,
+                               cut_from, text.truncate, text.named, problems)
     rows = list(zip(*columns)) if text.pair else columns[0]
     blank = ("", "") if text.pair else ""
     items = [blank if p in problems else row for p, row in enumerate(rows)] if problems else rows
-    cut_from = "left" if spec.generate is not None else "right"
     encodings = _tokenizer(folder, length, text.truncate, cut_from).encode_batch(items)
     if not text.truncate:
         for p, enc in enumerate(encodings):
@@ -104,6 +112,50 @@ def tokenize(spec: PipelineSpec, columns: list[list]
                                      np.asarray(getattr(enc, attr), dtype=dtype)
                                      for p, enc in enumerate(encodings)])
     return fields, problems, cut
+
+
+# Characters per token guessed for a first cut; bounded_text widens the cut while it is unsure.
+CHARS_PER_TOKEN = 8
+
+
+def bounded_text(tok, text: str, length: int, side: str) -> tuple[str, bool]:
+    """(text, False), or (a cut of it, True) from which the truncating tokenizer `tok` keeps
+    the same `length` tokens (side: "right" keeps the start, "left" the end): a cut is taken
+    once a twice-longer cut keeps the same tokens and both overflow, so a word split at the
+    cut cannot reach the tokens kept; until then the cut is widened fourfold."""
+    limit = length * CHARS_PER_TOKEN + 1024
+    while len(text) > 2 * limit:
+        part, wider = ((text[:limit], text[:2 * limit]) if side == "right"
+                       else (text[-limit:], text[-2 * limit:]))
+        a, b = tok.encode_batch([part, wider])
+        if a.overflowing and b.overflowing and a.ids == b.ids:
+            return part, True
+        limit *= 4
+    return text, False
+
+
+def _bounded_columns(tok, columns: list[list], length: int, side: str, truncate: bool,
+                     named: str, problems: dict[int, str]) -> list[list]:
+    """columns with each text far longer than `length` tokens cut on characters (bounded_text):
+    kept as cut when truncate is true, else a bad record (more than `length` tokens). Of a
+    pair, a text is cut only while the other is short: when both are cut, which one is longer
+    decides where the odd token goes, and the cuts could turn that around."""
+    limit = 2 * (length * CHARS_PER_TOKEN + 1024)
+    longs = [[p for p, t in enumerate(values) if type(t) is str and len(t) > limit
+              and p not in problems] for values in columns]
+    if not any(longs):
+        return columns
+    if len(columns) == 2:
+        both = set(longs[0]) & set(longs[1])
+        longs = [[p for p in ps if p not in both] for ps in longs]
+    out = [list(values) for values in columns]
+    for values, ps in zip(out, longs):
+        for p in ps:
+            values[p], was_cut = bounded_text(tok, values[p], length, side)
+            if was_cut and not truncate:
+                problems[p] = (f"{named}: more than {length} tokens (the largest seq bucket or "
+                               "data.text.max_length); set data.text.truncate: true to cut it")
+    return out
 
 
 class TextCuts:
