@@ -5,7 +5,9 @@ it wrote: nothing in a folder without its run.json (the mark it writes first, in
 that was new or empty), and in a marked folder only its fixed bookkeeping names, the shards its
 journal lists, and shard-shaped names (`part-00007.ids.npy`, `.part-00007.jsonl.tmp`: the
 format's exact suffixes, which run.json records) numbered from the first shard not yet
-journaled. A user's `part-1-of-my-thesis.docx` or `.secret.tmp` is never graphrun's.
+journaled. A Ray run's folder (run.json's "ray") holds Ray's writers' files under their own
+names until the run renames them (RAY_PART): run.json, written before them, makes them
+graphrun's. A user's `part-1-of-my-thesis.docx` or `.secret.tmp` is never graphrun's.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -31,6 +34,8 @@ LATENCIES = "latencies.jsonl"
 # Bookkeeping files, and the temp names they are replaced through.
 FIXED_NAMES = frozenset({JOURNAL, REJECTS, RUN_JSON, MANIFEST, LATENCIES, f".{RUN_JSON}.tmp",
                          f"{MANIFEST}.tmp", f"{LATENCIES}.tmp", f"{REJECTS}.tmp"})
+# What a Ray run's writers name a file: part-<task>-<write uuid>[-<k>].<format> (scale/ray)
+RAY_PART = re.compile(r"part-(\d{5})-([0-9a-f]{32})(?:[-_](\d+))?\.(parquet|jsonl)")
 
 
 def read_mark(out_dir: Path) -> dict | None:
@@ -63,9 +68,17 @@ def own_entries(out_dir: Path, listed: set[str], unfinished: list[ShardPlace]
         elif mark is not None and p.is_file() and not p.is_symlink():
             k = shard_number(p.name, suffixes)
             mine = (p.name in FIXED_NAMES or p.name in listed
-                    or any(r.holds(k) for r in unfinished))
+                    or any(r.holds(k) for r in unfinished) or _ray_part(mark, p.name))
         (own if mine else foreign).append(p)
     return own, foreign
+
+
+def _ray_part(mark: dict, name: str) -> bool:
+    """A Ray run's writer's file not renamed yet (the run was killed while writing)."""
+    if mark.get("ray") is not True:
+        return False
+    m = RAY_PART.fullmatch(name)
+    return m is not None and m.group(4) in (mark.get("shards") or [])
 
 
 def _workers_own(folder: Path) -> bool:

@@ -10,7 +10,6 @@ them in name order gives input order.
 from __future__ import annotations
 
 import json
-import re
 import time
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from graphrun.plan.auto import resolve_auto
 from graphrun.read.formats import reader_for
 from graphrun.read.stream import job_duplicates
 from graphrun.base.errors import GraphrunError, InputError, OutputError
-from graphrun.write.folder import locked, prepare_out_dir
+from graphrun.write.folder import RAY_PART, locked, prepare_out_dir
 from graphrun.write.journal import REJECTS
 from graphrun.manifest.keys import Manifest, spec_digest, write_manifest
 from graphrun.scale.ray.data import dataset_map, need_ray
@@ -28,9 +27,6 @@ from graphrun.spec.keys import PipelineSpec
 
 READERS = (".parquet", ".jsonl", ".npy")
 WRITERS = ("parquet", "jsonl")
-# What the writers name a file: part-<task>-<write uuid>[-<k>].<format> (RayNames, and
-# ray_write.OrderedParquetSink)
-RAY_NAME = re.compile(r"part-(\d{5})-([0-9a-f]{32})(?:[-_](\d+))?\.(parquet|jsonl)")
 
 
 def run_ray(spec: PipelineSpec, *, out: str | Path | None = None, address: str | None = None,
@@ -81,6 +77,10 @@ def check_supported(spec: PipelineSpec, resume: bool) -> None:
         raise OutputError("--resume is not supported with --ray: a Ray run writes its output "
                           "in one pass; run it again with --overwrite, or run without --ray "
                           "to have a resumable run")
+    if spec.generate is not None:
+        raise GraphrunError("a generation job (generate:) does not run with --ray: its actors "
+                          "map batches of a forward pass; run it without --ray (--gpus N "
+                          "spreads it over this machine's GPUs)")
     suffix = spec.data.path.suffix.lower()
     if suffix not in READERS:
         raise InputError(f"--ray reads {', '.join(READERS)} inputs with Ray's readers, not "
@@ -158,7 +158,7 @@ def rename_in_order(out_dir: Path) -> list[Path]:
     renamed part-00000.<format>, ... in task order; returns the new paths."""
     found = []
     for p in out_dir.iterdir():
-        m = RAY_NAME.fullmatch(p.name)
+        m = RAY_PART.fullmatch(p.name)
         if m and p.is_file():
             found.append(((int(m.group(1)), int(m.group(3) or 0)), p, m.group(4)))
     renamed = []
