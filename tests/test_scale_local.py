@@ -473,3 +473,41 @@ def test_a_worker_knows_its_place_from_torchruns_variables():
         World.from_env({"WORLD_SIZE": "2", "RANK": "5"})
     with pytest.raises(GraphrunError, match="not a whole number"):
         World.from_env({"WORLD_SIZE": "2"})
+
+
+@pytest.mark.parametrize("module, left", [("graphrun.scale.local.merge", "rejects.jsonl.tmp"),
+                                          ("graphrun.manifest.keys", "manifest.json.tmp")])
+def test_a_full_disk_as_the_job_is_merged_is_one_message_and_no_temp_file(
+        job, tmp_path, monkeypatch, module, left):
+    """The parent's merge of the workers' rejects, or of their manifests, meets a full disk
+    (the workers wrote theirs): one message naming the disk, no temp file left."""
+    import builtins
+    import errno
+    import importlib
+
+    class Full:
+        def __init__(self, f):
+            self._f = f
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self._f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self._f.close()
+
+    def full_open(file, mode="r", *a, **k):
+        f = builtins.open(file, mode, *a, **k)
+        return Full(f) if str(file).endswith(left) else f
+
+    monkeypatch.setattr(importlib.import_module(module), "open", full_open, raising=False)
+    out = tmp_path / "job"
+    printed = run_here(job.specs["jsonl"], "--gpus", "2", "--out", out, "-q", rc=2)
+    assert "No space left on device" in printed and "--resume" in printed, printed
+    assert "Traceback" not in printed
+    assert not list(out.glob("*.tmp")), sorted(p.name for p in out.iterdir())
