@@ -45,9 +45,12 @@ class SeenIds:
         self._levels.append((hi, lo))
         while len(self._levels) > 1 and 4 * len(self._levels[-1][0]) >= len(self._levels[-2][0]):
             small_hi, small_lo = self._levels.pop()
-            big_hi, big_lo = self._levels[-1]
+            big_hi, big_lo = self._levels.pop()
             at = np.searchsorted(big_hi, small_hi)  # a linear merge of two sorted arrays
-            self._levels[-1] = (np.insert(big_hi, at, small_hi), np.insert(big_lo, at, small_lo))
+            # one half at a time, the old one let go: 24 bytes an id at the peak, not 32
+            big_hi = np.insert(big_hi, at, small_hi)
+            big_lo = np.insert(big_lo, at, small_lo)
+            self._levels.append((big_hi, big_lo))
 
 
 def _held(held_hi: np.ndarray, held_lo: np.ndarray, hi: np.ndarray, lo: np.ndarray
