@@ -754,3 +754,29 @@ def test_a_repeated_field_is_found_beside_a_record_missing_that_field(tmp_path):
     assert (m.totals.records_out, m.totals.records_rejected) == (1, 2)
     reasons = _rejects(tmp_path / "out")
     assert "field 'x' appears more than once" in reasons[1], reasons
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "npy"])
+def test_rejects_jsonl_is_strict_json_whatever_the_ids_held(tmp_path, fmt):
+    orjson = pytest.importorskip("orjson")
+    bad = ['{"id": NaN, "x": [1, 1, 2, 3]}\n', '{"id": Infinity, "x": [1, 1, 2, 3]}\n',
+           '{"id": 1e400, "x": [1, 1, 2, 3]}\n', '{"id": "\\ud800", "x": [1, 1, 2, 3]}\n',
+           '{"id": [NaN, "\\udfff"], "x": [1, 1, 2, 3]}\n']
+    spec = _skip_job(tmp_path, _row("a") + "".join(bad) + _row("b"), fmt)
+    m = run_job(spec, tmp_path / "out")
+    assert (m.totals.records_out, m.totals.records_rejected) == (2, 5)
+    lines = (tmp_path / "out" / "rejects.jsonl").read_bytes().splitlines()
+    got = [orjson.loads(line) for line in lines]  # orjson refuses NaN and lone surrogates
+    assert got[3]["id"] == "\\ud800" and [r["index"] for r in got] == [1, 2, 3, 4, 5]
+
+
+def test_a_reject_line_writes_any_id_as_strict_json():
+    import orjson
+
+    from graphrun.write.journal import reject_line
+
+    for rid, shown in ((float("nan"), "NaN"), (float("inf"), "Infinity"), ("a\ud800", "a\\ud800"),
+                       ({"k": [float("-inf")]}, {"k": ["-Infinity"]}), ("r1", "r1"), (7, 7)):
+        line = reject_line(3, rid, "d.jsonl:4", "why")
+        assert orjson.loads(line) == {"index": 3, "id": shown, "where": "d.jsonl:4",
+                                      "reason": "why"}

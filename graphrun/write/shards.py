@@ -16,7 +16,6 @@ commit covers the rejects below its next_index, and a resume starts reading ther
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -29,7 +28,8 @@ from graphrun.base.errors import OutputError
 from graphrun.write.disk import write_failure, write_remedy
 from graphrun.write.folder import prepare_out_dir
 from graphrun.write.journal import (REJECTS, FileInfo, ResumePoint, ShardPlace, append_journal,
-                                    check_fresh, fsync_path, read_journal, restore, sha256_file)
+                                    check_fresh, fsync_path, read_journal, reject_line, restore,
+                                    sha256_file)
 from graphrun.write.guard import rejects_sha256
 from graphrun.write.sinks import SINKS, Outputs, shard_suffixes
 from graphrun.write.sinks.ids import plain
@@ -146,8 +146,7 @@ class ShardWriter:
         self._raise_commit_error()
         if index < self._committed_below:  # re-read after a resume: committed already
             return
-        line = json.dumps({"index": int(index), "id": plain(id), "where": where,
-                           "reason": reason})
+        line = reject_line(index, plain(id), where, reason)
         self._pending.append((int(index), (line + "\n").encode()))
 
     def wait_for_commits(self) -> None:

@@ -9,7 +9,6 @@ them in name order gives input order.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from graphrun.read.formats import reader_for
 from graphrun.read.stream import job_duplicates
 from graphrun.base.errors import GraphrunError, InputError, OutputError
 from graphrun.write.folder import RAY_PART, locked, prepare_out_dir
-from graphrun.write.journal import REJECTS
+from graphrun.write.journal import REJECTS, reject_line
 from graphrun.manifest.keys import Manifest, spec_digest, write_manifest
 from graphrun.scale.ray.data import dataset_map, need_ray
 from graphrun.scale.ray.manifest import RunFacts, ray_manifest
@@ -175,7 +174,8 @@ def finish(facts: RunFacts) -> Manifest:
     rejects = facts.collector.rejects() if facts.collector else []
     if rejects:
         with open(facts.out_dir / REJECTS, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rejects)
+            f.writelines(reject_line(r["index"], r["id"], r["where"], r["reason"]) + "\n"
+                         for r in rejects)
     facts.rejects = len(rejects)
     manifest = ray_manifest(facts)
     write_manifest(manifest, facts.out_dir / "manifest.json")
