@@ -113,6 +113,8 @@ BROKEN = [
      "the most likely token: set method: sample to sample with them, or remove them"),
     ("default-greedy-top-k", edit("{method: greedy}", "{top_k: 5, seed: 1}"), [], "13:13",
      "top_k 5, seed 1 given with method greedy"),
+    ("greedy-huge-seed", edit("{method: greedy}", "{seed: 1180591620717411303424}"), [],
+     "13:13", "seed 1180591620717411303424 given with method greedy"),  # 2**70, exactly
     ("zero-temperature", edit("{method: greedy}", "{method: sample, temperature: 0}"), [],
      "13:43", "generate.sampling.temperature: must be > 0 (got 0)"),
     ("top-p-over-one", edit("{method: greedy}", "{method: sample, top_p: 1.5}"), [], "13:37",
