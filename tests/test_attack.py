@@ -780,3 +780,16 @@ def test_a_reject_line_writes_any_id_as_strict_json():
         line = reject_line(3, rid, "d.jsonl:4", "why")
         assert orjson.loads(line) == {"index": 3, "id": shown, "where": "d.jsonl:4",
                                       "reason": "why"}
+
+
+@pytest.mark.parametrize("fmt, stray", [("jsonl", "part-00015.jsonl"),
+                                        ("npy", "part-00015.ids.npy")])
+def test_resume_of_a_completed_folder_names_a_stray_shard(tmp_path, fmt, stray):
+    from graphrun.base.errors import OutputError
+
+    spec = make_job(tmp_path, fmt=fmt)
+    run_job(spec, tmp_path / "out")
+    run_job(spec, tmp_path / "out", resume=True)  # a complete folder: nothing to do
+    (tmp_path / "out" / stray).write_text('{"id": 999, "y": [0]}\n')
+    with pytest.raises(OutputError, match=f"also holds {stray}, named as its shards but not"):
+        run_job(spec, tmp_path / "out", resume=True)
