@@ -277,7 +277,8 @@ def prepare_out_dir(out_dir: Path, *, resume: bool, overwrite: bool, fingerprint
                           "continue it or --overwrite to replace it")
     # before anything is written: restore would have to remove a user's entry to go on
     refuse_foreign(out_dir, shard_shaped(out_dir, fingerprint.get("shards") or []))
-    if _check_fingerprint(out_dir, fingerprint, model or {}, accept_model_change, spec):
+    if _check_fingerprint(out_dir, fingerprint, model or {}, accept_model_change, spec,
+                          input_path):
         write_fingerprint(out_dir, fingerprint)  # later resumes compare with the new model
     point = read_journal(out_dir, _first(fingerprint), first_shard(fingerprint))
     if point is None:
@@ -351,9 +352,11 @@ def first_shard(fingerprint: dict) -> int:
 
 
 def _check_fingerprint(out_dir: Path, fingerprint: dict, model: dict[str, Path],
-                       accept_model_change: bool, spec: dict | None = None) -> bool:
-    """Refuse a folder holding another run; True when only the model's files changed and
-    that is accepted (run.json is then rewritten)."""
+                       accept_model_change: bool, spec: dict | None = None,
+                       input_path: Path | None = None) -> bool:
+    """Refuse a folder holding another run, naming what changed (the input file by its
+    path); True when only the model's files changed and that is accepted (run.json is then
+    rewritten)."""
     path = out_dir / RUN_JSON
     if not path.exists():
         raise OutputError(f"output folder {out_dir} has no {RUN_JSON}, so it cannot be resumed; "
@@ -373,6 +376,9 @@ def _check_fingerprint(out_dir: Path, fingerprint: dict, model: dict[str, Path],
         return True
     changed = [_model_change(before.get(k), now.get(k), model) if k == "model_sha256"
                else _change(k, before.get(k), now.get(k)) for k in keys]
+    if "input_sha256" in keys and input_path is not None:
+        changed[keys.index("input_sha256")] += (f": the input file {input_path} is not the "
+                                                "file the run read")
     if keys == ["model_sha256"]:
         raise OutputError(f"cannot resume {out_dir}: {changed[0]} since the run started. If "
                           "the change does not alter outputs (e.g. it fixes the error that "
