@@ -236,3 +236,30 @@ def test_a_prompt_of_megabytes_does_not_take_memory_in_proportion(tmp_path):
         peaks.append(int(peak) / 1024)  # MiB
     assert int(tokens) == 64  # the long prompt cut to the largest seq bucket
     assert peaks[1] - peaks[0] < 100, peaks
+
+
+def test_a_token_id_past_the_models_vocabulary_rejects_its_record(tmp_path):
+    """A tokenizer of another model (more ids than the model's table): the records whose
+    tokens index past it are rejected, naming the id, the others read."""
+    import shutil
+
+    from tokenizers import Tokenizer
+
+    model = tmp_path / "model"
+    shutil.copytree(FOLDER, model)
+    config = json.loads((model / "config.json").read_text())
+    tok = Tokenizer.from_file(str(FOLDER / "tokenizer.json"))
+    config["vocab_size"] = max(tok.encode("the cat").ids) + 1  # "the cat" fits, "a short ..." not
+    (model / "config.json").write_text(json.dumps(config))
+    spec = generation_spec(tmp_path, data__on_bad_record="skip",
+                           model={"hf": {"path": str(model), "class": "AutoModelForCausalLM"},
+                                  "dtype": "float32"})
+    Path(spec.data.path).write_text("".join(
+        json.dumps({"id": f"r{i}", "prompt": p}) + "\n"
+        for i, p in enumerate(["the cat", "a short prompt 1", "the cat"])))
+    past = max(tok.encode("a short prompt 1").ids)
+    assert past >= config["vocab_size"]
+    batches = list(read_batches(spec, tuning=HERE))
+    assert [i for b in batches for i in b.ids] == ["r0", "r2"]
+    [reject] = [r for b in batches for r in b.rejects]
+    assert reject.id == "r1" and f"token id {past} is past the model's vocabulary" in reject.reason

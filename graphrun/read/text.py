@@ -102,6 +102,15 @@ def tokenize(spec: PipelineSpec, columns: list[list]
                 problems[p] = (f"{text.named}: {len(enc.ids)} tokens, more than {length} "
                                "(the largest seq bucket or data.text.max_length); set "
                                "data.text.truncate: true to cut it")
+    vocab = _model_vocab(spec)
+    if vocab is not None:  # a tokenizer of another model: its ids would index past the table
+        for p, enc in enumerate(encodings):
+            top = max(enc.ids, default=0)
+            if p not in problems and top >= vocab:
+                problems[p] = (f"{text.named}: token id {top} is past the model's vocabulary "
+                               f"({vocab} ids, its config.json's vocab_size): the tokenizer "
+                               f"({folder}) does not match the model; give data.text.tokenizer "
+                               "the model's own tokenizer")
     cut = ([p for p, enc in enumerate(encodings) if enc.overflowing and p not in problems]
            if text.truncate else [])
     fields = {}
@@ -112,6 +121,30 @@ def tokenize(spec: PipelineSpec, columns: list[list]
                                      np.asarray(getattr(enc, attr), dtype=dtype)
                                      for p, enc in enumerate(encodings)])
     return fields, problems, cut
+
+
+def _model_vocab(spec: PipelineSpec) -> int | None:
+    """The vocabulary size of a Hugging Face model's config.json (or its text_config's), or
+    None where there is none to read."""
+    if spec.model.hf is None:
+        return None
+    from graphrun.models.hf import model_folder
+
+    return _config_vocab(model_folder(spec))
+
+
+@functools.lru_cache(maxsize=8)
+def _config_vocab(folder: str) -> int | None:
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    vocab = config.get("vocab_size")
+    if vocab is None and isinstance(config.get("text_config"), dict):
+        vocab = config["text_config"].get("vocab_size")
+    return vocab if type(vocab) is int and vocab > 0 else None
 
 
 # Characters per token guessed for a first cut; bounded_text widens the cut while it is unsure.
