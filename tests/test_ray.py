@@ -364,3 +364,58 @@ def test_a_generation_spec_is_refused_before_any_ray_work(tmp_path, monkeypatch)
     assert result.exit_code == 2, result.output
     assert "a generation job (generate:) does not run with --ray" in result.output
     assert "Traceback" not in result.output and not (tmp_path / "out").exists()
+
+
+SLOW_MODEL = MODEL + '''
+
+_build = build
+
+
+def build():
+    import time
+    from pathlib import Path
+
+    model = _build()
+    forward = model.forward
+
+    def slow(*args, **kwargs):
+        (Path(__file__).parent / "streaming").touch()
+        time.sleep(0.3)
+        return forward(*args, **kwargs)
+
+    model.forward = slow
+    return model
+'''
+
+
+def test_sigterm_to_a_ray_run_writes_an_interrupted_manifest_and_exits_143(tmp_path):
+    """docs/guarantees.md: SIGTERM while streaming ends the run with exit 143 and a manifest
+    that says interrupted (Ray's own handler would exit 15 without one)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    spec_path = write_case(tmp_path, "jsonl")
+    (tmp_path / "model.py").write_text(SLOW_MODEL)
+    from tests.children import child_env
+
+    env = child_env()
+    proc = subprocess.Popen([sys.executable, "-m", "graphrun", "run", str(spec_path), "--ray",
+                             "--workers", "1", "-q"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (tmp_path / "streaming").exists() and proc.poll() is None:
+            assert time.monotonic() < deadline, "the actor never ran a batch"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, out
+    assert "interrupted by SIGTERM" in out and "--overwrite" in out, out
+    m = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    jsonschema.validate(m, MANIFEST_SCHEMA)
+    assert m["status"] == "interrupted" and "SIGTERM" in m["error"]

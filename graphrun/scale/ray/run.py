@@ -9,6 +9,7 @@ them in name order gives input order.
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 
@@ -16,7 +17,8 @@ from graphrun.base.tuning import Tuning
 from graphrun.plan.auto import resolve_auto
 from graphrun.read.formats import reader_for
 from graphrun.read.stream import job_duplicates
-from graphrun.base.errors import GraphrunError, InputError, OutputError
+from graphrun.base.errors import GraphrunError, InputError, Interrupted, OutputError
+from graphrun.job.signals import SignalTrap
 from graphrun.write.folder import RAY_PART, locked, prepare_out_dir
 from graphrun.write.journal import REJECTS, reject_line
 from graphrun.manifest.keys import Manifest, spec_digest, write_manifest
@@ -49,18 +51,29 @@ def run_ray(spec: PipelineSpec, *, out: str | Path | None = None, address: str |
         except OSError as err:
             raise OutputError(f"cannot use output folder {out_dir}: {err.strerror or err}; "
                               "pick a folder you can write to (--out or output.dir)") from err
+        stop = RayStop()
         try:  # a failure from here on leaves a failed manifest: the next run starts over
-            # the ids of the whole file, before its records are spread over the actors
-            duplicates = job_duplicates(spec)
-            join_cluster(ray, address, show)
-            mapped = map_input(spec, ray, workers, duplicates)
-            facts.workers = mapped.graphrun_workers
-            facts.collector = mapped.graphrun_collector
-            facts.stream_t0 = time.perf_counter()
-            write_output(mapped, out_dir, spec)
-            facts.stream_s = time.perf_counter() - facts.stream_t0
-            facts.dataset_stats = mapped.stats()
-            facts.status = "completed"
+            with stop:
+                # the ids of the whole file, before its records are spread over the actors
+                duplicates = job_duplicates(spec)
+                join_cluster(ray, address, show)
+                stop.take_back()
+                mapped = map_input(spec, ray, workers, duplicates)
+                facts.workers = mapped.graphrun_workers
+                facts.collector = mapped.graphrun_collector
+                facts.stream_t0 = time.perf_counter()
+                write_output(mapped, out_dir, spec)
+                facts.stream_s = time.perf_counter() - facts.stream_t0
+                facts.dataset_stats = mapped.stats()
+                facts.status = "completed"
+        except KeyboardInterrupt:
+            signum = stop.signum or signal.SIGINT
+            facts.status = "interrupted"
+            facts.error = f"stopped by {signal.Signals(signum).name}"
+            with SignalTrap():  # a second signal waits for the manifest
+                finish(facts)
+            raise Interrupted(signum, "the manifest says so; a Ray run is not resumed: run "
+                              "it again with --overwrite") from None
         except Exception as err:  # noqa: BLE001 - a user error is unwrapped, others kept
             user = graphrun_cause(err, facts.collector)
             facts.status, facts.error = "failed", str(user or f"{type(err).__name__}: {err}")
@@ -69,6 +82,20 @@ def run_ray(spec: PipelineSpec, *, out: str | Path | None = None, address: str |
                 raise user from None
             raise
         return finish(facts)
+
+
+class RayStop(SignalTrap):
+    """SIGINT or SIGTERM stop a Ray run at once (a KeyboardInterrupt where the driver waits on
+    Ray): the run then writes its manifest, interrupted, and exits 128 + the signal."""
+
+    def _handle(self, signum, frame) -> None:
+        self.signum = signum
+        raise KeyboardInterrupt
+
+    def take_back(self) -> None:
+        """ray.init puts in a SIGTERM handler of its own (sys.exit, no manifest)."""
+        if self._old:
+            signal.signal(signal.SIGTERM, self._handle)
 
 
 def check_supported(spec: PipelineSpec, resume: bool) -> None:
