@@ -511,3 +511,16 @@ def test_a_full_disk_as_the_job_is_merged_is_one_message_and_no_temp_file(
     assert "No space left on device" in printed and "--resume" in printed, printed
     assert "Traceback" not in printed
     assert not list(out.glob("*.tmp")), sorted(p.name for p in out.iterdir())
+
+
+def test_resume_of_a_completed_job_names_a_stray_shard(job, tmp_path):
+    out = tmp_path / "job"
+    run_here(job.specs["jsonl"], "--gpus", "2", "--out", out, "-q")
+    mark = json.loads((out / "run.json").read_text())
+    past = max(w["shards"][1] for w in mark["workers"])
+    stray = f"part-{past:05d}.ids.npy"  # a number no worker's share holds
+    (out / stray).write_bytes((out / "part-00000.ids.npy").read_bytes())
+    printed = run_here(job.specs["jsonl"], "--gpus", "2", "--out", out, "-q", "--resume",
+                       rc=2)
+    text = " ".join(printed.split())
+    assert f"holds {stray}, named as the job's shards but numbered outside" in text, text

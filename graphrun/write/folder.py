@@ -487,13 +487,22 @@ def completed_manifest(out_dir: Path, fingerprint: dict, *, with_model: bool = T
         return None
     if point is not None:  # refuses a folder changed since (a file missing or edited)
         check_committed(out_dir, point, hashes=True, shard_dir=shard_dir)
-    if shard_dir is None:  # a job's worker shares its folder with the other workers' shards
-        listed = {Path(f.path).name for f in point.files} if point else set()
-        stray = [p for p in shard_shaped(out_dir, fingerprint.get("shards") or [])
-                 if p.name not in listed]
-        if stray:
-            raise OutputError(f"cannot resume {out_dir}: the run there completed, but the folder "
-                              f"also holds {listed_names(stray)}, named as its shards but not "
-                              f"in its {JOURNAL} (graphrun did not write them there): move them "
-                              "out of the folder, or --overwrite to start over")
+    stray = stray_shards(shard_dir or out_dir, fingerprint, point)
+    if stray:
+        raise OutputError(f"cannot resume {out_dir}: the run there completed, but "
+                          f"{shard_dir or out_dir} also holds {listed_names(stray)}, named as "
+                          f"its shards but not in its {JOURNAL} (graphrun did not write them "
+                          "there): move them out of the folder, or --overwrite to start over")
     return manifest.found_complete()
+
+
+def stray_shards(folder: Path, fingerprint: dict, point: ResumePoint | None) -> list[Path]:
+    """The files in folder named as this run's shards (a job's worker: those numbered in its
+    shard_range; the other workers' lie beside them) that its journal does not list."""
+    suffixes = fingerprint.get("shards") or []
+    cut = fingerprint.get("shard_range")
+    place = ShardPlace(folder, *cut) if isinstance(cut, list) and len(cut) == 2 else (
+        ShardPlace(folder))
+    listed = {Path(f.path).name for f in point.files} if point else set()
+    return [p for p in shard_shaped(folder, suffixes)
+            if p.name not in listed and place.holds(shard_number(p.name, suffixes))]
