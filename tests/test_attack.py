@@ -668,18 +668,19 @@ def test_a_line_nested_100000_deep_is_one_reject(tmp_path):
 def test_ids_5_and_text_5_are_one_id(tmp_path):
     spec = _skip_job(tmp_path, _row(5) + _row("5") + _row("05") + _row(-0) + _row("-0"), "npy")
     m = run_job(spec, tmp_path / "out")
-    assert (m.totals.records_out, m.totals.records_rejected) == (3, 2)
-    assert _rejects(tmp_path / "out").keys() == {1, 4}  # "5" after 5; "-0" is not 0's text
+    assert (m.totals.records_out, m.totals.records_rejected) == (4, 1)
+    assert _rejects(tmp_path / "out").keys() == {1}  # "5" after 5; "-0" is not 0's text
     assert "duplicate id" in _rejects(tmp_path / "out")[1]
-    ids = np.load(tmp_path / "out" / "part-00000.ids.npy").tolist()
-    assert ids == ["5", "05", "0"]
+    ids = [i for part in sorted((tmp_path / "out").glob("part-*.ids.npy"))
+           for i in np.load(part).tolist()]
+    assert ids == ["5", "05", "0", "-0"]
 
 
 def test_ids_compare_as_text_across_chunks():
-    from graphrun.read.ids import check_duplicate_ids
-    seen: set = set()
+    from graphrun.read.ids import SeenIds, check_duplicate_ids
+    seen = SeenIds()
     for chunk, dups in ((["5", "a"], {}), ([7, 5], {1: "duplicate id 5"}),
-                        (["7", "05", "b"], {0: "duplicate id 7"})):
+                        (["7", "05", "b"], {0: "duplicate id '7'"})):
         problems: dict = {}
         check_duplicate_ids(chunk, np.arange(len(chunk)), seen, problems)
         assert {p: m.split(":")[0] for p, m in problems.items()} == dups
@@ -754,3 +755,42 @@ def test_a_repeated_field_is_found_beside_a_record_missing_that_field(tmp_path):
     assert (m.totals.records_out, m.totals.records_rejected) == (1, 2)
     reasons = _rejects(tmp_path / "out")
     assert "field 'x' appears more than once" in reasons[1], reasons
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "npy"])
+def test_rejects_jsonl_is_strict_json_whatever_the_ids_held(tmp_path, fmt):
+    orjson = pytest.importorskip("orjson")
+    bad = ['{"id": NaN, "x": [1, 1, 2, 3]}\n', '{"id": Infinity, "x": [1, 1, 2, 3]}\n',
+           '{"id": 1e400, "x": [1, 1, 2, 3]}\n', '{"id": "\\ud800", "x": [1, 1, 2, 3]}\n',
+           '{"id": [NaN, "\\udfff"], "x": [1, 1, 2, 3]}\n']
+    spec = _skip_job(tmp_path, _row("a") + "".join(bad) + _row("b"), fmt)
+    m = run_job(spec, tmp_path / "out")
+    assert (m.totals.records_out, m.totals.records_rejected) == (2, 5)
+    lines = (tmp_path / "out" / "rejects.jsonl").read_bytes().splitlines()
+    got = [orjson.loads(line) for line in lines]  # orjson refuses NaN and lone surrogates
+    assert got[3]["id"] == "\\ud800" and [r["index"] for r in got] == [1, 2, 3, 4, 5]
+
+
+def test_a_reject_line_writes_any_id_as_strict_json():
+    import orjson
+
+    from graphrun.write.journal import reject_line
+
+    for rid, shown in ((float("nan"), "NaN"), (float("inf"), "Infinity"), ("a\ud800", "a\\ud800"),
+                       ({"k": [float("-inf")]}, {"k": ["-Infinity"]}), ("r1", "r1"), (7, 7)):
+        line = reject_line(3, rid, "d.jsonl:4", "why")
+        assert orjson.loads(line) == {"index": 3, "id": shown, "where": "d.jsonl:4",
+                                      "reason": "why"}
+
+
+@pytest.mark.parametrize("fmt, stray", [("jsonl", "part-00015.jsonl"),
+                                        ("npy", "part-00015.ids.npy")])
+def test_resume_of_a_completed_folder_names_a_stray_shard(tmp_path, fmt, stray):
+    from graphrun.base.errors import OutputError
+
+    spec = make_job(tmp_path, fmt=fmt)
+    run_job(spec, tmp_path / "out")
+    run_job(spec, tmp_path / "out", resume=True)  # a complete folder: nothing to do
+    (tmp_path / "out" / stray).write_text('{"id": 999, "y": [0]}\n')
+    with pytest.raises(OutputError, match=f"also holds {stray}, named as its shards but not"):
+        run_job(spec, tmp_path / "out", resume=True)

@@ -79,3 +79,14 @@ def test_messages_for_a_full_disk_a_quota_and_another_error(tmp_path):
     assert write_failure(tmp_path, eio) == f"writing {tmp_path} failed: [Errno 5] Input/output error"
     assert "fix the folder" in write_remedy(tmp_path, eio)
     assert (size(5 << 20), size(3 << 30), size(2 << 40)) == ("5.0 MiB", "3.0 GiB", "2.0 TiB")
+
+
+def test_a_filesystem_of_no_size_is_not_said_to_have_0_of_0(tmp_path, monkeypatch):
+    import shutil
+
+    from graphrun.write import disk
+
+    monkeypatch.setattr(disk.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(0, 0, 0))
+    text = write_failure(tmp_path, OSError(errno.ENOSPC, "No space left on device"))
+    assert "reports no size" in text and "0.0 MiB" not in text, text
+    assert size(4096) == "4,096 bytes" and size(3 * 2**20) == "3.0 MiB"

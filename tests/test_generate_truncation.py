@@ -181,3 +181,85 @@ def test_progress_lines_give_the_output_tokens_rate():
     lines.done = 4
     assert lines.line(2.0).split(" ", 1)[1] == (
         "graphrun: 4/8 records (50%), 2 records/s, 60 output tokens/s, ETA 0:00:02")
+
+
+def test_a_prompt_holding_a_lone_surrogate_is_rejected_with_its_line(tmp_path):
+    spec = generation_spec(tmp_path, data__on_bad_record="skip")
+    prompts_file(spec.data.path, n=4)
+    with open(spec.data.path, "a") as f:  # valid JSON; UTF-8 cannot encode it
+        f.write('{"id": "bad", "prompt": "a \\ud800 b"}\n')
+        f.write('{"id": "after", "prompt": "fine"}\n')
+    for start in (0, 2):  # a first run and a resumed one
+        rejects = [r for b in read_batches(spec, tuning=HERE, start=start) for r in b.rejects]
+        assert [(r.id, r.where) for r in rejects] == [("bad", "prompts.jsonl:5")]
+        assert "not valid Unicode" in rejects[0].reason
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_a_long_text_cut_on_characters_keeps_the_tokens_truncation_keeps(side):
+    from graphrun.read.text import _tokenizer, bounded_text
+
+    tok = _tokenizer(str(FOLDER), 64, True, side)
+    text = " ".join(f"word{i % 97} tale" for i in range(20000))  # ~220k characters
+    cut, was_cut = bounded_text(tok, text, 64, side)
+    assert was_cut and len(cut) < len(text) // 10
+    assert tok.encode(cut).ids == tok.encode(text).ids
+    # a text whose tokens run longer than the first guess is widened until it is sure
+    dense = "x" * 200000 + " end"
+    cut, _ = bounded_text(tok, dense, 64, side)
+    assert tok.encode(cut).ids == tok.encode(dense).ids
+
+
+def test_a_prompt_of_megabytes_does_not_take_memory_in_proportion(tmp_path):
+    """The reader's peak memory over a 4 MB prompt, in a child process: tokenizing it whole
+    would take hundreds of MB."""
+    import subprocess
+    import sys
+
+    spec = generation_spec(tmp_path)
+    peaks = []
+    for size in (10, 4_000_000):
+        Path(spec.data.path).write_text(json.dumps(
+            {"id": "r0", "prompt": ("the long tale goes on " * (size // 22 + 1))[:size]}) + "\n")
+        code = ("import resource, sys, graphrun\n"
+                "from graphrun.base.tuning import Tuning\n"
+                "from graphrun.generate.records import with_implied_io\n"
+                "from graphrun.read.stream import read_batches\n"
+                f"spec = with_implied_io(graphrun.load_spec({str(tmp_path / 'gen.yaml')!r}))\n"
+                "b = list(read_batches(spec, tuning=Tuning(jsonl_workers=0, text_threads=0)))\n"
+                "print(len(b[0].fields['input_ids'][0]),\n"
+                "      resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=300, cwd=Path(__file__).parent.parent)
+        assert done.returncode == 0, done.stderr
+        tokens, peak = done.stdout.split()[-2:]
+        peaks.append(int(peak) / 1024)  # MiB
+    assert int(tokens) == 64  # the long prompt cut to the largest seq bucket
+    assert peaks[1] - peaks[0] < 100, peaks
+
+
+def test_a_token_id_past_the_models_vocabulary_rejects_its_record(tmp_path):
+    """A tokenizer of another model (more ids than the model's table): the records whose
+    tokens index past it are rejected, naming the id, the others read."""
+    import shutil
+
+    from tokenizers import Tokenizer
+
+    model = tmp_path / "model"
+    shutil.copytree(FOLDER, model)
+    config = json.loads((model / "config.json").read_text())
+    tok = Tokenizer.from_file(str(FOLDER / "tokenizer.json"))
+    config["vocab_size"] = max(tok.encode("the cat").ids) + 1  # "the cat" fits, "a short ..." not
+    (model / "config.json").write_text(json.dumps(config))
+    spec = generation_spec(tmp_path, data__on_bad_record="skip",
+                           model={"hf": {"path": str(model), "class": "AutoModelForCausalLM"},
+                                  "dtype": "float32"})
+    Path(spec.data.path).write_text("".join(
+        json.dumps({"id": f"r{i}", "prompt": p}) + "\n"
+        for i, p in enumerate(["the cat", "a short prompt 1", "the cat"])))
+    past = max(tok.encode("a short prompt 1").ids)
+    assert past >= config["vocab_size"]
+    batches = list(read_batches(spec, tuning=HERE))
+    assert [i for b in batches for i in b.ids] == ["r0", "r2"]
+    [reject] = [r for b in batches for r in b.rejects]
+    assert reject.id == "r1" and f"token id {past} is past the model's vocabulary" in reject.reason

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -62,7 +63,7 @@ def test_job_duplicates_are_one_process_duplicates(tmp_path, fmt, kind):
 
 
 def test_ids_mixing_ints_and_their_text(tmp_path):
-    """5 and "5" are one id once a file holds both kinds (read/ids.py); "05" is another."""
+    """5 and "5" are one id (read/ids.py); "05" is another."""
     ids = ids_with_repeats(str)
     ids[10], ids[60], ids[61], ids[250] = 5, "5", "05", 5
     spec = write(tmp_path, "jsonl", ids)
@@ -96,4 +97,52 @@ def test_a_checker_given_the_job_duplicates_rejects_them_in_any_order(tmp_path):
     raw = list(reader_for(spec, replace(Tuning(), array_chunk_rows=16)).chunks(0, None))
     got = [(r.index, r.reason) for c in reversed(raw) for r in checker.check(c).rejects]
     assert sorted(got) == sorted(want)
-    assert checker.seen_ids == set()
+    assert len(checker.seen_ids) == 0
+
+
+def test_seen_ids_find_the_repeats_a_set_finds():
+    from graphrun.read.ids import SeenIds, id_texts
+
+    rng = np.random.default_rng(0)
+    seen, plain = SeenIds(), set()
+    for _ in range(300):  # chunks of ids, a fifth of them seen before, merged as they grow
+        chunk = [f"r{x}" if x % 3 else int(x) for x in rng.integers(0, 20000, 64)]
+        texts = id_texts(chunk)
+        want = []
+        for t in texts:
+            want.append(t in plain)
+            plain.add(t)
+        assert seen.add(texts).tolist() == want
+    assert len(seen) == len(plain)
+
+
+def test_ids_sharing_a_first_hash_half_are_told_apart():
+    from graphrun.read.ids import _held
+
+    held_hi = np.array([1, 5, 5, 5, 9], np.uint64)
+    held_lo = np.array([0, 7, 8, 9, 0], np.uint64)
+    got = _held(held_hi, held_lo, np.array([5, 5, 5, 9, 10], np.uint64),
+                np.array([9, 6, 7, 1, 0], np.uint64))
+    assert got.tolist() == [True, False, True, False, False]
+
+
+def test_the_seen_ids_take_a_fixed_size_each_whatever_their_length():
+    """The checker keeps no id itself: the chunks' id strings are freed once checked."""
+    import tracemalloc
+
+    from graphrun.read.ids import check_duplicate_ids
+
+    checker = RecordChecker(None)
+
+    n, size = 200_000, 2000
+    tracemalloc.start()
+    try:
+        for start in range(0, n, size):
+            ids = [f"a-rather-long-request-id-{i:020d}" for i in range(start, start + size)]
+            check_duplicate_ids(ids, np.arange(size), checker.seen_ids, {})
+            del ids
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(checker.seen_ids) == n
+    assert held < 24 * n, held / n  # 16 bytes an id, and a little

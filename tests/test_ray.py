@@ -330,3 +330,92 @@ def test_files_renamed_in_task_order_and_owned_for_overwrite(tmp_path):
     assert [p.read_text() for p in renamed] == [written[3], written[2], written[1], written[0]]
     prepare_out_dir(out, resume=False, overwrite=True, fingerprint=fingerprint)
     assert sorted(p.name for p in out.iterdir()) == ["run.json"]
+
+
+def test_a_ray_run_killed_while_writing_is_overwritten(tmp_path):
+    """Ray's writers' files not renamed yet (the driver killed while they wrote) are graphrun's
+    in a Ray run's folder (its run.json, written before them, says so): --overwrite replaces
+    them. In a folder of another run they stay someone else's."""
+    from graphrun.base.errors import OutputError
+    from graphrun.write.folder import prepare_out_dir
+
+    uid = "0123456789abcdef0123456789abcdef"
+    ray_run = {"spec_sha256": "a" * 64, "slice": [0, None], "shards": ["jsonl"], "ray": True}
+    plain = {"spec_sha256": "a" * 64, "slice": [0, None], "shards": ["jsonl"]}
+    for fingerprint, owned in ((ray_run, True), (plain, False)):
+        out = tmp_path / str(owned)
+        prepare_out_dir(out, resume=False, overwrite=False, fingerprint=fingerprint)
+        (out / f"part-00000-{uid}.jsonl").write_text('{"id": "r0"}\n')
+        (out / f"part-00001-{uid}-2.jsonl").write_text('{"id": "r9"}\n')
+        with pytest.raises(OutputError, match="pass --resume to continue it or --overwrite"
+                           if owned else "files graphrun did not write"):
+            prepare_out_dir(out, resume=False, overwrite=not owned, fingerprint=fingerprint)
+        if owned:
+            prepare_out_dir(out, resume=False, overwrite=True, fingerprint=fingerprint)
+            assert sorted(p.name for p in out.iterdir()) == ["run.json"]
+
+
+def test_a_generation_spec_is_refused_before_any_ray_work(tmp_path, monkeypatch):
+    from tests.test_generate_job import write_spec as write_generation_spec
+
+    monkeypatch.chdir(tmp_path)
+    path = write_generation_spec(tmp_path, n=4, output={"dir": "out", "format": "jsonl"})
+    result = run_ray_cli(path)
+    assert result.exit_code == 2, result.output
+    assert "a generation job (generate:) does not run with --ray" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "out").exists()
+
+
+SLOW_MODEL = MODEL + '''
+
+_build = build
+
+
+def build():
+    import time
+    from pathlib import Path
+
+    model = _build()
+    forward = model.forward
+
+    def slow(*args, **kwargs):
+        (Path(__file__).parent / "streaming").touch()
+        time.sleep(0.3)
+        return forward(*args, **kwargs)
+
+    model.forward = slow
+    return model
+'''
+
+
+def test_sigterm_to_a_ray_run_writes_an_interrupted_manifest_and_exits_143(tmp_path):
+    """docs/guarantees.md: SIGTERM while streaming ends the run with exit 143 and a manifest
+    that says interrupted (Ray's own handler would exit 15 without one)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    spec_path = write_case(tmp_path, "jsonl")
+    (tmp_path / "model.py").write_text(SLOW_MODEL)
+    from tests.children import child_env
+
+    env = child_env()
+    proc = subprocess.Popen([sys.executable, "-m", "graphrun", "run", str(spec_path), "--ray",
+                             "--workers", "1", "-q"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (tmp_path / "streaming").exists() and proc.poll() is None:
+            assert time.monotonic() < deadline, "the actor never ran a batch"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, out
+    assert "interrupted by SIGTERM" in out and "--overwrite" in out, out
+    m = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    jsonschema.validate(m, MANIFEST_SCHEMA)
+    assert m["status"] == "interrupted" and "SIGTERM" in m["error"]

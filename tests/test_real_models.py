@@ -242,6 +242,31 @@ output: {dir: out}
         assert f"bad.yaml:{where}: {what}" in result.output, result.output
 
 
+def test_validate_refuses_a_folder_that_is_not_a_model_folder(tmp_path):
+    from click.testing import CliRunner
+
+    from graphrun.cli.main import main
+
+    (tmp_path / "t.jsonl").write_text('{"text": "hi"}\n')
+    (tmp_path / "s.yaml").write_text("""\
+version: 1
+name: x
+model:
+  hf: {path: ., class: AutoModel}
+inputs:
+  input_ids: {shape: [batch, seq], dtype: int64}
+outputs:
+  e: {shape: [batch, 4], from: last_hidden_state, reduce: [mean_pool]}
+buckets: {batch: [1], seq: [8]}
+data: {path: t.jsonl, text: {field: text}}
+output: {dir: out}
+""")
+    for where in ([], ["--set", "model.hf.path=/"]):
+        result = CliRunner().invoke(main, ["validate", str(tmp_path / "s.yaml"), *where])
+        assert result.exit_code != 0, result.output
+        assert "is not a model folder: it holds no config.json" in result.output, result.output
+
+
 def test_timm_models_are_built_by_name_with_args_and_seed(monkeypatch):
     """load_timm against a stand-in timm module (the real one is tested above where it
     imports): the name is checked, args are passed, the weights depend on the seed only."""

@@ -472,6 +472,8 @@ def test_resume_with_a_changed_input_is_refused_naming_it(small, tmp_path):
     assert result.exit_code == 2
     assert "cannot resume" in result.output and "input_sha256 changed" in result.output
     assert "spec_sha256" not in result.output
+    text = "".join(result.output.split())  # rich wraps a long path anywhere
+    assert "".join(f"the input file {tmp_path / 'data.jsonl'} is not the file".split()) in text
 
 
 def test_existing_folder_needs_resume_or_overwrite_and_overwrite_replaces(small, tmp_path):

@@ -473,3 +473,55 @@ def test_a_worker_knows_its_place_from_torchruns_variables():
         World.from_env({"WORLD_SIZE": "2", "RANK": "5"})
     with pytest.raises(GraphrunError, match="not a whole number"):
         World.from_env({"WORLD_SIZE": "2"})
+
+
+@pytest.mark.parametrize("module, left", [("graphrun.scale.local.merge", "rejects.jsonl.tmp"),
+                                          ("graphrun.manifest.keys", "manifest.json.tmp")])
+def test_a_full_disk_as_the_job_is_merged_is_one_message_and_no_temp_file(
+        job, tmp_path, monkeypatch, module, left):
+    """The parent's merge of the workers' rejects, or of their manifests, meets a full disk
+    (the workers wrote theirs): one message naming the disk, no temp file left."""
+    import errno
+    import importlib
+
+    from graphrun.base.nofollow import open_file
+
+    class Full:
+        def __init__(self, f):
+            self._f = f
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self._f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self._f.close()
+
+    def full_open(file, mode="r", **k):
+        f = open_file(file, mode, **k)
+        return Full(f) if str(file).endswith(left) else f
+
+    monkeypatch.setattr(importlib.import_module(module), "open_file", full_open)
+    out = tmp_path / "job"
+    printed = run_here(job.specs["jsonl"], "--gpus", "2", "--out", out, "-q", rc=2)
+    assert "No space left on device" in printed and "--resume" in printed, printed
+    assert "Traceback" not in printed
+    assert not list(out.glob("*.tmp")), sorted(p.name for p in out.iterdir())
+
+
+def test_resume_of_a_completed_job_names_a_stray_shard(job, tmp_path):
+    out = tmp_path / "job"
+    run_here(job.specs["jsonl"], "--gpus", "2", "--out", out, "-q")
+    mark = json.loads((out / "run.json").read_text())
+    past = max(w["shards"][1] for w in mark["workers"])
+    stray = f"part-{past:05d}.ids.npy"  # a number no worker's share holds
+    (out / stray).write_bytes((out / "part-00000.ids.npy").read_bytes())
+    printed = run_here(job.specs["jsonl"], "--gpus", "2", "--out", out, "-q", "--resume",
+                       rc=2)
+    text = " ".join(printed.split())
+    assert f"holds {stray}, named as the job's shards but numbered outside" in text, text

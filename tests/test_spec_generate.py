@@ -115,6 +115,8 @@ BROKEN = [
      "top_k 5, seed 1 given with method greedy"),
     ("negative-temperature", edit("{method: greedy}", "{method: sample, temperature: -1}"), [],
      "13:43", "generate.sampling.temperature: must be >= 0 (got -1)"),
+    ("greedy-huge-seed", edit("{method: greedy}", "{seed: 1180591620717411303424}"), [],
+     "13:13", "seed 1180591620717411303424 given with method greedy"),  # 2**70, exactly
     ("top-p-over-one", edit("{method: greedy}", "{method: sample, top_p: 1.5}"), [], "13:37",
      "generate.sampling.top_p: must be <= 1 (got 1.5)"),
     ("top-p-zero", edit("{method: greedy}", "{method: sample, top_p: 0}"), [], "13:37",

@@ -717,8 +717,11 @@ def test_resume_refuses_a_changed_fingerprint_naming_what_changed(tmp_path):
     prepare_out_dir(tmp_path / "out", resume=False, overwrite=False, fingerprint=FP)
     changed = {**FP, "input_sha256": "c" * 64}
     with pytest.raises(OutputError) as err:
-        prepare_out_dir(tmp_path / "out", resume=True, overwrite=False, fingerprint=changed)
+        prepare_out_dir(tmp_path / "out", resume=True, overwrite=False, fingerprint=changed,
+                        input_path=tmp_path / "data.jsonl")
     assert "input_sha256 changed" in str(err.value) and "spec_sha256" not in str(err.value)
+    assert f"the input file {tmp_path / 'data.jsonl'} is not the file the run read" in str(
+        err.value)
     assert "--overwrite" in str(err.value)
     (tmp_path / "bare").mkdir()
     (tmp_path / "bare" / "journal.jsonl").write_text("")

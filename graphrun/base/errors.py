@@ -71,16 +71,14 @@ class OutputError(GraphrunError):
 class Interrupted(GraphrunError):
     """The run was stopped by SIGINT or SIGTERM after committing what was complete."""
 
-    def __init__(self, signum: int):
+    def __init__(self, signum: int, after: str = "finished shards are committed; run again "
+                 "with --resume to continue"):
         import signal
 
         self.signum = signum
         self.exit_code = 128 + signum
         name = signal.Signals(signum).name
-        super().__init__(
-            f"interrupted by {name}: finished shards are committed; "
-            "run again with --resume to continue"
-        )
+        super().__init__(f"interrupted by {name}: {after}")
 
 
 _debug = False  # one process's --debug: user errors keep their tracebacks

@@ -370,12 +370,16 @@ def _driver_version() -> Optional[str]:
 def write_manifest(manifest: Manifest, path) -> None:
     """Written under a temporary name and renamed, so a reader never sees half a manifest."""
     tmp = f"{path}.tmp"
-    with open_file(tmp, "w") as f:
-        # a single-process manifest has no ray key at all
-        f.write(manifest.model_dump_json(indent=2, exclude=None if manifest.ray else {"ray"}))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open_file(tmp, "w") as f:
+            # a single-process manifest has no ray key at all
+            f.write(manifest.model_dump_json(indent=2, exclude=None if manifest.ray else {"ray"}))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: no half-written temp file left beside the outputs
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def all_rejected(out_dir: Path, count: int) -> str:

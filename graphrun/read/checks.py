@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from graphrun.read.ids import check_duplicate_ids, check_npy_ids, mark_decided
+from graphrun.read.ids import SeenIds, check_duplicate_ids, check_npy_ids, mark_decided
 from graphrun.read.records import (Candidates, Field, RecordBatch, Records, Reject, RowWhere,
                                    dense_if_uniform, numpy_dtype, pack_records, take,
                                    take_where, unpack_records)
@@ -213,7 +213,7 @@ class RecordChecker:
 
     def __init__(self, spec: PipelineSpec, duplicates: dict[int, str] | None = None):
         self.spec = spec
-        self.seen_ids: set = set()
+        self.seen_ids = SeenIds()
         self.duplicates = duplicates
         self._decided = np.array(sorted(duplicates or ()), np.int64)
         self.found_duplicates: dict[int, str] | None = None

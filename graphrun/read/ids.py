@@ -1,37 +1,95 @@
 """Duplicate record ids: an id is its text, so 5 and "5" are one id (npy and Parquet write both
-as '5'), "05" and 5 are two. Only ids of records that passed every other check are remembered."""
+as '5'), "05" and 5 are two. Only ids of records that passed every other check are remembered,
+as a fixed 16 bytes each (SeenIds), whatever the ids' length."""
 
 from __future__ import annotations
-
-import re
 
 import numpy as np
 
 
-def check_duplicate_ids(ids: np.ndarray | list, positions: np.ndarray, seen: set,
+class SeenIds:
+    """The ids one file's records have held so far: each id's text as a 128-bit keyed hash
+    (Python's SipHash of the text and of the text behind a NUL, keyed per process), 16 bytes
+    an id in sorted arrays that are merged as they grow (each at least 4 times the next: few
+    arrays to search). Two distinct ids of n share a hash with odds about n**2 / 2**129."""
+
+    def __init__(self):
+        self._levels: list[tuple[np.ndarray, np.ndarray]] = []  # (hi sorted, lo), largest first
+
+    def __len__(self) -> int:
+        return sum(len(hi) for hi, _ in self._levels)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(hi.nbytes + lo.nbytes for hi, lo in self._levels)
+
+    def add(self, texts: list[str]) -> np.ndarray:
+        """texts in file order -> [n] bool: the text is held by an earlier one (in this list or
+        added before); the others are added."""
+        n = len(texts)
+        hi = np.fromiter(map(hash, texts), np.int64, n).view(np.uint64)
+        lo = np.fromiter((hash("\0" + t) for t in texts), np.int64, n).view(np.uint64)
+        order = np.lexsort((lo, hi))  # [n] stable: of equal keys, the first in file order first
+        hi, lo = hi[order], lo[order]
+        repeat = np.zeros(n, bool)
+        repeat[1:] = (hi[1:] == hi[:-1]) & (lo[1:] == lo[:-1])
+        for held_hi, held_lo in self._levels:
+            repeat |= _held(held_hi, held_lo, hi, lo)
+        if not repeat.all():
+            self._insert(hi[~repeat], lo[~repeat])
+        out = np.empty(n, bool)
+        out[order] = repeat
+        return out
+
+    def _insert(self, hi: np.ndarray, lo: np.ndarray) -> None:
+        self._levels.append((hi, lo))
+        while len(self._levels) > 1 and 4 * len(self._levels[-1][0]) >= len(self._levels[-2][0]):
+            small_hi, small_lo = self._levels.pop()
+            big_hi, big_lo = self._levels.pop()
+            at = np.searchsorted(big_hi, small_hi)  # a linear merge of two sorted arrays
+            # one half at a time, the old one let go: 24 bytes an id at the peak, not 32
+            big_hi = np.insert(big_hi, at, small_hi)
+            big_lo = np.insert(big_lo, at, small_lo)
+            self._levels.append((big_hi, big_lo))
+
+
+def _held(held_hi: np.ndarray, held_lo: np.ndarray, hi: np.ndarray, lo: np.ndarray
+          ) -> np.ndarray:
+    """[n] bool: (hi, lo) is in the level; hi sorted. Equal his follow each other in the level
+    (more than one only where two ids' first halves collide), so each is compared."""
+    found = np.zeros(len(hi), bool)
+    at = np.searchsorted(held_hi, hi)
+    last = len(held_hi) - 1
+    while True:
+        j = np.minimum(at, last)
+        same = (at <= last) & (held_hi[j] == hi)
+        if not same.any():
+            return found
+        found |= same & (held_lo[j] == lo)
+        at = at + 1
+
+
+def id_texts(ids: np.ndarray | list) -> list[str]:
+    """Ids as they are compared: each one's text (an int as its decimal digits)."""
+    values = ids.tolist() if isinstance(ids, np.ndarray) else ids
+    if all(type(x) is str for x in values):
+        return values
+    return [x if type(x) is str else str(x) for x in values]
+
+
+def check_duplicate_ids(ids: np.ndarray | list, positions: np.ndarray, seen: SeenIds,
                         problems: dict[int, str]) -> None:
-    """Only ids of records that passed every other check are remembered (as Python values:
-    an int64 id and the same int are one id). An id is its text: 5 and "5" are one id (npy
-    and Parquet write both as '5'), "05" and 5 are two."""
-    if isinstance(ids, list):  # JSONL: ints and strings may mix
-        ids = _as_compared(ids, seen)
-    if not problems:  # the common case, by set operations: no Python step per id
-        chunk = ids[positions].tolist() if isinstance(ids, np.ndarray) else (
-            [ids[p] for p in positions.tolist()] if len(positions) < len(ids) else list(ids))
-        fresh = set(chunk)
-        if len(fresh) == len(chunk) and seen.isdisjoint(fresh):
-            seen |= fresh
-            return
-    if isinstance(ids, np.ndarray):
-        ids = ids.tolist()
-    for p in positions.tolist():
-        if p in problems:
-            continue
-        rid = ids[p]
-        if rid in seen:
-            problems[p] = f"duplicate id {rid!r}: an earlier record has the same id"
-        else:
-            seen.add(rid)
+    """The records at `positions` without a problem yet whose id an earlier record held get a
+    problem; their ids are remembered."""
+    if problems:
+        positions = np.array([p for p in positions.tolist() if p not in problems], np.int64)
+    values = ids[positions] if isinstance(ids, np.ndarray) else (
+        [ids[p] for p in positions.tolist()] if len(positions) < len(ids) else ids)
+    values = values.tolist() if isinstance(values, np.ndarray) else values
+    repeat = seen.add(id_texts(values))
+    for k in np.flatnonzero(repeat).tolist():
+        problems[int(positions[k])] = (f"duplicate id {values[k]!r}: an earlier record has "
+                                       "the same id")
 
 
 def check_npy_ids(ids: np.ndarray | list, problems: dict[int, str]) -> None:
@@ -48,56 +106,16 @@ def check_npy_ids(ids: np.ndarray | list, problems: dict[int, str]) -> None:
                                    "output.format jsonl or parquet, or change the id")
 
 
-_INT_TEXT = re.compile(r"-?(0|[1-9][0-9]*)")
-# Markers kept in a file's set of seen ids: it held an int id, a str id, and was made canonical.
-_INT_SEEN, _STR_SEEN, _CANONICAL = object(), object(), object()
-
-
-def _as_compared(ids: list, seen: set) -> list:
-    """ids as they are compared. Only once a file has both int and str ids does a str that is
-    an int's text become that int (seen ids too, once): until then each is its own text, and
-    a Python step per id would cost the common all-str file for nothing."""
-    kinds = set(map(type, ids))
-    if int in kinds:
-        seen.add(_INT_SEEN)
-    if str in kinds:
-        seen.add(_STR_SEEN)
-    if _INT_SEEN not in seen or _STR_SEEN not in seen:
-        return ids
-    if _CANONICAL not in seen:
-        canonical = {_id_key(x) for x in seen}
-        seen.clear()
-        seen |= canonical
-        seen.add(_CANONICAL)
-    return [_id_key(x) for x in ids]
-
-
-def _id_key(rid):
-    """A str id that is an int's canonical text compares as that int."""
-    if type(rid) is str and len(rid) < 20 and _INT_TEXT.fullmatch(rid):
-        return int(rid)
-    return rid
-
-
-
 def last_repeat(chunks) -> int | None:
     """The last ordinal whose id an earlier record holds too, or None; chunks: (ordinals,
-    ids) in file order. Ids compare here as loosely as one process may compare them (an int's
-    text as the int), so a record past it never repeats an id one process would find."""
-    seen: set = set()
+    ids) in file order. Ids compare as one process compares them (by their text), so a record
+    past it never repeats an id one process would find."""
+    seen = SeenIds()
     last = None
     for ordinals, ids in chunks:
-        keys = ids.tolist() if isinstance(ids, np.ndarray) else [_id_key(x) for x in ids]
-        fresh = set(keys)
-        if len(fresh) == len(keys) and seen.isdisjoint(fresh):  # the common case
-            seen |= fresh
-            continue
-        ordinals = ordinals.tolist() if isinstance(ordinals, np.ndarray) else ordinals
-        for o, k in zip(ordinals, keys):
-            if k in seen:
-                last = o
-            else:
-                seen.add(k)
+        repeat = np.flatnonzero(seen.add(id_texts(ids)))
+        if len(repeat):
+            last = int(ordinals[int(repeat[-1])])
     return last
 
 

@@ -5,14 +5,17 @@ per chunk, ahead of the stream: on the JSONL reader's threads (read/ahead.py), i
 processes for a big file on many cores, or on Parquet's decoding pool; never on the thread
 that launches the GPU work. The tokenizer's encode_batch runs on its own threads, off the GIL.
 
-Each record keeps its id and its line (or row); a text that is not a string, or longer than
-max_length tokens when truncate is false, is a bad record with its reason.
+Each record keeps its id and its line (or row); a text that is not a string, is not valid
+Unicode, or is longer than max_length tokens when truncate is false, is a bad record with its
+reason. A text far longer in characters than max_length tokens can be is cut on characters
+before it is tokenized (bounded_text): the tokenizer's memory grows with the whole text's tokens.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -83,13 +86,19 @@ def tokenize(spec: PipelineSpec, prompts: list[Prompt | None]
     folder = tokenizer_folder(spec)
     length = max_length(spec, folder)
     problems = {p: "" for p, prompt in enumerate(prompts) if prompt is None}
+    for p, prompt in enumerate(prompts):
+        if prompt is not None and not all(map(encodable, _texts(prompt))):
+            problems[p] = (f"{text.named}: the text is not valid Unicode (it holds a lone "
+                           "surrogate escape such as \\ud800); fix or drop the record")
     blank = ("", "") if text.pair else ""  # stands in for a bad record's text
     cut_from = "left" if spec.generate is not None else "right"
+    prompts = _bounded_prompts(_tokenizer(folder, length, True, cut_from, remote_code(spec)),
+                               prompts, length, cut_from, text, problems)
     tok = _tokenizer(folder, length, text.truncate, cut_from, remote_code(spec))
     encodings: list = [None] * len(prompts)
     for special in (True, False):  # one batched call per kind
         at = [p for p, prompt in enumerate(prompts)
-              if prompt is not None and prompt.special == special]
+              if p not in problems and prompt.special == special]
         if at:
             for p, enc in zip(at, tok.encode_batch([prompts[p].text for p in at],
                                                    add_special_tokens=special)):
@@ -103,6 +112,15 @@ def tokenize(spec: PipelineSpec, prompts: list[Prompt | None]
                                "(the largest seq bucket or data.text.max_length); set "
                                "data.text.truncate: true to cut it"
                                + (" from the left" if spec.generate is not None else ""))
+    vocab = _model_vocab(spec)
+    if vocab is not None:  # a tokenizer of another model: its ids would index past the table
+        for p, enc in enumerate(encodings):
+            top = max(enc.ids, default=0)
+            if p not in problems and top >= vocab:
+                problems[p] = (f"{text.named}: token id {top} is past the model's vocabulary "
+                               f"({vocab} ids, its config.json's vocab_size): the tokenizer "
+                               f"({folder}) does not match the model; give data.text.tokenizer "
+                               "the model's own tokenizer")
     cut = ([p for p, enc in enumerate(encodings) if enc.overflowing and p not in problems]
            if text.truncate else [])
     fields = {}
@@ -130,6 +148,93 @@ def _prompted(spec: PipelineSpec, records: list[dict]
         params[:] = [DEFAULT_PARAMS if g is None else g.params for g in kept]
         extra[REQUEST_FIELD] = Field(dense=params)
     return kept, problems, extra
+
+
+def _model_vocab(spec: PipelineSpec) -> int | None:
+    """The vocabulary size of a Hugging Face model's config.json (or its text_config's), or
+    None where there is none to read."""
+    if spec.model.hf is None:
+        return None
+    from graphrun.models.hf import model_folder
+
+    return _config_vocab(model_folder(spec))
+
+
+@functools.lru_cache(maxsize=8)
+def _config_vocab(folder: str) -> int | None:
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    vocab = config.get("vocab_size")
+    if vocab is None and isinstance(config.get("text_config"), dict):
+        vocab = config["text_config"].get("vocab_size")
+    return vocab if type(vocab) is int and vocab > 0 else None
+
+
+# Characters per token guessed for a first cut; bounded_text widens the cut while it is unsure.
+CHARS_PER_TOKEN = 8
+
+
+def bounded_text(tok, text: str, length: int, side: str) -> tuple[str, bool]:
+    """(text, False), or (a cut of it, True) from which the truncating tokenizer `tok` keeps
+    the same `length` tokens (side: "right" keeps the start, "left" the end): a cut is taken
+    once a twice-longer cut keeps the same tokens and both overflow, so a word split at the
+    cut cannot reach the tokens kept; until then the cut is widened fourfold."""
+    limit = length * CHARS_PER_TOKEN + 1024
+    while len(text) > 2 * limit:
+        part, wider = ((text[:limit], text[:2 * limit]) if side == "right"
+                       else (text[-limit:], text[-2 * limit:]))
+        a, b = tok.encode_batch([part, wider])
+        if a.overflowing and b.overflowing and a.ids == b.ids:
+            return part, True
+        limit *= 4
+    return text, False
+
+
+def _texts(prompt: Prompt) -> tuple[str, ...]:
+    return prompt.text if isinstance(prompt.text, tuple) else (prompt.text,)
+
+
+def _bounded_prompts(tok, prompts: list[Prompt | None], length: int, side: str, text,
+                     problems: dict[int, str]) -> list[Prompt | None]:
+    """prompts with each text far longer than `length` tokens cut on characters
+    (_bounded_columns); a record with a problem already is left as it is."""
+    width = 2 if text.pair else 1
+    columns = [["" if p in problems else _texts(prompt)[k] for p, prompt in enumerate(prompts)]
+               for k in range(width)]
+    cut = _bounded_columns(tok, columns, length, side, text.truncate, text.named, problems)
+    if cut is columns:
+        return prompts
+    return [prompt if p in problems or all(c[p] is columns[k][p] for k, c in enumerate(cut))
+            else replace(prompt, text=tuple(c[p] for c in cut) if text.pair else cut[0][p])
+            for p, prompt in enumerate(prompts)]
+
+
+def _bounded_columns(tok, columns: list[list], length: int, side: str, truncate: bool,
+                     named: str, problems: dict[int, str]) -> list[list]:
+    """columns with each text far longer than `length` tokens cut on characters (bounded_text):
+    kept as cut when truncate is true, else a bad record (more than `length` tokens). Of a
+    pair, a text is cut only while the other is short: when both are cut, which one is longer
+    decides where the odd token goes, and the cuts could turn that around."""
+    limit = 2 * (length * CHARS_PER_TOKEN + 1024)
+    longs = [[p for p, t in enumerate(values) if type(t) is str and len(t) > limit
+              and p not in problems] for values in columns]
+    if not any(longs):
+        return columns
+    if len(columns) == 2:
+        both = set(longs[0]) & set(longs[1])
+        longs = [[p for p in ps if p not in both] for ps in longs]
+    out = [list(values) for values in columns]
+    for values, ps in zip(out, longs):
+        for p in ps:
+            values[p], was_cut = bounded_text(tok, values[p], length, side)
+            if was_cut and not truncate:
+                problems[p] = (f"{named}: more than {length} tokens (the largest seq bucket or "
+                               "data.text.max_length); set data.text.truncate: true to cut it")
+    return out
 
 
 class TextCuts:

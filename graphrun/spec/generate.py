@@ -74,13 +74,18 @@ class SamplingSpec(Strict):
     def _greedy_alone(self) -> "SamplingSpec":
         # greedy ignores these keys: a value that would change sampling, silently dropped,
         # hides a forgotten `method: sample` (the defaults, as a dumped spec holds, are fine)
-        given = [f"{k} {getattr(self, k):g}" for k, v in SAMPLE_DEFAULTS.items()
+        given = [f"{k} {_number(getattr(self, k))}" for k, v in SAMPLE_DEFAULTS.items()
                  if getattr(self, k) != v]
         if self.method == "greedy" and given:
             raise ValueError(
                 f"{', '.join(given)} given with method greedy, which always takes the most "
                 "likely token: set method: sample to sample with them, or remove them")
         return self
+
+
+def _number(value) -> str:
+    """An int exactly (a seed of 2**70 is not 1.18059e+21), a float shortly."""
+    return str(value) if isinstance(value, int) else f"{value:g}"
 
 
 class StopSpec(Strict):

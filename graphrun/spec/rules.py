@@ -469,6 +469,10 @@ def _hf_paths(spec: PipelineSpec, base_dir: Path) -> Found:
             yield key, str(e).split(": ", 1)[1]
             continue
         if key == ("model", "hf", "path"):
+            if Path(folder).is_dir() and not (Path(folder) / "config.json").is_file():
+                yield key, (f"{folder} is not a model folder: it holds no config.json; give "
+                            "the folder from_pretrained loads (config.json and the weights)")
+                continue
             yield from _past_positions(spec, folder)
             if spec.generate is not None and Path(folder).is_dir():
                 from graphrun.spec.paths import model_vocab

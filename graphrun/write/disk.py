@@ -104,10 +104,10 @@ def _unescape(text: str) -> str:
 
 
 def size(n: int) -> str:
-    for unit, scale in (("TiB", 1 << 40), ("GiB", GiB)):
+    for unit, scale in (("TiB", 1 << 40), ("GiB", GiB), ("MiB", MiB)):
         if n >= scale:
             return f"{n / scale:,.1f} {unit}"
-    return f"{n / MiB:,.1f} MiB"
+    return f"{n:,} bytes"
 
 
 def write_failure(path: str | Path, err: OSError) -> str:
@@ -117,11 +117,13 @@ def write_failure(path: str | Path, err: OSError) -> str:
     disk = disk_of(path) if err.errno in FULL else None
     if disk is None:
         return text
+    # a filesystem that reports no size (a FUSE or pseudo filesystem) says 0 of 0
+    room = (f"has {size(disk.free)} free of {size(disk.total)}" if disk.total
+            else "reports no size to say how much is free")
     if err.errno == errno.EDQUOT:
         return (f"{text} (your quota on the filesystem holding it, {disk.named()}, is used "
-                f"up; the filesystem has {size(disk.free)} free of {size(disk.total)})")
-    return (f"{text} (the filesystem holding it, {disk.named()}, has {size(disk.free)} free "
-            f"of {size(disk.total)})")
+                f"up; the filesystem {room})")
+    return f"{text} (the filesystem holding it, {disk.named()}, {room})"
 
 
 def write_remedy(path: str | Path, err: OSError) -> str:

@@ -5,7 +5,9 @@ it wrote: nothing in a folder without its run.json (the mark it writes first, in
 that was new or empty), and in a marked folder only its fixed bookkeeping names, the shards its
 journal lists, and shard-shaped names (`part-00007.ids.npy`, `.part-00007.jsonl.tmp`: the
 format's exact suffixes, which run.json records) numbered from the first shard not yet
-journaled. A user's `part-1-of-my-thesis.docx` or `.secret.tmp` is never graphrun's.
+journaled. A Ray run's folder (run.json's "ray") holds Ray's writers' files under their own
+names until the run renames them (RAY_PART): run.json, written before them, makes them
+graphrun's. A user's `part-1-of-my-thesis.docx` or `.secret.tmp` is never graphrun's.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -32,6 +35,8 @@ LATENCIES = "latencies.jsonl"
 # Bookkeeping files, and the temp names they are replaced through.
 FIXED_NAMES = frozenset({JOURNAL, REJECTS, RUN_JSON, MANIFEST, LATENCIES, f".{RUN_JSON}.tmp",
                          f"{MANIFEST}.tmp", f"{LATENCIES}.tmp", f"{REJECTS}.tmp"})
+# What a Ray run's writers name a file: part-<task>-<write uuid>[-<k>].<format> (scale/ray)
+RAY_PART = re.compile(r"part-(\d{5})-([0-9a-f]{32})(?:[-_](\d+))?\.(parquet|jsonl)")
 
 
 def read_mark(out_dir: Path) -> dict | None:
@@ -64,9 +69,17 @@ def own_entries(out_dir: Path, listed: set[str], unfinished: list[ShardPlace]
         elif mark is not None and p.is_file() and not p.is_symlink():
             k = shard_number(p.name, suffixes)
             mine = (p.name in FIXED_NAMES or p.name in listed
-                    or any(r.holds(k) for r in unfinished))
+                    or any(r.holds(k) for r in unfinished) or _ray_part(mark, p.name))
         (own if mine else foreign).append(p)
     return own, foreign
+
+
+def _ray_part(mark: dict, name: str) -> bool:
+    """A Ray run's writer's file not renamed yet (the run was killed while writing)."""
+    if mark.get("ray") is not True:
+        return False
+    m = RAY_PART.fullmatch(name)
+    return m is not None and m.group(4) in (mark.get("shards") or [])
 
 
 def _workers_own(folder: Path) -> bool:
@@ -272,7 +285,8 @@ def prepare_out_dir(out_dir: Path, *, resume: bool, overwrite: bool, fingerprint
     # before anything is written: restore would have to remove a user's entry to go on
     refuse_foreign(out_dir, shard_shaped(out_dir, fingerprint.get("shards") or []))
     refuse_links(out_dir, FIXED_NAMES)  # appended or replaced by name: never written through
-    if _check_fingerprint(out_dir, fingerprint, model or {}, accept_model_change, spec):
+    if _check_fingerprint(out_dir, fingerprint, model or {}, accept_model_change, spec,
+                          input_path):
         write_fingerprint(out_dir, fingerprint)  # later resumes compare with the new model
     point = read_journal(out_dir, _first(fingerprint), first_shard(fingerprint), shard_dir)
     if point is None:
@@ -347,9 +361,11 @@ def first_shard(fingerprint: dict) -> int:
 
 
 def _check_fingerprint(out_dir: Path, fingerprint: dict, model: dict[str, Path],
-                       accept_model_change: bool, spec: dict | None = None) -> bool:
-    """Refuse a folder holding another run; True when only the model's files changed and
-    that is accepted (run.json is then rewritten)."""
+                       accept_model_change: bool, spec: dict | None = None,
+                       input_path: Path | None = None) -> bool:
+    """Refuse a folder holding another run, naming what changed (the input file by its
+    path); True when only the model's files changed and that is accepted (run.json is then
+    rewritten)."""
     path = out_dir / RUN_JSON
     if not path.exists():
         raise OutputError(f"output folder {out_dir} has no {RUN_JSON}, so it cannot be resumed; "
@@ -369,6 +385,9 @@ def _check_fingerprint(out_dir: Path, fingerprint: dict, model: dict[str, Path],
         return True
     changed = [_model_change(before.get(k), now.get(k), model) if k == "model_sha256"
                else _change(k, before.get(k), now.get(k)) for k in keys]
+    if "input_sha256" in keys and input_path is not None:
+        changed[keys.index("input_sha256")] += (f": the input file {input_path} is not the "
+                                                "file the run read")
     if keys == ["model_sha256"]:
         raise OutputError(f"cannot resume {out_dir}: {changed[0]} since the run started. If "
                           "the change does not alter outputs (e.g. it fixes the error that "
@@ -480,4 +499,22 @@ def completed_manifest(out_dir: Path, fingerprint: dict, *, with_model: bool = T
         return None
     if point is not None:  # refuses a folder changed since (a file missing or edited)
         check_committed(out_dir, point, hashes=True, shard_dir=shard_dir)
+    stray = stray_shards(shard_dir or out_dir, fingerprint, point)
+    if stray:
+        raise OutputError(f"cannot resume {out_dir}: the run there completed, but "
+                          f"{shard_dir or out_dir} also holds {listed_names(stray)}, named as "
+                          f"its shards but not in its {JOURNAL} (graphrun did not write them "
+                          "there): move them out of the folder, or --overwrite to start over")
     return manifest.found_complete()
+
+
+def stray_shards(folder: Path, fingerprint: dict, point: ResumePoint | None) -> list[Path]:
+    """The files in folder named as this run's shards (a job's worker: those numbered in its
+    shard_range; the other workers' lie beside them) that its journal does not list."""
+    suffixes = fingerprint.get("shards") or []
+    cut = fingerprint.get("shard_range")
+    place = ShardPlace(folder, *cut) if isinstance(cut, list) and len(cut) == 2 else (
+        ShardPlace(folder))
+    listed = {Path(f.path).name for f in point.files} if point else set()
+    return [p for p in shard_shaped(folder, suffixes)
+            if p.name not in listed and place.holds(shard_number(p.name, suffixes))]

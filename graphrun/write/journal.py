@@ -65,6 +65,30 @@ RUN_JSON = "run.json"
 _SHARD = re.compile(r"(\.?)part-(\d{5,})\.(.+?)(\.rows)?(\.tmp)?")
 
 
+def reject_line(index: int, rid, where: str, reason: str) -> str:
+    """One line of rejects.jsonl (no newline), strict JSON whatever the record's id held:
+    a NaN or infinite number (1e400) is written as its name in a string, a lone surrogate
+    (UTF-8 cannot encode "\\ud800") as its escape's text."""
+    line = {"index": int(index), "id": rid, "where": where, "reason": reason}
+    try:
+        json.dumps(line, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except (ValueError, UnicodeEncodeError):
+        line = _strict(line)
+    return json.dumps(line)
+
+
+def _strict(value):
+    if isinstance(value, float) and (value != value or abs(value) == float("inf")):
+        return json.dumps(value)  # NaN, Infinity, -Infinity
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_strict(str(k)): _strict(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_strict(v) for v in value]
+    return value
+
+
 def shard_number(name: str, suffixes: list[str], *, temp: bool | None = None) -> int | None:
     """The shard a file name belongs to, if it is exactly one of the format's names
     (`part-00003.<suffix>`, or `.part-00003.<suffix>.tmp` while written, and

@@ -25,7 +25,6 @@ commit covers the rejects below its next_index, and a resume starts reading ther
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -40,7 +39,7 @@ from graphrun.write.disk import write_failure, write_remedy
 from graphrun.write.folder import prepare_out_dir
 from graphrun.write.journal import (REJECTS, FileInfo, PrefixDigest, ResumePoint, ShardPlace,
                                     append_journal, check_fresh, fsync_path, read_journal,
-                                    restore, sha256_file)
+                                    reject_line, restore, sha256_file)
 from graphrun.write.guard import rejects_sha256
 from graphrun.write.sinks import Outputs, shard_suffixes, sink_for
 from graphrun.write.sinks.ids import plain
@@ -176,8 +175,7 @@ class ShardWriter:
         self._raise_commit_error()
         if index < self._committed_below:  # re-read after a resume: committed already
             return
-        line = json.dumps({"index": int(index), "id": plain(id), "where": where,
-                           "reason": reason})
+        line = reject_line(index, plain(id), where, reason)
         self._pending.append((int(index), (line + "\n").encode()))
         if getattr(self.sink_type, "takes_rejects", False):
             self._to_sink.append((int(index), id, where, reason))

@@ -12,7 +12,7 @@ from graphrun.base.errors import OutputError
 from graphrun.write.folder import (ended_with_nothing_committed, input_inside, read_mark,
                                    shard_shaped, split_entries, write_fingerprint)
 from graphrun.write.guard import only_a_first_mark_temp, refuse_foreign
-from graphrun.write.journal import listed_names, remove_and_sync
+from graphrun.write.journal import ShardPlace, listed_names, remove_and_sync, shard_number
 from graphrun.manifest.keys import spec_digest
 from graphrun.write.sinks import shard_suffixes
 from graphrun.job.progress import count_records
@@ -54,7 +54,8 @@ def prepare_job(top: Path, spec, workers: int, *, resume: bool, overwrite: bool,
         if resume:
             mark = resumed_mark(top, spec, workers, start, stop)
             # before anything is removed: a worker's restore would have to remove a user's entry
-            refuse_foreign(top, shard_shaped(top, mark.get("shards") or []))
+            shaped = refuse_foreign(top, shard_shaped(top, mark.get("shards") or []))
+            refuse_outside(top, mark, shaped)
             # an earlier attempt's progress, and its input hash: this one hashes the input anew
             stale = [progress_file(top, k) for k in range(workers)] + [digest_file(top)]
             remove_and_sync(top, [p for p in stale if p.exists()])
@@ -64,6 +65,20 @@ def prepare_job(top: Path, spec, workers: int, *, resume: bool, overwrite: bool,
     mark = job_mark(spec, workers, start, stop)
     write_fingerprint(top, mark)
     return mark
+
+
+def refuse_outside(top: Path, mark: dict, shaped: list[Path]) -> None:
+    """OutputError naming the files named as shards that no worker's share numbers (no
+    worker writes them: a file put there, which a completed job would otherwise not see)."""
+    places = [ShardPlace(top, first, end) for _, _, first, end in shares(mark)]
+    suffixes = mark.get("shards") or []
+    outside = [p for p in shaped
+               if not any(place.holds(shard_number(p.name, suffixes)) for place in places)]
+    if outside:
+        raise OutputError(f"cannot resume {top}: it holds {listed_names(outside)}, named as the "
+                          "job's shards but numbered outside every worker's share (graphrun "
+                          "did not write them): move them out of the folder, or --overwrite "
+                          "to start over")
 
 
 def clear(top: Path, overwrite: bool) -> None:

@@ -14,7 +14,9 @@ import time
 from pathlib import Path
 
 from graphrun.base.phases import utc_now
+from graphrun.base.errors import OutputError
 from graphrun.engine.timing import percentiles
+from graphrun.write.disk import write_failure, write_remedy
 from graphrun.write.journal import REJECTS, fsync_path
 from graphrun.manifest.keys import BucketReport, FileEntry, Manifest, Totals, write_manifest
 from graphrun.manifest.sections import WorkerReport, merged_generation
@@ -46,7 +48,11 @@ def merge(top: Path, spec, mark: dict, outcomes: list, devices: list[str], t0: f
     done = [m for m in manifests if m is not None]
     buckets = merge_buckets(top, current, spec.report.percentiles)
     files = sorted(all_files(top, mark, manifests), key=lambda f: f.path)
-    rejected = merge_rejects(top, mark, manifests)
+    try:
+        rejected = merge_rejects(top, mark, manifests)
+    except OSError as err:
+        raise OutputError(f"merging the workers' rejects: {write_failure(top, err)}; "
+                          f"{write_remedy(top, err)}") from err
     failed = [r for r in reports if r.status == "failed"]
     status = ("failed" if failed else "interrupted"
               if any(r.status == "interrupted" for r in reports) else "completed")
@@ -68,7 +74,11 @@ def merge(top: Path, spec, mark: dict, outcomes: list, devices: list[str], t0: f
         bucket_plan=first.bucket_plan if first else None,
         warnings=[f"rank {r}: {w}" for r, m in enumerate(manifests) if m for w in m.warnings],
         workers=reports, generation=merged_generation([m.generation for m in current if m]))
-    write_manifest(manifest, top / "manifest.json")
+    try:
+        write_manifest(manifest, top / "manifest.json")
+    except OSError as err:
+        raise OutputError(f"writing the job's manifest: {write_failure(top, err)}; "
+                          f"{write_remedy(top, err)}") from err
     return manifest
 
 
@@ -120,12 +130,16 @@ def merge_rejects(top: Path, mark: dict, manifests: list) -> int:
         target.unlink(missing_ok=True)
         return 0
     tmp = top / f"{REJECTS}.tmp"
-    with open_file(tmp, "wb") as f:
-        for data in parts:
-            f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, target)
+    try:
+        with open_file(tmp, "wb") as f:
+            for data in parts:
+                f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:  # a full disk: no half-written temp file left beside the outputs
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_path(top)
     return count
 

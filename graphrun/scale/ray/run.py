@@ -9,8 +9,7 @@ them in name order gives input order.
 
 from __future__ import annotations
 
-import json
-import re
+import signal
 import time
 from pathlib import Path
 
@@ -18,9 +17,10 @@ from graphrun.base.tuning import Tuning
 from graphrun.plan.auto import resolve_auto
 from graphrun.read.formats import reader_for
 from graphrun.read.stream import job_duplicates
-from graphrun.base.errors import GraphrunError, InputError, OutputError, error_chain
-from graphrun.write.folder import locked, prepare_out_dir
-from graphrun.write.journal import REJECTS
+from graphrun.base.errors import GraphrunError, InputError, Interrupted, OutputError, error_chain
+from graphrun.job.signals import SignalTrap
+from graphrun.write.folder import RAY_PART, locked, prepare_out_dir
+from graphrun.write.journal import REJECTS, reject_line
 from graphrun.manifest.keys import Manifest, spec_digest, write_manifest
 from graphrun.scale.ray.data import dataset_map, need_ray
 from graphrun.scale.ray.manifest import RunFacts, ray_manifest
@@ -29,9 +29,6 @@ from graphrun.base.nofollow import open_file
 
 READERS = (".parquet", ".jsonl", ".npy")
 WRITERS = ("parquet", "jsonl")
-# What the writers name a file: part-<task>-<write uuid>[-<k>].<format> (RayNames, and
-# ray_write.OrderedParquetSink)
-RAY_NAME = re.compile(r"part-(\d{5})-([0-9a-f]{32})(?:[-_](\d+))?\.(parquet|jsonl)")
 
 
 def run_ray(spec: PipelineSpec, *, out: str | Path | None = None, address: str | None = None,
@@ -55,18 +52,29 @@ def run_ray(spec: PipelineSpec, *, out: str | Path | None = None, address: str |
         except OSError as err:
             raise OutputError(f"cannot use output folder {out_dir}: {err.strerror or err}; "
                               "pick a folder you can write to (--out or output.dir)") from err
+        stop = RayStop()
         try:  # a failure from here on leaves a failed manifest: the next run starts over
-            # the ids of the whole file, before its records are spread over the actors
-            duplicates = job_duplicates(spec)
-            join_cluster(ray, address, show)
-            mapped = map_input(spec, ray, workers, duplicates)
-            facts.workers = mapped.graphrun_workers
-            facts.collector = mapped.graphrun_collector
-            facts.stream_t0 = time.perf_counter()
-            write_output(mapped, out_dir, spec)
-            facts.stream_s = time.perf_counter() - facts.stream_t0
-            facts.dataset_stats = mapped.stats()
-            facts.status = "completed"
+            with stop:
+                # the ids of the whole file, before its records are spread over the actors
+                duplicates = job_duplicates(spec)
+                join_cluster(ray, address, show)
+                stop.take_back()
+                mapped = map_input(spec, ray, workers, duplicates)
+                facts.workers = mapped.graphrun_workers
+                facts.collector = mapped.graphrun_collector
+                facts.stream_t0 = time.perf_counter()
+                write_output(mapped, out_dir, spec)
+                facts.stream_s = time.perf_counter() - facts.stream_t0
+                facts.dataset_stats = mapped.stats()
+                facts.status = "completed"
+        except KeyboardInterrupt:
+            signum = stop.signum or signal.SIGINT
+            facts.status = "interrupted"
+            facts.error = f"stopped by {signal.Signals(signum).name}"
+            with SignalTrap():  # a second signal waits for the manifest
+                finish(facts)
+            raise Interrupted(signum, "the manifest says so; a Ray run is not resumed: run "
+                              "it again with --overwrite") from None
         except Exception as err:  # noqa: BLE001 - a user error is unwrapped, others kept
             user = graphrun_cause(err, facts.collector)
             facts.status, facts.error = "failed", str(user or f"{type(err).__name__}: {err}")
@@ -77,11 +85,29 @@ def run_ray(spec: PipelineSpec, *, out: str | Path | None = None, address: str |
         return finish(facts)
 
 
+class RayStop(SignalTrap):
+    """SIGINT or SIGTERM stop a Ray run at once (a KeyboardInterrupt where the driver waits on
+    Ray): the run then writes its manifest, interrupted, and exits 128 + the signal."""
+
+    def _handle(self, signum, frame) -> None:
+        self.signum = signum
+        raise KeyboardInterrupt
+
+    def take_back(self) -> None:
+        """ray.init puts in a SIGTERM handler of its own (sys.exit, no manifest)."""
+        if self._old:
+            signal.signal(signal.SIGTERM, self._handle)
+
+
 def check_supported(spec: PipelineSpec, resume: bool) -> None:
     if resume:
         raise OutputError("--resume is not supported with --ray: a Ray run writes its output "
                           "in one pass; run it again with --overwrite, or run without --ray "
                           "to have a resumable run")
+    if spec.generate is not None:
+        raise GraphrunError("a generation job (generate:) does not run with --ray: its actors "
+                          "map batches of a forward pass; run it without --ray (--gpus N "
+                          "spreads it over this machine's GPUs)")
     suffix = spec.data.path.suffix.lower()
     if suffix not in READERS:
         raise InputError(f"--ray reads {', '.join(READERS)} inputs with Ray's readers, not "
@@ -159,7 +185,7 @@ def rename_in_order(out_dir: Path) -> list[Path]:
     renamed part-00000.<format>, ... in task order; returns the new paths."""
     found = []
     for p in out_dir.iterdir():
-        m = RAY_NAME.fullmatch(p.name)
+        m = RAY_PART.fullmatch(p.name)
         if m and p.is_file():
             found.append(((int(m.group(1)), int(m.group(3) or 0)), p, m.group(4)))
     renamed = []
@@ -176,7 +202,8 @@ def finish(facts: RunFacts) -> Manifest:
     rejects = facts.collector.rejects() if facts.collector else []
     if rejects:
         with open_file(facts.out_dir / REJECTS, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rejects)
+            f.writelines(reject_line(r["index"], r["id"], r["where"], r["reason"]) + "\n"
+                         for r in rejects)
     facts.rejects = len(rejects)
     manifest = ray_manifest(facts)
     write_manifest(manifest, facts.out_dir / "manifest.json")
