@@ -3,7 +3,7 @@ keys). Rules tying it to the rest of the spec are spec_checks._generate's."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Optional
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -19,7 +19,8 @@ CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 GENERATE_DOC = (
     "Make this a generation job over a causal LM (model.hf of a causal-LM class, or builtin "
     "llama): data.text's prompts in, one completion per record out (id, token_ids, text, "
-    "finish_reason, prompt_tokens, output_tokens); buckets batch and seq (prompt lengths). "
+    "finish_reason, prompt_tokens, output_tokens); buckets batch (decode rows) and seq "
+    "(prompt lengths, packed into prefills). "
     "null: one forward pass per record.")
 # The pipeline schema says what spec_checks._sections says: inputs and outputs are required
 # without generate:, and refused with it.
@@ -77,8 +78,11 @@ class StopSpec(Strict):
 
 
 class GenerateSpec(Strict):
-    """A generation job: prompts (data.text) in, completions out, the decode step replayed per
-    token. inputs and outputs are implied."""
+    """A generation job: prompts (data.text) in, completions out, through a continuous-batching
+    engine: decode slots refilled as records finish, the KV cache in blocks. inputs and outputs
+    are implied. buckets.batch: the decode graphs' row counts (the largest is the slots, unless
+    slots is given); buckets.seq: the packed prefill's token counts (the largest is the longest
+    prompt)."""
 
     max_new_tokens: Size = Field(128, description="New tokens per record at most "
                                  "(finish_reason length when reached).")
@@ -86,4 +90,15 @@ class GenerateSpec(Strict):
                                 "ids are not picked before this many (at most max_new_tokens).")
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     stop: StopSpec = Field(default_factory=StopSpec)
-
+    slots: Optional[Size] = Field(
+        None, description="Records decoding at once (decode slots); a finished record's slot "
+        "takes the next prompt at once. null: the largest buckets.batch.")
+    kv_block_size: Size = Field(16, description="Tokens per KV cache block: a record holds "
+                                "blocks for its actual length, freed when it finishes.")
+    kv_blocks: Optional[Size] = Field(
+        None, description="Blocks in the KV cache's pool (one more is the trash block padding "
+        "writes to). null: enough for every slot's longest record (longest prompt + "
+        "max_new_tokens); fewer admit prompts only as blocks free up.")
+    prefill_tokens: Optional[Size] = Field(
+        None, description="Prompt tokens packed into one prefill at most (powers of two from "
+        "the largest buckets.seq up to it are captured too). null: the largest buckets.seq.")

@@ -1,0 +1,1 @@
+"""graphrun's causal LMs, their KV cache and kernels."""

@@ -1,0 +1,234 @@
+"""Decode attention over a KV cache kept in blocks (paged), and the prefill's write into it.
+
+One layer's cache is `[num_blocks, kv_heads, block_size, head_dim]` for k and the same for v. A
+row's tokens live in the blocks its block table names, in order: token t of row r is at block
+`block_table[r, t // block_size]`, offset `t % block_size`. A row holds blocks for its actual
+length, so how many rows decode at once is bounded by the memory they use.
+
+A decode step's attention per layer is one call, `paged_decode`: the step's new key and value
+written at the row's position `seq_lens[r] - 1`, then each query head attends over the row's
+first `seq_lens[r]` keys (grouped-query attention without repeating the cache: query head h reads
+kv head h // (heads // kv_heads)). On a GPU it is a Triton kernel (models/causal/paged_kernels.py,
+flash-decoding as generate/decode_attention.py): its grid depends only on the number of rows and
+the block table's width, never on the lengths, and each program skips the columns past its
+row's own length, so one CUDA graph captured for b rows and max_blocks serves every length at a
+cost that follows the lengths. Elsewhere, and for the rest of the process once the kernel has
+failed (give_up), `paged_decode_reference`: the blocks gathered through the table, then
+scaled_dot_product_attention with a per-row length mask; it is also the semantics oracle.
+
+Padded rows (slots with no request) carry seq_lens 1 and a block table pointing at block 0, a
+block no request owns: their write lands there and their output is finite, never NaN. Entries of
+a block table past a row's length are never read by the kernel; the reference gathers them, so
+they must name a block that exists (0 does).
+
+Nothing here syncs with the host or branches on the data: every call can be captured.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+from torch.nn import functional as F
+
+from graphrun.base.errors import first_line
+
+MAX_SPLITS = 16  # shares of one row's columns at most; the merge kernel reads them at once
+PROGRAMS = 128  # split a row's columns until (rows x KV heads x shares) reaches about this
+TILE = 32  # cache columns one program attends per loop step
+
+
+def paged_decode(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                 k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                 seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """Write the step's k/v into their block, then attend over each row's first seq_lens keys.
+
+    q [b, heads, 1, d]; k_new, v_new [b, kv_heads, 1, d], RoPE applied; k_cache, v_cache one
+    layer's [num_blocks, kv_heads, block_size, d]; block_table [b, max_blocks] int32; seq_lens
+    [b] int32, the keys visible including the new one. Returns [b, 1, heads, d] contiguous
+    (transformers' attention-function layout). Under torch.compile it is one operator
+    (graphrun::paged_decode), the cache writes declared.
+    """
+    call = torch.ops.graphrun.paged_decode if torch.compiler.is_compiling() else _paged_decode
+    return call(q, k_new, v_new, k_cache, v_cache, block_table, seq_lens, scale)
+
+
+def write_prefill(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                  v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Write a prefill's keys and values into their slots, in place.
+
+    k, v [tokens, kv_heads, d]; slot_mapping [tokens] int64, flat slots
+    (block * block_size + offset)."""
+    call = torch.ops.graphrun.write_prefill if torch.compiler.is_compiling() else _write_prefill
+    call(k, v, k_cache, v_cache, slot_mapping)
+
+
+def paged_decode_reference(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                           k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_table: torch.Tensor, seq_lens: torch.Tensor,
+                           scale: float) -> torch.Tensor:
+    """paged_decode in plain torch, any device: the write, the blocks gathered through the
+    table, then scaled_dot_product_attention with a per-row length mask."""
+    b, heads, _, dim = q.shape
+    _, kv_heads, block_size, _ = k_cache.shape
+    length = block_table.shape[1] * block_size
+    pos = seq_lens.long() - 1  # [b]: the new key's position
+    block = block_table.long().gather(1, (pos // block_size)[:, None])[:, 0]
+    _write_slots(k_new[:, :, 0], v_new[:, :, 0], k_cache, v_cache, block * block_size
+                 + pos % block_size)
+    table = block_table.long()
+
+    def gather(cache: torch.Tensor) -> torch.Tensor:
+        # [b, max_blocks, kv_heads, block_size, d] -> [b, kv_heads, max_blocks * block_size, d]
+        return cache[table].transpose(1, 2).reshape(b, kv_heads, length, dim)
+
+    seen = torch.arange(length, device=q.device)[None] < seq_lens[:, None]  # [b, L]
+    # keys past a row's length may be anything a block held (garbage, inf): zeroed, a masked
+    # key adds 0 * 0, never NaN
+    keep = seen[:, None, :, None]
+    keys = torch.where(keep, gather(k_cache), 0)
+    values = torch.where(keep, gather(v_cache), 0)
+    # GQA without repeating the cache: the query heads of a kv head are its extra query rows
+    groups = heads // kv_heads
+    queries = q.to(k_cache.dtype).reshape(b, kv_heads, groups, dim)
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=seen[:, None, None],
+                                         scale=scale)
+    # out [b, kv_heads, groups, d] -> [b, 1, heads, d]
+    return out.reshape(b, 1, heads, dim).to(q.dtype).contiguous()
+
+
+def _write_slots(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                 v_cache: torch.Tensor, slots: torch.Tensor) -> None:
+    """k, v [n, kv_heads, d] into flat slots [n] int64 of [num_blocks, kv_heads, block_size, d]
+    caches (index_put_: no host sync, so it captures)."""
+    block_size = k_cache.shape[2]
+    block, offset = slots // block_size, slots % block_size
+    # advanced indices split by a slice index [n, kv_heads, d]: one slot's every head
+    k_cache[block, :, offset] = k.to(k_cache.dtype)
+    v_cache[block, :, offset] = v.to(v_cache.dtype)
+
+
+def _write_prefill(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                   v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    _write_slots(k, v, k_cache, v_cache, slot_mapping.long())
+
+
+def _paged_decode(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                  k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                  seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    if usable(q):
+        try:
+            return _kernel_decode(q, k_new, v_new, k_cache, v_cache, block_table, seq_lens,
+                                  scale)
+        except Exception as err:  # noqa: BLE001 - a kernel that cannot run: the reference
+            give_up(err)
+    return paged_decode_reference(q, k_new, v_new, k_cache, v_cache, block_table, seq_lens,
+                                  scale)
+
+
+@functools.lru_cache(maxsize=1)
+def _kernels():
+    """(split kernel, merge kernel), or None without Triton; imported on first use so a job
+    that never decodes on a GPU never imports Triton."""
+    try:
+        from graphrun.models.causal import paged_kernels
+    except ImportError:
+        return None
+    return paged_kernels.split, paged_kernels.merge
+
+
+_failures: list[str] = []  # why the kernel failed in this process: it is not tried again
+
+
+def usable(q: torch.Tensor) -> bool:
+    """Whether the kernel can run the attention of q [b, heads, 1, head_dim]."""
+    return runs_on(q.device, q.dtype, q.shape[3])
+
+
+def runs_on(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether a decode step's attention on this device, in this dtype, runs the kernel (Triton
+    on a GPU, or its interpreter on the CPU with TRITON_INTERPRET=1)."""
+    device = torch.device(device)
+    on = device.type == "cuda" or (device.type == "cpu"
+                                   and os.environ.get("TRITON_INTERPRET") == "1")
+    return (on and not _failures and head_dim <= 256
+            and dtype in (torch.float16, torch.bfloat16, torch.float32)
+            and _kernels() is not None)
+
+
+def give_up(err: BaseException) -> None:
+    """The kernel failed (a GPU or a Triton it cannot compile for): the reference from now on.
+    Its first call is an eager step before any capture, so nothing was launched."""
+    _failures.append(first_line(err))
+
+
+def failure() -> str | None:
+    """Why the kernel is no longer used in this process, or None."""
+    return _failures[0] if _failures else None
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _kernel_decode(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                   k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                   seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """paged_decode in Triton. The grid is (rows, kv_heads, shares), shares chosen from the rows
+    and the table's width alone; a program whose share starts past its row's length returns at
+    once, and a row whose keys fit one share is finished by that share (no merge)."""
+    split, merge = _kernels()
+    assert k_cache.stride() == v_cache.stride(), "k and v caches of one layout"
+    b, heads, _, dim = q.shape
+    _, kv_heads, block_size, _ = k_cache.shape
+    length = block_table.shape[1] * block_size  # the most keys a row can have
+    groups = heads // kv_heads
+    # tensor-core products need 16 rows and 16 columns at least: query heads past the group's
+    # are zero rows, columns past head_dim zero columns
+    bg, bd = max(16, _pow2(groups)), max(16, _pow2(dim))
+    shares = min(MAX_SPLITS, _cdiv(length, TILE), max(1, _cdiv(PROGRAMS, b * kv_heads)))
+    chunk = _cdiv(_cdiv(length, shares), TILE) * TILE  # columns per share, whole tiles
+    shares = _cdiv(length, chunk)
+    out = torch.empty((b, 1, heads, dim), dtype=q.dtype, device=q.device)
+    merged = (b, kv_heads, shares) if shares > 1 else (1,)
+    part = torch.empty((*merged, bg, bd), dtype=torch.float32, device=q.device)
+    stat = torch.empty((*merged, 2, bg), dtype=torch.float32, device=q.device)
+    warps = 4
+    split[(b, kv_heads, shares)](
+        q, k_new, v_new, k_cache, v_cache, block_table, seq_lens, out, part, stat,
+        scale, chunk, shares,
+        q.stride(0), q.stride(1), q.stride(3), k_new.stride(0), k_new.stride(1),
+        k_new.stride(3), v_new.stride(0), v_new.stride(1), v_new.stride(3),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.stride(3),
+        block_table.stride(0), block_table.stride(1),
+        G=groups, BG=bg, D=dim, BD=bd, BN=TILE, BLOCK=block_size,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=warps)
+    if shares > 1:
+        merge[(b, kv_heads)](out, part, stat, seq_lens, chunk, shares, G=groups,
+                             BG=_pow2(groups), PG=bg, D=dim, BD=bd, BS=MAX_SPLITS,
+                             num_warps=warps)
+    return out
+
+
+_decode_op = torch.library.custom_op("graphrun::paged_decode", _paged_decode,
+                                     mutates_args=("k_cache", "v_cache"))
+
+
+@_decode_op.register_fake
+def _decode_shape(q, k_new, v_new, k_cache, v_cache, block_table, seq_lens, scale):
+    b, heads, _, dim = q.shape
+    return q.new_empty((b, 1, heads, dim))
+
+
+_prefill_op = torch.library.custom_op("graphrun::write_prefill", _write_prefill,
+                                      mutates_args=("k_cache", "v_cache"))
+
+
+@_prefill_op.register_fake
+def _prefill_shape(k, v, k_cache, v_cache, slot_mapping):
+    return None
