@@ -163,3 +163,15 @@ def test_the_graph_table_holds_one_decode_graph_per_row_count(llama):
     assert len(eng.graphs()) == 5  # long completions needed no other graph
     assert eng.stats.decode_row_steps >= eng.stats.useful_steps > 0
     assert not eng.state.host["block_table"].any()  # every row gone, its blocks with it
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_captured_steps_equal_eager_steps_on_a_gpu(llama):
+    config = GenerateConfig(max_new_tokens=12, eos_ids=(2, 7))
+    prompts = [PROMPTS[i % len(PROMPTS)] + [i] for i in range(20)]
+    eager = engine(llama, config, 4).generate(prompts)
+    graphs = engine(llama, config, 4, device="cuda")
+    assert all(g["status"] == "captured" for g in graphs.graphs()), graphs.graphs()
+    assert tokens(graphs.generate(prompts)) == tokens(eager)
+    assert graphs.blocks.used == 0 and graphs.stats.host_bound_steps is not None
