@@ -37,6 +37,8 @@ from graphrun.base.errors import first_line
 MAX_SPLITS = 16  # shares of one row's columns at most; the merge kernel reads them at once
 PROGRAMS = 128  # split a row's columns until (rows x KV heads x shares) reaches about this
 TILE = 32  # cache columns one program attends per loop step
+WARPS = 4
+STAGES = 2  # Triton's software pipelining of the loop (benchmarks/RESULTS.md: the sweep)
 
 
 def paged_decode(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
@@ -46,9 +48,9 @@ def paged_decode(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
 
     q [b, heads, 1, d]; k_new, v_new [b, kv_heads, 1, d], RoPE applied; k_cache, v_cache one
     layer's [num_blocks, kv_heads, block_size, d]; block_table [b, max_blocks] int32; seq_lens
-    [b] int32, the keys visible including the new one. Returns [b, 1, heads, d] contiguous
-    (transformers' attention-function layout). Under torch.compile it is one operator
-    (graphrun::paged_decode), the cache writes declared.
+    [b] int32, the keys visible including the new one (so at least 1). Returns [b, 1, heads, d]
+    contiguous (transformers' attention-function layout). Under torch.compile it is one
+    operator (graphrun::paged_decode), the cache writes declared.
     """
     call = torch.ops.graphrun.paged_decode if torch.compiler.is_compiling() else _paged_decode
     return call(q, k_new, v_new, k_cache, v_cache, block_table, seq_lens, scale)
@@ -198,7 +200,7 @@ def _kernel_decode(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
     merged = (b, kv_heads, shares) if shares > 1 else (1,)
     part = torch.empty((*merged, bg, bd), dtype=torch.float32, device=q.device)
     stat = torch.empty((*merged, 2, bg), dtype=torch.float32, device=q.device)
-    warps = 4
+    warps = WARPS
     split[(b, kv_heads, shares)](
         q, k_new, v_new, k_cache, v_cache, block_table, seq_lens, out, part, stat,
         scale, chunk, shares,
@@ -207,7 +209,8 @@ def _kernel_decode(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.stride(3),
         block_table.stride(0), block_table.stride(1),
         G=groups, BG=bg, D=dim, BD=bd, BN=TILE, BLOCK=block_size,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=warps)
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=warps,
+        num_stages=STAGES)
     if shares > 1:
         merge[(b, kv_heads)](out, part, stat, seq_lens, chunk, shares, G=groups,
                              BG=_pow2(groups), PG=bg, D=dim, BD=bd, BS=MAX_SPLITS,
