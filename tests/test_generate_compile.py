@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import graphrun
-from graphrun.generate import GenerateConfig, Generator, Sampling, build_llama
+from graphrun.generate import GenerateConfig, Engine, Sampling, build_llama
 from graphrun.generate.kv_cache import KVCache, StepKV, attend
 from tests.children import imports_of
 from tests.test_generate_job import FOLDER, completions, write_spec
@@ -21,12 +21,12 @@ IDS = [f"rec-{i}" for i in range(len(PROMPTS))]
 
 
 def generate(model, *, compile: bool, sampling=Sampling(), **kw):
-    gen = Generator(model, config=GenerateConfig(max_new_tokens=10, sampling=sampling),
-                    batch_buckets=[1, 8], prompt_buckets=[8, 16], device="cpu",
+    gen = Engine(model, config=GenerateConfig(max_new_tokens=10, sampling=sampling),
+                    slots=8, max_prompt=16, device="cpu",
                     dtype=torch.float32, backend="eager", compile=compile, **kw)
     try:
         out = [gen.generate(PROMPTS, IDS), gen.generate(PROMPTS[:1], IDS[:1])]
-        return [[c.token_ids for c in r.completions] for r in out], gen.buckets()
+        return [[c.token_ids for c in r] for r in out], gen.graphs()
     finally:
         gen.close()
 
