@@ -50,7 +50,7 @@ from graphrun.generate.steps import SlotState, decode_step, prefill_step
 MiB = 1 << 20
 LOOKAHEAD = 16  # decode steps a row's blocks cover ahead: block growth is not per token
 EXTRA_STOPS = 8  # stop ids a record may add to the spec's
-RING = 4  # pinned output buffers: launches in flight at most, and a spare
+RING = 4  # pinned output buffers: launches unread at most
 
 
 @dataclass
@@ -316,19 +316,23 @@ class Engine:
                         self.check(r)
                         r.taken_s = now
                     waiting.extend(got)
-            if waiting and self._free and (len(self._free) >= self.admit_min or ended
-                                           or not occupied):
+            # prefills back to back while prompts and slots are left (the largest prefill may
+            # not hold them all), so they join the same decode step
+            while (waiting and self._free and len(inflight) < RING - 1
+                   and (len(self._free) >= self.admit_min or ended or not occupied)):
                 admitted = self._admit(waiting)
-                if admitted:
-                    inflight.append(self._prefill(admitted))
+                if not admitted:
+                    break
+                inflight.append(self._prefill(admitted))
+                occupied = self.slots - len(self._free)
             occupied = self.slots - len(self._free)
-            if occupied and self.config.max_new_tokens > 1:
+            stepped = occupied and self._wanted()
+            if stepped:
                 inflight.append(self._decode())
-            elif not inflight and not waiting and ended:
+            elif not occupied and not inflight and not waiting and ended:
                 return
-            # the last launch stays unread while rows run: the device has it queued
-            keep = 1 if occupied and self.config.max_new_tokens > 1 else 0
-            while len(inflight) > keep:
+            # the last launch stays unread while rows step: the device has it queued
+            while len(inflight) > (1 if stepped else 0):
                 self._read(inflight.popleft(), emit)
 
     def _admit(self, waiting: deque) -> list[_Row]:
@@ -399,6 +403,11 @@ class Engine:
         self.stats.prefills += 1
         self.stats.prefill_tokens += size
         return self._launch("prefill", StepKey("prefill", size), rows, len(rows))
+
+    def _wanted(self) -> bool:
+        """Whether a decode step makes a token some row may need: not when every row has
+        been stepped up to its max_new_tokens already (it ends by length, read back soon)."""
+        return any(r is not None and r.steps + 1 < r.max_new for r in self._rows)
 
     def _decode(self) -> _Launch:
         """Grow the rows whose blocks would not cover the next steps, then one decode step over

@@ -127,7 +127,9 @@ class GenerationRunner:
         self._staged: dict[int, tuple[list[list[int]], list]] = {}  # host slot -> part
         self.buckets: dict[Bucket, PartRows] = {}
         self._decode = None
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()  # Requests, then _END
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()  # parts' Requests, then _END
+        self._spare: list[Request] = []  # taken from the queue, not yet handed over
+        self._ended = False  # _END taken
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._parts: set[Part] = set()  # launched, not yet finished (failed on an error)
@@ -180,8 +182,8 @@ class GenerationRunner:
                 raise self._error
             self._parts.add(part)
         self._start()
-        for i, (prompt, rid) in enumerate(zip(prompts, record_ids)):
-            self._queue.put(Request(prompt, rid, None, tag=(part, i)))
+        self._queue.put([Request(prompt, rid, None, tag=(part, i))
+                         for i, (prompt, rid) in enumerate(zip(prompts, record_ids))])
         return part
 
     def run_rows(self, fields: dict, n: int, lengths: dict, ids=None) -> tuple[dict, list]:
@@ -211,16 +213,26 @@ class GenerationRunner:
                 part.failed(err)
 
     def _take(self, n: int, block: bool) -> list[Request] | None:
-        got = []
+        """Up to n requests: a part's arrive together (the queue holds whole parts), so its
+        prompts are admitted together where slots allow."""
+        got, spare = [], self._spare
         while len(got) < n:
-            try:
-                item = self._queue.get(block=block and not got)
-            except queue.Empty:
+            if not spare and self._ended:
                 break
-            if item is _END:
-                return got or None
-            got.append(item)
-        return got
+            if not spare:
+                try:
+                    item = self._queue.get(block=block and not got)
+                except queue.Empty:
+                    break
+                if item is _END:
+                    self._ended = True
+                    break
+                spare.extend(item)
+            take = min(n - len(got), len(spare))
+            got += spare[:take]
+            del spare[:take]
+        self._spare = spare
+        return None if not got and self._ended else got
 
     def _emit(self, done: Finished) -> None:
         part, i = done.request.tag
