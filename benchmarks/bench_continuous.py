@@ -35,13 +35,15 @@ def prompts_of(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
     return [rng.integers(3, vocab, size=int(k)).tolist() for k in lengths]
 
 
-def job(model, prompts, *, slots: int, new: int, stops: tuple, prefill_tokens: int) -> dict:
+def job(model, prompts, *, slots: int, new: int, stops: tuple, prefill_tokens: int,
+        admit_min: int | None = None) -> dict:
     config = GenerateConfig(max_new_tokens=new, eos_ids=stops,
                             sampling=Sampling(method="sample", temperature=1.0, seed=0))
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     eng = build_engine(model, config, slots=slots, max_prompt=512, device="cuda",
-                       dtype=torch.bfloat16, prefill_tokens=prefill_tokens)
+                       dtype=torch.bfloat16, prefill_tokens=prefill_tokens,
+                       admit_min=admit_min)
     torch.cuda.synchronize()
     setup = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -72,6 +74,9 @@ def main() -> None:
                           ("vocab", 32000), ("ffn", 2048), ("prompts", 1024), ("slots", 64),
                           ("new-tokens", 128), ("stop-ids", 560), ("prefill-tokens", 2048)):
         ap.add_argument(f"--{name}", type=int, default=default)
+    ap.add_argument("--admit-min", default="",
+                    help="comma-separated: the varied job again at each (free slots that "
+                    "start a prefill)")
     ap.add_argument("--json")
     a = ap.parse_args()
     model = build_llama(layers=a.layers, d_model=a.d_model, heads=a.heads, kv_heads=a.kv_heads,
@@ -85,6 +90,12 @@ def main() -> None:
                          prefill_tokens=a.prefill_tokens)
         print(name, json.dumps({k: round(v, 4) if isinstance(v, float) else v
                                 for k, v in rows[name].items()}), flush=True)
+    for n in filter(None, a.admit_min.split(",")):
+        rows[f"varied, admit_min {n}"] = got = job(
+            model, prompts, slots=a.slots, new=a.new_tokens, stops=stops,
+            prefill_tokens=a.prefill_tokens, admit_min=int(n))
+        print(f"varied admit_min={n}", json.dumps({k: round(v, 4) if isinstance(v, float)
+                                                   else v for k, v in got.items()}), flush=True)
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, prompts {a.prompts} "
           f"(median {int(np.median([len(p) for p in prompts]))} tokens), slots {a.slots}")
     if a.json:
