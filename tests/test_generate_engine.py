@@ -98,6 +98,21 @@ def test_stop_ids_end_records_at_varied_lengths_and_match_transformers(llama):
     assert len({len(w) for w in want}) > 1
 
 
+def test_the_tail_moves_rows_to_low_slots_and_steps_fewer_rows(llama):
+    # 8 records in 8 slots; the ones in the low slots finish first: the long ones left are
+    # moved down, so the tail steps on the small graphs, their tokens unchanged
+    config = GenerateConfig(max_new_tokens=24)
+    prompts = [[3 + i, 9, 4 + i] for i in range(8)]
+    params = [RequestParams(max_new_tokens=n) for n in (3, 3, 3, 3, 3, 3, 20, 24)]
+    eng = engine(llama, config, 8)
+    got = eng.generate(prompts, list(range(8)), params)
+    alone = engine(llama, config, 1).generate(prompts, list(range(8)), params)
+    assert tokens(got) == tokens(alone)
+    assert eng.stats.moved_rows == 3  # 6, 7 -> 0, 1; then the last alone -> 0
+    # about 3 steps of 8 rows, then about 20 of 2 or 3: not 23 steps of 8
+    assert eng.stats.decode_row_steps < 8 * 5 + 3 * 20
+
+
 def test_blocks_are_freed_and_reused_from_a_small_pool(llama):
     # 8 blocks of 4 tokens: one record of 16 + 10 tokens takes 7 at most, so records take turns
     config = GenerateConfig(max_new_tokens=10, eos_ids=(2,))
@@ -157,10 +172,10 @@ def test_parameters_the_engine_cannot_serve_name_the_record(llama):
 def test_the_graph_table_holds_one_decode_graph_per_row_count(llama):
     eng = engine(llama, GenerateConfig(max_new_tokens=40), 8)
     kinds = sorted((g["kind"], g["shape"][g["axis"]]) for g in eng.graphs())
-    assert [k for k in kinds if k[0] == "decode"] == [("decode", n) for n in (1, 2, 4, 8)]
+    assert [k for k in kinds if k[0] == "decode"] == [("decode", n) for n in (1, 2, 3, 4, 6, 8)]
     assert [k for k in kinds if k[0] == "prefill"] == [("prefill", 16)]
     eng.generate([[1, 2, 3]] * 3 + [[4] * 16])
-    assert len(eng.graphs()) == 5  # long completions needed no other graph
+    assert len(eng.graphs()) == 7  # long completions needed no other graph
     assert eng.stats.decode_row_steps >= eng.stats.useful_steps > 0
     assert not eng.state.host["block_table"].any()  # every row gone, its blocks with it
 

@@ -45,7 +45,7 @@ from graphrun.generate.kv_cache import BlockPool, PagedCache
 from graphrun.generate.llama import Llama, OwnLM
 from graphrun.generate.sampling import record_key
 from graphrun.generate.stats import GenerationStats
-from graphrun.generate.steps import SlotState, decode_step, prefill_step
+from graphrun.generate.steps import HOST_FIELDS, SlotState, decode_step, prefill_step
 
 MiB = 1 << 20
 LOOKAHEAD = 16  # decode steps a row's blocks cover ahead: block growth is not per token
@@ -135,15 +135,16 @@ def _place(model, device: torch.device, dtype: torch.dtype) -> None:
 
 
 def decode_sizes(slots: int, sizes: Iterable[int] | None = None) -> list[int]:
-    """The decode graphs' row counts: those given (up to the slots), else powers of two; the
-    slots themselves always."""
+    """The decode graphs' row counts: those given (up to the slots), else powers of two and
+    the halfway points between them (a step pads a third of its rows at most); the slots
+    themselves always."""
     given = sorted({s for s in (sizes or []) if 1 <= s <= slots})
     if not given:
-        given, n = [], 1
+        n = 1
         while n < slots:
-            given.append(n)
+            given += [n, n + n // 2] if n > 1 else [n]
             n *= 2
-    return sorted(set(given) | {slots})
+    return sorted({s for s in given if s <= slots} | {slots})
 
 
 def prefill_sizes(given: Iterable[int] | None, longest: int, budget: int) -> list[int]:
@@ -328,6 +329,8 @@ class Engine:
             occupied = self.slots - len(self._free)
             stepped = occupied and self._wanted()
             if stepped:
+                if not waiting:  # no prompt to refill with: the job's tail
+                    self._compact()
                 inflight.append(self._decode())
             elif not occupied and not inflight and not waiting and ended:
                 return
@@ -408,6 +411,37 @@ class Engine:
         """Whether a decode step makes a token some row may need: not when every row has
         been stepped up to its max_new_tokens already (it ends by length, read back soon)."""
         return any(r is not None and r.steps + 1 < r.max_new for r in self._rows)
+
+    def _compact(self) -> None:
+        """Move rows from the slots past the smallest decode graph that holds them all into
+        free slots below it, so the tail of a job steps fewer rows. Rows whose prefill is not
+        read back yet stay (the prefill may not have run): compaction waits for them."""
+        rows = [r for r in self._rows if r is not None]
+        fits = next(n for n in self.decode_sizes if n >= len(rows))
+        high = [r for r in rows if r.slot >= fits]
+        if not high or any(not r.joined for r in high):
+            return
+        low = sorted(s for s in self._free if s < fits)[:len(high)]
+        st, host = self.state, self.state.host
+        src, dst = [r.slot for r in high], low
+        for r, to in zip(high, dst):
+            for name in HOST_FIELDS:
+                host[name][to] = host[name][r.slot]
+            host["block_table"][r.slot] = 0
+            self._rows[to], self._rows[r.slot] = r, None
+            r.slot = to
+        self._free = sorted((set(self._free) - set(dst)) | set(src))  # sorted: a heap
+        st.push()
+        frm = torch.tensor(src, dtype=torch.int64)
+        to = torch.tensor(dst, dtype=torch.int64)
+        if self.cuda:
+            frm = frm.pin_memory().to(self.device, non_blocking=True)
+            to = to.pin_memory().to(self.device, non_blocking=True)
+        for name in ("token", "seq_lens", "index", "done"):  # the device's own values, moved
+            t = getattr(st, name)
+            t.index_copy_(0, to, t.index_select(0, frm))
+        st.done.index_fill_(0, frm, True)
+        self.stats.moved_rows += len(src)
 
     def _decode(self) -> _Launch:
         """Grow the rows whose blocks would not cover the next steps, then one decode step over
