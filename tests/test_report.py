@@ -142,7 +142,8 @@ def test_a_generation_run_has_its_own_part(tmp_path):
     reasons = ", ".join(f"{k} {v:,}" for k, v in g.finish_reasons.items())
     assert reasons in part
     assert "decode steps waiting on the host" in part  # a count on a GPU, "-" here
-    assert {"generation-ttft", "generation-tpot", "generation-phases"} <= set(chart_names(page))
+    assert "slot occupancy" in part and f"{100 * g.slot_occupancy:.1f}%" in part
+    assert {"generation-ttft", "generation-tpot"} <= set(chart_names(page))
     assert "generation-graphs" not in chart_names(page)  # eager graphs: no set-up times
 
 
