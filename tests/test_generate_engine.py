@@ -190,3 +190,25 @@ def test_captured_steps_equal_eager_steps_on_a_gpu(llama):
     assert all(g["status"] == "captured" for g in graphs.graphs()), graphs.graphs()
     assert tokens(graphs.generate(prompts)) == tokens(eager)
     assert graphs.blocks.used == 0 and graphs.stats.host_bound_steps is not None
+
+
+def test_a_record_batchs_own_parameters_reach_their_rows(tmp_path):
+    import numpy as np
+
+    import graphrun
+    from graphrun.generate.runner import PARAMS_FIELD, GenerationRunner
+    from tests.test_generate_job import NEW, write_spec
+
+    runner = GenerationRunner(graphrun.load_spec(write_spec(tmp_path, n=3)))
+    try:
+        prompts = np.array([[5, 6, 7, 0], [8, 9, 0, 0], [10, 11, 12, 13]])
+        own = np.empty(3, dtype=object)
+        own[:] = [RequestParams(max_new_tokens=2), None, RequestParams()]
+        fields = {"input_ids": prompts, PARAMS_FIELD: own}
+        lengths = {"seq": np.array([3, 2, 4])}
+        bucket = runner.stage(fields, 3, lengths, 0, ids=np.array([0, 1, 2]))
+        rows, _ = runner.launch(bucket, 0, 3, lengths).result()
+    finally:
+        runner.close()
+    assert rows["output_tokens"].tolist() == [2, NEW, NEW]
+    assert rows["prompt_tokens"].tolist() == [3, 2, 4]

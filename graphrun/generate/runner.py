@@ -40,6 +40,8 @@ from graphrun.spec.keys import BATCH, PipelineSpec
 
 # the builtin causal LMs a generation spec may name (model.builtin)
 GENERATE_BUILDERS = {"llama": build_llama}
+# the record batch's field of each record's own RequestParams, where read/ gives one
+PARAMS_FIELD = "request_params"
 _END = object()  # the scheduler's input is over
 
 
@@ -123,8 +125,8 @@ class GenerationRunner:
                 block_size=g.kv_block_size, num_blocks=g.kv_blocks,
                 prefill_tokens=g.prefill_tokens, verify=spec.capture.verify.enabled,
                 memory_budget_mib=spec.capture.memory_budget_mib, compile=spec.model.compile,
-                log=self.log)
-        self._staged: dict[int, tuple[list[list[int]], list]] = {}  # host slot -> part
+                log=self.log, **per_row_choices(spec))
+        self._staged: dict[int, tuple[list[list[int]], list, list]] = {}  # host slot -> part
         self.buckets: dict[Bucket, PartRows] = {}
         self._decode = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()  # parts' Requests, then _END
@@ -160,19 +162,23 @@ class GenerationRunner:
         return torch.cuda.device(self.device) if self.cuda else nullcontext()
 
     def stage(self, fields: dict, n: int, lengths: dict, slot: int, ids=None) -> Bucket:
-        """The part's prompts (unpadded token ids) and record ids (each record's sampling
-        stream) kept for its launch; its bucket is its row count."""
+        """The part's prompts (unpadded token ids), record ids (each record's sampling stream)
+        and own parameters (where the records carry them) kept for its launch; its bucket is
+        its row count."""
         tokens, real = fields["input_ids"], lengths[PROMPT_AXIS]
         prompts = [np.asarray(tokens[i])[:int(real[i])].tolist() for i in range(n)]
         record_ids = list(range(n)) if ids is None else (
             ids.tolist() if isinstance(ids, np.ndarray) else list(ids))
-        self._staged[slot] = (prompts, record_ids)
+        own = fields.get(PARAMS_FIELD)
+        params = [None] * n if own is None else [
+            None if own[i] is None or own[i].is_default else own[i] for i in range(n)]
+        self._staged[slot] = (prompts, record_ids, params)
         return Bucket((n,), (BATCH,))
 
     def launch(self, bucket: Bucket, slot: int, n: int, lengths: dict, *,
                stream=None) -> Part:
         """The part's prompts handed to the scheduler; nothing waits here."""
-        prompts, record_ids = self._staged.pop(slot)
+        prompts, record_ids, params = self._staged.pop(slot)
         part = Part(len(prompts), self._text_decoder())
         seen = self.buckets.setdefault(bucket, PartRows())
         seen.batches += 1
@@ -182,8 +188,9 @@ class GenerationRunner:
                 raise self._error
             self._parts.add(part)
         self._start()
-        self._queue.put([Request(prompt, rid, None, tag=(part, i))
-                         for i, (prompt, rid) in enumerate(zip(prompts, record_ids))])
+        self._queue.put([Request(prompt, rid, own, tag=(part, i))
+                         for i, (prompt, rid, own) in enumerate(zip(prompts, record_ids,
+                                                                    params))])
         return part
 
     def run_rows(self, fields: dict, n: int, lengths: dict, ids=None) -> tuple[dict, list]:
@@ -311,6 +318,16 @@ class GenerationRunner:
         if self.cuda:
             torch.cuda.synchronize(self.device)
         self.engine.close()
+
+
+def per_row_choices(spec: PipelineSpec) -> dict:
+    """What the engine's steps must be able to do for records that carry their own parameters
+    (read/ gives them where the spec lets records ask: an OpenAI Batch file, or
+    generate.per_record): sample beside greedy rows, and cut by top_k or top_p. None: from the
+    spec's sampling alone (a greedy job's steps draw no noise, sort nothing)."""
+    carried = (getattr(spec.generate, "per_record", None)
+               or getattr(spec.data, "format", None) == "openai_batch")
+    return {"sample": True, "filtered": True} if carried else {}
 
 
 def build_generation_model(spec: PipelineSpec, device: torch.device):
