@@ -123,3 +123,17 @@ def test_decode_steps_the_device_waited_on_the_host_for_are_counted(monkeypatch)
     assert gen.stats.decode_steps == 22
     assert waited >= 10  # the first decode step follows the prefill, which it may find done
     assert ahead == 0
+
+
+def test_slots_auto_fill_half_the_free_memory_in_whole_eights():
+    from graphrun.generate.engine import AUTO_SLOTS
+
+    model = build_llama(layers=2, d_model=64, heads=4, kv_heads=2, vocab=128, max_len=64,
+                        device="cuda")
+    gen = Engine(model, config=GenerateConfig(max_new_tokens=8), slots="auto", max_prompt=16,
+                 device="cuda", dtype=torch.float32, backend="cuda-graph")
+    try:
+        assert gen.slots == AUTO_SLOTS  # a tiny model's cache: the cap, not the memory
+        assert len(gen.generate([[1, 2, 3]] * 3)) == 3
+    finally:
+        gen.close()

@@ -212,3 +212,9 @@ def test_a_record_batchs_own_parameters_reach_their_rows(tmp_path):
         runner.close()
     assert rows["output_tokens"].tolist() == [2, NEW, NEW]
     assert rows["prompt_tokens"].tolist() == [3, 2, 4]
+
+
+def test_slots_auto_on_the_cpu_are_the_largest_decode_size(llama):
+    eng = engine(llama, GenerateConfig(max_new_tokens=4), "auto", rows=[2, 6])
+    assert eng.slots == 6 and eng.decode_sizes == [2, 6]
+    assert engine(llama, GenerateConfig(max_new_tokens=4), "auto").slots == 16

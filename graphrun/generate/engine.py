@@ -49,6 +49,8 @@ from graphrun.generate.steps import HOST_FIELDS, SlotState, decode_step, prefill
 
 MiB = 1 << 20
 LOOKAHEAD = 16  # decode steps a row's blocks cover ahead: block growth is not per token
+AUTO_SLOTS = 256  # slots: auto at most (more rows per step than decode benefits from)
+AUTO_MEMORY = 0.5  # slots: auto takes this share of the device memory left for the KV cache
 EXTRA_STOPS = 8  # stop ids a record may add to the spec's
 RING = 4  # pinned output buffers: launches unread at most
 
@@ -160,13 +162,25 @@ def prefill_sizes(given: Iterable[int] | None, longest: int, budget: int) -> lis
     return sorted(set(sizes) | {top})
 
 
+def auto_slots(slot_bytes: int, device: torch.device, rows: Iterable[int] | None) -> int:
+    """slots: auto. On a GPU: as many records at their longest (slot_bytes of KV cache each) as
+    AUTO_MEMORY of the memory left holds, at most AUTO_SLOTS, a multiple of 8 from 8 on; on the
+    CPU, where rows cost time rather than memory: the largest decode size given, else 16."""
+    if device.type != "cuda":
+        return max(rows) if rows else 16
+    free, _ = torch.cuda.mem_get_info(device)
+    n = min(AUTO_SLOTS, int(free * AUTO_MEMORY // slot_bytes))
+    return max(1, n - n % 8 if n >= 8 else n)
+
+
 class Engine:
     """Slots, blocks, graphs and the scheduler over them (module docstring)."""
 
-    def __init__(self, model, *, config: GenerateConfig, slots: int, max_prompt: int,
+    def __init__(self, model, *, config: GenerateConfig, slots: int | str, max_prompt: int,
                  device, dtype, backend: str, block_size: int = 16,
                  num_blocks: int | None = None, rows: Iterable[int] | None = None,
-                 prompts: Iterable[int] | None = None, prefill_tokens: int | None = None, pool=None, verify: bool = True,
+                 prompts: Iterable[int] | None = None, prefill_tokens: int | None = None,
+                 pool=None, verify: bool = True,
                  memory_budget_mib=None, compile: bool = False, sample: bool | None = None,
                  filtered: bool | None = None, admit_min: int | None = None,
                  log: Callable[[str], None] | None = None):
@@ -180,16 +194,20 @@ class Engine:
             raise GenerationError(f"backend {backend!r}: give 'cuda-graph' or 'eager'")
         if backend == "cuda-graph" and not self.cuda:
             backend = "eager"
-        if slots < 1 or max_prompt < 1 or block_size < 1:
-            raise GenerationError(f"generate: slots ({slots}), the longest prompt "
-                                  f"({max_prompt}) and the KV block size ({block_size}) must "
-                                  "each be at least 1")
-        self.slots, self.max_prompt, self.block_size = slots, max_prompt, block_size
+        if max_prompt < 1 or block_size < 1:
+            raise GenerationError(f"generate: the longest prompt ({max_prompt}) and the KV "
+                                  f"block size ({block_size}) must each be at least 1")
         self.max_len = max_prompt + config.max_new_tokens
         self.model, layout, self._close_model = adapt(model, self.max_len)
         check_config(config, self.model.vocab)
         _place(model, self.device, self.dtype)
         self.max_blocks = -(-self.max_len // block_size)  # a row's blocks at most
+        if slots == "auto":
+            slots = auto_slots(self.max_blocks * PagedCache.bytes_per_block(
+                layout, block_size, self.dtype), self.device, rows)
+        if slots < 1:
+            raise GenerationError(f"generate: slots is {slots}: give at least 1")
+        self.slots, self.max_prompt, self.block_size = slots, max_prompt, block_size
         self.num_blocks = num_blocks or slots * self.max_blocks + 1
         if self.num_blocks < self.max_blocks + 1:
             raise GenerationError(

@@ -107,10 +107,8 @@ class GenerationRunner:
         self.cuda = self.device.type == "cuda"
         g = spec.generate
         rows = sorted(spec.buckets[BATCH])
-        self.slots = g.slots or rows[-1]
-        self.max_batch = self.slots
+        slots = g.slots or rows[-1]
         self.max_prompt = max(spec.buckets[PROMPT_AXIS])
-        self.slot_bytes = self.slots * self.max_prompt * 8
         with phase("model build"):
             model, self.model_code = self._model()
         self.param_bytes = weight_bytes_per_step(model)  # what a decode step reads
@@ -120,12 +118,15 @@ class GenerationRunner:
         self.tokenizer_folder = tokenizer_folder(spec)
         with phase("bucket setup"):
             self.engine = Engine(
-                model, config=self.config, slots=self.slots, max_prompt=self.max_prompt,
-                rows=rows, prompts=spec.buckets[PROMPT_AXIS], device=self.device, dtype=spec.model.dtype, backend=self.backend,
+                model, config=self.config, slots=slots, max_prompt=self.max_prompt,
+                rows=None if g.slots == "auto" else rows, prompts=spec.buckets[PROMPT_AXIS],
+                device=self.device, dtype=spec.model.dtype, backend=self.backend,
                 block_size=g.kv_block_size, num_blocks=g.kv_blocks,
                 prefill_tokens=g.prefill_tokens, verify=spec.capture.verify.enabled,
                 memory_budget_mib=spec.capture.memory_budget_mib, compile=spec.model.compile,
                 log=self.log, **per_row_choices(spec))
+        self.slots = self.max_batch = self.engine.slots  # a part is at most the slots
+        self.slot_bytes = self.slots * self.max_prompt * 8
         self._staged: dict[int, tuple[list[list[int]], list, list]] = {}  # host slot -> part
         self.buckets: dict[Bucket, PartRows] = {}
         self._decode = None

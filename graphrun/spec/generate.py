@@ -3,7 +3,7 @@ keys). Rules tying it to the rest of the spec are spec_checks._generate's."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Literal, Optional, Union
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -90,9 +90,11 @@ class GenerateSpec(Strict):
                                 "ids are not picked before this many (at most max_new_tokens).")
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     stop: StopSpec = Field(default_factory=StopSpec)
-    slots: Optional[Size] = Field(
+    slots: Union[Size, Literal["auto"], None] = Field(
         None, description="Records decoding at once (decode slots); a finished record's slot "
-        "takes the next prompt at once. null: the largest buckets.batch.")
+        "takes the next prompt at once. null: the largest buckets.batch; auto: on a GPU as many "
+        "as half the memory left after the weights holds at their longest (at most 256, a "
+        "multiple of 8), on the CPU the largest buckets.batch.")
     kv_block_size: Size = Field(16, description="Tokens per KV cache block: a record holds "
                                 "blocks for its actual length, freed when it finishes.")
     kv_blocks: Optional[Size] = Field(
