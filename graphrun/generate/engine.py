@@ -275,9 +275,9 @@ class Engine:
         if p is None:
             return
         problems = []
-        if p.max_new_tokens is not None and not 1 <= p.max_new_tokens <= self.config.max_new_tokens:
-            problems.append(f"max_new_tokens {p.max_new_tokens}: give 1 to the spec's "
-                            f"{self.config.max_new_tokens}")
+        cap = self.config.max_new_tokens
+        if p.max_new_tokens is not None and not 1 <= p.max_new_tokens <= cap:
+            problems.append(f"max_new_tokens {p.max_new_tokens}: give 1 to the spec's {cap}")
         if p.temperature is not None and (p.temperature < 0 or (p.temperature > 0
                                                                 and not self.sample)):
             problems.append(f"temperature {p.temperature}: this engine was built greedy; give "

@@ -84,7 +84,8 @@ class StepGraph:
 
     def describe(self) -> dict:
         shape = {self.key.axis: self.key.size}
-        return {"kind": self.key.kind, "shape": shape, "axis": self.key.axis, "status": self.status,
+        return {"kind": self.key.kind, "shape": shape, "axis": self.key.axis,
+                "status": self.status,
                 "reason": self.reason, "set_up": self.set_up, "set_up_s": self.set_up_s,
                 "capture_s": self.capture_s,
                 "memory_bytes": self.memory_bytes, "compiled": self.compiled,
