@@ -12,7 +12,8 @@ The scheduler's loop (serve), on one thread:
    writes their keys into their blocks and picks each one's first token (prefill then join: the
    decode step stays one uniform graph, see docs/architecture.md);
 3. decode: the smallest decode graph covering the highest occupied slot, after growing any row
-   whose blocks would not cover the next steps;
+   whose blocks would not cover the next steps (and, in the job's tail, when no prompt waits,
+   after moving rows down to the lowest free slots, so the graph shrinks with them);
 4. read back the output of the launch before the last: each launch copies its picked tokens to
    pinned host memory behind an event, and the host waits on the previous launch's event only
    after the next is queued, so the device always has a step queued. The host then appends each
