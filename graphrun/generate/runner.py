@@ -274,6 +274,10 @@ class GenerationRunner:
                              batches=seen.batches, records=seen.records, padded_rows=0)
                 for b, seen in sorted(self.buckets.items(), key=lambda kv: kv[0].sizes)]
 
+    def manifest_sections(self, percentiles, rejected: int = 0, truncated: int = 0) -> dict:
+        """The manifest's sections of this engine's own: generation."""
+        return {"generation": self.generation_section(percentiles, rejected, truncated)}
+
     def generation_section(self, percentiles, rejected: int = 0,
                            truncated: int = 0) -> Generation:
         """The manifest's generation section: tokens, finish reasons, rates, TTFT and TPOT,
