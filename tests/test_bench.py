@@ -218,7 +218,7 @@ def test_bench_compile_on_a_generation_spec_times_the_compiled_steps(generation_
     failed = [n for n in doc["notes"] if "inductor exploded" in n]
     assert len(failed) == (1 if broken else 0)  # once, naming the first graph
     if broken:
-        assert failed[0].startswith("compile: prefill rows=1,prompt=8 and others like it: ")
+        assert failed[0].startswith("compile: prefill tokens=8 and others like it: ")
 
 
 @pytest.mark.parametrize("args, says", [

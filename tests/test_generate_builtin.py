@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graphrun.generate import (GenerateConfig, GenerationError, Sampling, build_generator,
+from graphrun.generate import (GenerateConfig, GenerationError, Sampling, build_engine,
                                build_llama)
 
 PROMPTS = [[3, 8, 1], [9] * 12, [4, 5, 6, 7, 8], [2], [11, 12, 13, 14, 15, 16, 17],
@@ -22,14 +22,14 @@ def model(seed: int = 0):
 
 
 def generator(m, sampling=Sampling(), max_new=8, **config):
-    return build_generator(m, GenerateConfig(max_new_tokens=max_new, sampling=sampling,
+    return build_engine(m, GenerateConfig(max_new_tokens=max_new, sampling=sampling,
                                              **config),
-                           batch_buckets=[1, 4, 8], prompt_buckets=[4, 8, 16])
+                           slots=8, max_prompt=16)
 
 
 def by_id(gen, prompts, ids) -> dict:
     result = gen.generate(prompts, ids)
-    return {rid: c.token_ids for rid, c in zip(ids, result.completions)}
+    return {rid: c.token_ids for rid, c in zip(ids, result)}
 
 
 @pytest.mark.parametrize("sampling", [Sampling(), SAMPLE], ids=["greedy", "sample"])
@@ -61,12 +61,11 @@ def test_first_tokens_over_many_records_follow_the_softmax():
     with torch.no_grad():  # larger logits: a distribution with some shape, not uniform
         m.lm_head.weight.mul_(20.0)
     s = Sampling(method="sample", temperature=2.0, seed=0)
-    gen = build_generator(m, GenerateConfig(max_new_tokens=1, sampling=s), batch_buckets=[8],
-                          prompt_buckets=[4])
+    gen = build_engine(m, GenerateConfig(max_new_tokens=1, sampling=s), slots=8, max_prompt=4)
     tokens = []
     for batch in range(50):
         result = gen.generate([[1, 2, 3]] * 8, [batch * 8 + i for i in range(8)])
-        tokens += [c.token_ids[0] for c in result.completions]
+        tokens += [c.token_ids[0] for c in result]
     probs = (gen.state.logits[0] / 2.0).softmax(-1).double()
     counts = torch.bincount(torch.tensor(tokens), minlength=12).double()
     expected = probs * len(tokens)
@@ -84,28 +83,6 @@ def test_the_builtin_is_deterministic_and_seeded():
     assert len({tuple(t) for t in a.values()}) > 1  # the prompts matter
 
 
-def test_kv_buckets_grow_with_the_steps_and_buckets_are_listed():
-    gen = generator(model(), max_new=20)
-    result = gen.generate(PROMPTS[:2], IDS[:2])  # 2 rows, the longest 12: bucket (4, 16)
-    assert result.bucket == (4, 16) and result.rows == 4
-    assert list(result.kv_buckets) == sorted(result.kv_buckets) and len(result.kv_buckets) > 1
-    assert result.kv_buckets[0] >= 17 and result.kv_buckets[-1] <= 16 + 20
-    shapes = {(b["kind"], tuple(b["shape"].values())) for b in gen.buckets()}
-    assert ("prefill", (4, 16)) in shapes
-    assert {("decode", (4, n)) for n in result.kv_buckets} <= shapes
-    assert all(b["status"] == "eager" for b in gen.buckets())
-    layout = gen.cache.layout
-    assert gen.kv_bytes == 2 * layout.layers * 8 * layout.kv_heads * 36 * layout.head_dim * 4
-
-
-def test_eager_setup_of_every_bucket_when_not_lazy():
-    gen = build_generator(model(), GenerateConfig(max_new_tokens=4), batch_buckets=[1, 4],
-                          prompt_buckets=[4, 8], lazy=False)
-    kinds = [b["kind"] for b in gen.buckets()]
-    assert kinds.count("prefill") == 4 and kinds.count("decode") >= 2
-    assert {b["set_up"] for b in gen.buckets()} == {"setup"}
-
-
 def test_stop_ids_and_min_new_tokens_on_the_builtin():
     m = model()
     free = by_id(generator(m), PROMPTS, IDS)
@@ -115,14 +92,12 @@ def test_stop_ids_and_min_new_tokens_on_the_builtin():
         cut = tokens.index(eos) + 1 if eos in tokens else len(tokens)
         assert stopped[rid] == tokens[:cut]
     late = generator(m, eos_ids=(eos,), min_new_tokens=6).generate(PROMPTS, IDS)
-    assert all(c.output_tokens >= 6 for c in late.completions)
-    assert all(eos not in c.token_ids[:5] for c in late.completions)
+    assert all(c.output_tokens >= 6 for c in late)
+    assert all(eos not in c.token_ids[:5] for c in late)
 
 
 def test_errors_say_what_to_do():
     gen = generator(model())
-    with pytest.raises(GenerationError, match="past the largest batch bucket"):
-        gen.generate([[1]] * 9, list(range(9)))
     with pytest.raises(GenerationError, match="record 'e'.*0 tokens"):
         gen.generate([[1], []], ["d", "e"])
     with pytest.raises(GenerationError, match="record 7.*17 tokens"):
@@ -134,5 +109,4 @@ def test_errors_say_what_to_do():
     with pytest.raises(GenerationError, match="past the model's max_len"):
         generator(model(), max_new=60)
     with pytest.raises(GenerationError, match="memory_budget_mib"):
-        build_generator(model(), GenerateConfig(max_new_tokens=8), batch_buckets=[8],
-                        prompt_buckets=[16], memory_budget_mib=0.01)
+        build_engine(model(), GenerateConfig(max_new_tokens=8), slots=8, max_prompt=16, memory_budget_mib=0.01)

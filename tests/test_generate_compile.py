@@ -11,8 +11,7 @@ import pytest
 import torch
 
 import graphrun
-from graphrun.generate import GenerateConfig, Generator, Sampling, build_llama
-from graphrun.generate.kv_cache import KVCache, StepKV, attend
+from graphrun.generate import GenerateConfig, Engine, Sampling, build_llama
 from tests.children import imports_of
 from tests.test_generate_job import FOLDER, completions, write_spec
 
@@ -21,38 +20,14 @@ IDS = [f"rec-{i}" for i in range(len(PROMPTS))]
 
 
 def generate(model, *, compile: bool, sampling=Sampling(), **kw):
-    gen = Generator(model, config=GenerateConfig(max_new_tokens=10, sampling=sampling),
-                    batch_buckets=[1, 8], prompt_buckets=[8, 16], device="cpu",
+    gen = Engine(model, config=GenerateConfig(max_new_tokens=10, sampling=sampling),
+                    slots=8, max_prompt=16, device="cpu",
                     dtype=torch.float32, backend="eager", compile=compile, **kw)
     try:
         out = [gen.generate(PROMPTS, IDS), gen.generate(PROMPTS[:1], IDS[:1])]
-        return [[c.token_ids for c in r.completions] for r in out], gen.buckets()
+        return [[c.token_ids for c in r] for r in out], gen.graphs()
     finally:
         gen.close()
-
-
-def test_the_attention_operator_writes_the_cache_in_place_and_attends_as_before():
-    torch.manual_seed(0)
-    layout_cache = KVCache(build_llama(layers=1, d_model=32, heads=4, kv_heads=2).layout,
-                           rows=3, max_len=8, dtype=torch.float32, device=torch.device("cpu"))
-    q, k, v = torch.randn(2, 4, 1, 8), torch.randn(2, 2, 1, 8), torch.randn(2, 2, 1, 8)
-    col = torch.tensor([2, 5])
-    mask = (torch.arange(6)[None] <= col[:, None])[:, None, None, :]  # [2, 1, 1, 6]
-    out = attend(StepKV(layout_cache, 2, 6, mask, col), 0, q, k, v, None)
-    assert out.shape == (2, 1, 4, 8) and out.is_contiguous()
-    assert torch.equal(layout_cache.k[0][0, :, 2], k[0, :, 0])
-    assert torch.equal(layout_cache.v[0][1, :, 5], v[1, :, 0])
-    assert not layout_cache.k[0][2].any()  # the rows past b untouched
-    # row 0 sees columns 0..2: two zero keys and its own
-    keys = layout_cache.k[0][0, :, :3].repeat_interleave(2, 0)  # [heads, 3, d]
-    values = layout_cache.v[0][0, :, :3].repeat_interleave(2, 0)
-    weights = torch.softmax(q[0, :, 0, None] @ keys.transpose(1, 2) / 8 ** 0.5, -1)
-    assert torch.allclose(out[0, 0], (weights @ values)[:, 0], atol=1e-6)
-    # the operator torch.compile traces is the same function, its writes declared
-    again = torch.ops.graphrun.attend(layout_cache.k[0], layout_cache.v[0], q, k, v, mask, col,
-                                      None)
-    assert torch.equal(again, out)
-    assert torch.ops.graphrun.attend.default._schema.arguments[0].alias_info.is_write
 
 
 @pytest.mark.slow

@@ -187,7 +187,8 @@ def test_validate_load_and_plan_take_a_generation_spec(tmp_path):
     spec = write_spec(tmp_path, n=6)
     loaded = CliRunner().invoke(main, ["validate", "--load", str(spec)])
     assert loaded.exit_code == 0, loaded.output
-    assert "called on each of 6 buckets" in loaded.output  # batch [1, 4] x seq [64, 128, 512]
+    # decode rows [1, 4] and prefill tokens [64, 128, 512]
+    assert "called on each of 5 buckets" in loaded.output
     planned = CliRunner().invoke(main, ["plan", str(spec)])
     assert planned.exit_code == 0, planned.output
     assert "seq:" in planned.output and "bucket plans over 6 records" in planned.output

@@ -3,16 +3,10 @@ reads (weights per step, each real row's KV columns), and None where it cannot b
 
 from __future__ import annotations
 
-from types import SimpleNamespace as NS
 
 import pytest
 
-from graphrun.generate.mbu import decode_bytes, kv_bytes_per_token, mbu, peak_bandwidth
-
-
-def batch(steps: int, decode_s: float, prompts: list[int]):
-    return NS(decode_steps=steps, decode_s=decode_s,
-              completions=[NS(prompt_tokens=n) for n in prompts])
+from graphrun.generate.mbu import kv_bytes_per_token, peak_bandwidth
 
 
 @pytest.mark.parametrize("name, peak", [
@@ -26,30 +20,6 @@ def test_the_peak_bandwidth_comes_from_the_gpus_name(name, peak):
 def test_a_tokens_kv_is_keys_and_values_of_every_layer():
     # 32 layers, 8 KV heads of 128, bfloat16: 2 * 32 * 8 * 128 * 2
     assert kv_bytes_per_token(32, 8, 128, 2) == 131072
-
-
-def test_decode_reads_the_weights_each_step_and_each_rows_growing_context():
-    # 3 steps; rows with prompts of 10 and 4 tokens attend over 11, 12, 13 and 5, 6, 7 columns
-    results = [batch(3, 0.5, [10, 4])]
-    assert decode_bytes(results, param_bytes=1000, kv_token_bytes=2) == (
-        3 * 1000 + 2 * (11 + 12 + 13) + 2 * (5 + 6 + 7))
-
-
-def test_mbu_is_bytes_over_decode_time_over_the_peak():
-    results = [batch(3, 0.5, [10, 4]), batch(1, 0.5, [6])]
-    read = 3 * 1000 + 2 * 36 + 2 * 18 + 1000 + 2 * 7
-    assert mbu(results, param_bytes=1000, kv_token_bytes=2, peak=1e4) == pytest.approx(
-        read / 1.0 / 1e4)
-    # a 16 GB model decoding 100 steps of one row at 4 ms a step on an H200
-    one = [batch(100, 0.4, [1])]
-    assert mbu(one, param_bytes=16 * 10**9, kv_token_bytes=0, peak=4.8e12) == pytest.approx(
-        16e9 * 100 / 0.4 / 4.8e12)
-
-
-def test_mbu_is_unknown_without_a_peak_or_a_timed_decode_step():
-    assert mbu([batch(3, 0.5, [4])], param_bytes=1, kv_token_bytes=1, peak=None) is None
-    assert mbu([batch(0, 0.0, [4])], param_bytes=1, kv_token_bytes=1, peak=4.8e12) is None
-    assert mbu([], param_bytes=1, kv_token_bytes=1, peak=4.8e12) is None
 
 
 def test_a_cpu_generation_job_has_no_mbu_and_the_general_attention(tmp_path):
@@ -67,7 +37,10 @@ def test_merged_workers_say_each_attention_their_decode_steps_ran():
     from graphrun.manifest.sections import generation_summary, merged_generation
 
     def section(attention):
-        return generation_summary([], (50,), kv_cache_bytes=0, decode_attention=attention)
+        from graphrun.generate.stats import GenerationStats
+
+        return generation_summary(GenerationStats(), (50,), slots=1, kv_block_size=16,
+                                  kv_blocks=2, kv_cache_bytes=0, decode_attention=attention)
 
     assert merged_generation([section("kernel"), section("kernel")]).decode_attention == \
         "kernel"

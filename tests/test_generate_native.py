@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 
 import graphrun  # noqa: E402
 from graphrun.base.errors import ModelError  # noqa: E402
-from graphrun.generate import GenerateConfig, build_generator  # noqa: E402
+from graphrun.generate import GenerateConfig, build_engine  # noqa: E402
 from graphrun.generate.llama import Checkpoint, find_checkpoint, load_checkpoint  # noqa: E402
 from tests.children import imports_transformers  # noqa: E402
 from tests.generate_models import IDS, PROMPTS, _spread, hf_greedy  # noqa: E402
@@ -63,10 +63,9 @@ def save(folder: Path, kind: str = "llama", **extra) -> Path:
 
 
 def generate(model, **config):
-    gen = build_generator(model, GenerateConfig(**config), batch_buckets=[2, 8],
-                          prompt_buckets=[4, 8, 16])
+    gen = build_engine(model, GenerateConfig(**config), slots=8, max_prompt=16)
     try:
-        return [c.token_ids for c in gen.generate(PROMPTS, IDS).completions]
+        return [c.token_ids for c in gen.generate(PROMPTS, IDS)]
     finally:
         gen.close()
 

@@ -17,7 +17,15 @@ def draws(s: Sampling, rows: int = 20000, index: int = 0) -> torch.Tensor:
     function of its key and place only, so the rows are independent samples."""
     keys = torch.tensor([record_key(s.seed, i) for i in range(rows)])
     logits = LOGITS.expand(rows, VOCAB).contiguous()
-    return pick(logits, s, keys, torch.full((rows,), index), torch.arange(VOCAB))
+    return pick(logits, *per_row(s, rows), keys, torch.full((rows,), index),
+                torch.arange(VOCAB), sample=s.method == "sample", filtered=True)
+
+
+def per_row(s: Sampling, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The spec's sampling as per-row temperature, top_k, top_p (temperature 0: greedy)."""
+    t = s.temperature if s.method == "sample" else 0.0
+    return (torch.full((rows,), t), torch.full((rows,), s.top_k),
+            torch.full((rows,), s.top_p))
 
 
 def chi_square(tokens: torch.Tensor, probs: torch.Tensor) -> float:
@@ -50,7 +58,7 @@ def test_top_k_and_top_p_draw_only_inside_their_sets():
     got = draws(Sampling(method="sample", top_p=0.6), 4000)
     assert set(got.tolist()) == nucleus
     # within the nucleus, the renormalised softmax
-    scores = filter_scores(LOGITS[None], Sampling(top_p=0.6))[0]
+    scores = filter_scores(LOGITS[None], torch.tensor([0]), torch.tensor([0.6]))[0]
     assert chi_square(got, scores.softmax(-1)) < 24.3
 
 
@@ -63,8 +71,16 @@ def test_draws_depend_on_key_and_place_only():
 
 
 def test_greedy_is_the_argmax():
-    assert pick(LOGITS[None], Sampling(), torch.zeros(1, dtype=torch.long),
-                torch.zeros(1, dtype=torch.long), torch.arange(VOCAB)).item() == 0
+    zero = torch.zeros(1, dtype=torch.long)
+    assert pick(LOGITS[None], *per_row(Sampling(), 1), zero, zero, torch.arange(VOCAB),
+                sample=False, filtered=False).item() == 0
+    # a greedy row (temperature 0) beside sampled ones stays the argmax
+    rows = per_row(Sampling(method="sample", temperature=2.0), 64)
+    rows[0][0] = 0.0
+    keys = torch.tensor([record_key(0, i) for i in range(64)])
+    got = pick(LOGITS.expand(64, VOCAB), *rows, keys, torch.zeros(64).long(),
+               torch.arange(VOCAB), sample=True, filtered=True)
+    assert got[0] == 0 and len(set(got[1:].tolist())) > 1
 
 
 def test_uniforms_are_open_interval_and_spread():

@@ -168,7 +168,8 @@ def test_a_piped_generation_run_prints_output_tokens_per_second(tmp_path, monkey
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["generation"]["output_tokens"] == 32
     assert re.search(r"generation: 32 output tokens \(length 8\), [\d,]+ tokens/s; TTFT p50 "
-                     r"[\d.]+ ms; TPOT p50 [\d.]+ ms; 0% of decode row-steps wasted",
+                     r"[\d.]+ ms; TPOT p50 [\d.]+ ms; \d+% of decode row-steps wasted, "
+                     r"4 slots \d+% occupied, KV blocks peak \d+ of \d+",
                      " ".join(result.output.split())), result.output  # rich wraps at 80
 
 

@@ -68,10 +68,11 @@ def test_a_chat_batch_file_is_answered_line_by_line_in_the_batch_output_shape(tm
              request("e", {"messages": CHATS[0], "n": 3}),
              request("f", {"messages": CHATS[0], "logprobs": True, "top_logprobs": 5}),
              request("g", {"messages": CHATS[0], "stop": ["\n"]}),
-             request("h", {"messages": CHATS[0], "max_tokens": 3}),
+             request("h", {"messages": CHATS[0], "max_tokens": NEW + 5}),
              request("i", {"messages": CHATS[0], "temperature": "hot"}),
              request("j", {"prompt": "hello"}, url=COMPLETIONS),
              request("k", {"messages": CHATS[2], "frequency_penalty": 0, "stream": False}),
+             request("m", {"messages": CHATS[1], "max_tokens": 2}),
              request("a", {"messages": CHATS[1]})]
     spec, path = write_batch(tmp_path, lines, model_dir,
                              generate={"max_new_tokens": NEW})
@@ -83,10 +84,10 @@ def test_a_chat_batch_file_is_answered_line_by_line_in_the_batch_output_shape(tm
     requests = check_openai_batch.read_lines(str(path), strict=False)
     assert check_openai_batch.check(requests, out) == []
     assert [x["custom_id"] for x in out] == ["a", "b", None, "c", "d", "e", "f", "g", "h", "i",
-                                             "j", "k", "a"]
+                                             "j", "k", "m", "a"]
     assert len({x["id"] for x in out}) == len(out)  # a repeated custom_id's line too
     served = {x["custom_id"]: x for x in out if x["error"] is None}
-    assert sorted(served) == ["a", "b", "k"]
+    assert sorted(served) == ["a", "b", "k", "m"]
     for cid, messages in (("a", CHATS[0]), ("b", CHATS[1]), ("k", CHATS[2])):
         prompt, want = hf_chat_greedy(hf, messages)
         body = served[cid]["response"]["body"]
@@ -95,6 +96,12 @@ def test_a_chat_batch_file_is_answered_line_by_line_in_the_batch_output_shape(tm
             want, skip_special_tokens=True)
         assert body["usage"]["prompt_tokens"] == len(prompt)
         assert body["usage"]["completion_tokens"] == len(want)
+    # a request's own max_tokens, under the job's cap, is served on its row
+    prompt, want = hf_chat_greedy(hf, CHATS[1])
+    short = served["m"]["response"]["body"]
+    assert short["usage"]["completion_tokens"] == min(2, len(want))
+    assert short["choices"][0]["message"]["content"] == hf[0].decode(
+        want[:2], skip_special_tokens=True)
     errors = {x["custom_id"]: x["error"]["message"] for x in out if x["error"] is not None}
     assert "invalid JSON" in errors[None] and "requests.jsonl:3" in errors[None]
     assert "/v1/embeddings" in errors["c"]
@@ -102,11 +109,11 @@ def test_a_chat_batch_file_is_answered_line_by_line_in_the_batch_output_shape(tm
     assert "n > 1" in errors["e"]
     assert "logprobs" in errors["f"]
     assert "stop" in errors["g"]
-    assert "max_new_tokens 3 differs" in errors["h"]
+    assert f"max_new_tokens {NEW + 5} is more than the job's cap" in errors["h"]
     assert "temperature" in errors["i"]
     assert "one endpoint" in errors["j"]
     assert "duplicate" in out[-1]["error"]["message"]
-    assert manifest.totals.records_out == 3 and manifest.totals.records_rejected == 10
+    assert manifest.totals.records_out == 4 and manifest.totals.records_rejected == 10
     rejects = (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()
     assert len(rejects) == 10
 
@@ -194,19 +201,21 @@ def test_per_record_values_are_checked_record_by_record(tmp_path, model_dir):
                {"id": "longer", "prompt": "c", "max_tokens": 8},
                {"id": "bad", "prompt": "d", "max_tokens": "many"},
                {"id": "hot", "prompt": "e", "temp": 0.7},
-               {"id": "neg", "prompt": "f", "temp": -1}]
+               {"id": "neg", "prompt": "f", "temp": -1},
+               {"id": "short", "prompt": "g", "max_tokens": 2}]
     spec = per_record_job(tmp_path, records, model_dir,
                           {"max_new_tokens": "max_tokens", "temperature": "temp"})
     manifest = graphrun.run(graphrun.load_spec(spec))
-    assert [r["id"] for r in rows(tmp_path / "out")] == ["same", "none"]
+    out = {r["id"]: r for r in rows(tmp_path / "out")}
+    assert list(out) == ["same", "none", "hot", "short"]  # each served on its own row
+    assert out["short"]["output_tokens"] <= 2
     rejects = {json.loads(x)["id"]: json.loads(x) for x in
                (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()}
-    assert "max_new_tokens 8 differs" in rejects["longer"]["reason"]
+    assert "max_new_tokens 8 is more than the job's cap" in rejects["longer"]["reason"]
     assert "max_tokens (generate.per_record.max_new_tokens): 'many'" in rejects["bad"]["reason"]
     assert rejects["bad"]["where"].endswith("prompts.jsonl:4")
-    assert "temperature 0.7 differs" in rejects["hot"]["reason"]
     assert "temp (generate.per_record.temperature): -1" in rejects["neg"]["reason"]
-    assert manifest.totals.records_rejected == 4
+    assert manifest.totals.records_rejected == 3
 
 
 @pytest.mark.parametrize("workers", [0, 2], ids=["here", "children"])
@@ -337,7 +346,7 @@ def test_parquet_chat_records_carry_their_per_record_fields(tmp_path, model_dir,
         assert row["prompt_tokens"] == len(prompt) and row["token_ids"] == want[:4]
     (reject,) = [json.loads(x) for x in (tmp_path / "out" / "rejects.jsonl").read_text()
                  .splitlines()]
-    assert reject["id"] == "c" and "max_new_tokens 9 differs" in reject["reason"]
+    assert reject["id"] == "c" and "max_new_tokens 9 is more than the job's cap" in reject["reason"]
     assert manifest.totals.records_rejected == 1
 
 

@@ -142,7 +142,7 @@ def test_a_generation_run_has_its_own_part(tmp_path):
     reasons = ", ".join(f"{k} {v:,}" for k, v in g.finish_reasons.items())
     assert reasons in part
     assert "decode steps waiting on the host" in part  # a count on a GPU, "-" here
-    assert "generation-phases" in chart_names(page)
+    assert "slot occupancy" in part and f"{100 * g.slot_occupancy:.1f}%" in part
     # 4 prompts: their TTFT and TPOT p90 and p99 would be the largest; the median is in the table
     assert not {"generation-ttft", "generation-tpot"} & set(chart_names(page))
     assert "generation-graphs" not in chart_names(page)  # eager graphs: no set-up times

@@ -58,6 +58,8 @@ def test_a_generation_spec_loads_with_its_defaults(write_gen):
     assert g.sampling.method == "greedy" and g.stop.eos == "auto" and g.stop.token_ids == []
     assert spec.inputs == {} and spec.outputs == {}
     assert spec.data.text.field == "prompt"
+    assert (g.slots, g.kv_block_size, g.kv_blocks, g.prefill_tokens) == (None, 16, None, None)
+    assert load_spec(write_gen(), ["generate.slots=auto"]).generate.slots == "auto"
 
 
 def test_sampling_keys_load_with_method_sample(write_gen):
@@ -127,6 +129,10 @@ BROKEN = [
      "generate.sampling.method: must be 'greedy' or 'sample' (got 'beam')"),
     ("typo-in-sampling", edit("{method: greedy}", "{method: sample, temprature: 0.5}"), [],
      "13:30", "unknown key 'temprature'; did you mean 'temperature'?"),
+    ("prefill-under-longest",
+     edit("max_new_tokens: 16", "max_new_tokens: 16\n  prefill_tokens: 20"), [], "13:19", "generate.prefill_tokens: 20 is less than the longest prompt"),
+    ("bad-slots", edit("max_new_tokens: 16", "max_new_tokens: 16\n  slots: many"), [],
+     "13:10", "generate.slots"),
     ("bad-eos", edit("{eos: auto}", "{eos: always}"), [], "14:15",
      "generate.stop.eos: must be 'auto' or 'none' (got 'always')"),
     ("negative-stop-id", edit("{eos: auto}", "{eos: auto, token_ids: [2, -1]}"), [], "14:36",

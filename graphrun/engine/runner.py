@@ -266,6 +266,11 @@ class Runner:
 
     # -- lifetime ------------------------------------------------------------------------------
 
+    def manifest_sections(self, percentiles, rejected: int = 0, truncated: int = 0) -> dict:
+        """The manifest's sections of this engine's own (a generation job's engine has one):
+        a forward pass has none beyond the buckets and totals every job has."""
+        return {}
+
     def close(self) -> None:
         if self.cuda:  # nothing of any stream may still use a buffer freed below
             torch.cuda.synchronize(self.device)

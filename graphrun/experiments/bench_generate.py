@@ -1,6 +1,7 @@
 """`graphrun bench SPEC` for a generation spec: per (batch bucket, prompt bucket), prefill and
-decode timed through the Generator on the model as a generation job builds it, no output
-shards.
+decode timed through the engine (generate/engine.py) on the model as a generation job builds
+it, no output shards: a call is `batch` prompts of the prompt bucket's length, all admitted at
+once (the slots are the largest batch bucket).
 
 Each bucket's prompts are synthetic (seeded token ids, every prompt the bucket's full length)
 and every row makes exactly `new_tokens` tokens (min_new_tokens = max_new_tokens, so a stop id
@@ -100,27 +101,28 @@ def bench_generation(spec: PipelineSpec, *, iters: int = 20, warmup: int = 2,
 
 def _open_mode(spec, model, config, device, mode: str, backend: str, compiled: bool,
                sizes: list, distinct: int, gens: list, notes: list[str]) -> Session:
-    """One Generator over all the buckets, each bucket's graphs set up by a first call; a
-    compiled graph that fell back to the plain model is named in the notes."""
-    from graphrun.generate.generator import Generator
+    """One engine over all the buckets, its graphs set up at its construction (each bucket's
+    row carries the decode graph of its rows and the prefill graph of its tokens); a compiled
+    graph that fell back to the plain model is named in the notes."""
+    from graphrun.generate.engine import Engine
 
-    gen = Generator(model, config=config, batch_buckets=sorted(spec.buckets[BATCH]),
-                    prompt_buckets=sorted(spec.buckets[PROMPT_AXIS]), device=device,
-                    dtype=spec.model.dtype, backend=backend,
-                    verify=spec.capture.verify.enabled, lazy=True,
-                    memory_budget_mib=spec.capture.memory_budget_mib, compile=compiled)
+    batch, seq = sorted(spec.buckets[BATCH]), sorted(spec.buckets[PROMPT_AXIS])
+    gen = Engine(model, config=config, slots=batch[-1], max_prompt=seq[-1], rows=batch,
+                 prompts=seq, prefill_tokens=batch[-1] * seq[-1], device=device,
+                 dtype=spec.model.dtype, backend=backend, verify=spec.capture.verify.enabled,
+                 memory_budget_mib=spec.capture.memory_budget_mib, compile=compiled)
     gens.append(gen)
     vocab = gen.model.vocab
     session = Session(mode)
+    graphs = backend == "cuda-graph"
     for b, p in sizes:
         sets = [synthetic_prompts(b, p, vocab, seed) for seed in range(distinct)]
-        ids = list(range(b))
-        before = {_key(g) for g in gen.buckets()}
-        gen.generate(sets[0], ids)  # sets up the graphs this bucket is the first to need
-        new = [g for g in gen.buckets() if _key(g) not in before]
+        rows = next(n for n in gen.decode_sizes if n >= b)
+        tokens = next(t for t in gen.prefill_sizes if t >= min(b * p, gen.prefill_sizes[-1]))
+        new = [g for g in gen.graphs()
+               if (g["kind"], g["shape"][g["axis"]]) in (("decode", rows), ("prefill", tokens))]
         checks = [g["verify"].get("passed") for g in new if g["verify"]]
-        graphs = backend == "cuda-graph"
-        session.steps[(b, p)] = functools.partial(gen.generate, record_ids=ids), sets
+        session.steps[(b, p)] = functools.partial(_call, gen, list(range(b))), sets
         session.costs[(b, p)] = {
             "capture_s": sum(g["capture_s"] or 0.0 for g in new) if graphs else None,
             "memory_bytes": sum(g["memory_bytes"] or 0 for g in new) if graphs else None,
@@ -133,6 +135,16 @@ def _open_mode(spec, model, config, device, mode: str, backend: str, compiled: b
         session.backend[(b, p)] = backend + (
             " + torch.compile" if compiled and len(fell_back) < len(new) else "")
     return session
+
+
+def _call(gen, ids: list, prompts: list[list[int]]) -> dict:
+    """One generate call: its prefill time (the TTFT of its prompts, all admitted at once),
+    decode time and steps, new tokens, from the engine's running sums."""
+    s = gen.stats
+    before = (s.prefill_s, s.decode_s, s.decode_steps, s.output_tokens)
+    gen.generate(prompts, ids)
+    return {"ttft_s": s.prefill_s - before[0], "decode_s": s.decode_s - before[1],
+            "decode_steps": s.decode_steps - before[2], "tokens": s.output_tokens - before[3]}
 
 
 def _shape(g: dict) -> str:
@@ -150,10 +162,10 @@ def _time_calls(step, iters: int, warmup: int, distinct: int) -> dict:
         t0 = time.perf_counter()
         r = call(sets[i % distinct])
         walls.append(time.perf_counter() - t0)
-        ttft.append(r.ttft_s)
-        if r.decode_steps:
-            tpot.append(r.decode_s / r.decode_steps)
-        tokens += sum(c.output_tokens for c in r.completions)
+        ttft.append(r["ttft_s"])
+        if r["decode_steps"]:
+            tpot.append(r["decode_s"] / r["decode_steps"])
+        tokens += r["tokens"]
     return {"walls": walls, "ttft": ttft, "tpot": tpot, "tokens": tokens}
 
 
@@ -161,10 +173,6 @@ def synthetic_prompts(rows: int, length: int, vocab: int, seed: int) -> list[lis
     """rows prompts of `length` seeded token ids in [1, vocab)."""
     rng = np.random.default_rng(seed)
     return rng.integers(1, vocab, size=(rows, length)).tolist()
-
-
-def _key(g: dict) -> tuple:
-    return g["kind"], g["shape"]["rows"], g["shape"].get("prompt", g["shape"].get("kv"))
 
 
 def _pcts(values: list[float], scale: float) -> dict[str, float]:

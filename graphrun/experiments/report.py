@@ -311,6 +311,13 @@ def _graphs(gen: dict) -> str:
     return ", ".join(f"{n} {k}" for k, n in counts.items()) or "-"
 
 
+def _graph_name(g: dict) -> str:
+    """decode rows=64, prefill tokens=512; a manifest of the static engine: its (batch, length)."""
+    if "size" in g:
+        return f"{g['kind']} {'tokens' if g['kind'] == 'prefill' else 'rows'}={g['size']}"
+    return f"{g['kind']} b{g['batch']} len {g['length']}"
+
+
 def generation_html(runs: list[tuple[str, dict]]) -> str:
     rows = []
     head = None
@@ -321,7 +328,8 @@ def generation_html(runs: list[tuple[str, dict]]) -> str:
         keys = "/".join(g["ttft_ms"]) or "p50"
         head = head or ["run", "output tokens/s", "prompts", "prompt tokens", "output tokens",
                         f"TTFT ms ({keys})", f"TPOT ms ({keys})", "finish reasons",
-                        "decode row-steps wasted", "KV cache MiB", "MBU",
+                        "decode row-steps wasted", "slot occupancy", "KV blocks mean / peak",
+                        "KV cache MiB", "MBU",
                         "decode steps waiting on the host", "prompts cut / rejected", "graphs"]
         waited = g.get("host_bound_steps")
         rows.append([label, f"{g['output_tokens_per_s']:,.1f}", f"{g['records']:,}",
@@ -329,6 +337,9 @@ def generation_html(runs: list[tuple[str, dict]]) -> str:
                      _pcts(g["tpot_ms"]),
                      ", ".join(f"{k} {v:,}" for k, v in g["finish_reasons"].items()) or "-",
                      f"{100 * g['wasted_fraction']:.1f}%",
+                     c.fmt(100 * g["slot_occupancy"] if g.get("slots") else None, ".1f", "%"),
+                     (f"{g['kv_blocks_mean']:,.0f} / {g['kv_blocks_peak']:,}"
+                      if g.get("kv_blocks") else "-"),
                      f"{g['kv_cache_bytes'] / MiB:,.1f}", c.fmt(
                          None if g.get("mbu") is None else 100 * g["mbu"], ".1f", "%"),
                      "-" if waited is None else f"{waited:,} of {g['decode_steps']:,}",
@@ -341,8 +352,8 @@ def generation_html(runs: list[tuple[str, dict]]) -> str:
 
 
 def generation_figures(go, runs) -> list[tuple[str, object]]:
-    """TTFT and TPOT percentiles per run, prefill and decode time per bucket, and each graph's
-    set-up time where graphs were set up (captured or timed)."""
+    """TTFT and TPOT percentiles per run, and each graph's set-up time where graphs were set up
+    (captured or timed)."""
     gens = [(label, m["generation"]) for label, m in runs if m.get("generation")]
     records = {label: (m.get("totals") or {}).get("records_out") or 0 for label, m in runs}
     out = []
@@ -358,23 +369,11 @@ def generation_figures(go, runs) -> list[tuple[str, object]]:
             c.layout(fig, f"{title}, percentiles", yaxis=c.value_axis("ms"))
             out.append((f"generation-{name}", fig))
     fig = go.Figure()
-    for label, m in runs:
-        buckets = [b for b in _ran(m) if "decode" in b["latency_us"]]
-        for phase in ("prefill", "decode"):
-            y = [b["latency_us"].get(phase, {}).get("p50") for b in buckets]
-            if m.get("generation") and c.has_data(y):
-                fig.add_bar(name=f"{label} {phase} p50", x=[b["name"] for b in buckets],
-                            y=c.scaled(y, 1e3))
-    if fig.data:
-        c.layout(fig, "Prefill and decode time per batch, per bucket (median)",
-                 yaxis=c.value_axis("ms"))
-        out.append(("generation-phases", fig))
-    fig = go.Figure()
     for label, g in gens:
         graphs = [x for x in g.get("graphs") or [] if c.finite(x.get("set_up_s"))]
         if c.has_data(x["set_up_s"] for x in graphs):
             fig.add_bar(name=f"{label} set-up s",
-                        x=[f"{x['kind']} b{x['batch']} len {x['length']}" for x in graphs],
+                        x=[_graph_name(x) for x in graphs],
                         y=[x["set_up_s"] for x in graphs])
     if fig.data:
         c.layout(fig, "Set-up seconds per generation graph (warm-up, capture, verification)",

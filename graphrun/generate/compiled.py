@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from graphrun.generate.kv_cache import KVCache, StepKV
+from graphrun.generate.kv_cache import PagedCache, StepKV
 
 # a compilation per kind and batch regime (prefill, decode; one row or many), and a few spare
 RECOMPILE_LIMIT = 16
@@ -33,7 +33,7 @@ class CompiledStep:
     """A step model (steps.StepModel) whose calls run torch.compile's kernels; `plain` is the
     model itself, the reference every compiled graph is verified against."""
 
-    def __init__(self, model, cache: KVCache):
+    def __init__(self, model, cache: PagedCache):
         from graphrun.models.load import allow_recompiles
 
         allow_recompiles(RECOMPILE_LIMIT)

@@ -1,5 +1,5 @@
 """What a generation job asks for (Sampling, GenerateConfig), what a batch gives back
-(Completion, BatchResult), and the one error a user can cause here (GenerationError).
+(Completion), and the one error a user can cause here (GenerationError).
 
 Plain frozen dataclasses: the spec (the pipeline's `generate:` section) is the source of truth
 for defaults a user sees; these carry its values into the generator, checked once by
@@ -8,7 +8,7 @@ for defaults a user sees; these carry its values into the generator, checked onc
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from graphrun.base.errors import ModelError
 
@@ -44,27 +44,6 @@ class Completion:
     finish_reason: str  # "eos" | "length"
     prompt_tokens: int
     output_tokens: int
-
-
-@dataclass
-class BatchResult:
-    completions: list[Completion]  # in the order of the prompts given
-    prefill_s: float  # device time (CUDA events on a GPU, host clock on the CPU)
-    decode_s: float
-    # from the generate call to the batch's first tokens, less the setup of graphs the batch
-    # was the first to need (their time is their capture_s)
-    ttft_s: float
-    decode_steps: int  # decode steps run, each over the whole padded batch
-    # decode row-steps that produced a token a record needed: per real row its output tokens
-    # less the one prefill produced; decode_steps * bucket rows - useful_steps is the waste
-    useful_steps: int
-    bucket: tuple  # (batch rows, prompt length) of the prefill graph used
-    kv_buckets: tuple = ()  # the KV lengths of the decode graphs used, in order of use
-    rows: int = 0  # batch rows of the graphs used (bucket[0])
-    finish_counts: dict = field(default_factory=dict)  # finish_reason -> records
-    # decode steps launched after the device had finished every step before them (it idled
-    # until the host's launch); None off a GPU, where the host runs the steps itself
-    host_bound_steps: int | None = None
 
 
 def check_config(config: GenerateConfig, vocab: int) -> None:

@@ -113,9 +113,9 @@ class GPT2(nn.Module):
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor,
                 kv: StepKV) -> torch.Tensor:
-        # tokens, positions: [b, q] -> logits [b, V] float32 of the last column
+        # tokens, positions: [b, q] -> logits [b or n, V] float32 (StepKV.last_hidden)
         t = self.transformer
         x = t.wte(tokens) + t.wpe(positions)  # [b, q, d_model]
         for block in t.h:
             x = block(x, kv)
-        return self.lm_head(t.ln_f(x[:, -1])).float()
+        return self.lm_head(t.ln_f(kv.last_hidden(x))).float()

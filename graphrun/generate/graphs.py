@@ -1,6 +1,7 @@
-"""The generator's graph table: one entry per (kind, rows, length), set up on first use.
+"""The engine's graph table: one entry per (kind, size), all set up before the first prompt.
 
-kind "prefill" has length = the prompt bucket, kind "decode" the KV length. Setting up an
+kind "decode" has size = rows (slots stepped at once), kind "prefill" size = tokens (the admitted
+prompts packed into one sequence); no length appears in a key. Setting up an
 entry with backend cuda-graph: warm-up on a side stream, capture into the shared pool
 (engine/capture.py's capture_graph), then verification against eager on a synthetic batch
 (verify_entry). A capture that fails, a graph that disagrees with eager, or one that takes the
@@ -13,9 +14,9 @@ it disagrees with the plain model, the entry is set up from the plain model inst
 reason; after a failed compilation every later entry is too.
 
 Verification runs a few steps eagerly (these runs are also the warm-up), restores the per-row
-state, captures, and replays the same steps: every cache column read was either there before
-(the same for both) or written by this run's earlier steps, so the cache itself needs no copy. It runs only before a batch's prefill (the
-generator sets up every graph a batch can need first), so it never meets a batch's own rows.
+state, captures, and replays the same steps: every key read was either there before (the same
+for both) or written by this run's earlier steps, so the cache itself needs no copy. It runs
+before the first prompt is admitted, so the blocks it writes hold nobody's keys.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from graphrun.engine.capture import capture_graph
 from graphrun.engine.verify import ULP_SLACK, compare
 from graphrun.base.errors import CaptureError, first_line
 
-from graphrun.generate import decode_attention
-from graphrun.generate.steps import RowState
+from graphrun.models.causal import paged_attention
+from graphrun.generate.steps import SlotState
 
 MiB = 1 << 20
 VERIFY_STEPS = 2  # decode steps compared per bucket: the second reads what the first wrote
@@ -49,13 +50,15 @@ COMPILED_HALF_SHARE = 0.05
 @dataclass(frozen=True)
 class StepKey:
     kind: str  # "prefill" | "decode"
-    rows: int
-    length: int  # the prompt bucket (prefill) or the KV length (decode)
+    size: int  # decode: rows; prefill: tokens
 
     @property
     def bucket(self) -> Bucket:
-        axes = ("batch", "prompt" if self.kind == "prefill" else "kv")
-        return Bucket((self.rows, self.length), axes)
+        return Bucket((self.size,), (self.axis,))
+
+    @property
+    def axis(self) -> str:
+        return "tokens" if self.kind == "prefill" else "rows"
 
 
 @dataclass
@@ -80,9 +83,9 @@ class StepGraph:
             self.step()
 
     def describe(self) -> dict:
-        shape = {"rows": self.key.rows,
-                 ("prompt" if self.key.kind == "prefill" else "kv"): self.key.length}
-        return {"kind": self.key.kind, "shape": shape, "status": self.status,
+        shape = {self.key.axis: self.key.size}
+        return {"kind": self.key.kind, "shape": shape, "axis": self.key.axis,
+                "status": self.status,
                 "reason": self.reason, "set_up": self.set_up, "set_up_s": self.set_up_s,
                 "capture_s": self.capture_s,
                 "memory_bytes": self.memory_bytes, "compiled": self.compiled,
@@ -94,13 +97,13 @@ class GraphTable:
     buffers, on the compiled step model (model.compile) or the plain one."""
 
     def __init__(self, make_step: Callable[[StepKey, bool], Callable[[], None]],
-                 state: RowState, *, backend: str, device: torch.device, dtype: torch.dtype,
+                 state: SlotState, *, backend: str, device: torch.device, dtype: torch.dtype,
                  pool, verify: bool, budget_bytes: int | None, log: Callable[[str], None],
                  compiled: bool = False):
         self.make_step, self.state, self.log = make_step, state, log
         self.compiling = compiled  # off for good after a compilation fails
         self.compile_failure: str | None = None  # the reason, given to every later entry
-        self.attention_failure: str | None = None  # decode_attention's, noted once
+        self.attention_failure: str | None = None  # the paged decode kernel's, noted once
         self.graphs = backend == "cuda-graph"
         self.device, self.dtype, self.verify_on = device, dtype, verify
         self.stream = torch.cuda.Stream(device) if self.graphs else None
@@ -116,10 +119,10 @@ class GraphTable:
         """Set up the keys not set up yet, largest first (prefill before decode, then by rows
         and length): the smaller graphs reuse the blocks the larger ones left in the pool."""
         todo = sorted({k for k in keys if k not in self.entries},
-                      key=lambda k: (k.kind == "prefill", k.rows, k.length), reverse=True)
+                      key=lambda k: (k.kind == "prefill", k.size), reverse=True)
         for key in todo:
             self.entries[key] = entry = self._set_up(key, how)
-            failed = decode_attention.failure()
+            failed = paged_attention.failure()
             if failed and not self.attention_failure:  # said once, on the graph it happened in
                 self.attention_failure = (f"the decode attention kernel failed, the general "
                                           f"path runs: {failed}")
@@ -199,7 +202,7 @@ class GraphTable:
             return plain
         if plain is None:
             return None
-        check = compare_runs(got, plain, self.dtype, entry.key.rows, compiled=True)
+        check = compare_runs(got, plain, self.dtype, len(plain[0][0]), compiled=True)
         entry.verify["compiled_vs_plain"] = check
         if not check["passed"]:
             self._uncompile(entry, (
@@ -277,53 +280,75 @@ def _near_ties(got_t: torch.Tensor, want_t: torch.Tensor, want: torch.Tensor,
 
 
 def verify_steps(key: StepKey) -> int:
-    return 1 if key.kind == "prefill" else min(VERIFY_STEPS, key.length)
+    return 1 if key.kind == "prefill" else VERIFY_STEPS
 
 
-def fill_synthetic(state: RowState, key: StepKey, seed: int = 1234) -> None:
-    """A seeded batch the step can run: random prompt tokens and starts (some left padding),
-    every row real and not done, decode rows far enough into the KV length for the checked
-    steps to fit."""
-    gen = torch.Generator().manual_seed(seed + key.rows * 7919 + key.length)
-    b, n = key.rows, key.length
+def fill_synthetic(state: SlotState, key: StepKey, seed: int = 1234) -> None:
+    """A seeded input the step can run, every row live: prefill, a few prompts packed (their
+    keys written to the trash block: a prefill never reads the cache); decode, each row a short
+    length in a block of its own where the pool has enough (blocks 1.., holding nobody's keys
+    yet), sampling as the spec's defaults are."""
+    gen = torch.Generator().manual_seed(seed + key.size * 7919 + (key.kind == "prefill"))
     vocab = state.vocab_ids.numel()
-    dev = state.start.device
-    state.keys[:b].copy_(torch.randint(-2**62, 2**62, (b,), generator=gen).to(dev))
-    state.real[:b].fill_(True)
-    state.done[:b].fill_(False)
+    dev = state.device
+    n = key.size
+
+    def ints(low: int, high: int, count: int) -> torch.Tensor:
+        return torch.randint(low, max(low + 1, high), (count,), generator=gen).to(dev)
+
+    state.keys.copy_(ints(-2**62, 2**62, state.keys.numel()))
     if key.kind == "prefill":
-        state.prompt(b, n).copy_(torch.randint(0, vocab, (b, n), generator=gen).to(dev))
-        state.start[:b].copy_(torch.randint(0, max(1, n // 2), (b,), generator=gen).to(dev))
+        prompts = min(state.p_join.numel(), max(1, n // 8))
+        cut = torch.linspace(0, n, prompts + 1).long()  # prompt i: tokens cut[i]..cut[i+1]
+        lens = (cut[1:] - cut[:-1]).clamp_min(1)
+        segment = torch.repeat_interleave(torch.arange(prompts), lens)[:n]
+        starts = cut[:-1]
+        state.p_tokens[:n].copy_(ints(0, vocab, n))
+        state.p_segment[:n].copy_(segment.to(dev))
+        state.p_positions[:n].copy_((torch.arange(n) - starts[segment]).to(dev))
+        state.p_slots[:n].zero_()
+        state.p_last.zero_()
+        state.p_last[:prompts].copy_((cut[1:] - 1).clamp_min(0).to(dev))
+        state.p_join.fill_(state.spare)
+        state.p_join[:prompts].copy_(torch.arange(prompts).to(dev))
+        state.p_lens.fill_(1)
+        state.p_lens[:prompts].copy_(lens.to(dev, torch.int32))
+        state.max_new.fill_(1 << 30)
         return
-    first = max(0, n - VERIFY_STEPS)  # the first column written
-    state.start[:b].copy_(torch.randint(0, max(1, first // 2 + 1), (b,), generator=gen).to(dev))
-    state.col[:b].fill_(first)
-    state.index[:b].fill_(1)
-    state.token[:b].copy_(torch.randint(0, vocab, (b,), generator=gen).to(dev))
+    blocks = state.block_table.new_zeros(state.block_table.shape)
+    room = max(1, state.num_blocks - 1)
+    blocks[:n, 0] = 1 + torch.arange(n, device=dev) % room
+    state.block_table.copy_(blocks)
+    block_size = state.block_size
+    state.seq_lens[:n].copy_(ints(1, max(2, block_size - VERIFY_STEPS), n).to(torch.int32))
+    state.token[:n].copy_(ints(0, vocab, n))
+    state.index[:n].fill_(1)
+    state.done[:n].fill_(False)
+    state.max_new.fill_(1 << 30)
 
 
-def run_checked(entry: StepGraph, state: RowState, steps: int, *, replay: bool,
+def run_checked(entry: StepGraph, state: SlotState, steps: int, *, replay: bool,
                 step: Callable[[], None] | None = None
                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """`steps` runs of the entry (replayed, or an eager step: its own unless `step` is
     given): tokens and logits of each."""
-    b = entry.key.rows
+    b = entry.key.size if entry.key.kind == "decode" else state.p_join.numel()
     step = step or entry.step
     tokens, logits = [], []
     for _ in range(steps):
         entry.graph.replay() if replay else step()
-        tokens.append(state.token[:b].clone())
+        tokens.append(state.picked[:b].clone())
         logits.append(state.logits[:b].clone())
     return tokens, logits
 
 
-def verify_entry(entry: StepGraph, state: RowState, dtype: torch.dtype,
+def verify_entry(entry: StepGraph, state: SlotState, dtype: torch.dtype,
                  want: tuple[list[torch.Tensor], list[torch.Tensor]]) -> dict:
     """Replay from the state the eager reference `want` (tokens, logits per step) started
     from, and compare (compare_runs)."""
     got = run_checked(entry, state, len(want[0]), replay=True)
-    torch.cuda.synchronize(state.start.device)
-    return compare_runs(got, want, dtype, entry.key.rows)
+    torch.cuda.synchronize(state.device)
+    return compare_runs(got, want, dtype, len(want[0][0]))
 
 
 def compare_runs(got: tuple[list[torch.Tensor], list[torch.Tensor]],

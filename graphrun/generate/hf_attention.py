@@ -3,7 +3,7 @@ transformers under the name `graphrun`, and the adapter that drives the model wi
 
 transformers still computes q, k, v and RoPE; the registered function (set on the model's
 config as `_attn_implementation`) receives them per layer and calls kv_cache.attend, which
-writes the step's keys into graphrun's static cache at per-row columns and attends over it.
+writes the step's keys into graphrun's paged cache and attends over it.
 The step's StepKV reaches it as a keyword argument of the model call, which transformers hands
 down to every attention call: no module is modified and no global holds a batch.
 The mask is graphrun's own 4-D boolean one, passed as the attention mask; transformers returns
@@ -116,11 +116,17 @@ class HFCausalLM:
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor,
                  kv: StepKV) -> torch.Tensor:
-        # tokens, positions: [b, q] -> logits of the last column [b, V] float32. No cache
-        # object: the keys live in graphrun's cache, reached through graphrun_kv.
-        out = self.model(input_ids=tokens, position_ids=positions, attention_mask=kv.mask,
-                         use_cache=False, logits_to_keep=1, graphrun_kv=kv)
-        return out.logits[:, -1].float()
+        # tokens, positions: [b, q] -> logits [b or n, V] float32 (StepKV.last_hidden). No
+        # cache object: the keys live in graphrun's cache, reached through graphrun_kv. A 4-D
+        # mask passes through transformers unchanged, so none of its mask code runs.
+        if kv.prefill:
+            mask, keep = kv.mask, kv.last
+        else:
+            mask, keep = torch.ones((tokens.shape[0], 1, 1, 1), dtype=torch.bool,
+                                    device=tokens.device), 1
+        out = self.model(input_ids=tokens, position_ids=positions, attention_mask=mask,
+                         use_cache=False, logits_to_keep=keep, graphrun_kv=kv)
+        return (out.logits[0] if kv.prefill else out.logits[:, -1]).float()
 
     def close(self) -> None:
         """The model's attention implementation as it was."""

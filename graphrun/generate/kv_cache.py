@@ -1,26 +1,30 @@
-"""The KV cache graphrun owns for generation, and the attention that writes and reads it.
+"""The KV cache graphrun owns for generation, in blocks (paged), and the attention on it.
 
-One k and one v buffer per layer, `[rows, kv_heads, max_len, head_dim]`, allocated once at the
-largest batch bucket and the largest KV length, in the model's dtype, on its device. Every graph
-(prefill and decode, any bucket) reads and writes these same buffers, sliced as `[:b, :, :L]`,
-so a batch may move from one decode graph to a longer one between steps.
+One k and one v buffer per layer, `[num_blocks, kv_heads, block_size, head_dim]`, allocated once
+in the model's dtype on its device. A row's tokens live in the blocks its block table names, in
+order (models/causal/paged_attention.py). Block 0 belongs to no row: padded prefill tokens and
+empty decode slots write there, and nobody reads what they wrote. The host hands blocks out
+and takes them back (BlockPool); the graphs only read the tables.
 
-A step's attention is described by a StepKV: the rows and the KV length it attends over, the
-mask of visible keys (computed once per step from per-row start and write columns, shared by
-every layer) and where its new keys go. Prefill writes columns [0, P) of every row; decode writes
-one column per row, `write_col[row]`, data in a static device tensor, so rows at different
-positions (continuous batching, later) need no new graph.
+A step's attention is described by a StepKV, shared by every layer:
+- prefill: the admitted prompts packed into one sequence of T tokens (tokens [1, T]); each
+  token sees the earlier tokens of its own prompt (`mask` [1, 1, T, T]), attention runs over
+  the step's fresh keys, then they are written at `slots` [T] (flat block * block_size +
+  offset); `last` [n] says which tokens' logits the step needs (each prompt's last).
+- decode: one token per row, written at seq_lens - 1 and attended over the row's first seq_lens
+  keys through its block table (paged_decode).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from torch.nn import functional as F
 
-from graphrun.generate.decode_attention import decode_attend, give_up, usable
+from graphrun.models.causal.paged_attention import paged_decode, write_prefill
+
+TRASH_BLOCK = 0  # written by padding, read by nobody
 
 
 @dataclass(frozen=True)
@@ -33,15 +37,13 @@ class KVLayout:
     head_dim: int
 
 
-class KVCache:
-    """Static per-layer k/v buffers. Zeros at first: a column no step wrote is finite, so a
-    masked key (weight exactly 0) adds 0 * value = 0, never NaN, to the attention output."""
+class PagedCache:
+    """Static per-layer k/v block buffers. Zeros at first, so a key no step wrote is finite."""
 
-    def __init__(self, layout: KVLayout, rows: int, max_len: int, dtype: torch.dtype,
+    def __init__(self, layout: KVLayout, num_blocks: int, block_size: int, dtype: torch.dtype,
                  device: torch.device):
-        self.layout, self.rows, self.max_len = layout, rows, max_len
-        shape = (rows, layout.kv_heads, max_len, layout.head_dim)
-        # k[layer], v[layer]: [rows, kv_heads, max_len, head_dim]
+        self.layout, self.num_blocks, self.block_size = layout, num_blocks, block_size
+        shape = (num_blocks, layout.kv_heads, block_size, layout.head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layout.layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layout.layers)]
 
@@ -50,82 +52,90 @@ class KVCache:
         return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
 
     @staticmethod
-    def bytes_for(layout: KVLayout, rows: int, max_len: int, dtype: torch.dtype) -> int:
-        per = rows * layout.kv_heads * max_len * layout.head_dim
+    def bytes_per_block(layout: KVLayout, block_size: int, dtype: torch.dtype) -> int:
+        per = layout.kv_heads * block_size * layout.head_dim
         return 2 * layout.layers * per * torch.empty((), dtype=dtype).element_size()
+
+
+class BlockPool:
+    """The host's ledger of free blocks (block 0 never handed out). A row takes blocks as it
+    grows and gives them all back when it finishes; the lowest free blocks go first."""
+
+    def __init__(self, num_blocks: int):
+        if num_blocks < 2:
+            raise ValueError(f"a block pool needs 2 blocks at least (block 0 is the trash "
+                             f"block), not {num_blocks}")
+        self.num_blocks = num_blocks
+        self._free = list(range(num_blocks - 1, TRASH_BLOCK, -1))  # popped from the end
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    @property
+    def used(self) -> int:
+        return self.num_blocks - 1 - len(self._free)
+
+    def take(self, count: int) -> list[int]:
+        if count > len(self._free):
+            raise RuntimeError(f"{count} blocks asked, {len(self._free)} free")
+        taken = self._free[len(self._free) - count:][::-1]
+        del self._free[len(self._free) - count:]
+        return taken
+
+    def give(self, blocks: list[int]) -> None:
+        self._free.extend(blocks)
+        self._free.sort(reverse=True)
 
 
 @dataclass
 class StepKV:
-    """One step's view of the cache, passed to every layer's attention."""
+    """One step's view of the cache, passed to every layer's attention (see the module's
+    docstring). Prefill: mask, slots, last; decode: block_table, seq_lens."""
 
-    cache: KVCache
-    rows: int  # b: rows of this step's graph
-    length: int  # L: keys attended, cache columns [0, L)
-    mask: torch.Tensor  # [b, 1, q_len, L] bool, True where a query sees a key
-    write_col: torch.Tensor | None  # [b] int64: decode's one new column per row; None: prefill
+    cache: PagedCache
+    mask: torch.Tensor | None = None  # prefill [1, 1, T, T] bool, True where a query sees a key
+    slots: torch.Tensor | None = None  # prefill [T] int64
+    last: torch.Tensor | None = None  # prefill [n] int64: the tokens whose logits are needed
+    block_table: torch.Tensor | None = None  # decode [b, max_blocks] int32
+    seq_lens: torch.Tensor | None = None  # decode [b] int32, the new key included
+
+    @property
+    def prefill(self) -> bool:
+        return self.slots is not None
+
+    def last_hidden(self, x: torch.Tensor) -> torch.Tensor:
+        """x [b, q, d] -> the hidden states whose logits the step needs: decode's one column
+        [b, d]; prefill's prompts' last tokens [n, d]."""
+        return x[0, self.last] if self.prefill else x[:, -1]
 
 
 def attend(kv: StepKV, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
            scaling: float | None) -> torch.Tensor:
-    """Write this step's k/v into the cache, then attend over its first L columns.
-
-    q: [b, heads, q_len, head_dim]; k, v: [b, kv_heads, q_len, head_dim], RoPE applied.
-    Returns [b, q_len, heads, head_dim] (the layout transformers' attention functions return).
-    Under torch.compile it is one operator (graphrun::attend): the model traces around it as
-    one graph, the cache writes declared, never looked inside (model.compile,
-    generate/compiled.py). Run eagerly it is a plain call: an operator's first call imports
-    torch's compiler, seconds of a job's set-up.
-    """
-    call = torch.ops.graphrun.attend if torch.compiler.is_compiling() else _attend
-    return call(kv.cache.k[layer], kv.cache.v[layer], q, k, v, kv.mask, kv.write_col, scaling)
-
-
-def _attend(cache_k: torch.Tensor, cache_v: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-            v: torch.Tensor, mask: torch.Tensor, write_col: Optional[torch.Tensor],
-            scaling: Optional[float]) -> torch.Tensor:
-    """cache_k, cache_v: one layer's whole buffers; mask [b, 1, q_len, L] says b and L."""
-    b = q.shape[0]
-    if write_col is not None and usable(q):  # decode: the write and the attention, one kernel
-        try:
-            return decode_attend(cache_k[:b], cache_v[:b], q, k, v, mask, write_col, scaling)
-        except Exception as err:  # noqa: BLE001 - a kernel that cannot run: the general path
-            give_up(err)
-    return general_attend(cache_k, cache_v, q, k, v, mask, write_col, scaling)
+    """q: [b, heads, q_len, head_dim]; k, v: [b, kv_heads, q_len, head_dim], RoPE applied.
+    Returns [b, q_len, heads, head_dim] (the layout transformers' attention functions return)."""
+    scale = q.shape[-1] ** -0.5 if scaling is None else scaling
+    k_cache, v_cache = kv.cache.k[layer], kv.cache.v[layer]
+    if not kv.prefill:
+        return paged_decode(q, k, v, k_cache, v_cache, kv.block_table, kv.seq_lens, scale)
+    out = fresh_attend(q, k, v, kv.mask, scale)
+    # k, v [1, kv_heads, T, d] -> [T, kv_heads, d]
+    write_prefill(k[0].transpose(0, 1), v[0].transpose(0, 1), k_cache, v_cache, kv.slots)
+    return out
 
 
-def general_attend(cache_k: torch.Tensor, cache_v: torch.Tensor, q: torch.Tensor,
-                   k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                   write_col: Optional[torch.Tensor], scaling: Optional[float]) -> torch.Tensor:
-    """The cache written with torch's indexing, then scaled_dot_product_attention: any step,
-    any device."""
+def fresh_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                 scale: float) -> torch.Tensor:
+    """Attention over the step's own keys: q [b, heads, q, d], k, v [b, kv_heads, q, d], mask
+    [b, 1, q, q] -> [b, q, heads, d]. GQA without repeating the keys: the query heads sharing a
+    kv head become extra query rows of it (transformers' repeat_kv puts head h at kv head
+    h // groups)."""
     b, heads, q_len, head_dim = q.shape
-    kv_heads, length = k.shape[1], mask.shape[-1]
-    cache_k, cache_v = cache_k[:b], cache_v[:b]
-    if write_col is None:  # prefill: the prompt's columns, the same for every row
-        cache_k[:, :, :q_len].copy_(k)
-        cache_v[:, :, :q_len].copy_(v)
-    else:  # decode: one column per row, at the row's own position
-        at = write_col.view(b, 1, 1, 1).expand(b, kv_heads, 1, head_dim)
-        cache_k.scatter_(2, at, k.to(cache_k.dtype))
-        cache_v.scatter_(2, at, v.to(cache_v.dtype))
-    keys, values = cache_k[:, :, :length], cache_v[:, :, :length]  # [b, kv_heads, L, d]
-    # GQA without repeating the cache: the query heads sharing a kv head become extra query
-    # rows of it (transformers' repeat_kv puts head h at kv head h // groups).
+    kv_heads = k.shape[1]
     groups = heads // kv_heads
     q = q.reshape(b, kv_heads, groups * q_len, head_dim)
-    mask = mask[:, :, None].expand(b, 1, groups, q_len, length)
-    mask = mask.reshape(b, 1, groups * q_len, length)
-    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scaling)
-    # out: [b, kv_heads, groups * q_len, d] -> [b, q_len, heads, d], contiguous as the fake's
+    mask = mask[:, :, None].expand(b, 1, groups, q_len, q_len).reshape(b, 1, groups * q_len,
+                                                                        q_len)
+    out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask,
+                                         scale=scale)
     return out.reshape(b, heads, q_len, head_dim).transpose(1, 2).contiguous()
-
-
-_attend_op = torch.library.custom_op("graphrun::attend", _attend,
-                                     mutates_args=("cache_k", "cache_v"))
-
-
-@_attend_op.register_fake
-def _attend_shape(cache_k, cache_v, q, k, v, mask, write_col, scaling):
-    b, heads, q_len, head_dim = q.shape
-    return q.new_empty((b, q_len, heads, head_dim))

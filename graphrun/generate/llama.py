@@ -193,7 +193,7 @@ class Llama(nn.Module):
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor,
                 kv: StepKV) -> torch.Tensor:
-        # tokens, positions: [b, q] -> logits [b, V] float32 of the last column
+        # tokens, positions: [b, q] -> logits [b or n, V] float32 (StepKV.last_hidden)
         x = self.model.embed_tokens(tokens)  # [b, q, d_model]
         # cos, sin: [b, 1, q, head_dim], computed in float32 then cast, as transformers does
         freqs = positions[..., None].float() * self.inv_freq  # [b, q, head_dim / 2]
@@ -201,7 +201,7 @@ class Llama(nn.Module):
         cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
         for layer in self.model.layers:
             x = layer(x, cos, sin, kv)
-        return self.lm_head(self.model.norm(x[:, -1])).float()
+        return self.lm_head(self.model.norm(kv.last_hidden(x))).float()
 
 
 def _linear(module: nn.Module, name: str) -> Init:

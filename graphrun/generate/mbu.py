@@ -1,6 +1,6 @@
-"""Model bandwidth utilisation of decode (the manifest's generation.mbu): the bytes the decode
-steps had to read from device memory (the weights once a step, and the KV cache columns each
-real row attends over) / the decode time / the device's peak memory bandwidth. Decode of a
+"""Model bandwidth utilisation of decode (the manifest's generation.mbu, generate/runner.py): the
+bytes the decode steps had to read from device memory (the weights once a step, and the keys each
+row attends over) / the decode time / the device's peak memory bandwidth. Decode of a
 small batch is bound by that bandwidth, so this says how near the bound the steps ran.
 """
 
@@ -40,25 +40,3 @@ def weight_bytes_per_step(model) -> int:
     looked_up = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     return sum(t.numel() * t.element_size() for t in model.parameters()
                if id(t) not in looked_up - multiplied)
-
-
-def decode_bytes(results, param_bytes: int, kv_token_bytes: int) -> int:
-    """What the decode steps of the batches (generate.BatchResult) read: per step the weights,
-    and per real row the KV columns it attends over (its prompt and the tokens made so far:
-    step t of a row with a prompt of n tokens attends over n + t columns)."""
-    total = 0
-    for r in results:
-        s = r.decode_steps
-        total += s * param_bytes
-        for c in r.completions:
-            # sum over t = 1..s of (n + t)
-            total += kv_token_bytes * (s * c.prompt_tokens + s * (s + 1) // 2)
-    return total
-
-
-def mbu(results, *, param_bytes: int, kv_token_bytes: int, peak: float | None) -> float | None:
-    """decode_bytes / decode time / peak; None without a peak or a decode step timed."""
-    decode_s = sum(r.decode_s for r in results)
-    if peak is None or decode_s <= 0 or not any(r.decode_steps for r in results):
-        return None
-    return decode_bytes(results, param_bytes, kv_token_bytes) / decode_s / peak

@@ -1,21 +1,23 @@
 """GenerationRunner: a generation spec's engine, as the feed drives every engine (feed/protocols.py
-Engine): staged parts of record batches in, one completion per record out, in order.
+Engine): staged parts of record batches in, one completion per record out, in input order.
 
 The feed's three steps keep their threads: the stager hands each part's prompts (token ids from
-data.text, read and tokenized by read/) to a host slot; the launcher runs the part's whole
-generation (prefill, then decode steps replayed until every row stops, Generator.generate), so
-the device never waits on Python between tokens; the completer decodes the new tokens to text
-(off the launching thread) and writes the records. The manifest's buckets are the prefill
-buckets (batch rows x prompt length) the parts ran on; every graph, prefill and decode, is in
-its generation section.
+data.text, read and tokenized by read/) to a host slot; the launcher hands them to the engine's
+scheduler (generate/engine.py), which runs on a thread of its own (graphrun-scheduler): it
+admits prompts whenever decode slots free up, from every part handed over so far, so a part's
+records finish out of order and among other parts' records; the completer waits for each part
+in input order (a Part: the completions of its records, filled as they finish), decodes the new
+tokens to text and writes the records. Parts in flight are bounded by the feed's host slots, so
+memory stays flat whatever the job's size.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -24,50 +26,69 @@ from graphrun.base.dtypes import torch_dtype
 from graphrun.base.phases import phase
 from graphrun.engine.buckets import Bucket
 from graphrun.engine.device import resolve_backend, resolve_device
-from graphrun.engine.launch import concat_rows
 from graphrun.generate.llama import (Checkpoint, OwnLM, build_llama, find_checkpoint,
                                      load_checkpoint)
-from graphrun.generate.config import BatchResult, GenerateConfig, Sampling
-from graphrun.generate.decode_attention import runs_on
-from graphrun.generate.generator import Generator
+from graphrun.generate.config import Completion, GenerateConfig, Sampling
+from graphrun.generate.engine import Engine, Finished, Request
 from graphrun.generate.hf_attention import eos_ids_of
-from graphrun.generate.mbu import kv_bytes_per_token, mbu, peak_bandwidth, weight_bytes_per_step
+from graphrun.generate.mbu import kv_bytes_per_token, peak_bandwidth, weight_bytes_per_step
 from graphrun.manifest.keys import BucketReport
 from graphrun.manifest.sections import Generation, GraphSetup, generation_summary
+from graphrun.models.causal.paged_attention import runs_on
 from graphrun.spec.generate import PROMPT_AXIS
 from graphrun.spec.keys import BATCH, PipelineSpec
+from graphrun.spec.request import REQUEST_FIELD
 
 # the builtin causal LMs a generation spec may name (model.builtin)
 GENERATE_BUILDERS = {"llama": build_llama}
+# the record batch's field of each record's own RequestParams, where read/ gives one
+_END = object()  # the scheduler's input is over
 
 
 @dataclass
-class PrefillBucket:
-    """What ran on one prefill bucket: the manifest's bucket row."""
+class PartRows:
+    """What ran on one part size: the manifest's bucket row."""
 
     batches: int = 0
     records: int = 0
-    padded_rows: int = 0
-    padded_positions: int = 0
 
 
-@dataclass
-class Generated:
-    """A launched part: its completions, ready; result() decodes their text (the completer's
-    thread) and hands back the rows to write."""
+class Part:
+    """A launched part: its records' completions, filled by the scheduler as they finish;
+    result() waits for the last, decodes their text (the completer's thread) and hands back the
+    rows to write."""
 
-    result_: BatchResult
-    decode_text: object  # token ids -> text
-    times: dict[str, float] = field(default_factory=dict)
+    def __init__(self, n: int, decode_text):
+        self.completions: list[Completion | None] = [None] * n
+        self.left = n
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self.decode_text = decode_text
+        self.t0 = time.perf_counter()
+        self.times: dict[str, float] = {}
+
+    def finished(self, i: int, completion: Completion) -> None:
+        self.completions[i] = completion
+        self.left -= 1
+        if not self.left:
+            self.times["e2e"] = (time.perf_counter() - self.t0) * 1e6
+            self.done.set()
+
+    def failed(self, err: BaseException) -> None:
+        self.error = err
+        self.done.set()
 
     def wait(self) -> dict[str, float]:
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
         return self.times
 
     def result(self) -> tuple[dict, dict[str, float]]:
-        done = self.result_.completions
-        texts = [self.decode_text(c.token_ids) for c in done]
+        self.wait()
+        done = self.completions
         outs = {"token_ids": [np.asarray(c.token_ids, dtype=np.int64) for c in done],
-                "text": np.array(texts, dtype=str),
+                "text": np.array([self.decode_text(c.token_ids) for c in done], dtype=str),
                 "finish_reason": np.array([c.finish_reason for c in done], dtype=str),
                 "prompt_tokens": np.array([c.prompt_tokens for c in done], dtype=np.int64),
                 "output_tokens": np.array([c.output_tokens for c in done], dtype=np.int64)}
@@ -75,7 +96,7 @@ class Generated:
 
 
 class GenerationRunner:
-    """The model on its device, graphrun's KV cache, and a Generator over the spec's buckets."""
+    """The model on its device, and the engine (slots, paged KV cache, graphs) over it."""
 
     def __init__(self, spec: PipelineSpec, *, log=None, needs=None, started=None):
         self.spec, self.log = spec, log or (lambda msg: None)
@@ -84,42 +105,53 @@ class GenerationRunner:
             self.device = started.wait() if started else resolve_device(spec.device)
         self.backend = resolve_backend(spec.capture.backend, self.device)
         self.cuda = self.device.type == "cuda"
-        self.batch_buckets = sorted(spec.buckets[BATCH])
-        self.prompt_buckets = sorted(spec.buckets[PROMPT_AXIS])
-        self.max_batch = self.batch_buckets[-1]
-        self.slot_bytes = self.max_batch * self.prompt_buckets[-1] * 8
-        self.first_use_s = 0.0
+        g = spec.generate
+        rows = sorted(spec.buckets[BATCH])
+        slots = g.slots or rows[-1]
+        self.max_prompt = max(spec.buckets[PROMPT_AXIS])
         with phase("model build"):
             model, self.model_code = self._model()
-        # the weights a decode step reads (generation.mbu)
-        self.param_bytes = weight_bytes_per_step(model)
+        self.param_bytes = weight_bytes_per_step(model)  # what a decode step reads
         self.config = generate_config(spec, model)
         from graphrun.models.hf import tokenizer_folder
 
         self.tokenizer_folder = tokenizer_folder(spec)
         with phase("bucket setup"):
-            self.generator = Generator(
-                model, config=self.config, batch_buckets=self.batch_buckets,
-                prompt_buckets=self.prompt_buckets, device=self.device,
-                dtype=spec.model.dtype, backend=self.backend,
-                verify=spec.capture.verify.enabled, lazy=spec.capture.lazy,
-                memory_budget_mib=spec.capture.memory_budget_mib,
-                compile=spec.model.compile, log=self.log)
-        self._slots: dict[int, tuple[list[list[int]], list]] = {}  # slot -> (prompts, ids)
-        self.buckets: dict[Bucket, PrefillBucket] = {}
-        self.results: list[BatchResult] = []  # every part's, for the generation section
-        self.output_tokens = 0  # of the parts generated so far: the progress's tokens/s
+            self.engine = Engine(
+                model, config=self.config, slots=slots, max_prompt=self.max_prompt,
+                rows=None if g.slots == "auto" else rows, prompts=spec.buckets[PROMPT_AXIS],
+                device=self.device, dtype=spec.model.dtype, backend=self.backend,
+                block_size=g.kv_block_size, num_blocks=g.kv_blocks,
+                prefill_tokens=g.prefill_tokens, verify=spec.capture.verify.enabled,
+                memory_budget_mib=spec.capture.memory_budget_mib, compile=spec.model.compile,
+                log=self.log, **per_row_choices(spec))
+        self.slots = self.max_batch = self.engine.slots  # a part is at most the slots
+        self.slot_bytes = self.slots * self.max_prompt * 8
+        self._staged: dict[int, tuple[list[list[int]], list, list]] = {}  # host slot -> part
+        self.buckets: dict[Bucket, PartRows] = {}
         self._decode = None
-        self.launcher = self  # the feed's engine (feed/protocols.Engine): it launches its parts
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()  # parts' Requests, then _END
+        self._spare: list[Request] = []  # taken from the queue, not yet handed over
+        self._ended = False  # _END taken
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._parts: set[Part] = set()  # launched, not yet finished (failed on an error)
+        self._lock = threading.Lock()
+        self.launcher = self  # the feed's engine (feed/protocols.Engine)
         self.setup_s = time.perf_counter() - t0
 
     def _model(self):
         return build_generation_model(self.spec, self.device)
 
+    @property
+    def output_tokens(self) -> int:
+        """Output tokens of the records finished so far: the progress's tokens/s."""
+        return self.engine.stats.output_tokens
+
     # -- the feed's engine ---------------------------------------------------------------------
 
     def explain(self, exc: BaseException) -> str | None:
-        return None  # the generator's own errors say where and what to do
+        return None  # the engine's own errors say where and what to do
 
     def host_slots(self, count: int) -> int:
         return count
@@ -131,56 +163,91 @@ class GenerationRunner:
         return torch.cuda.device(self.device) if self.cuda else nullcontext()
 
     def stage(self, fields: dict, n: int, lengths: dict, slot: int, ids=None) -> Bucket:
-        """The part's prompts (unpadded token ids) and record ids (each record's sampling
-        stream) kept for its launch; its prefill bucket."""
+        """The part's prompts (unpadded token ids), record ids (each record's sampling stream)
+        and own parameters (where the records carry them) kept for its launch; its bucket is
+        its row count."""
         tokens, real = fields["input_ids"], lengths[PROMPT_AXIS]
         prompts = [np.asarray(tokens[i])[:int(real[i])].tolist() for i in range(n)]
         record_ids = list(range(n)) if ids is None else (
             ids.tolist() if isinstance(ids, np.ndarray) else list(ids))
-        self._slots[slot] = (prompts, record_ids)
-        rows = self.batch_buckets[int(np.searchsorted(self.batch_buckets, n))]
-        longest = max(len(p) for p in prompts)
-        width = self.prompt_buckets[int(np.searchsorted(self.prompt_buckets, longest))]
-        return Bucket((rows, width), (BATCH, PROMPT_AXIS))
+        own = fields.get(REQUEST_FIELD)
+        params = [None] * n if own is None else [
+            None if own[i] is None or own[i].is_default else own[i] for i in range(n)]
+        self._staged[slot] = (prompts, record_ids, params)
+        return Bucket((n,), (BATCH,))
 
     def launch(self, bucket: Bucket, slot: int, n: int, lengths: dict, *,
-               stream=None) -> Generated:
-        """The part's whole generation, on the launching thread: prefill, then the decode
-        steps, replayed back to back until every row has stopped."""
-        prompts, record_ids = self._slots.pop(slot)
-        return self._generate(bucket, prompts, record_ids)
-
-    def run_rows(self, fields: dict, n: int, lengths: dict, ids=None) -> tuple[dict, list]:
-        """A part larger than every batch bucket (data.oversize eager): in chunks of the
-        largest, as split would run it."""
-        parts: dict[str, list] = {}
-        ran = []
-        for start in range(0, n, self.max_batch):
-            stop = min(n, start + self.max_batch)
-            part = {k: v[start:stop] for k, v in fields.items()}
-            sub = {a: v[start:stop] for a, v in lengths.items()}
-            bucket = self.stage(part, stop - start, sub, -1,
-                                ids=None if ids is None else ids[start:stop])
-            got = self.launch(bucket, -1, stop - start, sub)
-            rows, times = got.result()
-            for k, v in rows.items():
-                parts.setdefault(k, []).append(v)
-            ran.append((bucket, times))
-        return {k: concat_rows(v) for k, v in parts.items()}, ran
-
-    def _generate(self, bucket: Bucket, prompts: list[list[int]], record_ids: list) -> Generated:
-        t0 = time.perf_counter()
-        result = self.generator.generate(prompts, record_ids)
-        self.results.append(result)
-        self.output_tokens += sum(c.output_tokens for c in result.completions)
-        seen = self.buckets.setdefault(bucket, PrefillBucket())
+               stream=None) -> Part:
+        """The part's prompts handed to the scheduler; nothing waits here."""
+        prompts, record_ids, params = self._staged.pop(slot)
+        part = Part(len(prompts), self._text_decoder())
+        seen = self.buckets.setdefault(bucket, PartRows())
         seen.batches += 1
         seen.records += len(prompts)
-        seen.padded_rows += bucket.batch - len(prompts)
-        seen.padded_positions += bucket.sizes[1] * len(prompts) - sum(map(len, prompts))
-        times = {"prefill": result.prefill_s * 1e6, "decode": result.decode_s * 1e6,
-                 "e2e": (time.perf_counter() - t0) * 1e6}
-        return Generated(result, self._text_decoder(), times)
+        with self._lock:
+            if self._error is not None:
+                raise self._error
+            self._parts.add(part)
+        self._start()
+        self._queue.put([Request(prompt, rid, own, tag=(part, i))
+                         for i, (prompt, rid, own) in enumerate(zip(prompts, record_ids,
+                                                                    params))])
+        return part
+
+    def run_rows(self, fields: dict, n: int, lengths: dict, ids=None) -> tuple[dict, list]:
+        """A part larger than the slots (data.oversize eager): handed over whole, the engine
+        admits it as slots free up."""
+        bucket = self.stage(fields, n, lengths, -1, ids=ids)
+        rows, times = self.launch(bucket, -1, n, lengths).result()
+        return rows, [(bucket, times)]
+
+    # -- the scheduler's thread ------------------------------------------------------------------
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="graphrun-scheduler",
+                                            daemon=True)
+            self._thread.start()
+
+    def _serve(self) -> None:
+        try:
+            with self.device_context():
+                self.engine.serve(self._take, self._emit)
+        except BaseException as err:  # noqa: BLE001 - raised on the threads waiting for parts
+            with self._lock:
+                self._error = err
+                parts, self._parts = list(self._parts), set()
+            for part in parts:
+                part.failed(err)
+
+    def _take(self, n: int, block: bool) -> list[Request] | None:
+        """Up to n requests: a part's arrive together (the queue holds whole parts), so its
+        prompts are admitted together where slots allow."""
+        got, spare = [], self._spare
+        while len(got) < n:
+            if not spare and self._ended:
+                break
+            if not spare:
+                try:
+                    item = self._queue.get(block=block and not got)
+                except queue.Empty:
+                    break
+                if item is _END:
+                    self._ended = True
+                    break
+                spare.extend(item)
+            take = min(n - len(got), len(spare))
+            got += spare[:take]
+            del spare[:take]
+        self._spare = spare
+        return None if not got and self._ended else got
+
+    def _emit(self, done: Finished) -> None:
+        part, i = done.request.tag
+        part.finished(i, done.completion)
+        if not part.left:
+            with self._lock:
+                self._parts.discard(part)
 
     def _text_decoder(self):
         """token ids -> text, special tokens skipped (as HF's decode(skip_special_tokens))."""
@@ -192,67 +259,79 @@ class GenerationRunner:
         return self._decode
 
     def try_every_bucket(self) -> int:
-        """One synthetic batch per (batch, prompt) bucket, generated: `validate --load`'s check
-        that the model prefills and decodes at every shape before a long run. Returns how many."""
-        count = 0
-        for rows in self.batch_buckets:
-            for width in self.prompt_buckets:
-                self.generator.generate([[1] * width for _ in range(rows)], list(range(rows)))
-                count += 1
-        return count
+        """Synthetic prompts of every prefill size's length (up to the longest prompt), as many
+        as the slots, generated: `validate --load`'s check that the model prefills and decodes
+        at every shape before a long run. Returns how many graphs the engine has."""
+        lengths = [t for t in self.engine.prefill_sizes if t <= self.max_prompt]
+        self.engine.generate([[1] * t for t in lengths for _ in range(self.slots)])
+        return len(self.engine.graphs())
 
     # -- the manifest --------------------------------------------------------------------------
 
     def bucket_reports(self) -> list[BucketReport]:
-        reports = []
-        for bucket in sorted(self.buckets, key=lambda b: b.sizes):
-            seen = self.buckets[bucket]
-            reports.append(BucketReport(
-                name=bucket.name, sizes=dict(zip(bucket.axes, bucket.sizes)),
-                status="captured" if self.backend == "cuda-graph" else "eager",
-                batches=seen.batches, records=seen.records, padded_rows=seen.padded_rows,
-                padded_positions={PROMPT_AXIS: seen.padded_positions}))
-        return reports
+        status = "captured" if self.backend == "cuda-graph" else "eager"
+        return [BucketReport(name=b.name, sizes=dict(zip(b.axes, b.sizes)), status=status,
+                             batches=seen.batches, records=seen.records, padded_rows=0)
+                for b, seen in sorted(self.buckets.items(), key=lambda kv: kv[0].sizes)]
+
+    def manifest_sections(self, percentiles, rejected: int = 0, truncated: int = 0) -> dict:
+        """The manifest's sections of this engine's own: generation."""
+        return {"generation": self.generation_section(percentiles, rejected, truncated)}
 
     def generation_section(self, percentiles, rejected: int = 0,
                            truncated: int = 0) -> Generation:
         """The manifest's generation section: tokens, finish reasons, rates, TTFT and TPOT,
-        decode steps run against those that produced a needed token, the KV cache, every graph."""
-        graphs = [GraphSetup(kind=g["kind"], batch=g["shape"]["rows"],
-                             length=g["shape"].get("prompt", g["shape"].get("kv")),
-                             status=g["status"], reason=g["reason"], set_up=g["set_up"],
-                             set_up_s=g["set_up_s"],
-                             capture_s=g["capture_s"],
-                             memory_bytes=g["memory_bytes"], compiled=g["compiled"])
-                  for g in self.generator.buckets()]
-        return generation_summary(self.results, percentiles,
-                                  kv_cache_bytes=self.generator.kv_bytes, graphs=graphs,
-                                  prompts_truncated=truncated, prompts_rejected=rejected,
-                                  mbu=self.mbu(), decode_attention=self.decode_attention())
+        decode row-steps run against those that made a needed token, slots and KV blocks in
+        use, every graph."""
+        e = self.engine
+        graphs = [GraphSetup(kind=g["kind"], size=g["shape"][g["axis"]], status=g["status"],
+                             reason=g["reason"], set_up=g["set_up"], set_up_s=g["set_up_s"],
+                             capture_s=g["capture_s"], memory_bytes=g["memory_bytes"],
+                             compiled=g["compiled"])
+                  for g in e.graphs()]
+        return generation_summary(
+            e.stats, percentiles, slots=e.slots, kv_block_size=e.block_size,
+            kv_blocks=e.num_blocks, kv_cache_bytes=e.kv_bytes, graphs=graphs,
+            prompts_truncated=truncated, prompts_rejected=rejected, mbu=self.mbu(),
+            decode_attention=self.decode_attention())
 
     def decode_attention(self) -> str | None:
         """generation.decode_attention: which attention the decode steps ran (None without a
         decode step)."""
-        g = self.generator
-        if g.cache is None or not any(r.decode_steps for r in self.results):
+        e = self.engine
+        if e.cache is None or not e.stats.decode_steps:
             return None
-        return ("kernel" if runs_on(g.device, g.dtype, g.cache.layout.head_dim)
-                else "general")
+        return "kernel" if runs_on(e.device, e.dtype, e.cache.layout.head_dim) else "general"
 
     def mbu(self) -> float | None:
         """generation.mbu on a GPU of known peak bandwidth (generate/mbu.py); None on the CPU."""
-        if not self.cuda or self.generator.cache is None:
+        e = self.engine
+        peak = peak_bandwidth(torch.cuda.get_device_name(self.device)) if self.cuda else None
+        if peak is None or e.cache is None or e.stats.decode_s <= 0:
             return None
-        layout, g = self.generator.cache.layout, self.generator
+        layout = e.cache.layout
         token = kv_bytes_per_token(layout.layers, layout.kv_heads, layout.head_dim,
-                                   torch.empty((), dtype=g.dtype).element_size())
-        return mbu(self.results, param_bytes=self.param_bytes, kv_token_bytes=token,
-                   peak=peak_bandwidth(torch.cuda.get_device_name(self.device)))
+                                   torch.empty((), dtype=e.dtype).element_size())
+        read = e.stats.decode_steps * self.param_bytes + e.stats.kv_token_steps * token
+        return read / e.stats.decode_s / peak
 
     def close(self) -> None:
+        if self._thread is not None:
+            self._queue.put(_END)
+            self._thread.join()
+            self._thread = None
         if self.cuda:
             torch.cuda.synchronize(self.device)
-        self.generator.close()
+        self.engine.close()
+
+
+def per_row_choices(spec: PipelineSpec) -> dict:
+    """What the engine's steps must be able to do for records that carry their own parameters
+    (read/ gives them where the spec lets records ask: an OpenAI Batch file, or
+    generate.per_record): sample beside greedy rows, and cut by top_k or top_p. None: from the
+    spec's sampling alone (a greedy job's steps draw no noise, sort nothing)."""
+    carried = bool(spec.generate.per_record.fields) or spec.data.format == "openai_batch"
+    return {"sample": True, "filtered": True} if carried else {}
 
 
 def build_generation_model(spec: PipelineSpec, device: torch.device):

@@ -16,7 +16,6 @@ import hashlib
 import torch
 from torch.nn import functional as F
 
-from graphrun.generate.config import Sampling
 
 # splitmix64's constants as int64 (the ones above 2**63 by their negative equivalents)
 GOLDEN = 0x9E3779B97F4A7C15 - 2**64
@@ -59,21 +58,21 @@ def gumbel(keys: torch.Tensor, index: torch.Tensor, vocab_ids: torch.Tensor) -> 
     return -torch.log(-torch.log(uniforms(keys, index, vocab_ids)))
 
 
-def filter_scores(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
-    """logits [b, V] float32 -> scores [b, V]: divided by the temperature, -inf outside the
-    top k and outside the smallest set whose probability reaches top_p (at least one kept),
-    in transformers' order (temperature, top-k, top-p)."""
-    scores = logits / s.temperature if s.temperature != 1.0 else logits
-    if 0 < s.top_k < scores.shape[-1]:
-        kth = torch.topk(scores, s.top_k, dim=-1).values[:, -1:]  # [b, 1]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    if s.top_p < 1.0:
-        ordered, order = torch.sort(scores, dim=-1, descending=True)
-        probs = ordered.softmax(dim=-1)
-        before = probs.cumsum(dim=-1) - probs  # mass of the tokens ranked above each
-        drop = before > s.top_p  # the first token has 0 before it: always kept
-        scores = scores.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
-    return scores
+def filter_scores(scores: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """scores [b, V] float32 (logits already divided by the temperature) -> -inf outside each
+    row's top k (top_k [b] int64, 0: off) and outside the smallest set whose probability
+    reaches its top_p (top_p [b] float32, 1: off; at least one token kept), in transformers'
+    order (temperature, top-k, top-p). One sort serves both."""
+    vocab = scores.shape[-1]
+    ordered, order = torch.sort(scores, dim=-1, descending=True)
+    k = torch.where(top_k > 0, top_k, vocab).clamp(max=vocab)  # [b]
+    kth = ordered.gather(1, (k - 1)[:, None])  # [b, 1]
+    ordered = ordered.masked_fill(ordered < kth, float("-inf"))
+    probs = ordered.softmax(dim=-1)
+    before = probs.cumsum(dim=-1) - probs  # mass of the tokens ranked above each
+    # the first token has 0 before it: always kept; top_p 1 keeps all (a cumsum may pass 1)
+    drop = (before > top_p[:, None]) & (top_p < 1.0)[:, None]
+    return scores.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
 
 
 SPLIT_ARGMAX = 16384  # from this vocabulary size on, the argmax runs in two stages
@@ -94,11 +93,19 @@ def first_argmax(x: torch.Tensor) -> torch.Tensor:
     return (part * width + at.gather(1, part)).squeeze(1)
 
 
-def pick(logits: torch.Tensor, s: Sampling, keys: torch.Tensor, index: torch.Tensor,
-         vocab_ids: torch.Tensor) -> torch.Tensor:
+def pick(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+         top_p: torch.Tensor, keys: torch.Tensor, index: torch.Tensor,
+         vocab_ids: torch.Tensor, *, sample: bool, filtered: bool) -> torch.Tensor:
     """The next token per row, [b] int64, from logits [b, V] float32 (EOS already masked
-    where min_new_tokens says so)."""
-    if s.method == "greedy":
-        return first_argmax(logits)
-    scores = filter_scores(logits, s)
-    return first_argmax(scores + gumbel(keys, index, vocab_ids))
+    where min_new_tokens says so), each row by its own parameters: temperature [b] float32
+    (0: greedy), top_k [b], top_p [b]. sample: some row may sample (else every row is greedy
+    and no noise is drawn); filtered: some row may have top_k or top_p on (else no sort)."""
+    greedy = first_argmax(logits)
+    if not sample:
+        return greedy
+    hot = temperature > 0
+    scores = logits / torch.where(hot, temperature, 1.0)[:, None]
+    if filtered:
+        scores = filter_scores(scores, top_k, top_p)
+    drawn = first_argmax(scores + gumbel(keys, index, vocab_ids))
+    return torch.where(hot, drawn, greedy)

@@ -1,166 +1,177 @@
-"""The two steps a batch runs, as closures over static buffers: prefill and decode.
+"""The two steps the engine runs, as closures over static buffers: prefill and decode.
 
-RowState holds every per-row buffer, allocated once at the largest batch bucket; a step of b
-rows uses the first b (rows lead every shape, so `[:b]` is contiguous and shared by all
-buckets). The host fills the prompt, starts, record keys and real-row flags before prefill;
-from then on every per-row value (last token, write column, completion index, done flag, the
-completion itself) advances on the device inside the step, so a decode replay needs no host
-copy at all, and a batch may switch to a longer KV bucket between any two steps.
+SlotState holds every per-slot buffer, allocated once for the engine's slots (plus one spare row,
+the slot padded prefill rows join, which no decode step reads). A decode step of b rows uses the
+first b slots (the scheduler fills the lowest free slot first, so the rows in use stay at the
+front). Each slot's position, KV length, block table, sampling parameters, stop ids and token
+budget are data in these buffers: one decode graph per row count serves every length.
 
-A step is `model(tokens, positions, StepKV) -> logits [b, V] float32`, then the pick, then
+The host writes a slot's fixed values (its block table, parameters, stop ids) when it admits or
+grows a row (SlotState.push); the prefill sets its token, length and index; from then on every
+per-row value advances on the device inside the decode step, so a decode replay needs no host
+copy, and a row that stops stays put (done) until the host hands its slot to another prompt.
+
+A step is `model(tokens, positions, StepKV) -> logits [rows, V] float32`, then the pick, then
 the bookkeeping; nothing reads a device value on the host, branches on one or makes a shape
 from one, so the same closure runs eagerly (CPU, backend eager) or is captured.
 """
 
 from __future__ import annotations
 
-import bisect
-import math
 from typing import Callable, Protocol
 
+import numpy as np
 import torch
 
 from graphrun.generate.config import GenerateConfig
-from graphrun.generate.kv_cache import KVCache, StepKV
+from graphrun.generate.kv_cache import PagedCache, StepKV
 from graphrun.generate.sampling import pick
 
 
 class StepModel(Protocol):
-    """A model the generator can drive: the builtin llama, or an adapted transformers LM."""
+    """A model the engine can drive: graphrun's Llama or GPT-2, or an adapted transformers LM."""
 
     vocab: int
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor,
                  kv: StepKV) -> torch.Tensor:
-        """tokens, positions: [b, q_len] int64 -> logits of the last column [b, V] float32."""
+        """tokens, positions: [b, q] int64 -> logits [rows, V] float32 (StepKV.last_hidden)."""
         ...
 
 
-class RowState:
-    """Per-row static device buffers (continuous batching would refill one row's values)."""
+# the per-slot values the host writes (numpy mirrors, pushed whole when changed)
+HOST_FIELDS = ("block_table", "keys", "temperature", "top_k", "top_p", "max_new", "stops")
+# the values the steps change, and what a verification run restores
+STEP_FIELDS = ("token", "seq_lens", "index", "done", "logits", "picked")
 
-    def __init__(self, rows: int, max_prompt: int, config: GenerateConfig, vocab: int,
-                 max_len: int, device: torch.device):
+
+class SlotState:
+    """Static device buffers of the decode slots and of one packed prefill."""
+
+    def __init__(self, slots: int, max_blocks: int, prefill_tokens: int, stop_width: int,
+                 config: GenerateConfig, vocab: int, device: torch.device, *,
+                 num_blocks: int, block_size: int):
+        self.slots, self.max_blocks, self.prefill_tokens = slots, max_blocks, prefill_tokens
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.device = device
+        rows = slots + 1  # the last: where padded prefill rows go
+        self.spare = slots
         i64 = dict(dtype=torch.int64, device=device)
-        self.rows, self.max_prompt = rows, max_prompt
-        self.prompt_flat = torch.zeros(rows * max_prompt, **i64)  # viewed [b, P] per bucket
-        self.start = torch.zeros(rows, **i64)  # the row's first real column (left padding)
-        self.real = torch.zeros(rows, dtype=torch.bool, device=device)  # a record, not padding
-        self.keys = torch.zeros(rows, **i64)  # the record's sampling stream (sampling.py)
-        self.token = torch.zeros(rows, **i64)  # the last token, fed to the next decode step
-        self.col = torch.zeros(rows, **i64)  # the cache column the next decode step writes
-        self.index = torch.zeros(rows, **i64)  # place in the completion of the next token
-        self.done = torch.ones(rows, dtype=torch.bool, device=device)
-        self.out = torch.zeros(rows, config.max_new_tokens, **i64)  # the completions
-        self.logits = torch.zeros(rows, vocab, dtype=torch.float32, device=device)  # last step's
-        self.all_done = torch.ones(1, dtype=torch.bool, device=device)
-        self.columns = torch.arange(max_len, **i64)  # key columns, for masks and positions
+        # per slot, advanced by the steps
+        self.token = torch.zeros(rows, **i64)  # the token the next decode step feeds
+        self.seq_lens = torch.ones(rows, dtype=torch.int32, device=device)  # keys, new included
+        self.index = torch.zeros(rows, **i64)  # place in the completion of the next pick
+        self.done = torch.ones(rows, dtype=torch.bool, device=device)  # stopped, or empty
+        # what the last step picked and its logits: the host's per-step output, verification's
+        self.picked = torch.zeros(rows, **i64)
+        self.logits = torch.zeros(rows, vocab, dtype=torch.float32, device=device)
+        # per slot, written by the host
+        self.host = {
+            "block_table": np.zeros((rows, max_blocks), dtype=np.int32),  # 0: the trash block
+            "keys": np.zeros(rows, dtype=np.int64),  # the record's sampling stream
+            "temperature": np.zeros(rows, dtype=np.float32),  # 0: greedy
+            "top_k": np.zeros(rows, dtype=np.int64),
+            "top_p": np.ones(rows, dtype=np.float32),
+            "max_new": np.ones(rows, dtype=np.int64),
+            "stops": np.full((rows, stop_width), -1, dtype=np.int64),  # -1: no id
+        }
+        for name, values in self.host.items():
+            setattr(self, name, torch.from_numpy(values.copy()).to(device))
+        # one packed prefill: up to `prefill_tokens` tokens of up to `slots` prompts
+        n = slots
+        self.p_tokens = torch.zeros(prefill_tokens, **i64)
+        self.p_positions = torch.zeros(prefill_tokens, **i64)
+        self.p_segment = torch.full((prefill_tokens,), -1, **i64)  # its prompt; -1: padding
+        self.p_slots = torch.zeros(prefill_tokens, **i64)  # flat cache slot; 0: the trash
+        self.p_last = torch.zeros(n, **i64)  # each prompt's last token in the pack
+        self.p_join = torch.full((n,), self.spare, **i64)  # the slot each prompt joins
+        self.p_lens = torch.zeros(n, dtype=torch.int32, device=device)
         self.vocab_ids = torch.arange(vocab, **i64)
-        self.eos = torch.tensor(config.eos_ids, **i64)  # [E]
+        eos = torch.tensor(config.eos_ids, **i64)
         self.eos_column = torch.zeros(vocab, dtype=torch.bool, device=device)  # [V]
-        self.eos_column[self.eos] = True
+        self.eos_column[eos] = True
 
-    def prompt(self, b: int, p: int) -> torch.Tensor:
-        return self.prompt_flat[: b * p].view(b, p)  # [b, P], contiguous
+    PREFILL = ("p_tokens", "p_positions", "p_segment", "p_slots", "p_last", "p_join", "p_lens")
 
-    SMALL = ("start", "real", "keys", "token", "col", "index", "done", "out", "logits",
-             "all_done")
+    def push(self, names=HOST_FIELDS) -> None:
+        """The host's values of these fields onto the device, in stream order (a pinned copy
+        on a GPU: torch keeps it until the copy has run, so the mirror may change at once)."""
+        for name in names:
+            source = torch.from_numpy(self.host[name])
+            if self.device.type == "cuda":
+                source = source.pin_memory()
+            getattr(self, name).copy_(source, non_blocking=True)
 
     def snapshot(self) -> dict[str, torch.Tensor]:
-        """The small per-row buffers (not the prompt, not the cache), for verification."""
-        return {n: getattr(self, n).clone() for n in self.SMALL}
+        """Every buffer but the cache, for verification to run on and put back."""
+        names = STEP_FIELDS + HOST_FIELDS + self.PREFILL
+        return {n: getattr(self, n).clone() for n in names}
 
     def restore(self, saved: dict[str, torch.Tensor]) -> None:
         for name, t in saved.items():
             getattr(self, name).copy_(t)
 
 
-def _next_token(state: RowState, config: GenerateConfig, logits: torch.Tensor,
-                b: int) -> torch.Tensor:
-    """logits [b, V] float32 -> the next token [b]: EOS masked before min_new_tokens, then the
-    pick; a row already done gets the pad id. The logits are kept for verification."""
-    index = state.index[:b]
+def _pick(state: SlotState, config: GenerateConfig, logits: torch.Tensor, rows: torch.Tensor,
+          index: torch.Tensor, sample: bool, filtered: bool) -> torch.Tensor:
+    """logits [n, V] of the slots `rows` [n] (or a slice) at completion place `index` [n]:
+    stop ids masked before min_new_tokens, then each row's own pick."""
     if config.min_new_tokens and config.eos_ids:
-        early = (index < config.min_new_tokens)[:, None] & state.eos_column[None, :]  # [b, V]
+        early = (index < config.min_new_tokens)[:, None] & state.eos_column[None, :]  # [n, V]
         logits = logits.masked_fill(early, float("-inf"))
-    state.logits[:b].copy_(logits)
-    token = pick(logits, config.sampling, state.keys[:b], index, state.vocab_ids)
-    return torch.where(state.done[:b], config.pad_id, token)
+    return pick(logits, state.temperature[rows], state.top_k[rows], state.top_p[rows],
+                state.keys[rows], index, state.vocab_ids, sample=sample, filtered=filtered)
 
 
-def _record(state: RowState, token: torch.Tensor, b: int) -> None:
-    """token [b] becomes each row's completion entry at its index, and the next input."""
-    index = state.index[:b]
-    # clamped: a verification step past the last place (its state is restored after) writes
-    # the last entry instead of out of bounds; a batch's own steps never get there
-    last = state.out.shape[1] - 1
-    state.out[:b].scatter_(1, index.clamp(max=last)[:, None], token[:, None])
-    is_eos = (token[:, None] == state.eos[None, :]).any(dim=-1)  # [b]; False when no eos ids
-    state.done[:b] |= is_eos
-    state.token[:b].copy_(token)
-    index += 1
-    state.all_done.copy_(state.done[:b].all().view(1))
-
-
-def prefill_step(model: StepModel, state: RowState, cache: KVCache, config: GenerateConfig,
-                 b: int, p: int) -> Callable[[], None]:
-    """The prompt of every row, left-padded to p, through the model: cache columns [0, p)
-    written, the first token picked; the rows then wait at column p for decode."""
+def prefill_step(model: StepModel, state: SlotState, cache: PagedCache, config: GenerateConfig,
+                 tokens: int, *, sample: bool, filtered: bool) -> Callable[[], None]:
+    """The admitted prompts packed into `tokens` tokens through the model: their keys written
+    into their blocks, each prompt's first token picked, and its slot set to decode from
+    there (token, length, index, done)."""
 
     def step() -> None:
-        tokens = state.prompt(b, p)  # [b, P]
-        start = state.start[:b, None]  # [b, 1]
-        cols = state.columns[:p]  # [P]
-        # positions as transformers' generate makes them: the masked cumsum less one, pads 0
-        positions = (cols[None, :] - start).clamp_min(0)  # [b, P]
-        visible = cols[None, None, :] >= start[:, :, None]  # [b, 1, P]: keys of the prompt
-        causal = cols[None, :] <= cols[:, None]  # [P, P]: key column <= query column
-        # each query also sees itself, so a padding query keeps one key (no NaN softmax)
-        mask = (causal[None] & visible) | (cols[None, :] == cols[:, None])[None]
-        kv = StepKV(cache, b, p, mask[:, None], None)  # mask: [b, 1, P, P]
-        logits = model(tokens, positions, kv)
-        state.index[:b].zero_()
-        state.done[:b].copy_(~state.real[:b])  # padded rows are done from the start
-        token = _next_token(state, config, logits, b)
-        state.col[:b].fill_(p)
-        _record(state, token, b)
+        positions = state.p_positions[:tokens]  # [T]
+        segment = state.p_segment[:tokens]
+        # a token sees the earlier tokens of its own prompt; padding sees padding at least
+        mask = (segment[None, :] == segment[:, None]) & (positions[None, :] <= positions[:, None])
+        kv = StepKV(cache, mask=mask[None, None], slots=state.p_slots[:tokens],
+                    last=state.p_last)
+        logits = model(state.p_tokens[:tokens][None], positions[None], kv)  # [n, V]
+        join = state.p_join  # [n]
+        index = torch.zeros_like(join)
+        token = _pick(state, config, logits, join, index, sample, filtered)
+        stop = (token[:, None] == state.stops[join]).any(dim=-1) | (state.max_new[join] <= 1)
+        state.logits[:join.shape[0]].copy_(logits)
+        state.picked[:join.shape[0]].copy_(token)
+        # padded prompts all join the spare slot: whichever lands there is never read
+        state.token.index_copy_(0, join, token)
+        state.seq_lens.index_copy_(0, join, state.p_lens + 1)
+        state.index.index_copy_(0, join, index + 1)
+        state.done.index_copy_(0, join, stop)
 
     return step
 
 
-def decode_step(model: StepModel, state: RowState, cache: KVCache, config: GenerateConfig,
-                b: int, length: int) -> Callable[[], None]:
-    """One token per row: the last token at the row's column, attending over [start, column]
-    of the first `length` columns; the column and index move on by one."""
+def decode_step(model: StepModel, state: SlotState, cache: PagedCache, config: GenerateConfig,
+                rows: int, *, sample: bool, filtered: bool) -> Callable[[], None]:
+    """One token for each of the first `rows` slots: the last token at the row's own position,
+    attending over its own keys through its block table. A stopped or empty slot picks the pad
+    id and stays where it is."""
 
     def step() -> None:
-        col, start = state.col[:b], state.start[:b]
-        positions = (col - start)[:, None]  # [b, 1]
-        cols = state.columns[:length]  # [L]
-        visible = (cols[None, :] >= start[:, None]) & (cols[None, :] <= col[:, None])  # [b, L]
-        kv = StepKV(cache, b, length, visible[:, None, None, :], col)  # mask: [b, 1, 1, L]
-        logits = model(state.token[:b, None], positions, kv)
-        token = _next_token(state, config, logits, b)
-        _record(state, token, b)
-        col += 1
+        seq = state.seq_lens[:rows]  # [b] int32
+        kv = StepKV(cache, block_table=state.block_table[:rows], seq_lens=seq)
+        logits = model(state.token[:rows, None], (seq.long() - 1)[:, None], kv)  # [b, V]
+        index, done = state.index[:rows], state.done[:rows]
+        token = _pick(state, config, logits, slice(0, rows), index, sample, filtered)
+        token = torch.where(done, config.pad_id, token)
+        live = ~done
+        stop = (token[:, None] == state.stops[:rows]).any(dim=-1)
+        index += live.long()
+        done |= live & (stop | (index >= state.max_new[:rows]))
+        seq += live.int()
+        state.token[:rows].copy_(token)
+        state.logits[:rows].copy_(logits)
+        state.picked[:rows].copy_(token)
 
     return step
-
-
-def kv_lengths(prompt_buckets: list[int], max_new_tokens: int, max_len: int,
-               align: int = 16) -> list[int]:
-    """The decode graphs' KV lengths: from every prompt bucket a quarter, half, three
-    quarters and all of max_new_tokens on (rounded up to `align`, at most max_len), so a short
-    prompt's early steps attend over a short cache, not over max_len columns."""
-    lengths = set()
-    for p in prompt_buckets:
-        for quarter in (1, 2, 3, 4):
-            reach = p + math.ceil(max_new_tokens * quarter / 4)
-            lengths.add(min(max_len, -(-reach // align) * align))
-    return sorted(lengths)
-
-
-def decode_lengths(kv: list[int], prompt: int, max_new_tokens: int) -> list[int]:
-    """The KV lengths (of `kv`, sorted) a batch on prompt bucket `prompt` decodes over: step t
-    writes column prompt + t - 1, so it runs on the smallest length holding prompt + t."""
-    return sorted({kv[bisect.bisect_left(kv, prompt + t)] for t in range(1, max_new_tokens)})

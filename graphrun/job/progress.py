@@ -192,7 +192,8 @@ def summary_table(manifest, shown: set[str] = frozenset()) -> None:
 
 def generation_line(g) -> str:
     """`generation: 48 output tokens (eos 2, length 6), 310 tokens/s; TTFT p50 12.1 ms, TPOT
-    p50 3.2 ms; 25% of decode row-steps wasted`: the generation section in a line (with
+    p50 3.2 ms; 25% of decode row-steps wasted, 64 slots 90% occupied, KV blocks peak 610 of
+    2,561`: the generation section in a line (with
     model.compile, how many of its graphs compiled: a fallback's reasons are in the manifest;
     on a GPU, the decode steps the device waited on the host for, where there were any)."""
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(g.finish_reasons.items()))
@@ -202,11 +203,14 @@ def generation_line(g) -> str:
     asked = [x for x in g.graphs if x.compiled is not None]  # model.compile on
     compiled = (f"; model.compile: {sum(x.compiled for x in asked)} of {len(asked)} graphs "
                 "compiled" if asked else "")
+    slots = (f", {g.slots} slots {g.slot_occupancy:.0%} occupied, KV blocks peak "
+             f"{g.kv_blocks_peak:,} of {g.kv_blocks:,}" if g.slots and g.decode_steps else "")
     waited = (f"; the device waited on the host at {g.host_bound_steps:,} of "
               f"{g.decode_steps:,} decode steps" if g.host_bound_steps else "")
     return (f"generation: {g.output_tokens:,} output tokens ({reasons}), "
             f"{g.output_tokens_per_s:,.0f} tokens/s" + (f"; {times}" if times else "")
-            + f"; {g.wasted_fraction:.0%} of decode row-steps wasted" + compiled + waited)
+            + f"; {g.wasted_fraction:.0%} of decode row-steps wasted" + slots + compiled
+            + waited)
 
 
 def text_cuts(manifest) -> str | None:

@@ -236,9 +236,9 @@ class RunRecord:
             resumed_from=self.resumed_from, warnings=self.warnings,
             bucket_plan=self.bucket_plan, digests=digests,
             grouping=self.padding.report() if self.padding else None, phases=self.phases(),
-            generation=(runner.generation_section(
-                ps, self.rejected, truncated=self.cuts.count if self.cuts else 0)
-                if hasattr(runner, "generation_section") else None))
+            **(runner.manifest_sections(ps, self.rejected,
+                                        truncated=self.cuts.count if self.cuts else 0)
+               if runner else {}))
 
     def phases(self) -> Phases:
         """The clock's phases (after its end()): the flat list, and warm-up, capture and

@@ -120,13 +120,13 @@ class WorkerReport(_M):
 
 
 class GraphSetup(_M):
-    """One graph of a generation job: a prefill per (batch, prompt length) bucket, a decode step
-    per (batch, KV length) bucket."""
+    """One graph of a generation job: a decode step per row count, a packed prefill per token
+    count."""
 
     kind: Literal["prefill", "decode"]
-    batch: int = Field(..., description="Rows of the graph (a batch bucket).")
-    length: int = Field(..., description="prefill: the prompt length bucket (buckets.seq); "
-                        "decode: the KV cache columns it attends over.")
+    size: int = Field(..., description="decode: the rows it steps (the slots in use, rounded "
+                      "up to a captured size); prefill: the tokens of the prompts packed into "
+                      "it.")
     status: Literal["captured", "eager", "skipped", "unused"] = Field(
         ..., description="As buckets[].status: captured, eager (the eager backend or "
         "capture.on_failure: eager), skipped (capture.memory_budget_mib), unused (no batch "
@@ -160,31 +160,42 @@ class Generation(_M):
     output_tokens_per_s: float = Field(
         ..., description="output_tokens / (prefill_s + decode_s): the device's generation "
         "rate, setup not counted (totals.process_wall_s has the whole process).")
-    prefill_s: float = Field(..., description="Time in prefill (the prompts' forward passes "
-                             "writing the KV cache), all batches.")
-    decode_s: float = Field(..., description="Time in decode steps, all batches.")
+    prefill_s: float = Field(..., description="Time in prefill (the packed prompts' forward "
+                             "passes writing the KV cache).")
+    decode_s: float = Field(..., description="Time in decode steps.")
     ttft_ms: dict[str, float] = Field(
-        ..., description="Time to first token per record: from its batch's start (its prompts "
-        "handed to prefill) to its first new token, percentile (report.percentiles, as p50) "
-        "-> ms.")
+        ..., description="Time to first token per record: from the engine taking its prompt to "
+        "its first new token read back, percentile (report.percentiles, as p50) -> ms (within "
+        "1%: a fixed-size sketch, not every record's time).")
     tpot_ms: dict[str, float] = Field(
-        ..., description="Time per output token per record after its first (its batch's decode "
-        "time while it ran / its output tokens - 1), percentile -> ms; records of one token "
-        "left out.")
+        ..., description="Time per output token per record after its first (from its first token "
+        "to its last / its output tokens - 1), percentile -> ms; records of one token left "
+        "out.")
     decode_steps: int = Field(
-        ..., description="Decode steps run, all batches; each step runs over the whole padded "
-        "batch (static batching keeps every row stepping until the batch's last row stops).")
+        ..., description="Decode steps run; each steps the rows of the smallest decode graph "
+        "covering the highest occupied slot.")
     decode_row_steps: int = Field(
-        ..., description="Row-steps run: per batch, its decode steps x the rows of its graph "
-        "(padded rows included).")
+        ..., description="Row-steps run: per decode step, the rows of its graph (empty slots and "
+        "rows that stopped but were not yet read back included).")
     useful_steps: int = Field(
         ..., description="Row-steps that made a token a record needed: per record, its output "
-        "tokens less the one prefill made. decode_row_steps - useful_steps is the waste that "
-        "refilling finished rows (continuous batching) would save.")
+        "tokens less the one prefill made. decode_row_steps - useful_steps is the waste: slots "
+        "empty while no prompt waited (the job's tail), rows stopped but not yet read back.")
     wasted_fraction: float = Field(..., description="1 - useful_steps / decode_row_steps (0 "
                                    "when no step ran).")
-    kv_cache_bytes: int = Field(..., description="Bytes of the static KV cache buffers (all "
+    kv_cache_bytes: int = Field(..., description="Bytes of the KV cache's block pool (all "
                                 "layers, keys and values), allocated once.")
+    slots: int = Field(0, description="Decode slots: the records decoding at once, at most.")
+    slot_occupancy: float = Field(
+        0.0, description="Slots holding a record, per decode step, as a share of the slots "
+        "(mean over the decode steps).")
+    prefills: int = Field(0, description="Packed prefills run (each admits the prompts that "
+                          "fit the free slots).")
+    kv_block_size: int = Field(0, description="Tokens per KV block (generate.kv_block_size).")
+    kv_blocks: int = Field(0, description="Blocks in the pool, the trash block included.")
+    kv_blocks_mean: float = Field(0.0, description="Blocks held by records, mean over the "
+                                  "decode steps.")
+    kv_blocks_peak: int = Field(0, description="Blocks held by records at once, at most.")
     graphs: list[GraphSetup] = Field(
         default_factory=list, description="Each prefill and decode graph: its capture time and "
         "memory.")
@@ -209,44 +220,29 @@ class Generation(_M):
         "small model, a slow or busy CPU). Null on the CPU, where the host runs each step.")
 
 
-def generation_summary(results, percentiles, *, kv_cache_bytes: int,
-                       graphs: list[GraphSetup] = (), prompts_truncated: int = 0,
-                       prompts_rejected: int = 0, mbu: float | None = None,
+def generation_summary(stats, percentiles, *, slots: int, kv_block_size: int, kv_blocks: int,
+                       kv_cache_bytes: int, graphs: list[GraphSetup] = (),
+                       prompts_truncated: int = 0, prompts_rejected: int = 0,
+                       mbu: float | None = None,
                        decode_attention: str | None = None) -> Generation:
-    """The generation section from the batches' results (generate.BatchResult: completions,
-    prefill_s, decode_s, ttft_s, decode_steps, useful_steps, rows or bucket)."""
-    import numpy as np
-
-    completions = [c for r in results for c in r.completions]
-    reasons: dict[str, int] = {}
-    for c in completions:
-        reasons[c.finish_reason] = reasons.get(c.finish_reason, 0) + 1
-    # every row of a batch decodes in step with the others: a record's time per token after
-    # its first is the batch's decode step time
-    ttft = [r.ttft_s for r in results for _ in r.completions]
-    tpot = [r.decode_s / r.decode_steps for r in results if r.decode_steps
-            for c in r.completions if c.output_tokens > 1]
-    row_steps = sum(r.decode_steps * (getattr(r, "rows", 0) or r.bucket[0]) for r in results)
-    useful = sum(r.useful_steps for r in results)
-    prefill, decode = sum(r.prefill_s for r in results), sum(r.decode_s for r in results)
-    output = sum(c.output_tokens for c in completions)
-
-    def ms(values: list[float]) -> dict[str, float]:
-        if not values:
-            return {}
-        return {f"p{p:g}": float(np.percentile(values, p)) * 1e3 for p in percentiles}
-
+    """The generation section from an engine's running sums (generate/stats.GenerationStats)."""
+    row_steps, steps = stats.decode_row_steps, stats.decode_steps
+    busy = stats.prefill_s + stats.decode_s
     return Generation(
-        records=len(completions), prompt_tokens=sum(c.prompt_tokens for c in completions),
-        output_tokens=output, finish_reasons=reasons,
-        output_tokens_per_s=output / (prefill + decode) if prefill + decode else 0.0,
-        prefill_s=prefill, decode_s=decode, ttft_ms=ms(ttft), tpot_ms=ms(tpot),
-        decode_steps=sum(r.decode_steps for r in results), decode_row_steps=row_steps,
-        useful_steps=useful, wasted_fraction=1 - useful / row_steps if row_steps else 0.0,
-        kv_cache_bytes=kv_cache_bytes, graphs=list(graphs), mbu=mbu,
+        records=stats.records, prompt_tokens=stats.prompt_tokens,
+        output_tokens=stats.output_tokens, finish_reasons=dict(stats.finish_reasons),
+        output_tokens_per_s=stats.output_tokens / busy if busy else 0.0,
+        prefill_s=stats.prefill_s, decode_s=stats.decode_s,
+        ttft_ms=stats.ttft.percentiles(percentiles), tpot_ms=stats.tpot.percentiles(percentiles),
+        decode_steps=steps, decode_row_steps=row_steps, useful_steps=stats.useful_steps,
+        wasted_fraction=1 - stats.useful_steps / row_steps if row_steps else 0.0,
+        kv_cache_bytes=kv_cache_bytes, slots=slots,
+        slot_occupancy=stats.occupied_row_steps / (steps * slots) if steps else 0.0,
+        prefills=stats.prefills, kv_block_size=kv_block_size, kv_blocks=kv_blocks,
+        kv_blocks_mean=stats.kv_block_steps / steps if steps else 0.0,
+        kv_blocks_peak=stats.kv_blocks_peak, graphs=list(graphs), mbu=mbu,
         prompts_truncated=prompts_truncated, prompts_rejected=prompts_rejected,
-        decode_attention=decode_attention, host_bound_steps=_total(
-            getattr(r, "host_bound_steps", None) for r in results))
+        decode_attention=decode_attention, host_bound_steps=stats.host_bound_steps)
 
 
 def _total(counts) -> int | None:
@@ -286,6 +282,14 @@ def merged_generation(sections: list[Generation]) -> Generation | None:
         decode_steps=sum(g.decode_steps for g in sections), decode_row_steps=row_steps,
         useful_steps=useful, wasted_fraction=1 - useful / row_steps if row_steps else 0.0,
         kv_cache_bytes=sum(g.kv_cache_bytes for g in sections),
+        slots=sum(g.slots for g in sections),
+        slot_occupancy=(sum(g.slot_occupancy * g.slots * g.decode_steps for g in sections)
+                        / max(1, sum(g.slots * g.decode_steps for g in sections))),
+        prefills=sum(g.prefills for g in sections),
+        kv_block_size=max(g.kv_block_size for g in sections),
+        kv_blocks=sum(g.kv_blocks for g in sections),
+        kv_blocks_mean=sum(g.kv_blocks_mean for g in sections),
+        kv_blocks_peak=sum(g.kv_blocks_peak for g in sections),
         graphs=[x for g in sections for x in g.graphs],
         mbu=sum(mbus) / len(mbus) if mbus else None,
         prompts_truncated=sum(g.prompts_truncated for g in sections),

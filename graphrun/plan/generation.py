@@ -1,24 +1,18 @@
 """A generation job's buckets planned (init --task generate; `graphrun plan` on a generation
 spec and its `buckets: auto` at run time, those two through plan/auto.py's plan_spec): the batch
 and prompt (seq) lists that minimise padded prefill work for the batches the run forms, with
-every graph the lists make counted as the generator makes them: a prefill graph per (batch, prompt
-bucket) and a decode graph per (batch, KV length), the KV lengths derived from the prompt
-buckets and generate.max_new_tokens (generate/steps.py's kv_lengths).
-
-A prompt bucket's padding costs its decode steps too (a longer prompt bucket attends over a
-longer cache), so the planner's padded prefill work (rows x prompt positions) is the measure;
-the graph count is what bounds the lists.
+every graph the lists make counted as the engine makes them (generate/engine.py): a packed
+prefill graph per seq value and a decode graph per batch value; no graph depends on a length
+the records reach, so the count is the lists' sizes alone.
 """
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
-from graphrun.engine.buckets import split_sizes
-from graphrun.generate.steps import decode_lengths, kv_lengths
+from graphrun.generate.engine import decode_sizes
 from graphrun.plan.planner import Evaluation, Histogram, plan, power_of_two
 from graphrun.spec.generate import GENERATE_MAX_GRAPHS, PROMPT_AXIS
 from graphrun.spec.keys import BATCH
@@ -30,40 +24,27 @@ GRAPHS = GENERATE_MAX_GRAPHS  # prefill and decode graphs of a planned generatio
 class GenerationGraphs:
     """The graphs a generation spec's lists make."""
 
-    prefill: int  # batch values x prompt values
-    decode: int  # batch values x KV lengths
-    selected: int  # of these, those the planned batches set up (capture.lazy sets up no other)
-    kv: list[int]  # the decode graphs' KV lengths
+    prefill: int  # seq values: packed prefill token counts
+    decode: int  # batch values: decode row counts
 
     @property
     def total(self) -> int:
         return self.prefill + self.decode
 
+    @property
+    def selected(self) -> int:
+        return self.total  # the engine sets every graph up before the first prompt
+
     def text(self) -> str:
-        return (f"{self.total} graphs ({self.prefill} prefill, {self.decode} decode over KV "
-                f"lengths {self.kv}); the batches planned for set up {self.selected}")
+        return f"{self.total} graphs ({self.prefill} prefill, {self.decode} decode)"
 
 
 def graphs_of(lists: dict[str, list[int]], max_new_tokens: int,
               hist: Histogram | None = None) -> GenerationGraphs:
-    """The lists' graphs; with hist, how many of them its batches (count > 0) set up, each
-    batch on the smallest covering buckets as the generator picks them."""
-    batch, prompts = sorted(lists[BATCH]), sorted(lists[PROMPT_AXIS])
-    kv = (kv_lengths(prompts, max_new_tokens, prompts[-1] + max_new_tokens)
-          if max_new_tokens > 1 else [])
-    keys: set[tuple] = set()
-    if hist is not None:
-        at = hist.axes.index(PROMPT_AXIS)
-        for need, count in zip(hist.needs.tolist(), hist.count.tolist()):
-            i = bisect.bisect_left(prompts, need[at])
-            if not count or i == len(prompts):
-                continue  # no weight (a limit the plan covers), or rejected by the run
-            p = prompts[i]
-            for part in split_sizes(need[hist.axes.index(BATCH)], batch[-1]):
-                b = batch[bisect.bisect_left(batch, part)]
-                keys.add(("prefill", b, p))
-                keys.update(("decode", b, n) for n in decode_lengths(kv, p, max_new_tokens))
-    return GenerationGraphs(len(batch) * len(prompts), len(batch) * len(kv), len(keys), kv)
+    """The lists' graphs (hist: kept for the callers' one signature; every graph is set up)."""
+    batch, prompts = sorted(lists[BATCH]), sorted(set(lists[PROMPT_AXIS]))
+    decode = len(decode_sizes(batch[-1], batch)) if max_new_tokens > 1 else 0
+    return GenerationGraphs(len(prompts), decode)
 
 
 def within_graphs(make: Callable[[int], Evaluation], max_graphs: int, max_new_tokens: int,

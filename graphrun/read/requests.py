@@ -13,11 +13,11 @@ import math
 from dataclasses import replace
 
 from graphrun.spec.keys import PipelineSpec
-from graphrun.spec.request import DEFAULT_PARAMS, RequestParams
+from graphrun.spec.request import DEFAULT_PARAMS, EXTRA_STOPS, RequestParams
 
-# RequestParams fields the engine takes per row (the static-batching engine: none; the spec's
-# values serve every row)
-ENGINE_SERVES: frozenset[str] = frozenset()
+# RequestParams fields the engine takes per row (generate/engine.py's per-row buffers)
+ENGINE_SERVES: frozenset[str] = frozenset({"max_new_tokens", "temperature", "top_p", "top_k",
+                                           "seed", "stop_token_ids"})
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
 
 
@@ -86,6 +86,13 @@ def unserved(params: RequestParams, spec: PipelineSpec) -> str:
     spec_value.update((k, (getattr(g.sampling, k), f"generate.sampling.{k}"))
                       for k in ("top_p", "top_k", "seed"))
     drawn = not greedy or params.temperature not in (None, 0)
+    if params.max_new_tokens is not None and params.max_new_tokens > g.max_new_tokens:
+        return (f"max_new_tokens {params.max_new_tokens} is more than the job's cap "
+                f"(generate.max_new_tokens: {g.max_new_tokens}, which sizes the KV cache): "
+                "raise it in the spec")
+    if len(params.stop_token_ids) > EXTRA_STOPS:
+        return (f"stop_token_ids: {len(params.stop_token_ids)} ids; the engine takes at most "
+                f"{EXTRA_STOPS} a record")
     for name, v in params.given().items():
         if name in ENGINE_SERVES:
             continue

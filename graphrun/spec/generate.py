@@ -3,7 +3,7 @@ describes the keys). Rules tying it to the rest of the spec are rules._generate'
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Literal, Optional, Union
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -20,9 +20,9 @@ GENERATE_DOC = (
     "Make this a generation job over a causal LM (model.hf of a causal-LM class, or builtin "
     "llama): data.text's prompts (or data.chat's messages, or an OpenAI Batch file's "
     "requests) in, one completion per record out (id, token_ids, text, finish_reason, "
-    "prompt_tokens, output_tokens); buckets batch and seq (prompt lengths). null: one forward "
-    "pass per record, unless data.chat or data.format openai_batch implies this section with "
-    "its defaults.")
+    "prompt_tokens, output_tokens); buckets batch (decode rows) and seq (prompt lengths, "
+    "packed into prefills). null: one forward pass per record, unless data.chat or "
+    "data.format openai_batch implies this section with its defaults.")
 # The pipeline schema says what rules._sections says: inputs and outputs are required
 # without generate:, and refused with it.
 # data.chat and data.format imply generate: (PipelineSpec._implied), and a generation spec
@@ -122,8 +122,11 @@ class PerRecordSpec(Strict):
 
 
 class GenerateSpec(Strict):
-    """A generation job: prompts (data.text) in, completions out, the decode step replayed per
-    token. inputs and outputs are implied."""
+    """A generation job: prompts (data.text) in, completions out, through a continuous-batching
+    engine: decode slots refilled as records finish, the KV cache in blocks. inputs and outputs
+    are implied. buckets.batch: the decode graphs' row counts (the largest is the slots, unless
+    slots is given); buckets.seq: the packed prefill's token counts (the largest is the longest
+    prompt)."""
 
     max_new_tokens: Size = Field(128, description="New tokens per record at most "
                                  "(finish_reason length when reached).")
@@ -136,3 +139,17 @@ class GenerateSpec(Strict):
         "parameters (JSONL or Parquet records), e.g. {max_new_tokens: max_tokens, "
         "temperature: temperature}.")
 
+    slots: Union[Size, Literal["auto"], None] = Field(
+        None, description="Records decoding at once (decode slots); a finished record's slot "
+        "takes the next prompt at once. null: the largest buckets.batch; auto: on a GPU as many "
+        "as half the memory left after the weights holds at their longest (at most 256, a "
+        "multiple of 8), on the CPU the largest buckets.batch.")
+    kv_block_size: Size = Field(16, description="Tokens per KV cache block: a record holds "
+                                "blocks for its actual length, freed when it finishes.")
+    kv_blocks: Optional[Size] = Field(
+        None, description="Blocks in the KV cache's pool (one more is the trash block padding "
+        "writes to). null: enough for every slot's longest record (longest prompt + "
+        "max_new_tokens); fewer admit prompts only as blocks free up.")
+    prefill_tokens: Optional[Size] = Field(
+        None, description="Prompt tokens packed into one prefill at most (powers of two from "
+        "the largest buckets.seq up to it are captured too). null: the largest buckets.seq.")

@@ -20,6 +20,9 @@ from dataclasses import dataclass, fields
 REQUEST_FIELD = "request_params"
 
 
+EXTRA_STOPS = 8  # stop ids a record may add to the spec's (the engine's per-row buffer)
+
+
 @dataclass(frozen=True)
 class RequestParams:
     max_new_tokens: int | None = None

@@ -233,6 +233,10 @@ def _generate(spec: PipelineSpec) -> Found:
     if "seq" not in spec.buckets:
         yield ("buckets",), ("a generation job needs buckets.seq: the prompt lengths prefill "
                              "is captured for, e.g. seq: [32, 64, 128, 256]")
+    elif gen.prefill_tokens is not None and gen.prefill_tokens < max(spec.buckets["seq"]):
+        yield ("generate", "prefill_tokens"), (
+            f"{gen.prefill_tokens} is less than the longest prompt (the largest buckets.seq, "
+            f"{max(spec.buckets['seq'])}), which one prefill must hold: raise it or remove it")
     if spec.output.format == "npy":
         yield ("output", "format"), ("a generation job writes completions of their own lengths "
                                      "and their text, which npy files cannot hold: use jsonl or "

@@ -9,7 +9,7 @@ A decode step's attention per layer is one call, `paged_decode`: the step's new 
 written at the row's position `seq_lens[r] - 1`, then each query head attends over the row's
 first `seq_lens[r]` keys (grouped-query attention without repeating the cache: query head h reads
 kv head h // (heads // kv_heads)). On a GPU it is a Triton kernel (models/causal/paged_kernels.py,
-flash-decoding as generate/decode_attention.py): its grid depends only on the number of rows and
+split-K flash-decoding): its grid depends only on the number of rows and
 the block table's width, never on the lengths, and each program skips the columns past its
 row's own length, so one CUDA graph captured for b rows and max_blocks serves every length at a
 cost that follows the lengths. Elsewhere, and for the rest of the process once the kernel has
