@@ -6,9 +6,9 @@
 #   bash scripts/gpu-check-generate.sh job    # whole graphrun processes on the varied-length
 #                                             # job, plain and model.compile (about 7 minutes)
 # Reports go to $OUT (default ./gpu-out):
-#   step: generate-tests.txt (pytest -m cuda over generation), step-b1.txt / .json
-#         (bench_decode_step.py, 1.24B, batch 1, four ways, --profile), step-b64.txt / .json
-#         (batch 64, plain and compile)
+#   step: generate-tests.txt (pytest -m cuda over generation), step-8b.txt / .json
+#         (bench_decode_step.py, 8B at 256 rows, KV length 512: matmuls, plain, plain-general,
+#         --profile), step-1b.txt / .json (1.24B at 64 rows: matmuls, plain, compile)
 #   job:  job-b1.txt / .json (48 prompts), job-b64.txt / .json (256 prompts):
 #         bench_generate.py --parts job --ways graphrun,graphrun-compile, 1.24B
 set -uo pipefail
@@ -17,16 +17,18 @@ OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 case "${1:-}" in
   step)
-    python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_decode_attention.py \
-        tests/test_generate_cuda.py > "$OUT/generate-tests.txt" 2>&1
+    python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_paged_attention.py \
+        tests/test_generate_cuda.py tests/test_generate_engine.py \
+        > "$OUT/generate-tests.txt" 2>&1
     tail -1 "$OUT/generate-tests.txt"
-    timeout 300 python3 benchmarks/bench_decode_step.py --layout 1.24B --batch 1 --profile \
-        --json "$OUT/step-b1.json" > "$OUT/step-b1.txt" 2>&1 || echo "step, batch 1: failed"
-    grep "^| \|^## " "$OUT/step-b1.txt"
-    timeout 200 python3 benchmarks/bench_decode_step.py --layout 1.24B --batch 64 \
-        --ways plain,compile --json "$OUT/step-b64.json" > "$OUT/step-b64.txt" 2>&1 \
-        || echo "step, batch 64: failed"
-    grep "^| \|^## " "$OUT/step-b64.txt"
+    timeout 150 python3 benchmarks/bench_decode_step.py --layout 8B --rows 256 --kv-len 512 \
+        --ways matmuls,plain,plain-general --profile --json "$OUT/step-8b.json" \
+        > "$OUT/step-8b.txt" 2>&1 || echo "step, 8B: failed"
+    grep "^| \|^## " "$OUT/step-8b.txt"
+    timeout 100 python3 benchmarks/bench_decode_step.py --layout 1.24B --rows 64 --kv-len 512 \
+        --ways matmuls,plain,compile --json "$OUT/step-1b.json" > "$OUT/step-1b.txt" 2>&1 \
+        || echo "step, 1.24B: failed"
+    grep "^| \|^## " "$OUT/step-1b.txt"
     ;;
   job)
     for run in "1 48" "64 256"; do
