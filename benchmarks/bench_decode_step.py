@@ -226,9 +226,6 @@ def run_way(way: str, model, layout: str, rows: int, kv_lens: list[int], steps: 
         return row
     finally:
         paged_attention.usable = kernel
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
 
 
 def kernel_table(replay, steps: int, top: int) -> dict:
@@ -295,9 +292,6 @@ def main(argv=None) -> int:
     for way in ways:
         if way == "matmuls":
             row = run_matmuls(a.layout, a.rows, a.steps, a.repeats, device, dtype)
-            gc.collect()  # the anchor's matrices go before the model comes
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
         else:
             if model is None:
                 t0 = time.perf_counter()
@@ -305,6 +299,9 @@ def main(argv=None) -> int:
                 print(f"model built in {time.perf_counter() - t0:.1f} s", flush=True)
             row = run_way(way, model, a.layout, a.rows, a.kv_len, a.steps, a.repeats, device,
                           dtype, a.profile, a.top)
+        gc.collect()  # a way's matrices, cache and graphs go before the next way's come
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         anchor = (rows or [row])[0]
         row["x_matmuls"] = (row["step_ms"] / anchor["step_ms"] if anchor["way"] == "matmuls"
                             else None)
