@@ -105,6 +105,7 @@ def peak(device: torch.device) -> float | None:
     return peak_bandwidth(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
 
 
+@torch.no_grad()
 def run_matmuls(layout: str, rows: int, steps: int, repeats: int, device: torch.device,
                 dtype: torch.dtype) -> dict:
     """The anchor: every linear of the layout and the lm_head at `rows` rows, one graph."""
@@ -155,9 +156,11 @@ def run_matmuls(layout: str, rows: int, steps: int, repeats: int, device: torch.
 def build_model(layout: str, max_len: int, device: torch.device, dtype: torch.dtype):
     from graphrun.generate.llama import build_llama
 
-    return build_llama(**LAYOUTS[layout], max_len=max_len, seed=0, device=device, dtype=dtype)
+    model = build_llama(**LAYOUTS[layout], max_len=max_len, seed=0, device=device, dtype=dtype)
+    return model.requires_grad_(False)  # as models/load.py leaves a job's model
 
 
+@torch.no_grad()  # as Engine.serve steps
 def run_way(way: str, model, layout: str, rows: int, kv_lens: list[int], steps: int,
             repeats: int, device: torch.device, dtype: torch.dtype, profile: bool,
             top: int) -> dict:
