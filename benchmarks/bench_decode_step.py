@@ -313,6 +313,8 @@ def main(argv=None) -> int:
         ratio = "" if row["x_matmuls"] is None else f" ({row['x_matmuls']:.2f}x matmuls)"
         print(f"\n## {way}: step p50 {row['step_ms']:.3f} ms{ratio} (min "
               f"{row['step_min_ms']:.3f}), MBU {mbu or 'n/a'}, set-up {row['set_up_s']:.1f} s"
+              + (f", {row['matmuls']} matrix multiplies at {row['tflops']:.0f} TFLOP/s"
+                 if way == "matmuls" else "")
               + ("" if row["same_tokens"] is None
                  else f", tokens equal across repeats: {row['same_tokens']}"), flush=True)
         for e in row["graphs"]:
