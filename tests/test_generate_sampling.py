@@ -21,11 +21,12 @@ def draws(s: Sampling, rows: int = 20000, index: int = 0) -> torch.Tensor:
                 torch.arange(VOCAB), sample=s.method == "sample", filtered=True)
 
 
-def per_row(s: Sampling, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The spec's sampling as per-row temperature, top_k, top_p (temperature 0: greedy)."""
+def per_row(s: Sampling, rows: int) -> tuple[torch.Tensor, ...]:
+    """The spec's sampling as per-row temperature, top_k, top_p, min_p (temperature 0:
+    greedy)."""
     t = s.temperature if s.method == "sample" else 0.0
     return (torch.full((rows,), t), torch.full((rows,), s.top_k),
-            torch.full((rows,), s.top_p))
+            torch.full((rows,), s.top_p), torch.full((rows,), s.min_p))
 
 
 def chi_square(tokens: torch.Tensor, probs: torch.Tensor) -> float:
@@ -58,7 +59,8 @@ def test_top_k_and_top_p_draw_only_inside_their_sets():
     got = draws(Sampling(method="sample", top_p=0.6), 4000)
     assert set(got.tolist()) == nucleus
     # within the nucleus, the renormalised softmax
-    scores = filter_scores(LOGITS[None], torch.tensor([0]), torch.tensor([0.6]))[0]
+    scores = filter_scores(LOGITS[None], torch.tensor([0]), torch.tensor([0.6]),
+                           torch.tensor([0.0]))[0]
     assert chi_square(got, scores.softmax(-1)) < 24.3
 
 

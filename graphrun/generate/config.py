@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from graphrun.base.errors import ModelError
+from graphrun.spec.generate import MAX_LOGPROBS
 
 SAMPLING_METHODS = ("greedy", "sample")
 
@@ -47,8 +48,6 @@ class GenerateConfig:
     pad_id: int = 0
     logprobs: int | None = None  # top alternatives per new token (0-20); None: no logprobs
 
-
-MAX_LOGPROBS = 20  # top alternatives per token at most, as OpenAI's top_logprobs
 
 
 @dataclass
