@@ -1,0 +1,155 @@
+"""Log-probabilities and penalties in the engine's steps (CPU, fp32, tiny seeded models): the
+picked tokens' logprobs equal transformers' compute_transition_scores, the top alternatives come
+best first, a record asks its own number of them, vLLM's penalties steer greedy completions as a
+plain reference loop does, and a job that asks for none of it computes none of it."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+
+from graphrun.generate.config import GenerateConfig, Sampling  # noqa: E402
+from graphrun.generate.engine import build_engine  # noqa: E402
+from graphrun.spec.request import RequestParams  # noqa: E402
+from tests.generate_models import IDS, PROMPTS, tiny_llama  # noqa: E402
+
+NEW = 8
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_llama()
+
+
+def engine(model, config, slots=2, **kwargs):
+    return build_engine(copy.deepcopy(model), config, slots=slots, max_prompt=16, block_size=4,
+                        **kwargs)
+
+
+def hf_scores(model, prompt, new):
+    """transformers' greedy completion of one prompt and its tokens' normalised transition
+    scores (the logprob of each picked token)."""
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                             do_sample=False, output_scores=True, return_dict_in_generate=True,
+                             eos_token_id=None, pad_token_id=0)
+    scores = model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
+    return out.sequences[0, len(prompt):].tolist(), scores[0].tolist(), out.scores
+
+
+def test_logprobs_equal_transformers_transition_scores(llama):
+    got = engine(llama, GenerateConfig(max_new_tokens=NEW, logprobs=4)).generate(PROMPTS, IDS)
+    for prompt, c in zip(PROMPTS, got):
+        tokens, scores, raw = hf_scores(llama, prompt, NEW)
+        assert c.token_ids == tokens
+        assert c.logprobs == pytest.approx(scores, abs=1e-4)
+        for j, step in enumerate(raw):  # the top 4 of each step's log_softmax, best first
+            want = step[0].float().log_softmax(-1).topk(4)
+            assert c.top_ids[j] == want.indices.tolist()
+            assert c.top_logprobs[j] == pytest.approx(want.values.tolist(), abs=1e-4)
+            assert c.top_logprobs[j] == sorted(c.top_logprobs[j], reverse=True)
+
+
+def test_a_record_asks_its_own_number_of_alternatives_and_greedy_tokens_stay(llama):
+    plain = engine(llama, GenerateConfig(max_new_tokens=NEW)).generate(PROMPTS, IDS)
+    asked = [RequestParams(logprobs=2), None, RequestParams(logprobs=0), None, None]
+    got = engine(llama, GenerateConfig(max_new_tokens=NEW), logprobs=5).generate(
+        PROMPTS, IDS, asked)
+    assert [c.token_ids for c in got] == [c.token_ids for c in plain]
+    assert [len(t) for t in got[0].top_ids] == [2] * NEW
+    assert got[2].top_ids == [[]] * NEW and len(got[2].logprobs) == NEW
+    assert got[1].logprobs is None and got[1].top_ids is None
+
+
+def test_a_job_asking_nothing_computes_nothing(llama):
+    eng = engine(llama, GenerateConfig(max_new_tokens=NEW))
+    assert eng.state.counts.shape[1] == 0 and eng.state.top_ids.shape[1] == 0
+    assert not (eng.variant.penalized or eng.variant.filtered or eng.variant.sample)
+    assert eng.variant.logprobs is None
+    assert all(c.logprobs is None for c in eng.generate(PROMPTS, IDS))
+
+
+def vllm_penalized(logits, prompt, output, repetition, presence, frequency):
+    """vLLM's apply_penalties on one row, as its code writes it (in-place masked ops)."""
+    logits = logits.clone()
+    vocab = logits.shape[-1]
+    prompt_mask = torch.zeros(vocab, dtype=torch.bool)
+    prompt_mask[prompt] = True
+    counts = torch.bincount(torch.tensor(output, dtype=torch.long), minlength=vocab)
+    output_mask = counts > 0
+    rep = torch.where(prompt_mask | output_mask, repetition, 1.0)
+    logits[logits > 0] /= rep[logits > 0]
+    logits[logits <= 0] *= rep[logits <= 0]
+    logits -= frequency * counts
+    logits -= presence * output_mask
+    return logits
+
+
+def reference_greedy(model, prompt, new, **penalties):
+    """Greedy decoding by full forward passes, vLLM's penalties applied before each argmax."""
+    out = []
+    with torch.no_grad():
+        for _ in range(new):
+            logits = model(torch.tensor([prompt + out])).logits[0, -1].float()
+            out.append(int(vllm_penalized(logits, prompt, out, **penalties).argmax()))
+    return out
+
+
+PENALTIES = dict(repetition=1.8, presence=0.7, frequency=0.4)
+
+
+def test_penalties_steer_greedy_as_vllms_formulas_do(llama):
+    config = GenerateConfig(max_new_tokens=NEW, sampling=Sampling(
+        repetition_penalty=1.8, presence_penalty=0.7, frequency_penalty=0.4))
+    got = engine(llama, config, slots=3).generate(PROMPTS, IDS)
+    want = [reference_greedy(llama, p, NEW, **PENALTIES) for p in PROMPTS]
+    assert [c.token_ids for c in got] == want
+    plain = [c.token_ids for c in engine(llama, GenerateConfig(max_new_tokens=NEW)).generate(
+        PROMPTS, IDS)]
+    assert plain != want  # the penalties changed something: the test can tell
+
+
+def test_a_records_own_penalties_are_served_on_its_row_and_reset_for_the_next(llama):
+    own = RequestParams(repetition_penalty=1.8, presence_penalty=0.7, frequency_penalty=0.4)
+    # one slot: each record takes the slot after a penalized one, its counts reset
+    params = [own if i % 2 == 0 else None for i in range(len(PROMPTS))]
+    got = engine(llama, GenerateConfig(max_new_tokens=NEW), slots=1, penalized=True).generate(
+        PROMPTS, IDS, params)
+    for prompt, p, c in zip(PROMPTS, params, got):
+        want = reference_greedy(llama, prompt, NEW, **(PENALTIES if p else dict(
+            repetition=1.0, presence=0.0, frequency=0.0)))
+        assert c.token_ids == want
+
+
+def test_an_engine_without_penalties_or_logprobs_refuses_a_record_asking_them(llama):
+    from graphrun.generate.config import GenerationError
+
+    eng = engine(llama, GenerateConfig(max_new_tokens=NEW))
+    with pytest.raises(GenerationError, match="without penalties"):
+        eng.generate([[3, 4]], params=[RequestParams(presence_penalty=0.5)])
+    with pytest.raises(GenerationError, match="no log-probabilities"):
+        eng.generate([[3, 4]], params=[RequestParams(logprobs=1)])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_captured_steps_with_logprobs_and_penalties_equal_eager_steps(llama):
+    config = GenerateConfig(max_new_tokens=12, eos_ids=(2, 7), logprobs=5, sampling=Sampling(
+        repetition_penalty=1.3, presence_penalty=0.2, frequency_penalty=0.1))
+    prompts = [PROMPTS[i % len(PROMPTS)] + [i] for i in range(20)]
+    eager = engine(llama, config, 4).generate(prompts)
+    graphs = engine(llama, config, 4, device="cuda")
+    assert all(g["status"] == "captured" for g in graphs.graphs()), graphs.graphs()
+    got = graphs.generate(prompts)
+    assert [c.token_ids for c in got] == [c.token_ids for c in eager]
+    for g, e in zip(got, eager):
+        assert g.logprobs == pytest.approx(e.logprobs, abs=1e-4)
+        assert g.top_ids == e.top_ids
+        assert [x for row in g.top_logprobs for x in row] == pytest.approx(
+            [x for row in e.top_logprobs for x in row], abs=1e-4)
