@@ -153,3 +153,44 @@ def test_captured_steps_with_logprobs_and_penalties_equal_eager_steps(llama):
         assert g.top_ids == e.top_ids
         assert [x for row in g.top_logprobs for x in row] == pytest.approx(
             [x for row in e.top_logprobs for x in row], abs=1e-4)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_a_job_writes_each_tokens_logprob_and_its_alternatives(tmp_path, fmt):
+    import json
+
+    import pyarrow.parquet as pq
+    import transformers
+
+    import graphrun
+    from tests.test_generate_job import FOLDER, write_spec
+
+    spec = write_spec(tmp_path, n=3, generate={
+        "max_new_tokens": 4, "logprobs": 3,
+        "sampling": {"repetition_penalty": 1.5},
+        "per_record": {"logprobs": "lp", "presence_penalty": "pp"}},
+        output={"dir": str(tmp_path / "out"), "format": fmt})
+    data = tmp_path / "prompts.jsonl"
+    records = [json.loads(x) for x in data.read_text().splitlines()]
+    records[1].update(lp=1, pp=0.5)  # the second asks 1 alternative, and its own penalty
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    graphrun.run(graphrun.load_spec(spec))
+    if fmt == "jsonl":
+        rows = [json.loads(x) for x in (tmp_path / "out" / "part-00000.jsonl").read_text()
+                .splitlines()]
+    else:
+        rows = pq.read_table(tmp_path / "out" / "part-00000.parquet").to_pylist()
+    tok = transformers.AutoTokenizer.from_pretrained(FOLDER)
+    model = transformers.AutoModelForCausalLM.from_pretrained(FOLDER).eval()
+    for record, row in zip(records, rows):
+        k = record.get("lp", 3)
+        ids = tok(record["prompt"]).input_ids
+        with torch.no_grad():  # the model's own log_softmax: before the penalties
+            logits = model(torch.tensor([ids + row["token_ids"]])).logits[0, len(ids) - 1:-1]
+        lp = logits.float().log_softmax(-1)
+        assert row["logprobs"] == pytest.approx(
+            [float(lp[j, t]) for j, t in enumerate(row["token_ids"])], abs=1e-4)
+        assert row["tokens"] == [tok.decode([t]) for t in row["token_ids"]]
+        assert [len(x) for x in row["top_token_ids"]] == [k] * len(row["token_ids"])
+        assert row["top_token_ids"] == lp.topk(k).indices.tolist()
+        assert row["top_tokens"] == [[tok.decode([t]) for t in x] for x in row["top_token_ids"]]

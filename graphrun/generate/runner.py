@@ -292,7 +292,8 @@ class GenerationRunner:
             from graphrun.models.hf import fast_tokenizer, remote_code
 
             tok = fast_tokenizer(self.tokenizer_folder, remote_code(self.spec))
-            self._texts = lru_cache(maxsize=1 << 16)(lambda t: tok.decode([t]))
+            self._texts = lru_cache(maxsize=1 << 16)(
+                lambda t: tok.decode([t], skip_special_tokens=False))
         return self._texts
 
     def try_every_bucket(self) -> int:
