@@ -28,11 +28,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-LAYOUTS = {
-    "134M": dict(layers=12, d_model=768, heads=12, kv_heads=12, ffn=2048, vocab=32000),
-    "1.24B": dict(layers=16, d_model=2048, heads=32, kv_heads=8, ffn=8192, vocab=128256),
-    "tiny": dict(layers=2, d_model=64, heads=4, kv_heads=2, ffn=128, vocab=512),
-}
+from benchmarks.bench_decode_step import LAYOUTS  # noqa: E402
+
 # name -> (Engine variant keywords, per-row sampling written into every row)
 VARIANTS = {
     "greedy": ({}, {}),
