@@ -261,6 +261,17 @@ def test_params_from_fields_reads_each_named_field():
     got = params_from_fields({"mt": 3, "s": ["x"], "k": None},
                              {"max_new_tokens": "mt", "stop": "s", "top_k": "k"})
     assert got == RequestParams(max_new_tokens=3, stop_strings=("x",))
+    named = {"repetition_penalty": "rp", "presence_penalty": "pp", "frequency_penalty": "fp",
+             "logprobs": "lp", "min_p": "mp"}
+    got = params_from_fields({"rp": 1.2, "pp": -1, "fp": 0.5, "lp": 3, "mp": 0.1}, named)
+    assert got == RequestParams(repetition_penalty=1.2, presence_penalty=-1.0,
+                                frequency_penalty=0.5, logprobs=3, min_p=0.1)
+    for record, why in (({"rp": 0}, "rp (generate.per_record.repetition_penalty): 0 is not"),
+                        ({"pp": 2.5}, "pp (generate.per_record.presence_penalty): 2.5 is not"),
+                        ({"lp": 21}, "lp (generate.per_record.logprobs): 21 is not a whole "
+                                     "number in [0, 20]"),
+                        ({"lp": True}, "lp (generate.per_record.logprobs): True is not")):
+        assert why in params_from_fields(record, named)
 
 
 def batch_outputs(idx: list[int]) -> dict:
