@@ -67,11 +67,23 @@ def test_a_record_asks_its_own_number_of_alternatives_and_greedy_tokens_stay(lla
     assert got[1].logprobs is None and got[1].top_ids is None
 
 
+def test_prompt_logprobs_equal_a_forward_pass_log_softmax(llama):
+    got = engine(llama, GenerateConfig(max_new_tokens=2, prompt_logprobs=True),
+                 slots=3).generate(PROMPTS, IDS)
+    plain = engine(llama, GenerateConfig(max_new_tokens=2)).generate(PROMPTS, IDS)
+    for prompt, c, p in zip(PROMPTS, got, plain):
+        with torch.no_grad():
+            lp = llama(torch.tensor([prompt])).logits[0].float().log_softmax(-1)
+        assert c.prompt_logprobs == pytest.approx(
+            [float(lp[t, prompt[t + 1]]) for t in range(len(prompt) - 1)], abs=1e-4)
+        assert c.token_ids == p.token_ids and p.prompt_logprobs is None
+
+
 def test_a_job_asking_nothing_computes_nothing(llama):
     eng = engine(llama, GenerateConfig(max_new_tokens=NEW))
     assert eng.state.counts.shape[1] == 0 and eng.state.top_ids.shape[1] == 0
     assert not (eng.variant.penalized or eng.variant.filtered or eng.variant.sample)
-    assert eng.variant.logprobs is None
+    assert eng.variant.logprobs is None and eng.state.p_logprobs.numel() == 0
     assert all(c.logprobs is None for c in eng.generate(PROMPTS, IDS))
 
 
@@ -140,8 +152,9 @@ def test_an_engine_without_penalties_or_logprobs_refuses_a_record_asking_them(ll
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_captured_steps_with_logprobs_and_penalties_equal_eager_steps(llama):
-    config = GenerateConfig(max_new_tokens=12, eos_ids=(2, 7), logprobs=5, sampling=Sampling(
-        repetition_penalty=1.3, presence_penalty=0.2, frequency_penalty=0.1))
+    config = GenerateConfig(max_new_tokens=12, eos_ids=(2, 7), logprobs=5, prompt_logprobs=True,
+                            sampling=Sampling(repetition_penalty=1.3, presence_penalty=0.2,
+                                              frequency_penalty=0.1))
     prompts = [PROMPTS[i % len(PROMPTS)] + [i] for i in range(20)]
     eager = engine(llama, config, 4).generate(prompts)
     graphs = engine(llama, config, 4, device="cuda")
@@ -151,6 +164,7 @@ def test_captured_steps_with_logprobs_and_penalties_equal_eager_steps(llama):
     for g, e in zip(got, eager):
         assert g.logprobs == pytest.approx(e.logprobs, abs=1e-4)
         assert g.top_ids == e.top_ids
+        assert g.prompt_logprobs == pytest.approx(e.prompt_logprobs, abs=1e-4)
         assert [x for row in g.top_logprobs for x in row] == pytest.approx(
             [x for row in e.top_logprobs for x in row], abs=1e-4)
 
@@ -166,7 +180,7 @@ def test_a_job_writes_each_tokens_logprob_and_its_alternatives(tmp_path, fmt):
     from tests.test_generate_job import FOLDER, write_spec
 
     spec = write_spec(tmp_path, n=3, generate={
-        "max_new_tokens": 4, "logprobs": 3,
+        "max_new_tokens": 4, "logprobs": 3, "prompt_logprobs": True,
         "sampling": {"repetition_penalty": 1.5},
         "per_record": {"logprobs": "lp", "presence_penalty": "pp"}},
         output={"dir": str(tmp_path / "out"), "format": fmt})
@@ -194,3 +208,7 @@ def test_a_job_writes_each_tokens_logprob_and_its_alternatives(tmp_path, fmt):
         assert [len(x) for x in row["top_token_ids"]] == [k] * len(row["token_ids"])
         assert row["top_token_ids"] == lp.topk(k).indices.tolist()
         assert row["top_tokens"] == [[tok.decode([t]) for t in x] for x in row["top_token_ids"]]
+        with torch.no_grad():
+            lp = model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+        assert row["prompt_logprobs"] == pytest.approx(
+            [float(lp[t, ids[t + 1]]) for t in range(len(ids) - 1)], abs=1e-4)

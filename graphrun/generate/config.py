@@ -47,6 +47,7 @@ class GenerateConfig:
     eos_ids: tuple[int, ...] = ()  # stop ids: the model's EOS plus extra stop ids
     pad_id: int = 0
     logprobs: int | None = None  # top alternatives per new token (0-20); None: no logprobs
+    prompt_logprobs: bool = False  # each prompt token's logprob (after the first)
 
 
 
@@ -61,6 +62,7 @@ class Completion:
     logprobs: list[float] | None = None
     top_ids: list[list[int]] | None = None
     top_logprobs: list[list[float]] | None = None
+    prompt_logprobs: list[float] | None = None  # the prompt's tokens after the first, where asked
 
 
 def check_config(config: GenerateConfig, vocab: int) -> None:

@@ -89,6 +89,8 @@ class _Row:
     tokens: list[int] = field(default_factory=list)
     first_s: float = 0.0
     logprobs: int | None = None  # its top alternatives per token; None: none asked
+    packed_at: int = 0  # where its prompt starts in its prefill's pack
+    prompt_logprobs: list[float] | None = None
     token_logprobs: list[float] = field(default_factory=list)
     top_ids: list[list[int]] = field(default_factory=list)
     top_logprobs: list[list[float]] = field(default_factory=list)
@@ -242,7 +244,8 @@ class Engine:
             filtered=((spec_sample and (s.top_k > 0 or s.top_p < 1 or s.min_p > 0))
                       if filtered is None else filtered),
             penalized=s.penalized if penalized is None else penalized,
-            logprobs=config.logprobs if logprobs == "spec" else logprobs)
+            logprobs=config.logprobs if logprobs == "spec" else logprobs,
+            prompt_logprobs=config.prompt_logprobs)
         self.sample, self.filtered = self.variant.sample, self.variant.filtered
         self.state = SlotState(slots, self.max_blocks, self.prefill_sizes[-1], stop_width,
                                config, self.model.vocab, self.device,
@@ -265,6 +268,8 @@ class Engine:
                                     pin_memory=self.cuda)
         self._host_ids = torch.zeros((RING, slots + 1, top), dtype=torch.int64,
                                      pin_memory=self.cuda)
+        self._host_prompt = torch.zeros((RING, self.state.p_logprobs.numel()),
+                                        dtype=torch.float32, pin_memory=self.cuda)
         self._ring = 0
         self._last_event = None
 
@@ -470,6 +475,7 @@ class Engine:
             segment[at:at + n] = i
             slots[at:at + n] = np.asarray(row.blocks)[pos // bs] * bs + pos % bs
             last[i], join[i], lens[i] = at + n - 1, s, n
+            row.packed_at = at
             at += n
         st.push()
         for name, values in (("p_tokens", tokens), ("p_positions", positions),
@@ -561,6 +567,10 @@ class Engine:
         self.table[key].run()
         out = self._host_out[buffer, :count]
         out.copy_(self.state.picked[:count], non_blocking=True)
+        if kind == "prefill" and self.variant.prompt_logprobs:
+            size = key.size
+            self._host_prompt[buffer, :size].copy_(self.state.p_logprobs[:size],
+                                                   non_blocking=True)
         if self.variant.logprobs is not None:
             self._host_lp[buffer, :count].copy_(self.state.logprobs[:count], non_blocking=True)
             self._host_ids[buffer, :count].copy_(self.state.top_ids[:count], non_blocking=True)
@@ -586,7 +596,11 @@ class Engine:
         now = time.perf_counter()
         if launch.kind == "prefill":
             self.stats.prefill_s += seconds
+            scored = self._host_prompt[launch.buffer].numpy()
             for i, row in enumerate(launch.rows):
+                if self.variant.prompt_logprobs:  # token t's logprob sits at t - 1
+                    at, n = row.packed_at, len(row.request.prompt)
+                    row.prompt_logprobs = scored[at:at + n - 1].tolist()
                 row.joined, row.first_s = True, now
                 self.stats.ttft.add(now - row.taken_s)
                 self._append(row, int(out[i]), emit, now)
@@ -633,7 +647,8 @@ class Engine:
             row.tokens, reason, len(row.request.prompt), n,
             logprobs=row.token_logprobs if asked else None,
             top_ids=row.top_ids if asked else None,
-            top_logprobs=row.top_logprobs if asked else None)))
+            top_logprobs=row.top_logprobs if asked else None,
+            prompt_logprobs=row.prompt_logprobs)))
 
     # -- a whole list at once (tests, benchmarks, validate --load) --------------------------------
 

@@ -20,6 +20,10 @@ LOGPROB_OUTPUTS = {"logprobs": {"shape": ["batch", "new_tokens"], "dtype": "floa
                    "top_tokens": {"shape": ["batch", "new_tokens", "top"]}}
 
 
+PROMPT_LOGPROB_OUTPUTS = {"prompt_logprobs": {"shape": ["batch", PROMPT_AXIS],
+                                              "dtype": "float32"}}
+
+
 def logprobs_asked(spec) -> bool:
     """Whether a generation spec's records may carry log-probabilities: generate.logprobs,
     a per-record logprobs field, or an OpenAI Batch file (whose requests may ask)."""
@@ -35,6 +39,7 @@ def with_implied_io(spec):
     if spec.generate is None:
         return spec
     inputs = {n: InputSpec(**v) for n, v in IMPLIED_INPUTS.items()}
-    implied = {**IMPLIED_OUTPUTS, **(LOGPROB_OUTPUTS if logprobs_asked(spec) else {})}
+    implied = {**IMPLIED_OUTPUTS, **(LOGPROB_OUTPUTS if logprobs_asked(spec) else {}),
+               **(PROMPT_LOGPROB_OUTPUTS if spec.generate.prompt_logprobs else {})}
     outputs = {n: OutputSpec(**v) for n, v in implied.items()}
     return spec.model_copy(update={"inputs": inputs, "outputs": outputs})  # keeps its source

@@ -96,6 +96,9 @@ class Part:
                 "output_tokens": np.array([c.output_tokens for c in done], dtype=np.int64)}
         if self.token_text is not None:
             outs.update(logprob_outputs(done, self.token_text))
+        if done and done[0].prompt_logprobs is not None:  # the job's prompts all scored
+            outs["prompt_logprobs"] = [np.asarray(c.prompt_logprobs, dtype=np.float32)
+                                       for c in done]
         return outs, self.times
 
 
@@ -439,6 +442,6 @@ def generate_config(spec: PipelineSpec, model) -> GenerateConfig:
                           presence_penalty=s.presence_penalty,
                           frequency_penalty=s.frequency_penalty),
         eos_ids=stops, pad_id=int(pad if not isinstance(pad, (list, tuple)) else pad[0]),
-        logprobs=g.logprobs)
+        logprobs=g.logprobs, prompt_logprobs=g.prompt_logprobs)
 
 

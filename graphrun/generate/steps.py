@@ -45,7 +45,7 @@ HOST_FIELDS = ("block_table", "keys", "temperature", "top_k", "top_p", "min_p", 
                "presence", "frequency", "max_new", "stops")
 # the values the steps change, and what a verification run restores
 STEP_FIELDS = ("token", "seq_lens", "index", "done", "logits", "picked", "counts",
-               "prompt_seen", "logprobs", "top_ids")
+               "prompt_seen", "logprobs", "top_ids", "p_logprobs")
 # the device's per-row values that move with a row to another slot (Engine._compact)
 ROW_FIELDS = ("token", "seq_lens", "index", "done", "counts", "prompt_seen")
 
@@ -62,6 +62,7 @@ class Variant:
     filtered: bool = False
     penalized: bool = False
     logprobs: int | None = None
+    prompt_logprobs: bool = False  # the prefill's logits at every prompt token, scored
 
 
 class SlotState:
@@ -119,6 +120,10 @@ class SlotState:
         self.p_last = torch.zeros(n, **i64)  # each prompt's last token in the pack
         self.p_join = torch.full((n,), self.spare, **i64)  # the slot each prompt joins
         self.p_lens = torch.zeros(n, dtype=torch.int32, device=device)
+        # each packed token's logprob of the token after it ([0] where not asked)
+        scored = prefill_tokens if variant.prompt_logprobs else 0
+        self.p_every = torch.arange(scored, **i64)
+        self.p_logprobs = torch.zeros(scored, dtype=torch.float32, device=device)
         self.vocab_ids = torch.arange(vocab, **i64)
         eos = torch.tensor(config.eos_ids, **i64)
         self.eos_column = torch.zeros(vocab, dtype=torch.bool, device=device)  # [V]
@@ -179,9 +184,14 @@ def prefill_step(model: StepModel, state: SlotState, cache: PagedCache, config: 
         segment = state.p_segment[:tokens]
         # a token sees the earlier tokens of its own prompt; padding sees padding at least
         mask = (segment[None, :] == segment[:, None]) & (positions[None, :] <= positions[:, None])
+        scored = variant.prompt_logprobs  # then every token's logits [T, V], else the last's
         kv = StepKV(cache, mask=mask[None, None], slots=state.p_slots[:tokens],
-                    last=state.p_last)
-        logits = model(state.p_tokens[:tokens][None], positions[None], kv)  # [n, V]
+                    last=state.p_every[:tokens] if scored else state.p_last)
+        logits = model(state.p_tokens[:tokens][None], positions[None], kv)  # [n or T, V]
+        if scored:
+            after = torch.roll(state.p_tokens[:tokens], -1)[:, None]  # [T, 1]: the next token
+            state.p_logprobs[:tokens].copy_(logits.log_softmax(-1).gather(1, after)[:, 0])
+            logits = logits.index_select(0, state.p_last)  # [n, V]
         join = state.p_join  # [n]
         index = torch.zeros_like(join)
         if variant.penalized:  # the joining rows' counts from zero, their prompts marked

@@ -161,6 +161,10 @@ class GenerateSpec(Strict):
         "log-probability (logprobs) and its k most likely alternatives (top_logprobs: ids, "
         "logprobs, text), k 0 to 20: the model's own log_softmax of its logits, before "
         "penalties, temperature and filters (as OpenAI and vLLM report them). null: none.")
+    prompt_logprobs: bool = Field(
+        False, strict=True, description="Write each prompt token's log-probability given the "
+        "tokens before it (prompt_logprobs: one per prompt token after the first), the "
+        "scoring use; the prefill then computes the logits of every prompt token.")
     per_record: PerRecordSpec = Field(
         default_factory=PerRecordSpec, description="Record fields that set each record's own "
         "parameters (JSONL or Parquet records), e.g. {max_new_tokens: max_tokens, "
