@@ -67,11 +67,11 @@ def penalize(logits: torch.Tensor, counts: torch.Tensor, prompt_seen: torch.Tens
     divided by the repetition penalty [b] where positive, multiplied where not; then each
     output token's logit loses frequency [b] times its count and presence [b] once (1, 0, 0:
     off)."""
-    seen = prompt_seen | (counts > 0)
-    rep = torch.where(seen, repetition[:, None], 1.0)
+    present = counts > 0
+    rep = torch.where(prompt_seen | present, repetition[:, None], 1.0)
     logits = torch.where(logits > 0, logits / rep, logits * rep)
     return (logits - frequency[:, None] * counts.to(logits.dtype)
-            - presence[:, None] * (counts > 0).to(logits.dtype))
+            - presence[:, None] * present.to(logits.dtype))
 
 
 def filter_scores(scores: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
