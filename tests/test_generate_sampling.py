@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from graphrun.generate.config import Sampling
-from graphrun.generate.sampling import filter_scores, pick, record_key, uniforms
+from graphrun.generate.sampling import (filter_scores, penalize, pick, record_key,
+                                        token_logprobs, uniforms)
 
 VOCAB = 8
 LOGITS = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, 0.25])
@@ -21,11 +22,12 @@ def draws(s: Sampling, rows: int = 20000, index: int = 0) -> torch.Tensor:
                 torch.arange(VOCAB), sample=s.method == "sample", filtered=True)
 
 
-def per_row(s: Sampling, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The spec's sampling as per-row temperature, top_k, top_p (temperature 0: greedy)."""
+def per_row(s: Sampling, rows: int) -> tuple[torch.Tensor, ...]:
+    """The spec's sampling as per-row temperature, top_k, top_p, min_p (temperature 0:
+    greedy)."""
     t = s.temperature if s.method == "sample" else 0.0
     return (torch.full((rows,), t), torch.full((rows,), s.top_k),
-            torch.full((rows,), s.top_p))
+            torch.full((rows,), s.top_p), torch.full((rows,), s.min_p))
 
 
 def chi_square(tokens: torch.Tensor, probs: torch.Tensor) -> float:
@@ -58,8 +60,56 @@ def test_top_k_and_top_p_draw_only_inside_their_sets():
     got = draws(Sampling(method="sample", top_p=0.6), 4000)
     assert set(got.tolist()) == nucleus
     # within the nucleus, the renormalised softmax
-    scores = filter_scores(LOGITS[None], torch.tensor([0]), torch.tensor([0.6]))[0]
+    scores = filter_scores(LOGITS[None], torch.tensor([0]), torch.tensor([0.6]),
+                           torch.tensor([0.0]))[0]
     assert chi_square(got, scores.softmax(-1)) < 24.3
+
+
+def test_min_p_draws_only_tokens_at_least_min_p_of_the_most_likely():
+    probs = LOGITS.softmax(-1)
+    kept = set(torch.nonzero(probs >= 0.3 * probs.max()).flatten().tolist())
+    got = draws(Sampling(method="sample", min_p=0.3), 4000)
+    assert set(got.tolist()) == kept and len(kept) < VOCAB
+    # within the kept set, the renormalised softmax; min_p 0 keeps every token
+    scores = filter_scores(LOGITS[None], torch.tensor([0]), torch.tensor([1.0]),
+                           torch.tensor([0.3]))[0]
+    assert chi_square(got, scores.softmax(-1)) < 24.3
+    assert torch.equal(filter_scores(LOGITS[None], torch.tensor([0]), torch.tensor([1.0]),
+                                     torch.tensor([0.0]))[0], LOGITS)
+
+
+def test_penalties_are_vllms_per_row():
+    """vLLM's apply_penalties, written as its code does (masked in-place ops), on random
+    logits and counts: each row its own repetition, presence and frequency penalty."""
+    gen = torch.Generator().manual_seed(0)
+    b, v = 6, 50
+    logits = torch.randn(b, v, generator=gen) * 3
+    counts = torch.randint(0, 3, (b, v), generator=gen, dtype=torch.int32)
+    counts[torch.rand(b, v, generator=gen) < 0.6] = 0
+    prompt = torch.rand(b, v, generator=gen) < 0.2
+    rep = torch.tensor([1.0, 1.3, 0.7, 2.0, 1.0, 1.1])
+    pres = torch.tensor([0.0, 0.5, -0.5, 1.0, 0.0, 2.0])
+    freq = torch.tensor([0.0, 0.2, 0.3, -1.0, 1.5, 0.0])
+    want = logits.clone()
+    reps = torch.where(prompt | (counts > 0), rep[:, None], 1.0)
+    want[want > 0] /= reps[want > 0]
+    want[want <= 0] *= reps[want <= 0]
+    want -= freq[:, None] * counts
+    want -= pres[:, None] * (counts > 0)
+    got = penalize(logits, counts, prompt, rep, pres, freq)
+    assert torch.allclose(got, want, atol=1e-6)
+    assert torch.equal(got[0], logits[0])  # every penalty off: the logits as they were
+
+
+def test_token_logprobs_are_the_picked_tokens_then_the_best_first():
+    logits = torch.stack([LOGITS, LOGITS.flip(0)])
+    token = torch.tensor([3, 0])
+    values, ids = token_logprobs(logits, token, 3)
+    lp = logits.log_softmax(-1)
+    assert torch.allclose(values[:, 0], lp[[0, 1], token])
+    assert ids.tolist() == [[0, 1, 2], [7, 6, 5]]
+    assert torch.allclose(values[:, 1:], lp.gather(1, ids))
+    assert token_logprobs(logits, token, 0)[1].shape == (2, 0)
 
 
 def test_draws_depend_on_key_and_place_only():

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 import graphrun
@@ -87,7 +88,7 @@ def test_a_chat_batch_file_is_answered_line_by_line_in_the_batch_output_shape(tm
                                              "j", "k", "m", "a"]
     assert len({x["id"] for x in out}) == len(out)  # a repeated custom_id's line too
     served = {x["custom_id"]: x for x in out if x["error"] is None}
-    assert sorted(served) == ["a", "b", "k", "m"]
+    assert sorted(served) == ["a", "b", "d", "f", "k", "m"]
     for cid, messages in (("a", CHATS[0]), ("b", CHATS[1]), ("k", CHATS[2])):
         prompt, want = hf_chat_greedy(hf, messages)
         body = served[cid]["response"]["body"]
@@ -102,20 +103,36 @@ def test_a_chat_batch_file_is_answered_line_by_line_in_the_batch_output_shape(tm
     assert short["usage"]["completion_tokens"] == min(2, len(want))
     assert short["choices"][0]["message"]["content"] == hf[0].decode(
         want[:2], skip_special_tokens=True)
+    # logprobs: true with top_logprobs 5, in chat's shape, the model's own log_softmax
+    prompt, want = hf_chat_greedy(hf, CHATS[0])
+    choice = served["f"]["response"]["body"]["choices"][0]
+    content = choice["logprobs"]["content"]
+    assert len(content) == len(want) and choice["logprobs"]["refusal"] is None
+    with torch.no_grad():
+        logits = hf[1](torch.tensor([prompt + want])).logits[0, len(prompt) - 1:-1]
+    expected = logits.float().log_softmax(-1)
+    for j, (entry, token) in enumerate(zip(content, want)):
+        assert entry["token"] == hf[0].decode([token])
+        assert entry["bytes"] == list(entry["token"].encode())
+        assert abs(entry["logprob"] - float(expected[j, token])) < 1e-4
+        tops = entry["top_logprobs"]
+        assert [t["logprob"] for t in tops] == sorted((t["logprob"] for t in tops), reverse=True)
+        assert len(tops) == 5 and tops[0]["logprob"] == entry["logprob"]  # greedy: the best
+    assert served["a"]["response"]["body"]["choices"][0]["logprobs"] is None  # not asked
+    # presence_penalty 0.5: served on its row
+    assert served["d"]["response"]["body"]["usage"]["completion_tokens"] >= 1
     errors = {x["custom_id"]: x["error"]["message"] for x in out if x["error"] is not None}
     assert "invalid JSON" in errors[None] and "requests.jsonl:3" in errors[None]
     assert "/v1/embeddings" in errors["c"]
-    assert "presence_penalty" in errors["d"]
     assert "n > 1" in errors["e"]
-    assert "logprobs" in errors["f"]
     assert "stop" in errors["g"]
     assert f"max_new_tokens {NEW + 5} is more than the job's cap" in errors["h"]
     assert "temperature" in errors["i"]
     assert "one endpoint" in errors["j"]
     assert "duplicate" in out[-1]["error"]["message"]
-    assert manifest.totals.records_out == 4 and manifest.totals.records_rejected == 10
+    assert manifest.totals.records_out == 6 and manifest.totals.records_rejected == 8
     rejects = (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()
-    assert len(rejects) == 10
+    assert len(rejects) == 8
 
 
 def test_a_completions_batch_file_tokenizes_its_prompts_with_special_tokens(tmp_path,
@@ -171,9 +188,11 @@ def test_a_request_body_with_a_bad_or_unserved_value_says_why(body, why):
 def test_a_request_body_becomes_its_request_params():
     got = body_params({"messages": [], "max_tokens": 9, "temperature": 0.5, "top_p": 0.9,
                        "seed": 3, "stop": "END", "n": 2, "logprobs": True, "top_logprobs": 4,
-                       "top_k": -1, "user": "u1", "presence_penalty": 0}, chat=True)
+                       "top_k": -1, "user": "u1", "presence_penalty": 0.5,
+                       "frequency_penalty": -1, "repetition_penalty": 1.2}, chat=True)
     assert got == RequestParams(max_new_tokens=9, temperature=0.5, top_p=0.9, seed=3,
-                                stop_strings=("END",), n=2, logprobs=4)
+                                stop_strings=("END",), n=2, logprobs=4, presence_penalty=0.5,
+                                frequency_penalty=-1.0, repetition_penalty=1.2)
     assert body_params({"prompt": "x", "logprobs": 2}, chat=False) == RequestParams(logprobs=2)
     assert body_params({"messages": [], "stop_token_ids": [2, 7], "logit_bias": {}},
                        chat=True) == RequestParams(stop_token_ids=(2, 7))
@@ -242,6 +261,17 @@ def test_params_from_fields_reads_each_named_field():
     got = params_from_fields({"mt": 3, "s": ["x"], "k": None},
                              {"max_new_tokens": "mt", "stop": "s", "top_k": "k"})
     assert got == RequestParams(max_new_tokens=3, stop_strings=("x",))
+    named = {"repetition_penalty": "rp", "presence_penalty": "pp", "frequency_penalty": "fp",
+             "logprobs": "lp", "min_p": "mp"}
+    got = params_from_fields({"rp": 1.2, "pp": -1, "fp": 0.5, "lp": 3, "mp": 0.1}, named)
+    assert got == RequestParams(repetition_penalty=1.2, presence_penalty=-1.0,
+                                frequency_penalty=0.5, logprobs=3, min_p=0.1)
+    for record, why in (({"rp": 0}, "rp (generate.per_record.repetition_penalty): 0 is not"),
+                        ({"pp": 2.5}, "pp (generate.per_record.presence_penalty): 2.5 is not"),
+                        ({"lp": 21}, "lp (generate.per_record.logprobs): 21 is not a whole "
+                                     "number in [0, 20]"),
+                        ({"lp": True}, "lp (generate.per_record.logprobs): True is not")):
+        assert why in params_from_fields(record, named)
 
 
 def batch_outputs(idx: list[int]) -> dict:
@@ -251,7 +281,13 @@ def batch_outputs(idx: list[int]) -> dict:
             "text": np.array([f"answer {i}" for i in idx]),
             "finish_reason": np.array(["eos" if i % 2 else "length" for i in idx]),
             "prompt_tokens": np.array([10 + i for i in idx], np.int64),
-            "output_tokens": np.array([2] * len(idx), np.int64)}
+            "output_tokens": np.array([2] * len(idx), np.int64),
+            # an OpenAI Batch job's logprob outputs: empty where a request asked none
+            "logprobs": [np.zeros(0, np.float32) for _ in idx],
+            "tokens": [np.zeros(0, str) for _ in idx],
+            "top_token_ids": [np.zeros((0, 0), np.int64) for _ in idx],
+            "top_logprobs": [np.zeros((0, 0), np.float32) for _ in idx],
+            "top_tokens": [np.zeros((0, 0), str) for _ in idx]}
 
 
 def write_batch_shards(spec, out: Path, rejected: set[int], n: int, resume=None, start=0,

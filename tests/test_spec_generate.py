@@ -72,6 +72,18 @@ def test_sampling_keys_load_with_method_sample(write_gen):
     assert (spec.generate.stop.eos, spec.generate.stop.token_ids) == ("none", [3])
 
 
+def test_penalties_and_logprobs_load_beside_greedy(write_gen):
+    spec = load_spec(write_gen(edit(
+        "sampling: {method: greedy}",
+        "sampling: {method: greedy, repetition_penalty: 1.2, presence_penalty: -0.5, "
+        "frequency_penalty: 0.3}\n  logprobs: 5")))
+    g = spec.generate
+    assert (g.sampling.repetition_penalty, g.sampling.presence_penalty,
+            g.sampling.frequency_penalty, g.logprobs) == (1.2, -0.5, 0.3, 5)
+    assert load_spec(write_gen(edit("{method: greedy}", "{method: sample, min_p: 0.05}"))
+                     ).generate.sampling.min_p == 0.05
+
+
 def test_a_generation_spec_dumped_and_loaded_again_is_valid(write_gen):
     """A resolved spec (the manifest's, a worker's) holds inputs: {} and outputs: {}."""
     import yaml
@@ -137,6 +149,16 @@ BROKEN = [
      "generate.stop.eos: must be 'auto' or 'none' (got 'always')"),
     ("negative-stop-id", edit("{eos: auto}", "{eos: auto, token_ids: [2, -1]}"), [], "14:36",
      "generate.stop.token_ids[1]: must be >= 0 (got -1)"),
+    ("greedy-min-p", edit("{method: greedy}", "{method: greedy, min_p: 0.1}"), [], "13:13",
+     "min_p 0.1 given with method greedy"),
+    ("min-p-over-one", edit("{method: greedy}", "{method: sample, min_p: 1.5}"), [], "13:37",
+     "generate.sampling.min_p: must be <= 1 (got 1.5)"),
+    ("repetition-zero", edit("{method: greedy}", "{repetition_penalty: 0}"), [], "13:34",
+     "generate.sampling.repetition_penalty: must be > 0 (got 0)"),
+    ("presence-past-two", edit("{method: greedy}", "{presence_penalty: 2.5}"), [], "13:32",
+     "generate.sampling.presence_penalty: must be <= 2 (got 2.5)"),
+    ("logprobs-past-twenty", edit("max_new_tokens: 16", "max_new_tokens: 16\n  logprobs: 21"),
+     [], "13:13", "generate.logprobs: must be <= 20 (got 21)"),
     ("override-located", GEN_SPEC, ["generate.min_new_tokens=99"], "--set",
      "--set generate.min_new_tokens=99: generate.min_new_tokens: 99 is more than"),
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from graphrun.base.errors import ModelError
+from graphrun.spec.generate import MAX_LOGPROBS
 
 SAMPLING_METHODS = ("greedy", "sample")
 
@@ -27,6 +28,15 @@ class Sampling:
     top_k: int = 0  # 0: off
     top_p: float = 1.0  # 1.0: off
     seed: int = 0
+    min_p: float = 0.0  # 0: off
+    repetition_penalty: float = 1.0  # 1: off; the penalties apply to greedy rows too
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    @property
+    def penalized(self) -> bool:
+        return (self.repetition_penalty, self.presence_penalty,
+                self.frequency_penalty) != (1.0, 0.0, 0.0)
 
 
 @dataclass(frozen=True)
@@ -36,6 +46,9 @@ class GenerateConfig:
     sampling: Sampling = Sampling()
     eos_ids: tuple[int, ...] = ()  # stop ids: the model's EOS plus extra stop ids
     pad_id: int = 0
+    logprobs: int | None = None  # top alternatives per new token (0-20); None: no logprobs
+    prompt_logprobs: bool = False  # each prompt token's logprob (after the first)
+
 
 
 @dataclass
@@ -44,6 +57,12 @@ class Completion:
     finish_reason: str  # "eos" | "length"
     prompt_tokens: int
     output_tokens: int
+    # per new token where the record asked (else None): the model's log-probability of it,
+    # and of its top alternatives (ids, best first) [new tokens][k]
+    logprobs: list[float] | None = None
+    top_ids: list[list[int]] | None = None
+    top_logprobs: list[list[float]] | None = None
+    prompt_logprobs: list[float] | None = None  # the prompt's tokens after the first, where asked
 
 
 def check_config(config: GenerateConfig, vocab: int) -> None:
@@ -63,6 +82,17 @@ def check_config(config: GenerateConfig, vocab: int) -> None:
         problems.append(f"sampling.top_k is {s.top_k}: give 0 (off) or more")
     if not 0 < s.top_p <= 1:
         problems.append(f"sampling.top_p is {s.top_p}: give a value in (0, 1]")
+    if not 0 <= s.min_p <= 1:
+        problems.append(f"sampling.min_p is {s.min_p}: give a value in [0, 1]")
+    if not s.repetition_penalty > 0:
+        problems.append(f"sampling.repetition_penalty is {s.repetition_penalty}: give a value "
+                        "> 0 (1: off)")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if not -2 <= getattr(s, name) <= 2:
+            problems.append(f"sampling.{name} is {getattr(s, name)}: give a value in [-2, 2]")
+    if config.logprobs is not None and not 0 <= config.logprobs <= MAX_LOGPROBS:
+        problems.append(f"logprobs is {config.logprobs}: give 0 to {MAX_LOGPROBS} (top "
+                        "alternatives per token), or null for none")
     bad = [t for t in (*config.eos_ids, config.pad_id) if not 0 <= t < vocab]
     if bad:
         problems.append(f"token ids {bad} (eos_ids / pad_id) are outside the model's "

@@ -39,14 +39,15 @@ from graphrun.base.dtypes import torch_dtype
 from graphrun.spec.request import EXTRA_STOPS, RequestParams
 
 from graphrun.generate.compiled import CompiledStep
-from graphrun.generate.config import (Completion, GenerateConfig, GenerationError, check_config)
+from graphrun.generate.config import Completion, GenerateConfig, GenerationError, check_config
 from graphrun.generate.graphs import GraphTable, StepKey
 from graphrun.generate.hf_attention import HFCausalLM, is_hf_model, unsupported
 from graphrun.generate.kv_cache import BlockPool, PagedCache
 from graphrun.generate.llama import Llama, OwnLM
 from graphrun.generate.sampling import record_key
 from graphrun.generate.stats import GenerationStats
-from graphrun.generate.steps import HOST_FIELDS, SlotState, decode_step, prefill_step
+from graphrun.generate.steps import (HOST_FIELDS, ROW_FIELDS, SlotState, Variant, decode_step,
+                                     prefill_step)
 
 MiB = 1 << 20
 LOOKAHEAD = 16  # decode steps a row's blocks cover ahead: block growth is not per token
@@ -87,6 +88,12 @@ class _Row:
     steps: int = 0  # decode steps launched since its prefill
     tokens: list[int] = field(default_factory=list)
     first_s: float = 0.0
+    logprobs: int | None = None  # its top alternatives per token; None: none asked
+    packed_at: int = 0  # where its prompt starts in its prefill's pack
+    prompt_logprobs: list[float] | None = None
+    token_logprobs: list[float] = field(default_factory=list)
+    top_ids: list[list[int]] = field(default_factory=list)
+    top_logprobs: list[list[float]] = field(default_factory=list)
 
 
 @dataclass
@@ -182,7 +189,8 @@ class Engine:
                  prompts: Iterable[int] | None = None, prefill_tokens: int | None = None,
                  pool=None, verify: bool = True,
                  memory_budget_mib=None, compile: bool = False, sample: bool | None = None,
-                 filtered: bool | None = None, admit_min: int | None = None,
+                 filtered: bool | None = None, penalized: bool | None = None,
+                 logprobs: int | None | str = "spec", admit_min: int | None = None,
                  log: Callable[[str], None] | None = None):
         self.config, self.log = config, log or (lambda line: None)
         self.device = torch.device(device)
@@ -227,14 +235,22 @@ class Engine:
         self.decode_sizes = decode_sizes(slots, rows)
         self.prefill_sizes = prefill_sizes(prompts, max_prompt, prefill_tokens or max_prompt)
         stop_width = len(config.eos_ids) + EXTRA_STOPS
-        self.state = SlotState(slots, self.max_blocks, self.prefill_sizes[-1], stop_width,
-                               config, self.model.vocab, self.device,
-                               num_blocks=self.num_blocks, block_size=block_size)
         spec_sample = config.sampling.method == "sample"
         s = config.sampling
-        self.sample = spec_sample if sample is None else sample
-        self.filtered = ((spec_sample and (s.top_k > 0 or s.top_p < 1))
-                         if filtered is None else filtered)
+        # what the steps compute: the spec's needs, or what records may ask (runner's
+        # per_row_choices); logprobs: the most top alternatives a row may ask
+        self.variant = Variant(
+            sample=spec_sample if sample is None else sample,
+            filtered=((spec_sample and (s.top_k > 0 or s.top_p < 1 or s.min_p > 0))
+                      if filtered is None else filtered),
+            penalized=s.penalized if penalized is None else penalized,
+            logprobs=config.logprobs if logprobs == "spec" else logprobs,
+            prompt_logprobs=config.prompt_logprobs)
+        self.sample, self.filtered = self.variant.sample, self.variant.filtered
+        self.state = SlotState(slots, self.max_blocks, self.prefill_sizes[-1], stop_width,
+                               config, self.model.vocab, self.device,
+                               num_blocks=self.num_blocks, block_size=block_size,
+                               variant=self.variant)
         self.admit_min = admit_min or max(1, slots // 16)
         self.compiled = CompiledStep(self.model, self.cache) if compile else None
         self.table = GraphTable(self._make_step, self.state, backend=backend,
@@ -247,6 +263,13 @@ class Engine:
         self._rows: list[_Row | None] = [None] * slots
         self._reserved = 0  # blocks the running rows may still take
         self._host_out = torch.zeros((RING, slots + 1), dtype=torch.int64, pin_memory=self.cuda)
+        top = self.variant.logprobs or 0  # the picked token's logprob, the top's, their ids
+        self._host_lp = torch.zeros((RING, slots + 1, 1 + top), dtype=torch.float32,
+                                    pin_memory=self.cuda)
+        self._host_ids = torch.zeros((RING, slots + 1, top), dtype=torch.int64,
+                                     pin_memory=self.cuda)
+        self._host_prompt = torch.zeros((RING, self.state.p_logprobs.numel()),
+                                        dtype=torch.float32, pin_memory=self.cuda)
         self._ring = 0
         self._last_event = None
 
@@ -259,8 +282,7 @@ class Engine:
     def _make_step(self, key: StepKey, compiled: bool = False):
         model = self.compiled if compiled else self.model
         build = prefill_step if key.kind == "prefill" else decode_step
-        return build(model, self.state, self.cache, self.config, key.size, sample=self.sample,
-                     filtered=self.filtered)
+        return build(model, self.state, self.cache, self.config, key.size, self.variant)
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -288,12 +310,48 @@ class Engine:
                             "with filtered=True)")
         if p.top_p is not None and not 0 < p.top_p <= 1:
             problems.append(f"top_p {p.top_p}: give a value in (0, 1]")
+        if p.min_p is not None and not 0 <= p.min_p <= 1:
+            problems.append(f"min_p {p.min_p}: give a value in [0, 1]")
+        elif (p.min_p or 0) > 0 and not self.filtered:
+            problems.append("min_p: this engine was built without filtering (build it with "
+                            "filtered=True)")
+        penalties = (p.repetition_penalty, p.presence_penalty, p.frequency_penalty)
+        if not self.variant.penalized and any(
+                v is not None and v != off for v, off in zip(penalties, (1.0, 0.0, 0.0))):
+            problems.append("repetition / presence / frequency penalty: this engine was built "
+                            "without penalties (build it with penalized=True)")
+        if p.repetition_penalty is not None and not p.repetition_penalty > 0:
+            problems.append(f"repetition_penalty {p.repetition_penalty}: give a value > 0")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(p, name)
+            if v is not None and not -2 <= v <= 2:
+                problems.append(f"{name} {v}: give a value in [-2, 2]")
+        if p.logprobs is not None and not 0 <= p.logprobs <= (self.variant.logprobs or 0):
+            width = self.variant.logprobs
+            problems.append(f"logprobs {p.logprobs}: " + (
+                "this engine computes no log-probabilities (build it with logprobs=k)"
+                if width is None else f"give 0 to {width} (the engine's logprobs)"))
         if len(p.stop_token_ids) > EXTRA_STOPS or any(
                 not 0 <= t < self.model.vocab for t in p.stop_token_ids):
             problems.append(f"stop_token_ids {list(p.stop_token_ids)}: at most {EXTRA_STOPS} "
                             "ids of the vocabulary")
         if problems:
             raise GenerationError(f"record {rid!r}: " + "; ".join(problems))
+
+    def _row_sampling(self, request: Request) -> tuple[float, float, float, float, int | None]:
+        """(min_p, repetition, presence, frequency, logprobs) of a request: its own, else the
+        spec's (min_p only where it samples; logprobs the spec's for every record)."""
+        s, p = self.config.sampling, request.params or RequestParams()
+
+        def own(name: str, spec_value: float) -> float:
+            v = getattr(p, name)
+            return float(spec_value if v is None else v)
+
+        min_p = own("min_p", s.min_p if s.method == "sample" else 0.0)
+        logprobs = p.logprobs if p.logprobs is not None else self.config.logprobs
+        return (min_p, own("repetition_penalty", s.repetition_penalty),
+                own("presence_penalty", s.presence_penalty),
+                own("frequency_penalty", s.frequency_penalty), logprobs)
 
     def _settings(self, request: Request) -> tuple[int, float, int, float, int, tuple]:
         """(max_new, temperature, top_k, top_p, key, stops) of a request: its own, else the
@@ -409,12 +467,15 @@ class Engine:
             host["top_k"][s], host["top_p"][s], host["max_new"][s] = top_k, top_p, max_new
             host["stops"][s] = -1
             host["stops"][s, :len(stops)] = stops
+            (host["min_p"][s], host["repetition"][s], host["presence"][s],
+             host["frequency"][s], row.logprobs) = self._row_sampling(row.request)
             pos = np.arange(n)
             tokens[at:at + n] = prompt
             positions[at:at + n] = pos
             segment[at:at + n] = i
             slots[at:at + n] = np.asarray(row.blocks)[pos // bs] * bs + pos % bs
             last[i], join[i], lens[i] = at + n - 1, s, n
+            row.packed_at = at
             at += n
         st.push()
         for name, values in (("p_tokens", tokens), ("p_positions", positions),
@@ -455,7 +516,7 @@ class Engine:
         if self.cuda:
             frm = frm.pin_memory().to(self.device, non_blocking=True)
             to = to.pin_memory().to(self.device, non_blocking=True)
-        for name in ("token", "seq_lens", "index", "done"):  # the device's own values, moved
+        for name in ROW_FIELDS:  # the device's own values, moved
             t = getattr(st, name)
             t.index_copy_(0, to, t.index_select(0, frm))
         st.done.index_fill_(0, frm, True)
@@ -506,6 +567,13 @@ class Engine:
         self.table[key].run()
         out = self._host_out[buffer, :count]
         out.copy_(self.state.picked[:count], non_blocking=True)
+        if kind == "prefill" and self.variant.prompt_logprobs:
+            size = key.size
+            self._host_prompt[buffer, :size].copy_(self.state.p_logprobs[:size],
+                                                   non_blocking=True)
+        if self.variant.logprobs is not None:
+            self._host_lp[buffer, :count].copy_(self.state.logprobs[:count], non_blocking=True)
+            self._host_ids[buffer, :count].copy_(self.state.top_ids[:count], non_blocking=True)
         event = None
         if self.cuda:
             timing[1].record()
@@ -523,10 +591,16 @@ class Engine:
         else:
             seconds = launch.host_s
         out = self._host_out[launch.buffer].numpy()
+        if self.variant.logprobs is not None:
+            self._keep_logprobs(launch)
         now = time.perf_counter()
         if launch.kind == "prefill":
             self.stats.prefill_s += seconds
+            scored = self._host_prompt[launch.buffer].numpy()
             for i, row in enumerate(launch.rows):
+                if self.variant.prompt_logprobs:  # token t's logprob sits at t - 1
+                    at, n = row.packed_at, len(row.request.prompt)
+                    row.prompt_logprobs = scored[at:at + n - 1].tolist()
                 row.joined, row.first_s = True, now
                 self.stats.ttft.add(now - row.taken_s)
                 self._append(row, int(out[i]), emit, now)
@@ -535,6 +609,18 @@ class Engine:
         for i, row in enumerate(launch.rows):
             if row is not None and row.joined and self._rows[row.slot] is row:
                 self._append(row, int(out[i]), emit, now)
+
+    def _keep_logprobs(self, launch: _Launch) -> None:
+        """Each asking row's logprobs of this launch's token, before _append may finish it."""
+        lp, ids = self._host_lp[launch.buffer].numpy(), self._host_ids[launch.buffer].numpy()
+        for i, row in enumerate(launch.rows):
+            if (row is None or row.logprobs is None or (launch.kind == "decode" and not (
+                    row.joined and self._rows[row.slot] is row))):
+                continue
+            k = row.logprobs
+            row.token_logprobs.append(float(lp[i, 0]))
+            row.top_logprobs.append(lp[i, 1:1 + k].tolist())
+            row.top_ids.append(ids[i, :k].tolist())
 
     def _append(self, row: _Row, token: int, emit, now: float) -> None:
         row.tokens.append(token)
@@ -556,7 +642,13 @@ class Engine:
         self.state.host["block_table"][row.slot] = 0
         self._rows[row.slot] = None
         heapq.heappush(self._free, row.slot)
-        emit(Finished(row.request, Completion(row.tokens, reason, len(row.request.prompt), n)))
+        asked = row.logprobs is not None
+        emit(Finished(row.request, Completion(
+            row.tokens, reason, len(row.request.prompt), n,
+            logprobs=row.token_logprobs if asked else None,
+            top_ids=row.top_ids if asked else None,
+            top_logprobs=row.top_logprobs if asked else None,
+            prompt_logprobs=row.prompt_logprobs)))
 
     # -- a whole list at once (tests, benchmarks, validate --load) --------------------------------
 

@@ -11,6 +11,25 @@ IMPLIED_OUTPUTS = {"token_ids": {"shape": ["batch", "new_tokens"], "dtype": "int
                    "text": {"shape": ["batch"]}, "finish_reason": {"shape": ["batch"]},
                    "prompt_tokens": {"shape": ["batch"], "dtype": "int64"},
                    "output_tokens": {"shape": ["batch"], "dtype": "int64"}}
+# where log-probabilities are asked for: per new token its logprob and text, and its top
+# alternatives' ids, logprobs and texts (empty lists for a record that asks none)
+LOGPROB_OUTPUTS = {"logprobs": {"shape": ["batch", "new_tokens"], "dtype": "float32"},
+                   "tokens": {"shape": ["batch", "new_tokens"]},
+                   "top_token_ids": {"shape": ["batch", "new_tokens", "top"], "dtype": "int64"},
+                   "top_logprobs": {"shape": ["batch", "new_tokens", "top"], "dtype": "float32"},
+                   "top_tokens": {"shape": ["batch", "new_tokens", "top"]}}
+
+
+PROMPT_LOGPROB_OUTPUTS = {"prompt_logprobs": {"shape": ["batch", PROMPT_AXIS],
+                                              "dtype": "float32"}}
+
+
+def logprobs_asked(spec) -> bool:
+    """Whether a generation spec's records may carry log-probabilities: generate.logprobs,
+    a per-record logprobs field, or an OpenAI Batch file (whose requests may ask)."""
+    g = spec.generate
+    return g is not None and (g.logprobs is not None or g.per_record.logprobs is not None
+                              or spec.data.format == "openai_batch")
 
 
 def with_implied_io(spec):
@@ -20,5 +39,7 @@ def with_implied_io(spec):
     if spec.generate is None:
         return spec
     inputs = {n: InputSpec(**v) for n, v in IMPLIED_INPUTS.items()}
-    outputs = {n: OutputSpec(**v) for n, v in IMPLIED_OUTPUTS.items()}
+    implied = {**IMPLIED_OUTPUTS, **(LOGPROB_OUTPUTS if logprobs_asked(spec) else {}),
+               **(PROMPT_LOGPROB_OUTPUTS if spec.generate.prompt_logprobs else {})}
+    outputs = {n: OutputSpec(**v) for n, v in implied.items()}
     return spec.model_copy(update={"inputs": inputs, "outputs": outputs})  # keeps its source

@@ -31,11 +31,12 @@ from graphrun.generate.llama import (Checkpoint, OwnLM, build_llama, find_checkp
 from graphrun.generate.config import Completion, GenerateConfig, Sampling
 from graphrun.generate.engine import Engine, Finished, Request
 from graphrun.generate.hf_attention import eos_ids_of
+from graphrun.generate.records import LOGPROB_OUTPUTS, logprobs_asked
 from graphrun.generate.mbu import kv_bytes_per_token, peak_bandwidth, weight_bytes_per_step
 from graphrun.manifest.keys import BucketReport
 from graphrun.manifest.sections import Generation, GraphSetup, generation_summary
 from graphrun.models.causal.paged_attention import runs_on
-from graphrun.spec.generate import PROMPT_AXIS
+from graphrun.spec.generate import MAX_LOGPROBS, PROMPT_AXIS
 from graphrun.spec.keys import BATCH, PipelineSpec
 from graphrun.spec.request import REQUEST_FIELD
 
@@ -58,7 +59,8 @@ class Part:
     result() waits for the last, decodes their text (the completer's thread) and hands back the
     rows to write."""
 
-    def __init__(self, n: int, decode_text):
+    def __init__(self, n: int, decode_text, token_text=None):
+        self.token_text = token_text  # one token id -> its text, where logprobs are written
         self.completions: list[Completion | None] = [None] * n
         self.left = n
         self.error: BaseException | None = None
@@ -92,7 +94,30 @@ class Part:
                 "finish_reason": np.array([c.finish_reason for c in done], dtype=str),
                 "prompt_tokens": np.array([c.prompt_tokens for c in done], dtype=np.int64),
                 "output_tokens": np.array([c.output_tokens for c in done], dtype=np.int64)}
+        if self.token_text is not None:
+            outs.update(logprob_outputs(done, self.token_text))
+        if done and done[0].prompt_logprobs is not None:  # the job's prompts all scored
+            outs["prompt_logprobs"] = [np.asarray(c.prompt_logprobs, dtype=np.float32)
+                                       for c in done]
         return outs, self.times
+
+
+def logprob_outputs(done: list[Completion], token_text) -> dict[str, list[np.ndarray]]:
+    """records.LOGPROB_OUTPUTS of each completion (empty where it asked none)."""
+    outs: dict[str, list[np.ndarray]] = {k: [] for k in LOGPROB_OUTPUTS}
+    for c in done:
+        asked = c.logprobs is not None
+        ids = np.asarray(c.token_ids if asked else [], dtype=np.int64)
+        k = len(c.top_ids[0]) if asked and c.top_ids else 0
+        top = np.asarray(c.top_ids if asked else [], dtype=np.int64).reshape(len(ids), k)
+        outs["logprobs"].append(np.asarray(c.logprobs or [], dtype=np.float32))
+        outs["tokens"].append(np.array([token_text(int(t)) for t in ids], dtype=str))
+        outs["top_token_ids"].append(top)
+        outs["top_logprobs"].append(np.asarray(c.top_logprobs if asked else [],
+                                               dtype=np.float32).reshape(top.shape))
+        outs["top_tokens"].append(np.array([[token_text(int(t)) for t in row] for row in top],
+                                           dtype=str).reshape(top.shape))
+    return outs
 
 
 class GenerationRunner:
@@ -125,6 +150,8 @@ class GenerationRunner:
                 prefill_tokens=g.prefill_tokens, verify=spec.capture.verify.enabled,
                 memory_budget_mib=spec.capture.memory_budget_mib, compile=spec.model.compile,
                 log=self.log, **per_row_choices(spec))
+        self.logprobs_out = logprobs_asked(spec)
+        self._texts = None
         self.slots = self.max_batch = self.engine.slots  # a part is at most the slots
         self.slot_bytes = self.slots * self.max_prompt * 8
         self._staged: dict[int, tuple[list[list[int]], list, list]] = {}  # host slot -> part
@@ -180,7 +207,8 @@ class GenerationRunner:
                stream=None) -> Part:
         """The part's prompts handed to the scheduler; nothing waits here."""
         prompts, record_ids, params = self._staged.pop(slot)
-        part = Part(len(prompts), self._text_decoder())
+        part = Part(len(prompts), self._text_decoder(),
+                    self._token_text() if self.logprobs_out else None)
         seen = self.buckets.setdefault(bucket, PartRows())
         seen.batches += 1
         seen.records += len(prompts)
@@ -258,6 +286,19 @@ class GenerationRunner:
             self._decode = lambda ids: tok.decode(ids, skip_special_tokens=True)
         return self._decode
 
+    def _token_text(self):
+        """token id -> its text as decoded alone (special tokens kept: a logprob belongs to
+        every token), each id decoded once."""
+        if self._texts is None:
+            from functools import lru_cache
+
+            from graphrun.models.hf import fast_tokenizer, remote_code
+
+            tok = fast_tokenizer(self.tokenizer_folder, remote_code(self.spec))
+            self._texts = lru_cache(maxsize=1 << 16)(
+                lambda t: tok.decode([t], skip_special_tokens=False))
+        return self._texts
+
     def try_every_bucket(self) -> int:
         """Synthetic prompts of every prefill size's length (up to the longest prompt), as many
         as the slots, generated: `validate --load`'s check that the model prefills and decodes
@@ -328,10 +369,19 @@ class GenerationRunner:
 def per_row_choices(spec: PipelineSpec) -> dict:
     """What the engine's steps must be able to do for records that carry their own parameters
     (read/ gives them where the spec lets records ask: an OpenAI Batch file, or
-    generate.per_record): sample beside greedy rows, and cut by top_k or top_p. None: from the
-    spec's sampling alone (a greedy job's steps draw no noise, sort nothing)."""
-    carried = bool(spec.generate.per_record.fields) or spec.data.format == "openai_batch"
-    return {"sample": True, "filtered": True} if carried else {}
+    generate.per_record): sample beside greedy rows, cut by top_k, top_p or min_p, penalize,
+    give up to MAX_LOGPROBS alternatives. Absent: from the spec's generate: section alone (a
+    greedy job's steps draw no noise, sort nothing, count nothing)."""
+    fields = spec.generate.per_record.fields
+    batch = spec.data.format == "openai_batch"
+    if not (fields or batch):
+        return {}
+    choices = {"sample": True, "filtered": True}
+    if batch or fields.keys() & {"repetition_penalty", "presence_penalty", "frequency_penalty"}:
+        choices["penalized"] = True
+    if batch or "logprobs" in fields:
+        choices["logprobs"] = MAX_LOGPROBS
+    return choices
 
 
 def build_generation_model(spec: PipelineSpec, device: torch.device):
@@ -387,7 +437,11 @@ def generate_config(spec: PipelineSpec, model) -> GenerateConfig:
     return GenerateConfig(
         max_new_tokens=g.max_new_tokens, min_new_tokens=g.min_new_tokens,
         sampling=Sampling(method=s.method, temperature=s.temperature, top_k=s.top_k,
-                          top_p=s.top_p, seed=s.seed),
-        eos_ids=stops, pad_id=int(pad if not isinstance(pad, (list, tuple)) else pad[0]))
+                          top_p=s.top_p, seed=s.seed, min_p=s.min_p,
+                          repetition_penalty=s.repetition_penalty,
+                          presence_penalty=s.presence_penalty,
+                          frequency_penalty=s.frequency_penalty),
+        eos_ids=stops, pad_id=int(pad if not isinstance(pad, (list, tuple)) else pad[0]),
+        logprobs=g.logprobs, prompt_logprobs=g.prompt_logprobs)
 
 

@@ -1,5 +1,6 @@
-"""Picking the next token inside the captured step: greedy, temperature, top-k, top-p, with a
-counter-based random draw.
+"""Picking the next token inside the captured step: repetition, presence and frequency
+penalties, greedy, temperature, min-p, top-k, top-p, with a counter-based random draw; and the
+log-probabilities of what was picked.
 
 The draw is Gumbel-max: argmax(scores + g), g = -log(-log(u)), where u for (row, token) is a
 hash of the row's record key (seed and record id, hashed on the host), the index of the token
@@ -58,12 +59,32 @@ def gumbel(keys: torch.Tensor, index: torch.Tensor, vocab_ids: torch.Tensor) -> 
     return -torch.log(-torch.log(uniforms(keys, index, vocab_ids)))
 
 
-def filter_scores(scores: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """scores [b, V] float32 (logits already divided by the temperature) -> -inf outside each
-    row's top k (top_k [b] int64, 0: off) and outside the smallest set whose probability
-    reaches its top_p (top_p [b] float32, 1: off; at least one token kept), in transformers'
-    order (temperature, top-k, top-p). One sort serves both."""
+def penalize(logits: torch.Tensor, counts: torch.Tensor, prompt_seen: torch.Tensor,
+             repetition: torch.Tensor, presence: torch.Tensor,
+             frequency: torch.Tensor) -> torch.Tensor:
+    """vLLM's penalties on logits [b, V] float32: a token in the row's prompt or output
+    (prompt_seen [b, V] bool, counts [b, V] int32: the row's output tokens) has its logit
+    divided by the repetition penalty [b] where positive, multiplied where not; then each
+    output token's logit loses frequency [b] times its count and presence [b] once (1, 0, 0:
+    off)."""
+    present = counts > 0
+    rep = torch.where(prompt_seen | present, repetition[:, None], 1.0)
+    logits = torch.where(logits > 0, logits / rep, logits * rep)
+    return (logits - frequency[:, None] * counts.to(logits.dtype)
+            - presence[:, None] * present.to(logits.dtype))
+
+
+def filter_scores(scores: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                  min_p: torch.Tensor) -> torch.Tensor:
+    """scores [b, V] float32 (logits already divided by the temperature) -> -inf where a
+    token's probability is below its row's min_p [b] float32 (0: off) times the row's most
+    likely's, outside each row's top k (top_k [b] int64, 0: off) and outside the smallest set
+    whose probability reaches its top_p (top_p [b] float32, 1: off; at least one token kept),
+    in vLLM's order (temperature, min-p, top-k, top-p). One sort serves top-k and top-p."""
     vocab = scores.shape[-1]
+    # p >= min_p * p_max, in log space: no softmax; log(0) = -inf keeps every token
+    floor = scores.amax(dim=-1, keepdim=True) + torch.log(min_p)[:, None]
+    scores = scores.masked_fill(scores < floor, float("-inf"))
     ordered, order = torch.sort(scores, dim=-1, descending=True)
     k = torch.where(top_k > 0, top_k, vocab).clamp(max=vocab)  # [b]
     kth = ordered.gather(1, (k - 1)[:, None])  # [b, 1]
@@ -73,6 +94,19 @@ def filter_scores(scores: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
     # the first token has 0 before it: always kept; top_p 1 keeps all (a cumsum may pass 1)
     drop = (before > top_p[:, None]) & (top_p < 1.0)[:, None]
     return scores.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
+
+
+def token_logprobs(logits: torch.Tensor, token: torch.Tensor,
+                   top: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's own log-probabilities (log_softmax of its logits [b, V], before penalties,
+    temperature and filters, as OpenAI and vLLM report them): [b, 1 + top] float32 (the
+    picked token's [b] int64, then the `top` most likely, best first) and their ids [b, top]."""
+    lp = logits.log_softmax(dim=-1)
+    picked = lp.gather(1, token[:, None])
+    if not top:
+        return picked, token.new_zeros((token.shape[0], 0))
+    best, ids = lp.topk(top, dim=-1)
+    return torch.cat([picked, best], dim=1), ids
 
 
 SPLIT_ARGMAX = 16384  # from this vocabulary size on, the argmax runs in two stages
@@ -94,18 +128,19 @@ def first_argmax(x: torch.Tensor) -> torch.Tensor:
 
 
 def pick(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-         top_p: torch.Tensor, keys: torch.Tensor, index: torch.Tensor,
+         top_p: torch.Tensor, min_p: torch.Tensor, keys: torch.Tensor, index: torch.Tensor,
          vocab_ids: torch.Tensor, *, sample: bool, filtered: bool) -> torch.Tensor:
     """The next token per row, [b] int64, from logits [b, V] float32 (EOS already masked
-    where min_new_tokens says so), each row by its own parameters: temperature [b] float32
-    (0: greedy), top_k [b], top_p [b]. sample: some row may sample (else every row is greedy
-    and no noise is drawn); filtered: some row may have top_k or top_p on (else no sort)."""
+    where min_new_tokens says so, penalties applied), each row by its own parameters:
+    temperature [b] float32 (0: greedy), top_k [b], top_p [b], min_p [b]. sample: some row may
+    sample (else every row is greedy and no noise is drawn); filtered: some row may have
+    top_k, top_p or min_p on (else no sort)."""
     greedy = first_argmax(logits)
     if not sample:
         return greedy
     hot = temperature > 0
     scores = logits / torch.where(hot, temperature, 1.0)[:, None]
     if filtered:
-        scores = filter_scores(scores, top_k, top_p)
+        scores = filter_scores(scores, top_k, top_p, min_p)
     drawn = first_argmax(scores + gumbel(keys, index, vocab_ids))
     return torch.where(hot, drawn, greedy)

@@ -18,6 +18,7 @@ from one, so the same closure runs eagerly (CPU, backend eager) or is captured.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import numpy as np
@@ -25,7 +26,7 @@ import torch
 
 from graphrun.generate.config import GenerateConfig
 from graphrun.generate.kv_cache import PagedCache, StepKV
-from graphrun.generate.sampling import pick
+from graphrun.generate.sampling import penalize, pick, token_logprobs
 
 
 class StepModel(Protocol):
@@ -40,9 +41,28 @@ class StepModel(Protocol):
 
 
 # the per-slot values the host writes (numpy mirrors, pushed whole when changed)
-HOST_FIELDS = ("block_table", "keys", "temperature", "top_k", "top_p", "max_new", "stops")
+HOST_FIELDS = ("block_table", "keys", "temperature", "top_k", "top_p", "min_p", "repetition",
+               "presence", "frequency", "max_new", "stops")
 # the values the steps change, and what a verification run restores
-STEP_FIELDS = ("token", "seq_lens", "index", "done", "logits", "picked")
+STEP_FIELDS = ("token", "seq_lens", "index", "done", "logits", "picked", "counts",
+               "prompt_seen", "logprobs", "top_ids", "p_logprobs")
+# the device's per-row values that move with a row to another slot (Engine._compact)
+ROW_FIELDS = ("token", "seq_lens", "index", "done", "counts", "prompt_seen")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What an engine's steps compute beyond the greedy pick, fixed when they are built (a
+    greedy job pays for none of it). sample: some row may sample; filtered: some row may have
+    top_k, top_p or min_p on; penalized: some row may have a penalty on (the steps count each
+    row's tokens); logprobs: top alternatives per token computed for every row (the most any
+    row may ask), None: no log-probabilities."""
+
+    sample: bool = False
+    filtered: bool = False
+    penalized: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: bool = False  # the prefill's logits at every prompt token, scored
 
 
 class SlotState:
@@ -50,7 +70,7 @@ class SlotState:
 
     def __init__(self, slots: int, max_blocks: int, prefill_tokens: int, stop_width: int,
                  config: GenerateConfig, vocab: int, device: torch.device, *,
-                 num_blocks: int, block_size: int):
+                 num_blocks: int, block_size: int, variant: Variant = Variant()):
         self.slots, self.max_blocks, self.prefill_tokens = slots, max_blocks, prefill_tokens
         self.num_blocks, self.block_size = num_blocks, block_size
         self.device = device
@@ -65,6 +85,16 @@ class SlotState:
         # what the last step picked and its logits: the host's per-step output, verification's
         self.picked = torch.zeros(rows, **i64)
         self.logits = torch.zeros(rows, vocab, dtype=torch.float32, device=device)
+        # each row's output tokens counted and its prompt's tokens marked, for the penalties
+        # ([rows, 0] where no row may be penalized); reset by the prefill that admits the row
+        width = vocab if variant.penalized else 0
+        self.counts = torch.zeros(rows, width, dtype=torch.int32, device=device)
+        self.prompt_seen = torch.zeros(rows, width, dtype=torch.bool, device=device)
+        # the last step's log-probabilities: the picked token's, then the top k's [rows, 1 + k],
+        # and the top k's ids [rows, k] (k 0 where none are computed)
+        top = variant.logprobs or 0
+        self.logprobs = torch.zeros(rows, 1 + top, dtype=torch.float32, device=device)
+        self.top_ids = torch.zeros(rows, top, **i64)
         # per slot, written by the host
         self.host = {
             "block_table": np.zeros((rows, max_blocks), dtype=np.int32),  # 0: the trash block
@@ -72,6 +102,10 @@ class SlotState:
             "temperature": np.zeros(rows, dtype=np.float32),  # 0: greedy
             "top_k": np.zeros(rows, dtype=np.int64),
             "top_p": np.ones(rows, dtype=np.float32),
+            "min_p": np.zeros(rows, dtype=np.float32),  # 0: off
+            "repetition": np.ones(rows, dtype=np.float32),  # 1: off
+            "presence": np.zeros(rows, dtype=np.float32),
+            "frequency": np.zeros(rows, dtype=np.float32),
             "max_new": np.ones(rows, dtype=np.int64),
             "stops": np.full((rows, stop_width), -1, dtype=np.int64),  # -1: no id
         }
@@ -86,6 +120,10 @@ class SlotState:
         self.p_last = torch.zeros(n, **i64)  # each prompt's last token in the pack
         self.p_join = torch.full((n,), self.spare, **i64)  # the slot each prompt joins
         self.p_lens = torch.zeros(n, dtype=torch.int32, device=device)
+        # each packed token's logprob of the token after it ([0] where not asked)
+        scored = prefill_tokens if variant.prompt_logprobs else 0
+        self.p_every = torch.arange(scored, **i64)
+        self.p_logprobs = torch.zeros(scored, dtype=torch.float32, device=device)
         self.vocab_ids = torch.arange(vocab, **i64)
         eos = torch.tensor(config.eos_ids, **i64)
         self.eos_column = torch.zeros(vocab, dtype=torch.bool, device=device)  # [V]
@@ -112,34 +150,60 @@ class SlotState:
             getattr(self, name).copy_(t)
 
 
-def _pick(state: SlotState, config: GenerateConfig, logits: torch.Tensor, rows: torch.Tensor,
-          index: torch.Tensor, sample: bool, filtered: bool) -> torch.Tensor:
+def _pick(state: SlotState, config: GenerateConfig, logits: torch.Tensor, rows,
+          index: torch.Tensor, variant: Variant) -> torch.Tensor:
     """logits [n, V] of the slots `rows` [n] (or a slice) at completion place `index` [n]:
-    stop ids masked before min_new_tokens, then each row's own pick."""
+    the rows' penalties, stop ids masked before min_new_tokens, then each row's own pick; the
+    picked tokens' log-probabilities (of the model's logits) into state.logprobs."""
+    n = logits.shape[0]
+    scores = logits
+    if variant.penalized:
+        scores = penalize(scores, state.counts[rows], state.prompt_seen[rows],
+                          state.repetition[rows], state.presence[rows], state.frequency[rows])
     if config.min_new_tokens and config.eos_ids:
         early = (index < config.min_new_tokens)[:, None] & state.eos_column[None, :]  # [n, V]
-        logits = logits.masked_fill(early, float("-inf"))
-    return pick(logits, state.temperature[rows], state.top_k[rows], state.top_p[rows],
-                state.keys[rows], index, state.vocab_ids, sample=sample, filtered=filtered)
+        scores = scores.masked_fill(early, float("-inf"))
+    token = pick(scores, state.temperature[rows], state.top_k[rows], state.top_p[rows],
+                 state.min_p[rows], state.keys[rows], index, state.vocab_ids,
+                 sample=variant.sample, filtered=variant.filtered)
+    if variant.logprobs is not None:
+        values, ids = token_logprobs(logits, token, variant.logprobs)
+        state.logprobs[:n].copy_(values)
+        state.top_ids[:n].copy_(ids)
+    return token
 
 
 def prefill_step(model: StepModel, state: SlotState, cache: PagedCache, config: GenerateConfig,
-                 tokens: int, *, sample: bool, filtered: bool) -> Callable[[], None]:
+                 tokens: int, variant: Variant) -> Callable[[], None]:
     """The admitted prompts packed into `tokens` tokens through the model: their keys written
     into their blocks, each prompt's first token picked, and its slot set to decode from
-    there (token, length, index, done)."""
+    there (token, length, index, done, and the penalties' counts)."""
 
     def step() -> None:
         positions = state.p_positions[:tokens]  # [T]
         segment = state.p_segment[:tokens]
         # a token sees the earlier tokens of its own prompt; padding sees padding at least
         mask = (segment[None, :] == segment[:, None]) & (positions[None, :] <= positions[:, None])
+        scored = variant.prompt_logprobs  # then every token's logits [T, V], else the last's
         kv = StepKV(cache, mask=mask[None, None], slots=state.p_slots[:tokens],
-                    last=state.p_last)
-        logits = model(state.p_tokens[:tokens][None], positions[None], kv)  # [n, V]
+                    last=state.p_every[:tokens] if scored else state.p_last)
+        logits = model(state.p_tokens[:tokens][None], positions[None], kv)  # [n or T, V]
+        if scored:
+            after = torch.roll(state.p_tokens[:tokens], -1)[:, None]  # [T, 1]: the next token
+            state.p_logprobs[:tokens].copy_(logits.log_softmax(-1).gather(1, after)[:, 0])
+            logits = logits.index_select(0, state.p_last)  # [n, V]
         join = state.p_join  # [n]
         index = torch.zeros_like(join)
-        token = _pick(state, config, logits, join, index, sample, filtered)
+        if variant.penalized:  # the joining rows' counts from zero, their prompts marked
+            state.counts.index_fill_(0, join, 0)
+            state.prompt_seen.index_fill_(0, join, False)
+            owner = torch.where(segment >= 0, join[segment.clamp(min=0)], state.spare)  # [T]
+            state.prompt_seen.index_put_((owner, state.p_tokens[:tokens]),
+                                         torch.ones_like(owner, dtype=torch.bool))
+        token = _pick(state, config, logits, join, index, variant)
+        if variant.penalized:  # padded prompts count on the spare row, which nothing reads
+            state.counts.index_put_((join, token), torch.ones_like(token, dtype=torch.int32),
+                                    accumulate=True)
         stop = (token[:, None] == state.stops[join]).any(dim=-1) | (state.max_new[join] <= 1)
         state.logits[:join.shape[0]].copy_(logits)
         state.picked[:join.shape[0]].copy_(token)
@@ -153,7 +217,7 @@ def prefill_step(model: StepModel, state: SlotState, cache: PagedCache, config: 
 
 
 def decode_step(model: StepModel, state: SlotState, cache: PagedCache, config: GenerateConfig,
-                rows: int, *, sample: bool, filtered: bool) -> Callable[[], None]:
+                rows: int, variant: Variant) -> Callable[[], None]:
     """One token for each of the first `rows` slots: the last token at the row's own position,
     attending over its own keys through its block table. A stopped or empty slot picks the pad
     id and stays where it is."""
@@ -163,9 +227,11 @@ def decode_step(model: StepModel, state: SlotState, cache: PagedCache, config: G
         kv = StepKV(cache, block_table=state.block_table[:rows], seq_lens=seq)
         logits = model(state.token[:rows, None], (seq.long() - 1)[:, None], kv)  # [b, V]
         index, done = state.index[:rows], state.done[:rows]
-        token = _pick(state, config, logits, slice(0, rows), index, sample, filtered)
+        token = _pick(state, config, logits, slice(0, rows), index, variant)
         token = torch.where(done, config.pad_id, token)
         live = ~done
+        if variant.penalized:
+            state.counts[:rows].scatter_add_(1, token[:, None], live.int()[:, None])
         stop = (token[:, None] == state.stops[:rows]).any(dim=-1)
         index += live.long()
         done |= live & (stop | (index >= state.max_new[:rows]))

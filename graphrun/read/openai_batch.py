@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from graphrun.read.requests import CHECKS, number_in, stop_strings, whole
+from graphrun.spec.generate import MAX_LOGPROBS
 from graphrun.spec.request import DEFAULT_PARAMS, RequestParams
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
@@ -23,8 +24,7 @@ LINE_KEYS = {"custom_id", "method", "url", "body"}
 # body keys accepted at their default values only (what a client library often sends):
 # key -> the values that mean "not asked for"
 AT_DEFAULT = {
-    "presence_penalty": (0, 0.0, None), "frequency_penalty": (0, 0.0, None),
-    "repetition_penalty": (1, 1.0, None), "stream": (False, None), "echo": (False, None),
+    "stream": (False, None), "echo": (False, None),
     "best_of": (1, None), "suffix": (None, ""), "logit_bias": (None, {}), "tools": (None, []),
     "tool_choice": (None, "none"), "functions": (None,), "function_call": (None, "none"),
     "response_format": (None, {"type": "text"}), "stream_options": (None,), "modalities": (None,),
@@ -84,7 +84,8 @@ def body_params(body: dict, chat: bool) -> RequestParams | str:
                 "is not served)")
     given: dict = {}
     known = {prompt_key, "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
-             "stop_token_ids", "n", "logprobs", "top_logprobs",
+             "stop_token_ids", "n", "logprobs", "top_logprobs", "presence_penalty",
+             "frequency_penalty", "repetition_penalty",
              *(["max_completion_tokens"] if chat else [])}
     for key, v in body.items():
         if key in INERT or key in known:
@@ -110,7 +111,8 @@ def body_params(body: dict, chat: bool) -> RequestParams | str:
         if isinstance(got, str):
             return got
         given["temperature"] = got
-    for key in ("top_p", "top_k", "min_p", "seed", "n"):
+    for key in ("top_p", "top_k", "min_p", "seed", "n", "presence_penalty", "frequency_penalty",
+                "repetition_penalty"):
         if body.get(key) is not None:
             check, attr = CHECKS[key]
             got = check(f"body.{key}", body[key])
@@ -147,8 +149,8 @@ def _logprobs(body: dict, chat: bool) -> int | None | str:
         return lp
     if lp is not None and not isinstance(lp, bool):
         return f"body.logprobs: {lp!r} is not true or false"
-    if top is not None and (type(top) is not int or not 0 <= top <= 20):
-        return f"body.top_logprobs: {top!r} is not a whole number in [0, 20]"
+    if top is not None and (type(top) is not int or not 0 <= top <= MAX_LOGPROBS):
+        return f"body.top_logprobs: {top!r} is not a whole number in [0, {MAX_LOGPROBS}]"
     if top is not None and not lp:
         return "body.top_logprobs needs logprobs: true"
     return (top or 0) if lp else None

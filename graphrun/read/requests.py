@@ -12,18 +12,26 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from graphrun.spec.generate import MAX_LOGPROBS
 from graphrun.spec.keys import PipelineSpec
 from graphrun.spec.request import DEFAULT_PARAMS, EXTRA_STOPS, RequestParams
 
 # RequestParams fields the engine takes per row (generate/engine.py's per-row buffers)
-ENGINE_SERVES: frozenset[str] = frozenset({"max_new_tokens", "temperature", "top_p", "top_k",
-                                           "seed", "stop_token_ids"})
+ENGINE_SERVES: frozenset[str] = frozenset({
+    "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop_token_ids",
+    "repetition_penalty", "presence_penalty", "frequency_penalty", "logprobs"})
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
 
 
 def whole(name: str, v, low: int) -> int | str:
     if type(v) is not int or v < low:
         return f"{name}: {v!r} is not a whole number >= {low}"
+    return v
+
+
+def whole_in(name: str, v, low: int, high: int) -> int | str:
+    if type(v) is not int or not low <= v <= high:
+        return f"{name}: {v!r} is not a whole number in [{low}, {high}]"
     return v
 
 
@@ -54,6 +62,11 @@ CHECKS = {
     "seed": (lambda k, v: v if type(v) is int else f"{k}: {v!r} is not a whole number", "seed"),
     "stop": (stop_strings, "stop_strings"),
     "n": (lambda k, v: whole(k, v, 1), "n"),
+    "repetition_penalty": (lambda k, v: number_in(k, v, 0, 1e4, low_open=True),
+                           "repetition_penalty"),
+    "presence_penalty": (lambda k, v: number_in(k, v, -2, 2), "presence_penalty"),
+    "frequency_penalty": (lambda k, v: number_in(k, v, -2, 2), "frequency_penalty"),
+    "logprobs": (lambda k, v: whole_in(k, v, 0, MAX_LOGPROBS), "logprobs"),
 }
 
 
@@ -112,5 +125,4 @@ def unserved(params: RequestParams, spec: PipelineSpec) -> str:
 
 def _named(name: str) -> str:
     return {"stop_strings": "stop (strings)", "n": "n > 1 (several samples)",
-            "logprobs": "logprobs", "min_p": "min_p",
             "stop_token_ids": "stop token ids"}.get(name, name)

@@ -35,7 +35,8 @@ IMPLIED_SECTIONS_SCHEMA = {
             {"properties": {"format": {"const": "openai_batch"}}, "required": ["format"]}]}}}]},
     "then": {"not": {"anyOf": [{"required": ["inputs"]}, {"required": ["outputs"]}]}},
     "else": {"required": ["inputs", "outputs", "buckets"]}}
-SAMPLE_DEFAULTS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed": 0}
+SAMPLE_DEFAULTS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0}
+MAX_LOGPROBS = 20  # top alternatives per token at most, as OpenAI's top_logprobs
 
 
 class SamplingSpec(Strict):
@@ -48,8 +49,9 @@ class SamplingSpec(Strict):
 
     method: Literal["greedy", "sample"] = Field(
         "greedy", description="greedy: the most likely token (as HF generate(do_sample=False)); "
-        "sample: drawn from softmax(logits / temperature) after top_k and top_p, each record's "
-        "draws depending only on (seed, record id, position).")
+        "sample: drawn from softmax(logits / temperature) after min_p, top_k and top_p, each "
+        "record's draws depending only on (seed, record id, position). The penalties apply to "
+        "both.")
     temperature: float = Field(SAMPLE_DEFAULTS["temperature"], ge=0, description="sample: "
                                "divides the logits; below 1 sharpens, above 1 flattens; 0: "
                                "greedy (as OpenAI and vLLM read it).")
@@ -58,8 +60,20 @@ class SamplingSpec(Strict):
     top_p: float = Field(SAMPLE_DEFAULTS["top_p"], gt=0, le=1, description="sample: keep the "
                          "smallest set of most likely tokens whose probabilities add up to at "
                          "least top_p; 1: all.")
+    min_p: float = Field(SAMPLE_DEFAULTS["min_p"], ge=0, le=1, description="sample: keep the "
+                         "tokens at least min_p times as likely as the most likely one; 0: all.")
     seed: Whole = Field(SAMPLE_DEFAULTS["seed"], description="sample: the seed of every record's "
                       "random stream.")
+    repetition_penalty: float = Field(
+        1.0, gt=0, description="vLLM's: the logit of a token in the record's prompt or "
+        "completion so far is divided by this where positive, multiplied where negative; 1: "
+        "off.")
+    presence_penalty: float = Field(
+        0.0, ge=-2, le=2, description="OpenAI's and vLLM's: subtracted once from the logit of "
+        "each token already in the completion; 0: off.")
+    frequency_penalty: float = Field(
+        0.0, ge=-2, le=2, description="OpenAI's and vLLM's: subtracted from the logit of each "
+        "token times its count in the completion so far; 0: off.")
 
     @model_validator(mode="after")
     def _zero_is_greedy(self) -> "SamplingSpec":
@@ -114,6 +128,14 @@ class PerRecordSpec(Strict):
                                  "end the completion (the text ends before it).")
     n: Optional[Text] = Field(None, description="Field of a whole number >= 1: samples of the "
                               "prompt.")
+    repetition_penalty: Optional[Text] = Field(None, description="Field of a number > 0 (1: "
+                                               "off).")
+    presence_penalty: Optional[Text] = Field(None, description="Field of a number in [-2, 2].")
+    frequency_penalty: Optional[Text] = Field(None, description="Field of a number in [-2, 2].")
+    logprobs: Optional[Text] = Field(None, description="Field of a whole number in [0, 20]: "
+                                     "the record's log-probabilities with that many top "
+                                     "alternatives per token (at most generate.logprobs, or 20 "
+                                     "where that is null).")
 
     @property
     def fields(self) -> dict[str, str]:
@@ -134,6 +156,15 @@ class GenerateSpec(Strict):
                                 "ids are not picked before this many (at most max_new_tokens).")
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     stop: StopSpec = Field(default_factory=StopSpec)
+    logprobs: Optional[int] = Field(
+        None, ge=0, le=MAX_LOGPROBS, strict=True, description="Write each new token's "
+        "log-probability (logprobs) and its k most likely alternatives (top_logprobs: ids, "
+        "logprobs, text), k 0 to 20: the model's own log_softmax of its logits, before "
+        "penalties, temperature and filters (as OpenAI and vLLM report them). null: none.")
+    prompt_logprobs: bool = Field(
+        False, strict=True, description="Write each prompt token's log-probability given the "
+        "tokens before it (prompt_logprobs: one per prompt token after the first), the "
+        "scoring use; the prefill then computes the logits of every prompt token.")
     per_record: PerRecordSpec = Field(
         default_factory=PerRecordSpec, description="Record fields that set each record's own "
         "parameters (JSONL or Parquet records), e.g. {max_new_tokens: max_tokens, "

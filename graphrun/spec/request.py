@@ -35,6 +35,9 @@ class RequestParams:
     stop_strings: tuple[str, ...] = ()
     n: int = 1  # samples of this prompt
     logprobs: int | None = None  # top alternatives per generated token; None: no logprobs
+    repetition_penalty: float | None = None  # vLLM's: over prompt and output tokens
+    presence_penalty: float | None = None  # OpenAI's and vLLM's: over output tokens
+    frequency_penalty: float | None = None
 
     @property
     def is_default(self) -> bool:

@@ -42,6 +42,28 @@ def _hex(kind: str, rid) -> str:
     return hashlib.sha256(f"{kind}:{rid}".encode()).hexdigest()[:24]
 
 
+def choice_logprobs(outputs: dict, i: int, chat: bool) -> dict | None:
+    """Record i's choices[].logprobs (None where it asked none): chat's {content: [{token,
+    logprob, bytes, top_logprobs: [{token, logprob, bytes}]}], refusal}, completions' {tokens,
+    token_logprobs, top_logprobs: [{token: logprob}], text_offset} (offsets in the completion)."""
+    lps = outputs["logprobs"][i]
+    if not len(lps):
+        return None
+    texts, tops = outputs["tokens"][i].tolist(), outputs["top_tokens"][i].tolist()
+    top_lps, lps = outputs["top_logprobs"][i].tolist(), lps.tolist()
+    if chat:
+        def entry(text: str, lp: float) -> dict:
+            return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
+
+        return {"content": [{**entry(t, lp), "top_logprobs": [entry(a, b) for a, b in zip(ta, tb)]}
+                            for t, lp, ta, tb in zip(texts, lps, tops, top_lps)],
+                "refusal": None}
+    offsets = np.cumsum([0] + [len(t) for t in texts[:-1]]).tolist()
+    return {"tokens": texts, "token_logprobs": lps,
+            "top_logprobs": [dict(zip(ta, tb)) for ta, tb in zip(tops, top_lps)],
+            "text_offset": offsets}
+
+
 class OpenAIBatchSink(JsonlSink):
     """JSONL lines shaped as the Batch API's output file; bound to one spec by bound()."""
 
@@ -68,7 +90,8 @@ class OpenAIBatchSink(JsonlSink):
             prompt, new = int(outputs["prompt_tokens"][i]), int(outputs["output_tokens"][i])
             choice = ({"index": 0, "message": {"role": "assistant", "content": text}}
                       if self.chat else {"index": 0, "text": text})
-            choice.update(logprobs=None, finish_reason=FINISH[str(outputs["finish_reason"][i])])
+            choice.update(logprobs=choice_logprobs(outputs, i, self.chat) if "logprobs" in outputs
+                          else None, finish_reason=FINISH[str(outputs["finish_reason"][i])])
             body = {"id": ("chatcmpl-" if self.chat else "cmpl-") + _hex("body", rid),
                     "object": "chat.completion" if self.chat else "text_completion",
                     "created": created, "model": self.model, "choices": [choice],
