@@ -1,7 +1,8 @@
 """Greedy generation on transformers models equals transformers' own generate, record by
-record: a Llama layout with GQA, its Qwen2 and Qwen3 twins and GPT-2, left-padded prompts of
-different lengths in one batch, with and without EOS reached, min_new_tokens; unsupported
-models."""
+record: a Llama layout with GQA, its Qwen2 and Qwen3 twins, GPT-2, and other families through the
+attention hook (Gemma, Gemma2, Phi, Phi3, Qwen2-MoE, Mixtral), prompts of different lengths in one
+batch, with and without EOS reached, min_new_tokens; models graphrun's cache cannot serve, each
+refused naming what and why."""
 
 from __future__ import annotations
 
@@ -11,13 +12,16 @@ from torch import nn
 
 pytest.importorskip("transformers")
 
-from tests.generate_models import IDS, PROMPTS, hf_greedy, tiny_gpt2, tiny_llama  # noqa: E402
+from tests.generate_models import (IDS, PROMPTS, hf_greedy, tiny_causal, tiny_gpt2,  # noqa: E402
+                                   tiny_llama)
 
 from graphrun.generate import (GenerateConfig, GenerationError, Engine,  # noqa: E402
                                build_engine)
 
 MAKERS = {"llama": tiny_llama, "gpt2": tiny_gpt2, "qwen2": lambda: tiny_llama("qwen2"),
-          "qwen3": lambda: tiny_llama("qwen3")}
+          "qwen3": lambda: tiny_llama("qwen3"),
+          **{kind: (lambda kind=kind: tiny_causal(kind))
+             for kind in ("gemma", "gemma2", "phi", "phi3", "qwen2_moe", "mixtral")}}
 
 
 def run(model, prompts=PROMPTS, ids=IDS, **config):
@@ -48,7 +52,7 @@ def test_greedy_equals_hf_without_eos(kind):
     assert model.config._attn_implementation != "graphrun"  # close() gave it back
 
 
-@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "gemma", "mixtral"])
 def test_greedy_equals_hf_with_eos(kind):
     model = MAKERS[kind]()
     eos = stop_id(hf_greedy(model, PROMPTS, max_new_tokens=12))
@@ -72,17 +76,75 @@ def test_min_new_tokens_masks_eos_until_reached():
     assert all(len(row) >= 5 and eos not in row[:4] for row in got)
 
 
-def test_an_unsupported_transformers_model_is_one_error_before_any_work():
-    import transformers
-
-    config = transformers.BertConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1,
-                                     num_attention_heads=2, intermediate_size=32)
-    model = transformers.BertLMHeadModel(config)
+def engine_error(model, max_prompt: int = 8, max_new_tokens: int = 4) -> str:
+    """The engine's error for a model it refuses, before it computes anything."""
     with pytest.raises(GenerationError) as err:
-        Engine(model, config=GenerateConfig(max_new_tokens=4), slots=1, max_prompt=8, device="cpu", dtype=torch.float32, backend="eager")
-    text = str(err.value)
-    assert "BertLMHeadModel" in text and "'bert'" in text
-    assert "llama" in text and "gpt2" in text and "qwen2" in text
+        Engine(model, config=GenerateConfig(max_new_tokens=max_new_tokens), slots=1,
+               max_prompt=max_prompt, device="cpu", dtype=torch.float32, backend="eager")
+    return str(err.value)
+
+
+SMALL = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+
+
+def refused(name: str):
+    """A tiny transformers model graphrun's cache cannot serve, and what its error names."""
+    import transformers as t
+
+    return {
+        "bidirectional": (lambda: t.BertLMHeadModel(t.BertConfig(
+            vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+            intermediate_size=32)), ["BertLMHeadModel", "'bert'", "bidirectional",
+                                     "BertSelfAttention.is_causal"]),
+        "own attention": (lambda: t.BloomForCausalLM(t.BloomConfig(
+            vocab_size=96, hidden_size=32, n_layer=2, n_head=4)),
+            ["BloomForCausalLM", "attention interface", "_supports_attention_backend"]),
+        "encoder-decoder": (lambda: t.T5ForConditionalGeneration(t.T5Config(
+            vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4)),
+            ["T5ForConditionalGeneration", "encoder-decoder"]),
+        "recurrent layers": (lambda: t.Lfm2ForCausalLM(t.Lfm2Config(
+            vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2,
+            layer_types=["conv", "full_attention"])), ["Lfm2ForCausalLM", "kind conv"]),
+        "short window": (lambda: t.Gemma2ForCausalLM(t.Gemma2Config(
+            **SMALL, head_dim=8, sliding_window=8, attn_logit_softcapping=None)),
+            ["Gemma2ForCausalLM", "sliding_window=8", "(12)"]),
+        "soft-capping": (lambda: t.Gemma2ForCausalLM(t.Gemma2Config(**SMALL, head_dim=8)),
+                         ["Gemma2ForCausalLM", "attn_logit_softcapping=50.0"]),
+        "sinks": (lambda: t.GptOssForCausalLM(t.GptOssConfig(
+            **SMALL, head_dim=8, num_local_experts=2, num_experts_per_tok=1)),
+            ["GptOssForCausalLM", "attention sinks"]),
+        "latent attention": (lambda: t.DeepseekV3ForCausalLM(t.DeepseekV3Config(
+            vocab_size=96, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+            num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4,
+            n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+            kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
+            v_head_dim=8)), ["DeepseekV3ForCausalLM", "v_head_dim=8"]),
+    }[name]
+
+
+@pytest.mark.parametrize("name", ["bidirectional", "own attention", "encoder-decoder",
+                                  "recurrent layers", "short window", "soft-capping", "sinks",
+                                  "latent attention"])
+def test_a_model_the_cache_cannot_serve_is_one_error_naming_what(name):
+    make, named = refused(name)
+    model = make()
+    implementation = model.config._attn_implementation
+    text = engine_error(model)
+    assert all(part in text for part in named), text
+    assert "cannot generate with graphrun" in text
+    assert model.config._attn_implementation == implementation  # nothing was changed
+
+
+def test_the_attention_refuses_soft_capping_it_was_not_told_of():
+    from graphrun.generate.hf_attention import graphrun_attention
+
+    q = torch.zeros(1, 2, 1, 4)
+    module = nn.Module()
+    module.layer_idx = 0
+    with pytest.raises(GenerationError, match="soft-capping"):
+        graphrun_attention(module, q, q, q, None, graphrun_kv=object(), softcap=30.0)
 
 
 def test_a_plain_module_is_one_error_naming_it():
