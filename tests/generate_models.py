@@ -74,7 +74,7 @@ def hf_greedy(model, prompts, *, max_new_tokens, eos_ids=(), min_new_tokens=0, p
     return rows
 
 
-def tiny_causal(kind: str):
+def tiny_causal(kind: str, **changes):
     """A seeded 2-layer transformers causal LM of another family, run through the attention
     hook: gemma (GeGLU, scaled embeddings, head_dim apart from hidden/heads), gemma2 (sliding
     and full layers alternating, its window longer than any record, no soft-capping), phi
@@ -86,6 +86,7 @@ def tiny_causal(kind: str):
     args = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
                 bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    args.update(changes)
     moe = dict(num_experts_per_tok=2, tie_word_embeddings=False)
     configs = {
         "gemma": lambda: transformers.GemmaConfig(**args, head_dim=24,

@@ -155,3 +155,77 @@ def test_a_plain_module_is_one_error_naming_it():
 def test_positions_past_the_model_are_an_error():
     with pytest.raises(GenerationError, match="max_position_embeddings"):
         build_engine(tiny_gpt2(), GenerateConfig(max_new_tokens=100), slots=1, max_prompt=64)
+
+
+def save_with_tokenizer(folder, kind: str):
+    """A tiny model of `kind` (vocab the shipped tiny Llama's tokenizer's) saved with
+    save_pretrained beside that tokenizer's files: a folder as a user brings one."""
+    import shutil
+    from pathlib import Path
+
+    import transformers
+
+    model = tiny_causal(kind, vocab_size=512, bos_token_id=0, eos_token_id=1)
+    model.save_pretrained(folder)
+    tiny = Path(__file__).resolve().parents[1] / "examples" / "models" / "tiny-llama"
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(tiny / name, folder / name)
+    return transformers.AutoTokenizer.from_pretrained(folder), model
+
+
+def job_spec(tmp_path, folder, texts, new: int = 6):
+    import json
+
+    import yaml
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": i, "prompt": t}) + "\n"
+                               for i, t in enumerate(texts)))
+    spec = {"version": 1, "name": "gen", "device": "cpu",
+            "model": {"hf": {"path": str(folder), "class": "AutoModelForCausalLM"},
+                      "dtype": "float32"},
+            "data": {"path": str(prompts), "id_field": "id", "text": {"field": "prompt"},
+                     "batch_size": 2},
+            "generate": {"max_new_tokens": new},
+            "buckets": {"batch": [2], "seq": [32]},
+            "output": {"dir": str(tmp_path / "out"), "format": "jsonl"}}
+    path = tmp_path / "gen.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@pytest.mark.parametrize("kind", ["gemma", "phi3", "qwen2_moe"])
+def test_a_job_on_a_saved_folder_of_another_family_equals_transformers(tmp_path, kind):
+    import json
+
+    import graphrun
+
+    tok, model = save_with_tokenizer(tmp_path / "m", kind)
+    texts = ["the cat sat on", "a dog", "once upon a time there", "hello"]
+    manifest = graphrun.run(graphrun.load_spec(job_spec(tmp_path, tmp_path / "m", texts)))
+    rows = [json.loads(line) for p in sorted((tmp_path / "out").glob("part-*.jsonl"))
+            for line in p.read_text().splitlines()]
+    assert [r["id"] for r in rows] == list(range(len(texts)))
+    for row, text in zip(rows, texts):
+        ids = tok(text, return_tensors="pt").input_ids
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6,
+                                 do_sample=False)
+        want = out[0, ids.shape[1]:].tolist()
+        assert row["token_ids"] == want, row["id"]
+        assert row["text"] == tok.decode(want, skip_special_tokens=True)
+    assert manifest.environment.model_code == "transformers"
+    assert f"model_type '{kind}'" in manifest.environment.model_code_reason
+
+
+def test_a_job_on_a_model_the_cache_cannot_serve_fails_before_any_record(tmp_path):
+    import transformers
+
+    import graphrun
+
+    folder = tmp_path / "m"
+    transformers.Gemma2ForCausalLM(transformers.Gemma2Config(**SMALL, head_dim=8)).save_pretrained(
+        folder)
+    with pytest.raises(GenerationError, match="attn_logit_softcapping=50.0"):
+        graphrun.run(graphrun.load_spec(job_spec(tmp_path, folder, ["a b c"])))
+    assert not list((tmp_path / "out").glob("part-*"))
