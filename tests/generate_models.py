@@ -77,7 +77,8 @@ def hf_greedy(model, prompts, *, max_new_tokens, eos_ids=(), min_new_tokens=0, p
 def tiny_causal(kind: str, **changes):
     """A seeded 2-layer transformers causal LM of another family, run through the attention
     hook: gemma (GeGLU, scaled embeddings, head_dim apart from hidden/heads), gemma2 (sliding
-    and full layers alternating, its window longer than any record, no soft-capping), phi
+    and full layers alternating, its window longer than any record, final logits soft-capped,
+    the attention's scores only where attn_logit_softcapping is given), phi
     (partial RoPE, parallel attention and MLP), phi3 (fused qkv), qwen2_moe and mixtral (MoE
     layers: routed experts, a shared expert for Qwen2-MoE)."""
     import transformers
@@ -92,8 +93,8 @@ def tiny_causal(kind: str, **changes):
         "gemma": lambda: transformers.GemmaConfig(**args, head_dim=24,
                                                   tie_word_embeddings=False),
         "gemma2": lambda: transformers.Gemma2Config(
-            **args, head_dim=16, sliding_window=64, tie_word_embeddings=False,
-            attn_logit_softcapping=None),
+            **{"attn_logit_softcapping": None, **args}, head_dim=16, sliding_window=64,
+            tie_word_embeddings=False),
         "phi": lambda: transformers.PhiConfig(**args, partial_rotary_factor=0.5),
         "phi3": lambda: transformers.Phi3Config(**args),
         "qwen2_moe": lambda: transformers.Qwen2MoeConfig(

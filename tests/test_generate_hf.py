@@ -110,8 +110,6 @@ def refused(name: str):
         "short window": (lambda: t.Gemma2ForCausalLM(t.Gemma2Config(
             **SMALL, head_dim=8, sliding_window=8, attn_logit_softcapping=None)),
             ["Gemma2ForCausalLM", "sliding_window=8", "(12)"]),
-        "soft-capping": (lambda: t.Gemma2ForCausalLM(t.Gemma2Config(**SMALL, head_dim=8)),
-                         ["Gemma2ForCausalLM", "attn_logit_softcapping=50.0"]),
         "sinks": (lambda: t.GptOssForCausalLM(t.GptOssConfig(
             **SMALL, head_dim=8, num_local_experts=2, num_experts_per_tok=1)),
             ["GptOssForCausalLM", "attention sinks"]),
@@ -125,7 +123,7 @@ def refused(name: str):
 
 
 @pytest.mark.parametrize("name", ["bidirectional", "own attention", "encoder-decoder",
-                                  "recurrent layers", "short window", "soft-capping", "sinks",
+                                  "recurrent layers", "short window", "sinks",
                                   "latent attention"])
 def test_a_model_the_cache_cannot_serve_is_one_error_naming_what(name):
     make, named = refused(name)
@@ -137,14 +135,25 @@ def test_a_model_the_cache_cannot_serve_is_one_error_naming_what(name):
     assert model.config._attn_implementation == implementation  # nothing was changed
 
 
-def test_the_attention_refuses_soft_capping_it_was_not_told_of():
+def test_the_attention_refuses_sinks_it_was_not_told_of():
     from graphrun.generate.hf_attention import graphrun_attention
 
     q = torch.zeros(1, 2, 1, 4)
     module = nn.Module()
     module.layer_idx = 0
-    with pytest.raises(GenerationError, match="soft-capping"):
-        graphrun_attention(module, q, q, q, None, graphrun_kv=object(), softcap=30.0)
+    with pytest.raises(GenerationError, match="attention sinks"):
+        graphrun_attention(module, q, q, q, None, graphrun_kv=object(), s_aux=torch.zeros(2))
+
+
+def test_gemma2s_soft_capped_attention_equals_transformers():
+    """Scores large enough (query_pre_attn_scalar 1) for the cap to change every record's
+    tokens: graphrun's completions follow the capped model, not the uncapped one."""
+    capped = tiny_causal("gemma2", attn_logit_softcapping=1.0, query_pre_attn_scalar=1)
+    want = hf_greedy(capped, PROMPTS, max_new_tokens=10)
+    uncapped = hf_greedy(tiny_causal("gemma2", query_pre_attn_scalar=1), PROMPTS,
+                         max_new_tokens=10)
+    assert all(a != b for a, b in zip(want, uncapped))
+    assert [c.token_ids for c in run(capped, max_new_tokens=10)] == want
 
 
 def test_a_plain_module_is_one_error_naming_it():
@@ -224,8 +233,8 @@ def test_a_job_on_a_model_the_cache_cannot_serve_fails_before_any_record(tmp_pat
     import graphrun
 
     folder = tmp_path / "m"
-    transformers.Gemma2ForCausalLM(transformers.Gemma2Config(**SMALL, head_dim=8)).save_pretrained(
-        folder)
-    with pytest.raises(GenerationError, match="attn_logit_softcapping=50.0"):
+    config = transformers.Gemma2Config(**SMALL, head_dim=8, sliding_window=16)
+    transformers.Gemma2ForCausalLM(config).save_pretrained(folder)
+    with pytest.raises(GenerationError, match="sliding_window=16"):
         graphrun.run(graphrun.load_spec(job_spec(tmp_path, folder, ["a b c"])))
     assert not list((tmp_path / "out").glob("part-*"))

@@ -11,10 +11,11 @@ a 4-D mask unchanged, so none of its mask code (or host syncs) runs.
 
 Any causal LM whose transformers class routes its attention through that interface runs so
 (its class's _supports_attention_backend), transformers computing everything but the attention:
-norms, RoPE of any kind, MLP or MoE. A model the cache cannot serve (check_supported: an
-attention of its own, an encoder-decoder, recurrent or other non-attention layers, a sliding
-window shorter than the record, soft-capping or sinks in the attention, keys and values of
-different widths) gets one GenerationError naming what and why, before any work.
+norms, RoPE of any kind, MLP or MoE. Soft-capped scores (Gemma2's softcap argument) are capped
+by graphrun's attention in its torch path (the decode kernel has no cap). A model the cache
+cannot serve (check_supported: an attention of its own, an encoder-decoder, recurrent or other
+non-attention layers, a sliding window shorter than the record, attention sinks, keys and
+values of different widths) gets one GenerationError naming what and why, before any work.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ ATTENTION_NAME = "graphrun"
 ATTENTION_LAYERS = ("full_attention", "sliding_attention")
 # keyword arguments of an attention call that change what it computes, which graphrun's paged
 # attention does not do: their name -> what it is, for the message
-UNSUPPORTED_ARGS = {"softcap": "attention logit soft-capping", "s_aux": "attention sinks"}
+UNSUPPORTED_ARGS = {"s_aux": "attention sinks"}
 
 
 def graphrun_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
@@ -51,7 +52,7 @@ def graphrun_attention(module, query, key, value, attention_mask, scaling=None, 
     if layer is None:
         raise GenerationError(f"{name} has no layer_idx: graphrun cannot tell which layer's "
                               "cache it reads; run this model with transformers' generate")
-    return attend(graphrun_kv, layer, query, key, value, scaling), None
+    return attend(graphrun_kv, layer, query, key, value, scaling, kwargs.get("softcap")), None
 
 
 def register() -> None:
@@ -112,10 +113,6 @@ def layout_problem(cls, config, max_len: int, sinks: bool = False) -> str | None
     if window is not None and window < max_len:
         return (f"sliding-window attention (sliding_window={window}) is not supported; keep the "
                 f"longest prompt + max_new_tokens ({max_len}) within the window")
-    softcap = getattr(config, "attn_logit_softcapping", None)
-    if softcap is not None:
-        return (f"attention logit soft-capping (attn_logit_softcapping={softcap}) is not in "
-                "graphrun's paged attention" + own)
     if sinks:
         return "attention sinks (the attention's 'sinks' parameters) are not in graphrun's " \
                "paged attention" + own
@@ -185,6 +182,8 @@ class HFCausalLM:
         self.model = model.eval()
         self.layout = layout_of(model.config)
         self.vocab = model.get_output_embeddings().weight.shape[0]
+        # capped scores decode through the torch reference, not the kernel (the manifest says)
+        self.softcap = getattr(model.config, "attn_logit_softcapping", None)
         self._previous = model.config._attn_implementation
         model.config._attn_implementation = ATTENTION_NAME
 

@@ -301,7 +301,9 @@ class GenerationRunner:
         e = self.engine
         if e.cache is None or not e.stats.decode_steps:
             return None
-        return "kernel" if runs_on(e.device, e.dtype, e.cache.layout.head_dim) else "general"
+        kernel = (runs_on(e.device, e.dtype, e.cache.layout.head_dim)
+                  and getattr(e.model, "softcap", None) is None)
+        return "kernel" if kernel else "general"
 
     def mbu(self) -> float | None:
         """generation.mbu on a GPU of known peak bandwidth (generate/mbu.py); None on the CPU."""
