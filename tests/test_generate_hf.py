@@ -227,7 +227,7 @@ def test_a_job_on_a_saved_folder_of_another_family_equals_transformers(tmp_path,
     assert f"model_type '{kind}'" in manifest.environment.model_code_reason
 
 
-def test_a_job_on_a_model_the_cache_cannot_serve_fails_before_any_record(tmp_path):
+def test_a_job_on_a_model_the_cache_cannot_serve_fails_before_reading_its_weights(tmp_path):
     import transformers
 
     import graphrun
@@ -235,6 +235,8 @@ def test_a_job_on_a_model_the_cache_cannot_serve_fails_before_any_record(tmp_pat
     folder = tmp_path / "m"
     config = transformers.Gemma2Config(**SMALL, head_dim=8, sliding_window=16)
     transformers.Gemma2ForCausalLM(config).save_pretrained(folder)
-    with pytest.raises(GenerationError, match="sliding_window=16"):
+    (folder / "model.safetensors").unlink()  # refused from config.json: never read
+    with pytest.raises(GenerationError, match=r"Gemma2ForCausalLM \(model_type 'gemma2'\) "
+                                              r"cannot generate.*sliding_window=16.*\(38\)"):
         graphrun.run(graphrun.load_spec(job_spec(tmp_path, folder, ["a b c"])))
     assert not list((tmp_path / "out").glob("part-*"))

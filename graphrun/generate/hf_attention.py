@@ -83,10 +83,40 @@ def check_supported(model, max_len: int) -> None:
     problem = (layout_problem(type(model), model.config, max_len, sinks=sinks)
                or attention_problem(model))
     if problem is not None:
-        kind = getattr(model.config, "model_type", None)
-        raise GenerationError(
-            f"{type(model).__name__} (model_type {kind!r}) cannot generate with graphrun: "
-            f"{problem}")
+        raise refusal(type(model), model.config, problem)
+
+
+# hf.kwargs that only say which config to read: any other may change it, so only the loaded
+# model is checked then
+WHICH_CONFIG = ("revision", "subfolder", "cache_dir")
+
+
+def check_before_loading(hf, where: str, max_len: int) -> None:
+    """layout_problem from the folder's config.json and the class model.hf.class picks for it,
+    before any weight is read. A config or class this cannot read is left to the loader (and
+    to check_supported on the loaded model)."""
+    if set(hf.kwargs) - set(WHICH_CONFIG):
+        return
+    try:
+        import transformers
+
+        config = transformers.AutoConfig.from_pretrained(
+            where, local_files_only=True, trust_remote_code=hf.trust_remote_code, **hf.kwargs)
+        cls = getattr(transformers, hf.class_)
+        mapping = getattr(cls, "_model_mapping", None)
+        if mapping is not None:  # an Auto class: the one it picks for this config
+            cls = mapping[type(config)]
+    except Exception:  # noqa: BLE001 - the loader says what is missing or wrong
+        return
+    problem = layout_problem(cls, config, max_len)
+    if problem is not None:
+        raise refusal(cls, config, problem)
+
+
+def refusal(cls, config, problem: str) -> GenerationError:
+    kind = getattr(config, "model_type", None)
+    return GenerationError(f"{cls.__name__} (model_type {kind!r}) cannot generate with "
+                           f"graphrun: {problem}")
 
 
 def layout_problem(cls, config, max_len: int, sinks: bool = False) -> str | None:

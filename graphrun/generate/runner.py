@@ -30,7 +30,7 @@ from graphrun.generate.llama import (Checkpoint, OwnLM, build_llama, find_checkp
                                      load_checkpoint)
 from graphrun.generate.config import Completion, GenerateConfig, Sampling
 from graphrun.generate.engine import Engine, Finished, Request
-from graphrun.generate.hf_attention import eos_ids_of
+from graphrun.generate.hf_attention import check_before_loading, eos_ids_of
 from graphrun.generate.mbu import kv_bytes_per_token, peak_bandwidth, weight_bytes_per_step
 from graphrun.manifest.keys import BucketReport
 from graphrun.manifest.sections import Generation, GraphSetup, generation_summary
@@ -359,6 +359,11 @@ def build_generation_model(spec: PipelineSpec, device: torch.device):
         if m.hf.implementation == "graphrun":
             raise not_graphruns(m.hf, found)
         reason = found
+    if m.hf is not None:  # refused before its weights are read
+        from graphrun.spec.paths import resolve_path
+
+        check_before_loading(m.hf, resolve_path(m.hf.path, spec.base_dir),
+                             max(spec.buckets[PROMPT_AXIS]) + spec.generate.max_new_tokens)
     from graphrun.models.load import build_model
 
     return build_model(spec, device, spec.base_dir), ("transformers" if m.hf else None, reason)
