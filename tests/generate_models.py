@@ -93,7 +93,7 @@ def tiny_causal(kind: str, **changes):
         "gemma": lambda: transformers.GemmaConfig(**args, head_dim=24,
                                                   tie_word_embeddings=False),
         "gemma2": lambda: transformers.Gemma2Config(
-            **{"attn_logit_softcapping": None, **args}, head_dim=16, sliding_window=64,
+            **{"attn_logit_softcapping": None, "sliding_window": 64, **args}, head_dim=16,
             tie_word_embeddings=False),
         "phi": lambda: transformers.PhiConfig(**args, partial_rotary_factor=0.5),
         "phi3": lambda: transformers.Phi3Config(**args),

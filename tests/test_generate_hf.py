@@ -1,8 +1,8 @@
 """Greedy generation on transformers models equals transformers' own generate, record by
-record: a Llama layout with GQA, its Qwen2 and Qwen3 twins, GPT-2, and other families through the
-attention hook (Gemma, Gemma2, Phi, Phi3, Qwen2-MoE, Mixtral), prompts of different lengths in one
-batch, with and without EOS reached, min_new_tokens; models graphrun's cache cannot serve, each
-refused naming what and why."""
+record: a Llama layout with GQA, its Qwen2 and Qwen3 twins, GPT-2, and other families through
+the attention hook (Gemma, Gemma2 soft-capped and windowed, Phi, Phi3, Qwen2-MoE, Mixtral, a
+windowed Mistral), prompts of different lengths in one batch, with and without EOS reached,
+min_new_tokens; models graphrun's cache cannot serve, each refused naming what and why."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from torch import nn
 
 pytest.importorskip("transformers")
 
-from tests.generate_models import (IDS, PROMPTS, hf_greedy, tiny_causal, tiny_gpt2,  # noqa: E402
-                                   tiny_llama)
+from tests.generate_models import (IDS, PROMPTS, _spread, hf_greedy, tiny_causal,  # noqa: E402
+                                   tiny_gpt2, tiny_llama)
 
 from graphrun.generate import (GenerateConfig, GenerationError, Engine,  # noqa: E402
                                build_engine)
@@ -107,9 +107,6 @@ def refused(name: str):
             vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2,
             layer_types=["conv", "full_attention"])), ["Lfm2ForCausalLM", "kind conv"]),
-        "short window": (lambda: t.Gemma2ForCausalLM(t.Gemma2Config(
-            **SMALL, head_dim=8, sliding_window=8, attn_logit_softcapping=None)),
-            ["Gemma2ForCausalLM", "sliding_window=8", "(12)"]),
         "sinks": (lambda: t.GptOssForCausalLM(t.GptOssConfig(
             **SMALL, head_dim=8, num_local_experts=2, num_experts_per_tok=1)),
             ["GptOssForCausalLM", "attention sinks"]),
@@ -123,7 +120,7 @@ def refused(name: str):
 
 
 @pytest.mark.parametrize("name", ["bidirectional", "own attention", "encoder-decoder",
-                                  "recurrent layers", "short window", "sinks",
+                                  "recurrent layers", "sinks",
                                   "latent attention"])
 def test_a_model_the_cache_cannot_serve_is_one_error_naming_what(name):
     make, named = refused(name)
@@ -154,6 +151,30 @@ def test_gemma2s_soft_capped_attention_equals_transformers():
                          max_new_tokens=10)
     assert all(a != b for a, b in zip(want, uncapped))
     assert [c.token_ids for c in run(capped, max_new_tokens=10)] == want
+
+
+def tiny_mistral(window: int):
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.MistralConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        sliding_window=window)
+    return _spread(transformers.MistralForCausalLM(config).eval())
+
+
+@pytest.mark.parametrize("kind", ["gemma2", "mistral"])
+def test_a_sliding_window_shorter_than_the_records_equals_transformers(kind):
+    """A window of 4 tokens on prompts of up to 11 and 10 new tokens: graphrun's completions
+    follow the windowed model, not the one that sees every key (Gemma2: its sliding layers
+    beside full ones; Mistral: every layer)."""
+    make = ((lambda w: tiny_causal("gemma2", sliding_window=w)) if kind == "gemma2"
+            else tiny_mistral)
+    windowed = make(4)
+    want = hf_greedy(windowed, PROMPTS, max_new_tokens=10)
+    assert want != hf_greedy(make(64), PROMPTS, max_new_tokens=10)
+    assert [c.token_ids for c in run(windowed, max_new_tokens=10)] == want
 
 
 def test_a_plain_module_is_one_error_naming_it():
@@ -233,10 +254,10 @@ def test_a_job_on_a_model_the_cache_cannot_serve_fails_before_reading_its_weight
     import graphrun
 
     folder = tmp_path / "m"
-    config = transformers.Gemma2Config(**SMALL, head_dim=8, sliding_window=16)
-    transformers.Gemma2ForCausalLM(config).save_pretrained(folder)
+    config = transformers.BloomConfig(vocab_size=96, hidden_size=32, n_layer=2, n_head=4)
+    transformers.BloomForCausalLM(config).save_pretrained(folder)
     (folder / "model.safetensors").unlink()  # refused from config.json: never read
-    with pytest.raises(GenerationError, match=r"Gemma2ForCausalLM \(model_type 'gemma2'\) "
-                                              r"cannot generate.*sliding_window=16.*\(38\)"):
+    with pytest.raises(GenerationError, match=r"BloomForCausalLM \(model_type 'bloom'\) "
+                                              r"cannot generate.*attention interface"):
         graphrun.run(graphrun.load_spec(job_spec(tmp_path, folder, ["a b c"])))
     assert not list((tmp_path / "out").glob("part-*"))

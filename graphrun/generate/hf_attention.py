@@ -11,11 +11,11 @@ a 4-D mask unchanged, so none of its mask code (or host syncs) runs.
 
 Any causal LM whose transformers class routes its attention through that interface runs so
 (its class's _supports_attention_backend), transformers computing everything but the attention:
-norms, RoPE of any kind, MLP or MoE. Soft-capped scores (Gemma2's softcap argument) are capped
-by graphrun's attention in its torch path (the decode kernel has no cap). A model the cache
-cannot serve (check_supported: an attention of its own, an encoder-decoder, recurrent or other
-non-attention layers, a sliding window shorter than the record, attention sinks, keys and
-values of different widths) gets one GenerationError naming what and why, before any work.
+norms, RoPE of any kind, MLP or MoE. The softcap and sliding_window arguments of the call are
+applied by graphrun's attention (kv_cache.attend). A model the cache cannot serve
+(check_supported: an attention of its own, an encoder-decoder, recurrent or other non-attention
+layers, attention sinks, keys and values of different widths) gets one GenerationError naming
+what and why, before any work.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ def graphrun_attention(module, query, key, value, attention_mask, scaling=None, 
     if layer is None:
         raise GenerationError(f"{name} has no layer_idx: graphrun cannot tell which layer's "
                               "cache it reads; run this model with transformers' generate")
-    return attend(graphrun_kv, layer, query, key, value, scaling, kwargs.get("softcap")), None
+    return attend(graphrun_kv, layer, query, key, value, scaling, kwargs.get("softcap"),
+                  kwargs.get("sliding_window")), None
 
 
 def register() -> None:
@@ -139,10 +140,6 @@ def layout_problem(cls, config, max_len: int, sinks: bool = False) -> str | None
         return (f"it has layers of kind {', '.join(other)} (config.layer_types), which keep a "
                 "state or see keys graphrun's cache does not hold (only full_attention and "
                 "sliding_attention layers run)" + own)
-    window = sliding_window(config)
-    if window is not None and window < max_len:
-        return (f"sliding-window attention (sliding_window={window}) is not supported; keep the "
-                f"longest prompt + max_new_tokens ({max_len}) within the window")
     if sinks:
         return "attention sinks (the attention's 'sinks' parameters) are not in graphrun's " \
                "paged attention" + own
@@ -212,7 +209,8 @@ class HFCausalLM:
         self.model = model.eval()
         self.layout = layout_of(model.config)
         self.vocab = model.get_output_embeddings().weight.shape[0]
-        # capped scores decode through the torch reference, not the kernel (the manifest says)
+        # what its attention asks beside the keys (runner.decode_attention reads them)
+        self.window = sliding_window(model.config)
         self.softcap = getattr(model.config, "attn_logit_softcapping", None)
         self._previous = model.config._attn_implementation
         model.config._attn_implementation = ATTENTION_NAME

@@ -301,8 +301,12 @@ class GenerationRunner:
         e = self.engine
         if e.cache is None or not e.stats.decode_steps:
             return None
-        kernel = (runs_on(e.device, e.dtype, e.cache.layout.head_dim)
-                  and getattr(e.model, "softcap", None) is None)
+        # soft-capped scores, or a window shorter than a row's blocks, run the torch reference
+        # (kv_cache.attend)
+        window, softcap = getattr(e.model, "window", None), getattr(e.model, "softcap", None)
+        general = softcap is not None or (window is not None
+                                          and window < e.max_blocks * e.block_size)
+        kernel = runs_on(e.device, e.dtype, e.cache.layout.head_dim) and not general
         return "kernel" if kernel else "general"
 
     def mbu(self) -> float | None:

@@ -69,11 +69,12 @@ def write_prefill(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
 def paged_decode_reference(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                            k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_table: torch.Tensor, seq_lens: torch.Tensor,
-                           scale: float, softcap: float | None = None) -> torch.Tensor:
+                           scale: float, softcap: float | None = None,
+                           window: int | None = None) -> torch.Tensor:
     """paged_decode in plain torch, any device: the write, the blocks gathered through the
-    table, then scaled_dot_product_attention with a per-row length mask. softcap: the scores
-    capped as softcap * tanh(score / softcap) first (Gemma2's attention), which the kernel
-    does not do."""
+    table, then scaled_dot_product_attention with a per-row length mask. Two things the kernel
+    does not do: softcap, the scores capped as softcap * tanh(score / softcap) first (Gemma2's
+    attention); window, only the row's last `window` keys seen (a sliding-window layer)."""
     b, heads, _, dim = q.shape
     _, kv_heads, block_size, _ = k_cache.shape
     length = block_table.shape[1] * block_size
@@ -87,7 +88,10 @@ def paged_decode_reference(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Te
         # [b, max_blocks, kv_heads, block_size, d] -> [b, kv_heads, max_blocks * block_size, d]
         return cache[table].transpose(1, 2).reshape(b, kv_heads, length, dim)
 
-    seen = torch.arange(length, device=q.device)[None] < seq_lens[:, None]  # [b, L]
+    at = torch.arange(length, device=q.device)[None]
+    seen = at < seq_lens[:, None]  # [b, L]
+    if window is not None:
+        seen = seen & (at >= seq_lens[:, None] - window)
     # keys past a row's length may be anything a block held (garbage, inf): zeroed, a masked
     # key adds 0 * 0, never NaN
     keep = seen[:, None, :, None]
