@@ -72,3 +72,35 @@ def hf_greedy(model, prompts, *, max_new_tokens, eos_ids=(), min_new_tokens=0, p
         stop = next((i for i, t in enumerate(row) if t in eos_ids), None)
         rows.append(row[:stop + 1] if stop is not None else row[:max_new_tokens])
     return rows
+
+
+def tiny_causal(kind: str, **changes):
+    """A seeded 2-layer transformers causal LM of another family, run through the attention
+    hook: gemma (GeGLU, scaled embeddings, head_dim apart from hidden/heads), gemma2 (sliding
+    and full layers alternating, its window longer than any record, final logits soft-capped,
+    the attention's scores only where attn_logit_softcapping is given), phi
+    (partial RoPE, parallel attention and MLP), phi3 (fused qkv), qwen2_moe and mixtral (MoE
+    layers: routed experts, a shared expert for Qwen2-MoE)."""
+    import transformers
+
+    torch.manual_seed(0)
+    args = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    args.update(changes)
+    moe = dict(num_experts_per_tok=2, tie_word_embeddings=False)
+    configs = {
+        "gemma": lambda: transformers.GemmaConfig(**args, head_dim=24,
+                                                  tie_word_embeddings=False),
+        "gemma2": lambda: transformers.Gemma2Config(
+            **{"attn_logit_softcapping": None, "sliding_window": 64, **args}, head_dim=16,
+            tie_word_embeddings=False),
+        "phi": lambda: transformers.PhiConfig(**args, partial_rotary_factor=0.5),
+        "phi3": lambda: transformers.Phi3Config(**args),
+        "qwen2_moe": lambda: transformers.Qwen2MoeConfig(
+            **args, **moe, num_experts=4, moe_intermediate_size=32,
+            shared_expert_intermediate_size=64),
+        "mixtral": lambda: transformers.MixtralConfig(**args, **moe, num_local_experts=4),
+    }
+    config = configs[kind]()
+    return _spread(transformers.AutoModelForCausalLM.from_config(config).eval())

@@ -44,6 +44,18 @@ def test_compiled_steps_give_the_plain_models_tokens_and_compile_once_per_kind()
     assert len(buckets) > 4 and frames["unique_graphs"] - before <= 4
 
 
+@pytest.mark.slow
+def test_a_windowed_attention_compiles_and_gives_the_plain_models_tokens():
+    """The torch path of a sliding window (the kernel has none) inside the compiled step."""
+    model = build_llama(layers=2, d_model=64, heads=4, kv_heads=2, vocab=128, max_len=64)
+    for layer in model.model.layers:  # as a Mistral checkpoint's 4-token window sets it
+        layer.self_attn.window = 4
+    plain, _ = generate(model, compile=False)
+    got, buckets = generate(model, compile=True)
+    assert got == plain
+    assert buckets and all(b["compiled"] is True for b in buckets), buckets
+
+
 def test_a_compiler_failure_leaves_every_graph_on_the_plain_model_with_the_reason(
         monkeypatch):
     from graphrun.generate import compiled

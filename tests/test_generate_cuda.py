@@ -1,5 +1,6 @@
 """On a GPU: the engine's captured prefill and decode graphs give the tokens eager gives (greedy
-and seeded sampling), each graph verified at capture; a transformers Llama too."""
+and seeded sampling), each graph verified at capture; a transformers Llama too, and other
+transformers families through the attention hook (Gemma, Gemma2 soft-capped, Phi, Phi3, MoE)."""
 
 from __future__ import annotations
 
@@ -73,6 +74,43 @@ def test_transformers_llama_graphs_equal_eager_and_hf():
     assert model.config._attn_implementation != "graphrun"
     want = hf_greedy(model.cpu(), PROMPTS, max_new_tokens=24)
     assert graphs[0] == want
+
+
+MOE = ("qwen2_moe", "mixtral")
+
+
+@pytest.mark.parametrize("kind", ["gemma", "gemma2-capped", "phi", "phi3", *MOE])
+def test_other_transformers_families_graphs_equal_eager_and_hf(kind):
+    """Through the attention hook: the dense families' steps are all captured; an MoE's steps
+    are captured where transformers' experts code can be (else they run eagerly, saying why),
+    and the tokens are transformers' either way."""
+    pytest.importorskip("transformers")
+    from tests.generate_models import hf_greedy, tiny_causal
+
+    extra = {"attn_logit_softcapping": 1.0, "query_pre_attn_scalar": 1} if "capped" in kind else {}
+    model = tiny_causal(kind.split("-")[0], **extra).cuda()
+    graphs, buckets, _ = completions(model, "cuda-graph", Sampling())
+    eager, _, _ = completions(model, "eager", Sampling())
+    assert graphs == eager
+    if kind in MOE:
+        assert all(b["status"] == "captured" or b["reason"] for b in buckets), buckets
+    else:
+        assert all(b["status"] == "captured" for b in buckets), buckets
+    want = hf_greedy(model.cpu(), PROMPTS, max_new_tokens=24)
+    assert graphs[0] == want
+
+
+@pytest.mark.parametrize("kind", MOE)
+def test_moe_steps_in_bfloat16_are_captured(kind):
+    """transformers' default experts code (grouped_mm) has no host sync on a GPU in bf16."""
+    pytest.importorskip("transformers")
+    from tests.generate_models import tiny_causal
+
+    model = tiny_causal(kind).cuda().to(torch.bfloat16)
+    graphs, buckets, _ = completions(model, "cuda-graph", Sampling(), dtype=torch.bfloat16)
+    eager, _, _ = completions(model, "eager", Sampling(), dtype=torch.bfloat16)
+    assert graphs == eager
+    assert all(b["status"] == "captured" for b in buckets), buckets
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

@@ -36,6 +36,8 @@ KINDS = {
                     {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0,
                                          "factor": 4.0}}),
     "mistral": ("MistralForCausalLM", "MistralConfig", {"head_dim": 32}),
+    # a window shorter than the records: their completions depend on it
+    "mistral-window": ("MistralForCausalLM", "MistralConfig", {"sliding_window": 4}),
     "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", {}),
     "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", {"head_dim": 24, "attention_bias": True}),
     "gpt2": ("GPT2LMHeadModel", "GPT2Config", {}),  # its config maps the Llama names

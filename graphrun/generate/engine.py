@@ -117,12 +117,6 @@ def adapt(model, max_len: int):
                 f"tokens, past the model's {limit} ({model.max_len}): lower the longest "
                 "prompt (buckets.seq) or max_new_tokens" + (
                     "" if checkpoint else ", or give the model a larger max_len"))
-        window = model.shape.window
-        if window is not None and window < max_len:
-            raise GenerationError(
-                f"{model.shape.family}: sliding-window attention (sliding_window={window}) is "
-                f"not supported; keep the longest prompt + max_new_tokens ({max_len}) within "
-                "the window")
         return model, model.layout, lambda: None
     if is_hf_model(model):
         hf = HFCausalLM(model, max_len)

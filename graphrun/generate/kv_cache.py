@@ -20,9 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch.nn import functional as F
 
-from graphrun.models.causal.paged_attention import paged_decode, write_prefill
+from graphrun.models.causal.paged_attention import (attention, paged_decode,
+                                                    paged_decode_reference, write_prefill)
 
 TRASH_BLOCK = 0  # written by padding, read by nobody
 
@@ -111,21 +111,35 @@ class StepKV:
 
 
 def attend(kv: StepKV, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-           scaling: float | None) -> torch.Tensor:
+           scaling: float | None, softcap: float | None = None,
+           window: int | None = None) -> torch.Tensor:
     """q: [b, heads, q_len, head_dim]; k, v: [b, kv_heads, q_len, head_dim], RoPE applied.
-    Returns [b, q_len, heads, head_dim] (the layout transformers' attention functions return)."""
+    Returns [b, q_len, heads, head_dim] (the layout transformers' attention functions return).
+    softcap: the scores capped as softcap * tanh(score / softcap) (Gemma2); window: a query
+    sees only the keys less than `window` positions before it (sliding-window layers)."""
     scale = q.shape[-1] ** -0.5 if scaling is None else scaling
     k_cache, v_cache = kv.cache.k[layer], kv.cache.v[layer]
     if not kv.prefill:
+        if window is not None and window >= kv.block_table.shape[1] * kv.cache.block_size:
+            window = None  # it covers every key a row can hold
+        if softcap is not None or window is not None:  # not in the kernel: the reference
+            return paged_decode_reference(q, k, v, k_cache, v_cache, kv.block_table,
+                                          kv.seq_lens, scale, softcap, window)
         return paged_decode(q, k, v, k_cache, v_cache, kv.block_table, kv.seq_lens, scale)
-    out = fresh_attend(q, k, v, kv.mask, scale)
+    mask = kv.mask
+    if window is not None and window < mask.shape[-1]:
+        # a prompt's tokens are packed in order: the distance of two of them is their
+        # positions' distance
+        at = torch.arange(mask.shape[-1], device=mask.device)
+        mask = mask & (at[:, None] - at[None, :] < window)
+    out = fresh_attend(q, k, v, mask, scale, softcap)
     # k, v [1, kv_heads, T, d] -> [T, kv_heads, d]
     write_prefill(k[0].transpose(0, 1), v[0].transpose(0, 1), k_cache, v_cache, kv.slots)
     return out
 
 
 def fresh_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                 scale: float) -> torch.Tensor:
+                 scale: float, softcap: float | None = None) -> torch.Tensor:
     """Attention over the step's own keys: q [b, heads, q, d], k, v [b, kv_heads, q, d], mask
     [b, 1, q, q] -> [b, q, heads, d]. GQA without repeating the keys: the query heads sharing a
     kv head become extra query rows of it (transformers' repeat_kv puts head h at kv head
@@ -136,6 +150,5 @@ def fresh_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.
     q = q.reshape(b, kv_heads, groups * q_len, head_dim)
     mask = mask[:, :, None].expand(b, 1, groups, q_len, q_len).reshape(b, 1, groups * q_len,
                                                                         q_len)
-    out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask,
-                                         scale=scale)
+    out = attention(q, k.to(q.dtype), v.to(q.dtype), mask, scale, softcap)
     return out.reshape(b, heads, q_len, head_dim).transpose(1, 2).contiguous()

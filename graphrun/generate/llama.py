@@ -76,6 +76,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(s.head_dim, s.norm_eps)
         self.qk_norm = s.qk_norm
         self.qkv_proj: nn.Linear | None = None  # q, k and v in one, once fused
+        self.window = s.window
 
     def fuse(self) -> None:
         self.qkv_proj = _fused(self.q_proj, self.k_proj, self.v_proj)
@@ -95,7 +96,7 @@ class Attention(nn.Module):
         # RoPE on q and k at once: the same elementwise arithmetic, half the kernels
         q, k = rotate(qk.transpose(1, 2), cos, sin).split([h, g], dim=1)  # [b, h | g, q, d]
         v = v.view(b, q_len, g, d).transpose(1, 2)
-        y = attend(kv, self.layer, q, k, v, d ** -0.5)  # [b, q, heads, head_dim]
+        y = attend(kv, self.layer, q, k, v, d ** -0.5, window=self.window)  # [b, q, h, d]
         return self.o_proj(y.reshape(b, q_len, -1))
 
 
@@ -162,6 +163,7 @@ class Llama(nn.Module):
         super().__init__()
         self.shape, self.vocab, self.max_len = shape, shape.vocab, shape.max_len
         self.layout = KVLayout(shape.layers, shape.heads, shape.kv_heads, shape.head_dim)
+        self.window, self.softcap = shape.window, None  # what its attention asks beside keys
         self.eos_ids: tuple[int, ...] | None = None
         self.pad_id: int | None = None
         self.model = Body(shape)

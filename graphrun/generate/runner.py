@@ -30,7 +30,7 @@ from graphrun.generate.llama import (Checkpoint, OwnLM, build_llama, find_checkp
                                      load_checkpoint)
 from graphrun.generate.config import Completion, GenerateConfig, Sampling
 from graphrun.generate.engine import Engine, Finished, Request
-from graphrun.generate.hf_attention import eos_ids_of
+from graphrun.generate.hf_attention import check_before_loading, eos_ids_of
 from graphrun.generate.records import LOGPROB_OUTPUTS, logprobs_asked
 from graphrun.generate.mbu import kv_bytes_per_token, peak_bandwidth, weight_bytes_per_step
 from graphrun.manifest.keys import BucketReport
@@ -342,7 +342,13 @@ class GenerationRunner:
         e = self.engine
         if e.cache is None or not e.stats.decode_steps:
             return None
-        return "kernel" if runs_on(e.device, e.dtype, e.cache.layout.head_dim) else "general"
+        # soft-capped scores, or a window shorter than a row's blocks, run the torch reference
+        # (kv_cache.attend)
+        window, softcap = getattr(e.model, "window", None), getattr(e.model, "softcap", None)
+        general = softcap is not None or (window is not None
+                                          and window < e.max_blocks * e.block_size)
+        kernel = runs_on(e.device, e.dtype, e.cache.layout.head_dim) and not general
+        return "kernel" if kernel else "general"
 
     def mbu(self) -> float | None:
         """generation.mbu on a GPU of known peak bandwidth (generate/mbu.py); None on the CPU."""
@@ -407,6 +413,11 @@ def build_generation_model(spec: PipelineSpec, device: torch.device):
         if m.hf.implementation == "graphrun":
             raise not_graphruns(m.hf, found)
         reason = found
+    if m.hf is not None:  # refused before its weights are read
+        from graphrun.spec.paths import resolve_path
+
+        check_before_loading(m.hf, resolve_path(m.hf.path, spec.base_dir),
+                             max(spec.buckets[PROMPT_AXIS]) + spec.generate.max_new_tokens)
     from graphrun.models.load import build_model
 
     return build_model(spec, device, spec.base_dir), ("transformers" if m.hf else None, reason)

@@ -69,9 +69,12 @@ def write_prefill(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
 def paged_decode_reference(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                            k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_table: torch.Tensor, seq_lens: torch.Tensor,
-                           scale: float) -> torch.Tensor:
+                           scale: float, softcap: float | None = None,
+                           window: int | None = None) -> torch.Tensor:
     """paged_decode in plain torch, any device: the write, the blocks gathered through the
-    table, then scaled_dot_product_attention with a per-row length mask."""
+    table, then scaled_dot_product_attention with a per-row length mask. Two things the kernel
+    does not do: softcap, the scores capped as softcap * tanh(score / softcap) first (Gemma2's
+    attention); window, only the row's last `window` keys seen (a sliding-window layer)."""
     b, heads, _, dim = q.shape
     _, kv_heads, block_size, _ = k_cache.shape
     length = block_table.shape[1] * block_size
@@ -85,7 +88,10 @@ def paged_decode_reference(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Te
         # [b, max_blocks, kv_heads, block_size, d] -> [b, kv_heads, max_blocks * block_size, d]
         return cache[table].transpose(1, 2).reshape(b, kv_heads, length, dim)
 
-    seen = torch.arange(length, device=q.device)[None] < seq_lens[:, None]  # [b, L]
+    at = torch.arange(length, device=q.device)[None]
+    seen = at < seq_lens[:, None]  # [b, L]
+    if window is not None:
+        seen = seen & (at >= seq_lens[:, None] - window)
     # keys past a row's length may be anything a block held (garbage, inf): zeroed, a masked
     # key adds 0 * 0, never NaN
     keep = seen[:, None, :, None]
@@ -94,10 +100,22 @@ def paged_decode_reference(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Te
     # GQA without repeating the cache: the query heads of a kv head are its extra query rows
     groups = heads // kv_heads
     queries = q.to(k_cache.dtype).reshape(b, kv_heads, groups, dim)
-    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=seen[:, None, None],
-                                         scale=scale)
+    out = attention(queries, keys, values, seen[:, None, None], scale, softcap)
     # out [b, kv_heads, groups, d] -> [b, 1, heads, d]
     return out.reshape(b, 1, heads, dim).to(q.dtype).contiguous()
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+              scale: float, softcap: float | None = None) -> torch.Tensor:
+    """q [b, h, rows, d], k, v [b, h, L, d], mask bool broadcast to [b, h, rows, L] (True: seen)
+    -> [b, h, rows, d]; with softcap the scores are capped before the softmax, which
+    scaled_dot_product_attention cannot do, so they are computed in float32 here."""
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    return torch.matmul(weights, v.float()).to(q.dtype)
 
 
 def _write_slots(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
