@@ -132,3 +132,33 @@ def test_a_block_pool_shares_cached_blocks_and_evicts_the_least_recently_used():
         pool.take(1)  # the held shared blocks are never taken
     assert chain_hashes([1, 2, 3, 4, 5], 4, 1) == chain_hashes([1, 2, 3, 4, 9], 4, 1)
     assert chain_hashes([1, 2, 3, 4], 2, 2)[1] != chain_hashes([9, 2, 3, 4], 2, 2)[1]
+
+
+def test_a_job_counts_the_reused_prompt_tokens_and_can_turn_the_cache_off(tmp_path):
+    import json
+
+    import graphrun
+    from graphrun.job.progress import generation_line
+    from tests.test_generate_job import completions, write_spec
+
+    system = ("You are a careful assistant. Answer in one short sentence, plainly, and never "
+              "make up facts you are not sure of. ") * 3
+    runs = {}
+    for on in (True, False):
+        folder = tmp_path / str(on)
+        folder.mkdir()
+        spec = write_spec(folder, n=1, generate={"max_new_tokens": 4, "prefix_cache": on})
+        with open(folder / "prompts.jsonl", "w") as f:
+            for i in range(6):
+                f.write(json.dumps({"id": i, "prompt": f"{system}Question {i}: what is {i}?"})
+                        + "\n")
+        manifest = graphrun.run(graphrun.load_spec(spec))
+        runs[on] = completions(folder / "out"), manifest.generation
+    (rows_on, on), (rows_off, off) = runs[True], runs[False]
+    assert [r["token_ids"] for r in rows_on] == [r["token_ids"] for r in rows_off]
+    assert on.prompt_tokens == off.prompt_tokens == off.prompt_tokens_computed
+    assert on.prompt_tokens_reused > 0 and off.prompt_tokens_reused == 0
+    assert on.prompt_tokens_computed + on.prompt_tokens_reused == on.prompt_tokens
+    assert on.prefix_hit_rate == on.prompt_tokens_reused / on.prompt_tokens
+    assert f"{on.prompt_tokens_reused:,} reused" in generation_line(on)
+    assert "reused" not in generation_line(off)
