@@ -114,6 +114,16 @@ def test_references_return_to_zero_and_the_blocks_stay_cached(llama):
     assert on.stats.prompt_reused == 15 * len(SYSTEM) + 2 * len(SYSTEM)
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_captured_prefills_reading_cached_prefixes_equal_the_cpu_without_sharing(llama):
+    graphs = engine(llama, GREEDY, device="cuda")
+    assert all(g["status"] == "captured" for g in graphs.graphs()), graphs.graphs()
+    got = graphs.generate(PROMPTS)
+    assert tokens(got) == tokens(engine(llama, GREEDY, prefix_cache=False).generate(PROMPTS))
+    assert graphs.stats.prompt_reused == 15 * len(SYSTEM) and all_given_back(graphs)
+
+
 def test_a_block_pool_shares_cached_blocks_and_evicts_the_least_recently_used():
     pool = BlockPool(6)
     keys = chain_hashes(list(range(12)), 4, 3)

@@ -138,7 +138,8 @@ def _prefix_view(state: SlotState, segment: torch.Tensor) -> dict:
     table = state.block_table[state.p_join[segment.clamp(min=0)]]  # [T, max_blocks]
     held = table.long().gather(1, depth[None].expand(segment.shape[0], -1))  # [T, P]
     sees = (held == blocks[None]) & (blocks != 0)[None] & (segment >= 0)[:, None]
-    mask = sees.repeat_interleave(state.block_size, dim=1)  # [T, P * block_size]
+    t, p = sees.shape
+    mask = sees[:, :, None].expand(t, p, state.block_size).reshape(t, p * state.block_size)
     return {"prefix": blocks, "prefix_mask": mask[None, None]}
 
 
