@@ -79,6 +79,17 @@ def test_seeded_sampling_is_the_same_with_the_prefix_cache_on_and_off(llama):
     assert on.stats.prompt_reused > 0
 
 
+def test_prompts_sharing_a_block_the_same_prefill_computes_wait_for_the_next_one(llama):
+    # three system prompts, two records each in a row: the first of each computes it in one
+    # prefill, the second of each shares it in the next (15 blocks: what one prefill may read)
+    systems = [[(k * i + 3) % 90 + 3 for i in range(20)] for k in (7, 11, 13)]
+    prompts = [systems[i // 2] + USERS[i] for i in range(6)]
+    on = engine(llama, GREEDY, slots=8, prefill_tokens=512)
+    got = on.generate(prompts)
+    assert tokens(got) == tokens(engine(llama, GREEDY, prefix_cache=False).generate(prompts))
+    assert on.stats.prefills == 2 and on.stats.prompt_reused == 3 * 20
+
+
 def test_a_whole_cached_prompt_still_computes_its_last_token(llama):
     # a prompt of exactly 10 full blocks, run twice: its last block is computed both times
     prompts = [SYSTEM, SYSTEM, SYSTEM[:37]]

@@ -366,10 +366,12 @@ class Engine:
         every running row may still take), and the largest prefill. A prompt's leading full
         blocks found in the prefix cache are shared, the rest taken, and its full blocks
         registered as they will be computed; a prompt that would share a block this same
-        prefill computes waits for the next prefill, which reads it."""
+        prefill computes waits for the next prefill, which reads it, and the prompts after it
+        go on (what a record generates does not depend on when it is admitted)."""
         rows, tokens, bs = [], 0, self.block_size
         computed: set[int] = set()  # blocks this prefill registers
         prefix: dict[int, None] = {}  # cached blocks this prefill reads
+        deferred: list[Request] = []  # sharing `computed`: first in the next prefill
         while waiting and self._free:
             r = waiting[0]
             n = len(r.prompt)
@@ -377,8 +379,10 @@ class Engine:
             cap = -(-(n + max_new) // bs)
             keys = chain_hashes(r.prompt, bs, n // bs) if self.prefix_blocks else []
             shared = self.blocks.lookup(keys[:(n - 1) // bs])
-            if (computed.intersection(shared)
-                    or len(prefix.keys() | set(shared)) > self.prefix_blocks
+            if computed.intersection(shared):  # the next prefill reads what this one writes
+                deferred.append(waiting.popleft())
+                continue
+            if (len(prefix.keys() | set(shared)) > self.prefix_blocks
                     or self.blocks.free - self.blocks.idle_among(shared) - self._reserved
                     < cap - len(shared)
                     or tokens + n - len(shared) * bs > self.prefill_sizes[-1]):
@@ -398,6 +402,7 @@ class Engine:
             self._reserved += cap - first
             self._rows[slot] = row
             rows.append(row)
+        waiting.extendleft(reversed(deferred))
         if not rows and not (self.slots - len(self._free)):
             r = waiting[0]
             raise GenerationError(f"record {r.record_id!r}: {len(r.prompt)} prompt tokens and "
