@@ -183,3 +183,14 @@ def test_a_job_counts_the_reused_prompt_tokens_and_can_turn_the_cache_off(tmp_pa
     assert on.prefix_hit_rate == on.prompt_tokens_reused / on.prompt_tokens
     assert f"{on.prompt_tokens_reused:,} reused" in generation_line(on)
     assert "reused" not in generation_line(off)
+
+
+def test_workers_prefix_counts_add_up_and_the_hit_rate_is_taken_over_all():
+    from graphrun.manifest.sections import merged_generation
+    from tests.test_manifest_generation import generation
+
+    a = generation(prompt_tokens_computed=30, prompt_tokens_reused=10, prefix_hit_rate=0.25)
+    b = generation(prompt_tokens_computed=10, prompt_tokens_reused=50, prefix_hit_rate=5 / 6)
+    merged = merged_generation([a, b])
+    assert (merged.prompt_tokens_computed, merged.prompt_tokens_reused) == (40, 60)
+    assert merged.prefix_hit_rate == pytest.approx(0.6)
