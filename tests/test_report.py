@@ -143,6 +143,7 @@ def test_a_generation_run_has_its_own_part(tmp_path):
     assert reasons in part
     assert "decode steps waiting on the host" in part  # a count on a GPU, "-" here
     assert "slot occupancy" in part and f"{100 * g.slot_occupancy:.1f}%" in part
+    assert f"{g.prompt_tokens_computed:,} / {g.prompt_tokens_reused:,} (" in part
     # 4 prompts: their TTFT and TPOT p90 and p99 would be the largest; the median is in the table
     assert not {"generation-ttft", "generation-tpot"} & set(chart_names(page))
     assert "generation-graphs" not in chart_names(page)  # eager graphs: no set-up times

@@ -318,6 +318,14 @@ def _graph_name(g: dict) -> str:
     return f"{g['kind']} b{g['batch']} len {g['length']}"
 
 
+def _prefix_cell(g: dict) -> str:
+    """`9,100 / 31,000 (77%)`; a manifest from before the prefix cache: -."""
+    if "prompt_tokens_computed" not in g:
+        return "-"
+    return (f"{g['prompt_tokens_computed']:,} / {g['prompt_tokens_reused']:,} "
+            f"({100 * g['prefix_hit_rate']:.0f}%)")
+
+
 def generation_html(runs: list[tuple[str, dict]]) -> str:
     rows = []
     head = None
@@ -326,14 +334,16 @@ def generation_html(runs: list[tuple[str, dict]]) -> str:
         if not g:
             continue
         keys = "/".join(g["ttft_ms"]) or "p50"
-        head = head or ["run", "output tokens/s", "prompts", "prompt tokens", "output tokens",
+        head = head or ["run", "output tokens/s", "prompts", "prompt tokens",
+                        "prompt tokens computed / reused (hit rate)", "output tokens",
                         f"TTFT ms ({keys})", f"TPOT ms ({keys})", "finish reasons",
                         "decode row-steps wasted", "slot occupancy", "KV blocks mean / peak",
                         "KV cache MiB", "MBU",
                         "decode steps waiting on the host", "prompts cut / rejected", "graphs"]
         waited = g.get("host_bound_steps")
         rows.append([label, f"{g['output_tokens_per_s']:,.1f}", f"{g['records']:,}",
-                     f"{g['prompt_tokens']:,}", f"{g['output_tokens']:,}", _pcts(g["ttft_ms"]),
+                     f"{g['prompt_tokens']:,}", _prefix_cell(g), f"{g['output_tokens']:,}",
+                     _pcts(g["ttft_ms"]),
                      _pcts(g["tpot_ms"]),
                      ", ".join(f"{k} {v:,}" for k, v in g["finish_reasons"].items()) or "-",
                      f"{100 * g['wasted_fraction']:.1f}%",

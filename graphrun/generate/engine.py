@@ -42,7 +42,7 @@ from graphrun.generate.compiled import CompiledStep
 from graphrun.generate.config import Completion, GenerateConfig, GenerationError, check_config
 from graphrun.generate.graphs import GraphTable, StepKey
 from graphrun.generate.hf_attention import HFCausalLM, is_hf_model, unsupported
-from graphrun.generate.kv_cache import BlockPool, PagedCache
+from graphrun.generate.kv_cache import BlockPool, PagedCache, chain_hashes
 from graphrun.generate.llama import Llama, OwnLM
 from graphrun.generate.sampling import record_key
 from graphrun.generate.stats import GenerationStats
@@ -85,6 +85,7 @@ class _Row:
     cap: int  # blocks it may come to hold
     taken_s: float
     joined: bool = False  # its prefill's output read: its decode tokens count from then
+    reused: int = 0  # leading blocks shared from the prefix cache, not prefilled
     steps: int = 0  # decode steps launched since its prefill
     tokens: list[int] = field(default_factory=list)
     first_s: float = 0.0
@@ -185,7 +186,7 @@ class Engine:
                  memory_budget_mib=None, compile: bool = False, sample: bool | None = None,
                  filtered: bool | None = None, penalized: bool | None = None,
                  logprobs: int | None | str = "spec", admit_min: int | None = None,
-                 log: Callable[[str], None] | None = None):
+                 prefix_cache: bool = True, log: Callable[[str], None] | None = None):
         self.config, self.log = config, log or (lambda line: None)
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
@@ -228,6 +229,13 @@ class Engine:
         self.blocks = BlockPool(self.num_blocks)
         self.decode_sizes = decode_sizes(slots, rows)
         self.prefill_sizes = prefill_sizes(prompts, max_prompt, prefill_tokens or max_prompt)
+        # cached blocks one prefill reads at most: one longest prompt's, its last token's
+        # block excluded (always computed: its logits pick the first new token)
+        # a shared prefix's tokens are not computed: no prompt logprobs for them, and a
+        # sliding window's mask over cached keys is not built
+        prefix_cache = (prefix_cache and not config.prompt_logprobs
+                        and getattr(self.model, "window", None) is None)
+        self.prefix_blocks = (max_prompt - 1) // block_size if prefix_cache else 0
         stop_width = len(config.eos_ids) + EXTRA_STOPS
         spec_sample = config.sampling.method == "sample"
         s = config.sampling
@@ -244,7 +252,7 @@ class Engine:
         self.state = SlotState(slots, self.max_blocks, self.prefill_sizes[-1], stop_width,
                                config, self.model.vocab, self.device,
                                num_blocks=self.num_blocks, block_size=block_size,
-                               variant=self.variant)
+                               variant=self.variant, prefix_blocks=self.prefix_blocks)
         self.admit_min = admit_min or max(1, slots // 16)
         self.compiled = CompiledStep(self.model, self.cache) if compile else None
         self.table = GraphTable(self._make_step, self.state, backend=backend,
@@ -410,24 +418,46 @@ class Engine:
 
     def _admit(self, waiting: deque) -> list[_Row]:
         """The first waiting prompts that fit: a free slot each, their blocks (counting what
-        every running row may still take), and the largest prefill."""
-        rows, tokens = [], 0
+        every running row may still take), and the largest prefill. A prompt's leading full
+        blocks found in the prefix cache are shared, the rest taken, and its full blocks
+        registered as they will be computed; a prompt that would share a block this same
+        prefill computes waits for the next prefill, which reads it, and the prompts after it
+        go on (what a record generates does not depend on when it is admitted)."""
+        rows, tokens, bs = [], 0, self.block_size
+        computed: set[int] = set()  # blocks this prefill registers
+        prefix: dict[int, None] = {}  # cached blocks this prefill reads
+        deferred: list[Request] = []  # sharing `computed`: first in the next prefill
         while waiting and self._free:
             r = waiting[0]
             n = len(r.prompt)
             max_new, *_ = self._settings(r)
-            cap = -(-(n + max_new) // self.block_size)
-            if self.blocks.free - self._reserved < cap or tokens + n > self.prefill_sizes[-1]:
+            cap = -(-(n + max_new) // bs)
+            keys = chain_hashes(r.prompt, bs, n // bs) if self.prefix_blocks else []
+            shared = self.blocks.lookup(keys[:(n - 1) // bs])
+            if computed.intersection(shared):  # the next prefill reads what this one writes
+                deferred.append(waiting.popleft())
+                continue
+            if (len(prefix.keys() | set(shared)) > self.prefix_blocks
+                    or self.blocks.free - self.blocks.idle_among(shared) - self._reserved
+                    < cap - len(shared)
+                    or tokens + n - len(shared) * bs > self.prefill_sizes[-1]):
                 break
             waiting.popleft()
-            tokens += n
+            tokens += n - len(shared) * bs
             slot = heapq.heappop(self._free)
-            first = min(cap, -(-(n + LOOKAHEAD) // self.block_size))
-            row = _Row(r, slot, max_new, frozenset(), self.blocks.take(first), cap,
-                       r.taken_s)
+            first = min(cap, -(-(n + LOOKAHEAD) // bs))
+            self.blocks.share(shared)
+            blocks = shared + self.blocks.take(first - len(shared))
+            for j in range(len(shared), len(keys)):
+                if self.blocks.register(blocks[j], keys[j]):
+                    computed.add(blocks[j])
+            prefix.update(dict.fromkeys(shared))
+            row = _Row(r, slot, max_new, frozenset(), blocks, cap, r.taken_s,
+                       reused=len(shared))
             self._reserved += cap - first
             self._rows[slot] = row
             rows.append(row)
+        waiting.extendleft(reversed(deferred))
         if not rows and not (self.slots - len(self._free)):
             r = waiting[0]
             raise GenerationError(f"record {r.record_id!r}: {len(r.prompt)} prompt tokens and "
@@ -438,7 +468,7 @@ class Engine:
     def _prefill(self, rows: list[_Row]) -> _Launch:
         """Pack the rows' prompts, write their slots' settings, replay the prefill graph."""
         st, host, bs = self.state, self.state.host, self.block_size
-        total = sum(len(r.request.prompt) for r in rows)
+        total = sum(len(r.request.prompt) - r.reused * bs for r in rows)
         size = next(t for t in self.prefill_sizes if t >= total)
         n_max = st.p_join.numel()
         tokens = np.zeros(size, dtype=np.int64)
@@ -448,6 +478,9 @@ class Engine:
         last = np.zeros(n_max, dtype=np.int64)
         join = np.full(n_max, st.spare, dtype=np.int64)
         lens = np.zeros(n_max, dtype=np.int32)
+        prefix = np.zeros(self.prefix_blocks, dtype=np.int64)
+        depth = np.zeros(self.prefix_blocks, dtype=np.int64)
+        read: dict[int, int] = {}  # cached block -> its depth, each once
         at = 0
         for i, row in enumerate(rows):
             prompt = row.request.prompt
@@ -463,18 +496,26 @@ class Engine:
             host["stops"][s, :len(stops)] = stops
             (host["min_p"][s], host["repetition"][s], host["presence"][s],
              host["frequency"][s], row.logprobs) = self._row_sampling(row.request)
-            pos = np.arange(n)
-            tokens[at:at + n] = prompt
-            positions[at:at + n] = pos
-            segment[at:at + n] = i
-            slots[at:at + n] = np.asarray(row.blocks)[pos // bs] * bs + pos % bs
-            last[i], join[i], lens[i] = at + n - 1, s, n
+            read.update((b, j) for j, b in enumerate(row.blocks[:row.reused]))
+            start = row.reused * bs  # the shared blocks' tokens are not packed
+            pos = np.arange(start, n)
+            m = n - start
+            tokens[at:at + m] = prompt[start:]
+            positions[at:at + m] = pos
+            segment[at:at + m] = i
+            slots[at:at + m] = np.asarray(row.blocks)[pos // bs] * bs + pos % bs
+            last[i], join[i], lens[i] = at + m - 1, s, n
             row.packed_at = at
-            at += n
+            at += m
+            self.stats.prompt_computed += m
+            self.stats.prompt_reused += start
+        prefix[:len(read)] = list(read)
+        depth[:len(read)] = list(read.values())
         st.push()
         for name, values in (("p_tokens", tokens), ("p_positions", positions),
                              ("p_segment", segment), ("p_slots", slots), ("p_last", last),
-                             ("p_join", join), ("p_lens", lens)):
+                             ("p_join", join), ("p_lens", lens), ("p_prefix", prefix),
+                             ("p_depth", depth)):
             self._copy_in(getattr(st, name)[:len(values)], values)
         self.stats.prefills += 1
         self.stats.prefill_tokens += size

@@ -285,7 +285,7 @@ def verify_steps(key: StepKey) -> int:
 
 def fill_synthetic(state: SlotState, key: StepKey, seed: int = 1234) -> None:
     """A seeded input the step can run, every row live: prefill, a few prompts packed (their
-    keys written to the trash block: a prefill never reads the cache); decode, each row a short
+    keys written to the trash block, no cached prefix read); decode, each row a short
     length in a block of its own where the pool has enough (blocks 1.., holding nobody's keys
     yet), sampling as the spec's defaults are."""
     gen = torch.Generator().manual_seed(seed + key.size * 7919 + (key.kind == "prefill"))
@@ -307,6 +307,7 @@ def fill_synthetic(state: SlotState, key: StepKey, seed: int = 1234) -> None:
         state.p_segment[:n].copy_(segment.to(dev))
         state.p_positions[:n].copy_((torch.arange(n) - starts[segment]).to(dev))
         state.p_slots[:n].zero_()
+        state.p_prefix.zero_()
         state.p_last.zero_()
         state.p_last[:prompts].copy_((cut[1:] - 1).clamp_min(0).to(dev))
         state.p_join.fill_(state.spare)

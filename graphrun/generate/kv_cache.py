@@ -10,18 +10,25 @@ A step's attention is described by a StepKV, shared by every layer:
 - prefill: the admitted prompts packed into one sequence of T tokens (tokens [1, T]); each
   token sees the earlier tokens of its own prompt (`mask` [1, 1, T, T]), attention runs over
   the step's fresh keys, then they are written at `slots` [T] (flat block * block_size +
-  offset); `last` [n] says which tokens' logits the step needs (each prompt's last).
+  offset); `last` [n] says which tokens' logits the step needs (each prompt's last). A
+  prompt whose leading blocks are cached (BlockPool) packs only its other tokens, at their
+  positions; its tokens also see those blocks' keys, gathered (`prefix` [P] blocks, `prefix_mask`
+  [1, 1, T, P * block_size]), as if they were the first of its own.
 - decode: one token per row, written at seq_lens - 1 and attended over the row's first seq_lens
   keys through its block table (paged_decode).
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from dataclasses import dataclass
+
+import numpy as np
 
 import torch
 
-from graphrun.models.causal.paged_attention import (attention, paged_decode,
+from graphrun.models.causal.paged_attention import (attention, gather_blocks, paged_decode,
                                                     paged_decode_reference, write_prefill)
 
 TRASH_BLOCK = 0  # written by padding, read by nobody
@@ -57,9 +64,27 @@ class PagedCache:
         return 2 * layout.layers * per * torch.empty((), dtype=dtype).element_size()
 
 
+def chain_hashes(tokens: list[int], block_size: int, count: int) -> list[bytes]:
+    """The keys of a prompt's first `count` full blocks: each a hash of its parent's key and
+    its own tokens, so a key names every token up to and including its block."""
+    keys, parent = [], b""
+    ids = np.asarray(tokens[:count * block_size], dtype=np.int64)
+    for j in range(count):
+        parent = hashlib.blake2b(parent + ids[j * block_size:(j + 1) * block_size].tobytes(),
+                                 digest_size=16).digest()
+        keys.append(parent)
+    return keys
+
+
 class BlockPool:
-    """The host's ledger of free blocks (block 0 never handed out). A row takes blocks as it
-    grows and gives them all back when it finishes; the lowest free blocks go first."""
+    """The host's ledger of blocks (block 0 never handed out). A row takes blocks as it grows
+    and gives them all back when it finishes; the lowest free blocks go first.
+
+    Prefix caching: a full prompt block can be registered under its chain hash; a later
+    prompt whose leading blocks have those keys shares them (a reference each) instead of
+    computing them. A registered block no row holds stays cached, idle, and is the first to
+    be taken, least recently used first, once no never-registered block is free: `free`
+    counts both, so a block a row holds (shared) is never taken from under it."""
 
     def __init__(self, num_blocks: int):
         if num_blocks < 2:
@@ -67,25 +92,80 @@ class BlockPool:
                              f"block), not {num_blocks}")
         self.num_blocks = num_blocks
         self._free = list(range(num_blocks - 1, TRASH_BLOCK, -1))  # popped from the end
+        self._refs = [0] * num_blocks
+        self._key_of: dict[int, bytes] = {}  # registered block -> its chain hash
+        self._block_of: dict[bytes, int] = {}
+        self._idle: OrderedDict[int, None] = OrderedDict()  # cached, unheld: LRU first
 
     @property
     def free(self) -> int:
-        return len(self._free)
+        return len(self._free) + len(self._idle)
 
     @property
     def used(self) -> int:
-        return self.num_blocks - 1 - len(self._free)
+        return self.num_blocks - 1 - self.free
+
+    @property
+    def cached(self) -> int:
+        """Registered blocks, held or idle."""
+        return len(self._key_of)
+
+    def refs(self, block: int) -> int:
+        return self._refs[block]
 
     def take(self, count: int) -> list[int]:
-        if count > len(self._free):
-            raise RuntimeError(f"{count} blocks asked, {len(self._free)} free")
-        taken = self._free[len(self._free) - count:][::-1]
-        del self._free[len(self._free) - count:]
+        if count > self.free:
+            raise RuntimeError(f"{count} blocks asked, {self.free} free")
+        fresh = min(count, len(self._free))
+        taken = self._free[len(self._free) - fresh:][::-1]
+        del self._free[len(self._free) - fresh:]
+        for _ in range(count - fresh):  # evicted: its key names it no more
+            block, _ = self._idle.popitem(last=False)
+            del self._block_of[self._key_of.pop(block)]
+            taken.append(block)
+        for block in taken:
+            self._refs[block] = 1
         return taken
 
     def give(self, blocks: list[int]) -> None:
-        self._free.extend(blocks)
+        # a row's last blocks first: the deepest of a chain becomes idle, so evicted, first
+        for block in reversed(blocks):
+            self._refs[block] -= 1
+            if self._refs[block]:
+                continue
+            if block in self._key_of:
+                self._idle[block] = None
+            else:
+                self._free.append(block)
         self._free.sort(reverse=True)
+
+    def lookup(self, keys: list[bytes]) -> list[int]:
+        """The cached blocks of the leading keys, up to the first not cached."""
+        found = []
+        for key in keys:
+            block = self._block_of.get(key)
+            if block is None:
+                break
+            found.append(block)
+        return found
+
+    def idle_among(self, blocks: list[int]) -> int:
+        """How many of these cached blocks no row holds (sharing them takes them from free)."""
+        return sum(1 for b in blocks if not self._refs[b])
+
+    def share(self, blocks: list[int]) -> None:
+        """A reference to each of these cached blocks; an idle one is no longer evictable."""
+        for block in blocks:
+            self._refs[block] += 1
+            self._idle.pop(block, None)
+
+    def register(self, block: int, key: bytes) -> bool:
+        """Name a held block's full prompt tokens by their chain hash; False (nothing done)
+        when that key already names a block."""
+        if key in self._block_of:
+            return False
+        self._block_of[key], self._key_of[block] = block, key
+        return True
 
 
 @dataclass
@@ -97,6 +177,8 @@ class StepKV:
     mask: torch.Tensor | None = None  # prefill [1, 1, T, T] bool, True where a query sees a key
     slots: torch.Tensor | None = None  # prefill [T] int64
     last: torch.Tensor | None = None  # prefill [n] int64: the tokens whose logits are needed
+    prefix: torch.Tensor | None = None  # prefill [P] int64: cached blocks read; 0: none
+    prefix_mask: torch.Tensor | None = None  # prefill [1, 1, T, P * block_size] bool
     block_table: torch.Tensor | None = None  # decode [b, max_blocks] int32
     seq_lens: torch.Tensor | None = None  # decode [b] int32, the new key included
 
@@ -126,29 +208,33 @@ def attend(kv: StepKV, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Te
             return paged_decode_reference(q, k, v, k_cache, v_cache, kv.block_table,
                                           kv.seq_lens, scale, softcap, window)
         return paged_decode(q, k, v, k_cache, v_cache, kv.block_table, kv.seq_lens, scale)
-    mask = kv.mask
+    fresh_k, fresh_v, mask = k, v, kv.mask
     if window is not None and window < mask.shape[-1]:
         # a prompt's tokens are packed in order: the distance of two of them is their
-        # positions' distance
+        # positions' distance (the engine keeps the prefix cache off under a window)
         at = torch.arange(mask.shape[-1], device=mask.device)
         mask = mask & (at[:, None] - at[None, :] < window)
+    if kv.prefix is not None:  # the cached prefixes' keys first, then the step's own
+        k = torch.cat((gather_blocks(k_cache, kv.prefix)[None].to(k.dtype), k), dim=2)
+        v = torch.cat((gather_blocks(v_cache, kv.prefix)[None].to(v.dtype), v), dim=2)
+        mask = torch.cat((kv.prefix_mask, mask), dim=-1)
     out = fresh_attend(q, k, v, mask, scale, softcap)
     # k, v [1, kv_heads, T, d] -> [T, kv_heads, d]
-    write_prefill(k[0].transpose(0, 1), v[0].transpose(0, 1), k_cache, v_cache, kv.slots)
+    write_prefill(fresh_k[0].transpose(0, 1), fresh_v[0].transpose(0, 1), k_cache, v_cache,
+                  kv.slots)
     return out
 
 
 def fresh_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                  scale: float, softcap: float | None = None) -> torch.Tensor:
-    """Attention over the step's own keys: q [b, heads, q, d], k, v [b, kv_heads, q, d], mask
-    [b, 1, q, q] -> [b, q, heads, d]. GQA without repeating the keys: the query heads sharing a
+    """Attention over the keys given: q [b, heads, q, d], k, v [b, kv_heads, n, d], mask
+    [b, 1, q, n] -> [b, q, heads, d]. GQA without repeating the keys: the query heads sharing a
     kv head become extra query rows of it (transformers' repeat_kv puts head h at kv head
     h // groups)."""
     b, heads, q_len, head_dim = q.shape
-    kv_heads = k.shape[1]
+    kv_heads, n = k.shape[1], k.shape[2]
     groups = heads // kv_heads
     q = q.reshape(b, kv_heads, groups * q_len, head_dim)
-    mask = mask[:, :, None].expand(b, 1, groups, q_len, q_len).reshape(b, 1, groups * q_len,
-                                                                        q_len)
+    mask = mask[:, :, None].expand(b, 1, groups, q_len, n).reshape(b, 1, groups * q_len, n)
     out = attention(q, k.to(q.dtype), v.to(q.dtype), mask, scale, softcap)
     return out.reshape(b, heads, q_len, head_dim).transpose(1, 2).contiguous()

@@ -147,7 +147,8 @@ class GenerationRunner:
                 rows=None if g.slots == "auto" else rows, prompts=spec.buckets[PROMPT_AXIS],
                 device=self.device, dtype=spec.model.dtype, backend=self.backend,
                 block_size=g.kv_block_size, num_blocks=g.kv_blocks,
-                prefill_tokens=g.prefill_tokens, verify=spec.capture.verify.enabled,
+                prefill_tokens=g.prefill_tokens, prefix_cache=g.prefix_cache,
+                verify=spec.capture.verify.enabled,
                 memory_budget_mib=spec.capture.memory_budget_mib, compile=spec.model.compile,
                 log=self.log, **per_row_choices(spec))
         self.logprobs_out = logprobs_asked(spec)

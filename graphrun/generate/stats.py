@@ -48,6 +48,8 @@ class GenerationStats:
     decode_s: float = 0.0
     prefills: int = 0
     prefill_tokens: int = 0  # tokens of the packed prefills, padding included
+    prompt_computed: int = 0  # prompt tokens prefilled
+    prompt_reused: int = 0  # prompt tokens whose keys came from the prefix cache
     decode_steps: int = 0
     decode_row_steps: int = 0  # per decode step, the rows of its graph
     useful_steps: int = 0  # per record, its output tokens less the one prefill made

@@ -70,8 +70,10 @@ class SlotState:
 
     def __init__(self, slots: int, max_blocks: int, prefill_tokens: int, stop_width: int,
                  config: GenerateConfig, vocab: int, device: torch.device, *,
-                 num_blocks: int, block_size: int, variant: Variant = Variant()):
+                 num_blocks: int, block_size: int, variant: Variant = Variant(),
+                 prefix_blocks: int = 0):
         self.slots, self.max_blocks, self.prefill_tokens = slots, max_blocks, prefill_tokens
+        self.prefix_blocks = prefix_blocks  # cached blocks one prefill reads at most
         self.num_blocks, self.block_size = num_blocks, block_size
         self.device = device
         rows = slots + 1  # the last: where padded prefill rows go
@@ -124,12 +126,16 @@ class SlotState:
         scored = prefill_tokens if variant.prompt_logprobs else 0
         self.p_every = torch.arange(scored, **i64)
         self.p_logprobs = torch.zeros(scored, dtype=torch.float32, device=device)
+        # the cached blocks the packed prompts start with (0: none) and their place in a row
+        self.p_prefix = torch.zeros(prefix_blocks, **i64)
+        self.p_depth = torch.zeros(prefix_blocks, **i64)
         self.vocab_ids = torch.arange(vocab, **i64)
         eos = torch.tensor(config.eos_ids, **i64)
         self.eos_column = torch.zeros(vocab, dtype=torch.bool, device=device)  # [V]
         self.eos_column[eos] = True
 
-    PREFILL = ("p_tokens", "p_positions", "p_segment", "p_slots", "p_last", "p_join", "p_lens")
+    PREFILL = ("p_tokens", "p_positions", "p_segment", "p_slots", "p_last", "p_join", "p_lens",
+               "p_prefix", "p_depth")
 
     def push(self, names=HOST_FIELDS) -> None:
         """The host's values of these fields onto the device, in stream order (a pinned copy
@@ -173,6 +179,21 @@ def _pick(state: SlotState, config: GenerateConfig, logits: torch.Tensor, rows,
     return token
 
 
+def _prefix_view(state: SlotState, segment: torch.Tensor) -> dict:
+    """StepKV's prefix and prefix_mask: a token sees a cached block's keys when its row's
+    block table holds that block at that block's depth (a cached block is in no other row's
+    table there but its sharers'; padding, segment -1, sees none)."""
+    if not state.prefix_blocks:
+        return {}
+    blocks, depth = state.p_prefix, state.p_depth  # [P]
+    table = state.block_table[state.p_join[segment.clamp(min=0)]]  # [T, max_blocks]
+    held = table.long().gather(1, depth[None].expand(segment.shape[0], -1))  # [T, P]
+    sees = (held == blocks[None]) & (blocks != 0)[None] & (segment >= 0)[:, None]
+    t, p = sees.shape
+    mask = sees[:, :, None].expand(t, p, state.block_size).reshape(t, p * state.block_size)
+    return {"prefix": blocks, "prefix_mask": mask[None, None]}
+
+
 def prefill_step(model: StepModel, state: SlotState, cache: PagedCache, config: GenerateConfig,
                  tokens: int, variant: Variant) -> Callable[[], None]:
     """The admitted prompts packed into `tokens` tokens through the model: their keys written
@@ -186,7 +207,8 @@ def prefill_step(model: StepModel, state: SlotState, cache: PagedCache, config: 
         mask = (segment[None, :] == segment[:, None]) & (positions[None, :] <= positions[:, None])
         scored = variant.prompt_logprobs  # then every token's logits [T, V], else the last's
         kv = StepKV(cache, mask=mask[None, None], slots=state.p_slots[:tokens],
-                    last=state.p_every[:tokens] if scored else state.p_last)
+                    last=state.p_every[:tokens] if scored else state.p_last,
+                    **_prefix_view(state, segment))
         logits = model(state.p_tokens[:tokens][None], positions[None], kv)  # [n or T, V]
         if scored:
             after = torch.roll(state.p_tokens[:tokens], -1)[:, None]  # [T, 1]: the next token

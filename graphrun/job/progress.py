@@ -193,7 +193,8 @@ def summary_table(manifest, shown: set[str] = frozenset()) -> None:
 def generation_line(g) -> str:
     """`generation: 48 output tokens (eos 2, length 6), 310 tokens/s; TTFT p50 12.1 ms, TPOT
     p50 3.2 ms; 25% of decode row-steps wasted, 64 slots 90% occupied, KV blocks peak 610 of
-    2,561`: the generation section in a line (with
+    2,561; prompt tokens 9,100 computed, 31,000 reused (77%)`: the generation section in a
+    line (the prefix cache's counts where it reused any; with
     model.compile, how many of its graphs compiled: a fallback's reasons are in the manifest;
     on a GPU, the decode steps the device waited on the host for, where there were any)."""
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(g.finish_reasons.items()))
@@ -207,10 +208,13 @@ def generation_line(g) -> str:
              f"{g.kv_blocks_peak:,} of {g.kv_blocks:,}" if g.slots and g.decode_steps else "")
     waited = (f"; the device waited on the host at {g.host_bound_steps:,} of "
               f"{g.decode_steps:,} decode steps" if g.host_bound_steps else "")
+    reused = (f"; prompt tokens {g.prompt_tokens_computed:,} computed, "
+              f"{g.prompt_tokens_reused:,} reused ({g.prefix_hit_rate:.0%})"
+              if g.prompt_tokens_reused else "")
     return (f"generation: {g.output_tokens:,} output tokens ({reasons}), "
             f"{g.output_tokens_per_s:,.0f} tokens/s" + (f"; {times}" if times else "")
-            + f"; {g.wasted_fraction:.0%} of decode row-steps wasted" + slots + compiled
-            + waited)
+            + f"; {g.wasted_fraction:.0%} of decode row-steps wasted" + slots + reused
+            + compiled + waited)
 
 
 def text_cuts(manifest) -> str | None:

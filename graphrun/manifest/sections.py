@@ -203,6 +203,13 @@ class Generation(_M):
         None, description="GPU runs: model bandwidth utilisation of decode, the bytes a step "
         "must read (weights and the KV columns attended) / step time / the device's peak "
         "memory bandwidth; null on the CPU or where the peak is unknown.")
+    prompt_tokens_computed: int = Field(
+        0, description="Prompt tokens prefilled: prompt_tokens less those reused.")
+    prompt_tokens_reused: int = Field(
+        0, description="Prompt tokens whose keys came from the prefix cache (generate."
+        "prefix_cache): leading full KV blocks an earlier prompt with the same tokens computed.")
+    prefix_hit_rate: float = Field(0.0, description="prompt_tokens_reused / (computed + "
+                                   "reused); 0 when no prompt was prefilled.")
     prompts_truncated: int = Field(0, description="Prompts longer than the largest seq bucket "
                                    "(or data.text.max_length), cut from the left and run.")
     prompts_rejected: int = Field(0, description="Prompts too long, not cut "
@@ -241,8 +248,15 @@ def generation_summary(stats, percentiles, *, slots: int, kv_block_size: int, kv
         prefills=stats.prefills, kv_block_size=kv_block_size, kv_blocks=kv_blocks,
         kv_blocks_mean=stats.kv_block_steps / steps if steps else 0.0,
         kv_blocks_peak=stats.kv_blocks_peak, graphs=list(graphs), mbu=mbu,
+        **_prefix_counts(stats.prompt_computed, stats.prompt_reused),
         prompts_truncated=prompts_truncated, prompts_rejected=prompts_rejected,
         decode_attention=decode_attention, host_bound_steps=stats.host_bound_steps)
+
+
+def _prefix_counts(computed: int, reused: int) -> dict:
+    seen = computed + reused
+    return dict(prompt_tokens_computed=computed, prompt_tokens_reused=reused,
+                prefix_hit_rate=reused / seen if seen else 0.0)
 
 
 def _total(counts) -> int | None:
@@ -292,6 +306,8 @@ def merged_generation(sections: list[Generation]) -> Generation | None:
         kv_blocks_peak=sum(g.kv_blocks_peak for g in sections),
         graphs=[x for g in sections for x in g.graphs],
         mbu=sum(mbus) / len(mbus) if mbus else None,
+        **_prefix_counts(sum(g.prompt_tokens_computed for g in sections),
+                         sum(g.prompt_tokens_reused for g in sections)),
         prompts_truncated=sum(g.prompts_truncated for g in sections),
         prompts_rejected=sum(g.prompts_rejected for g in sections),
         decode_attention=", ".join(sorted({g.decode_attention for g in sections

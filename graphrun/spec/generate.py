@@ -184,3 +184,9 @@ class GenerateSpec(Strict):
     prefill_tokens: Optional[Size] = Field(
         None, description="Prompt tokens packed into one prefill at most (powers of two from "
         "the largest buckets.seq up to it are captured too). null: the largest buckets.seq.")
+    prefix_cache: bool = Field(
+        True, description="Compute a prompt's leading full KV blocks once: a later prompt that "
+        "starts with the same tokens (a system prompt, few-shot examples) shares those blocks "
+        "and prefills only the rest; blocks no record holds stay cached until the pool needs "
+        "room. The manifest counts prompt tokens computed and reused. false: every prompt "
+        "prefilled whole.")

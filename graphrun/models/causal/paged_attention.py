@@ -66,6 +66,15 @@ def write_prefill(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
     call(k, v, k_cache, v_cache, slot_mapping)
 
 
+def gather_blocks(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """One layer's cache [num_blocks, kv_heads, block_size, d] at `blocks` [P] int64, in order:
+    [kv_heads, P * block_size, d]. Block 0 (padding) reads as zeros, so a masked key is never
+    an inf that would turn a softmax weight of 0 into NaN."""
+    _, kv_heads, block_size, dim = cache.shape
+    picked = torch.where((blocks != 0)[:, None, None, None], cache[blocks], 0)
+    return picked.transpose(0, 1).reshape(kv_heads, blocks.shape[0] * block_size, dim)
+
+
 def paged_decode_reference(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                            k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_table: torch.Tensor, seq_lens: torch.Tensor,
