@@ -36,14 +36,17 @@ class GenerateConfig:
     sampling: Sampling = Sampling()
     eos_ids: tuple[int, ...] = ()  # stop ids: the model's EOS plus extra stop ids
     pad_id: int = 0
+    stop_strings: tuple[str, ...] = ()  # the text ends before the first of these
 
 
 @dataclass
 class Completion:
     token_ids: list[int]  # new tokens, the EOS included when it stopped there
-    finish_reason: str  # "eos" | "length"
+    finish_reason: str  # "eos" | "stop" (a stop string) | "length"
     prompt_tokens: int
     output_tokens: int
+    text: str | None = None  # a stop string's: the text before it (else the caller decodes)
+    sample: int = 0  # which of the prompt's n samples
 
 
 def check_config(config: GenerateConfig, vocab: int) -> None:
@@ -67,5 +70,7 @@ def check_config(config: GenerateConfig, vocab: int) -> None:
     if bad:
         problems.append(f"token ids {bad} (eos_ids / pad_id) are outside the model's "
                         f"vocabulary of {vocab}")
+    if not all(isinstance(t, str) and t for t in config.stop_strings):
+        problems.append(f"stop strings {list(config.stop_strings)}: give non-empty strings")
     if problems:
         raise GenerationError("generate: " + "; ".join(problems))

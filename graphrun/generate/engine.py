@@ -17,11 +17,14 @@ The scheduler's loop (serve), on one thread:
 4. read back the output of the launch before the last: each launch copies its picked tokens to
    pinned host memory behind an event, and the host waits on the previous launch's event only
    after the next is queued, so the device always has a step queued. The host then appends each
-   row's token, and a row that stopped (a stop id, or its max_new_tokens) leaves at once: its
-   completion goes to the caller, its blocks back to the pool, its slot to the next prompt.
+   row's token, and a row that stopped (a stop id, a stop string in its text (stop_text.py),
+   or its max_new_tokens) leaves at once: its completion goes to the caller, its blocks back to
+   the pool, its slot to the next prompt.
 
-A record's tokens depend only on the model, its prompt and (seed, record id, position): its
-slot, its neighbours and when it was admitted change nothing (sampling.py).
+A request for n samples is n rows (sample 0 to n-1), each prefilled and admitted as a request
+of its own. A record's tokens depend only on the model, its prompt and (seed, record id, sample
+index, position): its slot, its neighbours and when it was admitted change nothing
+(sampling.py).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable
 
 import numpy as np
@@ -46,6 +49,7 @@ from graphrun.generate.kv_cache import BlockPool, PagedCache
 from graphrun.generate.llama import Llama, OwnLM
 from graphrun.generate.sampling import record_key
 from graphrun.generate.stats import GenerationStats
+from graphrun.generate.stop_text import StopText
 from graphrun.generate.steps import HOST_FIELDS, SlotState, decode_step, prefill_step
 
 MiB = 1 << 20
@@ -64,6 +68,12 @@ class Request:
     params: RequestParams | None = None
     tag: object = None
     taken_s: float = 0.0  # when the engine took it (its TTFT counts from here)
+    sample: int = 0  # which of its n samples (the engine makes one request per sample)
+
+    def samples(self) -> list["Request"]:
+        """This request as its n samples, in index order."""
+        n = self.params.n if self.params is not None else 1
+        return [self] if n == 1 else [replace(self, sample=k) for k in range(n)]
 
 
 @dataclass
@@ -87,6 +97,7 @@ class _Row:
     steps: int = 0  # decode steps launched since its prefill
     tokens: list[int] = field(default_factory=list)
     first_s: float = 0.0
+    text: StopText | None = None  # with stop strings: its text so far
 
 
 @dataclass
@@ -183,8 +194,13 @@ class Engine:
                  pool=None, verify: bool = True,
                  memory_budget_mib=None, compile: bool = False, sample: bool | None = None,
                  filtered: bool | None = None, admit_min: int | None = None,
+                 detokenize: Callable[[list[int]], str] | None = None,
                  log: Callable[[str], None] | None = None):
         self.config, self.log = config, log or (lambda line: None)
+        self.detokenize = detokenize  # token ids -> text, for stop strings
+        if config.stop_strings and detokenize is None:
+            raise GenerationError("generate: stop strings need the tokenizer's decode: give "
+                                  "the engine detokenize")
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -292,11 +308,17 @@ class Engine:
                 not 0 <= t < self.model.vocab for t in p.stop_token_ids):
             problems.append(f"stop_token_ids {list(p.stop_token_ids)}: at most {EXTRA_STOPS} "
                             "ids of the vocabulary")
+        if p.stop_strings and (self.detokenize is None or not all(
+                isinstance(t, str) and t for t in p.stop_strings)):
+            problems.append(f"stop strings {list(p.stop_strings)}: non-empty strings, on an "
+                            "engine given detokenize")
+        if p.n < 1:
+            problems.append(f"n {p.n}: give 1 or more samples")
         if problems:
             raise GenerationError(f"record {rid!r}: " + "; ".join(problems))
 
     def _settings(self, request: Request) -> tuple[int, float, int, float, int, tuple]:
-        """(max_new, temperature, top_k, top_p, key, stops) of a request: its own, else the
+        """(max_new, temperature, top_k, top_p, key, stop ids) of a request: its own, else the
         spec's."""
         c, s, p = self.config, self.config.sampling, request.params or RequestParams()
         greedy_spec = s.method == "greedy"
@@ -307,7 +329,13 @@ class Engine:
         return (p.max_new_tokens or c.max_new_tokens, float(temperature),
                 int(p.top_k if p.top_k is not None else (0 if greedy_spec else s.top_k)),
                 float(p.top_p if p.top_p is not None else (1.0 if greedy_spec else s.top_p)),
-                record_key(seed, request.record_id), stops)
+                record_key(seed, request.record_id, request.sample), stops)
+
+    def _stop_text(self, request: Request) -> StopText | None:
+        """A row's text watch: the spec's stop strings and the request's own."""
+        own = request.params.stop_strings if request.params is not None else ()
+        strings = tuple(dict.fromkeys((*self.config.stop_strings, *own)))
+        return StopText(strings, self.detokenize) if strings else None
 
     # -- the scheduler ---------------------------------------------------------------------------
 
@@ -334,7 +362,7 @@ class Engine:
                     for r in got:
                         self.check(r)
                         r.taken_s = now
-                    waiting.extend(got)
+                        waiting.extend(r.samples())
             # prefills back to back while prompts and slots are left (the largest prefill may
             # not hold them all), so they join the same decode step
             while (waiting and self._free and len(inflight) < RING - 1
@@ -372,7 +400,7 @@ class Engine:
             slot = heapq.heappop(self._free)
             first = min(cap, -(-(n + LOOKAHEAD) // self.block_size))
             row = _Row(r, slot, max_new, frozenset(), self.blocks.take(first), cap,
-                       r.taken_s)
+                       r.taken_s, text=self._stop_text(r))
             self._reserved += cap - first
             self._rows[slot] = row
             rows.append(row)
@@ -540,6 +568,8 @@ class Engine:
         row.tokens.append(token)
         if token in row.stops:
             reason = "eos"
+        elif row.text is not None and row.text.feed(row.tokens):
+            reason = "stop"
         elif len(row.tokens) >= row.max_new:
             reason = "length"
         else:
@@ -548,6 +578,8 @@ class Engine:
 
     def _finish(self, row: _Row, reason: str, emit, now: float) -> None:
         n = len(row.tokens)
+        if reason == "stop":  # the device has it running still: it idles until the slot is reused
+            self.state.done[row.slot] = True
         if n > 1:
             self.stats.tpot.add((now - row.first_s) / (n - 1))
         self.stats.finished(len(row.request.prompt), n, reason)
@@ -556,13 +588,16 @@ class Engine:
         self.state.host["block_table"][row.slot] = 0
         self._rows[row.slot] = None
         heapq.heappush(self._free, row.slot)
-        emit(Finished(row.request, Completion(row.tokens, reason, len(row.request.prompt), n)))
+        text = row.text.cut(row.tokens) if reason == "stop" else None
+        emit(Finished(row.request, Completion(row.tokens, reason, len(row.request.prompt), n,
+                                              text=text, sample=row.request.sample)))
 
     # -- a whole list at once (tests, benchmarks, validate --load) --------------------------------
 
     def generate(self, prompts: list[list[int]], record_ids: list | None = None,
                  params: list[RequestParams | None] | None = None) -> list[Completion]:
-        """Completions of the prompts, in their order."""
+        """Completions of the prompts, in their order; a prompt of n samples gives n, in
+        sample order."""
         ids = list(range(len(prompts))) if record_ids is None else list(record_ids)
         params = params or [None] * len(prompts)
         if len(ids) != len(prompts) or len(params) != len(prompts):
@@ -570,15 +605,17 @@ class Engine:
                                   f"{len(params)} parameters: give one of each per prompt")
         source = deque(Request(list(p), i, q, tag=k)
                        for k, (p, i, q) in enumerate(zip(prompts, ids, params)))
-        done: list[Completion | None] = [None] * len(prompts)
+        done: list[list[Completion | None]] = [[None] * (q.n if q is not None else 1)
+                                               for q in params]
 
         def take(n: int, block: bool):
             if not source:
                 return None
             return [source.popleft() for _ in range(min(n, len(source)))]
 
-        self.serve(take, lambda f: done.__setitem__(f.request.tag, f.completion))
-        return done
+        self.serve(take, lambda f: done[f.request.tag].__setitem__(f.request.sample,
+                                                                   f.completion))
+        return [c for samples in done for c in samples]
 
     def graphs(self) -> list[dict]:
         """Per graph set up: kind, shape, status, capture time, memory, verification."""

@@ -88,7 +88,8 @@ class Part:
         self.wait()
         done = self.completions
         outs = {"token_ids": [np.asarray(c.token_ids, dtype=np.int64) for c in done],
-                "text": np.array([self.decode_text(c.token_ids) for c in done], dtype=str),
+                "text": np.array([self.decode_text(c.token_ids) if c.text is None else c.text
+                                  for c in done], dtype=str),
                 "finish_reason": np.array([c.finish_reason for c in done], dtype=str),
                 "prompt_tokens": np.array([c.prompt_tokens for c in done], dtype=np.int64),
                 "output_tokens": np.array([c.output_tokens for c in done], dtype=np.int64)}
@@ -124,7 +125,7 @@ class GenerationRunner:
                 block_size=g.kv_block_size, num_blocks=g.kv_blocks,
                 prefill_tokens=g.prefill_tokens, verify=spec.capture.verify.enabled,
                 memory_budget_mib=spec.capture.memory_budget_mib, compile=spec.model.compile,
-                log=self.log, **per_row_choices(spec))
+                detokenize=self._stop_decoder(), log=self.log, **per_row_choices(spec))
         self.slots = self.max_batch = self.engine.slots  # a part is at most the slots
         self.slot_bytes = self.slots * self.max_prompt * 8
         self._staged: dict[int, tuple[list[list[int]], list, list]] = {}  # host slot -> part
@@ -258,6 +259,20 @@ class GenerationRunner:
             self._decode = lambda ids: tok.decode(ids, skip_special_tokens=True)
         return self._decode
 
+    def _stop_decoder(self):
+        """token ids -> text for the scheduler's stop strings: a tokenizer of its own (its
+        thread's), loaded on the first row with stop strings."""
+        tok = []
+
+        def decode(ids: list[int]) -> str:
+            if not tok:
+                from graphrun.models.hf import fast_tokenizer, remote_code
+
+                tok.append(fast_tokenizer(self.tokenizer_folder, remote_code(self.spec)))
+            return tok[0].decode(ids, skip_special_tokens=True)
+
+        return decode
+
     def try_every_bucket(self) -> int:
         """Synthetic prompts of every prefill size's length (up to the longest prompt), as many
         as the slots, generated: `validate --load`'s check that the model prefills and decodes
@@ -388,6 +403,7 @@ def generate_config(spec: PipelineSpec, model) -> GenerateConfig:
         max_new_tokens=g.max_new_tokens, min_new_tokens=g.min_new_tokens,
         sampling=Sampling(method=s.method, temperature=s.temperature, top_k=s.top_k,
                           top_p=s.top_p, seed=s.seed),
-        eos_ids=stops, pad_id=int(pad if not isinstance(pad, (list, tuple)) else pad[0]))
+        eos_ids=stops, pad_id=int(pad if not isinstance(pad, (list, tuple)) else pad[0]),
+        stop_strings=tuple(g.stop.strings))
 
 

@@ -17,7 +17,7 @@ from graphrun.spec.request import DEFAULT_PARAMS, EXTRA_STOPS, RequestParams
 
 # RequestParams fields the engine takes per row (generate/engine.py's per-row buffers)
 ENGINE_SERVES: frozenset[str] = frozenset({"max_new_tokens", "temperature", "top_p", "top_k",
-                                           "seed", "stop_token_ids"})
+                                           "seed", "stop_token_ids", "stop_strings"})
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
 
 

@@ -97,6 +97,11 @@ class StopSpec(Strict):
     token_ids: list[Annotated[int, Field(strict=True, ge=0)]] = Field(
         default_factory=list, description="More token ids that end a record (included in its "
         "output, as EOS is).")
+    strings: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list, description="Strings that end a record when its text holds one "
+        "(finish_reason stop): its text ends before the string; its token_ids keep the tokens "
+        "up to and including the one that completed it. A record's own (per_record stop, an "
+        "OpenAI Batch request's stop) are added to these.")
 
 
 class PerRecordSpec(Strict):
