@@ -5,8 +5,9 @@ request file it answers: one line per request, in the requests' order.
 
 Exits 1 and prints each problem where a line does not have the shape the Batch API writes:
 {id, custom_id, response: {status_code, request_id, body: {id, object, created, model,
-choices: [{index, message: {role, content} | text, logprobs, finish_reason}], usage:
-{prompt_tokens, completion_tokens, total_tokens}}}, error: null | {code, message}}.
+choices: [{index, message: {role, content} | text, logprobs, finish_reason}] (one per sample
+of the request's n), usage: {prompt_tokens, completion_tokens, total_tokens}}}, error: null |
+{code, message}}.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import sys
 OBJECTS = {"/v1/chat/completions": "chat.completion", "/v1/completions": "text_completion"}
 
 
-def line_problems(line: dict, url: str) -> list[str]:
-    """What is wrong with one output line answering a request to `url` ([] if nothing)."""
+def line_problems(line: dict, url: str, n: int = 1) -> list[str]:
+    """What is wrong with one output line answering a request to `url` for `n` samples ([] if
+    nothing)."""
     bad = []
     if set(line) != {"id", "custom_id", "response", "error"}:
         return [f"keys {sorted(line)}, expected id, custom_id, response, error"]
@@ -47,6 +49,8 @@ def line_problems(line: dict, url: str) -> list[str]:
         return bad
     if body["object"] != OBJECTS[url]:
         bad.append(f"body.object {body['object']!r}, expected {OBJECTS[url]!r}")
+    if len(body["choices"]) != n:
+        bad.append(f"{len(body['choices'])} choices for n {n}")
     for k, choice in enumerate(body["choices"]):
         if choice.get("index") != k:
             bad.append(f"choices[{k}].index is {choice.get('index')!r}")
@@ -78,7 +82,9 @@ def check(requests: list[dict], outputs: list[dict]) -> list[str]:
             bad.append(f"line {k + 1}: custom_id {line.get('custom_id')!r}, expected "
                        f"{request.get('custom_id')!r} (input order)")
         url = request.get("url") if request.get("url") in OBJECTS else "/v1/chat/completions"
-        bad += [f"line {k + 1}: {p}" for p in line_problems(line, url)]
+        body = request.get("body") if isinstance(request.get("body"), dict) else {}
+        n = body.get("n") if type(body.get("n")) is int else 1
+        bad += [f"line {k + 1}: {p}" for p in line_problems(line, url, n)]
     return bad
 
 

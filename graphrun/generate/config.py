@@ -37,6 +37,7 @@ class GenerateConfig:
     eos_ids: tuple[int, ...] = ()  # stop ids: the model's EOS plus extra stop ids
     pad_id: int = 0
     stop_strings: tuple[str, ...] = ()  # the text ends before the first of these
+    n: int = 1  # samples of a prompt that asks for none of its own
 
 
 @dataclass
@@ -72,5 +73,7 @@ def check_config(config: GenerateConfig, vocab: int) -> None:
                         f"vocabulary of {vocab}")
     if not all(isinstance(t, str) and t for t in config.stop_strings):
         problems.append(f"stop strings {list(config.stop_strings)}: give non-empty strings")
+    if config.n < 1:
+        problems.append(f"n is {config.n}: give 1 or more samples per prompt")
     if problems:
         raise GenerationError("generate: " + "; ".join(problems))

@@ -70,11 +70,6 @@ class Request:
     taken_s: float = 0.0  # when the engine took it (its TTFT counts from here)
     sample: int = 0  # which of its n samples (the engine makes one request per sample)
 
-    def samples(self) -> list["Request"]:
-        """This request as its n samples, in index order."""
-        n = self.params.n if self.params is not None else 1
-        return [self] if n == 1 else [replace(self, sample=k) for k in range(n)]
-
 
 @dataclass
 class Finished:
@@ -312,10 +307,20 @@ class Engine:
                 isinstance(t, str) and t for t in p.stop_strings)):
             problems.append(f"stop strings {list(p.stop_strings)}: non-empty strings, on an "
                             "engine given detokenize")
-        if p.n < 1:
+        if p.n is not None and p.n < 1:
             problems.append(f"n {p.n}: give 1 or more samples")
         if problems:
             raise GenerationError(f"record {rid!r}: " + "; ".join(problems))
+
+    def samples_of(self, params: RequestParams | None) -> int:
+        """How many samples a request asks for: its own n, else the spec's."""
+        own = params.n if params is not None else None
+        return self.config.n if own is None else own
+
+    def samples(self, request: Request) -> list[Request]:
+        """A request as its n samples, in index order."""
+        n = self.samples_of(request.params)
+        return [request] if n == 1 else [replace(request, sample=k) for k in range(n)]
 
     def _settings(self, request: Request) -> tuple[int, float, int, float, int, tuple]:
         """(max_new, temperature, top_k, top_p, key, stop ids) of a request: its own, else the
@@ -362,7 +367,7 @@ class Engine:
                     for r in got:
                         self.check(r)
                         r.taken_s = now
-                        waiting.extend(r.samples())
+                        waiting.extend(self.samples(r))
             # prefills back to back while prompts and slots are left (the largest prefill may
             # not hold them all), so they join the same decode step
             while (waiting and self._free and len(inflight) < RING - 1
@@ -605,8 +610,7 @@ class Engine:
                                   f"{len(params)} parameters: give one of each per prompt")
         source = deque(Request(list(p), i, q, tag=k)
                        for k, (p, i, q) in enumerate(zip(prompts, ids, params)))
-        done: list[list[Completion | None]] = [[None] * (q.n if q is not None else 1)
-                                               for q in params]
+        done: list[list[Completion | None]] = [[None] * self.samples_of(q) for q in params]
 
         def take(n: int, block: bool):
             if not source:

@@ -11,6 +11,8 @@ IMPLIED_OUTPUTS = {"token_ids": {"shape": ["batch", "new_tokens"], "dtype": "int
                    "text": {"shape": ["batch"]}, "finish_reason": {"shape": ["batch"]},
                    "prompt_tokens": {"shape": ["batch"], "dtype": "int64"},
                    "output_tokens": {"shape": ["batch"], "dtype": "int64"}}
+# output.format openai_batch's too: per record, its n samples' completions (a line's choices)
+SAMPLES_OUTPUT = "samples"
 
 
 def with_implied_io(spec):
@@ -21,4 +23,6 @@ def with_implied_io(spec):
         return spec
     inputs = {n: InputSpec(**v) for n, v in IMPLIED_INPUTS.items()}
     outputs = {n: OutputSpec(**v) for n, v in IMPLIED_OUTPUTS.items()}
+    if spec.output.format == "openai_batch":
+        outputs[SAMPLES_OUTPUT] = OutputSpec(shape=["batch"])
     return spec.model_copy(update={"inputs": inputs, "outputs": outputs})  # keeps its source

@@ -31,6 +31,7 @@ from graphrun.generate.llama import (Checkpoint, OwnLM, build_llama, find_checkp
 from graphrun.generate.config import Completion, GenerateConfig, Sampling
 from graphrun.generate.engine import Engine, Finished, Request
 from graphrun.generate.hf_attention import eos_ids_of
+from graphrun.generate.records import SAMPLES_OUTPUT
 from graphrun.generate.mbu import kv_bytes_per_token, peak_bandwidth, weight_bytes_per_step
 from graphrun.manifest.keys import BucketReport
 from graphrun.manifest.sections import Generation, GraphSetup, generation_summary
@@ -54,13 +55,14 @@ class PartRows:
 
 
 class Part:
-    """A launched part: its records' completions, filled by the scheduler as they finish;
-    result() waits for the last, decodes their text (the completer's thread) and hands back the
-    rows to write."""
+    """A launched part: its records' completions (n samples each), filled by the scheduler as
+    they finish; result() waits for the last, decodes their text (the completer's thread) and
+    hands back the rows to write."""
 
-    def __init__(self, n: int, decode_text):
-        self.completions: list[Completion | None] = [None] * n
-        self.left = n
+    def __init__(self, samples: list[int], decode_text, with_samples: bool = False):
+        self.completions: list[list[Completion | None]] = [[None] * k for k in samples]
+        self.left = sum(samples)
+        self.with_samples = with_samples  # the rows carry every sample (SAMPLES_OUTPUT)
         self.error: BaseException | None = None
         self.done = threading.Event()
         self.decode_text = decode_text
@@ -68,7 +70,7 @@ class Part:
         self.times: dict[str, float] = {}
 
     def finished(self, i: int, completion: Completion) -> None:
-        self.completions[i] = completion
+        self.completions[i][completion.sample] = completion
         self.left -= 1
         if not self.left:
             self.times["e2e"] = (time.perf_counter() - self.t0) * 1e6
@@ -85,14 +87,24 @@ class Part:
         return self.times
 
     def result(self) -> tuple[dict, dict[str, float]]:
+        """The records' rows: each field of sample 0, output_tokens summed over the samples,
+        and with_samples every sample's own (token_ids, text, finish_reason, output_tokens)."""
         self.wait()
-        done = self.completions
+        texts = [[self.decode_text(c.token_ids) if c.text is None else c.text for c in samples]
+                 for samples in self.completions]
+        done = [samples[0] for samples in self.completions]
         outs = {"token_ids": [np.asarray(c.token_ids, dtype=np.int64) for c in done],
-                "text": np.array([self.decode_text(c.token_ids) if c.text is None else c.text
-                                  for c in done], dtype=str),
+                "text": np.array([t[0] for t in texts], dtype=str),
                 "finish_reason": np.array([c.finish_reason for c in done], dtype=str),
                 "prompt_tokens": np.array([c.prompt_tokens for c in done], dtype=np.int64),
-                "output_tokens": np.array([c.output_tokens for c in done], dtype=np.int64)}
+                "output_tokens": np.array([sum(c.output_tokens for c in samples)
+                                           for samples in self.completions], dtype=np.int64)}
+        if self.with_samples:
+            rows = np.empty(len(done), dtype=object)  # filled one by one: lists stay whole
+            for i, (samples, text) in enumerate(zip(self.completions, texts)):
+                rows[i] = [{"token_ids": c.token_ids, "text": t, "finish_reason": c.finish_reason,
+                            "output_tokens": c.output_tokens} for c, t in zip(samples, text)]
+            outs[SAMPLES_OUTPUT] = rows
         return outs, self.times
 
 
@@ -181,7 +193,8 @@ class GenerationRunner:
                stream=None) -> Part:
         """The part's prompts handed to the scheduler; nothing waits here."""
         prompts, record_ids, params = self._staged.pop(slot)
-        part = Part(len(prompts), self._text_decoder())
+        part = Part([self.engine.samples_of(p) for p in params], self._text_decoder(),
+                    with_samples=self.spec.output.format == "openai_batch")
         seen = self.buckets.setdefault(bucket, PartRows())
         seen.batches += 1
         seen.records += len(prompts)
@@ -404,6 +417,6 @@ def generate_config(spec: PipelineSpec, model) -> GenerateConfig:
         sampling=Sampling(method=s.method, temperature=s.temperature, top_k=s.top_k,
                           top_p=s.top_p, seed=s.seed),
         eos_ids=stops, pad_id=int(pad if not isinstance(pad, (list, tuple)) else pad[0]),
-        stop_strings=tuple(g.stop.strings))
+        stop_strings=tuple(g.stop.strings), n=g.n)
 
 

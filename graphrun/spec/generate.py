@@ -137,6 +137,10 @@ class GenerateSpec(Strict):
                                  "(finish_reason length when reached).")
     min_new_tokens: Whole = Field(0, ge=0, description="New tokens per record at least: the stop "
                                 "ids are not picked before this many (at most max_new_tokens).")
+    n: Size = Field(1, description="Samples per prompt (a record's own n, per_record or an "
+                    "OpenAI Batch request's, replaces it): each its own seeded stream, sample 0 "
+                    "the one a job of n 1 draws. More than 1 is written by output.format "
+                    "openai_batch (choices, index 0 to n-1).")
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     stop: StopSpec = Field(default_factory=StopSpec)
     per_record: PerRecordSpec = Field(
