@@ -292,3 +292,11 @@ def test_n_samples_each_draw_their_own_stream_and_sample_0_is_the_single_draw(ll
     assert [runs[0][0], runs[0][3]] == single  # sample 0 of n is the record's n=1 completion
     for samples in (runs[0][:3], runs[0][3:]):
         assert len({tuple(t) for t in samples}) == 3
+
+
+def test_the_spec_n_is_every_prompts_samples_unless_a_record_gives_its_own(llama):
+    config = GenerateConfig(max_new_tokens=6, n=2, sampling=SAMPLED.sampling)
+    got = engine(llama, config, 3).generate(PROMPTS[:2], IDS[:2], [None, RequestParams(n=1)])
+    assert [c.sample for c in got] == [0, 1, 0]
+    alone = engine(llama, GenerateConfig(max_new_tokens=6, sampling=SAMPLED.sampling), 1)
+    assert tokens(got)[2:] == tokens(alone.generate(PROMPTS[1:2], IDS[1:2]))
