@@ -115,6 +115,5 @@ def unserved(params: RequestParams, spec: PipelineSpec) -> str:
 
 
 def _named(name: str) -> str:
-    return {"stop_strings": "stop (strings)", "n": "n > 1 (several samples)",
-            "logprobs": "logprobs", "min_p": "min_p",
+    return {"logprobs": "logprobs", "min_p": "min_p",
             "stop_token_ids": "stop token ids"}.get(name, name)
