@@ -300,3 +300,15 @@ def test_the_spec_n_is_every_prompts_samples_unless_a_record_gives_its_own(llama
     assert [c.sample for c in got] == [0, 1, 0]
     alone = engine(llama, GenerateConfig(max_new_tokens=6, sampling=SAMPLED.sampling), 1)
     assert tokens(got)[2:] == tokens(alone.generate(PROMPTS[1:2], IDS[1:2]))
+
+
+def test_samples_admitted_together_prefill_their_prompt_once(llama):
+    prompts, params = [PROMPTS[0], PROMPTS[3]], [RequestParams(n=3), RequestParams(n=2)]
+    together = engine(llama, SAMPLED, 8)
+    got = together.generate(prompts, ["a", "b"], params)
+    # 4 + 6 tokens in one prefill of 16 (the five rows' 24 would take two)
+    assert together.stats.prefills == 1 and together.stats.prefill_tokens == 16
+    assert together.stats.copied_blocks == 1 * 2 + 2 * 1  # 1 and 2 blocks of 4 tokens
+    assert len({tuple(t) for t in tokens(got)}) == 5
+    apart = engine(llama, SAMPLED, 1).generate(prompts, ["a", "b"], params)
+    assert tokens(got) == tokens(apart)  # each sample prefilled on its own there

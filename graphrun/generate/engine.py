@@ -21,8 +21,10 @@ The scheduler's loop (serve), on one thread:
    or its max_new_tokens) leaves at once: its completion goes to the caller, its blocks back to
    the pool, its slot to the next prompt.
 
-A request for n samples is n rows (sample 0 to n-1), each prefilled and admitted as a request
-of its own. A record's tokens depend only on the model, its prompt and (seed, record id, sample
+A request for n samples is n rows (sample 0 to n-1); the samples admitted together are packed
+once, each picking its own first token from the prompt's logits, and the prompt's KV blocks are
+copied to the others' blocks by one device copy (the block pool keeps no reference counts, so
+blocks are never shared). A record's tokens depend only on the model, its prompt and (seed, record id, sample
 index, position): its slot, its neighbours and when it was admitted change nothing
 (sampling.py).
 """
@@ -391,17 +393,21 @@ class Engine:
 
     def _admit(self, waiting: deque) -> list[_Row]:
         """The first waiting prompts that fit: a free slot each, their blocks (counting what
-        every running row may still take), and the largest prefill."""
-        rows, tokens = [], 0
+        every running row may still take), and the largest prefill (a prompt's samples
+        admitted together count its tokens once: _prefill packs it once)."""
+        rows, tokens, packed = [], 0, set()
         while waiting and self._free:
             r = waiting[0]
             n = len(r.prompt)
             max_new, *_ = self._settings(r)
             cap = -(-(n + max_new) // self.block_size)
-            if self.blocks.free - self._reserved < cap or tokens + n > self.prefill_sizes[-1]:
+            more = 0 if id(r.prompt) in packed else n
+            if (self.blocks.free - self._reserved < cap
+                    or tokens + more > self.prefill_sizes[-1]):
                 break
             waiting.popleft()
-            tokens += n
+            tokens += more
+            packed.add(id(r.prompt))
             slot = heapq.heappop(self._free)
             first = min(cap, -(-(n + LOOKAHEAD) // self.block_size))
             row = _Row(r, slot, max_new, frozenset(), self.blocks.take(first), cap,
@@ -419,7 +425,8 @@ class Engine:
     def _prefill(self, rows: list[_Row]) -> _Launch:
         """Pack the rows' prompts, write their slots' settings, replay the prefill graph."""
         st, host, bs = self.state, self.state.host, self.block_size
-        total = sum(len(r.request.prompt) for r in rows)
+        total = sum(len(p) for p in {id(r.request.prompt): r.request.prompt
+                                       for r in rows}.values())
         size = next(t for t in self.prefill_sizes if t >= total)
         n_max = st.p_join.numel()
         tokens = np.zeros(size, dtype=np.int64)
@@ -430,6 +437,10 @@ class Engine:
         join = np.full(n_max, st.spare, dtype=np.int64)
         lens = np.zeros(n_max, dtype=np.int32)
         at = 0
+        # the samples of one prompt (Engine.samples: one prompt list) packed once: id(prompt)
+        # -> (its last token's place in the pack, the row whose blocks its keys go to)
+        packed: dict[int, tuple[int, _Row]] = {}
+        src, dst = [], []  # the prompt's blocks, copied to each other sample's after the step
         for i, row in enumerate(rows):
             prompt = row.request.prompt
             n = len(prompt)
@@ -442,6 +453,14 @@ class Engine:
             host["top_k"][s], host["top_p"][s], host["max_new"][s] = top_k, top_p, max_new
             host["stops"][s] = -1
             host["stops"][s, :len(stops)] = stops
+            if id(prompt) in packed:
+                place, first = packed[id(prompt)]
+                last[i], join[i], lens[i] = place, s, n
+                held = -(-n // bs)  # the blocks holding the prompt's keys
+                src += first.blocks[:held]
+                dst += row.blocks[:held]
+                continue
+            packed[id(prompt)] = (at + n - 1, row)
             pos = np.arange(n)
             tokens[at:at + n] = prompt
             positions[at:at + n] = pos
@@ -456,7 +475,21 @@ class Engine:
             self._copy_in(getattr(st, name)[:len(values)], values)
         self.stats.prefills += 1
         self.stats.prefill_tokens += size
-        return self._launch("prefill", StepKey("prefill", size), rows, len(rows))
+        launch = self._launch("prefill", StepKey("prefill", size), rows, len(rows))
+        if src:
+            self._copy_blocks(src, dst)
+        return launch
+
+    def _copy_blocks(self, src: list[int], dst: list[int]) -> None:
+        """Blocks' keys and values into other blocks, in stream order (after the prefill that
+        wrote them, before the decode that reads them)."""
+        frm, to = (torch.tensor(b, dtype=torch.int64) for b in (src, dst))
+        if self.cuda:
+            frm = frm.pin_memory().to(self.device, non_blocking=True)
+            to = to.pin_memory().to(self.device, non_blocking=True)
+        for t in (*self.cache.k, *self.cache.v):
+            t.index_copy_(0, to, t.index_select(0, frm))
+        self.stats.copied_blocks += len(src)
 
     def _wanted(self) -> bool:
         """Whether a decode step makes a token some row may need: not when every row has
