@@ -312,3 +312,16 @@ def test_samples_admitted_together_prefill_their_prompt_once(llama):
     assert len({tuple(t) for t in tokens(got)}) == 5
     apart = engine(llama, SAMPLED, 1).generate(prompts, ["a", "b"], params)
     assert tokens(got) == tokens(apart)  # each sample prefilled on its own there
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_stop_strings_and_samples_on_captured_steps_equal_the_eager_ones(llama):
+    want = hf_greedy(llama, PROMPTS, max_new_tokens=12)
+    params = [RequestParams(stop_strings=(pieces(w)[7:10],), n=2) for w in want]
+    eager = engine(llama, SAMPLED, 4, detokenize=pieces).generate(PROMPTS, IDS, params)
+    graphs = engine(llama, SAMPLED, 4, device="cuda", detokenize=pieces)
+    got = graphs.generate(PROMPTS, IDS, params)
+    assert [(c.token_ids, c.text, c.finish_reason) for c in got] == [
+        (c.token_ids, c.text, c.finish_reason) for c in eager]
+    assert graphs.stats.copied_blocks > 0 and graphs.blocks.used == 0
