@@ -319,7 +319,8 @@ def test_samples_admitted_together_prefill_their_prompt_once(llama):
 def test_stop_strings_and_samples_on_captured_steps_equal_the_eager_ones(llama):
     want = hf_greedy(llama, PROMPTS, max_new_tokens=12)
     params = [RequestParams(stop_strings=(pieces(w)[7:10],), n=2) for w in want]
-    eager = engine(llama, SAMPLED, 4, detokenize=pieces).generate(PROMPTS, IDS, params)
+    eager = engine(llama, SAMPLED, 4, device="cuda", backend="eager",
+                   detokenize=pieces).generate(PROMPTS, IDS, params)
     graphs = engine(llama, SAMPLED, 4, device="cuda", detokenize=pieces)
     got = graphs.generate(PROMPTS, IDS, params)
     assert [(c.token_ids, c.text, c.finish_reason) for c in got] == [
