@@ -2,6 +2,7 @@
 request file it answers: one line per request, in the requests' order.
 
     python examples/check_openai_batch.py requests.jsonl runs/batch/part-00000.jsonl ...
+    python examples/check_openai_batch.py --n 2 requests.jsonl ...   # the spec's generate.n
 
 Exits 1 and prints each problem where a line does not have the shape the Batch API writes:
 {id, custom_id, response: {status_code, request_id, body: {id, object, created, model,
@@ -72,8 +73,9 @@ def line_problems(line: dict, url: str, n: int = 1) -> list[str]:
     return bad
 
 
-def check(requests: list[dict], outputs: list[dict]) -> list[str]:
-    """Problems of a whole output: every request answered once, in order, each line's shape."""
+def check(requests: list[dict], outputs: list[dict], default_n: int = 1) -> list[str]:
+    """Problems of a whole output: every request answered once, in order, each line's shape
+    and its choices (the request's n, else default_n: the spec's generate.n)."""
     bad = []
     if len(outputs) != len(requests):
         bad.append(f"{len(outputs)} output lines for {len(requests)} requests")
@@ -83,7 +85,7 @@ def check(requests: list[dict], outputs: list[dict]) -> list[str]:
                        f"{request.get('custom_id')!r} (input order)")
         url = request.get("url") if request.get("url") in OBJECTS else "/v1/chat/completions"
         body = request.get("body") if isinstance(request.get("body"), dict) else {}
-        n = body.get("n") if type(body.get("n")) is int else 1
+        n = body.get("n") if type(body.get("n")) is int else default_n
         bad += [f"line {k + 1}: {p}" for p in line_problems(line, url, n)]
     return bad
 
@@ -105,6 +107,9 @@ def read_lines(path: str, strict: bool) -> list[dict]:
 
 
 def main(argv: list[str]) -> int:
+    default_n = 1
+    if argv[:1] == ["--n"] and len(argv) > 1 and argv[1].isdigit():
+        default_n, argv = int(argv[1]), argv[2:]
     if len(argv) < 2:
         print(__doc__)
         return 2
@@ -114,7 +119,7 @@ def main(argv: list[str]) -> int:
     except (OSError, ValueError) as e:
         print(f"cannot read: {e}")
         return 1
-    bad = check(requests, outputs)
+    bad = check(requests, outputs, default_n)
     for problem in bad:
         print(problem)
     print(f"{len(outputs)} lines, {len(bad)} problems")

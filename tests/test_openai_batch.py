@@ -470,3 +470,18 @@ def test_n_above_one_outside_the_batch_output_format_is_refused_with_what_to_set
     spec.write_text(yaml.safe_dump(raw))
     with pytest.raises(Exception, match="generate.n"):
         graphrun.load_spec(spec)
+
+
+def test_the_checker_counts_a_lines_choices_against_its_requests_n():
+    choice = {"index": 0, "message": {"role": "assistant", "content": "x"}, "logprobs": None,
+              "finish_reason": "stop"}
+    body = {"id": "c", "object": "chat.completion", "created": 1, "model": "m",
+            "choices": [choice, {**choice, "index": 1}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}}
+    line = {"id": "l", "custom_id": "a", "error": None,
+            "response": {"status_code": 200, "request_id": "r", "body": body}}
+    asked = [request("a", {"messages": CHATS[0], "n": 2})]
+    assert check_openai_batch.check(asked, [line]) == []
+    plain_request = [request("a", {"messages": CHATS[0]})]
+    assert check_openai_batch.check(plain_request, [line]) == ["line 1: 2 choices for n 1"]
+    assert check_openai_batch.check(plain_request, [line], default_n=2) == []
