@@ -259,7 +259,8 @@ def test_spec_stop_strings_apply_to_every_record_and_a_records_own_are_added(lla
     got = engine(llama, config, 2, detokenize=pieces).generate(
         PROMPTS[:2], IDS[:2], [None, RequestParams(stop_strings=(own,))])
     assert (got[0].token_ids, got[0].text) == cut_at(want[0], spec_stop)[:2]
-    first = min((cut_at(want[1], s) for s in (spec_stop, own)), key=lambda r: (len(r[0]), r[2] != "stop"))
+    first = min((cut_at(want[1], s) for s in (spec_stop, own)),
+                key=lambda r: (len(r[0]), r[2] != "stop"))
     assert (got[1].token_ids, got[1].text, got[1].finish_reason) == first
 
 

@@ -141,7 +141,8 @@ def test_a_completions_batch_file_tokenizes_its_prompts_with_special_tokens(tmp_
 
 def test_rejected_requests_after_the_last_served_one_still_get_their_lines(tmp_path,
                                                                            model_dir):
-    lines = [request("a", {"messages": CHATS[0]}), request("b", {"messages": CHATS[0], "tools": [{"type": "function"}]}),
+    lines = [request("a", {"messages": CHATS[0]}),
+             request("b", {"messages": CHATS[0], "tools": [{"type": "function"}]}),
              request("c", {"messages": "no"})]
     spec, path = write_batch(tmp_path, lines, model_dir, generate={"max_new_tokens": 2})
     graphrun.run(graphrun.load_spec(spec))
@@ -439,7 +440,8 @@ def test_per_record_and_spec_stop_strings_cut_jsonl_records(tmp_path, model_dir,
     out = {r["id"]: r for r in rows(tmp_path / "out")}
     for rid, w in (("spec", want[0]), ("own", want[1])):
         stops = [spec_stop] if rid == "spec" else [spec_stop, own]
-        ref = min((cut_at_stop(tok, w, s) for s in stops), key=lambda r: (r[1], r[2] != "stop"))
+        ref = min((cut_at_stop(tok, w, s) for s in stops),
+                  key=lambda r: (r[1], r[2] != "stop"))
         got = out[rid]
         assert (got["text"], got["output_tokens"], got["finish_reason"]) == ref
         assert got["token_ids"] == w[:ref[1]]

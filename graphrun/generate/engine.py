@@ -24,9 +24,9 @@ The scheduler's loop (serve), on one thread:
 A request for n samples is n rows (sample 0 to n-1); the samples admitted together are packed
 once, each picking its own first token from the prompt's logits, and the prompt's KV blocks are
 copied to the others' blocks by one device copy (the block pool keeps no reference counts, so
-blocks are never shared). A record's tokens depend only on the model, its prompt and (seed, record id, sample
-index, position): its slot, its neighbours and when it was admitted change nothing
-(sampling.py).
+blocks are never shared). A record's tokens depend only on the model, its prompt and (seed,
+record id, sample index, position): its slot, its neighbours and when it was admitted change
+nothing (sampling.py).
 """
 
 from __future__ import annotations
@@ -616,7 +616,7 @@ class Engine:
 
     def _finish(self, row: _Row, reason: str, emit, now: float) -> None:
         n = len(row.tokens)
-        if reason == "stop":  # the device has it running still: it idles until the slot is reused
+        if reason == "stop":  # the device runs it still: idle it until the slot is reused
             self.state.done[row.slot] = True
         if n > 1:
             self.stats.tpot.add((now - row.first_s) / (n - 1))
