@@ -2,11 +2,13 @@
 request file it answers: one line per request, in the requests' order.
 
     python examples/check_openai_batch.py requests.jsonl runs/batch/part-00000.jsonl ...
+    python examples/check_openai_batch.py --n 2 requests.jsonl ...   # the spec's generate.n
 
 Exits 1 and prints each problem where a line does not have the shape the Batch API writes:
 {id, custom_id, response: {status_code, request_id, body: {id, object, created, model,
-choices: [{index, message: {role, content} | text, logprobs, finish_reason}], usage:
-{prompt_tokens, completion_tokens, total_tokens}}}, error: null | {code, message}}.
+choices: [{index, message: {role, content} | text, logprobs, finish_reason}] (one per sample
+of the request's n), usage: {prompt_tokens, completion_tokens, total_tokens}}}, error: null |
+{code, message}}.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ import sys
 OBJECTS = {"/v1/chat/completions": "chat.completion", "/v1/completions": "text_completion"}
 
 
-def line_problems(line: dict, url: str) -> list[str]:
-    """What is wrong with one output line answering a request to `url` ([] if nothing)."""
+def line_problems(line: dict, url: str, n: int = 1) -> list[str]:
+    """What is wrong with one output line answering a request to `url` for `n` samples ([] if
+    nothing)."""
     bad = []
     if set(line) != {"id", "custom_id", "response", "error"}:
         return [f"keys {sorted(line)}, expected id, custom_id, response, error"]
@@ -47,6 +50,8 @@ def line_problems(line: dict, url: str) -> list[str]:
         return bad
     if body["object"] != OBJECTS[url]:
         bad.append(f"body.object {body['object']!r}, expected {OBJECTS[url]!r}")
+    if len(body["choices"]) != n:
+        bad.append(f"{len(body['choices'])} choices for n {n}")
     for k, choice in enumerate(body["choices"]):
         if choice.get("index") != k:
             bad.append(f"choices[{k}].index is {choice.get('index')!r}")
@@ -68,8 +73,9 @@ def line_problems(line: dict, url: str) -> list[str]:
     return bad
 
 
-def check(requests: list[dict], outputs: list[dict]) -> list[str]:
-    """Problems of a whole output: every request answered once, in order, each line's shape."""
+def check(requests: list[dict], outputs: list[dict], default_n: int = 1) -> list[str]:
+    """Problems of a whole output: every request answered once, in order, each line's shape
+    and its choices (the request's n, else default_n: the spec's generate.n)."""
     bad = []
     if len(outputs) != len(requests):
         bad.append(f"{len(outputs)} output lines for {len(requests)} requests")
@@ -78,7 +84,9 @@ def check(requests: list[dict], outputs: list[dict]) -> list[str]:
             bad.append(f"line {k + 1}: custom_id {line.get('custom_id')!r}, expected "
                        f"{request.get('custom_id')!r} (input order)")
         url = request.get("url") if request.get("url") in OBJECTS else "/v1/chat/completions"
-        bad += [f"line {k + 1}: {p}" for p in line_problems(line, url)]
+        body = request.get("body") if isinstance(request.get("body"), dict) else {}
+        n = body.get("n") if type(body.get("n")) is int else default_n
+        bad += [f"line {k + 1}: {p}" for p in line_problems(line, url, n)]
     return bad
 
 
@@ -99,6 +107,9 @@ def read_lines(path: str, strict: bool) -> list[dict]:
 
 
 def main(argv: list[str]) -> int:
+    default_n = 1
+    if argv[:1] == ["--n"] and len(argv) > 1 and argv[1].isdigit():
+        default_n, argv = int(argv[1]), argv[2:]
     if len(argv) < 2:
         print(__doc__)
         return 2
@@ -108,7 +119,7 @@ def main(argv: list[str]) -> int:
     except (OSError, ValueError) as e:
         print(f"cannot read: {e}")
         return 1
-    bad = check(requests, outputs)
+    bad = check(requests, outputs, default_n)
     for problem in bad:
         print(problem)
     print(f"{len(outputs)} lines, {len(bad)} problems")

@@ -219,3 +219,111 @@ def test_slots_auto_on_the_cpu_are_the_largest_decode_size(llama):
     eng = engine(llama, GenerateConfig(max_new_tokens=4), "auto", rows=[2, 6])
     assert eng.slots == 6 and eng.decode_sizes == [2, 6]
     assert engine(llama, GenerateConfig(max_new_tokens=4), "auto").slots == 16
+
+
+def pieces(ids):
+    """A detokenizer of the tiny vocabulary: id i -> "<letter><digit>", so a string may start
+    inside one token and end inside the next."""
+    return "".join(chr(ord("a") + i % 26) + str(i % 10) for i in ids)
+
+
+def cut_at(want: list[int], stop: str) -> tuple[list[int], str, str]:
+    """The reference: the greedy tokens up to the one whose text first holds `stop`, the text
+    before it, and the finish reason."""
+    for k in range(1, len(want) + 1):
+        text = pieces(want[:k])
+        if stop in text:
+            return want[:k], text[:text.index(stop)], "stop"
+    return want, pieces(want), "length"
+
+
+def test_stop_strings_end_the_text_before_the_string_as_transformers_tokens_cut_there(llama):
+    want = hf_greedy(llama, PROMPTS, max_new_tokens=12)
+    # a string from the middle of each record's own text: it starts inside token 3
+    stops = [pieces(w)[7:10] for w in want]
+    params = [RequestParams(stop_strings=(s,)) for s in stops]
+    for slots in (1, 3):
+        eng = engine(llama, GenerateConfig(max_new_tokens=12), slots, detokenize=pieces)
+        got = eng.generate(PROMPTS, IDS, params)
+        for c, w, s in zip(got, want, stops):
+            ids, text, reason = cut_at(w, s)
+            assert (c.token_ids, c.text, c.finish_reason) == (ids, text, reason)
+            assert reason == "stop" and len(ids) < len(w)
+        assert eng.stats.finish_reasons == {"stop": len(PROMPTS)}
+
+
+def test_spec_stop_strings_apply_to_every_record_and_a_records_own_are_added(llama):
+    want = hf_greedy(llama, PROMPTS[:2], max_new_tokens=12)
+    spec_stop, own = pieces(want[0])[10:12], pieces(want[1])[4:7]
+    config = GenerateConfig(max_new_tokens=12, stop_strings=(spec_stop,))
+    got = engine(llama, config, 2, detokenize=pieces).generate(
+        PROMPTS[:2], IDS[:2], [None, RequestParams(stop_strings=(own,))])
+    assert (got[0].token_ids, got[0].text) == cut_at(want[0], spec_stop)[:2]
+    first = min((cut_at(want[1], s) for s in (spec_stop, own)),
+                key=lambda r: (len(r[0]), r[2] != "stop"))
+    assert (got[1].token_ids, got[1].text, got[1].finish_reason) == first
+
+
+def test_a_stop_string_never_in_the_text_leaves_the_completion_as_it_was(llama):
+    want = hf_greedy(llama, PROMPTS[:2], max_new_tokens=8, eos_ids=(2,))
+    got = engine(llama, GenerateConfig(max_new_tokens=8, eos_ids=(2,)), 2,
+                 detokenize=pieces).generate(PROMPTS[:2], IDS[:2],
+                                             [RequestParams(stop_strings=("#",))] * 2)
+    assert tokens(got) == want and all(c.text is None for c in got)
+
+
+def test_stop_strings_need_a_detokenizer(llama):
+    with pytest.raises(GenerationError, match="stop strings need the tokenizer"):
+        engine(llama, GenerateConfig(max_new_tokens=4, stop_strings=("x",)), 2)
+    with pytest.raises(GenerationError, match=r"record 'z'.*stop strings"):
+        engine(llama, GenerateConfig(max_new_tokens=4), 2).generate(
+            [[1, 2]], ["z"], [RequestParams(stop_strings=("x",))])
+
+
+def test_n_samples_each_draw_their_own_stream_and_sample_0_is_the_single_draw(llama):
+    prompts = [PROMPTS[0], PROMPTS[2]]
+    single = tokens(engine(llama, SAMPLED, 2).generate(prompts, ["a", "b"]))
+    runs = []
+    for slots in (1, 4, 8):
+        got = engine(llama, SAMPLED, slots).generate(prompts, ["a", "b"],
+                                                     [RequestParams(n=3), RequestParams(n=3)])
+        assert [c.sample for c in got] == [0, 1, 2, 0, 1, 2]
+        runs.append(tokens(got))
+    assert all(run == runs[0] for run in runs[1:])
+    assert [runs[0][0], runs[0][3]] == single  # sample 0 of n is the record's n=1 completion
+    for samples in (runs[0][:3], runs[0][3:]):
+        assert len({tuple(t) for t in samples}) == 3
+
+
+def test_the_spec_n_is_every_prompts_samples_unless_a_record_gives_its_own(llama):
+    config = GenerateConfig(max_new_tokens=6, n=2, sampling=SAMPLED.sampling)
+    got = engine(llama, config, 3).generate(PROMPTS[:2], IDS[:2], [None, RequestParams(n=1)])
+    assert [c.sample for c in got] == [0, 1, 0]
+    alone = engine(llama, GenerateConfig(max_new_tokens=6, sampling=SAMPLED.sampling), 1)
+    assert tokens(got)[2:] == tokens(alone.generate(PROMPTS[1:2], IDS[1:2]))
+
+
+def test_samples_admitted_together_prefill_their_prompt_once(llama):
+    prompts, params = [PROMPTS[0], PROMPTS[3]], [RequestParams(n=3), RequestParams(n=2)]
+    together = engine(llama, SAMPLED, 8)
+    got = together.generate(prompts, ["a", "b"], params)
+    # 4 + 6 tokens in one prefill of 16 (the five rows' 24 would take two)
+    assert together.stats.prefills == 1 and together.stats.prefill_tokens == 16
+    assert together.stats.copied_blocks == 1 * 2 + 2 * 1  # 1 and 2 blocks of 4 tokens
+    assert len({tuple(t) for t in tokens(got)}) == 5
+    apart = engine(llama, SAMPLED, 1).generate(prompts, ["a", "b"], params)
+    assert tokens(got) == tokens(apart)  # each sample prefilled on its own there
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_stop_strings_and_samples_on_captured_steps_equal_the_eager_ones(llama):
+    want = hf_greedy(llama, PROMPTS, max_new_tokens=12)
+    params = [RequestParams(stop_strings=(pieces(w)[7:10],), n=2) for w in want]
+    eager = engine(llama, SAMPLED, 4, device="cuda", backend="eager",
+                   detokenize=pieces).generate(PROMPTS, IDS, params)
+    graphs = engine(llama, SAMPLED, 4, device="cuda", detokenize=pieces)
+    got = graphs.generate(PROMPTS, IDS, params)
+    assert [(c.token_ids, c.text, c.finish_reason) for c in got] == [
+        (c.token_ids, c.text, c.finish_reason) for c in eager]
+    assert graphs.stats.copied_blocks > 0 and graphs.blocks.used == 0

@@ -88,7 +88,8 @@ def test_a_chat_batch_file_is_answered_line_by_line_in_the_batch_output_shape(tm
                                              "j", "k", "m", "a"]
     assert len({x["id"] for x in out}) == len(out)  # a repeated custom_id's line too
     served = {x["custom_id"]: x for x in out if x["error"] is None}
-    assert sorted(served) == ["a", "b", "d", "f", "k", "m"]
+    assert sorted(served) == ["a", "b", "d", "e", "f", "g", "k", "m"]
+    assert len(served["e"]["response"]["body"]["choices"]) == 3  # n: a choice per sample
     for cid, messages in (("a", CHATS[0]), ("b", CHATS[1]), ("k", CHATS[2])):
         prompt, want = hf_chat_greedy(hf, messages)
         body = served[cid]["response"]["body"]
@@ -124,15 +125,13 @@ def test_a_chat_batch_file_is_answered_line_by_line_in_the_batch_output_shape(tm
     errors = {x["custom_id"]: x["error"]["message"] for x in out if x["error"] is not None}
     assert "invalid JSON" in errors[None] and "requests.jsonl:3" in errors[None]
     assert "/v1/embeddings" in errors["c"]
-    assert "n > 1" in errors["e"]
-    assert "stop" in errors["g"]
     assert f"max_new_tokens {NEW + 5} is more than the job's cap" in errors["h"]
     assert "temperature" in errors["i"]
     assert "one endpoint" in errors["j"]
     assert "duplicate" in out[-1]["error"]["message"]
-    assert manifest.totals.records_out == 6 and manifest.totals.records_rejected == 8
+    assert manifest.totals.records_out == 8 and manifest.totals.records_rejected == 6
     rejects = (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()
-    assert len(rejects) == 8
+    assert len(rejects) == 6
 
 
 def test_a_completions_batch_file_tokenizes_its_prompts_with_special_tokens(tmp_path,
@@ -159,7 +158,8 @@ def test_a_completions_batch_file_tokenizes_its_prompts_with_special_tokens(tmp_
 
 def test_rejected_requests_after_the_last_served_one_still_get_their_lines(tmp_path,
                                                                            model_dir):
-    lines = [request("a", {"messages": CHATS[0]}), request("b", {"messages": CHATS[0], "n": 2}),
+    lines = [request("a", {"messages": CHATS[0]}),
+             request("b", {"messages": CHATS[0], "tools": [{"type": "function"}]}),
              request("c", {"messages": "no"})]
     spec, path = write_batch(tmp_path, lines, model_dir, generate={"max_new_tokens": 2})
     graphrun.run(graphrun.load_spec(spec))
@@ -287,7 +287,11 @@ def batch_outputs(idx: list[int]) -> dict:
             "tokens": [np.zeros(0, str) for _ in idx],
             "top_token_ids": [np.zeros((0, 0), np.int64) for _ in idx],
             "top_logprobs": [np.zeros((0, 0), np.float32) for _ in idx],
-            "top_tokens": [np.zeros((0, 0), str) for _ in idx]}
+            "top_tokens": [np.zeros((0, 0), str) for _ in idx],
+            "samples": np.array([[{"token_ids": [i, i + 1], "text": f"answer {i}",
+                                   "finish_reason": "eos" if i % 2 else "length",
+                                   "output_tokens": 2}] for i in idx] + [None],
+                                dtype=object)[:-1]}
 
 
 def write_batch_shards(spec, out: Path, rejected: set[int], n: int, resume=None, start=0,
@@ -409,3 +413,113 @@ def test_a_per_record_field_given_twice_in_a_line_rejects_it(tmp_path, model_dir
     (reject,) = [json.loads(x) for x in (tmp_path / "out" / "rejects.jsonl").read_text()
                  .splitlines()]
     assert "'mt' appears more than once" in reject["reason"]
+
+
+def cut_at_stop(tok, want: list[int], stop: str) -> tuple[str, int, str]:
+    """The reference for a stop string: transformers' greedy tokens up to the one whose text
+    first holds it -> (the text before it, those tokens' count, finish reason)."""
+    for k in range(1, len(want) + 1):
+        if stop in tok.decode(want[:k], skip_special_tokens=True):
+            text = tok.decode(want, skip_special_tokens=True)
+            return text[:text.index(stop)], k, "stop"
+    return tok.decode(want, skip_special_tokens=True), len(want), "length"
+
+
+def middle(text: str) -> str:
+    """Two characters from the middle of a completion's text: a stop string it reaches."""
+    at = len(text) // 2
+    return text[at:at + 2]
+
+
+def test_a_batch_file_with_n_samples_and_stop_strings_validates_and_cuts_the_text(tmp_path,
+                                                                                model_dir, hf):
+    tok = hf[0]
+    _, want0 = hf_chat_greedy(hf, CHATS[0])
+    _, want1 = hf_chat_greedy(hf, CHATS[1])
+    stop0, stop1 = middle(tok.decode(want0, skip_special_tokens=True)), middle(
+        tok.decode(want1, skip_special_tokens=True))
+    lines = [request("s", {"messages": CHATS[0], "stop": stop0}),
+             request("n", {"messages": CHATS[2], "n": 3, "temperature": 2.0, "seed": 5}),
+             request("both", {"messages": CHATS[1], "n": 3, "stop": ["\x00", stop1]}),
+             request("bad", {"messages": CHATS[0], "stop": ["a"] * 5})]
+    spec, path = write_batch(tmp_path, lines, model_dir, generate={"max_new_tokens": NEW})
+    manifest = graphrun.run(graphrun.load_spec(spec))
+    out = rows(tmp_path / "out")
+    assert check_openai_batch.check(check_openai_batch.read_lines(str(path), False), out) == []
+    body = {x["custom_id"]: x["response"]["body"] for x in out}
+    text, k, reason = cut_at_stop(tok, want0, stop0)
+    assert reason == "stop" and k < len(want0)
+    choice = body["s"]["choices"][0]
+    assert (choice["message"]["content"], choice["finish_reason"]) == (text, "stop")
+    assert body["s"]["usage"]["completion_tokens"] == k
+    sampled = [c["message"]["content"] for c in body["n"]["choices"]]
+    assert [c["index"] for c in body["n"]["choices"]] == [0, 1, 2]
+    assert len(set(sampled)) > 1  # each sample its own stream
+    text, k, _ = cut_at_stop(tok, want1, stop1)  # greedy: three equal samples, each cut
+    assert [c["message"]["content"] for c in body["both"]["choices"]] == [text] * 3
+    assert body["both"]["usage"]["completion_tokens"] == 3 * k
+    assert "up to 4" in out[3]["error"]["message"]
+    assert manifest.generation.finish_reasons["stop"] == 4
+
+
+def test_per_record_and_spec_stop_strings_cut_jsonl_records(tmp_path, model_dir, hf):
+    tok = hf[0]
+    prompts = ["the fisherman", "a storm came"]
+    want = [hf_plain_greedy(hf, p) for p in prompts]
+    own = middle(tok.decode(want[1], skip_special_tokens=True))
+    spec_stop = middle(tok.decode(want[0], skip_special_tokens=True))
+    records = [{"id": "spec", "prompt": prompts[0]}, {"id": "own", "prompt": prompts[1],
+                                                      "halt": own}]
+    spec = per_record_job(tmp_path, records, model_dir, {"stop": "halt"},
+                          stop={"strings": [spec_stop]})
+    graphrun.run(graphrun.load_spec(spec))
+    out = {r["id"]: r for r in rows(tmp_path / "out")}
+    for rid, w in (("spec", want[0]), ("own", want[1])):
+        stops = [spec_stop] if rid == "spec" else [spec_stop, own]
+        ref = min((cut_at_stop(tok, w, s) for s in stops),
+                  key=lambda r: (r[1], r[2] != "stop"))
+        got = out[rid]
+        assert (got["text"], got["output_tokens"], got["finish_reason"]) == ref
+        assert got["token_ids"] == w[:ref[1]]
+
+
+def hf_plain_greedy(hf, prompt: str) -> list[int]:
+    """transformers' greedy new ids of a plain prompt, as the engine tokenizes it."""
+    import torch
+
+    tok, lm = hf
+    ids = torch.tensor([tok(prompt)["input_ids"]])
+    with torch.no_grad():
+        out = lm.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4,
+                          do_sample=False)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def test_n_above_one_outside_the_batch_output_format_is_refused_with_what_to_set(tmp_path,
+                                                                                model_dir):
+    spec = per_record_job(tmp_path, [{"id": "a", "prompt": "x", "k": 2},
+                                     {"id": "b", "prompt": "y", "k": 1}], model_dir, {"n": "k"})
+    graphrun.run(graphrun.load_spec(spec))
+    assert [r["id"] for r in rows(tmp_path / "out")] == ["b"]
+    reject = json.loads((tmp_path / "out" / "rejects.jsonl").read_text())
+    assert "output.format: openai_batch" in reject["reason"]
+    raw = yaml.safe_load(spec.read_text())
+    raw["generate"]["n"] = 2
+    spec.write_text(yaml.safe_dump(raw))
+    with pytest.raises(Exception, match="generate.n"):
+        graphrun.load_spec(spec)
+
+
+def test_the_checker_counts_a_lines_choices_against_its_requests_n():
+    choice = {"index": 0, "message": {"role": "assistant", "content": "x"}, "logprobs": None,
+              "finish_reason": "stop"}
+    body = {"id": "c", "object": "chat.completion", "created": 1, "model": "m",
+            "choices": [choice, {**choice, "index": 1}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}}
+    line = {"id": "l", "custom_id": "a", "error": None,
+            "response": {"status_code": 200, "request_id": "r", "body": body}}
+    asked = [request("a", {"messages": CHATS[0], "n": 2})]
+    assert check_openai_batch.check(asked, [line]) == []
+    plain_request = [request("a", {"messages": CHATS[0]})]
+    assert check_openai_batch.check(plain_request, [line]) == ["line 1: 2 choices for n 1"]
+    assert check_openai_batch.check(plain_request, [line], default_n=2) == []

@@ -49,12 +49,14 @@ class GenerateConfig:
     logprobs: int | None = None  # top alternatives per new token (0-20); None: no logprobs
     prompt_logprobs: bool = False  # each prompt token's logprob (after the first)
 
+    stop_strings: tuple[str, ...] = ()  # the text ends before the first of these
+    n: int = 1  # samples of a prompt that asks for none of its own
 
 
 @dataclass
 class Completion:
     token_ids: list[int]  # new tokens, the EOS included when it stopped there
-    finish_reason: str  # "eos" | "length"
+    finish_reason: str  # "eos" | "stop" (a stop string) | "length"
     prompt_tokens: int
     output_tokens: int
     # per new token where the record asked (else None): the model's log-probability of it,
@@ -63,6 +65,8 @@ class Completion:
     top_ids: list[list[int]] | None = None
     top_logprobs: list[list[float]] | None = None
     prompt_logprobs: list[float] | None = None  # the prompt's tokens after the first, where asked
+    text: str | None = None  # a stop string's: the text before it (else the caller decodes)
+    sample: int = 0  # which of the prompt's n samples
 
 
 def check_config(config: GenerateConfig, vocab: int) -> None:
@@ -97,5 +101,9 @@ def check_config(config: GenerateConfig, vocab: int) -> None:
     if bad:
         problems.append(f"token ids {bad} (eos_ids / pad_id) are outside the model's "
                         f"vocabulary of {vocab}")
+    if not all(isinstance(t, str) and t for t in config.stop_strings):
+        problems.append(f"stop strings {list(config.stop_strings)}: give non-empty strings")
+    if config.n < 1:
+        problems.append(f"n is {config.n}: give 1 or more samples per prompt")
     if problems:
         raise GenerationError("generate: " + "; ".join(problems))

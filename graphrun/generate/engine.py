@@ -17,11 +17,16 @@ The scheduler's loop (serve), on one thread:
 4. read back the output of the launch before the last: each launch copies its picked tokens to
    pinned host memory behind an event, and the host waits on the previous launch's event only
    after the next is queued, so the device always has a step queued. The host then appends each
-   row's token, and a row that stopped (a stop id, or its max_new_tokens) leaves at once: its
-   completion goes to the caller, its blocks back to the pool, its slot to the next prompt.
+   row's token, and a row that stopped (a stop id, a stop string in its text (stop_text.py),
+   or its max_new_tokens) leaves at once: its completion goes to the caller, its blocks back to
+   the pool, its slot to the next prompt.
 
-A record's tokens depend only on the model, its prompt and (seed, record id, position): its
-slot, its neighbours and when it was admitted change nothing (sampling.py).
+A request for n samples is n rows (sample 0 to n-1); the samples admitted together are packed
+once, each picking its own first token from the prompt's logits, and the prompt's KV blocks are
+copied to the others' blocks by one device copy (the block pool keeps no reference counts, so
+blocks are never shared). A record's tokens depend only on the model, its prompt and (seed,
+record id, sample index, position): its slot, its neighbours and when it was admitted change
+nothing (sampling.py).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable
 
 import numpy as np
@@ -48,6 +53,7 @@ from graphrun.generate.sampling import record_key
 from graphrun.generate.stats import GenerationStats
 from graphrun.generate.steps import (HOST_FIELDS, ROW_FIELDS, SlotState, Variant, decode_step,
                                      prefill_step)
+from graphrun.generate.stop_text import StopText
 
 MiB = 1 << 20
 LOOKAHEAD = 16  # decode steps a row's blocks cover ahead: block growth is not per token
@@ -65,6 +71,7 @@ class Request:
     params: RequestParams | None = None
     tag: object = None
     taken_s: float = 0.0  # when the engine took it (its TTFT counts from here)
+    sample: int = 0  # which of its n samples (the engine makes one request per sample)
 
 
 @dataclass
@@ -95,6 +102,7 @@ class _Row:
     token_logprobs: list[float] = field(default_factory=list)
     top_ids: list[list[int]] = field(default_factory=list)
     top_logprobs: list[list[float]] = field(default_factory=list)
+    text: StopText | None = None  # with stop strings: its text so far
 
 
 @dataclass
@@ -186,8 +194,13 @@ class Engine:
                  memory_budget_mib=None, compile: bool = False, sample: bool | None = None,
                  filtered: bool | None = None, penalized: bool | None = None,
                  logprobs: int | None | str = "spec", admit_min: int | None = None,
-                 prefix_cache: bool = True, log: Callable[[str], None] | None = None):
+                 prefix_cache: bool = True, detokenize: Callable[[list[int]], str] | None = None,
+                 log: Callable[[str], None] | None = None):
         self.config, self.log = config, log or (lambda line: None)
+        self.detokenize = detokenize  # token ids -> text, for stop strings
+        if config.stop_strings and detokenize is None:
+            raise GenerationError("generate: stop strings need the tokenizer's decode: give "
+                                  "the engine detokenize")
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -337,6 +350,12 @@ class Engine:
                 not 0 <= t < self.model.vocab for t in p.stop_token_ids):
             problems.append(f"stop_token_ids {list(p.stop_token_ids)}: at most {EXTRA_STOPS} "
                             "ids of the vocabulary")
+        if p.stop_strings and (self.detokenize is None or not all(
+                isinstance(t, str) and t for t in p.stop_strings)):
+            problems.append(f"stop strings {list(p.stop_strings)}: non-empty strings, on an "
+                            "engine given detokenize")
+        if p.n is not None and p.n < 1:
+            problems.append(f"n {p.n}: give 1 or more samples")
         if problems:
             raise GenerationError(f"record {rid!r}: " + "; ".join(problems))
 
@@ -355,8 +374,24 @@ class Engine:
                 own("presence_penalty", s.presence_penalty),
                 own("frequency_penalty", s.frequency_penalty), logprobs)
 
+    def samples_of(self, params: RequestParams | None) -> int:
+        """How many samples a request asks for: its own n, else the spec's."""
+        own = params.n if params is not None else None
+        return self.config.n if own is None else own
+
+    def _packs_once(self, request: Request) -> int:
+        """The key under which a prompt's samples are prefilled once (its list's id); under
+        penalties each sample is packed on its own, so that its prefill marks its own row's
+        prompt tokens."""
+        return id(request) if self.variant.penalized else id(request.prompt)
+
+    def samples(self, request: Request) -> list[Request]:
+        """A request as its n samples, in index order."""
+        n = self.samples_of(request.params)
+        return [request] if n == 1 else [replace(request, sample=k) for k in range(n)]
+
     def _settings(self, request: Request) -> tuple[int, float, int, float, int, tuple]:
-        """(max_new, temperature, top_k, top_p, key, stops) of a request: its own, else the
+        """(max_new, temperature, top_k, top_p, key, stop ids) of a request: its own, else the
         spec's."""
         c, s, p = self.config, self.config.sampling, request.params or RequestParams()
         greedy_spec = s.method == "greedy"
@@ -367,7 +402,13 @@ class Engine:
         return (p.max_new_tokens or c.max_new_tokens, float(temperature),
                 int(p.top_k if p.top_k is not None else (0 if greedy_spec else s.top_k)),
                 float(p.top_p if p.top_p is not None else (1.0 if greedy_spec else s.top_p)),
-                record_key(seed, request.record_id), stops)
+                record_key(seed, request.record_id, request.sample), stops)
+
+    def _stop_text(self, request: Request) -> StopText | None:
+        """A row's text watch: the spec's stop strings and the request's own."""
+        own = request.params.stop_strings if request.params is not None else ()
+        strings = tuple(dict.fromkeys((*self.config.stop_strings, *own)))
+        return StopText(strings, self.detokenize) if strings else None
 
     # -- the scheduler ---------------------------------------------------------------------------
 
@@ -394,7 +435,7 @@ class Engine:
                     for r in got:
                         self.check(r)
                         r.taken_s = now
-                    waiting.extend(got)
+                        waiting.extend(self.samples(r))
             # prefills back to back while prompts and slots are left (the largest prefill may
             # not hold them all), so they join the same decode step
             while (waiting and self._free and len(inflight) < RING - 1
@@ -422,28 +463,35 @@ class Engine:
         blocks found in the prefix cache are shared, the rest taken, and its full blocks
         registered as they will be computed; a prompt that would share a block this same
         prefill computes waits for the next prefill, which reads it, and the prompts after it
-        go on (what a record generates does not depend on when it is admitted)."""
+        go on (what a record generates does not depend on when it is admitted). A prompt's
+        samples admitted together count its tokens once: _prefill packs it once and copies
+        its blocks to the other samples' rows."""
         rows, tokens, bs = [], 0, self.block_size
         computed: set[int] = set()  # blocks this prefill registers
         prefix: dict[int, None] = {}  # cached blocks this prefill reads
         deferred: list[Request] = []  # sharing `computed`: first in the next prefill
+        packed: set[int] = set()  # prompts (by their list's id) this prefill computes
         while waiting and self._free:
             r = waiting[0]
             n = len(r.prompt)
             max_new, *_ = self._settings(r)
             cap = -(-(n + max_new) // bs)
-            keys = chain_hashes(r.prompt, bs, n // bs) if self.prefix_blocks else []
+            sample_of_packed = self._packs_once(r) in packed  # its blocks copied, not computed
+            keys = (chain_hashes(r.prompt, bs, n // bs)
+                    if self.prefix_blocks and not sample_of_packed else [])
             shared = self.blocks.lookup(keys[:(n - 1) // bs])
             if computed.intersection(shared):  # the next prefill reads what this one writes
                 deferred.append(waiting.popleft())
                 continue
+            more = 0 if sample_of_packed else n - len(shared) * bs
             if (len(prefix.keys() | set(shared)) > self.prefix_blocks
                     or self.blocks.free - self.blocks.idle_among(shared) - self._reserved
                     < cap - len(shared)
-                    or tokens + n - len(shared) * bs > self.prefill_sizes[-1]):
+                    or tokens + more > self.prefill_sizes[-1]):
                 break
             waiting.popleft()
-            tokens += n - len(shared) * bs
+            tokens += more
+            packed.add(self._packs_once(r))
             slot = heapq.heappop(self._free)
             first = min(cap, -(-(n + LOOKAHEAD) // bs))
             self.blocks.share(shared)
@@ -453,7 +501,7 @@ class Engine:
                     computed.add(blocks[j])
             prefix.update(dict.fromkeys(shared))
             row = _Row(r, slot, max_new, frozenset(), blocks, cap, r.taken_s,
-                       reused=len(shared))
+                       reused=len(shared), text=self._stop_text(r))
             self._reserved += cap - first
             self._rows[slot] = row
             rows.append(row)
@@ -468,7 +516,11 @@ class Engine:
     def _prefill(self, rows: list[_Row]) -> _Launch:
         """Pack the rows' prompts, write their slots' settings, replay the prefill graph."""
         st, host, bs = self.state, self.state.host, self.block_size
-        total = sum(len(r.request.prompt) - r.reused * bs for r in rows)
+        computes: dict[int, int] = {}  # each prompt packed once: its tokens not cached
+        for r in rows:
+            computes.setdefault(self._packs_once(r.request),
+                                len(r.request.prompt) - r.reused * bs)
+        total = sum(computes.values())
         size = next(t for t in self.prefill_sizes if t >= total)
         n_max = st.p_join.numel()
         tokens = np.zeros(size, dtype=np.int64)
@@ -482,6 +534,10 @@ class Engine:
         depth = np.zeros(self.prefix_blocks, dtype=np.int64)
         read: dict[int, int] = {}  # cached block -> its depth, each once
         at = 0
+        # the samples of one prompt (Engine.samples: one prompt list) packed once: id(prompt)
+        # -> (its last token's place in the pack, the row whose blocks its keys go to)
+        packed: dict[int, tuple[int, _Row]] = {}
+        src, dst = [], []  # the prompt's blocks, copied to each other sample's after the step
         for i, row in enumerate(rows):
             prompt = row.request.prompt
             n = len(prompt)
@@ -496,10 +552,20 @@ class Engine:
             host["stops"][s, :len(stops)] = stops
             (host["min_p"][s], host["repetition"][s], host["presence"][s],
              host["frequency"][s], row.logprobs) = self._row_sampling(row.request)
+            once = self._packs_once(row.request)
+            if once in packed:
+                place, first = packed[once]
+                last[i], join[i], lens[i] = place, s, n
+                row.packed_at = first.packed_at
+                held = -(-n // bs)  # the blocks holding the prompt's keys
+                src += first.blocks[:held]
+                dst += row.blocks[:held]
+                continue
             read.update((b, j) for j, b in enumerate(row.blocks[:row.reused]))
             start = row.reused * bs  # the shared blocks' tokens are not packed
             pos = np.arange(start, n)
             m = n - start
+            packed[once] = (at + m - 1, row)
             tokens[at:at + m] = prompt[start:]
             positions[at:at + m] = pos
             segment[at:at + m] = i
@@ -519,7 +585,21 @@ class Engine:
             self._copy_in(getattr(st, name)[:len(values)], values)
         self.stats.prefills += 1
         self.stats.prefill_tokens += size
-        return self._launch("prefill", StepKey("prefill", size), rows, len(rows))
+        launch = self._launch("prefill", StepKey("prefill", size), rows, len(rows))
+        if src:
+            self._copy_blocks(src, dst)
+        return launch
+
+    def _copy_blocks(self, src: list[int], dst: list[int]) -> None:
+        """Blocks' keys and values into other blocks, in stream order (after the prefill that
+        wrote them, before the decode that reads them)."""
+        frm, to = (torch.tensor(b, dtype=torch.int64) for b in (src, dst))
+        if self.cuda:
+            frm = frm.pin_memory().to(self.device, non_blocking=True)
+            to = to.pin_memory().to(self.device, non_blocking=True)
+        for t in (*self.cache.k, *self.cache.v):
+            t.index_copy_(0, to, t.index_select(0, frm))
+        self.stats.copied_blocks += len(src)
 
     def _wanted(self) -> bool:
         """Whether a decode step makes a token some row may need: not when every row has
@@ -661,6 +741,8 @@ class Engine:
         row.tokens.append(token)
         if token in row.stops:
             reason = "eos"
+        elif row.text is not None and row.text.feed(row.tokens):
+            reason = "stop"
         elif len(row.tokens) >= row.max_new:
             reason = "length"
         else:
@@ -669,6 +751,8 @@ class Engine:
 
     def _finish(self, row: _Row, reason: str, emit, now: float) -> None:
         n = len(row.tokens)
+        if reason == "stop":  # the device runs it still: idle it until the slot is reused
+            self.state.done[row.slot] = True
         if n > 1:
             self.stats.tpot.add((now - row.first_s) / (n - 1))
         self.stats.finished(len(row.request.prompt), n, reason)
@@ -678,18 +762,20 @@ class Engine:
         self._rows[row.slot] = None
         heapq.heappush(self._free, row.slot)
         asked = row.logprobs is not None
+        text = row.text.cut(row.tokens) if reason == "stop" else None
         emit(Finished(row.request, Completion(
             row.tokens, reason, len(row.request.prompt), n,
             logprobs=row.token_logprobs if asked else None,
             top_ids=row.top_ids if asked else None,
             top_logprobs=row.top_logprobs if asked else None,
-            prompt_logprobs=row.prompt_logprobs)))
+            prompt_logprobs=row.prompt_logprobs, text=text, sample=row.request.sample)))
 
     # -- a whole list at once (tests, benchmarks, validate --load) --------------------------------
 
     def generate(self, prompts: list[list[int]], record_ids: list | None = None,
                  params: list[RequestParams | None] | None = None) -> list[Completion]:
-        """Completions of the prompts, in their order."""
+        """Completions of the prompts, in their order; a prompt of n samples gives n, in
+        sample order."""
         ids = list(range(len(prompts))) if record_ids is None else list(record_ids)
         params = params or [None] * len(prompts)
         if len(ids) != len(prompts) or len(params) != len(prompts):
@@ -697,15 +783,16 @@ class Engine:
                                   f"{len(params)} parameters: give one of each per prompt")
         source = deque(Request(list(p), i, q, tag=k)
                        for k, (p, i, q) in enumerate(zip(prompts, ids, params)))
-        done: list[Completion | None] = [None] * len(prompts)
+        done: list[list[Completion | None]] = [[None] * self.samples_of(q) for q in params]
 
         def take(n: int, block: bool):
             if not source:
                 return None
             return [source.popleft() for _ in range(min(n, len(source)))]
 
-        self.serve(take, lambda f: done.__setitem__(f.request.tag, f.completion))
-        return done
+        self.serve(take, lambda f: done[f.request.tag].__setitem__(f.request.sample,
+                                                                   f.completion))
+        return [c for samples in done for c in samples]
 
     def graphs(self) -> list[dict]:
         """Per graph set up: kind, shape, status, capture time, memory, verification."""

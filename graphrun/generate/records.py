@@ -32,6 +32,10 @@ def logprobs_asked(spec) -> bool:
                               or spec.data.format == "openai_batch")
 
 
+# output.format openai_batch's too: per record, its n samples' completions (a line's choices)
+SAMPLES_OUTPUT = "samples"
+
+
 def with_implied_io(spec):
     """The spec with a generation job's implied inputs and outputs filled in, for the steps
     that read and write records (the user's spec, as run.json and the manifest record it,
@@ -42,4 +46,6 @@ def with_implied_io(spec):
     implied = {**IMPLIED_OUTPUTS, **(LOGPROB_OUTPUTS if logprobs_asked(spec) else {}),
                **(PROMPT_LOGPROB_OUTPUTS if spec.generate.prompt_logprobs else {})}
     outputs = {n: OutputSpec(**v) for n, v in implied.items()}
+    if spec.output.format == "openai_batch":
+        outputs[SAMPLES_OUTPUT] = OutputSpec(shape=["batch"])
     return spec.model_copy(update={"inputs": inputs, "outputs": outputs})  # keeps its source

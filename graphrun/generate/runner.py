@@ -31,7 +31,7 @@ from graphrun.generate.llama import (Checkpoint, OwnLM, build_llama, find_checkp
 from graphrun.generate.config import Completion, GenerateConfig, Sampling
 from graphrun.generate.engine import Engine, Finished, Request
 from graphrun.generate.hf_attention import check_before_loading, eos_ids_of
-from graphrun.generate.records import LOGPROB_OUTPUTS, logprobs_asked
+from graphrun.generate.records import LOGPROB_OUTPUTS, SAMPLES_OUTPUT, logprobs_asked
 from graphrun.generate.mbu import kv_bytes_per_token, peak_bandwidth, weight_bytes_per_step
 from graphrun.manifest.keys import BucketReport
 from graphrun.manifest.sections import Generation, GraphSetup, generation_summary
@@ -55,14 +55,16 @@ class PartRows:
 
 
 class Part:
-    """A launched part: its records' completions, filled by the scheduler as they finish;
-    result() waits for the last, decodes their text (the completer's thread) and hands back the
-    rows to write."""
+    """A launched part: its records' completions (n samples each), filled by the scheduler as
+    they finish; result() waits for the last, decodes their text (the completer's thread) and
+    hands back the rows to write."""
 
-    def __init__(self, n: int, decode_text, token_text=None):
+    def __init__(self, samples: list[int], decode_text, token_text=None,
+                 with_samples: bool = False):
         self.token_text = token_text  # one token id -> its text, where logprobs are written
-        self.completions: list[Completion | None] = [None] * n
-        self.left = n
+        self.completions: list[list[Completion | None]] = [[None] * k for k in samples]
+        self.left = sum(samples)
+        self.with_samples = with_samples  # the rows carry every sample (SAMPLES_OUTPUT)
         self.error: BaseException | None = None
         self.done = threading.Event()
         self.decode_text = decode_text
@@ -70,7 +72,7 @@ class Part:
         self.times: dict[str, float] = {}
 
     def finished(self, i: int, completion: Completion) -> None:
-        self.completions[i] = completion
+        self.completions[i][completion.sample] = completion
         self.left -= 1
         if not self.left:
             self.times["e2e"] = (time.perf_counter() - self.t0) * 1e6
@@ -87,18 +89,33 @@ class Part:
         return self.times
 
     def result(self) -> tuple[dict, dict[str, float]]:
+        """The records' rows: each field of sample 0, output_tokens summed over the samples,
+        and with_samples every sample's own (token_ids, text, finish_reason, output_tokens)."""
         self.wait()
-        done = self.completions
+        texts = [[self.decode_text(c.token_ids) if c.text is None else c.text for c in samples]
+                 for samples in self.completions]
+        done = [samples[0] for samples in self.completions]
         outs = {"token_ids": [np.asarray(c.token_ids, dtype=np.int64) for c in done],
-                "text": np.array([self.decode_text(c.token_ids) for c in done], dtype=str),
+                "text": np.array([t[0] for t in texts], dtype=str),
                 "finish_reason": np.array([c.finish_reason for c in done], dtype=str),
                 "prompt_tokens": np.array([c.prompt_tokens for c in done], dtype=np.int64),
-                "output_tokens": np.array([c.output_tokens for c in done], dtype=np.int64)}
+                "output_tokens": np.array([sum(c.output_tokens for c in samples)
+                                           for samples in self.completions], dtype=np.int64)}
         if self.token_text is not None:
             outs.update(logprob_outputs(done, self.token_text))
         if done and done[0].prompt_logprobs is not None:  # the job's prompts all scored
             outs["prompt_logprobs"] = [np.asarray(c.prompt_logprobs, dtype=np.float32)
                                        for c in done]
+        if self.with_samples:
+            rows = np.empty(len(done), dtype=object)  # filled one by one: lists stay whole
+            for i, (samples, text) in enumerate(zip(self.completions, texts)):
+                rows[i] = [{"token_ids": c.token_ids, "text": t, "finish_reason": c.finish_reason,
+                            "output_tokens": c.output_tokens,
+                            "logprobs": (logprob_outputs([c], self.token_text)
+                                         if self.token_text is not None
+                                         and c.logprobs is not None else None)}
+                           for c, t in zip(samples, text)]
+            outs[SAMPLES_OUTPUT] = rows
         return outs, self.times
 
 
@@ -150,7 +167,7 @@ class GenerationRunner:
                 prefill_tokens=g.prefill_tokens, prefix_cache=g.prefix_cache,
                 verify=spec.capture.verify.enabled,
                 memory_budget_mib=spec.capture.memory_budget_mib, compile=spec.model.compile,
-                log=self.log, **per_row_choices(spec))
+                detokenize=self._stop_decoder(), log=self.log, **per_row_choices(spec))
         self.logprobs_out = logprobs_asked(spec)
         self._texts = None
         self.slots = self.max_batch = self.engine.slots  # a part is at most the slots
@@ -208,8 +225,9 @@ class GenerationRunner:
                stream=None) -> Part:
         """The part's prompts handed to the scheduler; nothing waits here."""
         prompts, record_ids, params = self._staged.pop(slot)
-        part = Part(len(prompts), self._text_decoder(),
-                    self._token_text() if self.logprobs_out else None)
+        part = Part([self.engine.samples_of(p) for p in params], self._text_decoder(),
+                    self._token_text() if self.logprobs_out else None,
+                    with_samples=self.spec.output.format == "openai_batch")
         seen = self.buckets.setdefault(bucket, PartRows())
         seen.batches += 1
         seen.records += len(prompts)
@@ -299,6 +317,20 @@ class GenerationRunner:
             self._texts = lru_cache(maxsize=1 << 16)(
                 lambda t: tok.decode([t], skip_special_tokens=False))
         return self._texts
+
+    def _stop_decoder(self):
+        """token ids -> text for the scheduler's stop strings: a tokenizer of its own (its
+        thread's), loaded on the first row with stop strings."""
+        tok = []
+
+        def decode(ids: list[int]) -> str:
+            if not tok:
+                from graphrun.models.hf import fast_tokenizer, remote_code
+
+                tok.append(fast_tokenizer(self.tokenizer_folder, remote_code(self.spec)))
+            return tok[0].decode(ids, skip_special_tokens=True)
+
+        return decode
 
     def try_every_bucket(self) -> int:
         """Synthetic prompts of every prefill size's length (up to the longest prompt), as many
@@ -454,6 +486,7 @@ def generate_config(spec: PipelineSpec, model) -> GenerateConfig:
                           presence_penalty=s.presence_penalty,
                           frequency_penalty=s.frequency_penalty),
         eos_ids=stops, pad_id=int(pad if not isinstance(pad, (list, tuple)) else pad[0]),
-        logprobs=g.logprobs, prompt_logprobs=g.prompt_logprobs)
+        logprobs=g.logprobs, prompt_logprobs=g.prompt_logprobs,
+        stop_strings=tuple(g.stop.strings), n=g.n)
 
 

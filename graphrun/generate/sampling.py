@@ -25,10 +25,11 @@ MIX2 = 0x94D049BB133111EB - 2**64
 STEP = 0xD1B54A32D192ED03 - 2**64  # odd: separates the completion index from the token id
 
 
-def record_key(seed: int, record_id) -> int:
-    """The int64 key of a record's random stream: its seed and id (an int or a str, told
-    apart), hashed so that neighbouring ids give unrelated streams."""
-    text = f"{seed}/{type(record_id).__name__}/{record_id}"
+def record_key(seed: int, record_id, sample: int = 0) -> int:
+    """The int64 key of a record's random stream: its seed, id (an int or a str, told apart)
+    and sample index (of its n), hashed so that neighbouring ids give unrelated streams; sample
+    0 hashes as a record of one sample does."""
+    text = f"{seed}/{type(record_id).__name__}/{record_id}" + (f"#{sample}" if sample else "")
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little",
                           signed=True)
 

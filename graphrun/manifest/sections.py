@@ -149,14 +149,16 @@ class Generation(_M):
     """A generation job's counts and times (a spec with generate:); the records are prompts,
     totals.records_* count them."""
 
-    records: int = Field(..., description="Prompts completed by this attempt.")
+    records: int = Field(..., description="Completions made by this attempt (a prompt of n "
+                         "samples makes n).")
     prompt_tokens: int = Field(..., description="Tokens of those prompts, as prefilled (after "
                                "any cut of data.text.truncate).")
     output_tokens: int = Field(..., description="New tokens written (EOS included where a "
                                "record stopped there).")
     finish_reasons: dict[str, int] = Field(
-        ..., description="Records per finish_reason: eos (a stop id: the model's EOS or "
-        "generate.stop.token_ids) or length (generate.max_new_tokens).")
+        ..., description="Completions per finish_reason (a sample each): eos (a stop id: the "
+        "model's EOS or generate.stop.token_ids), stop (a stop string) or length "
+        "(generate.max_new_tokens).")
     output_tokens_per_s: float = Field(
         ..., description="output_tokens / (prefill_s + decode_s): the device's generation "
         "rate, setup not counted (totals.process_wall_s has the whole process).")

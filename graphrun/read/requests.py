@@ -19,7 +19,8 @@ from graphrun.spec.request import DEFAULT_PARAMS, EXTRA_STOPS, RequestParams
 # RequestParams fields the engine takes per row (generate/engine.py's per-row buffers)
 ENGINE_SERVES: frozenset[str] = frozenset({
     "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop_token_ids",
-    "repetition_penalty", "presence_penalty", "frequency_penalty", "logprobs"})
+    "stop_strings", "n", "repetition_penalty", "presence_penalty", "frequency_penalty",
+    "logprobs"})
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
 
 
@@ -103,6 +104,9 @@ def unserved(params: RequestParams, spec: PipelineSpec) -> str:
         return (f"max_new_tokens {params.max_new_tokens} is more than the job's cap "
                 f"(generate.max_new_tokens: {g.max_new_tokens}, which sizes the KV cache): "
                 "raise it in the spec")
+    if (params.n or 1) > 1 and spec.output.format != "openai_batch":
+        return (f"n {params.n}: several samples per prompt are written as an OpenAI Batch "
+                "line's choices: set output.format: openai_batch")
     if len(params.stop_token_ids) > EXTRA_STOPS:
         return (f"stop_token_ids: {len(params.stop_token_ids)} ids; the engine takes at most "
                 f"{EXTRA_STOPS} a record")
@@ -125,4 +129,5 @@ def unserved(params: RequestParams, spec: PipelineSpec) -> str:
 
 def _named(name: str) -> str:
     return {"stop_strings": "stop (strings)", "n": "n > 1 (several samples)",
+            "logprobs": "logprobs", "min_p": "min_p",
             "stop_token_ids": "stop token ids"}.get(name, name)

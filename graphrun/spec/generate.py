@@ -111,6 +111,11 @@ class StopSpec(Strict):
     token_ids: list[Annotated[int, Field(strict=True, ge=0)]] = Field(
         default_factory=list, description="More token ids that end a record (included in its "
         "output, as EOS is).")
+    strings: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list, description="Strings that end a record when its text holds one "
+        "(finish_reason stop): its text ends before the string; its token_ids keep the tokens "
+        "up to and including the one that completed it. A record's own (per_record stop, an "
+        "OpenAI Batch request's stop) are added to these.")
 
 
 class PerRecordSpec(Strict):
@@ -154,6 +159,10 @@ class GenerateSpec(Strict):
                                  "(finish_reason length when reached).")
     min_new_tokens: Whole = Field(0, ge=0, description="New tokens per record at least: the stop "
                                 "ids are not picked before this many (at most max_new_tokens).")
+    n: Size = Field(1, description="Samples per prompt (a record's own n, per_record or an "
+                    "OpenAI Batch request's, replaces it): each its own seeded stream, sample 0 "
+                    "the one a job of n 1 draws. More than 1 is written by output.format "
+                    "openai_batch (choices, index 0 to n-1).")
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     stop: StopSpec = Field(default_factory=StopSpec)
     logprobs: Optional[int] = Field(

@@ -33,7 +33,7 @@ class RequestParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()  # added to the spec's stop ids
     stop_strings: tuple[str, ...] = ()
-    n: int = 1  # samples of this prompt
+    n: int | None = None  # samples of this prompt
     logprobs: int | None = None  # top alternatives per generated token; None: no logprobs
     repetition_penalty: float | None = None  # vLLM's: over prompt and output tokens
     presence_penalty: float | None = None  # OpenAI's and vLLM's: over output tokens

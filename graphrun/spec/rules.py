@@ -237,6 +237,9 @@ def _generate(spec: PipelineSpec) -> Found:
         yield ("generate", "prefill_tokens"), (
             f"{gen.prefill_tokens} is less than the longest prompt (the largest buckets.seq, "
             f"{max(spec.buckets['seq'])}), which one prefill must hold: raise it or remove it")
+    if gen.n > 1 and spec.output.format != "openai_batch":
+        yield ("generate", "n"), (f"{gen.n} samples per prompt are written as an OpenAI Batch "
+                                  "line's choices: set output.format: openai_batch, or n: 1")
     if spec.output.format == "npy":
         yield ("output", "format"), ("a generation job writes completions of their own lengths "
                                      "and their text, which npy files cannot hold: use jsonl or "

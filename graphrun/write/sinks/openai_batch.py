@@ -1,6 +1,7 @@
 """openai_batch shards (output.format openai_batch): part-00000.jsonl, one OpenAI Batch API
 output line per request, in input order: {id, custom_id, response: {status_code, request_id,
-body: chat.completion | text_completion}, error}; a request graphrun rejected gets its line
+body: chat.completion | text_completion}, error}, a choice per sample (index 0 to n-1) and
+usage's completion_tokens summed over them; a request graphrun rejected gets its line
 too, with status_code 400 and error {code, message} (Shards hands the rejects over in order).
 """
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from graphrun.generate.records import SAMPLES_OUTPUT
 from graphrun.read.openai_batch import CHAT, file_endpoint
 from graphrun.spec.keys import PipelineSpec
 from graphrun.write.sinks.ids import plain
@@ -86,19 +88,25 @@ class OpenAIBatchSink(JsonlSink):
         created = int(time.time())
         for i, rid in enumerate(ids):
             rid = plain(rid)
-            text = str(outputs["text"][i])
             prompt, new = int(outputs["prompt_tokens"][i]), int(outputs["output_tokens"][i])
-            choice = ({"index": 0, "message": {"role": "assistant", "content": text}}
-                      if self.chat else {"index": 0, "text": text})
-            choice.update(logprobs=choice_logprobs(outputs, i, self.chat) if "logprobs" in outputs
-                          else None, finish_reason=FINISH[str(outputs["finish_reason"][i])])
+            samples = outputs[SAMPLES_OUTPUT][i]
             body = {"id": ("chatcmpl-" if self.chat else "cmpl-") + _hex("body", rid),
                     "object": "chat.completion" if self.chat else "text_completion",
-                    "created": created, "model": self.model, "choices": [choice],
+                    "created": created, "model": self.model,
+                    "choices": [self._choice(k, s) for k, s in enumerate(samples)],
                     "usage": {"prompt_tokens": prompt, "completion_tokens": new,
                               "total_tokens": prompt + new}}
             self._line(rid, rid, {"status_code": 200, "request_id": "req_" + _hex("req", rid),
                                   "body": body}, None)
+
+    def _choice(self, index: int, sample: dict) -> dict:
+        text = sample["text"]
+        choice = ({"index": index, "message": {"role": "assistant", "content": text}}
+                  if self.chat else {"index": index, "text": text})
+        lp = sample.get("logprobs")  # the sample's own logprob outputs, one row
+        choice.update(logprobs=choice_logprobs(lp, 0, self.chat) if lp else None,
+                      finish_reason=FINISH[sample["finish_reason"]])
+        return choice
 
     def add_reject(self, rid, where: str, reason: str) -> None:
         """A request graphrun did not serve: its error line."""
