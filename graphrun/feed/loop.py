@@ -41,7 +41,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from graphrun.engine.buckets import split_sizes
+from graphrun.engine.buckets import split_rows
 from graphrun.feed.completer import Completer
 from graphrun.engine.capture import model_failed
 from graphrun.base import envs
@@ -213,19 +213,14 @@ class Stream:
         if n == 0:
             return
         largest = self.engine.max_batch
-        if n > largest and not self.split:
-            yield Work("whole", n, rb.indices, rb.ids, rb.lengths, fields=rb.fields)
+        if n <= largest or not self.split:
+            yield Work("graph" if n <= largest else "whole", n, rb.indices, rb.ids, rb.lengths,
+                       fields=rb.fields)
             return
-        start = 0
-        for size in split_sizes(n, largest):
-            if size == n:
-                yield Work("graph", n, rb.indices, rb.ids, rb.lengths, fields=rb.fields)
-            else:
-                sl = slice(start, start + size)
-                yield Work("graph", size, rb.indices[sl], rb.ids[sl],
-                           {a: v[sl] for a, v in rb.lengths.items()},
-                           fields={k: v[sl] for k, v in rb.fields.items()})
-            start += size
+        for sl in split_rows(n, largest):
+            yield Work("graph", sl.stop - sl.start, rb.indices[sl], rb.ids[sl],
+                       {a: v[sl] for a, v in rb.lengths.items()},
+                       fields={k: v[sl] for k, v in rb.fields.items()})
 
 
 @contextmanager
