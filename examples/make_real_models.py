@@ -3,7 +3,7 @@ seeded weights saved as local Hugging Face folders (examples/models/gpt2-tiny an
 examples/models/resnet-tiny, what pipelines/gpt2-next-token.yaml and pipelines/resnet-top5.yaml
 load), the token file, and the images of pipelines/resnet-top5.yaml and resnet18-top5.yaml.
 
-    python3 examples/make_real_models.py [MODEL_DIR]   (needs transformers: graphrun[hf])
+    python3 examples/make_real_models.py [MODEL_DIR]   (needs transformers: the hf extra)
 
 With MODEL_DIR only the GPT-2 is written, there.
 """

@@ -29,6 +29,21 @@ def test_synthetic_batches_fill_the_bucket_within_ranges(write_spec):
     assert not np.array_equal(a, b)  # distinct inputs per seed
 
 
+
+def test_the_bench_s_batch_is_the_verification_s_values(write_spec):
+    # one rule for synthetic inputs: what bench times is what verify checks, seed for seed
+    from graphrun.engine.verify import fill_synthetic
+
+    spec = graphrun.load_spec(write_spec())
+    spec = spec.model_copy(update={"inputs": {
+        "x": spec.inputs["x"].model_copy(update={"dtype": "int64", "range": (3, 7)}),
+        "m": spec.inputs["x"].model_copy(update={"dtype": "bool", "range": None})}})
+    views = {"x": torch.empty(4, 4, dtype=torch.int32), "m": torch.empty(4, 4, dtype=torch.bool)}
+    fill_synthetic(views, spec.inputs, torch.Generator().manual_seed(5))
+    batch = synthetic_batch(spec, {"batch": 4}, 5)
+    assert batch["m"].dtype == bool and np.array_equal(batch["m"], views["m"].numpy())
+    assert np.array_equal(batch["x"], views["x"].numpy().astype(np.int64))
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU's eager-only bench")
 def test_cli_bench_on_the_cpu_times_every_bucket_eagerly_and_says_so(write_spec, tmp_path):
     spec = write_spec()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from graphrun.engine.buckets import BucketTable, cut_rows, pad_into, split_sizes
+from graphrun.engine.buckets import BucketTable, cut_rows, pad_into, split_rows, split_sizes
 from graphrun.spec.keys import PipelineSpec
 
 
@@ -40,10 +40,13 @@ def test_pick_returns_none_beyond_the_largest_and_skips_dropped_buckets():
     assert table.max_batch == 1
 
 
-def test_split_sizes_cover_the_batch_in_largest_bucket_chunks():
-    assert split_sizes(10, 4) == [4, 4, 2]
-    assert split_sizes(8, 4) == [4, 4]
-    assert sum(split_sizes(1001, 32)) == 1001
+def test_split_rows_cover_the_batch_in_order_in_largest_bucket_parts():
+    assert split_rows(10, 4) == [slice(0, 4), slice(4, 8), slice(8, 10)]
+    assert split_rows(8, 4) == [slice(0, 4), slice(4, 8)]
+    assert split_rows(3, 4) == [slice(0, 3)]
+    parts = split_rows(1001, 32)
+    assert [i for p in parts for i in range(1001)[p]] == list(range(1001))
+    assert split_sizes(10, 4) == [4, 4, 2] and sum(split_sizes(1001, 32)) == 1001
 
 
 def test_pad_into_dense_rows_pads_the_rest():

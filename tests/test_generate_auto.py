@@ -18,7 +18,7 @@ from tests.test_init_generate import cli, short_model, yaml_lists
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("transformers") is None or
     importlib.util.find_spec("tokenizers") is None,
-    reason="needs transformers and tokenizers (pip install \"graphrun[hf]\")")
+    reason="needs transformers and tokenizers (the hf extra)")
 
 AUTO = {"batch": "auto", "seq": "auto"}
 

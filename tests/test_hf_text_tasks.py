@@ -19,7 +19,7 @@ from graphrun.cli.main import main
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("transformers") is None or
     importlib.util.find_spec("tokenizers") is None,
-    reason="needs transformers and tokenizers (pip install \"graphrun[hf]\")")
+    reason="needs transformers and tokenizers (the hf extra)")
 
 from tests.test_init_hf import LIMIT, SPECIALS, WORDS  # noqa: E402
 

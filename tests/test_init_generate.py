@@ -22,7 +22,7 @@ from graphrun.cli.main import main
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("transformers") is None or
     importlib.util.find_spec("tokenizers") is None,
-    reason="needs transformers and tokenizers (pip install \"graphrun[hf]\")")
+    reason="needs transformers and tokenizers (the hf extra)")
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "examples" / "models" / "tiny-llama"  # 1024 positions, EOS 1

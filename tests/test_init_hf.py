@@ -21,7 +21,7 @@ from graphrun.cli.main import main
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("transformers") is None or
     importlib.util.find_spec("tokenizers") is None,
-    reason="needs transformers and tokenizers (pip install \"graphrun[hf]\")")
+    reason="needs transformers and tokenizers (the hf extra)")
 
 WORDS = ("the a cat dog bird sat ran flew on over under mat tree roof big small red blue "
          "quick slow and then").split()
@@ -227,7 +227,7 @@ def test_without_transformers_one_message_names_the_extra(tmp_path, monkeypatch,
     result = cli("init", "--hf", folders["embed"], "--data", tmp_path / "texts.jsonl",
                  "-o", tmp_path / "p.yaml")
     assert result.exit_code != 0
-    assert 'pip install "graphrun[hf]"' in result.output
+    assert 'pip install -e ".[hf]"' in result.output
     assert "Traceback" not in result.output and not (tmp_path / "p.yaml").exists()
 
 

@@ -408,3 +408,12 @@ def test_a_seeded_targets_values_and_outputs_are_its_users_own(tmp_path):
     x = torch.randn(3, 8, generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         assert torch.equal(model(x=x), own(x))
+
+
+def test_a_timm_model_without_timm_names_the_extra(monkeypatch):
+    from graphrun.models.vision import load_timm
+    from graphrun.spec.keys import TimmModelSpec
+
+    monkeypatch.setitem(sys.modules, "timm", None)  # import fails as if absent
+    with pytest.raises(ModelError, match=r'pip install -e "\.\[vision\]" in the graphrun clone'):
+        load_timm(TimmModelSpec(name="resnet18"))

@@ -6,6 +6,7 @@ why, never served with its parameters dropped."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -523,3 +524,20 @@ def test_the_checker_counts_a_lines_choices_against_its_requests_n():
     plain_request = [request("a", {"messages": CHATS[0]})]
     assert check_openai_batch.check(plain_request, [line]) == ["line 1: 2 choices for n 1"]
     assert check_openai_batch.check(plain_request, [line], default_n=2) == []
+
+
+def test_validate_finds_the_chat_template_missing_as_run_would(tmp_path, model_dir):
+    # the file's endpoint is its first served request's url, in the spec's checks as in run:
+    # a first line to an unserved url (rejected) does not hide the chat requests after it
+    folder = tmp_path / "no-template"
+    shutil.copytree(model_dir, folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    for name in ("chat_template.jinja", "chat_template.json"):
+        (folder / name).unlink(missing_ok=True)
+    lines = [request("x", {"input": "hi"}, url="/v1/embeddings"),
+             request("a", {"messages": CHATS[0]})]
+    spec, _ = write_batch(tmp_path, lines, folder)
+    with pytest.raises(graphrun.SpecError, match="has no chat template"):
+        graphrun.load_spec(spec)

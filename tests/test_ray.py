@@ -306,8 +306,8 @@ def test_without_ray_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_ray)
     result = run_ray_cli(write_case(tmp_path, "parquet"))
     assert result.exit_code == 2
-    assert 'pip install "graphrun[ray]"' in result.output and "Traceback" not in result.output
-    with pytest.raises(graphrun.GraphrunError, match=r'pip install "graphrun\[ray\]"'):
+    assert 'pip install -e ".[ray]"' in result.output and "Traceback" not in result.output
+    with pytest.raises(graphrun.GraphrunError, match=r'pip install -e "\.\[ray\]"'):
         graphrun.ray.dataset_map(graphrun.load_spec(tmp_path / "pipeline.yaml"), None)
 
 

@@ -24,7 +24,7 @@ PIPELINES = ROOT / "pipelines"
 
 def _missing(*modules: str) -> str | None:
     absent = [m for m in modules if importlib.util.find_spec(m) is None]
-    return f"needs {', '.join(absent)} (pip install \"graphrun[hf]\" / test extra)" if absent \
+    return f"needs {', '.join(absent)} (the hf or test extra)" if absent \
         else None
 
 
@@ -186,7 +186,7 @@ def test_a_spec_needing_the_hf_extra_without_it_names_the_extra(tmp_path, monkey
     from graphrun.spec.keys import HFModelSpec
 
     monkeypatch.setitem(sys.modules, "transformers", None)  # import fails as if absent
-    with pytest.raises(graphrun.base.errors.ModelError, match=r'pip install "graphrun\[hf\]"'):
+    with pytest.raises(graphrun.base.errors.ModelError, match=r'pip install -e "\.\[hf\]"'):
         load_hf(HFModelSpec(path=str(tmp_path)), tmp_path)
 
 

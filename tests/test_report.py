@@ -168,7 +168,7 @@ def test_missing_plotly_says_which_extra(write_spec, tmp_path, monkeypatch):
     graphrun.run(graphrun.load_spec(spec), out=tmp_path / "a")
     monkeypatch.setitem(sys.modules, "plotly.graph_objects", None)
     result = CliRunner().invoke(main, ["report", str(tmp_path / "a")])
-    assert result.exit_code == 2 and "pip install 'graphrun[report]'" in result.output
+    assert result.exit_code == 2 and 'pip install -e ".[report]"' in result.output
 
 
 def write_sweep(folder, memory: bool = True):

@@ -165,6 +165,11 @@ def check_equals_one_process(out: Path, one: Path) -> dict:
     assert t["records_out"] == len(ids) == sum(x["records_out"] for x in w)
     assert sum(f["rows"] for f in m["files"] if f["path"].endswith((".ids.npy", ".jsonl"))) \
         == len(ids)
+    # the spec, its digest, the input and the rejects said as one process says them
+    alone = json.loads((one / "manifest.json").read_text())
+    same = ("name", "spec_sha256", "rejects")
+    assert {k: m[k] for k in same} == {k: alone[k] for k in same}
+    assert {k: v for k, v in m["input"].items() if k != "slice"} == alone["input"]
     ran = sum(b["records"] for b in m["buckets"])  # a resumed worker runs one batch again
     assert 0 <= ran - (t["records_out"] - t["earlier_records_out"]) <= 16 * len(w)
     return m

@@ -163,3 +163,18 @@ def test_paths_resolve_against_the_spec_folder_not_the_cwd(write_spec, tmp_path,
 def test_missing_spec_file_is_a_spec_error(tmp_path):
     with pytest.raises(SpecError, match="cannot read the spec"):
         load_spec(tmp_path / "nope.yaml")
+
+
+def test_a_model_folder_s_vocabulary_from_its_config_or_text_config(tmp_path):
+    # one reader for the spec's stop-id check and the text reader's token-id check
+    import json
+
+    from graphrun.spec.paths import model_vocab
+
+    for name, config, want in [("a", {"vocab_size": 50}, 50),
+                               ("b", {"vocab_size": None, "text_config": {"vocab_size": 70}}, 70),
+                               ("c", {"vocab_size": True}, None), ("d", [1], None)]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        assert model_vocab(tmp_path / name) == want, name
+    assert model_vocab(tmp_path / "missing") is None

@@ -30,7 +30,7 @@ from graphrun.read.text import TextCuts
 needs_hf = pytest.mark.skipif(
     importlib.util.find_spec("transformers") is None or
     importlib.util.find_spec("tokenizers") is None,
-    reason="needs transformers and tokenizers (pip install \"graphrun[hf]\")")
+    reason="needs transformers and tokenizers (the hf extra)")
 
 SMALL = dict(jsonl_chunk_bytes=512)  # many blocks from a small file
 IN_LINE = Tuning(jsonl_workers=0, text_threads=0, **SMALL)

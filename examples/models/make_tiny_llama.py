@@ -3,7 +3,7 @@ a byte-level BPE tokenizer trained on the shipped prompts, and the prompts thems
 
     python3 examples/models/make_tiny_llama.py [MODEL_DIR] [PROMPTS]
         (defaults: examples/models/tiny-llama, examples/data/prompts.jsonl; needs transformers
-        and tokenizers: graphrun[hf])
+        and tokenizers: the hf extra)
 
 Everything is drawn from fixed seeds, so running it again writes the same bytes. The prompts
 are made of make_sentences.py's sentences, a few words to a few hundred tokens, long-tailed as

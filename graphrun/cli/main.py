@@ -80,7 +80,7 @@ def check_ray_options(use_ray: bool, address, workers, start: int, stop, gpus) -
                    "output folder (with device: cpu, N CPU worker processes). --start/--stop "
                    "select the records the workers share.")
 @click.option("--ray", "use_ray", is_flag=True,
-              help='Run on a Ray cluster through Ray Data (needs pip install "graphrun[ray]").')
+              help="Run on a Ray cluster through Ray Data (needs the ray extra).")
 @click.option("--address", default=None, metavar="ADDR",
               help="With --ray: the cluster to join (default: RAY_ADDRESS, else a local one).")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
@@ -306,7 +306,7 @@ def _schema_targets(kinds, out: Path | None) -> list[tuple[Path, str]]:
 @click.option("--builtin", metavar="NAME", help="A model shipped in graphrun (mlp, decoder).")
 @click.option("--hf", metavar="DIR", help="A Hugging Face model folder (or a hub cache name) "
               "over a text file: embedding, next-token top-k or class by its config.json; "
-              "needs graphrun[hf].")
+              "needs the hf extra.")
 @click.option("--arg", "args", multiple=True, metavar="KEY=VALUE",
               help="An argument for the builder, YAML-typed (repeatable): --arg vocab=1000.")
 @click.option("--data", required=True, type=click.Path(dir_okay=False, path_type=Path),

@@ -90,9 +90,15 @@ class BucketTable:
         return best
 
 
+def split_rows(n: int, largest: int) -> list[slice]:
+    """Oversize 'split': the rows of a batch of n records, in order, as parts of at most the
+    largest batch bucket (one part, all rows, when n fits)."""
+    return [slice(start, min(start + largest, n)) for start in range(0, n, largest)]
+
+
 def split_sizes(n: int, largest: int) -> list[int]:
-    """Oversize 'split': a batch of n records as chunks of the largest batch bucket."""
-    return [min(largest, n - start) for start in range(0, n, largest)]
+    """The sizes of split_rows' parts."""
+    return [part.stop - part.start for part in split_rows(n, largest)]
 
 
 def pad_into(dst: np.ndarray, rows: np.ndarray | list[np.ndarray], pad: float) -> None:

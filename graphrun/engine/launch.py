@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from graphrun.engine.buckets import Bucket, BucketTable, cut_rows, split_sizes
+from graphrun.engine.buckets import Bucket, BucketTable, cut_rows, split_rows
 from graphrun.base.errors import InputError
 from graphrun.engine.buffers import BufferSet
 from graphrun.engine.capture import BucketState
@@ -246,14 +246,13 @@ class Launcher:
             t0 = time.perf_counter()
             outs = self.eager(fields, n, lengths)
             return outs, [(None, {"e2e": (time.perf_counter() - t0) * 1e6})]
-        parts, ran, start = [], [], 0
-        for size in split_sizes(n, largest):
-            sl = slice(start, start + size)
-            outs, bucket, times = self.run_padded({k: v[sl] for k, v in fields.items()}, size,
+        parts, ran = [], []
+        for sl in split_rows(n, largest):
+            outs, bucket, times = self.run_padded({k: v[sl] for k, v in fields.items()},
+                                                  sl.stop - sl.start,
                                                   {a: v[sl] for a, v in lengths.items()})
             parts.append(outs)
             ran.append((bucket, times))
-            start += size
         return {name: concat_rows([p[name] for p in parts]) for name in self.layout.out_dims}, ran
 
     def _run_here(self, lane, entry, state, copies, marks, timed) -> None:

@@ -17,6 +17,12 @@ def add_padded_positions(stats: dict, bucket, lengths: dict, n: int) -> None:
             counts[axis] = counts.get(axis, 0) + bucket.batch * sizes[axis] - real
 
 
+def padding_ratio(buckets: list) -> float:
+    """Padded rows over all rows run (bucket reports' counts)."""
+    run = sum(b.records + b.padded_rows for b in buckets)
+    return sum(b.padded_rows for b in buckets) / run if run else 0.0
+
+
 def position_ratios(buckets: list) -> dict[str, float]:
     """Per axis: padded positions over all positions run (bucket reports' counts)."""
     padded: dict[str, int] = {}

@@ -4,25 +4,19 @@ synthetic batch that fills it, and what each bucket of a Runner cost to set up."
 from __future__ import annotations
 
 import numpy as np
+import torch
 
-from graphrun.spec.keys import FLOAT_DTYPES, PipelineSpec
+from graphrun.engine.verify import synthetic_values
+from graphrun.spec.keys import PipelineSpec
 
 
-def synthetic_batch(spec: PipelineSpec, sizes: dict[str, int], seed: int) -> dict:
-    """One batch filling the bucket: [batch, *dims] per input, seeded."""
-    rng = np.random.default_rng(seed)
-    out = {}
-    for name, inp in spec.inputs.items():
-        shape = tuple(sizes[d] if isinstance(d, str) else d for d in inp.shape)
-        if inp.dtype == "bool":
-            a = rng.integers(0, 2, shape).astype(bool)
-        elif inp.dtype in FLOAT_DTYPES:
-            a = rng.standard_normal(shape).astype(np.float32)
-        else:
-            lo, hi = inp.range if inp.range else (0, 2)
-            a = rng.integers(int(lo), int(hi), shape).astype(np.int64)
-        out[name] = a
-    return out
+def synthetic_batch(spec: PipelineSpec, sizes: dict[str, int], seed: int
+                    ) -> dict[str, np.ndarray]:
+    """One batch filling the bucket: [batch, *dims] per input, seeded (verify's values)."""
+    gen = torch.Generator().manual_seed(seed)
+    return {name: synthetic_values(inp.dtype, inp.range, [sizes.get(d, d) for d in inp.shape],
+                                   gen).numpy()
+            for name, inp in spec.inputs.items()}
 
 
 def bucket_costs(runner) -> dict[str, dict]:

@@ -19,7 +19,7 @@ from functools import partial
 import numpy as np
 import torch
 
-from graphrun.engine.buckets import Bucket, BucketTable, cut_rows, pad_into, split_sizes
+from graphrun.engine.buckets import Bucket, BucketTable, cut_rows, pad_into, split_rows
 from graphrun.engine.device import made_current, resolve_backend, resolve_device
 from graphrun.engine.device_start import DeviceStart
 from graphrun.base.errors import (GraphrunError, ModelError, Problem, SpecError,
@@ -220,12 +220,8 @@ class Runner:
             return outs if not batch.tensors else {
                 k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
                 for k, v in outs.items()}
-        parts, start = [], 0
-        for size in split_sizes(batch.n, self.table.max_batch):
-            sl = slice(start, start + size)
-            parts.append(self.run_batch({k: v[sl] for k, v in batch.fields.items()},
-                                        device=device))
-            start += size
+        parts = [self.run_batch({k: v[sl] for k, v in batch.fields.items()}, device=device)
+                 for sl in split_rows(batch.n, self.table.max_batch)]
         return {name: torch.cat([p[name] for p in parts]) for name in self.spec.outputs}
 
     def run_unbucketed(self, fields: dict, n: int, lengths: dict[str, np.ndarray]):

@@ -29,20 +29,24 @@ HALF_DTYPES = (torch.bfloat16, torch.float16)
 ULP_SLACK = 2
 
 
+def synthetic_values(dtype: str, value_range: tuple | None, shape, gen: torch.Generator
+                     ) -> torch.Tensor:
+    """Seeded sample values for an input of the spec's `dtype`: bool, float32 from a normal
+    distribution, or int64 in value_range [lo, hi) (none: [0, 2), small values are safest)."""
+    if dtype == "bool":
+        return torch.randint(0, 2, tuple(shape), generator=gen).bool()
+    if dtype in FLOAT_DTYPES:
+        return torch.randn(tuple(shape), generator=gen)
+    lo, hi = value_range or (0, 2)
+    return torch.randint(int(lo), int(hi), tuple(shape), generator=gen)
+
+
 def fill_synthetic(views: dict[str, torch.Tensor], specs: dict[str, InputSpec],
                    gen: torch.Generator, rows: slice = slice(None)) -> None:
     """Write seeded sample values into `views[name][rows]` for every input."""
     for name, t in views.items():
-        target = t[rows]
-        spec = specs[name]
-        if spec.dtype == "bool":
-            sample = torch.randint(0, 2, target.shape, generator=gen).bool()
-        elif spec.dtype in FLOAT_DTYPES:
-            sample = torch.randn(target.shape, generator=gen)
-        else:
-            lo, hi = spec.range if spec.range else (0, 2)  # no range: small values are safest
-            sample = torch.randint(int(lo), int(hi), target.shape, generator=gen)
-        target.copy_(sample.to(target.dtype))
+        target, spec = t[rows], specs[name]
+        target.copy_(synthetic_values(spec.dtype, spec.range, target.shape, gen).to(target.dtype))
 
 
 def compare(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float

@@ -21,8 +21,10 @@ import functools
 import time
 
 import numpy as np
+import torch
 
 from graphrun.base.errors import SpecError, Problem
+from graphrun.engine.verify import synthetic_values
 from graphrun.experiments.bench import (PERCENTILES, Bench, BucketBench, ModeResult, Session,
                                         default_repeats, judge, open_sessions, round_robin,
                                         title_of, speedup_text)
@@ -171,8 +173,8 @@ def _time_calls(step, iters: int, warmup: int, distinct: int) -> dict:
 
 def synthetic_prompts(rows: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     """rows prompts of `length` seeded token ids in [1, vocab)."""
-    rng = np.random.default_rng(seed)
-    return rng.integers(1, vocab, size=(rows, length)).tolist()
+    gen = torch.Generator().manual_seed(seed)
+    return synthetic_values("int64", (1, vocab), (rows, length), gen).tolist()
 
 
 def _pcts(values: list[float], scale: float) -> dict[str, float]:

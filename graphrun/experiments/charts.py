@@ -9,6 +9,7 @@ import math
 from typing import Iterable, Optional
 
 from graphrun.base.errors import GraphrunError
+from graphrun.base.extras import install_hint
 
 NICE = (1.0, 2.0, 2.5, 5.0, 10.0)  # tick steps are one of these times a power of ten
 
@@ -17,8 +18,7 @@ def plotly():
     try:
         import plotly.graph_objects as go
     except ImportError:
-        raise GraphrunError("graphrun report needs plotly: pip install 'graphrun[report]'"
-                            ) from None
+        raise GraphrunError(f"graphrun report needs plotly: {install_hint('report')}") from None
     return go
 
 

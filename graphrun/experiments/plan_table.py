@@ -10,6 +10,7 @@ from pathlib import Path
 
 from graphrun.base.units import MiB
 from graphrun.base.errors import SpecError, Problem
+from graphrun.base.extras import install_hint
 from graphrun.plan.planner import Evaluation, Histogram
 from graphrun.plan.budget import largest_bucket_cost
 
@@ -86,9 +87,8 @@ def write_buckets(path: Path, lists: dict[str, list[int]], notes: dict[str, str]
         from ruamel.yaml import YAML
         from ruamel.yaml.comments import CommentedMap, CommentedSeq
     except ImportError:
-        raise SpecError([Problem(str(path), "", "--write needs ruamel.yaml: pip install "
-                                 "'graphrun[plan]' (or paste the YAML printed without --write)")]
-                        ) from None
+        raise SpecError([Problem(str(path), "", f"--write needs ruamel.yaml: {install_hint('plan')};"
+                                 " or paste the YAML printed without --write")]) from None
     yaml = YAML()
     yaml.preserve_quotes = True
     yaml.width = 4096  # never re-wrap the user's long lines

@@ -17,12 +17,11 @@ file writes, hashing and event waits release the GIL).
 
 All three share the GIL, and that is what bounds the rate of small batches: each CUDA call of a
 launch releases it, and the launcher then waits until another thread lets go of it. A launch
-is much cheaper alone than overlapped, by how many CUDA calls it makes (bench_launch.py,
-bench_datapath.py, benchmarks/RESULTS.md). So launches make as few calls as their copies need
-(engine/launch.py) and time their phases on a sample of batches (engine/timing.py). The
-device's own side of a launch is kept off the compute stream: the copies of one lane's batch
-run while the other lane's graph replays (engine/lanes.py). Making the other threads wait while
-a launch runs was tried and was slower: the stager then fell behind (benchmarks/RESULTS.md).
+then costs about one GIL hand-over per CUDA call it makes. So launches make as few calls as
+their copies need (engine/launch.py) and time their phases on a sample of batches
+(engine/timing.py). The device's own side of a launch is kept off the compute stream: the
+copies of one lane's batch run while the other lane's graph replays (engine/lanes.py). The
+other threads are not made to wait while a launch runs: the stager would then fall behind.
 
 Serially (slots=1, no threads) the same three steps run one after another per batch.
 Order is kept everywhere: batches are launched, collected, written and rejected in input
@@ -42,7 +41,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from graphrun.engine.buckets import split_sizes
+from graphrun.engine.buckets import split_rows
 from graphrun.feed.completer import Completer
 from graphrun.engine.capture import model_failed
 from graphrun.base import envs
@@ -54,7 +53,7 @@ from graphrun.read.records import take_where
 
 # overlapped: at least one being staged, one on the device, one being written; at most 16: the
 # batches queued on the device carry it through the launching thread's waits for the GIL, and
-# more than 16 measured no faster (benchmarks/RESULTS.md)
+# 16 already keep it busy through the longest such wait
 SLOTS = (3, 16)
 SLOT_BUDGET = 512 << 20  # bytes of pinned host slots, at most
 _DONE = object()  # the end of the staged work
@@ -214,19 +213,14 @@ class Stream:
         if n == 0:
             return
         largest = self.engine.max_batch
-        if n > largest and not self.split:
-            yield Work("whole", n, rb.indices, rb.ids, rb.lengths, fields=rb.fields)
+        if n <= largest or not self.split:
+            yield Work("graph" if n <= largest else "whole", n, rb.indices, rb.ids, rb.lengths,
+                       fields=rb.fields)
             return
-        start = 0
-        for size in split_sizes(n, largest):
-            if size == n:
-                yield Work("graph", n, rb.indices, rb.ids, rb.lengths, fields=rb.fields)
-            else:
-                sl = slice(start, start + size)
-                yield Work("graph", size, rb.indices[sl], rb.ids[sl],
-                           {a: v[sl] for a, v in rb.lengths.items()},
-                           fields={k: v[sl] for k, v in rb.fields.items()})
-            start += size
+        for sl in split_rows(n, largest):
+            yield Work("graph", sl.stop - sl.start, rb.indices[sl], rb.ids[sl],
+                       {a: v[sl] for a, v in rb.lengths.items()},
+                       fields={k: v[sl] for k, v in rb.fields.items()})
 
 
 @contextmanager

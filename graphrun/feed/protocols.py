@@ -1,5 +1,5 @@
-"""The feed's interfaces: what the engine, the sink and a record batch provide to feed.py, and
-the Work handed from its stager to its launcher."""
+"""The feed's interfaces: what the engine, the sink and a record batch provide to the feed's loop
+(feed/loop.py), and the Work handed from its stager to its launcher."""
 
 from __future__ import annotations
 

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from graphrun.base.dtypes import torch_dtype
+from graphrun.base.units import MiB
 from graphrun.spec.request import EXTRA_STOPS, RequestParams
 
 from graphrun.generate.compiled import CompiledStep
@@ -55,7 +56,6 @@ from graphrun.generate.steps import (HOST_FIELDS, ROW_FIELDS, SlotState, Variant
                                      prefill_step)
 from graphrun.generate.stop_text import StopText
 
-MiB = 1 << 20
 LOOKAHEAD = 16  # decode steps a row's blocks cover ahead: block growth is not per token
 AUTO_SLOTS = 256  # slots: auto at most (more rows per step than decode benefits from)
 AUTO_MEMORY = 0.5  # slots: auto takes this share of the device memory left for the KV cache

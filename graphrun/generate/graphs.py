@@ -31,11 +31,11 @@ from graphrun.engine.buckets import Bucket
 from graphrun.engine.capture import capture_graph
 from graphrun.engine.verify import ULP_SLACK, compare
 from graphrun.base.errors import CaptureError, first_line
+from graphrun.base.units import MiB
 
 from graphrun.models.causal import paged_attention
 from graphrun.generate.steps import SlotState
 
-MiB = 1 << 20
 VERIFY_STEPS = 2  # decode steps compared per bucket: the second reads what the first wrote
 WARM_UP_RUNS = 2  # eager runs before a capture, the verification's own included
 # the share of rows whose picked tokens may differ from eager's when the logits are close:

@@ -216,7 +216,7 @@ RULES = DEFAULT_RULES | {nn.Linear: _linear}
 def build_llama(layers: int = 2, d_model: int = 64, heads: int = 4, kv_heads: int | None = None,
                 vocab: int = 512, max_len: int = 512, ffn: int | None = None, seed: int = 0,
                 device=None, dtype: torch.dtype | None = None) -> Llama:
-    """The builtin: the same arguments give the same weights on any device (models/seeded.py).
+    """The builtin: the same arguments give the same weights on any device (builtin/seeded.py).
     kv_heads defaults to heads (no GQA); ffn to 8/3 d_model rounded up to 16, as Llama sizes
     it. max_len is the longest prompt + completion the model is meant for (RoPE needs no
     table, so it only documents the limit the generator checks)."""

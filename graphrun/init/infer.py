@@ -437,18 +437,12 @@ def sample_notes(dtype: str, p: DataProfile) -> list[str]:
            "(verify's tolerances widen with them)",
            "data.id_field " + (f"{p.id_field}: ids must be unique" if p.id_field else
                                "none: a record's position in the file is its id")]
-    if p.skipped:
-        out.append(f"{len(p.skipped)} records of the sample could not be used and were left "
-                   "out; `run` rejects them (data.on_bad_record: skip) or stops at them "
-                   "(error):")
-        out += p.skipped[:MAX_LISTED]
-        if len(p.skipped) > MAX_LISTED:
-            out.append(f"... and {len(p.skipped) - MAX_LISTED} more")
-    if p.disagree:
-        out.append(f"{len(p.disagree)} records disagree with the rest of the sample and were "
-                   "left out of what was inferred; `run` rejects them (data.on_bad_record: "
-                   "skip) or stops at them (error):")
-        out += p.disagree[:MAX_LISTED]
-        if len(p.disagree) > MAX_LISTED:
-            out.append(f"... and {len(p.disagree) - MAX_LISTED} more")
+    then = "`run` rejects them (data.on_bad_record: skip) or stops at them (error):"
+    for records, why in ((p.skipped, "of the sample could not be used and were left out"),
+                         (p.disagree, "disagree with the rest of the sample and were left "
+                                      "out of what was inferred")):
+        if records:
+            out += [f"{len(records)} records {why}; {then}", *records[:MAX_LISTED]]
+            if len(records) > MAX_LISTED:
+                out.append(f"... and {len(records) - MAX_LISTED} more")
     return out

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from graphrun.base.errors import GraphrunError
+from graphrun.base.extras import install_hint
 from graphrun.base.phases import FIRST_USE
 from graphrun.read.formats import reader_for
 from graphrun.base.tuning import Tuning
@@ -281,8 +282,8 @@ def read_advice(data_path: str) -> str:
         return "write row groups of at most 65,536 records so that several decode at once"
     if suffix == ".jsonl":
         if importlib.util.find_spec("orjson") is None:
-            return ('install orjson (pip install -e ".[fast]"), which parses JSONL several '
-                    "times faster")
+            return ("install orjson, which parses JSONL several times faster: "
+                    + install_hint("fast"))
         return "a binary format (Parquet, npz) reads faster than JSONL's text"
     return "give the input a faster disk, or a copy on local storage"
 

@@ -22,9 +22,9 @@ from graphrun.write.disk import write_failure, write_remedy
 from graphrun.write.folder import FilesHash, model_files, write_fingerprint
 from graphrun.write.journal import InputHash
 from graphrun.manifest.keys import (Digests, FileEntry, Manifest, Totals, all_rejected,
-                                    environment, spec_digest, write_manifest)
+                                    environment, run_manifest, spec_digest, write_manifest)
 from graphrun.manifest.sections import BucketPhases, Phase, Phases
-from graphrun.engine.padding import position_ratios
+from graphrun.engine.padding import padding_ratio, position_ratios
 from graphrun.base.phases import PART_PHASES, PhaseClock, phase, utc_now
 
 
@@ -185,15 +185,13 @@ class RunRecord:
     def manifest(self, runner, input_hash_s: float, digests: Digests | None = None) -> Manifest:
         spec = self.spec
         ps = spec.report.percentiles
-        buckets, capture_s, capture_mem, rows_run, padded = [], 0.0, 0, 0, 0
+        buckets, capture_s, capture_mem = [], 0.0, 0
         for report in (runner.bucket_reports() if runner else []):
             samples = self.samples.get(report.name, {})
             report.latency_us = {ph: percentiles(v, ps) for ph, v in samples.items()}
             buckets.append(report)
             capture_s += report.capture_s or 0.0
             capture_mem += report.memory_bytes or 0
-            rows_run += report.records + report.padded_rows
-            padded += report.padded_rows
             for phase, values in samples.items():
                 floor = noise_floor_us(phase, runner.cuda)
                 w = floor is not None and spread_warning(
@@ -214,7 +212,7 @@ class RunRecord:
             records_per_s=((self.records_out - self.earlier[0]) / self.stream_s
                            if self.stream_s else 0.0),
             capture_s=capture_s, capture_memory_bytes=capture_mem,
-            padding_ratio=padded / rows_run if rows_run else 0.0,
+            padding_ratio=padding_ratio(buckets),
             padding_ratio_positions=position_ratios(buckets),
             device_busy_fraction=busy,
             device_idle_fraction=None if busy is None else 1.0 - busy,
@@ -223,16 +221,13 @@ class RunRecord:
             process_wall_s=process_wall, time_to_first_output_s=self.clock.first_output_s(),
             texts_truncated=self.cuts.count if self.cuts else None,
             text_max_tokens=self.cuts.length if self.cuts else None)
-        return Manifest(
-            status=self.status, error=self.error, name=spec.name, started_at=self.started,
-            finished_at=utc_now(), spec=self.spec_json, spec_sha256=self.spec_sha,
-            input={"path": str(spec.data.path), "format": spec.data.path.suffix.lstrip("."),
-                   "sha256": self.input_sha},
+        return run_manifest(
+            spec, spec_json=self.spec_json, input_sha256=self.input_sha, rejected=self.rejected,
+            rejects_path="rejects.jsonl" if (self.out_dir / "rejects.jsonl").exists() else None,
+            status=self.status, error=self.error, started_at=self.started,
             environment=env, buckets=buckets, totals=totals,
             files=[FileEntry(**vars(f)) if not isinstance(f, dict) else FileEntry(**f)
                    for f in self.files],
-            rejects={"path": "rejects.jsonl" if (self.out_dir / "rejects.jsonl").exists()
-                     else None, "count": self.rejected},
             resumed_from=self.resumed_from, warnings=self.warnings,
             bucket_plan=self.bucket_plan, digests=digests,
             grouping=self.padding.report() if self.padding else None, phases=self.phases(),

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from graphrun.manifest.sections import Generation, Phases, RayReport, WorkerReport
 from graphrun.base.nofollow import open_file
+from graphrun.base.phases import utc_now
 
 MANIFEST_VERSION = 1
 
@@ -192,7 +193,8 @@ class Totals(_M):
     @model_validator(mode="before")
     @classmethod
     def _drop_retired(cls, data):
-        # manifests written before the CPU's overlap trial was removed still read back
+        # kept: manifest_version 1 files may hold this retired key, and --resume of such a
+        # completed run must read its manifest back, not run and rewrite it
         if isinstance(data, dict) and "overlap_trials" in data:
             data = {k: v for k, v in data.items() if k != "overlap_trials"}
         return data
@@ -329,6 +331,23 @@ class Manifest(_M):
     def found_complete(self) -> "Manifest":
         self._already_complete = True
         return self
+
+
+def run_manifest(spec, *, input_sha256: str | None, rejected: int, rejects_path: str | None,
+                 spec_json: dict | None = None, input_slice: list | None = None, **fields
+                 ) -> Manifest:
+    """A manifest as each of its writers builds it (a run, a job's merge, a --ray run): the
+    spec and its digest, the input, rejects.jsonl and the finish time said one way; `fields`
+    the rest (status, error, started_at, buckets, totals, sections). spec_json: the resolved
+    spec as the run recorded it (default: the spec's own)."""
+    spec_json = spec.model_dump(mode="json") if spec_json is None else spec_json
+    data = Path(spec.data.path)
+    source = {"path": str(data), "format": data.suffix.lstrip("."), "sha256": input_sha256}
+    if input_slice is not None:
+        source["slice"] = input_slice
+    return Manifest(name=spec.name, finished_at=utc_now(), spec=spec_json,
+                    spec_sha256=spec_digest(spec_json), input=source,
+                    rejects={"path": rejects_path, "count": rejected}, **fields)
 
 
 def spec_digest(spec_json: dict) -> str:

@@ -15,12 +15,11 @@ from graphrun.base.errors import ModelError, first_message
 from graphrun.models.checkpoint import CONFIG_REMEDY, tensor_headers, weight_files
 from graphrun.models.weights import Mismatch, allowed, held, weights_error
 from graphrun.spec.paths import resolve_path
+from graphrun.base.extras import install_hint
 from graphrun.base.phases import LIBRARY_IMPORTS, phase
 
 if TYPE_CHECKING:  # torch is imported by those who build the model, not by the tokenizer's
     from torch import nn
-
-EXTRA = 'pip install "graphrun[hf]"'
 
 
 def require(module: str, what: str) -> Any:
@@ -29,7 +28,7 @@ def require(module: str, what: str) -> Any:
         return importlib.import_module(module)
     except ImportError as e:
         raise ModelError(f"{what} needs the {module} package, which is not installed "
-                         f"({e}); install the extra: {EXTRA}") from None
+                         f"({e}); install the hf extra: {install_hint('hf')}") from None
 
 
 def load_hf(hf, base_dir: Path | None, dtype=None, allow_missing: Sequence[str] = (),

@@ -7,9 +7,8 @@ import torch
 from torch import nn
 
 from graphrun.base.errors import ModelError
+from graphrun.base.extras import install_hint
 from graphrun.base.phases import LIBRARY_IMPORTS, phase
-
-EXTRA = 'pip install "graphrun[vision]"'
 
 
 def load_timm(spec_timm) -> nn.Module:
@@ -18,8 +17,8 @@ def load_timm(spec_timm) -> nn.Module:
             import timm
     except Exception as e:  # noqa: BLE001 - timm imports torchvision, which can fail to load
         raise ModelError(f"model.timm needs timm, which could not be imported ({type(e).__name__}:"
-                         f" {e}); install it: {EXTRA} (timm imports torchvision: install the "
-                         "torchvision build that matches your torch)") from None
+                         f" {e}); install it: {install_hint('vision')}; timm imports torchvision: "
+                         "install the torchvision build that matches your torch") from None
     if not timm.is_model(spec_timm.name):
         close = timm.list_models(f"*{spec_timm.name[:6]}*")[:8]
         raise ModelError(f"model.timm.name: timm has no model {spec_timm.name!r}"

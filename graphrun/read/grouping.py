@@ -16,7 +16,7 @@ import bisect
 
 import numpy as np
 
-from graphrun.engine.buckets import split_sizes
+from graphrun.engine.buckets import split_rows
 from graphrun.read.records import RecordBatch, take, take_where
 
 
@@ -109,16 +109,14 @@ class PaddingCount:
     def _count(self, into: dict, lengths: dict[str, np.ndarray]) -> None:
         n = len(next(iter(lengths.values()), ()))
         batch_values = self.values.get("batch") or [self.batch_size]
-        start = 0
-        for size in split_sizes(n, batch_values[-1]):
-            rows = _cover(batch_values, size)
+        for sl in split_rows(n, batch_values[-1]):
+            rows = _cover(batch_values, sl.stop - sl.start)
             for axis, lens in lengths.items():
-                part = np.asarray(lens[start:start + size], np.int64)
+                part = np.asarray(lens[sl], np.int64)
                 cover = _cover(self.values.get(axis, []), int(part.max())) or int(part.max())
                 counts = into.setdefault(axis, [0, 0])
                 counts[0] += rows * cover - int(part.sum())
                 counts[1] += rows * cover
-            start += size
 
     def report(self) -> dict:
         """The manifest's grouping entry (manifest.Grouping's fields)."""

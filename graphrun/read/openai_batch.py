@@ -4,22 +4,20 @@ is its parameters, each checked: a bad value, or a key graphrun does not serve a
 than its default, rejects the request with why (it gets an error line), never dropped.
 
 OpenAI's Batch API takes one endpoint per file; so does graphrun: the file's endpoint is its
-first request's url, and the output's lines (chat.completion or text_completion) follow it.
+first served request's url (spec/endpoints.py), and the output's lines (chat.completion or
+text_completion) follow it.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from graphrun.read.requests import CHECKS, number_in, stop_strings, whole
+from graphrun.spec.endpoints import CHAT, COMPLETIONS, ENDPOINTS
 from graphrun.spec.generate import MAX_LOGPROBS
 from graphrun.spec.request import DEFAULT_PARAMS, RequestParams
 
-CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
-ENDPOINTS = (CHAT, COMPLETIONS)
 LINE_KEYS = {"custom_id", "method", "url", "body"}
 # body keys accepted at their default values only (what a client library often sends):
 # key -> the values that mean "not asked for"
@@ -156,23 +154,3 @@ def _logprobs(body: dict, chat: bool) -> int | None | str:
     return (top or 0) if lp else None
 
 
-@functools.lru_cache(maxsize=8)
-def _endpoint(path: str, stamp: tuple) -> str | None:
-    with open(path, "rb") as f:
-        for raw in f:
-            try:
-                line = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(line, dict) and line.get("url") in ENDPOINTS:
-                return line["url"]
-    return None
-
-
-def file_endpoint(path) -> str | None:
-    """The url of the file's first request whose url graphrun serves (None: none has one)."""
-    try:
-        st = Path(path).stat()
-    except OSError:
-        return None
-    return _endpoint(str(path), (st.st_size, st.st_mtime_ns))

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from graphrun.read.chat import chat_template, check_messages
-from graphrun.read.openai_batch import file_endpoint, read_request
+from graphrun.read.openai_batch import read_request
+from graphrun.spec.endpoints import file_endpoint
 from graphrun.read.requests import params_from_fields, unserved
 from graphrun.spec.keys import PipelineSpec
 from graphrun.spec.request import DEFAULT_PARAMS, RequestParams

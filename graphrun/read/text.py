@@ -26,6 +26,7 @@ from graphrun.read.formats.jsonl_lines import close_field, encodable
 from graphrun.read.prompts import Prompt, Prompts, kind
 from graphrun.read.records import Candidates, Field, Reject, RowWhere
 from graphrun.spec.keys import BATCH, PipelineSpec
+from graphrun.spec.paths import model_vocab
 from graphrun.spec.request import DEFAULT_PARAMS, REQUEST_FIELD
 
 # the tokenizer's name for each input the model may take
@@ -157,21 +158,7 @@ def _model_vocab(spec: PipelineSpec) -> int | None:
         return None
     from graphrun.models.hf import model_folder
 
-    return _config_vocab(model_folder(spec))
-
-
-@functools.lru_cache(maxsize=8)
-def _config_vocab(folder: str) -> int | None:
-    try:
-        config = json.loads((Path(folder) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(config, dict):
-        return None
-    vocab = config.get("vocab_size")
-    if vocab is None and isinstance(config.get("text_config"), dict):
-        vocab = config["text_config"].get("vocab_size")
-    return vocab if type(vocab) is int and vocab > 0 else None
+    return model_vocab(Path(model_folder(spec)))
 
 
 # Characters per token guessed for a first cut; bounded_text widens the cut while it is unsure.

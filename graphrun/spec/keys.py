@@ -108,7 +108,7 @@ class ModelSpec(Strict):
     torchscript: Optional[Path] = Field(
         None, description="A TorchScript file (.pt), relative to the spec's folder.")
     hf: Optional[HFModelSpec] = Field(
-        None, description="A Hugging Face transformers model (needs graphrun[hf]).")
+        None, description="A Hugging Face transformers model (needs the hf extra).")
     timm: Optional[TimmModelSpec] = Field(
         None, description="A timm vision model by name (needs timm).")
     args: dict[str, Any] = Field(
@@ -369,7 +369,7 @@ class DataSpec(Strict):
     text: Optional[TextSpec] = Field(
         None, description="Tokenize a text field into the inputs input_ids, attention_mask and "
         "token_type_ids (those the spec lists), with the model's fast tokenizer (needs "
-        "graphrun[hf]).")
+        "the hf extra).")
     chat: Optional[ChatSpec] = Field(
         None, description="Chat records: the prompt is the record's messages rendered by the "
         "model's chat template (add_generation_prompt), tokenized without adding special "

@@ -4,6 +4,7 @@ checks use it before torch is imported."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 from pathlib import Path
@@ -67,6 +68,7 @@ def package_form(folder: Path) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=8)  # read/text asks once per batch of texts
 def model_vocab(folder: Path) -> int | None:
     """A Hugging Face folder's vocabulary size (config.json's vocab_size, or its text
     config's), or None."""
@@ -78,8 +80,10 @@ def model_vocab(folder: Path) -> int | None:
         return None
     if not isinstance(config, dict):
         return None
-    value = config.get("vocab_size", (config.get("text_config") or {}).get("vocab_size"))
-    return value if isinstance(value, int) and value > 0 else None
+    value = config.get("vocab_size")
+    if value is None and isinstance(config.get("text_config"), dict):
+        value = config["text_config"].get("vocab_size")
+    return value if type(value) is int and value > 0 else None
 
 
 def model_positions(folder: Path) -> tuple[int, str] | None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Iterator
 
 from graphrun.base import dtypes
+from graphrun.spec.endpoints import CHAT, file_endpoint
 from graphrun.spec.keys import (BATCH, BUILTIN_NAMES, FLOAT_DTYPES, INPUT_SUFFIXES, INT_DTYPES,
                                 PipelineSpec)
 from graphrun.spec.generate import CAUSAL_LM_SUFFIXES, GENERATE_BUILTINS, PROMPT_AXIS
@@ -98,7 +99,7 @@ def _chat_template(spec: PipelineSpec, base_dir: Path) -> Found:
         config = {}
     has = bool(config.get("chat_template")) or any(
         (folder / n).is_file() for n in ("chat_template.jinja", "chat_template.json"))
-    if not has and (d.chat is not None or _chat_requests(d.path)):
+    if not has and (d.chat is not None or file_endpoint(d.path) == CHAT):
         key = ("data", "chat") if d.chat is not None else ("data", "format")
         yield key, no_chat_template(folder)
 
@@ -107,22 +108,6 @@ def no_chat_template(folder) -> str:
     return (f"the tokenizer in {folder} has no chat template (tokenizer_config.json's "
             "chat_template, chat_template.jinja): name a template file in data.chat.template, "
             "or render the prompts yourself and give data.text with add_special_tokens: false")
-
-
-def _chat_requests(path: Path) -> bool:
-    """An OpenAI Batch file's first request line goes to the chat endpoint."""
-    try:
-        with open(path, "rb") as f:
-            for raw in f:
-                try:
-                    line = json.loads(raw)
-                except ValueError:
-                    continue
-                if isinstance(line, dict) and "url" in line:
-                    return line["url"] == "/v1/chat/completions"
-    except OSError:
-        return False
-    return False
 
 
 def _target_found(spec: PipelineSpec, base_dir: Path) -> Found:

@@ -38,7 +38,7 @@ MAX_SPLITS = 16  # shares of one row's columns at most; the merge kernel reads t
 PROGRAMS = 128  # split a row's columns until (rows x KV heads x shares) reaches about this
 TILE = 32  # cache columns one program attends per loop step
 WARPS = 4
-STAGES = 2  # Triton's software pipelining of the loop (benchmarks/RESULTS.md: the sweep)
+STAGES = 2  # Triton's software pipelining: the next tile loads while this one computes
 
 
 def paged_decode(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,

@@ -13,14 +13,14 @@ import os
 import time
 from pathlib import Path
 
-from graphrun.base.phases import utc_now
 from graphrun.base.errors import OutputError
 from graphrun.engine.timing import percentiles
 from graphrun.write.disk import write_failure, write_remedy
 from graphrun.write.journal import REJECTS, fsync_path
-from graphrun.manifest.keys import BucketReport, FileEntry, Manifest, Totals, write_manifest
+from graphrun.manifest.keys import (BucketReport, FileEntry, Manifest, Totals, run_manifest,
+                                    write_manifest)
 from graphrun.manifest.sections import WorkerReport, merged_generation
-from graphrun.engine.padding import position_ratios
+from graphrun.engine.padding import padding_ratio, position_ratios
 from graphrun.write.job_layout import committed, manifest_since, shares, worker_dir
 from graphrun.base.nofollow import open_file
 
@@ -60,15 +60,13 @@ def merge(top: Path, spec, mark: dict, outcomes: list, devices: list[str], t0: f
     env = next((m.environment for m in done if m.environment is not None), None)
     if env is not None:
         env = env.model_copy(update={"device": ",".join(devices)})
-    manifest = Manifest(
-        status=status, error=failed[0].error if failed else None, name=spec.name,
-        started_at=started, finished_at=utc_now(), spec=spec.model_dump(mode="json"),
-        spec_sha256=mark["spec_sha256"],
-        input={"path": str(spec.data.path), "format": spec.data.path.suffix.lstrip("."),
-               "sha256": first.input.get("sha256") if first else None,
-               "slice": mark.get("slice")},
+    manifest = run_manifest(
+        spec, input_sha256=first.input.get("sha256") if first else None,
+        input_slice=mark.get("slice"), rejected=rejected,
+        rejects_path=REJECTS if rejected else None,
+        status=status, error=failed[0].error if failed else None, started_at=started,
         environment=env, buckets=buckets, totals=totals(reports, current, buckets, t0),
-        files=files, rejects={"path": REJECTS if rejected else None, "count": rejected},
+        files=files,
         resumed_from=min((m.resumed_from for m in done if m.resumed_from is not None),
                          default=None),
         bucket_plan=first.bucket_plan if first else None,
@@ -205,7 +203,6 @@ def totals(reports: list[WorkerReport], manifests: list, buckets: list, t0: floa
     earlier_rejected = sum(m.totals.earlier_records_rejected if m else r.records_rejected
                            for r, m in zip(reports, manifests))
     stream = max((r.stream_s for r in reports), default=0.0)
-    rows_run = sum(b.records + b.padded_rows for b in buckets)
     busy = [m.totals.device_busy_fraction for m in done
             if m.totals.device_busy_fraction is not None]
     host: dict[str, float] = {}  # a worker's mean: its shares are of one worker's stream
@@ -222,7 +219,7 @@ def totals(reports: list[WorkerReport], manifests: list, buckets: list, t0: floa
         setup_s=most("setup_s"), stream_s=stream, input_hash_s=most("input_hash_s"),
         records_per_s=(out - earlier) / stream if stream else 0.0,
         capture_s=most("capture_s"), capture_memory_bytes=most("capture_memory_bytes"),
-        padding_ratio=sum(b.padded_rows for b in buckets) / rows_run if rows_run else 0.0,
+        padding_ratio=padding_ratio(buckets),
         padding_ratio_positions=position_ratios(buckets), device_busy_fraction=mean_busy,
         device_idle_fraction=None if mean_busy is None else 1.0 - mean_busy,
         overlapped=done[0].totals.overlapped if done else None,

@@ -20,10 +20,9 @@ import warnings
 import numpy as np
 
 from graphrun.base.errors import GraphrunError, InputError
+from graphrun.base.extras import install_hint
 from graphrun.scale.ray.columns import LINE_TEXT, ORDINAL
 from graphrun.spec.keys import PipelineSpec
-
-RAY_EXTRA = 'pip install "graphrun[ray]"'
 
 
 def need_ray():
@@ -32,7 +31,8 @@ def need_ray():
         import ray
         import ray.data  # noqa: F401 - ray without its data extra has no ray.data
     except ImportError:
-        raise GraphrunError(f"Ray Data is not installed; install it with: {RAY_EXTRA}") from None
+        raise GraphrunError(f"Ray Data is not installed; install it with: {install_hint('ray')}"
+                            ) from None
     return ray
 
 

@@ -9,9 +9,10 @@ from pathlib import Path
 
 from graphrun.base.digest import file_sha256
 from graphrun.base.phases import utc_now
+from graphrun.engine.padding import padding_ratio
 from graphrun.engine.timing import percentiles
 from graphrun.manifest.keys import (BucketReport, Environment, FileEntry, Manifest, Totals,
-                                    environment, spec_digest)
+                                    environment, run_manifest)
 from graphrun.manifest.sections import RayActor, RayReport
 from graphrun.spec.keys import PipelineSpec
 
@@ -52,8 +53,6 @@ def ray_manifest(f: RunFacts) -> Manifest:
         warnings.append(f"the actors ran {counted} records but the files hold {out}")
     if f.stream_t0 is not None and not f.stream_s:
         f.stream_s = time.perf_counter() - f.stream_t0
-    run_rows = sum(b.records + b.padded_rows for b in buckets)
-    padded = sum(b.padded_rows for b in buckets)
     totals = Totals(
         records_in=out + f.rejects, records_out=out, records_rejected=f.rejects,
         batches=sum(b.batches for b in buckets), wall_s=time.perf_counter() - f.t0,
@@ -61,19 +60,16 @@ def ray_manifest(f: RunFacts) -> Manifest:
         stream_s=f.stream_s, records_per_s=out / f.stream_s if f.stream_s else 0.0,
         capture_s=sum(b.capture_s or 0.0 for b in buckets),
         capture_memory_bytes=sum(b.memory_bytes or 0 for b in buckets),
-        padding_ratio=padded / run_rows if run_rows else 0.0)
+        padding_ratio=padding_ratio(buckets))
     report = RayReport(
         ray_version=ray.__version__, address=f.address, workers=f.workers,
         nodes=sum(1 for n in ray.nodes() if n.get("Alive")) if ray.is_initialized() else 0,
         actors=[ray_actor(a) for a in actors.values()], dataset_stats=f.dataset_stats)
-    spec = f.spec
-    return Manifest(
-        status=f.status, error=f.error, name=spec.name, started_at=f.started,
-        finished_at=utc_now(), spec=f.spec_json, spec_sha256=spec_digest(f.spec_json),
-        input={"path": str(spec.data.path), "format": spec.data.path.suffix.lstrip("."),
-               "sha256": None},
+    return run_manifest(
+        f.spec, spec_json=f.spec_json, input_sha256=None, rejected=f.rejects,
+        rejects_path="rejects.jsonl" if f.rejects else None,
+        status=f.status, error=f.error, started_at=f.started,
         environment=actor_environment(actors), buckets=buckets, totals=totals, files=files,
-        rejects={"path": "rejects.jsonl" if f.rejects else None, "count": f.rejects},
         bucket_plan=f.bucket_plan, warnings=warnings, ray=report)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from graphrun.generate.records import SAMPLES_OUTPUT
-from graphrun.read.openai_batch import CHAT, file_endpoint
+from graphrun.spec.endpoints import CHAT, COMPLETIONS, file_endpoint
 from graphrun.spec.keys import PipelineSpec
 from graphrun.write.sinks.ids import plain
 from graphrun.write.sinks.jsonl import JsonlSink
@@ -29,7 +29,7 @@ def endpoint_of(spec: PipelineSpec) -> str:
     completions."""
     if spec.data.format == "openai_batch":
         return file_endpoint(spec.data.path) or CHAT
-    return CHAT if spec.data.chat is not None else "/v1/completions"
+    return CHAT if spec.data.chat is not None else COMPLETIONS
 
 
 def model_name(spec: PipelineSpec) -> str:
