@@ -98,7 +98,10 @@ class Part:
 class GenerationRunner:
     """The model on its device, and the engine (slots, paged KV cache, graphs) over it."""
 
-    def __init__(self, spec: PipelineSpec, *, log=None, needs=None, started=None):
+    def __init__(self, spec: PipelineSpec, *, log=None, needs=None, started=None,
+                 choices: dict | None = None):
+        """choices: what the engine's steps must be able to do per row (Engine's sample and
+        filtered); None: what the spec's records may ask (per_row_choices)."""
         self.spec, self.log = spec, log or (lambda msg: None)
         t0 = time.perf_counter()
         with phase("cuda context") if started else nullcontext():
@@ -124,7 +127,7 @@ class GenerationRunner:
                 block_size=g.kv_block_size, num_blocks=g.kv_blocks,
                 prefill_tokens=g.prefill_tokens, verify=spec.capture.verify.enabled,
                 memory_budget_mib=spec.capture.memory_budget_mib, compile=spec.model.compile,
-                log=self.log, **per_row_choices(spec))
+                log=self.log, **(per_row_choices(spec) if choices is None else choices))
         self.slots = self.max_batch = self.engine.slots  # a part is at most the slots
         self.slot_bytes = self.slots * self.max_prompt * 8
         self._staged: dict[int, tuple[list[list[int]], list, list]] = {}  # host slot -> part
@@ -180,7 +183,7 @@ class GenerationRunner:
                stream=None) -> Part:
         """The part's prompts handed to the scheduler; nothing waits here."""
         prompts, record_ids, params = self._staged.pop(slot)
-        part = Part(len(prompts), self._text_decoder())
+        part = Part(len(prompts), self.text_decoder())
         seen = self.buckets.setdefault(bucket, PartRows())
         seen.batches += 1
         seen.records += len(prompts)
@@ -249,7 +252,7 @@ class GenerationRunner:
             with self._lock:
                 self._parts.discard(part)
 
-    def _text_decoder(self):
+    def text_decoder(self):
         """token ids -> text, special tokens skipped (as HF's decode(skip_special_tokens))."""
         if self._decode is None:
             from graphrun.models.hf import fast_tokenizer, remote_code
