@@ -1,5 +1,8 @@
 """graphrun: run PyTorch inference through CUDA Graphs, driven by one YAML file."""
 
+import sys
+import types
+
 from graphrun.base.errors import (CaptureError, GraphrunError, InputError, Interrupted,
                                   ModelError, OutputError, SpecError)
 from graphrun.base.version import __version__
@@ -25,6 +28,26 @@ def chat(model_or_spec, conversations, **params):
     from graphrun.llm import chat as _chat
 
     return _chat(model_or_spec, conversations, **params)
+
+
+class _CallablePackage(types.ModuleType):
+    """graphrun.generate once the package of that name is imported (the import binds the
+    package to the root's name): the package, callable as the function above."""
+
+    def __call__(self, model_or_spec, prompts, **params):
+        from graphrun.llm import generate as _generate
+
+        return _generate(model_or_spec, prompts, **params)
+
+
+class _Root(types.ModuleType):
+    def __setattr__(self, name, value):
+        if name == "generate" and isinstance(value, types.ModuleType):
+            value.__class__ = _CallablePackage
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Root
 
 
 def __getattr__(name):
