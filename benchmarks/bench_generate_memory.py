@@ -5,9 +5,9 @@ child process of its own, which runs graphrun.run and samples its own RSS meanwh
     PYTHONPATH=. python3 benchmarks/bench_generate_memory.py [--sizes 10000,100000]
         [--new-tokens 2] [--slots 64] [--tree CHECKOUT]
 
-Prompts: `p-<7 digits>` ids, 4 to 20 words from a fixed list (about 6 to 30 tokens), seeded;
+Prompts: `p-<7 digits>` ids, 4 to 16 words from a fixed list (up to about 70 tokens), seeded;
 greedy, stop.eos none (every record gets --new-tokens tokens), buckets batch [--slots], seq
-[16, 32, 64], jsonl out. Printed per size: the records written, seconds, peak RSS (ru_maxrss)
+[16, 32, 64, 128], jsonl out. Printed per size: the records written, seconds, peak RSS (ru_maxrss)
 and the RSS sampled after a tenth, half and all of the run's time. Flat means the peak does not
 grow with the records. Record the figures in benchmarks/RESULTS.md.
 """
@@ -57,7 +57,7 @@ def write_prompts(path: Path, n: int) -> None:
     rng = random.Random(0)
     with open(path, "w") as f:
         for i in range(n):
-            words = rng.choices(WORDS, k=rng.randint(4, 20))
+            words = rng.choices(WORDS, k=rng.randint(4, 16))
             f.write(json.dumps({"id": f"p-{i:07d}", "prompt": " ".join(words)}) + "\n")
 
 
@@ -69,7 +69,7 @@ def write_spec(folder: Path, data: Path, new_tokens: int, slots: int) -> Path:
                      "text": {"field": "prompt", "truncate": False}, "batch_size": slots},
             "generate": {"max_new_tokens": new_tokens, "sampling": {"method": "greedy"},
                          "stop": {"eos": "none"}},
-            "buckets": {"batch": [slots], "seq": [16, 32, 64]},
+            "buckets": {"batch": [slots], "seq": [16, 32, 64, 128]},
             "output": {"dir": str(folder / "out"), "format": "jsonl"}}
     path = folder / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
