@@ -64,7 +64,22 @@ def test_a_folder_larger_than_the_free_memory_is_refused_before_loading(
     monkeypatch.setattr(sizes, "available_bytes", lambda device: 1 << 16)
     folder = tiny_copy(tmp_path)
     spec = graphrun.load_spec(write_spec(tmp_path, folder, implementation=implementation))
-    with pytest.raises(ModelError, match=r"its parameters take \d+\.\d MiB in float32, more "
-                                         r"than the 0\.1 MiB free on cpu; give a smaller "
+    with pytest.raises(ModelError, match=r"its parameters take 545\.2 KiB in float32, more "
+                                         r"than the 64\.0 KiB free on cpu; give a smaller "
                                          r"model\.dtype"):
         graphrun.run(spec)
+
+
+def test_a_bert_folder_larger_than_the_free_memory_is_refused_before_loading(tmp_path,
+                                                                             monkeypatch):
+    import torch
+
+    from graphrun.models.bert import find_bert, load_bert
+    from tests.test_model_folder_safety import bert_folder
+
+    found = find_bert(bert_folder(tmp_path, pooler=True), "AutoModel", {})
+    assert load_bert(found, torch.float32) is not None  # it fits as the machine is
+    monkeypatch.setattr(sizes, "available_bytes", lambda device: 1 << 10)
+    with pytest.raises(ModelError, match=r"bert'?: its parameters take \d+\.\d KiB in float32, "
+                                         r"more than the 1\.0 KiB free on cpu"):
+        load_bert(found, torch.float32)

@@ -18,7 +18,6 @@ from graphrun.base.errors import ModelError
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 # a stack's layer index in a tensor's name: model.layers.3., transformer.h.3., encoder.layer.3.
 LAYER = re.compile(r"^(?P<stack>(?:.*?\.)?(?:layers|layer|h|blocks))\.(?P<index>\d+)\.")
-GIB = float(1 << 30)
 
 
 def saved_layers(names: Iterable[str]) -> tuple[str, list[int]] | None:
@@ -92,4 +91,7 @@ def check_fits(what: str, nbytes: int, dtype, device, remedy: str) -> None:
 
 
 def _size(nbytes: float) -> str:
-    return f"{nbytes / GIB:.1f} GiB" if nbytes >= GIB else f"{nbytes / (1 << 20):.1f} MiB"
+    for unit, scale in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << scale:
+            return f"{nbytes / (1 << scale):.1f} {unit}"
+    return f"{nbytes} bytes"
