@@ -161,7 +161,7 @@ def folder_spec(folder: Path, max_new_tokens: int, max_prompt_tokens: int | None
             "output": {"dir": "unused"}}
     try:
         return spec_from_data(data, Positions(str(folder)), Path.cwd())
-    except SpecError as err:
+    except SpecError as err:  # every rule checked; the absent prompts file is no problem here
         kept = [p for p in err.problems if p.path != "data.path"]
         if kept:
             raise SpecError(kept) from None
