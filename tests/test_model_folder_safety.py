@@ -117,8 +117,10 @@ def relabel(path: Path, name: str, old: str, new: str) -> None:
     path.write_bytes(raw[:at] + f'"{new}"'.encode() + raw[at + len(old) + 2:])
 
 
-LAYERS = [(3, r"missing \(model\.layers\.2\.", r"missing \(model\.layers\.2\."),
-          (1, r"unexpected \(model\.layers\.1\.", r"unexpected \(model\.layers\.1\."),
+HOLD_TWO = (r"config.json's num_hidden_layers is {}, and the saved weights hold 2 layers "
+            r"\(model\.layers\.0 to model\.layers\.1\)")
+LAYERS = [(3, HOLD_TWO.format(3), HOLD_TWO.format(3)),
+          (1, HOLD_TWO.format(1), HOLD_TWO.format(1)),
           (-5, r"config.json: num_hidden_layers is -5, not a whole number",
            r"unexpected \(model\.layers\.0\."),
           (2.7, r"config.json: num_hidden_layers is 2.7, not a whole number",

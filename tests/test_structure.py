@@ -9,8 +9,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "graphrun"
 # bottom to top: a package may import its own modules and those of the packages before it
-LAYERS = ["base", "spec", "manifest", "models", "engine", "generate", "read", "plan", "write",
-          "feed", "job", "init", "experiments", "scale", "cli"]
+LAYERS = ["base", "spec", "manifest", "models", "engine", "generate", "read", "plan", "llm",
+          "write", "feed", "job", "init", "experiments", "scale", "cli"]
 # the public API (graphrun/__init__.py), `python -m graphrun`, graphrun.ray.dataset_map: the
 # top layer, above cli, so no package reaches the API through the root
 TOP_LEVEL = {"__init__.py", "__main__.py", "ray.py"}

@@ -55,8 +55,9 @@ class Runner:
                 str(spec.source_path or "spec"), "generate",
                 "Runner replays one forward pass per batch, and this is a generation spec "
                 "(generate:, data.chat or an OpenAI Batch file): run the job with "
-                "graphrun.run(spec) (or `graphrun run`), whose completions go to output.dir; "
-                "graphrun has no in-process generate() yet")])
+                "graphrun.run(spec) (or `graphrun run`), whose completions go to output.dir, "
+                "or in-process with graphrun.LLM(spec).generate(prompts) (or "
+                "graphrun.generate(spec, prompts)), which returns them in order")])
         self.spec = spec
         self.log = log or (lambda msg: None)
         t0 = time.perf_counter()

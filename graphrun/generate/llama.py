@@ -29,6 +29,7 @@ from graphrun.models.checkpoint import (CAUSAL_LM_CLASSES, CONFIG_REMEDY, GPT2Sh
                                         LlamaShape, Rope, built_on_meta, eos_ids_in,
                                         gpt2_shape, inv_freq, llama_shape, load_tensors,
                                         read_folder)
+from graphrun.models.sizes import check_fits, tensor_bytes
 from graphrun.models.weights import Held, Mismatch, compare, held, weights_error
 
 from graphrun.generate.gpt2 import GPT2
@@ -275,6 +276,8 @@ def load_checkpoint(found: "Checkpoint", device: torch.device, dtype: torch.dtyp
     """A checkpoint's weights in graphrun's Llama or GPT-2 on `device` in `dtype`: built on
     meta, each tensor read onto the device and cast as it becomes the parameter."""
     shape, folder = found.shape, found.folder
+    check_fits(f"model.hf {str(folder)!r}", found.elements * dtype.itemsize, dtype, device,
+               "give a smaller model.dtype (bfloat16 halves it) or a device with more memory")
     with on_meta():
         model = _build(shape)
     tensors = load_tensors(found.files, device)
@@ -304,6 +307,7 @@ class Checkpoint:
     files: list[Path]
     eos_ids: tuple[int, ...]
     pad_id: int | None
+    elements: int = 0  # the saved tensors' values, all together
 
 
 def find_checkpoint(folder: str | Path, class_: str, kwargs: dict) -> Checkpoint | str:
@@ -331,4 +335,5 @@ def find_checkpoint(folder: str | Path, class_: str, kwargs: dict) -> Checkpoint
         raise weights_error(where, differ, CONFIG_REMEDY)
     pad = config.get("pad_token_id")
     return Checkpoint(Path(folder), shape, files, eos_ids_in(folder),
-                      int(pad[0] if isinstance(pad, list) else pad) if pad is not None else None)
+                      int(pad[0] if isinstance(pad, list) else pad) if pad is not None else None,
+                      tensor_bytes((h.shape for h in headers.values()), 1))

@@ -140,7 +140,10 @@ def logprob_outputs(done: list[Completion], token_text) -> dict[str, list[np.nda
 class GenerationRunner:
     """The model on its device, and the engine (slots, paged KV cache, graphs) over it."""
 
-    def __init__(self, spec: PipelineSpec, *, log=None, needs=None, started=None):
+    def __init__(self, spec: PipelineSpec, *, log=None, needs=None, started=None,
+                 choices: dict | None = None):
+        """choices: what the engine's steps must be able to do per row (Engine's sample and
+        filtered); None: what the spec's records may ask (per_row_choices)."""
         self.spec, self.log = spec, log or (lambda msg: None)
         t0 = time.perf_counter()
         with phase("cuda context") if started else nullcontext():
@@ -167,7 +170,8 @@ class GenerationRunner:
                 prefill_tokens=g.prefill_tokens, prefix_cache=g.prefix_cache,
                 verify=spec.capture.verify.enabled,
                 memory_budget_mib=spec.capture.memory_budget_mib, compile=spec.model.compile,
-                detokenize=self._stop_decoder(), log=self.log, **per_row_choices(spec))
+                detokenize=self._stop_decoder(), log=self.log,
+                **(per_row_choices(spec) if choices is None else choices))
         self.logprobs_out = logprobs_asked(spec)
         self._texts = None
         self.slots = self.max_batch = self.engine.slots  # a part is at most the slots
@@ -225,7 +229,7 @@ class GenerationRunner:
                stream=None) -> Part:
         """The part's prompts handed to the scheduler; nothing waits here."""
         prompts, record_ids, params = self._staged.pop(slot)
-        part = Part([self.engine.samples_of(p) for p in params], self._text_decoder(),
+        part = Part([self.engine.samples_of(p) for p in params], self.text_decoder(),
                     self._token_text() if self.logprobs_out else None,
                     with_samples=self.spec.output.format == "openai_batch")
         seen = self.buckets.setdefault(bucket, PartRows())
@@ -296,7 +300,7 @@ class GenerationRunner:
             with self._lock:
                 self._parts.discard(part)
 
-    def _text_decoder(self):
+    def text_decoder(self):
         """token ids -> text, special tokens skipped (as HF's decode(skip_special_tokens))."""
         if self._decode is None:
             from graphrun.models.hf import fast_tokenizer, remote_code

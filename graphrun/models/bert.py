@@ -24,6 +24,7 @@ from graphrun.base.errors import ModelError
 from graphrun.models.builtin.seeded import on_meta
 from graphrun.models.checkpoint import (CONFIG_REMEDY, built_on_meta, load_tensors,
                                         read_folder, whole)
+from graphrun.models.sizes import check_fits, tensor_bytes
 from graphrun.models.weights import compare, held, weights_error
 
 ENCODERS = ("AutoModel", "BertModel")
@@ -215,6 +216,7 @@ class BertCheckpoint:
     labels: int | None  # a sequence classifier's; None for the encoder alone
     prefix: str  # "bert." where a task model saved the encoder loaded alone, else ""
     pooler: bool = True  # False: saved without it, and built without it
+    elements: int = 0  # the saved tensors' values, all together
 
 
 def _build(shape: BertShape, labels: int | None, pooler: bool = True) -> nn.Module:
@@ -278,11 +280,15 @@ def find_bert(folder: str | Path, class_: str, kwargs: dict,
                 f"unexpected {differ.unexpected[:2]})")
     if differ:
         raise weights_error(where, differ, CONFIG_REMEDY)
-    return BertCheckpoint(Path(folder), shape, files, labels, prefix, pooler)
+    return BertCheckpoint(Path(folder), shape, files, labels, prefix, pooler,
+                          tensor_bytes((h.shape for h in headers.values()), 1))
 
 
 def load_bert(found: BertCheckpoint, dtype: torch.dtype | None) -> nn.Module:
     """The checkpoint's weights in graphrun's BERT on the CPU, cast to `dtype` as read."""
+    size = dtype.itemsize if dtype is not None else 4
+    check_fits(f"model.hf {str(found.folder)!r}", found.elements * size, dtype or "float32",
+               "cpu", "give a smaller model.dtype (bfloat16 halves it) or more memory")
     with on_meta():
         model = _build(found.shape, found.labels, found.pooler)
     want = set(model.state_dict())

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from graphrun.base.errors import ModelError
+from graphrun.models.sizes import check_layers
 from graphrun.models.weights import Held
 
 WEIGHTS = "model.safetensors"
@@ -264,7 +265,10 @@ def read_folder(folder: str | Path, kwargs: dict
     if isinstance(files, str):
         return files
     headers = tensor_headers(files)
-    return headers if isinstance(headers, str) else (config, files, headers)
+    if isinstance(headers, str):
+        return headers
+    check_layers(f"model.hf {str(folder)!r}", config, headers)  # before any module is built
+    return config, files, headers
 
 
 def eos_ids_in(folder: str | Path) -> tuple[int, ...]:

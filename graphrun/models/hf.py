@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from graphrun.base.errors import ModelError, first_message
-from graphrun.models.checkpoint import CONFIG_REMEDY, tensor_headers, weight_files
+from graphrun.models.checkpoint import CONFIG_REMEDY, read_config, tensor_headers, weight_files
+from graphrun.models.sizes import check_fits, check_layers, tensor_bytes
 from graphrun.models.weights import Mismatch, allowed, held, weights_error
 from graphrun.spec.paths import resolve_path
 from graphrun.base.extras import install_hint
@@ -69,6 +70,8 @@ def load_hf(hf, base_dir: Path | None, dtype=None, allow_missing: Sequence[str] 
     verbosity = transformers.utils.logging.get_verbosity()
     # no load report table: loading_mismatch below says the same in one message
     transformers.utils.logging.set_verbosity_error()
+    check_sizes(local_folder(hf, where)[0], f"model.hf {hf.path!r}",
+                kwargs.get("dtype", kwargs.get("torch_dtype")))
     try:
         model, loading = cls.from_pretrained(where, **kwargs)
     except Exception as e:  # noqa: BLE001 - OSError, ValueError, ...: all say what is missing
@@ -92,6 +95,34 @@ def load_hf(hf, base_dir: Path | None, dtype=None, allow_missing: Sequence[str] 
     if config is not None and hasattr(config, "use_cache"):
         config.use_cache = False  # no KV cache object in the return: one step, static shapes
     return model
+
+
+def check_sizes(folder: str | None, where: str, dtype) -> None:
+    """A local folder's config.json layers against its weights', and the weights' bytes (in
+    dtype, else as saved) against the host's free memory, before transformers builds the
+    class; a folder graphrun cannot read so is left to transformers' own messages."""
+    files = weight_files(folder) if folder is not None else "no folder"
+    headers = tensor_headers(files) if not isinstance(files, str) else "no weights"
+    if isinstance(headers, str):
+        return
+    try:
+        config = read_config(folder)
+    except ModelError:
+        return  # from_pretrained says what is wrong with it in its words
+    check_layers(where, config, headers)
+    import torch
+
+    size = dtype.itemsize if isinstance(dtype, torch.dtype) else None
+    nbytes = sum(tensor_bytes([h.shape], size or _saved_itemsize(h.dtype))
+                 for h in headers.values())
+    check_fits(where, nbytes, dtype or "the saved dtypes", "cpu",
+               "give a smaller model.dtype (bfloat16 halves it) or a machine with more memory")
+
+
+def _saved_itemsize(dtype: str) -> int:
+    """Bytes per value of a safetensors header's dtype name (F32, BF16, I64, F8_E4M3, BOOL)."""
+    digits = "".join(c for c in dtype.split("_")[0] if c.isdigit())
+    return max(1, int(digits) // 8) if digits else 1
 
 
 def loading_mismatch(model, loading: dict, folder: str | None,

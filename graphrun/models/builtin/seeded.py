@@ -23,6 +23,8 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from graphrun.models.sizes import check_fits, tensor_bytes
+
 
 @dataclass(frozen=True)
 class Uniform:
@@ -188,6 +190,10 @@ def materialise(model: nn.Module, seed: int, device: torch.device | str | None =
     if device.type == "meta":
         return model
     dtype = dtype or torch.float32
+    tensors = {id(t): t for t in model.state_dict(keep_vars=True).values()}  # tied: once
+    check_fits(type(model).__name__, tensor_bytes(
+        (tuple(t.shape) for t in tensors.values()), dtype.itemsize),
+        dtype, device, "give it smaller sizes (model.args)")
     made: dict[int, torch.Tensor] = {}  # a tensor registered under two names is drawn once
     for qualified, tensor in model.state_dict(keep_vars=True).items():  # persistent only
         prefix, _, name = qualified.rpartition(".")

@@ -1,0 +1,133 @@
+"""graphrun.LLM, graphrun.generate and graphrun.chat on the CPU with the shipped tiny Llama:
+the job's completions for the same spec and prompts, transformers' greedy generate per prompt,
+each prompt's own parameters, the caller's order, and bad prompts refused before any work."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import graphrun
+from tests.test_generate_job import FOLDER, NEW, completions, hf, hf_greedy, write_spec
+
+__all__ = ["hf"]  # the fixture, shared with the job's tests
+
+ROOT = Path(__file__).resolve().parents[1]
+CHATS = ROOT / "examples" / "data" / "chats.jsonl"
+
+
+@pytest.fixture(scope="module")
+def llm():
+    with graphrun.LLM(str(FOLDER), max_new_tokens=NEW, max_prompt_tokens=512,
+                      device="cpu") as engine:
+        yield engine
+
+
+def prompts_of(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "prompts.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("sampling", [{"method": "greedy"},
+                                      {"method": "sample", "temperature": 0.9, "seed": 7}])
+def test_generate_equals_the_jobs_outputs_for_the_same_spec(tmp_path, sampling):
+    spec = graphrun.load_spec(write_spec(tmp_path, n=9, generate={"max_new_tokens": NEW,
+                                                                  "sampling": sampling}))
+    graphrun.run(spec)
+    rows = completions(tmp_path / "out")
+    records = [{"id": p["id"], "prompt": p["prompt"]} for p in prompts_of(tmp_path)]
+    got = graphrun.generate(spec, records)
+    assert [g.id for g in got] == [r["id"] for r in rows]
+    for g, row in zip(got, rows):
+        assert (g.token_ids, g.text, g.finish_reason, g.prompt_tokens, g.output_tokens) == (
+            row["token_ids"], row["text"], row["finish_reason"], row["prompt_tokens"],
+            row["output_tokens"]), row["id"]
+
+
+def test_chat_equals_the_chat_jobs_outputs(tmp_path):
+    spec = graphrun.load_spec(ROOT / "pipelines" / "chat.yaml",
+                              overrides=[f"output.dir={tmp_path / 'out'}", "device=cpu",
+                                         "generate.max_new_tokens=5"])
+    graphrun.run(spec)
+    rows = completions(tmp_path / "out")
+    chats = [json.loads(line) for line in CHATS.read_text().splitlines()]
+    with graphrun.LLM(spec) as engine:
+        got = engine.chat([{"id": c["id"], "messages": c["messages"]} for c in chats])
+        one = engine.chat(chats[1]["messages"])  # a single conversation
+    assert [(g.id, g.token_ids, g.text) for g in got] == [
+        (r["id"], r["token_ids"], r["text"]) for r in rows]
+    assert one[0].token_ids == rows[1]["token_ids"]
+
+
+def test_greedy_equals_transformers_generate_per_prompt(hf, llm):
+    texts = [p["prompt"] for p in prompts_of_examples(5)]
+    got = llm.generate(texts)
+    tok = hf[0]
+    for g, text in zip(got, texts):
+        want = hf_greedy(hf, text)
+        assert g.token_ids == want
+        assert g.text == tok.decode(want, skip_special_tokens=True)
+        assert g.prompt_tokens == len(tok(text).input_ids)
+    ids = tok(texts[0]).input_ids
+    assert llm.generate([ids])[0].token_ids == got[0].token_ids  # token ids in: the same
+
+
+def prompts_of_examples(n: int) -> list[dict]:
+    path = ROOT / "examples" / "data" / "prompts.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()[:n]]
+
+
+def test_each_prompts_own_parameters_are_honoured_and_order_kept(llm):
+    texts = [p["prompt"] for p in prompts_of_examples(4)]
+    greedy = [g.token_ids for g in llm.generate(texts)]
+    stop = greedy[2][2]  # the third prompt's third greedy token
+    got = llm.generate([
+        {"prompt": texts[0], "max_new_tokens": 2, "id": "short"},
+        {"prompt": texts[1], "temperature": 1.5, "seed": 3},
+        {"prompt": texts[2], "stop_token_ids": [stop]},
+        texts[3],
+    ])
+    assert [g.id for g in got] == ["short", 1, 2, 3]
+    assert got[0].token_ids == greedy[0][:2] and got[0].finish_reason == "length"
+    first = greedy[2].index(stop)
+    assert got[2].token_ids == greedy[2][:first + 1] and got[2].finish_reason == "eos"
+    assert got[3].token_ids == greedy[3]
+    again = llm.generate([{"prompt": texts[1], "temperature": 1.5, "seed": 3, "id": 1}])[0]
+    other = llm.generate([{"prompt": texts[1], "temperature": 1.5, "seed": 4, "id": 1}])[0]
+    assert got[1].token_ids == again.token_ids  # the record's seed and id, whatever its slot
+    assert other.token_ids != got[1].token_ids and got[1].token_ids != greedy[1]
+    # the call's parameters for all, a prompt's own winning
+    both = llm.generate([texts[0], {"prompt": texts[0], "max_new_tokens": 3}], max_new_tokens=1)
+    assert [b.token_ids for b in both] == [greedy[0][:1], greedy[0][:3]]
+
+
+def test_bad_prompts_are_refused_together_naming_their_places(llm):
+    with pytest.raises(graphrun.InputError) as err:
+        llm.generate(["fine", {"prompt": "x", "temperature": -1}, {"text": "y"},
+                      {"prompt": [9999]}, {"prompt": "z", "logprobs": 2},
+                      {"prompt": "w", "max_new_tokens": NEW + 1}])
+    message = str(err.value)
+    assert "5 of 6 prompts" in message
+    for part in ("[1] temperature", "[2] give one of prompt or messages",
+                 "[3] token ids outside the model's vocabulary of 512", "[4] unknown key",
+                 f"[5] max_new_tokens {NEW + 1} is more than the job's cap"):
+        assert part in message
+    with pytest.raises(graphrun.InputError, match=r"\[0\].*600 tokens; give 1 to 512"):
+        llm.generate([[1] * 600])
+    with pytest.raises(graphrun.InputError, match="unknown parameter 'temprature'"):
+        llm.generate(["x"], temprature=0.5)
+
+
+def test_runner_on_a_generation_spec_names_the_in_process_entry(tmp_path):
+    spec = graphrun.load_spec(write_spec(tmp_path, n=2))
+    with pytest.raises(graphrun.SpecError, match=r"graphrun.LLM\(spec\).generate"):
+        graphrun.Runner(spec)
+
+
+def test_a_spec_without_generate_or_a_missing_folder_is_refused(tmp_path):
+    spec = graphrun.load_spec(ROOT / "pipelines" / "decoder-step.yaml")
+    with pytest.raises(graphrun.SpecError, match="no generate: section"):
+        graphrun.LLM(spec)
+    with pytest.raises(graphrun.SpecError, match="neither a spec"):
+        graphrun.generate(str(tmp_path / "nowhere"), ["x"])
