@@ -18,7 +18,7 @@ import graphrun
 from graphrun.read.openai_batch import body_params
 from graphrun.read.requests import params_from_fields
 from graphrun.spec.request import REQUEST_FIELD, RequestParams
-from tests.test_chat import CHATS, chat_model, hf_chat_greedy, rows
+from tests.test_chat import CHATS, hf, hf_chat_greedy, model_dir, rows  # noqa: F401 (fixtures)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
@@ -32,16 +32,6 @@ def request(cid: str, body: dict, url: str = CHAT) -> dict:
     return {"custom_id": cid, "method": "POST", "url": url, "body": body}
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return chat_model(tmp_path_factory.mktemp("m") / "tiny-chat")
-
-
-@pytest.fixture(scope="module")
-def hf(model_dir):
-    transformers = pytest.importorskip("transformers")
-    return (transformers.AutoTokenizer.from_pretrained(model_dir),
-            transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval())
 
 
 def write_batch(tmp_path: Path, lines: list, model: Path, **spec_over) -> tuple[Path, Path]:
