@@ -110,7 +110,8 @@ def test_bad_prompts_are_refused_together_naming_their_places(llm):
     message = str(err.value)
     assert "5 of 6 prompts" in message
     for part in ("[1] temperature", "[2] give one of prompt or messages",
-                 "[3] token ids outside the model's vocabulary of 512", "[4] unknown key",
+                 "[3] token ids outside the model's vocabulary of 512",
+                 "[4] logprobs is served by `graphrun run`",
                  f"[5] max_new_tokens {NEW + 1} is more than the job's cap"):
         assert part in message
     with pytest.raises(graphrun.InputError, match=r"\[0\].*600 tokens; give 1 to 512"):

@@ -292,7 +292,7 @@ def test_timm_models_are_built_by_name_with_args_and_seed(monkeypatch):
     with pytest.raises(ModelError, match="could not be built from args"):
         load_timm(TimmModelSpec(name="tiny", args={"depth": 3}))
     monkeypatch.setitem(sys.modules, "timm", None)
-    with pytest.raises(ModelError, match=r'graphrun\[vision\]'):
+    with pytest.raises(ModelError, match=r'pip install -e "\.\[vision\]"'):
         load_timm(TimmModelSpec(name="tiny"))
 
 
