@@ -209,3 +209,27 @@ def committed_lines(out: Path) -> int:
         return (out / "journal.jsonl").read_bytes().count(b"\n")
     except FileNotFoundError:
         return 0
+
+
+def test_kill_9_while_prompts_share_their_opening_then_resume_is_the_same(tmp_path):
+    """Prompts opening with one long system text (several full KV blocks, shared through the
+    prefix cache): a kill -9 after an open commit, then --resume, writes what a run never
+    killed writes; the resumed process starts with an empty cache."""
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    spec = write_generation_spec(folder, n=24, data__group_by_length=None, data__batch_size=2,
+                                 generate={"max_new_tokens": 16,
+                                           "sampling": {"method": "greedy"}},
+                                 output={"dir": str(folder / "out"), "format": "jsonl",
+                                         "commit_interval_s": 0.05})
+    system = " ".join(["The archive keeps every letter the river town ever sent."] * 8)
+    data = folder / "prompts.jsonl"
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    data.write_text("".join(json.dumps({**r, "prompt": f"{system} {r['prompt']}"}) + "\n"
+                            for r in rows))
+    job = clean_run(folder, spec)
+    assert job.manifest.generation.prompt_tokens_reused > 0  # the opening was shared
+    out = tmp_path / "out"
+    proc = stop_after_an_open_commit(spec, out, signal.SIGKILL)
+    check_stopped(out, proc, signal.SIGKILL)
+    resume_and_compare(job, out)
