@@ -66,5 +66,6 @@ def __getattr__(name):
     raise AttributeError(name)
 
 
-__all__ = ["load_spec", "run", "Runner", "LLM", "GenerateOutput", "generate", "chat", "GraphrunError", "SpecError", "InputError",
-           "ModelError", "CaptureError", "OutputError", "Interrupted", "__version__"]
+__all__ = ["load_spec", "run", "Runner", "LLM", "GenerateOutput", "generate", "chat",
+           "GraphrunError", "SpecError", "InputError", "ModelError", "CaptureError",
+           "OutputError", "Interrupted", "__version__"]
