@@ -212,13 +212,17 @@ def test_per_record_values_are_checked_record_by_record(tmp_path, model_dir):
                {"id": "bad", "prompt": "d", "max_tokens": "many"},
                {"id": "hot", "prompt": "e", "temp": 0.7},
                {"id": "neg", "prompt": "f", "temp": -1},
-               {"id": "short", "prompt": "g", "max_tokens": 2}]
+               {"id": "short", "prompt": "g", "max_tokens": 2},
+               {"id": "whole", "prompt": "g"}]
     spec = per_record_job(tmp_path, records, model_dir,
                           {"max_new_tokens": "max_tokens", "temperature": "temp"})
     manifest = graphrun.run(graphrun.load_spec(spec))
     out = {r["id"]: r for r in rows(tmp_path / "out")}
-    assert list(out) == ["same", "none", "hot", "short"]  # each served on its own row
-    assert out["short"]["output_tokens"] <= 2
+    assert list(out) == ["same", "none", "hot", "short", "whole"]  # each on its own row
+    # the same prompt with its own max_tokens 2: the spec's completion cut there
+    whole = out["whole"]["token_ids"]
+    assert len(whole) > 2  # so that a limit ignored would show
+    assert out["short"]["token_ids"] == whole[:2] and out["short"]["output_tokens"] == 2
     rejects = {json.loads(x)["id"]: json.loads(x) for x in
                (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()}
     assert "max_new_tokens 8 is more than the job's cap" in rejects["longer"]["reason"]
