@@ -277,14 +277,19 @@ class Engine:
         self._free = list(range(slots))  # a heap: the lowest free slot first
         self._rows: list[_Row | None] = [None] * slots
         self._reserved = 0  # blocks the running rows may still take
-        self._host_out = torch.zeros((RING, slots + 1), dtype=torch.int64, pin_memory=self.cuda)
+        self._make_host_rings(slots)
+
+    def _make_host_rings(self, slots: int) -> None:
+        """The pinned host buffers each launch copies its outputs into, RING deep, so the host
+        reads a launch only after the next one is queued."""
+        def ring(*shape, dtype) -> torch.Tensor:
+            return torch.zeros((RING, *shape), dtype=dtype, pin_memory=self.cuda)
+
         top = self.variant.logprobs or 0  # the picked token's logprob, the top's, their ids
-        self._host_lp = torch.zeros((RING, slots + 1, 1 + top), dtype=torch.float32,
-                                    pin_memory=self.cuda)
-        self._host_ids = torch.zeros((RING, slots + 1, top), dtype=torch.int64,
-                                     pin_memory=self.cuda)
-        self._host_prompt = torch.zeros((RING, self.state.p_logprobs.numel()),
-                                        dtype=torch.float32, pin_memory=self.cuda)
+        self._host_out = ring(slots + 1, dtype=torch.int64)
+        self._host_lp = ring(slots + 1, 1 + top, dtype=torch.float32)
+        self._host_ids = ring(slots + 1, top, dtype=torch.int64)
+        self._host_prompt = ring(self.state.p_logprobs.numel(), dtype=torch.float32)
         self._ring = 0
         self._last_event = None
 
