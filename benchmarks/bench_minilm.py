@@ -60,10 +60,11 @@ def model_folder() -> str:
     return resolve_path(_model["path"], None)
 
 
-def seeded_copy(src: str, dest: Path) -> Path:
+def seeded_copy(src: str, dest: Path, pooler: bool = True) -> Path:
     """The folder's tokenizer and sentence-transformers files with the same architecture's
     weights drawn from seed 0: the GPU machine takes no more than 64 MiB, so the real weights
-    stay behind; both sides then load this same folder."""
+    stay behind; both sides then load this same folder. pooler=False saves it as
+    `add_pooling_layer=False` does (many sentence-transformers checkpoints are)."""
     import shutil
 
     from transformers import AutoConfig, AutoModel
@@ -72,7 +73,9 @@ def seeded_copy(src: str, dest: Path) -> Path:
     shutil.copytree(src, dest, ignore=lambda _d, names: [
         n for n in names if Path(n).suffix in weights or n in ("onnx", "openvino")])
     torch.manual_seed(0)
-    AutoModel.from_config(AutoConfig.from_pretrained(src)).save_pretrained(dest)
+    config = AutoConfig.from_pretrained(src)
+    extra = {} if pooler else {"add_pooling_layer": False}
+    AutoModel.from_config(config, **extra).save_pretrained(dest)
     return dest
 
 
@@ -239,7 +242,8 @@ def run_processes(work: Path, dtype: str, batch: int, st_batch: int, device: str
              "padding_seq": t["padding_ratio_positions"].get("seq"),
              "device_busy": t.get("device_busy_fraction"),
              "planned": f"batch {buckets['batch']}, seq {buckets['seq']}, group_by_length "
-                        f"{manifest['spec']['data'].get('group_by_length')}",
+                        f"{manifest['spec']['data'].get('group_by_length')}, model code "
+                        f"{manifest['environment'].get('model_code')}",
              "walls": [w for w, _ in gr]}
     return [st_row, g_row]
 
@@ -309,6 +313,8 @@ def main() -> None:
     ap.add_argument("--model", default=MODEL, help="the model folder (pkg:// or a path)")
     ap.add_argument("--seeded", action="store_true", help="the --model folder's "
                     "architecture with seeded weights (for a machine the weights cannot reach)")
+    ap.add_argument("--no-pooler", action="store_true", help="with --seeded: saved without "
+                    "the pooler's weights, as add_pooling_layer=False saves a BERT")
     a = ap.parse_args()
     if a.smoke:
         a.sentences, a.dtype, a.batch_size, a.st_batch_size = 300, "float32", 32, 32
@@ -318,7 +324,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench_minilm_"))
     _model["path"] = a.model
     if a.seeded:
-        _model["path"] = str(seeded_copy(model_folder(), work / "seeded-model"))
+        _model["path"] = str(seeded_copy(model_folder(), work / "seeded-model",
+                                             pooler=not a.no_pooler))
     lengths = write_texts(work / "texts.jsonl", a.sentences)
     a.processes = a.processes or a.processes_only
     rows = []
