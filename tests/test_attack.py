@@ -552,23 +552,23 @@ def signal_number(name: str) -> int:
     return int(getattr(signal, name))
 
 
-def test_sigterm_during_setup_stops_the_run_at_once(tmp_path, monkeypatch):
+def test_sigterm_during_setup_stops_the_run_at_once(tmp_path):
     import signal
     import time
-    from graphrun.job import spine
+    from graphrun.engine import Runner
+    from graphrun.job.parts import JobParts
     from graphrun.base.errors import Interrupted
     spec = make_job(tmp_path)
 
-    class SlowSetup(spine.Runner):
+    class SlowSetup(Runner):
         def __init__(self, *a, **k):
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(30)  # setup that would go on long after the signal
             super().__init__(*a, **k)
 
-    monkeypatch.setattr(spine, "Runner", SlowSetup)
     t0 = time.perf_counter()
     with pytest.raises(Interrupted) as err:
-        run_job(spec, tmp_path / "out")
+        run_job(spec, tmp_path / "out", parts=JobParts(runner=SlowSetup))
     assert time.perf_counter() - t0 < 10 and err.value.exit_code == 143
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["status"] == \
         "interrupted"
