@@ -450,14 +450,18 @@ def test_a_full_disk_while_the_manifest_is_written_fails_cleanly(tmp_path, monke
 # ---- 12. latencies.jsonl across a crash --------------------------------------------------------
 
 def test_every_committed_batch_has_its_latency_line_on_disk_before_its_journal_line(
-        tmp_path, monkeypatch):
+        tmp_path):
     """What a kill -9 leaves is what is on disk at that moment: so at each journal append, the
     lines of every batch below the line's re-read point must be in latencies.jsonl, numbered
     1, 2, 3, ... (a resume keeps those and logs the rest again)."""
-    from graphrun.write import shards
+    from functools import partial
+
+    from graphrun.job.parts import JobParts
+    from graphrun.write.journal import append_journal
+    from graphrun.write.shards import DiskSteps, ShardWriter
     spec = make_job(tmp_path, n=200)
     out = tmp_path / "out"
-    real, checked = shards.append_journal, []
+    real, checked = append_journal, []
 
     def append(out_dir, shard, files, rows, next_index, rejects_bytes, rejects, read_from, **k):
         lines = [json.loads(x) for x in (out_dir / "latencies.jsonl").read_text().splitlines()]
@@ -468,8 +472,8 @@ def test_every_committed_batch_has_its_latency_line_on_disk_before_its_journal_l
         return real(out_dir, shard, files, rows, next_index, rejects_bytes, rejects, read_from,
                     **k)
 
-    monkeypatch.setattr(shards, "append_journal", append)
-    run_job(spec, out)
+    run_job(spec, out, parts=JobParts(
+        writer=partial(ShardWriter, disk=DiskSteps(append_journal=append))))
     assert len(checked) == 67
 
 

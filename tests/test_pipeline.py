@@ -208,13 +208,14 @@ class StuckHash(InputHash):
 
 
 def test_the_input_is_hashed_beside_setup_and_in_run_json_before_the_first_journal_line(
-        tmp_path, monkeypatch):
+        tmp_path):
     import threading
     import time
+    from functools import partial
 
     from graphrun.engine import Runner
     from graphrun.write import journal
-    from graphrun.write import shards
+    from graphrun.write.shards import DiskSteps, ShardWriter
 
     spec = decoder_spec()
     want = journal.sha256_file(spec.data.path)
@@ -232,12 +233,12 @@ def test_the_input_is_hashed_beside_setup_and_in_run_json_before_the_first_journ
 
     def append(out_dir, *a, **k):  # what run.json says as each journal line is appended
         seen.append(json.loads((out_dir / "run.json").read_text())["input_sha256"])
-        return real_append(out_dir, *a, **k)
+        return journal.append_journal(out_dir, *a, **k)
 
-    real_append = shards.append_journal
-    monkeypatch.setattr(shards, "append_journal", append)
+    writer = partial(ShardWriter, disk=DiskSteps(append_journal=append))
     m = graphrun.run(spec, out=tmp_path / "o", stop=300, overlap=False,
-                     hashes=hashed_by(SlowHash, spec), parts=JobParts(runner=runner))
+                     hashes=hashed_by(SlowHash, spec),
+                     parts=JobParts(runner=runner, writer=writer))
     assert times["setup"] < times["hashed"]  # setup started while the input was hashed
     assert len(seen) == 9 and seen == [want] * 9  # 300 rows in shards of 37
     assert m.input["sha256"] == want
