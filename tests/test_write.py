@@ -103,22 +103,20 @@ def whole_and_crashed(tmp_path: Path, spec: PipelineSpec, rows: dict, ids: list,
 # --- shards and formats ---
 
 @pytest.mark.parametrize("pool", [False, True], ids=["caller", "row-pool"])
-def test_full_npy_shards_are_hashed_as_they_are_written(tmp_path, monkeypatch, pool):
+def test_full_npy_shards_are_hashed_as_they_are_written(tmp_path, pool):
     """A full shard's output file is hashed (and flushed) in steps while rows arrive; the commit
     then only finishes that digest. The short last shard, whose header changes, and the ids
     files are hashed whole. Either way the journal holds each file's real sha256, on both the
     caller's and the row pool's write paths, and no descriptor is left open."""
     import hashlib
 
-    from graphrun.write import ahead
-
-    monkeypatch.setattr(ahead, "STEP", 512)  # two rows of 64 float32 a step
     whole = []
     fds = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
     out = tmp_path / "out"
     spec = make_spec(tmp_path, rows_per_file=40, outputs={"y": {"shape": ["batch", 64]}})
     w = ShardWriter(spec, out, tuning=Tuning(row_pool_bytes=2048 if pool else 1 << 30,
-                                             row_writers=2),
+                                             row_writers=2,
+                                             hash_step_bytes=512),  # 2 rows of 64 float32
                     disk=DiskSteps(sha256=lambda p: whole.append(p.name) or sha256_file(p)))
     rng = np.random.default_rng(0)
     y = rng.standard_normal((100, 64)).astype(np.float32)
@@ -144,18 +142,15 @@ def test_full_npy_shards_are_hashed_as_they_are_written(tmp_path, monkeypatch, p
         assert len(os.listdir("/proc/self/fd")) == fds
 
 
-def test_an_interrupted_writer_commits_its_open_shard_and_closes_its_digests(
-        tmp_path, monkeypatch):
+def test_an_interrupted_writer_commits_its_open_shard_and_closes_its_digests(tmp_path):
     """partial=False (an interrupted run): the open shard, hashed in steps so far, is
     committed by an open line on its temp files, its digests and descriptors closed; the
     complete shard is committed as ever."""
-    from graphrun.write import ahead
-
-    monkeypatch.setattr(ahead, "STEP", 512)
     fds = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
     out = tmp_path / "out"
     spec = make_spec(tmp_path, rows_per_file=40, outputs={"y": {"shape": ["batch", 64]}})
-    w = ShardWriter(spec, out, tuning=Tuning(row_pool_bytes=2048, row_writers=2))
+    w = ShardWriter(spec, out, tuning=Tuning(row_pool_bytes=2048, row_writers=2,
+                                             hash_step_bytes=512))
     y = np.ones((70, 64), np.float32)
     w.write(np.arange(70), np.arange(70), {"y": y})
     files = w.close(partial=False)
