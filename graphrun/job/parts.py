@@ -11,6 +11,7 @@ from graphrun.engine import Runner
 from graphrun.feed.loop import feed_stream
 from graphrun.generate.runner import GenerationRunner
 from graphrun.job.progress import count_records
+from graphrun.plan.auto import resolve_auto
 from graphrun.read.stream import read_batches
 from graphrun.write.latencies import open_latencies
 from graphrun.write.shards import ShardWriter
@@ -20,6 +21,7 @@ from graphrun.write.shards import ShardWriter
 class JobParts:
     """What run(spec) builds and calls, each with the signature of its default."""
 
+    plan: Callable = resolve_auto  # the spec's `auto` bucket axes, planned from its data
     runner: Callable = Runner  # the engine of a forward-pass spec
     generation_runner: Callable = GenerationRunner  # the engine of a spec with `generate:`
     read_batches: Callable = read_batches  # the input file -> record batches

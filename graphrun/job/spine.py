@@ -14,7 +14,6 @@ import time
 from concurrent.futures import Future
 from pathlib import Path
 
-from graphrun.plan.auto import resolve_auto
 from graphrun.base.errors import GraphrunError, Interrupted, OutputError
 from graphrun.manifest.keys import Manifest
 from graphrun.job.parts import JobParts
@@ -144,10 +143,10 @@ def new_job(spec, out, overlap, tuning: Tuning | None, clock: PhaseClock | None 
     planned (plan/auto.py), and the overlap choice (the caller's, else GRAPHRUN_OVERLAP's;
     None: by the device)."""
     how = "set by run()'s overlap" if overlap is not None else f"set by {OVERLAP_ENV}"
-    overlap = overlap_choice(overlap)
+    overlap, parts = overlap_choice(overlap), parts or JobParts()
     started = DeviceStart.begin(spec)  # the CUDA context, on a thread beside what follows
     with phase("bucket plan"):
-        spec, bucket_plan = resolve_auto(with_implied_io(spec))
+        spec, bucket_plan = parts.plan(with_implied_io(spec))
     out_dir = Path(out).resolve() if out else spec.output.dir
     with phase("input hash start"):  # a child process for the input, a thread for the model
         record = RunRecord(spec, out_dir, resolved_json(spec), clock or PhaseClock(),
