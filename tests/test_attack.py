@@ -407,29 +407,36 @@ def test_a_full_disk_at_any_point_fails_with_one_message_and_resume_completes(
         assert json.loads((out / "manifest.json").read_text())["status"] == "completed"
 
 
-def test_a_full_disk_when_latencies_are_written_at_a_shard_s_hand_over(tmp_path, monkeypatch):
-    from graphrun.write.latencies import LatencyLog
+def test_a_full_disk_when_latencies_are_written_at_a_shard_s_hand_over(tmp_path):
+    from graphrun.job.parts import JobParts
+    from graphrun.write.latencies import open_latencies
     spec = make_job(tmp_path, n=40)
     out = tmp_path / "out"
-    real, calls = LatencyLog.flush, []
+    calls = []
 
-    def flush(self):
-        calls.append(1)
-        if len(calls) == 3:
-            raise OSError(28, "No space left on device")
-        real(self)
+    def filling(*a, **k):  # latencies.jsonl on a disk that fills at its third flush
+        log = open_latencies(*a, **k)
+        real = log.flush
 
-    with monkeypatch.context() as m:
-        m.setattr(LatencyLog, "flush", flush)
-        with pytest.raises(OutputError, match=r"No space left on device.*--resume"):
-            run_job(spec, out)
+        def flush():
+            calls.append(1)
+            if len(calls) == 3:
+                raise OSError(28, "No space left on device")
+            real()
+
+        log.flush = flush
+        return log
+
+    with pytest.raises(OutputError, match=r"No space left on device.*--resume"):
+        run_job(spec, out, parts=JobParts(open_latencies=filling))
     run_job(spec, out, resume=True)
     clean = tmp_path / "clean"
     run_job(spec, clean)
     assert shard_bytes(out) == shard_bytes(clean)
 
 
-def test_a_full_disk_while_the_manifest_is_written_fails_cleanly(tmp_path, monkeypatch):
+def test_a_full_disk_while_the_manifest_is_written_fails_cleanly(tmp_path):
+    from graphrun.job.parts import JobParts
     from graphrun.manifest import keys
     spec = make_job(tmp_path)
     out = tmp_path / "out"
@@ -438,10 +445,8 @@ def test_a_full_disk_while_the_manifest_is_written_fails_cleanly(tmp_path, monke
         Path(f"{path}.tmp").write_text("{half")
         raise OSError(28, "No space left on device")
 
-    with monkeypatch.context() as m:
-        m.setattr("graphrun.job.state.write_manifest", full)
-        with pytest.raises(OutputError, match=r"manifest.json failed: .*No space left"):
-            run_job(spec, out)
+    with pytest.raises(OutputError, match=r"manifest.json failed: .*No space left"):
+        run_job(spec, out, parts=JobParts(write_manifest=full))
     assert not (out / "manifest.json.tmp").exists()
     run_job(spec, out, resume=True)
     assert keys.Manifest.model_validate_json((out / "manifest.json").read_text())

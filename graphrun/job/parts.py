@@ -11,6 +11,7 @@ from graphrun.engine import Runner
 from graphrun.feed.loop import feed_stream
 from graphrun.generate.runner import GenerationRunner
 from graphrun.job.progress import count_records
+from graphrun.manifest.keys import write_manifest
 from graphrun.plan.auto import resolve_auto
 from graphrun.read.stream import read_batches
 from graphrun.write.latencies import open_latencies
@@ -29,6 +30,7 @@ class JobParts:
     feed_stream: Callable = feed_stream  # batches -> engine -> writer
     writer: Callable = ShardWriter  # the output shards, rejects and journal
     open_latencies: Callable = open_latencies  # latencies.jsonl
+    write_manifest: Callable = write_manifest  # manifest.json, whatever happened
 
     def engine(self, spec) -> Callable:
         """The engine that runs this spec: a generation job's, or a forward pass's."""

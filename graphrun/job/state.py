@@ -23,7 +23,7 @@ from graphrun.write.disk import write_failure, write_remedy
 from graphrun.write.folder import FilesHash, model_files, write_fingerprint
 from graphrun.write.journal import InputHash
 from graphrun.manifest.keys import (Digests, FileEntry, Manifest, Totals, all_rejected,
-                                    environment, run_manifest, spec_digest, write_manifest)
+                                    environment, run_manifest, spec_digest)
 from graphrun.manifest.sections import BucketPhases, Phase, Phases
 from graphrun.engine.padding import padding_ratio, position_ratios
 from graphrun.base.phases import PART_PHASES, PhaseClock, phase, utc_now
@@ -336,7 +336,7 @@ class RunResources:
                 input=self.input_hash.source, model=self.model_hash.source))
         path = self.out_dir / "manifest.json"
         try:
-            write_manifest(manifest, path)
+            self.parts.write_manifest(manifest, path)
         except OSError as err:
             Path(f"{path}.tmp").unlink(missing_ok=True)
             record.fail_late(path, err)
