@@ -407,29 +407,36 @@ def test_a_full_disk_at_any_point_fails_with_one_message_and_resume_completes(
         assert json.loads((out / "manifest.json").read_text())["status"] == "completed"
 
 
-def test_a_full_disk_when_latencies_are_written_at_a_shard_s_hand_over(tmp_path, monkeypatch):
-    from graphrun.write.latencies import LatencyLog
+def test_a_full_disk_when_latencies_are_written_at_a_shard_s_hand_over(tmp_path):
+    from graphrun.job.parts import JobParts
+    from graphrun.write.latencies import open_latencies
     spec = make_job(tmp_path, n=40)
     out = tmp_path / "out"
-    real, calls = LatencyLog.flush, []
+    calls = []
 
-    def flush(self):
-        calls.append(1)
-        if len(calls) == 3:
-            raise OSError(28, "No space left on device")
-        real(self)
+    def filling(*a, **k):  # latencies.jsonl on a disk that fills at its third flush
+        log = open_latencies(*a, **k)
+        real = log.flush
 
-    with monkeypatch.context() as m:
-        m.setattr(LatencyLog, "flush", flush)
-        with pytest.raises(OutputError, match=r"No space left on device.*--resume"):
-            run_job(spec, out)
+        def flush():
+            calls.append(1)
+            if len(calls) == 3:
+                raise OSError(28, "No space left on device")
+            real()
+
+        log.flush = flush
+        return log
+
+    with pytest.raises(OutputError, match=r"No space left on device.*--resume"):
+        run_job(spec, out, parts=JobParts(open_latencies=filling))
     run_job(spec, out, resume=True)
     clean = tmp_path / "clean"
     run_job(spec, clean)
     assert shard_bytes(out) == shard_bytes(clean)
 
 
-def test_a_full_disk_while_the_manifest_is_written_fails_cleanly(tmp_path, monkeypatch):
+def test_a_full_disk_while_the_manifest_is_written_fails_cleanly(tmp_path):
+    from graphrun.job.parts import JobParts
     from graphrun.manifest import keys
     spec = make_job(tmp_path)
     out = tmp_path / "out"
@@ -438,10 +445,8 @@ def test_a_full_disk_while_the_manifest_is_written_fails_cleanly(tmp_path, monke
         Path(f"{path}.tmp").write_text("{half")
         raise OSError(28, "No space left on device")
 
-    with monkeypatch.context() as m:
-        m.setattr("graphrun.job.state.write_manifest", full)
-        with pytest.raises(OutputError, match=r"manifest.json failed: .*No space left"):
-            run_job(spec, out)
+    with pytest.raises(OutputError, match=r"manifest.json failed: .*No space left"):
+        run_job(spec, out, parts=JobParts(write_manifest=full))
     assert not (out / "manifest.json.tmp").exists()
     run_job(spec, out, resume=True)
     assert keys.Manifest.model_validate_json((out / "manifest.json").read_text())
@@ -450,14 +455,18 @@ def test_a_full_disk_while_the_manifest_is_written_fails_cleanly(tmp_path, monke
 # ---- 12. latencies.jsonl across a crash --------------------------------------------------------
 
 def test_every_committed_batch_has_its_latency_line_on_disk_before_its_journal_line(
-        tmp_path, monkeypatch):
+        tmp_path):
     """What a kill -9 leaves is what is on disk at that moment: so at each journal append, the
     lines of every batch below the line's re-read point must be in latencies.jsonl, numbered
     1, 2, 3, ... (a resume keeps those and logs the rest again)."""
-    from graphrun.write import shards
+    from functools import partial
+
+    from graphrun.job.parts import JobParts
+    from graphrun.write.journal import append_journal
+    from graphrun.write.shards import DiskSteps, ShardWriter
     spec = make_job(tmp_path, n=200)
     out = tmp_path / "out"
-    real, checked = shards.append_journal, []
+    real, checked = append_journal, []
 
     def append(out_dir, shard, files, rows, next_index, rejects_bytes, rejects, read_from, **k):
         lines = [json.loads(x) for x in (out_dir / "latencies.jsonl").read_text().splitlines()]
@@ -468,8 +477,8 @@ def test_every_committed_batch_has_its_latency_line_on_disk_before_its_journal_l
         return real(out_dir, shard, files, rows, next_index, rejects_bytes, rejects, read_from,
                     **k)
 
-    monkeypatch.setattr(shards, "append_journal", append)
-    run_job(spec, out)
+    run_job(spec, out, parts=JobParts(
+        writer=partial(ShardWriter, disk=DiskSteps(append_journal=append))))
     assert len(checked) == 67
 
 
@@ -552,23 +561,23 @@ def signal_number(name: str) -> int:
     return int(getattr(signal, name))
 
 
-def test_sigterm_during_setup_stops_the_run_at_once(tmp_path, monkeypatch):
+def test_sigterm_during_setup_stops_the_run_at_once(tmp_path):
     import signal
     import time
-    from graphrun.job import spine
+    from graphrun.engine import Runner
+    from graphrun.job.parts import JobParts
     from graphrun.base.errors import Interrupted
     spec = make_job(tmp_path)
 
-    class SlowSetup(spine.Runner):
+    class SlowSetup(Runner):
         def __init__(self, *a, **k):
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(30)  # setup that would go on long after the signal
             super().__init__(*a, **k)
 
-    monkeypatch.setattr(spine, "Runner", SlowSetup)
     t0 = time.perf_counter()
     with pytest.raises(Interrupted) as err:
-        run_job(spec, tmp_path / "out")
+        run_job(spec, tmp_path / "out", parts=JobParts(runner=SlowSetup))
     assert time.perf_counter() - t0 < 10 and err.value.exit_code == 143
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["status"] == \
         "interrupted"

@@ -99,30 +99,33 @@ def test_a_run_whose_every_record_was_rejected_warns_and_exits_1(tmp_path):
                for w in m["warnings"]), m["warnings"]
 
 
-def test_timings_are_called_noisy_only_where_they_matter_and_are_long_enough(tmp_path,
-                                                                          monkeypatch):
+def test_timings_are_called_noisy_only_where_they_matter_and_are_long_enough(tmp_path):
     """On the CPU the copies are host memcpys of microseconds: a p99 of 160x their median is
     the scheduler, not a finding. A replay of 2 ms with such a tail is worth a warning."""
-    from graphrun.engine import timing
+    from graphrun.feed.loop import feed_stream
+    from graphrun.job.parts import JobParts
 
-    finish = timing.BatchTimer.finish
     count = [0]
 
-    def noisy(self, marks):
-        out = finish(self, marks)
-        count[0] += 1
-        tail = count[0] % 25 == 0  # 4% of batches: the p99 lands in the tail
-        if "h2d" in out:
-            out["h2d"] = 2400.0 if tail else 15.0
-            out["replay"] = 20000.0 if tail else 2000.0
-        return out
+    def noisy(ran):  # each batch's measured phases, replaced as the stream hands them on
+        for _, out in ran:
+            count[0] += 1
+            tail = count[0] % 25 == 0  # 4% of batches: the p99 lands in the tail
+            if "h2d" in out:
+                out["h2d"] = 2400.0 if tail else 15.0
+                out["replay"] = 20000.0 if tail else 2000.0
+        return ran
 
-    monkeypatch.setattr(timing.BatchTimer, "finish", noisy)
+    def stream(*args, on_batches, **kwargs):
+        return feed_stream(*args, on_batches=lambda ran, *a: on_batches(noisy(ran), *a),
+                           **kwargs)
+
     raw = spec_dict()
     raw["buckets"]["batch"] = [4]
     raw["data"]["batch_size"] = 4
     m = graphrun.run(graphrun.load_spec(make_job(tmp_path, 400, bad=lambda i: False,
-                                                 spec=raw)), overlap=False)
+                                                 spec=raw)), overlap=False,
+                     parts=JobParts(feed_stream=stream))
     noisy_phases = [w.split(":")[0] for w in m.warnings if "timings are noisy" in w]
     assert "bucket batch=4 replay" in noisy_phases
     assert not any("h2d" in w or "d2h" in w for w in noisy_phases), m.warnings

@@ -15,7 +15,6 @@ import yaml
 from click.testing import CliRunner
 
 import graphrun
-import graphrun.write.shards
 from graphrun.cli.main import main
 from graphrun.base.errors import OutputError
 from graphrun.write.journal import read_journal
@@ -199,19 +198,22 @@ class FailingFile:
     (1, errno.EIO, False), (3, errno.EIO, False), (6, errno.EIO, False),
     (3, errno.ENOSPC, True), (6, errno.EIO, True)])  # overlapped: written on the completer
 def test_a_failed_rejects_write_fails_the_run_and_resume_accounts_for_every_record(
-        job, tmp_path, monkeypatch, fail_at, err, overlap):
+        job, tmp_path, fail_at, err, overlap):
     out = tmp_path / "out"
     spec = graphrun.load_spec(job)
 
+    from functools import partial
+
     from graphrun.base.nofollow import open_file
+    from graphrun.job.parts import JobParts
+    from graphrun.write.shards import DiskSteps, ShardWriter
 
     def failing_open(path, *args, **kwargs):
         return FailingFile(open_file(path, *args, **kwargs), fail_at, err)
 
-    monkeypatch.setattr(graphrun.write.shards, "open_file", failing_open)
+    writer = partial(ShardWriter, disk=DiskSteps(open_rejects=failing_open))
     with pytest.raises(OutputError, match="rejects.jsonl|No space|Input/output"):
-        graphrun.run(spec, out=out, overlap=overlap)
-    monkeypatch.undo()
+        graphrun.run(spec, out=out, overlap=overlap, parts=JobParts(writer=writer))
     assert manifest(out)["status"] == "failed"
     point = read_journal(out)  # the journal passes its own checks: resumable
     m = manifest(out)["totals"]

@@ -31,8 +31,10 @@ def me() -> Publisher:
     return Publisher(f"this test (pid {os.getpid()})", os.getpid())
 
 
-def failing_hash(self):  # as InputHash._hash ends when the file cannot be read
-    self._error = OSError("[Errno 5] Input/output error")
+def unreadable(path: Path) -> None:
+    """The file replaced by a folder of its name: its hash fails as a read error does."""
+    path.unlink()
+    path.mkdir()
 
 
 def job_files(tmp_path) -> dict[str, dict[str, Path]]:
@@ -87,35 +89,26 @@ def test_the_input_is_not_waited_for_past_its_own_digest(tmp_path):
         hashes.model.result()
 
 
-def test_a_failed_hash_is_a_clear_error_in_the_worker(tmp_path, monkeypatch):
+def test_a_failed_hash_is_a_clear_error_in_the_worker(tmp_path):
     files = job_files(tmp_path)
-    monkeypatch.setattr(journal.InputHash, "_hash", failing_hash)
+    unreadable(files["input"]["input"])
     with PublishedHash(tmp_path, files):
         t0 = time.perf_counter()
         with pytest.raises(InputError, match=r"this test \(pid \d+\) could not hash the input "
                            r"for the job's workers: .*cannot read the input file to hash it"
-                           r".*Input/output error"):
+                           r".*Is a directory"):
             shared(tmp_path, files).input.result()
     assert time.perf_counter() - t0 < 10
 
 
-def test_a_weights_file_that_cannot_be_hashed_is_a_clear_error_in_the_worker(tmp_path,
-                                                                              monkeypatch):
+def test_a_weights_file_that_cannot_be_hashed_is_a_clear_error_in_the_worker(tmp_path):
     files = job_files(tmp_path)
-    weights = files["model"]["weights"]
-    hash_file = journal.InputHash._hash
-
-    def fail_the_weights(self):
-        if self.path == weights:
-            return failing_hash(self)
-        return hash_file(self)
-
-    monkeypatch.setattr(journal.InputHash, "_hash", fail_the_weights)
+    unreadable(files["model"]["weights"])
     with PublishedHash(tmp_path, files):
         hashes = shared(tmp_path, files)
         assert hashes.input.result() == journal.sha256_file(files["input"]["input"])
         with pytest.raises(InputError, match=r"this test \(pid \d+\) could not hash the "
-                           r"model's files for the job's workers: .*w\.pt.*Input/output error"):
+                           r"model's files for the job's workers: .*w\.pt.*Is a directory"):
             hashes.model.result()
 
 

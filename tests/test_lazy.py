@@ -232,27 +232,31 @@ def text_spec(tmp_path, folder, texts: list[str], lazy: bool) -> PipelineSpec:
         "output": {"dir": str(tmp_path / "out"), "format": "npy"}})
 
 
-def test_seq_auto_sets_up_the_models_limit_only_when_a_batch_needs_it(tmp_path, bert,
-                                                                      monkeypatch):
+def test_seq_auto_sets_up_the_models_limit_only_when_a_batch_needs_it(tmp_path, bert):
     """The plan (from the first 8 texts, all short) ends at the tokenizer's limit for longer
     texts later in the file: not set up while none comes; set up on first use by the batch
     that holds one, with the outputs of a run that set every bucket up at start."""
-    from graphrun.plan import auto
+    from functools import partial
+
+    from graphrun.job.parts import JobParts
+    from graphrun.plan.auto import resolve_auto
     from tests.test_init_hf import LIMIT
 
-    monkeypatch.setattr(auto, "AUTO_SAMPLE", 8)
+    eight = JobParts(plan=partial(resolve_auto, sample=8))  # auto planned from 8 records
     short = ["the cat sat", "a dog ran on the mat", "big red bird"] * 8  # 24: batches 0-5
     long = " ".join(["the quick small cat and then the slow big dog"] * 4)  # past the limit
     limit = f"batch=4,seq={LIMIT}"
     manifest = graphrun.run(text_spec(tmp_path / "a", bert, short, True),
-                            out=tmp_path / "a" / "o")
+                            out=tmp_path / "a" / "o", parts=eight)
     b = {x.name: x for x in manifest.buckets}
     assert manifest.spec["buckets"]["seq"][-1] == LIMIT and len(b) >= 2
     assert (b[limit].status, b[limit].set_up, b[limit].capture_s) == ("unused", None, None)
     assert all(x.set_up == "setup" for n, x in b.items() if n != limit)
     texts = short + [long, "a cat"]
-    got = graphrun.run(text_spec(tmp_path / "b", bert, texts, True), out=tmp_path / "b" / "o")
-    want = graphrun.run(text_spec(tmp_path / "c", bert, texts, False), out=tmp_path / "c" / "o")
+    got = graphrun.run(text_spec(tmp_path / "b", bert, texts, True), out=tmp_path / "b" / "o",
+                       parts=eight)
+    want = graphrun.run(text_spec(tmp_path / "c", bert, texts, False), out=tmp_path / "c" / "o",
+                        parts=eight)
     b = {x.name: x for x in got.buckets}
     assert (b[limit].set_up, b[limit].first_use_batch, b[limit].batches) == ("first_use", 6, 1)
     assert {x.set_up for x in want.buckets} == {"setup"}

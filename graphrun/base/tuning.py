@@ -49,6 +49,9 @@ class Tuning:
     parquet_row_group_bytes: int = 64 << 20  # output row groups cut by bytes: resumable
     # sha256 re-reads files on these threads while the disk fsyncs others
     hashers: int = 3
+    # an npy shard's file is hashed and flushed each time this many more bytes are written
+    # (write/ahead.py): a step reads them back from the page cache
+    hash_step_bytes: int = 8 << 20
     # shards handed to the committer and not yet journaled; past it the writer waits
     in_flight: int = 4
 

@@ -14,29 +14,25 @@ import time
 from concurrent.futures import Future
 from pathlib import Path
 
-from graphrun.plan.auto import resolve_auto
 from graphrun.base.errors import GraphrunError, Interrupted, OutputError
 from graphrun.manifest.keys import Manifest
-from graphrun.job.progress import Progress, count_records, summary_table
-from graphrun.engine import Runner
+from graphrun.job.parts import JobParts
+from graphrun.job.progress import Progress, summary_table
 from graphrun.generate.records import with_implied_io
-from graphrun.generate.runner import GenerationRunner
 from graphrun.engine.device_start import DeviceStart
 from graphrun.engine.lazy import data_needs, look_ahead
-from graphrun.feed.loop import OVERLAP_ENV, feed_stream, overlap_choice, slot_count
+from graphrun.feed.loop import OVERLAP_ENV, overlap_choice, slot_count
 from graphrun.read.grouping import PaddingCount
 from graphrun.base.phases import BEFORE_RUN, PhaseClock, phase
 from graphrun.job.state import RunHashes, RunRecord, RunResources
 from graphrun.job.signals import StopSignals
-from graphrun.read.stream import ReadAhead, padded_batches, read_batches
+from graphrun.read.stream import ReadAhead, padded_batches
 from graphrun.read.text import TextCuts
 from graphrun.base.tuning import Tuning
 from graphrun.write.folder import completed_manifest, locked, prepare_out_dir
 from graphrun.write.journal import ShardPlace
 from graphrun.write.disk import write_failure, write_remedy
-from graphrun.write.latencies import open_latencies
 from graphrun.write.sinks import shard_suffixes
-from graphrun.write.shards import ShardWriter
 
 
 def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite: bool = False,
@@ -44,7 +40,7 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
         overlap: bool | None = None, tuning: Tuning | None = None,
         accept_model_change: bool = False, place: ShardPlace | None = None,
         progress=None, clock: PhaseClock | None = None,
-        hashes: RunHashes | None = None) -> Manifest:
+        hashes: RunHashes | None = None, parts: JobParts | None = None) -> Manifest:
     """Run the pipeline; returns the manifest (also written to <out>/manifest.json).
 
     start/stop select a slice of the input's records (one process per GPU reads its own).
@@ -60,10 +56,12 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     stream starts stops the run at once; during the stream the batch in flight finishes.
     clock: the process's phases (phases.py; the CLI's holds its imports), else a new one.
     hashes: where the input's and model's sha256 come from (a job's worker: the digests its
-    job hashed once, scale/local/input_digest.py), else this run hashes them (RunHashes.own)."""
+    job hashed once, scale/local/input_digest.py), else this run hashes them (RunHashes.own).
+    parts: the runner, reader, stream and writer it builds and calls (job/parts.py), else
+    graphrun's own."""
     clock = clock or PhaseClock(BEFORE_RUN)
     with clock.active():
-        record, held, overlap = new_job(spec, out, overlap, tuning, clock, hashes)
+        record, held, overlap = new_job(spec, out, overlap, tuning, clock, hashes, parts)
     stop_signal = StopSignals()
     try:
         with stop_signal, clock.active(), locked(record.out_dir):
@@ -139,21 +137,22 @@ def run_locked(record: RunRecord, held: RunResources, stop_signal: StopSignals, 
 
 
 def new_job(spec, out, overlap, tuning: Tuning | None, clock: PhaseClock | None = None,
-            hashes: RunHashes | None = None) -> tuple[RunRecord, RunResources, object]:
+            hashes: RunHashes | None = None, parts: JobParts | None = None
+            ) -> tuple[RunRecord, RunResources, object]:
     """What the run records and what it holds (the hashes started), its spec's `buckets: auto`
     planned (plan/auto.py), and the overlap choice (the caller's, else GRAPHRUN_OVERLAP's;
     None: by the device)."""
     how = "set by run()'s overlap" if overlap is not None else f"set by {OVERLAP_ENV}"
-    overlap = overlap_choice(overlap)
+    overlap, parts = overlap_choice(overlap), parts or JobParts()
     started = DeviceStart.begin(spec)  # the CUDA context, on a thread beside what follows
     with phase("bucket plan"):
-        spec, bucket_plan = resolve_auto(with_implied_io(spec))
+        spec, bucket_plan = parts.plan(with_implied_io(spec))
     out_dir = Path(out).resolve() if out else spec.output.dir
     with phase("input hash start"):  # a child process for the input, a thread for the model
         record = RunRecord(spec, out_dir, resolved_json(spec), clock or PhaseClock(),
                            bucket_plan=bucket_plan, overlap_how=how)
         held = RunResources(spec, out_dir, tuning=tuning or Tuning.from_machine(),
-                            device_start=started, hashes=hashes)
+                            device_start=started, hashes=hashes, parts=parts)
     return record, held, overlap
 
 
@@ -191,13 +190,13 @@ def run_stream(record: RunRecord, held: RunResources, fingerprint: dict, resume_
     """Setup beside the first batch's reading and the outputs' opening, then the stream. What
     it opens goes on `held`, which closes it whatever happens (RunResources.finish); what it
     counts and times, on `record`."""
-    spec = record.spec
+    spec, parts = record.spec, held.parts
     with phase("output open"):
         # the writer and latencies.jsonl (in the folder prepared above) open beside setup too
         opening = beside(open_sinks, held, resume_point, start)
         # the progress bar's total: a line count for JSONL, on a daemon thread a failed setup
         # does not wait for
-        counting = beside(count_records, spec, start, stop, daemon=True) if show else None
+        counting = beside(parts.count_records, spec, start, stop, daemon=True) if show else None
     try:
         # then the first batch is read while the runner sets up (started after the threads
         # above: a thread's start waits for the GIL, which the reader's imports hold): for a
@@ -206,12 +205,13 @@ def run_stream(record: RunRecord, held: RunResources, fingerprint: dict, resume_
             record.padding = PaddingCount(spec) if spec.data.group_by_length else None
             record.cuts = TextCuts(spec, record.count_from) if spec.data.text is not None else None
             ids_from = held.place.job_start if held.place else fingerprint["slice"][0] or 0
-            batches = read_batches(spec, start=start, stop=stop, ids_from=ids_from,
-                                   tuning=held.tuning, padding=record.padding, cuts=record.cuts)
+            batches = parts.read_batches(spec, start=start, stop=stop, ids_from=ids_from,
+                                         tuning=held.tuning, padding=record.padding,
+                                         cuts=record.cuts)
             held.reader = ReadAhead(padded_batches(batches, spec),
                                     ahead=look_ahead(spec),
                                     hold_bytes=held.tuning.read_ahead_bytes)
-        engine = GenerationRunner if spec.generate is not None else Runner
+        engine = parts.engine(spec)
         held.runner = runner = engine(spec, log=record.print_and_warn if show else record.warn,
                                       needs=data_needs(spec, held.reader, record.bucket_plan),
                                       started=held.device_start)
@@ -239,7 +239,7 @@ def run_stream(record: RunRecord, held: RunResources, fingerprint: dict, resume_
     record.stream_t0 = time.perf_counter()
     stop_signal.streaming()  # from here a signal lets the batch in flight finish
     with phase("stream"):
-        record.host_s = feed_stream(
+        record.host_s = parts.feed_stream(
             runner.launcher, held.reader, held.writer, oversize=spec.data.oversize,
             on_batches=lambda ran, n, first: record.log_batches(held.latencies, ran, n, first),
             on_read=lambda rb: progress.advance(record.count(rb)),
@@ -254,12 +254,12 @@ def open_sinks(held: RunResources, resume_point, start: int):
     """The writer (its leftovers from an interrupted run restored, for --resume), and
     latencies.jsonl (cut back to where reading restarts). Runs on a thread of its own beside
     setup: none of it needs the model."""
-    writer = ShardWriter(held.spec, held.out_dir, resume=resume_point, tuning=held.tuning,
-                         place=held.place)
+    writer = held.parts.writer(held.spec, held.out_dir, resume=resume_point,
+                               tuning=held.tuning, place=held.place)
     latencies = None
     try:
-        latencies = open_latencies(held.out_dir / "latencies.jsonl",
-                                   keep_below=start if resume_point else None)
+        latencies = held.parts.open_latencies(held.out_dir / "latencies.jsonl",
+                                              keep_below=start if resume_point else None)
         writer.on_hand_over = latencies.flush  # a shard's batches logged before it commits
     except BaseException:  # nothing written yet: closed as they are
         if latencies is not None:
@@ -280,7 +280,8 @@ def beside(fn, *args, daemon: bool = False) -> Future:
         except BaseException as err:  # noqa: BLE001 - handed to the caller through result()
             done.set_exception(err)
 
-    threading.Thread(target=call, name=f"graphrun-{fn.__name__}", daemon=daemon).start()
+    threading.Thread(target=call, name=f"graphrun-{getattr(fn, '__name__', 'call')}",
+                     daemon=daemon).start()
     return done
 
 

@@ -17,12 +17,13 @@ from typing import Any, Protocol
 import numpy as np
 
 from graphrun.base.errors import GraphrunError
+from graphrun.job.parts import JobParts
 from graphrun.engine.timing import noise_floor_us, percentiles, spread_warning
 from graphrun.write.disk import write_failure, write_remedy
 from graphrun.write.folder import FilesHash, model_files, write_fingerprint
 from graphrun.write.journal import InputHash
 from graphrun.manifest.keys import (Digests, FileEntry, Manifest, Totals, all_rejected,
-                                    environment, run_manifest, spec_digest, write_manifest)
+                                    environment, run_manifest, spec_digest)
 from graphrun.manifest.sections import BucketPhases, Phase, Phases
 from graphrun.engine.padding import padding_ratio, position_ratios
 from graphrun.base.phases import PART_PHASES, PhaseClock, phase, utc_now
@@ -251,8 +252,9 @@ class RunResources:
     finish() whatever happened (the hashes stopped by stop_hashes(), after the folder's lock)."""
 
     def __init__(self, spec, out_dir: Path, *, tuning, device_start=None,
-                 hashes: RunHashes | None = None):
+                 hashes: RunHashes | None = None, parts: JobParts | None = None):
         self.spec, self.out_dir = spec, out_dir
+        self.parts = parts or JobParts()  # the runner, reader, stream and writer it builds
         self.tuning = tuning  # the reader's and writer's threads and chunks (tuning.py)
         self.device_start = device_start  # the CUDA context begun beside setup
         self.model_files = model_files(spec.model, spec.base_dir)
@@ -334,7 +336,7 @@ class RunResources:
                 input=self.input_hash.source, model=self.model_hash.source))
         path = self.out_dir / "manifest.json"
         try:
-            write_manifest(manifest, path)
+            self.parts.write_manifest(manifest, path)
         except OSError as err:
             Path(f"{path}.tmp").unlink(missing_ok=True)
             record.fail_late(path, err)

@@ -59,10 +59,11 @@ def plan_spec(spec: PipelineSpec, hist: Histogram, max_graphs: int, multiple_of:
     return SpecPlan(chosen, note, model)
 
 
-def resolve_auto(spec: PipelineSpec) -> tuple[PipelineSpec, BucketPlan | None]:
-    """The spec with every `auto` axis planned, and what was planned; unchanged without one.
-    A record after the sample longer than the planned largest value is a bad record (as for
-    any list); data.on_bad_record decides."""
+def resolve_auto(spec: PipelineSpec, sample: int = AUTO_SAMPLE
+                 ) -> tuple[PipelineSpec, BucketPlan | None]:
+    """The spec with every `auto` axis planned from its first `sample` records, and what was
+    planned; unchanged without one. A record after the sample longer than the planned largest
+    value is a bad record (as for any list); data.on_bad_record decides."""
     auto = spec.auto_axes
     if not auto:
         return spec, None
@@ -75,9 +76,9 @@ def resolve_auto(spec: PipelineSpec) -> tuple[PipelineSpec, BucketPlan | None]:
         raise SpecError([Problem(where, "buckets_max_graphs", (
             f"the lists given make {fixed_graphs} graphs, more than buckets_max_graphs "
             f"({most}), so the auto axes {auto} get no value: raise it or shorten the lists"))])
-    hist = histogram(spec, stop=AUTO_SAMPLE)
+    hist = histogram(spec, stop=sample)
     if hist.batches == 0:
-        raise InputError(f"buckets: auto plans from the first {AUTO_SAMPLE} records, and none "
+        raise InputError(f"buckets: auto plans from the first {sample} records, and none "
                          "of them is valid", where=str(spec.data.path))
     spec, limits = _pin_text_length(spec, auto)
     planned = plan_spec(spec, covering(hist, limits), most, spec.buckets_multiple_of, fixed,

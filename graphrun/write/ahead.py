@@ -15,7 +15,6 @@ import os
 from concurrent.futures import Executor, Future
 from pathlib import Path
 
-STEP = 8 << 20  # bytes written between two steps: a step reads them back from the page cache
 CHUNK = 4 << 20  # bytes hashed per call (hashlib lets go of the GIL for each)
 _datasync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
 
@@ -26,10 +25,9 @@ class RunningDigest:
     steps run on `hashers` and flushes on `syncers`, one of each at a time; result() (another
     thread, once writing is done) hashes the rest and returns the hex digest."""
 
-    def __init__(self, path: Path, hashers: Executor, syncers: Executor,
-                 step: int | None = None):
+    def __init__(self, path: Path, hashers: Executor, syncers: Executor, step: int):
         self.path, self.hashers, self.syncers = path, hashers, syncers
-        self.step = step or STEP
+        self.step = step  # bytes written between two steps (Tuning.hash_step_bytes)
         self._hash = hashlib.sha256()
         self._done = 0  # bytes hashed
         self._asked = self._synced = 0  # bytes the last hash step and flush were asked for

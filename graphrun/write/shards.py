@@ -31,6 +31,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -47,8 +48,19 @@ from graphrun.spec.keys import PipelineSpec
 from graphrun.base.tuning import Tuning
 from graphrun.base.nofollow import open_file
 
-__all__ = ["ShardWriter", "FileInfo", "ResumePoint", "prepare_out_dir", "read_journal",
-           "sha256_file"]
+__all__ = ["ShardWriter", "DiskSteps", "FileInfo", "ResumePoint", "prepare_out_dir",
+           "read_journal", "sha256_file"]
+
+
+@dataclass(frozen=True)
+class DiskSteps:
+    """What the writer and its committer do to the disk, each with its default's signature;
+    a caller (a test) hands in its own to stage an order of commits or a fault."""
+
+    fsync: Callable[[Path], None] = fsync_path  # a file's or a folder's
+    sha256: Callable[[Path], str] = sha256_file  # a whole temp file's, at its commit
+    append_journal: Callable[..., str] = append_journal  # a shard's line, after its files
+    open_rejects: Callable = open_file  # rejects.jsonl, for appending
 
 class ShardWriter:
     """Writes rows into shards of rows_per_file records and journals each committed shard.
@@ -57,10 +69,12 @@ class ShardWriter:
     disk) is raised by the next write(), reject() or close()."""
 
     def __init__(self, spec: PipelineSpec, out_dir: Path, *, resume: ResumePoint | None = None,
-                 tuning: Tuning | None = None, place: ShardPlace | None = None):
+                 tuning: Tuning | None = None, place: ShardPlace | None = None,
+                 disk: DiskSteps | None = None):
         """place: a worker's (scale/): its shards go into the job's folder, numbered in its
-        range; out_dir keeps its journal and rejects."""
+        range; out_dir keeps its journal and rejects. disk: its steps on the disk (DiskSteps)."""
         self.out_dir = Path(out_dir)
+        self.disk = disk or DiskSteps()
         self.shard_dir = place.folder if place else self.out_dir
         self.tuning = tuning or Tuning.from_machine()
         self.sink_type = sink_for(spec)
@@ -107,7 +121,8 @@ class ShardWriter:
         else:
             restore(self.out_dir, resume, self.suffixes)
         self._rejects_hash = rejects_sha256(self.out_dir / REJECTS, point.rejects_bytes)  # so far
-        self._committer = _Committer(self.out_dir, point, self.tuning, self.shard_dir)
+        self._committer = _Committer(self.out_dir, point, self.tuning, self.shard_dir,
+                                     self.disk)
         if point.open is not None:  # the shard an open line committed: written on
             self._rows -= point.open.rows
             self._sink = self._open_sink(rows=point.open.rows)
@@ -227,8 +242,8 @@ class ShardWriter:
             self._raise_commit_error()
             return self._committer.files()
         if (self.out_dir / REJECTS).exists():
-            fsync_path(self.out_dir / REJECTS)  # the rejects after the last shard
-        fsync_path(self.out_dir)
+            self.disk.fsync(self.out_dir / REJECTS)  # the rejects after the last shard
+        self.disk.fsync(self.out_dir)
         return self._committer.files()
 
     def committed_files(self) -> list[FileInfo]:
@@ -329,8 +344,8 @@ class ShardWriter:
             view = memoryview(data)
             try:
                 if self._rejects_file is None:
-                    self._rejects_file = open_file(self.out_dir / REJECTS, "ab",
-                                                    buffering=0)
+                    self._rejects_file = self.disk.open_rejects(self.out_dir / REJECTS, "ab",
+                                                                buffering=0)
                 while view:  # all of it reaches the file before the caller goes on
                     view = view[self._rejects_file.write(view):]
             except BaseException:
@@ -419,8 +434,10 @@ class _Committer:
     files fsynced and the sha256 of their first bytes taken (read on from the last open
     line's, PrefixDigest), nothing renamed."""
 
-    def __init__(self, out_dir: Path, point: ResumePoint, tuning: Tuning, shard_dir: Path):
+    def __init__(self, out_dir: Path, point: ResumePoint, tuning: Tuning, shard_dir: Path,
+                 disk: DiskSteps):
         self.out_dir, self.shard_dir = out_dir, shard_dir  # journal and rejects; shards
+        self.disk = disk
         self.in_flight = tuning.in_flight
         self._lock = threading.Condition()
         self._handed = self._settled = 0
@@ -442,9 +459,9 @@ class _Committer:
         if shard.sizes is not None:
             self._journal.submit(self._commit, shard)
             return
-        synced = [self._syncers.submit(fsync_path, tmp) for tmp, _ in shard.files]
+        synced = [self._syncers.submit(self.disk.fsync, tmp) for tmp, _ in shard.files]
         hashed = [self._hashers.submit(shard.digests[tmp].result) if tmp in shard.digests
-                  else self._hashers.submit(sha256_file, tmp) for tmp, _ in shard.files]
+                  else self._hashers.submit(self.disk.sha256, tmp) for tmp, _ in shard.files]
         self._journal.submit(self._commit, shard, synced, hashed)  # one thread: in order
 
     def wait(self) -> None:
@@ -471,9 +488,9 @@ class _Committer:
                     infos = [FileInfo(name, shard.rows, self._prefix(tmp, size), size)
                              for (tmp, name), size in zip(shard.files, shard.sizes)]
                 if shard.rejects_bytes:
-                    fsync_path(self.out_dir / REJECTS)
-                fsync_path(self.shard_dir)  # renames, and an open shard's new temp names
-                self._digest = append_journal(
+                    self.disk.fsync(self.out_dir / REJECTS)
+                self.disk.fsync(self.shard_dir)  # renames, and an open shard's new temp names
+                self._digest = self.disk.append_journal(
                     self.out_dir, shard.number, infos, shard.total_rows, shard.next_index,
                     shard.rejects_bytes, shard.rejects, shard.read_from, prev=self._digest,
                     rejects_sha256=shard.rejects_sha256, open_shard=shard.sizes is not None)
@@ -504,7 +521,7 @@ class _Committer:
 
     def _prefix(self, tmp: Path, size: int) -> str:
         """sha256 of the first `size` bytes of an open shard's temp file, made durable."""
-        fsync_path(tmp)
+        self.disk.fsync(tmp)
         return self._prefixes.setdefault(tmp, PrefixDigest()).upto(tmp, size)
 
 def _round_bfloat16(a: np.ndarray) -> np.ndarray:

@@ -145,7 +145,8 @@ class NpySink:
         fd = open_fd(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         header = npy_header(dtype, (self.rows_per_file, *self.shapes[name]))
         pwrite_all(fd, header, 0)
-        digest = RunningDigest(path, *self.ahead) if self.ahead is not None else None
+        digest = (RunningDigest(path, *self.ahead, self.tuning.hash_step_bytes)
+                  if self.ahead is not None else None)
         return RowFile(fd, path, dtype, len(header), len(header), digest)
 
     def _reopen(self, name: str) -> RowFile:
@@ -155,7 +156,8 @@ class NpySink:
             dtype = np.lib.format.read_array_header_1_0(f)[2]
             header_bytes = f.tell()
         fd = open_fd(path, os.O_WRONLY)
-        digest = RunningDigest(path, *self.ahead) if self.ahead is not None else None
+        digest = (RunningDigest(path, *self.ahead, self.tuning.hash_step_bytes)
+                  if self.ahead is not None else None)
         return RowFile(fd, path, dtype, header_bytes, os.fstat(fd).st_size, digest)
 
     def checkpoint(self) -> list[tuple[Path, int]]:

@@ -1,0 +1,37 @@
+"""The spine's collaborators, as one typed object: run() takes the defaults below; a caller
+(a test, an embedding) hands in its own (a slower setup, a counted stream, a writer that fails)
+instead of patching the spine's names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from graphrun.engine import Runner
+from graphrun.feed.loop import feed_stream
+from graphrun.generate.runner import GenerationRunner
+from graphrun.job.progress import count_records
+from graphrun.manifest.keys import write_manifest
+from graphrun.plan.auto import resolve_auto
+from graphrun.read.stream import read_batches
+from graphrun.write.latencies import open_latencies
+from graphrun.write.shards import ShardWriter
+
+
+@dataclass(frozen=True)
+class JobParts:
+    """What run(spec) builds and calls, each with the signature of its default."""
+
+    plan: Callable = resolve_auto  # the spec's `auto` bucket axes, planned from its data
+    runner: Callable = Runner  # the engine of a forward-pass spec
+    generation_runner: Callable = GenerationRunner  # the engine of a spec with `generate:`
+    read_batches: Callable = read_batches  # the input file -> record batches
+    count_records: Callable = count_records  # the progress bar's total
+    feed_stream: Callable = feed_stream  # batches -> engine -> writer
+    writer: Callable = ShardWriter  # the output shards, rejects and journal
+    open_latencies: Callable = open_latencies  # latencies.jsonl
+    write_manifest: Callable = write_manifest  # manifest.json, whatever happened
+
+    def engine(self, spec) -> Callable:
+        """The engine that runs this spec: a generation job's, or a forward pass's."""
+        return self.generation_runner if spec.generate is not None else self.runner
