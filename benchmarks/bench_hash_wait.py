@@ -13,9 +13,10 @@ the device and saved as safetensors shards of at most 5 GB with their index
 are in the page cache after writing, as after a download; --cold drops them from it (fsync,
 then posix_fadvise DONTNEED) before every run, as on a machine that has not read them.
 Printed per run, from its manifest: the phases of the process (the "input hash wait" among
-them, and any other phase of at least 0.05 s), graphrun's setup, time to first output, the
-process's wall from outside, and the digests section (read: hashed this run; cache: kept from
-an earlier run by path, size, mtime and inode).
+them, and any other phase of at least 0.05 s), graphrun's setup, the phases before the stream
+(the wait before the first batch), time to first output, the process's wall from outside,
+and the digests section (read: hashed this run; cache: kept from an earlier run by path,
+size, mtime and inode).
 --smoke: the tiny layout on the CPU (its weights are below the digest cache's 64 MiB, so every
 run reads them; `--smoke --layout 134M` shows the cache on the CPU, in a minute).
 H200 budget, 8B: the folder about 1 min (built on the GPU, 16 GB written), each run about
@@ -73,7 +74,11 @@ def summary(m: dict, wall: float) -> dict:
     how = {}
     for source in model.values():
         how[source] = how.get(source, 0) + 1
+    phases = [(p["name"], p["s"]) for p in m["phases"]["top"]]
+    names = [n for n, _ in phases]
+    before = sum(s for n, s in phases[:names.index("stream")]) if "stream" in names else None
     return {"process_wall_s": wall, "manifest_process_wall_s": totals.get("process_wall_s"),
+            "before_stream_s": before,
             "setup_s": totals.get("setup_s"), "input_hash_s": totals.get("input_hash_s"),
             "time_to_first_output_s": totals.get("time_to_first_output_s"),
             "phases_s": {p["name"]: p["s"] for p in m["phases"]["top"]},
@@ -93,6 +98,7 @@ def print_table(runs: list[dict]) -> None:
               + " |")
     for key, label in (("input_hash_s", "input hash waited (totals.input_hash_s)"),
                        ("setup_s", "graphrun setup (totals.setup_s)"),
+                       ("before_stream_s", "before the first batch (the phases before stream)"),
                        ("time_to_first_output_s", "time to first output"),
                        ("manifest_process_wall_s", "process wall (manifest)"),
                        ("process_wall_s", "process wall (from outside)")):
