@@ -111,7 +111,7 @@ def run_graphrun(folder: Path, prompts_file: Path, work: Path, *, new: int, slot
             "generate_tokens_per_s": gen["output_tokens_per_s"],
             "output_tokens": gen["output_tokens"], "records": gen["records"],
             "mean_output_tokens": gen["output_tokens"] / max(1, gen["records"]),
-            "stream_s": totals["stream_s"],
+            "stream_s": totals["stream_s"], "model_code": m["environment"].get("model_code"),
             "graph_setup_s": sum(g.get("set_up_s") or 0.0 for g in graphs),
             "graphs": len(graphs), "slots": gen["slots"], "wasted": gen["wasted_fraction"],
             "setup_s": totals["setup_s"], "imports_s": phases.get("interpreter and imports"),
@@ -296,7 +296,8 @@ def print_table(rows: dict, jobs: list[str]) -> None:
             print(f"| {job} | {way} | | | | | | | {r['status']}: {r.get('note', '')} |")
             continue
         if way == "graphrun":
-            note = (f"init {r['init_s']:.1f} s apart; stream {r['stream_s']:.2f} s; "
+            note = (f"init {r['init_s']:.1f} s apart; {r['model_code']}'s model code; "
+                    f"stream {r['stream_s']:.2f} s; "
                     f"{r['slots']} slots, {r['graphs']} graphs "
                     f"set up in {r['graph_setup_s']:.2f} s, setup {r['setup_s']:.2f} s, "
                     f"decode wasted {r['wasted']:.1%}")
