@@ -95,6 +95,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.hf_folder import PAD, as_text, save_id_tokenizer  # noqa: E402
 
 LAYOUTS = {
     "134M": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
@@ -111,7 +114,6 @@ WAYS = ("eager", "static", "compile", "hand", "hand-process", "graphrun", "graph
         "graphrun-compile")
 PEAK_BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12}  # bytes/s, by GPU name
 SEQ_BUCKETS = [32, 64, 128, 256, 512]
-PAD = 0  # token 0 pads; prompts never hold it
 PERCENTILES = (50, 99)
 
 
@@ -151,22 +153,6 @@ def save_folder(layout: str, folder: Path, device: torch.device, dtype: torch.dt
         folder)
     save_id_tokenizer(folder, LAYOUTS[layout]["vocab_size"], max_positions)
     del model
-
-
-def save_id_tokenizer(folder: Path, vocab: int, max_positions: int) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    words = {f"t{i}": i for i in range(vocab)}
-    tok = Tokenizer(models.WordLevel(words, unk_token="t0"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=f"t{PAD}", unk_token="t0",
-                            padding_side="left", model_max_length=max_positions
-                            ).save_pretrained(folder)
-
-
-def as_text(ids: list[int]) -> str:
-    return " ".join(f"t{i}" for i in ids)
 
 
 def check_round_trip(folder: Path, prompts: list[list[int]]) -> None:
