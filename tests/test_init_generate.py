@@ -151,6 +151,9 @@ def test_generation_options_are_written_and_imply_generate(tmp_path):
     assert g.max_new_tokens == 12
     assert (g.sampling.method, g.sampling.temperature, g.sampling.top_p, g.sampling.seed) == (
         "sample", 0.7, 0.9, 3)
+    check = result.output[result.output.index("check:"):]
+    assert "generate: sampled at temperature 0.7, up to 12 new tokens" in check
+    assert "greedy" not in check
     result = cli("init", "--hf", TINY, "--data", tmp_path / "p.jsonl", "-o", spec_path,
                  "--force", "--top-p", 0.9)
     assert result.exit_code != 0 and "give --temperature above 0 too" in result.output

@@ -161,9 +161,12 @@ def eos_ids(transformers, where: str, config) -> list[int]:
 def stop_check(found) -> str:
     """What init prints to check about a generation spec's stopping (found: HfInferred)."""
     new = found.generate["max_new_tokens"]
+    sampling = found.generate.get("sampling", {})
+    how = ("greedy" if sampling.get("method", "greedy") == "greedy" else
+           f"sampled at temperature {sampling.get('temperature')}")
     if not found.eos_ids:
         return (f"generate: the model names no EOS id (generation_config.json, config.json), "
                 f"so every prompt gets {new} new tokens; add stop.token_ids to stop earlier")
-    return (f"generate: greedy, up to {new} new tokens, stopping at the model's EOS "
+    return (f"generate: {how}, up to {new} new tokens, stopping at the model's EOS "
             f"{found.eos_ids} (stop.eos: auto); the longest prompt bucket + {new} stays within "
             f"the model's {found.positions} positions")
