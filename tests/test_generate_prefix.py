@@ -125,9 +125,26 @@ def test_references_return_to_zero_and_the_blocks_stay_cached(llama):
     assert on.stats.prompt_reused == 15 * len(SYSTEM) + 2 * len(SYSTEM)
 
 
+def test_a_prefill_reads_only_the_cached_blocks_its_prompts_share(llama, monkeypatch):
+    from graphrun.generate import kv_cache
+
+    widths = []  # per layer and prefill: how many cached blocks its attention gathered
+    gather = kv_cache.gather_blocks
+    monkeypatch.setattr(kv_cache, "gather_blocks",
+                        lambda cache, blocks: widths.append(blocks.shape[0]) or gather(
+                            cache, blocks))
+    on = engine(llama, GREEDY)
+    assert on.prefix_blocks == 15  # what one prefill may read
+    on.generate(USERS)  # no two share a block: no prefill reads the cache
+    assert widths == [] and on.stats.prompt_reused == 0
+    on.generate(PROMPTS)  # the system prompt's 10 blocks, read by the prefills after the first
+    assert widths and set(widths) == {len(SYSTEM) // BS}
+    assert on.stats.prompt_reused == 15 * len(SYSTEM)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
-def test_captured_prefills_reading_cached_prefixes_equal_the_cpu_without_sharing(llama):
+def test_gpu_prefills_reading_cached_prefixes_equal_the_cpu_without_sharing(llama):
     graphs = engine(llama, GREEDY, device="cuda")
     assert all(g["status"] == "captured" for g in graphs.graphs()), graphs.graphs()
     got = graphs.generate(PROMPTS)

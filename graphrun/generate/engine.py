@@ -590,7 +590,11 @@ class Engine:
             self._copy_in(getattr(st, name)[:len(values)], values)
         self.stats.prefills += 1
         self.stats.prefill_tokens += size
-        launch = self._launch("prefill", StepKey("prefill", size), rows, len(rows))
+        # a prefill reading cached blocks runs eagerly, built for how many it reads: the
+        # captured prefills read none, so a prefill without hits pays nothing for the cache
+        reading = (prefill_step(self.model, st, self.cache, self.config, size, self.variant,
+                                prefix=len(read)) if read else None)
+        launch = self._launch("prefill", StepKey("prefill", size), rows, len(rows), reading)
         if src:
             self._copy_blocks(src, dst)
         return launch
@@ -674,7 +678,10 @@ class Engine:
             source = source.pin_memory()
         target.copy_(source, non_blocking=True)
 
-    def _launch(self, kind: str, key: StepKey, rows: list, count: int) -> _Launch:
+    def _launch(self, kind: str, key: StepKey, rows: list, count: int,
+                step: Callable[[], None] | None = None) -> _Launch:
+        """The key's graph (or `step`, run eagerly in its place) queued, its outputs copied to
+        the next pinned buffer."""
         buffer = self._ring
         self._ring = (self._ring + 1) % RING
         timing = None
@@ -684,7 +691,7 @@ class Engine:
                 self.stats.host_bound_steps += 1  # the device had nothing queued: it waited
             timing = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
             timing[0].record()
-        self.table[key].run()
+        (step or self.table[key].run)()
         out = self._host_out[buffer, :count]
         out.copy_(self.state.picked[:count], non_blocking=True)
         if kind == "prefill" and self.variant.prompt_logprobs:
