@@ -6,9 +6,12 @@ slot buffers (steps.py) and the graph table (graphs.py): one decode graph per ro
 sizes up to the slots, for the job's tail) and one prefill graph per packed token count.
 
 The scheduler's loop (serve), on one thread:
-1. take prompts from the source while slots are free (blocking only when nothing runs);
-2. admit: the first waiting prompts into the lowest free slots, as many as the free slots, the
-   blocks and the largest prefill allow; they are packed into one sequence and prefilled, which
+1. take prompts from the source while slots are free, and with the prefix cache until a
+   window of them waits (blocking only when nothing runs);
+2. admit: waiting prompts into the lowest free slots, as many as the free slots, the blocks
+   and the largest prefill allow, in input order except that, with the prefix cache, those
+   whose opening is cached go first within a look-ahead window (no prompt is overtaken by more
+   than the window); they are packed into one sequence and prefilled, which
    writes their keys into their blocks and picks each one's first token (prefill then join: the
    decode step stays one uniform graph, see docs/architecture.md);
 3. decode: the smallest decode graph covering the highest occupied slot, after growing any row
@@ -60,6 +63,7 @@ LOOKAHEAD = 16  # decode steps a row's blocks cover ahead: block growth is not p
 AUTO_SLOTS = 256  # slots: auto at most (more rows per step than decode benefits from)
 AUTO_MEMORY = 0.5  # slots: auto takes this share of the device memory left for the KV cache
 RING = 4  # pinned output buffers: launches unread at most
+WINDOW = 32  # waiting prompts the scheduler looks ahead over, and may let overtake one
 
 
 @dataclass
@@ -72,6 +76,8 @@ class Request:
     tag: object = None
     taken_s: float = 0.0  # when the engine took it (its TTFT counts from here)
     sample: int = 0  # which of its n samples (the engine makes one request per sample)
+    passed: int = 0  # prompts after it admitted before it (Engine._admit)
+    chain: list[bytes] | None = field(default=None, repr=False)  # its full blocks' keys
 
 
 @dataclass
@@ -194,7 +200,7 @@ class Engine:
                  memory_budget_mib=None, compile: bool = False, sample: bool | None = None,
                  filtered: bool | None = None, penalized: bool | None = None,
                  logprobs: int | None | str = "spec", admit_min: int | None = None,
-                 prefix_cache: bool = True, detokenize: Callable[[list[int]], str] | None = None,
+                 prefix_cache: bool = True, window: int = WINDOW, detokenize: Callable[[list[int]], str] | None = None,
                  log: Callable[[str], None] | None = None):
         self.config, self.log = config, log or (lambda line: None)
         self.detokenize = detokenize  # token ids -> text, for stop strings
@@ -249,6 +255,8 @@ class Engine:
         prefix_cache = (prefix_cache and not config.prompt_logprobs
                         and getattr(self.model, "window", None) is None)
         self.prefix_blocks = (max_prompt - 1) // block_size if prefix_cache else 0
+        # admission looks ahead for cached openings only where there is a cache
+        self.window = window if self.prefix_blocks else 0
         stop_width = len(config.eos_ids) + EXTRA_STOPS
         spec_sample = config.sampling.method == "sample"
         s = config.sampling
@@ -430,9 +438,10 @@ class Engine:
         ended = False
         while True:
             occupied = self.slots - len(self._free)
-            if not ended and len(waiting) < len(self._free) + self.admit_min:
+            want = max(len(self._free) + self.admit_min, self.window)
+            if not ended and len(waiting) < want:
                 idle = not occupied and not inflight and not waiting
-                got = take(len(self._free) + self.admit_min - len(waiting), idle)
+                got = take(want - len(waiting), idle)
                 if got is None:
                     ended = True
                 else:
@@ -463,30 +472,32 @@ class Engine:
                 self._read(inflight.popleft(), emit)
 
     def _admit(self, waiting: deque) -> list[_Row]:
-        """The first waiting prompts that fit: a free slot each, their blocks (counting what
-        every running row may still take), and the largest prefill. A prompt's leading full
-        blocks found in the prefix cache are shared, the rest taken, and its full blocks
-        registered as they will be computed; a prompt that would share a block this same
-        prefill computes waits for the next prefill, which reads it, and the prompts after it
-        go on (what a record generates does not depend on when it is admitted). A prompt's
-        samples admitted together count its tokens once: _prefill packs it once and copies
-        its blocks to the other samples' rows."""
+        """The waiting prompts that fit, in the scheduler's order (_order): a free slot each,
+        their blocks (counting what every running row may still take), and the largest
+        prefill; the first that does not fit ends the prefill. A prompt's leading full blocks
+        found in the prefix cache are shared, the rest taken, and its full blocks registered
+        as they will be computed; a prompt that would share a block this same prefill computes
+        waits for the next prefill, which reads it, and the prompts after it go on (what a
+        record generates does not depend on when it is admitted). A prompt's samples admitted
+        together count its tokens once: _prefill packs it once and copies its blocks to the
+        other samples' rows."""
         rows, tokens, bs = [], 0, self.block_size
         computed: set[int] = set()  # blocks this prefill registers
         prefix: dict[int, None] = {}  # cached blocks this prefill reads
-        deferred: list[Request] = []  # sharing `computed`: first in the next prefill
         packed: set[int] = set()  # prompts (by their list's id) this prefill computes
-        while waiting and self._free:
-            r = waiting[0]
+        queue = list(waiting)  # in input order
+        admitted: set[int] = set()
+        for i in self._order(queue):
+            if not self._free:
+                break
+            r = queue[i]
             n = len(r.prompt)
             max_new, *_ = self._settings(r)
             cap = -(-(n + max_new) // bs)
             sample_of_packed = self._packs_once(r) in packed  # its blocks copied, not computed
-            keys = (chain_hashes(r.prompt, bs, n // bs)
-                    if self.prefix_blocks and not sample_of_packed else [])
+            keys = self._chain(r) if not sample_of_packed else []
             shared = self.blocks.lookup(keys[:(n - 1) // bs])
             if computed.intersection(shared):  # the next prefill reads what this one writes
-                deferred.append(waiting.popleft())
                 continue
             more = 0 if sample_of_packed else n - len(shared) * bs
             if (len(prefix.keys() | set(shared)) > self.prefix_blocks
@@ -494,7 +505,7 @@ class Engine:
                     < cap - len(shared)
                     or tokens + more > self.prefill_sizes[-1]):
                 break
-            waiting.popleft()
+            admitted.add(i)
             tokens += more
             packed.add(self._packs_once(r))
             slot = heapq.heappop(self._free)
@@ -510,13 +521,46 @@ class Engine:
             self._reserved += cap - first
             self._rows[slot] = row
             rows.append(row)
-        waiting.extendleft(reversed(deferred))
+        waiting.clear()
+        later = 0  # admitted prompts after this one in input order: it was overtaken by them
+        for i in range(len(queue) - 1, -1, -1):
+            if i in admitted:
+                later += 1
+            else:
+                queue[i].passed += later
+        waiting.extend(r for i, r in enumerate(queue) if i not in admitted)
         if not rows and not (self.slots - len(self._free)):
             r = waiting[0]
             raise GenerationError(f"record {r.record_id!r}: {len(r.prompt)} prompt tokens and "
                                   f"its max_new_tokens do not fit the {self.blocks.free} free KV "
                                   "blocks: give more blocks")
         return rows
+
+    def _order(self, queue: list[Request]) -> list[int]:
+        """The order prompts are tried in, to raise reuse without holding any prompt back for
+        long: first those overtaken by `window` later prompts already, then, among the first
+        `window`, those whose leading block is cached now (they compute less, and are read
+        before the pool may evict their blocks), then the rest; input order within each. A
+        prompt sharing an uncached opening with one this prefill computes waits (_admit), so
+        it comes first in the next, cached then."""
+        def rank(i: int) -> int:
+            r = queue[i]
+            if r.passed >= self.window:
+                return 0
+            shareable = (self._chain(r)[:(len(r.prompt) - 1) // self.block_size]
+                         if i < self.window else [])
+            return 1 if self.blocks.lookup(shareable[:1]) else 2
+
+        return sorted(range(len(queue)), key=lambda i: (rank(i), i))
+
+    def _chain(self, request: Request) -> list[bytes]:
+        """The chain hashes of a prompt's full blocks, computed once; none without a cache."""
+        if not self.prefix_blocks:
+            return []
+        if request.chain is None:
+            request.chain = chain_hashes(request.prompt, self.block_size,
+                                         len(request.prompt) // self.block_size)
+        return request.chain
 
     def _prefill(self, rows: list[_Row]) -> _Launch:
         """Pack the rows' prompts, write their slots' settings, replay the prefill graph."""
