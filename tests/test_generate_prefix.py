@@ -80,6 +80,16 @@ def test_seeded_sampling_is_the_same_with_the_prefix_cache_on_and_off(llama):
     assert on.stats.prompt_reused > 0
 
 
+def test_penalties_count_the_shared_prompt_tokens_as_seen(llama):
+    # a shared block's tokens are not packed, yet they are the prompt's: the repetition and
+    # presence penalties see them as with the cache off
+    penalized = GenerateConfig(max_new_tokens=8, eos_ids=(2,), sampling=Sampling(
+        method="greedy", repetition_penalty=1.8, presence_penalty=0.5))
+    on, off = engine(llama, penalized), engine(llama, penalized, prefix_cache=False)
+    assert tokens(on.generate(PROMPTS)) == tokens(off.generate(PROMPTS))
+    assert on.stats.prompt_reused == 15 * len(SYSTEM)
+
+
 def test_prompts_sharing_a_block_the_same_prefill_computes_wait_for_the_next_one(llama):
     # three system prompts, two records each in a row: the first of each computes it in one
     # prefill, the second of each shares it in the next (15 blocks: what one prefill may read)

@@ -637,11 +637,24 @@ class Engine:
         # a prefill reading cached blocks runs eagerly, built for how many it reads: the
         # captured prefills read none, so a prefill without hits pays nothing for the cache
         reading = (prefill_step(self.model, st, self.cache, self.config, size, self.variant,
-                                prefix=len(read)) if read else None)
+                                prefix=len(read), unpacked=self._unpacked(rows))
+                   if read else None)
         launch = self._launch("prefill", StepKey("prefill", size), rows, len(rows), reading)
         if src:
             self._copy_blocks(src, dst)
         return launch
+
+    def _unpacked(self, rows: list[_Row]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(slots, tokens) of the prompt tokens the rows read from the cache instead of
+        packing them, for the penalties (a prompt's every token counts as seen); None
+        where no row may be penalized."""
+        if not self.variant.penalized:
+            return None
+        bs = self.block_size
+        slots = [r.slot for r in rows for _ in range(r.reused * bs)]
+        tokens = [t for r in rows for t in r.request.prompt[:r.reused * bs]]
+        return tuple(torch.tensor(v, dtype=torch.int64, device=self.device)
+                     for v in (slots, tokens))
 
     def _copy_blocks(self, src: list[int], dst: list[int]) -> None:
         """Blocks' keys and values into other blocks, in stream order (after the prefill that

@@ -196,12 +196,16 @@ def _prefix_view(state: SlotState, segment: torch.Tensor, width: int) -> dict:
 
 
 def prefill_step(model: StepModel, state: SlotState, cache: PagedCache, config: GenerateConfig,
-                 tokens: int, variant: Variant, prefix: int = 0) -> Callable[[], None]:
+                 tokens: int, variant: Variant, prefix: int = 0,
+                 unpacked: tuple[torch.Tensor, torch.Tensor] | None = None
+                 ) -> Callable[[], None]:
     """The admitted prompts packed into `tokens` tokens through the model: their keys written
     into their blocks, each prompt's first token picked, and its slot set to decode from
     there (token, length, index, done, and the penalties' counts). prefix: how many cached
     blocks (state.p_prefix) the packed prompts read; a shape, so the captured prefills read
-    none and a prefill that reads some runs eagerly (Engine._prefill)."""
+    none and a prefill that reads some runs eagerly (Engine._prefill). unpacked: (slots [m],
+    tokens [m]), the prompt tokens of those blocks, marked seen for the penalties as the
+    packed ones are."""
 
     def step() -> None:
         positions = state.p_positions[:tokens]  # [T]
@@ -225,6 +229,9 @@ def prefill_step(model: StepModel, state: SlotState, cache: PagedCache, config: 
             owner = torch.where(segment >= 0, join[segment.clamp(min=0)], state.spare)  # [T]
             state.prompt_seen.index_put_((owner, state.p_tokens[:tokens]),
                                          torch.ones_like(owner, dtype=torch.bool))
+            if unpacked is not None:
+                state.prompt_seen.index_put_(unpacked, torch.ones_like(unpacked[0],
+                                                                       dtype=torch.bool))
         token = _pick(state, config, logits, join, index, variant)
         if variant.penalized:  # padded prompts count on the spare row, which nothing reads
             state.counts.index_put_((join, token), torch.ones_like(token, dtype=torch.int32),
