@@ -25,9 +25,9 @@ The scheduler's loop (serve), on one thread:
    the pool, its slot to the next prompt.
 
 A request for n samples is n rows (sample 0 to n-1); the samples admitted together are packed
-once, each picking its own first token from the prompt's logits, and the prompt's KV blocks are
-copied to the others' blocks by one device copy (the block pool keeps no reference counts, so
-blocks are never shared). A record's tokens depend only on the model, its prompt and (seed,
+once, each picking its own first token from the prompt's logits; the others hold a reference to
+each of the prompt's full KV blocks (BlockPool counts them) and a copy of its last block where
+that is partial (their decode steps write their own tokens after the prompt's there). A record's tokens depend only on the model, its prompt and (seed,
 record id, sample index, position): its slot, its neighbours and when it was admitted change
 nothing (sampling.py).
 """
@@ -200,7 +200,8 @@ class Engine:
                  memory_budget_mib=None, compile: bool = False, sample: bool | None = None,
                  filtered: bool | None = None, penalized: bool | None = None,
                  logprobs: int | None | str = "spec", admit_min: int | None = None,
-                 prefix_cache: bool = True, window: int = WINDOW, detokenize: Callable[[list[int]], str] | None = None,
+                 prefix_cache: bool = True, window: int = WINDOW,
+                 detokenize: Callable[[list[int]], str] | None = None,
                  log: Callable[[str], None] | None = None):
         self.config, self.log = config, log or (lambda line: None)
         self.detokenize = detokenize  # token ids -> text, for stop strings
@@ -479,12 +480,13 @@ class Engine:
         as they will be computed; a prompt that would share a block this same prefill computes
         waits for the next prefill, which reads it, and the prompts after it go on (what a
         record generates does not depend on when it is admitted). A prompt's samples admitted
-        together count its tokens once: _prefill packs it once and copies its blocks to the
-        other samples' rows."""
+        together count its tokens once: _prefill packs it once, the other samples hold a
+        reference to each of its full blocks, and its last block, if partial, is copied to
+        theirs (the decode steps write each sample's own tokens after the prompt there)."""
         rows, tokens, bs = [], 0, self.block_size
         computed: set[int] = set()  # blocks this prefill registers
         prefix: dict[int, None] = {}  # cached blocks this prefill reads
-        packed: set[int] = set()  # prompts (by their list's id) this prefill computes
+        packed: dict[int, _Row] = {}  # prompts (_packs_once) this prefill computes: the row
         queue = list(waiting)  # in input order
         admitted: set[int] = set()
         for i in self._order(queue):
@@ -494,31 +496,34 @@ class Engine:
             n = len(r.prompt)
             max_new, *_ = self._settings(r)
             cap = -(-(n + max_new) // bs)
-            sample_of_packed = self._packs_once(r) in packed  # its blocks copied, not computed
-            keys = self._chain(r) if not sample_of_packed else []
-            shared = self.blocks.lookup(keys[:(n - 1) // bs])
-            if computed.intersection(shared):  # the next prefill reads what this one writes
-                continue
-            more = 0 if sample_of_packed else n - len(shared) * bs
-            if (len(prefix.keys() | set(shared)) > self.prefix_blocks
+            computing = packed.get(self._packs_once(r))
+            if computing is None:
+                keys = self._chain(r)
+                shared = self.blocks.lookup(keys[:(n - 1) // bs])
+                if computed.intersection(shared):  # the next prefill reads what this one writes
+                    continue
+                read, more = shared, n - len(shared) * bs
+            else:  # another sample of a prompt this prefill computes: its full blocks shared
+                keys, shared, read, more = [], computing.blocks[:n // bs], [], 0
+            if (len(prefix.keys() | set(read)) > self.prefix_blocks
                     or self.blocks.free - self.blocks.idle_among(shared) - self._reserved
                     < cap - len(shared)
                     or tokens + more > self.prefill_sizes[-1]):
                 break
             admitted.add(i)
             tokens += more
-            packed.add(self._packs_once(r))
             slot = heapq.heappop(self._free)
-            first = min(cap, -(-(n + LOOKAHEAD) // bs))
+            held = min(cap, -(-(n + LOOKAHEAD) // bs))
             self.blocks.share(shared)
-            blocks = shared + self.blocks.take(first - len(shared))
+            blocks = shared + self.blocks.take(held - len(shared))
             for j in range(len(shared), len(keys)):
                 if self.blocks.register(blocks[j], keys[j]):
                     computed.add(blocks[j])
-            prefix.update(dict.fromkeys(shared))
+            prefix.update(dict.fromkeys(read))
             row = _Row(r, slot, max_new, frozenset(), blocks, cap, r.taken_s,
-                       reused=len(shared), text=self._stop_text(r))
-            self._reserved += cap - first
+                       reused=len(read), text=self._stop_text(r))
+            packed.setdefault(self._packs_once(r), row)
+            self._reserved += cap - held
             self._rows[slot] = row
             rows.append(row)
         waiting.clear()
@@ -586,7 +591,7 @@ class Engine:
         # the samples of one prompt (Engine.samples: one prompt list) packed once: id(prompt)
         # -> (its last token's place in the pack, the row whose blocks its keys go to)
         packed: dict[int, tuple[int, _Row]] = {}
-        src, dst = [], []  # the prompt's blocks, copied to each other sample's after the step
+        src, dst = [], []  # a prompt's partial last block, copied to its other samples' after
         for i, row in enumerate(rows):
             prompt = row.request.prompt
             n = len(prompt)
@@ -606,9 +611,9 @@ class Engine:
                 place, first = packed[once]
                 last[i], join[i], lens[i] = place, s, n
                 row.packed_at = first.packed_at
-                held = -(-n // bs)  # the blocks holding the prompt's keys
-                src += first.blocks[:held]
-                dst += row.blocks[:held]
+                if n % bs:  # its full blocks are the first's; the partial one its own copy
+                    src.append(first.blocks[n // bs])
+                    dst.append(row.blocks[n // bs])
                 continue
             read.update((b, j) for j, b in enumerate(row.blocks[:row.reused]))
             start = row.reused * bs  # the shared blocks' tokens are not packed
