@@ -658,19 +658,21 @@ class Engine:
         bs = self.block_size
         slots = [r.slot for r in rows for _ in range(r.reused * bs)]
         tokens = [t for r in rows for t in r.request.prompt[:r.reused * bs]]
-        return tuple(torch.tensor(v, dtype=torch.int64, device=self.device)
-                     for v in (slots, tokens))
+        return tuple(self._to_device(v) for v in (slots, tokens))
 
     def _copy_blocks(self, src: list[int], dst: list[int]) -> None:
         """Blocks' keys and values into other blocks, in stream order (after the prefill that
         wrote them, before the decode that reads them)."""
-        frm, to = (torch.tensor(b, dtype=torch.int64) for b in (src, dst))
-        if self.cuda:
-            frm = frm.pin_memory().to(self.device, non_blocking=True)
-            to = to.pin_memory().to(self.device, non_blocking=True)
+        frm, to = self._to_device(src), self._to_device(dst)
         for t in (*self.cache.k, *self.cache.v):
             t.index_copy_(0, to, t.index_select(0, frm))
         self.stats.copied_blocks += len(src)
+
+    def _to_device(self, values: list[int]) -> torch.Tensor:
+        """Host ints as an int64 tensor on the device, in stream order (pinned: the host does
+        not wait for the queued steps)."""
+        t = torch.tensor(values, dtype=torch.int64)
+        return t.pin_memory().to(self.device, non_blocking=True) if self.cuda else t
 
     def _wanted(self) -> bool:
         """Whether a decode step makes a token some row may need: not when every row has
@@ -697,11 +699,7 @@ class Engine:
             r.slot = to
         self._free = sorted((set(self._free) - set(dst)) | set(src))  # sorted: a heap
         st.push()
-        frm = torch.tensor(src, dtype=torch.int64)
-        to = torch.tensor(dst, dtype=torch.int64)
-        if self.cuda:
-            frm = frm.pin_memory().to(self.device, non_blocking=True)
-            to = to.pin_memory().to(self.device, non_blocking=True)
+        frm, to = self._to_device(src), self._to_device(dst)
         for name in ROW_FIELDS:  # the device's own values, moved
             t = getattr(st, name)
             t.index_copy_(0, to, t.index_select(0, frm))
