@@ -256,8 +256,7 @@ class Engine:
         prefix_cache = (prefix_cache and not config.prompt_logprobs
                         and getattr(self.model, "window", None) is None)
         self.prefix_blocks = (max_prompt - 1) // block_size if prefix_cache else 0
-        # admission looks ahead for cached openings only where there is a cache
-        self.window = window if self.prefix_blocks else 0
+        self.window = window if self.prefix_blocks else 0  # look-ahead for cached openings
         stop_width = len(config.eos_ids) + EXTRA_STOPS
         spec_sample = config.sampling.method == "sample"
         s = config.sampling
@@ -639,15 +638,17 @@ class Engine:
             self._copy_in(getattr(st, name)[:len(values)], values)
         self.stats.prefills += 1
         self.stats.prefill_tokens += size
-        # a prefill reading cached blocks runs eagerly, built for how many it reads: the
-        # captured prefills read none, so a prefill without hits pays nothing for the cache
-        reading = (prefill_step(self.model, st, self.cache, self.config, size, self.variant,
-                                prefix=len(read), unpacked=self._unpacked(rows))
-                   if read else None)
-        launch = self._launch("prefill", StepKey("prefill", size), rows, len(rows), reading)
+        launch = self._launch("prefill", StepKey("prefill", size), rows, len(rows),
+                              self._reading_step(rows, size, len(read)) if read else None)
         if src:
             self._copy_blocks(src, dst)
         return launch
+
+    def _reading_step(self, rows: list[_Row], size: int, width: int) -> Callable[[], None]:
+        """The prefill of `size` tokens that reads `width` cached blocks, run eagerly: the
+        captured prefills read none, so a prefill without hits pays nothing for the cache."""
+        return prefill_step(self.model, self.state, self.cache, self.config, size,
+                            self.variant, prefix=width, unpacked=self._unpacked(rows))
 
     def _unpacked(self, rows: list[_Row]) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(slots, tokens) of the prompt tokens the rows read from the cache instead of
