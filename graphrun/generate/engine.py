@@ -27,9 +27,9 @@ The scheduler's loop (serve), on one thread:
 A request for n samples is n rows (sample 0 to n-1); the samples admitted together are packed
 once, each picking its own first token from the prompt's logits; the others hold a reference to
 each of the prompt's full KV blocks (BlockPool counts them) and a copy of its last block where
-that is partial (their decode steps write their own tokens after the prompt's there). A record's tokens depend only on the model, its prompt and (seed,
-record id, sample index, position): its slot, its neighbours and when it was admitted change
-nothing (sampling.py).
+that is partial (their decode steps write their own tokens after the prompt's there). A record's
+tokens depend only on the model, its prompt and (seed, record id, sample index, position): its
+slot, its neighbours and when it was admitted change nothing (sampling.py).
 """
 
 from __future__ import annotations
@@ -567,7 +567,8 @@ class Engine:
         return request.chain
 
     def _prefill(self, rows: list[_Row]) -> _Launch:
-        """Pack the rows' prompts, write their slots' settings, replay the prefill graph."""
+        """Pack the rows' prompts, write their slots' settings, replay the prefill graph (or
+        run the prefill eagerly where it reads cached blocks)."""
         st, host, bs = self.state, self.state.host, self.block_size
         computes: dict[int, int] = {}  # each prompt packed once: its tokens not cached
         for r in rows:
