@@ -12,7 +12,8 @@ does not depend on the weights). Printed per job: graph set-up (the engine's con
 buffers, warm-up, capture and verification of every graph), generate tokens/s (output tokens /
 (prefill + decode device time), the manifest's output_tokens_per_s), the wall time of the whole
 generate call, decode row-steps wasted, slot occupancy, KV blocks (mean, peak), decode steps,
-prefills, mean output tokens.
+prefills (and those that read cached prompt blocks: none here, no two prompts share a block),
+mean output tokens.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def job(model, prompts, *, slots: int, new: int, stops: tuple, prefill_tokens: i
            "kv_blocks_mean": s.kv_block_steps / max(1, s.decode_steps),
            "kv_blocks_peak": s.kv_blocks_peak, "kv_blocks": eng.num_blocks,
            "decode_steps": s.decode_steps, "prefills": s.prefills,
-           "host_bound_steps": s.host_bound_steps,
+           "reading_prefills": s.reading_prefills, "host_bound_steps": s.host_bound_steps,
            "mean_output_tokens": float(np.mean([c.output_tokens for c in done])),
            "output_tokens": s.output_tokens}
     eng.close()

@@ -168,6 +168,7 @@ def test_a_prefill_reads_only_the_cached_blocks_its_prompts_share(llama, monkeyp
     on.generate(PROMPTS)  # the system prompt's 10 blocks, read by the prefills after the first
     assert widths and set(widths) == {len(SYSTEM) // BS}
     assert on.stats.prompt_reused == 15 * len(SYSTEM)
+    assert 0 < on.stats.reading_prefills < on.stats.prefills  # not the first one
 
 
 def test_a_prompt_is_overtaken_by_at_most_the_window(llama):

@@ -648,6 +648,7 @@ class Engine:
     def _reading_step(self, rows: list[_Row], size: int, width: int) -> Callable[[], None]:
         """The prefill of `size` tokens that reads `width` cached blocks, run eagerly: the
         captured prefills read none, so a prefill without hits pays nothing for the cache."""
+        self.stats.reading_prefills += 1
         return prefill_step(self.model, self.state, self.cache, self.config, size,
                             self.variant, prefix=width, unpacked=self._unpacked(rows))
 

@@ -48,6 +48,7 @@ class GenerationStats:
     decode_s: float = 0.0
     prefills: int = 0
     prefill_tokens: int = 0  # tokens of the packed prefills, padding included
+    reading_prefills: int = 0  # prefills that read cached blocks (run eagerly)
     prompt_computed: int = 0  # prompt tokens prefilled
     prompt_reused: int = 0  # prompt tokens whose keys came from the prefix cache
     decode_steps: int = 0
