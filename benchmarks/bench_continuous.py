@@ -90,7 +90,7 @@ def job(model, prompts, *, slots: int | str, new: int, stops: tuple, prefill_tok
            "kv_blocks_mean": s.kv_block_steps / max(1, s.decode_steps),
            "kv_blocks_peak": s.kv_blocks_peak, "kv_blocks": eng.num_blocks,
            "decode_steps": s.decode_steps, "prefills": s.prefills,
-           "host_bound_steps": s.host_bound_steps,
+           "reading_prefills": s.reading_prefills, "host_bound_steps": s.host_bound_steps,
            "mean_output_tokens": float(np.mean([c.output_tokens for c in done])),
            "output_tokens": s.output_tokens}
     eng.close()

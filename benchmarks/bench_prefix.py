@@ -11,7 +11,7 @@ fp32 on the CPU); every record samples (seeded) all --new-tokens tokens, so both
 same decode work. Printed per job: prompt tokens computed (prefilled) and reused (shared from
 the cache), computed / unique prompt tokens (the system prompt once plus every user part),
 graph set-up, the wall time of the whole generate call, prefill and decode device time,
-prefills, output tokens/s; then the speed-up of the whole call and how many records' tokens
+prefills (and those that read cached blocks, run eagerly), output tokens/s; then the speed-up of the whole call and how many records' tokens
 are equal between the two jobs.
 """
 
@@ -62,7 +62,8 @@ def job(model, prompts, *, on: bool, device, dtype, slots: int, new: int,
     s = eng.stats
     out = {"prompt_tokens_computed": s.prompt_computed, "prompt_tokens_reused": s.prompt_reused,
            "graph_setup_s": setup, "generate_wall_s": wall, "prefill_s": s.prefill_s,
-           "decode_s": s.decode_s, "prefills": s.prefills, "decode_steps": s.decode_steps,
+           "decode_s": s.decode_s, "prefills": s.prefills,
+           "reading_prefills": s.reading_prefills, "decode_steps": s.decode_steps,
            "output_tokens": s.output_tokens,
            "generate_tokens_per_s": s.output_tokens / (s.prefill_s + s.decode_s),
            "kv_blocks_peak": s.kv_blocks_peak, "kv_blocks": eng.num_blocks}

@@ -309,10 +309,26 @@ def test_samples_admitted_together_prefill_their_prompt_once(llama):
     got = together.generate(prompts, ["a", "b"], params)
     # 4 + 6 tokens in one prefill of 16 (the five rows' 24 would take two)
     assert together.stats.prefills == 1 and together.stats.prefill_tokens == 16
-    assert together.stats.copied_blocks == 1 * 2 + 2 * 1  # 1 and 2 blocks of 4 tokens
+    # the 4-token prompt's one full block is shared; the 6-token one's partial block copied
+    assert together.stats.copied_blocks == 1
     assert len({tuple(t) for t in tokens(got)}) == 5
     apart = engine(llama, SAMPLED, 1).generate(prompts, ["a", "b"], params)
     assert tokens(got) == tokens(apart)  # each sample prefilled on its own there
+
+
+def test_samples_hold_their_prompts_full_blocks_by_reference(llama):
+    prompt = [(7 * i) % 90 + 3 for i in range(10)]  # 2 full blocks of 4 and a partial one
+    config = GenerateConfig(max_new_tokens=6, sampling=SAMPLED.sampling)
+    eng = engine(llama, config, 4)
+    got = eng.generate([prompt], ["p"], [RequestParams(n=4)])
+    # 4 blocks a row (10 + 6 tokens): sample 0's 4, then 2 of its own for each other sample
+    assert eng.stats.kv_blocks_peak == 4 + 3 * 2
+    assert eng.stats.copied_blocks == 3  # the partial block, to each other sample
+    assert eng.blocks.used == 0 and all(eng.blocks.refs(b) == 0 for b in range(eng.num_blocks))
+    for cache in (True, False):  # one sample at a time, each prefilled (or read from the cache)
+        alone = engine(llama, config, 1, prefix_cache=cache)
+        assert tokens(alone.generate([prompt], ["p"], [RequestParams(n=4)])) == tokens(got)
+    assert len({tuple(t) for t in tokens(got)}) == 4
 
 
 @pytest.mark.cuda

@@ -6,13 +6,14 @@ stay equal; every reference is given back."""
 from __future__ import annotations
 
 import copy
+from collections import deque
 
 import pytest
 
 pytest.importorskip("transformers")
 
 from graphrun.generate.config import GenerateConfig, Sampling  # noqa: E402
-from graphrun.generate.engine import build_engine  # noqa: E402
+from graphrun.generate.engine import Request, build_engine  # noqa: E402
 from graphrun.generate.kv_cache import BlockPool, chain_hashes  # noqa: E402
 from graphrun.generate.llama import build_llama  # noqa: E402
 from tests.generate_models import tiny_gpt2, tiny_llama  # noqa: E402
@@ -79,6 +80,16 @@ def test_seeded_sampling_is_the_same_with_the_prefix_cache_on_and_off(llama):
     assert on.stats.prompt_reused > 0
 
 
+def test_penalties_count_the_shared_prompt_tokens_as_seen(llama):
+    # a shared block's tokens are not packed, yet they are the prompt's: the repetition and
+    # presence penalties see them as with the cache off
+    penalized = GenerateConfig(max_new_tokens=8, eos_ids=(2,), sampling=Sampling(
+        method="greedy", repetition_penalty=1.8, presence_penalty=0.5))
+    on, off = engine(llama, penalized), engine(llama, penalized, prefix_cache=False)
+    assert tokens(on.generate(PROMPTS)) == tokens(off.generate(PROMPTS))
+    assert on.stats.prompt_reused == 15 * len(SYSTEM)
+
+
 def test_prompts_sharing_a_block_the_same_prefill_computes_wait_for_the_next_one(llama):
     # three system prompts, two records each in a row: the first of each computes it in one
     # prefill, the second of each shares it in the next (15 blocks: what one prefill may read)
@@ -100,18 +111,35 @@ def test_a_whole_cached_prompt_still_computes_its_last_token(llama):
     assert on.stats.prompt_reused == 36 + 36  # 9 blocks each time, never the last one
 
 
+OTHER = [(11 * i + 5) % 90 + 3 for i in range(40)]
+# two system prompts taking turns, two records each
+TURNS = [(SYSTEM if (i // 2) % 2 else OTHER) + u for i, u in enumerate(USERS)]
+
+
 def test_a_small_pool_evicts_idle_cached_blocks_and_outputs_stay_equal(llama):
-    # two system prompts taking turns; 24 blocks hold one row of 64 + 8 tokens (18 blocks) and
-    # a few cached: the idle prefix of one is evicted to admit the other
-    other = [(11 * i + 5) % 90 + 3 for i in range(40)]
-    prompts = [(SYSTEM if (i // 2) % 2 else other) + u for i, u in enumerate(USERS)]
-    small, large = (engine(llama, GREEDY, slots=2, num_blocks=n) for n in (24, None))
-    got = small.generate(prompts)
-    assert tokens(got) == tokens(engine(llama, GREEDY, prefix_cache=False).generate(prompts))
-    assert tokens(got) == tokens(large.generate(prompts))
+    # 24 blocks hold one row of 64 + 8 tokens (18 blocks) and a few cached: admitted in input
+    # order (no look-ahead), the idle prefix of one is evicted to admit the other
+    small, large = (engine(llama, GREEDY, slots=2, num_blocks=n, window=0) for n in (24, None))
+    got = small.generate(TURNS)
+    assert tokens(got) == tokens(engine(llama, GREEDY, prefix_cache=False).generate(TURNS))
+    assert tokens(got) == tokens(large.generate(TURNS))
     # some blocks shared, some evicted before their next use
     assert 0 < small.stats.prompt_reused < large.stats.prompt_reused
     assert all_given_back(small)
+
+
+def test_admission_takes_prompts_with_a_cached_opening_first_and_computes_less(llama):
+    # the job above: looking ahead, the records of the system prompt cached now go first, so
+    # each system prompt is computed once although the pool cannot keep both
+    ordered, in_order = (engine(llama, GREEDY, slots=2, num_blocks=24, window=w)
+                         for w in (8, 0))
+    got = ordered.generate(TURNS)
+    assert tokens(got) == tokens(engine(llama, GREEDY, prefix_cache=False).generate(TURNS))
+    assert tokens(in_order.generate(TURNS)) == tokens(got)
+    assert ordered.stats.prompt_reused == 14 * len(SYSTEM)  # all but each one's first
+    assert ordered.stats.prompt_computed < in_order.stats.prompt_computed
+    assert ordered.stats.prompt_computed == sum(map(len, TURNS)) - 14 * len(SYSTEM)
+    assert all_given_back(ordered)
 
 
 def test_references_return_to_zero_and_the_blocks_stay_cached(llama):
@@ -125,9 +153,40 @@ def test_references_return_to_zero_and_the_blocks_stay_cached(llama):
     assert on.stats.prompt_reused == 15 * len(SYSTEM) + 2 * len(SYSTEM)
 
 
+def test_a_prefill_reads_only_the_cached_blocks_its_prompts_share(llama, monkeypatch):
+    from graphrun.generate import kv_cache
+
+    widths = []  # per layer and prefill: how many cached blocks its attention gathered
+    gather = kv_cache.gather_blocks
+    monkeypatch.setattr(kv_cache, "gather_blocks",
+                        lambda cache, blocks: widths.append(blocks.shape[0]) or gather(
+                            cache, blocks))
+    on = engine(llama, GREEDY)
+    assert on.prefix_blocks == 15  # what one prefill may read
+    on.generate(USERS)  # no two share a block: no prefill reads the cache
+    assert widths == [] and on.stats.prompt_reused == 0
+    on.generate(PROMPTS)  # the system prompt's 10 blocks, read by the prefills after the first
+    assert widths and set(widths) == {len(SYSTEM) // BS}
+    assert on.stats.prompt_reused == 15 * len(SYSTEM)
+    assert 0 < on.stats.reading_prefills < on.stats.prefills  # not the first one
+
+
+def test_a_prompt_is_overtaken_by_at_most_the_window(llama):
+    # one slot: records finish in the order they are admitted. Record 1 opens with an uncached
+    # system prompt, the records after it with the one record 0 leaves cached
+    prompts = [SYSTEM + USERS[0], OTHER + USERS[1]] + [SYSTEM + u for u in USERS[2:10]]
+    eng = engine(llama, GREEDY, slots=1, window=2)
+    source = deque(Request(p, i) for i, p in enumerate(prompts))
+    finished = []
+    eng.serve(lambda n, block: [source.popleft() for _ in range(min(n, len(source)))] or (
+        None if not source else []), lambda f: finished.append(f.request.record_id))
+    assert finished[:4] == [0, 2, 3, 1]  # two later records went first, then its turn came
+    assert sorted(finished) == list(range(10))
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
-def test_captured_prefills_reading_cached_prefixes_equal_the_cpu_without_sharing(llama):
+def test_gpu_prefills_reading_cached_prefixes_equal_the_cpu_without_sharing(llama):
     graphs = engine(llama, GREEDY, device="cuda")
     assert all(g["status"] == "captured" for g in graphs.graphs()), graphs.graphs()
     got = graphs.generate(PROMPTS)

@@ -6,9 +6,12 @@ slot buffers (steps.py) and the graph table (graphs.py): one decode graph per ro
 sizes up to the slots, for the job's tail) and one prefill graph per packed token count.
 
 The scheduler's loop (serve), on one thread:
-1. take prompts from the source while slots are free (blocking only when nothing runs);
-2. admit: the first waiting prompts into the lowest free slots, as many as the free slots, the
-   blocks and the largest prefill allow; they are packed into one sequence and prefilled, which
+1. take prompts from the source while slots are free, and with the prefix cache until a
+   window of them waits (blocking only when nothing runs);
+2. admit: waiting prompts into the lowest free slots, as many as the free slots, the blocks
+   and the largest prefill allow, in input order except that, with the prefix cache, those
+   whose opening is cached go first within a look-ahead window (no prompt is overtaken by more
+   than the window); they are packed into one sequence and prefilled, which
    writes their keys into their blocks and picks each one's first token (prefill then join: the
    decode step stays one uniform graph, see docs/architecture.md);
 3. decode: the smallest decode graph covering the highest occupied slot, after growing any row
@@ -22,11 +25,11 @@ The scheduler's loop (serve), on one thread:
    the pool, its slot to the next prompt.
 
 A request for n samples is n rows (sample 0 to n-1); the samples admitted together are packed
-once, each picking its own first token from the prompt's logits, and the prompt's KV blocks are
-copied to the others' blocks by one device copy (the block pool keeps no reference counts, so
-blocks are never shared). A record's tokens depend only on the model, its prompt and (seed,
-record id, sample index, position): its slot, its neighbours and when it was admitted change
-nothing (sampling.py).
+once, each picking its own first token from the prompt's logits; the others hold a reference to
+each of the prompt's full KV blocks (BlockPool counts them) and a copy of its last block where
+that is partial (their decode steps write their own tokens after the prompt's there). A record's
+tokens depend only on the model, its prompt and (seed, record id, sample index, position): its
+slot, its neighbours and when it was admitted change nothing (sampling.py).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ LOOKAHEAD = 16  # decode steps a row's blocks cover ahead: block growth is not p
 AUTO_SLOTS = 256  # slots: auto at most (more rows per step than decode benefits from)
 AUTO_MEMORY = 0.5  # slots: auto takes this share of the device memory left for the KV cache
 RING = 4  # pinned output buffers: launches unread at most
+WINDOW = 32  # waiting prompts the scheduler looks ahead over, and may let overtake one
 
 
 @dataclass
@@ -72,6 +76,8 @@ class Request:
     tag: object = None
     taken_s: float = 0.0  # when the engine took it (its TTFT counts from here)
     sample: int = 0  # which of its n samples (the engine makes one request per sample)
+    passed: int = 0  # prompts after it admitted before it (Engine._admit)
+    chain: list[bytes] | None = field(default=None, repr=False)  # its full blocks' keys
 
 
 @dataclass
@@ -194,7 +200,8 @@ class Engine:
                  memory_budget_mib=None, compile: bool = False, sample: bool | None = None,
                  filtered: bool | None = None, penalized: bool | None = None,
                  logprobs: int | None | str = "spec", admit_min: int | None = None,
-                 prefix_cache: bool = True, detokenize: Callable[[list[int]], str] | None = None,
+                 prefix_cache: bool = True, window: int = WINDOW,
+                 detokenize: Callable[[list[int]], str] | None = None,
                  log: Callable[[str], None] | None = None):
         self.config, self.log = config, log or (lambda line: None)
         self.detokenize = detokenize  # token ids -> text, for stop strings
@@ -249,6 +256,7 @@ class Engine:
         prefix_cache = (prefix_cache and not config.prompt_logprobs
                         and getattr(self.model, "window", None) is None)
         self.prefix_blocks = (max_prompt - 1) // block_size if prefix_cache else 0
+        self.window = window if self.prefix_blocks else 0  # look-ahead for cached openings
         stop_width = len(config.eos_ids) + EXTRA_STOPS
         spec_sample = config.sampling.method == "sample"
         s = config.sampling
@@ -430,9 +438,10 @@ class Engine:
         ended = False
         while True:
             occupied = self.slots - len(self._free)
-            if not ended and len(waiting) < len(self._free) + self.admit_min:
+            want = max(len(self._free) + self.admit_min, self.window)
+            if not ended and len(waiting) < want:
                 idle = not occupied and not inflight and not waiting
-                got = take(len(self._free) + self.admit_min - len(waiting), idle)
+                got = take(want - len(waiting), idle)
                 if got is None:
                     ended = True
                 else:
@@ -463,54 +472,67 @@ class Engine:
                 self._read(inflight.popleft(), emit)
 
     def _admit(self, waiting: deque) -> list[_Row]:
-        """The first waiting prompts that fit: a free slot each, their blocks (counting what
-        every running row may still take), and the largest prefill. A prompt's leading full
-        blocks found in the prefix cache are shared, the rest taken, and its full blocks
-        registered as they will be computed; a prompt that would share a block this same
-        prefill computes waits for the next prefill, which reads it, and the prompts after it
-        go on (what a record generates does not depend on when it is admitted). A prompt's
-        samples admitted together count its tokens once: _prefill packs it once and copies
-        its blocks to the other samples' rows."""
+        """The waiting prompts that fit, in the scheduler's order (_order): a free slot each,
+        their blocks (counting what every running row may still take), and the largest
+        prefill; the first that does not fit ends the prefill. A prompt's leading full blocks
+        found in the prefix cache are shared, the rest taken, and its full blocks registered
+        as they will be computed; a prompt that would share a block this same prefill computes
+        waits for the next prefill, which reads it, and the prompts after it go on (what a
+        record generates does not depend on when it is admitted). A prompt's samples admitted
+        together count its tokens once: _prefill packs it once, the other samples hold a
+        reference to each of its full blocks, and its last block, if partial, is copied to
+        theirs (the decode steps write each sample's own tokens after the prompt there)."""
         rows, tokens, bs = [], 0, self.block_size
         computed: set[int] = set()  # blocks this prefill registers
         prefix: dict[int, None] = {}  # cached blocks this prefill reads
-        deferred: list[Request] = []  # sharing `computed`: first in the next prefill
-        packed: set[int] = set()  # prompts (by their list's id) this prefill computes
-        while waiting and self._free:
-            r = waiting[0]
+        packed: dict[int, _Row] = {}  # prompts (_packs_once) this prefill computes: the row
+        queue = list(waiting)  # in input order
+        admitted: set[int] = set()
+        for i in self._order(queue):
+            if not self._free:
+                break
+            r = queue[i]
             n = len(r.prompt)
             max_new, *_ = self._settings(r)
             cap = -(-(n + max_new) // bs)
-            sample_of_packed = self._packs_once(r) in packed  # its blocks copied, not computed
-            keys = (chain_hashes(r.prompt, bs, n // bs)
-                    if self.prefix_blocks and not sample_of_packed else [])
-            shared = self.blocks.lookup(keys[:(n - 1) // bs])
-            if computed.intersection(shared):  # the next prefill reads what this one writes
-                deferred.append(waiting.popleft())
-                continue
-            more = 0 if sample_of_packed else n - len(shared) * bs
-            if (len(prefix.keys() | set(shared)) > self.prefix_blocks
+            computing = packed.get(self._packs_once(r))
+            if computing is None:
+                keys = self._chain(r)
+                shared = self.blocks.lookup(keys[:(n - 1) // bs])
+                if computed.intersection(shared):  # the next prefill reads what this one writes
+                    continue
+                read, more = shared, n - len(shared) * bs
+            else:  # another sample of a prompt this prefill computes: its full blocks shared
+                keys, shared, read, more = [], computing.blocks[:n // bs], [], 0
+            if (len(prefix.keys() | set(read)) > self.prefix_blocks
                     or self.blocks.free - self.blocks.idle_among(shared) - self._reserved
                     < cap - len(shared)
                     or tokens + more > self.prefill_sizes[-1]):
                 break
-            waiting.popleft()
+            admitted.add(i)
             tokens += more
-            packed.add(self._packs_once(r))
             slot = heapq.heappop(self._free)
-            first = min(cap, -(-(n + LOOKAHEAD) // bs))
+            held = min(cap, -(-(n + LOOKAHEAD) // bs))
             self.blocks.share(shared)
-            blocks = shared + self.blocks.take(first - len(shared))
+            blocks = shared + self.blocks.take(held - len(shared))
             for j in range(len(shared), len(keys)):
                 if self.blocks.register(blocks[j], keys[j]):
                     computed.add(blocks[j])
-            prefix.update(dict.fromkeys(shared))
+            prefix.update(dict.fromkeys(read))
             row = _Row(r, slot, max_new, frozenset(), blocks, cap, r.taken_s,
-                       reused=len(shared), text=self._stop_text(r))
-            self._reserved += cap - first
+                       reused=len(read), text=self._stop_text(r))
+            packed.setdefault(self._packs_once(r), row)
+            self._reserved += cap - held
             self._rows[slot] = row
             rows.append(row)
-        waiting.extendleft(reversed(deferred))
+        waiting.clear()
+        later = 0  # admitted prompts after this one in input order: it was overtaken by them
+        for i in range(len(queue) - 1, -1, -1):
+            if i in admitted:
+                later += 1
+            else:
+                queue[i].passed += later
+        waiting.extend(r for i, r in enumerate(queue) if i not in admitted)
         if not rows and not (self.slots - len(self._free)):
             r = waiting[0]
             raise GenerationError(f"record {r.record_id!r}: {len(r.prompt)} prompt tokens and "
@@ -518,8 +540,35 @@ class Engine:
                                   "blocks: give more blocks")
         return rows
 
+    def _order(self, queue: list[Request]) -> list[int]:
+        """The order prompts are tried in, to raise reuse without holding any prompt back for
+        long: first those overtaken by `window` later prompts already, then, among the first
+        `window`, those whose leading block is cached now (they compute less, and are read
+        before the pool may evict their blocks), then the rest; input order within each. A
+        prompt sharing an uncached opening with one this prefill computes waits (_admit), so
+        it comes first in the next, cached then."""
+        def rank(i: int) -> int:
+            r = queue[i]
+            if r.passed >= self.window:
+                return 0
+            shareable = (self._chain(r)[:(len(r.prompt) - 1) // self.block_size]
+                         if i < self.window else [])
+            return 1 if self.blocks.lookup(shareable[:1]) else 2
+
+        return sorted(range(len(queue)), key=lambda i: (rank(i), i))
+
+    def _chain(self, request: Request) -> list[bytes]:
+        """The chain hashes of a prompt's full blocks, computed once; none without a cache."""
+        if not self.prefix_blocks:
+            return []
+        if request.chain is None:
+            request.chain = chain_hashes(request.prompt, self.block_size,
+                                         len(request.prompt) // self.block_size)
+        return request.chain
+
     def _prefill(self, rows: list[_Row]) -> _Launch:
-        """Pack the rows' prompts, write their slots' settings, replay the prefill graph."""
+        """Pack the rows' prompts, write their slots' settings, replay the prefill graph (or
+        run the prefill eagerly where it reads cached blocks)."""
         st, host, bs = self.state, self.state.host, self.block_size
         computes: dict[int, int] = {}  # each prompt packed once: its tokens not cached
         for r in rows:
@@ -542,7 +591,7 @@ class Engine:
         # the samples of one prompt (Engine.samples: one prompt list) packed once: id(prompt)
         # -> (its last token's place in the pack, the row whose blocks its keys go to)
         packed: dict[int, tuple[int, _Row]] = {}
-        src, dst = [], []  # the prompt's blocks, copied to each other sample's after the step
+        src, dst = [], []  # a prompt's partial last block, copied to its other samples' after
         for i, row in enumerate(rows):
             prompt = row.request.prompt
             n = len(prompt)
@@ -562,9 +611,9 @@ class Engine:
                 place, first = packed[once]
                 last[i], join[i], lens[i] = place, s, n
                 row.packed_at = first.packed_at
-                held = -(-n // bs)  # the blocks holding the prompt's keys
-                src += first.blocks[:held]
-                dst += row.blocks[:held]
+                if n % bs:  # its full blocks are the first's; the partial one its own copy
+                    src.append(first.blocks[n // bs])
+                    dst.append(row.blocks[n // bs])
                 continue
             read.update((b, j) for j, b in enumerate(row.blocks[:row.reused]))
             start = row.reused * bs  # the shared blocks' tokens are not packed
@@ -590,21 +639,43 @@ class Engine:
             self._copy_in(getattr(st, name)[:len(values)], values)
         self.stats.prefills += 1
         self.stats.prefill_tokens += size
-        launch = self._launch("prefill", StepKey("prefill", size), rows, len(rows))
+        launch = self._launch("prefill", StepKey("prefill", size), rows, len(rows),
+                              self._reading_step(rows, size, len(read)) if read else None)
         if src:
             self._copy_blocks(src, dst)
         return launch
 
+    def _reading_step(self, rows: list[_Row], size: int, width: int) -> Callable[[], None]:
+        """The prefill of `size` tokens that reads `width` cached blocks, run eagerly: the
+        captured prefills read none, so a prefill without hits pays nothing for the cache."""
+        self.stats.reading_prefills += 1
+        return prefill_step(self.model, self.state, self.cache, self.config, size,
+                            self.variant, prefix=width, unpacked=self._unpacked(rows))
+
+    def _unpacked(self, rows: list[_Row]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(slots, tokens) of the prompt tokens the rows read from the cache instead of
+        packing them, for the penalties (a prompt's every token counts as seen); None
+        where no row may be penalized."""
+        if not self.variant.penalized:
+            return None
+        bs = self.block_size
+        slots = [r.slot for r in rows for _ in range(r.reused * bs)]
+        tokens = [t for r in rows for t in r.request.prompt[:r.reused * bs]]
+        return tuple(self._to_device(v) for v in (slots, tokens))
+
     def _copy_blocks(self, src: list[int], dst: list[int]) -> None:
         """Blocks' keys and values into other blocks, in stream order (after the prefill that
         wrote them, before the decode that reads them)."""
-        frm, to = (torch.tensor(b, dtype=torch.int64) for b in (src, dst))
-        if self.cuda:
-            frm = frm.pin_memory().to(self.device, non_blocking=True)
-            to = to.pin_memory().to(self.device, non_blocking=True)
+        frm, to = self._to_device(src), self._to_device(dst)
         for t in (*self.cache.k, *self.cache.v):
             t.index_copy_(0, to, t.index_select(0, frm))
         self.stats.copied_blocks += len(src)
+
+    def _to_device(self, values: list[int]) -> torch.Tensor:
+        """Host ints as an int64 tensor on the device, in stream order (pinned: the host does
+        not wait for the queued steps)."""
+        t = torch.tensor(values, dtype=torch.int64)
+        return t.pin_memory().to(self.device, non_blocking=True) if self.cuda else t
 
     def _wanted(self) -> bool:
         """Whether a decode step makes a token some row may need: not when every row has
@@ -631,11 +702,7 @@ class Engine:
             r.slot = to
         self._free = sorted((set(self._free) - set(dst)) | set(src))  # sorted: a heap
         st.push()
-        frm = torch.tensor(src, dtype=torch.int64)
-        to = torch.tensor(dst, dtype=torch.int64)
-        if self.cuda:
-            frm = frm.pin_memory().to(self.device, non_blocking=True)
-            to = to.pin_memory().to(self.device, non_blocking=True)
+        frm, to = self._to_device(src), self._to_device(dst)
         for name in ROW_FIELDS:  # the device's own values, moved
             t = getattr(st, name)
             t.index_copy_(0, to, t.index_select(0, frm))
@@ -674,7 +741,10 @@ class Engine:
             source = source.pin_memory()
         target.copy_(source, non_blocking=True)
 
-    def _launch(self, kind: str, key: StepKey, rows: list, count: int) -> _Launch:
+    def _launch(self, kind: str, key: StepKey, rows: list, count: int,
+                step: Callable[[], None] | None = None) -> _Launch:
+        """The key's graph (or `step`, run eagerly in its place) queued, its outputs copied to
+        the next pinned buffer."""
         buffer = self._ring
         self._ring = (self._ring + 1) % RING
         timing = None
@@ -684,7 +754,7 @@ class Engine:
                 self.stats.host_bound_steps += 1  # the device had nothing queued: it waited
             timing = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
             timing[0].record()
-        self.table[key].run()
+        (step or self.table[key].run)()
         out = self._host_out[buffer, :count]
         out.copy_(self.state.picked[:count], non_blocking=True)
         if kind == "prefill" and self.variant.prompt_logprobs:

@@ -13,7 +13,8 @@ A step's attention is described by a StepKV, shared by every layer:
   offset); `last` [n] says which tokens' logits the step needs (each prompt's last). A
   prompt whose leading blocks are cached (BlockPool) packs only its other tokens, at their
   positions; its tokens also see those blocks' keys, gathered (`prefix` [P] blocks, `prefix_mask`
-  [1, 1, T, P * block_size]), as if they were the first of its own.
+  [1, 1, T, P * block_size], P the blocks the step reads: none in a captured prefill), as if
+  they were the first of its own.
 - decode: one token per row, written at seq_lens - 1 and attended over the row's first seq_lens
   keys through its block table (paged_decode).
 """

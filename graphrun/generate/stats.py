@@ -48,6 +48,7 @@ class GenerationStats:
     decode_s: float = 0.0
     prefills: int = 0
     prefill_tokens: int = 0  # tokens of the packed prefills, padding included
+    reading_prefills: int = 0  # prefills that read cached blocks (run eagerly)
     prompt_computed: int = 0  # prompt tokens prefilled
     prompt_reused: int = 0  # prompt tokens whose keys came from the prefix cache
     decode_steps: int = 0
@@ -58,7 +59,7 @@ class GenerationStats:
     kv_blocks_peak: int = 0
     kv_token_steps: int = 0  # per decode step, the keys its rows attended (for the MBU)
     moved_rows: int = 0  # rows moved to lower slots in the job's tail (Engine._compact)
-    copied_blocks: int = 0  # prompt blocks copied to a prompt's other samples (not prefilled)
+    copied_blocks: int = 0  # partial last prompt blocks copied to a prompt's other samples
     host_bound_steps: int | None = None
     ttft: Sketch = field(default_factory=Sketch)
     tpot: Sketch = field(default_factory=Sketch)

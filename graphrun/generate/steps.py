@@ -179,13 +179,14 @@ def _pick(state: SlotState, config: GenerateConfig, logits: torch.Tensor, rows,
     return token
 
 
-def _prefix_view(state: SlotState, segment: torch.Tensor) -> dict:
-    """StepKV's prefix and prefix_mask: a token sees a cached block's keys when its row's
-    block table holds that block at that block's depth (a cached block is in no other row's
-    table there but its sharers'; padding, segment -1, sees none)."""
-    if not state.prefix_blocks:
+def _prefix_view(state: SlotState, segment: torch.Tensor, width: int) -> dict:
+    """StepKV's prefix and prefix_mask over the first `width` cached blocks the host listed:
+    a token sees a cached block's keys when its row's block table holds that block at that
+    block's depth (a cached block is in no other row's table there but its sharers'; padding,
+    segment -1, sees none)."""
+    if not width:
         return {}
-    blocks, depth = state.p_prefix, state.p_depth  # [P]
+    blocks, depth = state.p_prefix[:width], state.p_depth[:width]  # [P]
     table = state.block_table[state.p_join[segment.clamp(min=0)]]  # [T, max_blocks]
     held = table.long().gather(1, depth[None].expand(segment.shape[0], -1))  # [T, P]
     sees = (held == blocks[None]) & (blocks != 0)[None] & (segment >= 0)[:, None]
@@ -195,10 +196,16 @@ def _prefix_view(state: SlotState, segment: torch.Tensor) -> dict:
 
 
 def prefill_step(model: StepModel, state: SlotState, cache: PagedCache, config: GenerateConfig,
-                 tokens: int, variant: Variant) -> Callable[[], None]:
+                 tokens: int, variant: Variant, prefix: int = 0,
+                 unpacked: tuple[torch.Tensor, torch.Tensor] | None = None
+                 ) -> Callable[[], None]:
     """The admitted prompts packed into `tokens` tokens through the model: their keys written
     into their blocks, each prompt's first token picked, and its slot set to decode from
-    there (token, length, index, done, and the penalties' counts)."""
+    there (token, length, index, done, and the penalties' counts). prefix: how many cached
+    blocks (state.p_prefix) the packed prompts read; a shape, so the captured prefills read
+    none and a prefill that reads some runs eagerly (Engine._prefill). unpacked: (slots [m],
+    tokens [m]), the prompt tokens of those blocks, marked seen for the penalties as the
+    packed ones are."""
 
     def step() -> None:
         positions = state.p_positions[:tokens]  # [T]
@@ -208,7 +215,7 @@ def prefill_step(model: StepModel, state: SlotState, cache: PagedCache, config: 
         scored = variant.prompt_logprobs  # then every token's logits [T, V], else the last's
         kv = StepKV(cache, mask=mask[None, None], slots=state.p_slots[:tokens],
                     last=state.p_every[:tokens] if scored else state.p_last,
-                    **_prefix_view(state, segment))
+                    **_prefix_view(state, segment, prefix))
         logits = model(state.p_tokens[:tokens][None], positions[None], kv)  # [n or T, V]
         if scored:
             after = torch.roll(state.p_tokens[:tokens], -1)[:, None]  # [T, 1]: the next token
@@ -222,6 +229,9 @@ def prefill_step(model: StepModel, state: SlotState, cache: PagedCache, config: 
             owner = torch.where(segment >= 0, join[segment.clamp(min=0)], state.spare)  # [T]
             state.prompt_seen.index_put_((owner, state.p_tokens[:tokens]),
                                          torch.ones_like(owner, dtype=torch.bool))
+            if unpacked is not None:
+                state.prompt_seen.index_put_(unpacked, torch.ones_like(unpacked[0],
+                                                                       dtype=torch.bool))
         token = _pick(state, config, logits, join, index, variant)
         if variant.penalized:  # padded prompts count on the spare row, which nothing reads
             state.counts.index_put_((join, token), torch.ones_like(token, dtype=torch.int32),
