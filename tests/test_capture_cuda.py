@@ -190,20 +190,20 @@ def test_a_second_capture_that_fails_leaves_the_bucket_on_one_lane(tmp_path, mon
     """The overlapped stream's second lane is an optimisation: a bucket whose second capture
     fails keeps running on its first lane alone (a warning says so), the others take both
     lanes, and every output is still the model's."""
-    import graphrun.engine.capture as capture_mod
+    import graphrun.engine.graphs as graphs_mod
     from graphrun.base.errors import CaptureError as Err
 
     spec = small_spec(tmp_path, buckets={"batch": [4, 16]}, capture={"lazy": False})
     warnings = []
     with Runner(spec, log=warnings.append) as runner:
-        real = capture_mod.capture_graph
+        real = graphs_mod.capture_graph
 
-        def fails_for_16(step, bucket, **kw):
-            if bucket.batch == 16:
-                raise Err("CUDA graph capture failed: injected", bucket=bucket.name)
-            return real(step, bucket, **kw)
+        def fails_for_16(step, name, **kw):
+            if name == "batch=16":
+                raise Err("CUDA graph capture failed: injected", bucket=name)
+            return real(step, name, **kw)
 
-        monkeypatch.setattr(capture_mod, "capture_graph", fails_for_16)
+        monkeypatch.setattr(graphs_mod, "capture_graph", fails_for_16)
         runner.launcher.host_slots(3)
         on = {b.batch: [lane.index for lane in runner.lanes if b in lane.graphs]
               for b in runner.states}
