@@ -255,7 +255,8 @@ def test_overlapped_stream_on_two_lanes_gives_serials_outputs_bit_for_bit(tmp_pa
     all the slots, give the serial path's outputs (one lane) exactly, each record the model's
     on it alone, with positive phase timings; each bucket's second graph is checked on its
     first real batch too, and its capture reuses the first one's pool blocks."""
-    from graphrun.feed.loop import feed_stream, slot_count
+    from graphrun.engine.launch import slot_count
+    from graphrun.feed.loop import feed_stream
     from graphrun.read.records import RecordBatch
 
     spec = small_spec(tmp_path, model={"builtin": "mlp", "dtype": "bfloat16",

@@ -172,7 +172,7 @@ def test_the_overlapped_paths_slots_are_made_before_the_stream_starts(tmp_path, 
     """Pinned slots cost milliseconds to allocate on a GPU, a few percent of a 1M-record MLP
     stream: they are made with the runner, before the streaming time starts."""
     from graphrun.job import spine
-    from graphrun.feed.loop import slot_count
+    from graphrun.engine.launch import slot_count
 
     seen, feed_stream = [], spine.feed_stream
 

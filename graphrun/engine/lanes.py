@@ -3,7 +3,7 @@
 A Lane owns its static input and output buffers, allocated once at the largest bucket (each
 bucket is a view, buffers.py), one graph per bucket captured on those views, and the event after
 which its buffers are free again (its last batch's outputs copied out). Lanes are alike: the
-first is made with the runner; the overlapped stream adds a second (Runner.host_slots), so that
+first is made with the runner; the overlapped stream adds a second (Launcher.host_slots), so that
 one lane's copies run while the other lane's graph replays. A bucket that runs eagerly keeps an
 entry whose `run` is the eager step on the lane's views (graphs.Graph).
 """
