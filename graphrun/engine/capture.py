@@ -115,23 +115,23 @@ class Capturer:
         later batches pick other buckets, as after a drop at setup."""
         state.set_up, state.first_use_batch = "first_use", batch  # recorded if it fails too
         self._prepare(lanes[0], state, table, f"on first use by batch {batch}",
-                      mode="thread_local")
+                      first_use=True)
         if state.status == "skipped":  # this batch is staged for it: run it eagerly, once
             lanes[0].graphs[state.bucket] = Graph(
                 lanes[0].make_step(state.bucket, self.model, self.call, self.layout))
             state.status, state.reason = "eager", f"{state.reason}; ran eagerly on first use"
         for lane in lanes[1:]:
             if state.status == "captured":
-                self._capture_on(lane, state, mode="thread_local")
+                self._capture_on(lane, state, first_use=True)
         if state.status != "captured" or len(lanes) > 1:
             state.reference = None  # no other lane will compare against it
 
     def _prepare(self, lane: Lane, state: BucketState, table, nth: str,
-                 mode: str = "global") -> None:
+                 first_use: bool = False) -> None:
         """Warm-up, capture and verify of one bucket; what the model raises there (a shape
         only this bucket has, say) is one located ModelError, never a traceback."""
         try:
-            self._set_up(lane, state, table, nth, mode)
+            self._set_up(lane, state, table, nth, first_use)
         except GraphrunError:
             raise
         except Exception as exc:  # noqa: BLE001 - the model's own error, in this bucket
@@ -139,7 +139,8 @@ class Capturer:
                 else None
             raise setup_failed(exc, state.bucket.name, hint) from exc
 
-    def _set_up(self, lane: Lane, state: BucketState, table, nth: str, mode: str) -> None:
+    def _set_up(self, lane: Lane, state: BucketState, table, nth: str,
+                first_use: bool) -> None:
         bucket = state.bucket
         step = lane.make_step(bucket, self.model, self.call, self.layout)
         if not self.graphs:
@@ -152,7 +153,7 @@ class Capturer:
         try:
             with phase("capture", (bucket.name, lane.index)):
                 graph, state.capture_s, state.memory_bytes = self.pool.capture(
-                    step, bucket.name, mode=mode)
+                    step, bucket.name, first_use=first_use)
         except CaptureError as err:
             lane.graphs[bucket] = Graph(step)
             self.fall_back([lane], state, err)
@@ -173,8 +174,7 @@ class Capturer:
             with phase("warm-up", (bucket.name, lane.index)):
                 state.warmup_s = self._warm_up(lane, state, step, iters)
         state.status = "eager"
-        state.reason = ("backend eager" if self.device.type == "cuda"
-                        else "no CUDA device: backend eager") + (
+        state.reason = self.pool.eager_reason + (
             "; checked as capture.verify.eager asks" if self.verifies else
             "; nothing captured, so no warm-up and no replay-vs-eager check")
         if self.verifies:
@@ -249,7 +249,7 @@ class Capturer:
                 self._capture_on(lane, state)
             state.reference = None  # every lane has compared with it
 
-    def _capture_on(self, lane: Lane, state: BucketState, mode: str = "global") -> None:
+    def _capture_on(self, lane: Lane, state: BucketState, first_use: bool = False) -> None:
         """A captured bucket's graph on one more lane, checked against its eager reference."""
         bucket = state.bucket
         step = lane.make_step(bucket, self.model, self.call, self.layout)
@@ -258,8 +258,8 @@ class Capturer:
             with phase("warm-up", (bucket.name, lane.index)):
                 self.pool.warm_up(step, 1)  # lazy state of new tensors, outside capture
             with phase("capture", (bucket.name, lane.index)):
-                graph, seconds, grown = self.pool.capture(step, bucket.name, mode=mode,
-                                                          into=state.pool)
+                graph, seconds, grown = self.pool.capture(step, bucket.name,
+                                                          first_use=first_use, into=state.pool)
         except GraphrunError as err:
             self.log(f"warning: {name}: its capture there failed: {err}")
             return

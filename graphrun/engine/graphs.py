@@ -95,15 +95,22 @@ class GraphPool:
                 step()
         return time.perf_counter() - t0
 
-    def capture(self, step: Callable[[], None], name: str, *, mode: str = "global",
+    @property
+    def eager_reason(self) -> str:
+        """Why nothing is captured, where the backend is eager."""
+        return "backend eager" if self.device.type == "cuda" else "no CUDA device: backend eager"
+
+    def capture(self, step: Callable[[], None], name: str, *, first_use: bool = False,
                 into=None) -> tuple[torch.cuda.CUDAGraph, float, int]:
         """One run of `step` captured into `into` (a graph's pool), else the job's pool: the
         graph, the seconds it took and the pool growth, which counts as spent. A failed
-        capture raises CaptureError, the job's pool then replaced (module docstring)."""
+        capture raises CaptureError, the job's pool then replaced (module docstring).
+        first_use: set up mid-stream, while other threads (a reader, a writer) may make CUDA
+        calls, so the capture is thread-local."""
         try:
             graph, seconds, grown = capture_graph(
                 step, name, stream=self.stream, pool=self.pool if into is None else into,
-                mode=mode)
+                mode="thread_local" if first_use else "global")
         except CaptureError:
             if into is None and self.pool is not None:
                 self.pool = torch.cuda.graph_pool_handle()

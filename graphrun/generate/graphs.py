@@ -129,8 +129,7 @@ class GraphTable:
     def _set_up(self, key: StepKey, how: str) -> StepGraph:
         entry = StepGraph(self.make_step(key, self.compiling), key=key, set_up=how)
         if not self.graphs:
-            entry.reason = ("no CUDA device: backend eager" if self.device.type != "cuda"
-                            else "backend eager")
+            entry.reason = self.pool.eager_reason
         if self.compiling:
             entry.compiled, entry.plain = True, self.make_step(key, False)
         elif self.compile_failure:
@@ -226,10 +225,8 @@ class GraphTable:
 
     def _capture(self, entry: StepGraph) -> None:
         try:
-            # on first use other threads (a writer, a reader) may be making CUDA calls
-            mode = "thread_local" if entry.set_up == "first_use" else "global"
             graph, entry.capture_s, entry.memory_bytes = self.pool.capture(
-                entry.step, entry.key.name, mode=mode)
+                entry.step, entry.key.name, first_use=entry.set_up == "first_use")
         except CaptureError as err:
             if entry.compiled:  # the plain step may capture where the compiled one did not
                 self._uncompile(entry, f"the compiled step could not be captured ({err}): "
