@@ -186,6 +186,18 @@ def test_memory_budget_drops_the_largest_buckets(tmp_path):
         assert out["y"].shape == (100, 8) and all(b.batch < 4096 for b, _ in ran)
 
 
+def test_a_memory_budget_that_drops_every_bucket_is_one_error(tmp_path):
+    """Were every bucket dropped, no batch would have one to run in: the run stops at setup
+    with what the last one needs and what to change."""
+    args = {"in_features": 32, "hidden": 4096, "layers": 4, "out_features": 8}
+    spec = small_spec(tmp_path, model={"builtin": "mlp", "args": args},
+                      buckets={"batch": [64, 4096]},
+                      capture={"memory_budget_mib": 0.01, "lazy": False})
+    with pytest.raises(CaptureError, match="drops every bucket: the last, batch=64") as info:
+        Runner(spec)
+    assert "raise capture.memory_budget_mib" in str(info.value)
+
+
 def test_a_second_capture_that_fails_leaves_the_bucket_on_one_lane(tmp_path, monkeypatch):
     """The overlapped stream's second lane is an optimisation: a bucket whose second capture
     fails keeps running on its first lane alone (a warning says so), the others take both

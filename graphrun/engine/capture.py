@@ -237,6 +237,13 @@ class Capturer:
                         f"MiB already taken that passes memory_budget_mib="
                         f"{self.pool.budget / MiB:g}")
         table.drop(state.bucket)
+        if not table.active:  # no bucket left to take a batch
+            raise CaptureError(
+                f"capture.memory_budget_mib drops every bucket: the last, "
+                f"{state.bucket.name}, {state.reason}",
+                bucket=state.bucket.name,
+                remedies=["raise capture.memory_budget_mib, or remove it",
+                          "add smaller buckets (buckets.batch), whose graphs take less"])
         self.log(f"warning: bucket {state.bucket.name} dropped: {state.reason}")
         return False
 
