@@ -31,8 +31,6 @@ from graphrun.spec.keys import BATCH, PipelineSpec
 
 # the builtin causal LMs a generation spec may name (model.builtin)
 GENERATE_BUILDERS = {"llama": build_llama}
-# the record batch's field of each record's own RequestParams, where read/ gives one
-_END = object()  # the scheduler's input is over
 
 
 class GenerationRunner:
