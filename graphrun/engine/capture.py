@@ -23,7 +23,7 @@ from graphrun.base.errors import (CaptureError, GraphrunError, ModelError, error
 from graphrun.base.phases import phase
 from graphrun.base.units import MiB
 from graphrun.models.call import index_hint
-from graphrun.engine.graphs import Graph, GraphPool, model_frame
+from graphrun.engine.graphs import Graph, GraphPool, SetUp, model_frame
 from graphrun.engine.lanes import Lane, Layout
 from graphrun.engine.padding import add_padded_positions
 from graphrun.engine.verify import (Tolerance, fill_verify_batch, verify_bucket, verify_real_batch,
@@ -31,19 +31,15 @@ from graphrun.engine.verify import (Tolerance, fill_verify_batch, verify_bucket,
 
 
 @dataclass
-class BucketState:
-    """One bucket across its lanes: its status and what it cost (lanes.py holds its graphs)."""
+class BucketState(SetUp):
+    """One bucket across its lanes: how it was set up (graphs.SetUp; status also skipped by
+    the budget, unused by capture.lazy), what it cost, its counts (lanes.py holds its graphs)."""
 
     bucket: Bucket
-    status: str = "pending"  # captured | eager | skipped | unused (capture.lazy)
-    reason: str | None = None
-    set_up: str | None = None  # setup | first_use (capture.lazy), None while not set up
     first_use_batch: int | None = None  # set up on first use: the batch that needed it
     reference: dict | None = None  # eager outputs on the verification batch, for every lane
     pool: object = None  # the memory pool its graphs share, on every lane
     warmup_s: float | None = None
-    capture_s: float | None = None
-    memory_bytes: int | None = None
     eager_us: float | None = None
     replay_us: float | None = None
     stats: dict = field(default_factory=lambda: {"batches": 0, "records": 0, "padded_rows": 0})
@@ -310,10 +306,8 @@ class Capturer:
         """capture.on_failure: stop with `err`, or run the bucket eagerly on every lane."""
         if self.cap.on_failure == "error":
             raise err
-        for lane in lanes:
-            if state.bucket in lane.graphs:
-                self.pool.set_aside(lane.graphs[state.bucket])
-        state.status, state.reason = "eager", str(err)
+        self.pool.fall_back(state, [lane.graphs[state.bucket] for lane in lanes
+                                    if state.bucket in lane.graphs], str(err))
         self.log(f"warning: bucket {state.bucket.name} runs eagerly: {err}")
 
 

@@ -17,7 +17,10 @@ set-up does beside that is here, once (GraphPool):
   later graphs were captured into.
 
 Every step set up is a Graph (vLLM's CUDAGraphEntry): its eager step, its graph where
-captured, what verification found, and `run`, which replays the graph or runs the step.
+captured, what verification found, and `run`, which replays the graph or runs the step. How a
+key of either kind's table was set up (captured or eager and why, its costs) is a SetUp: a
+forward pass's bucket across its lanes (capture.BucketState), a generation step
+(generate/graphs.StepGraph).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
@@ -53,6 +56,17 @@ class Graph:
 
     def to_eager(self) -> None:
         self.graph, self.run, self.check_real = None, self.step, False
+
+
+@dataclass(kw_only=True)
+class SetUp:
+    """How one key of a graph table was set up: the manifest's status and reason, its costs."""
+
+    status: str = "pending"  # captured | eager; a forward pass's also skipped | unused
+    reason: str | None = None
+    set_up: str | None = None  # setup | first_use (capture.lazy), None while not set up
+    capture_s: float | None = None
+    memory_bytes: int | None = None
 
 
 class GraphPool:
@@ -138,6 +152,12 @@ class GraphPool:
         if entry.graph is not None:
             self.retired.append(entry.graph)
         entry.to_eager()
+
+    def fall_back(self, key: SetUp, graphs: Iterable[Graph], reason: str) -> None:
+        """The key runs eagerly from now on, with the reason: its graphs set aside."""
+        for entry in graphs:
+            self.set_aside(entry)
+        key.status, key.reason = "eager", reason
 
     def close(self) -> None:
         self.pool = None

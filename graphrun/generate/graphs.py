@@ -30,7 +30,7 @@ from typing import Callable
 
 import torch
 
-from graphrun.engine.graphs import Graph, GraphPool
+from graphrun.engine.graphs import Graph, GraphPool, SetUp
 from graphrun.engine.verify import ULP_SLACK, compare
 from graphrun.base.errors import CaptureError, first_line
 
@@ -63,15 +63,13 @@ class StepKey:
 
 
 @dataclass(kw_only=True)
-class StepGraph(Graph):
-    """A step of the table (engine/graphs.Graph) and how its set-up went, for the manifest."""
+class StepGraph(Graph, SetUp):
+    """A step of the table (engine/graphs.Graph) and how its set-up went (engine/graphs.SetUp),
+    for the manifest."""
 
     key: StepKey
     status: str = "eager"  # captured | eager
-    reason: str | None = None
     set_up: str = "setup"  # setup | first_use
-    capture_s: float | None = None
-    memory_bytes: int | None = None
     set_up_s: float | None = None  # warm-up, capture and verification
     verify: dict = field(default_factory=dict)  # passed, max_error, token_mismatches, steps
     compiled: bool | None = None  # model.compile: its kernels ran (False: fell back); None: off
@@ -253,8 +251,7 @@ class GraphTable:
 
     def _eager(self, entry: StepGraph, reason: str) -> None:
         """The entry's step runs eagerly from now on (its graph set aside), with the reason."""
-        self.pool.set_aside(entry)
-        entry.status, entry.reason = "eager", reason
+        self.pool.fall_back(entry, [entry], reason)
         self.log(f"warning: {entry.key.kind} {entry.key.name}: {reason}")
 
 
