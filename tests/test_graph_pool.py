@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from graphrun.base.units import MiB
-from graphrun.engine.graphs import Graph, GraphPool
+from graphrun.engine.graphs import Graph, GraphPool, SetUp
 
 PACKAGE = Path(__file__).resolve().parent.parent / "graphrun"
 
@@ -54,6 +54,17 @@ def test_a_graph_set_aside_runs_its_eager_step_and_is_kept_alive():
     assert entry.graph is None and pool.retired == [captured]  # its pool blocks stay held
     pool.set_aside(entry)  # an entry already eager: nothing more kept
     assert pool.retired == [captured]
+
+
+def test_a_key_that_falls_back_runs_eagerly_on_every_lane_with_its_reason():
+    """A forward pass's bucket holds a graph per lane, a generation step one: either way every
+    graph is set aside and the key says why."""
+    key = SetUp(status="captured", set_up="setup")
+    graphs = [Graph(lambda: None, StandInGraph()) for _ in range(2)]
+    pool = cpu_pool()
+    pool.fall_back(key, graphs, "verification failed: boom")
+    assert (key.status, key.reason, key.set_up) == ("eager", "verification failed: boom", "setup")
+    assert all(g.graph is None and g.run is g.step for g in graphs) and len(pool.retired) == 2
 
 
 def test_warm_up_runs_the_step_as_often_as_asked_without_a_device():
