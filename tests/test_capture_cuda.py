@@ -186,24 +186,36 @@ def test_memory_budget_drops_the_largest_buckets(tmp_path):
         assert out["y"].shape == (100, 8) and all(b.batch < 4096 for b, _ in ran)
 
 
+def test_a_memory_budget_that_drops_every_bucket_is_one_error(tmp_path):
+    """Were every bucket dropped, no batch would have one to run in: the run stops at setup
+    with what the last one needs and what to change."""
+    args = {"in_features": 32, "hidden": 4096, "layers": 4, "out_features": 8}
+    spec = small_spec(tmp_path, model={"builtin": "mlp", "args": args},
+                      buckets={"batch": [64, 4096]},
+                      capture={"memory_budget_mib": 0.01, "lazy": False})
+    with pytest.raises(CaptureError, match="drops every bucket: the last, batch=64") as info:
+        Runner(spec)
+    assert "raise capture.memory_budget_mib" in str(info.value)
+
+
 def test_a_second_capture_that_fails_leaves_the_bucket_on_one_lane(tmp_path, monkeypatch):
     """The overlapped stream's second lane is an optimisation: a bucket whose second capture
     fails keeps running on its first lane alone (a warning says so), the others take both
     lanes, and every output is still the model's."""
-    import graphrun.engine.capture as capture_mod
+    import graphrun.engine.graphs as graphs_mod
     from graphrun.base.errors import CaptureError as Err
 
     spec = small_spec(tmp_path, buckets={"batch": [4, 16]}, capture={"lazy": False})
     warnings = []
     with Runner(spec, log=warnings.append) as runner:
-        real = capture_mod.capture_graph
+        real = graphs_mod.capture_graph
 
-        def fails_for_16(step, bucket, **kw):
-            if bucket.batch == 16:
-                raise Err("CUDA graph capture failed: injected", bucket=bucket.name)
-            return real(step, bucket, **kw)
+        def fails_for_16(step, name, **kw):
+            if name == "batch=16":
+                raise Err("CUDA graph capture failed: injected", bucket=name)
+            return real(step, name, **kw)
 
-        monkeypatch.setattr(capture_mod, "capture_graph", fails_for_16)
+        monkeypatch.setattr(graphs_mod, "capture_graph", fails_for_16)
         runner.launcher.host_slots(3)
         on = {b.batch: [lane.index for lane in runner.lanes if b in lane.graphs]
               for b in runner.states}
@@ -255,7 +267,8 @@ def test_overlapped_stream_on_two_lanes_gives_serials_outputs_bit_for_bit(tmp_pa
     all the slots, give the serial path's outputs (one lane) exactly, each record the model's
     on it alone, with positive phase timings; each bucket's second graph is checked on its
     first real batch too, and its capture reuses the first one's pool blocks."""
-    from graphrun.feed.loop import feed_stream, slot_count
+    from graphrun.engine.launch import slot_count
+    from graphrun.feed.loop import feed_stream
     from graphrun.read.records import RecordBatch
 
     spec = small_spec(tmp_path, model={"builtin": "mlp", "dtype": "bfloat16",

@@ -12,7 +12,8 @@ import pytest
 
 from graphrun import GraphrunError, InputError, Runner
 from graphrun.read.records import RecordBatch, Reject
-from graphrun.feed.loop import SLOT_BUDGET, SLOTS, feed_stream, overlap_choice, slot_count
+from graphrun.engine.launch import SLOT_BUDGET, SLOTS, slot_count
+from graphrun.feed.loop import feed_stream, overlap_choice
 from graphrun.spec.keys import PipelineSpec
 
 

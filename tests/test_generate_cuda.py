@@ -129,7 +129,7 @@ def test_compiled_steps_are_captured_and_verified_against_the_plain_model(dtype)
 
 
 def test_decode_steps_the_device_waited_on_the_host_for_are_counted(monkeypatch):
-    from graphrun.generate import engine as engine_module, graphs
+    from graphrun.generate import engine as engine_module
 
     model = build_llama(layers=1, d_model=32, heads=4, kv_heads=2, vocab=128, max_len=64,
                         device="cuda")
@@ -147,13 +147,14 @@ def test_decode_steps_the_device_waited_on_the_host_for_are_counted(monkeypatch)
         gen.generate(prompts, IDS[:4])
         waited = gen.stats.host_bound_steps
         monkeypatch.setattr(engine_module.Engine, "_decode", decode)
-        replay = graphs.StepGraph.run
+        def slow_device(replay):  # about a millisecond of the device's time before each step
+            def run():
+                torch.cuda._sleep(2_000_000)
+                replay()
+            return run
 
-        def slow_device(self):  # about a millisecond of the device's time before each step
-            torch.cuda._sleep(2_000_000)
-            replay(self)
-
-        monkeypatch.setattr(graphs.StepGraph, "run", slow_device)
+        for entry in gen.table.entries.values():
+            monkeypatch.setattr(entry, "run", slow_device(entry.run))
         gen.generate(prompts, IDS[:4])
         ahead = gen.stats.host_bound_steps - waited
     finally:

@@ -207,8 +207,8 @@ def test_a_record_batchs_own_parameters_reach_their_rows(tmp_path):
         own[:] = [RequestParams(max_new_tokens=2), None, RequestParams()]
         fields = {"input_ids": prompts, REQUEST_FIELD: own}
         lengths = {"seq": np.array([3, 2, 4])}
-        bucket = runner.stage(fields, 3, lengths, 0, ids=np.array([0, 1, 2]))
-        rows, _ = runner.launch(bucket, 0, 3, lengths).result()
+        bucket = runner.launcher.stage(fields, 3, lengths, 0, ids=np.array([0, 1, 2]))
+        rows, _ = runner.launcher.launch(bucket, 0, 3, lengths).result()
     finally:
         runner.close()
     assert rows["output_tokens"].tolist() == [2, NEW, NEW]

@@ -171,7 +171,8 @@ def test_phases_are_timed_on_a_sample_and_e2e_on_every_batch(tmp_path, monkeypat
 def test_the_overlapped_paths_slots_are_made_before_the_stream_starts(tmp_path, overlap):
     """Pinned slots cost milliseconds to allocate on a GPU, a few percent of a 1M-record MLP
     stream: they are made with the runner, before the streaming time starts."""
-    from graphrun.feed.loop import feed_stream, slot_count
+    from graphrun.feed.loop import feed_stream
+    from graphrun.engine.launch import slot_count
 
     seen = []
 

@@ -2,7 +2,9 @@
 
     buffers.py  static buffers at the largest bucket, a view per bucket
     lanes.py    a Lane: its static buffers, its graph per bucket, its free event
-    capture.py  warm-up on a side stream, capture largest first into one pool, failures explained
+    graphs.py   graph set-up both kinds of job share: side-stream warm-up, capture into one
+                pool, the memory budget, graphs set aside for eager, failures explained
+    capture.py  a forward pass's capture per bucket and lane, largest first, its fallbacks
     verify.py   replay == eager and pad isolation, per lane (manifest.VerifyResult)
     launch.py   the file path: host slots, copy streams, a launch and its handle (Launch.result())
     direct.py   run_batch's path: one synchronous call on the caller's stream

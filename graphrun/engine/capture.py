@@ -1,21 +1,19 @@
-"""Capture: one CUDA graph per bucket, largest first, into one shared memory pool.
+"""Capture of a forward pass: one CUDA graph per bucket and lane, largest first, into one pool.
 
-Per bucket: `warmup_iters` eager runs on a side stream (lazy init, cuBLAS workspaces, autotuning
-and torch.compile's compilation happen there, outside the capture), then one run captured into a
-CUDAGraph. The step that is captured reads the static input views and copies the model's returns
-into the static output views, so a replay leaves its results at fixed addresses that no other
-graph's pool memory can overlap. Captured largest first, the smaller graphs fit in the blocks the
-largest one left in the shared pool, which is why one pool costs about as much as the largest
-bucket alone.
+Per bucket: `warmup_iters` eager runs on the side stream, then one run captured (the shared
+mechanics: graphs.py's GraphPool), then verification against eager (verify.py). The step that
+is captured reads the static input views and copies the model's returns into the static output
+views, so a replay leaves its results at fixed addresses that no other graph's pool memory can
+overlap. A forward pass adds lanes (a second set of static buffers, each captured bucket
+captured again on it), buckets dropped before capture when they would pass the memory budget
+(a smaller bucket takes their batches), capture.on_failure (error, or the bucket runs eagerly)
+and capture.lazy's set-up on first use.
 """
 
 from __future__ import annotations
 
-import time
-import traceback
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Callable, Collection
+from typing import Collection
 
 import torch
 
@@ -25,27 +23,23 @@ from graphrun.base.errors import (CaptureError, GraphrunError, ModelError, error
 from graphrun.base.phases import phase
 from graphrun.base.units import MiB
 from graphrun.models.call import index_hint
-from graphrun.engine.lanes import Lane, LaneGraph, Layout
+from graphrun.engine.graphs import Graph, GraphPool, SetUp, model_frame
+from graphrun.engine.lanes import Lane, Layout
 from graphrun.engine.padding import add_padded_positions
 from graphrun.engine.verify import (Tolerance, fill_verify_batch, verify_bucket, verify_real_batch,
                                     verify_remedies)
 
 
-
 @dataclass
-class BucketState:
-    """One bucket across its lanes: its status and what it cost (lanes.py holds its graphs)."""
+class BucketState(SetUp):
+    """One bucket across its lanes: how it was set up (graphs.SetUp; status also skipped by
+    the budget, unused by capture.lazy), what it cost, its counts (lanes.py holds its graphs)."""
 
     bucket: Bucket
-    status: str = "pending"  # captured | eager | skipped | unused (capture.lazy)
-    reason: str | None = None
-    set_up: str | None = None  # setup | first_use (capture.lazy), None while not set up
     first_use_batch: int | None = None  # set up on first use: the batch that needed it
     reference: dict | None = None  # eager outputs on the verification batch, for every lane
     pool: object = None  # the memory pool its graphs share, on every lane
     warmup_s: float | None = None
-    capture_s: float | None = None
-    memory_bytes: int | None = None
     eager_us: float | None = None
     replay_us: float | None = None
     stats: dict = field(default_factory=lambda: {"batches": 0, "records": 0, "padded_rows": 0})
@@ -75,11 +69,9 @@ class Capturer:
         self.model, self.call, self.layout, self.log = model, spec.model.call, layout, log
         self.cap, self.input_specs, self.compiled = spec.capture, spec.inputs, spec.model.compile
         self.device, self.graphs = device, backend == "cuda-graph"
-        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        shared = self.graphs and self.cap.pool == "shared"
-        self.pool = torch.cuda.graph_pool_handle() if shared else None
-        self.budget = self.cap.memory_budget_mib * MiB if self.cap.memory_budget_mib else None
-        self.spent = 0  # pool growth of the captures so far (capture.memory_budget_mib)
+        budget = self.cap.memory_budget_mib
+        self.pool = GraphPool(device, graphs=self.graphs, shared=self.cap.pool == "shared",
+                              budget_bytes=budget * MiB if budget else None)
         self.tolerance = Tolerance.of(spec)
         # an eager bucket has no replay to check: only capture.verify.eager checks the model
         self.verifies = self.cap.verify.enabled and (self.graphs or self.cap.verify.eager)
@@ -119,23 +111,23 @@ class Capturer:
         later batches pick other buckets, as after a drop at setup."""
         state.set_up, state.first_use_batch = "first_use", batch  # recorded if it fails too
         self._prepare(lanes[0], state, table, f"on first use by batch {batch}",
-                      mode="thread_local")
+                      first_use=True)
         if state.status == "skipped":  # this batch is staged for it: run it eagerly, once
-            lanes[0].graphs[state.bucket] = LaneGraph(
+            lanes[0].graphs[state.bucket] = Graph(
                 lanes[0].make_step(state.bucket, self.model, self.call, self.layout))
             state.status, state.reason = "eager", f"{state.reason}; ran eagerly on first use"
         for lane in lanes[1:]:
             if state.status == "captured":
-                self._capture_on(lane, state, mode="thread_local")
+                self._capture_on(lane, state, first_use=True)
         if state.status != "captured" or len(lanes) > 1:
             state.reference = None  # no other lane will compare against it
 
     def _prepare(self, lane: Lane, state: BucketState, table, nth: str,
-                 mode: str = "global") -> None:
+                 first_use: bool = False) -> None:
         """Warm-up, capture and verify of one bucket; what the model raises there (a shape
         only this bucket has, say) is one located ModelError, never a traceback."""
         try:
-            self._set_up(lane, state, table, nth, mode)
+            self._set_up(lane, state, table, nth, first_use)
         except GraphrunError:
             raise
         except Exception as exc:  # noqa: BLE001 - the model's own error, in this bucket
@@ -143,7 +135,8 @@ class Capturer:
                 else None
             raise setup_failed(exc, state.bucket.name, hint) from exc
 
-    def _set_up(self, lane: Lane, state: BucketState, table, nth: str, mode: str) -> None:
+    def _set_up(self, lane: Lane, state: BucketState, table, nth: str,
+                first_use: bool) -> None:
         bucket = state.bucket
         step = lane.make_step(bucket, self.model, self.call, self.layout)
         if not self.graphs:
@@ -151,23 +144,18 @@ class Capturer:
             return
         with phase("warm-up", (bucket.name, lane.index)):
             state.warmup_s = self._warm_up(lane, state, step, max(self.cap.warmup_iters, 1))
-        if self.budget is not None and not self._fits(state, step, table):
+        if not self._fits(state, step, table):
             return
         try:
             with phase("capture", (bucket.name, lane.index)):
-                graph, state.capture_s, state.memory_bytes = capture_graph(
-                    step, bucket, stream=self.stream, pool=self.pool, mode=mode)
+                graph, state.capture_s, state.memory_bytes = self.pool.capture(
+                    step, bucket.name, first_use=first_use)
         except CaptureError as err:
-            lane.graphs[bucket] = LaneGraph(step)
+            lane.graphs[bucket] = Graph(step)
             self.fall_back([lane], state, err)
-            if self.pool is not None:
-                # torch leaves a failed capture's pool marked as being recorded to (its
-                # capture_end raised before releasing it): later graphs share a new pool.
-                self.pool = torch.cuda.graph_pool_handle()
             return
         state.status, state.pool = "captured", graph.pool()
-        self.spent += state.memory_bytes
-        self._verify_first(lane, state, LaneGraph(step, graph))
+        self._verify_first(lane, state, Graph(step, graph))
         self.log(f"captured {bucket.name} ({nth}) in {state.capture_s * 1e3:.1f} ms")
 
     def _prepare_eager(self, lane: Lane, state: BucketState, step, nth: str) -> None:
@@ -182,26 +170,25 @@ class Capturer:
             with phase("warm-up", (bucket.name, lane.index)):
                 state.warmup_s = self._warm_up(lane, state, step, iters)
         state.status = "eager"
-        state.reason = ("backend eager" if self.device.type == "cuda"
-                        else "no CUDA device: backend eager") + (
+        state.reason = self.pool.eager_reason + (
             "; checked as capture.verify.eager asks" if self.verifies else
             "; nothing captured, so no warm-up and no replay-vs-eager check")
         if self.verifies:
-            self._verify_first(lane, state, LaneGraph(step))
+            self._verify_first(lane, state, Graph(step))
         else:
-            lane.graphs[bucket] = LaneGraph(step)
+            lane.graphs[bucket] = Graph(step)
         self.log(f"set up {bucket.name} ({nth}, eager)")
 
     def _warm_up(self, lane: Lane, state: BucketState, step, iters: int) -> float:
         """Warm-up on the bucket's verification batch: its last eager run's outputs are the
         bucket's eager reference, which every lane's verification compares with."""
         fill_verify_batch(state.bucket, lane.inputs.views(state.bucket), self.input_specs)
-        seconds = warm_up(step, iters, self.stream)
+        seconds = self.pool.warm_up(step, iters)
         if self.verifies:
             state.reference = {n: t.clone() for n, t in lane.outputs.views(state.bucket).items()}
         return seconds
 
-    def _verify_first(self, lane: Lane, state: BucketState, entry: LaneGraph) -> None:
+    def _verify_first(self, lane: Lane, state: BucketState, entry: Graph) -> None:
         lane.graphs[state.bucket] = entry
         result = self._verify(lane, state, entry)
         if self.graphs and entry.graph is not None and state.reference is not None:
@@ -218,7 +205,7 @@ class Capturer:
                 raise err
             self.fall_back([lane], state, err)
 
-    def _verify(self, lane: Lane, state: BucketState, entry: LaneGraph):
+    def _verify(self, lane: Lane, state: BucketState, entry: Graph):
         """The lane's replay against the bucket's eager reference on its verification batch;
         None with verify off."""
         if not self.verifies:
@@ -234,16 +221,25 @@ class Capturer:
         return entry.verify
 
     def _fits(self, state: BucketState, step, table) -> bool:
-        """memory_budget_mib: a bucket whose pool would pass the budget is dropped, not run."""
-        need = peak_step_bytes(step, self.device)
-        # in a shared pool, smaller buckets reuse the largest captured one's blocks
-        total = max(self.spent, need) if self.cap.pool == "shared" else self.spent + need
-        if total <= self.budget:
+        """memory_budget_mib: a bucket whose pool would pass the budget is dropped, not run
+        (a smaller bucket takes its batches)."""
+        if self.pool.budget is None:
+            return True
+        fits, need = self.pool.room_for(step)
+        if fits:
             return True
         state.status, state.reference = "skipped", None
-        state.reason = (f"needs about {need / MiB:.1f} MiB; with {self.spent / MiB:.1f} MiB "
-                        f"already taken that passes memory_budget_mib={self.budget / MiB:g}")
+        state.reason = (f"needs about {need / MiB:.1f} MiB; with {self.pool.spent / MiB:.1f} "
+                        f"MiB already taken that passes memory_budget_mib="
+                        f"{self.pool.budget / MiB:g}")
         table.drop(state.bucket)
+        if not table.active:  # no bucket left to take a batch
+            raise CaptureError(
+                f"capture.memory_budget_mib drops every bucket: the last, "
+                f"{state.bucket.name}, {state.reason}",
+                bucket=state.bucket.name,
+                remedies=["raise capture.memory_budget_mib, or remove it",
+                          "add smaller buckets (buckets.batch), whose graphs take less"])
         self.log(f"warning: bucket {state.bucket.name} dropped: {state.reason}")
         return False
 
@@ -256,31 +252,31 @@ class Capturer:
                 self._capture_on(lane, state)
             state.reference = None  # every lane has compared with it
 
-    def _capture_on(self, lane: Lane, state: BucketState, mode: str = "global") -> None:
+    def _capture_on(self, lane: Lane, state: BucketState, first_use: bool = False) -> None:
         """A captured bucket's graph on one more lane, checked against its eager reference."""
         bucket = state.bucket
         step = lane.make_step(bucket, self.model, self.call, self.layout)
         name = f"bucket {bucket.name} runs without lane {lane.index}"
         try:
             with phase("warm-up", (bucket.name, lane.index)):
-                warm_up(step, 1, self.stream)  # lazy state of new tensors, outside capture
+                self.pool.warm_up(step, 1)  # lazy state of new tensors, outside capture
             with phase("capture", (bucket.name, lane.index)):
-                graph, seconds, grown = capture_graph(step, bucket, stream=self.stream,
-                                                      pool=state.pool, mode=mode)
+                graph, seconds, grown = self.pool.capture(step, bucket.name,
+                                                          first_use=first_use, into=state.pool)
         except GraphrunError as err:
             self.log(f"warning: {name}: its capture there failed: {err}")
             return
         state.capture_s = (state.capture_s or 0.0) + seconds
         state.memory_bytes = (state.memory_bytes or 0) + grown
-        self.spent += grown
-        if self.budget is not None and self.spent > self.budget:
-            self.log(f"warning: {name}: its graph there would take the graphs to "
-                     f"{self.spent / MiB:.1f} MiB, past memory_budget_mib="
-                     f"{self.budget / MiB:g}")
+        entry = Graph(step, graph)
+        past = self.pool.past_budget()
+        if past:
+            self.pool.set_aside(entry)
+            self.log(f"warning: {name}: its graph there {past}")
             return
-        entry = LaneGraph(step, graph)
         result = self._verify(lane, state, entry)
         if result is not None and not result.passed:
+            self.pool.set_aside(entry)
             self.log(f"warning: {name}: its graph there failed verification: "
                      f"{'; '.join(result.failures)}")
             return
@@ -310,121 +306,9 @@ class Capturer:
         """capture.on_failure: stop with `err`, or run the bucket eagerly on every lane."""
         if self.cap.on_failure == "error":
             raise err
-        for lane in lanes:
-            if state.bucket in lane.graphs:
-                lane.graphs[state.bucket].to_eager()
-        state.status, state.reason = "eager", str(err)
+        self.pool.fall_back(state, [lane.graphs[state.bucket] for lane in lanes
+                                    if state.bucket in lane.graphs], str(err))
         self.log(f"warning: bucket {state.bucket.name} runs eagerly: {err}")
-
-
-def warm_up(step: Callable[[], None], iters: int, stream: torch.cuda.Stream | None) -> float:
-    """Eager runs before capture, on a side stream on CUDA so the capture stream starts clean."""
-    t0 = time.perf_counter()
-    if stream is None:
-        for _ in range(iters):
-            step()
-        return time.perf_counter() - t0
-    stream.wait_stream(torch.cuda.current_stream(stream.device))
-    with torch.cuda.stream(stream):
-        for _ in range(iters):
-            step()
-    torch.cuda.current_stream(stream.device).wait_stream(stream)
-    torch.cuda.synchronize(stream.device)
-    return time.perf_counter() - t0
-
-
-def peak_step_bytes(step: Callable[[], None], device: torch.device) -> int:
-    """Memory one eager run takes beyond what is allocated already: the bucket's pool estimate."""
-    torch.cuda.synchronize(device)
-    base = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    step()
-    torch.cuda.synchronize(device)
-    return torch.cuda.max_memory_allocated(device) - base
-
-
-def capture_graph(step: Callable[[], None], bucket: Bucket, *, stream: torch.cuda.Stream,
-                  pool, mode: str = "global") -> tuple[torch.cuda.CUDAGraph, float, int]:
-    """Capture one run of `step`; return the graph, the seconds it took and the pool growth.
-    mode: the capture error mode; thread_local while other threads may make CUDA calls."""
-    device = stream.device
-    torch.cuda.synchronize(device)
-    # Reserved memory only grows by the segments this graph's private pool takes: the general
-    # pool's cached blocks are not usable inside a capture. (torch.cuda.graph would also empty
-    # the cache before every capture, which makes the next bucket's warm-up allocate afresh.)
-    before = torch.cuda.memory_reserved(device)
-    graph = torch.cuda.CUDAGraph()
-    t0 = time.perf_counter()
-    with torch.cuda.stream(stream):
-        graph.capture_begin(*(() if pool is None else (pool,)), capture_error_mode=mode)
-        try:
-            step()
-        except GraphrunError:
-            _end_failed_capture(graph, device)
-            raise
-        except Exception as exc:  # noqa: BLE001 - any failure inside capture is explained
-            _end_failed_capture(graph, device)
-            raise explain_capture_failure(exc, bucket) from exc
-        try:
-            graph.capture_end()
-        except Exception as exc:  # noqa: BLE001 - e.g. an op the capture invalidated
-            _end_failed_capture(graph, device)
-            raise explain_capture_failure(exc, bucket) from exc
-    torch.cuda.synchronize(device)
-    return graph, time.perf_counter() - t0, torch.cuda.memory_reserved(device) - before
-
-
-def _end_failed_capture(graph: torch.cuda.CUDAGraph, device: torch.device) -> None:
-    """End a capture that failed (ending it raises: it was invalidated) and clear what a failed
-    capture leaves on the stream, so the next bucket, or eager, can run."""
-    try:
-        graph.capture_end()
-    except Exception:  # noqa: BLE001 - the original error is what the user needs to see
-        pass
-    _recover_after_failed_capture(device)
-
-
-def _recover_after_failed_capture(device: torch.device) -> None:
-    """A failed capture can leave a sticky error on the stream; clear what can be cleared.
-    It also leaves the device's random generator marked as capturing (the capture's end never
-    ran), after which every random op on the device raises: give it a fresh state of the same
-    seed and offset."""
-    try:
-        torch.cuda.synchronize(device)
-    except Exception:  # noqa: BLE001 - the original error is what the user needs to see
-        pass
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    gen = torch.cuda.default_generators[index]
-    if hasattr(gen, "graphsafe_set_state"):  # torch >= 2.4
-        gen.graphsafe_set_state(gen.clone_state())
-
-
-REMEDIES = [
-    "remove host synchronisations from forward: .item(), .tolist(), .cpu(), .numpy(), print() "
-    "of a tensor, and Python `if` on a tensor's value (use torch.where instead)",
-    "create tensors on the model's device (device=x.device) or register constants as buffers; "
-    "a CPU tensor cannot take part in a graph",
-    "keep shapes static: no nonzero(), masked_select(), boolean-mask indexing or unique() "
-    "whose output size depends on the data",
-    "set capture.on_failure: eager to run this bucket eagerly (recorded in the manifest), or "
-    "capture.backend: eager to run every bucket eagerly",
-]
-
-
-def explain_capture_failure(exc: BaseException, bucket: Bucket) -> CaptureError:
-    """A capture error that names the bucket, the model line that failed and what to do.
-
-    If the error came with others chained to it (as __context__ or __cause__), the one raised
-    in the model's own code is the one that says what the model did: report that one.
-    """
-    chain = error_chain(exc)
-    where = next((w for w in map(_model_frame, chain) if w), None)
-    cause = next((e for e in chain if _model_frame(e)), chain[-1])
-    first = first_message(cause)
-    text = f"CUDA graph capture failed: {type(cause).__name__}: {first}"
-    if where:
-        text += f"\n  at {where}"
-    return CaptureError(text, bucket=bucket.name, remedies=REMEDIES)
 
 
 def model_failed(exc: BaseException, bucket: str, where: str, ids: list,
@@ -468,17 +352,5 @@ def setup_failed(exc: BaseException, bucket: str, hint: str | None = None) -> Mo
 def _model_cause(exc: BaseException) -> tuple[BaseException, str | None]:
     """The error of a chain raised in the model's own code, and its line (or exc, None)."""
     chain = error_chain(exc)
-    at = next((w for w in map(_model_frame, chain) if w), None)
-    return next((e for e in chain if _model_frame(e)), chain[0]), at
-
-
-def _model_frame(exc: BaseException) -> str | None:
-    """The innermost frame outside torch and graphrun: the model's own line, where it failed."""
-    torch_dir = str(Path(torch.__file__).parent)
-    own_dir = str(Path(__file__).parents[1])
-    found = None
-    for frame in traceback.extract_tb(exc.__traceback__):
-        if frame.filename.startswith((torch_dir, own_dir)) or frame.filename.startswith("<"):
-            continue
-        found = f"{frame.filename}:{frame.lineno} in {frame.name}: {(frame.line or '').strip()}"
-    return found
+    at = next((w for w in map(model_frame, chain) if w), None)
+    return next((e for e in chain if model_frame(e)), chain[0]), at

@@ -3,21 +3,21 @@
 A Lane owns its static input and output buffers, allocated once at the largest bucket (each
 bucket is a view, buffers.py), one graph per bucket captured on those views, and the event after
 which its buffers are free again (its last batch's outputs copied out). Lanes are alike: the
-first is made with the runner; the overlapped stream adds a second (Runner.host_slots), so that
+first is made with the runner; the overlapped stream adds a second (Launcher.host_slots), so that
 one lane's copies run while the other lane's graph replays. A bucket that runs eagerly keeps an
-entry whose `run` is the eager step on the lane's views.
+entry whose `run` is the eager step on the lane's views (graphs.Graph).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from graphrun.engine.buckets import Bucket
-from graphrun.manifest.keys import VerifyResult
 from graphrun.engine.buffers import BufferSet
+from graphrun.engine.graphs import Graph
 from graphrun.base.errors import ModelError
 from graphrun.models.call import call_model, name_outputs
 from graphrun.engine.verify import fill_synthetic
@@ -38,23 +38,6 @@ class Layout:
     out_dtypes: dict[str, torch.dtype]
 
 
-@dataclass
-class LaneGraph:
-    """One bucket on one lane: how to run it, and what verification found."""
-
-    step: Callable[[], None]  # eager: the model on the lane's static views of the bucket
-    graph: "torch.cuda.CUDAGraph | None" = None
-    verify: VerifyResult | None = None
-    check_real: bool = False  # the first real batch is still to be checked against eager
-    run: Callable[[], None] = field(init=False)  # graph.replay, or the eager step
-
-    def __post_init__(self) -> None:
-        self.run = self.graph.replay if self.graph is not None else self.step
-
-    def to_eager(self) -> None:
-        self.graph, self.run, self.check_real = None, self.step, False
-
-
 class Lane:
     def __init__(self, index: int, layout: Layout, largest: Bucket, device: torch.device,
                  input_specs: dict):
@@ -64,7 +47,7 @@ class Lane:
         # never garbage: an index the model looks up must be in range, even in a warm-up
         fill_synthetic(self.inputs.views(largest), input_specs,
                        torch.Generator().manual_seed(index))
-        self.graphs: dict[Bucket, LaneGraph] = {}
+        self.graphs: dict[Bucket, Graph] = {}
         self.free = None  # CUDA event: this lane's last batch is out of its static buffers
 
     def make_step(self, bucket: Bucket, model, call: str, layout: Layout) -> Callable[[], None]:

@@ -28,6 +28,12 @@ from graphrun.engine.device import made_current
 from graphrun.engine.lanes import Lane, Layout
 from graphrun.engine.timing import BatchTimer, Marks, sampled
 
+# overlapped: at least one being staged, one on the device, one being written; at most 16: the
+# batches queued on the device carry it through the launching thread's waits for the GIL, and
+# 16 already keep it busy through the longest such wait
+SLOTS = (3, 16)
+SLOT_BUDGET = 512 << 20  # bytes of host slots, at most
+
 
 class SlotCopies:
     """One slot's copies for one bucket on one lane, as (destination, source) pairs built once,
@@ -129,6 +135,11 @@ class Launcher:
     def slot_bytes(self) -> int:
         """Host bytes of one slot."""
         return self.slots[0].nbytes
+
+    def make_room(self, overlap: bool) -> int:
+        """Host slots for the feed's batches in flight, made now: overlapped, as many as
+        SLOT_BUDGET holds (slot_count); serial, one. Returns how many there are."""
+        return self.host_slots(slot_count(self.slot_bytes) if overlap else 1)
 
     def host_slots(self, count: int) -> int:
         """At least `count` host slots (pinned staging, one per batch in flight); returns how
@@ -334,3 +345,11 @@ def fresh_rows(host: torch.Tensor, n: int) -> np.ndarray:
     """The first n rows of a host tensor as a new numpy array (bfloat16 -> float32)."""
     rows = host[:n]
     return rows.float().numpy() if rows.dtype == torch.bfloat16 else rows.numpy().copy()
+
+
+def slot_count(slot_bytes: int) -> int:
+    """Slots for an overlapped stream: as many as SLOT_BUDGET holds, within SLOTS. More slots
+    absorb a thread's stall (a page fault, the GIL, a shard's commit) without the device
+    waiting; beyond that they only hold memory."""
+    low, high = SLOTS
+    return max(low, min(high, SLOT_BUDGET // max(slot_bytes, 1)))

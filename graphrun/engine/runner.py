@@ -274,7 +274,7 @@ class Runner:
         for lane in self.lanes:
             lane.drop()
         self.direct = self.launcher = None  # their views and slots hold the buffers
-        self.capturer.pool = None
+        self.capturer.pool.close()
         if self.cuda:
             torch.cuda.empty_cache()
 

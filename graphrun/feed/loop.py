@@ -9,9 +9,9 @@ A batch takes three steps, each on its own thread when overlapped (the default o
     completer wait for the batch's last event, cut the real rows out, free the slot, write
                                                                (graphrun-completer thread)
 
-The host slots (Engine.host_slots) are the bounded queue between them: the stager takes a free
-slot, the completer gives it back once the outputs are out of it, so at most `slots` batches
-are in flight and memory stays bounded whatever the file's size. The launcher, which the device
+The slots (Engine.make_room: pinned host slots for a forward pass) are the bounded queue between
+them: the stager takes a free slot, the completer gives it back once the outputs are out of it,
+so at most `slots` batches are in flight and memory stays bounded whatever the file's size. The launcher, which the device
 waits on, only enqueues: padding and writing happen on the other two threads (numpy copies,
 file writes, hashing and event waits release the GIL).
 
@@ -51,11 +51,6 @@ from graphrun.read.grouping import Reorder
 from graphrun.feed.handoff import Prefetch, SlotPool
 from graphrun.read.records import take_where
 
-# overlapped: at least one being staged, one on the device, one being written; at most 16: the
-# batches queued on the device carry it through the launching thread's waits for the GIL, and
-# 16 already keep it busy through the longest such wait
-SLOTS = (3, 16)
-SLOT_BUDGET = 512 << 20  # bytes of pinned host slots, at most
 _DONE = object()  # the end of the staged work
 OVERLAP_ENV = "GRAPHRUN_OVERLAP"
 _OVERLAP_WORDS = {"on": True, "1": True, "true": True, "off": False, "0": False, "false": False,
@@ -129,7 +124,7 @@ class Stream:
 
     def run(self, batches: Iterable, overlap: bool) -> None:
         engine = self.engine
-        pool = SlotPool(engine.host_slots(slot_count(engine.slot_bytes) if overlap else 1))
+        pool = SlotPool(engine.make_room(overlap))
         work = self.staged(batches, pool)
         source = Prefetch(work, depth=pool.size) if overlap else work
         done = Completer(self.sink, pool, self.on_batches, self.host, threaded=overlap,
@@ -241,11 +236,3 @@ def model_blamed(item: Work, rb, engine=None):
         bucket = item.bucket.name if item.bucket is not None else "oversize-eager"
         hint = engine.explain(exc) if engine is not None else None
         raise model_failed(exc, bucket, where or f"record {first}", ids, hint) from exc
-
-
-def slot_count(slot_bytes: int) -> int:
-    """Slots for an overlapped stream: as many as SLOT_BUDGET holds, within SLOTS. More slots
-    absorb a thread's stall (a page fault, the GIL, a shard's commit) without the device
-    waiting; beyond that they only hold memory."""
-    low, high = SLOTS
-    return max(low, min(high, SLOT_BUDGET // max(slot_bytes, 1)))

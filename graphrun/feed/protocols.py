@@ -20,13 +20,16 @@ class Launched(Protocol):
 
 
 class Engine(Protocol):
-    """What the feed needs of the engine: a runner's `launcher` (engine/launch.py's Launcher,
-    or generate/runner.py's GenerationRunner, which launches its own parts)."""
+    """What the feed needs of the engine that runs its parts: a runner's `launcher`. A forward
+    pass's is engine/launch.py's Launcher (pinned host slots, copy streams, a replay per part);
+    a generation job's is generate/scheduler.py's Scheduler (each part's prompts handed to the
+    scheduler's thread, which admits them as decode slots free up)."""
 
-    max_batch: int
-    slot_bytes: int
+    max_batch: int  # records one part holds at most
 
-    def host_slots(self, count: int) -> int: ...
+    # room for the parts in flight (overlapped: several; serial: one), made now; returns how
+    # many may be in flight at once
+    def make_room(self, overlap: bool) -> int: ...
 
     # ids: the part's record ids, for an engine whose result depends on them (a generation
     # job's sampling stream); others ignore them
@@ -37,7 +40,7 @@ class Engine(Protocol):
 
     def run_rows(self, fields: dict, n: int, lengths: dict, ids=None) -> tuple[dict, list]: ...
 
-    def current_stream(self): ...
+    def current_stream(self): ...  # the stream launches go to (None: none of this thread's)
 
     def explain(self, exc: BaseException) -> str | None: ...  # the model's error's likely cause
 

@@ -4,8 +4,9 @@ continuous-batching engine whose decode step is captured once per row count.
 config.py: what is asked and returned; kv_cache.py: the paged cache and the attention on it;
 hf_attention.py: transformers models on that cache; llama.py, gpt2.py: graphrun's own causal LMs;
 sampling.py: the pick inside the step; steps.py: prefill and decode over static slot buffers;
-graphs.py: capture and verification per step size; engine.py: the slots and the scheduler;
-stats.py: running sums for the manifest; runner.py: the engine as the feed drives it.
+graphs.py: the graph table per step size (over engine/graphs.py) and its verification;
+engine.py: the slots and the scheduler; stats.py: running sums for the manifest; scheduler.py:
+the scheduler's thread, generation's place in the feed; runner.py: the job's runner.
 """
 
 from graphrun.generate.llama import Llama, build_llama

@@ -876,7 +876,7 @@ class Engine:
     def close(self) -> None:
         """Drop the graphs and buffers; a transformers model gets its attention back."""
         self._close_model()
-        self.table.entries.clear()
+        self.table.close()
         self.cache = self.state = None
 
 

@@ -1,12 +1,15 @@
-"""The engine's graph table: one entry per (kind, size), all set up before the first prompt.
+"""The generation engine's graph table: one entry per (kind, size), all set up before the first
+prompt.
 
 kind "decode" has size = rows (slots stepped at once), kind "prefill" size = tokens (the admitted
-prompts packed into one sequence); no length appears in a key. Setting up an
-entry with backend cuda-graph: warm-up on a side stream, capture into the shared pool
-(engine/capture.py's capture_graph), then verification against eager on a synthetic batch
-(verify_entry). A capture that fails, a graph that disagrees with eager, or one that takes the
-graphs past the memory budget runs eagerly instead, with the reason recorded: the tokens stay
-right, only slower. With backend eager an entry is the step itself.
+prompts packed into one sequence); no length appears in a key. The mechanics every graph of a
+job shares (side-stream warm-up, capture into one pool, the memory budget, a graph set aside for
+eager) are engine/graphs.py's GraphPool, as for a forward pass; what is generation's own is here:
+its steps run on the slot state, so set-up snapshots and restores it, and its verification
+compares picked tokens and logits with the near-tie rule (compare_runs). A capture that fails, a
+graph that disagrees with eager, or one that takes the graphs past the memory budget runs
+eagerly instead, with the reason recorded: the tokens stay right, only slower. With backend
+eager an entry is the step itself.
 
 With model.compile an entry's step runs the compiled step model (generate/compiled.py), checked
 against the plain model's eager steps. Where the compiler fails, its step cannot be captured or
@@ -27,11 +30,9 @@ from typing import Callable
 
 import torch
 
-from graphrun.engine.buckets import Bucket
-from graphrun.engine.capture import capture_graph
+from graphrun.engine.graphs import Graph, GraphPool, SetUp
 from graphrun.engine.verify import ULP_SLACK, compare
 from graphrun.base.errors import CaptureError, first_line
-from graphrun.base.units import MiB
 
 from graphrun.models.causal import paged_attention
 from graphrun.generate.steps import SlotState
@@ -53,34 +54,26 @@ class StepKey:
     size: int  # decode: rows; prefill: tokens
 
     @property
-    def bucket(self) -> Bucket:
-        return Bucket((self.size,), (self.axis,))
-
-    @property
     def axis(self) -> str:
         return "tokens" if self.kind == "prefill" else "rows"
 
+    @property
+    def name(self) -> str:
+        return f"{self.axis}={self.size}"
 
-@dataclass
-class StepGraph:
+
+@dataclass(kw_only=True)
+class StepGraph(Graph, SetUp):
+    """A step of the table (engine/graphs.Graph) and how its set-up went (engine/graphs.SetUp),
+    for the manifest."""
+
     key: StepKey
-    step: Callable[[], None]
-    graph: torch.cuda.CUDAGraph | None = None
     status: str = "eager"  # captured | eager
-    reason: str | None = None
     set_up: str = "setup"  # setup | first_use
-    capture_s: float | None = None
-    memory_bytes: int | None = None
     set_up_s: float | None = None  # warm-up, capture and verification
     verify: dict = field(default_factory=dict)  # passed, max_error, token_mismatches, steps
     compiled: bool | None = None  # model.compile: its kernels ran (False: fell back); None: off
     plain: Callable[[], None] | None = None  # the step on the plain model, while compiled
-
-    def run(self) -> None:
-        if self.graph is not None:
-            self.graph.replay()
-        else:
-            self.step()
 
     def describe(self) -> dict:
         shape = {self.key.axis: self.key.size}
@@ -94,7 +87,8 @@ class StepGraph:
 
 class GraphTable:
     """Entries by StepKey; make_step(key, compiled) builds a step closure over the static
-    buffers, on the compiled step model (model.compile) or the plain one."""
+    buffers, on the compiled step model (model.compile) or the plain one. pool: a memory pool
+    handle to capture into, else a new one."""
 
     def __init__(self, make_step: Callable[[StepKey, bool], Callable[[], None]],
                  state: SlotState, *, backend: str, device: torch.device, dtype: torch.dtype,
@@ -106,14 +100,8 @@ class GraphTable:
         self.attention_failure: str | None = None  # the paged decode kernel's, noted once
         self.graphs = backend == "cuda-graph"
         self.device, self.dtype, self.verify_on = device, dtype, verify
-        self.stream = torch.cuda.Stream(device) if self.graphs else None
-        self.pool = (pool if pool is not None else torch.cuda.graph_pool_handle()
-                     ) if self.graphs else None
-        self.budget, self.spent = budget_bytes, 0
+        self.pool = GraphPool(device, graphs=self.graphs, pool=pool, budget_bytes=budget_bytes)
         self.entries: dict[StepKey, StepGraph] = {}
-        # graphs set aside stay alive: freeing one would release blocks of the shared pool
-        # the later graphs were captured into
-        self.retired: list[torch.cuda.CUDAGraph] = []
 
     def prepare(self, keys: list[StepKey], how: str) -> None:
         """Set up the keys not set up yet, largest first (prefill before decode, then by rows
@@ -132,11 +120,14 @@ class GraphTable:
     def __getitem__(self, key: StepKey) -> StepGraph:
         return self.entries[key]
 
+    def close(self) -> None:
+        self.entries.clear()
+        self.pool.close()
+
     def _set_up(self, key: StepKey, how: str) -> StepGraph:
-        entry = StepGraph(key, self.make_step(key, self.compiling), set_up=how)
+        entry = StepGraph(self.make_step(key, self.compiling), key=key, set_up=how)
         if not self.graphs:
-            entry.reason = ("no CUDA device: backend eager" if self.device.type != "cuda"
-                            else "backend eager")
+            entry.reason = self.pool.eager_reason
         if self.compiling:
             entry.compiled, entry.plain = True, self.make_step(key, False)
         elif self.compile_failure:
@@ -176,8 +167,7 @@ class GraphTable:
         once they agree with the plain model's (None when not verifying)."""
         steps = verify_steps(entry.key) if self.verify_on else 0
         want = plain = None
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self.stream):
+        with self.pool.side_stream():
             if steps:
                 plain = run_checked(entry, self.state, steps, replay=False,
                                     step=entry.plain if entry.compiled else None)
@@ -187,8 +177,6 @@ class GraphTable:
             for _ in range(max(0, WARM_UP_RUNS - steps - bool(entry.compiled))):
                 self.state.restore(start)
                 entry.step()
-        torch.cuda.current_stream(self.device).wait_stream(self.stream)
-        torch.cuda.synchronize(self.device)
         return want, plain
 
     def _compiled_reference(self, entry: StepGraph, steps: int, plain):
@@ -227,34 +215,28 @@ class GraphTable:
         self._uncompile(entry, self.compile_failure)
 
     def _uncompile(self, entry: StepGraph, reason: str) -> None:
+        """The entry on the plain model's step (before any graph of it is captured)."""
         entry.step, entry.plain, entry.compiled = entry.plain, None, False
+        entry.to_eager()  # its run: the plain step
         entry.reason = "; ".join(filter(None, (entry.reason, reason)))
-        self.log(f"warning: {entry.key.kind} {entry.key.bucket.name}: {reason}")
+        self.log(f"warning: {entry.key.kind} {entry.key.name}: {reason}")
 
     def _capture(self, entry: StepGraph) -> None:
         try:
-            # on first use other threads (a writer, a reader) may be making CUDA calls
-            mode = "thread_local" if entry.set_up == "first_use" else "global"
-            graph, entry.capture_s, entry.memory_bytes = capture_graph(
-                entry.step, entry.key.bucket, stream=self.stream, pool=self.pool, mode=mode)
+            graph, entry.capture_s, entry.memory_bytes = self.pool.capture(
+                entry.step, entry.key.name, first_use=entry.set_up == "first_use")
         except CaptureError as err:
-            self.pool = torch.cuda.graph_pool_handle()  # a failed capture leaves its pool open
             if entry.compiled:  # the plain step may capture where the compiled one did not
                 self._uncompile(entry, f"the compiled step could not be captured ({err}): "
                                        "captured without model.compile")
                 return self._capture(entry)
-            entry.reason = f"capture failed, runs eagerly: {err}"
-            self.log(f"warning: {entry.key.kind} {entry.key.bucket.name}: {entry.reason}")
-            return
-        self.spent += entry.memory_bytes
-        if self.budget is not None and self.spent > self.budget:
-            self.retired.append(graph)
-            entry.reason = (f"its graph would take the graphs to {self.spent / MiB:.1f} MiB, "
-                            f"past memory_budget_mib={self.budget / MiB:g}: runs eagerly")
-            self.log(f"warning: {entry.key.kind} {entry.key.bucket.name}: {entry.reason}")
-            return
-        entry.graph, entry.status = graph, "captured"
-        self.log(f"captured {entry.key.kind} {entry.key.bucket.name} in "
+            return self._eager(entry, f"capture failed, runs eagerly: {err}")
+        entry.use(graph)
+        past = self.pool.past_budget()
+        if past:
+            return self._eager(entry, f"its graph {past}: runs eagerly")
+        entry.status = "captured"
+        self.log(f"captured {entry.key.kind} {entry.key.name} in "
                  f"{entry.capture_s * 1e3:.1f} ms")
 
     def _verify(self, entry: StepGraph, start: dict[str, torch.Tensor],
@@ -263,12 +245,14 @@ class GraphTable:
         result = verify_entry(entry, self.state, self.dtype, want)
         entry.verify = {**entry.verify, **result}  # beside compiled_vs_plain, if any
         if not result["passed"]:
-            self.retired.append(entry.graph)
-            entry.graph, entry.status = None, "eager"
-            entry.reason = (f"verification failed (max logit error {result['max_error']:.3g}, "
-                            f"{result['token_mismatches']} rows picked other tokens): runs "
-                            "eagerly")
-            self.log(f"warning: {entry.key.kind} {entry.key.bucket.name}: {entry.reason}")
+            self._eager(entry, f"verification failed (max logit error {result['max_error']:.3g}, "
+                               f"{result['token_mismatches']} rows picked other tokens): runs "
+                               "eagerly")
+
+    def _eager(self, entry: StepGraph, reason: str) -> None:
+        """The entry's step runs eagerly from now on (its graph set aside), with the reason."""
+        self.pool.fall_back(entry, [entry], reason)
+        self.log(f"warning: {entry.key.kind} {entry.key.name}: {reason}")
 
 
 def _near_ties(got_t: torch.Tensor, want_t: torch.Tensor, want: torch.Tensor,

@@ -1,140 +1,36 @@
-"""GenerationRunner: a generation spec's engine, as the feed drives every engine (feed/protocols.py
-Engine): staged parts of record batches in, one completion per record out, in input order.
-
-The feed's three steps keep their threads: the stager hands each part's prompts (token ids from
-data.text, read and tokenized by read/) to a host slot; the launcher hands them to the engine's
-scheduler (generate/engine.py), which runs on a thread of its own (graphrun-scheduler): it
-admits prompts whenever decode slots free up, from every part handed over so far, so a part's
-records finish out of order and among other parts' records; the completer waits for each part
-in input order (a Part: the completions of its records, filled as they finish), decodes the new
-tokens to text and writes the records. Parts in flight are bounded by the feed's host slots, so
-memory stays flat whatever the job's size.
+"""GenerationRunner: a generation spec's job engine: the causal LM on its device, the
+generation engine over it (generate/engine.py: slots, paged KV cache, graphs) and its place in
+the feed (generate/scheduler.py's Scheduler, the runner's `launcher`), the tokenizer's decoders
+and the manifest's generation section. The job's spine drives it as it drives a forward pass's
+Runner (job/state.py's JobRunner).
 """
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from graphrun.base.dtypes import torch_dtype
 from graphrun.base.phases import phase
-from graphrun.engine.buckets import Bucket
 from graphrun.engine.device import resolve_backend, resolve_device
 from graphrun.generate.llama import (Checkpoint, OwnLM, build_llama, find_checkpoint,
                                      load_checkpoint)
-from graphrun.generate.config import Completion, GenerateConfig, Sampling
-from graphrun.generate.engine import Engine, Finished, Request
+from graphrun.generate.config import GenerateConfig, Sampling
+from graphrun.generate.engine import Engine
 from graphrun.generate.hf_attention import check_before_loading, eos_ids_of
-from graphrun.generate.records import LOGPROB_OUTPUTS, SAMPLES_OUTPUT, logprobs_asked
+from graphrun.generate.records import logprobs_asked
+from graphrun.generate.scheduler import Scheduler
 from graphrun.generate.mbu import kv_bytes_per_token, peak_bandwidth, weight_bytes_per_step
 from graphrun.manifest.keys import BucketReport
 from graphrun.manifest.sections import Generation, GraphSetup, generation_summary
 from graphrun.models.causal.paged_attention import runs_on
 from graphrun.spec.generate import MAX_LOGPROBS, PROMPT_AXIS
 from graphrun.spec.keys import BATCH, PipelineSpec
-from graphrun.spec.request import REQUEST_FIELD
 
 # the builtin causal LMs a generation spec may name (model.builtin)
 GENERATE_BUILDERS = {"llama": build_llama}
-# the record batch's field of each record's own RequestParams, where read/ gives one
-_END = object()  # the scheduler's input is over
-
-
-@dataclass
-class PartRows:
-    """What ran on one part size: the manifest's bucket row."""
-
-    batches: int = 0
-    records: int = 0
-
-
-class Part:
-    """A launched part: its records' completions (n samples each), filled by the scheduler as
-    they finish; result() waits for the last, decodes their text (the completer's thread) and
-    hands back the rows to write."""
-
-    def __init__(self, samples: list[int], decode_text, token_text=None,
-                 with_samples: bool = False):
-        self.token_text = token_text  # one token id -> its text, where logprobs are written
-        self.completions: list[list[Completion | None]] = [[None] * k for k in samples]
-        self.left = sum(samples)
-        self.with_samples = with_samples  # the rows carry every sample (SAMPLES_OUTPUT)
-        self.error: BaseException | None = None
-        self.done = threading.Event()
-        self.decode_text = decode_text
-        self.t0 = time.perf_counter()
-        self.times: dict[str, float] = {}
-
-    def finished(self, i: int, completion: Completion) -> None:
-        self.completions[i][completion.sample] = completion
-        self.left -= 1
-        if not self.left:
-            self.times["e2e"] = (time.perf_counter() - self.t0) * 1e6
-            self.done.set()
-
-    def failed(self, err: BaseException) -> None:
-        self.error = err
-        self.done.set()
-
-    def wait(self) -> dict[str, float]:
-        self.done.wait()
-        if self.error is not None:
-            raise self.error
-        return self.times
-
-    def result(self) -> tuple[dict, dict[str, float]]:
-        """The records' rows: each field of sample 0, output_tokens summed over the samples,
-        and with_samples every sample's own (token_ids, text, finish_reason, output_tokens)."""
-        self.wait()
-        texts = [[self.decode_text(c.token_ids) if c.text is None else c.text for c in samples]
-                 for samples in self.completions]
-        done = [samples[0] for samples in self.completions]
-        outs = {"token_ids": [np.asarray(c.token_ids, dtype=np.int64) for c in done],
-                "text": np.array([t[0] for t in texts], dtype=str),
-                "finish_reason": np.array([c.finish_reason for c in done], dtype=str),
-                "prompt_tokens": np.array([c.prompt_tokens for c in done], dtype=np.int64),
-                "output_tokens": np.array([sum(c.output_tokens for c in samples)
-                                           for samples in self.completions], dtype=np.int64)}
-        if self.token_text is not None:
-            outs.update(logprob_outputs(done, self.token_text))
-        if done and done[0].prompt_logprobs is not None:  # the job's prompts all scored
-            outs["prompt_logprobs"] = [np.asarray(c.prompt_logprobs, dtype=np.float32)
-                                       for c in done]
-        if self.with_samples:
-            rows = np.empty(len(done), dtype=object)  # filled one by one: lists stay whole
-            for i, (samples, text) in enumerate(zip(self.completions, texts)):
-                rows[i] = [{"token_ids": c.token_ids, "text": t, "finish_reason": c.finish_reason,
-                            "output_tokens": c.output_tokens,
-                            "logprobs": (logprob_outputs([c], self.token_text)
-                                         if self.token_text is not None
-                                         and c.logprobs is not None else None)}
-                           for c, t in zip(samples, text)]
-            outs[SAMPLES_OUTPUT] = rows
-        return outs, self.times
-
-
-def logprob_outputs(done: list[Completion], token_text) -> dict[str, list[np.ndarray]]:
-    """records.LOGPROB_OUTPUTS of each completion (empty where it asked none)."""
-    outs: dict[str, list[np.ndarray]] = {k: [] for k in LOGPROB_OUTPUTS}
-    for c in done:
-        asked = c.logprobs is not None
-        ids = np.asarray(c.token_ids if asked else [], dtype=np.int64)
-        k = len(c.top_ids[0]) if asked and c.top_ids else 0
-        top = np.asarray(c.top_ids if asked else [], dtype=np.int64).reshape(len(ids), k)
-        outs["logprobs"].append(np.asarray(c.logprobs or [], dtype=np.float32))
-        outs["tokens"].append(np.array([token_text(int(t)) for t in ids], dtype=str))
-        outs["top_token_ids"].append(top)
-        outs["top_logprobs"].append(np.asarray(c.top_logprobs if asked else [],
-                                               dtype=np.float32).reshape(top.shape))
-        outs["top_tokens"].append(np.array([[token_text(int(t)) for t in row] for row in top],
-                                           dtype=str).reshape(top.shape))
-    return outs
 
 
 class GenerationRunner:
@@ -172,21 +68,13 @@ class GenerationRunner:
                 memory_budget_mib=spec.capture.memory_budget_mib, compile=spec.model.compile,
                 detokenize=self._stop_decoder(), log=self.log,
                 **(per_row_choices(spec) if choices is None else choices))
-        self.logprobs_out = logprobs_asked(spec)
         self._texts = None
-        self.slots = self.max_batch = self.engine.slots  # a part is at most the slots
-        self.slot_bytes = self.slots * self.max_prompt * 8
-        self._staged: dict[int, tuple[list[list[int]], list, list]] = {}  # host slot -> part
-        self.buckets: dict[Bucket, PartRows] = {}
         self._decode = None
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()  # parts' Requests, then _END
-        self._spare: list[Request] = []  # taken from the queue, not yet handed over
-        self._ended = False  # _END taken
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-        self._parts: set[Part] = set()  # launched, not yet finished (failed on an error)
-        self._lock = threading.Lock()
-        self.launcher = self  # the feed's engine (feed/protocols.Engine)
+        self.slots = self.engine.slots
+        self.launcher = Scheduler(
+            self.engine, self.device, text_decoder=self.text_decoder,
+            token_text=self._token_text if logprobs_asked(spec) else None,
+            with_samples=spec.output.format == "openai_batch")
         self.setup_s = time.perf_counter() - t0
 
     def _model(self):
@@ -197,108 +85,9 @@ class GenerationRunner:
         """Output tokens of the records finished so far: the progress's tokens/s."""
         return self.engine.stats.output_tokens
 
-    # -- the feed's engine ---------------------------------------------------------------------
-
-    def explain(self, exc: BaseException) -> str | None:
-        return None  # the engine's own errors say where and what to do
-
-    def host_slots(self, count: int) -> int:
-        return count
-
-    def current_stream(self):
-        return torch.cuda.current_stream(self.device) if self.cuda else None
-
     def device_context(self):
+        """The runner's device made current (in-process generation: LLM)."""
         return torch.cuda.device(self.device) if self.cuda else nullcontext()
-
-    def stage(self, fields: dict, n: int, lengths: dict, slot: int, ids=None) -> Bucket:
-        """The part's prompts (unpadded token ids), record ids (each record's sampling stream)
-        and own parameters (where the records carry them) kept for its launch; its bucket is
-        its row count."""
-        tokens, real = fields["input_ids"], lengths[PROMPT_AXIS]
-        prompts = [np.asarray(tokens[i])[:int(real[i])].tolist() for i in range(n)]
-        record_ids = list(range(n)) if ids is None else (
-            ids.tolist() if isinstance(ids, np.ndarray) else list(ids))
-        own = fields.get(REQUEST_FIELD)
-        params = [None] * n if own is None else [
-            None if own[i] is None or own[i].is_default else own[i] for i in range(n)]
-        self._staged[slot] = (prompts, record_ids, params)
-        return Bucket((n,), (BATCH,))
-
-    def launch(self, bucket: Bucket, slot: int, n: int, lengths: dict, *,
-               stream=None) -> Part:
-        """The part's prompts handed to the scheduler; nothing waits here."""
-        prompts, record_ids, params = self._staged.pop(slot)
-        part = Part([self.engine.samples_of(p) for p in params], self.text_decoder(),
-                    self._token_text() if self.logprobs_out else None,
-                    with_samples=self.spec.output.format == "openai_batch")
-        seen = self.buckets.setdefault(bucket, PartRows())
-        seen.batches += 1
-        seen.records += len(prompts)
-        with self._lock:
-            if self._error is not None:
-                raise self._error
-            self._parts.add(part)
-        self._start()
-        self._queue.put([Request(prompt, rid, own, tag=(part, i))
-                         for i, (prompt, rid, own) in enumerate(zip(prompts, record_ids,
-                                                                    params))])
-        return part
-
-    def run_rows(self, fields: dict, n: int, lengths: dict, ids=None) -> tuple[dict, list]:
-        """A part larger than the slots (data.oversize eager): handed over whole, the engine
-        admits it as slots free up."""
-        bucket = self.stage(fields, n, lengths, -1, ids=ids)
-        rows, times = self.launch(bucket, -1, n, lengths).result()
-        return rows, [(bucket, times)]
-
-    # -- the scheduler's thread ------------------------------------------------------------------
-
-    def _start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._serve, name="graphrun-scheduler",
-                                            daemon=True)
-            self._thread.start()
-
-    def _serve(self) -> None:
-        try:
-            with self.device_context():
-                self.engine.serve(self._take, self._emit)
-        except BaseException as err:  # noqa: BLE001 - raised on the threads waiting for parts
-            with self._lock:
-                self._error = err
-                parts, self._parts = list(self._parts), set()
-            for part in parts:
-                part.failed(err)
-
-    def _take(self, n: int, block: bool) -> list[Request] | None:
-        """Up to n requests: a part's arrive together (the queue holds whole parts), so its
-        prompts are admitted together where slots allow."""
-        got, spare = [], self._spare
-        while len(got) < n:
-            if not spare and self._ended:
-                break
-            if not spare:
-                try:
-                    item = self._queue.get(block=block and not got)
-                except queue.Empty:
-                    break
-                if item is _END:
-                    self._ended = True
-                    break
-                spare.extend(item)
-            take = min(n - len(got), len(spare))
-            got += spare[:take]
-            del spare[:take]
-        self._spare = spare
-        return None if not got and self._ended else got
-
-    def _emit(self, done: Finished) -> None:
-        part, i = done.request.tag
-        part.finished(i, done.completion)
-        if not part.left:
-            with self._lock:
-                self._parts.discard(part)
 
     def text_decoder(self):
         """token ids -> text, special tokens skipped (as HF's decode(skip_special_tokens))."""
@@ -350,7 +139,7 @@ class GenerationRunner:
         status = "captured" if self.backend == "cuda-graph" else "eager"
         return [BucketReport(name=b.name, sizes=dict(zip(b.axes, b.sizes)), status=status,
                              batches=seen.batches, records=seen.records, padded_rows=0)
-                for b, seen in sorted(self.buckets.items(), key=lambda kv: kv[0].sizes)]
+                for b, seen in sorted(self.launcher.parts.items(), key=lambda kv: kv[0].sizes)]
 
     def manifest_sections(self, percentiles, rejected: int = 0, truncated: int = 0) -> dict:
         """The manifest's sections of this engine's own: generation."""
@@ -400,10 +189,7 @@ class GenerationRunner:
         return read / e.stats.decode_s / peak
 
     def close(self) -> None:
-        if self._thread is not None:
-            self._queue.put(_END)
-            self._thread.join()
-            self._thread = None
+        self.launcher.close()
         if self.cuda:
             torch.cuda.synchronize(self.device)
         self.engine.close()

@@ -1,8 +1,9 @@
 """run(spec): the whole job, file -> outputs + manifest. The spine of graphrun; one screen.
 
-spec -> Runner (engine/: model, lanes of static buffers, capture, verify) -> stream (read,
-check, batch) -> feed (stage, launch, result on three threads) -> write (shards, rejects,
-journal) -> manifest.
+spec -> Runner (engine/: model, lanes of static buffers, capture, verify), or for a generation
+spec GenerationRunner (generate/: model, slots, KV blocks, graphs) -> stream (read, check,
+batch) -> feed (stage, launch, result on three threads, through the runner's launcher: the
+Launcher, or generation's Scheduler) -> write (shards, rejects, journal) -> manifest.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from graphrun.job.progress import Progress, summary_table
 from graphrun.generate.records import with_implied_io
 from graphrun.engine.device_start import DeviceStart
 from graphrun.engine.lazy import data_needs, look_ahead
-from graphrun.feed.loop import OVERLAP_ENV, overlap_choice, slot_count
+from graphrun.feed.loop import OVERLAP_ENV, overlap_choice
 from graphrun.read.grouping import PaddingCount
 from graphrun.base.phases import BEFORE_RUN, PhaseClock, phase
-from graphrun.job.state import RunHashes, RunRecord, RunResources
+from graphrun.job.state import JobRunner, RunHashes, RunRecord, RunResources
 from graphrun.job.signals import StopSignals
 from graphrun.read.stream import ReadAhead, padded_batches
 from graphrun.read.text import TextCuts
@@ -211,7 +212,7 @@ def run_stream(record: RunRecord, held: RunResources, fingerprint: dict, resume_
             held.reader = ReadAhead(padded_batches(batches, spec),
                                     ahead=look_ahead(spec),
                                     hold_bytes=held.tuning.read_ahead_bytes)
-        engine = parts.engine(spec)
+        engine: type[JobRunner] = parts.engine(spec)
         held.runner = runner = engine(spec, log=record.print_and_warn if show else record.warn,
                                       needs=data_needs(spec, held.reader, record.bucket_plan),
                                       started=held.device_start)
@@ -235,7 +236,7 @@ def run_stream(record: RunRecord, held: RunResources, fingerprint: dict, resume_
     record.overlapped = overlap
     if overlap:  # the overlapped path's pinned slots: setup, not the stream
         with phase("host slots"):
-            runner.launcher.host_slots(slot_count(runner.launcher.slot_bytes))
+            runner.launcher.make_room(True)
     record.stream_t0 = time.perf_counter()
     stop_signal.streaming()  # from here a signal lets the batch in flight finish
     with phase("stream"):

@@ -18,6 +18,7 @@ import numpy as np
 
 from graphrun.base.errors import GraphrunError
 from graphrun.job.parts import JobParts
+from graphrun.feed.protocols import Engine
 from graphrun.engine.timing import noise_floor_us, percentiles, spread_warning
 from graphrun.write.disk import write_failure, write_remedy
 from graphrun.write.folder import FilesHash, model_files, write_fingerprint
@@ -27,6 +28,26 @@ from graphrun.manifest.keys import (Digests, FileEntry, Manifest, Totals, all_re
 from graphrun.manifest.sections import BucketPhases, Phase, Phases
 from graphrun.engine.padding import padding_ratio, position_ratios
 from graphrun.base.phases import PART_PHASES, PhaseClock, phase, utc_now
+
+
+class JobRunner(Protocol):
+    """What the job asks of its engine: a forward pass's engine/runner.Runner or a generation
+    job's generate/runner.GenerationRunner (spine.run_stream picks one, by the spec, once).
+    launcher: its place in the feed (feed/protocols.Engine)."""
+
+    device: Any
+    backend: str
+    cuda: bool
+    model_code: tuple
+    setup_s: float
+    launcher: Engine
+
+    def bucket_reports(self) -> list: ...  # manifest.keys.BucketReport per bucket or part size
+
+    # the manifest's sections of this engine's own (generation's), beside every job's
+    def manifest_sections(self, percentiles, rejected: int = 0, truncated: int = 0) -> dict: ...
+
+    def close(self) -> None: ...
 
 
 class Digest(Protocol):
@@ -264,7 +285,8 @@ class RunResources:
         self.input_hash, self.model_hash = hashes.input, hashes.model
         self.place = None  # a job's worker: where its shards go (journal.ShardPlace)
         self.fingerprint = None  # run.json's, once record_hashes wrote it
-        self.runner = self.writer = self.latencies = self.reader = None  # open while streaming
+        self.runner: JobRunner | None = None  # open while streaming, as the three below
+        self.writer = self.latencies = self.reader = None
 
     def record_hashes(self, record: RunRecord, fingerprint: dict) -> None:
         """run.json gets the input's hash, waited for before the stream starts (hashing the
