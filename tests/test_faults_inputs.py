@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import json
 import sys
+from functools import partial
 
 from click.testing import CliRunner
 
@@ -130,7 +131,8 @@ def test_a_full_disk_at_commit_names_the_disk_too(tmp_path, monkeypatch):
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(shards, "append_journal", full)
+    # The CLI builds its own writer: its steps on the disk are the module's DiskSteps().
+    monkeypatch.setattr(shards, "DiskSteps", partial(shards.DiskSteps, append_journal=full))
     result = cli("run", spec, "-q")
     assert result.exit_code == 2 and "Traceback" not in result.output
     device, mount = df(tmp_path)
