@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.bench_decode_step import LAYOUTS  # noqa: E402
 from graphrun.generate.config import GenerateConfig, Sampling  # noqa: E402
 from graphrun.generate.engine import build_engine  # noqa: E402
-from graphrun.generate.llama import build_llama  # noqa: E402
+from graphrun.models.causal.llama import build_llama  # noqa: E402
 
 STOPS_PER_32K = 560  # stop ids per 32,000 of the vocabulary: completions average about 45 of 128
 

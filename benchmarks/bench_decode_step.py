@@ -154,7 +154,7 @@ def run_matmuls(layout: str, rows: int, steps: int, repeats: int, device: torch.
 
 
 def build_model(layout: str, max_len: int, device: torch.device, dtype: torch.dtype):
-    from graphrun.generate.llama import build_llama
+    from graphrun.models.causal.llama import build_llama
 
     model = build_llama(**LAYOUTS[layout], max_len=max_len, seed=0, device=device, dtype=dtype)
     return model.requires_grad_(False)  # as models/load.py leaves a job's model

@@ -26,7 +26,7 @@ import torch
 
 from graphrun.generate.config import GenerateConfig, Sampling
 from graphrun.generate.engine import build_engine
-from graphrun.generate.llama import build_llama
+from graphrun.models.causal.llama import build_llama
 
 
 def prompts_of(n: int, system: int, low: int, high: int, vocab: int,

@@ -17,7 +17,7 @@ import torch
 
 from graphrun.generate.config import GenerateConfig, Sampling
 from graphrun.generate.generator import build_generator
-from graphrun.generate.llama import build_llama
+from graphrun.models.causal.llama import build_llama
 
 
 def prompts_of(n: int, vocab: int, seed: int = 0) -> list[list[int]]:

@@ -109,7 +109,7 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args()
-    from graphrun.generate.llama import build_llama
+    from graphrun.models.causal.llama import build_llama
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" and not a.smoke else torch.float32

@@ -44,7 +44,7 @@ def write_folder(layout: str, folder: Path, *, device: torch.device, dtype: torc
     from safetensors.torch import save_file
     from transformers import GenerationConfig
 
-    from graphrun.generate.llama import build_llama
+    from graphrun.models.causal.llama import build_llama
 
     folder.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()

@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 
 from graphrun.generate.config import GenerateConfig, GenerationError, Sampling  # noqa: E402
 from graphrun.generate.engine import Request, build_engine  # noqa: E402
-from graphrun.generate.kv_cache import BlockPool  # noqa: E402
+from graphrun.models.causal.kv_cache import BlockPool  # noqa: E402
 from graphrun.spec.request import RequestParams  # noqa: E402
 from tests.generate_models import IDS, PROMPTS, hf_greedy, tiny_gpt2, tiny_llama  # noqa: E402
 

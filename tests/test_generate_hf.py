@@ -133,7 +133,7 @@ def test_a_model_the_cache_cannot_serve_is_one_error_naming_what(name):
 
 
 def test_the_attention_refuses_sinks_it_was_not_told_of():
-    from graphrun.generate.hf_attention import graphrun_attention
+    from graphrun.models.causal.hf_attention import graphrun_attention
 
     q = torch.zeros(1, 2, 1, 4)
     module = nn.Module()

@@ -50,7 +50,7 @@ def test_merged_workers_say_each_attention_their_decode_steps_ran():
 
 
 def test_a_step_reads_an_untied_embedding_only_by_rows_a_tied_one_whole():
-    from graphrun.generate.llama import build_llama
+    from graphrun.models.causal.llama import build_llama
     from graphrun.generate.mbu import weight_bytes_per_step
 
     untied = build_llama(layers=1, d_model=16, heads=2, vocab=100, ffn=32)

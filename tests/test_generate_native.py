@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 import graphrun  # noqa: E402
 from graphrun.base.errors import ModelError  # noqa: E402
 from graphrun.generate import GenerateConfig, build_engine  # noqa: E402
-from graphrun.generate.llama import Checkpoint, find_checkpoint, load_checkpoint  # noqa: E402
+from graphrun.models.causal.llama import Checkpoint, find_checkpoint, load_checkpoint  # noqa: E402
 from tests.children import imports_transformers  # noqa: E402
 from tests.generate_models import IDS, PROMPTS, _spread, hf_greedy  # noqa: E402
 
@@ -248,7 +248,7 @@ def test_graphruns_rms_norm_rounds_as_transformers_llama_norm_does(dtype):
     then the weight): the same values, to a unit in the last place of the dtype."""
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-    from graphrun.generate.llama import RMSNorm
+    from graphrun.models.causal.llama import RMSNorm
 
     gen = torch.Generator().manual_seed(4)
     ours, theirs = RMSNorm(256, 1e-6), LlamaRMSNorm(256, eps=1e-6)

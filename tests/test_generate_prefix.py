@@ -14,8 +14,8 @@ pytest.importorskip("transformers")
 
 from graphrun.generate.config import GenerateConfig, Sampling  # noqa: E402
 from graphrun.generate.engine import Request, build_engine  # noqa: E402
-from graphrun.generate.kv_cache import BlockPool, chain_hashes  # noqa: E402
-from graphrun.generate.llama import build_llama  # noqa: E402
+from graphrun.models.causal.kv_cache import BlockPool, chain_hashes  # noqa: E402
+from graphrun.models.causal.llama import build_llama  # noqa: E402
 from tests.generate_models import tiny_gpt2, tiny_llama  # noqa: E402
 
 BS = 4
@@ -154,7 +154,7 @@ def test_references_return_to_zero_and_the_blocks_stay_cached(llama):
 
 
 def test_a_prefill_reads_only_the_cached_blocks_its_prompts_share(llama, monkeypatch):
-    from graphrun.generate import kv_cache
+    from graphrun.models.causal import kv_cache
 
     widths = []  # per layer and prefill: how many cached blocks its attention gathered
     gather = kv_cache.gather_blocks

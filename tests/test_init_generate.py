@@ -362,7 +362,7 @@ def test_the_graphs_counted_are_the_ones_the_engine_sets_up():
 
     from graphrun.generate.config import GenerateConfig
     from graphrun.generate.engine import Engine
-    from graphrun.generate.llama import build_llama
+    from graphrun.models.causal.llama import build_llama
     from graphrun.plan.generation import graphs_of
 
     lists = {"batch": [2, 4], "seq": [8, 24, 40]}

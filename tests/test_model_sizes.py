@@ -30,7 +30,7 @@ def test_the_saved_layers_are_one_stacks_indices_or_unknown():
 def test_a_config_of_100000_layers_is_refused_before_any_module_is_built(
         tmp_path, monkeypatch, implementation):
     transformers = pytest.importorskip("transformers")
-    import graphrun.generate.llama as llama
+    import graphrun.models.causal.llama as llama
 
     def built(*args, **kwargs):
         raise AssertionError("a module was built")

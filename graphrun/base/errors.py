@@ -52,6 +52,11 @@ class ModelError(GraphrunError):
     """The model cannot be built or loaded (bad target, archive, weights, arguments)."""
 
 
+class GenerationError(ModelError):
+    """The model, its settings or the generation asked for cannot generate as asked: the
+    message names what (the class, the row count, the value) and what to do."""
+
+
 class CaptureError(GraphrunError):
     """A bucket could not be captured or replayed, or its replay disagrees with eager."""
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from graphrun.generate.kv_cache import PagedCache, StepKV
+from graphrun.models.causal.kv_cache import PagedCache, StepKV
 
 # a compilation per kind and batch regime (prefill, decode; one row or many), and a few spare
 RECOMPILE_LIMIT = 16

@@ -10,15 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from graphrun.base.errors import ModelError
+from graphrun.base.errors import GenerationError
 from graphrun.spec.generate import MAX_LOGPROBS
 
 SAMPLING_METHODS = ("greedy", "sample")
-
-
-class GenerationError(ModelError):
-    """The model, its buckets or the generation settings cannot generate as asked: the
-    message names what (the class, the bucket, the value) and what to do."""
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The generation engine: a pool of decode slots, a scheduler that admits prompts as slots free
 up, a packed prefill, then the decode steps that every occupied slot takes together.
 
-It owns the static state of generation on one device: the paged KV cache (kv_cache.py), the
+It owns the static state of generation on one device: the paged KV cache (models/causal/kv_cache.py), the
 slot buffers (steps.py) and the graph table (graphs.py): one decode graph per row count (a few
 sizes up to the slots, for the job's tail) and one prefill graph per packed token count.
 
@@ -50,9 +50,9 @@ from graphrun.spec.request import EXTRA_STOPS, RequestParams
 from graphrun.generate.compiled import CompiledStep
 from graphrun.generate.config import Completion, GenerateConfig, GenerationError, check_config
 from graphrun.generate.graphs import GraphTable, StepKey
-from graphrun.generate.hf_attention import HFCausalLM, is_hf_model, unsupported
-from graphrun.generate.kv_cache import BlockPool, PagedCache, chain_hashes
-from graphrun.generate.llama import Llama, OwnLM
+from graphrun.models.causal.hf_attention import HFCausalLM, is_hf_model, unsupported
+from graphrun.models.causal.kv_cache import BlockPool, PagedCache, chain_hashes
+from graphrun.models.causal.llama import Llama, OwnLM
 from graphrun.generate.sampling import record_key
 from graphrun.generate.stats import GenerationStats
 from graphrun.generate.steps import (HOST_FIELDS, ROW_FIELDS, SlotState, Variant, decode_step,

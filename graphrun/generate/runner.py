@@ -15,11 +15,11 @@ import torch
 from graphrun.base.dtypes import torch_dtype
 from graphrun.base.phases import phase
 from graphrun.engine.device import resolve_backend, resolve_device
-from graphrun.generate.llama import (Checkpoint, OwnLM, build_llama, find_checkpoint,
+from graphrun.models.causal.llama import (Checkpoint, OwnLM, build_llama, find_checkpoint,
                                      load_checkpoint)
 from graphrun.generate.config import GenerateConfig, Sampling
 from graphrun.generate.engine import Engine
-from graphrun.generate.hf_attention import check_before_loading, eos_ids_of
+from graphrun.models.causal.hf_attention import check_before_loading, eos_ids_of
 from graphrun.generate.records import logprobs_asked
 from graphrun.generate.scheduler import Scheduler
 from graphrun.generate.mbu import kv_bytes_per_token, peak_bandwidth, weight_bytes_per_step

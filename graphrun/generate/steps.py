@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from graphrun.generate.config import GenerateConfig
-from graphrun.generate.kv_cache import PagedCache, StepKV
+from graphrun.models.causal.kv_cache import PagedCache, StepKV
 from graphrun.generate.sampling import penalize, pick, token_logprobs
 
 

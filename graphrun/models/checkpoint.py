@@ -1,8 +1,7 @@
 """Hugging Face model folders read without transformers: config.json and safetensors weights.
 
-graphrun builds some architectures itself (generate/llama.py: the Llama family; generate/
-gpt2.py; models/bert.py), so a job on
-such a folder never imports transformers, whose import is most of a short job's start. What
+graphrun builds some architectures itself (models/causal/llama.py: the Llama family; models/causal/
+gpt2.py; models/bert.py), so a job on such a folder never imports transformers, whose import is most of a short job's start. What
 is read here is plain data: the config's fields as a typed shape, the checkpoint's tensor names,
 the tensors themselves. Whether a folder can be built so is decided from those alone, before
 any work (`llama_shape` returns the reason it cannot); the model code is the caller's.

@@ -83,7 +83,7 @@ def _builtin_positions(spec: PipelineSpec) -> list[tuple[int, str]]:
     tokens."""
     import inspect
 
-    from graphrun.generate.llama import build_llama
+    from graphrun.models.causal.llama import build_llama
 
     value = spec.model.args.get("max_len",
                                 inspect.signature(build_llama).parameters["max_len"].default)

@@ -7,7 +7,7 @@ Parameters carry transformers' names (model.layers.0.self_attn.q_proj.weight, ..
 checkpoint's tensors load as saved, and the arithmetic follows transformers' (norms and RoPE in
 float32, cast back), so a completion is the one transformers' generate gives
 (tests/test_generate_native.py). find_checkpoint and load_checkpoint take GPT-2 folders too
-(generate/gpt2.py). Attention goes through
+(models/causal/gpt2.py). Attention goes through
 kv_cache.attend, as an adapted transformers model's does.
 
 forward(tokens [b, q] int64, positions [b, q] int64, kv: StepKV) -> logits [b, V] float32 of
@@ -32,8 +32,8 @@ from graphrun.models.checkpoint import (CAUSAL_LM_CLASSES, CONFIG_REMEDY, GPT2Sh
 from graphrun.models.sizes import check_fits, tensor_bytes
 from graphrun.models.weights import Held, Mismatch, compare, held, weights_error
 
-from graphrun.generate.gpt2 import GPT2
-from graphrun.generate.kv_cache import KVLayout, StepKV, attend
+from graphrun.models.causal.gpt2 import GPT2
+from graphrun.models.causal.kv_cache import KVLayout, StepKV, attend
 
 WEIGHT_STD = 0.02  # the builtin's projections; the embedding keeps unit variance (PyTorch's)
 

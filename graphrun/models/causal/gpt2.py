@@ -4,7 +4,7 @@ without transformers.
 Parameters carry transformers' names (transformer.h.0.attn.c_attn.weight, ...), Conv1D weights
 stored [in, out] as GPT-2 saves them and applied as transformers applies them (addmm), learned
 positions, LayerNorm, the tanh GELU; the LM head is the token embedding, tied. The step
-interface is steps.StepModel's, as the Llama's (generate/llama.py).
+interface is steps.StepModel's, as the Llama's (models/causal/llama.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from torch.nn import functional as F
 
 from graphrun.models.checkpoint import GPT2Shape
 
-from graphrun.generate.kv_cache import KVLayout, StepKV, attend
+from graphrun.models.causal.kv_cache import KVLayout, StepKV, attend
 
 
 def gelu_new(x: torch.Tensor) -> torch.Tensor:

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from graphrun.generate.config import GenerationError
-from graphrun.generate.kv_cache import KVLayout, StepKV, attend
+from graphrun.base.errors import GenerationError
+from graphrun.models.causal.kv_cache import KVLayout, StepKV, attend
 
 ATTENTION_NAME = "graphrun"
 # attention layer kinds (config.layer_types) graphrun's cache holds: every key of the row, the
