@@ -218,6 +218,7 @@ def test_bench_compile_on_a_generation_spec_times_the_compiled_steps(generation_
             raise RuntimeError("inductor exploded")
         return self.plain(tokens, positions, kv)
 
+    # a patch: `graphrun bench` builds its own engines, reached only through the command
     monkeypatch.setattr(compiled.CompiledStep, "__call__", call)
     result = CliRunner().invoke(main, ["bench", str(generation_spec), "--iters", "2",
                                        "--warmup", "0", "--new-tokens", "3", "--compile",

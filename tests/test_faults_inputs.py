@@ -66,6 +66,7 @@ def test_an_input_failing_to_read_is_named_and_resume_completes(tmp_path, monkey
                 raise OSError(errno.EIO, "Input/output error")
             yield block
 
+    # a patch: the CLI builds its own reader, reached only through the command
     monkeypatch.setattr(jsonl, "_blocks", failing)
     result = cli("run", spec, "-q")
     assert result.exit_code == 2 and "Traceback" not in result.output
