@@ -364,6 +364,7 @@ class DiskFull:
                 disk.spend(len(data))
             return real_pwrite(fd, data, offset)
 
+        # patches: a full disk is the environment's (open, os.write, os.pwrite)
         monkeypatch.setattr(builtins, "open", full_open)
         monkeypatch.setattr(os, "write", write)
         monkeypatch.setattr(os, "pwrite", pwrite)
@@ -607,6 +608,7 @@ def test_static_buffers_past_the_machine_s_memory_are_refused_with_the_figure(tm
                                                                              monkeypatch):
     from graphrun.spec import rules
 
+    # a patch: the machine's memory, read while the spec loads, with no caller
     monkeypatch.setattr(rules, "_memory_bytes", lambda: 24 * 2**30)  # any machine's size
     spec = make_job(tmp_path)
     with pytest.raises(SpecError, match=r"buckets: the static buffers at the largest bucket "

@@ -82,6 +82,7 @@ def test_no_install_command_names_graphrun_as_a_distribution():
 
 
 def test_the_install_hint_gives_the_clone_s_command_and_the_extra_s_packages(monkeypatch):
+    # a patch: the installed metadata is the environment's (importlib.metadata)
     monkeypatch.setattr(metadata, "requires", lambda name: [
         "torch>=2.4", 'transformers>=4.40; extra == "hf"', "tokenizers>=0.15 ; extra == 'hf'",
         'ray[data]>=2.50; extra == "ray"'])

@@ -138,7 +138,7 @@ def test_the_fastest_mode_is_named_only_beyond_the_noise():
 
 
 @pytest.mark.parametrize("when", ["setting up", "timed"])
-def test_a_failing_mode_is_a_note_not_the_end(write_spec, monkeypatch, when):
+def test_a_failing_mode_is_a_note_not_the_end(write_spec, when):
     from graphrun.experiments import bench
 
     real = bench.open_graphrun
@@ -154,9 +154,8 @@ def test_a_failing_mode_is_a_note_not_the_end(write_spec, monkeypatch, when):
                 RuntimeError("inductor exploded\nmore lines"))
         return session
 
-    monkeypatch.setattr(bench, "open_graphrun", failing)
     result = bench.bench(graphrun.load_spec(write_spec()), iters=2, warmup=0, compile=True,
-                   repeats=2, log=lambda m: None)
+                         repeats=2, log=lambda m: None, open_graphrun=failing)
     assert "compile failed: RuntimeError: inductor exploded" in result.notes
     # a mode failing part-way is dropped whole: no bucket keeps its half-done timings
     assert all([m.mode for m in bk.modes] == ["eager"] for bk in result.buckets)
@@ -219,6 +218,7 @@ def test_bench_compile_on_a_generation_spec_times_the_compiled_steps(generation_
             raise RuntimeError("inductor exploded")
         return self.plain(tokens, positions, kv)
 
+    # a patch: `graphrun bench` builds its own engines, reached only through the command
     monkeypatch.setattr(compiled.CompiledStep, "__call__", call)
     result = CliRunner().invoke(main, ["bench", str(generation_spec), "--iters", "2",
                                        "--warmup", "0", "--new-tokens", "3", "--compile",

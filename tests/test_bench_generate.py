@@ -77,6 +77,7 @@ def test_a_graphrun_that_cannot_run_the_spec_is_one_line(bench, tiny, tmp_path, 
     folder, _ = tiny
     prompts = bench.make_prompts(4, 512, 3, 10)
     # a prompt field graphrun refuses: the run fails, the row says so in one line
+    # a patch: the benchmark script's own constant (benchmarks/, not graphrun)
     monkeypatch.setattr(bench, "GRAPHRUN_SPEC", bench.GRAPHRUN_SPEC.replace(
         "max_new_tokens: {new}", "max_new_tokens: 0"))
     row, tokens = bench.run_graphrun(folder, prompts, 4, 2, 3, torch.device("cpu"), "float32",
@@ -110,6 +111,7 @@ def test_the_graphrun_row_reads_its_manifest_and_completions(bench, tiny, tmp_pa
                            "tpot_ms": {"p50": 1.0, "p99": 2.0}}}))
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
+    # a patch: the graphrun process (subprocess) stood in
     monkeypatch.setattr(bench.subprocess, "run", finished)
     row, tokens = bench.run_graphrun(folder, prompts, 4, 2, 3, torch.device("cpu"), "float32",
                                      tmp_path / "w", "tiny", timeout=60)

@@ -215,6 +215,7 @@ def test_a_second_capture_that_fails_leaves_the_bucket_on_one_lane(tmp_path, mon
                 raise Err("CUDA graph capture failed: injected", bucket=name)
             return real(step, name, **kw)
 
+        # a patch: a capture failing inside the runner's graph pool, with no caller
         monkeypatch.setattr(graphs_mod, "capture_graph", fails_for_16)
         runner.launcher.host_slots(3)
         on = {b.batch: [lane.index for lane in runner.lanes if b in lane.graphs]

@@ -139,6 +139,7 @@ def test_schema_in_a_checkout_rewrites_that_checkout_only(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path / "sub")
     refused = cli("schema")  # the checkout is not the graphrun running
     assert refused.exit_code == 2 and "is not the checkout's" in refused.output
+    # a patch: `graphrun schema` checks the checkout against the running package's folder
     monkeypatch.setattr(schema, "PACKAGE_DIR", tmp_path / "graphrun")
     assert cli("schema").exit_code == 0
     assert json.loads((tmp_path / "schemas" / "pipeline.schema.json").read_text())["title"]
@@ -165,6 +166,7 @@ def test_a_run_outside_a_terminal_prints_progress_lines_summary_and_warnings(
     from graphrun.job import progress
     from graphrun.job import state
 
+    # patches: the CLI builds its own run and progress, reached only through the command
     monkeypatch.setattr(progress, "LINE_S", 0.0)  # a line every batch
     monkeypatch.setattr(state, "spread_warning",
                         lambda values, what, *_, **__: f"{what}: spread too wide to trust")
@@ -251,6 +253,7 @@ def test_a_full_disk_mid_run_is_an_output_error_and_the_manifest_says_failed(
     def no_space(self, *args, **kwargs):
         raise OSError(28, "No space left on device")
 
+    # a patch: the CLI builds its own writer (no JobParts through the command)
     monkeypatch.setattr(shards.ShardWriter, "write", no_space)
     result = cli("run", write_spec(), "-q")
     assert result.exit_code == 2 and "Traceback" not in result.output
@@ -269,6 +272,7 @@ def test_the_progress_bar_counts_every_record_with_few_updates(monkeypatch):
     progress = Progress(True, total=1000, out=Terminal())
     bar, pushes = progress._bar, []
     advance = bar.advance
+    # a patch: a spy on rich's bar (a library's object), which Progress makes
     monkeypatch.setattr(bar, "advance", lambda task, n: (pushes.append(n), advance(task, n)))
     for _ in range(100):  # a fast run: 100 batches well within one update interval
         progress.advance(10)

@@ -13,7 +13,8 @@ import torch
 import yaml
 
 import graphrun
-from graphrun.write import digests, journal
+from graphrun.base.tuning import Tuning
+from graphrun.write import journal
 
 MODEL = '''import torch
 
@@ -25,9 +26,8 @@ def build(max_batch):
 
 @pytest.fixture
 def job(tmp_path, monkeypatch):
-    """A spec whose input, weights and target source are all large enough to keep, the
-    cache in the test's folder."""
-    monkeypatch.setattr(digests, "MIN_BYTES", 1)
+    """A spec whose input, weights and target source are all kept (run() keeps every file's
+    digest), the cache in the test's folder."""
     monkeypatch.setenv("GRAPHRUN_HASH_CACHE", str(tmp_path / "cache"))
     from safetensors.torch import save_file
 
@@ -59,7 +59,8 @@ def run(spec: Path) -> tuple[dict, dict, int]:
 
     journal.subprocess.Popen = spy
     try:
-        manifest = graphrun.run(graphrun.load_spec(spec), overwrite=True)
+        manifest = graphrun.run(graphrun.load_spec(spec), overwrite=True,
+                                tuning=Tuning.from_machine(hash_keep_bytes=1))
     finally:
         journal.subprocess.Popen = real
     run_json = json.loads((spec.parent / "out" / "run.json").read_text())

@@ -8,20 +8,21 @@ import os
 
 import pytest
 
+from graphrun.base.tuning import Tuning
 from graphrun.write import digests, journal
 from graphrun.write.journal import InputHash, sha256_file
 
 
 @pytest.fixture
 def small_cache(tmp_path, monkeypatch):
-    """Every file large enough to keep, the cache in the test's folder."""
-    monkeypatch.setattr(digests, "MIN_BYTES", 1)
+    """The cache in the test's folder (hashed() keeps every file's digest)."""
     monkeypatch.setenv("GRAPHRUN_HASH_CACHE", str(tmp_path / "cache"))
     return tmp_path / "cache" / digests.NAME
 
 
-def hashed(path) -> tuple[str, bool]:
-    """(the digest, whether a child process read the file)."""
+def hashed(path, keep_bytes: int = 1) -> tuple[str, bool]:
+    """(the digest, whether a child process read the file); kept from keep_bytes (every file,
+    unless told)."""
     spawned = []
     real = journal.subprocess.Popen
 
@@ -31,7 +32,7 @@ def hashed(path) -> tuple[str, bool]:
 
     journal.subprocess.Popen = spy
     try:
-        return InputHash(path).result(), bool(spawned)
+        return InputHash(path, keep_bytes).result(), bool(spawned)
     finally:
         journal.subprocess.Popen = real
 
@@ -64,8 +65,8 @@ def test_small_files_and_off_keep_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("GRAPHRUN_HASH_CACHE", str(tmp_path / "cache"))
     small = tmp_path / "config.json"
     small.write_text("{}")
-    assert hashed(small)[1] and not (tmp_path / "cache").exists()  # under MIN_BYTES
-    monkeypatch.setattr(digests, "MIN_BYTES", 1)
+    # under Tuning's hash_keep_bytes
+    assert hashed(small, Tuning.hash_keep_bytes)[1] and not (tmp_path / "cache").exists()
     monkeypatch.setenv("GRAPHRUN_HASH_CACHE", "off")
     assert digests.cache_file() is None
     assert hashed(small)[1] and hashed(small)[1]

@@ -86,6 +86,7 @@ def test_a_filesystem_of_no_size_is_not_said_to_have_0_of_0(tmp_path, monkeypatc
 
     from graphrun.write import disk
 
+    # a patch: the filesystem's reported size is the environment's (shutil)
     monkeypatch.setattr(disk.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(0, 0, 0))
     text = write_failure(tmp_path, OSError(errno.ENOSPC, "No space left on device"))
     assert "reports no size" in text and "0.0 MiB" not in text, text

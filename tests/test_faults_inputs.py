@@ -66,6 +66,7 @@ def test_an_input_failing_to_read_is_named_and_resume_completes(tmp_path, monkey
                 raise OSError(errno.EIO, "Input/output error")
             yield block
 
+    # a patch: the CLI builds its own reader, reached only through the command
     monkeypatch.setattr(jsonl, "_blocks", failing)
     result = cli("run", spec, "-q")
     assert result.exit_code == 2 and "Traceback" not in result.output
@@ -79,6 +80,7 @@ def test_an_input_failing_to_read_is_named_and_resume_completes(tmp_path, monkey
 
 
 def test_a_full_disk_names_the_free_space_left(tmp_path, monkeypatch):
+    import graphrun.write.shards as shards
     import graphrun.write.sinks.npy as npy
 
     spec = make_job(tmp_path, n=400)
@@ -91,7 +93,8 @@ def test_a_full_disk_names_the_free_space_left(tmp_path, monkeypatch):
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(fd, data, offset)
 
-    monkeypatch.setattr(npy, "pwrite_all", full)
+    # The CLI builds its own writer: its steps on the disk are the module's DiskSteps().
+    monkeypatch.setattr(shards, "DiskSteps", partial(shards.DiskSteps, pwrite=full))
     result = cli("run", spec, "-q")
     assert result.exit_code == 2 and "Traceback" not in result.output
     device, mount = df(tmp_path)

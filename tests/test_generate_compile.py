@@ -56,20 +56,19 @@ def test_a_windowed_attention_compiles_and_gives_the_plain_models_tokens():
     assert buckets and all(b["compiled"] is True for b in buckets), buckets
 
 
-def test_a_compiler_failure_leaves_every_graph_on_the_plain_model_with_the_reason(
-        monkeypatch):
+def test_a_compiler_failure_leaves_every_graph_on_the_plain_model_with_the_reason():
     from graphrun.generate import compiled
 
     calls = []
 
-    def broken(self, tokens, positions, kv):
-        calls.append(tokens.shape)
-        raise RuntimeError("inductor exploded\nstack line")
+    class Broken(compiled.CompiledStep):
+        def __call__(self, tokens, positions, kv):
+            calls.append(tokens.shape)
+            raise RuntimeError("inductor exploded\nstack line")
 
-    monkeypatch.setattr(compiled.CompiledStep, "__call__", broken)
     model = build_llama(layers=2, d_model=64, heads=4, kv_heads=2, vocab=128, max_len=64)
     plain, _ = generate(model, compile=False)
-    got, buckets = generate(model, compile=True)
+    got, buckets = generate(model, compile=True, compiler=Broken)
     assert got == plain
     assert len(calls) == 1  # tried once, then never again
     assert all(b["compiled"] is False for b in buckets)
@@ -91,20 +90,27 @@ def test_only_the_one_row_decode_step_compiles_under_coordinate_descent_tuning()
     assert torch._inductor.config.coordinate_descent_tuning is False
 
 
-def test_a_compile_job_reports_its_compiled_graphs_in_the_manifest(tmp_path, monkeypatch):
+def test_a_compile_job_reports_its_compiled_graphs_in_the_manifest(tmp_path):
+    from functools import partial
+
     from graphrun.generate import compiled
+    from graphrun.generate.runner import GenerationRunner
+    from graphrun.job.parts import JobParts
 
     # the compiler itself is the slow test's; here the job's wiring, on a stand-in that runs
     # the plain model
-    monkeypatch.setattr(compiled.CompiledStep, "__call__",
-                        lambda self, tokens, positions, kv: self.plain(tokens, positions, kv))
+    class Plain(compiled.CompiledStep):
+        def __call__(self, tokens, positions, kv):
+            return self.plain(tokens, positions, kv)
+
+    parts = JobParts(generation_runner=partial(GenerationRunner, compiler=Plain))
     for name in ("plain", "compiled"):
         (tmp_path / name).mkdir()
     graphrun.run(graphrun.load_spec(write_spec(tmp_path / "plain", n=6)))
     spec = write_spec(tmp_path / "compiled", n=6, model={
         "hf": {"path": str(FOLDER), "class": "AutoModelForCausalLM"}, "dtype": "float32",
         "compile": True})
-    manifest = graphrun.run(graphrun.load_spec(spec))
+    manifest = graphrun.run(graphrun.load_spec(spec), parts=parts)
     graphs = manifest.generation.graphs
     assert graphs and all(g.compiled is True for g in graphs)
     from graphrun.job.progress import generation_line

@@ -143,6 +143,7 @@ def test_decode_steps_the_device_waited_on_the_host_for_are_counted(monkeypatch)
             time.sleep(0.003)
             return decode(self)
 
+        # patches: a slow host, then a slow device, stood in on this engine's own steps
         monkeypatch.setattr(engine_module.Engine, "_decode", slow_host)
         gen.generate(prompts, IDS[:4])
         waited = gen.stats.host_bound_steps

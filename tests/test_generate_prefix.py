@@ -158,6 +158,7 @@ def test_a_prefill_reads_only_the_cached_blocks_its_prompts_share(llama, monkeyp
 
     widths = []  # per layer and prefill: how many cached blocks its attention gathered
     gather = kv_cache.gather_blocks
+    # a patch: a spy inside each layer's attention, where no caller can hand one in
     monkeypatch.setattr(kv_cache, "gather_blocks",
                         lambda cache, blocks: widths.append(blocks.shape[0]) or gather(
                             cache, blocks))

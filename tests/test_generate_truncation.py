@@ -151,6 +151,7 @@ def test_merged_totals_add_the_workers_cuts():
 def test_a_piped_generation_run_prints_output_tokens_per_second(tmp_path, monkeypatch):
     from graphrun.job import progress
 
+    # a patch: the CLI builds its own progress, reached only through the command
     monkeypatch.setattr(progress, "LINE_S", 0.0)  # a line every batch
     path = write_spec(tmp_path, n=8, data__group_by_length=None,
                       generate={"max_new_tokens": 4, "min_new_tokens": 4,

@@ -288,6 +288,7 @@ def test_a_hub_cache_entry_is_found_by_name_without_downloading(tmp_path, folder
     shutil.copytree(folders["next-token"], snapshot)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("0" * 40)
+    # a patch: huggingface_hub's cache folder is the library's setting
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     spec, texts, _ = init_and_run(tmp_path, "tiny/gpt", "--task", "next-token")
     assert spec.model.hf.path == "tiny/gpt" and spec.name == "gpt-next-token"

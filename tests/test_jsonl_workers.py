@@ -65,6 +65,7 @@ def children(monkeypatch):
         here.append(block[3])
         return parse(spec, block)
 
+    # a patch: a spy on the blocks parsed here, inside read_batches, with no caller
     monkeypatch.setattr(jsonl_reader, "parse_block", parse_block)
     return here
 
@@ -113,6 +114,7 @@ def started_workers(monkeypatch, then=lambda workers: None) -> list:
             made.append(list(self.procs))
             then(self)
 
+    # a patch: the child processes are started inside read_batches, with no caller
     monkeypatch.setattr(jsonl_workers, "ParseWorkers", Noted)
     return made
 
@@ -158,6 +160,7 @@ def test_the_first_bad_record_stops_the_run_as_before(tmp_path, monkeypatch, chi
 def test_small_files_and_small_machines_parse_here(tmp_path, monkeypatch):
     """No child for a file under jsonl_workers_min_bytes, nor with jsonl_workers 0."""
     made = []
+    # a patch: the child processes are started inside read_batches, with no caller
     monkeypatch.setattr(jsonl_workers, "ParseWorkers",
                         lambda *a: made.append(a) or pytest.fail("a child was started"))
     path = write_lines(tmp_path / "d.jsonl")

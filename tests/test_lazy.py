@@ -288,7 +288,7 @@ def written_npy(out) -> np.ndarray:
 
 # ---- the measuring commands ------------------------------------------------------------------
 
-def test_bench_sets_every_bucket_up_before_it_times_one(tmp_path, monkeypatch):
+def test_bench_sets_every_bucket_up_before_it_times_one(tmp_path):
     from graphrun.experiments import bench
 
     spec = graphrun.load_spec(flaky_job(tmp_path))  # capture.lazy: true, the default
@@ -299,8 +299,8 @@ def test_bench_sets_every_bucket_up_before_it_times_one(tmp_path, monkeypatch):
         seen.append({s.set_up for s in step.__self__.states.values()})
         return timed(step, *args)
 
-    monkeypatch.setattr(bench, "time_steps", time_steps)
-    result = bench.bench(spec, iters=2, warmup=1, distinct=1, repeats=1, log=lambda m: None)
+    result = bench.bench(spec, iters=2, warmup=1, distinct=1, repeats=1, log=lambda m: None,
+                         time_steps=time_steps)
     assert [b.name for b in result.buckets] == ["batch=1", "batch=8", "batch=64"]
     assert seen == [{"setup"}] * 3
 

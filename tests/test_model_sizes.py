@@ -35,6 +35,7 @@ def test_a_config_of_100000_layers_is_refused_before_any_module_is_built(
     def built(*args, **kwargs):
         raise AssertionError("a module was built")
 
+    # patches: guards that no module is built, graphrun's and transformers' loaders
     monkeypatch.setattr(llama, "_build", built)
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", built)
     folder = tiny_copy(tmp_path, num_hidden_layers=100000)
@@ -48,6 +49,7 @@ def test_a_config_of_100000_layers_is_refused_before_any_module_is_built(
 def test_a_builtin_larger_than_the_free_memory_is_refused_before_allocating(monkeypatch):
     from graphrun.models.builtin.mlp import build_mlp
 
+    # a patch: the free memory is the machine's
     monkeypatch.setattr(sizes, "available_bytes", lambda device: 100 << 20)
     # 4 blocks of 4096 x 4096 floats and the rest: 257.5 MiB asked, 100 MiB free
     with pytest.raises(ModelError, match=r"MLP: its parameters take 257\.5 MiB in float32, "
@@ -61,6 +63,7 @@ def test_a_builtin_larger_than_the_free_memory_is_refused_before_allocating(monk
 def test_a_folder_larger_than_the_free_memory_is_refused_before_loading(
         tmp_path, monkeypatch, implementation):
     pytest.importorskip("transformers")
+    # a patch: the free memory is the machine's
     monkeypatch.setattr(sizes, "available_bytes", lambda device: 1 << 16)
     folder = tiny_copy(tmp_path)
     spec = graphrun.load_spec(write_spec(tmp_path, folder, implementation=implementation))
@@ -79,6 +82,7 @@ def test_a_bert_folder_larger_than_the_free_memory_is_refused_before_loading(tmp
 
     found = find_bert(bert_folder(tmp_path, pooler=True), "AutoModel", {})
     assert load_bert(found, torch.float32) is not None  # it fits as the machine is
+    # a patch: the free memory is the machine's
     monkeypatch.setattr(sizes, "available_bytes", lambda device: 1 << 10)
     with pytest.raises(ModelError, match=r"bert'?: its parameters take \d+\.\d KiB in float32, "
                                          r"more than the 1\.0 KiB free on cpu"):

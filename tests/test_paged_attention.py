@@ -159,6 +159,7 @@ def test_a_kernel_that_fails_leaves_the_reference_and_is_not_tried_again(monkeyp
         calls.append(1)
         raise RuntimeError("no kernel image for this GPU\nsecond line")
 
+    # patches: the kernel's fallback is process state behind a registered torch op, no caller
     monkeypatch.setattr(paged_attention, "_failures", [])
     monkeypatch.setattr(paged_attention, "usable", lambda q: not paged_attention._failures)
     monkeypatch.setattr(paged_attention, "_kernel_decode", broken)

@@ -123,6 +123,7 @@ def test_without_proc_the_start_is_psutils_or_graphruns_first_clock(monkeypatch)
     def no_proc(*a, **k):
         raise OSError("no /proc here")
 
+    # a patch: a system without /proc is the environment's (the builtin open)
     monkeypatch.setattr(phases, "open", no_proc, raising=False)
     t0, how = phases.process_start()
     assert how in ("psutil", "graphrun import")

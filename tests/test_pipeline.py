@@ -150,13 +150,16 @@ def test_a_failed_setup_stops_the_read_ahead(tmp_path):
     assert not [t for t in threading.enumerate() if t.name == "graphrun-read-ahead"]
 
 
-def test_phases_are_timed_on_a_sample_and_e2e_on_every_batch(tmp_path, monkeypatch):
-    import graphrun.engine.timing as timing
+def test_phases_are_timed_on_a_sample_and_e2e_on_every_batch(tmp_path):
+    from functools import partial
 
-    monkeypatch.setattr(timing, "TIME_ALL", 4)
-    monkeypatch.setattr(timing, "TIME_EVERY", 3)
+    from graphrun.engine import Runner
+    from graphrun.engine.timing import sampled
+
     spec = graphrun.load_spec(ROOT / "pipelines" / "decoder-step.yaml", ["data.batch_size=8"])
-    m = graphrun.run(spec, out=tmp_path / "o", stop=200)
+    every_third = partial(sampled, first=4, every=3)
+    m = graphrun.run(spec, out=tmp_path / "o", stop=200,
+                     parts=JobParts(runner=partial(Runner, sampled=every_third)))
     lines = [json.loads(x) for x in (tmp_path / "o" / "latencies.jsonl").read_text().splitlines()]
     assert len(lines) == m.totals.batches == 25
     assert all(line["e2e_us"] > 0 for line in lines)

@@ -211,6 +211,7 @@ def test_duplicates_across_actors_rejected_as_one_process(ray_cluster, tmp_path,
     bad keeps its own reason."""
     from graphrun.scale.ray import jsonl
 
+    # patches: reached only through `graphrun run --ray`; both names are looked up in this driver
     monkeypatch.setattr(jsonl, "SPAN_BYTES", 400)  # a read task per few lines
     read_parquet = ray_cluster.data.read_parquet  # one block for one file: cut it in 11
     monkeypatch.setattr(ray_cluster.data, "read_parquet",
@@ -303,6 +304,7 @@ def test_without_ray_names_the_extra(tmp_path, monkeypatch):
             raise ImportError(f"No module named {name!r}")
         return real_import(name, *args, **kwargs)
 
+    # a patch: Ray missing is the environment's (the import system's)
     monkeypatch.setattr(builtins, "__import__", no_ray)
     result = run_ray_cli(write_case(tmp_path, "parquet"))
     assert result.exit_code == 2

@@ -374,6 +374,7 @@ def test_from_pretrained_gets_local_files_only_and_remote_code_off_whatever_kwar
         seen.update(kwargs, where=where)
         return torch.nn.Linear(2, 2), {"missing_keys": set(), "unexpected_keys": set()}
 
+    # a patch: transformers' loader (a library's), which load_hf calls
     monkeypatch.setattr(transformers.AutoModel, "from_pretrained", from_pretrained)
     load_hf(HFModelSpec(path=str(tmp_path), kwargs={"local_files_only": False,
                                                     "trust_remote_code": True,

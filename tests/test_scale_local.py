@@ -177,7 +177,8 @@ def check_equals_one_process(out: Path, one: Path) -> dict:
 
 # Loaded at the start of every graphrun process the tests start with it on PYTHONPATH (not
 # the hashing children, which run isolated): each InputHash made, for the input or for one of
-# the model's files (folder.FilesHash makes one per file), is a line "pid path".
+# the model's files (folder.FilesHash makes one per file), is a line "pid path". A patch: the
+# workers are processes of their own, which no caller here can hand anything to.
 COUNT_HASHES = """\
 import os
 
@@ -186,10 +187,10 @@ from graphrun.write import journal
 _init = journal.InputHash.__init__
 
 
-def _counted(self, path):
+def _counted(self, path, *args, **kwargs):
     with open(os.environ["HASH_MARKER"], "a") as f:
         f.write(f"{os.getpid()} {path}\\n")
-    _init(self, path)
+    _init(self, path, *args, **kwargs)
 
 
 journal.InputHash.__init__ = _counted
@@ -326,6 +327,7 @@ def test_a_failed_hash_in_the_parent_fails_the_job_clearly(job, tmp_path, monkey
     def failing_hash(self):
         self._error = OSError("[Errno 5] Input/output error")
 
+    # a patch: the --gpus parent hashes inside launch(), with no caller
     monkeypatch.setattr(journal.InputHash, "_hash", failing_hash)
     spec = graphrun.load_spec(job.specs["jsonl"])
     t0 = time.monotonic()
@@ -511,6 +513,7 @@ def test_a_full_disk_as_the_job_is_merged_is_one_message_and_no_temp_file(
         f = open_file(file, mode, **k)
         return Full(f) if str(file).endswith(left) else f
 
+    # a patch: the CLI's --gpus parent merges, reached only through the command
     monkeypatch.setattr(importlib.import_module(module), "open_file", full_open)
     out = tmp_path / "job"
     printed = run_here(job.specs["jsonl"], "--gpus", "2", "--out", out, "-q", rc=2)

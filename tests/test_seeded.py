@@ -71,10 +71,9 @@ def test_streams_depend_on_seed_and_name_not_on_the_process():
     assert -2**63 <= seeded.stream(123, "x") < 2**63
 
 
-def test_values_do_not_depend_on_the_chunk_size(monkeypatch):
+def test_values_do_not_depend_on_the_chunk_size():
     whole = seeded.uniform_values(11, 1000, 0.5, CPU, torch.float32)
-    monkeypatch.setattr(seeded, "CPU_CHUNK", 7)
-    assert torch.equal(seeded.uniform_values(11, 1000, 0.5, CPU, torch.float32), whole)
+    assert torch.equal(seeded.uniform_values(11, 1000, 0.5, CPU, torch.float32, chunk=7), whole)
 
 
 def test_uniform_values_are_the_top_24_bits_as_signed_scaled_exactly():

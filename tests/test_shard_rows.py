@@ -38,6 +38,7 @@ def test_the_default_makes_shards_of_about_64_mib(tmp_path):
 
 
 def test_a_run_writes_shards_of_the_default_size(tmp_path, monkeypatch):
+    # a patch: the default is computed while the spec loads (a validator), with no caller
     monkeypatch.setattr(keys, "SHARD_BYTES", 1024 * 2 * 4 * 2)  # two shards of 1024 rows' worth
     spec = spec_with(tmp_path, "  scores: {shape: [batch, 2], dtype: float32}")
     assert spec.output.rows_per_file == 2048

@@ -788,6 +788,7 @@ def test_parquet_decodes_a_few_row_groups_ahead_at_most(tmp_path, monkeypatch, t
     tuning = Tuning(parquet_threads=threads, parquet_ahead_bytes=ahead)
     started = []
     decode = parquet_in.decode_group
+    # a patch: a spy on the decoding pool's step, inside read_batches, with no caller
     monkeypatch.setattr(parquet_in, "decode_group", lambda path, tuning, meta, group, *a: (
         started.append(group), decode(path, tuning, meta, group, *a))[1])
     path = write_row_groups(tmp_path / "d.parquet", 40, group_rows=4)
@@ -814,6 +815,7 @@ def test_parquet_row_groups_too_big_to_decode_whole_are_streamed(tmp_path, monke
         parquet_in.decoded_bytes(meta.row_group(g), spec) for g in (0, 1, 3)))
     started = []
     decode = parquet_in.decode_group
+    # a patch: a spy on the decoding pool's step, inside read_batches, with no caller
     monkeypatch.setattr(parquet_in, "decode_group", lambda path, tuning, meta, group, *a: (
         started.append(group), decode(path, tuning, meta, group, *a))[1])
     ids, rejects, _ = everything(spec, start=2, tuning=tuning)
@@ -883,6 +885,7 @@ def test_parquet_chunks_checked_on_the_pool_read_as_on_the_readers_thread(
         where.append((threading.current_thread().name.split("_")[0], int(c.indices[0])))
         return precheck(spec, c)
 
+    # patches: spies on the checks' threads, inside read_batches, with no caller
     monkeypatch.setattr(parquet_in, "precheck", recorded)  # on the pool threads
     monkeypatch.setattr(checks, "precheck", recorded)  # by RecordChecker.check
 
@@ -963,6 +966,7 @@ def test_jsonl_reads_the_same_without_orjson(tmp_path, monkeypatch):
                 [(r.index, r.where, r.reason) for b in batches for r in b.rejects])
 
     with_orjson = read()
+    # a patch: orjson missing is the environment's (an optional package)
     monkeypatch.setattr(jsonl_parse, "_orjson", None)
     assert read() == with_orjson
     ids, rejects = with_orjson
@@ -978,6 +982,7 @@ def test_npy_pages_released_without_libc_madvise_read_the_same(tmp_path, monkeyp
     np.save(tmp_path / "x.npy", data)
     calls = []
     fake = None if madvise == "missing" else (lambda *a: calls.append(a) or -1)
+    # a patch: libc's madvise missing or failing is the environment's
     monkeypatch.setattr(dense, "_libc_madvise", lambda: fake)
     spec = make_spec(tmp_path / "x.npy", {"x": {"shape": ["batch", 1024]}}, batch_size=1000)
     got = np.concatenate([b.fields["x"] for b in read_batches(spec, tuning=tuning)])

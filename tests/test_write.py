@@ -789,19 +789,18 @@ def test_npy_rows_written_by_the_row_pool_give_the_same_files(tmp_path):
     assert len(inline) > 10 and pooled == inline
 
 
-def test_a_row_pool_write_error_is_raised_and_nothing_is_committed_after_it(tmp_path,
-                                                                            monkeypatch):
-    real, calls = npy_sink.os.pwrite, []
+def test_a_row_pool_write_error_is_raised_and_nothing_is_committed_after_it(tmp_path):
+    calls = []
 
     def pwrite(fd, data, offset):
         calls.append(threading.current_thread().name)
         if len(calls) == 12:
             raise OSError(28, "No space left on device")
-        return real(fd, data, offset)
+        return npy_sink.pwrite_all(fd, data, offset)
 
-    monkeypatch.setattr(npy_sink.os, "pwrite", pwrite)
     spec = make_spec(tmp_path, rows_per_file=7)
-    w = ShardWriter(spec, tmp_path / "out", tuning=Tuning(row_writers=4, row_pool_bytes=1))
+    w = ShardWriter(spec, tmp_path / "out", tuning=Tuning(row_writers=4, row_pool_bytes=1),
+                    disk=DiskSteps(pwrite=pwrite))
     with pytest.raises(OSError, match="No space left"):
         feed(w, make_rows(60, False), list(range(60)), 0, 4, rejected=set())
         w.close()

@@ -54,6 +54,10 @@ class Tuning:
     hash_step_bytes: int = 8 << 20
     # shards handed to the committer and not yet journaled; past it the writer waits
     in_flight: int = 4
+    # ---- hashing ----
+    # input and model files at least this big have their sha256 kept between runs
+    # (write/digests.py); smaller ones hash in well under 50 ms
+    hash_keep_bytes: int = 64 << 20
 
     @classmethod
     def from_machine(cls, cores: int | None = None, environ=None, **given) -> "Tuning":

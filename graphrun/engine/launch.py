@@ -103,14 +103,17 @@ class Launcher:
     counts; set_up(state, batch): capture.lazy's setup of a bucket on first use;
     check_real(lane, state): a bucket's first real batch checked against eager;
     second_lane(): the overlapped stream's second lane added, False where none is;
-    eager(fields, n, lengths): rows larger than every batch bucket, with data.oversize eager."""
+    eager(fields, n, lengths): rows larger than every batch bucket, with data.oversize eager;
+    sampled(k): whether a bucket's k-th batch is timed per phase (timing.sampled)."""
 
     def __init__(self, table: BucketTable, layout: Layout, lanes: list[Lane],
                  states: dict[Bucket, BucketState], *, inputs: dict, device: torch.device,
                  set_up: Callable[[BucketState, int], None],
                  check_real: Callable[[Lane, BucketState], bool],
                  second_lane: Callable[[], bool], eager: Callable[[dict, int, dict], dict],
-                 oversize: str, explain: Callable[[BaseException], str | None] = lambda e: None):
+                 oversize: str, explain: Callable[[BaseException], str | None] = lambda e: None,
+                 sampled: Callable[[int], bool] = sampled):
+        self.sampled = sampled  # which of a bucket's batches are timed per phase (timing.py)
         self.table, self.layout, self.lanes, self.states = table, layout, lanes, states
         self.explain = explain  # what the model's own error most likely comes from, or None
         self.inputs, self.device, self.cuda = inputs, device, device.type == "cuda"
@@ -210,7 +213,7 @@ class Launcher:
         entry = lane.graphs[bucket]
         copies = self.slots[slot].copies(bucket, lane)
         if timed is None:
-            timed = sampled(state.launches)
+            timed = self.sampled(state.launches)
             state.launches += 1
         # events are reused per (slot, lane): a lane's free event is re-recorded only by its
         # next batch, after that batch waited on it

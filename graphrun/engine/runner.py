@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from contextlib import nullcontext
 from functools import partial
+from typing import Callable
 
 import numpy as np
 import torch
@@ -39,17 +40,18 @@ from graphrun.engine.direct import Direct
 from graphrun.engine.inputs import check_batch
 from graphrun.engine.lanes import Lane, Layout, output_shape_problem
 from graphrun.engine.launch import Launcher, fresh_rows
-from graphrun.engine.timing import median_us
+from graphrun.engine.timing import median_us, sampled
 from graphrun.engine.verify import fill_synthetic
 
 
 class Runner:
     def __init__(self, spec: PipelineSpec, *, log=None, needs=None,
-                 started: DeviceStart | None = None):
+                 started: DeviceStart | None = None, sampled: Callable[[int], bool] = sampled):
         """needs: with capture.lazy, table -> the buckets to set up now (lazy.py; asked after
         the model is built), each with the input's first batch for it (or None), checked
         against eager at setup; the others are set up on first use. None: all on first use.
-        started: the device's context begun earlier, beside other setup (device_start.py)."""
+        started: the device's context begun earlier, beside other setup (device_start.py).
+        sampled: which of a bucket's batches are timed per phase (timing.sampled)."""
         if spec.generate is not None:  # the model's forward is not what a generation job calls
             raise SpecError([Problem(
                 str(spec.source_path or "spec"), "generate",
@@ -97,7 +99,7 @@ class Runner:
                     device=self.device, set_up=self.first_use,
                     check_real=partial(self.capturer.check_real, self.lanes),
                     second_lane=self._second_lane, eager=self.run_unbucketed,
-                    oversize=spec.data.oversize, explain=self._explain)
+                    oversize=spec.data.oversize, explain=self._explain, sampled=sampled)
                 self.direct = Direct(self.launcher)
             if needed and self.backend == "cuda-graph":
                 with phase("verify on the input's batches"):

@@ -22,9 +22,10 @@ PHASES = ("h2d", "replay", "d2h")
 TIME_ALL, TIME_EVERY = 256, 8
 
 
-def sampled(k: int) -> bool:
-    """Whether a bucket's k-th batch (from 0) is timed per phase."""
-    return k < TIME_ALL or k % TIME_EVERY == 0
+def sampled(k: int, first: int = TIME_ALL, every: int = TIME_EVERY) -> bool:
+    """Whether a bucket's k-th batch (from 0) is timed per phase: each of the first `first`,
+    then one in `every`."""
+    return k < first or k % every == 0
 
 
 class Marks:

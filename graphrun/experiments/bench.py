@@ -286,7 +286,10 @@ def default_repeats(device) -> int:
 
 def bench(spec: PipelineSpec, *, iters: int = 50, warmup: int = 5, distinct: int = 4,
           compile: bool = False, records: int | None = None, repeats: int | None = None,
-          log=print) -> Bench:
+          log=print, open_graphrun: Callable = open_graphrun,
+          time_steps: Callable = time_steps) -> Bench:
+    """Every bucket timed in every mode (the module's docstring). open_graphrun opens a mode's
+    session, time_steps times one bucket's steps: a caller (a test) may hand in its own."""
     from graphrun.engine.device import resolve_device
     from graphrun.base.errors import InputError
 

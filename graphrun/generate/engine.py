@@ -202,7 +202,9 @@ class Engine:
                  logprobs: int | None | str = "spec", admit_min: int | None = None,
                  prefix_cache: bool = True, window: int = WINDOW,
                  detokenize: Callable[[list[int]], str] | None = None,
-                 log: Callable[[str], None] | None = None):
+                 log: Callable[[str], None] | None = None,
+                 compiler: Callable = CompiledStep):
+        """compiler(model, cache): the step model that compile=True runs (compiled.py)."""
         self.config, self.log = config, log or (lambda line: None)
         self.detokenize = detokenize  # token ids -> text, for stop strings
         if config.stop_strings and detokenize is None:
@@ -275,7 +277,7 @@ class Engine:
                                num_blocks=self.num_blocks, block_size=block_size,
                                variant=self.variant, prefix_blocks=self.prefix_blocks)
         self.admit_min = admit_min or max(1, slots // 16)
-        self.compiled = CompiledStep(self.model, self.cache) if compile else None
+        self.compiled = compiler(self.model, self.cache) if compile else None
         self.table = GraphTable(self._make_step, self.state, backend=backend,
                                 device=self.device, dtype=self.dtype, pool=pool, verify=verify,
                                 budget_bytes=None if budget is None else budget - self.kv_bytes,

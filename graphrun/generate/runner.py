@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
+from typing import Callable
 
 import torch
 
@@ -18,6 +19,7 @@ from graphrun.engine.device import resolve_backend, resolve_device
 from graphrun.models.causal.llama import (Checkpoint, OwnLM, build_llama, find_checkpoint,
                                      load_checkpoint)
 from graphrun.generate.config import GenerateConfig, Sampling
+from graphrun.generate.compiled import CompiledStep
 from graphrun.generate.engine import Engine
 from graphrun.models.causal.hf_attention import check_before_loading, eos_ids_of
 from graphrun.generate.records import logprobs_asked
@@ -37,9 +39,10 @@ class GenerationRunner:
     """The model on its device, and the engine (slots, paged KV cache, graphs) over it."""
 
     def __init__(self, spec: PipelineSpec, *, log=None, needs=None, started=None,
-                 choices: dict | None = None):
+                 choices: dict | None = None, compiler: Callable = CompiledStep):
         """choices: what the engine's steps must be able to do per row (Engine's sample and
-        filtered); None: what the spec's records may ask (per_row_choices)."""
+        filtered); None: what the spec's records may ask (per_row_choices). compiler: the
+        engine's step model under model.compile (Engine's)."""
         self.spec, self.log = spec, log or (lambda msg: None)
         t0 = time.perf_counter()
         with phase("cuda context") if started else nullcontext():
@@ -66,7 +69,7 @@ class GenerationRunner:
                 prefill_tokens=g.prefill_tokens, prefix_cache=g.prefix_cache,
                 verify=spec.capture.verify.enabled,
                 memory_budget_mib=spec.capture.memory_budget_mib, compile=spec.model.compile,
-                detokenize=self._stop_decoder(), log=self.log,
+                detokenize=self._stop_decoder(), log=self.log, compiler=compiler,
                 **(per_row_choices(spec) if choices is None else choices))
         self._texts = None
         self._decode = None

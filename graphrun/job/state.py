@@ -28,6 +28,7 @@ from graphrun.manifest.keys import (Digests, FileEntry, Manifest, Totals, all_re
 from graphrun.manifest.sections import BucketPhases, Phase, Phases
 from graphrun.engine.padding import padding_ratio, position_ratios
 from graphrun.base.phases import PART_PHASES, PhaseClock, phase, utc_now
+from graphrun.base.tuning import Tuning
 
 
 class JobRunner(Protocol):
@@ -71,8 +72,10 @@ class RunHashes:
     model: Digest
 
     @classmethod
-    def own(cls, path: Path, model: dict[str, Path]) -> "RunHashes":
-        return cls(InputHash(Path(path)), FilesHash(model))
+    def own(cls, path: Path, model: dict[str, Path],
+            keep_bytes: int = Tuning.hash_keep_bytes) -> "RunHashes":
+        """keep_bytes: from this size a digest is kept between runs (write/digests.py)."""
+        return cls(InputHash(Path(path), keep_bytes), FilesHash(model, keep_bytes))
 
 
 @dataclass(eq=False)
@@ -281,7 +284,8 @@ class RunResources:
         self.model_files = model_files(spec.model, spec.base_dir)
         # for --resume: the same input and model; a job's worker is given the digests its job
         # hashed once (scale/local/input_digest.py)
-        hashes = hashes or RunHashes.own(spec.data.path, self.model_files)
+        hashes = hashes or RunHashes.own(spec.data.path, self.model_files,
+                                         tuning.hash_keep_bytes)
         self.input_hash, self.model_hash = hashes.input, hashes.model
         self.place = None  # a job's worker: where its shards go (journal.ShardPlace)
         self.fingerprint = None  # run.json's, once record_hashes wrote it

@@ -97,15 +97,17 @@ def padded_to_longest(records: list, pad: float) -> np.ndarray | None:
     return out
 
 
-def job_duplicates(spec: PipelineSpec, tuning: Tuning | None = None) -> dict[int, str]:
+def job_duplicates(spec: PipelineSpec, tuning: Tuning | None = None, reader=None
+                   ) -> dict[int, str]:
     """ordinal -> reason of every record that one process reading the whole file rejects as a
     duplicate id, for a job whose processes each see only part of the file (a Ray run's
     actors). The ids are read alone first (JSONL: the lines parsed for their id; Parquet: the
     id column); only a file whose ids repeat is then checked as one process checks it (only an
-    id of a record that passes every other check counts), up to its last repeat."""
+    id of a record that passes every other check counts), up to its last repeat. reader: the
+    file's (formats/), else reader_for's."""
     if not spec.data.id_field:
         return {}
-    reader = reader_for(spec, tuning or Tuning.from_machine())
+    reader = reader or reader_for(spec, tuning or Tuning.from_machine())
     checker = RecordChecker(spec)
     checker.found_duplicates = {}
     try:

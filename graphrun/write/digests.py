@@ -5,7 +5,8 @@ checkpoint to hash it takes longer than the rest of a short job's setup, and mos
 same model (and often the same input) as the run before. A digest is kept under the file's
 real path with its size, modification time (ns), inode and device: if any of them differs the
 file is hashed again, as `git status` trusts a file's stat until it changes. Only files of at
-least MIN_BYTES are kept; a cache that cannot be read or written is skipped, never an error.
+least keep_bytes (Tuning.hash_keep_bytes) are kept; a cache that cannot be read or written is
+skipped, never an error.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import tempfile
 from pathlib import Path
 
 from graphrun.base import envs
+from graphrun.base.tuning import Tuning
 
-MIN_BYTES = 64 << 20  # smaller files hash in well under 50 ms
 KEEP = 2000  # entries kept, the newest
 NAME = "sha256-v1.json"
 
@@ -34,14 +35,16 @@ def cache_file(environ=None) -> Path | None:
     return Path(base) / "graphrun" / NAME
 
 
-def stat_key(path: Path) -> tuple[str, list[int]] | None:
-    """(real path, [size, mtime ns, inode, device]) of a file large enough to keep, else None."""
+def stat_key(path: Path, keep_bytes: int = Tuning.hash_keep_bytes
+             ) -> tuple[str, list[int]] | None:
+    """(real path, [size, mtime ns, inode, device]) of a file of at least keep_bytes, else
+    None."""
     try:
         st = os.stat(path)
         real = os.path.realpath(path)
     except OSError:
         return None
-    if st.st_size < MIN_BYTES:
+    if st.st_size < keep_bytes:
         return None
     return real, [st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
 
@@ -71,7 +74,8 @@ def keep(path: Path, key: tuple[str, list[int]] | None, digest: str, environ=Non
     it changed meanwhile. The cache is written whole: another process reading it meanwhile
     sees the old one or the new one."""
     cache = cache_file(environ)
-    if cache is None or key is None or stat_key(path) != key:
+    # any size: a key was only made for a file large enough, and its size is in the key
+    if cache is None or key is None or stat_key(path, 0) != key:
         return
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)

@@ -29,6 +29,7 @@ from graphrun.write.journal import (JOURNAL, REJECTS, RUN_JSON, InputHash, Resum
 from graphrun.write.guard import only_a_first_mark_temp, refuse_foreign
 from graphrun.write.job_layout import WORKERS, is_job, job_shards, workers_entry
 from graphrun.base.nofollow import open_file, refuse_links
+from graphrun.base.tuning import Tuning
 
 MANIFEST = "manifest.json"
 LATENCIES = "latencies.jsonl"
@@ -154,8 +155,8 @@ def target_source(target: str, base_dir: Path) -> Path | None:
 class FilesHash:
     """InputHash for several files at once, by name; result() is {name: sha256}."""
 
-    def __init__(self, files: dict[str, Path]):
-        self.hashes = {name: InputHash(path) for name, path in files.items()}
+    def __init__(self, files: dict[str, Path], keep_bytes: int = Tuning.hash_keep_bytes):
+        self.hashes = {name: InputHash(path, keep_bytes) for name, path in files.items()}
 
     @property
     def waited_s(self) -> float:

@@ -58,6 +58,7 @@ from graphrun.base.errors import InputError, OutputError
 from graphrun.write import digests
 from graphrun.write.guard import check_rejects_sha256, file_differs, refuse_foreign
 from graphrun.base.nofollow import open_file
+from graphrun.base.tuning import Tuning
 
 JOURNAL = "journal.jsonl"
 REJECTS = "rejects.jsonl"
@@ -176,8 +177,9 @@ class InputHash:
     CHILD = (inspect.getsource(inspect.getmodule(file_sha256)) +
              "\nimport sys\nprint(file_sha256(sys.argv[1]).hexdigest())\n")
 
-    def __init__(self, path: Path):
-        self.path = path
+    def __init__(self, path: Path, keep_bytes: int = Tuning.hash_keep_bytes):
+        """keep_bytes: from this size the digest is kept between runs (digests.py)."""
+        self.path, self.keep_bytes = path, keep_bytes
         self.waited_s = 0.0  # how long callers waited in result()
         # where the digest came from: "cache" (kept from an earlier run, digests.py), "read"
         # (the file read and hashed), None while not known
@@ -197,8 +199,9 @@ class InputHash:
 
     def _hash(self) -> None:
         try:
-            key = digests.stat_key(self.path)  # a large file unchanged since it was hashed:
-            self._digest = digests.known(key)  # its digest, not its bytes read again
+            # a large file unchanged since it was hashed: its digest, not its bytes read again
+            key = digests.stat_key(self.path, self.keep_bytes)
+            self._digest = digests.known(key)
             if self._digest is not None:
                 self.source = "cache"
                 return

@@ -44,6 +44,7 @@ from graphrun.write.journal import (REJECTS, FileInfo, PrefixDigest, ResumePoint
 from graphrun.write.guard import rejects_sha256
 from graphrun.write.sinks import Outputs, shard_suffixes, sink_for
 from graphrun.write.sinks.ids import plain
+from graphrun.write.sinks.npy import pwrite_all
 from graphrun.spec.keys import PipelineSpec
 from graphrun.base.tuning import Tuning
 from graphrun.base.nofollow import open_file
@@ -61,6 +62,8 @@ class DiskSteps:
     sha256: Callable[[Path], str] = sha256_file  # a whole temp file's, at its commit
     append_journal: Callable[..., str] = append_journal  # a shard's line, after its files
     open_rejects: Callable = open_file  # rejects.jsonl, for appending
+    # an npy shard's rows and headers, at their offsets (a sink that uses the row pool)
+    pwrite: Callable[[int, object, int], None] = pwrite_all
 
 class ShardWriter:
     """Writes rows into shards of rows_per_file records and journals each committed shard.
@@ -255,16 +258,16 @@ class ShardWriter:
     def _open_sink(self, rows: int = 0):
         """The shard's sink; rows: reopened on its temp files, which hold that many rows."""
         stem = f"part-{self._shard:05d}"
-        if self.sink_type.uses_row_pool and self._row_pool is None:
-            # threads start with the first shard, end at close()
-            self._row_pool = ThreadPoolExecutor(self.tuning.row_writers,
-                                                thread_name_prefix="graphrun-rows")
+        given = {}
+        if self.sink_type.uses_row_pool:
+            if self._row_pool is None:  # threads start with the first shard, end at close()
+                self._row_pool = ThreadPoolExecutor(self.tuning.row_writers,
+                                                    thread_name_prefix="graphrun-rows")
+            given["pwrite"] = self.disk.pwrite
         if self.sink_type.hashes_ahead:
-            return self.sink_type(self.shard_dir, stem, self.rows_per_file, self._shapes,
-                                  self.tuning, self._row_pool, ahead=self._committer.ahead,
-                                  rows=rows)
+            given["ahead"] = self._committer.ahead
         return self.sink_type(self.shard_dir, stem, self.rows_per_file, self._shapes,
-                              self.tuning, self._row_pool, rows=rows)
+                              self.tuning, self._row_pool, rows=rows, **given)
 
     def _commit_open(self) -> None:
         """Commit the open shard's rows so far (an open line); it stays open, written on."""

@@ -139,13 +139,14 @@ def splitmix64(state: int, start: int, stop: int, device: torch.device) -> torch
 
 
 def uniform_values(state: int, numel: int, bound: float, device: torch.device,
-                   dtype: torch.dtype) -> torch.Tensor:
+                   dtype: torch.dtype, chunk: int | None = None) -> torch.Tensor:
     """numel values uniform in [-bound, bound), flat, on `device` in `dtype` (rounded to it,
-    so a lower dtype may reach the bound)."""
+    so a lower dtype may reach the bound); computed `chunk` elements at a time (None: CPU_CHUNK
+    on the CPU, DEVICE_CHUNK on a GPU), which changes no value."""
     # the scale as a float32, so a kernel computing in float32 or float64 rounds alike
     scale = float(torch.tensor(bound * 2.0**-23, dtype=torch.float32))
     out = torch.empty(numel, dtype=dtype, device=device)
-    chunk = min(numel, CPU_CHUNK if device.type == "cpu" else DEVICE_CHUNK)
+    chunk = min(numel, chunk or (CPU_CHUNK if device.type == "cpu" else DEVICE_CHUNK))
     z, scratch = (torch.empty(chunk, dtype=torch.int64, device=device) for _ in range(2))
     as_float = torch.empty(chunk, dtype=torch.float32, device=device)
     for start in range(0, numel, chunk):

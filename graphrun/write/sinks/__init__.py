@@ -28,7 +28,8 @@ Outputs = dict[str, "np.ndarray | list[np.ndarray]"]
 
 class Sink(Protocol):
     suffix: str
-    uses_row_pool: bool  # takes the writer's row pool (threads writing rows at offsets)
+    # takes the writer's row pool (threads writing rows at offsets) and its pwrite (DiskSteps)
+    uses_row_pool: bool
     # takes the committer's (hashers, syncers) as `ahead`, and after finish() lists in
     # `digests` (temp path -> ahead.RunningDigest) the files it hashed as it wrote them
     hashes_ahead: bool

@@ -10,6 +10,7 @@ from collections import deque
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -81,8 +82,10 @@ class NpySink:
 
     def __init__(self, out_dir: Path, stem: str, rows_per_file: int, shapes: dict,
                  tuning: Tuning, pool: Executor | None = None,
-                 ahead: tuple[Executor, Executor] | None = None, rows: int = 0):
+                 ahead: tuple[Executor, Executor] | None = None, rows: int = 0,
+                 pwrite: Callable[[int, object, int], None] = pwrite_all):
         self.out_dir, self.stem = out_dir, stem
+        self.pwrite = pwrite  # rows and headers at their offsets (the writer's DiskSteps)
         self.rows_per_file, self.shapes = rows_per_file, shapes
         self.tuning, self.pool, self.ahead = tuning, pool, ahead
         self.ids = Ids()
@@ -124,10 +127,10 @@ class NpySink:
                     pooled and len(self._pending) >= self.tuning.row_pool_pending)):
                 self._settle(self._pending.popleft()[0].result)
             if pooled:
-                self._pending.append((self.pool.submit(pwrite_all, f.fd, data, offset), f,
+                self._pending.append((self.pool.submit(self.pwrite, f.fd, data, offset), f,
                                       offset))
             else:
-                self._settle(pwrite_all, f.fd, data, offset)
+                self._settle(self.pwrite, f.fd, data, offset)
             if f.digest is not None:
                 # hashed up to the first byte a pool thread may still be writing
                 f.digest.written(min((o for _, g, o in self._pending if g is f), default=f.end))
@@ -144,7 +147,7 @@ class NpySink:
         path = self.out_dir / f".{self.stem}.{name}.npy.tmp"
         fd = open_fd(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         header = npy_header(dtype, (self.rows_per_file, *self.shapes[name]))
-        pwrite_all(fd, header, 0)
+        self.pwrite(fd, header, 0)
         digest = (RunningDigest(path, *self.ahead, self.tuning.hash_step_bytes)
                   if self.ahead is not None else None)
         return RowFile(fd, path, dtype, len(header), len(header), digest)
@@ -201,7 +204,7 @@ class NpySink:
         placed = [(ids_tmp, f"{self.stem}.ids.npy")]
         for name, f in self.files.items():
             header = npy_header(f.dtype, (len(self.ids), *self.shapes[name]), f.header_bytes)
-            pwrite_all(f.fd, header, 0)
+            self.pwrite(f.fd, header, 0)
             f.close()
             placed.append((f.path, f"{self.stem}.{name}.npy"))
             if f.digest is None:
