@@ -222,7 +222,7 @@ def compare(device: str) -> list[str]:
 
 def test_the_kernel_in_the_interpreter_equals_the_reference():
     pytest.importorskip("triton", reason="the paged decode kernel is written in Triton")
-    code = ("import tests.test_decode_attention as d; d.patch_interpreter(); "
+    code = ("import tests.triton_interpreter as d; d.patch_interpreter(); "
             "import tests.test_paged_attention as t; "
             "import sys; f = t.compare('cpu'); print('\\n'.join(f)); sys.exit(1 if f else 0)")
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
