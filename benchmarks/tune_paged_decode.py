@@ -4,13 +4,14 @@ reference attention, timed, and the winner printed to set as the default.
 
     python3 benchmarks/tune_paged_decode.py [--rows 256] [--kv-len 160,512] [--heads 32]
         [--kv-heads 8] [--head-dim 128] [--block-size 16] [--dtype bfloat16]
-        [--tiles 16,32,64,128] [--warps 2,4,8] [--stages 1,2,3,4] [--programs 128]
+        [--tiles 16,32,64,128] [--warps 2,4,8] [--stages 1,2,3,4] [--programs 128,4096]
         [--max-splits 16] [--calls 20] [--replays 20] [--json FILE]
 
 A case is (rows, KV length): every row that long, its blocks scattered through one layer's
 cache, its table as wide as a decode graph's (the length and 33 more tokens, as
 bench_decode_step's engine sizes it), q, k and v strided as the model leaves them. The defaults
-are the 8B Llama layout's attention (32 query heads, 8 KV heads, head_dim 128) at 256 rows.
+are the 8B Llama layout's attention (32 query heads, 8 KV heads, head_dim 128) at 256 rows;
+programs 4096 splits each of its 2048 (row, KV head) pairs' keys in two shares, merged.
 
 Per config and case: one call checked against paged_decode_reference in float32 (output and the
 new key's slot); a config that fails to compile or differs is reported and left out. Then
@@ -66,15 +67,20 @@ def make_case(rows: int, kv_len: int, heads: int, kv_heads: int, dim: int, block
                 scale=dim ** -0.5)
 
 
-def check(case: dict, run) -> str | None:
-    """None when run(case) -> output equals paged_decode_reference on float32 copies (within
-    the dtype's tolerance) and leaves every row's new key and value in its slot; else what
-    differs. run gets copies of the caches, so the case is never changed."""
-    mine = {**case, "k_cache": case["k_cache"].clone(), "v_cache": case["v_cache"].clone()}
+def reference(case: dict) -> tuple[torch.Tensor, dict]:
+    """(paged_decode_reference's output, the case after its write), in float32 copies."""
     wide = {n: t.to(torch.float32, copy=True)
             if isinstance(t, torch.Tensor) and t.is_floating_point() else t
             for n, t in case.items()}
-    want = paged_attention.paged_decode_reference(**wide)
+    return paged_attention.paged_decode_reference(**wide), wide
+
+
+def check(case: dict, run, want: tuple[torch.Tensor, dict] | None = None) -> str | None:
+    """None when run(case) -> output equals the reference's (`want`, else computed) within
+    the dtype's tolerance and leaves every row's new key and value in its slot; else what
+    differs. run gets copies of the caches, so the case is never changed."""
+    mine = {**case, "k_cache": case["k_cache"].clone(), "v_cache": case["v_cache"].clone()}
+    want, wide = want or reference(case)
     got = run(mine)
     if got.shape != want.shape:
         return f"output shape {tuple(got.shape)}, the reference's {tuple(want.shape)}"
@@ -164,7 +170,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tiles", type=ints, default=[16, 32, 64, 128])
     ap.add_argument("--warps", type=ints, default=[2, 4, 8])
     ap.add_argument("--stages", type=ints, default=[1, 2, 3, 4])
-    ap.add_argument("--programs", type=ints, default=[KernelConfig().programs])
+    ap.add_argument("--programs", type=ints, default=sorted({KernelConfig().programs, 4096}))
     ap.add_argument("--max-splits", type=ints, default=[KernelConfig().max_splits])
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--replays", type=int, default=20)
@@ -187,6 +193,7 @@ def main(argv=None) -> int:
           f"call, median of {a.replays} replays of {a.calls} calls", flush=True)
     built = {rn: make_case(*rn, a.heads, a.kv_heads, a.head_dim, a.block_size, dtype, "cuda",
                            seed=i) for i, rn in enumerate(cases)}
+    wants = {rn: reference(c) for rn, c in built.items()}
     nbytes = {rn: 2 * rn[0] * a.kv_heads * rn[1] * a.head_dim * dtype.itemsize for rn in cases}
     print("| tile | warps | stages | programs | max_splits | "
           + " | ".join(f"rows {r} kv {n} us (GB/s)" for r, n in cases) + " | x default |")
@@ -197,7 +204,7 @@ def main(argv=None) -> int:
         run = kernel(c)
         try:
             for rn in cases:
-                wrong = check(built[rn], run)
+                wrong = check(built[rn], run, wants[rn])
                 if wrong:
                     raise AssertionError(f"rows {rn[0]} kv {rn[1]}: {wrong}")
                 row["us"][f"{rn[0]}x{rn[1]}"] = timed(lambda: run(built[rn]), a.calls,

@@ -24,7 +24,7 @@ from torch.nn import functional as F
 from graphrun.base.errors import first_line
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-WIDEST_NORM = 1 << 16  # a norm's row is one program's registers: wider rows take the eager ops
+WIDEST_NORM = 16384  # a norm's row is one program's registers: wider rows take the eager ops
 SILU_TILE = 1024  # columns of silu(gate) * up one program computes
 
 
@@ -115,10 +115,11 @@ def usable(t: torch.Tensor) -> bool:
     """Whether the kernels can take t: on a GPU, or on the CPU under Triton's interpreter
     (TRITON_INTERPRET=1), in a dtype they compute, outside torch.compile's tracing, while no
     kernel has failed in this process, with Triton importable."""
+    if torch.compiler.is_compiling():  # first: dynamo traces nothing past it
+        return False
     on = t.device.type == "cuda" or (t.device.type == "cpu"
                                      and os.environ.get("TRITON_INTERPRET") == "1")
-    return (on and t.dtype in DTYPES and not _failures and not torch.compiler.is_compiling()
-            and _kernels() is not None)
+    return on and t.dtype in DTYPES and not _failures and _kernels() is not None
 
 
 def give_up(err: BaseException) -> None:
@@ -163,7 +164,7 @@ def _rope(qk, cos, sin):
     b, q_len, heads, d = qk.shape
     half = d // 2
     out = torch.empty((b, q_len, heads, d), dtype=qk.dtype, device=qk.device)
-    bh = min(_pow2(heads), max(1, 4096 // _pow2(half)))  # about 4096 pairs a program
+    bh = min(_pow2(heads), max(1, 2048 // _pow2(half)))  # 2048 pairs a program, 16 a thread
     if out.numel():
         # no fused multiply-add: each product rounds on its own, as torch's separate ops do
         _kernels().rope[(b * q_len, -(-heads // bh))](

@@ -32,9 +32,8 @@ def add_rms_norm(X, DELTA, W, RES, OUT, eps, sx, sdelta, sres, sout,
 @triton.jit
 def rope(QK, COS, SIN, OUT, q_len, heads, sqk_b, sqk_q, sqk_h, sc_b, sc_q,
          HALF: tl.constexpr, BH: tl.constexpr, BHALF: tl.constexpr):
-    # program (b * q_len + t, tile of heads): qk [b, q, heads, 2 HALF] -> out, the same shape
-    # and contiguous; cos, sin [b, q, 2 HALF]. Each product and the sum rounded in the storage
-    # dtype, as eager's x * cos + rotate_half(x) * sin rounds them.
+    # program (b * q_len + t, tile of heads): qk [b, q, heads, 2 HALF] -> out, its shape, dense;
+    # cos, sin [b, q, 2 HALF]. Products and sums round as eager's x * cos + rotate_half(x) * sin
     bt = tl.program_id(0).to(tl.int64)
     b, t = bt // q_len, bt % q_len
     hs = tl.program_id(1) * BH + tl.arange(0, BH)
