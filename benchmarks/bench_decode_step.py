@@ -1,11 +1,12 @@
 """One decode step of graphrun's generation engine at R rows, timed and taken apart: step time,
 MBU, the step against its matrix multiplies alone, and (on a GPU, --profile) the kernels a
 captured step runs; for the plain model and model.compile, with the paged decode kernel or the
-reference attention path (issue 48's step target).
+reference attention path, with the fused elementwise kernels or torch's ops (issue 48's step
+target).
 
     python3 benchmarks/bench_decode_step.py [--layout 1.24B] [--rows 64] [--kv-len 512]
-        [--ways matmuls,plain,plain-general,compile,compile-general] [--steps 32]
-        [--repeats 10] [--profile] [--top 16] [--json FILE] [--smoke]
+        [--ways matmuls,plain,plain-unfused,plain-general,compile,compile-general]
+        [--steps 32] [--repeats 10] [--profile] [--top 16] [--json FILE] [--smoke]
 
 Model: graphrun's builtin Llama in a Llama layout with seeded weights, built on the device
 (nothing is downloaded or saved): 134M (12 x 768, 12 heads, ffn 2048, vocab 32000), 1.24B
@@ -22,6 +23,9 @@ Ways:
   the same state, so it must pick the same tokens.
 - either with `-general`: the paged decode kernel switched off (paged_attention.usable), so
   attention runs paged_decode_reference (the blocks gathered, then scaled_dot_product_attention).
+- plain-unfused: plain with the fused elementwise kernels switched off (Llama.fused_kernels,
+  models/causal/fused.py): the residual adds, RMSNorms, RoPE and silu(gate) * up as torch's ops.
+  (Under model.compile inductor fuses those ops itself, so the compile ways never run them.)
 - matmuls: the anchor. The layout's linears at R rows as bf16 matrix multiplies: per layer q,
   k, v, o, gate, up, down (unfused), then the lm_head, captured in ONE CUDA graph and timed the
   same way. Each other way prints its step / this (issue 48: <= 1.3x at 8B, 256 rows).
@@ -29,7 +33,8 @@ Ways:
 MBU = the bytes a step reads (the weights once: generate/mbu.weight_bytes_per_step, plus each
 row's keys and values: mbu.kv_bytes_per_token x its KV length) / step time / the GPU's peak
 bandwidth; for matmuls, the matrices' bytes. --profile: torch.profiler over one repeat of
-replays, the kernels per step with their device time, the largest --top.
+replays, the kernels per step with their device time, the largest --top; the table gains a
+column of kernels per step.
 --smoke: the tiny layout on whatever device there is, 4 rows, 4 steps, 3 repeats, the ways
 without compile.
 """
@@ -57,7 +62,7 @@ LAYOUTS = {
     "8B": dict(layers=32, d_model=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256),
     "tiny": dict(layers=2, d_model=64, heads=4, kv_heads=2, ffn=128, vocab=512),
 }
-WAYS = ("matmuls", "plain", "plain-general", "compile", "compile-general")
+WAYS = ("matmuls", "plain", "plain-unfused", "plain-general", "compile", "compile-general")
 BLOCK = 16  # KV block size, the spec's default
 
 
@@ -107,7 +112,7 @@ def peak(device: torch.device) -> float | None:
 
 @torch.no_grad()
 def run_matmuls(layout: str, rows: int, steps: int, repeats: int, device: torch.device,
-                dtype: torch.dtype) -> dict:
+                dtype: torch.dtype, profile: bool = False, top: int = 16) -> dict:
     """The anchor: every linear of the layout and the lm_head at `rows` rows, one graph."""
     s = LAYOUTS[layout]
     d, f, v = s["d_model"], s["ffn"], s["vocab"]
@@ -144,13 +149,14 @@ def run_matmuls(layout: str, rows: int, steps: int, repeats: int, device: torch.
     nbytes = sum(w.numel() * w.element_size() for w in weights)
     flops = 2 * rows * sum(i * o for i, o in shapes)
     p = peak(device)
-    return {"way": "matmuls", "layout": layout, "rows": rows, "set_up_s": set_up_s,
+    extra = {"kernels": kernel_table(replay, steps, top)} if profile and cuda else {}
+    return {**extra, "way": "matmuls", "layout": layout, "rows": rows, "set_up_s": set_up_s,
             "step_ms": step * 1e3, "step_min_ms": least * 1e3, "weight_bytes": nbytes,
             "kv_bytes": 0, "mbu": nbytes / step / p if p else None,
             "tflops": flops / step / 1e12, "matmuls": len(shapes), "same_tokens": None,
             "graphs": [{"kind": "matmuls", "shape": {"rows": rows}, "status": status,
                         "compiled": None, "reason": None}],
-            "attention_failure": None}
+            "attention_failure": None, "fused_failure": None}
 
 
 def build_model(layout: str, max_len: int, device: torch.device, dtype: torch.dtype):
@@ -169,12 +175,13 @@ def run_way(way: str, model, layout: str, rows: int, kv_lens: list[int], steps: 
     from graphrun.generate.graphs import StepKey
     from graphrun.generate.mbu import kv_bytes_per_token, weight_bytes_per_step
     from graphrun.generate.steps import HOST_FIELDS
-    from graphrun.models.causal import paged_attention
+    from graphrun.models.causal import fused, paged_attention
 
     general = way.endswith("-general")
     kernel = paged_attention.usable
     if general:
         paged_attention.usable = lambda q: False
+    model.fused_kernels = way != "plain-unfused"
     try:
         longest = max(kv_lens)
         t0 = time.perf_counter()
@@ -221,7 +228,8 @@ def run_way(way: str, model, layout: str, rows: int, kv_lens: list[int], steps: 
                    t == picked[0] for t in picked),
                "graphs": [{k: e[k] for k in ("kind", "shape", "status", "compiled", "reason")}
                           for e in engine.graphs()],
-               "attention_failure": paged_attention.failure()}
+               "attention_failure": paged_attention.failure(),
+               "fused_failure": fused.failure()}
         if profile and device.type == "cuda":
             reset()
             row["kernels"] = kernel_table(entry.run, steps, top)
@@ -229,6 +237,7 @@ def run_way(way: str, model, layout: str, rows: int, kv_lens: list[int], steps: 
         return row
     finally:
         paged_attention.usable = kernel
+        model.fused_kernels = True
 
 
 def kernel_table(replay, steps: int, top: int) -> dict:
@@ -294,7 +303,8 @@ def main(argv=None) -> int:
     rows, model = [], None
     for way in ways:
         if way == "matmuls":
-            row = run_matmuls(a.layout, a.rows, a.steps, a.repeats, device, dtype)
+            row = run_matmuls(a.layout, a.rows, a.steps, a.repeats, device, dtype, a.profile,
+                              a.top)
         else:
             if model is None:
                 t0 = time.perf_counter()
@@ -320,18 +330,26 @@ def main(argv=None) -> int:
         for e in row["graphs"]:
             if e["reason"]:
                 print(f"   {e['kind']} {e['shape']}: {e['reason']}")
+        if row["fused_failure"]:
+            print(f"   the fused elementwise kernels failed: {row['fused_failure']}")
         k = row.get("kernels")
         if k:
             print(f"   {k['launches_per_step']:.0f} kernels a step, "
                   f"{k['device_us_per_step']:.0f} us of device time a step")
             for e in k["top"]:
                 print(f"   {e['us_per_step']:8.1f} us {e['calls_per_step']:5.1f}x  {e['name']}")
+    counted = any("kernels" in r for r in rows)
     print(f"\n{a.layout}, {a.rows} rows, KV length {kv}:\n"
-          "| way | step p50 ms | x matmuls | MBU | set-up s |\n|---|---:|---:|---:|---:|")
+          "| way | step p50 ms | x matmuls | MBU | set-up s |"
+          + (" kernels/step |" if counted else "") + "\n|---|---:|---:|---:|---:|"
+          + ("---:|" if counted else ""))
     for r in rows:
         mbu = "" if r["mbu"] is None else f"{r['mbu']:.1%}"
         ratio = "" if r["x_matmuls"] is None else f"{r['x_matmuls']:.2f}"
-        print(f"| {r['way']} | {r['step_ms']:.3f} | {ratio} | {mbu} | {r['set_up_s']:.1f} |")
+        launches = (f" {r['kernels']['launches_per_step']:.0f} |" if "kernels" in r
+                    else " |") if counted else ""
+        print(f"| {r['way']} | {r['step_ms']:.3f} | {ratio} | {mbu} | {r['set_up_s']:.1f} |"
+              + launches)
     Path(a.json).write_text(json.dumps(rows, indent=1))
     print(f"wrote {a.json}")
     return 0

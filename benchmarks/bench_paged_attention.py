@@ -123,7 +123,7 @@ def sweep(args) -> None:
     print("|---:|---:|---:|" + "---:|" * len(cases))
     best = (float("inf"), None)
     for tile, warps, stages in itertools.product((32, 64, 128), (4, 8), (2, 3, 4)):
-        pa.TILE, pa.WARPS, pa.STAGES = tile, warps, stages
+        pa.CONFIG = pa.KernelConfig(tile=tile, warps=warps, stages=stages)
         try:
             got = [timed(built[c]["checked"](built[c]["exact"]), args.calls, args.replays)
                    / dense[c] for c in cases]
@@ -135,7 +135,8 @@ def sweep(args) -> None:
               + " | ".join(f"{r:.2f}" for r in got) + " |", flush=True)
         best = min(best, (max(got), (tile, warps, stages)))
     tile, warps, stages = best[1]
-    print(f"best: TILE={tile} WARPS={warps} STAGES={stages}")
+    print(f"best: KernelConfig(tile={tile}, warps={warps}, stages={stages}) "
+          "(benchmarks/tune_paged_decode.py sweeps every field on decode layouts)")
 
 
 def main() -> None:

@@ -25,10 +25,11 @@ def bench(*args: str, cpu: bool = True) -> subprocess.CompletedProcess:
 def test_the_smoke_run_times_the_anchor_and_each_engine_way_and_writes_its_rows(tmp_path):
     out = tmp_path / "rows.json"
     # matmuls asked last: it still runs first, every engine row's ratio needs it
-    p = bench("--smoke", "--ways", "plain,plain-general,matmuls", "--json", str(out))
+    p = bench("--smoke", "--ways", "plain,plain-unfused,plain-general,matmuls", "--json",
+              str(out))
     assert p.returncode == 0, p.stderr[-3000:]
     rows = json.loads(out.read_text())
-    assert [r["way"] for r in rows] == ["matmuls", "plain", "plain-general"]
+    assert [r["way"] for r in rows] == ["matmuls", "plain", "plain-unfused", "plain-general"]
     anchor, *engine = rows
     # the tiny layout's 2 layers x (q, k, v, o, gate, up, down) and the lm_head
     assert anchor["matmuls"] == 2 * 7 + 1 and anchor["step_ms"] > 0
@@ -39,8 +40,10 @@ def test_the_smoke_run_times_the_anchor_and_each_engine_way_and_writes_its_rows(
         assert {g["kind"] for g in r["graphs"]} == {"prefill", "decode"}
         assert [g["shape"] for g in r["graphs"] if g["kind"] == "decode"] == [{"rows": 4}]
         assert r["weight_bytes"] > 0 and r["kv_bytes"] > 0 and r["attention_failure"] is None
+        assert r["fused_failure"] is None
         assert r["x_matmuls"] == r["step_ms"] / anchor["step_ms"]
-    assert "| plain-general |" in p.stdout and "x matmuls" in p.stdout
+    assert "| plain-general |" in p.stdout and "| plain-unfused |" in p.stdout
+    assert "x matmuls" in p.stdout and "kernels/step" not in p.stdout  # no --profile
 
 
 def test_an_unknown_way_is_one_usage_error():

@@ -223,7 +223,7 @@ def compare(device: str) -> list[str]:
 
 def test_the_kernel_in_the_interpreter_equals_the_reference():
     pytest.importorskip("triton", reason="the paged decode kernel is written in Triton")
-    code = ("import tests.test_decode_attention as d; d.patch_interpreter(); "
+    code = ("import tests.triton_interpreter as d; d.patch_interpreter(); "
             "import tests.test_paged_attention as t; "
             "import sys; f = t.compare('cpu'); print('\\n'.join(f)); sys.exit(1 if f else 0)")
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
@@ -276,3 +276,16 @@ def test_one_captured_graph_serves_every_length(dtype):
         err = (out.float() - want).abs().max().item()
         assert err <= tol, f"replay {i} (lengths {shapes[i]}): error {err:.2e}"
         assert torch.equal(static["k_cache"].float(), want_step["k_cache"]), f"replay {i}"
+
+
+def test_the_kernel_config_defaults_are_valid_and_a_bad_one_names_each_field():
+    c = paged_attention.KernelConfig()
+    assert paged_attention.CONFIG == c
+    assert (c.tile, c.warps, c.stages, c.programs, c.max_splits) == (32, 4, 2, 128, 16)
+    paged_attention.KernelConfig(tile=16, warps=1, stages=1, programs=1, max_splits=1)
+    with pytest.raises(ValueError) as e:
+        paged_attention.KernelConfig(tile=24, warps=3, stages=0, programs=0, max_splits=12)
+    for part in ("tile 24", "warps 3", "stages 0", "programs 0", "max_splits 12"):
+        assert part in str(e.value)
+    with pytest.raises(ValueError, match="tile 8"):
+        paged_attention.KernelConfig(tile=8)

@@ -34,7 +34,7 @@ from graphrun.engine.graphs import Graph, GraphPool, SetUp
 from graphrun.engine.verify import ULP_SLACK, compare
 from graphrun.base.errors import CaptureError, first_line
 
-from graphrun.models.causal import paged_attention
+from graphrun.models.causal import fused, paged_attention
 from graphrun.generate.steps import SlotState
 
 VERIFY_STEPS = 2  # decode steps compared per bucket: the second reads what the first wrote
@@ -97,7 +97,7 @@ class GraphTable:
         self.make_step, self.state, self.log = make_step, state, log
         self.compiling = compiled  # off for good after a compilation fails
         self.compile_failure: str | None = None  # the reason, given to every later entry
-        self.attention_failure: str | None = None  # the paged decode kernel's, noted once
+        self.kernel_failures: list[str] = []  # a Triton kernel that failed, each noted once
         self.graphs = backend == "cuda-graph"
         self.device, self.dtype, self.verify_on = device, dtype, verify
         self.pool = GraphPool(device, graphs=self.graphs, pool=pool, budget_bytes=budget_bytes)
@@ -110,12 +110,20 @@ class GraphTable:
                       key=lambda k: (k.kind == "prefill", k.size), reverse=True)
         for key in todo:
             self.entries[key] = entry = self._set_up(key, how)
-            failed = paged_attention.failure()
-            if failed and not self.attention_failure:  # said once, on the graph it happened in
-                self.attention_failure = (f"the decode attention kernel failed, the general "
-                                          f"path runs: {failed}")
-                entry.reason = "; ".join(filter(None, (entry.reason, self.attention_failure)))
-                self.log(f"warning: {self.attention_failure}")
+            self._note_kernel_failures(entry)
+
+    def _note_kernel_failures(self, entry: StepGraph) -> None:
+        """A kernel that failed in this entry's set-up (the paged decode attention's, or the
+        fused elementwise ones'): said once, a warning and that graph's reason."""
+        for what, failed in (("the decode attention kernel failed, the general path runs",
+                              paged_attention.failure()),
+                             ("the fused elementwise kernels failed, torch's ops run",
+                              fused.failure())):
+            note = f"{what}: {failed}"
+            if failed and note not in self.kernel_failures:
+                self.kernel_failures.append(note)
+                entry.reason = "; ".join(filter(None, (entry.reason, note)))
+                self.log(f"warning: {note}")
 
     def __getitem__(self, key: StepKey) -> StepGraph:
         return self.entries[key]

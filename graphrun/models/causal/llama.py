@@ -8,7 +8,9 @@ checkpoint's tensors load as saved, and the arithmetic follows transformers' (no
 float32, cast back), so a completion is the one transformers' generate gives
 (tests/test_generate_native.py). find_checkpoint and load_checkpoint take GPT-2 folders too
 (models/causal/gpt2.py). Attention goes through
-kv_cache.attend, as an adapted transformers model's does.
+kv_cache.attend, as an adapted transformers model's does. The elementwise work between the
+matrix multiplies (a residual add with the norm after it, RoPE, silu(gate) * up) runs fused
+Triton kernels where they run (models/causal/fused.py; Llama.fused_kernels), the same math.
 
 forward(tokens [b, q] int64, positions [b, q] int64, kv: StepKV) -> logits [b, V] float32 of
 the last column: the step interface of steps.StepModel.
@@ -32,6 +34,7 @@ from graphrun.models.checkpoint import (CAUSAL_LM_CLASSES, CONFIG_REMEDY, GPT2Sh
 from graphrun.models.sizes import check_fits, tensor_bytes
 from graphrun.models.weights import Held, Mismatch, compare, held, weights_error
 
+from graphrun.models.causal import fused
 from graphrun.models.causal.gpt2 import GPT2
 from graphrun.models.causal.kv_cache import KVLayout, StepKV, attend
 
@@ -52,15 +55,13 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.weight * F.rms_norm(x, (x.shape[-1],), eps=self.eps)
 
+    def after_add(self, x: torch.Tensor, delta: torch.Tensor | None,
+                  kernel: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + delta, this norm of it), one kernel where fused.py's runs; delta None: no add."""
+        return fused.add_rms_norm(x, delta, self.weight, self.eps, kernel)
+
     def seeded_init(self, name: str) -> Init:
         return Constant(1.0)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE, the half-split convention of Llama: x [b, h, q, d]; cos, sin [b, 1, q, d]."""
-    half = x.shape[-1] // 2
-    turned = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + turned * sin
 
 
 class Attention(nn.Module):
@@ -83,8 +84,8 @@ class Attention(nn.Module):
         self.qkv_proj = _fused(self.q_proj, self.k_proj, self.v_proj)
         del self.q_proj, self.k_proj, self.v_proj
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                kv: StepKV) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: StepKV,
+                kernels: bool = False) -> torch.Tensor:
         b, q_len, _ = x.shape  # x: [b, q, d_model]
         h, g, d = self.heads, self.kv_heads, self.head_dim
         if self.qkv_proj is not None:
@@ -95,7 +96,7 @@ class Attention(nn.Module):
         if self.qk_norm:  # per head, over head_dim
             qk = torch.cat((self.q_norm(qk[:, :, :h]), self.k_norm(qk[:, :, h:])), dim=2)
         # RoPE on q and k at once: the same elementwise arithmetic, half the kernels
-        q, k = rotate(qk.transpose(1, 2), cos, sin).split([h, g], dim=1)  # [b, h | g, q, d]
+        q, k = fused.rope(qk, cos, sin, kernels).split([h, g], dim=1)  # [b, h | g, q, d]
         v = v.view(b, q_len, g, d).transpose(1, 2)
         y = attend(kv, self.layer, q, k, v, d ** -0.5, window=self.window)  # [b, q, h, d]
         return self.o_proj(y.reshape(b, q_len, -1))
@@ -113,12 +114,12 @@ class MLP(nn.Module):
         self.gate_up_proj = _fused(self.gate_proj, self.up_proj)
         del self.gate_proj, self.up_proj
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, kernels: bool = False) -> torch.Tensor:
         if self.gate_up_proj is not None:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(fused.silu_mul(gate, up, kernels))
 
 
 def _fused(*parts: nn.Linear) -> nn.Linear:
@@ -134,7 +135,8 @@ def _fused(*parts: nn.Linear) -> nn.Linear:
 
 
 class Layer(nn.Module):
-    """Pre-norm block: attention, then the MLP, each residual."""
+    """Pre-norm block: attention, then the MLP, each residual. The MLP's output is added by
+    the next layer (or the final norm), in one kernel with that norm."""
 
     def __init__(self, s: LlamaShape, layer: int):
         super().__init__()
@@ -143,9 +145,14 @@ class Layer(nn.Module):
         self.post_attention_layernorm = RMSNorm(s.d_model, s.norm_eps)
         self.mlp = MLP(s)
 
-    def forward(self, x, cos, sin, kv: StepKV) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, delta: torch.Tensor | None, cos, sin, kv: StepKV,
+                kernels: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        # x: the residual stream [b, q, d_model] before the previous MLP's output delta (None
+        # at the first layer) -> (the residual stream before this MLP's output, that output)
+        x, h = self.input_layernorm.after_add(x, delta, kernels)
+        x, h = self.post_attention_layernorm.after_add(
+            x, self.self_attn(h, cos, sin, kv, kernels), kernels)
+        return x, self.mlp(h, kernels)
 
 
 class Body(nn.Module):
@@ -172,6 +179,8 @@ class Llama(nn.Module):
         if shape.tied:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", None, persistent=False)  # [head_dim / 2] float32
+        # fused.py's kernels where they run; False: torch's ops (bench_decode_step's unfused way)
+        self.fused_kernels = True
         self.register_load_state_dict_post_hook(lambda module, _keys: module.make_scratch())
 
     @torch.no_grad()
@@ -202,9 +211,13 @@ class Llama(nn.Module):
         freqs = positions[..., None].float() * self.inv_freq  # [b, q, head_dim / 2]
         angles = torch.cat((freqs, freqs), dim=-1)[:, None]
         cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        kernels, delta = self.fused_kernels, None
         for layer in self.model.layers:
-            x = layer(x, cos, sin, kv)
-        return self.lm_head(self.model.norm(kv.last_hidden(x))).float()
+            x, delta = layer(x, delta, cos, sin, kv, kernels)
+        # the rows whose logits are asked, then the last residual add with the final norm
+        last = kv.last_hidden(delta) if delta is not None else None
+        _, h = self.model.norm.after_add(kv.last_hidden(x), last, kernels)
+        return self.lm_head(h).float()
 
 
 def _linear(module: nn.Module, name: str) -> Init:

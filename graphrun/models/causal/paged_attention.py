@@ -28,17 +28,49 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
 
 import torch
 from torch.nn import functional as F
 
 from graphrun.base.errors import first_line
 
-MAX_SPLITS = 16  # shares of one row's columns at most; the merge kernel reads them at once
-PROGRAMS = 128  # split a row's columns until (rows x KV heads x shares) reaches about this
-TILE = 32  # cache columns one program attends per loop step
-WARPS = 4
-STAGES = 2  # Triton's software pipelining: the next tile loads while this one computes
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """How the Triton kernel is launched: tile, warps, pipeline stages and how a row's columns
+    split across programs. The defaults are what every step runs; benchmarks/tune_paged_decode.py
+    times others on a GPU against them."""
+
+    tile: int = 32  # cache columns one program attends per loop step
+    warps: int = 4  # num_warps of both kernels
+    stages: int = 2  # Triton's software pipelining: the next tile loads while this one computes
+    programs: int = 128  # split a row's columns until (rows x KV heads x shares) reaches this
+    max_splits: int = 16  # shares of one row's columns at most; the merge reads them at once
+
+    def __post_init__(self):
+        errors = []
+        if not (_is_pow2(self.tile) and 16 <= self.tile <= 256):
+            # tensor-core products need 16 columns at least; tl.arange, a power of two
+            errors.append(f"tile {self.tile}: a power of two from 16 to 256")
+        if self.warps not in (1, 2, 4, 8, 16):
+            errors.append(f"warps {self.warps}: 1, 2, 4, 8 or 16")
+        if not 1 <= self.stages <= 8:
+            errors.append(f"stages {self.stages}: 1 to 8")
+        if self.programs < 1:
+            errors.append(f"programs {self.programs}: 1 or more")
+        if not (_is_pow2(self.max_splits) and self.max_splits <= 64):
+            errors.append(f"max_splits {self.max_splits}: a power of two from 1 to 64")
+        if errors:
+            raise ValueError("paged decode KernelConfig: " + "; ".join(errors))
+
+
+def _is_pow2(n) -> bool:
+    return isinstance(n, int) and n >= 1 and n & (n - 1) == 0
+
+
+CONFIG = KernelConfig()  # what paged_decode launches
 
 
 def paged_decode(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
@@ -207,10 +239,13 @@ def _cdiv(a: int, b: int) -> int:
 
 def _kernel_decode(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                    k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                   seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                   seq_lens: torch.Tensor, scale: float,
+                   config: KernelConfig | None = None) -> torch.Tensor:
     """paged_decode in Triton. The grid is (rows, kv_heads, shares), shares chosen from the rows
     and the table's width alone; a program whose share starts past its row's length returns at
-    once, and a row whose keys fit one share is finished by that share (no merge)."""
+    once, and a row whose keys fit one share is finished by that share (no merge). config: the
+    launch, CONFIG when None."""
+    c = config or CONFIG
     split, merge = _kernels()
     assert k_cache.stride() == v_cache.stride(), "k and v caches of one layout"
     b, heads, _, dim = q.shape
@@ -220,14 +255,13 @@ def _kernel_decode(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
     # tensor-core products need 16 rows and 16 columns at least: query heads past the group's
     # are zero rows, columns past head_dim zero columns
     bg, bd = max(16, _pow2(groups)), max(16, _pow2(dim))
-    shares = min(MAX_SPLITS, _cdiv(length, TILE), max(1, _cdiv(PROGRAMS, b * kv_heads)))
-    chunk = _cdiv(_cdiv(length, shares), TILE) * TILE  # columns per share, whole tiles
+    shares = min(c.max_splits, _cdiv(length, c.tile), max(1, _cdiv(c.programs, b * kv_heads)))
+    chunk = _cdiv(_cdiv(length, shares), c.tile) * c.tile  # columns per share, whole tiles
     shares = _cdiv(length, chunk)
     out = torch.empty((b, 1, heads, dim), dtype=q.dtype, device=q.device)
     merged = (b, kv_heads, shares) if shares > 1 else (1,)
     part = torch.empty((*merged, bg, bd), dtype=torch.float32, device=q.device)
     stat = torch.empty((*merged, 2, bg), dtype=torch.float32, device=q.device)
-    warps = WARPS
     split[(b, kv_heads, shares)](
         q, k_new, v_new, k_cache, v_cache, block_table, seq_lens, out, part, stat,
         scale, chunk, shares,
@@ -235,13 +269,13 @@ def _kernel_decode(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
         k_new.stride(3), v_new.stride(0), v_new.stride(1), v_new.stride(3),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.stride(3),
         block_table.stride(0), block_table.stride(1),
-        G=groups, BG=bg, D=dim, BD=bd, BN=TILE, BLOCK=block_size,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=warps,
-        num_stages=STAGES)
+        G=groups, BG=bg, D=dim, BD=bd, BN=c.tile, BLOCK=block_size,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=c.warps,
+        num_stages=c.stages)
     if shares > 1:
         merge[(b, kv_heads)](out, part, stat, seq_lens, chunk, shares, G=groups,
-                             BG=_pow2(groups), PG=bg, D=dim, BD=bd, BS=MAX_SPLITS,
-                             num_warps=warps)
+                             BG=_pow2(groups), PG=bg, D=dim, BD=bd, BS=c.max_splits,
+                             num_warps=c.warps)
     return out
 
 
