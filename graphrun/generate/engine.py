@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from graphrun.base.dtypes import torch_dtype
+from graphrun.base.phases import phase
 from graphrun.base.units import MiB
 from graphrun.spec.request import EXTRA_STOPS, RequestParams
 
@@ -202,8 +203,11 @@ class Engine:
                  logprobs: int | None | str = "spec", admit_min: int | None = None,
                  prefix_cache: bool = True, window: int = WINDOW,
                  detokenize: Callable[[list[int]], str] | None = None,
-                 log: Callable[[str], None] | None = None):
+                 log: Callable[[str], None] | None = None, warm=None):
+        """warm: the kernels' warm-up begun for this model (models/causal/warm.WarmUp), waited
+        for before the first graph is set up."""
         self.config, self.log = config, log or (lambda line: None)
+        self.warm = warm
         self.detokenize = detokenize  # token ids -> text, for stop strings
         if config.stop_strings and detokenize is None:
             raise GenerationError("generate: stop strings need the tokenizer's decode: give "
@@ -281,11 +285,22 @@ class Engine:
                                 budget_bytes=None if budget is None else budget - self.kv_bytes,
                                 log=self.log, compiled=compile)
         self.stats = GenerationStats(host_bound_steps=0 if self.cuda else None)
+        self._wait_for_warm_up()
         self.table.prepare(self.keys(), "setup")
         self._free = list(range(slots))  # a heap: the lowest free slot first
         self._rows: list[_Row | None] = [None] * slots
         self._reserved = 0  # blocks the running rows may still take
         self._make_host_rings(slots)
+
+    def _wait_for_warm_up(self) -> None:
+        """The kernels' warm-up ended (its failure only said: the steps compile anew)."""
+        if self.warm is None:
+            return
+        with phase("kernel warm-up"):
+            self.warm.wait()
+        if self.warm.status == "failed":
+            self.log(f"warning: the kernels' warm-up failed, the graphs' set-up compiles them: "
+                     f"{self.warm.reason}")
 
     def _make_host_rings(self, slots: int) -> None:
         """The pinned host buffers each launch copies its outputs into, RING deep, so the host

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
+from typing import Callable
 
 import torch
 
 from graphrun.base.dtypes import torch_dtype
 from graphrun.base.phases import phase
 from graphrun.engine.device import resolve_backend, resolve_device
-from graphrun.models.causal.llama import (Checkpoint, OwnLM, build_llama, find_checkpoint,
-                                     load_checkpoint)
+from graphrun.models.causal.llama import (Checkpoint, OwnLM, build_llama, builtin_shape,
+                                          find_checkpoint, load_checkpoint)
 from graphrun.generate.config import GenerateConfig, Sampling
 from graphrun.generate.engine import Engine
 from graphrun.models.causal.hf_attention import check_before_loading, eos_ids_of
@@ -24,13 +25,16 @@ from graphrun.generate.records import logprobs_asked
 from graphrun.generate.scheduler import Scheduler
 from graphrun.generate.mbu import kv_bytes_per_token, peak_bandwidth, weight_bytes_per_step
 from graphrun.manifest.keys import BucketReport
-from graphrun.manifest.sections import Generation, GraphSetup, generation_summary
+from graphrun.manifest.sections import (Generation, GraphSetup, KernelWarmUp,
+                                        generation_summary)
 from graphrun.models.causal.paged_attention import runs_on
+from graphrun.models.causal.warm import WarmUp, layout_of
 from graphrun.spec.generate import MAX_LOGPROBS, PROMPT_AXIS
 from graphrun.spec.keys import BATCH, PipelineSpec
 
-# the builtin causal LMs a generation spec may name (model.builtin)
+# the builtin causal LMs a generation spec may name (model.builtin), and their shapes
 GENERATE_BUILDERS = {"llama": build_llama}
+GENERATE_SHAPES = {"llama": builtin_shape}
 
 
 class GenerationRunner:
@@ -50,6 +54,7 @@ class GenerationRunner:
         rows = sorted(spec.buckets[BATCH])
         slots = g.slots or rows[-1]
         self.max_prompt = max(spec.buckets[PROMPT_AXIS])
+        self.warm: WarmUp | None = None  # the kernels' warm-up, begun once the layout is known
         with phase("model build"):
             model, self.model_code = self._model()
         self.param_bytes = weight_bytes_per_step(model)  # what a decode step reads
@@ -64,7 +69,7 @@ class GenerationRunner:
                 device=self.device, dtype=spec.model.dtype, backend=self.backend,
                 block_size=g.kv_block_size, num_blocks=g.kv_blocks,
                 prefill_tokens=g.prefill_tokens, prefix_cache=g.prefix_cache,
-                verify=spec.capture.verify.enabled,
+                verify=spec.capture.verify.enabled, warm=self.warm,
                 memory_budget_mib=spec.capture.memory_budget_mib, compile=spec.model.compile,
                 detokenize=self._stop_decoder(), log=self.log,
                 **(per_row_choices(spec) if choices is None else choices))
@@ -78,7 +83,12 @@ class GenerationRunner:
         self.setup_s = time.perf_counter() - t0
 
     def _model(self):
-        return build_generation_model(self.spec, self.device)
+        return build_generation_model(self.spec, self.device, layout_known=self._warm_up)
+
+    def _warm_up(self, shape) -> None:
+        """The kernels' warm-up for the model's shape, begun while its weights load."""
+        self.warm = WarmUp.begin(layout_of(shape), self.device, torch_dtype(self.spec.model.dtype),
+                                 self.spec.generate.kv_block_size)
 
     @property
     def output_tokens(self) -> int:
@@ -160,7 +170,8 @@ class GenerationRunner:
             e.stats, percentiles, slots=e.slots, kv_block_size=e.block_size,
             kv_blocks=e.num_blocks, kv_cache_bytes=e.kv_bytes, graphs=graphs,
             prompts_truncated=truncated, prompts_rejected=rejected, mbu=self.mbu(),
-            decode_attention=self.decode_attention())
+            decode_attention=self.decode_attention(),
+            warm_up=KernelWarmUp(**self.warm.report()) if self.warm is not None else None)
 
     def decode_attention(self) -> str | None:
         """generation.decode_attention: which attention the decode steps ran (None without a
@@ -213,14 +224,23 @@ def per_row_choices(spec: PipelineSpec) -> dict:
     return choices
 
 
-def build_generation_model(spec: PipelineSpec, device: torch.device):
+def build_generation_model(spec: PipelineSpec, device: torch.device,
+                           layout_known: Callable[[object], None] | None = None):
     """A generation spec's causal LM on `device`, and whose code it is (the manifest's
     environment.model_code, and why transformers' where graphrun's could not): a builtin
     (model.builtin); a Hugging Face folder graphrun's Llama or GPT-2 loads (model.hf.implementation:
     auto or graphrun), which imports no transformers; else as every model is built
-    (models/load.py: transformers, target, ...)."""
+    (models/load.py: transformers, target, ...). layout_known: called with graphrun's model's
+    shape (LlamaShape, GPT2Shape) before its weights are made or read."""
     m = spec.model
     if m.builtin is not None:
+        if layout_known is not None:
+            try:
+                shape = GENERATE_SHAPES[m.builtin](**m.args)
+            except (TypeError, ValueError):  # the builder says what is wrong, below
+                shape = None
+            if shape is not None:
+                layout_known(shape)
         model = GENERATE_BUILDERS[m.builtin](**m.args, device=device, dtype=torch_dtype(m.dtype))
         return model, ("builtin", None)
     reason = None
@@ -232,6 +252,8 @@ def build_generation_model(spec: PipelineSpec, device: torch.device):
         if folder is not None:
             found = find_checkpoint(folder, m.hf.class_, m.hf.kwargs)
         if isinstance(found, Checkpoint):
+            if layout_known is not None:
+                layout_known(found.shape)
             return load_checkpoint(found, device, torch_dtype(m.dtype)), ("graphrun", None)
         if m.hf.implementation == "graphrun":
             raise not_graphruns(m.hf, found)
