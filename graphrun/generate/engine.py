@@ -232,6 +232,8 @@ class Engine:
         if slots == "auto":
             slots = auto_slots(self.max_blocks * PagedCache.bytes_per_block(
                 layout, block_size, self.dtype), self.device, rows)
+            if self.cuda:  # rows planned for batches, not for the slots memory allows
+                rows = None
         if slots < 1:
             raise GenerationError(f"generate: slots is {slots}: give at least 1")
         self.slots, self.max_prompt, self.block_size = slots, max_prompt, block_size

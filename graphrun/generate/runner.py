@@ -65,7 +65,7 @@ class GenerationRunner:
         with phase("bucket setup"):
             self.engine = Engine(
                 model, config=self.config, slots=slots, max_prompt=self.max_prompt,
-                rows=None if g.slots == "auto" else rows, prompts=spec.buckets[PROMPT_AXIS],
+                rows=rows, prompts=spec.buckets[PROMPT_AXIS],
                 device=self.device, dtype=spec.model.dtype, backend=self.backend,
                 block_size=g.kv_block_size, num_blocks=g.kv_blocks,
                 prefill_tokens=g.prefill_tokens, prefix_cache=g.prefix_cache,
