@@ -13,6 +13,7 @@ from typing import Callable
 
 import torch
 
+from graphrun.base import envs
 from graphrun.base.dtypes import torch_dtype
 from graphrun.base.phases import phase
 from graphrun.engine.device import resolve_backend, resolve_device
@@ -86,9 +87,12 @@ class GenerationRunner:
         return build_generation_model(self.spec, self.device, layout_known=self._warm_up)
 
     def _warm_up(self, shape) -> None:
-        """The kernels' warm-up for the model's shape, begun while its weights load."""
-        self.warm = WarmUp.begin(layout_of(shape), self.device, torch_dtype(self.spec.model.dtype),
-                                 self.spec.generate.kv_block_size)
+        """The kernels' warm-up for the model's shape, begun while its weights load (not with
+        GRAPHRUN_KERNEL_WARM_UP=off)."""
+        if envs.switch("GRAPHRUN_KERNEL_WARM_UP", True):
+            self.warm = WarmUp.begin(layout_of(shape), self.device,
+                                     torch_dtype(self.spec.model.dtype),
+                                     self.spec.generate.kv_block_size)
 
     @property
     def output_tokens(self) -> int:
