@@ -143,6 +143,18 @@ def test_a_job_reports_its_warm_up_and_the_wait_phase(tmp_path):
     assert "kernel warm-up" in {p["name"] for p in phases["top"]}
 
 
+def test_off_begins_none_and_other_values_are_refused(tmp_path, monkeypatch):
+    pytest.importorskip("tokenizers")
+    import graphrun
+    from graphrun.base import envs
+    from graphrun.base.errors import GraphrunError
+
+    monkeypatch.setenv("GRAPHRUN_KERNEL_WARM_UP", "off")
+    assert graphrun.run(builtin_spec(tmp_path)).generation.warm_up is None
+    with pytest.raises(GraphrunError, match="GRAPHRUN_KERNEL_WARM_UP='maybe': set on or off"):
+        envs.switch("GRAPHRUN_KERNEL_WARM_UP", True, {"GRAPHRUN_KERNEL_WARM_UP": "maybe"})
+
+
 def test_the_kernels_run_on_its_tensors_in_the_interpreter():
     """The warm-up's tensors, laid out as Llama's and GPT-2's, through the real kernels in
     Triton's interpreter (a subprocess: the interpreter is chosen at import)."""
