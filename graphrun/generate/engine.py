@@ -191,7 +191,9 @@ def auto_slots(slot_bytes: int, device: torch.device, rows: Iterable[int] | None
 
 
 class Engine:
-    """Slots, blocks, graphs and the scheduler over them (module docstring)."""
+    """Slots, blocks, graphs and the scheduler over them (module docstring). warm: the kernels'
+    warm-up begun for this model (models/causal/warm.WarmUp), waited for before the first
+    graph is set up."""
 
     def __init__(self, model, *, config: GenerateConfig, slots: int | str, max_prompt: int,
                  device, dtype, backend: str, block_size: int = 16,
@@ -204,10 +206,7 @@ class Engine:
                  prefix_cache: bool = True, window: int = WINDOW,
                  detokenize: Callable[[list[int]], str] | None = None,
                  log: Callable[[str], None] | None = None, warm=None):
-        """warm: the kernels' warm-up begun for this model (models/causal/warm.WarmUp), waited
-        for before the first graph is set up."""
-        self.config, self.log = config, log or (lambda line: None)
-        self.warm = warm
+        self.config, self.log, self.warm = config, log or (lambda line: None), warm
         self.detokenize = detokenize  # token ids -> text, for stop strings
         if config.stop_strings and detokenize is None:
             raise GenerationError("generate: stop strings need the tokenizer's decode: give "
@@ -232,8 +231,7 @@ class Engine:
         if slots == "auto":
             slots = auto_slots(self.max_blocks * PagedCache.bytes_per_block(
                 layout, block_size, self.dtype), self.device, rows)
-            if self.cuda:  # rows planned for batches, not for the slots memory allows
-                rows = None
+            rows = None if self.cuda else rows  # a GPU's: a ladder up to what memory allows
         if slots < 1:
             raise GenerationError(f"generate: slots is {slots}: give at least 1")
         self.slots, self.max_prompt, self.block_size = slots, max_prompt, block_size

@@ -17,11 +17,11 @@ they launch in each kernel's cache. A failure here is recorded and nothing else:
 not given up (paged_attention.give_up), so the engine's first step compiles again and reports
 a failure as it always has.
 
-Threads: the device's context exists before this begins (the runner has its device); the
-thread makes the device current, works on the default stream (its blocks go back to the
-allocator for everyone) and is the only caller of the paged kernels until the engine has
-waited, so no kernel's cache is filled from two threads. torch's cuBLAS handles are per
-thread and return to torch's pool when the thread ends.
+Threads: the device's context exists before the thread starts (begin makes sure, on the
+caller's thread); the thread makes the device current, works on the default stream (its blocks
+go back to the allocator for everyone) and is the only caller of the paged kernels until the
+engine has waited, so no kernel's cache is filled from two threads. torch's cuBLAS handles
+are per thread and return to torch's pool when the thread ends.
 """
 
 from __future__ import annotations
@@ -89,6 +89,7 @@ class WarmUp:
             return cls(None, "no CUDA device")
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
+        torch.zeros(1, device=device)  # the context, made on the caller's thread if not yet
         return cls(lambda: warm_kernels(layout, device, dtype, block_size))
 
     def _run(self) -> None:
