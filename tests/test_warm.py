@@ -155,6 +155,50 @@ def test_off_begins_none_and_other_values_are_refused(tmp_path, monkeypatch):
         envs.switch("GRAPHRUN_KERNEL_WARM_UP", True, {"GRAPHRUN_KERNEL_WARM_UP": "maybe"})
 
 
+class Started:
+    """A DeviceStart stand-in: the device, once asked."""
+
+    def __init__(self, device: str = "cpu"):
+        self.device, self.asked = torch.device(device), 0
+
+    def wait(self) -> torch.device:
+        self.asked += 1
+        return self.device
+
+
+def test_one_begun_at_the_start_is_the_one_the_runner_claims(tmp_path):
+    pytest.importorskip("tokenizers")
+    from graphrun.generate.runner import GenerationRunner, begin_warm_up, warm_up_key
+    from graphrun.models.causal import warm
+
+    spec = builtin_spec(tmp_path)
+    started = Started()
+    begin_warm_up(spec, started)
+    early = warm._EARLY[warm_up_key(spec)]
+    begin_warm_up(spec, Started())  # once per key: the spine's call after the CLI's
+    assert warm._EARLY[warm_up_key(spec)] is early
+    runner = GenerationRunner(spec)
+    try:
+        assert runner.warm is early and warm_up_key(spec) not in warm._EARLY  # claimed
+        assert started.asked == 1 and (early.status, early.reason) == ("skipped", "no CUDA device")
+    finally:
+        runner.close()
+    begin_warm_up(spec, None)  # the CPU asked for: no device started, nothing begun
+    assert warm_up_key(spec) not in warm._EARLY
+
+
+def test_the_layout_read_from_the_spec(tmp_path):
+    import graphrun
+    from graphrun.generate.runner import own_shape
+
+    assert own_shape(builtin_spec(tmp_path)) == builtin_shape(**TINY)
+    hf = {"hf": {"path": str(FOLDER), "class": "AutoModelForCausalLM"}, "dtype": "float32"}
+    shape = own_shape(graphrun.load_spec(write_spec(tmp_path, hf)))
+    assert shape is not None and shape.family == "Llama" and shape.d_model == 64
+    hf["hf"]["implementation"] = "transformers"
+    assert own_shape(graphrun.load_spec(write_spec(tmp_path, hf))) is None
+
+
 def test_the_kernels_run_on_its_tensors_in_the_interpreter():
     """The warm-up's tensors, laid out as Llama's and GPT-2's, through the real kernels in
     Triton's interpreter (a subprocess: the interpreter is chosen at import)."""

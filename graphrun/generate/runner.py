@@ -15,6 +15,7 @@ import torch
 
 from graphrun.base import envs
 from graphrun.base.dtypes import torch_dtype
+from graphrun.base.errors import GraphrunError
 from graphrun.base.phases import phase
 from graphrun.engine.device import resolve_backend, resolve_device
 from graphrun.models.causal.llama import (Checkpoint, OwnLM, build_llama, builtin_shape,
@@ -29,7 +30,8 @@ from graphrun.manifest.keys import BucketReport
 from graphrun.manifest.sections import (Generation, GraphSetup, KernelWarmUp,
                                         generation_summary)
 from graphrun.models.causal.paged_attention import runs_on
-from graphrun.models.causal.warm import WarmUp, layout_of
+from graphrun.models.causal.warm import (NO_CUDA, Skip, WarmUp, claim, layout_of, register,
+                                         warm_kernels)
 from graphrun.spec.generate import MAX_LOGPROBS, PROMPT_AXIS
 from graphrun.spec.keys import BATCH, PipelineSpec
 
@@ -87,12 +89,13 @@ class GenerationRunner:
         return build_generation_model(self.spec, self.device, layout_known=self._warm_up)
 
     def _warm_up(self, shape) -> None:
-        """The kernels' warm-up for the model's shape, begun while its weights load (not with
+        """The kernels' warm-up for the model's shape: the one the process began at its start
+        for this spec (begin_warm_up), else one begun now, while the weights load (none with
         GRAPHRUN_KERNEL_WARM_UP=off)."""
         if envs.switch("GRAPHRUN_KERNEL_WARM_UP", True):
-            self.warm = WarmUp.begin(layout_of(shape), self.device,
-                                     torch_dtype(self.spec.model.dtype),
-                                     self.spec.generate.kv_block_size)
+            self.warm = claim(warm_up_key(self.spec)) or WarmUp.begin(
+                layout_of(shape), self.device, torch_dtype(self.spec.model.dtype),
+                self.spec.generate.kv_block_size)
 
     @property
     def output_tokens(self) -> int:
@@ -228,6 +231,62 @@ def per_row_choices(spec: PipelineSpec) -> dict:
     return choices
 
 
+def begin_warm_up(spec: PipelineSpec, started) -> None:
+    """The kernels' warm-up of a generation spec begun at the process's start (the CLI's, beside
+    its imports; run()'s, beside its setup), for its runner to claim: on its thread, once the
+    device has started (started: its DeviceStart), the layout is read (own_shape) and the
+    kernels warmed. Not where the spec is no generation job, the device the CPU, or with
+    GRAPHRUN_KERNEL_WARM_UP=off; skipped on its thread where graphrun's code does not run the
+    model (no layout to read)."""
+    if (spec.generate is None or started is None
+            or not envs.switch("GRAPHRUN_KERNEL_WARM_UP", True)):
+        return
+
+    def work() -> list[str]:
+        device = started.wait()
+        if device.type != "cuda":
+            raise Skip(NO_CUDA)
+        shape = own_shape(spec)
+        if shape is None:
+            raise Skip("graphrun's own code does not run this model: no layout to read")
+        return warm_kernels(layout_of(shape), device, torch_dtype(spec.model.dtype),
+                            spec.generate.kv_block_size)
+
+    register(warm_up_key(spec), lambda: WarmUp(work))
+
+
+def warm_up_key(spec: PipelineSpec) -> tuple:
+    """What a warm-up begun for a spec is kept by: its model, dtype, device and block size."""
+    return (str(spec.base_dir), spec.device, spec.model.model_dump_json(),
+            spec.generate.kv_block_size)
+
+
+def own_shape(spec: PipelineSpec):
+    """The shape (LlamaShape, GPT2Shape) of the model graphrun's own code builds for the spec,
+    read from a builtin's arguments or the folder's config.json; None where transformers' code
+    would (or the spec is wrong: the build says how)."""
+    m = spec.model
+    try:
+        if m.builtin is not None:
+            return GENERATE_SHAPES[m.builtin](**m.args)
+        if m.hf is None or m.hf.implementation == "transformers":
+            return None
+        found = _checkpoint(spec)
+    except (TypeError, ValueError, GraphrunError):
+        return None
+    return found.shape if isinstance(found, Checkpoint) else None
+
+
+def _checkpoint(spec: PipelineSpec) -> "Checkpoint | str | None":
+    """model.hf's folder as a Checkpoint graphrun's code loads, or why not."""
+    from graphrun.models.hf import local_folder
+    from graphrun.spec.paths import resolve_path
+
+    hf = spec.model.hf
+    folder, found = local_folder(hf, resolve_path(hf.path, spec.base_dir))
+    return find_checkpoint(folder, hf.class_, hf.kwargs) if folder is not None else found
+
+
 def build_generation_model(spec: PipelineSpec, device: torch.device,
                            layout_known: Callable[[object], None] | None = None):
     """A generation spec's causal LM on `device`, and whose code it is (the manifest's
@@ -249,12 +308,9 @@ def build_generation_model(spec: PipelineSpec, device: torch.device,
         return model, ("builtin", None)
     reason = None
     if m.hf is not None and m.hf.implementation != "transformers":
-        from graphrun.models.hf import local_folder, not_graphruns
-        from graphrun.spec.paths import resolve_path
+        from graphrun.models.hf import not_graphruns
 
-        folder, found = local_folder(m.hf, resolve_path(m.hf.path, spec.base_dir))
-        if folder is not None:
-            found = find_checkpoint(folder, m.hf.class_, m.hf.kwargs)
+        found = _checkpoint(spec)
         if isinstance(found, Checkpoint):
             if layout_known is not None:
                 layout_known(found.shape)

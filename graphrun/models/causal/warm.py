@@ -1,14 +1,16 @@
-"""The kernels' warm-up, on a thread beside the checkpoint's load.
+"""The kernels' warm-up, on a thread beside the job's imports, setup and weights' load.
 
 A fresh process's first engine would spend its graph set-up on work that depends on the model's
 layout alone, not on its weights: Triton compiling the paged decode kernels
 (models/causal/paged_kernels.py: the compile, its launcher built, the module loaded), and the
 first scaled_dot_product_attention and matrix multiply loading their kernels. The layout
 (heads, KV heads, head dim, width), the dtype and the KV block size are known once config.json
-is read (or a builtin's arguments), before any weight is, so the job begins this then
-(WarmUp.begin) and the engine waits for it before its first graph (Engine(warm=...)). The wait
-is the phase "kernel warm-up" and generation.warm_up in the manifest; this thread's own time
-is there too.
+is read (or a builtin's arguments), before any weight is. So a job begins this at its process's
+start, beside its imports and setup (generate/runner.begin_warm_up: the thread reads the layout
+once the device has started, and register() keeps it for the runner to claim()), else the
+runner does once it has read the layout (WarmUp.begin), beside the weights' load; the engine
+waits for it before its first graph (Engine(warm=...)). The wait is the phase "kernel warm-up"
+and generation.warm_up in the manifest; this thread's own time is there too.
 
 The tensors are laid out as the model lays them out (graphrun's Llama: q, k and v of its fused
 projection through its RoPE; GPT-2: its split), since Triton compiles one kernel per
@@ -40,6 +42,7 @@ from graphrun.models.causal.kv_cache import fresh_attend
 
 PREFILL_TOKENS = 64  # the warm-up's packed prefill: enough tokens for the kernels a long one picks
 DECODE_KEYS = 256  # a decode row's keys: more than one share (so the merge kernel runs too)
+NO_CUDA = "no CUDA device"
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,27 @@ def layout_of(shape) -> Layout:
     gpt2 = shape.family == "GPT-2"
     return Layout(shape.heads, shape.heads if gpt2 else shape.kv_heads, shape.head_dim,
                   shape.d_model, "gpt2" if gpt2 else "llama")
+
+
+_EARLY: dict[tuple, "WarmUp"] = {}  # begun before the runner, by its job's key: claimed once
+_LOCK = threading.Lock()
+
+
+def register(key: tuple, make: Callable[[], "WarmUp"]) -> None:
+    """make() begun and kept under `key` for claim(), unless one is kept there already."""
+    with _LOCK:
+        if key not in _EARLY:
+            _EARLY[key] = make()
+
+
+def claim(key: tuple) -> "WarmUp | None":
+    """The warm-up register() began under `key`, taken (each is waited for once), or None."""
+    with _LOCK:
+        return _EARLY.pop(key, None)
+
+
+class Skip(Exception):
+    """Raised by a warm-up's work: there is nothing to warm (its reason, the report's)."""
 
 
 class WarmUp:
@@ -86,7 +110,7 @@ class WarmUp:
         """The warm-up of `layout`'s kernels on `device`, begun; skipped without CUDA."""
         device = torch.device(device)
         if device.type != "cuda":
-            return cls(None, "no CUDA device")
+            return cls(None, NO_CUDA)
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         torch.zeros(1, device=device)  # the context, made on the caller's thread if not yet
@@ -97,6 +121,8 @@ class WarmUp:
         try:
             self.kernels = self._work()
             self.status = "done"
+        except Skip as why:
+            self.status, self.reason = "skipped", str(why)
         except Exception as err:  # noqa: BLE001 - not fatal: the engine's steps compile anew
             self.status, self.reason = "failed", first_line(err)
         finally:
