@@ -283,10 +283,15 @@ def test_a_cuda_job_reports_a_done_warm_up(tmp_path):
     pytest.importorskip("tokenizers")
     import graphrun
 
-    manifest = graphrun.run(builtin_spec(tmp_path, device="cuda", dtype="bfloat16"))
+    from graphrun.generate.runner import warm_up_key
+    from graphrun.models.causal import warm as warm_module
+
+    spec = builtin_spec(tmp_path, device="cuda", dtype="bfloat16")
+    manifest = graphrun.run(spec)
     warm = manifest.generation.warm_up
     assert warm.status == "done" and warm.run_s > 0 and warm.wait_s <= warm.run_s + 0.1
     assert "paged decode" in warm.kernels
+    assert warm_up_key(spec) not in warm_module._EARLY  # run()'s, begun at its setup, claimed
 
 
 # ---- specs ----------------------------------------------------------------------------------

@@ -241,6 +241,8 @@ def begin_warm_up(spec: PipelineSpec, started) -> None:
     if (spec.generate is None or started is None
             or not envs.switch("GRAPHRUN_KERNEL_WARM_UP", True)):
         return
+    import graphrun.models.hf  # noqa: F401 - imported here, not on the thread beside imports
+    import graphrun.spec.paths  # noqa: F401
 
     def work() -> list[str]:
         device = started.wait()
