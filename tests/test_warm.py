@@ -257,7 +257,6 @@ def test_the_warm_up_compiles_what_the_engine_launches():
         eng.generate(PROMPTS)
         assert all(g["status"] == "captured" for g in eng.graphs())
         assert kernel_keys() == warmed  # every launch of the engine's was a cache hit
-        assert eng.warm.wait_s < 1.0  # it had ended: the wait is only the join
     finally:
         eng.close()
 
