@@ -299,13 +299,9 @@ def build_generation_model(spec: PipelineSpec, device: torch.device,
     shape (LlamaShape, GPT2Shape) before its weights are made or read."""
     m = spec.model
     if m.builtin is not None:
-        if layout_known is not None:
-            try:
-                shape = GENERATE_SHAPES[m.builtin](**m.args)
-            except (TypeError, ValueError):  # the builder says what is wrong, below
-                shape = None
-            if shape is not None:
-                layout_known(shape)
+        shape = own_shape(spec) if layout_known is not None else None
+        if shape is not None:  # None: the builder says what is wrong, below
+            layout_known(shape)
         model = GENERATE_BUILDERS[m.builtin](**m.args, device=device, dtype=torch_dtype(m.dtype))
         return model, ("builtin", None)
     reason = None
