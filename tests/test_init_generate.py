@@ -60,6 +60,7 @@ def test_the_written_spec_is_a_generation_job_that_validates(tmp_path):
     assert spec.data.group_by_length == 30 and spec.data.batch_size == 8  # the whole file
     g = spec.generate
     assert (g.max_new_tokens, g.sampling.method, g.stop.eos) == (128, "greedy", "auto")
+    assert g.slots == "auto"  # a GPU's memory decides; the CPU's, the largest batch
     # 3 batches of 8 and one of 6: no batch bucket between them is ever selected
     assert set(spec.buckets["batch"]) <= {6, 8} and 8 in spec.buckets["batch"]
     seq = spec.buckets["seq"]
@@ -347,6 +348,13 @@ def test_the_written_spec_runs_and_pads_as_init_said(tmp_path):
     spec = graphrun.load_spec(spec_path)
     used = {b["sizes"]["batch"] for b in manifest["buckets"] if b["batches"]}
     assert used and max(used) <= max(spec.buckets["batch"])  # parts of the batch size
+    # slots: auto on the CPU: the largest batch bucket, its decode graphs the batch list's
+    gen = manifest["generation"]
+    assert spec.generate.slots == "auto" and gen["slots"] == max(spec.buckets["batch"])
+    decode = sorted(x["size"] for x in gen["graphs"] if x["kind"] == "decode")
+    assert decode == sorted(spec.buckets["batch"])
+    # graphrun's Llama loads the folder: its kernels' warm-up begun, a no-op without CUDA
+    assert (gen["warm_up"]["status"], gen["warm_up"]["reason"]) == ("skipped", "no CUDA device")
     rows = []
     for part in sorted(out.glob("part-*.jsonl")):
         rows += [json.loads(line) for line in part.read_text().splitlines()]

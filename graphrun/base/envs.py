@@ -36,6 +36,10 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "GRAPHRUN_SLOW_EXIT": (
         "0", "1: the command line exits through the interpreter's teardown (exit hooks, module "
              "cleanup) instead of ending the process once its work is done and flushed"),
+    "GRAPHRUN_KERNEL_WARM_UP": (
+        "on", "a generation job's kernels (Triton's paged decode, the first attention and "
+              "matmul) warmed on a thread while the weights load (off: the graphs' set-up "
+              "compiles them, as without it; for comparisons)"),
     "GRAPHRUN_JOB_PARENT": (
         "", "set by `graphrun run --gpus N` in the worker processes it starts: its pid (it "
             "prepared the output folder and merges the workers' manifests)"),
@@ -62,3 +66,13 @@ def integer(name: str, default: int, minimum: int = 0, environ=None) -> int:
         raise GraphrunError(f"{name}={text!r} is not an integer of at least {minimum}; set one "
                             "or unset it")
     return value
+
+
+def switch(name: str, default: bool, environ=None) -> bool:
+    """The variable as on (True) or off (False), else `default` where unset."""
+    text = get(name, environ).lower()
+    if not text:
+        return default
+    if text not in ("on", "off"):
+        raise GraphrunError(f"{name}={text!r}: set on or off, or unset it")
+    return text == "on"

@@ -147,12 +147,17 @@ def run(spec, overrides, out, resume, overwrite, accept_model_change, start, sto
 
 def import_engine(pipeline, clock, alone: bool) -> None:
     """torch and the engine, timed as imports. For a run in this process alone (no --gpus,
-    --ray or torchrun), its device starts on a thread first, beside them (device_start.py)."""
+    --ray or torchrun), its device starts on a thread first, beside them (device_start.py),
+    and a generation job's kernels are warmed on another (models/causal/warm.py)."""
     with clock.active(), clock.phase(phases.IMPORTS):
         from graphrun.engine.device_start import DeviceStart  # torch
 
         if alone and World.from_env() is None:
-            DeviceStart.begin(pipeline)
+            started = DeviceStart.begin(pipeline)
+            if pipeline.generate is not None:  # its kernels too, beside the imports
+                from graphrun.generate.runner import begin_warm_up
+
+                begin_warm_up(pipeline, started)
         from graphrun.job.spine import run as _  # noqa: F401
 
 

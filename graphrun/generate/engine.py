@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from graphrun.base.dtypes import torch_dtype
+from graphrun.base.phases import phase
 from graphrun.base.units import MiB
 from graphrun.spec.request import EXTRA_STOPS, RequestParams
 
@@ -190,7 +191,9 @@ def auto_slots(slot_bytes: int, device: torch.device, rows: Iterable[int] | None
 
 
 class Engine:
-    """Slots, blocks, graphs and the scheduler over them (module docstring)."""
+    """Slots, blocks, graphs and the scheduler over them (module docstring). warm: the kernels'
+    warm-up begun for this model (models/causal/warm.WarmUp), waited for before the first
+    graph is set up."""
 
     def __init__(self, model, *, config: GenerateConfig, slots: int | str, max_prompt: int,
                  device, dtype, backend: str, block_size: int = 16,
@@ -203,9 +206,9 @@ class Engine:
                  prefix_cache: bool = True, window: int = WINDOW,
                  detokenize: Callable[[list[int]], str] | None = None,
                  log: Callable[[str], None] | None = None,
-                 compiler: Callable = CompiledStep):
+                 compiler: Callable = CompiledStep, warm=None):
         """compiler(model, cache): the step model that compile=True runs (compiled.py)."""
-        self.config, self.log = config, log or (lambda line: None)
+        self.config, self.log, self.warm = config, log or (lambda line: None), warm
         self.detokenize = detokenize  # token ids -> text, for stop strings
         if config.stop_strings and detokenize is None:
             raise GenerationError("generate: stop strings need the tokenizer's decode: give "
@@ -230,6 +233,7 @@ class Engine:
         if slots == "auto":
             slots = auto_slots(self.max_blocks * PagedCache.bytes_per_block(
                 layout, block_size, self.dtype), self.device, rows)
+            rows = None if self.cuda else rows  # a GPU's: a ladder up to what memory allows
         if slots < 1:
             raise GenerationError(f"generate: slots is {slots}: give at least 1")
         self.slots, self.max_prompt, self.block_size = slots, max_prompt, block_size
@@ -283,11 +287,22 @@ class Engine:
                                 budget_bytes=None if budget is None else budget - self.kv_bytes,
                                 log=self.log, compiled=compile)
         self.stats = GenerationStats(host_bound_steps=0 if self.cuda else None)
+        self._wait_for_warm_up()
         self.table.prepare(self.keys(), "setup")
         self._free = list(range(slots))  # a heap: the lowest free slot first
         self._rows: list[_Row | None] = [None] * slots
         self._reserved = 0  # blocks the running rows may still take
         self._make_host_rings(slots)
+
+    def _wait_for_warm_up(self) -> None:
+        """The kernels' warm-up ended (its failure only said: the steps compile anew)."""
+        if self.warm is None:
+            return
+        with phase("kernel warm-up"):
+            self.warm.wait()
+        if self.warm.status == "failed":
+            self.log(f"warning: the kernels' warm-up failed, the graphs' set-up compiles them: "
+                     f"{self.warm.reason}")
 
     def _make_host_rings(self, slots: int) -> None:
         """The pinned host buffers each launch copies its outputs into, RING deep, so the host

@@ -38,7 +38,11 @@ from graphrun.models.causal import fused, paged_attention
 from graphrun.generate.steps import SlotState
 
 VERIFY_STEPS = 2  # decode steps compared per bucket: the second reads what the first wrote
-WARM_UP_RUNS = 2  # eager runs before a capture, the verification's own included
+# eager runs of a step before its capture, the verification's own included: the first loads or
+# compiles every kernel and makes cuBLAS's workspace on the side stream, and no step autotunes,
+# so a prefill's one verified run is its warm-up as a decode's two are
+WARM_UP_RUNS = 1
+COMPILED_WARM_UP_RUNS = 2  # a compiled step's: the second runs what the first compiled
 # the share of rows whose picked tokens may differ from eager's when the logits are close:
 # a near tie may flip under half precision, never in float32
 TOKEN_SLACK = {torch.float32: 0.0, torch.float64: 0.0}
@@ -169,10 +173,11 @@ class GraphTable:
         return entry
 
     def _warm_up(self, entry: StepGraph, start: dict[str, torch.Tensor]):
-        """WARM_UP_RUNS eager runs on the side stream; when verifying, the first ones are the
-        reference steps, run from `start`. Returns (the compiled step's eager runs, the plain
-        model's): a compiled capture replays the compiled kernels, so they are its reference,
-        once they agree with the plain model's (None when not verifying)."""
+        """WARM_UP_RUNS eager runs on the side stream (COMPILED_WARM_UP_RUNS of a compiled
+        step); when verifying, the first ones are the reference steps, run from `start`.
+        Returns (the compiled step's eager runs, the plain model's): a compiled capture replays
+        the compiled kernels, so they are its reference, once they agree with the plain
+        model's (None when not verifying)."""
         steps = verify_steps(entry.key) if self.verify_on else 0
         want = plain = None
         with self.pool.side_stream():
@@ -182,7 +187,8 @@ class GraphTable:
             if entry.compiled:
                 self.state.restore(start)
                 want = self._compiled_reference(entry, steps, plain)
-            for _ in range(max(0, WARM_UP_RUNS - steps - bool(entry.compiled))):
+            runs = (COMPILED_WARM_UP_RUNS - 1 if entry.compiled else WARM_UP_RUNS) - steps
+            for _ in range(max(0, runs)):
                 self.state.restore(start)
                 entry.step()
         return want, plain

@@ -13,11 +13,13 @@ from typing import Callable
 
 import torch
 
+from graphrun.base import envs
 from graphrun.base.dtypes import torch_dtype
+from graphrun.base.errors import GraphrunError
 from graphrun.base.phases import phase
 from graphrun.engine.device import resolve_backend, resolve_device
-from graphrun.models.causal.llama import (Checkpoint, OwnLM, build_llama, find_checkpoint,
-                                     load_checkpoint)
+from graphrun.models.causal.llama import (Checkpoint, OwnLM, build_llama, builtin_shape,
+                                          find_checkpoint, load_checkpoint)
 from graphrun.generate.config import GenerateConfig, Sampling
 from graphrun.generate.compiled import CompiledStep
 from graphrun.generate.engine import Engine
@@ -26,13 +28,17 @@ from graphrun.generate.records import logprobs_asked
 from graphrun.generate.scheduler import Scheduler
 from graphrun.generate.mbu import kv_bytes_per_token, peak_bandwidth, weight_bytes_per_step
 from graphrun.manifest.keys import BucketReport
-from graphrun.manifest.sections import Generation, GraphSetup, generation_summary
+from graphrun.manifest.sections import (Generation, GraphSetup, KernelWarmUp,
+                                        generation_summary)
 from graphrun.models.causal.paged_attention import runs_on
+from graphrun.models.causal.warm import (NO_CUDA, Skip, WarmUp, claim, layout_of, register,
+                                         warm_kernels)
 from graphrun.spec.generate import MAX_LOGPROBS, PROMPT_AXIS
 from graphrun.spec.keys import BATCH, PipelineSpec
 
-# the builtin causal LMs a generation spec may name (model.builtin)
+# the builtin causal LMs a generation spec may name (model.builtin), and their shapes
 GENERATE_BUILDERS = {"llama": build_llama}
+GENERATE_SHAPES = {"llama": builtin_shape}
 
 
 class GenerationRunner:
@@ -53,6 +59,7 @@ class GenerationRunner:
         rows = sorted(spec.buckets[BATCH])
         slots = g.slots or rows[-1]
         self.max_prompt = max(spec.buckets[PROMPT_AXIS])
+        self.warm: WarmUp | None = None  # the kernels' warm-up, begun once the layout is known
         with phase("model build"):
             model, self.model_code = self._model()
         self.param_bytes = weight_bytes_per_step(model)  # what a decode step reads
@@ -63,11 +70,11 @@ class GenerationRunner:
         with phase("bucket setup"):
             self.engine = Engine(
                 model, config=self.config, slots=slots, max_prompt=self.max_prompt,
-                rows=None if g.slots == "auto" else rows, prompts=spec.buckets[PROMPT_AXIS],
+                rows=rows, prompts=spec.buckets[PROMPT_AXIS],
                 device=self.device, dtype=spec.model.dtype, backend=self.backend,
                 block_size=g.kv_block_size, num_blocks=g.kv_blocks,
                 prefill_tokens=g.prefill_tokens, prefix_cache=g.prefix_cache,
-                verify=spec.capture.verify.enabled,
+                verify=spec.capture.verify.enabled, warm=self.warm,
                 memory_budget_mib=spec.capture.memory_budget_mib, compile=spec.model.compile,
                 detokenize=self._stop_decoder(), log=self.log, compiler=compiler,
                 **(per_row_choices(spec) if choices is None else choices))
@@ -81,7 +88,16 @@ class GenerationRunner:
         self.setup_s = time.perf_counter() - t0
 
     def _model(self):
-        return build_generation_model(self.spec, self.device)
+        return build_generation_model(self.spec, self.device, layout_known=self._warm_up)
+
+    def _warm_up(self, shape) -> None:
+        """The kernels' warm-up for the model's shape: the one the process began at its start
+        for this spec (begin_warm_up), else one begun now, while the weights load (none with
+        GRAPHRUN_KERNEL_WARM_UP=off)."""
+        if envs.switch("GRAPHRUN_KERNEL_WARM_UP", True):
+            self.warm = claim(warm_up_key(self.spec)) or WarmUp.begin(
+                layout_of(shape), self.device, torch_dtype(self.spec.model.dtype),
+                self.spec.generate.kv_block_size)
 
     @property
     def output_tokens(self) -> int:
@@ -163,7 +179,8 @@ class GenerationRunner:
             e.stats, percentiles, slots=e.slots, kv_block_size=e.block_size,
             kv_blocks=e.num_blocks, kv_cache_bytes=e.kv_bytes, graphs=graphs,
             prompts_truncated=truncated, prompts_rejected=rejected, mbu=self.mbu(),
-            decode_attention=self.decode_attention())
+            decode_attention=self.decode_attention(),
+            warm_up=KernelWarmUp(**self.warm.report()) if self.warm is not None else None)
 
     def decode_attention(self) -> str | None:
         """generation.decode_attention: which attention the decode steps ran (None without a
@@ -216,25 +233,87 @@ def per_row_choices(spec: PipelineSpec) -> dict:
     return choices
 
 
-def build_generation_model(spec: PipelineSpec, device: torch.device):
+def begin_warm_up(spec: PipelineSpec, started) -> None:
+    """The kernels' warm-up of a generation spec begun at the process's start (the CLI's, beside
+    its imports; run()'s, beside its setup), for its runner to claim: on its thread, once the
+    device has started (started: its DeviceStart), the layout is read (own_shape) and the
+    kernels warmed. Not where the spec is no generation job, the device the CPU, or with
+    GRAPHRUN_KERNEL_WARM_UP=off; skipped on its thread where graphrun's code does not run the
+    model (no layout to read)."""
+    if (spec.generate is None or started is None
+            or not envs.switch("GRAPHRUN_KERNEL_WARM_UP", True)):
+        return
+    import graphrun.models.hf  # noqa: F401 - imported here, not on the thread beside imports
+    import graphrun.spec.paths  # noqa: F401
+
+    def work() -> list[str]:
+        device = started.wait()
+        if device.type != "cuda":
+            raise Skip(NO_CUDA)
+        shape = own_shape(spec)
+        if shape is None:
+            raise Skip("graphrun's own code does not run this model: no layout to read")
+        return warm_kernels(layout_of(shape), device, torch_dtype(spec.model.dtype),
+                            spec.generate.kv_block_size)
+
+    register(warm_up_key(spec), lambda: WarmUp(work))
+
+
+def warm_up_key(spec: PipelineSpec) -> tuple:
+    """What a warm-up begun for a spec is kept by: its model, dtype, device and block size."""
+    return (str(spec.base_dir), spec.device, spec.model.model_dump_json(),
+            spec.generate.kv_block_size)
+
+
+def own_shape(spec: PipelineSpec):
+    """The shape (LlamaShape, GPT2Shape) of the model graphrun's own code builds for the spec,
+    read from a builtin's arguments or the folder's config.json; None where transformers' code
+    would (or the spec is wrong: the build says how)."""
+    m = spec.model
+    try:
+        if m.builtin is not None:
+            return GENERATE_SHAPES[m.builtin](**m.args)
+        if m.hf is None or m.hf.implementation == "transformers":
+            return None
+        found = _checkpoint(spec)
+    except (TypeError, ValueError, GraphrunError):
+        return None
+    return found.shape if isinstance(found, Checkpoint) else None
+
+
+def _checkpoint(spec: PipelineSpec) -> "Checkpoint | str | None":
+    """model.hf's folder as a Checkpoint graphrun's code loads, or why not."""
+    from graphrun.models.hf import local_folder
+    from graphrun.spec.paths import resolve_path
+
+    hf = spec.model.hf
+    folder, found = local_folder(hf, resolve_path(hf.path, spec.base_dir))
+    return find_checkpoint(folder, hf.class_, hf.kwargs) if folder is not None else found
+
+
+def build_generation_model(spec: PipelineSpec, device: torch.device,
+                           layout_known: Callable[[object], None] | None = None):
     """A generation spec's causal LM on `device`, and whose code it is (the manifest's
     environment.model_code, and why transformers' where graphrun's could not): a builtin
     (model.builtin); a Hugging Face folder graphrun's Llama or GPT-2 loads (model.hf.implementation:
     auto or graphrun), which imports no transformers; else as every model is built
-    (models/load.py: transformers, target, ...)."""
+    (models/load.py: transformers, target, ...). layout_known: called with graphrun's model's
+    shape (LlamaShape, GPT2Shape) before its weights are made or read."""
     m = spec.model
     if m.builtin is not None:
+        shape = own_shape(spec) if layout_known is not None else None
+        if shape is not None:  # None: the builder says what is wrong, below
+            layout_known(shape)
         model = GENERATE_BUILDERS[m.builtin](**m.args, device=device, dtype=torch_dtype(m.dtype))
         return model, ("builtin", None)
     reason = None
     if m.hf is not None and m.hf.implementation != "transformers":
-        from graphrun.models.hf import local_folder, not_graphruns
-        from graphrun.spec.paths import resolve_path
+        from graphrun.models.hf import not_graphruns
 
-        folder, found = local_folder(m.hf, resolve_path(m.hf.path, spec.base_dir))
-        if folder is not None:
-            found = find_checkpoint(folder, m.hf.class_, m.hf.kwargs)
+        found = _checkpoint(spec)
         if isinstance(found, Checkpoint):
+            if layout_known is not None:
+                layout_known(found.shape)
             return load_checkpoint(found, device, torch_dtype(m.dtype)), ("graphrun", None)
         if m.hf.implementation == "graphrun":
             raise not_graphruns(m.hf, found)

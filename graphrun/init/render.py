@@ -195,6 +195,8 @@ def render_generate_spec(found, spec_dir: Path, out_dir: str) -> str:
         _c("  on_bad_record: error", "error | skip (to rejects.jsonl)"),
         "generate:",
         _c(f"  max_new_tokens: {gen['max_new_tokens']}", "new tokens per prompt at most"),
+        _c("  slots: auto", "records decoding at once: on a GPU what half its free memory "
+           "holds (at most 256), on the CPU the largest batch"),
         _c(f"  sampling: {_flow(gen['sampling'])}",
            "or {method: sample, temperature: 0.8, top_p: 0.95, seed: 0}"
            if gen["sampling"]["method"] == "greedy" else "greedy: {method: greedy}"),
@@ -202,7 +204,8 @@ def render_generate_spec(found, spec_dir: Path, out_dir: str) -> str:
            f"the model's EOS {found.eos_ids}" if found.eos_ids else "the model names no EOS"),
         _c("buckets:", f"graphs: {found.graphs.prefill} prefill + {found.graphs.decode} decode"),
         _c(f"  {BATCH}: {_flow(found.buckets[BATCH])}",
-           "rows of the graphs, planned for the grouped batches' sizes"),
+           "decode rows planned for the grouped batches (a GPU's slots: auto steps up to "
+           "its own slots)"),
         _c(f"  seq: {_flow(found.buckets['seq'])}", f"prompt tokens {lo}-{hi} in the sample"
            + ("; the last: the model's limit less the new tokens" if last == found.limit
               else "")),

@@ -146,6 +146,10 @@ def new_job(spec, out, overlap, tuning: Tuning | None, clock: PhaseClock | None 
     how = "set by run()'s overlap" if overlap is not None else f"set by {OVERLAP_ENV}"
     overlap, parts = overlap_choice(overlap), parts or JobParts()
     started = DeviceStart.begin(spec)  # the CUDA context, on a thread beside what follows
+    if spec.generate is not None:  # and a generation job's kernels (the CLI's begun already)
+        from graphrun.generate.runner import begin_warm_up
+
+        begin_warm_up(spec, started)
     with phase("bucket plan"):
         spec, bucket_plan = parts.plan(with_implied_io(spec))
     out_dir = Path(out).resolve() if out else spec.output.dir

@@ -145,6 +145,23 @@ class GraphSetup(_M):
         "(false: set up from the plain model, reason says why); null when compile is off.")
 
 
+class KernelWarmUp(_M):
+    """The kernels' warm-up of a generation job (models/causal/warm.py): Triton's paged decode
+    kernels compiled, the first attention and matrix multiply run, on a thread beside the
+    weights' load, before the graphs are set up."""
+
+    status: Literal["done", "failed", "skipped", "running"] = Field(
+        ..., description="done; failed (reason says why: the graphs' set-up compiled the "
+        "kernels itself, as without a warm-up); skipped (no CUDA device).")
+    reason: Optional[str] = Field(None, description="Why it failed or was skipped.")
+    run_s: Optional[float] = Field(None, description="Its own time, on its thread, beside "
+                                   "the model's build; null when skipped.")
+    wait_s: float = Field(0.0, description="The time the engine waited for it before its first "
+                          "graph (the phase 'kernel warm-up'; not in graphs[].set_up_s).")
+    kernels: list[str] = Field(default_factory=list, description="What it ran: matmul, "
+                               "prefill attention, paged decode.")
+
+
 class Generation(_M):
     """A generation job's counts and times (a spec with generate:); the records are prompts,
     totals.records_* count them."""
@@ -227,13 +244,17 @@ class Generation(_M):
         "step before them had finished. Near 0: the host stays ahead and decode is bound by "
         "the device; a large share of decode_steps: the host's launches are the limit (a "
         "small model, a slow or busy CPU). Null on the CPU, where the host runs each step.")
+    warm_up: Optional[KernelWarmUp] = Field(
+        None, description="The kernels' warm-up before the graphs' set-up; null where none ran "
+        "(a transformers model). Workers: the one that waited longest.")
 
 
 def generation_summary(stats, percentiles, *, slots: int, kv_block_size: int, kv_blocks: int,
                        kv_cache_bytes: int, graphs: list[GraphSetup] = (),
                        prompts_truncated: int = 0, prompts_rejected: int = 0,
                        mbu: float | None = None,
-                       decode_attention: str | None = None) -> Generation:
+                       decode_attention: str | None = None,
+                       warm_up: KernelWarmUp | None = None) -> Generation:
     """The generation section from an engine's running sums (generate/stats.GenerationStats)."""
     row_steps, steps = stats.decode_row_steps, stats.decode_steps
     busy = stats.prefill_s + stats.decode_s
@@ -252,7 +273,8 @@ def generation_summary(stats, percentiles, *, slots: int, kv_block_size: int, kv
         kv_blocks_peak=stats.kv_blocks_peak, graphs=list(graphs), mbu=mbu,
         **_prefix_counts(stats.prompt_computed, stats.prompt_reused),
         prompts_truncated=prompts_truncated, prompts_rejected=prompts_rejected,
-        decode_attention=decode_attention, host_bound_steps=stats.host_bound_steps)
+        decode_attention=decode_attention, host_bound_steps=stats.host_bound_steps,
+        warm_up=warm_up)
 
 
 def _prefix_counts(computed: int, reused: int) -> dict:
@@ -314,4 +336,6 @@ def merged_generation(sections: list[Generation]) -> Generation | None:
         prompts_rejected=sum(g.prompts_rejected for g in sections),
         decode_attention=", ".join(sorted({g.decode_attention for g in sections
                                            if g.decode_attention})) or None,
-        host_bound_steps=_total(g.host_bound_steps for g in sections))
+        host_bound_steps=_total(g.host_bound_steps for g in sections),
+        warm_up=max((g.warm_up for g in sections if g.warm_up is not None),
+                    key=lambda w: w.wait_s, default=None))

@@ -231,6 +231,19 @@ def build_llama(layers: int = 2, d_model: int = 64, heads: int = 4, kv_heads: in
                 vocab: int = 512, max_len: int = 512, ffn: int | None = None, seed: int = 0,
                 device=None, dtype: torch.dtype | None = None) -> Llama:
     """The builtin: the same arguments give the same weights on any device (builtin/seeded.py).
+    Its shape: builtin_shape."""
+    shape = builtin_shape(layers, d_model, heads, kv_heads, vocab, max_len, ffn)
+    with on_meta():
+        model = Llama(shape)
+    materialise(model, seed, device, dtype, RULES)
+    model.make_scratch()
+    return model.eval()
+
+
+def builtin_shape(layers: int = 2, d_model: int = 64, heads: int = 4,
+                  kv_heads: int | None = None, vocab: int = 512, max_len: int = 512,
+                  ffn: int | None = None, seed: int = 0) -> LlamaShape:
+    """The builtin's shape from its arguments (build_llama's; seed changes only the weights).
     kv_heads defaults to heads (no GQA); ffn to 8/3 d_model rounded up to 16, as Llama sizes
     it. max_len is the longest prompt + completion the model is meant for (RoPE needs no
     table, so it only documents the limit the generator checks)."""
@@ -242,14 +255,9 @@ def build_llama(layers: int = 2, d_model: int = 64, heads: int = 4, kv_heads: in
         raise ValueError(f"llama: head_dim d_model / heads ({d_model // heads}) must be even "
                          "for rotary embeddings")
     ffn = ffn or -(-(8 * d_model // 3) // 16) * 16
-    shape = LlamaShape(layers=layers, d_model=d_model, heads=heads, kv_heads=kv_heads,
-                       head_dim=d_model // heads, ffn=ffn, vocab=vocab, max_len=max_len,
-                       norm_eps=1e-5, rope=Rope())
-    with on_meta():
-        model = Llama(shape)
-    materialise(model, seed, device, dtype, RULES)
-    model.make_scratch()
-    return model.eval()
+    return LlamaShape(layers=layers, d_model=d_model, heads=heads, kv_heads=kv_heads,
+                      head_dim=d_model // heads, ffn=ffn, vocab=vocab, max_len=max_len,
+                      norm_eps=1e-5, rope=Rope())
 
 
 OwnLM = (Llama, GPT2)  # the causal LMs graphrun runs on its own code
