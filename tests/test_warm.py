@@ -70,7 +70,8 @@ def test_the_wait_counts_the_first_wait_only():
 def test_layouts_of_llama_and_gpt2_shapes():
     from graphrun.models.checkpoint import GPT2Shape
 
-    assert layout_of(builtin_shape(**TINY)) == Layout(4, 2, 16, 64, "llama")
+    assert layout_of(builtin_shape(**TINY)) == Layout(4, 2, 16, 64, "llama",
+                                                     builtin_shape(**TINY).ffn)
     gpt2 = GPT2Shape(layers=2, d_model=64, heads=4, ffn=256, vocab=100, max_len=64)
     assert layout_of(gpt2) == Layout(4, 4, 16, 64, "gpt2")
 
@@ -206,14 +207,16 @@ def test_the_kernels_run_on_its_tensors_in_the_interpreter():
     code = ("import tests.triton_interpreter as ti; ti.patch_interpreter(); import torch; "
             "from graphrun.models.causal.warm import Layout, warm_kernels; "
             "cpu = torch.device('cpu'); "
-            "print(warm_kernels(Layout(4, 2, 16, 64), cpu, torch.float32, 4)); "
+            "print(warm_kernels(Layout(4, 2, 16, 64, 'llama', 48), cpu, torch.float32, 4)); "
             "print(warm_kernels(Layout(4, 4, 16, 64, 'gpt2'), cpu, torch.float16, 16))")
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr[-3000:]
-    assert p.stdout.splitlines() == ["['matmul', 'prefill attention', 'paged decode']"] * 2
+    assert p.stdout.splitlines() == [
+        "['matmul', 'prefill attention', 'fused elementwise', 'paged decode']",
+        "['matmul', 'prefill attention', 'paged decode']"]
 
 
 # ---- on a GPU -------------------------------------------------------------------------------
@@ -224,12 +227,15 @@ ODD_BLOCK = 8
 
 
 def kernel_keys() -> set:
-    """The specializations the paged kernels hold compiled for the current device."""
-    from graphrun.models.causal import paged_kernels
+    """The specializations the paged and fused kernels hold compiled for the current device."""
+    from graphrun.models.causal import fused_kernels, paged_kernels
 
     device = torch.cuda.current_device()
     return {(name, key) for name, fn in (("split", paged_kernels.split),
-                                         ("merge", paged_kernels.merge))
+                                         ("merge", paged_kernels.merge),
+                                         ("norm", fused_kernels.add_rms_norm),
+                                         ("rope", fused_kernels.rope),
+                                         ("silu", fused_kernels.silu_mul))
             for key in fn.device_caches[device][0]}
 
 
@@ -248,10 +254,10 @@ def test_the_warm_up_compiles_what_the_engine_launches():
                         ODD_BLOCK)
     warm.wait()
     assert warm.status == "done", warm.reason
-    assert warm.kernels == ["matmul", "prefill attention", "paged decode"]
+    assert warm.kernels == ["matmul", "prefill attention", "fused elementwise", "paged decode"]
     warmed = kernel_keys()
     assert warmed - before, "the warm-up compiled nothing new"
-    assert {name for name, _ in warmed - before} == {"split", "merge"}
+    assert {"split", "merge", "norm", "silu"} <= {name for name, _ in warmed - before}
     eng = odd_engine(warm)
     try:
         eng.generate(PROMPTS)

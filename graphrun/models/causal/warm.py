@@ -13,9 +13,9 @@ waits for it before its first graph (Engine(warm=...)). The wait is the phase "k
 and generation.warm_up in the manifest; this thread's own time is there too.
 
 The tensors are laid out as the model lays them out (graphrun's Llama: q, k and v of its fused
-projection through its RoPE; GPT-2: its split), since Triton compiles one kernel per
-specialization (the strides' and pointers' divisibility): the engine's steps then find what
-they launch in each kernel's cache. A failure here is recorded and nothing else: the kernel is
+projection through its RoPE, and its fused elementwise kernels; GPT-2: its split), since
+Triton compiles one kernel per specialization (the strides' and pointers' divisibility): the
+engine's steps then find what they launch in each kernel's cache. A failure here is recorded and nothing else: the kernel is
 not given up (paged_attention.give_up), so the engine's first step compiles again and reports
 a failure as it always has.
 
@@ -55,13 +55,14 @@ class Layout:
     head_dim: int
     width: int  # d_model: the projections' input
     fused: str = "llama"
+    ffn: int = 0  # the MLP's width (Llama): silu(gate) * up's kernel is compiled for it
 
 
 def layout_of(shape) -> Layout:
     """A LlamaShape's or GPT2Shape's Layout (models/checkpoint.py)."""
     gpt2 = shape.family == "GPT-2"
     return Layout(shape.heads, shape.heads if gpt2 else shape.kv_heads, shape.head_dim,
-                  shape.d_model, "gpt2" if gpt2 else "llama")
+                  shape.d_model, "gpt2" if gpt2 else "llama", 0 if gpt2 else shape.ffn)
 
 
 _EARLY: dict[tuple, "WarmUp"] = {}  # begun before the runner, by its job's key: claimed once
@@ -165,6 +166,8 @@ def warm_kernels(layout: Layout, device: torch.device, dtype: torch.dtype,
                             device=device).tril()
         fresh_attend(q, k, v, causal[None, None], d ** -0.5)
         done.append("prefill attention")
+        if layout.fused == "llama":
+            done += warm_fused(layout, randn)
         if paged_attention.runs_on(device, dtype, d):
             blocks = -(-DECODE_KEYS // block_size)
             k_cache = torch.zeros(blocks + 1, g, block_size, d, dtype=dtype, device=device)
@@ -182,10 +185,28 @@ def warm_kernels(layout: Layout, device: torch.device, dtype: torch.dtype,
     return done
 
 
+def warm_fused(layout: Layout, randn) -> list[str]:
+    """graphrun's Llama's fused elementwise kernels (models/causal/fused.py) at a decode
+    step's and a prefill's shapes, as its layers call them: the norm with and without the
+    residual add, and silu(gate) * up on the halves of the fused gate_up output (RoPE ran in
+    model_qkv). What ran by its kernel, not by the eager ops."""
+    from graphrun.models.causal import fused
+
+    n, ffn = layout.width, layout.ffn
+    weight = randn(n)
+    for rows, tokens in ((1, 1), (1, PREFILL_TOKENS)):
+        x, delta = randn(rows, tokens, n), randn(rows, tokens, n)
+        fused.add_rms_norm(x, None, weight, 1e-6)
+        fused.add_rms_norm(x, delta, weight, 1e-6)
+        if ffn:
+            fused.silu_mul(*randn(rows, tokens, 2 * ffn).chunk(2, dim=-1))
+    return [] if fused.failure() or not fused.usable(weight) else ["fused elementwise"]
+
+
 def model_qkv(layout: Layout, rows: int, tokens: int, randn) -> tuple[torch.Tensor, ...]:
     """q [rows, heads, tokens, d], k, v [rows, kv_heads, tokens, d] as the model's attention
     hands them to kv_cache.attend, strides included (models/causal/llama.py, gpt2.py)."""
-    from graphrun.models.causal.llama import rotate
+    from graphrun.models.causal import fused
 
     h, g, d = layout.heads, layout.kv_heads, layout.head_dim
     if layout.fused == "gpt2":
@@ -195,6 +216,6 @@ def model_qkv(layout: Layout, rows: int, tokens: int, randn) -> tuple[torch.Tens
     qk, v = x.split([(h + g) * d, g * d], dim=-1)
     qk = qk.view(rows, tokens, h + g, d)
     angles = randn(rows, 1, tokens, d)
-    q, k = rotate(qk.transpose(1, 2), angles.cos(), angles.sin()).split([h, g], dim=1)
+    q, k = fused.rope(qk, angles.cos(), angles.sin()).split([h, g], dim=1)
     return q, k, v.view(rows, tokens, g, d).transpose(1, 2)
 
