@@ -146,14 +146,25 @@ def run(spec, overrides, out, resume, overwrite, accept_model_change, start, sto
 
 
 def import_engine(pipeline, clock, alone: bool) -> None:
-    """torch and the engine, timed as imports. For a run in this process alone (no --gpus,
-    --ray or torchrun), its device starts on a thread first, beside them (device_start.py)."""
+    """torch and the engine the spec runs on (a generation job's or a forward pass's, not
+    both), timed as imports. For a run in this process alone (no --gpus, --ray or torchrun),
+    its device starts on a thread first, beside them (device_start.py)."""
+    alone = alone and World.from_env() is None
     with clock.active(), clock.phase(phases.IMPORTS):
+        if alone and pipeline.device != "cpu":
+            from graphrun.engine.driver import start_driver_beside
+
+            start_driver_beside()  # the driver starts while torch imports
         from graphrun.engine.device_start import DeviceStart  # torch
 
-        if alone and World.from_env() is None:
+        if alone:
             DeviceStart.begin(pipeline)
-        from graphrun.job.spine import run as _  # noqa: F401
+        import graphrun.job.spine  # noqa: F401
+
+        if pipeline.generate is not None:  # set by data.chat and openai_batch too
+            import graphrun.generate.runner  # noqa: F401
+        else:
+            import graphrun.engine.runner  # noqa: F401
 
 
 def _run(pipeline, spec: Path, overrides, gpus: str | None, ray, clock, **ask):
