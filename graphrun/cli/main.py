@@ -159,12 +159,10 @@ def import_engine(pipeline, clock, alone: bool) -> None:
 
         if alone:
             DeviceStart.begin(pipeline)
+        from graphrun.job.parts import import_parts
         import graphrun.job.spine  # noqa: F401
 
-        if pipeline.generate is not None:  # set by data.chat and openai_batch too
-            import graphrun.generate.runner  # noqa: F401
-        else:
-            import graphrun.engine.runner  # noqa: F401
+        import_parts(pipeline)
 
 
 def _run(pipeline, spec: Path, overrides, gpus: str | None, ray, clock, **ask):

@@ -5,6 +5,7 @@ instead of patching the spine's names."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from graphrun.feed.loop import feed_stream
@@ -28,6 +29,23 @@ def generation_runner(spec, **kwargs):
     from graphrun.generate.runner import GenerationRunner
 
     return GenerationRunner(spec, **kwargs)
+
+
+def import_parts(spec) -> None:
+    """The modules this spec's run uses and the defaults import on first use (its engine, its
+    input's reader, its output's sink), imported now: the CLI times them as imports, and the
+    reader's thread does not import while setup runs."""
+    from graphrun.read.formats import READERS
+    from graphrun.write.sinks import SINKS
+
+    if spec.generate is not None:  # set by data.chat and openai_batch too
+        import graphrun.generate.runner  # noqa: F401
+    else:
+        import graphrun.engine.runner  # noqa: F401
+    reader = READERS.get(Path(spec.data.path).suffix.lower())
+    if reader is not None:  # an unknown suffix: the reader says so, where it is asked
+        reader()
+    SINKS[spec.output.format]()
 
 
 @dataclass(frozen=True)
