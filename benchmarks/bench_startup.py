@@ -5,6 +5,7 @@ the whole process, against the torch floor (issues 23 and 48).
     python3 benchmarks/bench_startup.py --spec SPEC [--set KEY=VALUE]   # an existing spec
     python3 benchmarks/bench_startup.py --jobs generate,decoder,mlp,minilm --size cpu
     python3 benchmarks/bench_startup.py --out $OUT/startup.md
+    python3 benchmarks/bench_startup.py --tree /tmp/base    # another checkout's graphrun
 
 Every run is a fresh process, `graphrun run SPEC -q`, under a small driver that marks, in
 seconds from the process's start (the manifest's clock): imports done (the CLI's imports, torch
@@ -211,10 +212,15 @@ def minilm_job(folder: Path, size: dict) -> tuple[Path, list[str]] | None:
         *size.get("overrides", [])]
 
 
+def tree() -> Path:
+    """The checkout whose graphrun the runs import: --tree, else this one."""
+    return Path(os.environ.get("BENCH_STARTUP_TREE") or ROOT)
+
+
 def child_env(**extra) -> dict:
-    """This environment with the project first on PYTHONPATH (this tree's graphrun)."""
+    """This environment with the checkout (tree()) first on PYTHONPATH."""
     rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT)] + rest), **extra}
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree())] + rest), **extra}
 
 
 def run_graphrun(spec: Path, out: Path, overrides: list[str], device: str,
@@ -246,7 +252,7 @@ def run_graphrun(spec: Path, out: Path, overrides: list[str], device: str,
 def compile_graphrun() -> None:
     """graphrun's modules compiled to bytecode first, as pip install compiles a package's (and
     had compiled torch's and transformers'): a fresh checkout's first run would compile them."""
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "graphrun")],
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree() / "graphrun")],
                    check=True, capture_output=True)
 
 
@@ -374,14 +380,19 @@ def main() -> None:
                     "vary run to run): the median is shown")
     ap.add_argument("--no-importtime", action="store_true",
                     help="skip the extra run under -X importtime")
+    ap.add_argument("--tree", type=Path, help="run the graphrun of this checkout (another "
+                    "commit's, for a before and after on one machine; default: this one)")
     ap.add_argument("--out", type=Path, help="also write the report (markdown) here")
     a = ap.parse_args()
+    if a.tree:
+        os.environ["BENCH_STARTUP_TREE"] = str(a.tree.resolve())
     import torch  # the parent only asks whether CUDA is there
 
     cuda = torch.cuda.is_available() and a.device != "cpu"
     sizes = a.size or ("h200" if cuda else "cpu")
     size = SIZES[sizes]
     lines = [f"# bench_startup ({'--spec ' + str(a.spec) if a.spec else sizes + ' sizes'}, "
+             f"graphrun of {tree()}, "
              f"{torch.cuda.get_device_name() if cuda else 'cpu'}, torch {torch.__version__}, "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "",
              f"torch floor: `import torch; torch.zeros(1){'.cuda()' if cuda else ''}`, timed "
