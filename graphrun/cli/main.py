@@ -146,19 +146,28 @@ def run(spec, overrides, out, resume, overwrite, accept_model_change, start, sto
 
 
 def import_engine(pipeline, clock, alone: bool) -> None:
-    """torch and the engine, timed as imports. For a run in this process alone (no --gpus,
-    --ray or torchrun), its device starts on a thread first, beside them (device_start.py),
-    and a generation job's kernels are warmed on another (models/causal/warm.py)."""
+    """torch and the engine the spec runs on (a generation job's or a forward pass's, not
+    both), timed as imports. For a run in this process alone (no --gpus, --ray or torchrun),
+    its device starts on a thread first, beside them (device_start.py), and a generation
+    job's kernels are warmed on another (models/causal/warm.py)."""
+    alone = alone and World.from_env() is None
     with clock.active(), clock.phase(phases.IMPORTS):
+        if alone and pipeline.device != "cpu":
+            from graphrun.engine.driver import start_driver_beside
+
+            start_driver_beside()  # the driver starts while torch imports
         from graphrun.engine.device_start import DeviceStart  # torch
 
-        if alone and World.from_env() is None:
+        if alone:
             started = DeviceStart.begin(pipeline)
             if pipeline.generate is not None:  # its kernels too, beside the imports
                 from graphrun.generate.runner import begin_warm_up
 
                 begin_warm_up(pipeline, started)
-        from graphrun.job.spine import run as _  # noqa: F401
+        from graphrun.job.parts import import_parts
+        import graphrun.job.spine  # noqa: F401
+
+        import_parts(pipeline)
 
 
 def _run(pipeline, spec: Path, overrides, gpus: str | None, ray, clock, **ask):

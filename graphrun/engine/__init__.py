@@ -13,6 +13,12 @@
     runner.py   the public Runner: load, capture, run_batch
 """
 
-from graphrun.engine.runner import Runner
-
 __all__ = ["Runner"]
+
+
+def __getattr__(name):
+    if name == "Runner":  # imported on first use: a generation job's steps need none of it
+        from graphrun.engine.runner import Runner
+
+        return Runner
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,12 +14,12 @@ Runner then waits for it ("cuda context" in the manifest's phases: only the wait
 
 from __future__ import annotations
 
-import ctypes
 import threading
 
 import torch
 
 from graphrun.engine.device import resolve_device
+from graphrun.engine.driver import start_driver
 
 
 _BEGUN: dict[str, "DeviceStart"] = {}  # by the spec's device name: once per process
@@ -68,13 +68,3 @@ class DeviceStart:
         if self.error is not None:
             raise self.error
         return self.device
-
-
-def start_driver() -> None:
-    """cuInit through ctypes, which lets go of the GIL while the driver starts (torch's own call,
-    in torch.cuda.is_available(), holds it: the main thread would stop meanwhile); torch's call
-    then finds the driver started. Without libcuda, torch finds no CUDA, as it would."""
-    try:
-        ctypes.CDLL("libcuda.so.1").cuInit(0)
-    except (OSError, AttributeError):
-        pass

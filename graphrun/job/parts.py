@@ -5,11 +5,10 @@ instead of patching the spine's names."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
-from graphrun.engine import Runner
 from graphrun.feed.loop import feed_stream
-from graphrun.generate.runner import GenerationRunner
 from graphrun.job.progress import count_records
 from graphrun.manifest.keys import write_manifest
 from graphrun.plan.auto import resolve_auto
@@ -18,13 +17,44 @@ from graphrun.write.latencies import open_latencies
 from graphrun.write.shards import ShardWriter
 
 
+def forward_runner(spec, **kwargs):
+    """engine/runner.Runner, imported when a forward pass runs (a generation job needs none)."""
+    from graphrun.engine.runner import Runner
+
+    return Runner(spec, **kwargs)
+
+
+def generation_runner(spec, **kwargs):
+    """generate/runner.GenerationRunner, imported when a generation job runs."""
+    from graphrun.generate.runner import GenerationRunner
+
+    return GenerationRunner(spec, **kwargs)
+
+
+def import_parts(spec) -> None:
+    """The modules this spec's run uses and the defaults import on first use (its engine, its
+    input's reader, its output's sink), imported now: the CLI times them as imports, and the
+    reader's thread does not import while setup runs."""
+    from graphrun.read.formats import READERS
+    from graphrun.write.sinks import SINKS
+
+    if spec.generate is not None:  # set by data.chat and openai_batch too
+        import graphrun.generate.runner  # noqa: F401
+    else:
+        import graphrun.engine.runner  # noqa: F401
+    reader = READERS.get(Path(spec.data.path).suffix.lower())
+    if reader is not None:  # an unknown suffix: the reader says so, where it is asked
+        reader()
+    SINKS[spec.output.format]()
+
+
 @dataclass(frozen=True)
 class JobParts:
     """What run(spec) builds and calls, each with the signature of its default."""
 
     plan: Callable = resolve_auto  # the spec's `auto` bucket axes, planned from its data
-    runner: Callable = Runner  # the engine of a forward-pass spec
-    generation_runner: Callable = GenerationRunner  # the engine of a spec with `generate:`
+    runner: Callable = forward_runner  # the engine of a forward-pass spec
+    generation_runner: Callable = generation_runner  # the engine of a spec with `generate:`
     read_batches: Callable = read_batches  # the input file -> record batches
     count_records: Callable = count_records  # the progress bar's total
     feed_stream: Callable = feed_stream  # batches -> engine -> writer

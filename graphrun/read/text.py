@@ -93,8 +93,9 @@ def tokenize(spec: PipelineSpec, prompts: list[Prompt | None]
                            "surrogate escape such as \\ud800); fix or drop the record")
     blank = ("", "") if text.pair else ""  # stands in for a bad record's text
     cut_from = "left" if spec.generate is not None else "right"
-    prompts = _bounded_prompts(_tokenizer(folder, length, True, cut_from, remote_code(spec)),
-                               prompts, length, cut_from, text, problems)
+    # the truncating tokenizer only where a text is long enough to be cut on characters first
+    truncating = functools.partial(_tokenizer, folder, length, True, cut_from, remote_code(spec))
+    prompts = _bounded_prompts(truncating, prompts, length, cut_from, text, problems)
     tok = _tokenizer(folder, length, text.truncate, cut_from, remote_code(spec))
     encodings: list = [None] * len(prompts)
     for special in (True, False):  # one batched call per kind
@@ -188,7 +189,8 @@ def _texts(prompt: Prompt) -> tuple[str, ...]:
 def _bounded_prompts(tok, prompts: list[Prompt | None], length: int, side: str, text,
                      problems: dict[int, str]) -> list[Prompt | None]:
     """prompts with each text far longer than `length` tokens cut on characters
-    (_bounded_columns); a record with a problem already is left as it is."""
+    (_bounded_columns, tok() its truncating tokenizer); a record with a problem already is
+    left as it is."""
     width = 2 if text.pair else 1
     columns = [["" if p in problems else _texts(prompt)[k] for p, prompt in enumerate(prompts)]
                for k in range(width)]
@@ -202,8 +204,9 @@ def _bounded_prompts(tok, prompts: list[Prompt | None], length: int, side: str, 
 
 def _bounded_columns(tok, columns: list[list], length: int, side: str, truncate: bool,
                      named: str, problems: dict[int, str]) -> list[list]:
-    """columns with each text far longer than `length` tokens cut on characters (bounded_text):
-    kept as cut when truncate is true, else a bad record (more than `length` tokens). Of a
+    """columns with each text far longer than `length` tokens cut on characters (bounded_text
+    with tok(), the truncating tokenizer, made only then): kept as cut when truncate is true,
+    else a bad record (more than `length` tokens). Of a
     pair, a text is cut only while the other is short: when both are cut, which one is longer
     decides where the odd token goes, and the cuts could turn that around."""
     limit = 2 * (length * CHARS_PER_TOKEN + 1024)
@@ -217,7 +220,7 @@ def _bounded_columns(tok, columns: list[list], length: int, side: str, truncate:
     out = [list(values) for values in columns]
     for values, ps in zip(out, longs):
         for p in ps:
-            values[p], was_cut = bounded_text(tok, values[p], length, side)
+            values[p], was_cut = bounded_text(tok(), values[p], length, side)
             if was_cut and not truncate:
                 problems[p] = (f"{named}: more than {length} tokens (the largest seq bucket or "
                                "data.text.max_length); set data.text.truncate: true to cut it")

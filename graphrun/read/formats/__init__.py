@@ -1,4 +1,5 @@
 """The input formats of the stream step: one reader per file suffix, looked up in READERS.
+A reader's module is imported when a file of its format is read (pyarrow for Parquet only).
 
 A reader knows its format only: how many records the file holds (count), what makes the whole
 file unreadable (check: an InputError naming the file), and its records [start, stop) as
@@ -10,13 +11,9 @@ batching are the same for every format (read/records.py, checks.py, stream.py).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Callable, Iterator, Protocol
 
 from graphrun.base.errors import InputError
-from graphrun.read.formats.jsonl import JsonlReader
-from graphrun.read.formats.npy import NpyReader
-from graphrun.read.formats.npz import NpzReader
-from graphrun.read.formats.parquet import ParquetReader
 from graphrun.read.checks import Prechecked
 from graphrun.read.records import Candidates
 from graphrun.spec.keys import PipelineSpec
@@ -35,16 +32,40 @@ class Reader(Protocol):
     def chunks(self, start: int, stop: int | None) -> Iterator[Candidates | Prechecked]: ...
 
 
-READERS: dict[str, type[Reader]] = {r.suffix: r for r in (JsonlReader, NpyReader, NpzReader,
-                                                          ParquetReader)}
+def _jsonl() -> type[Reader]:
+    from graphrun.read.formats.jsonl import JsonlReader
+
+    return JsonlReader
+
+
+def _npy() -> type[Reader]:
+    from graphrun.read.formats.npy import NpyReader
+
+    return NpyReader
+
+
+def _npz() -> type[Reader]:
+    from graphrun.read.formats.npz import NpzReader
+
+    return NpzReader
+
+
+def _parquet() -> type[Reader]:
+    from graphrun.read.formats.parquet import ParquetReader
+
+    return ParquetReader
+
+
+READERS: dict[str, Callable[[], type[Reader]]] = {".jsonl": _jsonl, ".npy": _npy, ".npz": _npz,
+                                                  ".parquet": _parquet}
 SUFFIXES = tuple(READERS)
 
 
 def reader_for(spec: PipelineSpec, tuning: Tuning) -> Reader:
     """The reader of spec.data.path, by its suffix; InputError for an unknown one."""
     path = Path(spec.data.path)
-    reader = READERS.get(path.suffix.lower())
-    if reader is None:
+    found = READERS.get(path.suffix.lower())
+    if found is None:
         raise InputError(f"unknown input format {path.suffix or '(no suffix)'!r}; accepted: "
                          f"{', '.join(SUFFIXES)}", where=str(path))
-    return reader(path, spec, tuning)
+    return found()(path, spec, tuning)

@@ -1,4 +1,5 @@
-"""The output formats of the write step: one sink per output.format, looked up in SINKS.
+"""The output formats of the write step: one sink per output.format, looked up in SINKS; a
+sink's module is imported when a run writes its format (pyarrow for Parquet only).
 
 A sink writes one shard's rows into temp files and, at finish(), completes and closes them and
 hands back (temp path, final name). Making them durable (hash, fsync, rename, journal) is the
@@ -13,14 +14,10 @@ from __future__ import annotations
 
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
-from graphrun.write.sinks.jsonl import JsonlSink
-from graphrun.write.sinks.npy import NpySink
-from graphrun.write.sinks.openai_batch import OpenAIBatchSink
-from graphrun.write.sinks.parquet import ParquetSink
 from graphrun.base.tuning import Tuning
 
 Outputs = dict[str, "np.ndarray | list[np.ndarray]"]
@@ -56,13 +53,37 @@ class Sink(Protocol):
     def finish(self) -> list[tuple[Path, str]]: ...
 
 
-SINKS: dict[str, type[Sink]] = {"npy": NpySink, "jsonl": JsonlSink, "parquet": ParquetSink,
-                                "openai_batch": OpenAIBatchSink}
+def _npy() -> type[Sink]:
+    from graphrun.write.sinks.npy import NpySink
+
+    return NpySink
+
+
+def _jsonl() -> type[Sink]:
+    from graphrun.write.sinks.jsonl import JsonlSink
+
+    return JsonlSink
+
+
+def _parquet() -> type[Sink]:
+    from graphrun.write.sinks.parquet import ParquetSink
+
+    return ParquetSink
+
+
+def _openai_batch() -> type[Sink]:
+    from graphrun.write.sinks.openai_batch import OpenAIBatchSink
+
+    return OpenAIBatchSink
+
+
+SINKS: dict[str, Callable[[], type[Sink]]] = {"npy": _npy, "jsonl": _jsonl, "parquet": _parquet,
+                                              "openai_batch": _openai_batch}
 
 
 def sink_for(spec) -> type[Sink]:
     """The sink of spec.output.format (openai_batch's bound to the spec's endpoint and model)."""
-    sink = SINKS[spec.output.format]
+    sink = SINKS[spec.output.format]()
     return sink.bound(spec) if hasattr(sink, "bound") else sink
 
 

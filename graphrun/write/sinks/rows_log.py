@@ -13,12 +13,15 @@ import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow as pa
 
 from graphrun.base.nofollow import open_file
 from graphrun.write.sinks.ids import plain
+
+if TYPE_CHECKING:  # imported where a parquet shard's rows are logged: npy's ids need no pyarrow
+    import pyarrow as pa
 
 
 def log_path(out_dir: Path, stem: str, suffix: str) -> Path:
@@ -91,6 +94,8 @@ class RowsLog(_Log):
         self._waiting.append(self._thread.submit(self._write_group, table))
 
     def _write_group(self, table: pa.Table) -> None:
+        import pyarrow as pa
+
         out = pa.BufferOutputStream()
         with pa.ipc.new_stream(out, table.schema) as stream:
             stream.write_table(table)
@@ -128,6 +133,8 @@ class RowsLog(_Log):
 
     def read(self):
         """("group", table) and ("rows", ids, {name: records}) in the order they came."""
+        import pyarrow as pa
+
         with open(self.path, "rb") as f:
             while head := f.read(9):
                 body = f.read(int.from_bytes(head[1:], "little"))
