@@ -34,7 +34,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,31 +42,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.bench_generate_batch import child_env, timed_process  # noqa: E402
+
 WAYS = {"warm-up": "on", "no-warm-up": "off"}  # -> GRAPHRUN_KERNEL_WARM_UP
 TARGET_S = {"134M": 1.5, "1.24B": 1.5, "8B": 5.0}  # issue 48: the engine's set-up at most
-
-
-def child_env(**extra: str) -> dict:
-    """This environment with the project first on PYTHONPATH, and `extra`."""
-    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT)] + rest), **extra}
-
-
-def timed(argv: list[str], env: dict, timeout: float) -> tuple[float, str | None]:
-    """(wall seconds from before its start to its exit, None or why it failed)."""
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return time.perf_counter() - t0, f"ran past {timeout:g} s; stopped"
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        lines = [ln.strip() for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
-        said = next((ln for ln in lines if ln.lower().startswith("error")),
-                    lines[-1] if lines else "no output")
-        return wall, f"exit {proc.returncode}: {said[:300]}"
-    return wall, None
 
 
 def write_job(layout: str, work: Path, *, prompts: int, new: int, device, dtype,
@@ -87,7 +65,7 @@ def write_job(layout: str, work: Path, *, prompts: int, new: int, device, dtype,
             str(work / "prompts.jsonl"), "--task", "generate", "--max-new-tokens", str(new),
             "--temperature", "1", "--seed", "0", "--dtype", str(dtype).removeprefix("torch."),
             "--batch-size", "64", "-o", str(spec), "--out-dir", str(work / "out"), "--force"]
-    _, failed = timed(init, child_env(), timeout)
+    _, failed = timed_process(init, ROOT, timeout)
     if failed:
         raise SystemExit(f"{layout}: graphrun init failed: {failed}")
     return spec
@@ -99,7 +77,7 @@ def run_job(spec: Path, out: Path, *, warm_up: str, cache: Path, timeout: float)
                     TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"))
     argv = [sys.executable, "-m", "graphrun", "run", str(spec), "-q", "--overwrite",
             "--out", str(out)]
-    wall, failed = timed(argv, env, timeout)
+    wall, failed = timed_process(argv, ROOT, timeout, env)
     if failed:
         return {"status": "failed", "note": failed, "process_wall_s": wall}
     m = json.loads((out / "manifest.json").read_text())

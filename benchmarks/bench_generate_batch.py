@@ -59,18 +59,21 @@ JOBS = ("varied", "fixed")
 SMOKE_CACHE = dict(num_blocks=512, page_size=16, max_batch_tokens=1024)
 
 
-def child_env() -> dict:
-    """This environment with the project first on PYTHONPATH (the worktree's graphrun)."""
+def child_env(**extra: str) -> dict:
+    """This environment with the project first on PYTHONPATH (the worktree's graphrun), and
+    `extra`."""
     rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT)] + rest)}
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT)] + rest), **extra}
 
 
-def timed_process(argv: list[str], cwd: Path, timeout: float) -> tuple[float, str | None]:
-    """(wall seconds from before its start to its exit, None or why it failed)."""
+def timed_process(argv: list[str], cwd: Path, timeout: float,
+                  env: dict | None = None) -> tuple[float, str | None]:
+    """(wall seconds from before its start to its exit, None or why it failed); env: the
+    child's (default child_env())."""
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(argv, cwd=cwd, env=child_env(), capture_output=True, text=True,
-                              timeout=timeout)
+        proc = subprocess.run(argv, cwd=cwd, env=env or child_env(), capture_output=True,
+                              text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return time.perf_counter() - t0, f"ran past {timeout:g} s; stopped"
     wall = time.perf_counter() - t0
