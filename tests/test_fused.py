@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -139,13 +138,9 @@ def model_failures(device: str) -> list[str]:
 def in_interpreter(call: str) -> subprocess.CompletedProcess:
     """`call` (an expression giving a list of failures) in a process running Triton's
     interpreter, patched to round as a GPU does (tests/triton_interpreter.py)."""
-    code = ("import tests.triton_interpreter as ti; ti.patch_interpreter(); "
-            "import sys, tests.test_fused as t; f = " + call + "; "
-            "print('\\n'.join(f)); sys.exit(1 if f else 0)")
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path, "CUDA_VISIBLE_DEVICES": ""}
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
+    from tests.triton_interpreter import run_interpreted
+
+    return run_interpreted("import tests.test_fused as t", call)
 
 
 def test_the_kernels_in_the_interpreter_compute_what_the_eager_ops_do():

@@ -7,8 +7,6 @@ also replayed from one CUDA graph while the lengths and tables change between re
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -223,13 +221,9 @@ def compare(device: str) -> list[str]:
 
 def test_the_kernel_in_the_interpreter_equals_the_reference():
     pytest.importorskip("triton", reason="the paged decode kernel is written in Triton")
-    code = ("import tests.triton_interpreter as d; d.patch_interpreter(); "
-            "import tests.test_paged_attention as t; "
-            "import sys; f = t.compare('cpu'); print('\\n'.join(f)); sys.exit(1 if f else 0)")
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
-    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=600)
+    from tests.triton_interpreter import run_interpreted
+
+    p = run_interpreted("import tests.test_paged_attention as t", "t.compare('cpu')")
     assert p.returncode == 0, p.stdout + p.stderr[-3000:]
 
 

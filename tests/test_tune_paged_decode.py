@@ -91,11 +91,7 @@ def interpreted_failures() -> list[str]:
 
 def test_in_the_interpreter_the_kernel_passes_the_check_under_other_configs():
     pytest.importorskip("triton", reason="the paged decode kernel is written in Triton")
-    code = ("import tests.triton_interpreter as ti; ti.patch_interpreter(); "
-            "import sys, tests.test_tune_paged_decode as t; f = t.interpreted_failures(); "
-            "print('\\n'.join(f)); sys.exit(1 if f else 0)")
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
-    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=600)
+    from tests.triton_interpreter import run_interpreted
+
+    p = run_interpreted("import tests.test_tune_paged_decode as t", "t.interpreted_failures()")
     assert p.returncode == 0, p.stdout + p.stderr[-3000:]

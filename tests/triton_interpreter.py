@@ -34,3 +34,21 @@ def patch_interpreter() -> None:
         return original_convert(data, src, dst, rounding_mode)
 
     interp._convert_float = convert
+
+
+def run_interpreted(setup: str, failures: str):
+    """A new process under Triton's interpreter (chosen at import), patched as above: runs
+    `setup` (imports), then prints the list `failures` evaluates to and exits 1 if it holds
+    any. The CompletedProcess, for the test to assert on."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    code = ("import tests.triton_interpreter as ti; ti.patch_interpreter(); import sys; "
+            f"{setup}; f = {failures}; print('\\n'.join(map(str, f))); sys.exit(1 if f else 0)")
+    path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path, "CUDA_VISIBLE_DEVICES": ""}
+    return subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=600)
