@@ -244,6 +244,19 @@ def failing_kernels(monkeypatch, device: str) -> tuple[list, list]:
     return greedy(tiny(device), device)
 
 
+def test_a_kernel_computing_other_values_than_the_eager_ops_is_given_up(monkeypatch):
+    """The warm-up's check: a kernel that ran yet disagrees beyond rounding leaves the eager
+    ops for every later step, and failure() names it; agreeing outputs give nothing up."""
+    monkeypatch.setattr(fused, "_failures", [])
+    x = torch.randn(3, 8)
+    fused.check("silu_mul", x, x + 1e-7)
+    fused.check("add_rms_norm", (x, x.bfloat16()), (x, x.bfloat16()))
+    assert fused.failure() is None
+    fused.check("rope", x, x.clone().index_fill_(1, torch.tensor([5]), 9.0))
+    assert "the fused rope kernel differs from the eager ops on cpu" in fused.failure()
+    assert not fused.usable(x)
+
+
 def test_a_failed_kernel_leaves_the_tokens_as_the_eager_ops_give_them(monkeypatch):
     want, _ = greedy(tiny(), kernels=False)
     tokens, _ = failing_kernels(monkeypatch, "cpu")

@@ -127,6 +127,20 @@ def give_up(err: BaseException) -> None:
     _failures.append(first_line(err))
 
 
+def check(name: str, got, want) -> None:
+    """A kernel's outputs against the eager ops' on the same inputs (the warm-up's): kernels
+    that compile on this GPU yet compute other values than the eager ops, beyond rounding,
+    are given up, so every later step takes the eager ops."""
+    got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+    for g, w in zip(got, want):
+        tol = 1e-5 if g.dtype == torch.float32 else 2e-2
+        if not torch.allclose(g.float(), w.float(), rtol=tol, atol=tol):
+            diff = (g.float() - w.float()).abs().max().item()
+            give_up(RuntimeError(f"the fused {name} kernel differs from the eager ops on "
+                                 f"{g.device} by up to {diff:.3g}"))
+            return
+
+
 def failure() -> str | None:
     """Why the fused kernels are no longer used in this process, or None."""
     return _failures[0] if _failures else None

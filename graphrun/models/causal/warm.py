@@ -189,17 +189,20 @@ def warm_fused(layout: Layout, randn) -> list[str]:
     """graphrun's Llama's fused elementwise kernels (models/causal/fused.py) at a decode
     step's and a prefill's shapes, as its layers call them: the norm with and without the
     residual add, and silu(gate) * up on the halves of the fused gate_up output (RoPE ran in
-    model_qkv). What ran by its kernel, not by the eager ops."""
+    model_qkv), each checked against the eager ops (fused.check). What ran by its kernel,
+    not by the eager ops."""
     from graphrun.models.causal import fused
 
     n, ffn = layout.width, layout.ffn
     weight = randn(n)
     for rows, tokens in ((1, 1), (1, PREFILL_TOKENS)):
         x, delta = randn(rows, tokens, n), randn(rows, tokens, n)
-        fused.add_rms_norm(x, None, weight, 1e-6)
-        fused.add_rms_norm(x, delta, weight, 1e-6)
+        for d in (None, delta):
+            fused.check("add_rms_norm", fused.add_rms_norm(x, d, weight, 1e-6),
+                        fused.add_rms_norm_eager(x, d, weight, 1e-6))
         if ffn:
-            fused.silu_mul(*randn(rows, tokens, 2 * ffn).chunk(2, dim=-1))
+            gate, up = randn(rows, tokens, 2 * ffn).chunk(2, dim=-1)
+            fused.check("silu_mul", fused.silu_mul(gate, up), fused.silu_mul_eager(gate, up))
     return [] if fused.failure() or not fused.usable(weight) else ["fused elementwise"]
 
 
@@ -216,6 +219,9 @@ def model_qkv(layout: Layout, rows: int, tokens: int, randn) -> tuple[torch.Tens
     qk, v = x.split([(h + g) * d, g * d], dim=-1)
     qk = qk.view(rows, tokens, h + g, d)
     angles = randn(rows, 1, tokens, d)
-    q, k = fused.rope(qk, angles.cos(), angles.sin()).split([h, g], dim=1)
+    cos, sin = angles.cos(), angles.sin()
+    turned = fused.rope(qk, cos, sin)
+    fused.check("rope", turned, fused.rope_eager(qk, cos, sin))
+    q, k = turned.split([h, g], dim=1)
     return q, k, v.view(rows, tokens, g, d).transpose(1, 2)
 
