@@ -61,10 +61,10 @@ def test_a_spec_is_checked_without_torch(tmp_path):
 
 def test_the_names_the_spec_checks_are_the_builders_and_readers():
     from graphrun.read.formats import SUFFIXES
-    from graphrun.models.load import BUILTINS
-    from graphrun.spec.keys import BUILTIN_NAMES, INPUT_SUFFIXES
+    from graphrun.models.builtins import BUILTINS
+    from graphrun.spec.keys import BUILTIN_JOBS, INPUT_SUFFIXES
 
-    assert sorted(BUILTINS) == sorted(BUILTIN_NAMES)
+    assert {name: b.job for name, b in BUILTINS.items()} == BUILTIN_JOBS
     assert sorted(SUFFIXES) == sorted(INPUT_SUFFIXES)
 
 

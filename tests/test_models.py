@@ -44,8 +44,17 @@ def decode(model: nn.Module, tokens: list[int], positions: list[int]) -> torch.T
 
 # Builtins.
 
-def test_builtins_are_listed():
-    assert set(BUILTINS) == {"mlp", "decoder"}
+def test_one_table_lists_every_builtin_with_its_job():
+    assert {n: b.job for n, b in BUILTINS.items()} == {"mlp": "forward", "decoder": "forward",
+                                                      "llama": "generate"}
+
+
+def test_a_generating_builtin_is_refused_for_a_forward_pass():
+    from graphrun.models.load import _build_builtin
+
+    with pytest.raises(ModelError, match="unknown builtin 'llama' for one forward pass.*mlp, "
+                                         "decoder"):
+        _build_builtin("llama", {}, 1, torch.device("cpu"), torch.float32)
 
 
 def test_mlp_shapes_seeded_and_global_rng_untouched():
@@ -128,7 +137,8 @@ def test_unknown_builtin_arg_names_builtin_arg_and_accepted():
 def test_bad_builtin_arg_value_and_unknown_builtin():
     with pytest.raises(ModelError, match=r"d_model \(32\) must be divisible by heads \(5\)"):
         decoder(args=DECODER_ARGS | {"heads": 5})
-    with pytest.raises(ModelError, match="unknown builtin 'gpt'; choose one of: mlp, decoder"):
+    with pytest.raises(ModelError, match="unknown builtin 'gpt' for one forward pass per record; "
+                                         "choose one of: mlp, decoder"):
         build_model(make_spec({"builtin": "gpt"}), CPU)
 
 

@@ -6,6 +6,8 @@ it compiles what the engine's steps launch, and a job's tokens are the same with
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from pathlib import Path
 
@@ -108,9 +110,9 @@ def test_the_layout_is_known_before_the_weights(monkeypatch, tmp_path):
 
     seen = []
     spec = builtin_spec(tmp_path)
-    built = runner.GENERATE_BUILDERS["llama"]
-    monkeypatch.setitem(runner.GENERATE_BUILDERS, "llama",
-                        lambda **kw: (seen.append("build"), built(**kw))[1])
+    llama = runner.BUILTINS["llama"]
+    monkeypatch.setitem(runner.BUILTINS, "llama", dataclasses.replace(
+        llama, builder=lambda **kw: (seen.append("build"), llama.build()(**kw))[1]))
     model, _ = runner.build_generation_model(spec, torch.device("cpu"),
                                              layout_known=seen.append)
     assert seen == [builtin_shape(**TINY), "build"] and model.shape == seen[0]

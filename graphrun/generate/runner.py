@@ -18,8 +18,9 @@ from graphrun.base.dtypes import torch_dtype
 from graphrun.base.errors import GraphrunError
 from graphrun.base.phases import phase
 from graphrun.engine.device import resolve_backend, resolve_device
-from graphrun.models.causal.llama import (Checkpoint, OwnLM, build_llama, builtin_shape,
-                                          find_checkpoint, load_checkpoint)
+from graphrun.models.builtins import BUILTINS
+from graphrun.models.causal.llama import (Checkpoint, OwnLM, find_checkpoint,
+                                          load_checkpoint)
 from graphrun.generate.config import GenerateConfig, Sampling
 from graphrun.generate.compiled import CompiledStep
 from graphrun.generate.engine import Engine
@@ -35,11 +36,6 @@ from graphrun.models.causal.warm import (NO_CUDA, Skip, WarmUp, claim, layout_of
                                          warm_kernels)
 from graphrun.spec.generate import MAX_LOGPROBS, PROMPT_AXIS
 from graphrun.spec.keys import BATCH, PipelineSpec
-
-# the builtin causal LMs a generation spec may name (model.builtin), and their shapes
-GENERATE_BUILDERS = {"llama": build_llama}
-GENERATE_SHAPES = {"llama": builtin_shape}
-
 
 class GenerationRunner:
     """The model on its device, and the engine (slots, paged KV cache, graphs) over it."""
@@ -272,7 +268,7 @@ def own_shape(spec: PipelineSpec):
     m = spec.model
     try:
         if m.builtin is not None:
-            return GENERATE_SHAPES[m.builtin](**m.args)
+            return BUILTINS[m.builtin].shape_of(m.args)
         if m.hf is None or m.hf.implementation == "transformers":
             return None
         found = _checkpoint(spec)
@@ -304,7 +300,8 @@ def build_generation_model(spec: PipelineSpec, device: torch.device,
         shape = own_shape(spec) if layout_known is not None else None
         if shape is not None:  # None: the builder says what is wrong, below
             layout_known(shape)
-        model = GENERATE_BUILDERS[m.builtin](**m.args, device=device, dtype=torch_dtype(m.dtype))
+        model = BUILTINS[m.builtin].build()(**m.args, device=device,
+                                                dtype=torch_dtype(m.dtype))
         return model, ("builtin", None)
     reason = None
     if m.hf is not None and m.hf.implementation != "transformers":

@@ -21,19 +21,14 @@ from torch import nn
 
 from graphrun.base.dtypes import torch_dtype
 from graphrun.base.errors import ModelError
+from graphrun.models.builtins import BUILTINS, of_job
 from graphrun.models.call import describe
-from graphrun.models.builtin.decoder import build_decoder
 from graphrun.models.heads import Heads, needs_heads
 from graphrun.models.hf import load_hf
 from graphrun.models.vision import load_timm
 from graphrun.models.weights import compare, held, weights_error
-from graphrun.models.builtin.mlp import build_mlp
 from graphrun.base.phases import LIBRARY_IMPORTS, phase
 from graphrun.spec.keys import BATCH, PipelineSpec
-
-# name -> builder(**args) -> nn.Module. The spec checker lists these names.
-BUILTINS: dict[str, Callable[..., nn.Module]] = {"mlp": build_mlp, "decoder": build_decoder}
-
 
 
 def build_model(spec: PipelineSpec, device: torch.device,
@@ -136,14 +131,14 @@ def model_input_dtypes(spec: PipelineSpec) -> dict[str, torch.dtype]:
 def _build_builtin(name: str, args: dict[str, Any], max_batch: int, device: torch.device,
                    dtype: torch.dtype) -> nn.Module:
     """The builtin made on `device` in `dtype` (on meta: without values, weights follow)."""
-    if name not in BUILTINS:
-        raise ModelError(f"model.builtin: unknown builtin {name!r}; "
-                         f"choose one of: {', '.join(BUILTINS)}")
+    if name not in BUILTINS or BUILTINS[name].job != "forward":
+        raise ModelError(f"model.builtin: unknown builtin {name!r} for one forward pass per "
+                         f"record; choose one of: {', '.join(of_job('forward'))}")
     for key, instead in (("device", "the spec's device"), ("dtype", "model.dtype")):
         if key in args:
             raise ModelError(f"model.args.{key}: graphrun sets a builtin's {key}; "
                              f"remove it and set {instead}")
-    return _build(f"builtin {name!r}", BUILTINS[name], args, max_batch,
+    return _build(f"builtin {name!r}", BUILTINS[name].build(), args, max_batch,
                   wrap=(TypeError, ValueError, RuntimeError),
                   placed={"device": device, "dtype": dtype})
 

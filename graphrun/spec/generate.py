@@ -11,7 +11,6 @@ from graphrun.spec.base import Size, Strict, Text, Whole
 
 PROMPT_AXIS = "seq"  # the bucket axis of prompt lengths (prefill)
 GENERATE_MAX_GRAPHS = 40  # buckets_max_graphs of a generation spec: prefill and decode graphs
-GENERATE_BUILTINS = ("llama",)  # models/causal's builtin causal LMs, for specs with generate:
 # The transformers classes that generate: their names end so (AutoModelForCausalLM,
 # LlamaForCausalLM, GPT2LMHeadModel, ...).
 CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")

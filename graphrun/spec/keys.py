@@ -87,7 +87,10 @@ class TimmModelSpec(Strict):
 
 
 # Named here so that a spec is checked without importing torch or the readers (tested equal):
-BUILTIN_NAMES = ("decoder", "mlp")  # models/load.py's builders
+# the builtin models and the job each serves (models/builtins.py's table)
+BUILTIN_JOBS = {"mlp": "forward", "decoder": "forward", "llama": "generate"}
+BUILTIN_NAMES = tuple(n for n, job in BUILTIN_JOBS.items() if job == "forward")
+GENERATE_BUILTINS = tuple(n for n, job in BUILTIN_JOBS.items() if job == "generate")
 INPUT_SUFFIXES = (".jsonl", ".npy", ".npz", ".parquet")  # read/formats/'s readers
 
 

@@ -12,9 +12,9 @@ from typing import Iterator
 
 from graphrun.base import dtypes
 from graphrun.spec.endpoints import CHAT, file_endpoint
-from graphrun.spec.keys import (BATCH, BUILTIN_NAMES, FLOAT_DTYPES, INPUT_SUFFIXES, INT_DTYPES,
-                                PipelineSpec)
-from graphrun.spec.generate import CAUSAL_LM_SUFFIXES, GENERATE_BUILTINS, PROMPT_AXIS
+from graphrun.spec.keys import (BATCH, BUILTIN_NAMES, FLOAT_DTYPES, GENERATE_BUILTINS,
+                                INPUT_SUFFIXES, INT_DTYPES, PipelineSpec)
+from graphrun.spec.generate import CAUSAL_LM_SUFFIXES, PROMPT_AXIS
 
 Found = Iterator[tuple[tuple, str]]
 # One graph (or eager bucket) per combination of the axes' values is set up before the first
