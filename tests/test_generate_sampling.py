@@ -3,6 +3,7 @@ softmax(logits / temperature), top-k and top-p limits, and record keys."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from graphrun.generate.config import Sampling
@@ -160,3 +161,108 @@ def test_the_two_stage_argmax_is_torchs_first_maximum_ties_and_ragged_parts_incl
         assert got.dtype == torch.int64 and got.tolist() == x.argmax(dim=-1).tolist()
     small = torch.randn(3, 100, generator=gen)
     assert first_argmax(small).tolist() == small.argmax(dim=-1).tolist()
+
+
+# The pick's kernel (generate/pick_kernels.py): what torch's ops pick, in one read.
+
+def pick_kernel_failures(device: str) -> list[str]:
+    """The kernel's greedy, drawn and filtered-draw picks against torch's ops on `device`, on
+    scores with ties, -inf and ragged last parts, temperatures 0 and not; the failures."""
+    from graphrun.generate import sampling
+
+    failures = []
+    gen = torch.Generator().manual_seed(3)
+    for rows, vocab in ((5, 1000), (9, 3001), (2, 1024), (1, 1)):
+        x = (torch.randint(-3, 4, (rows, vocab), generator=gen).float()  # equal maxima
+             + torch.randn(rows, vocab, generator=gen) * (torch.arange(rows) % 2)[:, None])
+        x[0, : vocab // 2] = float("-inf")
+        if rows > 2:
+            x[2] = float("-inf")  # every score -inf: torch says column 0
+        x = x.to(device)
+        temperature = (torch.rand(rows, generator=gen) * 2).to(device)
+        temperature[::3] = 0.0
+        divisor = torch.where(temperature > 0, temperature, 1.0)
+        keys = torch.tensor([record_key(0, i) for i in range(rows)], device=device)
+        streams = sampling.row_streams(keys, torch.arange(rows, device=device) * 7)
+        ids = torch.arange(vocab, device=device)
+        for name, got, want in (
+                ("greedy", sampling._kernel_pick(x, greedy=True)[0], x.argmax(dim=-1)),
+                ("drawn", sampling._kernel_pick(x, greedy=True, divisor=divisor,
+                                                streams=streams),
+                 sampling.draw_eager(x, divisor, streams, ids, greedy=True)),
+                ("filtered", sampling._kernel_pick(x, greedy=False, streams=streams)[1],
+                 sampling.draw_eager(x, None, streams, ids, greedy=False)[1])):
+            got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+            if any(not torch.equal(g, w) for g, w in zip(got, want)):
+                failures.append(f"{name} {rows} x {vocab}: {got} against {want}")
+    return failures + ([f"given up: {sampling.kernel_failure()}"]
+                       if sampling.kernel_failure() else [])
+
+
+def test_the_pick_kernel_in_the_interpreter_picks_what_torchs_ops_pick():
+    pytest.importorskip("triton", reason="the pick's kernel is written in Triton")
+    from tests.triton_interpreter import run_interpreted
+
+    p = run_interpreted("import tests.test_generate_sampling as t",
+                        "t.pick_kernel_failures('cpu')")
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+
+
+def test_a_pick_kernel_that_differs_from_torchs_ops_is_given_up(monkeypatch):
+    """check_kernel: a kernel that runs yet picks otherwise is given up with its reason, and
+    every later pick is torch's."""
+    from graphrun.generate import sampling
+
+    monkeypatch.setattr(sampling, "_failures", [])
+    monkeypatch.setattr(sampling, "_checked", {})
+    # a spy deep inside the pick: the kernel "runs" on the CPU and is off by one column
+    monkeypatch.setattr(sampling, "_kernel_takes", lambda x: not sampling._failures)
+    real = sampling.draw_eager
+    monkeypatch.setattr(sampling, "_kernel_pick", lambda x, greedy, divisor=None,
+                        streams=None: tuple(None if t is None else t + 1 for t in (
+                            x.argmax(-1) if greedy else None,
+                            None if streams is None else real(
+                                x, divisor, streams, torch.arange(x.shape[1]),
+                                greedy=False)[1])))
+    assert sampling.check_kernel(torch.device("cpu"), 500) == []
+    assert "the pick kernel differs from torch's ops on cpu in 48 of 48 picks" in \
+        sampling.kernel_failure()
+    keys = torch.tensor([record_key(0, i) for i in range(4)])
+    x = torch.randn(4, 500)
+    got = pick(x, torch.ones(4), torch.zeros(4).long(), torch.ones(4), torch.zeros(4), keys,
+               torch.zeros(4).long(), torch.arange(500), sample=True, filtered=False)
+    want = real(x, torch.ones(4), sampling.row_streams(keys, torch.zeros(4).long()),
+                torch.arange(500), greedy=False)[1]
+    assert got.tolist() == want.tolist()
+
+
+@pytest.mark.cuda
+def test_on_the_gpu_the_pick_kernel_picks_what_torchs_ops_pick(monkeypatch):
+    pytest.importorskip("triton", reason="the pick's kernel is written in Triton")
+    from graphrun.generate import sampling
+
+    monkeypatch.setattr(sampling, "_failures", [])
+    monkeypatch.setattr(sampling, "_checked", {})
+    assert sampling.check_kernel(torch.device("cuda"), 128256) == ["pick"]
+    assert pick_kernel_failures("cuda") == []
+
+
+@pytest.mark.cuda
+def test_on_the_gpu_a_sampled_job_draws_the_same_tokens_with_the_pick_kernel_or_without(
+        monkeypatch):
+    pytest.importorskip("triton", reason="the pick's kernel is written in Triton")
+    from graphrun.generate import GenerateConfig, build_engine, build_llama, sampling
+
+    model = build_llama(layers=2, d_model=64, heads=4, kv_heads=2, vocab=20000, max_len=64,
+                        device="cuda", dtype=torch.float32)
+    prompts = [[3, 8, 1], [9] * 12, [4, 5, 6, 7, 8], [2]]
+    tokens = []
+    for failures in ([], ["off"]):  # a failure noted: torch's ops
+        monkeypatch.setattr(sampling, "_failures", failures)
+        config = GenerateConfig(max_new_tokens=24, sampling=Sampling(
+            method="sample", temperature=1.0, top_p=1.0, seed=0))
+        gen = build_engine(model, config, slots=4, max_prompt=16, rows=[1, 4], device="cuda",
+                           dtype=torch.float32, block_size=4)
+        tokens.append([c.token_ids for c in gen.generate(prompts, list(range(4)))])
+        gen.close()
+    assert tokens[0] == tokens[1]

@@ -54,7 +54,7 @@ from graphrun.generate.graphs import GraphTable, StepKey
 from graphrun.models.causal.hf_attention import HFCausalLM, is_hf_model, unsupported
 from graphrun.models.causal.kv_cache import BlockPool, PagedCache, chain_hashes
 from graphrun.models.causal.llama import Llama, OwnLM
-from graphrun.generate.sampling import record_key
+from graphrun.generate.sampling import check_kernel, record_key
 from graphrun.generate.stats import GenerationStats
 from graphrun.generate.steps import (HOST_FIELDS, ROW_FIELDS, SlotState, Variant, decode_step,
                                      prefill_step)
@@ -288,6 +288,8 @@ class Engine:
                                 log=self.log, compiled=compile)
         self.stats = GenerationStats(host_bound_steps=0 if self.cuda else None)
         self._wait_for_warm_up()
+        if self.cuda:  # done on the warm-up's thread where one ran: then free here
+            check_kernel(self.device, self.model.vocab)
         self.table.prepare(self.keys(), "setup")
         self._free = list(range(slots))  # a heap: the lowest free slot first
         self._rows: list[_Row | None] = [None] * slots

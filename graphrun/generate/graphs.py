@@ -35,6 +35,7 @@ from graphrun.engine.verify import ULP_SLACK, compare
 from graphrun.base.errors import CaptureError, first_line
 
 from graphrun.models.causal import fused, paged_attention
+from graphrun.generate import sampling
 from graphrun.generate.steps import SlotState
 
 VERIFY_STEPS = 2  # decode steps compared per bucket: the second reads what the first wrote
@@ -117,12 +118,14 @@ class GraphTable:
             self._note_kernel_failures(entry)
 
     def _note_kernel_failures(self, entry: StepGraph) -> None:
-        """A kernel that failed in this entry's set-up (the paged decode attention's, or the
-        fused elementwise ones'): said once, a warning and that graph's reason."""
+        """A kernel that failed in this entry's set-up (the paged decode attention's, the fused
+        elementwise ones' or the pick's): said once, a warning and that graph's reason."""
         for what, failed in (("the decode attention kernel failed, the general path runs",
                               paged_attention.failure()),
                              ("the fused elementwise kernels failed, torch's ops run",
-                              fused.failure())):
+                              fused.failure()),
+                             ("the pick's kernel failed, torch's ops run",
+                              sampling.kernel_failure())):
             note = f"{what}: {failed}"
             if failed and note not in self.kernel_failures:
                 self.kernel_failures.append(note)

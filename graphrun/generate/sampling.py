@@ -8,14 +8,23 @@ in the completion and the token id. No generator state, no torch.multinomial (wh
 whose stream follows the batch layout): a record's draws are the same in any row, batch size,
 bucket, process or GPU, which makes a seeded completion reproducible under resume and --gpus.
 Everything here is elementwise, sort or argmax over static shapes: safe inside a CUDA graph.
+
+On a GPU the argmaxes and the draw's noise run in one Triton kernel (generate/pick_kernels.py)
+that reads the scores once and makes the noise where it adds it, instead of a dozen torch ops
+over [rows, V] int64 tensors; it computes the same values as the torch ops here (checked on the
+job's GPU before the first step: check_kernel), which run where it cannot.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import os
 
 import torch
 from torch.nn import functional as F
+
+from graphrun.base.errors import first_line
 
 
 # splitmix64's constants as int64 (the ones above 2**63 by their negative equivalents)
@@ -46,18 +55,30 @@ def mix64(z: torch.Tensor) -> torch.Tensor:
     return z ^ _shift_right(z, 31)
 
 
+def row_streams(keys: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """[b] int64: the stream of each row's (record, place in the completion)."""
+    return mix64(keys + index * STEP)
+
+
 def uniforms(keys: torch.Tensor, index: torch.Tensor, vocab_ids: torch.Tensor) -> torch.Tensor:
     """u in (0, 1), float32: keys [b] int64, index [b] int64 (token's place in the
     completion), vocab_ids [V] int64 -> [b, V]."""
-    row = mix64(keys + index * STEP)  # [b]: the stream of this (record, place)
-    z = mix64(row[:, None] + (vocab_ids[None, :] + 1) * GOLDEN)  # [b, V]
+    return _uniforms(row_streams(keys, index), vocab_ids)
+
+
+def _uniforms(streams: torch.Tensor, vocab_ids: torch.Tensor) -> torch.Tensor:
+    z = mix64(streams[:, None] + (vocab_ids[None, :] + 1) * GOLDEN)  # [b, V]
     top24 = _shift_right(z, 40).to(torch.float32)  # exact in float32
     return (top24 + 0.5) * (1.0 / (1 << 24))
 
 
 def gumbel(keys: torch.Tensor, index: torch.Tensor, vocab_ids: torch.Tensor) -> torch.Tensor:
     """Gumbel(0, 1) noise [b, V], float32."""
-    return -torch.log(-torch.log(uniforms(keys, index, vocab_ids)))
+    return _gumbel(row_streams(keys, index), vocab_ids)
+
+
+def _gumbel(streams: torch.Tensor, vocab_ids: torch.Tensor) -> torch.Tensor:
+    return -torch.log(-torch.log(_uniforms(streams, vocab_ids)))
 
 
 def penalize(logits: torch.Tensor, counts: torch.Tensor, prompt_seen: torch.Tensor,
@@ -116,8 +137,19 @@ ARGMAX_PARTS = 256
 
 def first_argmax(x: torch.Tensor) -> torch.Tensor:
     """argmax over the last dim, [b, V] -> [b] int64, the first of equal maxima as
-    torch.argmax gives; over a long vocabulary in two stages (the best of each of 256 parts,
-    then the best part), since one row reduced whole runs on one block of the GPU."""
+    torch.argmax gives (the kernel's where it takes x)."""
+    if _kernel_takes(x):
+        try:
+            return _kernel_pick(x, greedy=True)[0]
+        except Exception as err:  # noqa: BLE001 - a kernel that cannot run: torch's ops
+            give_up(err)
+    return first_argmax_eager(x)
+
+
+def first_argmax_eager(x: torch.Tensor) -> torch.Tensor:
+    """first_argmax in torch's ops: over a long vocabulary in two stages (the best of each of
+    256 parts, then the best part), since one row reduced whole runs on one block of the
+    GPU."""
     b, v = x.shape
     if v < SPLIT_ARGMAX:
         return x.argmax(dim=-1)
@@ -128,6 +160,29 @@ def first_argmax(x: torch.Tensor) -> torch.Tensor:
     return (part * width + at.gather(1, part)).squeeze(1)
 
 
+def draw(scores: torch.Tensor, divisor: torch.Tensor | None, streams: torch.Tensor,
+         vocab_ids: torch.Tensor, *, greedy: bool
+         ) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(first_argmax(scores) if greedy, else None; first_argmax(scores / divisor[:, None] +
+    noise)): the Gumbel-max draw of each row's stream [b] (row_streams), divisor [b] float32
+    (None: the scores are divided already)."""
+    if _kernel_takes(scores) and streams.is_contiguous() and (
+            divisor is None or (divisor.dtype == torch.float32 and divisor.is_contiguous())):
+        try:
+            return _kernel_pick(scores, greedy=greedy, divisor=divisor, streams=streams)
+        except Exception as err:  # noqa: BLE001
+            give_up(err)
+    return draw_eager(scores, divisor, streams, vocab_ids, greedy=greedy)
+
+
+def draw_eager(scores, divisor, streams, vocab_ids, *, greedy: bool):
+    """draw in torch's ops."""
+    best = first_argmax_eager(scores) if greedy else None
+    if divisor is not None:
+        scores = scores / divisor[:, None]
+    return best, first_argmax_eager(scores + _gumbel(streams, vocab_ids))
+
+
 def pick(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
          top_p: torch.Tensor, min_p: torch.Tensor, keys: torch.Tensor, index: torch.Tensor,
          vocab_ids: torch.Tensor, *, sample: bool, filtered: bool) -> torch.Tensor:
@@ -136,12 +191,122 @@ def pick(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     temperature [b] float32 (0: greedy), top_k [b], top_p [b], min_p [b]. sample: some row may
     sample (else every row is greedy and no noise is drawn); filtered: some row may have
     top_k, top_p or min_p on (else no sort)."""
-    greedy = first_argmax(logits)
     if not sample:
-        return greedy
+        return first_argmax(logits)
     hot = temperature > 0
-    scores = logits / torch.where(hot, temperature, 1.0)[:, None]
+    divisor = torch.where(hot, temperature, 1.0)
+    streams = row_streams(keys, index)
     if filtered:
-        scores = filter_scores(scores, top_k, top_p, min_p)
-    drawn = first_argmax(scores + gumbel(keys, index, vocab_ids))
+        greedy = first_argmax(logits)
+        scores = filter_scores(logits / divisor[:, None], top_k, top_p, min_p)
+        _, drawn = draw(scores, None, streams, vocab_ids, greedy=False)
+    else:
+        greedy, drawn = draw(logits, divisor, streams, vocab_ids, greedy=True)
     return torch.where(hot, drawn, greedy)
+
+
+# -- the kernel: when it runs, and the check that it computes what the torch ops do ---------
+
+PICK_BLOCK = 1024  # columns one program of the kernel reads
+_failures: list[str] = []  # why the kernel failed in this process: it is not tried again
+_checked: dict[tuple, bool] = {}  # (device, vocab) -> the kernel agreed with torch's ops
+
+
+@functools.lru_cache(maxsize=1)
+def _kernels():
+    """The kernel's module, or None without Triton (imported on a GPU's first pick)."""
+    try:
+        from graphrun.generate import pick_kernels
+    except ImportError:
+        return None
+    return pick_kernels
+
+
+def _kernel_takes(x: torch.Tensor) -> bool:
+    """Whether the kernel can take scores x: [b, V] float32 with unit column stride, on a
+    GPU (or the CPU under Triton's interpreter), outside torch.compile's tracing (inductor
+    fuses the torch ops itself), while the kernel has not failed, with Triton importable."""
+    if torch.compiler.is_compiling():
+        return False
+    on = x.device.type == "cuda" or (x.device.type == "cpu"
+                                     and os.environ.get("TRITON_INTERPRET") == "1")
+    return (on and x.dim() == 2 and x.dtype == torch.float32 and x.stride(1) == 1
+            and x.shape[1] > 0 and not _failures and _kernels() is not None)
+
+
+def give_up(err: BaseException) -> None:
+    """The kernel failed, or computed other values than the torch ops: torch's ops from now
+    on, in this process."""
+    _failures.append(first_line(err))
+
+
+def kernel_failure() -> str | None:
+    """Why the pick's kernel is no longer used in this process, or None."""
+    return _failures[0] if _failures else None
+
+
+def _kernel_pick(x: torch.Tensor, *, greedy: bool, divisor: torch.Tensor | None = None,
+                 streams: torch.Tensor | None = None):
+    """(greedy picks or None, drawn picks or None) of the kernel: per row and part its best
+    and first column, then the first part holding the row's best."""
+    b, v = x.shape
+    parts = -(-v // PICK_BLOCK)
+    draw_ = streams is not None
+
+    def pair(on: bool) -> list[torch.Tensor]:  # a part's best and column; x: never written
+        return ([torch.empty((b, parts), dtype=torch.float32, device=x.device),
+                 torch.empty((b, parts), dtype=torch.int32, device=x.device)] if on else [x, x])
+
+    outs = pair(greedy) + pair(draw_)
+    if b:
+        _kernels().pick_parts[(b, parts)](
+            x, divisor if divisor is not None else x, streams if draw_ else x, *outs,
+            v, x.stride(0), parts, BLOCK=PICK_BLOCK, GREEDY=greedy, DRAW=draw_,
+            DIVIDE=divisor is not None, num_warps=4, enable_fp_fusion=False)
+
+    def best(values, at):
+        part = values.argmax(dim=-1, keepdim=True)  # the first part holding the maximum
+        return at.gather(1, part).squeeze(1).long()
+
+    return (best(*outs[:2]) if greedy else None, best(*outs[2:]) if draw_ else None)
+
+
+def check_kernel(device: torch.device, vocab: int) -> list[str]:
+    """The kernel against torch's ops on `device` at `vocab` columns, on seeded scores with
+    ties and -inf (as filtering leaves them), in each way a step calls it: a kernel that
+    differs in any pick is given up (torch's ops run, kernel_failure() says why). Once per
+    device and vocabulary; what ran by the kernel, for the warm-up's report."""
+    key = (str(device), vocab)
+    if key not in _checked:
+        _checked[key] = _check(torch.device(device), vocab)
+    return ["pick"] if _checked[key] and not _failures else []
+
+
+def _check(device: torch.device, vocab: int) -> bool:
+    rows = 16
+    gen = torch.Generator(device).manual_seed(0)
+    x = torch.randn(rows, vocab, generator=gen, device=device) * 4
+    if not _kernel_takes(x):
+        return False
+    x[1, : vocab // 2] = float("-inf")
+    x[2, :: 2] = x[2, 1]  # equal maxima: the first wins
+    divisor = torch.rand(rows, generator=gen, device=device) + 0.5
+    divisor[3] = 1.0
+    keys = torch.randint(-2**62, 2**62, (rows,), generator=gen, device=device)
+    index = torch.arange(rows, device=device)
+    streams = row_streams(keys, index)
+    vocab_ids = torch.arange(vocab, device=device)
+    try:
+        want = draw_eager(x, divisor, streams, vocab_ids, greedy=True)
+        got = _kernel_pick(x, greedy=True, divisor=divisor, streams=streams)
+        want_filtered = draw_eager(x, None, streams, vocab_ids, greedy=False)[1]
+        got_filtered = _kernel_pick(x, greedy=False, streams=streams)[1]
+    except Exception as err:  # noqa: BLE001 - a kernel that cannot compile here
+        give_up(err)
+        return False
+    wrong = int((got[0] != want[0]).sum() + (got[1] != want[1]).sum()
+                + (got_filtered != want_filtered).sum())
+    if wrong:
+        give_up(RuntimeError(f"the pick kernel differs from torch's ops on {device} in {wrong} "
+                             f"of {3 * rows} picks"))
+    return not wrong

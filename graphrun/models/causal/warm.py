@@ -107,15 +107,18 @@ class WarmUp:
 
     @classmethod
     def begin(cls, layout: Layout, device: torch.device, dtype: torch.dtype,
-              block_size: int) -> "WarmUp":
-        """The warm-up of `layout`'s kernels on `device`, begun; skipped without CUDA."""
+              block_size: int,
+              also: Callable[[torch.device], list[str]] | None = None) -> "WarmUp":
+        """The warm-up of `layout`'s kernels on `device`, begun; skipped without CUDA. also:
+        the caller's own kernels' warm-up after them, on the same thread (what it warmed)."""
         device = torch.device(device)
         if device.type != "cuda":
             return cls(None, NO_CUDA)
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         torch.zeros(1, device=device)  # the context, made on the caller's thread if not yet
-        return cls(lambda: warm_kernels(layout, device, dtype, block_size))
+        return cls(lambda: warm_kernels(layout, device, dtype, block_size)
+                   + (also(device) if also is not None else []))
 
     def _run(self) -> None:
         t0 = time.perf_counter()
