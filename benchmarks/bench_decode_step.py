@@ -6,7 +6,8 @@ target).
 
     python3 benchmarks/bench_decode_step.py [--layout 1.24B] [--rows 64] [--kv-len 512]
         [--ways matmuls,plain,plain-unfused,plain-general,compile,compile-general]
-        [--steps 32] [--repeats 10] [--profile] [--top 16] [--json FILE] [--smoke]
+        [--steps 32] [--repeats 10] [--profile] [--top 16] [--sample] [--json FILE]
+        [--smoke]
 
 Model: graphrun's builtin Llama in a Llama layout with seeded weights, built on the device
 (nothing is downloaded or saved): 134M (12 x 768, 12 heads, ffn 2048, vocab 32000), 1.24B
@@ -23,6 +24,8 @@ Ways:
   the same state, so it must pick the same tokens.
 - either with `-general`: the paged decode kernel switched off (paged_attention.usable), so
   attention runs paged_decode_reference (the blocks gathered, then scaled_dot_product_attention).
+- plain-torch-pick: plain with the pick's kernel switched off (generate/sampling.py: the
+  argmaxes and the draw's noise as torch's ops).
 - plain-unfused: plain with the fused elementwise kernels switched off (Llama.fused_kernels,
   models/causal/fused.py): the residual adds, RMSNorms, RoPE and silu(gate) * up as torch's ops.
   (Under model.compile inductor fuses those ops itself, so the compile ways never run them.)
@@ -35,6 +38,8 @@ row's keys and values: mbu.kv_bytes_per_token x its KV length) / step time / the
 bandwidth; for matmuls, the matrices' bytes. --profile: torch.profiler over one repeat of
 replays, the kernels per step with their device time, the largest --top; the table gains a
 column of kernels per step.
+--sample: each row samples (seeded, temperature 1: the Gumbel-max draw a sampled job's step
+makes) instead of picking greedily.
 --smoke: the tiny layout on whatever device there is, 4 rows, 4 steps, 3 repeats, the ways
 without compile.
 """
@@ -62,7 +67,8 @@ LAYOUTS = {
     "8B": dict(layers=32, d_model=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256),
     "tiny": dict(layers=2, d_model=64, heads=4, kv_heads=2, ffn=128, vocab=512),
 }
-WAYS = ("matmuls", "plain", "plain-unfused", "plain-general", "compile", "compile-general")
+WAYS = ("matmuls", "plain", "plain-unfused", "plain-torch-pick", "plain-general", "compile",
+        "compile-general")
 BLOCK = 16  # KV block size, the spec's default
 
 
@@ -169,8 +175,9 @@ def build_model(layout: str, max_len: int, device: torch.device, dtype: torch.dt
 @torch.no_grad()  # as Engine.serve steps
 def run_way(way: str, model, layout: str, rows: int, kv_lens: list[int], steps: int,
             repeats: int, device: torch.device, dtype: torch.dtype, profile: bool,
-            top: int) -> dict:
-    from graphrun.generate.config import GenerateConfig
+            top: int, sample: bool = False) -> dict:
+    from graphrun.generate import sampling
+    from graphrun.generate.config import GenerateConfig, Sampling
     from graphrun.generate.engine import build_engine
     from graphrun.generate.graphs import StepKey
     from graphrun.generate.mbu import kv_bytes_per_token, weight_bytes_per_step
@@ -182,11 +189,15 @@ def run_way(way: str, model, layout: str, rows: int, kv_lens: list[int], steps: 
     if general:
         paged_attention.usable = lambda q: False
     model.fused_kernels = way != "plain-unfused"
+    if way == "plain-torch-pick":
+        sampling._failures.append("switched off by the benchmark")
     try:
         longest = max(kv_lens)
         t0 = time.perf_counter()
         # max_new_tokens: each row stays live through a repeat's steps
-        engine = build_engine(model, GenerateConfig(max_new_tokens=steps + 1), slots=rows,
+        how = Sampling(method="sample", temperature=1.0, seed=0) if sample else Sampling()
+        engine = build_engine(model, GenerateConfig(max_new_tokens=steps + 1, sampling=how),
+                              slots=rows,
                               max_prompt=longest, device=device, dtype=dtype, rows=[rows],
                               prompts=[longest], block_size=BLOCK,
                               compile=way.startswith("compile"))
@@ -238,6 +249,8 @@ def run_way(way: str, model, layout: str, rows: int, kv_lens: list[int], steps: 
     finally:
         paged_attention.usable = kernel
         model.fused_kernels = True
+        if way == "plain-torch-pick":
+            sampling._failures.clear()
 
 
 def kernel_table(replay, steps: int, top: int) -> dict:
@@ -284,6 +297,7 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=16)
     ap.add_argument("--json", default=str(Path(os.environ.get("OUT", ".")) /
                                           "bench_decode_step.json"))
+    ap.add_argument("--sample", action="store_true")
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args(argv)
     ways = a.ways.split(",")
@@ -298,7 +312,8 @@ def main(argv=None) -> int:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     kv = ",".join(map(str, a.kv_len))
     print(f"# bench_decode_step: {name}, torch {torch.__version__}, layout {a.layout}, "
-          f"{a.rows} rows, KV length {kv}, {a.steps} steps x {a.repeats} repeats", flush=True)
+          f"{a.rows} rows, KV length {kv}, {a.steps} steps x {a.repeats} repeats, "
+          f"{'sampled' if a.sample else 'greedy'}", flush=True)
     ways.sort(key=lambda w: w != "matmuls")  # the anchor first: every later row's ratio
     rows, model = [], None
     for way in ways:
@@ -311,7 +326,7 @@ def main(argv=None) -> int:
                 model = build_model(a.layout, max(a.kv_len) + a.steps + 1, device, dtype)
                 print(f"model built in {time.perf_counter() - t0:.1f} s", flush=True)
             row = run_way(way, model, a.layout, a.rows, a.kv_len, a.steps, a.repeats, device,
-                          dtype, a.profile, a.top)
+                          dtype, a.profile, a.top, a.sample)
         gc.collect()  # a way's matrices, cache and graphs go before the next way's come
         if device.type == "cuda":
             torch.cuda.empty_cache()
