@@ -70,3 +70,29 @@ def test_small_files_and_off_keep_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("GRAPHRUN_HASH_CACHE", "off")
     assert digests.cache_file() is None
     assert hashed(small)[1] and hashed(small)[1]
+
+
+def test_digests_kept_at_once_from_threads_and_processes_are_all_kept(tmp_path, small_cache):
+    """A run keeps its input's and its model's digests from threads of their own (and two jobs
+    may share the cache): no keep writes over another's entry."""
+    import subprocess
+    import sys
+    import threading
+
+    files = [tmp_path / f"f{i}" for i in range(24)]
+    for i, f in enumerate(files):
+        f.write_bytes(bytes([i]) * 64)
+    code = ("import sys; from pathlib import Path; from graphrun.write import digests; "
+            "[digests.keep(Path(p), digests.stat_key(Path(p), 1), f'{i:064d}') "
+            "for i, p in enumerate(sys.argv[1:])]")
+    other = subprocess.Popen([sys.executable, "-c", code, *map(str, files[16:])],
+                             env={**os.environ, "PYTHONPATH": os.getcwd()})
+    threads = [threading.Thread(target=digests.keep,
+                                args=(f, digests.stat_key(f, 1), f"{i:064d}"))
+               for i, f in enumerate(files[:16])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert other.wait() == 0
+    assert [digests.known(digests.stat_key(f, 1)) is not None for f in files] == [True] * 24

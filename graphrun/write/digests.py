@@ -11,9 +11,11 @@ skipped, never an error.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
+import threading
 from pathlib import Path
 
 from graphrun.base import envs
@@ -21,6 +23,9 @@ from graphrun.base.tuning import Tuning
 
 KEEP = 2000  # entries kept, the newest
 NAME = "sha256-v1.json"
+# a run keeps the input's and the model's digests from threads of their own: each read, change
+# and write of the cache is one at a time, in this process and (flock) between processes
+_LOCK = threading.Lock()
 
 
 def cache_file(environ=None) -> Path | None:
@@ -79,13 +84,31 @@ def keep(path: Path, key: tuple[str, list[int]] | None, digest: str, environ=Non
         return
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        kept = _read(cache)
-        kept.pop(key[0], None)
-        kept[key[0]] = {"stat": key[1], "sha256": digest}
-        kept = dict(list(kept.items())[-KEEP:])
-        fd, tmp = tempfile.mkstemp(dir=cache.parent, prefix=".sha256-", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(kept, f)
-        os.replace(tmp, cache)
+        with _LOCK, _locked(cache):
+            kept = _read(cache)
+            kept.pop(key[0], None)
+            kept[key[0]] = {"stat": key[1], "sha256": digest}
+            kept = dict(list(kept.items())[-KEEP:])
+            fd, tmp = tempfile.mkstemp(dir=cache.parent, prefix=".sha256-", suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                json.dump(kept, f)
+            os.replace(tmp, cache)
     except OSError:
         pass
+
+
+@contextlib.contextmanager
+def _locked(cache: Path):
+    """The cache's lock file held (exclusive flock) where the system has flock, else nothing:
+    another process's keep waits instead of writing over this one's entry."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): this process's lock alone
+        yield
+        return
+    with open(cache.with_name(cache.name + ".lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
