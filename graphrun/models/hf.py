@@ -61,6 +61,10 @@ def load_hf(hf, base_dir: Path | None, dtype=None, allow_missing: Sequence[str] 
             raise ModelError(f"model.hf.class: transformers has no model class {hf.class_!r}; "
                              f"e.g. {', '.join(autos[:8])}")
         import_model_code(transformers, cls, where, kwargs)
+    if hasattr(transformers.PreTrainedModel, "use_kernels"):
+        # hub kernels are code fetched from the Hub (and need the kernels package): only
+        # where the spec's kwargs ask
+        kwargs.setdefault("use_kernels", False)
     if dtype is not None and not {"dtype", "torch_dtype"} & set(kwargs):
         # cast as read: one pass, half the bytes to move for 16 bits (4.x names it torch_dtype)
         v5 = int(transformers.__version__.split(".")[0]) >= 5
