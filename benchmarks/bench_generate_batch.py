@@ -59,6 +59,13 @@ JOBS = ("varied", "fixed")
 SMOKE_CACHE = dict(num_blocks=512, page_size=16, max_batch_tokens=1024)
 
 
+def _hub_kernels() -> bool:
+    """Whether this transformers loads hub kernels (then from_pretrained takes use_kernels)."""
+    import transformers
+
+    return hasattr(transformers.PreTrainedModel, "use_kernels")
+
+
 def child_env(**extra: str) -> dict:
     """This environment with the project first on PYTHONPATH (the worktree's graphrun), and
     `extra`."""
@@ -154,8 +161,10 @@ def child(job_path: str, result_path: str) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     t0 = time.perf_counter()
     # .to(device), not device_map: that needs accelerate, which the GPU machine may lack
-    model = AutoModelForCausalLM.from_pretrained(job["folder"], dtype=getattr(torch, job["dtype"])
-                                                 ).to(device).eval()
+    # hub kernels off, as graphrun loads a folder (they are code from the Hub)
+    no_hub = {"use_kernels": False} if _hub_kernels() else {}
+    model = AutoModelForCausalLM.from_pretrained(job["folder"], dtype=getattr(torch, job["dtype"]),
+                                                 **no_hub).to(device).eval()
     load_s = time.perf_counter() - t0
     prompts = json.loads(Path(job["ids"]).read_text())
     eos = model.generation_config.eos_token_id  # the folder's: the job's stop ids, or none
