@@ -72,12 +72,8 @@ def _uniforms(streams: torch.Tensor, vocab_ids: torch.Tensor) -> torch.Tensor:
     return (top24 + 0.5) * (1.0 / (1 << 24))
 
 
-def gumbel(keys: torch.Tensor, index: torch.Tensor, vocab_ids: torch.Tensor) -> torch.Tensor:
-    """Gumbel(0, 1) noise [b, V], float32."""
-    return _gumbel(row_streams(keys, index), vocab_ids)
-
-
-def _gumbel(streams: torch.Tensor, vocab_ids: torch.Tensor) -> torch.Tensor:
+def gumbel(streams: torch.Tensor, vocab_ids: torch.Tensor) -> torch.Tensor:
+    """Gumbel(0, 1) noise [b, V], float32, of each row's stream [b] (row_streams)."""
     return -torch.log(-torch.log(_uniforms(streams, vocab_ids)))
 
 
@@ -180,7 +176,7 @@ def draw_eager(scores, divisor, streams, vocab_ids, *, greedy: bool):
     best = first_argmax_eager(scores) if greedy else None
     if divisor is not None:
         scores = scores / divisor[:, None]
-    return best, first_argmax_eager(scores + _gumbel(streams, vocab_ids))
+    return best, first_argmax_eager(scores + gumbel(streams, vocab_ids))
 
 
 def pick(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
