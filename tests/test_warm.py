@@ -112,7 +112,7 @@ def test_the_layout_is_known_before_the_weights(monkeypatch, tmp_path):
     spec = builtin_spec(tmp_path)
     llama = runner.BUILTINS["llama"]
     monkeypatch.setitem(runner.BUILTINS, "llama", dataclasses.replace(
-        llama, builder=lambda **kw: (seen.append("build"), llama.build()(**kw))[1]))
+        llama, builder=lambda **kw: (seen.append("build"), llama.builder_function()(**kw))[1]))
     model, _ = runner.build_generation_model(spec, torch.device("cpu"),
                                              layout_known=seen.append)
     assert seen == [builtin_shape(**TINY), "build"] and model.shape == seen[0]

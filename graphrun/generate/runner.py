@@ -303,8 +303,8 @@ def build_generation_model(spec: PipelineSpec, device: torch.device,
         shape = own_shape(spec) if layout_known is not None else None
         if shape is not None:  # None: the builder says what is wrong, below
             layout_known(shape)
-        model = BUILTINS[m.builtin].build()(**m.args, device=device,
-                                                dtype=torch_dtype(m.dtype))
+        build = BUILTINS[m.builtin].builder_function()
+        model = build(**m.args, device=device, dtype=torch_dtype(m.dtype))
         return model, ("builtin", None)
     reason = None
     if m.hf is not None and m.hf.implementation != "transformers":

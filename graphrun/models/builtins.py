@@ -19,7 +19,8 @@ class Builtin:
     job: Literal["forward", "generate"]
     shape: str | None = None  # "module:function": a causal LM's shape from the same args
 
-    def build(self) -> Callable[..., Any]:
+    def builder_function(self) -> Callable[..., Any]:
+        """The builder itself (its module imported on first use)."""
         return _resolve(self.builder)
 
     def shape_of(self, args: dict) -> Any:

@@ -138,7 +138,7 @@ def _build_builtin(name: str, args: dict[str, Any], max_batch: int, device: torc
         if key in args:
             raise ModelError(f"model.args.{key}: graphrun sets a builtin's {key}; "
                              f"remove it and set {instead}")
-    return _build(f"builtin {name!r}", BUILTINS[name].build(), args, max_batch,
+    return _build(f"builtin {name!r}", BUILTINS[name].builder_function(), args, max_batch,
                   wrap=(TypeError, ValueError, RuntimeError),
                   placed={"device": device, "dtype": dtype})
 
