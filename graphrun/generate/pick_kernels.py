@@ -1,11 +1,11 @@
-"""The pick's Triton kernel, pick_parts (generate/sampling.py's _kernel_pick launches it): per
-row and part of the vocabulary, the largest score and its first column, for the greedy pick (the scores as they
-are) and for the Gumbel-max draw (the scores divided by the row's temperature, plus the noise
-of its stream), in one read of the scores. The noise is computed where it is used, from the
-stream and the column: the same integer hash, in uint64, and the same float32 operations in
-the same order as sampling.gumbel's torch ops, divisions and logarithms rounded as torch
-rounds them (IEEE division; tl.log is libdevice's logf, as torch's log is on a GPU), so the
-draw is the eager one's: sampling.check_kernel makes sure on the job's GPU.
+"""The pick's Triton kernel, pick_parts (generate/sampling.py's _kernel_pick launches it): per row
+and part of the vocabulary, the largest score and its first column, for the greedy pick (the
+scores as they are) and for the Gumbel-max draw (the scores divided by the row's temperature,
+plus the noise of its stream), in one read of the scores. The noise is computed where it is
+used, from the stream and the column: the same integer hash, in uint64, and the same float32
+operations in the same order as sampling.gumbel's torch ops, divisions and logarithms rounded as
+torch rounds them (IEEE division; tl.log is libdevice's logf, as torch's log is on a GPU), so
+the draw is the eager one's: sampling.check_kernel makes sure on the job's GPU.
 """
 
 import triton
