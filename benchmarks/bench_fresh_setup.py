@@ -93,6 +93,10 @@ def run_job(spec: Path, out: Path, *, warm_up: str, cache: Path, timeout: float)
             "graphs_setup_s": sum(g.get("set_up_s") or 0.0 for g in graphs),
             "first_graph_s": max((g.get("set_up_s") or 0.0 for g in graphs), default=0.0),
             "graphs": len(graphs), "slots": gen["slots"],
+            # each graph's set-up and capture seconds, in set-up order: where a first run's
+            # one-time costs land
+            "per_graph": [[g["kind"], g["size"], g.get("set_up_s"), g.get("capture_s")]
+                          for g in graphs],
             "model_build_s": phases.get("model build"), "setup_s": totals["setup_s"],
             "process_s": totals.get("process_wall_s"), "phases_s": phases,
             "output_tokens": gen["output_tokens"]}
@@ -158,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
                         f"{r['graphs_setup_s']:.2f} s, model build {r['model_build_s']:.2f} s, "
                         f"process {r['process_wall_s']:.2f} s"
                         if r["status"] == "ok" else f"{r['status']}: {r['note']}"), flush=True)
+                    if r["status"] == "ok":
+                        print("    set-up ms (capture ms) per graph: " + ", ".join(
+                            f"{k} {n}={1e3 * (t or 0):.0f} ({1e3 * (c or 0):.0f})"
+                            for k, n, t, c in r["per_graph"]), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print_table(rows, cache_how)

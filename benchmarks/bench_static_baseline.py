@@ -17,7 +17,11 @@ import torch
 
 from graphrun.generate.config import GenerateConfig, Sampling
 from graphrun.generate.generator import build_generator
-from graphrun.models.causal.llama import build_llama
+
+try:  # the retired engine's tree kept its Llama in generate/
+    from graphrun.generate.llama import build_llama
+except ImportError:
+    from graphrun.models.causal.llama import build_llama
 
 
 def prompts_of(n: int, vocab: int, seed: int = 0) -> list[list[int]]:

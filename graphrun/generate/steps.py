@@ -36,7 +36,8 @@ class StepModel(Protocol):
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor,
                  kv: StepKV) -> torch.Tensor:
-        """tokens, positions: [b, q] int64 -> logits [rows, V] float32 (StepKV.last_hidden)."""
+        """tokens, positions: [b, q] int64 -> logits [rows, V] (StepKV.last_hidden), in the
+        model's dtype: a step casts them into its float32 buffer, one pass over them."""
         ...
 
 
@@ -216,12 +217,15 @@ def prefill_step(model: StepModel, state: SlotState, cache: PagedCache, config: 
         kv = StepKV(cache, mask=mask[None, None], slots=state.p_slots[:tokens],
                     last=state.p_every[:tokens] if scored else state.p_last,
                     **_prefix_view(state, segment, prefix))
-        logits = model(state.p_tokens[:tokens][None], positions[None], kv)  # [n or T, V]
+        out = model(state.p_tokens[:tokens][None], positions[None], kv)  # [n or T, V]
         if scored:
+            out = out.float()
             after = torch.roll(state.p_tokens[:tokens], -1)[:, None]  # [T, 1]: the next token
-            state.p_logprobs[:tokens].copy_(logits.log_softmax(-1).gather(1, after)[:, 0])
-            logits = logits.index_select(0, state.p_last)  # [n, V]
+            state.p_logprobs[:tokens].copy_(out.log_softmax(-1).gather(1, after)[:, 0])
+            out = out.index_select(0, state.p_last)  # [n, V]
         join = state.p_join  # [n]
+        logits = state.logits[:join.shape[0]]
+        logits.copy_(out)  # float32, in the buffer verification reads
         index = torch.zeros_like(join)
         if variant.penalized:  # the joining rows' counts from zero, their prompts marked
             state.counts.index_fill_(0, join, 0)
@@ -237,7 +241,6 @@ def prefill_step(model: StepModel, state: SlotState, cache: PagedCache, config: 
             state.counts.index_put_((join, token), torch.ones_like(token, dtype=torch.int32),
                                     accumulate=True)
         stop = (token[:, None] == state.stops[join]).any(dim=-1) | (state.max_new[join] <= 1)
-        state.logits[:join.shape[0]].copy_(logits)
         state.picked[:join.shape[0]].copy_(token)
         # padded prompts all join the spare slot: whichever lands there is never read
         state.token.index_copy_(0, join, token)
@@ -257,7 +260,8 @@ def decode_step(model: StepModel, state: SlotState, cache: PagedCache, config: G
     def step() -> None:
         seq = state.seq_lens[:rows]  # [b] int32
         kv = StepKV(cache, block_table=state.block_table[:rows], seq_lens=seq)
-        logits = model(state.token[:rows, None], (seq.long() - 1)[:, None], kv)  # [b, V]
+        logits = state.logits[:rows]  # [b, V] float32, the buffer verification reads
+        logits.copy_(model(state.token[:rows, None], (seq.long() - 1)[:, None], kv))
         index, done = state.index[:rows], state.done[:rows]
         token = _pick(state, config, logits, slice(0, rows), index, variant)
         token = torch.where(done, config.pad_id, token)
@@ -269,7 +273,6 @@ def decode_step(model: StepModel, state: SlotState, cache: PagedCache, config: G
         done |= live & (stop | (index >= state.max_new[:rows]))
         seq += live.int()
         state.token[:rows].copy_(token)
-        state.logits[:rows].copy_(logits)
         state.picked[:rows].copy_(token)
 
     return step

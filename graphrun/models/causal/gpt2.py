@@ -113,9 +113,10 @@ class GPT2(nn.Module):
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor,
                 kv: StepKV) -> torch.Tensor:
-        # tokens, positions: [b, q] -> logits [b or n, V] float32 (StepKV.last_hidden)
+        # tokens, positions: [b, q] -> logits [b or n, V] in the weights' dtype
+        # (StepKV.last_hidden); the step casts them into its float32 buffer
         t = self.transformer
         x = t.wte(tokens) + t.wpe(positions)  # [b, q, d_model]
         for block in t.h:
             x = block(x, kv)
-        return self.lm_head(t.ln_f(kv.last_hidden(x))).float()
+        return self.lm_head(t.ln_f(kv.last_hidden(x)))

@@ -217,7 +217,8 @@ class HFCausalLM:
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor,
                  kv: StepKV) -> torch.Tensor:
-        # tokens, positions: [b, q] -> logits [b or n, V] float32 (StepKV.last_hidden). No
+        # tokens, positions: [b, q] -> logits [b or n, V] as the model gives them, cast by
+        # the step (StepKV.last_hidden). No
         # cache object: the keys live in graphrun's cache, reached through graphrun_kv. A 4-D
         # mask passes through transformers unchanged, so none of its mask code runs.
         if kv.prefill:
@@ -227,7 +228,7 @@ class HFCausalLM:
                                     device=tokens.device), 1
         out = self.model(input_ids=tokens, position_ids=positions, attention_mask=mask,
                          use_cache=False, logits_to_keep=keep, graphrun_kv=kv)
-        return (out.logits[0] if kv.prefill else out.logits[:, -1]).float()
+        return out.logits[0] if kv.prefill else out.logits[:, -1]
 
     def close(self) -> None:
         """The model's attention implementation as it was."""

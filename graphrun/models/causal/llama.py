@@ -205,7 +205,8 @@ class Llama(nn.Module):
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor,
                 kv: StepKV) -> torch.Tensor:
-        # tokens, positions: [b, q] -> logits [b or n, V] float32 (StepKV.last_hidden)
+        # tokens, positions: [b, q] -> logits [b or n, V] in the weights' dtype
+        # (StepKV.last_hidden); the step casts them into its float32 buffer
         x = self.model.embed_tokens(tokens)  # [b, q, d_model]
         # cos, sin: [b, 1, q, head_dim], computed in float32 then cast, as transformers does
         freqs = positions[..., None].float() * self.inv_freq  # [b, q, head_dim / 2]
@@ -217,7 +218,7 @@ class Llama(nn.Module):
         # the rows whose logits are asked, then the last residual add with the final norm
         last = kv.last_hidden(delta) if delta is not None else None
         _, h = self.model.norm.after_add(kv.last_hidden(x), last, kernels)
-        return self.lm_head(h).float()
+        return self.lm_head(h)
 
 
 def _linear(module: nn.Module, name: str) -> Init:
