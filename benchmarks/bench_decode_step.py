@@ -190,7 +190,7 @@ def run_way(way: str, model, layout: str, rows: int, kv_lens: list[int], steps: 
         paged_attention.usable = lambda q: False
     model.fused_kernels = way != "plain-unfused"
     if way == "plain-torch-pick":
-        sampling._failures.append("switched off by the benchmark")
+        sampling.SWITCH.failures.append("switched off by the benchmark")
     try:
         longest = max(kv_lens)
         t0 = time.perf_counter()
@@ -250,7 +250,7 @@ def run_way(way: str, model, layout: str, rows: int, kv_lens: list[int], steps: 
         paged_attention.usable = kernel
         model.fused_kernels = True
         if way == "plain-torch-pick":
-            sampling._failures.clear()
+            sampling.SWITCH.failures.clear()
 
 
 def kernel_table(replay, steps: int, top: int) -> dict:

@@ -158,7 +158,7 @@ def test_in_the_interpreter_the_llamas_fused_step_gives_its_unfused_tokens():
 def test_on_the_cpu_outside_the_interpreter_the_eager_ops_run(monkeypatch):
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("this process runs Triton's interpreter")
-    monkeypatch.setattr(fused, "_failures", [])
+    monkeypatch.setattr(fused.SWITCH, "failures", [])
 
     def never(*args):
         raise AssertionError("a kernel was launched on the CPU")
@@ -193,7 +193,7 @@ def test_the_eager_rope_is_llamas_rotate_half():
 def test_what_the_kernels_cannot_take_runs_the_eager_ops(monkeypatch):
     """Another weight dtype (the eager product promotes), kernel=False: the eager ops, with no
     kernel launched and nothing recorded as a failure."""
-    monkeypatch.setattr(fused, "_failures", [])
+    monkeypatch.setattr(fused.SWITCH, "failures", [])
     monkeypatch.setattr(fused, "usable", lambda t: True)
 
     def never(*args):
@@ -218,8 +218,8 @@ def test_a_kernel_that_fails_leaves_the_eager_ops_and_is_not_tried_again(monkeyp
         calls.append(1)
         raise RuntimeError("PTX .version 9.9 does not support .target sm_99\nsecond line")
 
-    monkeypatch.setattr(fused, "_failures", [])
-    monkeypatch.setattr(fused, "usable", lambda t: not fused._failures)
+    monkeypatch.setattr(fused.SWITCH, "failures", [])
+    monkeypatch.setattr(fused, "usable", lambda t: not fused.SWITCH.failures)
     monkeypatch.setattr(fused, "_silu_mul", broken)
     monkeypatch.setattr(fused, "_rope", broken)
     gate, up = torch.randn(4, 10), torch.randn(4, 10)
@@ -233,8 +233,8 @@ def test_a_kernel_that_fails_leaves_the_eager_ops_and_is_not_tried_again(monkeyp
 
 def failing_kernels(monkeypatch, device: str) -> tuple[list, list]:
     """(the tokens, the graphs) of the builtin Llama whose kernels all fail, on device."""
-    monkeypatch.setattr(fused, "_failures", [])
-    monkeypatch.setattr(fused, "usable", lambda t: not fused._failures)
+    monkeypatch.setattr(fused.SWITCH, "failures", [])
+    monkeypatch.setattr(fused, "usable", lambda t: not fused.SWITCH.failures)
 
     def broken(*args):
         raise RuntimeError("no kernel image is available for execution on the device")
@@ -247,7 +247,7 @@ def failing_kernels(monkeypatch, device: str) -> tuple[list, list]:
 def test_a_kernel_computing_other_values_than_the_eager_ops_is_given_up(monkeypatch):
     """The warm-up's check: a kernel that ran yet disagrees beyond rounding leaves the eager
     ops for every later step, and failure() names it; agreeing outputs give nothing up."""
-    monkeypatch.setattr(fused, "_failures", [])
+    monkeypatch.setattr(fused.SWITCH, "failures", [])
     x = torch.randn(3, 8)
     fused.check("silu_mul", x, x + 1e-7)
     fused.check("add_rms_norm", (x, x.bfloat16()), (x, x.bfloat16()))
@@ -337,7 +337,7 @@ def decode_logits(model, rows: int, kernels: bool, seed: int = 0) -> torch.Tenso
 @pytest.mark.cuda
 def test_on_the_gpu_the_kernels_compute_what_the_eager_ops_do(monkeypatch):
     pytest.importorskip("triton", reason="the fused kernels are written in Triton")
-    monkeypatch.setattr(fused, "_failures", [])
+    monkeypatch.setattr(fused.SWITCH, "failures", [])
     assert kernel_failures("cuda") == []
 
 

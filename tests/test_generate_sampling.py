@@ -213,10 +213,10 @@ def test_a_pick_kernel_that_differs_from_torchs_ops_is_given_up(monkeypatch):
     every later pick is torch's."""
     from graphrun.generate import sampling
 
-    monkeypatch.setattr(sampling, "_failures", [])
+    monkeypatch.setattr(sampling.SWITCH, "failures", [])
     monkeypatch.setattr(sampling, "_checked", {})
     # a spy deep inside the pick: the kernel "runs" on the CPU and is off by one column
-    monkeypatch.setattr(sampling, "_kernel_takes", lambda x: not sampling._failures)
+    monkeypatch.setattr(sampling, "_kernel_takes", lambda x: not sampling.SWITCH.failures)
     real = sampling.draw_eager
     monkeypatch.setattr(sampling, "_kernel_pick", lambda x, greedy, divisor=None,
                         streams=None: tuple(None if t is None else t + 1 for t in (
@@ -241,7 +241,7 @@ def test_on_the_gpu_the_pick_kernel_picks_what_torchs_ops_pick(monkeypatch):
     pytest.importorskip("triton", reason="the pick's kernel is written in Triton")
     from graphrun.generate import sampling
 
-    monkeypatch.setattr(sampling, "_failures", [])
+    monkeypatch.setattr(sampling.SWITCH, "failures", [])
     monkeypatch.setattr(sampling, "_checked", {})
     assert sampling.check_kernel(torch.device("cuda"), 128256) == ["pick"]
     assert pick_kernel_failures("cuda") == []
@@ -258,7 +258,7 @@ def test_on_the_gpu_a_sampled_job_draws_the_same_tokens_with_the_pick_kernel_or_
     prompts = [[3, 8, 1], [9] * 12, [4, 5, 6, 7, 8], [2]]
     tokens = []
     for failures in ([], ["off"]):  # a failure noted: torch's ops
-        monkeypatch.setattr(sampling, "_failures", failures)
+        monkeypatch.setattr(sampling.SWITCH, "failures", failures)
         config = GenerateConfig(max_new_tokens=24, sampling=Sampling(
             method="sample", temperature=1.0, top_p=1.0, seed=0))
         gen = build_engine(model, config, slots=4, max_prompt=16, rows=[1, 4], device="cuda",

@@ -158,8 +158,8 @@ def test_a_kernel_that_fails_leaves_the_reference_and_is_not_tried_again(monkeyp
         raise RuntimeError("no kernel image for this GPU\nsecond line")
 
     # patches: the kernel's fallback is process state behind a registered torch op, no caller
-    monkeypatch.setattr(paged_attention, "_failures", [])
-    monkeypatch.setattr(paged_attention, "usable", lambda q: not paged_attention._failures)
+    monkeypatch.setattr(paged_attention.SWITCH, "failures", [])
+    monkeypatch.setattr(paged_attention, "usable", lambda q: not paged_attention.SWITCH.failures)
     monkeypatch.setattr(paged_attention, "_kernel_decode", broken)
     step = make_step([4, 9], 4, 2, 8, seed=5)
     want = paged_attention.paged_decode_reference(**{**step, "k_cache": step["k_cache"].clone(),

@@ -1,1 +1,2 @@
-"""The ground floor: errors, the phase clock, environment variables, cores, tuning, version. No torch."""
+"""The ground floor: errors, the phase clock, environment variables, cores, tuning, version, the
+Triton kernels' switch. No torch."""

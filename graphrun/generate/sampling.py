@@ -17,14 +17,12 @@ job's GPU before the first step: check_kernel), which run where it cannot.
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import os
 
 import torch
 from torch.nn import functional as F
 
-from graphrun.base.errors import first_line
+from graphrun.base.triton_switch import KernelSwitch
 
 
 # splitmix64's constants as int64 (the ones above 2**63 by their negative equivalents)
@@ -204,18 +202,8 @@ def pick(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
 # -- the kernel: when it runs, and the check that it computes what the torch ops do ---------
 
 PICK_BLOCK = 1024  # columns one program of the kernel reads
-_failures: list[str] = []  # why the kernel failed in this process: it is not tried again
+SWITCH = KernelSwitch("graphrun.generate.pick_kernels")  # imported on a GPU's first pick
 _checked: dict[tuple, bool] = {}  # (device, vocab) -> the kernel agreed with torch's ops
-
-
-@functools.lru_cache(maxsize=1)
-def _kernels():
-    """The kernel's module, or None without Triton (imported on a GPU's first pick)."""
-    try:
-        from graphrun.generate import pick_kernels
-    except ImportError:
-        return None
-    return pick_kernels
 
 
 def _kernel_takes(x: torch.Tensor) -> bool:
@@ -224,21 +212,19 @@ def _kernel_takes(x: torch.Tensor) -> bool:
     fuses the torch ops itself), while the kernel has not failed, with Triton importable."""
     if torch.compiler.is_compiling():
         return False
-    on = x.device.type == "cuda" or (x.device.type == "cpu"
-                                     and os.environ.get("TRITON_INTERPRET") == "1")
-    return (on and x.dim() == 2 and x.dtype == torch.float32 and x.stride(1) == 1
-            and x.shape[1] > 0 and not _failures and _kernels() is not None)
+    return (x.dim() == 2 and x.dtype == torch.float32 and x.stride(1) == 1
+            and x.shape[1] > 0 and SWITCH.on(x.device))
 
 
 def give_up(err: BaseException) -> None:
     """The kernel failed, or computed other values than the torch ops: torch's ops from now
     on, in this process."""
-    _failures.append(first_line(err))
+    SWITCH.give_up(err)
 
 
 def kernel_failure() -> str | None:
     """Why the pick's kernel is no longer used in this process, or None."""
-    return _failures[0] if _failures else None
+    return SWITCH.failure()
 
 
 def _kernel_pick(x: torch.Tensor, *, greedy: bool, divisor: torch.Tensor | None = None,
@@ -255,7 +241,7 @@ def _kernel_pick(x: torch.Tensor, *, greedy: bool, divisor: torch.Tensor | None 
 
     outs = pair(greedy) + pair(draw_)
     if b:
-        _kernels().pick_parts[(b, parts)](
+        SWITCH.kernels.pick_parts[(b, parts)](
             x, divisor if divisor is not None else x, streams if draw_ else x, *outs,
             v, x.stride(0), parts, BLOCK=PICK_BLOCK, GREEDY=greedy, DRAW=draw_,
             DIVIDE=divisor is not None, num_warps=4, enable_fp_fusion=False)
@@ -275,7 +261,7 @@ def check_kernel(device: torch.device, vocab: int) -> list[str]:
     key = (str(device), vocab)
     if key not in _checked:
         _checked[key] = _check(torch.device(device), vocab)
-    return ["pick"] if _checked[key] and not _failures else []
+    return ["pick"] if _checked[key] and not SWITCH.failures else []
 
 
 def _check(device: torch.device, vocab: int) -> bool:

@@ -15,13 +15,10 @@ capture, so a kernel that cannot compile fails there, and `failure()` says why.
 
 from __future__ import annotations
 
-import functools
-import os
-
 import torch
 from torch.nn import functional as F
 
-from graphrun.base.errors import first_line
+from graphrun.base.triton_switch import KernelSwitch
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 WIDEST_NORM = 16384  # a norm's row is one program's registers: wider rows take the eager ops
@@ -97,18 +94,9 @@ def silu_mul_eager(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-_failures: list[str] = []  # why a kernel failed in this process: none is tried again
-
-
-@functools.lru_cache(maxsize=1)
-def _kernels():
-    """The kernels' module, or None without Triton; imported on first use so a job that never
-    runs a Llama step on a GPU never imports Triton."""
-    try:
-        from graphrun.models.causal import fused_kernels
-    except ImportError:
-        return None
-    return fused_kernels
+# the kernels; imported on first use so a job that never runs a Llama step on a GPU never
+# imports Triton
+SWITCH = KernelSwitch("graphrun.models.causal.fused_kernels")
 
 
 def usable(t: torch.Tensor) -> bool:
@@ -117,14 +105,12 @@ def usable(t: torch.Tensor) -> bool:
     kernel has failed in this process, with Triton importable."""
     if torch.compiler.is_compiling():  # first: dynamo traces nothing past it
         return False
-    on = t.device.type == "cuda" or (t.device.type == "cpu"
-                                     and os.environ.get("TRITON_INTERPRET") == "1")
-    return on and t.dtype in DTYPES and not _failures and _kernels() is not None
+    return t.dtype in DTYPES and SWITCH.on(t.device)
 
 
 def give_up(err: BaseException) -> None:
     """A kernel failed (a Triton that cannot compile for this GPU): the eager ops from now on."""
-    _failures.append(first_line(err))
+    SWITCH.give_up(err)
 
 
 def check(name: str, got, want) -> None:
@@ -143,7 +129,7 @@ def check(name: str, got, want) -> None:
 
 def failure() -> str | None:
     """Why the fused kernels are no longer used in this process, or None."""
-    return _failures[0] if _failures else None
+    return SWITCH.failure()
 
 
 def _pow2(n: int) -> int:
@@ -168,7 +154,7 @@ def _add_rms_norm(x, delta, weight, eps):
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     r2, o2 = res.view(-1, n), out.view(-1, n)
     if x2.shape[0]:
-        _kernels().add_rms_norm[(x2.shape[0],)](
+        SWITCH.kernels.add_rms_norm[(x2.shape[0],)](
             x2, d2, weight, r2, o2, eps, x2.stride(0), d2.stride(0), r2.stride(0), o2.stride(0),
             N=n, BLOCK=_pow2(n), ADD=delta is not None, num_warps=_warps(n))
     return res, out
@@ -181,7 +167,7 @@ def _rope(qk, cos, sin):
     bh = min(_pow2(heads), max(1, 2048 // _pow2(half)))  # 2048 pairs a program, 16 a thread
     if out.numel():
         # no fused multiply-add: each product rounds on its own, as torch's separate ops do
-        _kernels().rope[(b * q_len, -(-heads // bh))](
+        SWITCH.kernels.rope[(b * q_len, -(-heads // bh))](
             qk, cos, sin, out, q_len, heads, qk.stride(0), qk.stride(1), qk.stride(2),
             cos.stride(0), cos.stride(2), HALF=half, BH=bh, BHALF=_pow2(half),
             num_warps=4, enable_fp_fusion=False)
@@ -195,7 +181,7 @@ def _silu_mul(gate, up):
     o2 = out.view(-1, n)
     tile = min(SILU_TILE, _pow2(n))
     if g2.shape[0] and n:
-        _kernels().silu_mul[(g2.shape[0], -(-n // tile))](
+        SWITCH.kernels.silu_mul[(g2.shape[0], -(-n // tile))](
             g2, u2, o2, g2.stride(0), u2.stride(0), o2.stride(0), N=n, BLOCK=tile,
             num_warps=4)
     return out

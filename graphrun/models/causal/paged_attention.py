@@ -26,14 +26,12 @@ Nothing here syncs with the host or branches on the data: every call can be capt
 
 from __future__ import annotations
 
-import functools
-import os
 from dataclasses import dataclass
 
 import torch
 from torch.nn import functional as F
 
-from graphrun.base.errors import first_line
+from graphrun.base.triton_switch import KernelSwitch
 
 
 
@@ -188,18 +186,8 @@ def _paged_decode(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                                   scale)
 
 
-@functools.lru_cache(maxsize=1)
-def _kernels():
-    """(split kernel, merge kernel), or None without Triton; imported on first use so a job
-    that never decodes on a GPU never imports Triton."""
-    try:
-        from graphrun.models.causal import paged_kernels
-    except ImportError:
-        return None
-    return paged_kernels.split, paged_kernels.merge
-
-
-_failures: list[str] = []  # why the kernel failed in this process: it is not tried again
+# the kernel; imported on first use so a job that never decodes on a GPU never imports Triton
+SWITCH = KernelSwitch("graphrun.models.causal.paged_kernels")
 
 
 def usable(q: torch.Tensor) -> bool:
@@ -210,23 +198,19 @@ def usable(q: torch.Tensor) -> bool:
 def runs_on(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
     """Whether a decode step's attention on this device, in this dtype, runs the kernel (Triton
     on a GPU, or its interpreter on the CPU with TRITON_INTERPRET=1)."""
-    device = torch.device(device)
-    on = device.type == "cuda" or (device.type == "cpu"
-                                   and os.environ.get("TRITON_INTERPRET") == "1")
-    return (on and not _failures and head_dim <= 256
-            and dtype in (torch.float16, torch.bfloat16, torch.float32)
-            and _kernels() is not None)
+    return (head_dim <= 256 and dtype in (torch.float16, torch.bfloat16, torch.float32)
+            and SWITCH.on(torch.device(device)))
 
 
 def give_up(err: BaseException) -> None:
     """The kernel failed (a GPU or a Triton it cannot compile for): the reference from now on.
     Its first call is an eager step before any capture, so nothing was launched."""
-    _failures.append(first_line(err))
+    SWITCH.give_up(err)
 
 
 def failure() -> str | None:
     """Why the kernel is no longer used in this process, or None."""
-    return _failures[0] if _failures else None
+    return SWITCH.failure()
 
 
 def _pow2(n: int) -> int:
@@ -246,7 +230,7 @@ def _kernel_decode(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
     once, and a row whose keys fit one share is finished by that share (no merge). config: the
     launch, CONFIG when None."""
     c = config or CONFIG
-    split, merge = _kernels()
+    split, merge = SWITCH.kernels.split, SWITCH.kernels.merge
     assert k_cache.stride() == v_cache.stride(), "k and v caches of one layout"
     b, heads, _, dim = q.shape
     _, kv_heads, block_size, _ = k_cache.shape

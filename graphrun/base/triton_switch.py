@@ -1,0 +1,51 @@
+"""Whether a family of graphrun's Triton kernels runs in this process: the switch the paged
+decode attention (models/causal/paged_attention.py), the fused elementwise ops
+(models/causal/fused.py) and the pick (generate/sampling.py) each keep one of.
+
+A family runs on a GPU, or on the CPU under Triton's interpreter (TRITON_INTERPRET=1), with its
+module importable, until one of its kernels fails (give_up): from then on, for the rest of the
+process, its torch ops. The module is imported on first use, so a job that never runs the
+kernels never imports Triton. No torch: a device is read by its type.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+from types import ModuleType
+
+from graphrun.base.errors import first_line
+
+
+class KernelSwitch:
+    """One family's switch: its kernels' module (by name, imported on first use) and why its
+    kernels failed in this process (the first is the reason: none is tried again)."""
+
+    def __init__(self, module: str):
+        self.module = module
+        self.failures: list[str] = []
+
+    @functools.cached_property
+    def kernels(self) -> ModuleType | None:
+        """The kernels' module, or None without Triton."""
+        try:
+            return importlib.import_module(self.module)
+        except ImportError:
+            return None
+
+    def on(self, device) -> bool:
+        """Whether the kernels run on `device` (a torch.device): a GPU, or the CPU under
+        Triton's interpreter, while none has failed, with Triton importable."""
+        here = device.type == "cuda" or (device.type == "cpu"
+                                         and os.environ.get("TRITON_INTERPRET") == "1")
+        return here and not self.failures and self.kernels is not None
+
+    def give_up(self, err: BaseException) -> None:
+        """A kernel failed (or computed other values than the torch ops): the torch ops from
+        now on, in this process."""
+        self.failures.append(first_line(err))
+
+    def failure(self) -> str | None:
+        """Why the kernels are no longer used in this process, or None."""
+        return self.failures[0] if self.failures else None
