@@ -1,15 +1,17 @@
 """Chat messages into a prompt: an OpenAI message list checked, then rendered by the model's
-chat template (transformers' apply_chat_template, which runs the Jinja template in a sandboxed
-environment, with add_generation_prompt), the text then tokenized without adding special
-tokens again: the template wrote them.
+chat template (Jinja in a sandbox, with add_generation_prompt, as transformers'
+apply_chat_template renders it, without importing transformers), the text then tokenized
+without adding special tokens again: the template wrote them.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+from datetime import datetime
 from pathlib import Path
 
-from graphrun.base.errors import InputError
+from graphrun.base.errors import InputError, first_line
 from graphrun.spec.keys import PipelineSpec
 from graphrun.spec.rules import no_chat_template
 
@@ -56,42 +58,164 @@ def _text(content, where: str) -> tuple[str] | str:
     return f"{where}.content: expected a string or a list of text parts"
 
 
+# the tokenizer's named special tokens a template reads (bos_token, ...), as transformers
+# passes them to apply_chat_template's render
+SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
+                  "mask_token")
+JINJA_MIN = (3, 1, 6)  # older releases have known sandbox escapes; a template is untrusted code
+
+
+class Refused(Exception):
+    """A template's raise_exception(message)."""
+
+
 class ChatTemplate:
-    """The tokenizer's chat template (or the spec's data.chat.template file), rendering one
-    conversation at a time so that one bad conversation rejects only its record."""
+    """The tokenizer's chat template (or the spec's data.chat.template file), compiled once and
+    rendering one conversation at a time, so that one bad conversation rejects only its record.
 
-    def __init__(self, folder: str, template: str | None, trust_remote_code: bool = False):
-        from graphrun.models.hf import refuse_remote_code, require
+    Rendered as transformers' apply_chat_template renders it (tests/test_chat.py holds the two
+    equal), without importing transformers: Jinja's sandbox that allows no change to a value
+    passed in, blocks trimmed and left-stripped, loop controls, tojson without HTML escaping,
+    raise_exception and strftime_now; the variables messages, add_generation_prompt, tools and
+    documents (None) and the tokenizer's named special tokens. A `{% generation %}` block
+    renders its body (transformers marks the assistant's tokens with it)."""
 
-        transformers = require("transformers", "data.chat")
-        if not trust_remote_code:
-            refuse_remote_code(folder, f"data.chat tokenizer {folder!r}",
-                               "set model.hf.trust_remote_code: true")
-        # passed either way: left out, transformers would ask on stdin
-        self.tok = transformers.AutoTokenizer.from_pretrained(
-            folder, local_files_only=True, trust_remote_code=trust_remote_code)
-        self.template = template
-        if template is None and not self.tok.chat_template:
+    def __init__(self, folder: str, template: str | None, where: str | None = None):
+        source, where = (template, where) if template is not None else _folder_template(folder)
+        if source is None:
             raise InputError(no_chat_template(folder), where="data.chat")
+        self.tokens = special_tokens(Path(folder))
+        try:
+            self.compiled = _environment().from_string(source)
+        except Exception as e:  # noqa: BLE001 - jinja's TemplateSyntaxError, with its line
+            line = getattr(e, "lineno", None)
+            raise InputError(f"the chat template does not compile: {first_line(e)}"
+                             + (f" (its line {line})" if line else "")
+                             + "; fix it, or name another in data.chat.template",
+                             where=where) from None
 
     def render(self, messages: list[dict]) -> str | tuple[str]:
         """(the prompt,) or why the template refused the conversation."""
         try:
-            return (self.tok.apply_chat_template(messages, chat_template=self.template,
-                                                 add_generation_prompt=True, tokenize=False),)
-        except Exception as e:  # noqa: BLE001 - the template's own raise_exception, say
+            return (self.compiled.render(messages=messages, tools=None, documents=None,
+                                         add_generation_prompt=True, **self.tokens),)
+        except Refused as e:  # the template's own raise_exception: its message
             return f"the chat template refused the messages: {e}"
+        except Exception as e:  # noqa: BLE001 - the sandbox's refusal, an undefined name, ...
+            return f"the chat template refused the messages: {first_line(e)}"
+
+
+def _folder_template(folder: str) -> tuple[str | None, str]:
+    """(the folder's chat template, the file it is in) as transformers finds it:
+    chat_template.jinja, else tokenizer_config.json's chat_template, else chat_template.json's
+    (a processor's); of named templates (a list of {name, template}), the one named default."""
+    base = Path(folder)
+    jinja = base / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8"), str(jinja)
+    for name in ("tokenizer_config.json", "chat_template.json"):
+        value = _json(base / name).get("chat_template")
+        if isinstance(value, list):
+            named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+            if "default" not in named:
+                raise InputError(f"chat_template holds the templates {sorted(map(str, named))} "
+                                 "and none named default: name a template file in "
+                                 "data.chat.template", where=str(base / name))
+            value = named["default"]
+        if value:
+            if not isinstance(value, str):
+                raise InputError("chat_template: expected the template's text",
+                                 where=str(base / name))
+            return value, str(base / name)
+    return None, str(base)
+
+
+def special_tokens(folder: Path) -> dict[str, str]:
+    """The named special tokens' texts: tokenizer_config.json's, else special_tokens_map.json's
+    (each a string, or an added token's {content: ...})."""
+    found: dict[str, str] = {}
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):  # the second wins
+        for key, value in _json(folder / name).items():
+            if isinstance(value, dict):
+                value = value.get("content")
+            if key in SPECIAL_TOKENS and isinstance(value, str):
+                found[key] = value
+    return found
+
+
+def _json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+@functools.lru_cache(maxsize=1)
+def _environment():
+    """Jinja's sandbox as chat templates expect it (ChatTemplate's docstring)."""
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    have = tuple(int(p) for p in jinja2.__version__.split(".")[:3] if p.isdigit())
+    if have < JINJA_MIN:
+        raise InputError(f"chat templates need jinja2 >= {'.'.join(map(str, JINJA_MIN))} "
+                         f"(this is {jinja2.__version__}, with known sandbox escapes): "
+                         "pip install -U jinja2", where="data.chat")
+
+    class Generation(jinja2.ext.Extension):
+        """{% generation %}...{% endgeneration %}: its body, as written."""
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.Scope(body).set_lineno(lineno)
+
+    class Namespace(jinja2.utils.Namespace):
+        """namespace(): no attribute of a leading underscore, set or given."""
+
+        def __init__(*args, **kwargs):  # jinja's own signature: `self` may be a kwarg
+            self, attrs = args[0], dict(*args[1:], **kwargs)
+            for name in attrs:
+                Namespace._plain(name)
+            jinja2.utils.Namespace.__init__(self, attrs)
+
+        def __setitem__(self, name, value):
+            Namespace._plain(name)
+            jinja2.utils.Namespace.__setitem__(self, name, value)
+
+        @staticmethod
+        def _plain(name):
+            if isinstance(name, str) and name.startswith("_"):
+                raise jinja2.exceptions.SecurityError(
+                    f"a chat template may not set {name!r} on a namespace")
+
+    def raise_exception(message):
+        raise Refused(message)
+
+    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
+                          separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[Generation, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals.update(raise_exception=raise_exception, namespace=Namespace,
+                       strftime_now=lambda fmt: datetime.now().strftime(fmt),
+                       dict=lambda *a, **k: dict(*a, **k))
+    return env
 
 
 @functools.lru_cache(maxsize=4)
-def _template(folder: str, path: str | None, trust_remote_code: bool) -> ChatTemplate:
+def _template(folder: str, path: str | None) -> ChatTemplate:
     text = Path(path).read_text(encoding="utf-8") if path else None
-    return ChatTemplate(folder, text, trust_remote_code)
+    return ChatTemplate(folder, text, path)
 
 
 def chat_template(spec: PipelineSpec) -> ChatTemplate:
-    from graphrun.models.hf import remote_code, tokenizer_folder
+    from graphrun.models.hf import tokenizer_folder
 
     path = spec.data.chat.template if spec.data.chat else None
-    return _template(tokenizer_folder(spec), str(spec.base_dir / path) if path else None,
-                     remote_code(spec))
+    return _template(tokenizer_folder(spec), str(spec.base_dir / path) if path else None)
