@@ -73,8 +73,8 @@ class ChatTemplate:
     """The tokenizer's chat template (or the spec's data.chat.template file), compiled once and
     rendering one conversation at a time, so that one bad conversation rejects only its record.
 
-    Rendered as transformers' apply_chat_template renders it (tests/test_chat.py holds the two
-    equal), without importing transformers: Jinja's sandbox that allows no change to a value
+    Rendered as transformers' apply_chat_template renders it (tests/test_chat_template.py holds
+    the two equal), without importing transformers: Jinja's sandbox that allows no change to a value
     passed in, blocks trimmed and left-stripped, loop controls, tojson without HTML escaping,
     raise_exception and strftime_now; the variables messages, add_generation_prompt, tools and
     documents (None) and the tokenizer's named special tokens. A `{% generation %}` block
@@ -85,8 +85,9 @@ class ChatTemplate:
         if source is None:
             raise InputError(no_chat_template(folder), where="data.chat")
         self.tokens = special_tokens(Path(folder))
+        env = _environment()  # its own error (an old jinja2) is not the template's
         try:
-            self.compiled = _environment().from_string(source)
+            self.compiled = env.from_string(source)
         except Exception as e:  # noqa: BLE001 - jinja's TemplateSyntaxError, with its line
             line = getattr(e, "lineno", None)
             raise InputError(f"the chat template does not compile: {first_line(e)}"
@@ -204,6 +205,7 @@ def _environment():
     env.filters["tojson"] = tojson
     env.globals.update(raise_exception=raise_exception, namespace=Namespace,
                        strftime_now=lambda fmt: datetime.now().strftime(fmt),
+                       # a function, not the type: no dict.fromkeys or other class attributes
                        dict=lambda *a, **k: dict(*a, **k))
     return env
 

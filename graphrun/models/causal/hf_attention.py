@@ -218,9 +218,9 @@ class HFCausalLM:
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor,
                  kv: StepKV) -> torch.Tensor:
         # tokens, positions: [b, q] -> logits [b or n, V] as the model gives them, cast by
-        # the step (StepKV.last_hidden). No
-        # cache object: the keys live in graphrun's cache, reached through graphrun_kv. A 4-D
-        # mask passes through transformers unchanged, so none of its mask code runs.
+        # the step (StepKV.last_hidden). No cache object: the keys live in graphrun's cache,
+        # reached through graphrun_kv. A 4-D mask passes through transformers unchanged, so
+        # none of its mask code runs.
         if kv.prefill:
             mask, keep = kv.mask, kv.last
         else:
