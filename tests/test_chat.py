@@ -179,6 +179,20 @@ def test_a_model_without_a_chat_template_is_refused_before_any_work(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_the_spec_check_finds_a_template_where_the_renderer_does(tmp_path):
+    bare = chat_model(tmp_path / "bare", template=None)
+    spec = write_job(tmp_path, [{"id": "c0", "messages": CHATS[0]}], {"chat": {}}, bare)
+    (bare / "chat_template.json").write_text(json.dumps({"chat_template": TEMPLATE}))
+    graphrun.load_spec(spec)  # a processor's chat_template.json is a template
+    config = json.loads((bare / "tokenizer_config.json").read_text())
+    config["chat_template"] = [{"name": "tool_use", "template": TEMPLATE}]
+    (bare / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(GraphrunError, match=r"data\.chat.*tokenizer_config\.json.*"
+                       r"\['tool_use'\] and none named default"):
+        graphrun.load_spec(spec)
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_template_file_named_in_the_spec_serves_a_model_without_one(tmp_path, hf):
     bare = chat_model(tmp_path / "bare", template=None)
     (tmp_path / "chat.jinja").write_text(TEMPLATE)

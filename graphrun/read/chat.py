@@ -13,7 +13,7 @@ from pathlib import Path
 
 from graphrun.base.errors import InputError, first_line
 from graphrun.spec.keys import PipelineSpec
-from graphrun.spec.rules import no_chat_template
+from graphrun.spec.chat_template import folder_template, no_chat_template, read_json
 
 ROLES = ("system", "developer", "user", "assistant")
 
@@ -81,7 +81,7 @@ class ChatTemplate:
     renders its body (transformers marks the assistant's tokens with it)."""
 
     def __init__(self, folder: str, template: str | None, where: str | None = None):
-        source, where = (template, where) if template is not None else _folder_template(folder)
+        source, where = (template, where) if template is not None else folder_template(folder)
         if source is None:
             raise InputError(no_chat_template(folder), where="data.chat")
         self.tokens = special_tokens(Path(folder))
@@ -106,50 +106,17 @@ class ChatTemplate:
             return f"the chat template refused the messages: {first_line(e)}"
 
 
-def _folder_template(folder: str) -> tuple[str | None, str]:
-    """(the folder's chat template, the file it is in) as transformers finds it:
-    chat_template.jinja, else tokenizer_config.json's chat_template, else chat_template.json's
-    (a processor's); of named templates (a list of {name, template}), the one named default."""
-    base = Path(folder)
-    jinja = base / "chat_template.jinja"
-    if jinja.is_file():
-        return jinja.read_text(encoding="utf-8"), str(jinja)
-    for name in ("tokenizer_config.json", "chat_template.json"):
-        value = _json(base / name).get("chat_template")
-        if isinstance(value, list):
-            named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
-            if "default" not in named:
-                raise InputError(f"chat_template holds the templates {sorted(map(str, named))} "
-                                 "and none named default: name a template file in "
-                                 "data.chat.template", where=str(base / name))
-            value = named["default"]
-        if value:
-            if not isinstance(value, str):
-                raise InputError("chat_template: expected the template's text",
-                                 where=str(base / name))
-            return value, str(base / name)
-    return None, str(base)
-
-
 def special_tokens(folder: Path) -> dict[str, str]:
     """The named special tokens' texts: tokenizer_config.json's, else special_tokens_map.json's
     (each a string, or an added token's {content: ...})."""
     found: dict[str, str] = {}
     for name in ("special_tokens_map.json", "tokenizer_config.json"):  # the second wins
-        for key, value in _json(folder / name).items():
+        for key, value in read_json(folder / name).items():
             if isinstance(value, dict):
                 value = value.get("content")
             if key in SPECIAL_TOKENS and isinstance(value, str):
                 found[key] = value
     return found
-
-
-def _json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 @functools.lru_cache(maxsize=1)

@@ -11,10 +11,13 @@ from pathlib import Path
 from typing import Iterator
 
 from graphrun.base import dtypes
+from graphrun.base.errors import GraphrunError, InputError
+from graphrun.spec.chat_template import folder_template, no_chat_template
 from graphrun.spec.endpoints import CHAT, file_endpoint
 from graphrun.spec.keys import (BATCH, BUILTIN_NAMES, FLOAT_DTYPES, GENERATE_BUILTINS,
                                 INPUT_SUFFIXES, INT_DTYPES, PipelineSpec)
 from graphrun.spec.generate import CAUSAL_LM_SUFFIXES, PROMPT_AXIS
+from graphrun.spec.paths import resolve_path
 
 Found = Iterator[tuple[tuple, str]]
 # One graph (or eager bucket) per combination of the axes' values is set up before the first
@@ -74,9 +77,9 @@ def _requests(spec: PipelineSpec) -> Found:
 
 
 def _chat_template(spec: PipelineSpec, base_dir: Path) -> Found:
-    """Chat records need a chat template: the spec's file, or the tokenizer's own (a local
-    folder's tokenizer_config.json chat_template, chat_template.jinja or chat_template.json;
-    a hub name's is looked for when the records are read)."""
+    """Chat records need a chat template: the spec's file, or the tokenizer's own, found as
+    read/chat finds it (spec/chat_template.py); a hub name's is looked for when the records
+    are read."""
     d = spec.data
     chat_file = d.format == "openai_batch" or d.chat is not None
     if not chat_file or d.text is None:
@@ -90,24 +93,20 @@ def _chat_template(spec: PipelineSpec, base_dir: Path) -> Found:
     where = d.text.tokenizer or (spec.model.hf.path if spec.model.hf else None)
     if where is None:
         return
-    folder = Path(where) if Path(where).is_absolute() else base_dir / where
-    if not folder.is_dir():
-        return  # a hub name, or a folder _hf_paths reports missing
     try:
-        config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        config = {}
-    has = bool(config.get("chat_template")) or any(
-        (folder / n).is_file() for n in ("chat_template.jinja", "chat_template.json"))
-    if not has and (d.chat is not None or file_endpoint(d.path) == CHAT):
-        key = ("data", "chat") if d.chat is not None else ("data", "format")
+        folder = Path(resolve_path(where, base_dir, "data.text.tokenizer"))
+    except GraphrunError:
+        return  # _hf_paths reports a folder that cannot be found
+    if not folder.is_dir():
+        return  # a hub name
+    key = ("data", "chat") if d.chat is not None else ("data", "format")
+    try:
+        template, _ = folder_template(folder)
+    except InputError as e:
+        yield key, str(e)
+        return
+    if template is None and (d.chat is not None or file_endpoint(d.path) == CHAT):
         yield key, no_chat_template(folder)
-
-
-def no_chat_template(folder) -> str:
-    return (f"the tokenizer in {folder} has no chat template (tokenizer_config.json's "
-            "chat_template, chat_template.jinja): name a template file in data.chat.template, "
-            "or render the prompts yourself and give data.text with add_special_tokens: false")
 
 
 def _target_found(spec: PipelineSpec, base_dir: Path) -> Found:
@@ -452,7 +451,6 @@ def _hf_paths(spec: PipelineSpec, base_dir: Path) -> Found:
     if not keys:  # models/ imports torch: only for a spec that names a folder to find
         return
     from graphrun.base.errors import ModelError
-    from graphrun.spec.paths import resolve_path
 
     for key, path in keys:
         try:
