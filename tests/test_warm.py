@@ -91,6 +91,34 @@ def test_the_engine_waits_before_its_first_graph(monkeypatch):
     assert calls == ["wait", "prepare"] and eng.warm.calls is calls
 
 
+def test_the_attention_plans_are_built_at_the_prefill_steps_own_shapes_and_strides(
+        monkeypatch):
+    """cuDNN keys a plan by its tensors' shapes, strides and dtypes: attention_plans' tensors
+    must be the ones the engine's prefills hand to attention, at every packed size."""
+    from graphrun.models.causal import kv_cache, warm
+
+    real, seen = kv_cache.fresh_attend, []
+
+    def noted(q, k, v, mask, scale, softcap=None):
+        seen.append(tuple((tuple(t.shape), t.stride(), t.dtype) for t in (q, k, v, mask)))
+        return real(q, k, v, mask, scale, softcap)
+
+    monkeypatch.setattr(kv_cache, "fresh_attend", noted)
+    monkeypatch.setattr(warm, "fresh_attend", noted)
+    model = build_llama(**TINY)
+    eng = build_engine(model, GenerateConfig(max_new_tokens=2), slots=4, max_prompt=16,
+                       block_size=4, prefill_tokens=32)
+    eng.generate(PROMPTS)
+    eng.generate([[7] * 14, [1, 2]])
+    steps = set(seen)
+    sizes = sorted({q[0][2] for q, *_ in steps})
+    assert len(sizes) >= 2 and set(sizes) <= set(eng.prefill_sizes)
+    seen.clear()
+    assert warm.attention_plans(layout_of(model.shape), torch.device("cpu"), torch.float32,
+                                sizes) == len(sizes)
+    assert set(seen) == steps
+
+
 def test_a_failed_warm_up_is_said_and_the_tokens_are_the_same():
     said: list[str] = []
     config = GenerateConfig(max_new_tokens=6)

@@ -54,6 +54,7 @@ from graphrun.generate.graphs import GraphTable, StepKey
 from graphrun.models.causal.hf_attention import HFCausalLM, is_hf_model, unsupported
 from graphrun.models.causal.kv_cache import BlockPool, PagedCache, chain_hashes
 from graphrun.models.causal.llama import Llama, OwnLM
+from graphrun.models.causal.warm import attention_plans, layout_of
 from graphrun.generate.sampling import check_kernel, record_key
 from graphrun.generate.stats import GenerationStats
 from graphrun.generate.steps import (HOST_FIELDS, ROW_FIELDS, SlotState, Variant, decode_step,
@@ -287,6 +288,7 @@ class Engine:
                                 budget_bytes=None if budget is None else budget - self.kv_bytes,
                                 log=self.log, compiled=compile)
         self.stats = GenerationStats(host_bound_steps=0 if self.cuda else None)
+        self._attention_plans()
         self._wait_for_warm_up()
         if self.cuda:  # done on the warm-up's thread where one ran: then free here
             check_kernel(self.device, self.model.vocab)
@@ -295,6 +297,17 @@ class Engine:
         self._rows: list[_Row | None] = [None] * slots
         self._reserved = 0  # blocks the running rows may still take
         self._make_host_rings(slots)
+
+    def _attention_plans(self) -> None:
+        """While the kernels' warm-up runs, this thread's attention plans for the prefill
+        graphs (warm.attention_plans: torch keeps them per thread); graphrun's models only,
+        the ones the warm-up knows."""
+        if not (self.cuda and self.warm is not None and self.warm.status == "running"
+                and isinstance(self.model, OwnLM)):
+            return
+        with phase("attention plans"):
+            attention_plans(layout_of(self.model.shape), self.device, self.dtype,
+                            self.prefill_sizes)
 
     def _wait_for_warm_up(self) -> None:
         """The kernels' warm-up ended (its failure only said: the steps compile anew)."""

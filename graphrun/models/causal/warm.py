@@ -12,12 +12,16 @@ runner does once it has read the layout (WarmUp.begin), beside the weights' load
 waits for it before its first graph (Engine(warm=...)). The wait is the phase "kernel warm-up"
 and generation.warm_up in the manifest; this thread's own time is there too.
 
+torch keeps cuDNN's attention plans (and cuBLAS's handles) per thread, so what this thread
+builds for them serves only itself: the engine builds the prefill graphs' attention plans on its
+own thread while it waits (attention_plans).
+
 The tensors are laid out as the model lays them out (graphrun's Llama: q, k and v of its fused
 projection through its RoPE, and its fused elementwise kernels; GPT-2: its split), since
 Triton compiles one kernel per specialization (the strides' and pointers' divisibility): the
-engine's steps then find what they launch in each kernel's cache. A failure here is recorded and nothing else: the kernel is
-not given up (paged_attention.give_up), so the engine's first step compiles again and reports
-a failure as it always has.
+engine's steps then find what they launch in each kernel's cache. A failure here is recorded
+and nothing else: the kernel is not given up (paged_attention.give_up), so the engine's first
+step compiles again and reports a failure as it always has.
 
 Threads: the device's context exists before the thread starts (begin makes sure, on the
 caller's thread); the thread makes the device current, works on the default stream (its blocks
@@ -32,7 +36,7 @@ import threading
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 
@@ -188,6 +192,31 @@ def warm_kernels(layout: Layout, device: torch.device, dtype: torch.dtype,
     return done
 
 
+def attention_plans(layout: Layout, device: torch.device, dtype: torch.dtype,
+                    tokens: Iterable[int]) -> int:
+    """The captured prefills' attention (their own keys, none cached) run once at each packed
+    size in `tokens` on the calling thread; returns how many ran. torch keeps cuDNN's
+    attention plans per thread, so the thread that captures the prefill graphs builds them:
+    the engine does it here while the warm-up thread compiles, which is then the only caller
+    of the Triton kernels (RoPE by the eager ops)."""
+    ran = 0
+    with torch.no_grad(), (torch.cuda.device(device) if device.type == "cuda"
+                           else nullcontext()):
+        gen = torch.Generator(device).manual_seed(0)
+
+        def randn(*shape: int) -> torch.Tensor:
+            return torch.randn(shape, generator=gen, device=device, dtype=dtype)
+
+        for n in tokens:
+            q, k, v = model_qkv(layout, 1, n, randn, kernel=False)
+            mask = torch.ones(n, n, dtype=torch.bool, device=device).tril()[None, None]
+            fresh_attend(q, k, v, mask, layout.head_dim ** -0.5)
+            ran += 1
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    return ran
+
+
 def warm_fused(layout: Layout, randn) -> list[str]:
     """graphrun's Llama's fused elementwise kernels (models/causal/fused.py) at a decode
     step's and a prefill's shapes, as its layers call them: the norm with and without the
@@ -209,9 +238,12 @@ def warm_fused(layout: Layout, randn) -> list[str]:
     return [] if fused.failure() or not fused.usable(weight) else ["fused elementwise"]
 
 
-def model_qkv(layout: Layout, rows: int, tokens: int, randn) -> tuple[torch.Tensor, ...]:
+def model_qkv(layout: Layout, rows: int, tokens: int, randn,
+              kernel: bool = True) -> tuple[torch.Tensor, ...]:
     """q [rows, heads, tokens, d], k, v [rows, kv_heads, tokens, d] as the model's attention
-    hands them to kv_cache.attend, strides included (models/causal/llama.py, gpt2.py)."""
+    hands them to kv_cache.attend, strides included (models/causal/llama.py, gpt2.py).
+    kernel: RoPE by its Triton kernel (checked against the eager ops), else by the eager ops
+    (the same layout)."""
     from graphrun.models.causal import fused
 
     h, g, d = layout.heads, layout.kv_heads, layout.head_dim
@@ -223,8 +255,9 @@ def model_qkv(layout: Layout, rows: int, tokens: int, randn) -> tuple[torch.Tens
     qk = qk.view(rows, tokens, h + g, d)
     angles = randn(rows, 1, tokens, d)
     cos, sin = angles.cos(), angles.sin()
-    turned = fused.rope(qk, cos, sin)
-    fused.check("rope", turned, fused.rope_eager(qk, cos, sin))
+    turned = fused.rope(qk, cos, sin, kernel=kernel)
+    if kernel:
+        fused.check("rope", turned, fused.rope_eager(qk, cos, sin))
     q, k = turned.split([h, g], dim=1)
     return q, k, v.view(rows, tokens, g, d).transpose(1, 2)
 
