@@ -199,22 +199,25 @@ def attention_plans(layout: Layout, device: torch.device, dtype: torch.dtype,
     attention plans per thread, so the thread that captures the prefill graphs builds them:
     the engine does it here while the warm-up thread compiles, which is then the only caller
     of the Triton kernels (RoPE by the eager ops)."""
-    ran = 0
+    gen = torch.Generator(device).manual_seed(0)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=gen, device=device, dtype=dtype)
+
+    def attend(n: int) -> None:
+        q, k, v = model_qkv(layout, 1, n, randn, kernel=False)
+        mask = torch.ones(n, n, dtype=torch.bool, device=device).tril()[None, None]
+        fresh_attend(q, k, v, mask, layout.head_dim ** -0.5)
+
+    sizes = list(tokens)
     with torch.no_grad(), (torch.cuda.device(device) if device.type == "cuda"
                            else nullcontext()):
-        gen = torch.Generator(device).manual_seed(0)
-
-        def randn(*shape: int) -> torch.Tensor:
-            return torch.randn(shape, generator=gen, device=device, dtype=dtype)
-
-        for n in tokens:
-            q, k, v = model_qkv(layout, 1, n, randn, kernel=False)
-            mask = torch.ones(n, n, dtype=torch.bool, device=device).tril()[None, None]
-            fresh_attend(q, k, v, mask, layout.head_dim ** -0.5)
-            ran += 1
+        for n in sizes:
+            attend(n)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-    return ran
+            torch.cuda.empty_cache()  # the graphs capture into a pool of their own
+    return len(sizes)
 
 
 def warm_fused(layout: Layout, randn) -> list[str]:
