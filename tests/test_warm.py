@@ -117,6 +117,10 @@ def test_the_attention_plans_are_built_at_the_prefill_steps_own_shapes_and_strid
     assert warm.attention_plans(layout_of(model.shape), torch.device("cpu"), torch.float32,
                                 sizes) == len(sizes)
     assert set(seen) == steps
+    seen.clear()  # built only until told to stop, the largest first
+    assert warm.attention_plans(layout_of(model.shape), torch.device("cpu"), torch.float32,
+                                sizes, until=lambda: len(seen) == 1) == 1
+    assert [q[0][2] for q, *_ in seen] == [max(sizes)]
 
 
 def test_a_failed_warm_up_is_said_and_the_tokens_are_the_same():

@@ -299,15 +299,15 @@ class Engine:
         self._make_host_rings(slots)
 
     def _attention_plans(self) -> None:
-        """While the kernels' warm-up runs, this thread's attention plans for the prefill
-        graphs (warm.attention_plans: torch keeps them per thread); graphrun's models only,
-        the ones the warm-up knows."""
+        """While the kernels' warm-up runs, and only then, this thread's attention plans for
+        the prefill graphs (warm.attention_plans: torch keeps them per thread); graphrun's
+        models only, the ones the warm-up knows."""
         if not (self.cuda and self.warm is not None and self.warm.status == "running"
                 and isinstance(self.model, OwnLM)):
             return
         with phase("attention plans"):
             attention_plans(layout_of(self.model.shape), self.device, self.dtype,
-                            self.prefill_sizes)
+                            self.prefill_sizes, until=lambda: self.warm.status != "running")
 
     def _wait_for_warm_up(self) -> None:
         """The kernels' warm-up ended (its failure only said: the steps compile anew)."""

@@ -193,12 +193,14 @@ def warm_kernels(layout: Layout, device: torch.device, dtype: torch.dtype,
 
 
 def attention_plans(layout: Layout, device: torch.device, dtype: torch.dtype,
-                    tokens: Iterable[int]) -> int:
+                    tokens: Iterable[int], until: Callable[[], bool] = lambda: False) -> int:
     """The captured prefills' attention (their own keys, none cached) run once at each packed
-    size in `tokens` on the calling thread; returns how many ran. torch keeps cuDNN's
-    attention plans per thread, so the thread that captures the prefill graphs builds them:
-    the engine does it here while the warm-up thread compiles, which is then the only caller
-    of the Triton kernels (RoPE by the eager ops)."""
+    size in `tokens`, largest first, on the calling thread, until `until()` says stop;
+    returns how many ran. torch keeps cuDNN's attention plans per thread, so the thread that
+    captures the prefill graphs builds them: the engine does it here while the warm-up thread
+    compiles (until: the warm-up has ended; a plan built here costs more than in the capture,
+    so only a wait pays for it), the warm-up thread then the only caller of the Triton
+    kernels (RoPE by the eager ops)."""
     gen = torch.Generator(device).manual_seed(0)
 
     def randn(*shape: int) -> torch.Tensor:
@@ -208,16 +210,20 @@ def attention_plans(layout: Layout, device: torch.device, dtype: torch.dtype,
         q, k, v = model_qkv(layout, 1, n, randn, kernel=False)
         mask = torch.ones(n, n, dtype=torch.bool, device=device).tril()[None, None]
         fresh_attend(q, k, v, mask, layout.head_dim ** -0.5)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # until() is asked of a plan built, not queued
 
-    sizes = list(tokens)
+    ran = 0
     with torch.no_grad(), (torch.cuda.device(device) if device.type == "cuda"
                            else nullcontext()):
-        for n in sizes:
+        for n in sorted(set(tokens), reverse=True):
+            if until():
+                break
             attend(n)
+            ran += 1
         if device.type == "cuda":
-            torch.cuda.synchronize(device)
             torch.cuda.empty_cache()  # the graphs capture into a pool of their own
-    return len(sizes)
+    return ran
 
 
 def warm_fused(layout: Layout, randn) -> list[str]:
