@@ -131,6 +131,17 @@ def test_named_templates_take_the_default_and_a_folder_without_one_is_refused(tm
         ChatTemplate(str(folder), None)
 
 
+def test_chat_template_json_serves_a_tokenizer_without_one_and_a_jinja_file_comes_first(
+        tmp_path):
+    folder = folder_with(tmp_path, None)
+    (folder / "chat_template.json").write_text(json.dumps({"chat_template": CHATML}))
+    hi = [{"role": "user", "content": "hi"}]
+    assert ChatTemplate(str(folder), None).render(hi) == (
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",)
+    (folder / "chat_template.jinja").write_text("{{ messages[0].content }}!")
+    assert ChatTemplate(str(folder), None).render(hi) == ("hi!",)
+
+
 @pytest.mark.parametrize("body", [
     "{% set ns = namespace() %}{% set ns.__class__ = 1 %}",
     "{{ namespace(_x=1) }}",
