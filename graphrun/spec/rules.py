@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import json
 import importlib.util
 import math
 import os
@@ -11,7 +10,7 @@ from pathlib import Path
 from typing import Iterator
 
 from graphrun.base import dtypes
-from graphrun.base.errors import GraphrunError, InputError
+from graphrun.base.errors import InputError, ModelError
 from graphrun.spec.chat_template import folder_template, no_chat_template
 from graphrun.spec.endpoints import CHAT, file_endpoint
 from graphrun.spec.keys import (BATCH, BUILTIN_NAMES, FLOAT_DTYPES, GENERATE_BUILTINS,
@@ -95,7 +94,7 @@ def _chat_template(spec: PipelineSpec, base_dir: Path) -> Found:
         return
     try:
         folder = Path(resolve_path(where, base_dir, "data.text.tokenizer"))
-    except GraphrunError:
+    except ModelError:
         return  # _hf_paths reports a folder that cannot be found
     if not folder.is_dir():
         return  # a hub name
@@ -448,10 +447,6 @@ def _hf_paths(spec: PipelineSpec, base_dir: Path) -> Found:
         keys.append((("model", "hf", "path"), spec.model.hf.path))
     if spec.data.text is not None and spec.data.text.tokenizer is not None:
         keys.append((("data", "text", "tokenizer"), spec.data.text.tokenizer))
-    if not keys:  # models/ imports torch: only for a spec that names a folder to find
-        return
-    from graphrun.base.errors import ModelError
-
     for key, path in keys:
         try:
             folder = resolve_path(path, base_dir, ".".join(key))
