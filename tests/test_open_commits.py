@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,9 +25,11 @@ from tests.test_generate_job import write_spec as write_generation_spec
 
 pytestmark = pytest.mark.slow
 
-# A scorer slow enough that the stream is still going when the test stops it.
+# A scorer slow enough that the stream is still going when the test stops it: it sleeps while
+# a file named slow lies beside it, so the runs the test does not stop go at full speed.
 MODEL = '''
 import time
+from pathlib import Path
 
 import torch
 
@@ -39,7 +42,8 @@ class Slow(torch.nn.Module):
         self.mlp = build_mlp(**args)
 
     def forward(self, x):
-        time.sleep(0.05)
+        if (Path(__file__).parent / "slow").exists():
+            time.sleep(0.05)
         return self.mlp(x)
 
 
@@ -111,6 +115,22 @@ def generation(tmp_path_factory):
 def stop_after_an_open_commit(spec: Path, out: Path, signum: int) -> subprocess.Popen:
     """`graphrun run` in a child process, sent `signum` once a batch is committed while its
     shard is still open (an open line in the journal)."""
+    with slow(spec):
+        return _stop_after_an_open_commit(spec, out, signum)
+
+
+@contextmanager
+def slow(spec: Path):
+    """The forward job's scorer sleeps a batch while this lasts (MODEL)."""
+    mark = spec.parent / "slow"
+    mark.touch()
+    try:
+        yield
+    finally:
+        mark.unlink()
+
+
+def _stop_after_an_open_commit(spec: Path, out: Path, signum: int) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "graphrun", "run", str(spec), "--out",
                              str(out), "-q"], env=child_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -127,11 +147,17 @@ def stop_after_an_open_commit(spec: Path, out: Path, signum: int) -> subprocess.
     return proc
 
 
-def resume_and_compare(job: SimpleNamespace, out: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "graphrun", "run", str(job.spec), "--out",
-                             str(out), "--resume", "-q"], env=child_env(), capture_output=True,
-                            text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
+def resume_and_compare(job: SimpleNamespace, out: Path, *, cli: bool = False) -> None:
+    """--resume, in this process (cli: `graphrun run --resume` in a child), then the shards
+    byte for byte against the run never stopped."""
+    if cli:
+        result = subprocess.run([sys.executable, "-m", "graphrun", "run", str(job.spec),
+                                 "--out", str(out), "--resume", "-q"], env=child_env(),
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+    else:
+        assert graphrun.run(graphrun.load_spec(job.spec), out=out,
+                            resume=True).status == "completed"
     names = sorted(p.name for p in job.clean.glob("part-*"))
     assert sorted(p.name for p in out.glob("part-*")) == names
     for name in names:  # byte for byte: the shard the stop left open was written on
@@ -177,7 +203,7 @@ def test_a_generation_job_stopped_after_a_batch_keeps_its_completions(
     out = tmp_path / "out"
     proc = stop_after_an_open_commit(generation.spec, out, signum)
     check_stopped(out, proc, signum)
-    resume_and_compare(generation, out)
+    resume_and_compare(generation, out, cli=signum == signal.SIGTERM)
 
 
 @pytest.mark.parametrize("fmt, seed", [("npy", 1), ("parquet", 2), ("jsonl", 3)])
@@ -188,19 +214,20 @@ def test_kill_9_at_random_points_among_open_and_whole_commits_then_resume_is_the
     job = forward(fmt, rows_per_file=100, commit_interval_s=0.005)
     rng = random.Random(seed)
     out = tmp_path / "out"
-    for attempt in range(2):
-        proc = subprocess.Popen([sys.executable, "-m", "graphrun", "run", str(job.spec),
-                                 "--out", str(out), "-q", *(["--resume"] if attempt else [])],
-                                env=child_env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-        lines = committed_lines(out) + rng.randint(1, 12)
-        deadline = time.monotonic() + 120
-        while committed_lines(out) < lines and proc.poll() is None:
-            assert time.monotonic() < deadline, "no commit"
-            time.sleep(0.002)
-        time.sleep(rng.uniform(0, 0.02))
-        proc.kill()
-        proc.communicate()
+    with slow(job.spec):
+        for attempt in range(2):
+            again = ["--resume"] if attempt else []
+            proc = subprocess.Popen([sys.executable, "-m", "graphrun", "run", str(job.spec),
+                                     "--out", str(out), "-q", *again], env=child_env(),
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            lines = committed_lines(out) + rng.randint(1, 12)
+            deadline = time.monotonic() + 120
+            while committed_lines(out) < lines and proc.poll() is None:
+                assert time.monotonic() < deadline, "no commit"
+                time.sleep(0.002)
+            time.sleep(rng.uniform(0, 0.02))
+            proc.kill()
+            proc.communicate()
     resume_and_compare(job, out)
 
 
