@@ -132,7 +132,7 @@ def test_timings_are_called_noisy_only_where_they_matter_and_are_long_enough(tmp
 
 
 def test_the_noise_floor_per_phase_and_clock():
-    from graphrun.engine.timing import noise_floor_us, spread_warning
+    from graphrun.manifest.latency import noise_floor_us, spread_warning
 
     fast = [15.0] * 98 + [2400.0] * 2
     assert noise_floor_us("h2d", cuda=False) is None

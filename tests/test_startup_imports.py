@@ -33,11 +33,11 @@ runpy.run_module("graphrun", run_name="__main__", alter_sys=True)
 """
 
 
-def cli_imports(spec: Path, asked: tuple[str, ...]) -> list[str]:
-    """Which of `asked` a `graphrun run SPEC` process has imported at its exit."""
+def cli_imports(spec: Path, asked: tuple[str, ...], *args: str) -> list[str]:
+    """Which of `asked` a `graphrun run SPEC [ARGS]` process has imported at its exit."""
     env = {**child_env(), "ASKED": json.dumps(list(asked)), "GRAPHRUN_SLOW_EXIT": "1"}
-    done = subprocess.run([sys.executable, "-c", DRIVER, "run", str(spec), "-q"], env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", DRIVER, "run", str(spec), "-q", *args],
+                          env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     said = [line for line in done.stdout.splitlines() if line.startswith("MODULES ")]
     assert said, done.stdout[-2000:]
@@ -67,7 +67,7 @@ def test_a_generation_job_imports_neither_transformers_pyarrow_plotly_nor_the_fo
     assert all(1 <= r["output_tokens"] <= 3 for r in rows)
 
 
-def test_a_forward_pass_over_npy_imports_no_tokenizer_nor_the_generation_engine(tmp_path):
+def mlp_spec(tmp_path: Path) -> Path:
     np.save(tmp_path / "x.npy", np.random.default_rng(0).standard_normal((10, 4),
                                                                         dtype=np.float32))
     spec = {"version": 1, "name": "mlp", "device": "cpu",
@@ -79,8 +79,22 @@ def test_a_forward_pass_over_npy_imports_no_tokenizer_nor_the_generation_engine(
             "output": {"dir": "out", "format": "npy"}}
     path = tmp_path / "mlp.yaml"
     path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_a_forward_pass_over_npy_imports_no_tokenizer_nor_the_generation_engine(tmp_path):
     asked = (*ELSEWHERE, "tokenizers", "graphrun.generate.runner", "graphrun.engine.runner")
-    assert cli_imports(path, asked) == ["graphrun.engine.runner"]
+    assert cli_imports(mlp_spec(tmp_path), asked) == ["graphrun.engine.runner"]
     scores = np.concatenate([np.load(p) for p in sorted((tmp_path / "out").glob(
         "part-*.scores.npy"))])
     assert scores.shape == (10, 2) and np.isfinite(scores).all()
+
+
+def test_the_parent_of_a_cpu_job_of_workers_starts_and_merges_them_without_torch(tmp_path):
+    # its two workers import torch in their own processes; it only splits, watches and merges
+    asked = ("torch", "graphrun.engine.runner", "graphrun.feed.loop", "numpy")
+    assert cli_imports(mlp_spec(tmp_path), asked, "--gpus", "2") == ["numpy"]
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["status"] == "completed" and manifest["totals"]["records_out"] == 10
+    assert [w["status"] for w in manifest["workers"]] == ["completed", "completed"]
+    assert manifest["environment"]["torch"]  # taken from the workers' manifests

@@ -99,7 +99,8 @@ def run(spec, overrides, out, resume, overwrite, accept_model_change, start, sto
     try:
         with clock.active(), clock.phase("spec"):
             pipeline = load_spec(spec, overrides)
-        import_engine(pipeline, clock, alone=gpus is None and not use_ray)
+        if gpus is None:  # a --gpus parent only starts and watches its workers: no torch
+            import_engine(pipeline, clock, alone=not use_ray)
         manifest = _run(pipeline, spec, overrides, gpus, (use_ray, address, workers), clock,
                         out=out, resume=resume, overwrite=overwrite, show=show, start=start,
                         stop=stop, accept_model_change=accept_model_change)

@@ -3,7 +3,8 @@
 A batch's phases are h2d (pinned host -> the static input views, on the copy-in stream), replay
 (the graph or the eager step, on the compute stream) and d2h (the static output views -> pinned
 host, on the copy-out stream); e2e is the host wall
-time from launch to the outputs being ready on the host. Percentiles are computed per bucket.
+time from launch to the outputs being ready on the host. Percentiles are computed per bucket
+(manifest/latency.py).
 
 Every event recorded is a CUDA call, and each CUDA call lets another thread take the GIL, which
 the launching thread must then wait for: so after a bucket's first TIME_ALL batches only one in
@@ -18,7 +19,6 @@ import time
 import numpy as np
 import torch
 
-PHASES = ("h2d", "replay", "d2h")
 TIME_ALL, TIME_EVERY = 256, 8
 
 
@@ -78,41 +78,6 @@ class BatchTimer:
             out = {phase: (b - a) * 1e6 for phase, (a, b) in marks.spans.items()}
         out["e2e"] = (time.perf_counter() - marks.t0) * 1e6
         return out
-
-
-def percentiles(values: list[float], ps: list[float]) -> dict[str, float]:
-    if not values:
-        return {}
-    arr = np.asarray(values, dtype=np.float64)
-    return {f"p{p:g}": float(np.percentile(arr, p)) for p in ps}
-
-
-# The shortest median (us) at which a phase's spread means something, by how it is timed.
-# CUDA events time the device's own work: a copy or replay under 20 us is mostly launch
-# latency. Host clocks (every phase on the CPU, e2e everywhere) include the scheduler's and
-# the GIL's hand-offs (sys.getswitchinterval(), 5 ms by default), which dwarf shorter steps.
-EVENT_FLOOR_US, HOST_FLOOR_US = 20.0, 1000.0
-
-
-def noise_floor_us(phase: str, cuda: bool) -> float | None:
-    """The median a phase's timings must reach before their spread is worth a warning; None
-    where the phase is not worth one: on the CPU, h2d and d2h copy between two host buffers
-    (no device, no bus) and are no cost a user can act on."""
-    if phase in ("h2d", "d2h") and not cuda:
-        return None
-    return EVENT_FLOOR_US if cuda and phase in PHASES else HOST_FLOOR_US
-
-
-def spread_warning(values: list[float], label: str, min_us: float = 0.0) -> str | None:
-    """Timings too spread to trust (p99 more than 3x the median over enough samples), for a
-    median of at least min_us (noise_floor_us)."""
-    if len(values) < 20:
-        return None
-    p50, p99 = np.percentile(values, [50, 99])
-    if p50 >= min_us and p50 > 0 and p99 > 3 * p50:
-        return (f"{label}: p99 latency is {p99 / p50:.1f}x the median; timings are noisy "
-                "(another process on the device or host?)")
-    return None
 
 
 def median_us(timer: BatchTimer, fn, iters: int) -> float:

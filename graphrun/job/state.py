@@ -12,14 +12,13 @@ import time
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from graphrun.base.errors import GraphrunError
-from graphrun.job.parts import JobParts
 from graphrun.feed.protocols import Engine
-from graphrun.engine.timing import noise_floor_us, percentiles, spread_warning
+from graphrun.manifest.latency import noise_floor_us, percentiles, spread_warning
 from graphrun.write.disk import write_failure, write_remedy
 from graphrun.write.folder import FilesHash, model_files, write_fingerprint
 from graphrun.write.journal import InputHash
@@ -29,6 +28,9 @@ from graphrun.manifest.sections import BucketPhases, Phase, Phases
 from graphrun.engine.padding import padding_ratio, position_ratios
 from graphrun.base.phases import PART_PHASES, PhaseClock, phase, utc_now
 from graphrun.base.tuning import Tuning
+
+if TYPE_CHECKING:  # the parts pull in the engine and torch, which a --gpus parent needs not
+    from graphrun.job.parts import JobParts
 
 
 class JobRunner(Protocol):
@@ -278,7 +280,11 @@ class RunResources:
     def __init__(self, spec, out_dir: Path, *, tuning, device_start=None,
                  hashes: RunHashes | None = None, parts: JobParts | None = None):
         self.spec, self.out_dir = spec, out_dir
-        self.parts = parts or JobParts()  # the runner, reader, stream and writer it builds
+        if parts is None:
+            from graphrun.job.parts import JobParts
+
+            parts = JobParts()
+        self.parts = parts  # the runner, reader, stream and writer it builds
         self.tuning = tuning  # the reader's and writer's threads and chunks (tuning.py)
         self.device_start = device_start  # the CUDA context begun beside setup
         self.model_files = model_files(spec.model, spec.base_dir)

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from graphrun.base.errors import OutputError
-from graphrun.engine.timing import percentiles
+from graphrun.manifest.latency import percentiles
 from graphrun.write.disk import write_failure, write_remedy
 from graphrun.write.journal import REJECTS, fsync_path
 from graphrun.manifest.keys import (BucketReport, FileEntry, Manifest, Totals, run_manifest,

@@ -33,6 +33,14 @@ from graphrun.base.nofollow import open_file
 
 def worker_count(gpus: str, spec) -> int:
     """--gpus N|all as a number of workers: CUDA devices, or CPU processes for device: cpu."""
+    try:
+        n = 0 if gpus == "all" else int(gpus)
+    except ValueError:
+        n = -1
+    if n < 0 or (n == 0 and gpus != "all"):
+        raise GraphrunError(f"--gpus {gpus!r}: give a number of workers (1 or more) or all")
+    if n and spec.device == "cpu":  # the workers' own processes import torch, this one need not
+        return n
     import torch
 
     cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -42,14 +50,6 @@ def worker_count(gpus: str, spec) -> int:
                                 "(torch.cuda.is_available() is False); for worker processes on "
                                 "the CPU set device: cpu and give their number (--gpus 2)")
         return cuda
-    try:
-        n = int(gpus)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise GraphrunError(f"--gpus {gpus!r}: give a number of workers (1 or more) or all")
-    if spec.device == "cpu":
-        return n
     if not cuda:
         raise GraphrunError(f"--gpus {n}: this machine has no CUDA device "
                             "(torch.cuda.is_available() is False); to run the job in "

@@ -82,9 +82,11 @@ def split(start: int, stop: int, workers: int, rows_per_file: int, batch_size: i
 
 def worker_device(device: str, local_rank: int) -> str:
     """cuda:LOCAL_RANK where the spec asks for CUDA (auto on a CUDA machine); cpu stays cpu."""
-    import torch
+    if device == "cpu":
+        return "cpu"
+    import torch  # only where CUDA may be asked for: a CPU job's parent needs no torch
 
-    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+    if device == "auto" and not torch.cuda.is_available():
         return "cpu"
     return f"cuda:{local_rank}"
 

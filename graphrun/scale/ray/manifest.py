@@ -10,7 +10,7 @@ from pathlib import Path
 from graphrun.base.digest import file_sha256
 from graphrun.base.phases import utc_now
 from graphrun.engine.padding import padding_ratio
-from graphrun.engine.timing import percentiles
+from graphrun.manifest.latency import percentiles
 from graphrun.manifest.keys import (BucketReport, Environment, FileEntry, Manifest, Totals,
                                     environment, run_manifest)
 from graphrun.manifest.sections import RayActor, RayReport
