@@ -271,8 +271,9 @@ def test_the_llama_without_its_kernels_computes_the_steps_it_computed_before():
     layout = model.layout
     cache = PagedCache(layout, 8, 4, torch.float32, torch.device("cpu"))
     tokens = torch.tensor([[5, 9, 17, 3, 40, 2]])
-    kv = StepKV(cache, mask=torch.ones(6, 6, dtype=torch.bool).tril()[None, None],
-                slots=torch.arange(4, 10), last=torch.tensor([5]))
+    kv = StepKV(cache, segment=torch.zeros(6, dtype=torch.long), positions=torch.arange(6),
+                starts=torch.tensor([0, 6, 6], dtype=torch.int32), slots=torch.arange(4, 10),
+                last=torch.tensor([5]))
     with torch.no_grad():
         got = model(tokens, torch.arange(6)[None], kv)
         want = written_out(model, tokens, torch.arange(6)[None])

@@ -612,6 +612,8 @@ class Engine:
         tokens = np.zeros(size, dtype=np.int64)
         positions = np.zeros(size, dtype=np.int64)
         segment = np.full(size, -1, dtype=np.int64)
+        starts = np.full(n_max + 2, size, dtype=np.int32)  # the padding's, then the pack's end
+        cuts = 0  # prompts packed so far
         slots = np.zeros(size, dtype=np.int64)
         last = np.zeros(n_max, dtype=np.int64)
         join = np.full(n_max, st.spare, dtype=np.int64)
@@ -655,17 +657,20 @@ class Engine:
             tokens[at:at + m] = prompt[start:]
             positions[at:at + m] = pos
             segment[at:at + m] = i
+            starts[cuts], cuts = at, cuts + 1
             slots[at:at + m] = np.asarray(row.blocks)[pos // bs] * bs + pos % bs
             last[i], join[i], lens[i] = at + m - 1, s, n
             row.packed_at = at
             at += m
             self.stats.prompt_computed += m
             self.stats.prompt_reused += start
+        starts[cuts] = at
         prefix[:len(read)] = list(read)
         depth[:len(read)] = list(read.values())
         st.push()
         for name, values in (("p_tokens", tokens), ("p_positions", positions),
-                             ("p_segment", segment), ("p_slots", slots), ("p_last", last),
+                             ("p_segment", segment), ("p_starts", starts),
+                             ("p_slots", slots), ("p_last", last),
                              ("p_join", join), ("p_lens", lens), ("p_prefix", prefix),
                              ("p_depth", depth)):
             self._copy_in(getattr(st, name)[:len(values)], values)

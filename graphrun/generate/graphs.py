@@ -34,7 +34,7 @@ from graphrun.engine.graphs import Graph, GraphPool, SetUp
 from graphrun.engine.verify import ULP_SLACK, compare
 from graphrun.base.errors import CaptureError, first_line
 
-from graphrun.models.causal import fused, paged_attention
+from graphrun.models.causal import fused, packed_attention, paged_attention
 from graphrun.generate import sampling
 from graphrun.generate.steps import SlotState
 
@@ -118,10 +118,13 @@ class GraphTable:
             self._note_kernel_failures(entry)
 
     def _note_kernel_failures(self, entry: StepGraph) -> None:
-        """A kernel that failed in this entry's set-up (the paged decode attention's, the fused
-        elementwise ones' or the pick's): said once, a warning and that graph's reason."""
+        """A kernel that failed in this entry's set-up (the paged decode attention's, the
+        prefill's flash attention, the fused elementwise ones' or the pick's): said once, a
+        warning and that graph's reason."""
         for what, failed in (("the decode attention kernel failed, the general path runs",
                               paged_attention.failure()),
+                             ("the prefill's flash attention failed, the masked one runs",
+                              packed_attention.failure()),
                              ("the fused elementwise kernels failed, torch's ops run",
                               fused.failure()),
                              ("the pick's kernel failed, torch's ops run",
@@ -307,6 +310,8 @@ def fill_synthetic(state: SlotState, key: StepKey, seed: int = 1234) -> None:
         state.p_tokens[:n].copy_(ints(0, vocab, n))
         state.p_segment[:n].copy_(segment.to(dev))
         state.p_positions[:n].copy_((torch.arange(n) - starts[segment]).to(dev))
+        state.p_starts.fill_(n)  # no padding: the prompts' starts, then n
+        state.p_starts[:prompts].copy_(starts.to(dev, torch.int32))
         state.p_slots[:n].zero_()
         state.p_prefix.zero_()
         state.p_last.zero_()

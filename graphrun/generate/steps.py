@@ -119,6 +119,9 @@ class SlotState:
         self.p_tokens = torch.zeros(prefill_tokens, **i64)
         self.p_positions = torch.zeros(prefill_tokens, **i64)
         self.p_segment = torch.full((prefill_tokens,), -1, **i64)  # its prompt; -1: padding
+        # where each packed prompt starts, then the padding, then the pack's end (its length
+        # for every entry left): the flash kernel's cumulative lengths (packed_attention.py)
+        self.p_starts = torch.zeros(n + 2, dtype=torch.int32, device=device)
         self.p_slots = torch.zeros(prefill_tokens, **i64)  # flat cache slot; 0: the trash
         self.p_last = torch.zeros(n, **i64)  # each prompt's last token in the pack
         self.p_join = torch.full((n,), self.spare, **i64)  # the slot each prompt joins
@@ -135,8 +138,8 @@ class SlotState:
         self.eos_column = torch.zeros(vocab, dtype=torch.bool, device=device)  # [V]
         self.eos_column[eos] = True
 
-    PREFILL = ("p_tokens", "p_positions", "p_segment", "p_slots", "p_last", "p_join", "p_lens",
-               "p_prefix", "p_depth")
+    PREFILL = ("p_tokens", "p_positions", "p_segment", "p_starts", "p_slots", "p_last",
+               "p_join", "p_lens", "p_prefix", "p_depth")
 
     def push(self, names=HOST_FIELDS) -> None:
         """The host's values of these fields onto the device, in stream order (a pinned copy
@@ -211,10 +214,9 @@ def prefill_step(model: StepModel, state: SlotState, cache: PagedCache, config: 
     def step() -> None:
         positions = state.p_positions[:tokens]  # [T]
         segment = state.p_segment[:tokens]
-        # a token sees the earlier tokens of its own prompt; padding sees padding at least
-        mask = (segment[None, :] == segment[:, None]) & (positions[None, :] <= positions[:, None])
         scored = variant.prompt_logprobs  # then every token's logits [T, V], else the last's
-        kv = StepKV(cache, mask=mask[None, None], slots=state.p_slots[:tokens],
+        kv = StepKV(cache, segment=segment, positions=positions, starts=state.p_starts,
+                    slots=state.p_slots[:tokens],
                     last=state.p_every[:tokens] if scored else state.p_last,
                     **_prefix_view(state, segment, prefix))
         out = model(state.p_tokens[:tokens][None], positions[None], kv)  # [n or T, V]

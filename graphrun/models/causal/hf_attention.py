@@ -220,12 +220,9 @@ class HFCausalLM:
         # tokens, positions: [b, q] -> logits [b or n, V] as the model gives them, cast by
         # the step (StepKV.last_hidden). No cache object: the keys live in graphrun's cache,
         # reached through graphrun_kv. A 4-D mask passes through transformers unchanged, so
-        # none of its mask code runs.
-        if kv.prefill:
-            mask, keep = kv.mask, kv.last
-        else:
-            mask, keep = torch.ones((tokens.shape[0], 1, 1, 1), dtype=torch.bool,
-                                    device=tokens.device), 1
+        # none of its mask code runs; graphrun_attention reads what it needs from kv.
+        mask = torch.ones((tokens.shape[0], 1, 1, 1), dtype=torch.bool, device=tokens.device)
+        keep = kv.last if kv.prefill else 1
         out = self.model(input_ids=tokens, position_ids=positions, attention_mask=mask,
                          use_cache=False, logits_to_keep=keep, graphrun_kv=kv)
         return out.logits[0] if kv.prefill else out.logits[:, -1]

@@ -8,9 +8,11 @@ and takes them back (BlockPool); the graphs only read the tables.
 
 A step's attention is described by a StepKV, shared by every layer:
 - prefill: the admitted prompts packed into one sequence of T tokens (tokens [1, T]); each
-  token sees the earlier tokens of its own prompt (`mask` [1, 1, T, T]), attention runs over
-  the step's fresh keys, then they are written at `slots` [T] (flat block * block_size +
-  offset); `last` [n] says which tokens' logits the step needs (each prompt's last). A
+  token sees the earlier tokens of its own prompt (`starts`, the prompts' boundaries, for the
+  flash kernel; `segment` and `positions` [T], from which `mask` [1, 1, T, T] is built where
+  it does not run: models/causal/packed_attention.py), attention runs over the step's fresh
+  keys, then they are written at `slots` [T] (flat block * block_size + offset); `last` [n]
+  says which tokens' logits the step needs (each prompt's last). A
   prompt whose leading blocks are cached (BlockPool) packs only its other tokens, at their
   positions; its tokens also see those blocks' keys, gathered (`prefix` [P] blocks, `prefix_mask`
   [1, 1, T, P * block_size], P the blocks the step reads: none in a captured prefill), as if
@@ -23,12 +25,13 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 import torch
 
+from graphrun.models.causal import packed_attention
 from graphrun.models.causal.paged_attention import (attention, gather_blocks, paged_decode,
                                                     paged_decode_reference, write_prefill)
 
@@ -172,20 +175,36 @@ class BlockPool:
 @dataclass
 class StepKV:
     """One step's view of the cache, passed to every layer's attention (see the module's
-    docstring). Prefill: mask, slots, last; decode: block_table, seq_lens."""
+    docstring). Prefill: segment, positions, starts, slots, last; decode: block_table,
+    seq_lens."""
 
     cache: PagedCache
-    mask: torch.Tensor | None = None  # prefill [1, 1, T, T] bool, True where a query sees a key
+    segment: torch.Tensor | None = None  # prefill [T] int64: each token's prompt; -1 padding
+    positions: torch.Tensor | None = None  # prefill [T] int64: each token's place in it
+    starts: torch.Tensor | None = None  # prefill [n + 2] int32 (packed_attention.py)
     slots: torch.Tensor | None = None  # prefill [T] int64
     last: torch.Tensor | None = None  # prefill [n] int64: the tokens whose logits are needed
     prefix: torch.Tensor | None = None  # prefill [P] int64: cached blocks read; 0: none
     prefix_mask: torch.Tensor | None = None  # prefill [1, 1, T, P * block_size] bool
     block_table: torch.Tensor | None = None  # decode [b, max_blocks] int32
     seq_lens: torch.Tensor | None = None  # decode [b] int32, the new key included
+    _mask: torch.Tensor | None = field(default=None, init=False, repr=False)
 
     @property
     def prefill(self) -> bool:
         return self.slots is not None
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """Prefill [1, 1, T, T] bool, True where a query sees a key: the earlier tokens of its
+        own prompt (padding sees padding at least); built once a step, where a layer needs it
+        (not a functools.cached_property: its lock stops torch.compile)."""
+        if self._mask is None:
+            segment, positions = self.segment, self.positions
+            sees = ((segment[None, :] == segment[:, None])
+                    & (positions[None, :] <= positions[:, None]))
+            self._mask = sees[None, None]
+        return self._mask
 
     def last_hidden(self, x: torch.Tensor) -> torch.Tensor:
         """x [b, q, d] -> the hidden states whose logits the step needs: decode's one column
@@ -209,7 +228,25 @@ def attend(kv: StepKV, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Te
             return paged_decode_reference(q, k, v, k_cache, v_cache, kv.block_table,
                                           kv.seq_lens, scale, softcap, window)
         return paged_decode(q, k, v, k_cache, v_cache, kv.block_table, kv.seq_lens, scale)
-    fresh_k, fresh_v, mask = k, v, kv.mask
+    out = None
+    if kv.prefix is None and packed_attention.runs(q, softcap):
+        try:
+            out = packed_attention.attend(q, k, v, kv.starts, scale, window)
+        except Exception as err:  # noqa: BLE001 - a kernel that cannot run: the masked one
+            packed_attention.give_up(err)
+    if out is None:
+        out = masked_prefill(kv, k_cache, v_cache, q, k, v, scale, softcap, window)
+    # k, v [1, kv_heads, T, d] -> [T, kv_heads, d]
+    write_prefill(k[0].transpose(0, 1), v[0].transpose(0, 1), k_cache, v_cache, kv.slots)
+    return out
+
+
+def masked_prefill(kv: StepKV, k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Tensor,
+                   k: torch.Tensor, v: torch.Tensor, scale: float, softcap: float | None,
+                   window: int | None) -> torch.Tensor:
+    """The prefill's attention as a dense one under StepKV.mask, over the cached prefixes'
+    keys too where the step reads some."""
+    mask = kv.mask
     if window is not None and window < mask.shape[-1]:
         # a prompt's tokens are packed in order: the distance of two of them is their
         # positions' distance (the engine keeps the prefix cache off under a window)
@@ -219,11 +256,7 @@ def attend(kv: StepKV, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Te
         k = torch.cat((gather_blocks(k_cache, kv.prefix)[None].to(k.dtype), k), dim=2)
         v = torch.cat((gather_blocks(v_cache, kv.prefix)[None].to(v.dtype), v), dim=2)
         mask = torch.cat((kv.prefix_mask, mask), dim=-1)
-    out = fresh_attend(q, k, v, mask, scale, softcap)
-    # k, v [1, kv_heads, T, d] -> [T, kv_heads, d]
-    write_prefill(fresh_k[0].transpose(0, 1), fresh_v[0].transpose(0, 1), k_cache, v_cache,
-                  kv.slots)
-    return out
+    return fresh_attend(q, k, v, mask, scale, softcap)
 
 
 def fresh_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,

@@ -13,8 +13,9 @@ waits for it before its first graph (Engine(warm=...)). The wait is the phase "k
 and generation.warm_up in the manifest; this thread's own time is there too.
 
 torch keeps cuDNN's attention plans (and cuBLAS's handles) per thread, so what this thread
-builds for them serves only itself: the engine builds the prefill graphs' attention plans on its
-own thread while it waits (attention_plans).
+builds for them serves only itself: where the prefill's attention is the masked one (not the
+flash kernel: models/causal/packed_attention.py), the engine builds the prefill graphs'
+attention plans on its own thread while it waits (attention_plans).
 
 The tensors are laid out as the model lays them out (graphrun's Llama: q, k and v of its fused
 projection through its RoPE, and its fused elementwise kernels; GPT-2: its split), since
@@ -41,7 +42,7 @@ from typing import Callable, Iterable
 import torch
 
 from graphrun.base.errors import first_line
-from graphrun.models.causal import paged_attention
+from graphrun.models.causal import packed_attention, paged_attention
 from graphrun.models.causal.kv_cache import fresh_attend
 
 PREFILL_TOKENS = 64  # the warm-up's packed prefill: enough tokens for the kernels a long one picks
@@ -169,10 +170,7 @@ def warm_kernels(layout: Layout, device: torch.device, dtype: torch.dtype,
             torch.nn.functional.linear(randn(rows, layout.width), weight)
         done = ["matmul"]
         q, k, v = model_qkv(layout, 1, PREFILL_TOKENS, randn)
-        causal = torch.ones(PREFILL_TOKENS, PREFILL_TOKENS, dtype=torch.bool,
-                            device=device).tril()
-        fresh_attend(q, k, v, causal[None, None], d ** -0.5)
-        done.append("prefill attention")
+        done.append(prefill_attention(q, k, v, d ** -0.5))
         if layout.fused == "llama":
             done += warm_fused(layout, randn)
         if paged_attention.runs_on(device, dtype, d):
@@ -190,6 +188,20 @@ def warm_kernels(layout: Layout, device: torch.device, dtype: torch.dtype,
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     return done
+
+
+def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> str:
+    """A packed prefill's attention over two prompts, as its steps run it: the flash kernel
+    where it runs (packed_attention.py), else the masked attention."""
+    n = q.shape[2]
+    if packed_attention.runs(q, None):
+        starts = torch.tensor([0, n // 2, n], dtype=torch.int32, device=q.device)
+        packed_attention.attend(q, k, v, starts, scale)
+        return "prefill attention (flash)"
+    mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+    mask[n // 2:, :n // 2] = False
+    fresh_attend(q, k, v, mask[None, None], scale)
+    return "prefill attention"
 
 
 def attention_plans(layout: Layout, device: torch.device, dtype: torch.dtype,
@@ -213,6 +225,8 @@ def attention_plans(layout: Layout, device: torch.device, dtype: torch.dtype,
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # until() is asked of a plan built, not queued
 
+    if packed_attention.runs_on(device, dtype, layout.head_dim):
+        return 0  # the flash kernel builds no plan per size
     ran = 0
     with torch.no_grad(), (torch.cuda.device(device) if device.type == "cuda"
                            else nullcontext()):
