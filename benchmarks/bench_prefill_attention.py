@@ -23,8 +23,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-LAYOUTS = {"134M": (12, 12, 64), "1.24B": (32, 8, 64), "8B": (32, 8, 128)}
 SLOTS = 256
+
+
+def heads_of(layout: str) -> tuple[int, int, int]:
+    """(heads, kv heads, head dim) of one of bench_decode_step.py's layouts."""
+    from benchmarks.bench_decode_step import LAYOUTS
+
+    s = LAYOUTS[layout]
+    return s["heads"], s["kv_heads"], s["d_model"] // s["heads"]
 
 
 def inputs(n: int, prompt: int, heads: int, kv: int, d: int, torch):
@@ -41,7 +48,7 @@ def inputs(n: int, prompt: int, heads: int, kv: int, d: int, torch):
                                   (cu[1:] - cu[:-1]).long())
     mask = (seg[:, None] == seg[None, :]) & torch.ones(n, n, dtype=torch.bool,
                                                         device="cuda").tril()
-    return q, k, v, starts, mask[None, None], max(b - a for a, b in zip(cuts, cuts[1:]))
+    return q, k, v, starts, mask[None, None]
 
 
 def one_way(way: str, layout: str, sizes: list[int], prompt: int) -> dict:
@@ -50,10 +57,10 @@ def one_way(way: str, layout: str, sizes: list[int], prompt: int) -> dict:
     from graphrun.models.causal import packed_attention
     from graphrun.models.causal.kv_cache import fresh_attend
 
-    heads, kv, d = LAYOUTS[layout]
+    heads, kv, d = heads_of(layout)
     scale = d ** -0.5
 
-    def call(q, k, v, cu, mask, longest):
+    def call(q, k, v, cu, mask):
         if way == "masked":
             return fresh_attend(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
                                 v.transpose(0, 1)[None], mask, scale)[0]
@@ -113,7 +120,7 @@ def main() -> None:
                 got[way] = None
                 continue
             got[way] = {int(k): v for k, v in json.loads(r.stdout.splitlines()[-1]).items()}
-        print(f"\n{layout} (heads, kv heads, d = {LAYOUTS[layout]})")
+        print(f"\n{layout} (heads, kv heads, d = {heads_of(layout)})")
         print("| tokens | masked first ms | flash first ms | masked us | flash us | "
               "outputs' abs sums |")
         print("|---:|---:|---:|---:|---:|---|")
