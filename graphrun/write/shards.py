@@ -294,6 +294,10 @@ class ShardWriter:
         """Complete the shard's files and give them to the committer; writing goes on at once."""
         sink, self._sink = self._sink, None  # finished or failed, close() must not abort it
         next_index = self._last_index + 1
+        if self._open_rows:
+            # finish() may rewrite bytes an open line committed (a short npy shard's header):
+            # the journal thread hashes that line's prefix first, as it stood at its commit
+            self._committer.wait()
         try:
             files = sink.finish()
             # Its journal line counts the rejects below next_index: in the file before it is
