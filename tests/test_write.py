@@ -421,6 +421,30 @@ def test_an_open_shard_whose_temp_files_changed_restarts_at_its_first_row(tmp_pa
     assert dir_bytes(crashed) == dir_bytes(tmp_path / "whole")
 
 
+def test_an_open_line_names_the_bytes_of_its_commit_though_the_short_shard_is_finished_first(
+        tmp_path):
+    """The journal thread lags (a slow fsync) while the last, short npy shard is finished, which
+    rewrites its header: its open line still holds the sha256 of its files' first bytes as they
+    stood when it was committed (the header of a full shard, then its rows)."""
+    import hashlib
+
+    spec = make_spec(tmp_path, rows_per_file=8, commit_interval_s=1e-6)
+    rows, ids = make_rows(4, ragged=False), list(range(4))
+    out = tmp_path / "out"
+    prepare_out_dir(out, resume=False, overwrite=False, fingerprint=FP)
+    w = ShardWriter(spec, out, disk=DiskSteps(fsync=lambda p: time.sleep(0.05) or fsync_path(p)))
+    feed(w, rows, ids, 0, 2, set())
+    w.close()
+    first = journal_lines(out)[0]
+    assert first["open"] and first["rows"] == 2
+    y = next(f for f in first["files"] if f["path"].endswith(".y.npy.tmp"))
+    full = npy_sink.npy_header(np.dtype(np.float32), (8, 2))
+    committed = full + np.ascontiguousarray(rows["y"][:2], dtype=np.float32).tobytes()
+    assert y["bytes"] == len(committed)
+    assert y["sha256"] == hashlib.sha256(committed).hexdigest()
+    assert np.load(out / "part-00000.y.npy").shape == (4, 2)  # the finished header: 4 rows
+
+
 def test_resume_with_nothing_committed_starts_over(tmp_path):
     out = tmp_path / "out"
     prepare_out_dir(out, resume=False, overwrite=False, fingerprint=FP)
