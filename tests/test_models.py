@@ -179,6 +179,27 @@ def test_target_by_relative_py_path(tmp_path):
     assert model.in_features == 3 and model.max_batch == 3  # given args win
 
 
+def test_a_target_import_refreshes_its_own_folders_finder_only(tmp_path, monkeypatch):
+    """The folder's files may be newer than its finder's cache, so that finder is refreshed;
+    the others are not walked (another thread's import could change sys.path_importer_cache
+    during that walk: "dictionary changed size during iteration")."""
+    import importlib.machinery as machinery
+
+    (tmp_path / "net.py").write_text(NET_SOURCE)
+    calls = []
+    own = machinery.FileFinder(str(tmp_path), (machinery.SourceFileLoader, [".py"]))
+    monkeypatch.setattr(own, "invalidate_caches", lambda: calls.append("own"))
+
+    class Other:
+        def invalidate_caches(self):
+            calls.append("other")
+
+    monkeypatch.setitem(sys.path_importer_cache, str(tmp_path), own)
+    monkeypatch.setitem(sys.path_importer_cache, str(tmp_path / "elsewhere"), Other())
+    build_model(make_spec({"target": "net.py:build"}), CPU, base_dir=tmp_path)
+    assert calls == ["own"]
+
+
 @pytest.mark.parametrize("target, message", [
     ("gr_test_no_such_module:build", "cannot import 'gr_test_no_such_module'"),
     ("net.py:builder", "net.py has no attribute 'builder'; did you mean 'build'? Callables it "

@@ -202,6 +202,23 @@ def test_dirty_jsonl_rejected_as_one_process(ray_cluster, tmp_path):
     assert (t["records_in"], t["records_rejected"]) == (N + 1, 6)
 
 
+def test_a_jsonl_datasets_columns_are_known_without_running_it(ray_cluster, tmp_path):
+    """dataset_map asks for the columns: a schema fetch would run a read for the first block
+    and cancel the read tasks still in flight, a race that aborted the driver inside Ray
+    ("Tried to complete task that was not pending"). The source's read tasks declare it, and
+    every block has that schema."""
+    from graphrun.scale.ray.columns import LINE_NO, LINE_TEXT, ORDINAL
+    from graphrun.scale.ray.jsonl import jsonl_lines_source
+
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records()))
+    source = jsonl_lines_source(path)
+    ds = ray_cluster.data.read_datasource(source)
+    assert ds.columns(fetch_if_missing=False) == [ORDINAL, LINE_NO, LINE_TEXT]
+    for task in source.get_read_tasks(2):
+        assert all(block.schema == task.schema for block in task())
+
+
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
 def test_duplicates_across_actors_rejected_as_one_process(ray_cluster, tmp_path, fmt,
                                                           monkeypatch):

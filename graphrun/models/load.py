@@ -282,7 +282,12 @@ def _on_sys_path(folder: Path | None) -> Iterator[None]:
         return
     entry = str(folder)
     sys.path.insert(0, entry)
-    importlib.invalidate_caches()  # the folder's files may be newer than the finders' caches
+    # the folder's files may be newer than its finder's cache. Only that finder: the global
+    # importlib.invalidate_caches() walks sys.path_importer_cache, which another thread's import
+    # can change meanwhile ("dictionary changed size during iteration")
+    finder = sys.path_importer_cache.get(entry)
+    if finder is not None and hasattr(finder, "invalidate_caches"):
+        finder.invalidate_caches()
     try:
         yield
     finally:

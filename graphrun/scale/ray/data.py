@@ -52,7 +52,10 @@ def dataset_map(spec: PipelineSpec, ds, *, workers: int | None = None, collector
     graphrun.read.stream.job_duplicates decides them for a file before Ray starts; None: each
     actor finds the duplicates among the records it is handed only."""
     ray = need_ray()
-    if ORDINAL not in (ds.columns() or []):
+    # the schema as known without running ds: a fetch would read the first block and cancel
+    # the read tasks in flight, a race that can abort the driver inside Ray (graphrun's JSONL
+    # source declares its ORDINAL column; a schema unknown here has none)
+    if ORDINAL not in (ds.columns(fetch_if_missing=False) or []):
         ds = with_ordinals(ds)
     gpu = wants_gpu(spec, ray)
     workers = workers or default_workers(gpu, ray)

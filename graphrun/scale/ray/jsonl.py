@@ -94,12 +94,16 @@ def jsonl_lines_source(path: Path, span_bytes: int | None = None):
     from ray.data import Datasource, ReadTask
     from ray.data.block import BlockMetadata
 
+    # given with every read task: Dataset.columns() (dataset_map asks) would otherwise run a
+    # read for the first block and cancel the rest in flight, a race that can abort the driver
+    # in Ray's own checks
+    schema = pa.schema([(ORDINAL, pa.int64()), (LINE_NO, pa.int64()), (LINE_TEXT, pa.binary())])
+
     def read(span: Span):
         for lines, linenos, ordinals in span_lines(path, span):
             if lines:
-                yield pa.table({ORDINAL: pa.array(ordinals, pa.int64()),
-                                LINE_NO: pa.array(linenos, pa.int64()),
-                                LINE_TEXT: pa.array(lines, pa.binary())})
+                yield pa.table([pa.array(ordinals, pa.int64()), pa.array(linenos, pa.int64()),
+                                pa.array(lines, pa.binary())], schema=schema)
 
     class JsonlLines(Datasource):
         def estimate_inmemory_data_size(self) -> int:
@@ -111,7 +115,8 @@ def jsonl_lines_source(path: Path, span_bytes: int | None = None):
             spans = line_spans(path, span_bytes or min(max(share, 1 << 20), SPAN_BYTES))
             return [ReadTask(lambda s=s: read(s),
                              BlockMetadata(num_rows=s.records, size_bytes=s.size,
-                                           exec_stats=None, input_files=(str(path),)))
+                                           exec_stats=None, input_files=(str(path),)),
+                             schema=schema)
                     for s in spans if s.records]
 
         def get_name(self) -> str:
