@@ -7,8 +7,8 @@ it compiles what the engine's steps launch, and a job's tokens are the same with
 from __future__ import annotations
 
 import dataclasses
-
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -217,6 +217,38 @@ def test_one_begun_at_the_start_is_the_one_the_runner_claims(tmp_path):
         runner.close()
     begin_warm_up(spec, None)  # the CPU asked for: no device started, nothing begun
     assert warm_up_key(spec) not in warm._EARLY
+
+
+@pytest.mark.parametrize("cuda", [True, False], ids=["a GPU", "no GPU"])
+def test_triton_is_imported_and_keyed_while_the_device_starts(tmp_path, monkeypatch, cuda):
+    """Triton's import and its cache key (a hash of its files) need no device: the thread
+    makes them before it waits for the device's start, where a GPU may be used (device auto
+    with CUDA present); a first kernel's launch then finds them made."""
+    import types
+
+    from graphrun.generate.runner import begin_warm_up, warm_up_key
+    from graphrun.models.causal import warm
+
+    order = []
+    cache = types.ModuleType("triton.runtime.cache")
+    cache.triton_key = lambda: order.append("triton key")
+    for name, module in (("triton", types.ModuleType("triton")),
+                         ("triton.runtime", types.ModuleType("triton.runtime")),
+                         ("triton.runtime.cache", cache)):
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+
+    class Starting(Started):
+        def wait(self):
+            order.append("device started")
+            return super().wait()
+
+    spec = builtin_spec(tmp_path, device="auto")
+    begin_warm_up(spec, Starting())
+    early = warm.claim(warm_up_key(spec))
+    early.wait()
+    assert order == (["triton key"] if cuda else []) + ["device started"]
+    assert (early.status, early.reason) == ("skipped", "no CUDA device")
 
 
 def test_the_layout_read_from_the_spec(tmp_path):

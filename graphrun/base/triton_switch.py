@@ -49,3 +49,22 @@ class KernelSwitch:
     def failure(self) -> str | None:
         """Why the kernels are no longer used in this process, or None."""
         return self.failures[0] if self.failures else None
+
+
+def prefetch() -> bool:
+    """Triton imported and its cache key computed: both once per process, and both what the
+    first kernel's launch would otherwise pay before it looks in the compile cache (the key is
+    a hash of Triton's own files, its libtriton of some 400 MB among them: about half a
+    second, with the GIL let go). Neither needs the device, so the warm-up thread does this
+    while the device starts. False without Triton; a Triton whose key lives elsewhere is only
+    imported."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    try:
+        from triton.runtime.cache import triton_key
+    except ImportError:
+        return True
+    triton_key()
+    return True

@@ -17,6 +17,7 @@ from graphrun.base import envs
 from graphrun.base.dtypes import torch_dtype
 from graphrun.base.errors import GraphrunError
 from graphrun.base.phases import phase
+from graphrun.base.triton_switch import prefetch
 from graphrun.engine.device import resolve_backend, resolve_device
 from graphrun.models.builtins import BUILTINS
 from graphrun.models.causal.llama import (Checkpoint, OwnLM, find_checkpoint,
@@ -233,7 +234,8 @@ def per_row_choices(spec: PipelineSpec) -> dict:
 
 def begin_warm_up(spec: PipelineSpec, started) -> None:
     """The kernels' warm-up of a generation spec begun at the process's start (the CLI's, beside
-    its imports; run()'s, beside its setup), for its runner to claim: on its thread, once the
+    its imports; run()'s, beside its setup), for its runner to claim: on its thread, Triton's
+    import and cache key while the device starts (where a GPU may be used), then, once the
     device has started (started: its DeviceStart), the layout is read (own_shape) and the
     kernels warmed. Not where the spec is no generation job, the device the CPU, or with
     GRAPHRUN_KERNEL_WARM_UP=off; skipped on its thread where graphrun's code does not run the
@@ -245,14 +247,17 @@ def begin_warm_up(spec: PipelineSpec, started) -> None:
     import graphrun.spec.paths  # noqa: F401
 
     def work() -> list[str]:
+        # Triton's import and cache key need no device: made while it starts
+        early = (spec.device != "auto" or torch.cuda.is_available()) and prefetch()
         device = started.wait()
         if device.type != "cuda":
             raise Skip(NO_CUDA)
         shape = own_shape(spec)
         if shape is None:
             raise Skip("graphrun's own code does not run this model: no layout to read")
-        return (warm_kernels(layout_of(shape), device, torch_dtype(spec.model.dtype),
-                             spec.generate.kv_block_size)
+        return ((["triton's import and key"] if early else [])
+                + warm_kernels(layout_of(shape), device, torch_dtype(spec.model.dtype),
+                               spec.generate.kv_block_size)
                 + check_kernel(device, shape.vocab))  # the pick's kernel: compiled, checked
 
     register(warm_up_key(spec), lambda: WarmUp(work))

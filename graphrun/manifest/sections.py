@@ -158,8 +158,9 @@ class KernelWarmUp(_M):
                                    "the model's build; null when skipped.")
     wait_s: float = Field(0.0, description="The time the engine waited for it before its first "
                           "graph (the phase 'kernel warm-up'; not in graphs[].set_up_s).")
-    kernels: list[str] = Field(default_factory=list, description="What it ran: matmul, "
-                               "prefill attention, paged decode.")
+    kernels: list[str] = Field(default_factory=list, description="What it ran: triton's "
+                               "import and key (while the device started), matmul, prefill "
+                               "attention, fused elementwise, paged decode, the pick.")
 
 
 class Generation(_M):
