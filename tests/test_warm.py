@@ -223,7 +223,8 @@ def test_one_begun_at_the_start_is_the_one_the_runner_claims(tmp_path):
 def test_triton_is_imported_and_keyed_while_the_device_starts(tmp_path, monkeypatch, cuda):
     """Triton's import and its cache key (a hash of its files) need no device: the thread
     makes them before it waits for the device's start, where a GPU may be used (device auto
-    with CUDA present); a first kernel's launch then finds them made."""
+    with an NVIDIA driver installed, asked without starting it); a first kernel's launch then
+    finds them made."""
     import types
 
     from graphrun.generate.runner import begin_warm_up, warm_up_key
@@ -236,7 +237,9 @@ def test_triton_is_imported_and_keyed_while_the_device_starts(tmp_path, monkeypa
                          ("triton.runtime", types.ModuleType("triton.runtime")),
                          ("triton.runtime.cache", cache)):
         monkeypatch.setitem(sys.modules, name, module)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr("graphrun.generate.runner.driver_present", lambda: cuda)
+    # torch's question would start the driver holding the GIL: the order would show it
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: order.append("torch asked") or cuda)
 
     class Starting(Started):
         def wait(self):

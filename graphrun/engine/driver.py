@@ -22,3 +22,14 @@ def start_driver() -> None:
 def start_driver_beside() -> None:
     """start_driver on a daemon thread: nothing waits for it but the device's own start."""
     threading.Thread(target=start_driver, name="graphrun-cuinit", daemon=True).start()
+
+
+def driver_present() -> bool:
+    """Whether an NVIDIA driver is installed (libcuda loads), asked without starting it and
+    without torch, whose own question (torch.cuda.is_available) starts the driver holding the
+    GIL."""
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
