@@ -202,6 +202,27 @@ def test_dirty_jsonl_rejected_as_one_process(ray_cluster, tmp_path):
     assert (t["records_in"], t["records_rejected"]) == (N + 1, 6)
 
 
+def test_quiet_ray_data_keeps_errors_on_the_console_and_every_line_in_its_files(tmp_path):
+    """-q: Ray Data's console lines (each run's plan, its start and end, progress hints) are
+    left out, its errors are not; its log files keep every line."""
+    import logging
+
+    from graphrun.scale.ray.run import quiet_console
+
+    logger = logging.getLogger("graphrun-test-ray-data")
+    console, file = logging.StreamHandler(), logging.FileHandler(tmp_path / "ray-data.log")
+    console.setLevel(logging.INFO)
+    for h in (console, file):
+        logger.addHandler(h)
+    try:
+        quiet_console(logger)
+        assert (console.level, file.level) == (logging.ERROR, logging.NOTSET)
+    finally:
+        for h in (console, file):
+            logger.removeHandler(h)
+            h.close()
+
+
 def test_a_jsonl_datasets_columns_are_known_without_running_it(ray_cluster, tmp_path):
     """dataset_map asks for the columns: a schema fetch would run a read for the first block
     and cancel the read tasks still in flight, a race that aborted the driver inside Ray

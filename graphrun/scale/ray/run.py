@@ -9,6 +9,7 @@ them in name order gives input order.
 
 from __future__ import annotations
 
+import logging
 import signal
 import time
 from pathlib import Path
@@ -128,15 +129,28 @@ def check_supported(spec: PipelineSpec, resume: bool) -> None:
 
 def join_cluster(ray, address: str | None, show: bool) -> None:
     """Join the cluster at address (or RAY_ADDRESS's, or start a local one), unless this
-    process is in one already; Ray's progress bars only where graphrun shows progress."""
+    process is in one already; Ray's progress bars and its lines of information only where
+    graphrun shows progress (not with -q)."""
     if not ray.is_initialized():
         try:
-            ray.init(address=address, log_to_driver=show)
+            ray.init(address=address, log_to_driver=show,
+                     logging_level=logging.INFO if show else logging.WARNING)
         except Exception as err:  # noqa: BLE001 - ConnectionError, ValueError, ... by version
             raise GraphrunError(f"cannot join the Ray cluster at {address or 'RAY_ADDRESS'}: "
                                 f"{err}; start one (`ray start --head`) or pass its "
                                 "--address") from None
+    if not show:  # -q: Ray Data's console lines too (each run's plan, start and end, hints)
+        quiet_console(logging.getLogger("ray.data"))
     ray.data.DataContext.get_current().enable_progress_bars = show
+
+
+def quiet_console(logger: logging.Logger) -> None:
+    """The logger's console handlers at errors only; its files (the Ray session's
+    logs/ray-data) keep every line."""
+    for handler in logger.handlers:
+        if isinstance(handler, logging.StreamHandler) and not isinstance(
+                handler, logging.FileHandler):
+            handler.setLevel(max(handler.level, logging.ERROR))
 
 
 def map_input(spec: PipelineSpec, ray, workers: int | None,
