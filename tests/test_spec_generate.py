@@ -144,7 +144,11 @@ BROKEN = [
     ("prefill-under-longest",
      edit("max_new_tokens: 16", "max_new_tokens: 16\n  prefill_tokens: 20"), [], "13:19", "generate.prefill_tokens: 20 is less than the longest prompt"),
     ("bad-slots", edit("max_new_tokens: 16", "max_new_tokens: 16\n  slots: many"), [],
-     "13:10", "generate.slots"),
+     "13:10", "generate.slots: must be a valid integer, or must be 'auto' (got 'many')"),
+    ("zero-slots", edit("max_new_tokens: 16", "max_new_tokens: 16\n  slots: 0"), [],
+     "13:10", "generate.slots: must be > 0, or must be 'auto' (got 0)"),
+    ("stop-ids", edit("{eos: auto}", "{eos: auto, ids: [2]}"), [], "14:21",
+     "generate.stop.ids: unknown key 'ids'; did you mean 'token_ids'?"),
     ("bad-eos", edit("{eos: auto}", "{eos: always}"), [], "14:15",
      "generate.stop.eos: must be 'auto' or 'none' (got 'always')"),
     ("negative-stop-id", edit("{eos: auto}", "{eos: auto, token_ids: [2, -1]}"), [], "14:36",
@@ -171,6 +175,7 @@ def test_broken_generation_spec_names_where_and_what(write_gen, case, text, over
     found = problems(write_gen(text), overrides)
     hits = [p for p in found if message in p]
     assert hits, found
+    assert len(hits) == 1, hits  # a union's members' complaints are one problem
     if where == "--set":
         assert hits[0].startswith("--set"), hits
     elif where is not None:

@@ -221,6 +221,7 @@ def apply_overrides(data: Any, overrides: list[str], pos: Positions) -> list[Pro
 
 def _pydantic_problems(err: ValidationError, pos: Positions, data: Any) -> list[Problem]:
     problems = []
+    alternatives: dict[Loc, list[dict]] = {}  # a value no member of a union took: one problem
     for e in err.errors():
         loc = tuple(p for p in e["loc"] if not _is_union_tag(p))
         kind = e["type"]
@@ -232,27 +233,47 @@ def _pydantic_problems(err: ValidationError, pos: Positions, data: Any) -> list[
         elif kind == "missing":
             msg = f"required key '{loc[-1]}' is missing"
             where = pos.where(loc[:-1])
+        elif len(loc) < len(e["loc"]):
+            alternatives.setdefault(loc, []).append(e)
+            continue
         else:
             msg = _value_message(e)
             where = pos.where(loc)
         problems.append(Problem(where, fmt_path(loc), msg))
+    for loc, errors in alternatives.items():
+        problems.append(Problem(pos.where(loc), fmt_path(loc), _either_message(errors)))
     return problems
 
 
 def _is_union_tag(part: Any) -> bool:
-    # pydantic adds the union member tried ("int", "str", "function-after[...]") to locations
-    return isinstance(part, str) and (part in ("int", "str", "float") or "[" in part)
+    # pydantic adds the union member tried ("int", "constrained-int", "literal['auto']",
+    # "function-after[...]") to locations
+    return isinstance(part, str) and (part in ("int", "str", "float", "bool")
+                                      or part.startswith("constrained-") or "[" in part)
 
 
-def _value_message(e: dict) -> str:
+def _either_message(errors: list[dict]) -> str:
+    """One message for a value that no member of a union took: each member's, joined by
+    or, the value once: "must be > 0, or must be 'auto' (got 0)"."""
+    if len(errors) == 1:
+        return _value_message(errors[0])
+    wants = [_value_message(e, value=False) for e in errors]
+    return ", or ".join(dict.fromkeys(wants)) + _got(errors[0])
+
+
+def _value_message(e: dict, value: bool = True) -> str:
+    """pydantic's message in the spec's words; value: the value given after it."""
     msg = e["msg"]
     msg = msg.replace("Input should be", "must be").replace("Value error, ", "")
     for words, sign in (("greater than or equal to", ">="), ("less than or equal to", "<="),
                         ("greater than", ">"), ("less than", "<")):
         msg = msg.replace(words, sign)
-    if e["type"] not in ("value_error",) and "input" in e and not isinstance(e["input"], dict):
-        msg += f" (got {e['input']!r})"
-    return msg
+    return msg + (_got(e) if value and e["type"] != "value_error" else "")
+
+
+def _got(e: dict) -> str:
+    """" (got 0)": the value an error was about, unless a mapping (its keys are reported)."""
+    return f" (got {e['input']!r})" if "input" in e and not isinstance(e["input"], dict) else ""
 
 
 def _suggest(loc: Loc, data: Any) -> str | None:
@@ -267,8 +288,13 @@ def _suggest(loc: Loc, data: Any) -> str | None:
         model = _model_in(ann)
     if model is None:
         return None
-    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.6)
-    return close[0] if close else None
+    key, fields = str(loc[-1]), list(model.model_fields)
+    close = difflib.get_close_matches(key, fields, n=1, cutoff=0.6)
+    if close:
+        return close[0]
+    # a part of one field's name ("ids" for token_ids), where the spelling is far
+    within = [f for f in fields if len(key) >= 3 and key in f]
+    return within[0] if len(within) == 1 else None
 
 
 def _model_in(ann: Any) -> type[BaseModel] | None:
