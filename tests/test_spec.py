@@ -83,6 +83,8 @@ BROKEN = [
     ("missing-required-key", replace("name: tiny-mlp\n", ""), [], "1:1",
      "required key 'name' is missing"),
     ("wrong-version", replace("version: 1", "version: 2"), [], "1:10", "must be 1 (got 2)"),
+    ("missing-version", replace("version: 1\n", ""), [], "1:1",
+     "version: required key 'version' is missing: add version: 1"),
     ("bad-override-value", MLP_SPEC, ["capture.warmup_iters=abc"], None,
      "--set capture.warmup_iters=abc: capture.warmup_iters: "),
     ("bad-override-syntax", MLP_SPEC, ["capture.warmup_iters"], None,

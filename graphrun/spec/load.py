@@ -9,6 +9,7 @@ override replaces the node at its path, and errors under that path name the over
 from __future__ import annotations
 
 import difflib
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -232,6 +233,8 @@ def _pydantic_problems(err: ValidationError, pos: Positions, data: Any) -> list[
             where = pos.where(loc, key=True)
         elif kind == "missing":
             msg = f"required key '{loc[-1]}' is missing"
+            only = _only_value(loc)
+            msg += f": add {loc[-1]}: {only!r}" if only is not None else ""
             where = pos.where(loc[:-1])
         elif len(loc) < len(e["loc"]):
             alternatives.setdefault(loc, []).append(e)
@@ -276,8 +279,8 @@ def _got(e: dict) -> str:
     return f" (got {e['input']!r})" if "input" in e and not isinstance(e["input"], dict) else ""
 
 
-def _suggest(loc: Loc, data: Any) -> str | None:
-    """The field name closest to an unknown key, from the model that owns it."""
+def _owner(loc: Loc) -> type[BaseModel] | None:
+    """The model whose field loc's last part names."""
     model: type[BaseModel] | None = PipelineSpec
     parts = list(loc[:-1])
     while parts and model is not None:
@@ -286,6 +289,22 @@ def _suggest(loc: Loc, data: Any) -> str | None:
         if getattr(ann, "__origin__", None) is dict and parts:
             parts.pop(0)  # a user-chosen key (an input's name), not a field
         model = _model_in(ann)
+    return model
+
+
+def _only_value(loc: Loc) -> Any:
+    """The one value a required key can have (version: 1), or None."""
+    model = _owner(loc)
+    field = model.model_fields.get(str(loc[-1])) if model is not None else None
+    if field is None or typing.get_origin(field.annotation) is not typing.Literal:
+        return None
+    values = typing.get_args(field.annotation)
+    return values[0] if len(values) == 1 else None
+
+
+def _suggest(loc: Loc, data: Any) -> str | None:
+    """The field name closest to an unknown key, from the model that owns it."""
+    model = _owner(loc)
     if model is None:
         return None
     key, fields = str(loc[-1]), list(model.model_fields)
