@@ -275,7 +275,8 @@ def _value_message(e: dict, value: bool = True) -> str:
 
 
 def _got(e: dict) -> str:
-    """" (got 0)": the value an error was about, unless a mapping (its keys are reported)."""
+    """The value an error was about, as ' (got 0)'; nothing for a mapping (its keys are
+    reported)."""
     return f" (got {e['input']!r})" if "input" in e and not isinstance(e["input"], dict) else ""
 
 
