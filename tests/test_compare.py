@@ -214,3 +214,23 @@ def test_the_table_shows_whole_bucket_names_readable_latencies_and_tokens_per_s(
     assert "3.65 s" in text and "4.01 s" in text and "8,400 us" in text
     assert "3,645,356" not in text and "…" not in text
     assert "output_tokens_per_s" in text and "79.7" in text
+
+
+def test_a_resumed_run_is_said_so_beside_its_totals(write_spec, tmp_path):
+    """A resumed run's records_out is its whole output, its other totals its last attempt's:
+    compare says so, in the terminal and in the report."""
+    from graphrun.experiments.report import compare_html
+
+    spec = write_spec()
+    a = run_into(spec, tmp_path / "a")
+    b = run_into(spec, tmp_path / "b")
+    assert compare(a, b)["notes"] == []
+    m = json.loads((b / "manifest.json").read_text())
+    m["resumed_from"], m["totals"]["earlier_records_out"] = 6, 6
+    (b / "manifest.json").write_text(json.dumps(m))
+    note = ("B was resumed (--resume) at record 6: its records_out is its whole output, its "
+            "other totals are its last attempt's (4 of its 10 records out)")
+    assert compare(a, b)["notes"] == [note]
+    out = CliRunner().invoke(main, ["compare", str(a), str(b)])
+    assert note in " ".join(out.output.split())
+    assert "B was resumed (--resume) at record 6" in compare_html([a, b], ["A", "B"])

@@ -256,9 +256,22 @@ def compare(a: Path, b: Path) -> dict:
     return {"a": str(a), "b": str(b),
             "spec_diff": [{"key": k, "a": va, "b": vb}
                           for k, va, vb in spec_diff(ma["spec"], mb["spec"])],
+            "notes": [n for n in (resumed_note("A", ma), resumed_note("B", mb)) if n],
             "buckets": bucket_rows(ma, mb, la, lb), "totals": totals_rows(ma, mb),
             "outputs": asdict(outputs), "only_timing_differs": outputs.equal,
             "timing": overall.model_dump(), "verdict": verdict_line(outputs.equal, overall)}
+
+
+def resumed_note(name: str, m: dict) -> str | None:
+    """Where a run was resumed: records_out is its whole output, its other totals are its last
+    attempt's."""
+    if m.get("resumed_from") is None:
+        return None
+    t = m["totals"]
+    out, earlier = t["records_out"], t.get("earlier_records_out", 0)
+    return (f"{name} was resumed (--resume) at record {m['resumed_from']}: its records_out is "
+            f"its whole output, its other totals are its last attempt's ({out - earlier:,} of "
+            f"its {out:,} records out)")
 
 
 def verdict_line(identical: bool, overall) -> str:
@@ -327,6 +340,8 @@ def print_compare(result: dict, console) -> None:
     for d in result["spec_diff"]:
         diff.add_row(d["key"], json.dumps(d["a"]), json.dumps(d["b"]))
     console.print(diff if result["spec_diff"] else "specs are identical")
+    for note in result.get("notes", []):
+        console.print(note, soft_wrap=True)
     console.print(_table(
         "per bucket, end-to-end latency",
         ("bucket", "A batches", "B batches", "A p50", "B p50", "B/A p50", "A p99", "B p99",

@@ -404,9 +404,10 @@ def compare_html(folders: list[Path], labels: list[str]) -> str:
     diff = [[d["key"], json.dumps(d["a"]), json.dumps(d["b"])] for d in result["spec_diff"]]
     spec = (c.table(["spec key", labels[0], labels[1]], diff, "spec-diff") if diff
             else "<p>specs are identical</p>")
+    notes = "".join(f"<p>{html.escape(n)}</p>" for n in result["notes"])
     return (f'<section class="compare"><h2>{html.escape(labels[1])} against '
             f"{html.escape(labels[0])}</h2><p><b>{html.escape(result['verdict'])}</b></p>"
-            f"{spec}<p>{html.escape(outputs_line(result['outputs']))}</p></section>")
+            f"{spec}{notes}<p>{html.escape(outputs_line(result['outputs']))}</p></section>")
 
 
 def run_blocks(folders: list[Path]) -> list[Block]:
