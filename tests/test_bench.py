@@ -115,6 +115,12 @@ def test_repeats_alternate_the_modes_bucket_by_bucket():
                       lambda m: None)
     assert calls == [("eager", "b1"), ("graph", "b1"), ("eager", "b2"), ("graph", "b2")] * 2
     assert got["graph"]["b2"] == [4, 8] and got["eager"]["b1"] == [1, 5]
+    # a long repeat says how far it is
+    said = []
+    round_robin(sessions, ["b1", "b2"], 1, lambda s, key: 0, [], said.append, every_s=0)
+    assert [line.split(",")[0] for line in said[1:]] == [
+        "bench: repeat 1/1: 0 of 2 buckets timed", "bench: repeat 1/1: 1 of 2 buckets timed"]
+    assert all(line.endswith(" s so far") for line in said[1:])
 
 
 def test_the_fastest_mode_is_named_only_beyond_the_noise():

@@ -239,15 +239,22 @@ def open_sessions(openers: list, notes: list[str], log) -> list[Session]:
 
 
 def round_robin(sessions: list[Session], keys: list, repeats: int, measure, notes: list[str],
-                log) -> dict[str, dict[Any, list]]:
+                log, every_s: float = 10.0) -> dict[str, dict[Any, list]]:
     """mode -> key -> each repeat's measure(session, key), alternating: per repeat and key,
-    every mode in turn. A mode failing while timed is dropped with a note (eager raises)."""
+    every mode in turn. A mode failing while timed is dropped with a note (eager raises).
+    Where a repeat takes long (a generation bench on a CPU), a line every `every_s` says how
+    far it is."""
     got: dict[str, dict[Any, list]] = {s.mode: {k: [] for k in keys if k in s.steps}
                                        for s in sessions}
     alive = list(sessions)
+    t0 = said = time.monotonic()
     for r in range(repeats):
         log(f"bench: repeat {r + 1}/{repeats} ({', '.join(s.mode for s in alive)} in turn)")
-        for key in keys:
+        for i, key in enumerate(keys):
+            if time.monotonic() - said >= every_s:
+                said = time.monotonic()
+                log(f"bench: repeat {r + 1}/{repeats}: {i} of {len(keys)} buckets timed, "
+                    f"{said - t0:,.0f} s so far")
             for s in list(alive):
                 if key not in s.steps:
                     continue
