@@ -202,6 +202,17 @@ def test_an_openai_batch_file_is_recognised_and_written_as_such(tmp_path):
     spec = graphrun.load_spec(spec_path)
     assert spec.data.format == "openai_batch" and spec.output.format == "openai_batch"
     assert spec.data.id_field == "custom_id" and "string fields not used" not in result.output
+    # a request that cannot be served gets its error line in its place, as the Batch API's
+    # own do, and the others their responses: the run goes on past it
+    assert spec.data.on_bad_record == "skip"
+    lines = data.read_text().splitlines()
+    lines[3] = lines[3].replace('"messages"', '"temperature": -1, "messages"')
+    data.write_text("\n".join(lines) + "\n")
+    m = graphrun.run(graphrun.load_spec(spec_path, ["generate.max_new_tokens=2"]))
+    assert (m.status, m.totals.records_out, m.totals.records_rejected) == ("completed", 9, 1)
+    out = [json.loads(x) for x in (spec.output.dir / "part-00000.jsonl").read_text().splitlines()]
+    assert [r["custom_id"] for r in out] == [f"r{i}" for i in range(10)]
+    assert "temperature" in out[3]["error"]["message"] and out[4]["error"] is None
 
 
 def test_a_chat_file_for_a_model_without_a_template_is_one_message(tmp_path):

@@ -192,7 +192,9 @@ def render_generate_spec(found, spec_dir: Path, out_dir: str) -> str:
         _c(f"  text: {_flow(text)}", ("the prompt; " if kind == "text" else "") + cut),
         _c(f"  batch_size: {found.batch_size}", "prompts per batch"),
         _c(f"  group_by_length: {found.window}", "similar lengths batched; output in input order"),
-        _c("  on_bad_record: error", "error | skip (to rejects.jsonl)"),
+        _c("  on_bad_record: skip", "a request that cannot be served gets an error line in "
+           "its place, as the Batch API's own do; error: the run stops at it")
+        if kind == "batch" else _c("  on_bad_record: error", "error | skip (to rejects.jsonl)"),
         "generate:",
         _c(f"  max_new_tokens: {gen['max_new_tokens']}", "new tokens per prompt at most"),
         _c("  slots: auto", "records decoding at once: on a GPU what half its free memory "
