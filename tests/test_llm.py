@@ -118,6 +118,28 @@ def test_bad_prompts_are_refused_together_naming_their_places(llm):
         llm.generate([[1] * 600])
     with pytest.raises(graphrun.InputError, match="unknown parameter 'temprature'"):
         llm.generate(["x"], temprature=0.5)
+    # n > 1 is the job's (an OpenAI Batch line's choices): said so, not the job's advice
+    with pytest.raises(graphrun.InputError, match=r"\[0\] n > 1 \(several samples\) is served "
+                       r"by `graphrun run`") as err:
+        llm.generate([{"prompt": "x", "n": 2}])
+    assert "output.format" not in str(err.value)
+
+
+def test_a_list_of_token_ids_is_one_prompt(llm):
+    """An int is no prompt of its own: [5, 6, 7] is one prompt, as [[5, 6, 7]] is."""
+    one = llm.generate([5, 6, 7], max_new_tokens=2)
+    assert len(one) == 1 and one[0].token_ids == llm.generate([[5, 6, 7]],
+                                                              max_new_tokens=2)[0].token_ids
+
+
+def test_a_closed_llm_says_so():
+    engine = graphrun.LLM(str(FOLDER), max_new_tokens=2, max_prompt_tokens=64, device="cpu")
+    engine.close()
+    engine.close()  # a second close does nothing
+    with pytest.raises(graphrun.GraphrunError, match="this graphrun.LLM is closed"):
+        engine.generate("x")
+    with pytest.raises(graphrun.GraphrunError, match="build a new LLM"):
+        engine.chat([{"role": "user", "content": "hi"}])
 
 
 def test_runner_on_a_generation_spec_names_the_in_process_entry(tmp_path):

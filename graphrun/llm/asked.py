@@ -79,7 +79,8 @@ def ask(spec: PipelineSpec, items, base: RequestParams, vocab: int, *,
         chat: bool = False) -> Asked:
     """items (one prompt, or a list of them; with chat, each a conversation) -> Asked, or one
     InputError naming every bad prompt by its place in the list."""
-    if isinstance(items, (str, dict)) or (chat and _is_messages(items)):
+    if (isinstance(items, (str, dict)) or (chat and _is_messages(items))
+            or (not chat and _is_token_ids(items))):
         items = [items]
     if not isinstance(items, (list, tuple)):
         raise InputError(f"expected a list of prompts, got {type(items).__name__}",
@@ -120,6 +121,12 @@ def ask(spec: PipelineSpec, items, base: RequestParams, vocab: int, *,
     return Asked(ids, record_ids, params)
 
 
+def _is_token_ids(items) -> bool:
+    """A single prompt of token ids (a list of ints: an int is no prompt of its own)."""
+    return (isinstance(items, (list, tuple)) and bool(items)
+            and all(type(t) is int for t in items))
+
+
 def _is_messages(items) -> bool:
     """A single conversation (a list of message dicts) rather than a list of them."""
     return isinstance(items, list) and bool(items) and all(
@@ -138,7 +145,7 @@ def _one(spec: PipelineSpec, record: dict, base: RequestParams, vocab: int
     own = _params(record, base)
     if isinstance(own, str):
         return own
-    why = unserved(own, spec) or not_in_process(own)
+    why = not_in_process(own) or unserved(own, spec)  # a job's advice does not serve a call
     if why:
         return why
     value = record[named[0]]

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from graphrun.base.errors import InputError, Problem, SpecError
+from graphrun.base.errors import GraphrunError, InputError, Problem, SpecError
 from graphrun.generate.config import GenerationError
 from graphrun.generate.engine import Request
 from graphrun.generate.records import with_implied_io
@@ -61,17 +61,20 @@ class LLM:
         self.runner = GenerationRunner(spec, log=log, choices=EVERY_PARAM)
         self.engine = self.runner.engine
         self._decode = self.runner.text_decoder()
+        self._closed = False
 
     def generate(self, prompts, **params) -> list[GenerateOutput]:
         """Completions of prompts (strings, token id lists, or dicts with `prompt`, `messages`,
         `id` and their own parameters), in their order. params: max_new_tokens, temperature (0:
         greedy), top_p, top_k, seed, stop_token_ids for every prompt; unset: the spec's."""
+        self._check_open()
         return self._run(ask(self.spec, prompts, call_params(params), self.engine.model.vocab))
 
     def chat(self, conversations, **params) -> list[GenerateOutput]:
         """Completions of conversations (each a list of OpenAI messages, or a dict with
         `messages`, `id` and its own parameters), rendered by the model's chat template with
         the generation prompt, in their order."""
+        self._check_open()
         return self._run(ask(self.spec, conversations, call_params(params),
                              self.engine.model.vocab, chat=True))
 
@@ -93,8 +96,16 @@ class LLM:
                                output_tokens=c.output_tokens)
                 for rid, c in zip(asked.record_ids, done)]
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise GraphrunError("this graphrun.LLM is closed (close() was called, or its with "
+                                "block ended): build a new LLM to generate again")
+
     def close(self) -> None:
-        self.runner.close()
+        """The engine's memory given back; a second close does nothing."""
+        if not self._closed:
+            self._closed = True
+            self.runner.close()
 
     def __enter__(self) -> LLM:
         return self
