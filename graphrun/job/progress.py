@@ -291,9 +291,10 @@ def read_advice(data_path: str) -> str:
 def stream_breakdown(totals, data_path: str = "") -> str | None:
     """Where the streaming time went, per step, as shares of it: serially they add up to
     about all of it; overlapped the threads run side by side, and the largest share of a
-    step that is the host's own work (not a wait) is what bounds the rate. When that is the
-    read (and a record came out: with none, reading is all that ran) and it takes half the
-    stream or more than the device wait, what helps for the input's format."""
+    step that is the host's own work (not a wait) is what bounds the rate; serially, the
+    device where its wait is the largest share. When the busiest is the read (and a record
+    came out: with none, reading is all that ran) and it takes half the stream or more than
+    the device wait, what helps for the input's format."""
     stream = totals.stream_s
     phases = totals.host_phase_s
     if stream <= 0 or not phases:
@@ -302,11 +303,14 @@ def stream_breakdown(totals, data_path: str = "") -> str | None:
     text = ", ".join(f"{label} {share:.0%}" for label, share in shares)
     path = "overlapped, steps side by side" if totals.overlapped else "serial"
     own = [(share, label) for label, share in shares if label != "device wait"]
-    read_share, busiest = max(own)
+    top, busiest = max(own)
+    wait = dict(shares).get("device wait", 0.0)
+    if not totals.overlapped and wait > top:  # serially the shares add up: the device
+        busiest = "the device"
     text = f"stream ({path}): {text}; busiest: {busiest}"
     # the read limits the rate where it fills the stream or outlasts the device's work: a read
     # of 1% beside a device wait of 99% (a generation job) is the busiest host step, no limit
-    limits = read_share >= min(0.5, dict(shares).get("device wait", 0.0))
+    limits = top >= min(0.5, wait)
     if busiest == "read" and totals.records_out and limits:
         text += f" (reading the input limits the rate: {read_advice(data_path)})"
     return text
