@@ -265,3 +265,22 @@ def test_torchrun_workers_give_the_same_completions_as_one_process(tmp_path):
     assert completions(tmp_path / "two") == completions(tmp_path / "one")
     merged = json.loads((tmp_path / "two" / "manifest.json").read_text())
     assert merged["generation"]["records"] == 10 and len(merged["workers"]) == 2
+
+
+def test_the_prefills_padding_is_reported_as_run(tmp_path):
+    """One slot: each prefill packs one prompt, padded to the smallest seq bucket that holds
+    it; the manifest's prefill_positions are those sizes' sum and prefill_padding the share
+    of them that held no prompt token, and the summary says it."""
+    spec = graphrun.load_spec(write_spec(tmp_path, generate__slots=1,
+                                         generate__prefix_cache=False, buckets={
+                                             "batch": [1], "seq": [64, 128, 512]}))
+    m = graphrun.run(spec, show=False)
+    lengths = [r["prompt_tokens"] for r in completions(spec.output.dir)]
+    g = m.generation
+    assert g.prefills == len(lengths) == 12 and g.prompt_tokens_computed == sum(lengths)
+    assert g.prefill_positions == sum(min(s for s in (64, 128, 512) if s >= n) for n in lengths)
+    assert g.prefill_padding == pytest.approx(1 - sum(lengths) / g.prefill_positions)
+    from graphrun.job.progress import generation_line
+
+    assert (f"prefill padding {g.prefill_padding:.0%} of {g.prefill_positions:,} positions"
+            in generation_line(g))

@@ -414,7 +414,9 @@ def test_plan_on_a_generation_spec_counts_its_graphs_and_stops_at_the_positions_
         assert max(lists["seq"]) == room  # texts are cut there: the plan covers them
         graphs = int(re.search(r"graphs, planned: (\d+) graphs", said).group(1))
         assert graphs <= 24
-        assert "of the prompt positions prefill computes" in said
+        assert ("of the prompt positions of the batches as read, each padded to its longest "
+                "(the prefills pack the prompts: a run's summary gives the padding they "
+                "compute)") in said
     wrote = cli("plan", spec_path, "--write")
     assert wrote.exit_code == 0, wrote.output
     spec = graphrun.load_spec(spec_path)

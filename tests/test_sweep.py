@@ -96,6 +96,7 @@ def test_a_generation_sweep_shows_output_tokens_per_s_and_tells_completions_apar
     for r in rows:
         gen = json.loads((out / r["name"] / "manifest.json").read_text())["generation"]
         assert r["output_tokens_per_s"] == gen["output_tokens_per_s"] > 0
+        assert r["padding_waste"] == gen["prefill_padding"]  # as run, the prompts packed
     # the same completions at another batch size; longer ones are not the first's
     assert [r["outputs_equal_first"] for r in rows] == [None, True, False, False]
     assert "tokens/s" in result.output and "output tokens/s" in result.output

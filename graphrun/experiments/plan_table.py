@@ -260,7 +260,9 @@ def padding_line(spec, rows: list[tuple[str, Evaluation]]) -> str:
     after = rows[-1][1]
     how = (f"batches grouped by length (data.group_by_length: {spec.data.group_by_length})"
            if spec.data.group_by_length else "batches in input order")
-    what = "computed positions" if spec.generate is None else "prompt positions prefill computes"
+    what = ("computed positions" if spec.generate is None else "prompt positions of the "
+            "batches as read, each padded to its longest (the prefills pack the prompts: a "
+            "run's summary gives the padding they compute)")
     hint = ("" if spec.data.group_by_length or len(spec.axes) < 2 else
             "; data.group_by_length: N batches similar lengths together and pads less, "
             "outputs still in input order (plan again with --set data.group_by_length=N)")

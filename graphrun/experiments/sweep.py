@@ -57,7 +57,8 @@ class Variant(BaseModel):
     capture_s: Optional[float] = None
     memory_bytes: Optional[int] = Field(None, description="Graph memory (capture pool growth).")
     padding_waste: Optional[float] = Field(
-        None, description="1 - real / padded work (rows x positions) of the records it ran.")
+        None, description="1 - real / padded work (rows x positions) of the records it ran; a "
+        "generation job's: its prefills' padding as run (generation.prefill_padding).")
     verify: Optional[Literal["passed", "failed", "off"]] = Field(
         None, description="Its buckets' verification: off where none was checked "
         "(capture.verify off, or nothing captured: the eager backend, e.g. the CPU).")
@@ -229,7 +230,10 @@ def measure(spec: Path, base: list[str], name: str, chosen: dict, out: Path,
         p99_us_spread=p99, capture_s=float(np.median([x["totals"]["capture_s"]
                                                       for x in manifests])),
         memory_bytes=max(memory) if all(x is not None for x in memory) else None,
-        padding_waste=evaluate(histogram(pspec, stop=stop), pspec.buckets).waste,
+        # a generation job's prefills pack their prompts: its padding as run, not the planner's
+        # rows x positions of a forward pass's batches
+        padding_waste=(m["generation"].get("prefill_padding") if m.get("generation")
+                       else evaluate(histogram(pspec, stop=stop), pspec.buckets).waste),
         verify="off" if not verdicts else ("passed" if all(verdicts) else "failed"),
         outputs_equal_first=equal)
 

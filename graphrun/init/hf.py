@@ -398,9 +398,12 @@ def _checks(found: HfInferred, config) -> list[str]:
     if found.window is not None:
         before, after = found.padding
         what = "token" if found.generate is None else "prompt token"
+        packed = ("" if found.generate is None else "; the prefills pack the prompts, and a "
+                  "run's summary gives the padding they compute")
         out.append(f"data.group_by_length {found.window}: batches of similar lengths (outputs "
                    f"still in input order); buckets planned for them: {after:.0%} of {what} "
-                   f"positions padding expected ({before:.0%} for batches in file order)")
+                   f"positions padding expected ({before:.0%} for batches in file order)"
+                   + packed)
     if found.generate is not None:
         out.append(f"buckets: {found.graphs.text()} (capture.lazy sets up only those a batch "
                    "needs)")

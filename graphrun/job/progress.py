@@ -212,10 +212,12 @@ def generation_line(g) -> str:
     reused = (f"; prompt tokens {g.prompt_tokens_computed:,} computed, "
               f"{g.prompt_tokens_reused:,} reused ({g.prefix_hit_rate:.0%})"
               if g.prompt_tokens_reused else "")
+    padded = (f"; prefill padding {g.prefill_padding:.0%} of {g.prefill_positions:,} positions"
+              if g.prefill_positions else "")
     return (f"generation: {g.output_tokens:,} output tokens ({reasons}), "
             f"{g.output_tokens_per_s:,.0f} tokens/s" + (f"; {times}" if times else "")
-            + f"; {g.wasted_fraction:.0%} of decode row-steps wasted" + slots + reused
-            + compiled + waited)
+            + f"; {g.wasted_fraction:.0%} of decode row-steps wasted" + slots + padded
+            + reused + compiled + waited)
 
 
 def text_cuts(manifest) -> str | None:

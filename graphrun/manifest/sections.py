@@ -225,6 +225,12 @@ class Generation(_M):
         "memory bandwidth; null on the CPU or where the peak is unknown.")
     prompt_tokens_computed: int = Field(
         0, description="Prompt tokens prefilled: prompt_tokens less those reused.")
+    prefill_positions: int = Field(
+        0, description="Positions the packed prefills computed: each prefill's packed prompts "
+        "padded to its graph's size (the smallest buckets.seq value that holds them).")
+    prefill_padding: float = Field(
+        0.0, description="1 - prompt_tokens_computed / prefill_positions: the prefills' share "
+        "of padding, as run; 0 when no prompt was prefilled.")
     prompt_tokens_reused: int = Field(
         0, description="Prompt tokens whose keys came from the prefix cache (generate."
         "prefix_cache): leading full KV blocks an earlier prompt with the same tokens computed.")
@@ -273,6 +279,7 @@ def generation_summary(stats, percentiles, *, slots: int, kv_block_size: int, kv
         kv_blocks_mean=stats.kv_block_steps / steps if steps else 0.0,
         kv_blocks_peak=stats.kv_blocks_peak, graphs=list(graphs), mbu=mbu,
         **_prefix_counts(stats.prompt_computed, stats.prompt_reused),
+        **_padding(stats.prompt_computed, stats.prefill_tokens),
         prompts_truncated=prompts_truncated, prompts_rejected=prompts_rejected,
         decode_attention=decode_attention, host_bound_steps=stats.host_bound_steps,
         warm_up=warm_up)
@@ -282,6 +289,11 @@ def _prefix_counts(computed: int, reused: int) -> dict:
     seen = computed + reused
     return dict(prompt_tokens_computed=computed, prompt_tokens_reused=reused,
                 prefix_hit_rate=reused / seen if seen else 0.0)
+
+
+def _padding(computed: int, positions: int) -> dict:
+    return dict(prefill_positions=positions,
+                prefill_padding=1 - computed / positions if positions else 0.0)
 
 
 def _total(counts) -> int | None:
@@ -333,6 +345,8 @@ def merged_generation(sections: list[Generation]) -> Generation | None:
         mbu=sum(mbus) / len(mbus) if mbus else None,
         **_prefix_counts(sum(g.prompt_tokens_computed for g in sections),
                          sum(g.prompt_tokens_reused for g in sections)),
+        **_padding(sum(g.prompt_tokens_computed for g in sections),
+                   sum(g.prefill_positions for g in sections)),
         prompts_truncated=sum(g.prompts_truncated for g in sections),
         prompts_rejected=sum(g.prompts_rejected for g in sections),
         decode_attention=", ".join(sorted({g.decode_attention for g in sections
