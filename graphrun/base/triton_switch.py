@@ -18,13 +18,31 @@ from types import ModuleType
 from graphrun.base.errors import first_line
 
 
-class KernelSwitch:
+class KernelFailures:
+    """Why a kernel failed in this process: the first is the reason, and none is tried again
+    (give_up). The Triton families' switches below, and the prefill's flash attention
+    (models/causal/packed_attention.py), keep one each."""
+
+    def __init__(self):
+        self.failures: list[str] = []
+
+    def give_up(self, err: BaseException) -> None:
+        """A kernel failed (or computed other values than the torch ops): the torch ops from
+        now on, in this process."""
+        self.failures.append(first_line(err))
+
+    def failure(self) -> str | None:
+        """Why the kernels are no longer used in this process, or None."""
+        return self.failures[0] if self.failures else None
+
+
+class KernelSwitch(KernelFailures):
     """One family's switch: its kernels' module (by name, imported on first use) and why its
-    kernels failed in this process (the first is the reason: none is tried again)."""
+    kernels failed in this process (KernelFailures)."""
 
     def __init__(self, module: str):
+        super().__init__()
         self.module = module
-        self.failures: list[str] = []
 
     @functools.cached_property
     def kernels(self) -> ModuleType | None:
@@ -40,15 +58,6 @@ class KernelSwitch:
         here = device.type == "cuda" or (device.type == "cpu"
                                          and os.environ.get("TRITON_INTERPRET") == "1")
         return here and not self.failures and self.kernels is not None
-
-    def give_up(self, err: BaseException) -> None:
-        """A kernel failed (or computed other values than the torch ops): the torch ops from
-        now on, in this process."""
-        self.failures.append(first_line(err))
-
-    def failure(self) -> str | None:
-        """Why the kernels are no longer used in this process, or None."""
-        return self.failures[0] if self.failures else None
 
 
 def prefetch() -> bool:

@@ -9,9 +9,8 @@ override replaces the node at its path, and errors under that path name the over
 from __future__ import annotations
 
 import difflib
-import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -297,9 +296,9 @@ def _only_value(loc: Loc) -> Any:
     """The one value a required key can have (version: 1), or None."""
     model = _owner(loc)
     field = model.model_fields.get(str(loc[-1])) if model is not None else None
-    if field is None or typing.get_origin(field.annotation) is not typing.Literal:
+    if field is None or get_origin(field.annotation) is not Literal:
         return None
-    values = typing.get_args(field.annotation)
+    values = get_args(field.annotation)
     return values[0] if len(values) == 1 else None
 
 

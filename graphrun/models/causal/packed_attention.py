@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from graphrun.base.errors import first_line
+from graphrun.base.triton_switch import KernelFailures
 
-_failures: list[str] = []  # why it no longer runs in this process (the first is the reason)
+FAILURES = KernelFailures()  # why it no longer runs in this process
 
 
 def runs(q: torch.Tensor, softcap: float | None) -> bool:
@@ -33,7 +33,7 @@ def runs_on(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
     dtype, runs the flash kernel: a GPU of compute capability 8.0 or later, half precision,
     a head of at most 256 in multiples of 8, torch's build with flash attention, none
     failed."""
-    if _failures or device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
+    if FAILURES.failures or device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
         return False
     if head_dim > 256 or head_dim % 8:
         return False
@@ -60,9 +60,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: torch.Tens
 def give_up(err: BaseException) -> None:
     """The kernel failed: the masked attention from now on. Its first call is an eager step
     before any capture, so nothing was launched."""
-    _failures.append(first_line(err))
+    FAILURES.give_up(err)
 
 
 def failure() -> str | None:
     """Why the kernel is no longer used in this process, or None."""
-    return _failures[0] if _failures else None
+    return FAILURES.failure()
