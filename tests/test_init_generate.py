@@ -256,13 +256,13 @@ def varied_prompts(path: Path, n: int = 48, seed: int = 0, bad: bool = True) -> 
     return lines
 
 
-def expected_padding(output: str) -> tuple[float, float]:
-    """(grouped, file order) prompt padding init printed, as fractions."""
+def expected_padding(output: str) -> float:
+    """The prefills' padding init printed, as a fraction."""
     said = " ".join(output.split())
-    found = re.search(r"(\d+)% of prompt token positions padding expected \((\d+)% for "
-                      r"batches in file order\)", said)
+    found = re.search(r"buckets.seq planned for the prefills, which pack the prompts: (\d+)% "
+                      r"of their positions padding expected \(simulated", said)
     assert found, said
-    return int(found.group(1)) / 100, int(found.group(2)) / 100
+    return int(found.group(1)) / 100
 
 
 def test_batch_needs_cover_the_next_few_records():
@@ -310,8 +310,18 @@ def test_buckets_are_planned_for_the_grouped_batches_within_the_graph_bound(tmp_
     assert f"buckets: {graphs.total} graphs ({graphs.prefill} prefill, {graphs.decode} decode" \
         in said
     assert f"graphs: {graphs.prefill} prefill + {graphs.decode} decode" in spec_path.read_text()
-    grouped, in_order = expected_padding(result.output)
-    assert grouped < in_order
+    # the prefills' padding said is the one their simulation gives for the lists written, and
+    # less than a plain power-of-two list's
+    from graphrun.plan.generation import prefill_evaluation
+    from graphrun.plan.planner import histogram
+
+    # the sample's prompts as init plans them: a longer one cut at the limit
+    hist = histogram(graphrun.load_spec(spec_path, ["data.text.truncate=true"]))
+    said_padding = expected_padding(result.output)
+    assert said_padding == pytest.approx(prefill_evaluation(hist, spec.buckets,
+                                                            spec.generate)[0].waste, abs=0.02)
+    plain = {**spec.buckets, "seq": [8, 16, 32, 64, 72]}
+    assert said_padding < prefill_evaluation(hist, plain, spec.generate)[0].waste
 
 
 def test_a_sample_of_the_whole_file_with_bad_lines_needs_no_bucket_at_the_limit(tmp_path):
@@ -343,20 +353,30 @@ def test_the_written_spec_runs_and_pads_as_init_said(tmp_path):
     folder = short_model(tmp_path)
     result, spec_path = init(tmp_path, folder, data=data)
     assert result.exit_code == 0, result.output
-    grouped, _ = expected_padding(result.output)
+    expected_padding(result.output)
     out = tmp_path / "out"
-    run = cli("run", spec_path, "--out", out, "--set", "data.on_bad_record=skip",
-              "--set", "generate.max_new_tokens=3", "--set", "data.text.truncate=true")
+    sets = ["data.on_bad_record=skip", "generate.max_new_tokens=3", "generate.min_new_tokens=3",
+            "data.text.truncate=true"]
+    run = cli("run", spec_path, "--out", out, *[a for x in sets for a in ("--set", x)])
     assert run.exit_code == 0, run.output
     manifest = json.loads((out / "manifest.json").read_text())
     totals = manifest["totals"]
     assert (totals["records_in"], totals["records_out"], totals["records_rejected"]) == (
         len(lines), len(lines) - 3, 3)
     assert totals["texts_truncated"] >= 1  # the long tail, cut from the left at 72 tokens
-    g = manifest["grouping"]
-    ran = g["padded_positions"]["seq"] / g["positions_run"]["seq"]
-    assert abs(ran - grouped) <= 0.05, (ran, grouped)
-    spec = graphrun.load_spec(spec_path)
+    # the prefills are those the planner simulates for these prompts, in the order the run
+    # takes them, every completion max_new_tokens long
+    from graphrun.plan.planner import histogram
+    from graphrun.plan.prefills import Admission, simulated, waste
+
+    spec = graphrun.load_spec(spec_path, sets)
+    admission = Admission.of(spec.generate, spec.buckets, "batch", "seq")
+    packs = simulated(histogram(spec).prompts, admission)[0]
+    gen = manifest["generation"]
+    assert gen["prefills"] == len(packs) and gen["prefill_positions"] == sum(
+        v for v in [min(x for x in spec.buckets["seq"] if x >= p) for p in packs])
+    assert gen["prefill_padding"] == pytest.approx(waste([packs], spec.buckets["seq"],
+                                                         admission.budget))
     used = {b["sizes"]["batch"] for b in manifest["buckets"] if b["batches"]}
     assert used and max(used) <= max(spec.buckets["batch"])  # parts of the batch size
     # slots: auto on the CPU: the largest batch bucket, its decode graphs the batch list's
@@ -414,9 +434,10 @@ def test_plan_on_a_generation_spec_counts_its_graphs_and_stops_at_the_positions_
         assert max(lists["seq"]) == room  # texts are cut there: the plan covers them
         graphs = int(re.search(r"graphs, planned: (\d+) graphs", said).group(1))
         assert graphs <= 24
-        assert ("of the prompt positions of the batches as read, each padded to its longest "
-                "(the prefills pack the prompts: a run's summary gives the padding they "
-                "compute)") in said
+        padding = re.search(r"padding expected in the prefills, which pack the prompts "
+                            r"\(simulated, .*\): ([\d.]+)% of their positions with the spec "
+                            r"lists, ([\d.]+)% planned", said)
+        assert padding and float(padding.group(2)) <= float(padding.group(1)), said
     wrote = cli("plan", spec_path, "--write")
     assert wrote.exit_code == 0, wrote.output
     spec = graphrun.load_spec(spec_path)

@@ -235,38 +235,37 @@ def _generation_rows(spec, hist, planned, max_graphs: int, multiple_of: dict[str
                      caps: dict[str, int]) -> list[tuple[str, Evaluation]]:
     """A generation spec's table rows (spec, power of two, planned), their graphs counted as
     prefill and decode graphs."""
-    import dataclasses
+    from graphrun.plan.generation import power_of_two_generation, prefill_evaluation
 
-    from graphrun.plan.generation import graphs_of, power_of_two_generation
-    from graphrun.plan.planner import evaluate
-
-    new = spec.generate.max_new_tokens
+    g = spec.generate
     rows = []
     if not spec.auto_axes:
-        own = evaluate(hist, spec.buckets)
-        rows.append(("spec", dataclasses.replace(
-            own, graphs=graphs_of(spec.buckets, new).total)))
-    rows += [("power of two", power_of_two_generation(hist, max_graphs, new, multiple_of,
+        rows.append(("spec", prefill_evaluation(hist, spec.buckets, g)[0]))
+    rows += [("power of two", power_of_two_generation(hist, max_graphs, g, multiple_of,
                                                       caps)[0]),
-             ("planned", dataclasses.replace(evaluate(hist, planned.chosen.lists),
-                                             graphs=planned.generation.total))]
+             ("planned", planned.chosen)]
     return rows
 
 
 def padding_line(spec, rows: list[tuple[str, Evaluation]]) -> str:
-    """The padded share of the computed positions (rows x positions), with the spec's lists
-    (or the first row) before and planned after, for batches formed as the run forms them."""
+    """The padded share of the computed positions, with the spec's lists (or the first row)
+    before and planned after: a forward job's rows x positions of the batches as the run
+    forms them; a generation job's prefill positions, as its engine packs the prompts."""
     before_label, before = rows[0]
     after = rows[-1][1]
+    if spec.generate is not None:
+        from graphrun.plan.prefills import ASSUMED
+
+        return (f"padding expected in the prefills, which pack the prompts (simulated, "
+                f"{ASSUMED}): {before.waste:.1%} of their positions with the {before_label} "
+                f"lists, {after.waste:.1%} planned; a run's summary gives the padding it "
+                "computed")
     how = (f"batches grouped by length (data.group_by_length: {spec.data.group_by_length})"
            if spec.data.group_by_length else "batches in input order")
-    what = ("computed positions" if spec.generate is None else "prompt positions of the "
-            "batches as read, each padded to its longest (the prefills pack the prompts: a "
-            "run's summary gives the padding they compute)")
     hint = ("" if spec.data.group_by_length or len(spec.axes) < 2 else
             "; data.group_by_length: N batches similar lengths together and pads less, "
             "outputs still in input order (plan again with --set data.group_by_length=N)")
-    return (f"padding expected, {how}: {before.waste:.1%} of the {what} with the "
+    return (f"padding expected, {how}: {before.waste:.1%} of the computed positions with the "
             f"{before_label} lists, {after.waste:.1%} planned{hint}")
 
 

@@ -66,6 +66,13 @@ AUTO_SLOTS = 256  # slots: auto at most (more rows per step than decode benefits
 AUTO_MEMORY = 0.5  # slots: auto takes this share of the device memory left for the KV cache
 RING = 4  # pinned output buffers: launches unread at most
 WINDOW = 32  # waiting prompts the scheduler looks ahead over, and may let overtake one
+ADMIT_SHARE = 16  # a prefill waits for 1/ADMIT_SHARE of the slots to be free while rows run
+
+
+def admit_least(slots: int) -> int:
+    """Free slots a prefill waits for while rows decode: prefills few and full rather than one
+    per finished row, each one a launch between decode steps."""
+    return max(1, slots // ADMIT_SHARE)
 
 
 @dataclass
@@ -281,7 +288,7 @@ class Engine:
                                config, self.model.vocab, self.device,
                                num_blocks=self.num_blocks, block_size=block_size,
                                variant=self.variant, prefix_blocks=self.prefix_blocks)
-        self.admit_min = admit_min or max(1, slots // 16)
+        self.admit_min = admit_min or admit_least(slots)
         self.compiled = compiler(self.model, self.cache) if compile else None
         self.table = GraphTable(self._make_step, self.state, backend=backend,
                                 device=self.device, dtype=self.dtype, pool=pool, verify=verify,

@@ -63,20 +63,26 @@ def plan_generate(found, texts: list[str], tokenizer, limit: int, eos: list[int]
     buckets within the positions that a prompt and its new tokens share, the graphs they make
     (found.graphs), and the generate section. special: the texts get the tokenizer's special
     tokens (false: rendered chats hold theirs)."""
-    from graphrun.plan.generation import GRAPHS, graphs_of, plan_generation
+    from graphrun.plan.generation import (GRAPHS, graphs_of, plan_generation,
+                                          prefill_evaluation)
+    from graphrun.spec.generate import GenerateSpec
 
     new = options.max_new_tokens
     room = limit - new
     if room < SEQ_MULTIPLE:
         raise ModelError(f"--hf: the model holds {limit} positions, too few for a prompt and "
                          f"{new} new tokens (generate.max_new_tokens): lower --max-new-tokens")
+    written = GenerateSpec(max_new_tokens=new)  # what the spec's slots and prefill take
 
     def planner(hist):
-        return plan_generation(hist, GRAPHS, new, {"seq": SEQ_MULTIPLE})[0]
+        return plan_generation(hist, GRAPHS, written, {"seq": SEQ_MULTIPLE})[0]
+
+    def evaluator(hist, lists):
+        return prefill_evaluation(hist, lists, written)[0]
 
     batches = plan_grouped(found, texts, tokenizer, room // SEQ_MULTIPLE * SEQ_MULTIPLE,
                            window_most=GROUP_WINDOW, slack=slack(found.batch_size),
-                           planner=planner, special=special)
+                           planner=planner, evaluator=evaluator, special=special)
     found.graphs = graphs_of(found.buckets, new, batches)
     found.generate = {"max_new_tokens": new, "sampling": options.sampling(),
                       "stop": {"eos": "auto"}}

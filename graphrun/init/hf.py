@@ -395,18 +395,18 @@ def _checks(found: HfInferred, config) -> list[str]:
                      "prompt; its parameters checked per request"}[found.source[0]],
            f"buckets.seq {found.buckets['seq']}: token lengths {lo}-{hi} {seen}; "
            + _longer(found)]
-    if found.window is not None:
+    if found.window is not None and found.generate is None:
         before, after = found.padding
-        what = "token" if found.generate is None else "prompt token"
-        packed = ("" if found.generate is None else "; the prefills pack the prompts, and a "
-                  "run's summary gives the padding they compute")
         out.append(f"data.group_by_length {found.window}: batches of similar lengths (outputs "
-                   f"still in input order); buckets planned for them: {after:.0%} of {what} "
-                   f"positions padding expected ({before:.0%} for batches in file order)"
-                   + packed)
+                   f"still in input order); buckets planned for them: {after:.0%} of token "
+                   f"positions padding expected ({before:.0%} for batches in file order)")
     if found.generate is not None:
-        out.append(f"buckets: {found.graphs.text()} (capture.lazy sets up only those a batch "
-                   "needs)")
+        from graphrun.plan.prefills import ASSUMED
+
+        out.append(f"buckets.seq planned for the prefills, which pack the prompts: "
+                   f"{found.padding[1]:.0%} of their positions padding expected (simulated, "
+                   f"{ASSUMED}; a run's summary gives the padding it computed)")
+        out.append(f"buckets: {found.graphs.text()}, all set up before the first prompt")
         out.append(stop_check(found))
     labels = getattr(config, "id2label", None) or {}
     if task.kind == "classify" and not isinstance(found.text_field, str):

@@ -152,12 +152,13 @@ def file_batch_shapes(lengths: np.ndarray, batch_size: int, window: int, records
 
 def plan_grouped(found, texts: list[str], tokenizer, limit: int, *,
                  window_most: int = GROUP_CAP, slack: int = 0, planner=None,
-                 special: bool = True):
+                 evaluator=None, special: bool = True):
     """found (init_hf.HfInferred): data.group_by_length (found.window), and the batch and seq
     buckets planned for the batches grouping forms from the sampled texts' token lengths,
     never past `limit`; found.padding: the token padding expected (batches in file order with
     their own best plan, then grouped). planner: histogram -> Evaluation, by default
-    plan/planner.py's plan of at most GRAPHS graphs. slack: a batch's need covers the next
+    plan/planner.py's plan of at most GRAPHS graphs; evaluator: (histogram, lists) -> its
+    Evaluation, by default plan/planner.py's evaluate. slack: a batch's need covers the next
     `slack` records too (batch_shapes), so that a record the run rejects and the sample did
     not, which moves every later cut of its window by one, still finds its bucket; the padding
     expected is that of the batches' own lengths. Returns the grouped batches' histogram."""
@@ -168,6 +169,7 @@ def plan_grouped(found, texts: list[str], tokenizer, limit: int, *,
     if planner is None:
         def planner(hist):
             return plan(hist, GRAPHS, {"seq": SEQ_MULTIPLE})
+    evaluator = evaluator or evaluate
     p = found.profile
     lengths = token_lengths(tokenizer, texts, special)
     whole = p.whole
@@ -193,10 +195,10 @@ def plan_grouped(found, texts: list[str], tokenizer, limit: int, *,
         return batch_shapes(cut, found.batch_size, group, slack)
 
     def planned(group: int | None):
-        needs = batches_histogram(axes, shapes(group, slack))
-        own = batches_histogram(axes, shapes(group))
+        needs = batches_histogram(axes, shapes(group, slack), prompts=cut)
+        own = batches_histogram(axes, shapes(group), prompts=cut)
         chosen = planner(covering(needs, every, {"seq": limit}))
-        return chosen, evaluate(own, chosen.lists), own
+        return chosen, evaluator(own, chosen.lists), own
 
     chosen, grouped, batches = planned(found.window)
     _, in_order, _ = planned(None)

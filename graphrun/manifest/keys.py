@@ -209,11 +209,13 @@ class BucketPlan(_M):
     graphs: int = Field(..., description="Graphs of all axes together; a generation spec's: its "
                         "prefill and decode graphs.")
     decode_graphs: Optional[int] = Field(
-        None, description="Of those, a generation spec's decode graphs (batch values x KV "
-        "lengths); null for any other spec.")
+        None, description="Of those, a generation spec's decode graphs (one per row count); "
+        "null for any other spec.")
     max_graphs: int = Field(..., description="buckets_max_graphs, as it applied.")
     padding_waste: float = Field(..., description="1 - real / padded work (rows x positions) "
-                                 "of the sample in the planned buckets.")
+                                 "of the sample in the planned buckets; a generation spec's: "
+                                 "of the prefills its prompts are packed into, simulated "
+                                 "(docs/generation.md).")
     memory_budget: Optional[str] = Field(
         None, description="capture.memory_budget_mib: how it bounded the plan (the largest "
         "batch value allowed, and what the estimate came from); null without a budget.")

@@ -50,7 +50,7 @@ def plan_spec(spec: PipelineSpec, hist: Histogram, max_graphs: int, multiple_of:
     covering) for at most max_graphs graphs, the axes in fixed keeping their lists: what
     `graphrun plan` proposes and `buckets: auto` runs with."""
     if spec.generate is not None:
-        chosen, graphs = plan_generation(hist, max_graphs, spec.generate.max_new_tokens,
+        chosen, graphs = plan_generation(hist, max_graphs, spec.generate,
                                          multiple_of, fixed)
         return SpecPlan(chosen, generation=graphs)
     # capture.memory_budget_mib: one bucket is measured on the run's device first (the

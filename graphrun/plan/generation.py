@@ -1,9 +1,13 @@
 """A generation job's buckets planned (init --task generate; `graphrun plan` on a generation
-spec and its `buckets: auto` at run time, those two through plan/auto.py's plan_spec): the batch
-and prompt (seq) lists that minimise padded prefill work for the batches the run forms, with
+spec and its `buckets: auto` at run time, those two through plan/auto.py's plan_spec), with
 every graph the lists make counted as the engine makes them (generate/engine.py): a packed
 prefill graph per seq value and a decode graph per batch value; no graph depends on a length
 the records reach, so the count is the lists' sizes alone.
+
+The batch list and the largest seq value (the longest prompt) come from the batches the run
+forms; the other seq values from the prefills the engine packs those prompts into
+(plan/prefills.py), which is what the prefill graphs receive. An Evaluation's padded work and
+waste are then those prefills' positions.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from graphrun.generate.engine import decode_sizes
-from graphrun.plan.planner import Evaluation, Histogram, plan, power_of_two
+from graphrun.plan.planner import Evaluation, Histogram, evaluate, plan, power_of_two
+from graphrun.plan.prefills import Admission, padded, plan_seq, simulated, waste
 from graphrun.spec.generate import GENERATE_MAX_GRAPHS, PROMPT_AXIS
 from graphrun.spec.keys import BATCH
 
@@ -62,19 +67,51 @@ def within_graphs(make: Callable[[int], Evaluation], max_graphs: int, max_new_to
     return found
 
 
-def plan_generation(hist: Histogram, max_graphs: int, max_new_tokens: int,
+def plan_generation(hist: Histogram, max_graphs: int, generate,
                     multiple_of: dict[str, int] | None = None,
                     fixed: dict[str, list[int]] | None = None
                     ) -> tuple[Evaluation, GenerationGraphs]:
-    """plan() for a generation job: the Evaluation's graphs are prefill and decode graphs."""
-    return within_graphs(lambda k: plan(hist, k, multiple_of, fixed), max_graphs,
-                         max_new_tokens, hist)
+    """plan() for a generation job (generate: the spec's generate section): the batch list
+    and the longest prompt from the batches, the seq values below it from the prefills (module
+    docstring); the Evaluation's graphs are prefill and decode graphs."""
+    multiple_of, fixed = multiple_of or {}, fixed or {}
+    new = generate.max_new_tokens
+    chosen, _ = within_graphs(lambda k: plan(hist, k, multiple_of, fixed), max_graphs, new,
+                              hist)
+    lists = dict(chosen.lists)
+    if PROMPT_AXIS not in fixed and hist.prompts is not None and len(hist.prompts):
+        top = lists[PROMPT_AXIS][-1]
+        admission = Admission.of(generate, {**lists, PROMPT_AXIS: [top]}, BATCH, PROMPT_AXIS)
+        decode = graphs_of({**lists, PROMPT_AXIS: [top]}, new).decode
+        lists[PROMPT_AXIS] = plan_seq(simulated(hist.prompts, admission), top,
+                                      admission.budget, max(1, max_graphs - decode),
+                                      multiple_of.get(PROMPT_AXIS, 1))
+    return prefill_evaluation(hist, lists, generate)
 
 
-def power_of_two_generation(hist: Histogram, max_graphs: int, max_new_tokens: int,
+def power_of_two_generation(hist: Histogram, max_graphs: int, generate,
                             multiple_of: dict[str, int] | None = None,
                             limits: dict[str, int] | None = None
                             ) -> tuple[Evaluation, GenerationGraphs]:
-    """power_of_two() for a generation job, its graphs counted as plan_generation counts."""
-    return within_graphs(lambda k: power_of_two(hist, k, multiple_of, limits), max_graphs,
-                         max_new_tokens, hist)
+    """power_of_two() for a generation job, its graphs and padding as plan_generation's."""
+    chosen, _ = within_graphs(lambda k: power_of_two(hist, k, multiple_of, limits), max_graphs,
+                              generate.max_new_tokens, hist)
+    return prefill_evaluation(hist, chosen.lists, generate)
+
+
+def prefill_evaluation(hist: Histogram, lists: dict[str, list[int]], generate
+                       ) -> tuple[Evaluation, GenerationGraphs]:
+    """These lists' graphs, and the padded work (a run's, the two runs' mean) and waste of
+    the prefills the engine would pack the histogram's prompts into (plan/prefills.py; the
+    batches' rows x positions where no prompt lengths were kept)."""
+    lists = {a: sorted(v) for a, v in lists.items()}
+    graphs = graphs_of(lists, generate.max_new_tokens)
+    batches = evaluate(hist, lists)
+    if hist.prompts is None or not len(hist.prompts):
+        return dataclasses.replace(batches, graphs=graphs.total), graphs
+    admission = Admission.of(generate, lists, BATCH, PROMPT_AXIS)
+    runs = simulated(hist.prompts, admission)
+    work = sum(padded(packs, lists[PROMPT_AXIS], admission.budget) for packs in runs) // 2
+    return (Evaluation(lists, graphs.total, work, waste(runs, lists[PROMPT_AXIS],
+                                                        admission.budget), batches.uncovered),
+            graphs)

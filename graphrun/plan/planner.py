@@ -23,6 +23,7 @@ import numpy as np
 
 from graphrun.engine.buckets import split_sizes
 from graphrun.generate.records import with_implied_io
+from graphrun.spec.generate import PROMPT_AXIS
 from graphrun.spec.keys import BATCH, PipelineSpec
 
 ENUMERATE_LIMIT = 4096  # combinations of the other axes' lists tried exactly before alternating
@@ -45,6 +46,8 @@ class Histogram:
     reasons: dict[str, int] = field(default_factory=dict)
     # axis -> the largest value a plan may give it (plan/limits.py): rounding stops there
     limits: dict[str, int] = field(default_factory=dict)
+    # a generation job's: each record's prompt tokens, in the order the engine takes them
+    prompts: np.ndarray | None = None
 
     def largest(self, axis: str) -> int:
         return int(self.needs[:, self.axes.index(axis)].max())
@@ -94,6 +97,8 @@ def histogram(spec: PipelineSpec, sample: int | None = None, seed: int = 0,
     keep = None if sample is None else max(1, math.ceil(sample / spec.data.batch_size))
     rng = random.Random(seed)
     rows: list[tuple] = []
+    prompts: list[tuple[int, np.ndarray]] = []  # (batch number, its prompts' lengths)
+    generating = spec.generate is not None
     seen = rejected = 0
     reasons: dict[str, int] = {}
     for batch in read_batches_for_plan(reading_spec(spec), stop):
@@ -106,13 +111,15 @@ def histogram(spec: PipelineSpec, sample: int | None = None, seed: int = 0,
         lens = [np.asarray(batch.lengths[a], np.int64) for a in axes[1:]]
         real = int(np.prod(lens, axis=0).sum()) if lens else n
         row = (n, *(int(x.max()) for x in lens), real)
+        own = (seen, np.asarray(batch.lengths[PROMPT_AXIS], np.int64)) if generating else None
         seen += 1
         if keep is None or len(rows) < keep:
             rows.append(row)
+            prompts.append(own)
         else:
             j = rng.randrange(seen)
             if j < keep:
-                rows[j] = row
+                rows[j], prompts[j] = row, own
     if not rows:
         empty = np.zeros(0, np.int64)
         return Histogram(axes, np.zeros((0, len(axes)), np.int64), empty, empty, 0, 0, rejected,
@@ -122,7 +129,9 @@ def histogram(spec: PipelineSpec, sample: int | None = None, seed: int = 0,
     inverse = inverse.reshape(-1)
     return Histogram(axes, shapes, np.bincount(inverse).astype(np.int64),
                      np.bincount(inverse, weights=table[:, -1]).astype(np.int64),
-                     int(table[:, 0].sum()), len(rows), rejected, seen > len(rows), reasons)
+                     int(table[:, 0].sum()), len(rows), rejected, seen > len(rows), reasons,
+                     prompts=np.concatenate([x for _, x in sorted(prompts, key=lambda p: p[0])])
+                     if generating else None)
 
 
 # ---- cost ---------------------------------------------------------------------------------------
@@ -187,15 +196,17 @@ def best_values(needs: np.ndarray, weights: np.ndarray, k: int) -> list[int]:
     return sorted(values[chosen].tolist())
 
 
-def batches_histogram(axes: tuple[str, ...], rows: list[tuple]) -> Histogram:
+def batches_histogram(axes: tuple[str, ...], rows: list[tuple],
+                      prompts: np.ndarray | None = None) -> Histogram:
     """A histogram of batches known without reading the file (init's sample): rows of (records,
-    longest per variable axis..., real positions)."""
+    longest per variable axis..., real positions); prompts: a generation job's prompt
+    lengths."""
     table = np.asarray(rows, np.int64).reshape(-1, len(axes) + 1)
     shapes, inverse = np.unique(table[:, :-1], axis=0, return_inverse=True)
     inverse = inverse.reshape(-1)
     return Histogram(axes, shapes, np.bincount(inverse).astype(np.int64),
                      np.bincount(inverse, weights=table[:, -1]).astype(np.int64),
-                     int(table[:, 0].sum()), len(table))
+                     int(table[:, 0].sum()), len(table), prompts=prompts)
 
 
 def _rounded(needs: np.ndarray, multiple: int) -> np.ndarray:
