@@ -284,3 +284,22 @@ def test_the_prefills_padding_is_reported_as_run(tmp_path):
 
     assert (f"prefill padding {g.prefill_padding:.0%} of {g.prefill_positions:,} positions"
             in generation_line(g))
+
+
+def test_the_summary_shows_the_engines_graphs_not_the_parts(tmp_path):
+    """A generation job's summary table has a row per graph the engine set up (decode by
+    rows, prefill by tokens) and says how many and why they are not captured; no forward
+    job's rows padding, which a generation job does not compute."""
+    result = CliRunner().invoke(main, ["run", str(write_spec(tmp_path)), "--out",
+                                       str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    rows = [ln.split() for ln in lines if ln.startswith(("decode ", "prefill "))]
+    assert [r[:4] for r in rows] == [
+        ["decode", "1", "row", "eager"], ["decode", "4", "rows", "eager"],
+        ["prefill", "64", "tokens", "eager"], ["prefill", "128", "tokens", "eager"],
+        ["prefill", "512", "tokens", "eager"]]
+    assert ("graphs: 5 set up at start (2 decode, 3 prefill), 5 eager (no CUDA device: "
+            "backend eager)") in result.output
+    assert "of rows" not in result.output and "bucket " not in result.output
+    assert "prefill padding" in result.output  # the padding it computed: the prefills'

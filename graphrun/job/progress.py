@@ -144,8 +144,47 @@ def summary_table(manifest, shown: set[str] = frozenset()) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"graphrun: {manifest.name} ({manifest.status})", box=None,
-                  padding=(0, 1), pad_edge=False, show_edge=False,
+    title = f"graphrun: {manifest.name} ({manifest.status})"
+    table = (generation_table(manifest.generation, title) if manifest.generation is not None
+             else bucket_table(manifest, title))
+    # piped (a log file, CI): lines are not cut at 80 columns; a terminal wraps as it is wide
+    console = Console(soft_wrap=not sys.stdout.isatty())
+    console.print(table)
+    t = manifest.totals
+    if manifest.generation is not None:  # its padding is the prefills' (generation_line)
+        console.print(f"records in {t.records_in}, out {t.records_out}, rejected "
+                      f"{t.records_rejected}; {t.records_per_s:,.0f} records/s; setup "
+                      f"{t.setup_s:.2f} s")
+        console.print(graph_setup(manifest.generation))
+    else:
+        console.print(f"records in {t.records_in}, out {t.records_out}, rejected "
+                      f"{t.records_rejected}; {t.batches} batches; {t.records_per_s:,.0f} "
+                      f"records/s; setup {t.setup_s:.2f} s, capture {t.capture_s:.2f} s; "
+                      f"padding {t.padding_ratio:.1%} of rows"
+                      + "".join(f", {r:.1%} of {a} positions"
+                                for a, r in t.padding_ratio_positions.items()))
+        console.print(bucket_setup(manifest))
+    if manifest.generation is not None:
+        console.print(generation_line(manifest.generation))
+    cuts = text_cuts(manifest)
+    if cuts:
+        console.print(cuts)
+    where = stream_breakdown(t, manifest.spec["data"]["path"])
+    if where:
+        console.print(where)
+    biggest = biggest_phases(manifest)
+    if biggest:
+        console.print(biggest)
+    for w in manifest.warnings:
+        if w not in shown:
+            console.print(f"[yellow]warning:[/yellow] {w}")
+
+
+def bucket_table(manifest, title: str):
+    """A forward job's buckets, one row each."""
+    from rich.table import Table
+
+    table = Table(title=title, box=None, padding=(0, 1), pad_edge=False, show_edge=False,
                   caption="replay: median us per batch; capture: ms")
     for col in ("bucket", "status", "batches", "records", "padded", "replay", "capture",
                 "verify"):
@@ -164,31 +203,40 @@ def summary_table(manifest, shown: set[str] = frozenset()) -> None:
     if unused:  # capture.lazy: buckets no batch selected, one row for all of them
         table.add_row(f"{len(unused)} bucket{'s' if len(unused) > 1 else ''} not used",
                       "unused", "0", "0", "0", "-", "-", "-")
-    # piped (a log file, CI): lines are not cut at 80 columns; a terminal wraps as it is wide
-    console = Console(soft_wrap=not sys.stdout.isatty())
-    console.print(table)
-    t = manifest.totals
-    console.print(f"records in {t.records_in}, out {t.records_out}, rejected "
-                  f"{t.records_rejected}; {t.batches} batches; {t.records_per_s:,.0f} "
-                  f"records/s; setup {t.setup_s:.2f} s, capture {t.capture_s:.2f} s; "
-                  f"padding {t.padding_ratio:.1%} of rows"
-                  + "".join(f", {r:.1%} of {a} positions"
-                            for a, r in t.padding_ratio_positions.items()))
-    console.print(bucket_setup(manifest))
-    if manifest.generation is not None:
-        console.print(generation_line(manifest.generation))
-    cuts = text_cuts(manifest)
-    if cuts:
-        console.print(cuts)
-    where = stream_breakdown(t, manifest.spec["data"]["path"])
-    if where:
-        console.print(where)
-    biggest = biggest_phases(manifest)
-    if biggest:
-        console.print(biggest)
-    for w in manifest.warnings:
-        if w not in shown:
-            console.print(f"[yellow]warning:[/yellow] {w}")
+    return table
+
+
+def generation_table(g, title: str):
+    """A generation job's graphs, one row each: decode steps by rows, prefills by tokens."""
+    from rich.table import Table
+
+    table = Table(title=title, box=None, padding=(0, 1), pad_edge=False, show_edge=False,
+                  caption="set-up and capture: ms; memory: MiB of the graph pool")
+    for col in ("graph", "status", "set-up", "capture", "memory"):
+        table.add_column(col, justify="left" if col in ("graph", "status") else "right",
+                         no_wrap=True, min_width=len(col))
+    unit = {"decode": "row", "prefill": "token"}
+    for x in sorted(g.graphs, key=lambda x: (x.kind != "decode", x.size)):
+        table.add_row(f"{x.kind} {x.size} {unit[x.kind]}{'s' if x.size > 1 else ''}", x.status,
+                      f"{x.set_up_s * 1e3:.1f}" if x.set_up_s else "-",
+                      f"{x.capture_s * 1e3:.1f}" if x.capture_s else "-",
+                      f"{x.memory_bytes / 2**20:.1f}" if x.memory_bytes else "-")
+    return table
+
+
+def graph_setup(g) -> str:
+    """`graphs: 9 set up at start (4 decode, 5 prefill), 9 captured`: a generation job's
+    graphs, and why any is not captured (the first reason)."""
+    graphs = g.graphs
+    kinds = ", ".join(f"{sum(x.kind == k for x in graphs)} {k}" for k in ("decode", "prefill"))
+    said = [f"{sum(x.set_up == 'setup' for x in graphs)} set up at start ({kinds})"]
+    for status in ("captured", "eager", "skipped", "unused"):
+        these = [x for x in graphs if x.status == status]
+        if these:
+            why = next((x.reason for x in these if x.reason), None)
+            said.append(f"{len(these)} {status}" + (f" ({why})" if why and status != "captured"
+                                                    else ""))
+    return "graphs: " + ", ".join(said)
 
 
 def generation_line(g) -> str:
