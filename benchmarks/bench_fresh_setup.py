@@ -4,7 +4,7 @@ or a primed one.
 
     python3 benchmarks/bench_fresh_setup.py [--cold-cache] [--layouts 134M,1.24B]
         [--ways warm-up,no-warm-up] [--prompts 512] [--new-tokens 128] [--repeat 1]
-        [--timeout 280] [--json FILE] [--smoke]
+        [--timeout 280] [--set KEY=VALUE ...] [--json FILE] [--smoke]
 
 Per layout (bench_decode_step.py's: graphrun's builtin Llama, seeded, bf16, saved as a Hugging
 Face folder by benchmarks/hf_folder.py, its generation_config naming bench_continuous.py's stop
@@ -72,12 +72,14 @@ def write_job(layout: str, work: Path, *, prompts: int, new: int, device, dtype,
     return spec
 
 
-def run_job(spec: Path, out: Path, *, warm_up: str, cache: Path, timeout: float) -> dict:
-    """One fresh `graphrun run` process; what its manifest says of its set-up."""
+def run_job(spec: Path, out: Path, *, warm_up: str, cache: Path, timeout: float,
+            sets: list[str] = ()) -> dict:
+    """One fresh `graphrun run` process (sets: its --set overrides); what its manifest says of
+    its set-up."""
     env = child_env(GRAPHRUN_KERNEL_WARM_UP=warm_up, TRITON_CACHE_DIR=str(cache / "triton"),
                     TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"))
     argv = [sys.executable, "-m", "graphrun", "run", str(spec), "-q", "--overwrite",
-            "--out", str(out)]
+            "--out", str(out), *[a for kv in sets for a in ("--set", kv)]]
     wall, failed = timed_process(argv, ROOT, timeout, env)
     if failed:
         return {"status": "failed", "note": failed, "process_wall_s": wall}
@@ -119,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=280.0, help="seconds per process")
     ap.add_argument("--json", default=str(Path(os.environ.get("OUT", ".")) /
                                           "bench_fresh_setup.json"))
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a spec override for every run (graphrun run --set), repeatable")
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args(argv)
     if a.smoke:
@@ -149,14 +153,14 @@ def main(argv: list[str] | None = None) -> int:
             shared = work / layout / "cache"
             if not a.cold_cache:
                 primed = run_job(spec, work / layout / "prime", warm_up="on", cache=shared,
-                                 timeout=a.timeout)
+                                 timeout=a.timeout, sets=a.set)
                 print(f"  primed the cache: {primed['status']} {primed.get('note', '')}"
                       .rstrip(), flush=True)
             for way in ways:
                 for i in range(a.repeat):
                     cache = work / layout / f"cache-{way}-{i}" if a.cold_cache else shared
                     r = run_job(spec, work / layout / f"out-{way}-{i}", warm_up=WAYS[way],
-                                cache=cache, timeout=a.timeout)
+                                cache=cache, timeout=a.timeout, sets=a.set)
                     rows.setdefault(f"{layout}/{way}", []).append(r)
                     print(f"  {way} #{i + 1}: " + (
                         f"engine set-up {r['engine_setup_s']:.2f} s (attention plans "

@@ -111,7 +111,7 @@ def prefill_evaluation(hist: Histogram, lists: dict[str, list[int]], generate
         return dataclasses.replace(batches, graphs=graphs.total), graphs
     admission = Admission.of(generate, lists, BATCH, PROMPT_AXIS)
     runs = simulated(hist.prompts, admission)
-    work = sum(padded(packs, lists[PROMPT_AXIS], admission.budget) for packs in runs) // 2
-    return (Evaluation(lists, graphs.total, work, waste(runs, lists[PROMPT_AXIS],
-                                                        admission.budget), batches.uncovered),
-            graphs)
+    seq = lists[PROMPT_AXIS]
+    work = sum(padded(packs, seq, admission.budget) for packs in runs) // len(runs)
+    return (Evaluation(lists, graphs.total, work, waste(runs, seq, admission.budget),
+                       batches.uncovered), graphs)
