@@ -299,7 +299,7 @@ def test_the_summary_shows_the_engines_graphs_not_the_parts(tmp_path):
         ["decode", "1", "row", "eager"], ["decode", "4", "rows", "eager"],
         ["prefill", "64", "tokens", "eager"], ["prefill", "128", "tokens", "eager"],
         ["prefill", "512", "tokens", "eager"]]
-    assert ("graphs: 5 set up at start (2 decode, 3 prefill), 5 eager (no CUDA device: "
+    assert ("graphs: 5 (2 decode, 3 prefill): 5 set up at start, 5 eager (no CUDA device: "
             "backend eager)") in result.output
     assert "of rows" not in result.output and "bucket " not in result.output
     assert "prefill padding" in result.output  # the padding it computed: the prefills'

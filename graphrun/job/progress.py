@@ -225,18 +225,21 @@ def generation_table(g, title: str):
 
 
 def graph_setup(g) -> str:
-    """`graphs: 9 set up at start (4 decode, 5 prefill), 9 captured`: a generation job's
+    """`graphs: 9 (4 decode, 5 prefill): 9 set up at start, 9 captured`: a generation job's
     graphs, and why any is not captured (the first reason)."""
     graphs = g.graphs
     kinds = ", ".join(f"{sum(x.kind == k for x in graphs)} {k}" for k in ("decode", "prefill"))
-    said = [f"{sum(x.set_up == 'setup' for x in graphs)} set up at start ({kinds})"]
+    said = [f"{sum(x.set_up == 'setup' for x in graphs)} set up at start"]
+    later = sum(x.set_up == "first_use" for x in graphs)
+    if later:
+        said.append(f"{later} on first use")
     for status in ("captured", "eager", "skipped", "unused"):
         these = [x for x in graphs if x.status == status]
         if these:
             why = next((x.reason for x in these if x.reason), None)
             said.append(f"{len(these)} {status}" + (f" ({why})" if why and status != "captured"
                                                     else ""))
-    return "graphs: " + ", ".join(said)
+    return f"graphs: {len(graphs)} ({kinds}): " + ", ".join(said)
 
 
 def generation_line(g) -> str:
