@@ -11,7 +11,7 @@ from graphrun.plan.prefills import (NEAR_BEST, Admission, packed_prefills, padde
 
 def test_prompts_fill_the_free_slots_within_the_budget_and_wait_for_rows_to_finish():
     # 2 slots (a prefill waits for 1 free), budget 10: [4, 5] fill both slots at once; the
-    # row of 3 steps frees its slot first, so 6 goes alone; then 2 once the 5-step row ends
+    # row of 3 steps frees its slot first, so 6 goes alone; its 1-step row ends next, then 2
     admission = Admission(slots=2, budget=10, max_new_tokens=8)
     packs = packed_prefills([4, 5, 6, 2], [3, 5, 1, 1], admission)
     assert packs.tolist() == [9, 6, 2]

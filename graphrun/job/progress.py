@@ -156,6 +156,7 @@ def summary_table(manifest, shown: set[str] = frozenset()) -> None:
                       f"{t.records_rejected}; {t.records_per_s:,.0f} records/s; setup "
                       f"{t.setup_s:.2f} s")
         console.print(graph_setup(manifest.generation))
+        console.print(generation_line(manifest.generation))
     else:
         console.print(f"records in {t.records_in}, out {t.records_out}, rejected "
                       f"{t.records_rejected}; {t.batches} batches; {t.records_per_s:,.0f} "
@@ -164,8 +165,6 @@ def summary_table(manifest, shown: set[str] = frozenset()) -> None:
                       + "".join(f", {r:.1%} of {a} positions"
                                 for a, r in t.padding_ratio_positions.items()))
         console.print(bucket_setup(manifest))
-    if manifest.generation is not None:
-        console.print(generation_line(manifest.generation))
     cuts = text_cuts(manifest)
     if cuts:
         console.print(cuts)
