@@ -5,7 +5,7 @@ generating all 128.
 
     python3 benchmarks/bench_continuous.py [--layout 134M] [--prompts 1024] [--slots 64|auto]
         [--new-tokens 128] [--stop-ids N] [--prefill-tokens 2048] [--admit-min 1,4]
-        [--json FILE] [--smoke]
+        [--decode-sizes "1,2,4,8;8,16,32"] [--json FILE] [--smoke]
     python3 benchmarks/bench_continuous.py --layout 8B --slots 256 --prompts 2048
 
 The model is graphrun's builtin Llama in one of bench_decode_step.py's layouts (134M, 1.24B,
@@ -66,13 +66,15 @@ def sync(device: torch.device) -> None:
 
 
 def job(model, prompts, *, slots: int | str, new: int, stops: tuple, prefill_tokens: int,
-        device: torch.device, dtype: torch.dtype, admit_min: int | None = None) -> dict:
+        device: torch.device, dtype: torch.dtype, admit_min: int | None = None,
+        rows: list[int] | None = None) -> dict:
     config = GenerateConfig(max_new_tokens=new, eos_ids=stops,
                             sampling=Sampling(method="sample", temperature=1.0, seed=0))
     sync(device)
     t0 = time.perf_counter()
     eng = build_engine(model, config, slots=slots, max_prompt=512, device=device,
-                       dtype=dtype, prefill_tokens=prefill_tokens, admit_min=admit_min)
+                       dtype=dtype, prefill_tokens=prefill_tokens, admit_min=admit_min,
+                       rows=rows)
     sync(device)
     setup = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -80,7 +82,8 @@ def job(model, prompts, *, slots: int | str, new: int, stops: tuple, prefill_tok
     sync(device)
     wall = time.perf_counter() - t0
     s = eng.stats
-    out = {"slots": eng.slots, "graph_setup_s": setup, "graphs": len(eng.graphs()),
+    out = {"slots": eng.slots, "decode_sizes": eng.decode_sizes, "graph_setup_s": setup,
+           "graphs": len(eng.graphs()),
            "captured": sum(g["status"] == "captured" for g in eng.graphs()),
            "generate_tokens_per_s": s.output_tokens / (s.prefill_s + s.decode_s),
            "wall_tokens_per_s": s.output_tokens / wall, "generate_wall_s": wall,
@@ -124,6 +127,8 @@ def main() -> None:
     ap.add_argument("--admit-min", default="",
                     help="comma-separated: the varied job again at each (free slots that "
                     "start a prefill)")
+    ap.add_argument("--decode-sizes", default="",
+                    help="';'-separated lists of decode row counts: both jobs again at each")
     ap.add_argument("--json", default=str(Path(os.environ.get("OUT", ".")) /
                                           "bench_continuous.json"))
     ap.add_argument("--smoke", action="store_true")
@@ -154,6 +159,15 @@ def main() -> None:
             prefill_tokens=a.prefill_tokens, device=device, dtype=dtype, admit_min=int(n))
         print(f"varied admit_min={n}", json.dumps({k: round(v, 4) if isinstance(v, float)
                                                    else v for k, v in got.items()}), flush=True)
+    for listed in filter(None, (x.strip() for x in a.decode_sizes.split(";"))):
+        sizes_given = [int(v) for v in listed.split(",")]
+        for name, ids in (("varied", stops), ("fixed", ())):
+            key = f"{name}, decode sizes {listed}"
+            rows[key] = got = job(model, prompts, slots=slots, new=a.new_tokens, stops=ids,
+                                  prefill_tokens=a.prefill_tokens, device=device, dtype=dtype,
+                                  rows=sizes_given)
+            print(key, json.dumps({k: round(v, 4) if isinstance(v, float) else v
+                                   for k, v in got.items()}), flush=True)
     print_table(rows)
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     print(f"torch {torch.__version__}, {name}, {dtype}, layout {a.layout}, prompts {a.prompts} "
