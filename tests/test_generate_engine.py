@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from graphrun.generate.config import GenerateConfig, GenerationError, Sampling  # noqa: E402
-from graphrun.generate.engine import Request, build_engine  # noqa: E402
+from graphrun.generate.engine import Request, build_engine, decode_sizes  # noqa: E402
 from graphrun.models.causal.kv_cache import BlockPool  # noqa: E402
 from graphrun.spec.request import RequestParams  # noqa: E402
 from tests.generate_models import IDS, PROMPTS, hf_greedy, tiny_gpt2, tiny_llama  # noqa: E402
@@ -172,12 +172,19 @@ def test_parameters_the_engine_cannot_serve_name_the_record(llama):
 def test_the_graph_table_holds_one_decode_graph_per_row_count(llama):
     eng = engine(llama, GenerateConfig(max_new_tokens=40), 8)
     kinds = sorted((g["kind"], g["shape"][g["axis"]]) for g in eng.graphs())
-    assert [k for k in kinds if k[0] == "decode"] == [("decode", n) for n in (1, 2, 3, 4, 6, 8)]
+    assert [k for k in kinds if k[0] == "decode"] == [("decode", n) for n in (1, 2, 4, 8)]
     assert [k for k in kinds if k[0] == "prefill"] == [("prefill", 16)]
     eng.generate([[1, 2, 3]] * 3 + [[4] * 16])
-    assert len(eng.graphs()) == 7  # long completions needed no other graph
+    assert len(eng.graphs()) == 5  # long completions needed no other graph
     assert eng.stats.decode_row_steps >= eng.stats.useful_steps > 0
     assert not eng.state.host["block_table"].any()  # every row gone, its blocks with it
+
+
+def test_the_default_decode_ladder_has_halfway_sizes_from_sixteen_rows_and_the_slots():
+    assert decode_sizes(256) == [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256]
+    assert decode_sizes(64) == [1, 2, 4, 8, 16, 24, 32, 48, 64]
+    assert decode_sizes(6) == [1, 2, 4, 6]
+    assert decode_sizes(40, [3, 12, 99]) == [3, 12, 40]
 
 
 @pytest.mark.cuda

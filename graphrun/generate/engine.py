@@ -67,6 +67,9 @@ AUTO_MEMORY = 0.5  # slots: auto takes this share of the device memory left for 
 RING = 4  # pinned output buffers: launches unread at most
 WINDOW = 32  # waiting prompts the scheduler looks ahead over, and may let overtake one
 ADMIT_SHARE = 16  # a prefill waits for 1/ADMIT_SHARE of the slots to be free while rows run
+# below this many rows a step reads the weights in about the same time whatever its rows, so
+# a halfway graph there would only add set-up; the tail steps few times at such sizes
+HALVES_FROM = 16
 
 
 def admit_least(slots: int) -> int:
@@ -162,14 +165,14 @@ def _place(model, device: torch.device, dtype: torch.dtype) -> None:
 
 
 def decode_sizes(slots: int, sizes: Iterable[int] | None = None) -> list[int]:
-    """The decode graphs' row counts: those given (up to the slots), else powers of two and
-    the halfway points between them (a step pads a third of its rows at most); the slots
-    themselves always."""
+    """The decode graphs' row counts: those given (up to the slots), else powers of two, with
+    the halfway points between them from HALVES_FROM rows on (a step there pads a third of its
+    rows at most); the slots themselves always."""
     given = sorted({s for s in (sizes or []) if 1 <= s <= slots})
     if not given:
         n = 1
         while n < slots:
-            given += [n, n + n // 2] if n > 1 else [n]
+            given += [n, n + n // 2] if n >= HALVES_FROM else [n]
             n *= 2
     return sorted({s for s in given if s <= slots} | {slots})
 
