@@ -229,7 +229,7 @@ def test_per_record_values_are_checked_record_by_record(tmp_path, model_dir):
     assert "max_tokens (generate.per_record.max_new_tokens): 'many'" in rejects["bad"]["reason"]
     assert rejects["bad"]["where"].endswith("prompts.jsonl:4")
     assert "temp (generate.per_record.temperature): -1" in rejects["neg"]["reason"]
-    assert manifest.totals.records_rejected == 3
+    assert manifest.totals.records_rejected == manifest.generation.prompts_rejected == 3
 
 
 @pytest.mark.parametrize("workers", [0, 2], ids=["here", "children"])
