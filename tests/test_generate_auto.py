@@ -89,6 +89,26 @@ def test_a_bound_no_plan_can_keep_is_one_message_and_nothing_written(tmp_path):
     assert "Traceback" not in result.output and not out.exists()
 
 
+def test_a_file_of_only_bad_records_names_the_first_and_why(tmp_path):
+    """Nothing to plan from: run and plan name the first bad record's line and reason (or say
+    the file holds none), not only that no record is valid."""
+    spec = auto_spec(tmp_path, n=3)
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"id": "a"}\n{"id": "b", "prompt": 5}\n')
+    out = tmp_path / "o"
+    said = {}
+    for verb, args in (("run", ["--out", out]), ("plan", [])):
+        result = cli(verb, spec, *args)
+        assert result.exit_code == 2, result.output
+        said[verb] = " ".join(result.output.split())
+        assert "every record read (2) is bad, the first prompts.jsonl:1: missing field " \
+               "'prompt'" in said[verb]
+    assert "give buckets: lists" in said["run"] and not out.exists()
+    data.write_text("")
+    said = " ".join(cli("run", spec, "--out", out).output.split())
+    assert "no record was read (an empty file or slice)" in said
+
+
 def test_no_prompt_bucket_passes_the_positions_left_for_the_new_tokens(tmp_path):
     new, positions = 64, 160
     spec = auto_spec(tmp_path, new=new, positions=positions, n=24)

@@ -175,6 +175,35 @@ def test_the_builtin_llama_generates_stopping_at_its_tokenizers_eos(tmp_path):
     assert generate_config(loaded, None).eos_ids == (eos,)
 
 
+def test_a_dictionary_encoded_parquet_prompt_column_reads_as_its_strings(tmp_path):
+    """pandas writes a category column as a dictionary of strings: its prompts are the same
+    as a plain string column's, a null among them a bad record."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from graphrun.generate.records import with_implied_io
+    from graphrun.read.stream import read_batches
+
+    texts = ["An old fisherman", None, "An old fisherman", "The committee"]
+    spec = write_spec(tmp_path, buckets={"batch": [1, 4], "seq": [64]},
+                      data__on_bad_record="skip")
+    read = {}
+    for kind, column in (("plain", pa.array(texts)),
+                         ("dictionary", pa.array(texts).dictionary_encode())):
+        path = tmp_path / f"{kind}.parquet"
+        pq.write_table(pa.table({"id": ["a", "b", "c", "d"], "prompt": column}), path)
+        loaded = with_implied_io(graphrun.load_spec(spec, [f"data.path={path}"]))
+        batches = list(read_batches(loaded))
+        # group_by_length orders the batches by length: the prompts are compared by id
+        read[kind] = ({i: row[:n].tolist() for b in batches
+                       for i, row, n in zip(b.ids, b.fields["input_ids"], b.lengths["seq"])},
+                      [(r.id, r.reason) for b in batches for r in b.rejects])
+    assert read["dictionary"] == read["plain"]
+    prompts, rejects = read["plain"]
+    assert sorted(prompts) == ["a", "c", "d"] and prompts["a"] == prompts["c"]
+    assert rejects == [("b", "prompt: expected a string, got null")]
+
+
 def test_a_wrong_section_is_refused_before_any_work(tmp_path):
     spec = write_spec(tmp_path, output={"dir": str(tmp_path / "out"), "format": "npy"})
     result = CliRunner().invoke(main, ["run", str(spec)])

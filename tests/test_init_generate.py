@@ -73,6 +73,20 @@ def test_the_written_spec_is_a_generation_job_that_validates(tmp_path):
     assert "call (" not in result.output
 
 
+@pytest.mark.parametrize("newline", [b"\r\n", b"\r"])
+def test_a_bom_and_cr_line_ends_are_read_as_run_reads_them(tmp_path, newline):
+    """A file with a UTF-8 BOM and CRLF or CR-only line ends: `run` reads every record of it,
+    so init samples every one, none left out as bad JSON."""
+    data = tmp_path / "prompts.jsonl"
+    write_prompts(data, n=12)
+    data.write_bytes(b"\xef\xbb\xbf" + data.read_bytes().replace(b"\n", newline))
+    result, spec_path = init(tmp_path, TINY, data=data)
+    assert result.exit_code == 0, result.output
+    assert "read 12 records of prompts.jsonl (of 12)" in result.output
+    assert "could not be used" not in result.output
+    assert graphrun.load_spec(spec_path).data.group_by_length == 12
+
+
 def test_seq_buckets_end_where_prompt_and_new_tokens_fill_the_positions(tmp_path):
     """A sample of the file: the last bucket is the positions less max_new_tokens."""
     folder = tmp_path / "short"

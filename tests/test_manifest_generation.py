@@ -46,6 +46,15 @@ def test_manifest_schema_describes_the_generation_section():
     assert [g["kind"] for g in doc["graphs"]] == ["prefill", "decode"]
 
 
+def test_prompts_rejected_is_described_as_what_it_counts():
+    """generation.prompts_rejected is the run's rejects whatever their reason (a bad value, a
+    bad line, a prompt too long), as totals.records_rejected: not only the prompts too long."""
+    schema = json.loads((ROOT / "schemas" / "manifest.schema.json").read_text())
+    said = schema["$defs"]["Generation"]["properties"]["prompts_rejected"]["description"]
+    assert said == Generation.model_fields["prompts_rejected"].description
+    assert "whatever the reason" in said and "totals.records_rejected" in said
+
+
 def test_generation_is_optional_in_a_manifest():
     assert Manifest.model_fields["generation"].is_required() is False
     assert Manifest.model_fields["generation"].default is None

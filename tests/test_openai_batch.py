@@ -229,7 +229,7 @@ def test_per_record_values_are_checked_record_by_record(tmp_path, model_dir):
     assert "max_tokens (generate.per_record.max_new_tokens): 'many'" in rejects["bad"]["reason"]
     assert rejects["bad"]["where"].endswith("prompts.jsonl:4")
     assert "temp (generate.per_record.temperature): -1" in rejects["neg"]["reason"]
-    assert manifest.totals.records_rejected == 3
+    assert manifest.totals.records_rejected == manifest.generation.prompts_rejected == 3
 
 
 @pytest.mark.parametrize("workers", [0, 2], ids=["here", "children"])
@@ -250,6 +250,31 @@ def test_per_record_params_ride_with_each_record_to_the_engine(tmp_path, model_d
     batches = [b for b in read_batches(spec, tuning=tuning) if len(b)]
     got = sorted((i, p.seed) for b in batches for i, p in zip(b.ids, b.fields[REQUEST_FIELD]))
     assert got == [(i, i) for i in range(40)]  # greedy: any seed is served, and carried
+
+
+@pytest.mark.parametrize("neighbour", [None, '{"id": "nan", "prompt": "x", "seed": NaN}'])
+def test_a_seed_or_id_past_64_bits_reads_the_same_whatever_its_block_holds(tmp_path, model_dir,
+                                                                           neighbour):
+    """A whole number past 64 bits is read as the int it is, whether its block is parsed at
+    once or line by line (a NaN elsewhere in it): orjson would read it as a float."""
+    from graphrun.generate.records import with_implied_io
+    from graphrun.read.stream import read_batches
+
+    records = [{"id": "big", "prompt": "a", "seed": 2**70},
+               {"id": "low", "prompt": "b", "seed": -2**63 - 1},
+               {"id": 2**70, "prompt": "c", "seed": 1}]
+    spec = per_record_job(tmp_path, records, model_dir, {"seed": "seed"})
+    path = tmp_path / "prompts.jsonl"
+    if neighbour:
+        path.write_text(path.read_text() + neighbour + "\n")
+    raw = yaml.safe_load(spec.read_text())
+    raw["buckets"] = {"batch": [1, 2], "seq": [64]}
+    spec.write_text(yaml.safe_dump(raw))
+    batches = list(read_batches(with_implied_io(graphrun.load_spec(spec))))
+    got = [(i, p.seed) for b in batches if len(b)
+           for i, p in zip(b.ids, b.fields[REQUEST_FIELD])]
+    assert got == [("big", 2**70), ("low", -2**63 - 1), (2**70, 1)]
+    assert [r.id for b in batches for r in b.rejects] == (["nan"] if neighbour else [])
 
 
 def test_params_from_fields_reads_each_named_field():

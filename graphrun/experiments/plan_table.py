@@ -176,7 +176,8 @@ def run_plan(spec_path: Path, overrides, max_graphs: int | None, sample: int | N
     multiple_of = {**spec.buckets_multiple_of, **parse_multiples(multiples, tuple(spec.axes))}
     hist = histogram(spec, sample=sample)
     if hist.batches == 0:
-        raise InputError("no valid record to plan from", where=str(spec.data.path))
+        raise InputError(f"no valid record to plan from: {hist.no_records()}",
+                         where=str(spec.data.path))
     limits = axis_limits(spec)
     caps = {a: lim.value for a, lim in limits.items()}
     # texts are cut at a limit: the plan's last value stays there, so --write does not move

@@ -135,10 +135,14 @@ def sample_data(path: Path, limit: int, id_field: str | None = None, *,
 def _read_jsonl(path: Path, limit: int) -> tuple[dict, int]:
     """A record that cannot be used (not JSON, other fields, ragged) is left out of the sample
     and counted in the "skipped" entry; `run` rejects or stops at it as the spec says."""
+    from graphrun.read.formats.jsonl_lines import lines_of
+
     columns: dict[str, list] = {}
     total, skipped, wheres = 0, [], []
     with open(path, "rb") as f:
-        for lineno, line in enumerate(f, 1):
+        source = lines_of(f)  # as `run` reads the file: a BOM skipped, CR-only lines split
+        lines = (line for block in iter(lambda: source.readlines(1 << 16), []) for line in block)
+        for lineno, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             total += 1

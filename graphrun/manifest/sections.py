@@ -238,8 +238,10 @@ class Generation(_M):
                                    "reused); 0 when no prompt was prefilled.")
     prompts_truncated: int = Field(0, description="Prompts longer than the largest seq bucket "
                                    "(or data.text.max_length), cut from the left and run.")
-    prompts_rejected: int = Field(0, description="Prompts too long, not cut "
-                                  "(data.text.truncate: false), written to rejects.jsonl.")
+    prompts_rejected: int = Field(0, description="Records rejected over the whole run, "
+                                  "whatever the reason (as totals.records_rejected: a bad line "
+                                  "or value, a prompt too long and not cut with "
+                                  "data.text.truncate: false, ...), each in rejects.jsonl.")
     decode_attention: Optional[str] = Field(
         None, description="The attention of the decode steps: 'kernel' (graphrun's Triton "
         "kernel: the cache write and the attention in one pass, on a GPU) or 'general' "

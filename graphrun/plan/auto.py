@@ -78,8 +78,10 @@ def resolve_auto(spec: PipelineSpec, sample: int = AUTO_SAMPLE
             f"({most}), so the auto axes {auto} get no value: raise it or shorten the lists"))])
     hist = histogram(spec, stop=sample)
     if hist.batches == 0:
-        raise InputError(f"buckets: auto plans from the first {sample} records, and none "
-                         "of them is valid", where=str(spec.data.path))
+        fix = (": fix the records, or give buckets: lists (with data.on_bad_record: skip the "
+               "run writes each bad one to rejects.jsonl)") if hist.rejected else ""
+        raise InputError(f"buckets: auto plans from the first {sample} records, and "
+                         f"{hist.no_records()}{fix}", where=str(spec.data.path))
     spec, limits = _pin_text_length(spec, auto)
     planned = plan_spec(spec, covering(hist, limits), most, spec.buckets_multiple_of, fixed,
                         _cuda(spec), where)

@@ -44,10 +44,17 @@ class Histogram:
     rejected: int = 0
     sampled: bool = False
     reasons: dict[str, int] = field(default_factory=dict)
+    first_reject: str = ""  # "file:line: reason" of the first bad record read
     # axis -> the largest value a plan may give it (plan/limits.py): rounding stops there
     limits: dict[str, int] = field(default_factory=dict)
     # a generation job's: each record's prompt tokens, in the order the engine takes them
     prompts: np.ndarray | None = None
+
+    def no_records(self) -> str:
+        """Why there is nothing to plan from: the records read were all bad, or none."""
+        if self.rejected:
+            return f"every record read ({self.rejected}) is bad, the first {self.first_reject}"
+        return "no record was read (an empty file or slice)"
 
     def largest(self, axis: str) -> int:
         return int(self.needs[:, self.axes.index(axis)].max())
@@ -101,8 +108,11 @@ def histogram(spec: PipelineSpec, sample: int | None = None, seed: int = 0,
     generating = spec.generate is not None
     seen = rejected = 0
     reasons: dict[str, int] = {}
+    first_reject = ""
     for batch in read_batches_for_plan(reading_spec(spec), stop):
         rejected += len(batch.rejects)
+        if batch.rejects and not first_reject:
+            first_reject = f"{batch.rejects[0].where}: {batch.rejects[0].reason}"
         for r in batch.rejects:
             reasons[r.reason] = reasons.get(r.reason, 0) + 1
         n = len(batch)
@@ -123,7 +133,7 @@ def histogram(spec: PipelineSpec, sample: int | None = None, seed: int = 0,
     if not rows:
         empty = np.zeros(0, np.int64)
         return Histogram(axes, np.zeros((0, len(axes)), np.int64), empty, empty, 0, 0, rejected,
-                         False, reasons)
+                         False, reasons, first_reject=first_reject)
     table = np.asarray(rows, np.int64)
     shapes, inverse = np.unique(table[:, :-1], axis=0, return_inverse=True)
     inverse = inverse.reshape(-1)

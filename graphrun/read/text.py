@@ -306,7 +306,10 @@ def check_text_schema(spec: PipelineSpec, schema, file: str) -> None:
                              f"{', '.join(schema.names)})", where=file)
     for field in spec.data.text.fields:
         t = schema.field(field).type
-        if spec.data.chat is None and not (pa.types.is_string(t) or pa.types.is_large_string(t)):
+        # a dictionary of strings (pandas' category, a repeated prompt) reads as its strings
+        values = t.value_type if pa.types.is_dictionary(t) else t
+        if spec.data.chat is None and not (pa.types.is_string(values)
+                                           or pa.types.is_large_string(values)):
             raise InputError(f"text column {field!r} holds {t}; expected strings", where=file)
 
 

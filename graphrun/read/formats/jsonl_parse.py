@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import sys
 
 import numpy as np
@@ -20,6 +21,9 @@ from graphrun.read.formats.jsonl_lines import (close_field, encodable, readable_
 from graphrun.read.prompts import Prompts
 from graphrun.read.records import Candidates, Reject, field_from_values
 from graphrun.spec.keys import PipelineSpec
+
+# an integer orjson may not hold (past 64 bits), or a long digit run in a string
+_LONG_DIGITS = re.compile(rb"\d{19}")
 
 try:  # optional: a faster JSON parser for the block parse (see _loads_block)
     import orjson as _orjson
@@ -136,9 +140,10 @@ def _parse_together(lines: list[bytes]) -> list | None:
 
 def _loads_block(text: bytes):
     """orjson where it is installed (it parses numbers several times faster), else json. A
-    block orjson refuses (NaN or Infinity literals, integers past 64 bits) falls back to one
-    json.loads per line, which reads those and gives each bad line its own reason."""
-    if _orjson is not None:
+    block orjson refuses (NaN or Infinity literals) falls back to one json.loads per line,
+    which reads those and gives each bad line its own reason. orjson reads an integer past 64
+    bits as a float, json as the int it is: a block holding 19 digits in a row goes to json."""
+    if _orjson is not None and not _LONG_DIGITS.search(text):
         return _orjson.loads(text)
     return json.loads(text.decode("utf-8"))
 
