@@ -189,6 +189,36 @@ def test_a_request_body_becomes_its_request_params():
                        chat=True) == RequestParams(stop_token_ids=(2, 7))
 
 
+def test_a_whole_number_written_as_a_float_counts_as_that_number_in_a_per_record_field():
+    named = {"max_new_tokens": "mt", "seed": "s", "top_k": "k", "n": "n", "logprobs": "lp"}
+    got = params_from_fields({"mt": 16.0, "s": -3.0, "k": 0.0, "n": 2.0, "lp": 5.0}, named)
+    assert got == RequestParams(max_new_tokens=16, seed=-3, top_k=0, n=2, logprobs=5)
+    assert type(got.max_new_tokens) is int and type(got.seed) is int
+    for record, why in (({"mt": 2.5}, "mt (generate.per_record.max_new_tokens): 2.5 is not"),
+                        ({"s": float(2 ** 60)}, "s (generate.per_record.seed): 1.15"),
+                        ({"mt": float("nan")}, "mt (generate.per_record.max_new_tokens): nan"),
+                        ({"mt": 0.0}, "mt (generate.per_record.max_new_tokens): 0 is not")):
+        assert why in params_from_fields(record, named)
+
+
+def test_a_parquet_column_of_max_tokens_with_nulls_is_served_record_by_record(tmp_path,
+                                                                             model_dir):
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    spec = per_record_job(tmp_path, [{"id": "x", "prompt": "a"}], model_dir,
+                          {"max_new_tokens": "max_tokens"})
+    table = pa.table({"id": ["short", "spec", "shorter"], "prompt": ["g", "g", "g"],
+                      "max_tokens": pa.array([2.0, None, 1.0], pa.float64())})
+    pq.write_table(table, tmp_path / "prompts.parquet")
+    raw = yaml.safe_load(spec.read_text())
+    raw["data"]["path"] = str(tmp_path / "prompts.parquet")
+    spec.write_text(yaml.safe_dump(raw))
+    manifest = graphrun.run(graphrun.load_spec(spec))
+    out = {r["id"]: r for r in rows(tmp_path / "out")}
+    assert [out[k]["output_tokens"] for k in ("short", "spec", "shorter")] == [2, 4, 1]
+    assert out["short"]["token_ids"] == out["spec"]["token_ids"][:2]
+    assert manifest.totals.records_rejected == 0
+
+
 def per_record_job(tmp_path: Path, records: list[dict], model: Path, per_record: dict,
                    **generate) -> Path:
     path = tmp_path / "prompts.jsonl"

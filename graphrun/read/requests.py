@@ -71,14 +71,22 @@ CHECKS = {
 }
 
 
+WHOLE_PARAMS = frozenset({"max_new_tokens", "top_k", "seed", "n", "logprobs"})
+EXACT_FLOAT = 2 ** 53  # a float's whole numbers are exact up to here
+
+
 def params_from_fields(record: dict, per_record: dict[str, str]) -> RequestParams | str:
     """generate.per_record: parameter -> the record field setting it (absent or null: the
-    spec's value)."""
+    spec's value). A whole number written as a float (16.0) counts as that number: a column
+    with nulls holds floats (pandas' float64), and a field's every value would be refused."""
     given = {}
     for param, name in per_record.items():
         v = record.get(name)
         if v is None:
             continue
+        if (param in WHOLE_PARAMS and type(v) is float and v.is_integer()
+                and abs(v) <= EXACT_FLOAT):
+            v = int(v)
         check, attr = CHECKS[param]
         got = check(f"{name} (generate.per_record.{param})", v)
         if isinstance(got, str):
