@@ -223,6 +223,11 @@ def test_new_tokens_filling_the_models_positions_is_one_spec_error_naming_the_ke
     with pytest.raises(SpecError, match=r"generate.max_new_tokens: 1024 new tokens leave no "
                                         r"room for a prompt in the model's 1024 positions"):
         graphrun.load_spec(spec, ["generate.max_new_tokens=1024"])
+    # with buckets planned from the prompts (auto) too, not "every record is too long"
+    with pytest.raises(SpecError, match=r"generate.max_new_tokens: 5000 new tokens leave no "
+                                        r"room for a prompt"):
+        graphrun.load_spec(spec, ["generate.max_new_tokens=5000", "buckets.batch=auto",
+                                  "buckets.seq=auto"])
 
 
 def test_a_checkpoint_in_shards_loads_from_its_index(tmp_path):

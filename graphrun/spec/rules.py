@@ -488,14 +488,16 @@ def _past_positions(spec: PipelineSpec, folder: str) -> Found:
     axis = PROMPT_AXIS if spec.generate is not None else axis  # a prompt and its new tokens
     values = spec.buckets.get(axis) if isinstance(axis, str) else None
     found = model_positions(Path(folder)) if Path(folder).is_dir() else None
-    if not isinstance(values, list) or found is None or max(values) + new <= found[0]:
+    if found is None:
         return
     positions, key = found
-    if new >= positions:  # no prompt bucket can fit: the new tokens alone fill the table
+    if new >= positions:  # no prompt can fit, whatever the buckets (auto ones too)
         yield ("generate", "max_new_tokens"), (
             f"{new} new tokens leave no room for a prompt in the model's {positions} positions "
             f"(config.json's {key}), which a prompt and its new tokens share: set it below "
-            f"{positions}, leaving room for the longest prompt bucket")
+            f"{positions}, leaving room for the longest prompt")
+        return
+    if not isinstance(values, list) or max(values) + new <= positions:
         return
     if new:
         yield ("buckets", axis), (
