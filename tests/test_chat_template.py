@@ -180,3 +180,14 @@ def test_a_chat_job_imports_no_transformers(tmp_path):
     assert done.stdout.split()[-1] == "False"
     rows = (tmp_path / "out" / "part-00000.jsonl").read_text().splitlines()
     assert [json.loads(r)["id"] for r in rows] == ["c0", "c1", "c2"]
+
+
+@pytest.mark.parametrize("message, why", [
+    ({"content": "hi"}, "messages[0]: role missing (a message has role and content)"),
+    ({"role": "user"}, "messages[0]: content missing (a message has role and content)"),
+    ({}, "messages[0]: role and content missing (a message has role and content)"),
+    ("hi", "messages[0]: expected an object with role and content, got a string"),
+    (None, "messages[0]: expected an object with role and content, got null"),
+])
+def test_a_message_that_lacks_a_key_or_is_no_object_says_which(message, why):
+    assert check_messages([message], "messages") == why

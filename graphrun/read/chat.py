@@ -26,8 +26,11 @@ def check_messages(messages, named: str) -> list[dict] | str:
     out = []
     for k, m in enumerate(messages):
         where = f"{named}[{k}]"
-        if not isinstance(m, dict) or "role" not in m or "content" not in m:
-            return f"{where}: expected an object with role and content"
+        if not isinstance(m, dict):
+            return f"{where}: expected an object with role and content, got {_kind(m)}"
+        missing = [key for key in ("role", "content") if key not in m]
+        if missing:
+            return f"{where}: {' and '.join(missing)} missing (a message has role and content)"
         if m["role"] not in ROLES:
             return (f"{where}: role {m['role']!r} is not served (give {', '.join(ROLES)}; "
                     "tool calls are not)")
@@ -188,3 +191,9 @@ def chat_template(spec: PipelineSpec) -> ChatTemplate:
 
     path = spec.data.chat.template if spec.data.chat else None
     return _template(tokenizer_folder(spec), str(spec.base_dir / path) if path else None)
+
+
+def _kind(v) -> str:
+    """A JSON value's kind, for a message that is no object."""
+    return {str: "a string", list: "a list", bool: "a boolean", type(None): "null"}.get(
+        type(v), "a number" if isinstance(v, (int, float)) else type(v).__name__)
