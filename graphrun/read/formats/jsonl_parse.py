@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import sys
 
 import numpy as np
@@ -22,8 +21,8 @@ from graphrun.read.prompts import Prompts
 from graphrun.read.records import Candidates, Reject, field_from_values
 from graphrun.spec.keys import PipelineSpec
 
-# an integer orjson may not hold (past 64 bits), or a long digit run in a string
-_LONG_DIGITS = re.compile(rb"\d{19}")
+# orjson reads an integer literal past 64 bits as a float this large or larger
+_INT_RANGE = 2.0 ** 63
 
 try:  # optional: a faster JSON parser for the block parse (see _loads_block)
     import orjson as _orjson
@@ -142,10 +141,26 @@ def _loads_block(text: bytes):
     """orjson where it is installed (it parses numbers several times faster), else json. A
     block orjson refuses (NaN or Infinity literals) falls back to one json.loads per line,
     which reads those and gives each bad line its own reason. orjson reads an integer past 64
-    bits as a float, json as the int it is: a block holding 19 digits in a row goes to json."""
-    if _orjson is not None and not _LONG_DIGITS.search(text):
-        return _orjson.loads(text)
+    bits as a float, json as the int it is: a block whose records hold such a float in a
+    field (an id, a seed; not inside a list) is parsed again by json."""
+    if _orjson is not None:
+        parsed = _orjson.loads(text)
+        if not _past_int_range([e[1] for e in parsed if type(e) is list and len(e) == 2]):
+            return parsed
     return json.loads(text.decode("utf-8"))
+
+
+def _past_int_range(values) -> bool:
+    """A float at least 2**63 in size among `values`, or among the values of an object in
+    them (at any depth; lists are not looked into): where orjson may have read an integer."""
+    for v in values:
+        kind = type(v)
+        if kind is dict:
+            if _past_int_range(v.values()):
+                return True
+        elif kind is float and not -_INT_RANGE < v < _INT_RANGE:
+            return True
+    return False
 
 
 def _unclosed_string(text: str) -> int | None:
