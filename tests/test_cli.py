@@ -77,6 +77,24 @@ def test_run_writes_outputs_and_manifest_and_set_overrides_apply(write_spec, tmp
     assert [json.loads(l)["id"] for l in lines] == list(range(10))
 
 
+def test_a_stop_before_the_start_is_one_message_and_writes_nothing(write_spec, tmp_path):
+    spec = write_spec()
+    for extra in ([], ["--gpus", "2", "--set", "device=cpu"]):
+        result = cli("run", spec, "--start", 8, "--stop", 3, "-q", *extra)
+        assert result.exit_code == 2, result.output
+        assert "--stop 3 is before --start 8" in result.output
+        assert "Traceback" not in result.output and not (tmp_path / "out").exists()
+    import graphrun
+    from graphrun.base.errors import InputError
+    try:
+        graphrun.run(graphrun.load_spec(spec), start=8, stop=3)
+    except InputError as err:
+        assert "stop=3 is before start=8" in str(err)
+    else:
+        raise AssertionError("the Python API ran a slice that ends before it starts")
+    assert not (tmp_path / "out").exists()
+
+
 def test_rerun_into_the_same_folder_is_refused_then_overwrite_works(write_spec, tmp_path):
     spec = write_spec()
     assert cli("run", spec, "-q").exit_code == 0

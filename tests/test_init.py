@@ -315,6 +315,21 @@ def test_init_infers_from_the_majority_and_lists_the_records_that_disagree(tmp_p
     assert manifest.totals.records_in == 35 and manifest.totals.records_rejected == 5
 
 
+def test_init_leaves_out_a_record_holding_a_string_where_the_rest_hold_numbers(tmp_path):
+    target, _ = model_from(tmp_path, ENCODER)
+    rows = [{"id": f"r{i}", "tokens": list(range(1, 4 + i % 5)), "mask": [1] * (3 + i % 5)}
+            for i in range(20)]
+    rows[6] = {"id": "s", "tokens": "abc", "mask": [1, 1, 1]}
+    (tmp_path / "d.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    result = cli("init", "--model", target, "--data", tmp_path / "d.jsonl", "-o",
+                 tmp_path / "p.yaml", "--out-dir", tmp_path / "out", "--batch-size", 4)
+    assert result.exit_code == 0, result.output
+    assert "d.jsonl:7: tokens holds a string where 19 of 20 records hold numbers" in " ".join(
+        result.output.split())
+    spec = graphrun.load_spec(tmp_path / "p.yaml")
+    assert spec.inputs["tokens"].dtype == "int64" and spec.data.id_field == "id"
+
+
 def test_init_keeps_an_image_size_the_majority_holds(tmp_path):
     target, _ = model_from(tmp_path, CNN)
     rng = np.random.default_rng(4)

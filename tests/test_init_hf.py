@@ -308,3 +308,20 @@ def test_a_folder_shipped_in_an_installed_package_is_written_as_pkg(tmp_path, fo
     importlib.invalidate_caches()
     spec, _, _ = init_and_run(tmp_path, site / "tinymodels" / "bert")
     assert spec.model.hf.path == "pkg://tinymodels/bert"
+
+
+def test_a_record_whose_text_is_not_a_string_is_named_as_run_rejects_it(tmp_path, folders):
+    write_texts(tmp_path / "texts.jsonl")
+    lines = (tmp_path / "texts.jsonl").read_text().splitlines()
+    lines[5] = json.dumps({"id": "r5", "text": 5})
+    (tmp_path / "texts.jsonl").write_text("\n".join(lines) + "\n")
+    result = cli("init", "--hf", folders["embed"], "--data", tmp_path / "texts.jsonl", "-o",
+                 tmp_path / "pipe.yaml", "--out-dir", tmp_path / "out", "--batch-size", 8)
+    assert result.exit_code == 0, result.output
+    assert "texts.jsonl:6: text: expected a string, got a number" in result.output
+    spec = graphrun.load_spec(tmp_path / "pipe.yaml")
+    spec.data.on_bad_record = "skip"
+    graphrun.run(spec)
+    reject = json.loads((tmp_path / "out" / "rejects.jsonl").read_text())
+    assert (reject["where"], reject["reason"]) == ("texts.jsonl:6",
+                                                   "text: expected a string, got a number")

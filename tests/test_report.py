@@ -163,6 +163,14 @@ def test_a_folder_without_a_manifest_is_one_message(tmp_path):
     assert "Traceback" not in result.output
 
 
+def test_a_run_folder_killed_before_its_manifest_says_to_resume_it(tmp_path):
+    (tmp_path / "run.json").write_text("{}")  # what a run killed mid-stream leaves, less shards
+    (tmp_path / "journal.jsonl").write_text("")
+    result = CliRunner().invoke(main, ["report", str(tmp_path), "-o", str(tmp_path / "r.html")])
+    assert result.exit_code == 2 and "--resume" in result.output
+    assert "not a run folder" not in result.output
+
+
 def test_missing_plotly_says_which_extra(write_spec, tmp_path, monkeypatch):
     spec = write_spec()
     graphrun.run(graphrun.load_spec(spec), out=tmp_path / "a")

@@ -32,6 +32,11 @@ def load_manifest(folder: Path) -> dict:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
+        if (Path(folder) / "run.json").is_file():  # a run's folder, killed before its manifest
+            raise InputError("no manifest.json: the run in this folder has not finished (it "
+                             "was killed, or is still running); finish it with `graphrun run "
+                             f"SPEC --out {folder} --resume`, then try again",
+                             where=str(folder)) from None
         raise InputError("no manifest.json: not a run folder (run `graphrun run` into it "
                          "first)", where=str(folder)) from None
     except (OSError, ValueError) as exc:

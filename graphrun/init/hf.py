@@ -28,7 +28,8 @@ from graphrun.init.sample import FieldInfo, sample_data
 from graphrun.init.generate import (PROMPT_NAMES, Generation, causal_arch, eos_ids,
                                     plan_generate, prompt_source, rendered_prompts, stop_check)
 from graphrun.init.render import relative_to_spec, render_generate_spec, render_hf_spec, write_spec_files
-from graphrun.init.text import TEXT_NAMES, chosen_fields, plan_grouped, texts_of
+from graphrun.init.text import (TEXT_NAMES, chosen_fields, non_texts, plan_grouped,
+                                texts_of)
 from graphrun.spec.keys import BATCH
 
 TOPK = 5  # next tokens written per record
@@ -116,6 +117,8 @@ def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml
             raise GraphrunError("--text-field: a generation job reads one prompt field, not "
                                 "a pair")
         texts, special = texts_of(profile, found.text_field), True
+        profile.skipped = sorted(profile.skipped + non_texts(profile, found.text_field),
+                                 key=_line)  # run rejects them too: name them, in file order
     limit = model_limit(tokenizer, config, where)
     if kind.kind == "generate":
         plan_generate(found, texts, tokenizer, limit, eos_ids(transformers, where, config),
@@ -452,3 +455,9 @@ def _longer(found: HfInferred) -> str:
     return (f"the sample is the whole file, so a longer text is rejected "
             f"(data.text.truncate: false); if the file grows, add {found.limit} (the model's "
             "limit) to buckets.seq and set truncate: true")
+
+
+def _line(said: str) -> int:
+    """The line (or row) a "file:line: why" names, for ordering; 0 where none is found."""
+    found = re.match(r"[^:\[]*(?::|\[row )(\d+)", said)
+    return int(found.group(1)) if found else 0

@@ -96,7 +96,7 @@ def sample_data(path: Path, limit: int, id_field: str | None = None, *,
     wheres = columns.pop(WHERE, None)
     disagree: list[str] = []
     if wheres is not None and columns:  # per-record values: outvote the few that disagree
-        columns, wheres, disagree = outvote(columns, wheres)
+        columns, wheres, disagree = outvote(columns, wheres, None if text else id_field or "")
     sampled = len(next(iter(columns.values()))) if columns else 0
     if sampled == 0:
         raise InputError("holds no records to learn the inputs from"
@@ -353,16 +353,27 @@ def _name_axes(fields: dict[str, FieldInfo]) -> dict[str, tuple[int, int]]:
 
 # ---- the majority: records that disagree with at least MAJORITY of the sample ----------------
 
-def outvote(columns: dict[str, list], wheres: list[str]) -> tuple[dict, list, list[str]]:
+def outvote(columns: dict[str, list], wheres: list[str],
+            inputs_of: str | None = "") -> tuple[dict, list, list[str]]:
     """The records that agree with the sample's majority, their places, and one line per record
-    left out ("file:line: field ...: why"). Numeric fields only; strings are the id or text."""
+    left out ("file:line: field ...: why"). Numeric fields only; strings are the id or text.
+    inputs_of: None for text records (no field need be numeric), else the --id-field given."""
     n = len(wheres)
-    numeric = {k: v for k, v in columns.items()
-               if not any(isinstance(x, (str, dict, list)) for x in v)}
     why: dict[int, str] = {}
+    for name, values in columns.items():  # a few texts among a numeric field's records
+        odd = [i for i, x in enumerate(values) if isinstance(x, (str, dict, list))]
+        if (odd and len(odd) <= (1 - MAJORITY) * n and inputs_of is not None
+                and name != inputs_of and not _ID_NAMES.search(name)):  # ids mix kinds
+            for i in odd:
+                what = "a string" if isinstance(values[i], str) else "JSON objects"
+                why.setdefault(i, f"{name} holds {what} where {n - len(odd)} of {n} records "
+                                  "hold numbers")
+    numeric = {k: v for k, v in columns.items()
+               if not any(isinstance(v[i], (str, dict, list)) for i in range(n) if i not in why)}
     for name, values in numeric.items():
-        for i, reason in _field_outliers(name, values).items():
-            why.setdefault(i, reason)
+        idx = [i for i in range(n) if not isinstance(values[i], (str, dict, list))]
+        for j, reason in _field_outliers(name, [values[i] for i in idx]).items():
+            why.setdefault(idx[j], reason)
     for i, reason in _axis_outliers(numeric, [i for i in range(n) if i not in why]).items():
         why.setdefault(i, reason)
     keep = [i for i in range(n) if i not in why]

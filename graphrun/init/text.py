@@ -73,6 +73,21 @@ def texts_of(profile, field: str | list[str]) -> list:
             if all(isinstance(t, str) for t in row)]
 
 
+def non_texts(profile, field: str | list[str]) -> list[str]:
+    """"file:line: why" for each sampled record texts_of leaves out, with run's reason."""
+    from graphrun.read.prompts import kind
+
+    names = [field] if isinstance(field, str) else field
+    wheres = profile.wheres or [f"record {i + 1}" for i in range(len(profile.texts[names[0]]))]
+    out = []
+    for where, *row in zip(wheres, *(profile.texts[n] for n in names)):
+        bad = next(((n, v) for n, v in zip(names, row) if not isinstance(v, str)), None)
+        if bad is not None:  # the sample holds a JSON number or list as a numpy array
+            what = "an array" if getattr(bad[1], "ndim", 0) else kind(bad[1])
+            out.append(f"{where}: {bad[0]}: expected a string, got {what}")
+    return out
+
+
 def text_wheres(profile, field: str | list[str]) -> list[str]:
     """Where each of texts_of's texts is in the file (file:line), in the same order."""
     names = [field] if isinstance(field, str) else field

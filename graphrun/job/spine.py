@@ -15,7 +15,7 @@ import time
 from concurrent.futures import Future
 from pathlib import Path
 
-from graphrun.base.errors import GraphrunError, Interrupted, OutputError
+from graphrun.base.errors import GraphrunError, InputError, Interrupted, OutputError
 from graphrun.manifest.keys import Manifest
 from graphrun.job.parts import JobParts
 from graphrun.job.progress import Progress, summary_table
@@ -60,6 +60,9 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     job hashed once, scale/local/input_digest.py), else this run hashes them (RunHashes.own).
     parts: the runner, reader, stream and writer it builds and calls (job/parts.py), else
     graphrun's own."""
+    if stop is not None and stop < start:  # checked before the output folder is touched
+        raise InputError(f"stop={stop} is before start={start}: stop is the record to stop "
+                         "before, so give one at least start (or None)")
     clock = clock or PhaseClock(BEFORE_RUN)
     with clock.active():
         record, held, overlap = new_job(spec, out, overlap, tuning, clock, hashes, parts)

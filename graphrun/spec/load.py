@@ -239,7 +239,7 @@ def _pydantic_problems(err: ValidationError, pos: Positions, data: Any) -> list[
             alternatives.setdefault(loc, []).append(e)
             continue
         else:
-            msg = _value_message(e)
+            loc, msg = _at_key(loc, _value_message(e), data)
             where = pos.where(loc)
         problems.append(Problem(where, fmt_path(loc), msg))
     for loc, errors in alternatives.items():
@@ -252,6 +252,18 @@ def _is_union_tag(part: Any) -> bool:
     # "function-after[...]") to locations
     return isinstance(part, str) and (part in ("int", "str", "float", "bool")
                                       or part.startswith("constrained-") or "[" in part)
+
+
+def _at_key(loc: Loc, msg: str, data: Any) -> tuple[Loc, str]:
+    """A mapping's validator names the key it refuses ("seq: duplicate bucket values"): the
+    problem is located at that key's value (its line, or the --set that gave it)."""
+    node = data
+    for part in loc:
+        node = node.get(part) if isinstance(node, dict) else None
+    key, sep, rest = msg.partition(": ")
+    if sep and isinstance(node, dict) and key in node:
+        return (*loc, key), rest
+    return loc, msg
 
 
 def _either_message(errors: list[dict]) -> str:
