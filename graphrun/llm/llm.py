@@ -10,6 +10,7 @@ forms graphrun.generate and graphrun.chat build one for the call and close it.
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,21 +63,26 @@ class LLM:
         self.engine = self.runner.engine
         self._decode = self.runner.text_decoder()
         self._closed = False
+        self._lock = threading.Lock()  # one call at a time: the engine's slots and cache are shared
 
     def generate(self, prompts, **params) -> list[GenerateOutput]:
         """Completions of prompts (strings, token id lists, or dicts with `prompt`, `messages`,
         `id` and their own parameters), in their order. params: max_new_tokens, temperature (0:
-        greedy), top_p, top_k, seed, stop_token_ids for every prompt; unset: the spec's."""
-        self._check_open()
-        return self._run(ask(self.spec, prompts, call_params(params), self.engine.model.vocab))
+        greedy), top_p, top_k, seed, stop_token_ids for every prompt; unset: the spec's.
+        Calls from several threads are served one after another."""
+        with self._lock:
+            self._check_open()
+            return self._run(ask(self.spec, prompts, call_params(params),
+                                 self.engine.model.vocab))
 
     def chat(self, conversations, **params) -> list[GenerateOutput]:
         """Completions of conversations (each a list of OpenAI messages, or a dict with
         `messages`, `id` and its own parameters), rendered by the model's chat template with
         the generation prompt, in their order."""
-        self._check_open()
-        return self._run(ask(self.spec, conversations, call_params(params),
-                             self.engine.model.vocab, chat=True))
+        with self._lock:
+            self._check_open()
+            return self._run(ask(self.spec, conversations, call_params(params),
+                                 self.engine.model.vocab, chat=True))
 
     def _run(self, asked: Asked) -> list[GenerateOutput]:
         problems = []
@@ -102,10 +108,12 @@ class LLM:
                                 "block ended): build a new LLM to generate again")
 
     def close(self) -> None:
-        """The engine's memory given back; a second close does nothing."""
-        if not self._closed:
-            self._closed = True
-            self.runner.close()
+        """The engine's memory given back (after a call in flight ends); a second close does
+        nothing."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self.runner.close()
 
     def __enter__(self) -> LLM:
         return self
