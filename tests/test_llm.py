@@ -194,3 +194,13 @@ def test_a_spec_without_generate_or_a_missing_folder_is_refused(tmp_path):
         graphrun.LLM(spec)
     with pytest.raises(graphrun.SpecError, match="neither a spec"):
         graphrun.generate(str(tmp_path / "nowhere"), ["x"])
+
+
+@pytest.mark.parametrize("sized", [{"max_new_tokens": 0}, {"max_prompt_tokens": 0},
+                                   {"max_prompt_tokens": -4}, {"max_new_tokens": 2.5}])
+def test_a_folders_sizes_out_of_range_are_refused_not_replaced_by_the_default(sized):
+    """max_new_tokens=0 built an engine of the default 256 new tokens; max_prompt_tokens=-4
+    was refused as a max_new_tokens problem."""
+    name = next(iter(sized))
+    with pytest.raises(graphrun.SpecError, match=f"{name}: .* is not a whole number >= 1"):
+        graphrun.LLM(str(FOLDER), device="cpu", **sized)

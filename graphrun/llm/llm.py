@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass
+from numbers import Integral
 from pathlib import Path
 
 from graphrun.base.errors import GraphrunError, InputError, Problem, SpecError
@@ -152,7 +153,12 @@ def _spec(given, overrides: list[str], max_new_tokens, max_prompt_tokens, dtype,
     if not isinstance(given, (str, Path)) or not Path(given).is_dir():
         raise _refused("generate", f"{given!r} is neither a spec (a PipelineSpec or a "
                             ".yaml file) nor a model folder")
-    return folder_spec(Path(given), max_new_tokens or FOLDER_MAX_NEW_TOKENS, max_prompt_tokens,
+    for name, value in sized.items():  # 0 is a value given, not "the default"
+        if value is not None and (isinstance(value, bool) or not isinstance(value, Integral)
+                                  or value < 1):
+            raise _refused(str(given), f"{name}: {value!r} is not a whole number >= 1")
+    return folder_spec(Path(given), FOLDER_MAX_NEW_TOKENS if max_new_tokens is None
+                       else int(max_new_tokens), max_prompt_tokens and int(max_prompt_tokens),
                        dtype, device)
 
 
@@ -161,11 +167,12 @@ def folder_spec(folder: Path, max_new_tokens: int, max_prompt_tokens: int | None
     """A generation spec for a causal LM's folder: greedy, the model's EOS, prompts up to
     max_prompt_tokens (else the model's position table less max_new_tokens, at most
     FOLDER_MAX_PROMPT), refused past it rather than cut."""
-    longest = max_prompt_tokens or min(FOLDER_MAX_PROMPT,
-                                       _positions(folder) - max_new_tokens)
+    positions = _positions(folder)
+    longest = max_prompt_tokens or min(FOLDER_MAX_PROMPT, positions - max_new_tokens)
     if longest < 1:
         raise _refused(str(folder), f"max_new_tokens {max_new_tokens} leaves no room for a "
-                            "prompt in the model's position table: give fewer")
+                            f"prompt in the model's position table of {positions}: pass "
+                            f"max_new_tokens below {positions}")
     seq, n = [], 16
     while n < longest:
         seq.append(n)
