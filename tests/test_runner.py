@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+import graphrun
 from graphrun import CaptureError, InputError, ModelError, Runner
 from graphrun.manifest.keys import VerifyResult
 from graphrun.models.load import build_model
@@ -287,6 +288,14 @@ def test_run_batch_refuses_what_is_not_a_dict(tmp_path):
         with pytest.raises(InputError, match=r"run_batch takes a dict of input name -> rows "
                                              r"\(x\)"):
             runner.run_batch(np.ones((2, 4), np.float32))
+
+
+def test_a_closed_runner_says_so(tmp_path):
+    """run_batch after close() was an AttributeError on the dropped launcher."""
+    runner = Runner(mlp_spec(tmp_path))
+    runner.close()
+    with pytest.raises(graphrun.GraphrunError, match="this graphrun.Runner is closed"):
+        runner.run_batch({"x": np.ones((2, 4), np.float32)})
 
 
 def test_verify_catches_a_model_that_mixes_rows(tmp_path):

@@ -208,6 +208,9 @@ class Runner:
         the host (pinned on a GPU), or with device=True on the runner's device (ordered on the
         current stream, not waited for). Otherwise numpy out (bfloat16 as float32). Inputs are
         checked as a file's records are (rank, fixed sizes, integer data, range, finite)."""
+        if self.launcher is None:  # close() dropped the buffers and graphs
+            raise GraphrunError("this graphrun.Runner is closed (close() was called, or its "
+                                "with block ended): build a new Runner to run batches")
         batch = check_batch(inputs, self.spec.inputs, self.table.axes)
         if batch.n > self.table.max_batch:
             return self._run_oversize(batch, device)
