@@ -8,6 +8,7 @@ import json
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import graphrun
@@ -131,6 +132,17 @@ def test_a_list_of_token_ids_is_one_prompt(llm):
     one = llm.generate([5, 6, 7], max_new_tokens=2)
     assert len(one) == 1 and one[0].token_ids == llm.generate([[5, 6, 7]],
                                                               max_new_tokens=2)[0].token_ids
+
+
+def test_numpy_token_ids_are_token_ids(llm):
+    """A list of numpy ints, or a 1-d numpy array (a tokenizer's output), was refused as
+    "expected a string or a list of token ids"."""
+    want = llm.generate([[5, 6, 7]], max_new_tokens=2)[0].token_ids
+    for prompt in (np.array([5, 6, 7]), [np.int64(5), np.int32(6), np.int64(7)]):
+        assert llm.generate([prompt], max_new_tokens=2)[0].token_ids == want
+    assert llm.generate(np.array([5, 6, 7]), max_new_tokens=2)[0].token_ids == want
+    with pytest.raises(graphrun.InputError, match="outside the model's vocabulary"):
+        llm.generate([np.array([5, -1])])
 
 
 def test_calls_from_two_threads_run_one_after_another_with_their_own_outputs(llm):
