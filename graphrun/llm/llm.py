@@ -40,7 +40,7 @@ class GenerateOutput:
     id: object  # the prompt's `id`, else its place in the list
     text: str  # the new tokens decoded, special tokens skipped
     token_ids: list[int]  # the new tokens, the stop token included where it stopped there
-    finish_reason: str  # "eos" (a stop id) | "length" (max_new_tokens)
+    finish_reason: str  # "eos" (a stop id) | "stop" (a stop string) | "length" (max_new_tokens)
     prompt_tokens: int
     output_tokens: int
 
