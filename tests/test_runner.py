@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -296,6 +297,42 @@ def test_a_closed_runner_says_so(tmp_path):
     runner.close()
     with pytest.raises(graphrun.GraphrunError, match="this graphrun.Runner is closed"):
         runner.run_batch({"x": np.ones((2, 4), np.float32)})
+
+
+def test_run_batch_from_two_threads_gives_each_its_own_rows(tmp_path):
+    """Two threads shared the static buffers at once: one thread's rows came back as the
+    other's, with no error. The second call now waits for the first."""
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal((3, 4)).astype(np.float32) for _ in range(2)]
+    with Runner(mlp_spec(tmp_path)) as runner:
+        alone = [runner.run_batch({"x": x})["y"] for x in xs]
+        direct, inside, most = runner.direct, [], []
+        second_in = threading.Event()
+        real = direct.arrays
+
+        def watched(batch):
+            inside.append(1)
+            most.append(len(inside))
+            if len(inside) == 2:
+                second_in.set()
+            else:  # the first call holds on until a second call joins it (or a while passes)
+                second_in.wait(2)
+            try:
+                return real(batch)
+            finally:
+                inside.pop()
+
+        got = {}
+        direct.arrays = watched
+        threads = [threading.Thread(target=lambda k=k: got.setdefault(
+            k, runner.run_batch({"x": xs[k]})["y"])) for k in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert max(most) == 1
+        for k in (0, 1):
+            np.testing.assert_allclose(got[k], alone[k], atol=1e-6)
 
 
 def test_verify_catches_a_model_that_mixes_rows(tmp_path):
