@@ -95,6 +95,9 @@ def run(spec, overrides, out, resume, overwrite, accept_model_change, start, sto
     if resume and overwrite:
         fail(GraphrunError("--resume and --overwrite contradict each other: pick one"))
     check_ray_options(use_ray, address, workers, start, stop, gpus)
+    if stop is not None and stop < start:  # before any work, --gpus or not
+        fail(GraphrunError(f"--stop {stop} is before --start {start}: give --stop at least "
+                           "--start"))
     show = not quiet  # a progress bar on a terminal, else a line every few seconds (logs, CI)
     try:
         with clock.active(), clock.phase("spec"):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from graphrun.base.errors import GraphrunError, Interrupted, OutputError
 from graphrun.manifest.keys import Manifest
+from graphrun.spec.keys import PipelineSpec
 from graphrun.job.parts import JobParts
 from graphrun.job.progress import Progress, summary_table
 from graphrun.generate.records import with_implied_io
@@ -60,6 +61,7 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     job hashed once, scale/local/input_digest.py), else this run hashes them (RunHashes.own).
     parts: the runner, reader, stream and writer it builds and calls (job/parts.py), else
     graphrun's own."""
+    check_call(spec, start, stop)
     clock = clock or PhaseClock(BEFORE_RUN)
     with clock.active():
         record, held, overlap = new_job(spec, out, overlap, tuning, clock, hashes, parts)
@@ -81,6 +83,16 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     if stop_signal.signum:
         raise Interrupted(stop_signal.signum)
     return manifest
+
+
+def check_call(spec, start: int, stop: int | None) -> None:
+    """What graphrun.run is given, refused before any work or output folder."""
+    if not isinstance(spec, PipelineSpec):
+        raise GraphrunError(f"graphrun.run takes a PipelineSpec, got {type(spec).__name__}: "
+                            "graphrun.load_spec(path) reads a spec file into one")
+    if start < 0 or (stop is not None and stop < start):
+        raise GraphrunError(f"start={start}, stop={stop}: give 0 <= start <= stop (the records "
+                            "[start, stop) of the input)")
 
 
 def run_locked(record: RunRecord, held: RunResources, stop_signal: StopSignals, *, resume: bool, overwrite: bool,
