@@ -5,8 +5,10 @@ each prompt's own parameters, the caller's order, and bad prompts refused before
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import graphrun
@@ -132,6 +134,56 @@ def test_a_list_of_token_ids_is_one_prompt(llm):
                                                               max_new_tokens=2)[0].token_ids
 
 
+def test_numpy_token_ids_are_token_ids(llm):
+    """A list of numpy ints, or a 1-d numpy array (a tokenizer's output), was refused as
+    "expected a string or a list of token ids"."""
+    want = llm.generate([[5, 6, 7]], max_new_tokens=2)[0].token_ids
+    for prompt in (np.array([5, 6, 7]), [np.int64(5), np.int32(6), np.int64(7)]):
+        assert llm.generate([prompt], max_new_tokens=2)[0].token_ids == want
+    assert llm.generate(np.array([5, 6, 7]), max_new_tokens=2)[0].token_ids == want
+    with pytest.raises(graphrun.InputError, match="outside the model's vocabulary"):
+        llm.generate([np.array([5, -1])])
+
+
+def test_calls_from_two_threads_run_one_after_another_with_their_own_outputs(llm):
+    """The engine's slots and KV cache serve one call at a time: a second thread's call waits
+    for the first instead of stepping the same rows (which cut and mixed both calls' tokens)."""
+    prompts = {1: ["An old fisherman", "The storm"], 2: ["x", "The harbour at dawn", "y"]}
+    alone = {k: [o.token_ids for o in llm.generate(p)] for k, p in prompts.items()}
+    engine, inside, most = llm.engine, [], []
+    second_in = threading.Event()
+    real = engine.generate
+
+    def watched(*args, **kwargs):
+        inside.append(1)
+        most.append(len(inside))
+        if len(inside) == 2:
+            second_in.set()
+        else:  # the first call holds on until a second call joins it (or a while passes)
+            second_in.wait(2)
+        try:
+            return real(*args, **kwargs)
+        finally:
+            inside.pop()
+
+    got = {}
+
+    def call(k):
+        got[k] = [o.token_ids for o in llm.generate(prompts[k])]
+
+    engine.generate = watched
+    try:
+        threads = [threading.Thread(target=call, args=(k,)) for k in prompts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        del engine.generate
+    assert max(most) == 1
+    assert got == alone
+
+
 def test_a_closed_llm_says_so():
     engine = graphrun.LLM(str(FOLDER), max_new_tokens=2, max_prompt_tokens=64, device="cpu")
     engine.close()
@@ -154,3 +206,13 @@ def test_a_spec_without_generate_or_a_missing_folder_is_refused(tmp_path):
         graphrun.LLM(spec)
     with pytest.raises(graphrun.SpecError, match="neither a spec"):
         graphrun.generate(str(tmp_path / "nowhere"), ["x"])
+
+
+@pytest.mark.parametrize("sized", [{"max_new_tokens": 0}, {"max_prompt_tokens": 0},
+                                   {"max_prompt_tokens": -4}, {"max_new_tokens": 2.5}])
+def test_a_folders_sizes_out_of_range_are_refused_not_replaced_by_the_default(sized):
+    """max_new_tokens=0 built an engine of the default 256 new tokens; max_prompt_tokens=-4
+    was refused as a max_new_tokens problem."""
+    name = next(iter(sized))
+    with pytest.raises(graphrun.SpecError, match=f"{name}: .* is not a whole number >= 1"):
+        graphrun.LLM(str(FOLDER), device="cpu", **sized)

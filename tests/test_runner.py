@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+import graphrun
 from graphrun import CaptureError, InputError, ModelError, Runner
 from graphrun.manifest.keys import VerifyResult
 from graphrun.models.load import build_model
@@ -233,6 +235,104 @@ def test_variable_length_records_are_cut_back_to_their_length(tmp_path):
                                   "mask": torch.from_numpy(np.stack([masks[2]] * 2))})
         assert dense["hidden"].shape == (2, 5, 16) and dense["pooled"].shape == (2, 16)
         np.testing.assert_allclose(dense["hidden"][1].numpy(), out["hidden"][2], atol=1e-5)
+
+
+def encoder_spec(tmp_path):
+    (tmp_path / "d.jsonl").write_text("")
+    return PipelineSpec.model_validate({
+        "version": 1, "name": "enc", "device": "cpu",
+        "model": {"target": f"{ENCODER}:build",
+                  "args": {"vocab": 50, "d_model": 16, "heads": 2, "layers": 1, "max_len": 8}},
+        "inputs": {"tokens": {"shape": ["batch", "seq"], "dtype": "int64", "range": [0, 50]},
+                   "mask": {"shape": ["batch", "seq"], "dtype": "int64", "range": [0, 2]}},
+        "outputs": {"hidden": {"shape": ["batch", "seq", 16]}, "pooled": {"shape": ["batch", 16]}},
+        "buckets": {"batch": [1, 4], "seq": [4, 8]},
+        "data": {"path": str(tmp_path / "d.jsonl")}, "output": {"dir": "o", "format": "jsonl"}})
+
+
+def test_run_batch_refuses_inputs_that_disagree_on_a_shared_axis(tmp_path):
+    """tokens of 2 and 7 with masks of 7 and 2 ran, each record cut to the tokens' length."""
+    with Runner(encoder_spec(tmp_path)) as runner:
+        with pytest.raises(InputError, match="inputs 'tokens' and 'mask' disagree on the seq "
+                                             "length of record 0: 2 vs 7"):
+            runner.run_batch({"tokens": [np.ones(2, np.int64), np.ones(7, np.int64)],
+                              "mask": [np.ones(7, np.int64), np.ones(2, np.int64)]})
+        dense = np.ones((2, 6), np.int64), np.ones((2, 5), np.int64)
+        for tokens, mask in (dense, [torch.from_numpy(a) for a in dense]):
+            with pytest.raises(InputError, match="disagree on the seq length of record 0: 6 vs 5"):
+                runner.run_batch({"tokens": tokens, "mask": mask})
+        with pytest.raises(InputError, match="record 1 has seq length 0; a record needs at least"):
+            runner.run_batch({"tokens": [np.ones(2, np.int64), np.ones(0, np.int64)],
+                              "mask": [np.ones(2, np.int64), np.ones(0, np.int64)]})
+
+
+@pytest.mark.parametrize("rows, message", [
+    (np.array([[None] * 4] * 2), r"input 'x' is not numeric \(dtype object\)"),
+    (np.ones((2, 4), np.complex64), r"input 'x' is not numeric \(dtype complex64\)"),
+    (torch.ones(2, 4, dtype=torch.complex64), r"is not numeric \(dtype torch.complex64\)"),
+    (np.array([["a"] * 4] * 2), r"input 'x' is not numeric"),
+    (np.ones((2, 4), bool), "input 'x' holds booleans, but inputs.x.dtype is float32"),
+    (torch.ones(2, 4, dtype=torch.bool), "holds booleans, but inputs.x.dtype is float32"),
+    (None, r"input 'x' is NoneType; pass a batch of shape \[batch, 4\]"),
+    (np.float32(1), r"input 'x' is float32; pass a batch"),
+])
+def test_run_batch_refuses_what_is_not_numbers_as_the_reader_does(tmp_path, rows, message):
+    """None became NaN past `finite: true`, a complex number lost its imaginary part, booleans
+    and strings went through numpy's casts or out as a TypeError."""
+    with Runner(mlp_spec(tmp_path, inputs={"x": {"shape": ["batch", 4], "finite": True}})) as r:
+        with pytest.raises(InputError, match=message):
+            r.run_batch({"x": rows})
+
+
+def test_run_batch_refuses_what_is_not_a_dict(tmp_path):
+    with Runner(mlp_spec(tmp_path)) as runner:
+        with pytest.raises(InputError, match=r"run_batch takes a dict of input name -> rows "
+                                             r"\(x\)"):
+            runner.run_batch(np.ones((2, 4), np.float32))
+
+
+def test_a_closed_runner_says_so(tmp_path):
+    """run_batch after close() was an AttributeError on the dropped launcher."""
+    runner = Runner(mlp_spec(tmp_path))
+    runner.close()
+    with pytest.raises(graphrun.GraphrunError, match="this graphrun.Runner is closed"):
+        runner.run_batch({"x": np.ones((2, 4), np.float32)})
+
+
+def test_run_batch_from_two_threads_gives_each_its_own_rows(tmp_path):
+    """Two threads shared the static buffers at once: one thread's rows came back as the
+    other's, with no error. The second call now waits for the first."""
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal((3, 4)).astype(np.float32) for _ in range(2)]
+    with Runner(mlp_spec(tmp_path)) as runner:
+        alone = [runner.run_batch({"x": x})["y"] for x in xs]
+        direct, inside, most = runner.direct, [], []
+        second_in = threading.Event()
+        real = direct.arrays
+
+        def watched(batch):
+            inside.append(1)
+            most.append(len(inside))
+            if len(inside) == 2:
+                second_in.set()
+            else:  # the first call holds on until a second call joins it (or a while passes)
+                second_in.wait(2)
+            try:
+                return real(batch)
+            finally:
+                inside.pop()
+
+        got = {}
+        direct.arrays = watched
+        threads = [threading.Thread(target=lambda k=k: got.setdefault(
+            k, runner.run_batch({"x": xs[k]})["y"])) for k in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert max(most) == 1
+        for k in (0, 1):
+            np.testing.assert_allclose(got[k], alone[k], atol=1e-6)
 
 
 def test_verify_catches_a_model_that_mixes_rows(tmp_path):

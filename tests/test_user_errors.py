@@ -409,3 +409,27 @@ def test_an_exception_in_one_line_even_without_a_message():
     assert first_message(AssertionError()) == ""
     assert first_message(OSError("  no config.json  \nmore")) == "no config.json"
     assert len(first_line(ValueError("x" * 1000), limit=40)) == 40
+
+
+# ---- a slice that ends before it starts, a spec's path where a spec is taken ---------------
+
+@pytest.mark.parametrize("gpus", [[], ["--gpus", "2"]])
+def test_stop_before_start_is_refused_before_any_work(tmp_path, gpus):
+    """--start 10 --stop 5 was a ValueError traceback after setup (a failed manifest left in
+    the folder); with --gpus 2 it completed 0 records."""
+    path = make_job(tmp_path)
+    result = cli("run", path, "--start", 10, "--stop", 5, "--out", tmp_path / "o", *gpus)
+    assert result.exit_code == 2, result.output
+    assert "--stop 5 is before --start 10: give --stop at least --start" in result.output
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("slice_", [{"start": 10, "stop": 5}, {"start": -1}])
+def test_graphrun_run_refuses_a_bad_slice_or_a_path_before_any_work(tmp_path, slice_):
+    path = make_job(tmp_path)
+    with pytest.raises(graphrun.GraphrunError, match=r"give 0 <= start <= stop"):
+        graphrun.run(graphrun.load_spec(path), out=tmp_path / "o", **slice_)
+    with pytest.raises(graphrun.GraphrunError, match=r"graphrun.run takes a PipelineSpec, got "
+                                                     r"str: graphrun.load_spec\(path\)"):
+        graphrun.run(str(path), out=tmp_path / "o")
+    assert not (tmp_path / "o").exists()

@@ -96,8 +96,8 @@ def run(spec, overrides, out, resume, overwrite, accept_model_change, start, sto
         fail(GraphrunError("--resume and --overwrite contradict each other: pick one"))
     check_ray_options(use_ray, address, workers, start, stop, gpus)
     if stop is not None and stop < start:  # else a traceback, or under --gpus 0 records "completed"
-        fail(GraphrunError(f"--stop {stop} is before --start {start}: --stop is the record to "
-                           "stop before, so give one at least --start (or leave it out)"))
+        fail(GraphrunError(f"--stop {stop} is before --start {start}: give --stop at least "
+                           "--start (it is the record to stop before), or leave it out"))
     show = not quiet  # a progress bar on a terminal, else a line every few seconds (logs, CI)
     try:
         with clock.active(), clock.phase("spec"):

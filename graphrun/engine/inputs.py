@@ -8,6 +8,7 @@ the static buffers; anything else becomes numpy rows, the file path's form.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +37,9 @@ class ApiBatch:
 
 def check_batch(inputs: dict, specs: dict[str, InputSpec], axes: tuple[str, ...]) -> ApiBatch:
     """inputs: name -> dense array/tensor [n, ...] or n per-record arrays."""
+    if not isinstance(inputs, Mapping):
+        raise InputError(f"run_batch takes a dict of input name -> rows ({', '.join(specs)}), "
+                         f"got {type(inputs).__name__}")
     if len(inputs) != len(specs) or not all(name in inputs for name in specs):
         missing, extra = set(specs) - set(inputs), set(inputs) - set(specs)
         raise InputError(f"run_batch expects inputs {list(specs)}; missing {sorted(missing)}, "
@@ -45,21 +49,34 @@ def check_batch(inputs: dict, specs: dict[str, InputSpec], axes: tuple[str, ...]
         return _check_tensors(inputs, specs, axes)
     fields, counts = {}, {}
     lengths: dict[str, list[int]] = {a: [] for a in axes[1:]}
+    owner: dict[str, str] = {}  # axis -> the input its lengths came from
     for name, spec in specs.items():
         value = inputs[name]
         if isinstance(value, torch.Tensor):
             value = value.detach() if tensors else _to_numpy(value)
         elif not isinstance(value, np.ndarray):
-            value = [np.asarray(r) for r in value]
+            try:
+                value = [np.asarray(r) for r in value]
+            except TypeError:  # None, a number: no rows to take
+                raise InputError(f"input {name!r} is {type(value).__name__}; pass a batch of "
+                                 f"shape {_dims(spec.shape)} or a list of records") from None
         dense = not isinstance(value, list)
+        if dense and value.ndim == 0:
+            raise InputError(f"input {name!r} is a scalar; pass a batch of shape "
+                             f"{_dims(spec.shape)}")
         n = len(value)
         for i, shape in enumerate([tuple(value.shape[1:])] if dense else
                                   [np.shape(r) for r in value]):
             _check_shape(name, spec, shape, i if not dense else None)
+        for a in [value] if dense else value:
+            _check_kind(name, spec, a.dtype.kind, a.dtype)
         for i, dim in enumerate(spec.shape[1:]):
-            if isinstance(dim, str) and dim != BATCH and not lengths[dim]:
-                lengths[dim] = ([value.shape[i + 1]] * n if dense
-                                else [np.shape(r)[i] for r in value])
+            if isinstance(dim, str) and dim != BATCH:
+                got = ([value.shape[i + 1]] * n if dense else [np.shape(r)[i] for r in value])
+                if not lengths[dim]:
+                    lengths[dim], owner[dim] = got, name
+                elif got != lengths[dim]:
+                    _disagree(owner[dim], name, dim, lengths[dim], got)
         _check_values(name, spec, value)
         fields[name], counts[name] = value, n
     if len(set(counts.values())) != 1:
@@ -71,6 +88,7 @@ def check_batch(inputs: dict, specs: dict[str, InputSpec], axes: tuple[str, ...]
 def _check_tensors(inputs: dict, specs: dict[str, InputSpec], axes: tuple[str, ...]) -> ApiBatch:
     """check_batch for dense tensors, kept short: run_batch's fast path goes through it."""
     fields, lengths, n = {}, {}, None
+    owner: dict[str, str] = {}  # axis -> the input its lengths came from
     for name, spec in specs.items():
         t = inputs[name]
         if t.requires_grad:
@@ -80,12 +98,16 @@ def _check_tensors(inputs: dict, specs: dict[str, InputSpec], axes: tuple[str, .
             raise InputError(f"input {name!r} is a scalar; pass a batch of shape "
                              f"{_dims(spec.shape)}")
         _check_shape(name, spec, tuple(shape[1:]), None)
+        _check_kind(name, spec, "c" if t.dtype.is_complex else "b" if t.dtype == torch.bool
+                    else "f", t.dtype)  # the kinds refused; any other dtype passes as a number
         if spec.finite or spec.range is not None or (
                 spec.dtype not in FLOAT_DTYPES and t.is_floating_point()):
             _check_values(name, spec, t)
         for i, dim in enumerate(spec.shape[1:], start=1):
             if isinstance(dim, str) and dim not in lengths:
-                lengths[dim] = np.full(shape[0], shape[i], dtype=np.int64)
+                lengths[dim], owner[dim] = np.full(shape[0], shape[i], dtype=np.int64), name
+            elif isinstance(dim, str) and len(lengths[dim]) and lengths[dim][0] != shape[i]:
+                _disagree(owner[dim], name, dim, lengths[dim], [shape[i]] * shape[0])
         if n is None:
             n = shape[0]
         elif shape[0] != n:
@@ -99,13 +121,35 @@ def _check_tensors(inputs: dict, specs: dict[str, InputSpec], axes: tuple[str, .
 def _check_shape(name: str, spec: InputSpec, shape: tuple, record: int | None) -> None:
     """A record's shape (without the batch axis) against the spec's: rank and fixed sizes."""
     want = spec.shape[1:]
+    what = "each record" if record is None else f"record {record}"
     if len(shape) == len(want) and all(isinstance(w, str) or s == w
                                        for s, w in zip(shape, want)):
+        empty = [w for s, w in zip(shape, want) if isinstance(w, str) and s == 0]
+        if empty:  # as a file's record: nothing to run along that axis
+            raise InputError(f"input {name!r}: {what} has {empty[0]} length 0; a record needs "
+                             "at least one element")
         return
-    what = "each record" if record is None else f"record {record}"
     raise InputError(f"input {name!r}: {what} has shape {_dims(shape)}, expected "
                      f"{_dims(want)} (inputs.{name}.shape {_dims(spec.shape)} without its "
                      "batch axis); pass rows of that shape")
+
+
+def _check_kind(name: str, spec: InputSpec, kind: str, dtype) -> None:
+    """A numpy dtype kind the input may hold, as a file's records: numbers, booleans only for a
+    bool input (a cast would drop an imaginary part, or make None NaN past `finite`)."""
+    if kind not in "biuf":
+        raise InputError(f"input {name!r} is not numeric (dtype {dtype}); pass numbers for "
+                         f"inputs.{name}.dtype {spec.dtype}")
+    if kind == "b" and spec.dtype != "bool":
+        raise InputError(f"input {name!r} holds booleans, but inputs.{name}.dtype is "
+                         f"{spec.dtype}; pass numbers")
+
+
+def _disagree(first: str, name: str, axis: str, had, got) -> None:
+    """Inputs sharing an axis must agree on each record's length along it, as a file's do."""
+    at = next(i for i, (a, b) in enumerate(zip(had, got)) if a != b)
+    raise InputError(f"inputs {first!r} and {name!r} disagree on the {axis} length of record "
+                     f"{at}: {had[at]} vs {got[at]}; pass rows of one length per record")
 
 
 def _dims(dims) -> str:

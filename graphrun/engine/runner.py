@@ -12,6 +12,7 @@ feed's engine, given the table, lanes, states and setup callables it needs at co
 
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import nullcontext
 from functools import partial
@@ -62,6 +63,8 @@ class Runner:
                 "graphrun.generate(spec, prompts)), which returns them in order")])
         self.spec = spec
         self.log = log or (lambda msg: None)
+        # run_batch from several threads: one at a time, as they share the static buffers
+        self._calls = threading.RLock()
         t0 = time.perf_counter()
         started = started or DeviceStart.begin(spec)
         self.model_code = model_code(spec)  # the folder's headers read: no library imported
@@ -208,13 +211,17 @@ class Runner:
         the host (pinned on a GPU), or with device=True on the runner's device (ordered on the
         current stream, not waited for). Otherwise numpy out (bfloat16 as float32). Inputs are
         checked as a file's records are (rank, fixed sizes, integer data, range, finite)."""
-        batch = check_batch(inputs, self.spec.inputs, self.table.axes)
-        if batch.n > self.table.max_batch:
-            return self._run_oversize(batch, device)
-        with made_current(self.device):
-            if batch.tensors:
-                return self.direct.tensors(batch, device=device)
-            return self.direct.arrays(batch)
+        with self._calls:
+            if self.launcher is None:  # close() dropped the buffers and graphs
+                raise GraphrunError("this graphrun.Runner is closed (close() was called, or "
+                                    "its with block ended): build a new Runner to run batches")
+            batch = check_batch(inputs, self.spec.inputs, self.table.axes)
+            if batch.n > self.table.max_batch:
+                return self._run_oversize(batch, device)
+            with made_current(self.device):
+                if batch.tensors:
+                    return self.direct.tensors(batch, device=device)
+                return self.direct.arrays(batch)
 
     def _run_oversize(self, batch, device: bool) -> dict:
         """More records than the largest batch bucket: data.oversize decides."""
@@ -271,14 +278,15 @@ class Runner:
         return {}
 
     def close(self) -> None:
-        if self.cuda:  # nothing of any stream may still use a buffer freed below
-            torch.cuda.synchronize(self.device)
-        for lane in self.lanes:
-            lane.drop()
-        self.direct = self.launcher = None  # their views and slots hold the buffers
-        self.capturer.pool.close()
-        if self.cuda:
-            torch.cuda.empty_cache()
+        with self._calls:  # after a run_batch in flight
+            if self.cuda:  # nothing of any stream may still use a buffer freed below
+                torch.cuda.synchronize(self.device)
+            for lane in self.lanes:
+                lane.drop()
+            self.direct = self.launcher = None  # their views and slots hold the buffers
+            self.capturer.pool.close()
+            if self.cuda:
+                torch.cuda.empty_cache()
 
     def __enter__(self) -> "Runner":
         return self

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from graphrun.base.errors import GraphrunError, InputError, Interrupted, OutputError
 from graphrun.manifest.keys import Manifest
+from graphrun.spec.keys import PipelineSpec
 from graphrun.job.parts import JobParts
 from graphrun.job.progress import Progress, summary_table
 from graphrun.generate.records import with_implied_io
@@ -60,9 +61,7 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     job hashed once, scale/local/input_digest.py), else this run hashes them (RunHashes.own).
     parts: the runner, reader, stream and writer it builds and calls (job/parts.py), else
     graphrun's own."""
-    if stop is not None and stop < start:  # checked before the output folder is touched
-        raise InputError(f"stop={stop} is before start={start}: stop is the record to stop "
-                         "before, so give one at least start (or None)")
+    check_call(spec, start, stop)
     clock = clock or PhaseClock(BEFORE_RUN)
     with clock.active():
         record, held, overlap = new_job(spec, out, overlap, tuning, clock, hashes, parts)
@@ -84,6 +83,17 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     if stop_signal.signum:
         raise Interrupted(stop_signal.signum)
     return manifest
+
+
+def check_call(spec, start: int, stop: int | None) -> None:
+    """What graphrun.run is given, refused before any work or output folder."""
+    if not isinstance(spec, PipelineSpec):
+        raise GraphrunError(f"graphrun.run takes a PipelineSpec, got {type(spec).__name__}: "
+                            "graphrun.load_spec(path) reads a spec file into one")
+    if start < 0 or (stop is not None and stop < start):
+        said = f"start={start} is negative" if start < 0 else f"stop={stop} is before start={start}"
+        raise InputError(f"{said}: give 0 <= start <= stop (the records [start, stop) of the "
+                         "input; stop is the record to stop before)")
 
 
 def run_locked(record: RunRecord, held: RunResources, stop_signal: StopSignals, *, resume: bool, overwrite: bool,

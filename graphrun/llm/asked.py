@@ -11,6 +11,9 @@ to every prompt; a dict's own win.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from numbers import Integral
+
+import numpy as np
 
 from graphrun.base.errors import InputError
 from graphrun.read.chat import chat_template, check_messages
@@ -123,8 +126,19 @@ def ask(spec: PipelineSpec, items, base: RequestParams, vocab: int, *,
 
 def _is_token_ids(items) -> bool:
     """A single prompt of token ids (a list of ints: an int is no prompt of its own)."""
+    items = _as_list(items)
     return (isinstance(items, (list, tuple)) and bool(items)
-            and all(type(t) is int for t in items))
+            and all(_is_id(t) for t in items))
+
+
+def _is_id(t) -> bool:
+    """A token id: an int, numpy's included (a tokenizer's arrays hold them); a bool is none."""
+    return isinstance(t, Integral) and not isinstance(t, (bool, np.bool_))
+
+
+def _as_list(value):
+    """A 1-d numpy array of token ids as the list it holds; anything else as it is."""
+    return value.tolist() if isinstance(value, np.ndarray) and value.ndim == 1 else value
 
 
 def _is_messages(items) -> bool:
@@ -159,8 +173,9 @@ def _one(spec: PipelineSpec, record: dict, base: RequestParams, vocab: int
         return Prompt(text[0], special=False), own
     if isinstance(value, str):
         return Prompt(value, special=spec.data.text.add_special_tokens), own
-    if isinstance(value, (list, tuple)) and all(type(t) is int for t in value):
+    value = _as_list(value)
+    if isinstance(value, (list, tuple)) and all(_is_id(t) for t in value):
         if any(not 0 <= t < vocab for t in value):
             return f"token ids outside the model's vocabulary of {vocab}"
-        return list(value), own
+        return [int(t) for t in value], own
     return "prompt: expected a string or a list of token ids"

@@ -10,7 +10,9 @@ forms graphrun.generate and graphrun.chat build one for the call and close it.
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
+from numbers import Integral
 from pathlib import Path
 
 from graphrun.base.errors import GraphrunError, InputError, Problem, SpecError
@@ -38,7 +40,7 @@ class GenerateOutput:
     id: object  # the prompt's `id`, else its place in the list
     text: str  # the new tokens decoded, special tokens skipped
     token_ids: list[int]  # the new tokens, the stop token included where it stopped there
-    finish_reason: str  # "eos" (a stop id) | "length" (max_new_tokens)
+    finish_reason: str  # "eos" (a stop id) | "stop" (a stop string) | "length" (max_new_tokens)
     prompt_tokens: int
     output_tokens: int
 
@@ -62,21 +64,26 @@ class LLM:
         self.engine = self.runner.engine
         self._decode = self.runner.text_decoder()
         self._closed = False
+        self._lock = threading.Lock()  # one call at a time: the engine's slots and cache are shared
 
     def generate(self, prompts, **params) -> list[GenerateOutput]:
         """Completions of prompts (strings, token id lists, or dicts with `prompt`, `messages`,
         `id` and their own parameters), in their order. params: max_new_tokens, temperature (0:
-        greedy), top_p, top_k, seed, stop_token_ids for every prompt; unset: the spec's."""
-        self._check_open()
-        return self._run(ask(self.spec, prompts, call_params(params), self.engine.model.vocab))
+        greedy), top_p, top_k, seed, stop_token_ids for every prompt; unset: the spec's.
+        Calls from several threads are served one after another."""
+        with self._lock:
+            self._check_open()
+            return self._run(ask(self.spec, prompts, call_params(params),
+                                 self.engine.model.vocab))
 
     def chat(self, conversations, **params) -> list[GenerateOutput]:
         """Completions of conversations (each a list of OpenAI messages, or a dict with
         `messages`, `id` and its own parameters), rendered by the model's chat template with
         the generation prompt, in their order."""
-        self._check_open()
-        return self._run(ask(self.spec, conversations, call_params(params),
-                             self.engine.model.vocab, chat=True))
+        with self._lock:
+            self._check_open()
+            return self._run(ask(self.spec, conversations, call_params(params),
+                                 self.engine.model.vocab, chat=True))
 
     def _run(self, asked: Asked) -> list[GenerateOutput]:
         problems = []
@@ -102,10 +109,12 @@ class LLM:
                                 "block ended): build a new LLM to generate again")
 
     def close(self) -> None:
-        """The engine's memory given back; a second close does nothing."""
-        if not self._closed:
-            self._closed = True
-            self.runner.close()
+        """The engine's memory given back (after a call in flight ends); a second close does
+        nothing."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self.runner.close()
 
     def __enter__(self) -> LLM:
         return self
@@ -144,7 +153,12 @@ def _spec(given, overrides: list[str], max_new_tokens, max_prompt_tokens, dtype,
     if not isinstance(given, (str, Path)) or not Path(given).is_dir():
         raise _refused("generate", f"{given!r} is neither a spec (a PipelineSpec or a "
                             ".yaml file) nor a model folder")
-    return folder_spec(Path(given), max_new_tokens or FOLDER_MAX_NEW_TOKENS, max_prompt_tokens,
+    for name, value in sized.items():  # 0 is a value given, not "the default"
+        if value is not None and (isinstance(value, bool) or not isinstance(value, Integral)
+                                  or value < 1):
+            raise _refused(str(given), f"{name}: {value!r} is not a whole number >= 1")
+    return folder_spec(Path(given), FOLDER_MAX_NEW_TOKENS if max_new_tokens is None
+                       else int(max_new_tokens), max_prompt_tokens and int(max_prompt_tokens),
                        dtype, device)
 
 
@@ -153,11 +167,12 @@ def folder_spec(folder: Path, max_new_tokens: int, max_prompt_tokens: int | None
     """A generation spec for a causal LM's folder: greedy, the model's EOS, prompts up to
     max_prompt_tokens (else the model's position table less max_new_tokens, at most
     FOLDER_MAX_PROMPT), refused past it rather than cut."""
-    longest = max_prompt_tokens or min(FOLDER_MAX_PROMPT,
-                                       _positions(folder) - max_new_tokens)
+    positions = _positions(folder)
+    longest = max_prompt_tokens or min(FOLDER_MAX_PROMPT, positions - max_new_tokens)
     if longest < 1:
         raise _refused(str(folder), f"max_new_tokens {max_new_tokens} leaves no room for a "
-                            "prompt in the model's position table: give fewer")
+                            f"prompt in the model's position table of {positions}: pass "
+                            f"max_new_tokens below {positions}")
     seq, n = [], 16
     while n < longest:
         seq.append(n)
