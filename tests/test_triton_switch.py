@@ -73,3 +73,69 @@ def test_each_family_names_a_kernels_module_that_exists():
     for switch in (paged_attention.SWITCH, fused.SWITCH, sampling.SWITCH):
         assert importlib.util.find_spec(switch.module) is not None, switch.module
     assert len({paged_attention.SWITCH.module, fused.SWITCH.module, sampling.SWITCH.module}) == 3
+
+
+def test_prefetch_runs_once_and_a_call_during_it_waits_for_its_result(monkeypatch):
+    import threading
+    import time
+
+    from graphrun.base import triton_switch
+
+    calls, started = [], threading.Event()
+
+    def slow() -> bool:
+        started.set()
+        time.sleep(0.2)
+        calls.append(1)
+        return True
+
+    monkeypatch.setattr(triton_switch, "_prefetched", [])
+    monkeypatch.setattr(triton_switch, "_prefetch", slow)
+    triton_switch.prefetch_beside()
+    assert started.wait(5)
+    assert triton_switch.prefetch() is True and calls == [1]  # waited: not a second hash
+    assert triton_switch.prefetch() is True and calls == [1]
+
+
+# a generation spec's imports, the driver taken as present: where the prefetch begins
+BEGINS = """
+import json, sys
+from pathlib import Path
+import graphrun.base.triton_switch as ts
+import graphrun.engine.driver as driver
+seen = []
+ts.prefetch_beside = lambda: seen.append("torch" in sys.modules)
+driver.driver_present = lambda: True
+from graphrun.base.phases import PhaseClock
+from graphrun.cli.main import import_engine
+from graphrun.spec.load import load_spec
+import_engine(load_spec(Path(sys.argv[1]), sys.argv[2:]), PhaseClock(), alone=True)
+print("SEEN", json.dumps(seen))
+"""
+
+
+@pytest.mark.parametrize("device, begun", [("auto", [False]), ("cpu", [])])
+def test_the_cli_begins_triton_s_prefetch_before_torch_s_import(tmp_path, device, begun):
+    import json
+    import subprocess
+    from pathlib import Path
+
+    import yaml
+
+    from tests.children import child_env
+
+    root = Path(__file__).resolve().parents[1]
+    spec = {"version": 1, "name": "gen", "device": device,
+            "model": {"hf": {"path": str(root / "examples/models/tiny-llama"),
+                             "class": "AutoModelForCausalLM"}, "dtype": "float32"},
+            "data": {"path": str(root / "examples/data/prompts.jsonl"), "id_field": "id",
+                     "text": {"field": "prompt"}},
+            "generate": {"max_new_tokens": 2}, "output": {"dir": str(tmp_path / "out")}}
+    path = tmp_path / "gen.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    env = {**child_env(), "GRAPHRUN_KERNEL_WARM_UP": "on"}
+    done = subprocess.run([sys.executable, "-c", BEGINS, str(path)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = [ln for ln in done.stdout.splitlines() if ln.startswith("SEEN ")]
+    assert json.loads(said[-1].removeprefix("SEEN ")) == begun  # [False]: torch not yet in

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import threading
 from types import ModuleType
 
 from graphrun.base.errors import first_line
@@ -60,13 +61,30 @@ class KernelSwitch(KernelFailures):
         return here and not self.failures and self.kernels is not None
 
 
+_PREFETCH_LOCK = threading.Lock()  # one prefetch a process; a second caller waits for it
+_prefetched: list[bool] = []  # its result, once done
+
+
 def prefetch() -> bool:
     """Triton imported and its cache key computed: both once per process, and both what the
     first kernel's launch would otherwise pay before it looks in the compile cache (the key is
     a hash of Triton's own files, its libtriton of some 400 MB among them: about half a
-    second, with the GIL let go). Neither needs the device, so the warm-up thread does this
-    while the device starts. False without Triton; a Triton whose key lives elsewhere is only
-    imported."""
+    second, with the GIL let go). Neither needs the device or torch. A call while another
+    thread's is under way waits for it (prefetch_beside's thread, begun before torch's
+    import). False without Triton; a Triton whose key lives elsewhere is only imported."""
+    with _PREFETCH_LOCK:
+        if not _prefetched:
+            _prefetched.append(_prefetch())
+        return _prefetched[0]
+
+
+def prefetch_beside() -> None:
+    """prefetch() on a daemon thread, begun before torch's import: the key's hash then runs
+    while the interpreter imports torch, not after it, on the kernels' warm-up thread."""
+    threading.Thread(target=prefetch, name="graphrun-triton-prefetch", daemon=True).start()
+
+
+def _prefetch() -> bool:
     try:
         import triton  # noqa: F401
     except ImportError:

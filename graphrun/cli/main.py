@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from graphrun.base import phases  # first: its import is graphrun's first clock (phases.FIRST_CLOCK)
+from graphrun.base import envs, phases  # first: its import is graphrun's first clock (phases.FIRST_CLOCK)
 from graphrun.base.version import __version__
 from graphrun.base.errors import debugging
 from graphrun.cli.errors import debug_option, exit_quietly, fail
@@ -157,9 +157,14 @@ def import_engine(pipeline, clock, alone: bool) -> None:
     alone = alone and World.from_env() is None
     with clock.active(), clock.phase(phases.IMPORTS):
         if alone and pipeline.device != "cpu":
-            from graphrun.engine.driver import start_driver_beside
+            from graphrun.engine.driver import driver_present, start_driver_beside
 
             start_driver_beside()  # the driver starts while torch imports
+            if (pipeline.generate is not None and envs.switch("GRAPHRUN_KERNEL_WARM_UP", True)
+                    and (pipeline.device != "auto" or driver_present())):
+                from graphrun.base.triton_switch import prefetch_beside
+
+                prefetch_beside()  # Triton's import and key, for the kernels' warm-up
         from graphrun.engine.device_start import DeviceStart  # torch
 
         if alone:

@@ -248,7 +248,8 @@ def begin_warm_up(spec: PipelineSpec, started) -> None:
     import graphrun.spec.paths  # noqa: F401
 
     def work() -> list[str]:
-        # Triton's import and cache key need no device: made while it starts
+        # Triton's import and cache key need no device: made while it starts, or waited for
+        # where the CLI began them before torch's import (triton_switch.prefetch_beside)
         early = (spec.device != "auto" or driver_present()) and prefetch()
         device = started.wait()
         if device.type != "cuda":
