@@ -208,16 +208,7 @@ def test_run_batch_checks_finite_and_integer_data_as_the_reader_does(tmp_path):
 
 
 def test_variable_length_records_are_cut_back_to_their_length(tmp_path):
-    spec = PipelineSpec.model_validate({
-        "version": 1, "name": "enc", "device": "cpu",
-        "model": {"target": f"{ENCODER}:build",
-                  "args": {"vocab": 50, "d_model": 16, "heads": 2, "layers": 1, "max_len": 8}},
-        "inputs": {"tokens": {"shape": ["batch", "seq"], "dtype": "int64", "range": [0, 50]},
-                   "mask": {"shape": ["batch", "seq"], "dtype": "int64", "range": [0, 2]}},
-        "outputs": {"hidden": {"shape": ["batch", "seq", 16]}, "pooled": {"shape": ["batch", 16]}},
-        "buckets": {"batch": [1, 4], "seq": [4, 8]},
-        "data": {"path": str(tmp_path / "d.jsonl")}, "output": {"dir": "o", "format": "jsonl"}})
-    (tmp_path / "d.jsonl").write_text("")
+    spec = encoder_spec(tmp_path)
     rng = np.random.default_rng(3)
     tokens = [rng.integers(0, 50, size=k) for k in (2, 7, 5)]
     masks = [np.ones(k, dtype=np.int64) for k in (2, 7, 5)]
