@@ -117,8 +117,9 @@ def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml
             raise GraphrunError("--text-field: a generation job reads one prompt field, not "
                                 "a pair")
         texts, special = texts_of(profile, found.text_field), True
-        profile.skipped = sorted(profile.skipped + non_texts(profile, found.text_field),
-                                 key=_line)  # run rejects them too: name them, in file order
+        profile.skipped = sorted(
+            profile.skipped + non_texts(profile, found.text_field, kind.kind == "generate"),
+            key=_line)  # run rejects them too (or reads token ids): name them, in file order
     limit = model_limit(tokenizer, config, where)
     if kind.kind == "generate":
         plan_generate(found, texts, tokenizer, limit, eos_ids(transformers, where, config),

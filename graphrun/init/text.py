@@ -73,8 +73,10 @@ def texts_of(profile, field: str | list[str]) -> list:
             if all(isinstance(t, str) for t in row)]
 
 
-def non_texts(profile, field: str | list[str]) -> list[str]:
-    """"file:line: why" for each sampled record texts_of leaves out, with run's reason."""
+def non_texts(profile, field: str | list[str], generate: bool = False) -> list[str]:
+    """"file:line: why" for each sampled record texts_of leaves out, with run's reason.
+    generate: a prompt of token ids is no bad record (the run reads it), though init plans
+    the buckets from the text prompts alone."""
     from graphrun.read.prompts import kind
 
     names = [field] if isinstance(field, str) else field
@@ -82,9 +84,15 @@ def non_texts(profile, field: str | list[str]) -> list[str]:
     out = []
     for where, *row in zip(wheres, *(profile.texts[n] for n in names)):
         bad = next(((n, v) for n, v in zip(names, row) if not isinstance(v, str)), None)
-        if bad is not None:  # the sample holds a JSON number or list as a numpy array
-            what = "an array" if getattr(bad[1], "ndim", 0) else kind(bad[1])
-            out.append(f"{where}: {bad[0]}: expected a string, got {what}")
+        if bad is None:
+            continue
+        ids = getattr(bad[1], "ndim", 0) == 1 and getattr(bad[1], "dtype", None) is not None \
+            and bad[1].dtype.kind in "iu"
+        if generate and ids:
+            continue  # a prompt of token ids: the run reads it (only its length is not planned)
+        # the sample holds a JSON number or list as a numpy array
+        what = "an array" if getattr(bad[1], "ndim", 0) else kind(bad[1])
+        out.append(f"{where}: {bad[0]}: expected a string, got {what}")
     return out
 
 

@@ -77,9 +77,11 @@ def body_params(body: dict, chat: bool) -> RequestParams | str:
     prompt_key = "messages" if chat else "prompt"
     if prompt_key not in body:
         return f"body has no {prompt_key!r} (a {'chat' if chat else 'completions'} request's)"
-    if not chat and not isinstance(body["prompt"], str):
-        return ("body.prompt: give one string per request (a list of prompts or of token ids "
-                "is not served)")
+    prompt = body.get("prompt")
+    if not chat and not (isinstance(prompt, str) or isinstance(prompt, list) and prompt
+                         and all(type(t) is int for t in prompt)):
+        return ("body.prompt: give one string or one list of token ids per request (a list of "
+                "prompts is not served)")
     given: dict = {}
     known = {prompt_key, "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
              "stop_token_ids", "n", "logprobs", "top_logprobs", "presence_penalty",

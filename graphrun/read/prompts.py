@@ -1,12 +1,13 @@
 """What each record asks the model, as data.text tokenizes it: a text field (or a pair), chat
 messages rendered by the model's chat template (data.chat), or an OpenAI Batch request
 (data.format openai_batch); with the record's own generation parameters (generate.per_record,
-a request's body), checked against what the engine serves.
+a request's body), checked against what the engine serves. A generation job's prompt field (or
+a completions request's prompt) may hold token ids instead of text: taken as they are.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from graphrun.read.chat import chat_template, check_messages
 from graphrun.read.openai_batch import read_request
@@ -18,9 +19,10 @@ from graphrun.spec.request import DEFAULT_PARAMS, RequestParams
 
 @dataclass(frozen=True)
 class Prompt:
-    text: str | tuple[str, str]  # a text, or a pair's two
+    text: str | tuple[str, str]  # a text, or a pair's two ("" where ids are given)
     special: bool  # the tokenizer adds its special tokens; false: the text holds them
     params: RequestParams = DEFAULT_PARAMS
+    ids: tuple[int, ...] | None = None  # token ids given for it: no tokenizer runs on them
 
 
 class Prompts:
@@ -66,17 +68,22 @@ class Prompts:
             prompt = Prompt(text[0], special=False)
         else:
             values = [record[name] for name in self.text.fields]
-            for name, v in zip(self.text.fields, values):
-                if not isinstance(v, str):
-                    return f"{name}: expected a string, got {kind(v)}"
-            prompt = Prompt(values[0] if len(values) == 1 else tuple(values),
-                            special=self.text.add_special_tokens)
+            if self.spec.generate is not None and isinstance(values[0], list):
+                prompt = given_ids(values[0], self.text.fields[0])
+                if isinstance(prompt, str):
+                    return prompt
+            else:
+                for name, v in zip(self.text.fields, values):
+                    if not isinstance(v, str):
+                        return f"{name}: expected a string, got {kind(v)}"
+                prompt = Prompt(values[0] if len(values) == 1 else tuple(values),
+                                special=self.text.add_special_tokens)
         if not self.per_record:
             return prompt
         params = params_from_fields(record, self.per_record)
         if isinstance(params, str):
             return params
-        return self._served(Prompt(prompt.text, prompt.special, params))
+        return self._served(replace(prompt, params=params))
 
     def _request(self, line: dict) -> Prompt | str:
         request = read_request(line, self.endpoint)
@@ -90,6 +97,11 @@ class Prompts:
             if isinstance(text, str):
                 return text
             prompt = Prompt(text[0], special=False, params=request.params)
+        elif isinstance(request.body["prompt"], list):
+            prompt = given_ids(request.body["prompt"], "body.prompt")
+            if isinstance(prompt, str):
+                return prompt
+            prompt = replace(prompt, params=request.params)
         else:
             prompt = Prompt(request.body["prompt"], special=self.text.add_special_tokens,
                             params=request.params)
@@ -97,6 +109,18 @@ class Prompts:
 
     def _served(self, prompt: Prompt) -> Prompt | str:
         return unserved(prompt.params, self.spec) or prompt
+
+
+def given_ids(value: list, named: str) -> Prompt | str:
+    """A prompt given as token ids (whole numbers >= 0; the model's vocabulary is checked where
+    it is known, read/text.tokenize), or why not."""
+    if not value:
+        return f"{named}: an empty list of token ids; give at least one"
+    bad = next((t for t in value if type(t) is not int or t < 0), None)
+    if bad is not None:
+        return (f"{named}: expected a string or a list of token ids (whole numbers >= 0), "
+                f"got {bad!r} in the list")
+    return Prompt("", special=False, ids=tuple(value))
 
 
 def kind(value) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -98,9 +98,12 @@ def tokenize(spec: PipelineSpec, prompts: list[Prompt | None]
     prompts = _bounded_prompts(truncating, prompts, length, cut_from, text, problems)
     tok = _tokenizer(folder, length, text.truncate, cut_from, remote_code(spec))
     encodings: list = [None] * len(prompts)
+    for p, prompt in enumerate(prompts):  # token ids given: taken as they are
+        if p not in problems and prompt.ids is not None:
+            encodings[p] = GivenIds.of(prompt.ids, length if text.truncate else None)
     for special in (True, False):  # one batched call per kind
         at = [p for p, prompt in enumerate(prompts)
-              if p not in problems and prompt.special == special]
+              if p not in problems and prompt.ids is None and prompt.special == special]
         if at:
             for p, enc in zip(at, tok.encode_batch([prompts[p].text for p in at],
                                                    add_special_tokens=special)):
@@ -120,9 +123,10 @@ def tokenize(spec: PipelineSpec, prompts: list[Prompt | None]
             top = max(enc.ids, default=0)
             if p not in problems and top >= vocab:
                 problems[p] = (f"{text.named}: token id {top} is past the model's vocabulary "
-                               f"({vocab} ids, its config.json's vocab_size): the tokenizer "
-                               f"({folder}) does not match the model; give data.text.tokenizer "
-                               "the model's own tokenizer")
+                               f"({vocab} ids, its config.json's vocab_size): " + (
+                                   "give ids below it" if prompts[p].ids is not None else
+                                   f"the tokenizer ({folder}) does not match the model; give "
+                                   "data.text.tokenizer the model's own tokenizer"))
     cut = ([p for p, enc in enumerate(encodings) if enc.overflowing and p not in problems]
            if text.truncate else [])
     fields = {}
@@ -180,6 +184,24 @@ def bounded_text(tok, text: str, length: int, side: str) -> tuple[str, bool]:
             return part, True
         limit *= 4
     return text, False
+
+
+@dataclass(frozen=True)
+class GivenIds:
+    """A prompt's token ids as given, in the shape of a tokenizer's encoding (the fields
+    ENCODING_FIELDS reads, and what truncate cut)."""
+
+    ids: list[int]
+    attention_mask: list[int]
+    type_ids: list[int]
+    overflowing: list
+
+    @classmethod
+    def of(cls, ids: tuple[int, ...], cut_to: int | None) -> "GivenIds":
+        """cut_to: cut from the left to that many (a generation prompt keeps its end)."""
+        kept = list(ids[-cut_to:]) if cut_to is not None and len(ids) > cut_to else list(ids)
+        return cls(kept, [1] * len(kept), [0] * len(kept),
+                   [ids[:len(ids) - len(kept)]] if len(kept) < len(ids) else [])
 
 
 def _texts(prompt: Prompt) -> tuple[str, ...]:
@@ -308,9 +330,13 @@ def check_text_schema(spec: PipelineSpec, schema, file: str) -> None:
         t = schema.field(field).type
         # a dictionary of strings (pandas' category, a repeated prompt) reads as its strings
         values = t.value_type if pa.types.is_dictionary(t) else t
-        if spec.data.chat is None and not (pa.types.is_string(values)
+        ids = (spec.generate is not None and (pa.types.is_list(t) or pa.types.is_large_list(t))
+               and pa.types.is_integer(t.value_type))  # a generation prompt's token ids
+        if spec.data.chat is None and not (pa.types.is_string(values) or ids
                                            or pa.types.is_large_string(values)):
-            raise InputError(f"text column {field!r} holds {t}; expected strings", where=file)
+            raise InputError(f"text column {field!r} holds {t}; expected strings"
+                             + (" or lists of token ids" if spec.generate is not None else ""),
+                             where=file)
 
 
 def parquet_text_candidates(spec: PipelineSpec, file: str, rb, first: int) -> Candidates:
