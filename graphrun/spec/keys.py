@@ -278,9 +278,10 @@ class TextSpec(Strict):
     """A text field tokenized into the model's inputs as the records are read."""
 
     field: Union[Text, list[Text]] = Field(
-        "text", description="The JSONL field or Parquet column holding each record's text; "
-        "or a list of two, [query, passage], for a pair of texts tokenized together as the "
-        "tokenizer's text pairs (a cross-encoder: [CLS] query [SEP] passage [SEP]).")
+        "text", description="The JSONL field or Parquet column holding each record's text "
+        "(with generate:, its prompt's text or its token ids, taken as they are); or a list of "
+        "two, [query, passage], for a pair of texts tokenized together as the tokenizer's text "
+        "pairs (a cross-encoder: [CLS] query [SEP] passage [SEP]).")
     tokenizer: Optional[Text] = Field(
         None, description="A folder with tokenizer.json (a fast tokenizer), as model.hf.path "
         "is written; null: the model's own (model.hf.path).")
