@@ -104,3 +104,20 @@ def test_a_completions_request_may_give_its_prompt_as_token_ids(tmp_path):
     assert texts[0] == texts[1]
     assert out["many"]["response"]["status_code"] == 400
     assert "one list of token ids per request" in out["many"]["error"]["message"]
+
+
+def test_a_builtin_models_vocabulary_bounds_the_ids_given(tmp_path):
+    records = [{"id": "ok", "prompt": [5, 6, 7]}, {"id": "past", "prompt": [5, 70]}]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    spec = {"version": 1, "name": "b", "device": "cpu",
+            "model": {"builtin": "llama", "args": {"vocab": 64}, "dtype": "float32"},
+            "data": {"path": str(tmp_path / "p.jsonl"), "id_field": "id",
+                     "text": {"field": "prompt", "tokenizer": str(FOLDER)},
+                     "on_bad_record": "skip"},
+            "generate": {"max_new_tokens": 3}, "output": {"dir": str(tmp_path / "b")}}
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump(spec))
+    graphrun.run(graphrun.load_spec(tmp_path / "b.yaml"))
+    rows = [json.loads(x) for x in (tmp_path / "b" / "part-00000.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["ok"]
+    reject = json.loads((tmp_path / "b" / "rejects.jsonl").read_text())
+    assert "token id 70 is past the model's vocabulary (64 ids, model.args' vocab)" in reject["reason"]

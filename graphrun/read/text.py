@@ -118,12 +118,14 @@ def tokenize(spec: PipelineSpec, prompts: list[Prompt | None]
                                "data.text.truncate: true to cut it"
                                + (" from the left" if spec.generate is not None else ""))
     vocab = _model_vocab(spec)
+    said = "model.args' vocab" if spec.model.builtin is not None else \
+        "its config.json's vocab_size"
     if vocab is not None:  # a tokenizer of another model: its ids would index past the table
         for p, enc in enumerate(encodings):
             top = max(enc.ids, default=0)
             if p not in problems and top >= vocab:
                 problems[p] = (f"{text.named}: token id {top} is past the model's vocabulary "
-                               f"({vocab} ids, its config.json's vocab_size): " + (
+                               f"({vocab} ids, {said}): " + (
                                    "give ids below it" if prompts[p].ids is not None else
                                    f"the tokenizer ({folder}) does not match the model; give "
                                    "data.text.tokenizer the model's own tokenizer"))
@@ -157,8 +159,15 @@ def _prompted(spec: PipelineSpec, records: list[dict]
 
 
 def _model_vocab(spec: PipelineSpec) -> int | None:
-    """The vocabulary size of a Hugging Face model's config.json (or its text_config's), or
-    None where there is none to read."""
+    """The vocabulary size of a Hugging Face model's config.json (or its text_config's), or of
+    a builtin causal LM's arguments; None where there is none to read."""
+    if spec.model.builtin is not None:
+        from graphrun.models.builtins import BUILTINS
+
+        try:
+            return getattr(BUILTINS[spec.model.builtin].shape_of(spec.model.args), "vocab", None)
+        except (KeyError, TypeError, ValueError):  # the build says what is wrong with them
+            return None
     if spec.model.hf is None:
         return None
     from graphrun.models.hf import model_folder
