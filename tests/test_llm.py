@@ -5,13 +5,13 @@ each prompt's own parameters, the caller's order, and bad prompts refused before
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import graphrun
+from tests.overlap import most_at_once
 from tests.test_generate_job import FOLDER, NEW, completions, hf, hf_greedy, write_spec
 
 __all__ = ["hf"]  # the fixture, shared with the job's tests
@@ -150,37 +150,12 @@ def test_calls_from_two_threads_run_one_after_another_with_their_own_outputs(llm
     for the first instead of stepping the same rows (which cut and mixed both calls' tokens)."""
     prompts = {1: ["An old fisherman", "The storm"], 2: ["x", "The harbour at dawn", "y"]}
     alone = {k: [o.token_ids for o in llm.generate(p)] for k, p in prompts.items()}
-    engine, inside, most = llm.engine, [], []
-    second_in = threading.Event()
-    real = engine.generate
-
-    def watched(*args, **kwargs):
-        inside.append(1)
-        most.append(len(inside))
-        if len(inside) == 2:
-            second_in.set()
-        else:  # the first call holds on until a second call joins it (or a while passes)
-            second_in.wait(2)
-        try:
-            return real(*args, **kwargs)
-        finally:
-            inside.pop()
-
     got = {}
 
     def call(k):
         got[k] = [o.token_ids for o in llm.generate(prompts[k])]
 
-    engine.generate = watched
-    try:
-        threads = [threading.Thread(target=call, args=(k,)) for k in prompts]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-    finally:
-        del engine.generate
-    assert max(most) == 1
+    assert most_at_once(llm.engine, "generate", [lambda k=k: call(k) for k in prompts]) == 1
     assert got == alone
 
 

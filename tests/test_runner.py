@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,7 @@ from graphrun.manifest.keys import VerifyResult
 from graphrun.models.load import build_model
 from graphrun.spec.keys import PipelineSpec
 
+from tests.overlap import most_at_once
 from tests.spec_keys import with_keys
 
 ENCODER = Path(__file__).resolve().parent.parent / "examples" / "models" / "tiny_encoder.py"
@@ -297,31 +297,10 @@ def test_run_batch_from_two_threads_gives_each_its_own_rows(tmp_path):
     xs = [rng.standard_normal((3, 4)).astype(np.float32) for _ in range(2)]
     with Runner(mlp_spec(tmp_path)) as runner:
         alone = [runner.run_batch({"x": x})["y"] for x in xs]
-        direct, inside, most = runner.direct, [], []
-        second_in = threading.Event()
-        real = direct.arrays
-
-        def watched(batch):
-            inside.append(1)
-            most.append(len(inside))
-            if len(inside) == 2:
-                second_in.set()
-            else:  # the first call holds on until a second call joins it (or a while passes)
-                second_in.wait(2)
-            try:
-                return real(batch)
-            finally:
-                inside.pop()
-
         got = {}
-        direct.arrays = watched
-        threads = [threading.Thread(target=lambda k=k: got.setdefault(
-            k, runner.run_batch({"x": xs[k]})["y"])) for k in (0, 1)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        assert max(most) == 1
+        calls = [lambda k=k: got.setdefault(k, runner.run_batch({"x": xs[k]})["y"])
+                 for k in (0, 1)]
+        assert most_at_once(runner.direct, "arrays", calls, join_s=60) == 1
         for k in (0, 1):
             np.testing.assert_allclose(got[k], alone[k], atol=1e-6)
 
