@@ -237,7 +237,7 @@ def test_triton_is_imported_and_keyed_while_the_device_starts(tmp_path, monkeypa
                          ("triton.runtime", types.ModuleType("triton.runtime")),
                          ("triton.runtime.cache", cache)):
         monkeypatch.setitem(sys.modules, name, module)
-    monkeypatch.setattr("graphrun.generate.runner.driver_present", lambda: cuda)
+    monkeypatch.setattr("graphrun.engine.driver.driver_present", lambda: cuda)
     monkeypatch.setattr("graphrun.base.triton_switch._prefetched", [])  # once a process
     # torch's question would start the driver holding the GIL: the order would show it
     monkeypatch.setattr(torch.cuda, "is_available", lambda: order.append("torch asked") or cuda)

@@ -157,11 +157,11 @@ def import_engine(pipeline, clock, alone: bool) -> None:
     alone = alone and World.from_env() is None
     with clock.active(), clock.phase(phases.IMPORTS):
         if alone and pipeline.device != "cpu":
-            from graphrun.engine.driver import driver_present, start_driver_beside
+            from graphrun.engine.driver import gpu_possible, start_driver_beside
 
             start_driver_beside()  # the driver starts while torch imports
             if (pipeline.generate is not None and envs.switch("GRAPHRUN_KERNEL_WARM_UP", True)
-                    and (pipeline.device != "auto" or driver_present())):
+                    and gpu_possible(pipeline.device)):
                 from graphrun.base.triton_switch import prefetch_beside
 
                 prefetch_beside()  # Triton's import and key, for the kernels' warm-up

@@ -33,3 +33,9 @@ def driver_present() -> bool:
     except OSError:
         return False
     return True
+
+
+def gpu_possible(device: str) -> bool:
+    """Whether a spec's device (cuda, cpu or auto) may turn out a GPU, asked without torch and
+    without starting the driver: what the CPU's runs need not prepare for."""
+    return device != "cpu" and (device != "auto" or driver_present())

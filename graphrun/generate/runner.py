@@ -19,7 +19,7 @@ from graphrun.base.errors import GraphrunError
 from graphrun.base.phases import phase
 from graphrun.base.triton_switch import prefetch
 from graphrun.engine.device import resolve_backend, resolve_device
-from graphrun.engine.driver import driver_present
+from graphrun.engine.driver import gpu_possible
 from graphrun.models.builtins import BUILTINS
 from graphrun.models.causal.llama import (Checkpoint, OwnLM, find_checkpoint,
                                           load_checkpoint)
@@ -250,7 +250,7 @@ def begin_warm_up(spec: PipelineSpec, started) -> None:
     def work() -> list[str]:
         # Triton's import and cache key need no device: made while it starts, or waited for
         # where the CLI began them before torch's import (triton_switch.prefetch_beside)
-        early = (spec.device != "auto" or driver_present()) and prefetch()
+        early = gpu_possible(spec.device) and prefetch()
         device = started.wait()
         if device.type != "cuda":
             raise Skip(NO_CUDA)
