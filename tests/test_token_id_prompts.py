@@ -121,3 +121,26 @@ def test_a_builtin_models_vocabulary_bounds_the_ids_given(tmp_path):
     assert [r["id"] for r in rows] == ["ok"]
     reject = json.loads((tmp_path / "b" / "rejects.jsonl").read_text())
     assert "token id 70 is past the model's vocabulary (64 ids, model.args' vocab)" in reject["reason"]
+
+
+def test_init_takes_token_id_records_as_prompts_not_as_bad_records(tmp_path):
+    from click.testing import CliRunner
+
+    from graphrun.cli.main import main
+
+    records = [{"id": f"t{i}", "prompt": t} for i, t in enumerate(TEXTS)]
+    records += [{"id": f"i{i}", "prompt": token_ids(t)} for i, t in enumerate(TEXTS)]
+    records.append({"id": "n", "prompt": 5})
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    spec = tmp_path / "gen.yaml"
+    said = CliRunner().invoke(main, ["init", "--hf", str(FOLDER), "--data",
+                                     str(tmp_path / "p.jsonl"), "--task", "generate",
+                                     "--max-new-tokens", "4", "-o", str(spec)])
+    assert said.exit_code == 0, said.output
+    assert "p.jsonl:7: prompt: expected a string, got a number" in said.output
+    assert "p.jsonl:4" not in said.output  # token ids: read by the run, no bad record
+    raw = yaml.safe_load(spec.read_text())
+    raw["data"]["on_bad_record"] = "skip"
+    spec.write_text(yaml.safe_dump(raw))
+    manifest = graphrun.run(graphrun.load_spec(spec))
+    assert manifest.totals.records_out == 6 and manifest.totals.records_rejected == 1

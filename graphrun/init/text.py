@@ -86,9 +86,8 @@ def non_texts(profile, field: str | list[str], generate: bool = False) -> list[s
         bad = next(((n, v) for n, v in zip(names, row) if not isinstance(v, str)), None)
         if bad is None:
             continue
-        ids = getattr(bad[1], "ndim", 0) == 1 and getattr(bad[1], "dtype", None) is not None \
-            and bad[1].dtype.kind in "iu"
-        if generate and ids:
+        if generate and isinstance(bad[1], np.ndarray) and bad[1].ndim == 1 \
+                and bad[1].dtype.kind in "iu":
             continue  # a prompt of token ids: the run reads it (only its length is not planned)
         # the sample holds a JSON number or list as a numpy array
         what = "an array" if getattr(bad[1], "ndim", 0) else kind(bad[1])
