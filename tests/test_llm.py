@@ -191,3 +191,20 @@ def test_a_folders_sizes_out_of_range_are_refused_not_replaced_by_the_default(si
     name = next(iter(sized))
     with pytest.raises(graphrun.SpecError, match=f"{name}: .* is not a whole number >= 1"):
         graphrun.LLM(str(FOLDER), device="cpu", **sized)
+
+
+def test_a_prompt_past_a_folders_longest_names_the_llms_argument_not_spec_keys(tmp_path):
+    long = " ".join(["word"] * 40)
+    with graphrun.LLM(str(FOLDER), max_new_tokens=2, max_prompt_tokens=8, device="cpu") as eng:
+        for call, item in ((eng.generate, long), (eng.chat, [{"role": "user", "content": long}])):
+            with pytest.raises(graphrun.InputError) as got:
+                call([item])
+            said = str(got.value)
+            assert "more than 8" in said and "max_prompt_tokens=N" in said, said
+            assert "data.text" not in said, said
+    # an LLM of a spec names the spec's keys, which are what that user edits
+    spec = graphrun.load_spec(write_spec(tmp_path, n=2,
+                                         data__text={"field": "prompt", "truncate": False}))
+    with graphrun.LLM(spec) as eng, pytest.raises(graphrun.InputError,
+                                                 match="data.text.truncate: true"):
+        eng.generate([" ".join(["word"] * 2000)])

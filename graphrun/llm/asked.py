@@ -79,9 +79,10 @@ def _params(record: dict, base: RequestParams) -> RequestParams | str:
 
 
 def ask(spec: PipelineSpec, items, base: RequestParams, vocab: int, *,
-        chat: bool = False) -> Asked:
+        chat: bool = False, too_long: str | None = None) -> Asked:
     """items (one prompt, or a list of them; with chat, each a conversation) -> Asked, or one
-    InputError naming every bad prompt by its place in the list."""
+    InputError naming every bad prompt by its place in the list (too_long: what a reason for
+    too many tokens says to do; default: the spec's keys)."""
     if (isinstance(items, (str, dict)) or (chat and _is_messages(items))
             or (not chat and _is_token_ids(items))):
         items = [items]
@@ -109,7 +110,7 @@ def ask(spec: PipelineSpec, items, base: RequestParams, vocab: int, *,
             ids[i] = prompt
     if texts:
         at = sorted(texts)
-        fields, bad, _ = tokenize(spec, [texts[i] for i in at])
+        fields, bad, _ = tokenize(spec, [texts[i] for i in at], too_long=too_long)
         arrays = fields["input_ids"].arrays
         for k, i in enumerate(at):
             if k in bad:

@@ -60,6 +60,7 @@ class LLM:
                      device)
         spec, _ = resolve_auto(with_implied_io(spec))  # buckets: auto, planned as the job does
         self.spec = spec
+        self._too_long = _too_long_advice(model_or_spec, spec)
         self.runner = GenerationRunner(spec, log=log, choices=EVERY_PARAM)
         self.engine = self.runner.engine
         self._decode = self.runner.text_decoder()
@@ -74,7 +75,7 @@ class LLM:
         with self._lock:
             self._check_open()
             return self._run(ask(self.spec, prompts, call_params(params),
-                                 self.engine.model.vocab))
+                                 self.engine.model.vocab, too_long=self._too_long))
 
     def chat(self, conversations, **params) -> list[GenerateOutput]:
         """Completions of conversations (each a list of OpenAI messages, or a dict with
@@ -83,7 +84,7 @@ class LLM:
         with self._lock:
             self._check_open()
             return self._run(ask(self.spec, conversations, call_params(params),
-                                 self.engine.model.vocab, chat=True))
+                                 self.engine.model.vocab, chat=True, too_long=self._too_long))
 
     def _run(self, asked: Asked) -> list[GenerateOutput]:
         problems = []
@@ -199,6 +200,16 @@ def _unchecked_data_path(data: dict) -> PipelineSpec:
     from graphrun.spec.rules import resolve_paths
 
     return resolve_paths(PipelineSpec.model_validate(data), Path.cwd())
+
+
+def _too_long_advice(given, spec: PipelineSpec) -> str | None:
+    """What a reason for a prompt past a folder's LLM's longest says to do (its constructor's
+    arguments, not spec keys); None for a spec, whose keys the default names."""
+    if isinstance(given, PipelineSpec) or not Path(given).is_dir():
+        return None
+    most = _positions(Path(given)) - spec.generate.max_new_tokens
+    return (f"(this LLM's longest prompt): build it with LLM(folder, max_prompt_tokens=N), N "
+            f"up to {most} (the model's positions less max_new_tokens), or shorten the prompt")
 
 
 def _positions(folder: Path) -> int:

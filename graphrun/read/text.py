@@ -74,13 +74,14 @@ def _tokenizer(folder: str, length: int, truncate: bool, direction: str = "right
     return tok
 
 
-def tokenize(spec: PipelineSpec, prompts: list[Prompt | None]
+def tokenize(spec: PipelineSpec, prompts: list[Prompt | None], *, too_long: str | None = None
              ) -> tuple[dict[str, Field], dict[int, str], list[int]]:
     """prompts: one per record (None where the record is bad already) -> one Field per input
     (one int array per record), reasons by position, and the positions whose text truncate
     cut (the tokenizer kept what it cut in `overflowing`). A pair is encoded as the
     tokenizer's text pair, cut longest first as transformers' truncation=True cuts it. A
-    prompt whose text holds its special tokens (a rendered chat) gets none added."""
+    prompt whose text holds its special tokens (a rendered chat) gets none added. too_long:
+    what a reason for too many tokens says to do (default: the spec's keys)."""
     from graphrun.models.hf import remote_code, tokenizer_folder
 
     text = spec.data.text
@@ -93,9 +94,12 @@ def tokenize(spec: PipelineSpec, prompts: list[Prompt | None]
                            "surrogate escape such as \\ud800); fix or drop the record")
     blank = ("", "") if text.pair else ""  # stands in for a bad record's text
     cut_from = "left" if spec.generate is not None else "right"
+    if too_long is None:
+        too_long = ("(the largest seq bucket or data.text.max_length); set data.text.truncate: "
+                    "true to cut it" + (" from the left" if cut_from == "left" else ""))
     # the truncating tokenizer only where a text is long enough to be cut on characters first
     truncating = functools.partial(_tokenizer, folder, length, True, cut_from, remote_code(spec))
-    prompts = _bounded_prompts(truncating, prompts, length, cut_from, text, problems)
+    prompts = _bounded_prompts(truncating, prompts, length, cut_from, text, too_long, problems)
     tok = _tokenizer(folder, length, text.truncate, cut_from, remote_code(spec))
     encodings: list = [None] * len(prompts)
     for p, prompt in enumerate(prompts):  # token ids given: taken as they are
@@ -113,10 +117,7 @@ def tokenize(spec: PipelineSpec, prompts: list[Prompt | None]
     if not text.truncate:
         for p, enc in enumerate(encodings):
             if p not in problems and len(enc.ids) > length:
-                problems[p] = (f"{text.named}: {len(enc.ids)} tokens, more than {length} "
-                               "(the largest seq bucket or data.text.max_length); set "
-                               "data.text.truncate: true to cut it"
-                               + (" from the left" if spec.generate is not None else ""))
+                problems[p] = f"{text.named}: {len(enc.ids)} tokens, more than {length} {too_long}"
     vocab = _model_vocab(spec)
     said = "model.args' vocab" if spec.model.builtin is not None else \
         "its config.json's vocab_size"
@@ -218,14 +219,15 @@ def _texts(prompt: Prompt) -> tuple[str, ...]:
 
 
 def _bounded_prompts(tok, prompts: list[Prompt | None], length: int, side: str, text,
-                     problems: dict[int, str]) -> list[Prompt | None]:
+                     too_long: str, problems: dict[int, str]) -> list[Prompt | None]:
     """prompts with each text far longer than `length` tokens cut on characters
     (_bounded_columns, tok() its truncating tokenizer); a record with a problem already is
     left as it is."""
     width = 2 if text.pair else 1
     columns = [["" if p in problems else _texts(prompt)[k] for p, prompt in enumerate(prompts)]
                for k in range(width)]
-    cut = _bounded_columns(tok, columns, length, side, text.truncate, text.named, problems)
+    cut = _bounded_columns(tok, columns, length, side, text.truncate, text.named, too_long,
+                           problems)
     if cut is columns:
         return prompts
     return [prompt if p in problems or all(c[p] is columns[k][p] for k, c in enumerate(cut))
@@ -234,7 +236,7 @@ def _bounded_prompts(tok, prompts: list[Prompt | None], length: int, side: str, 
 
 
 def _bounded_columns(tok, columns: list[list], length: int, side: str, truncate: bool,
-                     named: str, problems: dict[int, str]) -> list[list]:
+                     named: str, too_long: str, problems: dict[int, str]) -> list[list]:
     """columns with each text far longer than `length` tokens cut on characters (bounded_text
     with tok(), the truncating tokenizer, made only then): kept as cut when truncate is true,
     else a bad record (more than `length` tokens). Of a
@@ -253,8 +255,7 @@ def _bounded_columns(tok, columns: list[list], length: int, side: str, truncate:
         for p in ps:
             values[p], was_cut = bounded_text(tok(), values[p], length, side)
             if was_cut and not truncate:
-                problems[p] = (f"{named}: more than {length} tokens (the largest seq bucket or "
-                               "data.text.max_length); set data.text.truncate: true to cut it")
+                problems[p] = f"{named}: more than {length} tokens {too_long}"
     return out
 
 
