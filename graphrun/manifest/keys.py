@@ -253,7 +253,9 @@ class Grouping(_M):
 
 class FileEntry(_M):
     path: str
-    rows: int
+    rows: int = Field(..., description="Records this file holds outputs of. An openai_batch "
+                      "file also holds the error lines of the rejected requests among them, "
+                      "which totals.records_rejected counts, not this.")
     sha256: str
     bytes: int
 
