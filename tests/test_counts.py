@@ -171,3 +171,14 @@ def test_the_shipped_decoder_step_demo_skips_its_bad_records(tmp_path):
     rejects = [json.loads(x) for x in (tmp_path / "o" / "rejects.jsonl").read_text().splitlines()]
     assert [r["id"] for r in rejects] == ["req-000350", "req-000850", "req-001350", "req-001850"]
     assert all(r["reason"] for r in rejects)
+
+
+def test_a_run_of_an_empty_input_completes_and_warns_that_nothing_was_read(tmp_path):
+    spec = make_job(tmp_path, 0, bad=lambda i: False)
+    result = cli("run", spec)
+    assert result.exit_code == 0, result.output
+    assert "warning: the input held no records" in result.output
+    m = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert m["status"] == "completed" and m["totals"]["records_in"] == 0
+    spec = make_job(tmp_path, 3, bad=lambda i: False)
+    assert "held no records" not in cli("run", spec, "--overwrite").output
