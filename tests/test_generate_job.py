@@ -272,6 +272,15 @@ def test_gpus_workers_give_the_same_completions_as_one_process(tmp_path):
     assert gen["finish_reasons"] == one.generation.finish_reasons
     assert gen["prompts_truncated"] == one.generation.prompts_truncated
     assert gen["decode_attention"] == one.generation.decode_attention == "general"
+    # each worker's graphs, by its rank; the summary shows a size once, not once per worker
+    assert sorted((x["rank"], x["kind"], x["size"]) for x in gen["graphs"]) == sorted(
+        (r, x.kind, x.size) for r in (0, 1) for x in one.generation.graphs)
+    from graphrun.job.progress import generation_table, graph_setup
+    from graphrun.manifest.sections import Generation
+
+    shown = Generation.model_validate(gen)
+    assert generation_table(shown, "t").row_count == len(one.generation.graphs)
+    assert "2 workers, each its own" in graph_setup(shown)
 
 
 @pytest.mark.slow

@@ -215,11 +215,28 @@ def generation_table(g, title: str):
         table.add_column(col, justify="left" if col in ("graph", "status") else "right",
                          no_wrap=True, min_width=len(col))
     unit = {"decode": "row", "prefill": "token"}
-    for x in sorted(g.graphs, key=lambda x: (x.kind != "decode", x.size)):
-        table.add_row(f"{x.kind} {x.size} {unit[x.kind]}{'s' if x.size > 1 else ''}", x.status,
-                      f"{x.set_up_s * 1e3:.1f}" if x.set_up_s else "-",
-                      f"{x.capture_s * 1e3:.1f}" if x.capture_s else "-",
-                      f"{x.memory_bytes / 2**20:.1f}" if x.memory_bytes else "-")
+    # workers' graphs (rank set) of one kind and size in one row: the statuses they had, the
+    # slowest set-up and capture, the largest memory
+    rows: dict[tuple[str, int], list] = {}
+    for x in g.graphs:
+        rows.setdefault((x.kind, x.size), []).append(x)
+    workers = len({x.rank for x in g.graphs}) if any(x.rank is not None for x in g.graphs) else 0
+
+    def most(values, scale: float) -> str:
+        values = [v for v in values if v]
+        return f"{max(values) * scale:.1f}" if values else "-"
+
+    for (kind, size), xs in sorted(rows.items(), key=lambda kv: (kv[0][0] != "decode", kv[0][1])):
+        statuses = sorted({x.status for x in xs})
+        status = statuses[0] if len(statuses) == 1 else ", ".join(
+            f"{s} {sum(x.status == s for x in xs)}" for s in statuses)
+        table.add_row(f"{kind} {size} {unit[kind]}{'s' if size > 1 else ''}", status,
+                      most((x.set_up_s for x in xs), 1e3), most((x.capture_s for x in xs), 1e3),
+                      most((x.memory_bytes for x in xs), 2**-20))
+    if workers:
+        table.caption = (f"{workers} workers, each with its own graphs: a row is a size's in "
+                         "every worker that has it; set-up and capture: the slowest's ms; "
+                         "memory: the largest, MiB of its pool")
     return table
 
 
@@ -228,6 +245,9 @@ def graph_setup(g) -> str:
     graphs, and why any is not captured (the first reason)."""
     graphs = g.graphs
     kinds = ", ".join(f"{sum(x.kind == k for x in graphs)} {k}" for k in ("decode", "prefill"))
+    workers = len({x.rank for x in graphs if x.rank is not None})
+    if workers:
+        kinds += f"; {workers} workers, each its own"
     said = [f"{sum(x.set_up == 'setup' for x in graphs)} set up at start"]
     later = sum(x.set_up == "first_use" for x in graphs)
     if later:

@@ -143,6 +143,8 @@ class GraphSetup(_M):
     compiled: Optional[bool] = Field(
         None, description="model.compile: true: whether its step ran torch.compile's kernels "
         "(false: set up from the plain model, reason says why); null when compile is off.")
+    rank: Optional[int] = Field(None, description="The worker that set it up (--gpus, "
+                                "torchrun: each sets up its own); null in a single process.")
 
 
 class KernelWarmUp(_M):
@@ -304,12 +306,14 @@ def _total(counts) -> int | None:
     return sum(known) if known else None
 
 
-def merged_generation(sections: list[Generation]) -> Generation | None:
-    """A job's generation section from its workers' (--gpus, torchrun): counts and seconds
-    added up, tokens/s over the slowest worker's generation time (they ran side by side), the
-    TTFT and TPOT percentiles the largest of the workers' (a bound: each worker's records are
-    not kept), every worker's graphs."""
-    sections = [g for g in sections if g is not None]
+def merged_generation(sections: list[Generation | None]) -> Generation | None:
+    """A job's generation section from its workers' (--gpus, torchrun; by rank, None where a
+    worker has none): counts and seconds added up, tokens/s over the slowest worker's
+    generation time (they ran side by side), the TTFT and TPOT percentiles the largest of the
+    workers' (a bound: each worker's records are not kept), every worker's graphs with its
+    rank."""
+    ranked = [(rank, g) for rank, g in enumerate(sections) if g is not None]
+    sections = [g for _, g in ranked]
     if not sections:
         return None
     reasons: dict[str, int] = {}
@@ -343,7 +347,7 @@ def merged_generation(sections: list[Generation]) -> Generation | None:
         kv_blocks=sum(g.kv_blocks for g in sections),
         kv_blocks_mean=sum(g.kv_blocks_mean for g in sections),
         kv_blocks_peak=sum(g.kv_blocks_peak for g in sections),
-        graphs=[x for g in sections for x in g.graphs],
+        graphs=[x.model_copy(update={"rank": rank}) for rank, g in ranked for x in g.graphs],
         mbu=sum(mbus) / len(mbus) if mbus else None,
         **_prefix_counts(sum(g.prompt_tokens_computed for g in sections),
                          sum(g.prompt_tokens_reused for g in sections)),

@@ -71,7 +71,7 @@ def merge(top: Path, spec, mark: dict, outcomes: list, devices: list[str], t0: f
                          default=None),
         bucket_plan=first.bucket_plan if first else None,
         warnings=[f"rank {r}: {w}" for r, m in enumerate(manifests) if m for w in m.warnings],
-        workers=reports, generation=merged_generation([m.generation for m in current if m]))
+        workers=reports, generation=merged_generation([m and m.generation for m in current]))
     try:
         write_manifest(manifest, top / "manifest.json")
     except OSError as err:
