@@ -254,8 +254,12 @@ def test_gpus_2_on_the_cpu_equals_one_process(job, tmp_path):
     first = np.load(out / "part-00040.ids.npy")[0]
     assert first == "r1600" and len(np.load(out / "part-00039.ids.npy")) < ROWS_PER_FILE
     assert (out / "workers/rank-1/journal.jsonl").exists()
-    # the job as finished: --resume changes nothing, a one-process run is refused
-    run_here(job.specs["jsonl"], "--gpus", "2", "--out", out, "-q", "--resume")
+    # the job as finished: --resume changes nothing (its manifest's timings included) and
+    # says so, a one-process run is refused
+    before = (out / "manifest.json").read_bytes()
+    said = run_here(job.specs["jsonl"], "--gpus", "2", "--out", out, "--resume")
+    assert said.startswith("already complete: ") and "nothing to resume" in said, said
+    assert (out / "manifest.json").read_bytes() == before
     check_equals_one_process(out, job.folder / "one-jsonl")
     err = run_here(job.specs["jsonl"], "--out", out, "-q", "--resume", rc=2)
     assert "holds a different run" in err or "one process" in err, err

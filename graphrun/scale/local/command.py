@@ -30,7 +30,7 @@ def run_job(spec, spec_path: Path, overrides, *, gpus: str | None, world: World 
         job = run_worker(spec, world, show=show and world.rank == 0, **ask)
         if world.parent is not None or world.rank != 0:
             return None
-    if show:
+    if show and not job.already_complete:  # the CLI says so in one line
         summary(job)
     return job
 

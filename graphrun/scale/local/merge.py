@@ -26,8 +26,12 @@ from graphrun.base.nofollow import open_file
 
 
 def read_worker(top: Path, rank: int) -> Manifest | None:
+    return read_manifest(worker_dir(top, rank))
+
+
+def read_manifest(folder: Path) -> Manifest | None:
     try:
-        return Manifest.model_validate_json((worker_dir(top, rank) / "manifest.json").read_text())
+        return Manifest.model_validate_json((folder / "manifest.json").read_text())
     except (OSError, ValueError):
         return None
 
@@ -46,6 +50,12 @@ def merge(top: Path, spec, mark: dict, outcomes: list, devices: list[str], t0: f
         reports.append(worker_report(top, rank, m, died, devices[rank], (start, stop),
                                      (first, end), old=m is not None and current[-1] is None))
     done = [m for m in manifests if m is not None]
+    if not any(outcomes) and all(m is not None and m.status == "completed" and c is None
+                                 for m, c in zip(manifests, current)):
+        # --resume of a complete job: no worker ran, so its manifest (timings included) stays
+        before = read_manifest(top)
+        if before is not None and before.status == "completed":
+            return before.found_complete()
     buckets = merge_buckets(top, current, spec.report.percentiles)
     files = sorted(all_files(top, mark, manifests), key=lambda f: f.path)
     try:
