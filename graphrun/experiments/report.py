@@ -312,9 +312,11 @@ def _graphs(gen: dict) -> str:
 
 
 def _graph_name(g: dict) -> str:
-    """decode rows=64, prefill tokens=512; a manifest of the static engine: its (batch, length)."""
+    """decode rows=64, prefill tokens=512 (a --gpus worker's: with its rank); a manifest of the
+    static engine: its (batch, length)."""
     if "size" in g:
-        return f"{g['kind']} {'tokens' if g['kind'] == 'prefill' else 'rows'}={g['size']}"
+        rank = f" rank {g['rank']}" if g.get("rank") is not None else ""
+        return f"{g['kind']} {'tokens' if g['kind'] == 'prefill' else 'rows'}={g['size']}{rank}"
     return f"{g['kind']} b{g['batch']} len {g['length']}"
 
 
