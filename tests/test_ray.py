@@ -428,9 +428,12 @@ def build():
 '''
 
 
-def test_sigterm_to_a_ray_run_writes_an_interrupted_manifest_and_exits_143(tmp_path):
+def test_sigterm_to_a_ray_run_writes_an_interrupted_manifest_and_exits_143(ray_cluster,
+                                                                            tmp_path):
     """docs/guarantees.md: SIGTERM while streaming ends the run with exit 143 and a manifest
-    that says interrupted (Ray's own handler would exit 15 without one)."""
+    that says interrupted (Ray's own handler would exit 15 without one). The child joins this
+    file's cluster (RAY_ADDRESS) instead of starting one of its own: ray.init puts in its
+    SIGTERM handler when it joins one too, so the run must still take SIGTERM back."""
     import signal
     import subprocess
     import sys
@@ -440,7 +443,7 @@ def test_sigterm_to_a_ray_run_writes_an_interrupted_manifest_and_exits_143(tmp_p
     (tmp_path / "model.py").write_text(SLOW_MODEL)
     from tests.children import child_env
 
-    env = child_env()
+    env = {**child_env(), "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address}
     proc = subprocess.Popen([sys.executable, "-m", "graphrun", "run", str(spec_path), "--ray",
                              "--workers", "1", "-q"], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
