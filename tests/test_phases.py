@@ -189,8 +189,12 @@ def test_a_run_with_verify_on_accounts_for_each_bucket(tmp_path):
     manifest = graphrun.run(spec, out=tmp_path / "o", stop=200)
     m = json.loads((tmp_path / "o" / "manifest.json").read_text())
     top = check_adds_up(m)
-    # in a test process, the time before run() is the caller's: other is of the run's part
-    assert list(top)[0] == "before run()" and top[OTHER] <= 0.02 * m["totals"]["wall_s"]
+    # in a test process, the time before run() is the caller's: other is of the run's part, a
+    # 0.2 s run here, so 2% of it is 4 ms; on a loaded 2-core machine a thread waits longer
+    # than that for a core between two phases, hence the 50 ms allowance (each phase this
+    # run must have is asserted present below, so a forgotten one still fails)
+    assert list(top)[0] == "before run()"
+    assert top[OTHER] <= 0.02 * m["totals"]["wall_s"] + 0.05, top
     assert top["verify"] > 0 and top["warm-up"] > 0
     buckets = {(b["bucket"], b["lane"]): b for b in m["phases"]["buckets"]}
     assert {name for name, _ in buckets} == {b.name for b in manifest.buckets}
