@@ -350,3 +350,29 @@ def test_stop_strings_and_samples_on_captured_steps_equal_the_eager_ones(llama):
     assert [(c.token_ids, c.text, c.finish_reason) for c in got] == [
         (c.token_ids, c.text, c.finish_reason) for c in eager]
     assert graphs.stats.copied_blocks > 0 and graphs.blocks.used == 0
+
+
+def test_the_wasted_row_steps_are_split_by_cause_and_add_up(llama):
+    from graphrun.job.progress import generation_line
+    from graphrun.manifest.sections import generation_summary
+
+    # 24 prompts through 8 slots, ending after 1-12 tokens: slots free up at different steps
+    prompts = [[3 + i % 9, 9, 4 + i % 5] for i in range(24)]
+    params = [RequestParams(max_new_tokens=1 + (7 * i) % 12) for i in range(24)]
+    config = GenerateConfig(max_new_tokens=12)
+    wastes = {}
+    for admit in (1, 4):
+        eng = engine(llama, config, 8, admit_min=admit)
+        eng.generate(prompts, list(range(24)), params)
+        g = generation_summary(eng.stats, [50], slots=8, kv_block_size=4, kv_blocks=9,
+                               kv_cache_bytes=1)
+        w = g.waste
+        assert w.admission + w.no_prompt + w.stopped == g.decode_row_steps - g.useful_steps
+        assert min(w.admission, w.no_prompt, w.stopped) >= 0
+        # a finished row is stepped once more at most: the launch before it is read
+        assert 0 < w.stopped <= g.records
+        assert w.no_prompt > 0  # the tail: no prompt left, rows finishing
+        assert "(no prompt waiting " in generation_line(g)
+        wastes[admit] = w
+    # waiting for 4 free slots leaves slots empty while prompts wait
+    assert wastes[4].admission > wastes[1].admission

@@ -506,7 +506,7 @@ class Engine:
             if stepped:
                 if not waiting:  # no prompt to refill with: the job's tail
                     self._compact()
-                inflight.append(self._decode())
+                inflight.append(self._decode(waiting=bool(waiting)))
             elif not occupied and not inflight and not waiting and ended:
                 return
             # the last launch stays unread while rows step: the device has it queued
@@ -756,9 +756,10 @@ class Engine:
         st.done.index_fill_(0, frm, True)
         self.stats.moved_rows += len(src)
 
-    def _decode(self) -> _Launch:
+    def _decode(self, waiting: bool = False) -> _Launch:
         """Grow the rows whose blocks would not cover the next steps, then one decode step over
-        the smallest graph covering the highest occupied slot."""
+        the smallest graph covering the highest occupied slot (waiting: prompts wait to be
+        admitted, counted for the waste's causes)."""
         st, bs = self.state, self.block_size
         top = max(r.slot for r in self._rows if r is not None) + 1
         b = next(s for s in self.decode_sizes if s >= top)
@@ -779,7 +780,7 @@ class Engine:
         if grown:
             st.push(("block_table",))
         occupied = self.slots - len(self._free)
-        self.stats.stepped(b, occupied, self.blocks.used, keys)
+        self.stats.stepped(b, occupied, self.blocks.used, keys, waiting)
         return self._launch("decode", StepKey("decode", b), list(self._rows[:b]), b)
 
     def _copy_in(self, target: torch.Tensor, values: np.ndarray) -> None:

@@ -55,6 +55,7 @@ class GenerationStats:
     decode_row_steps: int = 0  # per decode step, the rows of its graph
     useful_steps: int = 0  # per record, its output tokens less the one prefill made
     occupied_row_steps: int = 0  # per decode step, the slots holding a record
+    empty_waiting_row_steps: int = 0  # per decode step, its empty rows while prompts waited
     kv_block_steps: int = 0  # per decode step, the blocks held
     kv_blocks_peak: int = 0
     kv_token_steps: int = 0  # per decode step, the keys its rows attended (for the MBU)
@@ -71,10 +72,14 @@ class GenerationStats:
         self.useful_steps += output_tokens - 1
         self.finish_reasons[reason] = self.finish_reasons.get(reason, 0) + 1
 
-    def stepped(self, rows: int, occupied: int, blocks: int, keys: int) -> None:
+    def stepped(self, rows: int, occupied: int, blocks: int, keys: int,
+                waiting: bool = False) -> None:
+        """waiting: prompts waited to be admitted (they wait for free slots to gather)."""
         self.decode_steps += 1
         self.decode_row_steps += rows
         self.occupied_row_steps += occupied
+        if waiting:
+            self.empty_waiting_row_steps += rows - occupied
         self.kv_block_steps += blocks
         self.kv_blocks_peak = max(self.kv_blocks_peak, blocks)
         self.kv_token_steps += keys

@@ -286,8 +286,20 @@ def generation_line(g) -> str:
               if g.prefill_positions else "")
     return (f"generation: {g.output_tokens:,} output tokens ({reasons}), "
             f"{g.output_tokens_per_s:,.0f} tokens/s" + (f"; {times}" if times else "")
-            + f"; {g.wasted_fraction:.0%} of decode row-steps wasted" + slots + padded
+            + f"; {g.wasted_fraction:.0%} of decode row-steps wasted" + waste_causes(g)
+            + slots + padded
             + reused + compiled + waited)
+
+
+def waste_causes(g) -> str:
+    """` (no prompt waiting 3%, admission 4%, stopped rows 2%)`: the wasted row-steps by cause, as shares of
+    all decode row-steps; empty where none were wasted or the causes are not known."""
+    w = g.waste
+    if w is None or not g.decode_row_steps or g.wasted_fraction <= 0:
+        return ""
+    parts = (("no prompt waiting", w.no_prompt), ("admission", w.admission),
+             ("stopped rows", w.stopped))
+    return " (" + ", ".join(f"{name} {n / g.decode_row_steps:.0%}" for name, n in parts) + ")"
 
 
 def text_cuts(manifest) -> str | None:

@@ -119,6 +119,21 @@ class WorkerReport(_M):
     records_per_s: float = Field(0.0, description="Its records out this attempt / its stream_s.")
 
 
+class DecodeWaste(_M):
+    """Where the decode row-steps that made no needed token went (they add up to
+    decode_row_steps - useful_steps)."""
+
+    admission: int = Field(..., description="Empty slots stepped while prompts waited: while "
+                           "rows decode, a prefill waits for a sixteenth of the slots to be "
+                           "free, so as to prefill few and full.")
+    no_prompt: int = Field(..., description="Empty slots stepped while no prompt waited: the "
+                           "job's tail (or an input read slower than the engine), each step "
+                           "the smallest captured row count covering the rows left.")
+    stopped: int = Field(..., description="Rows stepped after their last token, before it was "
+                         "read back: the step launched while the one that finished them runs "
+                         "(about one per record).")
+
+
 class GraphSetup(_M):
     """One graph of a generation job: a decode step per row count, a packed prefill per token
     count."""
@@ -205,6 +220,8 @@ class Generation(_M):
         "empty while no prompt waited (the job's tail), rows stopped but not yet read back.")
     wasted_fraction: float = Field(..., description="1 - useful_steps / decode_row_steps (0 "
                                    "when no step ran).")
+    waste: Optional[DecodeWaste] = Field(None, description="decode_row_steps - useful_steps "
+                                         "by cause.")
     kv_cache_bytes: int = Field(..., description="Bytes of the KV cache's block pool (all "
                                 "layers, keys and values), allocated once.")
     slots: int = Field(0, description="Decode slots: the records decoding at once, at most.")
@@ -277,6 +294,10 @@ def generation_summary(stats, percentiles, *, slots: int, kv_block_size: int, kv
         ttft_ms=stats.ttft.percentiles(percentiles), tpot_ms=stats.tpot.percentiles(percentiles),
         decode_steps=steps, decode_row_steps=row_steps, useful_steps=stats.useful_steps,
         wasted_fraction=1 - stats.useful_steps / row_steps if row_steps else 0.0,
+        waste=DecodeWaste(admission=stats.empty_waiting_row_steps,
+                          no_prompt=row_steps - stats.occupied_row_steps
+                          - stats.empty_waiting_row_steps,
+                          stopped=stats.occupied_row_steps - stats.useful_steps),
         kv_cache_bytes=kv_cache_bytes, slots=slots,
         slot_occupancy=stats.occupied_row_steps / (steps * slots) if steps else 0.0,
         prefills=stats.prefills, kv_block_size=kv_block_size, kv_blocks=kv_blocks,
@@ -338,6 +359,9 @@ def merged_generation(sections: list[Generation | None]) -> Generation | None:
         ttft_ms=bound("ttft_ms"), tpot_ms=bound("tpot_ms"),
         decode_steps=sum(g.decode_steps for g in sections), decode_row_steps=row_steps,
         useful_steps=useful, wasted_fraction=1 - useful / row_steps if row_steps else 0.0,
+        waste=(DecodeWaste(**{k: sum(getattr(g.waste, k) for g in sections)
+                              for k in DecodeWaste.model_fields})
+               if all(g.waste is not None for g in sections) else None),
         kv_cache_bytes=sum(g.kv_cache_bytes for g in sections),
         slots=sum(g.slots for g in sections),
         slot_occupancy=(sum(g.slot_occupancy * g.slots * g.decode_steps for g in sections)
