@@ -376,3 +376,28 @@ def test_the_wasted_row_steps_are_split_by_cause_and_add_up(llama):
         wastes[admit] = w
     # waiting for 4 free slots leaves slots empty while prompts wait
     assert wastes[4].admission > wastes[1].admission
+
+
+def test_a_free_slot_waits_a_few_steps_at_most_when_too_few_others_free_up(llama, monkeypatch):
+    """Rows that end together (every completion max_new_tokens long) can leave fewer than
+    admit_min slots free for many steps: after ADMIT_WAIT decode steps a prefill takes them
+    anyway. The completions do not depend on when a prompt was admitted."""
+    from graphrun.generate import engine as engine_module
+
+    # 8 slots, a prefill waits for 4: record 0 ends after 2 tokens, the others after 30, so
+    # one slot is free from about step 2 while the next free up only at step 30; more
+    # prompts than the scheduler looks ahead over (an input that ended is admitted at once)
+    n = 48
+    prompts = [[3 + i % 9, 4 + i % 5] for i in range(n)]  # 8 of them fill one prefill
+    params = [RequestParams(max_new_tokens=2 if i == 0 else 30) for i in range(n)]
+    config = GenerateConfig(max_new_tokens=30)
+    runs = {}
+    for wait in (engine_module.ADMIT_WAIT, 10**9):
+        monkeypatch.setattr(engine_module, "ADMIT_WAIT", wait)
+        eng = engine(llama, config, 8, admit_min=4)
+        runs[wait] = (tokens(eng.generate(prompts, list(range(n)), params)), eng.stats)
+    (got, waited), (want, held) = runs[engine_module.ADMIT_WAIT], runs[10**9]
+    assert got == want
+    # held: slot 0 idle until step 30; waited: record 8 took it after ADMIT_WAIT steps
+    assert held.empty_waiting_row_steps >= 25
+    assert waited.empty_waiting_row_steps <= engine_module.ADMIT_WAIT + 3

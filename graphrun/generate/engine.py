@@ -67,6 +67,7 @@ AUTO_MEMORY = 0.5  # slots: auto takes this share of the device memory left for 
 RING = 4  # pinned output buffers: launches unread at most
 WINDOW = 32  # waiting prompts the scheduler looks ahead over, and may let overtake one
 ADMIT_SHARE = 16  # a prefill waits for 1/ADMIT_SHARE of the slots to be free while rows run
+ADMIT_WAIT = 8  # ... or for this many decode steps since a slot freed, when fewer free up
 # below this many rows a step reads the weights in about the same time whatever its rows, so
 # a halfway graph there would only add set-up; the tail steps few times at such sizes
 HALVES_FROM = 16
@@ -74,7 +75,9 @@ HALVES_FROM = 16
 
 def admit_least(slots: int) -> int:
     """Free slots a prefill waits for while rows decode: prefills few and full rather than one
-    per finished row, each one a launch between decode steps."""
+    per finished row, each one a launch between decode steps. Where rows end together (every
+    completion max_new_tokens long), fewer may free up for many steps: after ADMIT_WAIT decode
+    steps those are filled anyway (Engine._waited)."""
     return max(1, slots // ADMIT_SHARE)
 
 
@@ -292,6 +295,7 @@ class Engine:
                                num_blocks=self.num_blocks, block_size=block_size,
                                variant=self.variant, prefix_blocks=self.prefix_blocks)
         self.admit_min = admit_min or admit_least(slots)
+        self._free_since: int | None = None  # the decode step a slot freed at, since a prefill
         self.compiled = compiler(self.model, self.cache) if compile else None
         self.table = GraphTable(self._make_step, self.state, backend=backend,
                                 device=self.device, dtype=self.dtype, pool=pool, verify=verify,
@@ -495,8 +499,10 @@ class Engine:
             # prefills back to back while prompts and slots are left (the largest prefill may
             # not hold them all), so they join the same decode step
             while (waiting and self._free and len(inflight) < RING - 1
-                   and (len(self._free) >= self.admit_min or ended or not occupied)):
+                   and (len(self._free) >= self.admit_min or ended or not occupied
+                        or self._waited())):
                 admitted = self._admit(waiting)
+                self._free_since = self.stats.decode_steps if self._free else None
                 if not admitted:
                     break
                 inflight.append(self._prefill(admitted))
@@ -512,6 +518,12 @@ class Engine:
             # the last launch stays unread while rows step: the device has it queued
             while len(inflight) > (1 if stepped else 0):
                 self._read(inflight.popleft(), emit)
+
+    def _waited(self) -> bool:
+        """A slot has been free for ADMIT_WAIT decode steps without admit_min gathering: rows
+        that end together leave too few free slots for many steps."""
+        return (self._free_since is not None
+                and self.stats.decode_steps - self._free_since >= ADMIT_WAIT)
 
     def _admit(self, waiting: deque) -> list[_Row]:
         """The waiting prompts that fit, in the scheduler's order (_order): a free slot each,
@@ -884,6 +896,8 @@ class Engine:
         self.state.host["block_table"][row.slot] = 0
         self._rows[row.slot] = None
         heapq.heappush(self._free, row.slot)
+        if self._free_since is None:
+            self._free_since = self.stats.decode_steps
         asked = row.logprobs is not None
         text = row.text.cut(row.tokens) if reason == "stop" else None
         emit(Finished(row.request, Completion(

@@ -125,7 +125,7 @@ class DecodeWaste(_M):
 
     admission: int = Field(..., description="Empty slots stepped while prompts waited: while "
                            "rows decode, a prefill waits for a sixteenth of the slots to be "
-                           "free, so as to prefill few and full.")
+                           "free (or 8 decode steps), so as to prefill few and full.")
     no_prompt: int = Field(..., description="Empty slots stepped while no prompt waited: the "
                            "job's tail (or an input read slower than the engine), each step "
                            "the smallest captured row count covering the rows left.")

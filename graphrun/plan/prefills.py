@@ -4,8 +4,8 @@ lengths, so that buckets.seq is planned for the token counts its prefill graphs 
 The engine (generate/engine.py's serve and _admit) admits waiting prompts in input order into
 free slots and packs them into one sequence of at most the prefill budget (generate.
 prefill_tokens, else the largest seq value), padded up to the smallest seq value that covers
-it. While rows run, a prefill waits for admit_least(slots) free slots; at the start, and once
-nothing runs, it fills the slots. How many slots free up between prefills depends on when
+it. While rows run, a prefill waits for admit_least(slots) free slots, or ADMIT_WAIT decode
+steps since a slot freed; at the start, and once nothing runs, it fills the slots. How many slots free up between prefills depends on when
 completions end, which the planner cannot know, so two runs are simulated and weigh the same:
 every completion max_new_tokens long (rows finish together, prefills fill the budget), and
 completions ending evenly over 1..max_new_tokens (seeded: a few slots free at a time, prefills
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graphrun.generate.engine import WINDOW, admit_least, prefill_sizes
+from graphrun.generate.engine import ADMIT_WAIT, WINDOW, admit_least, prefill_sizes
 from graphrun.plan.planner import best_values
 
 ASSUMED = ("two runs weighed the same: every completion max_new_tokens long, and completions "
@@ -63,11 +63,12 @@ def packed_prefills(lengths: list[int], steps: list[int], admission: Admission) 
     ends: list[int] = []  # the decode step each running row finishes at
     packs: list[int] = []
     now = i = 0
-    free = slots
+    free, since = slots, None  # since: the step a slot freed at, since the last prefill
     while i < len(lengths):
         left = len(lengths) - i
         ended = left <= max(free + least, WINDOW)  # the scheduler has taken the input's end
-        if free >= least or not ends or ended:
+        waited = since is not None and now - since >= ADMIT_WAIT
+        if free >= least or not ends or ended or (free and waited):
             while i < len(lengths) and free:  # prefills back to back while slots are free
                 total = 0
                 while i < len(lengths) and free and total + lengths[i] <= budget:
@@ -76,10 +77,12 @@ def packed_prefills(lengths: list[int], steps: list[int], admission: Admission) 
                     free -= 1
                     i += 1
                 packs.append(total)
-        if ends:  # the decode steps until the next row finishes: nothing is admitted between
-            now = ends[0]
+            since = now if free else None
+        if ends:  # the decode steps until the next row finishes or the wait ends
+            now = ends[0] if since is None else min(ends[0], max(now + 1, since + ADMIT_WAIT))
             while ends and ends[0] <= now:
                 heapq.heappop(ends)
+                since = now if since is None else since
                 free += 1
     return np.asarray(packs, np.int64)
 
