@@ -292,8 +292,9 @@ def generation_line(g) -> str:
 
 
 def waste_causes(g) -> str:
-    """` (no prompt waiting 3%, admission 4%, stopped rows 2%)`: the wasted row-steps by cause, as shares of
-    all decode row-steps; empty where none were wasted or the causes are not known."""
+    """` (no prompt waiting 3%, admission 4%, stopped rows 2%)`: the wasted row-steps by
+    cause, as shares of all decode row-steps; empty where none were wasted or the causes are
+    not known."""
     w = g.waste
     if w is None or not g.decode_row_steps or g.wasted_fraction <= 0:
         return ""

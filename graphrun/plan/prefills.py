@@ -5,11 +5,12 @@ The engine (generate/engine.py's serve and _admit) admits waiting prompts in inp
 free slots and packs them into one sequence of at most the prefill budget (generate.
 prefill_tokens, else the largest seq value), padded up to the smallest seq value that covers
 it. While rows run, a prefill waits for admit_least(slots) free slots, or ADMIT_WAIT decode
-steps since a slot freed; at the start, and once nothing runs, it fills the slots. How many slots free up between prefills depends on when
-completions end, which the planner cannot know, so two runs are simulated and weigh the same:
-every completion max_new_tokens long (rows finish together, prefills fill the budget), and
-completions ending evenly over 1..max_new_tokens (seeded: a few slots free at a time, prefills
-of a few prompts). The prefix cache, which computes less, is left out.
+steps since a slot freed; at the start, and once nothing runs, it fills the slots. How many
+slots free up between prefills depends on when completions end, which the planner cannot
+know, so two runs are simulated and weigh the same: every completion max_new_tokens long (rows
+finish together, prefills fill the budget), and completions ending evenly over
+1..max_new_tokens (seeded: a few slots free at a time, prefills of a few prompts). The prefix
+cache, which computes less, is left out.
 """
 
 from __future__ import annotations
