@@ -14,7 +14,8 @@ from pathlib import Path
 
 import click
 
-from graphrun.base import envs, phases  # first: its import is graphrun's first clock (phases.FIRST_CLOCK)
+from graphrun.base import phases  # first: its import is graphrun's first clock (phases.FIRST_CLOCK)
+from graphrun.base import envs
 from graphrun.base.version import __version__
 from graphrun.base.errors import debugging
 from graphrun.cli.errors import debug_option, exit_quietly, fail
