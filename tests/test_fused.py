@@ -335,6 +335,39 @@ def decode_logits(model, rows: int, kernels: bool, seed: int = 0) -> torch.Tenso
         model.fused_kernels = True
 
 
+def rotary_failures(device: str) -> list[str]:
+    """A decode step of the Llama in float16 (and bfloat16 on a GPU), RoPE inside the decode
+    kernel (kv_cache.attend_rotary) against RoPE by its own kernel first: the same logits, bit
+    for bit."""
+    failures = []
+    for dtype in (torch.float16, torch.bfloat16) if device == "cuda" else (torch.float16,):
+        model = tiny(device, dtype, layers=2, d_model=128, heads=4, kv_heads=2, vocab=256)
+        inside = decode_logits(model, 6, True)
+        real = paged_attention.takes_rotary
+        paged_attention.takes_rotary = lambda q, cos: False
+        try:
+            first = decode_logits(model, 6, True)
+        finally:
+            paged_attention.takes_rotary = real
+        if not torch.equal(inside, first):
+            failures.append(f"{dtype}: logits differ by {(inside - first).abs().max().item()}")
+    if fused.failure() or paged_attention.failure():
+        failures.append(f"a kernel failed: {fused.failure() or paged_attention.failure()}")
+    return failures
+
+
+def test_in_the_interpreter_rope_inside_the_decode_kernel_gives_the_same_logits():
+    pytest.importorskip("triton", reason="the fused kernels are written in Triton")
+    p = in_interpreter("t.rotary_failures('cpu')")
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+
+
+@pytest.mark.cuda
+def test_on_the_gpu_rope_inside_the_decode_kernel_gives_the_same_logits():
+    pytest.importorskip("triton", reason="the fused kernels are written in Triton")
+    assert rotary_failures("cuda") == []
+
+
 @pytest.mark.cuda
 def test_on_the_gpu_the_kernels_compute_what_the_eager_ops_do(monkeypatch):
     pytest.importorskip("triton", reason="the fused kernels are written in Triton")

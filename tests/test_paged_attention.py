@@ -153,7 +153,7 @@ def test_the_operators_give_the_calls_answers():
 def test_a_kernel_that_fails_leaves_the_reference_and_is_not_tried_again(monkeypatch):
     calls = []
 
-    def broken(*args):
+    def broken(*args, **kwargs):
         calls.append(1)
         raise RuntimeError("no kernel image for this GPU\nsecond line")
 
@@ -219,11 +219,56 @@ def compare(device: str) -> list[str]:
     return failures
 
 
+def compare_rotary(device: str) -> list[str]:
+    """The kernel applying RoPE itself (rotary: q and the new key as a Llama step hands them,
+    before RoPE, strided views of one projection's output) against the kernel given q and k
+    turned by the eager ops (fused.rope_eager): the same output and cache, bit for bit, in
+    float16 (and bfloat16 on a GPU); takes_rotary refuses float32. The failures, as lines."""
+    from graphrun.models.causal.fused import rope_eager
+
+    failures = []
+    for i, (lens, heads, kv_heads, dim, bs, dtype) in enumerate(
+            [([1, 5, 17, 40], 8, 2, 16, 16, torch.float16), ([200, 33, 1], 4, 1, 64, 32,
+                                                             torch.float16),
+             ([160] * 3 + [7], 32, 8, 128, 16, torch.bfloat16)]):
+        if device == "cpu" and dtype == torch.bfloat16:
+            continue
+        step = make_step(lens, heads, kv_heads, dim, block_size=bs, dtype=dtype, device=device,
+                         seed=40 + i)
+        b = len(lens)
+        gen = torch.Generator().manual_seed(i)
+        qkv = torch.randn(b, 1, (heads + 2 * kv_heads) * dim, generator=gen).to(device, dtype)
+        qk = qkv[..., :(heads + kv_heads) * dim].view(b, 1, heads + kv_heads, dim)
+        angles = torch.rand(b, 1, 1, dim // 2, generator=gen).repeat(1, 1, 1, 2) * 300
+        cos, sin = angles.cos().to(device, dtype), angles.sin().to(device, dtype)
+        raw = qk.transpose(1, 2)
+        name = f"rotary case {i} ({dtype})"
+        if not paged_attention.takes_rotary(raw[:, :heads], cos):
+            failures.append(f"{name}: takes_rotary is False on {device}")
+            continue
+        if paged_attention.takes_rotary(raw[:, :heads].float(), cos.float()):
+            failures.append(f"{name}: takes_rotary is True in float32")
+        turned = rope_eager(qk, cos, sin)
+        plain = {n: t.clone() if n.endswith("cache") else t for n, t in step.items()}
+        plain.update(q=turned[:, :heads], k_new=turned[:, heads:])
+        want = paged_attention._kernel_decode(**plain)
+        step.update(q=raw[:, :heads], k_new=raw[:, heads:])
+        got = paged_attention._kernel_decode(**step, rotary=(cos, sin))
+        if not torch.equal(got, want):
+            err = (got.float() - want.float()).abs().max().item()
+            failures.append(f"{name}: output differs by up to {err:.2e}")
+        for cache in ("k_cache", "v_cache"):
+            if not torch.equal(step[cache], plain[cache]):
+                failures.append(f"{name}: {cache} differs")
+    return failures
+
+
 def test_the_kernel_in_the_interpreter_equals_the_reference():
     pytest.importorskip("triton", reason="the paged decode kernel is written in Triton")
     from tests.triton_interpreter import run_interpreted
 
-    p = run_interpreted("import tests.test_paged_attention as t", "t.compare('cpu')")
+    p = run_interpreted("import tests.test_paged_attention as t",
+                        "t.compare('cpu') + t.compare_rotary('cpu')")
     assert p.returncode == 0, p.stdout + p.stderr[-3000:]
 
 
@@ -231,6 +276,7 @@ def test_the_kernel_in_the_interpreter_equals_the_reference():
 def test_the_kernel_on_the_gpu_equals_the_reference():
     pytest.importorskip("triton", reason="the paged decode kernel is written in Triton")
     assert compare("cuda") == []
+    assert compare_rotary("cuda") == []
 
 
 @pytest.mark.cuda

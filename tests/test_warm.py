@@ -277,9 +277,11 @@ def test_the_kernels_run_on_its_tensors_in_the_interpreter():
         "import torch; from graphrun.models.causal.warm import Layout, warm_kernels; "
         "cpu = torch.device('cpu'); "
         "print(warm_kernels(Layout(4, 2, 16, 64, 'llama', 48), cpu, torch.float32, 4)); "
+        "print(warm_kernels(Layout(4, 2, 16, 64, 'llama', 48), cpu, torch.float16, 4)); "
         "print(warm_kernels(Layout(4, 4, 16, 64, 'gpt2'), cpu, torch.float16, 16))", "[]")
     assert p.returncode == 0, p.stdout + p.stderr[-3000:]
-    assert p.stdout.splitlines()[:2] == [
+    assert p.stdout.splitlines()[:3] == [
+        "['matmul', 'prefill attention', 'fused elementwise', 'paged decode']",
         "['matmul', 'prefill attention', 'fused elementwise', 'paged decode']",
         "['matmul', 'prefill attention', 'paged decode']"]
 

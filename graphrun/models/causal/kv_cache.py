@@ -18,7 +18,8 @@ A step's attention is described by a StepKV, shared by every layer:
   [1, 1, T, P * block_size], P the blocks the step reads: none in a captured prefill), as if
   they were the first of its own.
 - decode: one token per row, written at seq_lens - 1 and attended over the row's first seq_lens
-  keys through its block table (paged_decode).
+  keys through its block table (paged_decode; RoPE inside it for graphrun's Llama:
+  attend_rotary).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import numpy as np
 
 import torch
 
-from graphrun.models.causal import packed_attention
+from graphrun.models.causal import fused, packed_attention, paged_attention
 from graphrun.models.causal.paged_attention import (attention, gather_blocks, paged_decode,
                                                     paged_decode_reference, write_prefill)
 
@@ -239,6 +240,23 @@ def attend(kv: StepKV, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     # k, v [1, kv_heads, T, d] -> [T, kv_heads, d]
     write_prefill(k[0].transpose(0, 1), v[0].transpose(0, 1), k_cache, v_cache, kv.slots)
     return out
+
+
+def attend_rotary(kv: StepKV, layer: int, qk: torch.Tensor, heads: int, v: torch.Tensor,
+                  cos: torch.Tensor, sin: torch.Tensor, scaling: float,
+                  window: int | None = None, kernels: bool = True) -> torch.Tensor:
+    """attend for a model whose q and k still need Llama's RoPE: qk [b, q, heads + kv_heads, d]
+    (q's heads, then k's), cos, sin [b, 1, q, d]. A decode step's paged kernel applies RoPE as
+    it loads q and the new key (paged_attention.takes_rotary), one kernel a layer fewer;
+    elsewhere fused.rope first (kernels: its Triton kernel where it runs), then attend. The
+    values are the same either way."""
+    q = qk.transpose(1, 2)  # [b, heads + kv_heads, q, d]
+    if (kernels and not kv.prefill and paged_attention.takes_rotary(q, cos)
+            and (window is None or window >= kv.block_table.shape[1] * kv.cache.block_size)):
+        return paged_decode(q[:, :heads], q[:, heads:], v, kv.cache.k[layer], kv.cache.v[layer],
+                            kv.block_table, kv.seq_lens, scaling, rotary=(cos, sin))
+    q, k = fused.rope(qk, cos, sin, kernels).split([heads, qk.shape[2] - heads], dim=1)
+    return attend(kv, layer, q, k, v, scaling, window=window)
 
 
 def masked_prefill(kv: StepKV, k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Tensor,

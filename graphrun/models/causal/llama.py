@@ -7,8 +7,8 @@ Parameters carry transformers' names (model.layers.0.self_attn.q_proj.weight, ..
 checkpoint's tensors load as saved, and the arithmetic follows transformers' (norms and RoPE in
 float32, cast back), so a completion is the one transformers' generate gives
 (tests/test_generate_native.py). find_checkpoint and load_checkpoint take GPT-2 folders too
-(models/causal/gpt2.py). Attention goes through
-kv_cache.attend, as an adapted transformers model's does. The elementwise work between the
+(models/causal/gpt2.py). Attention goes through kv_cache.attend_rotary (kv_cache.attend, as
+an adapted transformers model's does, with RoPE inside the decode kernel where it runs). The elementwise work between the
 matrix multiplies (a residual add with the norm after it, RoPE, silu(gate) * up) runs fused
 Triton kernels where they run (models/causal/fused.py; Llama.fused_kernels), the same math.
 
@@ -36,7 +36,7 @@ from graphrun.models.weights import Held, Mismatch, compare, held, weights_error
 
 from graphrun.models.causal import fused
 from graphrun.models.causal.gpt2 import GPT2
-from graphrun.models.causal.kv_cache import KVLayout, StepKV, attend
+from graphrun.models.causal.kv_cache import KVLayout, StepKV, attend_rotary
 
 WEIGHT_STD = 0.02  # the builtin's projections; the embedding keeps unit variance (PyTorch's)
 
@@ -95,10 +95,10 @@ class Attention(nn.Module):
         qk = qk.view(b, q_len, h + g, d)  # q's heads, then k's
         if self.qk_norm:  # per head, over head_dim
             qk = torch.cat((self.q_norm(qk[:, :, :h]), self.k_norm(qk[:, :, h:])), dim=2)
-        # RoPE on q and k at once: the same elementwise arithmetic, half the kernels
-        q, k = fused.rope(qk, cos, sin, kernels).split([h, g], dim=1)  # [b, h | g, q, d]
+        # RoPE on q and k at once (in the decode kernel where it runs): the same arithmetic
         v = v.view(b, q_len, g, d).transpose(1, 2)
-        y = attend(kv, self.layer, q, k, v, d ** -0.5, window=self.window)  # [b, q, h, d]
+        y = attend_rotary(kv, self.layer, qk, h, v, cos, sin, d ** -0.5, self.window,
+                          kernels)  # [b, q, h, d]
         return self.o_proj(y.reshape(b, q_len, -1))
 
 

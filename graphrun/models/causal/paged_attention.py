@@ -32,6 +32,7 @@ import torch
 from torch.nn import functional as F
 
 from graphrun.base.triton_switch import KernelSwitch
+from graphrun.models.causal.fused import rope_eager
 
 
 
@@ -73,17 +74,35 @@ CONFIG = KernelConfig()  # what paged_decode launches
 
 def paged_decode(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                  k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                 seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                 seq_lens: torch.Tensor, scale: float,
+                 rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Write the step's k/v into their block, then attend over each row's first seq_lens keys.
 
     q [b, heads, 1, d]; k_new, v_new [b, kv_heads, 1, d], RoPE applied; k_cache, v_cache one
     layer's [num_blocks, kv_heads, block_size, d]; block_table [b, max_blocks] int32; seq_lens
-    [b] int32, the keys visible including the new one (so at least 1). Returns [b, 1, heads, d]
+    [b] int32, the keys visible including the new one (so at least 1). rotary (cos, sin)
+    [b, 1, 1, d]: q and k_new arrive before Llama's RoPE, which the kernel applies as it loads
+    them (one kernel a layer fewer); only where takes_rotary says so. Returns [b, 1, heads, d]
     contiguous (transformers' attention-function layout). Under torch.compile it is one
     operator (graphrun::paged_decode), the cache writes declared.
     """
-    call = torch.ops.graphrun.paged_decode if torch.compiler.is_compiling() else _paged_decode
-    return call(q, k_new, v_new, k_cache, v_cache, block_table, seq_lens, scale)
+    if torch.compiler.is_compiling():
+        assert rotary is None, "takes_rotary is False under torch.compile"
+        return torch.ops.graphrun.paged_decode(q, k_new, v_new, k_cache, v_cache, block_table,
+                                               seq_lens, scale)
+    return _paged_decode(q, k_new, v_new, k_cache, v_cache, block_table, seq_lens, scale,
+                         rotary)
+
+
+def takes_rotary(q: torch.Tensor, cos: torch.Tensor) -> bool:
+    """Whether paged_decode's kernel applies RoPE itself to q [b, heads, 1, d] with cos (and
+    sin) [b, 1, 1, d]: the kernel runs, outside torch.compile, in float16 or bfloat16 (there
+    each product rounds before the sum, as the eager ops round, whatever the compiler fuses),
+    cos in q's dtype with unit last stride."""
+    return (not torch.compiler.is_compiling() and q.dtype in (torch.float16, torch.bfloat16)
+            and q.shape[2] == 1 and q.shape[3] % 2 == 0 and cos.dtype == q.dtype
+            and cos.shape == (q.shape[0], 1, 1, q.shape[3]) and cos.stride(3) == 1
+            and usable(q))
 
 
 def write_prefill(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
@@ -175,13 +194,16 @@ def _write_prefill(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
 
 def _paged_decode(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                   k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                  seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                  seq_lens: torch.Tensor, scale: float,
+                  rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     if usable(q):
         try:
             return _kernel_decode(q, k_new, v_new, k_cache, v_cache, block_table, seq_lens,
-                                  scale)
+                                  scale, rotary=rotary)
         except Exception as err:  # noqa: BLE001 - a kernel that cannot run: the reference
             give_up(err)
+    if rotary is not None:
+        q, k_new = (rope_eager(x.transpose(1, 2), *rotary) for x in (q, k_new))
     return paged_decode_reference(q, k_new, v_new, k_cache, v_cache, block_table, seq_lens,
                                   scale)
 
@@ -224,11 +246,12 @@ def _cdiv(a: int, b: int) -> int:
 def _kernel_decode(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                    k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                    seq_lens: torch.Tensor, scale: float,
-                   config: KernelConfig | None = None) -> torch.Tensor:
+                   config: KernelConfig | None = None,
+                   rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """paged_decode in Triton. The grid is (rows, kv_heads, shares), shares chosen from the rows
     and the table's width alone; a program whose share starts past its row's length returns at
     once, and a row whose keys fit one share is finished by that share (no merge). config: the
-    launch, CONFIG when None."""
+    launch, CONFIG when None; rotary: paged_decode's."""
     c = config or CONFIG
     split, merge = SWITCH.kernels.split, SWITCH.kernels.merge
     assert k_cache.stride() == v_cache.stride(), "k and v caches of one layout"
@@ -246,15 +269,17 @@ def _kernel_decode(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
     merged = (b, kv_heads, shares) if shares > 1 else (1,)
     part = torch.empty((*merged, bg, bd), dtype=torch.float32, device=q.device)
     stat = torch.empty((*merged, 2, bg), dtype=torch.float32, device=q.device)
+    cos, sin = rotary if rotary is not None else (q, q)  # q: a pointer never read
     split[(b, kv_heads, shares)](
-        q, k_new, v_new, k_cache, v_cache, block_table, seq_lens, out, part, stat,
+        q, k_new, v_new, k_cache, v_cache, block_table, seq_lens, out, part, stat, cos, sin,
         scale, chunk, shares,
         q.stride(0), q.stride(1), q.stride(3), k_new.stride(0), k_new.stride(1),
         k_new.stride(3), v_new.stride(0), v_new.stride(1), v_new.stride(3),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.stride(3),
-        block_table.stride(0), block_table.stride(1),
+        block_table.stride(0), block_table.stride(1), cos.stride(0) if rotary else 0,
         G=groups, BG=bg, D=dim, BD=bd, BN=c.tile, BLOCK=block_size,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=c.warps,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", ROPE=rotary is not None,
+        num_warps=c.warps,
         num_stages=c.stages)
     if shares > 1:
         merge[(b, kv_heads)](out, part, stat, seq_lens, chunk, shares, G=groups,
@@ -263,7 +288,13 @@ def _kernel_decode(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
     return out
 
 
-_decode_op = torch.library.custom_op("graphrun::paged_decode", _paged_decode,
+def _compiled_decode(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                     k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                     seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    return _paged_decode(q, k_new, v_new, k_cache, v_cache, block_table, seq_lens, scale)
+
+
+_decode_op = torch.library.custom_op("graphrun::paged_decode", _compiled_decode,
                                      mutates_args=("k_cache", "v_cache"))
 
 

@@ -1,6 +1,6 @@
 """The Triton kernels of models/causal/paged_attention.py: `split` attends one share of a (row,
-KV head)'s keys, gathered through the row's block table, or all of them; `merge` combines a
-row's shares. Imported only where paged_attention uses them (it imports Triton).
+KV head)'s keys, gathered through the row's block table, or all of them (applying Llama's RoPE
+to q and the new key as it loads them, where asked); `merge` combines a row's shares. Imported only where paged_attention uses them (it imports Triton).
 """
 
 import triton
@@ -9,11 +9,13 @@ import triton.language as tl
 
 # one compilation for every table width: a share size or table stride is never specialized on
 @triton.jit(do_not_specialize=["chunk", "shares", "st_b"])
-def split(Q, KN, VN, CK, CV, TABLE, LENS, OUT, PART, STAT, scale, chunk, shares,
+def split(Q, KN, VN, CK, CV, TABLE, LENS, OUT, PART, STAT, COS, SIN, scale, chunk, shares,
           sq_b, sq_h, sq_d, sk_b, sk_h, sk_d, sv_b, sv_h, sv_d,
-          sc_blk, sc_h, sc_n, sc_d, st_b, st_n,
+          sc_blk, sc_h, sc_n, sc_d, st_b, st_n, scos_b,
           G: tl.constexpr, BG: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-          BN: tl.constexpr, BLOCK: tl.constexpr, PRECISION: tl.constexpr):
+          BN: tl.constexpr, BLOCK: tl.constexpr, PRECISION: tl.constexpr, ROPE: tl.constexpr):
+    # ROPE: q and the new key arrive before Llama's RoPE, applied here as they load; COS, SIN
+    # [b, D] rows (stride scos_b) in q's dtype
     # 64-bit offsets: a block's index times its size can pass 2**31 elements in a large cache
     row, h, s = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     length = tl.load(LENS + row)  # keys of this row, the new one included
@@ -23,12 +25,22 @@ def split(Q, KN, VN, CK, CV, TABLE, LENS, OUT, PART, STAT, scale, chunk, shares,
     hi = tl.minimum(lo + chunk, length)
     g, d = tl.arange(0, BG), tl.arange(0, BD)
     gm, dm = g < G, d < D
-    q = tl.load(Q + row * sq_b + (h * G + g)[:, None] * sq_h + d[None, :] * sq_d,
-                mask=gm[:, None] & dm[None, :], other=0.0)  # [BG, BD], rows past G zero
+    q_at = Q + row * sq_b + (h * G + g)[:, None] * sq_h
+    q = tl.load(q_at + d[None, :] * sq_d, mask=gm[:, None] & dm[None, :],
+                other=0.0)  # [BG, BD], rows past G zero
+    k_new = tl.load(KN + row * sk_b + h * sk_h + d * sk_d, mask=dm, other=0.0)
+    if ROPE:  # x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1)
+        first = d < D // 2
+        turn = tl.where(first, d + D // 2, d - D // 2)
+        c = tl.load(COS + row * scos_b + d, mask=dm, other=0.0).to(tl.float32)
+        s_ = tl.load(SIN + row * scos_b + d, mask=dm, other=0.0).to(tl.float32)
+        q = _rotated(q, tl.load(q_at + turn[None, :] * sq_d, mask=gm[:, None] & dm[None, :],
+                                other=0.0), c[None, :], s_[None, :], first[None, :])
+        k_new = _rotated(k_new, tl.load(KN + row * sk_b + h * sk_h + turn * sk_d, mask=dm,
+                                        other=0.0), c, s_, first)
     q = (q.to(tl.float32) * scale).to(CK.dtype.element_ty)
     table = TABLE + row * st_b
     pos = length - 1  # the new key's position
-    k_new = tl.load(KN + row * sk_b + h * sk_h + d * sk_d, mask=dm, other=0.0)
     v_new = tl.load(VN + row * sv_b + h * sv_h + d * sv_d, mask=dm, other=0.0)
     k_new, v_new = k_new.to(CK.dtype.element_ty), v_new.to(CV.dtype.element_ty)
     if s == 0:
@@ -73,6 +85,15 @@ def split(Q, KN, VN, CK, CV, TABLE, LENS, OUT, PART, STAT, scale, chunk, shares,
         tl.store(PART + (base * BG + g)[:, None] * BD + d[None, :], acc)
         tl.store(STAT + (base * 2) * BG + g, m_i)
         tl.store(STAT + (base * 2 + 1) * BG + g, l_i)
+
+
+@triton.jit
+def _rotated(x, partner, c, s, first):
+    # models/causal/fused_kernels.rope's arithmetic: each product rounded to x's dtype on its
+    # own (a float16/bfloat16 x: no multiply-add can fuse across the rounding), as eager's are
+    a = (x.to(tl.float32) * c).to(x.dtype).to(tl.float32)
+    b = (partner.to(tl.float32) * s).to(x.dtype).to(tl.float32)
+    return tl.where(first, a - b, a + b).to(x.dtype)
 
 
 @triton.jit(do_not_specialize=["chunk", "shares"])

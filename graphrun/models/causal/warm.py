@@ -178,12 +178,12 @@ def warm_kernels(layout: Layout, device: torch.device, dtype: torch.dtype,
             k_cache = torch.zeros(blocks + 1, g, block_size, d, dtype=dtype, device=device)
             v_cache = torch.zeros_like(k_cache)
             for rows in (1, 2):  # 1: the split kernel and the merge; 2: strides of more rows
-                q, k, v = model_qkv(layout, rows, 1, randn)
+                q, k, v, rotary = decode_qkv(layout, rows, randn)
                 table = torch.arange(1, blocks + 1, dtype=torch.int32,
                                      device=device).repeat(rows, 1)
                 lens = torch.full((rows,), DECODE_KEYS, dtype=torch.int32, device=device)
                 paged_attention._kernel_decode(q, k, v, k_cache, v_cache, table, lens,
-                                               d ** -0.5)
+                                               d ** -0.5, rotary=rotary)
             done.append("paged decode")
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -284,3 +284,19 @@ def model_qkv(layout: Layout, rows: int, tokens: int, randn,
     q, k = turned.split([h, g], dim=1)
     return q, k, v.view(rows, tokens, g, d).transpose(1, 2)
 
+
+
+def decode_qkv(layout: Layout, rows: int, randn) -> tuple:
+    """A decode step's (q, k, v, rotary) as the model hands them to paged_decode: graphrun's
+    Llama's q and k before RoPE with its (cos, sin) where the kernel applies it
+    (kv_cache.attend_rotary), else model_qkv's and None."""
+    h, g, d = layout.heads, layout.kv_heads, layout.head_dim
+    if layout.fused == "llama":
+        x = randn(rows, 1, (h + 2 * g) * d)
+        qk, v = x.split([(h + g) * d, g * d], dim=-1)
+        qk = qk.view(rows, 1, h + g, d).transpose(1, 2)
+        angles = randn(rows, 1, 1, d)
+        cos, sin = angles.cos(), angles.sin()
+        if paged_attention.takes_rotary(qk[:, :h], cos):
+            return qk[:, :h], qk[:, h:], v.view(rows, 1, g, d).transpose(1, 2), (cos, sin)
+    return (*model_qkv(layout, rows, 1, randn), None)
