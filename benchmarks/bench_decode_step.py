@@ -24,8 +24,8 @@ Ways:
   the same state, so it must pick the same tokens.
 - either with `-general`: the paged decode kernel switched off (paged_attention.usable), so
   attention runs paged_decode_reference (the blocks gathered, then scaled_dot_product_attention).
-- plain-torch-pick: plain with the pick's kernel switched off (generate/sampling.py: the
-  argmaxes and the draw's noise as torch's ops).
+- plain-torch-pick: plain with the pick's kernels switched off (generate/sampling.py: the
+  argmaxes and the draw's noise as torch's ops; and the bookkeeping after it, steps.advance).
 - plain-unfused: plain with the fused elementwise kernels switched off (Llama.fused_kernels,
   models/causal/fused.py): the residual adds, RMSNorms, RoPE and silu(gate) * up as torch's ops.
   (Under model.compile inductor fuses those ops itself, so the compile ways never run them.)

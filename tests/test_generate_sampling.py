@@ -181,19 +181,17 @@ def pick_kernel_failures(device: str) -> list[str]:
         x = x.to(device)
         temperature = (torch.rand(rows, generator=gen) * 2).to(device)
         temperature[::3] = 0.0
-        divisor = torch.where(temperature > 0, temperature, 1.0)
         keys = torch.tensor([record_key(0, i) for i in range(rows)], device=device)
-        streams = sampling.row_streams(keys, torch.arange(rows, device=device) * 7)
+        index = torch.arange(rows, device=device) * 7
         ids = torch.arange(vocab, device=device)
         for name, got, want in (
-                ("greedy", sampling._kernel_pick(x, greedy=True)[0], x.argmax(dim=-1)),
-                ("drawn", sampling._kernel_pick(x, greedy=True, divisor=divisor,
-                                                streams=streams),
-                 sampling.draw_eager(x, divisor, streams, ids, greedy=True)),
-                ("filtered", sampling._kernel_pick(x, greedy=False, streams=streams)[1],
-                 sampling.draw_eager(x, None, streams, ids, greedy=False)[1])):
-            got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
-            if any(not torch.equal(g, w) for g, w in zip(got, want)):
+                ("greedy", sampling._kernel_pick(x), x.argmax(dim=-1)),
+                ("drawn", sampling._kernel_pick(x, temperature=temperature, keys=keys,
+                                                index=index),
+                 sampling.draw_eager(x, temperature, keys, index, ids)),
+                ("filtered", sampling._kernel_pick(x, keys=keys, index=index),
+                 sampling.draw_eager(x, None, keys, index, ids))):
+            if not torch.equal(got, want):
                 failures.append(f"{name} {rows} x {vocab}: {got} against {want}")
     return failures + ([f"given up: {sampling.kernel_failure()}"]
                        if sampling.kernel_failure() else [])
@@ -218,12 +216,12 @@ def test_a_pick_kernel_that_differs_from_torchs_ops_is_given_up(monkeypatch):
     # a spy deep inside the pick: the kernel "runs" on the CPU and is off by one column
     monkeypatch.setattr(sampling, "_kernel_takes", lambda x: not sampling.SWITCH.failures)
     real = sampling.draw_eager
-    monkeypatch.setattr(sampling, "_kernel_pick", lambda x, greedy, divisor=None,
-                        streams=None: tuple(None if t is None else t + 1 for t in (
-                            x.argmax(-1) if greedy else None,
-                            None if streams is None else real(
-                                x, divisor, streams, torch.arange(x.shape[1]),
-                                greedy=False)[1])))
+
+    def off_by_one(x, temperature=None, keys=None, index=None):
+        ids = torch.arange(x.shape[1])
+        return 1 + (x.argmax(-1) if keys is None else real(x, temperature, keys, index, ids))
+
+    monkeypatch.setattr(sampling, "_kernel_pick", off_by_one)
     assert sampling.check_kernel(torch.device("cpu"), 500) == []
     assert "the pick kernel differs from torch's ops on cpu in 48 of 48 picks" in \
         sampling.kernel_failure()
@@ -231,8 +229,7 @@ def test_a_pick_kernel_that_differs_from_torchs_ops_is_given_up(monkeypatch):
     x = torch.randn(4, 500)
     got = pick(x, torch.ones(4), torch.zeros(4).long(), torch.ones(4), torch.zeros(4), keys,
                torch.zeros(4).long(), torch.arange(500), sample=True, filtered=False)
-    want = real(x, torch.ones(4), sampling.row_streams(keys, torch.zeros(4).long()),
-                torch.arange(500), greedy=False)[1]
+    want = real(x, None, keys, torch.zeros(4).long(), torch.arange(500))
     assert got.tolist() == want.tolist()
 
 
@@ -266,3 +263,59 @@ def test_on_the_gpu_a_sampled_job_draws_the_same_tokens_with_the_pick_kernel_or_
         tokens.append([c.token_ids for c in gen.generate(prompts, list(range(4)))])
         gen.close()
     assert tokens[0] == tokens[1]
+
+
+# The decode step's bookkeeping after the pick (generate/steps.advance): its kernel against
+# torch's ops.
+
+def advance_failures(device: str) -> list[str]:
+    """steps.advance's kernel against advance_eager on seeded slot states (stopped and live
+    rows, picks that hit a stop id, rows at their max_new, no stop ids at all), the rows past
+    `rows` untouched; the failures."""
+    from types import SimpleNamespace
+
+    from graphrun.generate import sampling, steps
+
+    failures = []
+    gen = torch.Generator().manual_seed(4)
+    for slots, rows, width in ((80, 70, 3), (5, 5, 0), (300, 256, 9), (1, 1, 1)):
+        def state() -> SimpleNamespace:
+            g = torch.Generator().manual_seed(slots)
+            return SimpleNamespace(
+                device=torch.device(device),
+                done=(torch.rand(slots, generator=g) < 0.3).to(device),
+                stops=torch.randint(-1, 6, (slots, width), generator=g).to(device),
+                index=torch.randint(0, 9, (slots,), generator=g).to(device),
+                max_new=torch.randint(1, 10, (slots,), generator=g).to(device),
+                seq_lens=torch.randint(1, 99, (slots,), generator=g).int().to(device),
+                token=torch.randint(0, 9, (slots,), generator=g).to(device),
+                picked=torch.randint(0, 9, (slots,), generator=g).to(device))
+
+        picked = torch.randint(0, 6, (rows,), generator=gen).to(device)
+        got, want = state(), state()
+        steps.advance(got, picked, rows, 7)
+        steps.advance_eager(want, picked, rows, 7)
+        for name in ("done", "index", "seq_lens", "token", "picked"):
+            if not torch.equal(getattr(got, name), getattr(want, name)):
+                failures.append(f"{slots} slots, {rows} rows, {width} stop ids: {name} "
+                                f"{getattr(got, name).tolist()} against "
+                                f"{getattr(want, name).tolist()}")
+    return failures + ([f"given up: {sampling.kernel_failure()}"]
+                       if sampling.kernel_failure() else [])
+
+
+def test_the_bookkeeping_kernel_in_the_interpreter_moves_rows_on_as_torchs_ops_do():
+    pytest.importorskip("triton", reason="the bookkeeping's kernel is written in Triton")
+    from tests.triton_interpreter import run_interpreted
+
+    p = run_interpreted("import tests.test_generate_sampling as t", "t.advance_failures('cpu')")
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+
+
+@pytest.mark.cuda
+def test_on_the_gpu_the_bookkeeping_kernel_moves_rows_on_as_torchs_ops_do(monkeypatch):
+    pytest.importorskip("triton", reason="the bookkeeping's kernel is written in Triton")
+    from graphrun.generate import sampling
+
+    monkeypatch.setattr(sampling.SWITCH, "failures", [])
+    assert advance_failures("cuda") == []

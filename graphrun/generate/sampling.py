@@ -134,7 +134,7 @@ def first_argmax(x: torch.Tensor) -> torch.Tensor:
     torch.argmax gives (the kernel's where it takes x)."""
     if _kernel_takes(x):
         try:
-            return _kernel_pick(x, greedy=True)[0]
+            return _kernel_pick(x)
         except Exception as err:  # noqa: BLE001 - a kernel that cannot run: torch's ops
             give_up(err)
     return first_argmax_eager(x)
@@ -154,27 +154,31 @@ def first_argmax_eager(x: torch.Tensor) -> torch.Tensor:
     return (part * width + at.gather(1, part)).squeeze(1)
 
 
-def draw(scores: torch.Tensor, divisor: torch.Tensor | None, streams: torch.Tensor,
-         vocab_ids: torch.Tensor, *, greedy: bool
-         ) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """(first_argmax(scores) if greedy, else None; first_argmax(scores / divisor[:, None] +
-    noise)): the Gumbel-max draw of each row's stream [b] (row_streams), divisor [b] float32
-    (None: the scores are divided already)."""
-    if _kernel_takes(scores) and streams.is_contiguous() and (
-            divisor is None or (divisor.dtype == torch.float32 and divisor.is_contiguous())):
+def draw(scores: torch.Tensor, temperature: torch.Tensor | None, keys: torch.Tensor,
+         index: torch.Tensor, vocab_ids: torch.Tensor) -> torch.Tensor:
+    """Each row's Gumbel-max draw from scores [b, V] float32 with the noise of its stream
+    (row_streams of keys [b] and index [b] int64), [b] int64. temperature [b] float32: the
+    scores divided by it first, and where it is 0 the row's first_argmax instead; None: the
+    scores as they are (divided already)."""
+    if (_kernel_takes(scores) and all(t.dtype == torch.int64 and t.is_contiguous()
+                                      for t in (keys, index))
+            and (temperature is None or (temperature.dtype == torch.float32
+                                         and temperature.is_contiguous()))):
         try:
-            return _kernel_pick(scores, greedy=greedy, divisor=divisor, streams=streams)
+            return _kernel_pick(scores, temperature=temperature, keys=keys, index=index)
         except Exception as err:  # noqa: BLE001
             give_up(err)
-    return draw_eager(scores, divisor, streams, vocab_ids, greedy=greedy)
+    return draw_eager(scores, temperature, keys, index, vocab_ids)
 
 
-def draw_eager(scores, divisor, streams, vocab_ids, *, greedy: bool):
+def draw_eager(scores, temperature, keys, index, vocab_ids) -> torch.Tensor:
     """draw in torch's ops."""
-    best = first_argmax_eager(scores) if greedy else None
-    if divisor is not None:
-        scores = scores / divisor[:, None]
-    return best, first_argmax_eager(scores + gumbel(streams, vocab_ids))
+    noise = gumbel(row_streams(keys, index), vocab_ids)
+    if temperature is None:
+        return first_argmax_eager(scores + noise)
+    hot = temperature > 0
+    drawn = first_argmax_eager(scores / torch.where(hot, temperature, 1.0)[:, None] + noise)
+    return torch.where(hot, drawn, first_argmax_eager(scores))
 
 
 def pick(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
@@ -187,21 +191,18 @@ def pick(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     top_k, top_p or min_p on (else no sort)."""
     if not sample:
         return first_argmax(logits)
+    if not filtered:
+        return draw(logits, temperature, keys, index, vocab_ids)
     hot = temperature > 0
-    divisor = torch.where(hot, temperature, 1.0)
-    streams = row_streams(keys, index)
-    if filtered:
-        greedy = first_argmax(logits)
-        scores = filter_scores(logits / divisor[:, None], top_k, top_p, min_p)
-        _, drawn = draw(scores, None, streams, vocab_ids, greedy=False)
-    else:
-        greedy, drawn = draw(logits, divisor, streams, vocab_ids, greedy=True)
-    return torch.where(hot, drawn, greedy)
+    scores = filter_scores(logits / torch.where(hot, temperature, 1.0)[:, None], top_k, top_p,
+                           min_p)
+    return torch.where(hot, draw(scores, None, keys, index, vocab_ids), first_argmax(logits))
 
 
 # -- the kernel: when it runs, and the check that it computes what the torch ops do ---------
 
-PICK_BLOCK = 1024  # columns one program of the kernel reads
+PICK_BLOCK = 1024  # columns one program of pick_parts reads
+PICK_ROWS = 8  # rows one program of pick_rows chooses for
 SWITCH = KernelSwitch("graphrun.generate.pick_kernels")  # imported on a GPU's first pick
 _checked: dict[tuple, bool] = {}  # (device, vocab) -> the kernel agreed with torch's ops
 
@@ -227,30 +228,33 @@ def kernel_failure() -> str | None:
     return SWITCH.failure()
 
 
-def _kernel_pick(x: torch.Tensor, *, greedy: bool, divisor: torch.Tensor | None = None,
-                 streams: torch.Tensor | None = None):
-    """(greedy picks or None, drawn picks or None) of the kernel: per row and part its best
-    and first column, then the first part holding the row's best."""
+def _kernel_pick(x: torch.Tensor, *, temperature: torch.Tensor | None = None,
+                 keys: torch.Tensor | None = None,
+                 index: torch.Tensor | None = None) -> torch.Tensor:
+    """The kernels' picks [b] int64: keys None, first_argmax(x); else draw(x, temperature,
+    keys, index). pick_parts: per row and part its best and first column (the scores as they
+    are, the draw's, or both); pick_rows: per row the first part holding its best, and the
+    draw where its temperature is above 0."""
     b, v = x.shape
     parts = -(-v // PICK_BLOCK)
-    draw_ = streams is not None
+    greedy, drawn = keys is None or temperature is not None, keys is not None
 
     def pair(on: bool) -> list[torch.Tensor]:  # a part's best and column; x: never written
         return ([torch.empty((b, parts), dtype=torch.float32, device=x.device),
                  torch.empty((b, parts), dtype=torch.int32, device=x.device)] if on else [x, x])
 
-    outs = pair(greedy) + pair(draw_)
+    outs = pair(greedy) + pair(drawn)
+    token = torch.empty(b, dtype=torch.int64, device=x.device)
     if b:
-        SWITCH.kernels.pick_parts[(b, parts)](
-            x, divisor if divisor is not None else x, streams if draw_ else x, *outs,
-            v, x.stride(0), parts, BLOCK=PICK_BLOCK, GREEDY=greedy, DRAW=draw_,
-            DIVIDE=divisor is not None, num_warps=4, enable_fp_fusion=False)
-
-    def best(values, at):
-        part = values.argmax(dim=-1, keepdim=True)  # the first part holding the maximum
-        return at.gather(1, part).squeeze(1).long()
-
-    return (best(*outs[:2]) if greedy else None, best(*outs[2:]) if draw_ else None)
+        k = SWITCH.kernels
+        given = [t if t is not None else x for t in (temperature, keys, index)]
+        k.pick_parts[(b, parts)](x, *given, *outs, v, x.stride(0), parts, BLOCK=PICK_BLOCK,
+                                 GREEDY=greedy, DRAW=drawn, DIVIDE=temperature is not None,
+                                 num_warps=4, enable_fp_fusion=False)
+        k.pick_rows[(-(-b // PICK_ROWS),)](*outs, given[0], token, b, parts, R=PICK_ROWS,
+                                           BP=max(2, 1 << (parts - 1).bit_length()),
+                                           GREEDY=greedy, DRAW=drawn, num_warps=4)
+    return token
 
 
 def check_kernel(device: torch.device, vocab: int) -> list[str]:
@@ -272,22 +276,21 @@ def _check(device: torch.device, vocab: int) -> bool:
         return False
     x[1, : vocab // 2] = float("-inf")
     x[2, :: 2] = x[2, 1]  # equal maxima: the first wins
-    divisor = torch.rand(rows, generator=gen, device=device) + 0.5
-    divisor[3] = 1.0
     keys = torch.randint(-2**62, 2**62, (rows,), generator=gen, device=device)
     index = torch.arange(rows, device=device)
-    streams = row_streams(keys, index)
     vocab_ids = torch.arange(vocab, device=device)
+    temperature = torch.rand(rows, generator=gen, device=device) + 0.5
+    temperature[3], temperature[4] = 0.0, 1.0  # a greedy row, an undivided one
     try:
-        want = draw_eager(x, divisor, streams, vocab_ids, greedy=True)
-        got = _kernel_pick(x, greedy=True, divisor=divisor, streams=streams)
-        want_filtered = draw_eager(x, None, streams, vocab_ids, greedy=False)[1]
-        got_filtered = _kernel_pick(x, greedy=False, streams=streams)[1]
+        pairs = [(_kernel_pick(x), first_argmax_eager(x)),
+                 (_kernel_pick(x, temperature=temperature, keys=keys, index=index),
+                  draw_eager(x, temperature, keys, index, vocab_ids)),
+                 (_kernel_pick(x, keys=keys, index=index),
+                  draw_eager(x, None, keys, index, vocab_ids))]
     except Exception as err:  # noqa: BLE001 - a kernel that cannot compile here
         give_up(err)
         return False
-    wrong = int((got[0] != want[0]).sum() + (got[1] != want[1]).sum()
-                + (got_filtered != want_filtered).sum())
+    wrong = int(sum((got != want).sum() for got, want in pairs))
     if wrong:
         give_up(RuntimeError(f"the pick kernel differs from torch's ops on {device} in {wrong} "
                              f"of {3 * rows} picks"))

@@ -26,6 +26,7 @@ import torch
 
 from graphrun.generate.config import GenerateConfig
 from graphrun.models.causal.kv_cache import PagedCache, StepKV
+from graphrun.generate import sampling
 from graphrun.generate.sampling import penalize, pick, token_logprobs
 
 
@@ -266,15 +267,42 @@ def decode_step(model: StepModel, state: SlotState, cache: PagedCache, config: G
         logits.copy_(model(state.token[:rows, None], (seq.long() - 1)[:, None], kv))
         index, done = state.index[:rows], state.done[:rows]
         token = _pick(state, config, logits, slice(0, rows), index, variant)
-        token = torch.where(done, config.pad_id, token)
-        live = ~done
-        if variant.penalized:
-            state.counts[:rows].scatter_add_(1, token[:, None], live.int()[:, None])
-        stop = (token[:, None] == state.stops[:rows]).any(dim=-1)
-        index += live.long()
-        done |= live & (stop | (index >= state.max_new[:rows]))
-        seq += live.int()
-        state.token[:rows].copy_(token)
-        state.picked[:rows].copy_(token)
+        if variant.penalized:  # a live row's pick counted (a stopped row's adds 0)
+            state.counts[:rows].scatter_add_(1, token[:, None], (~done).int()[:, None])
+        advance(state, token, rows, config.pad_id)
 
     return step
+
+
+ADVANCE_ROWS = 64  # rows one program of the bookkeeping's kernel takes
+
+
+def advance(state: SlotState, picked: torch.Tensor, rows: int, pad_id: int) -> None:
+    """A decode step's bookkeeping after its pick (picked [rows] int64) for the first `rows`
+    slots: a stopped or empty slot's pick becomes pad_id; a live row moves on a place and a key
+    and stops at one of its stop ids or its max_new; token and picked get the pick. One
+    kernel where the pick's kernels run (generate/pick_kernels.advance), else torch's ops."""
+    if not torch.compiler.is_compiling() and sampling.SWITCH.on(state.device):
+        try:
+            width = state.stops.shape[1]
+            sampling.SWITCH.kernels.advance[(-(-rows // ADVANCE_ROWS),)](
+                picked, state.done, state.stops, state.index, state.max_new, state.seq_lens,
+                state.token, state.picked, pad_id, rows, state.stops.stride(0), width,
+                R=ADVANCE_ROWS, BS=max(2, 1 << (width - 1).bit_length()), num_warps=4)
+            return
+        except Exception as err:  # noqa: BLE001 - a kernel that cannot run: torch's ops
+            sampling.give_up(err)
+    advance_eager(state, picked, rows, pad_id)
+
+
+def advance_eager(state: SlotState, picked: torch.Tensor, rows: int, pad_id: int) -> None:
+    """advance in torch's ops."""
+    done, index, seq = state.done[:rows], state.index[:rows], state.seq_lens[:rows]
+    token = torch.where(done, pad_id, picked)
+    live = ~done
+    stop = (token[:, None] == state.stops[:rows]).any(dim=-1)
+    index += live.long()
+    done |= live & (stop | (index >= state.max_new[:rows]))
+    seq += live.int()
+    state.token[:rows].copy_(token)
+    state.picked[:rows].copy_(token)
