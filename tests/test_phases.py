@@ -24,24 +24,37 @@ from tests.children import child_env
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_nested_phases_are_counted_once_and_the_rest_is_other():
+@pytest.fixture
+def tick(monkeypatch):
+    """The clock's time, moved only by tick(seconds): the phases' sums are exact, whatever the
+    machine's load (a sleep on a busy 2-core machine can last far longer than asked)."""
+    now = [time.perf_counter()]  # after the process's start, as the clock's first phase needs
+    monkeypatch.setattr(phases, "time", type("FakeTime", (), {
+        "perf_counter": staticmethod(lambda: now[0]), "time": staticmethod(time.time)}))
+
+    def advance(seconds: float) -> None:
+        now[0] += seconds
+    return advance
+
+
+def test_nested_phases_are_counted_once_and_the_rest_is_other(tick):
     clock = PhaseClock()
     with clock.active():
         with phase("model build"):
-            time.sleep(0.05)
+            tick(0.05)
             with phase("weights load"):
-                time.sleep(0.1)
-        time.sleep(0.05)  # no phase: other
+                tick(0.1)
+        tick(0.05)  # no phase: other
         with phase("warm-up", ("batch=8", 0)):
-            time.sleep(0.02)
+            tick(0.02)
         with phase("warm-up", ("batch=1", 0)):
-            time.sleep(0.02)
+            tick(0.02)
         total = clock.end()
     top = dict(clock.top())
-    assert 0.05 <= top["model build"] < 0.09  # its own time, weights load not in it
-    assert 0.1 <= top["weights load"] < 0.14
-    assert 0.04 <= top["warm-up"] < 0.08
-    assert top[OTHER] >= 0.05
+    assert top["model build"] == pytest.approx(0.05)  # its own time, weights load not in it
+    assert top["weights load"] == pytest.approx(0.1)
+    assert top["warm-up"] == pytest.approx(0.04)
+    assert top[OTHER] == pytest.approx(0.05)
     assert sum(top.values()) == pytest.approx(total, abs=1e-9)
     assert list(top)[-1] == OTHER
     parts = clock.parts
@@ -49,44 +62,45 @@ def test_nested_phases_are_counted_once_and_the_rest_is_other():
     assert sum(p["warm-up"] for p in parts.values()) == pytest.approx(top["warm-up"])
 
 
-def test_a_whole_phase_holds_the_phases_nested_in_it_which_count_per_bucket_within_it():
+def test_a_whole_phase_holds_the_phases_nested_in_it_which_count_per_bucket_within_it(
+        tick):
     """A bucket set up mid-stream (capture.lazy): one phase, out of the stream's time; its
     warm-up and verify are not the top-level ones, but its parts, marked within it."""
     clock = PhaseClock()
     with clock.active():
         with phase("stream"):
-            time.sleep(0.02)
+            tick(0.02)
             with phase(FIRST_USE, whole=True):
                 with phase("warm-up", ("batch=1", 0)):
-                    time.sleep(0.03)
+                    tick(0.03)
                 with phase("verify", ("batch=1", 0)):
-                    time.sleep(0.01)
-            time.sleep(0.02)
+                    tick(0.01)
+            tick(0.02)
         with phase("warm-up", ("batch=8", 0)):
-            time.sleep(0.01)
+            tick(0.01)
         with phase("stream"), phase(FIRST_USE, whole=True), phase("capture", ("batch=2", 0)):
-            time.sleep(0.02)
+            tick(0.02)
             total = clock.end()  # open in a whole phase: its time up to here
     top = dict(clock.top())
-    assert 0.04 <= top["stream"] < 0.1 and "verify" not in top and "capture" not in top
-    assert 0.06 <= top[FIRST_USE] < 0.15  # 0.03 + 0.01, then 0.02 open at the end
-    assert 0.01 <= top["warm-up"] < 0.04  # batch=8's alone
+    assert top["stream"] == pytest.approx(0.04) and "verify" not in top and "capture" not in top
+    assert top[FIRST_USE] == pytest.approx(0.06)  # 0.03 + 0.01, then 0.02 open at the end
+    assert top["warm-up"] == pytest.approx(0.01)  # batch=8's alone
     assert sum(top.values()) == pytest.approx(total, abs=1e-9)
     assert clock.within == {("batch=1", 0): FIRST_USE}
     assert set(clock.parts) == {("batch=1", 0), ("batch=8", 0)}
-    assert 0.03 <= clock.parts[("batch=1", 0)]["warm-up"] < 0.08
+    assert clock.parts[("batch=1", 0)]["warm-up"] == pytest.approx(0.03)
 
 
-def test_phases_open_at_the_end_count_up_to_it_and_not_after():
+def test_phases_open_at_the_end_count_up_to_it_and_not_after(tick):
     clock = PhaseClock()
     with clock.active(), phase("manifest write"):
         with phase("inner"):
-            time.sleep(0.03)
+            tick(0.03)
             clock.end()
-            time.sleep(0.05)  # after the end: nobody's
-        time.sleep(0.05)
+            tick(0.05)  # after the end: nobody's
+        tick(0.05)
     top = dict(clock.top())
-    assert 0.03 <= top["inner"] < 0.06 and top["manifest write"] < 0.01
+    assert top["inner"] == pytest.approx(0.03) and top["manifest write"] == 0
     assert sum(top.values()) == pytest.approx(clock.elapsed(), abs=1e-9)
 
 
@@ -133,14 +147,16 @@ def test_without_proc_the_start_is_psutils_or_graphruns_first_clock(monkeypatch)
         assert t0 <= phases.FIRST_CLOCK
 
 
-def check_adds_up(m: dict) -> dict[str, float]:
-    """The manifest's phases: they add up to process_wall_s, other is at most 2% of it, the
-    per-bucket breakdown adds up to its top-level phases; returns name -> seconds."""
+def check_adds_up(m: dict, other_share: float | None = 0.02) -> dict[str, float]:
+    """The manifest's phases: they add up to process_wall_s, other is at most other_share of it
+    (None: the caller checks other), the per-bucket breakdown adds up to its top-level phases;
+    returns name -> seconds."""
     totals, ph = m["totals"], m["phases"]
     top = {p["name"]: p["s"] for p in ph["top"]}
     assert len(top) == len(ph["top"]) and all(s >= 0 for s in top.values())
     assert sum(top.values()) == pytest.approx(totals["process_wall_s"], rel=1e-9)
-    assert top[OTHER] <= 0.02 * totals["process_wall_s"], top
+    if other_share is not None:
+        assert top[OTHER] <= other_share * totals["process_wall_s"], top
     keys = ("warmup_s", "capture_s", "verify_s")
     for name, key in zip(PART_PHASES, keys):  # buckets set up before the stream
         parts = sum(b[key] for b in ph["buckets"] if b["within"] is None)
@@ -186,15 +202,22 @@ def test_a_run_with_verify_on_accounts_for_each_bucket(tmp_path):
     spec = graphrun.load_spec(ROOT / "pipelines" / "decoder-step.yaml",
                               ["capture.verify.enabled=true", "capture.verify.eager=true",
                                "data.batch_size=8", "capture.lazy=false"])  # every bucket, now
-    manifest = graphrun.run(spec, out=tmp_path / "o", stop=200)
-    m = json.loads((tmp_path / "o" / "manifest.json").read_text())
-    top = check_adds_up(m)
     # in a test process, the time before run() is the caller's: other is of the run's part, a
-    # 0.2 s run here, so 2% of it is 4 ms; on a loaded 2-core machine a thread waits longer
-    # than that for a core between two phases, hence the 50 ms allowance (each phase this
-    # run must have is asserted present below, so a forgotten one still fails)
+    # 0.2 s run here, so 2% of it is 4 ms. On a loaded 2-core machine a thread can wait a tenth
+    # of a second for a core between two phases, so the least of up to three runs is held to
+    # it: a phase the code forgot is missing from every run, a wait for a core is not
+    others = []
+    for attempt in range(3):
+        out = tmp_path / f"o{attempt}"
+        manifest = graphrun.run(spec, out=out, stop=200)
+        m = json.loads((out / "manifest.json").read_text())
+        top = {p["name"]: p["s"] for p in m["phases"]["top"]}
+        others.append((top[OTHER], 0.02 * m["totals"]["wall_s"] + 0.02, top))
+        if others[-1][0] <= others[-1][1]:
+            break
+    assert min(o - bound for o, bound, _ in others) <= 0, others
+    top = check_adds_up(m, other_share=None)
     assert list(top)[0] == "before run()"
-    assert top[OTHER] <= 0.02 * m["totals"]["wall_s"] + 0.05, top
     assert top["verify"] > 0 and top["warm-up"] > 0
     buckets = {(b["bucket"], b["lane"]): b for b in m["phases"]["buckets"]}
     assert {name for name, _ in buckets} == {b.name for b in manifest.buckets}
