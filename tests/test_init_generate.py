@@ -496,3 +496,149 @@ def test_a_huge_outlier_is_planned_around_and_every_bad_record_is_named(tmp_path
         assert (f"messy.jsonl:{k + 1}: invalid JSON: the string opened at column "
                 in said), k
     assert cli("validate", spec_path).exit_code == 0
+
+
+# ---- prompts of token ids: planned from their own lengths, taken as they are ------------------
+
+def write_ids(path: Path, lengths, field: str = "input_ids", extra=None, seed: int = 0
+              ) -> list[list[int]]:
+    """One record per length, its prompt `length` token ids of the tiny Llama's vocabulary
+    (512), none its BOS (0) or EOS (1); extra(i): more fields of record i."""
+    rng = np.random.default_rng(seed)
+    prompts = [[int(x) for x in rng.integers(2, 512, n)] for n in lengths]
+    path.write_text("".join(json.dumps({"id": f"t{i}", field: p, **(extra(i) if extra else {})})
+                            + "\n" for i, p in enumerate(prompts)))
+    return prompts
+
+
+ID_LENGTHS = [17, 3, 40, 9, 26, 5, 33, 12, 38, 21, 7, 29, 15, 36, 4, 24, 11, 31, 19, 8]
+
+
+def test_a_file_of_token_ids_is_planned_from_their_lengths_and_runs(tmp_path):
+    """Records whose prompt is a list of token ids: data.text.field names that field, the
+    prompt buckets are planned from the ids' own counts (no special token added), and the
+    written spec runs, one completion per record whose prompt_tokens is its ids' count."""
+    import yaml
+
+    data = tmp_path / "ids.jsonl"
+    prompts = write_ids(data, ID_LENGTHS)
+    result, spec_path = init(tmp_path, TINY, data=data)
+    assert result.exit_code == 0, result.output
+    written = yaml.safe_load(spec_path.read_text())
+    assert written["data"]["text"] == {"field": "input_ids", "truncate": False}
+    assert "the prompt's token ids, taken as they are" in spec_path.read_text()
+    spec = graphrun.load_spec(spec_path)
+    assert spec.data.text.field == "input_ids" and spec.generate is not None
+    said = " ".join(result.output.split())
+    assert "data.text: field 'input_ids' holds token ids, taken as they are" in said
+    assert "read 20 records of ids.jsonl (of 20)" in said
+    # planned from the counts 3..40 as they are: a BOS added, or the ids' text tokenized
+    # again, would make them other lengths
+    assert "token lengths 3-40 in the 20 records sampled" in said
+    assert "prompt tokens 3-40 in the sample" in spec_path.read_text()
+    seq = spec.buckets["seq"]
+    assert seq[-1] == 40 and seq == sorted(seq) and all(v % 8 == 0 for v in seq)
+    assert len(seq) > 1 and seq[0] < 40  # the short ones get buckets of their own
+    # 20 records in one window, batches of 8: 8, 8 and 4
+    assert spec.buckets["batch"] == [4, 8] and spec.data.group_by_length == 20
+    out = tmp_path / "out"
+    run = cli("run", spec_path, "--out", out, "--set", "generate.max_new_tokens=2",
+              "--set", "generate.min_new_tokens=2")
+    assert run.exit_code == 0, run.output
+    totals = json.loads((out / "manifest.json").read_text())["totals"]
+    assert (totals["records_in"], totals["records_out"], totals["records_rejected"]) == (
+        20, 20, 0)
+    rows = [json.loads(x) for part in sorted(out.glob("part-*.jsonl"))
+            for x in part.read_text().splitlines()]
+    assert [r["id"] for r in rows] == [f"t{i}" for i in range(20)]  # one each, in input order
+    assert [r["prompt_tokens"] for r in rows] == [len(p) for p in prompts] == ID_LENGTHS
+    assert all(r["output_tokens"] == 2 and len(r["token_ids"]) == 2 for r in rows)
+
+
+def token_count(text: str) -> int:
+    """A text's tokens as init counts them: the tiny Llama's tokenizer, special tokens added."""
+    from tokenizers import Tokenizer
+
+    return len(Tokenizer.from_file(str(TINY / "tokenizer.json")).encode(text).ids)
+
+
+def test_a_text_prompt_beside_token_ids_is_the_prompt(tmp_path):
+    """A record with a prompt field of text and a field of token ids: the text is the prompt,
+    and the buckets are planned from its token lengths, not the ids'."""
+    data = tmp_path / "both.jsonl"
+    texts = [" ".join(WORDS[: 1 + i % 4]) for i in range(len(ID_LENGTHS))]
+    write_ids(data, ID_LENGTHS, extra=lambda i: {"prompt": texts[i]})
+    result, spec_path = init(tmp_path, TINY, data=data)
+    assert result.exit_code == 0, result.output
+    spec = graphrun.load_spec(spec_path)
+    assert spec.data.text.field == "prompt" and spec.data.text.add_special_tokens is True
+    lo, hi = min(map(token_count, texts)), max(map(token_count, texts))
+    assert hi < 16  # far from the ids' 40
+    said = " ".join(result.output.split())
+    assert "data.text: field 'prompt', tokenized by the model's tokenizer" in said
+    assert f"token lengths {lo}-{hi} in the 20 records sampled" in said
+    assert spec.buckets["seq"][-1] == -(-hi // 8) * 8
+
+
+def test_token_ids_named_so_are_the_prompt_beside_a_string_field_named_otherwise(tmp_path):
+    """A field of token ids named as such (input_ids) beside a string field whose name is no
+    prompt's (a language): the ids are the prompt, the string field said to be unused;
+    --text-field picks the string field all the same."""
+    data = tmp_path / "meta.jsonl"
+    write_ids(data, ID_LENGTHS, extra=lambda i: {"lang": "en"})
+    result, spec_path = init(tmp_path, TINY, data=data)
+    assert result.exit_code == 0, result.output
+    spec = graphrun.load_spec(spec_path)
+    assert spec.data.text.field == "input_ids" and spec.buckets["seq"][-1] == 40
+    said = " ".join(result.output.split())
+    assert "token lengths 3-40" in said and "string fields not used: lang" in said
+    result, spec_path = init(tmp_path, TINY, "--text-field", "lang", "--force", data=data)
+    assert result.exit_code == 0, result.output
+    assert graphrun.load_spec(spec_path).data.text.field == "lang"
+
+
+def test_two_fields_of_token_ids_named_neither_way_ask_for_text_field(tmp_path):
+    """Two unnamed fields of whole-number lists: which holds the prompts is asked, not
+    guessed; --text-field names it, and its lengths plan the buckets."""
+    data = tmp_path / "two.jsonl"
+    write_ids(data, ID_LENGTHS, field="a", extra=lambda i: {"b": [5, 6, 7]})
+    result, spec_path = init(tmp_path, TINY, data=data)
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    said = " ".join(result.output.split())
+    assert "holds several fields of whole numbers (a, b)" in said
+    assert "pass --text-field for the one holding the prompts' token ids" in said
+    assert not spec_path.exists()
+    result, spec_path = init(tmp_path, TINY, "--text-field", "a", data=data)
+    assert result.exit_code == 0, result.output
+    spec = graphrun.load_spec(spec_path)
+    assert spec.data.text.field == "a" and spec.buckets["seq"][-1] == 40
+    assert "token lengths 3-40" in " ".join(result.output.split())
+
+
+def test_token_ids_for_a_job_other_than_generation_is_one_message(tmp_path):
+    """Prompts of token ids are a generation job's: --task next-token on a causal LM is
+    refused with one message saying to use --task generate; an encoder (embed), which cannot
+    generate, is told the file holds no text, not sent to --task generate; a causal LM without
+    --task writes the generation job."""
+    from tests.test_init_hf import save_model
+
+    data = tmp_path / "ids.jsonl"
+    write_ids(data, ID_LENGTHS)
+    refused = [
+        (TINY, ("--task", "next-token"), "ids.jsonl holds prompts of token ids (field "
+         "'input_ids'), which a generation job reads: use --task generate"),
+        (save_model(tmp_path / "bert", "embed"), (), "ids.jsonl holds no text field: field "
+         "'input_ids' holds prompts of token ids, which only a generation job over a causal "
+         "LM reads; --hf's embed tokenizes a text field")]
+    for folder, extra, message in refused:
+        spec_path = tmp_path / "x.yaml"
+        result = cli("init", "--hf", folder, "--data", data, "-o", spec_path, *extra)
+        assert result.exit_code != 0 and "Traceback" not in result.output, folder
+        said = " ".join(result.output.split())
+        assert message in said, said
+        assert not spec_path.exists()
+    assert "--task generate" not in said  # the encoder's: no generation job for it
+    result = cli("init", "--hf", TINY, "--data", data, "-o", tmp_path / "auto.yaml")
+    assert result.exit_code == 0, result.output
+    spec = graphrun.load_spec(tmp_path / "auto.yaml")
+    assert spec.generate is not None and spec.data.text.field == "input_ids"

@@ -93,19 +93,36 @@ def plan_generate(found, texts: list[str], tokenizer, limit: int, eos: list[int]
 BATCH_KEYS = {"custom_id", "method", "url", "body"}
 
 
+ID_NAMES = ("input_ids", "prompt_ids", "token_ids", "tokens", "ids", *PROMPT_NAMES)
+
+
 def prompt_source(profile, text_field: str | None) -> tuple[str, str | None]:
     """How the sampled records hold their prompts: ("batch", None) for OpenAI Batch request
-    lines, ("chat", field) for chat messages, ("text", None) for a text field."""
+    lines, ("chat", field) for chat messages, ("ids", field) for token ids where no field holds
+    text or none named as a prompt does, ("text", None) for a text field."""
     fields = set(profile.texts) | set(profile.objects) | {profile.id_field}
     if BATCH_KEYS <= fields and "body" in profile.objects:
         return "batch", None
     chats = [n for n, values in profile.objects.items()
              if all(isinstance(v, list) and all("role" in m for m in v) for v in values)]
+    ids = profile.token_ids
     if text_field is not None:
-        return ("chat", text_field) if text_field in chats else ("text", None)
-    if not chats:
-        return "text", None
-    return "chat", "messages" if "messages" in chats else chats[0]
+        if text_field in chats:
+            return "chat", text_field
+        return ("ids", text_field) if text_field in ids else ("text", None)
+    if chats:
+        return "chat", "messages" if "messages" in chats else chats[0]
+    named = [n for n in ID_NAMES if n in ids]
+    # a text field named as a prompt is the prompt; else token ids named as one are (a string
+    # field beside them, a language or a source, is no prompt)
+    if ids and (not profile.texts
+                or (named and not any(n in profile.texts for n in PROMPT_NAMES))):
+        if named or len(ids) == 1:
+            return "ids", named[0] if named else next(iter(ids))
+        raise InputError(f"holds several fields of whole numbers ({', '.join(ids)}) and none "
+                         f"is named {' or '.join(ID_NAMES[:2])}: pass --text-field for the one "
+                         "holding the prompts' token ids", where=str(profile.path))
+    return "text", None
 
 
 def rendered_prompts(profile, source: tuple[str, str | None], tokenizer

@@ -104,19 +104,30 @@ def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml
                        batch_size=batch_size, task=kind)
     found.source = source
     if source[0] != "text":
+        if source[0] == "ids" and kind.kind not in ("generate", "next-token"):
+            # no causal LM: --task generate would be refused too
+            raise GraphrunError(f"{profile.path.name} holds no text field: field "
+                                f"{source[1]!r} holds prompts of token ids, which only a "
+                                f"generation job over a causal LM reads; --hf's {kind.kind} "
+                                "tokenizes a text field: give a file whose records hold the "
+                                "text as a string")
         if kind.kind != "generate":
-            raise GraphrunError(f"{profile.path.name} holds "
-                                f"{'chat messages' if source[0] == 'chat' else 'Batch requests'}"
-                                ", which a generation job reads: use --task generate")
+            held = {"chat": "chat messages", "batch": "Batch requests",
+                    "ids": f"prompts of token ids (field {source[1]!r})"}[source[0]]
+            raise GraphrunError(f"{profile.path.name} holds {held}, which a generation job "
+                                "reads: use --task generate")
         found.text_field = source[1] or "body"
-        texts, special = rendered_prompts(profile, source, tokenizer)
+        if source[0] == "ids":  # taken as they are: no special tokens added
+            texts, special = texts_of(profile, found.text_field, ids=True), False
+        else:
+            texts, special = rendered_prompts(profile, source, tokenizer)
     else:
         found.text_field = chosen_fields(profile, text_field, kind.kind == "classify",
                                          PROMPT_NAMES if kind.kind == "generate" else TEXT_NAMES)
         if kind.kind == "generate" and not isinstance(found.text_field, str):
             raise GraphrunError("--text-field: a generation job reads one prompt field, not "
                                 "a pair")
-        texts, special = texts_of(profile, found.text_field), True
+        texts, special = texts_of(profile, found.text_field, kind.kind == "generate"), True
         profile.skipped = sorted(
             profile.skipped + non_texts(profile, found.text_field, kind.kind == "generate"),
             key=_line)  # run rejects them too (or reads token ids): name them, in file order
@@ -396,7 +407,10 @@ def _checks(found: HfInferred, config) -> list[str]:
             "chat": f"data.chat: field {found.text_field!r}, each record's messages rendered by "
                     "the model's chat template, then tokenized",
             "batch": "data.format: openai_batch: each request's messages (chat template) or "
-                     "prompt; its parameters checked per request"}[found.source[0]],
+                     "prompt; its parameters checked per request",
+            "ids": f"data.text: field {found.text_field!r} holds token ids, taken as they are "
+                   "(no special tokens added; the tokenizer turns the completions into text)"
+            }[found.source[0]],
            f"buckets.seq {found.buckets['seq']}: token lengths {lo}-{hi} {seen}; "
            + _longer(found)]
     if found.window is not None and found.generate is None:

@@ -186,10 +186,11 @@ def render_generate_spec(found, spec_dir: Path, out_dir: str) -> str:
         lines.append(_c(f"  chat: {_flow({'field': found.text_field})}",
                         "messages rendered by the model's chat template"))
     text = _text_key(found)
-    if kind != "text":  # the prompt is the chat's or the request's, not a field's
+    if kind not in ("text", "ids"):  # the prompt is the chat's or the request's, not a field's
         text.pop("field")
+    said = {"text": "the prompt; ", "ids": "the prompt's token ids, taken as they are; "}
     lines += [
-        _c(f"  text: {_flow(text)}", ("the prompt; " if kind == "text" else "") + cut),
+        _c(f"  text: {_flow(text)}", said.get(kind, "") + cut),
         _c(f"  batch_size: {found.batch_size}", "prompts per batch"),
         _c(f"  group_by_length: {found.window}", "similar lengths batched; output in input order"),
         _c("  on_bad_record: skip", "a request that cannot be served gets an error line in "

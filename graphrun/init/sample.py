@@ -65,6 +65,9 @@ class DataProfile:
     disagree: list[str] = field(default_factory=list)  # "where: field ...: why", left out
     # text=True: fields of objects or lists of objects (chat messages, a request's body)
     objects: dict[str, list] = field(default_factory=dict)
+    # text=True: fields of whole numbers, a list per record: prompts of token ids, which a
+    # generation job reads as they are
+    token_ids: dict[str, list] = field(default_factory=dict)
 
     @property
     def format(self) -> str:
@@ -111,8 +114,9 @@ def sample_data(path: Path, limit: int, id_field: str | None = None, *,
     objects = [n for n, f in fields.items() if f.kind == "object"]
     if text:
         texts = {n: columns[n] for n in left_out}
+        ids = {n: columns[n] for n, f in fields.items() if f.kind == "int" and len(f.dims) == 1}
         return DataProfile(path, total, sampled, {}, chosen, {}, left_out, skipped, texts,
-                           wheres or [], disagree, {n: columns[n] for n in objects})
+                           wheres or [], disagree, {n: columns[n] for n in objects}, ids)
     if objects:
         raise InputError(f"field {objects[0]!r} holds object values, not numbers",
                          where=str(path))

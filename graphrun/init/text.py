@@ -65,18 +65,31 @@ def chosen_fields(profile, given: str | None, pairs: bool,
     return text_field(profile, prefer)
 
 
-def texts_of(profile, field: str | list[str]) -> list:
-    """The sampled texts (a pair's as tuples) whose fields all hold strings."""
+def texts_of(profile, field: str | list[str], ids: bool = False) -> list:
+    """The sampled texts (a pair's as tuples) whose fields all hold strings; ids: a
+    generation job's prompts, token ids too (1-D integer arrays)."""
     names = [field] if isinstance(field, str) else field
-    rows = zip(*(profile.texts[n] for n in names))
+    rows = zip(*(_column(profile, n) for n in names))
     return [row[0] if len(names) == 1 else row for row in rows
-            if all(isinstance(t, str) for t in row)]
+            if all(_prompt(t, ids) for t in row)]
+
+
+def _column(profile, name: str) -> list:
+    """A text field's sampled values, or a field of token ids' (profile.token_ids)."""
+    return profile.texts[name] if name in profile.texts else profile.token_ids[name]
+
+
+def _prompt(value, ids: bool) -> bool:
+    """A string, or with ids a prompt of token ids (as the sample holds one: a 1-D integer
+    array)."""
+    return isinstance(value, str) or (ids and isinstance(value, np.ndarray) and value.ndim == 1
+                                      and value.dtype.kind in "iu")
 
 
 def non_texts(profile, field: str | list[str], generate: bool = False) -> list[str]:
     """"file:line: why" for each sampled record texts_of leaves out, with run's reason.
-    generate: a prompt of token ids is no bad record (the run reads it), though init plans
-    the buckets from the text prompts alone."""
+    generate: a prompt of token ids is no bad record (the run reads it, and init plans the
+    buckets from its length)."""
     from graphrun.read.prompts import kind
 
     names = [field] if isinstance(field, str) else field
@@ -88,19 +101,20 @@ def non_texts(profile, field: str | list[str], generate: bool = False) -> list[s
             continue
         if generate and isinstance(bad[1], np.ndarray) and bad[1].ndim == 1 \
                 and bad[1].dtype.kind in "iu":
-            continue  # a prompt of token ids: the run reads it (only its length is not planned)
+            continue  # a prompt of token ids: the run reads it
         # the sample holds a JSON number or list as a numpy array
         what = "an array" if getattr(bad[1], "ndim", 0) else kind(bad[1])
         out.append(f"{where}: {bad[0]}: expected a string, got {what}")
     return out
 
 
-def text_wheres(profile, field: str | list[str]) -> list[str]:
+def text_wheres(profile, field: str | list[str], ids: bool = False) -> list[str]:
     """Where each of texts_of's texts is in the file (file:line), in the same order."""
     names = [field] if isinstance(field, str) else field
-    wheres = profile.wheres or [f"record {i + 1}" for i in range(len(profile.texts[names[0]]))]
-    return [w for w, *row in zip(wheres, *(profile.texts[n] for n in names))
-            if all(isinstance(t, str) for t in row)]
+    column = _column(profile, names[0])
+    wheres = profile.wheres or [f"record {i + 1}" for i in range(len(column))]
+    return [w for w, *row in zip(wheres, *(_column(profile, n) for n in names))
+            if all(_prompt(t, ids) for t in row)]
 
 
 def outliers(lengths: np.ndarray) -> np.ndarray:
@@ -110,16 +124,20 @@ def outliers(lengths: np.ndarray) -> np.ndarray:
     return lengths > OUTLIER_TIMES * max(float(np.percentile(lengths, 95)), SEQ_MULTIPLE)
 
 
-def token_lengths(tokenizer, texts: list[str], special: bool = True) -> np.ndarray:
+def token_lengths(tokenizer, texts: list, special: bool = True) -> np.ndarray:
     """Each text's (or pair's) length in tokens (special tokens included, unless the texts
-    hold theirs: rendered chats), uncut."""
+    hold theirs: rendered chats), uncut; a prompt of token ids (an integer array) is its own
+    length, as the run takes it."""
     import copy
 
-    backend = copy.deepcopy(tokenizer.backend_tokenizer)  # truncation off on our copy only
-    backend.no_truncation()
-    backend.no_padding()
-    return np.array([len(e.ids) for e in backend.encode_batch(texts, add_special_tokens=special)]
-                    or [1], dtype=np.int64)
+    words = [t for t in texts if not isinstance(t, np.ndarray)]
+    if words:
+        backend = copy.deepcopy(tokenizer.backend_tokenizer)  # truncation off on our copy only
+        backend.no_truncation()
+        backend.no_padding()
+        encoded = iter(backend.encode_batch(words, add_special_tokens=special))
+    return np.array([len(t) if isinstance(t, np.ndarray) else len(next(encoded).ids)
+                     for t in texts] or [1], dtype=np.int64)
 
 
 def group_window(profile, batch_size: int, most: int = GROUP_CAP) -> int:
@@ -198,7 +216,8 @@ def plan_grouped(found, texts: list[str], tokenizer, limit: int, *,
     found.limit, found.lengths = limit, (int(lengths.min()), int(lengths.max()))
     far = outliers(lengths)
     if far.any():  # planned without them; the run cuts them at the largest bucket (said)
-        wheres = text_wheres(p, found.text_field)
+        wheres = text_wheres(p, found.text_field,
+                             found.task is not None and found.task.kind == "generate")
         found.outliers = [(wheres[i] if i < len(wheres) else f"text {i + 1}", int(lengths[i]))
                           for i in np.flatnonzero(far)]
         lengths = lengths[~far]
