@@ -642,3 +642,22 @@ def test_token_ids_for_a_job_other_than_generation_is_one_message(tmp_path):
     assert result.exit_code == 0, result.output
     spec = graphrun.load_spec(tmp_path / "auto.yaml")
     assert spec.generate is not None and spec.data.text.field == "input_ids"
+
+
+def test_a_prompt_field_of_text_and_token_ids_names_its_bad_lists_as_the_run_does(tmp_path):
+    """A prompt field holding text in some records and token ids in others: init plans from
+    both, and the sampled lists a run rejects are named with the run's reason, not as
+    "expected a string"."""
+    data = tmp_path / "mixed.jsonl"
+    rows = [{"id": f"m{i}", "prompt": " ".join(WORDS[: 1 + i % 4])} for i in range(12)]
+    rows += [{"id": "ids", "prompt": list(range(2, 30))}, {"id": "empty", "prompt": []},
+             {"id": "half", "prompt": [1.5, 2]}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result, spec_path = init(tmp_path, TINY, data=data)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "mixed.jsonl:14: prompt: an empty list of token ids; give at least one" in said
+    assert "mixed.jsonl:15: prompt: expected a string or a list of token ids (whole numbers " \
+           ">= 0), got 1.5 in the list" in said
+    assert "expected a string, got" not in said
+    assert graphrun.load_spec(spec_path).buckets["seq"][-1] == 32  # the 28 ids, planned

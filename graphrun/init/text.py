@@ -90,7 +90,7 @@ def non_texts(profile, field: str | list[str], generate: bool = False) -> list[s
     """"file:line: why" for each sampled record texts_of leaves out, with run's reason.
     generate: a prompt of token ids is no bad record (the run reads it, and init plans the
     buckets from its length)."""
-    from graphrun.read.prompts import kind
+    from graphrun.read.prompts import given_ids, kind
 
     names = [field] if isinstance(field, str) else field
     wheres = profile.wheres or [f"record {i + 1}" for i in range(len(profile.texts[names[0]]))]
@@ -99,9 +99,12 @@ def non_texts(profile, field: str | list[str], generate: bool = False) -> list[s
         bad = next(((n, v) for n, v in zip(names, row) if not isinstance(v, str)), None)
         if bad is None:
             continue
-        if generate and isinstance(bad[1], np.ndarray) and bad[1].ndim == 1 \
-                and bad[1].dtype.kind in "iu":
-            continue  # a prompt of token ids: the run reads it
+        if generate and isinstance(bad[1], np.ndarray) and bad[1].ndim >= 1:
+            # a list where a generation job reads token ids: the run's own reason, if any
+            why = given_ids(bad[1].tolist(), bad[0])
+            if isinstance(why, str):
+                out.append(f"{where}: {why}")
+            continue
         # the sample holds a JSON number or list as a numpy array
         what = "an array" if getattr(bad[1], "ndim", 0) else kind(bad[1])
         out.append(f"{where}: {bad[0]}: expected a string, got {what}")
