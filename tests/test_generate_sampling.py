@@ -300,8 +300,44 @@ def advance_failures(device: str) -> list[str]:
                 failures.append(f"{slots} slots, {rows} rows, {width} stop ids: {name} "
                                 f"{getattr(got, name).tolist()} against "
                                 f"{getattr(want, name).tolist()}")
+    if not steps._check_advance(torch.device(device)):  # the job's own check agrees
+        failures.append("steps._check_advance found the kernel differs")
     return failures + ([f"given up: {sampling.kernel_failure()}"]
                        if sampling.kernel_failure() else [])
+
+
+def test_a_bookkeeping_kernel_that_differs_from_torchs_ops_is_given_up(monkeypatch):
+    """steps.check_kernels: after the pick's check, a bookkeeping kernel that runs yet leaves
+    the rows where they were is given up with its reason (with the pick's: one switch), and
+    later steps move rows on with torch's ops."""
+    from types import SimpleNamespace
+
+    from graphrun.generate import sampling, steps
+
+    monkeypatch.setattr(sampling.SWITCH, "failures", [])
+    monkeypatch.setattr(steps, "_advance_checked", {})
+    monkeypatch.setattr(sampling, "check_kernel", lambda device, vocab: ["pick"])
+    # the kernel "runs" on the CPU and does nothing
+    monkeypatch.setattr(sampling.SWITCH, "on", lambda device: not sampling.SWITCH.failures)
+    launched = []
+
+    class Launcher:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launched.append(grid)
+
+    monkeypatch.setattr(sampling.SWITCH, "kernels", SimpleNamespace(advance=Launcher()),
+                        raising=False)
+    assert steps.check_kernels(torch.device("cpu"), 500) == []
+    assert launched and "the bookkeeping kernel differs from torch's ops on cpu in done, " \
+        "index, seq_lens, token, picked" in sampling.kernel_failure()
+    state = SimpleNamespace(device=torch.device("cpu"), done=torch.tensor([False, True]),
+                            stops=torch.tensor([[3], [3]]), index=torch.tensor([0, 2]),
+                            max_new=torch.tensor([5, 5]), seq_lens=torch.tensor([4, 9]).int(),
+                            token=torch.zeros(2).long(), picked=torch.zeros(2).long())
+    steps.advance(state, torch.tensor([3, 4]), 2, 7)
+    assert len(launched) == 1  # given up: torch's ops moved the rows
+    assert state.done.tolist() == [True, True] and state.index.tolist() == [1, 2]
+    assert state.token.tolist() == [3, 7] and state.seq_lens.tolist() == [5, 9]
 
 
 def test_the_bookkeeping_kernel_in_the_interpreter_moves_rows_on_as_torchs_ops_do():

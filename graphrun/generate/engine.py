@@ -55,10 +55,10 @@ from graphrun.models.causal.hf_attention import HFCausalLM, is_hf_model, unsuppo
 from graphrun.models.causal.kv_cache import BlockPool, PagedCache, chain_hashes
 from graphrun.models.causal.llama import Llama, OwnLM
 from graphrun.models.causal.warm import attention_plans, layout_of
-from graphrun.generate.sampling import check_kernel, record_key
+from graphrun.generate.sampling import record_key
 from graphrun.generate.stats import GenerationStats
-from graphrun.generate.steps import (HOST_FIELDS, ROW_FIELDS, SlotState, Variant, decode_step,
-                                     prefill_step)
+from graphrun.generate.steps import (HOST_FIELDS, ROW_FIELDS, SlotState, Variant, check_kernels,
+                                     decode_step, prefill_step)
 from graphrun.generate.stop_text import StopText
 
 LOOKAHEAD = 16  # decode steps a row's blocks cover ahead: block growth is not per token
@@ -305,7 +305,7 @@ class Engine:
         self._attention_plans()
         self._wait_for_warm_up()
         if self.cuda:  # done on the warm-up's thread where one ran: then free here
-            check_kernel(self.device, self.model.vocab)
+            check_kernels(self.device, self.model.vocab)
         self.table.prepare(self.keys(), "setup")
         self._free = list(range(slots))  # a heap: the lowest free slot first
         self._rows: list[_Row | None] = [None] * slots

@@ -28,7 +28,7 @@ from graphrun.generate.compiled import CompiledStep
 from graphrun.generate.engine import Engine
 from graphrun.models.causal.hf_attention import check_before_loading, eos_ids_of
 from graphrun.generate.records import logprobs_asked
-from graphrun.generate.sampling import check_kernel
+from graphrun.generate.steps import check_kernels
 from graphrun.generate.scheduler import Scheduler
 from graphrun.generate.mbu import kv_bytes_per_token, peak_bandwidth, weight_bytes_per_step
 from graphrun.manifest.keys import BucketReport
@@ -97,7 +97,7 @@ class GenerationRunner:
             self.warm = claim(warm_up_key(self.spec)) or WarmUp.begin(
                 layout_of(shape), self.device, torch_dtype(self.spec.model.dtype),
                 self.spec.generate.kv_block_size,
-                also=lambda device: check_kernel(device, shape.vocab))
+                also=lambda device: check_kernels(device, shape.vocab))
 
     @property
     def output_tokens(self) -> int:
@@ -260,7 +260,7 @@ def begin_warm_up(spec: PipelineSpec, started) -> None:
         return ((["triton's import and key"] if early else [])
                 + warm_kernels(layout_of(shape), device, torch_dtype(spec.model.dtype),
                                spec.generate.kv_block_size)
-                + check_kernel(device, shape.vocab))  # the pick's kernel: compiled, checked
+                + check_kernels(device, shape.vocab))  # the pick's and bookkeeping's kernels, checked
 
     register(warm_up_key(spec), lambda: WarmUp(work))
 

@@ -295,6 +295,53 @@ def advance(state: SlotState, picked: torch.Tensor, rows: int, pad_id: int) -> N
     advance_eager(state, picked, rows, pad_id)
 
 
+_advance_checked: dict[str, bool] = {}  # device -> the bookkeeping's kernel agreed
+
+
+def check_kernels(device: torch.device, vocab: int) -> list[str]:
+    """The pick's kernels (sampling.check_kernel) and then the bookkeeping's (advance) against
+    torch's ops on `device`, once per device: one that differs or cannot run is given up with
+    the others (they share a switch), and torch's ops run. What ran by the kernels, for the
+    warm-up's report."""
+    ran = sampling.check_kernel(device, vocab)
+    if ran and str(device) not in _advance_checked:
+        _advance_checked[str(device)] = _check_advance(torch.device(device))
+    return ran if not sampling.SWITCH.failures else []
+
+
+def _check_advance(device: torch.device) -> bool:
+    """advance's kernel against advance_eager on a seeded state: stopped and live rows, picks
+    at a stop id, rows at their max_new, a slot past the rows it must leave alone."""
+    slots, rows, pad = 80, 70, 7
+    gen = torch.Generator().manual_seed(0)
+
+    def state() -> SlotState:
+        g = torch.Generator().manual_seed(1)
+        s = SlotState.__new__(SlotState)
+        s.device = device
+        s.done = (torch.rand(slots, generator=g) < 0.3).to(device)
+        s.stops = torch.randint(-1, 6, (slots, 3), generator=g).to(device)
+        s.index = torch.randint(0, 9, (slots,), generator=g).to(device)
+        s.max_new = torch.randint(1, 10, (slots,), generator=g).to(device)
+        s.seq_lens = torch.randint(1, 99, (slots,), generator=g).int().to(device)
+        s.token = torch.randint(0, 9, (slots,), generator=g).to(device)
+        s.picked = torch.randint(0, 9, (slots,), generator=g).to(device)
+        return s
+
+    picked = torch.randint(0, 6, (rows,), generator=gen).to(device)
+    got, want = state(), state()
+    advance(got, picked, rows, pad)
+    if sampling.SWITCH.failures:  # the kernel could not run (advance gave it up)
+        return False
+    advance_eager(want, picked, rows, pad)
+    wrong = [n for n in ("done", "index", "seq_lens", "token", "picked")
+             if not torch.equal(getattr(got, n), getattr(want, n))]
+    if wrong:
+        sampling.give_up(RuntimeError(f"the bookkeeping kernel differs from torch's ops on "
+                                      f"{device} in {', '.join(wrong)}"))
+    return not wrong
+
+
 def advance_eager(state: SlotState, picked: torch.Tensor, rows: int, pad_id: int) -> None:
     """advance in torch's ops."""
     done, index, seq = state.done[:rows], state.index[:rows], state.seq_lens[:rows]
