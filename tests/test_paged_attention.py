@@ -329,3 +329,41 @@ def test_the_kernel_config_defaults_are_valid_and_a_bad_one_names_each_field():
         assert part in str(e.value)
     with pytest.raises(ValueError, match="tile 8"):
         paged_attention.KernelConfig(tile=8)
+
+
+def test_the_warm_ups_check_gives_up_a_kernel_whose_output_or_written_key_differs(monkeypatch):
+    """paged_attention.check (the warm-up's, on the job's GPU): an output or a written key
+    beyond rounding from the reference's gives the kernel up, naming which; the reference's
+    own values, and RoPE applied as the kernel applies it, pass."""
+    from graphrun.models.causal.fused import rope_eager
+
+    monkeypatch.setattr(paged_attention.SWITCH, "failures", [])
+    step = make_step([5, 17], heads=4, kv_heads=2, dim=8, block_size=4)
+    gen = torch.Generator().manual_seed(3)
+    angles = torch.randn(2, 1, 1, 8, generator=gen)
+    rotary = (angles.cos(), angles.sin())
+    before = (step["k_cache"].clone(), step["v_cache"].clone())
+    args = (step["block_table"], step["seq_lens"], step["scale"])
+
+    def run(q, k):  # what a right kernel computes and writes: RoPE first, then the attention
+        k_cache, v_cache = (c.clone() for c in before)
+        out = paged_attention.paged_decode_reference(q, k, step["v_new"], k_cache, v_cache,
+                                                     *args)
+        return out, k_cache
+
+    turned = [rope_eager(x.transpose(1, 2), *rotary) for x in (step["q"], step["k_new"])]
+    out, k_cache = run(*turned)
+    call = (step["q"], step["k_new"], step["v_new"], *before, *args)
+    paged_attention.check(out, k_cache, call, rotary)
+    assert paged_attention.failure() is None
+    paged_attention.check(out + 1e-6, k_cache, call, rotary)  # rounding: kept
+    assert paged_attention.failure() is None
+    unturned, k_unturned = run(step["q"], step["k_new"])  # a kernel that forgot RoPE
+    paged_attention.check(unturned, k_unturned, call, rotary)
+    assert "the paged decode kernel's output differs from the reference on cpu" in \
+        paged_attention.failure()
+    monkeypatch.setattr(paged_attention.SWITCH, "failures", [])
+    wrong = k_cache.clone()
+    wrong[0] += 1  # the trash block written over: the output is right, the cache is not
+    paged_attention.check(out, wrong, call, rotary)
+    assert "the paged decode kernel's key cache differs" in paged_attention.failure()

@@ -235,6 +235,26 @@ def failure() -> str | None:
     return SWITCH.failure()
 
 
+def check(out: torch.Tensor, k_cache: torch.Tensor, call: tuple,
+          rotary: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+    """The kernel's output and the cache it wrote against the reference's on the same call
+    (q, k_new, v_new, k_cache and v_cache as they were before it, table, lens, scale): a
+    kernel that compiles on this GPU yet computes other values, beyond rounding, is given up
+    (the warm-up's, before any step)."""
+    q, k_new, v_new, k_before, v_before, *rest = call
+    if rotary is not None:
+        q, k_new = (rope_eager(x.transpose(1, 2), *rotary) for x in (q, k_new))
+    want_cache = k_before.clone()
+    want = paged_decode_reference(q, k_new, v_new, want_cache, v_before.clone(), *rest)
+    tol = 1e-4 if out.dtype == torch.float32 else 2e-2
+    for name, got, ref in (("output", out, want), ("key cache", k_cache, want_cache)):
+        if not torch.allclose(got.float(), ref.float(), rtol=tol, atol=tol):
+            diff = (got.float() - ref.float()).abs().max().item()
+            give_up(RuntimeError(f"the paged decode kernel's {name} differs from the reference "
+                                 f"on {got.device} by up to {diff:.3g}"))
+            return
+
+
 def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 

@@ -175,16 +175,20 @@ def warm_kernels(layout: Layout, device: torch.device, dtype: torch.dtype,
             done += warm_fused(layout, randn)
         if paged_attention.runs_on(device, dtype, d):
             blocks = -(-DECODE_KEYS // block_size)
-            k_cache = torch.zeros(blocks + 1, g, block_size, d, dtype=dtype, device=device)
-            v_cache = torch.zeros_like(k_cache)
             for rows in (1, 2):  # 1: the split kernel and the merge; 2: strides of more rows
                 q, k, v, rotary = decode_qkv(layout, rows, randn)
-                table = torch.arange(1, blocks + 1, dtype=torch.int32,
-                                     device=device).repeat(rows, 1)
+                # each row its own blocks (a new key each), block 0 the trash block
+                table = torch.arange(1, rows * blocks + 1, dtype=torch.int32,
+                                     device=device).view(rows, blocks)
                 lens = torch.full((rows,), DECODE_KEYS, dtype=torch.int32, device=device)
-                paged_attention._kernel_decode(q, k, v, k_cache, v_cache, table, lens,
-                                               d ** -0.5, rotary=rotary)
-            done.append("paged decode")
+                before = [randn(rows * blocks + 1, g, block_size, d) for _ in "kv"]
+                k_cache, v_cache = (c.clone() for c in before)
+                out = paged_attention._kernel_decode(q, k, v, k_cache, v_cache, table, lens,
+                                                     d ** -0.5, rotary=rotary)
+                paged_attention.check(out, k_cache, (q, k, v, *before, table, lens, d ** -0.5),
+                                      rotary)
+            if not paged_attention.failure():
+                done.append("paged decode")
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     return done
