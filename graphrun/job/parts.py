@@ -4,10 +4,14 @@ instead of patching the spine's names."""
 
 from __future__ import annotations
 
+import importlib
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Callable
 
+from graphrun.base.phases import LIBRARY_IMPORTS, phase
 from graphrun.feed.loop import feed_stream
 from graphrun.job.progress import count_records
 from graphrun.manifest.keys import write_manifest
@@ -17,18 +21,26 @@ from graphrun.write.latencies import open_latencies
 from graphrun.write.shards import ShardWriter
 
 
+ENGINE_IMPORTS = LIBRARY_IMPORTS.format("graphrun's engine")
+
+
+def _engine_module(name: str) -> ModuleType:
+    """The engine's module, imported on a run's first use in this process as a phase of its
+    own (a caller of run() in Python pays it there; the CLI imported it among its imports)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    with phase(ENGINE_IMPORTS):
+        return importlib.import_module(name)
+
+
 def forward_runner(spec, **kwargs):
     """engine/runner.Runner, imported when a forward pass runs (a generation job needs none)."""
-    from graphrun.engine.runner import Runner
-
-    return Runner(spec, **kwargs)
+    return _engine_module("graphrun.engine.runner").Runner(spec, **kwargs)
 
 
 def generation_runner(spec, **kwargs):
     """generate/runner.GenerationRunner, imported when a generation job runs."""
-    from graphrun.generate.runner import GenerationRunner
-
-    return GenerationRunner(spec, **kwargs)
+    return _engine_module("graphrun.generate.runner").GenerationRunner(spec, **kwargs)
 
 
 def import_parts(spec) -> None:
