@@ -204,6 +204,31 @@ def test_a_chat_file_is_recognised_and_written_as_data_chat(tmp_path):
     assert graphrun.run(spec).totals.records_out == 20
 
 
+def test_a_chat_file_with_a_few_bad_records_is_still_a_chat_file_and_names_them(tmp_path):
+    """A chat file where a few records hold a string, an empty list or a bad message: still
+    data.chat (not a text field whose every chat is rejected), and init names each bad one
+    with the reason the run gives it."""
+    data = tmp_path / "chats.jsonl"
+    rows = [{"id": f"c{i}", "messages": [{"role": "user", "content": "the river " * (1 + i)}]}
+            for i in range(12)]
+    rows[2]["messages"] = "tell me about the river"
+    rows[5]["messages"] = []
+    rows[7]["messages"] = [{"role": "wizard", "content": "x"}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec_path = tmp_path / "chat.yaml"
+    result = cli("init", "--hf", chat_folder(tmp_path), "--data", data, "-o", spec_path)
+    assert result.exit_code == 0, result.output
+    spec = graphrun.load_spec(spec_path, ["data.on_bad_record=skip", "generate.max_new_tokens=2"])
+    assert spec.data.chat.field == "messages"
+    said = " ".join(result.output.split())
+    m = graphrun.run(spec)
+    assert (m.totals.records_out, m.totals.records_rejected) == (9, 3)
+    rejects = [json.loads(x) for x in (spec.output.dir / "rejects.jsonl").read_text().splitlines()]
+    assert [r["where"] for r in rejects] == ["chats.jsonl:3", "chats.jsonl:6", "chats.jsonl:8"]
+    for r in rejects:  # init named each, as the run did
+        assert f"{r['where']}: {r['reason']}" in said
+
+
 def test_an_openai_batch_file_is_recognised_and_written_as_such(tmp_path):
     data = tmp_path / "batch.jsonl"
     data.write_text("".join(json.dumps({

@@ -103,8 +103,9 @@ def prompt_source(profile, text_field: str | None) -> tuple[str, str | None]:
     fields = set(profile.texts) | set(profile.objects) | {profile.id_field}
     if BATCH_KEYS <= fields and "body" in profile.objects:
         return "batch", None
-    chats = [n for n, values in profile.objects.items()
-             if all(isinstance(v, list) and all("role" in m for m in v) for v in values)]
+    # a field most of whose records hold messages: a few that do not are bad records
+    chats = [n for n, values in {**profile.texts, **profile.objects}.items()
+             if 2 * sum(map(_messages, values)) > len(values)]
     ids = profile.token_ids
     if text_field is not None:
         if text_field in chats:
@@ -125,12 +126,18 @@ def prompt_source(profile, text_field: str | None) -> tuple[str, str | None]:
     return "text", None
 
 
+def _messages(value) -> bool:
+    """Whether a record's value is a list of messages (objects with a role), good or bad."""
+    return (isinstance(value, list) and bool(value)
+            and all(isinstance(m, dict) and "role" in m for m in value))
+
+
 def rendered_prompts(profile, source: tuple[str, str | None], tokenizer
-                     ) -> tuple[list[str], bool]:
-    """The sampled prompts as the run tokenizes them, and whether the tokenizer adds its
-    special tokens to them: chats rendered by the tokenizer's chat template (it adds none), a
-    Batch file's completions prompts as they are (it does). One the run would reject is left
-    out."""
+                     ) -> tuple[list[str], bool, list[str]]:
+    """The sampled prompts as the run tokenizes them, whether the tokenizer adds its special
+    tokens to them, and "where: why" for each sampled chat the run would reject: chats
+    rendered by the tokenizer's chat template (it adds none), a Batch file's completions
+    prompts as they are (it does). One the run would reject is left out."""
     from graphrun.read.chat import check_messages
     from graphrun.spec.rules import no_chat_template
 
@@ -138,14 +145,19 @@ def rendered_prompts(profile, source: tuple[str, str | None], tokenizer
     if kind == "batch":
         items = [(b.get("messages"), b.get("prompt")) for b in profile.objects["body"]
                  if isinstance(b, dict)]
+        wheres = [None] * len(items)
     else:
-        items = [(m, None) for m in profile.objects[field]]
-    texts, chats = [], []
-    for messages, prompt in items:
+        values = profile.objects.get(field) or profile.texts[field]
+        items = [(m, None) for m in values]
+        wheres = profile.wheres or [f"record {i + 1}" for i in range(len(items))]
+    texts, chats, rejected = [], [], []
+    for (messages, prompt), where in zip(items, wheres):
         if messages is not None:
-            checked = check_messages(messages, "messages")
+            checked = check_messages(messages, field or "messages")
             if not isinstance(checked, str):
                 chats.append(checked)
+            elif where is not None:
+                rejected.append(f"{where}: {checked}")
         elif isinstance(prompt, str):
             texts.append(prompt)
     if chats and not tokenizer.chat_template:
@@ -154,9 +166,10 @@ def rendered_prompts(profile, source: tuple[str, str | None], tokenizer
         texts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False)
                  for c in chats]
     if not texts:
-        raise InputError("no record of the sample holds a prompt graphrun can read",
+        raise InputError("no record of the sample holds a prompt graphrun can read"
+                         + (f"; the first: {rejected[0]}" if rejected else ""),
                          where=str(profile.path))
-    return texts, not chats
+    return texts, not chats, rejected
 
 
 def slack(batch_size: int) -> int:

@@ -120,7 +120,8 @@ def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml
         if source[0] == "ids":  # taken as they are: no special tokens added
             texts, special = texts_of(profile, found.text_field, ids=True), False
         else:
-            texts, special = rendered_prompts(profile, source, tokenizer)
+            texts, special, rejected = rendered_prompts(profile, source, tokenizer)
+            profile.skipped = sorted(profile.skipped + rejected, key=_line)
     else:
         found.text_field = chosen_fields(profile, text_field, kind.kind == "classify",
                                          PROMPT_NAMES if kind.kind == "generate" else TEXT_NAMES)
