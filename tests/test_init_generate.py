@@ -254,6 +254,27 @@ def test_an_openai_batch_file_is_recognised_and_written_as_such(tmp_path):
     assert "temperature" in out[3]["error"]["message"] and out[4]["error"] is None
 
 
+def test_a_batch_file_with_a_body_that_is_no_object_is_still_a_batch_file(tmp_path):
+    """One request line whose body is a string: init still writes the Batch job (it was a
+    question which task to run), and the run answers that line with an error line."""
+    data = tmp_path / "batch.jsonl"
+    rows = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"model": "tiny", "messages": [{"role": "user", "content": "hi " * (i + 1)}]}}
+            for i in range(10)]
+    rows[4]["body"] = "hi there"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec_path = tmp_path / "batch.yaml"
+    result = cli("init", "--hf", chat_folder(tmp_path), "--data", data, "-o", spec_path)
+    assert result.exit_code == 0, result.output
+    spec = graphrun.load_spec(spec_path, ["generate.max_new_tokens=2"])
+    assert spec.data.format == "openai_batch"
+    m = graphrun.run(spec)
+    assert (m.totals.records_out, m.totals.records_rejected) == (9, 1)
+    out = [json.loads(x) for x in (spec.output.dir / "part-00000.jsonl").read_text().splitlines()]
+    assert [r["custom_id"] for r in out] == [f"r{i}" for i in range(10)]
+    assert out[4]["error"] is not None and out[3]["error"] is None
+
+
 def test_a_chat_file_for_a_model_without_a_template_is_one_message(tmp_path):
     from tests.test_chat import chat_model
 

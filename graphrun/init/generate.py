@@ -101,8 +101,9 @@ def prompt_source(profile, text_field: str | None) -> tuple[str, str | None]:
     lines, ("chat", field) for chat messages, ("ids", field) for token ids where no field holds
     text or none named as a prompt does, ("text", None) for a text field."""
     fields = set(profile.texts) | set(profile.objects) | {profile.id_field}
-    if BATCH_KEYS <= fields and "body" in profile.objects:
-        return "batch", None
+    bodies = profile.objects.get("body") or profile.texts.get("body") or []
+    if BATCH_KEYS <= fields and 2 * sum(isinstance(b, dict) for b in bodies) > len(bodies):
+        return "batch", None  # most bodies objects: a few others are the run's error lines
     # a field most of whose records hold messages: a few that do not are bad records
     chats = [n for n, values in {**profile.texts, **profile.objects}.items()
              if 2 * sum(map(_messages, values)) > len(values)]
@@ -143,7 +144,8 @@ def rendered_prompts(profile, source: tuple[str, str | None], tokenizer
 
     kind, field = source
     if kind == "batch":
-        items = [(b.get("messages"), b.get("prompt")) for b in profile.objects["body"]
+        items = [(b.get("messages"), b.get("prompt"))
+                 for b in profile.objects.get("body") or profile.texts["body"]
                  if isinstance(b, dict)]
         wheres = [None] * len(items)
     else:
