@@ -260,7 +260,7 @@ def begin_warm_up(spec: PipelineSpec, started) -> None:
         return ((["triton's import and key"] if early else [])
                 + warm_kernels(layout_of(shape), device, torch_dtype(spec.model.dtype),
                                spec.generate.kv_block_size)
-                + check_kernels(device, shape.vocab))  # the pick's and bookkeeping's kernels, checked
+                + check_kernels(device, shape.vocab))  # the pick's and bookkeeping's, checked
 
     register(warm_up_key(spec), lambda: WarmUp(work))
 

@@ -8,9 +8,10 @@ checkpoint's tensors load as saved, and the arithmetic follows transformers' (no
 float32, cast back), so a completion is the one transformers' generate gives
 (tests/test_generate_native.py). find_checkpoint and load_checkpoint take GPT-2 folders too
 (models/causal/gpt2.py). Attention goes through kv_cache.attend_rotary (kv_cache.attend, as
-an adapted transformers model's does, with RoPE inside the decode kernel where it runs). The elementwise work between the
-matrix multiplies (a residual add with the norm after it, RoPE, silu(gate) * up) runs fused
-Triton kernels where they run (models/causal/fused.py; Llama.fused_kernels), the same math.
+an adapted transformers model's does, with RoPE inside the decode kernel where it runs). The
+elementwise work between the matrix multiplies (a residual add with the norm after it, RoPE,
+silu(gate) * up) runs fused Triton kernels where they run (models/causal/fused.py;
+Llama.fused_kernels), the same math.
 
 forward(tokens [b, q] int64, positions [b, q] int64, kv: StepKV) -> logits [b, V] float32 of
 the last column: the step interface of steps.StepModel.

@@ -1,6 +1,7 @@
 """The Triton kernels of models/causal/paged_attention.py: `split` attends one share of a (row,
 KV head)'s keys, gathered through the row's block table, or all of them (applying Llama's RoPE
-to q and the new key as it loads them, where asked); `merge` combines a row's shares. Imported only where paged_attention uses them (it imports Triton).
+to q and the new key as it loads them, where asked); `merge` combines a row's shares. Imported
+only where paged_attention uses them (it imports Triton).
 """
 
 import triton
