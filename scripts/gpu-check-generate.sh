@@ -6,9 +6,10 @@
 #   bash scripts/gpu-check-generate.sh job    # whole graphrun processes on the varied-length
 #                                             # job, plain and model.compile (about 7 minutes)
 # Reports go to $OUT (default ./gpu-out):
-#   step: generate-tests.txt (pytest -m cuda over generation), step-8b.txt / .json
-#         (bench_decode_step.py, 8B at 256 rows, KV length 512: matmuls, plain, plain-unfused,
-#         plain-general, --profile), step-1b.txt / .json (1.24B at 64 rows: matmuls, plain, compile)
+#   step: generate-tests.txt (pytest -m cuda over generation and its kernels), step-8b.txt /
+#         .json (bench_decode_step.py, 8B at 256 rows, KV length 160, sampled: matmuls, plain,
+#         plain-unfused, --profile: issue 48's step target), step-1b.txt / .json (1.24B at 64
+#         rows: matmuls, plain, compile)
 #   job:  job-b1.txt / .json (48 prompts), job-b64.txt / .json (256 prompts):
 #         bench_generate.py --parts job --ways graphrun,graphrun-compile, 1.24B
 set -uo pipefail
@@ -18,11 +19,12 @@ mkdir -p "$OUT"
 case "${1:-}" in
   step)
     python3 -m pytest -m cuda -q -p no:cacheprovider tests/test_paged_attention.py \
-        tests/test_fused.py tests/test_generate_cuda.py tests/test_generate_engine.py \
+        tests/test_fused.py tests/test_generate_sampling.py tests/test_warm.py \
+        tests/test_generate_cuda.py tests/test_generate_engine.py \
         > "$OUT/generate-tests.txt" 2>&1
     tail -1 "$OUT/generate-tests.txt"
-    timeout 200 python3 benchmarks/bench_decode_step.py --layout 8B --rows 256 --kv-len 512 \
-        --ways matmuls,plain,plain-unfused,plain-general --profile --json "$OUT/step-8b.json" \
+    timeout 200 python3 benchmarks/bench_decode_step.py --layout 8B --rows 256 --kv-len 160 \
+        --sample --ways matmuls,plain,plain-unfused --profile --json "$OUT/step-8b.json" \
         > "$OUT/step-8b.txt" 2>&1 || echo "step, 8B: failed"
     grep "^| \|^## " "$OUT/step-8b.txt"
     timeout 100 python3 benchmarks/bench_decode_step.py --layout 1.24B --rows 64 --kv-len 512 \
