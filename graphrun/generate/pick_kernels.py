@@ -92,7 +92,7 @@ def advance(picked, done, stops, index, max_new, seq_lens, token, last, pad, row
     """Rows [program_id(0) * R, + R) of a decode step, after its pick (picked [rows] int64):
     a stopped row's pick becomes pad; a live row moves on (index, seq_lens) and stops at one
     of its stop ids [rows, width] or at max_new; token and last get the pick. The torch ops
-    of steps._advance_eager, in one pass."""
+    of steps.advance_eager, in one pass."""
     r = tl.program_id(0) * R + tl.arange(0, R)
     inside = r < rows
     was = tl.load(done + r, mask=inside, other=1) != 0
