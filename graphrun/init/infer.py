@@ -437,12 +437,17 @@ def sample_notes(dtype: str, p: DataProfile) -> list[str]:
            "(verify's tolerances widen with them)",
            "data.id_field " + (f"{p.id_field}: ids must be unique" if p.id_field else
                                "none: a record's position in the file is its id")]
-    then = "`run` rejects them (data.on_bad_record: skip) or stops at them (error):"
-    for records, why in ((p.skipped, "of the sample could not be used and were left out"),
-                         (p.disagree, "disagree with the rest of the sample and were left "
-                                      "out of what was inferred")):
+    for records, many, one in (
+            (p.skipped, "records of the sample could not be used and were left out",
+             "record of the sample could not be used and was left out"),
+            (p.disagree, "records disagree with the rest of the sample and were left out of "
+                         "what was inferred", "record disagrees with the rest of the sample "
+                                              "and was left out of what was inferred")):
         if records:
-            out += [f"{len(records)} records {why}; {then}", *records[:MAX_LISTED]]
+            it = "it" if len(records) == 1 else "them"
+            out += [f"{len(records)} {one if len(records) == 1 else many}; `run` rejects {it} "
+                    f"(data.on_bad_record: skip) or stops at {it} (error):",
+                    *records[:MAX_LISTED]]
             if len(records) > MAX_LISTED:
                 out.append(f"... and {len(records) - MAX_LISTED} more")
     return out
