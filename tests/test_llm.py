@@ -120,6 +120,11 @@ def test_bad_prompts_are_refused_together_naming_their_places(llm):
         llm.generate([[1] * 600])
     with pytest.raises(graphrun.InputError, match="unknown parameter 'temprature'"):
         llm.generate(["x"], temprature=0.5)
+    # a call's keyword is named as the keyword, not as a spec key it never wrote
+    with pytest.raises(graphrun.InputError, match=r"^generate: max_new_tokens: 0 is not a "
+                       r"whole number >= 1$"):
+        llm.generate(["x"], max_new_tokens=0)
+    assert "per_record" not in message
     # n > 1 is the job's (an OpenAI Batch line's choices): said so, not the job's advice
     with pytest.raises(graphrun.InputError, match=r"\[0\] n > 1 \(several samples\) is served "
                        r"by `graphrun run`") as err:

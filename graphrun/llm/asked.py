@@ -65,7 +65,7 @@ def call_params(given: dict) -> RequestParams:
 
 def _params(record: dict, base: RequestParams) -> RequestParams | str:
     """base with the record's own values of PARAMS, or why one is bad."""
-    got = params_from_fields(record, {k: k for k in CHECKS if k in record})
+    got = params_from_fields(record, {k: k for k in CHECKS if k in record}, from_spec=False)
     if isinstance(got, str):
         return got
     own = got.given()

@@ -75,10 +75,13 @@ WHOLE_PARAMS = frozenset({"max_new_tokens", "top_k", "seed", "n", "logprobs"})
 EXACT_FLOAT = 2 ** 53  # a float's whole numbers are exact up to here
 
 
-def params_from_fields(record: dict, per_record: dict[str, str]) -> RequestParams | str:
+def params_from_fields(record: dict, per_record: dict[str, str],
+                       from_spec: bool = True) -> RequestParams | str:
     """generate.per_record: parameter -> the record field setting it (absent or null: the
     spec's value). A whole number written as a float (16.0) counts as that number: a column
-    with nulls holds floats (pandas' float64), and a field's every value would be refused."""
+    with nulls holds floats (pandas' float64), and a field's every value would be refused.
+    from_spec: a bad value's message names the spec key that maps the field (False: the
+    field alone, as a Python call's keyword)."""
     given = {}
     for param, name in per_record.items():
         v = record.get(name)
@@ -88,7 +91,7 @@ def params_from_fields(record: dict, per_record: dict[str, str]) -> RequestParam
                 and abs(v) <= EXACT_FLOAT):
             v = int(v)
         check, attr = CHECKS[param]
-        got = check(f"{name} (generate.per_record.{param})", v)
+        got = check(f"{name} (generate.per_record.{param})" if from_spec else name, v)
         if isinstance(got, str):
             return got
         given[attr] = got
