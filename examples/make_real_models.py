@@ -26,7 +26,10 @@ def save_gpt2(folder: Path, seed: int = 0) -> Path:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
-    config = GPT2Config(vocab_size=VOCAB, n_positions=128, n_embd=32, n_layer=2, n_head=4)
+    # BOS and EOS inside the vocabulary (GPT2Config's 50256 is past it, which transformers
+    # warns of on every load)
+    config = GPT2Config(vocab_size=VOCAB, n_positions=128, n_embd=32, n_layer=2, n_head=4,
+                        bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)
     GPT2LMHeadModel(config).save_pretrained(folder)
     return folder
 
