@@ -80,10 +80,12 @@ def _column(profile, name: str) -> list:
 
 
 def _prompt(value, ids: bool) -> bool:
-    """A string, or with ids a prompt of token ids (as the sample holds one: a 1-D integer
-    array)."""
+    """A string, or with ids a prompt of token ids the run takes (read/prompts.given_ids; the
+    sample holds a list as an array)."""
+    from graphrun.read.prompts import given_ids
+
     return isinstance(value, str) or (ids and isinstance(value, np.ndarray) and value.ndim == 1
-                                      and value.dtype.kind in "iu")
+                                      and not isinstance(given_ids(value.tolist(), ""), str))
 
 
 def non_texts(profile, field: str | list[str], generate: bool = False) -> list[str]:

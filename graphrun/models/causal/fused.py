@@ -113,15 +113,24 @@ def give_up(err: BaseException) -> None:
     SWITCH.give_up(err)
 
 
+def beyond_rounding(got: torch.Tensor, want: torch.Tensor,
+                    float32_tol: float = 1e-5) -> float | None:
+    """How far a kernel's output is from its oracle's where that is more than rounding (2e-2
+    in float16/bfloat16, float32_tol in float32), else None: the warm-up's checks."""
+    tol = float32_tol if got.dtype == torch.float32 else 2e-2
+    if torch.allclose(got.float(), want.float(), rtol=tol, atol=tol):
+        return None
+    return (got.float() - want.float()).abs().max().item()
+
+
 def check(name: str, got, want) -> None:
     """A kernel's outputs against the eager ops' on the same inputs (the warm-up's): kernels
     that compile on this GPU yet compute other values than the eager ops, beyond rounding,
     are given up, so every later step takes the eager ops."""
     got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
     for g, w in zip(got, want):
-        tol = 1e-5 if g.dtype == torch.float32 else 2e-2
-        if not torch.allclose(g.float(), w.float(), rtol=tol, atol=tol):
-            diff = (g.float() - w.float()).abs().max().item()
+        diff = beyond_rounding(g, w)
+        if diff is not None:
             give_up(RuntimeError(f"the fused {name} kernel differs from the eager ops on "
                                  f"{g.device} by up to {diff:.3g}"))
             return
