@@ -310,17 +310,29 @@ def check_kernels(device: torch.device, vocab: int) -> list[str]:
 
 
 def _check_advance(device: torch.device) -> bool:
-    """advance's kernel against advance_eager on a seeded state: stopped and live rows, picks
-    at a stop id, rows at their max_new, a slot past the rows it must leave alone."""
-    slots, rows, pad = 80, 70, 7
-    gen = torch.Generator().manual_seed(0)
+    """advance's kernel against advance_eager on one seeded state (advance_differs)."""
+    wrong = advance_differs(device, slots=80, rows=70, width=3)
+    if sampling.SWITCH.failures:  # the kernel could not run (advance gave it up)
+        return False
+    if wrong:
+        sampling.give_up(RuntimeError(f"the bookkeeping kernel differs from torch's ops on "
+                                      f"{device} in {', '.join(wrong)}"))
+    return not wrong
+
+
+def advance_differs(device: torch.device, slots: int, rows: int, width: int) -> list[str]:
+    """The fields (done, index, seq_lens, token, picked) in which advance leaves a seeded state
+    of `slots` slots other than advance_eager does, stepping its first `rows`: stopped and
+    live rows, picks at one of `width` stop ids, rows at their max_new, slots past the rows
+    that must stay as they were."""
+    picked = torch.randint(0, 6, (rows,), generator=torch.Generator().manual_seed(0))
 
     def state() -> SlotState:
-        g = torch.Generator().manual_seed(1)
-        s = SlotState.__new__(SlotState)
+        g = torch.Generator().manual_seed(slots)
+        s = SlotState.__new__(SlotState)  # the fields advance reads, no engine's buffers
         s.device = device
         s.done = (torch.rand(slots, generator=g) < 0.3).to(device)
-        s.stops = torch.randint(-1, 6, (slots, 3), generator=g).to(device)
+        s.stops = torch.randint(-1, 6, (slots, width), generator=g).to(device)
         s.index = torch.randint(0, 9, (slots,), generator=g).to(device)
         s.max_new = torch.randint(1, 10, (slots,), generator=g).to(device)
         s.seq_lens = torch.randint(1, 99, (slots,), generator=g).int().to(device)
@@ -328,18 +340,11 @@ def _check_advance(device: torch.device) -> bool:
         s.picked = torch.randint(0, 9, (slots,), generator=g).to(device)
         return s
 
-    picked = torch.randint(0, 6, (rows,), generator=gen).to(device)
     got, want = state(), state()
-    advance(got, picked, rows, pad)
-    if sampling.SWITCH.failures:  # the kernel could not run (advance gave it up)
-        return False
-    advance_eager(want, picked, rows, pad)
-    wrong = [n for n in ("done", "index", "seq_lens", "token", "picked")
-             if not torch.equal(getattr(got, n), getattr(want, n))]
-    if wrong:
-        sampling.give_up(RuntimeError(f"the bookkeeping kernel differs from torch's ops on "
-                                      f"{device} in {', '.join(wrong)}"))
-    return not wrong
+    advance(got, picked.to(device), rows, 7)
+    advance_eager(want, picked.to(device), rows, 7)
+    return [n for n in ("done", "index", "seq_lens", "token", "picked")
+            if not torch.equal(getattr(got, n), getattr(want, n))]
 
 
 def advance_eager(state: SlotState, picked: torch.Tensor, rows: int, pad_id: int) -> None:
