@@ -398,10 +398,9 @@ def init(target, builtin, hf, args, data, spec_path, out_dir, name, batch_size, 
             raise GraphrunError("--hf takes the model from its folder: leave out --model, "
                                 "--builtin and --arg")
         else:
-            from graphrun.init.generate import NEW_TOKENS, Generation
+            from graphrun.init.generate import Generation
 
-            generation = Generation(max_new_tokens or NEW_TOKENS, temperature, top_p, top_k,
-                                    seed)
+            generation = Generation(max_new_tokens, temperature, top_p, top_k, seed)
             if generation.given and task == "next-token":
                 raise GraphrunError("--max-new-tokens and the sampling options are a "
                                     "generation job's: use --task generate")

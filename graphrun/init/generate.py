@@ -6,7 +6,7 @@ inputs and outputs are implied, so the model is not built."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from graphrun.base.errors import InputError, ModelError
 from graphrun.init.render import GROUP_WINDOW
@@ -34,7 +34,7 @@ def causal_arch(config) -> str:
 class Generation:
     """init's generation options: --max-new-tokens and the sampling ones."""
 
-    max_new_tokens: int = NEW_TOKENS
+    max_new_tokens: int | None = None  # None: not given (NEW_TOKENS, or the records' own)
     temperature: float | None = None  # None or 0: greedy
     top_p: float | None = None
     top_k: int | None = None
@@ -67,7 +67,7 @@ def plan_generate(found, texts: list[str], tokenizer, limit: int, eos: list[int]
                                           prefill_evaluation)
     from graphrun.spec.generate import GenerateSpec
 
-    new = options.max_new_tokens
+    new = options.max_new_tokens or NEW_TOKENS
     room = limit - new
     if room < SEQ_MULTIPLE:
         raise ModelError(f"--hf: the model holds {limit} positions, too few for a prompt and "
@@ -88,6 +88,74 @@ def plan_generate(found, texts: list[str], tokenizer, limit: int, eos: list[int]
                       "stop": {"eos": "auto"}}
     found.eos_ids, found.positions = eos, limit
     found.truncate = False  # a longer prompt is rejected with its line, as the run's default
+
+
+@dataclass
+class RecordParams:
+    """The records' own generation parameters, as init plans them: generate.per_record, the
+    job's cap on new tokens that covers the records' own, the output format that writes
+    their samples (n), and "where: why" for each sampled record the run rejects for one."""
+
+    fields: dict[str, str]  # parameter -> record field
+    max_new_tokens: int
+    notes: list[str] = field(default_factory=list)  # fields named as parameters, not read
+    output_format: str = "jsonl"
+    rejected: list[str] = field(default_factory=list)
+
+
+def parameter_fields(profile, taken: set) -> tuple[dict[str, str], list[str]]:
+    """parameter -> the record field named for it (read/requests.named_as_parameters) where
+    most of the values it holds are ones the run takes for that parameter; and a note for
+    each field so named that is not (a field of booleans named logprobs is no count of
+    alternatives)."""
+    from graphrun.init.sample import MAJORITY
+    from graphrun.read.requests import named_as_parameters, params_from_fields
+
+    out, notes = {}, []
+    for param, names in named_as_parameters(set(profile.values) - taken).items():
+        for name in names:
+            given = [v for v in profile.values[name] if v is not None]
+            why = [w for w in (params_from_fields({name: v}, {param: name}, from_spec=False)
+                               for v in given) if isinstance(w, str)]
+            if given and len(given) - len(why) >= MAJORITY * len(given):
+                out[param] = name
+                break
+            if why:
+                notes.append(f"field {name!r} is not read as each record's {param} "
+                             f"(generate.per_record): {len(why)} of the {len(given)} values "
+                             f"sampled are none, e.g. {why[0]}")
+    return out, notes
+
+
+def record_params(profile, fields: dict[str, str], notes: list[str], options: Generation,
+                  limit: int, bad: set[str]) -> RecordParams:
+    """fields (parameter_fields) checked record by record as the run checks them (bad: the
+    places of records already rejected for their prompt). The cap on new tokens rises to the
+    records' largest where --max-new-tokens was not given and the model's positions leave
+    half of them to the prompt; a record asking for n > 1 samples makes the output
+    openai_batch, whose lines hold a prompt's choices."""
+    from types import SimpleNamespace
+
+    from graphrun.read.requests import params_from_fields, unserved
+    from graphrun.spec.generate import GenerateSpec
+
+    wheres = profile.wheres or [f"record {i + 1}" for i in range(profile.sampled)]
+    records = [{n: profile.values[n][i] for n in fields.values()} for i in range(len(wheres))]
+    checked = [(w, params_from_fields(r, fields)) for w, r in zip(wheres, records)
+               if w not in bad]
+    good = [p for _, p in checked if not isinstance(p, str)]
+    asked = max((p.max_new_tokens or 0 for p in good), default=0)
+    cap = options.max_new_tokens or max(NEW_TOKENS, asked if asked <= limit // 2 else 0)
+    many = any((p.n or 1) > 1 for p in good)
+    found = RecordParams(fields, cap, notes, "openai_batch" if many else "jsonl")
+    spec = SimpleNamespace(generate=GenerateSpec(max_new_tokens=cap,
+                                                 sampling=options.sampling()),
+                           output=SimpleNamespace(format=found.output_format))
+    for where, params in checked:
+        why = params if isinstance(params, str) else unserved(params, spec)
+        if why:
+            found.rejected.append(f"{where}: {why}")
+    return found
 
 
 BATCH_KEYS = {"custom_id", "method", "url", "body"}

@@ -19,14 +19,15 @@ inputs and outputs are implied, so the model is not built.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from graphrun.base.errors import GraphrunError, ModelError, first_line
 from graphrun.init.infer import MAX_LISTED, Inferred, sample_notes, spec_out_dir, spec_target
 from graphrun.init.sample import FieldInfo, sample_data
-from graphrun.init.generate import (PROMPT_NAMES, Generation, causal_arch, eos_ids,
-                                    plan_generate, prompt_source, rendered_prompts, stop_check)
+from graphrun.init.generate import (PROMPT_NAMES, Generation, RecordParams, causal_arch,
+                                    eos_ids, parameter_fields, plan_generate, prompt_source,
+                                    record_params, rendered_prompts, stop_check)
 from graphrun.init.render import relative_to_spec, render_generate_spec, render_hf_spec, write_spec_files
 from graphrun.init.text import (TEXT_NAMES, chosen_fields, non_texts, plan_grouped,
                                 texts_of)
@@ -68,6 +69,7 @@ class HfInferred(Inferred):
     source: tuple = ("text", None)
     outliers: list[tuple[str, int]] = field(default_factory=list)  # (where, tokens) planned without
     max_length: int | None = None  # data.text.max_length: where the outliers are cut
+    params: RecordParams | None = None  # --task generate: the records' own parameters
 
 
 def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml",
@@ -98,7 +100,9 @@ def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml
     tokenizer = _tokenizer(transformers, hf, where)
     profile = sample_data(Path(data).resolve(), sample, id_field, text=True)
     source = prompt_source(profile, text_field)
-    kind = chosen_task(config, task, source[0] != "text" or generation.given)
+    # fields named as generation parameters (max_tokens, temperature) say a generation job too
+    asks = bool(parameter_fields(profile, {text_field, profile.id_field})[0])
+    kind = chosen_task(config, task, source[0] != "text" or generation.given or asks)
     found = HfInferred(name=name or _default_name(hf, kind), profile=profile,
                        model={"hf": {"path": where, "class": kind.auto_class}, "dtype": dtype},
                        batch_size=batch_size, task=kind)
@@ -134,6 +138,13 @@ def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml
             key=_line)  # run rejects them too (or reads token ids): name them, in file order
     limit = model_limit(tokenizer, config, where)
     if kind.kind == "generate":
+        fields, notes = ({}, []) if source[0] == "batch" else parameter_fields(
+            profile, {found.text_field, profile.id_field})
+        if fields or notes:  # the run rejects what it cannot serve: name those records now
+            bad = {said.split(": ", 1)[0] for said in profile.skipped}
+            found.params = record_params(profile, fields, notes, generation, limit, bad)
+            generation = replace(generation, max_new_tokens=found.params.max_new_tokens)
+            profile.skipped = sorted(profile.skipped + found.params.rejected, key=_line)
         plan_generate(found, texts, tokenizer, limit, eos_ids(transformers, where, config),
                       generation, special)
     else:
@@ -434,7 +445,20 @@ def _checks(found: HfInferred, config) -> list[str]:
     if task.kind == "classify" and labels and len(labels) > 1:
         shown = ", ".join(f"{k}: {v}" for k, v in list(labels.items())[:8])
         out.append(f"outputs.label is the class index; config.json's labels: {shown}")
+    if found.params and found.params.fields:
+        mapped = ", ".join(f"{f} ({k})" if f != k else f for k, f in found.params.fields.items())
+        out.append(f"generate.per_record: each record's own {mapped}; a record without one "
+                   "(or null) takes the spec's value"
+                   + (f"; max_new_tokens {found.generate['max_new_tokens']} covers the "
+                      "records' own" if "max_new_tokens" in found.params.fields else "")
+                   + ("; output.format openai_batch: a record asking for n > 1 samples gets "
+                      "them as one line's choices"
+                      if found.params.output_format == "openai_batch" else ""))
+    if found.params:
+        out += found.params.notes
     used = [found.text_field] if isinstance(found.text_field, str) else found.text_field
+    if found.params:
+        used = [*used, *found.params.fields.values()]
     if found.source[0] == "batch":
         used = [*used, "method", "url"]
     others = [n for n in p.texts if n not in used]

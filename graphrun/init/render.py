@@ -205,6 +205,9 @@ def render_generate_spec(found, spec_dir: Path, out_dir: str) -> str:
            if gen["sampling"]["method"] == "greedy" else "greedy: {method: greedy}"),
         _c(f"  stop: {_flow(gen['stop'])}",
            f"the model's EOS {found.eos_ids}" if found.eos_ids else "the model names no EOS"),
+        *([_c(f"  per_record: {_flow(found.params.fields)}",
+              "each record's own parameters: parameter: its field (null or absent: the "
+              "spec's)")] if found.params and found.params.fields else []),
         _c("buckets:", f"graphs: {found.graphs.prefill} prefill + {found.graphs.decode} decode"),
         _c(f"  {BATCH}: {_flow(found.buckets[BATCH])}",
            "decode rows planned for the grouped batches (a GPU's slots: auto steps up to "
@@ -215,7 +218,10 @@ def render_generate_spec(found, spec_dir: Path, out_dir: str) -> str:
         "output:",
         f"  dir: {_scalar(out_dir)}",
         _c("  format: openai_batch", "the Batch API's output lines; or jsonl | parquet")
-        if kind == "batch" else _c("  format: jsonl", "jsonl | parquet | openai_batch"),
+        if kind == "batch" else
+        _c("  format: openai_batch", "a record's n samples are one line's choices")
+        if found.params and found.params.output_format == "openai_batch" else
+        _c("  format: jsonl", "jsonl | parquet | openai_batch"),
     ]
     return "\n".join(lines) + "\n"
 

@@ -68,6 +68,9 @@ class DataProfile:
     # text=True: fields of whole numbers, a list per record: prompts of token ids, which a
     # generation job reads as they are
     token_ids: dict[str, list] = field(default_factory=dict)
+    # text=True: every field's values as the records hold them (None: absent or null), for
+    # fields the run reads besides the text (a record's own generation parameters)
+    values: dict[str, list] = field(default_factory=dict)
 
     @property
     def format(self) -> str:
@@ -92,14 +95,19 @@ def sample_data(path: Path, limit: int, id_field: str | None = None, *,
                          f"{', '.join(SUFFIXES)}", where=str(path))
     if not path.is_file():
         raise InputError("input file not found", where=str(path))
-    reader = {".jsonl": _read_jsonl, ".npy": _read_npy, ".npz": _read_npz,
-              ".parquet": _read_parquet}[path.suffix]
-    columns, total = reader(path, limit)
+    if path.suffix == ".jsonl":
+        columns, total = _read_jsonl(path, limit, text)
+    elif path.suffix == ".parquet":
+        columns, total = _read_parquet(path, limit, text)
+    else:
+        columns, total = {".npy": _read_npy, ".npz": _read_npz}[path.suffix](path, limit)
     skipped = columns.pop(SKIPPED, [])
     wheres = columns.pop(WHERE, None)
     disagree: list[str] = []
+    if text and wheres is not None:
+        return _text_profile(path, columns, total, skipped, wheres, id_field)
     if wheres is not None and columns:  # per-record values: outvote the few that disagree
-        columns, wheres, disagree = outvote(columns, wheres, None if text else id_field or "")
+        columns, wheres, disagree = outvote(columns, wheres, id_field or "")
     sampled = len(next(iter(columns.values()))) if columns else 0
     if sampled == 0:
         raise InputError("holds no records to learn the inputs from"
@@ -112,11 +120,11 @@ def sample_data(path: Path, limit: int, id_field: str | None = None, *,
         del fields[chosen]
     left_out = [n for n, f in fields.items() if f.kind == "str"]
     objects = [n for n, f in fields.items() if f.kind == "object"]
-    if text:
-        texts = {n: columns[n] for n in left_out}
+    if text:  # a dense file (npy, npz)
         ids = {n: columns[n] for n, f in fields.items() if f.kind == "int" and len(f.dims) == 1}
-        return DataProfile(path, total, sampled, {}, chosen, {}, left_out, skipped, texts,
-                           wheres or [], disagree, {n: columns[n] for n in objects}, ids)
+        return DataProfile(path, total, sampled, {}, chosen, {}, left_out, skipped,
+                           {n: columns[n] for n in left_out}, wheres or [], disagree,
+                           {n: columns[n] for n in objects}, ids)
     if objects:
         raise InputError(f"field {objects[0]!r} holds object values, not numbers",
                          where=str(path))
@@ -134,11 +142,63 @@ def sample_data(path: Path, limit: int, id_field: str | None = None, *,
                        wheres or [], disagree)
 
 
+def _text_profile(path: Path, columns: dict[str, list], total: int, skipped: list[str],
+                  wheres: list[str], id_field: str | None) -> DataProfile:
+    """Records of text (init --hf). A field may be absent from or null in some records (a
+    record's own parameters, metadata): the run reads only the text's field, the id and the
+    parameters the spec maps, and init checks those once it knows them. Only fields of
+    lists of numbers, token ids perhaps, are outvoted: a few lists of another rank or kind
+    among them are the records left out."""
+    lists = [n for n, v in columns.items()
+             if all(isinstance(x, np.ndarray) and x.ndim >= 1 for x in v)]
+    disagree: list[str] = []
+    if lists:
+        kept, kept_wheres, disagree = outvote({n: columns[n] for n in lists}, wheres, None)
+        keep = set(kept_wheres)
+        rows = [i for i, w in enumerate(wheres) if w in keep]
+        columns = {n: kept[n] if n in kept else [v[i] for i in rows]
+                   for n, v in columns.items()}
+        wheres = kept_wheres
+    if not wheres:
+        raise InputError("holds no records to learn the inputs from"
+                         + (f"; the first left out: {disagree[0]}" if disagree else ""),
+                         where=str(path))
+    fields = {n: _describe_text(path, n, v) for n, v in columns.items()}
+    # a string field is the id only where named as one: another holds the text
+    named = {n: f for n, f in fields.items() if f.kind != "str" or _ID_NAMES.search(n)}
+    chosen = _pick_id(named if id_field is None else fields, id_field, path)
+    others = [n for n in columns if n != chosen]
+    texts = [n for n in others if fields[n].kind == "str"]
+    return DataProfile(
+        path, total, len(wheres), {}, chosen, {}, texts, skipped,
+        texts={n: columns[n] for n in texts}, wheres=wheres, disagree=disagree,
+        objects={n: columns[n] for n in others if fields[n].kind == "object"},
+        token_ids={n: columns[n] for n in others
+                   if fields[n].kind == "int" and len(fields[n].dims) == 1},
+        values={n: [v.tolist() if isinstance(v, np.ndarray) else v for v in columns[n]]
+                for n in columns})
+
+
+def _describe_text(path: Path, name: str, values: list) -> FieldInfo:
+    """A text record's field from its values that are there (None: absent or null); one
+    that no input could be (mixed ranks, lists of strings) is an object."""
+    present = [v for v in values if v is not None]
+    if any(isinstance(v, str) for v in present):
+        return FieldInfo(name, "str", "str", [], probe=present[:PROBE_RECORDS])
+    if not present or not all(isinstance(v, np.ndarray) for v in present):
+        return FieldInfo(name, "object", "object", [], probe=present[:PROBE_RECORDS])
+    try:
+        return _describe(path, name, present)
+    except InputError:
+        return FieldInfo(name, "object", "object", [], probe=present[:PROBE_RECORDS])
+
+
 # ---- readers: name -> per-record values (a list) or a dense [n, ...] array --------------------
 
-def _read_jsonl(path: Path, limit: int) -> tuple[dict, int]:
+def _read_jsonl(path: Path, limit: int, text: bool = False) -> tuple[dict, int]:
     """A record that cannot be used (not JSON, other fields, ragged) is left out of the sample
-    and counted in the "skipped" entry; `run` rejects or stops at it as the spec says."""
+    and counted in the "skipped" entry; `run` rejects or stops at it as the spec says.
+    text: records may differ in their fields (None where one is absent or null)."""
     from graphrun.read.formats.jsonl_lines import lines_of
 
     columns: dict[str, list] = {}
@@ -153,12 +213,15 @@ def _read_jsonl(path: Path, limit: int) -> tuple[dict, int]:
             if total > limit:
                 continue  # keep counting the file's records
             try:
-                record = _jsonl_record(line, columns, f"{path.name}:{lineno}")
+                record = _jsonl_record(line, columns, f"{path.name}:{lineno}", text)
             except InputError as err:
                 skipped.append(str(err))
                 continue
-            for name, value in record.items():
-                columns.setdefault(name, []).append(value)
+            for name in record:  # in the record's order: the fields' order is the file's
+                if name not in columns:  # absent from the records before
+                    columns[name] = [None] * len(wheres)
+            for name, values in columns.items():
+                values.append(record.get(name))
             wheres.append(f"{path.name}:{lineno}")
     if skipped and not columns:
         raise InputError(f"no record of the sample could be used; the first: {skipped[0]}",
@@ -166,7 +229,7 @@ def _read_jsonl(path: Path, limit: int) -> tuple[dict, int]:
     return {**columns, SKIPPED: skipped, WHERE: wheres}, total
 
 
-def _jsonl_record(line: bytes, columns: dict, where: str) -> dict:
+def _jsonl_record(line: bytes, columns: dict, where: str, text: bool) -> dict:
     from graphrun.read.formats.jsonl_parse import parse_line
 
     record, reason = parse_line(line)  # the reason `run` gives the same line
@@ -174,10 +237,24 @@ def _jsonl_record(line: bytes, columns: dict, where: str) -> dict:
         raise InputError(reason, where=where)
     if not isinstance(record, dict):
         raise InputError("a record must be a JSON object {\"field\": value, ...}", where=where)
-    if columns and set(record) != set(columns):
+    if columns and set(record) != set(columns) and not text:
         raise InputError(f"fields {sorted(record)} differ from the first record's "
                          f"{sorted(columns)}", where=where)
-    return {name: _as_array(value, where, name) for name, value in record.items()}
+    return {name: _value(value, where, name, text) for name, value in record.items()}
+
+
+def _value(value, where: str, name: str, text: bool):
+    """A field's value as the sample holds it (_as_array). text: a null stays None, and a
+    value that is no array of numbers stays as it is: which fields the run reads, and what
+    it requires of them, is known only once init has chosen the text's field."""
+    if not text:
+        return _as_array(value, where, name)
+    if value is None:
+        return None
+    try:
+        return _as_array(value, where, name)
+    except InputError:
+        return value
 
 
 def _read_npy(path: Path, limit: int) -> tuple[dict, int]:
@@ -217,7 +294,7 @@ def _head(array: np.ndarray, limit: int) -> np.ndarray:
     return np.asarray(array[:max(PROBE_RECORDS, min(limit, SAMPLE_BYTES // row_bytes))])
 
 
-def _read_parquet(path: Path, limit: int) -> tuple[dict, int]:
+def _read_parquet(path: Path, limit: int, text: bool = False) -> tuple[dict, int]:
     import pyarrow.parquet as pq
 
     try:
@@ -233,7 +310,7 @@ def _read_parquet(path: Path, limit: int) -> tuple[dict, int]:
     for i, row in enumerate(zip(*values)):
         where = f"{path.name}[row {i}]"
         try:  # a null or ragged row is left out of the sample, as a bad JSONL line is
-            row = [_as_array(v, where, n) for n, v in zip(columns, row)]
+            row = [_value(v, where, n, text) for n, v in zip(columns, row)]
         except InputError as err:
             skipped.append(str(err))
             continue

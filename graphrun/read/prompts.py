@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from graphrun.read.chat import chat_template, check_messages
 from graphrun.read.openai_batch import read_request
 from graphrun.spec.endpoints import file_endpoint
-from graphrun.read.requests import params_from_fields, unserved
+from graphrun.read.requests import named_as_parameters, params_from_fields, unserved
 from graphrun.spec.keys import PipelineSpec
 from graphrun.spec.request import DEFAULT_PARAMS, RequestParams
 
@@ -129,3 +129,52 @@ def kind(value) -> str:
     if value is None:
         return "null"
     return {dict: "an object", list: "an array", str: "a string"}.get(type(value), "a number")
+
+
+def unread_parameters(spec: PipelineSpec, names) -> str | None:
+    """The warning for record fields (`names`, the first record's) named as generation
+    parameters that generate.per_record does not map, whose values the run would otherwise
+    pass over without a word; None where there are none (an OpenAI Batch request's body
+    holds its own)."""
+    g = spec.generate
+    if g is None or spec.data.format == "openai_batch" or spec.data.text is None:
+        return None
+    mapped = g.per_record.fields
+    read = {*spec.data.text.fields, *mapped.values(), spec.data.id_field}
+    unread = {param: found[0] for param, found in named_as_parameters(set(names) - read).items()
+              if param not in mapped}
+    if not unread:
+        return None
+    pairs = ", ".join(f"{param}: {name}" for param, name in unread.items())
+    return (f"warning: the records hold {', '.join(map(repr, unread.values()))}, named as "
+            "generation parameters that the spec does not read: every record gets the "
+            "spec's value. To apply each record's own, add to the spec's generate section "
+            f"per_record: {{{pairs}}}")
+
+
+def first_record_fields(path) -> list[str]:
+    """The field names of a JSONL file's first record or a Parquet file's columns; [] where
+    they cannot be read cheaply (the run names what is wrong with the file)."""
+    from pathlib import Path
+
+    from graphrun.read.formats.jsonl_lines import lines_of
+    from graphrun.read.formats.jsonl_parse import parse_line
+
+    path = Path(path)
+    try:
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            return list(pq.read_schema(path).names)
+        if path.suffix != ".jsonl":
+            return []
+        with open(path, "rb") as f:
+            source = lines_of(f)
+            for block in iter(lambda: source.readlines(1 << 16), []):
+                line = next((line for line in block if line.strip()), None)
+                if line is not None:
+                    record, _ = parse_line(line)
+                    return list(record) if isinstance(record, dict) else []
+    except Exception:  # noqa: BLE001 - the reader reports an unreadable file as it reads
+        return []
+    return []

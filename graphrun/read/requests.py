@@ -71,6 +71,22 @@ CHECKS = {
 }
 
 
+# generate.per_record's parameters other than by their own name: as OpenAI's requests name them
+PARAM_ALIASES = {"max_new_tokens": ("max_new_tokens", "max_tokens", "max_completion_tokens")}
+
+
+def named_as_parameters(names) -> dict[str, list[str]]:
+    """parameter -> the field names among `names` that are named for it (PARAM_ALIASES, else
+    the parameter's own name), in PARAM_ALIASES' order."""
+    held = set(names)
+    out = {}
+    for param in CHECKS:
+        found = [n for n in PARAM_ALIASES.get(param, (param,)) if n in held]
+        if found:
+            out[param] = found
+    return out
+
+
 WHOLE_PARAMS = frozenset({"max_new_tokens", "top_k", "seed", "n", "logprobs"})
 EXACT_FLOAT = 2 ** 53  # a float's whole numbers are exact up to here
 
