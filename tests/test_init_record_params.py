@@ -203,3 +203,16 @@ def test_text_records_may_differ_in_their_fields(tmp_path):
     numbers = write(tmp_path / "n.jsonl", [{"x": [1, 2]}, {"x": [3, 4], "y": 1}, {"x": [5, 6]}])
     profile = sample_data(numbers, 100)
     assert profile.sampled == 2 and "differ from the first record's" in profile.skipped[0]
+
+
+def test_a_per_record_field_the_records_lack_is_said_with_the_one_they_hold(tmp_path):
+    rows = [{"id": f"p{i}", "prompt": prompt(i), "max_tokens": 2} for i in range(3)]
+    data = write(tmp_path / "p.jsonl", rows)
+    spec_path = tmp_path / "gen.yaml"
+    assert cli("init", "--hf", TINY, "--data", data, "-o", spec_path, "--task", "generate",
+               "--max-new-tokens", 3).exit_code == 0
+    spec = graphrun.load_spec(spec_path, ["generate.per_record.max_new_tokens=max_token"])
+    said = " ".join(" ".join(graphrun.run(spec).warnings).split())
+    assert ("generate.per_record.max_new_tokens reads field 'max_token', which none of the "
+            "first records holds, so they get the spec's value; they hold 'max_tokens', which "
+            "may be it") in said

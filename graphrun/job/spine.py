@@ -29,7 +29,7 @@ from graphrun.base.phases import BEFORE_RUN, PhaseClock, phase
 from graphrun.job.state import JobRunner, RunHashes, RunRecord, RunResources
 from graphrun.job.signals import StopSignals
 from graphrun.read.stream import ReadAhead, padded_batches
-from graphrun.read.prompts import first_record_fields, unread_parameters
+from graphrun.read.prompts import first_fields, parameter_warnings
 from graphrun.read.text import TextCuts
 from graphrun.base.tuning import Tuning
 from graphrun.write.folder import completed_manifest, locked, prepare_out_dir
@@ -230,9 +230,8 @@ def run_stream(record: RunRecord, held: RunResources, fingerprint: dict, resume_
             held.reader = ReadAhead(padded_batches(batches, spec),
                                     ahead=look_ahead(spec),
                                     hold_bytes=held.tuning.read_ahead_bytes)
-            unread = unread_parameters(spec, first_record_fields(spec.data.path))
-            if unread:
-                (record.print_and_warn if show else record.warn)(unread)
+            for said in parameter_warnings(spec, first_fields(spec.data.path)):
+                (record.print_and_warn if show else record.warn)(said)
         engine: type[JobRunner] = parts.engine(spec)
         held.runner = runner = engine(spec, log=record.print_and_warn if show else record.warn,
                                       needs=data_needs(spec, held.reader, record.bucket_plan),

@@ -7,6 +7,7 @@ a completions request's prompt) may hold token ids instead of text: taken as the
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, replace
 
 from graphrun.read.chat import chat_template, check_messages
@@ -131,30 +132,43 @@ def kind(value) -> str:
     return {dict: "an object", list: "an array", str: "a string"}.get(type(value), "a number")
 
 
-def unread_parameters(spec: PipelineSpec, names) -> str | None:
-    """The warning for record fields (`names`, the first record's) named as generation
-    parameters that generate.per_record does not map, whose values the run would otherwise
-    pass over without a word; None where there are none (an OpenAI Batch request's body
-    holds its own)."""
+def parameter_warnings(spec: PipelineSpec, names: list[str]) -> list[str]:
+    """Warnings about the records' own parameters from `names`, the first records' fields,
+    for what the run would otherwise pass over without a word: a field generate.per_record
+    maps that those records lack (a typo gives every record the spec's value), and fields
+    named as generation parameters that per_record does not map. None where the first
+    records could not be read, or an OpenAI Batch request's body holds their parameters."""
     g = spec.generate
-    if g is None or spec.data.format == "openai_batch" or spec.data.text is None:
-        return None
+    if (not names or g is None or spec.data.format == "openai_batch"
+            or spec.data.text is None):
+        return []
+    out = []
     mapped = g.per_record.fields
+    for param, name in mapped.items():
+        if name not in names:
+            near = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+            out.append(f"warning: generate.per_record.{param} reads field {name!r}, which "
+                       "none of the first records holds, so they get the spec's value"
+                       + (f"; they hold {near[0]!r}, which may be it" if near else ""))
     read = {*spec.data.text.fields, *mapped.values(), spec.data.id_field}
     unread = {param: found[0] for param, found in named_as_parameters(set(names) - read).items()
               if param not in mapped}
-    if not unread:
-        return None
-    pairs = ", ".join(f"{param}: {name}" for param, name in unread.items())
-    return (f"warning: the records hold {', '.join(map(repr, unread.values()))}, named as "
-            "generation parameters that the spec does not read: every record gets the "
-            "spec's value. To apply each record's own, add to the spec's generate section "
-            f"per_record: {{{pairs}}}")
+    if unread:
+        pairs = ", ".join(f"{param}: {name}" for param, name in unread.items())
+        out.append(f"warning: the records hold {', '.join(map(repr, unread.values()))}, named "
+                   "as generation parameters that the spec does not read: every record gets "
+                   "the spec's value. To apply each record's own, add to the spec's generate "
+                   f"section per_record: {{{pairs}}}")
+    return out
 
 
-def first_record_fields(path) -> list[str]:
-    """The field names of a JSONL file's first record or a Parquet file's columns; [] where
-    they cannot be read cheaply (the run names what is wrong with the file)."""
+FIRST_BYTES = 1 << 16  # the records whose fields parameter_warnings reads: the first block's
+
+
+def first_fields(path) -> list[str]:
+    """The field names the first records of a JSONL file hold (those in its first 64 KiB, at
+    least one), in order of appearance, or a Parquet file's columns; [] where they cannot be
+    read cheaply (the run names what is wrong with the file)."""
     from pathlib import Path
 
     from graphrun.read.formats.jsonl_lines import lines_of
@@ -169,12 +183,11 @@ def first_record_fields(path) -> list[str]:
         if path.suffix != ".jsonl":
             return []
         with open(path, "rb") as f:
-            source = lines_of(f)
-            for block in iter(lambda: source.readlines(1 << 16), []):
-                line = next((line for line in block if line.strip()), None)
-                if line is not None:
-                    record, _ = parse_line(line)
-                    return list(record) if isinstance(record, dict) else []
+            names: dict[str, None] = {}
+            for line in lines_of(f).readlines(FIRST_BYTES):
+                record, _ = parse_line(line) if line.strip() else (None, "")
+                if isinstance(record, dict):
+                    names.update(dict.fromkeys(record))
+            return list(names)
     except Exception:  # noqa: BLE001 - the reader reports an unreadable file as it reads
         return []
-    return []
