@@ -216,3 +216,30 @@ def test_a_per_record_field_the_records_lack_is_said_with_the_one_they_hold(tmp_
     assert ("generate.per_record.max_new_tokens reads field 'max_token', which none of the "
             "first records holds, so they get the spec's value; they hold 'max_tokens', which "
             "may be it") in said
+
+
+def test_a_batch_file_s_max_tokens_raise_the_cap_and_refused_requests_are_named(tmp_path):
+    """A Batch request asking for more tokens than init's default cap is served (the cap
+    covers it), and each request the run answers with an error line is named by init with
+    the run's reason."""
+    rows = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
+             "body": {"model": "m", "prompt": prompt(i), "max_tokens": 3}} for i in range(8)]
+    rows[2]["body"]["max_tokens"] = 140
+    rows[5]["body"]["top_p"] = 7
+    rows[6]["url"] = "/v1/embeddings"
+    data = write(tmp_path / "requests.jsonl", rows)
+    spec_path = tmp_path / "batch.yaml"
+    result = cli("init", "--hf", TINY, "--data", data, "-o", spec_path)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "generate.max_new_tokens 140 covers the requests' own max_tokens" in said
+    spec = graphrun.load_spec(spec_path)
+    assert spec.generate.max_new_tokens == 140 and spec.data.format == "openai_batch"
+    graphrun.run(spec)
+    lines = [json.loads(x) for f in sorted(Path(spec.output.dir).glob("part-*"))
+             for x in f.read_text().splitlines()]
+    refused = {x["custom_id"]: x["error"]["message"] for x in lines if x.get("error")}
+    assert sorted(refused) == ["r5", "r6"]
+    for rid, message in refused.items():  # "reason (file:line)", as init named it
+        reason, where = message.rsplit(" (", 1)
+        assert f"{where.rstrip(')')}: {reason}" in said

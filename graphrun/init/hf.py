@@ -25,9 +25,9 @@ from pathlib import Path
 from graphrun.base.errors import GraphrunError, ModelError, first_line
 from graphrun.init.infer import MAX_LISTED, Inferred, sample_notes, spec_out_dir, spec_target
 from graphrun.init.sample import FieldInfo, sample_data
-from graphrun.init.generate import (PROMPT_NAMES, Generation, RecordParams, causal_arch,
-                                    eos_ids, parameter_fields, plan_generate, prompt_source,
-                                    record_params, rendered_prompts, stop_check)
+from graphrun.init.generate import (NEW_TOKENS, PROMPT_NAMES, Generation, RecordParams,
+                                    causal_arch, eos_ids, parameter_fields, plan_generate,
+                                    prompt_source, record_params, rendered_prompts, stop_check)
 from graphrun.init.render import relative_to_spec, render_generate_spec, render_hf_spec, write_spec_files
 from graphrun.init.text import (TEXT_NAMES, chosen_fields, non_texts, plan_grouped,
                                 texts_of)
@@ -138,11 +138,12 @@ def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml
             key=_line)  # run rejects them too (or reads token ids): name them, in file order
     limit = model_limit(tokenizer, config, where)
     if kind.kind == "generate":
-        fields, notes = ({}, []) if source[0] == "batch" else parameter_fields(
+        batch = source[0] == "batch"
+        fields, notes = ({}, []) if batch else parameter_fields(
             profile, {found.text_field, profile.id_field})
-        if fields or notes:  # the run rejects what it cannot serve: name those records now
+        if fields or notes or batch:  # the run rejects what it cannot serve: name it now
             bad = {said.split(": ", 1)[0] for said in profile.skipped}
-            found.params = record_params(profile, fields, notes, generation, limit, bad)
+            found.params = record_params(profile, fields, notes, generation, limit, bad, batch)
             generation = replace(generation, max_new_tokens=found.params.max_new_tokens)
             profile.skipped = sorted(profile.skipped + found.params.rejected, key=_line)
         plan_generate(found, texts, tokenizer, limit, eos_ids(transformers, where, config),
@@ -454,6 +455,9 @@ def _checks(found: HfInferred, config) -> list[str]:
                    + ("; output.format openai_batch: a record asking for n > 1 samples gets "
                       "them as one line's choices"
                       if found.params.output_format == "openai_batch" else ""))
+    if found.source[0] == "batch" and found.generate["max_new_tokens"] > NEW_TOKENS:
+        out.append(f"generate.max_new_tokens {found.generate['max_new_tokens']} covers the "
+                   "requests' own max_tokens")
     if found.params:
         out += found.params.notes
     used = [found.text_field] if isinstance(found.text_field, str) else found.text_field
