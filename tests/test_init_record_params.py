@@ -243,3 +243,22 @@ def test_a_batch_file_s_max_tokens_raise_the_cap_and_refused_requests_are_named(
     for rid, message in refused.items():  # "reason (file:line)", as init named it
         reason, where = message.rsplit(" (", 1)
         assert f"{where.rstrip(')')}: {reason}" in said
+
+
+def test_a_record_without_the_prompt_field_or_its_id_is_named_as_the_run_names_it(tmp_path):
+    rows = [{"id": f"p{i}", "prompt": prompt(i)} for i in range(8)]
+    rows[2] = {"id": "p2", "promt": "the river"}  # a typo'd field, not a null one
+    rows[5] = {"prompt": "the city"}  # no id
+    data = write(tmp_path / "p.jsonl", rows)
+    spec_path = tmp_path / "gen.yaml"
+    result = cli("init", "--hf", TINY, "--data", data, "-o", spec_path, "--task", "generate",
+                 "--max-new-tokens", 2)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    spec = graphrun.load_spec(spec_path, ["data.on_bad_record=skip"])
+    m = graphrun.run(spec)
+    assert (m.totals.records_out, m.totals.records_rejected) == (6, 2)
+    rejects = [json.loads(x) for x in (spec.output.dir / "rejects.jsonl").read_text().splitlines()]
+    assert [r["where"] for r in rejects] == ["p.jsonl:3", "p.jsonl:6"]
+    for r in rejects:
+        assert f"{r['where']}: {r['reason']}" in said

@@ -225,9 +225,11 @@ def rendered_prompts(profile, source: tuple[str, str | None], tokenizer
     rendered by the tokenizer's chat template (it adds none), a Batch file's completions
     prompts as they are (it does). One the run would reject is left out."""
     from graphrun.read.chat import check_messages
+    from graphrun.read.text import record_problem
     from graphrun.spec.rules import no_chat_template
 
     kind, field = source
+    texts, chats, rejected = [], [], []
     if kind == "batch":
         items = [(b.get("messages"), b.get("prompt"))
                  for b in profile.objects.get("body") or profile.texts["body"]
@@ -237,7 +239,11 @@ def rendered_prompts(profile, source: tuple[str, str | None], tokenizer
         values = profile.objects.get(field) or profile.texts[field]
         items = [(m, None) for m in values]
         wheres = profile.wheres or [f"record {i + 1}" for i in range(len(items))]
-    texts, chats, rejected = [], [], []
+        for i, row in enumerate(profile.rows):  # no messages field, or a bad id
+            why = record_problem(row, [field], profile.id_field)
+            if why:
+                rejected.append(f"{wheres[i]}: {why}")
+                items[i] = (None, None)
     for (messages, prompt), where in zip(items, wheres):
         if messages is not None:
             checked = check_messages(messages, field or "messages")

@@ -123,6 +123,8 @@ def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml
         found.text_field = source[1] or "body"
         if source[0] == "ids":  # taken as they are: no special tokens added
             texts, special = texts_of(profile, found.text_field, ids=True), False
+            profile.skipped = sorted(profile.skipped + non_texts(profile, found.text_field,
+                                                                 True), key=_line)
         else:
             texts, special, rejected = rendered_prompts(profile, source, tokenizer)
             profile.skipped = sorted(profile.skipped + rejected, key=_line)

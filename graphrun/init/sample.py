@@ -24,6 +24,17 @@ PROBE_RECORDS = 8  # records kept per field for the model's probe calls
 SAMPLE_BYTES = 64 << 20  # a dense array's sample holds at most this much (and PROBE_RECORDS)
 SKIPPED = "\0skipped"  # the readers' entry for records left out of the sample, with why
 WHERE = "\0where"  # the readers' entry for each record's place (file:line, file[row n])
+
+
+class _Absent:
+    """A text record's value of a field it does not hold (a JSONL record's fields may differ;
+    the run tells a field absent from one that is null)."""
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT = _Absent()
 MAJORITY = 0.9  # this share of the sample agreeing makes the rest outliers, not the rule
 _ID_NAMES = re.compile(r"^(id|ids|uid|guid|key|idx|index)$|_id$|^id_", re.IGNORECASE)
 
@@ -71,6 +82,8 @@ class DataProfile:
     # text=True: every field's values as the records hold them (None: absent or null), for
     # fields the run reads besides the text (a record's own generation parameters)
     values: dict[str, list] = field(default_factory=dict)
+    # text=True: each sampled record as the run reads it (a field it lacks is absent)
+    rows: list[dict] = field(default_factory=list)
 
     @property
     def format(self) -> str:
@@ -169,20 +182,24 @@ def _text_profile(path: Path, columns: dict[str, list], total: int, skipped: lis
     chosen = _pick_id(named if id_field is None else fields, id_field, path)
     others = [n for n in columns if n != chosen]
     texts = [n for n in others if fields[n].kind == "str"]
+    # as JSON held them: the run's checks read these (a whole float 16.0 stays a float)
+    values = {n: [v.tolist() if isinstance(v, np.ndarray) else v for v in column]
+              for n, column in columns.items()}
     return DataProfile(
         path, total, len(wheres), {}, chosen, {}, texts, skipped,
         texts={n: columns[n] for n in texts}, wheres=wheres, disagree=disagree,
         objects={n: columns[n] for n in others if fields[n].kind == "object"},
         token_ids={n: columns[n] for n in others
                    if fields[n].kind == "int" and len(fields[n].dims) == 1},
-        values={n: [v.tolist() if isinstance(v, np.ndarray) else v for v in columns[n]]
-                for n in columns})
+        values={n: [None if v is ABSENT else v for v in raw] for n, raw in values.items()},
+        rows=[{n: raw[i] for n, raw in values.items() if raw[i] is not ABSENT}
+              for i in range(len(wheres))])
 
 
 def _describe_text(path: Path, name: str, values: list) -> FieldInfo:
     """A text record's field from its values that are there (None: absent or null); one
     that no input could be (mixed ranks, lists of strings) is an object."""
-    present = [v for v in values if v is not None]
+    present = [v for v in values if v is not None and v is not ABSENT]
     if any(isinstance(v, str) for v in present):
         return FieldInfo(name, "str", "str", [], probe=present[:PROBE_RECORDS])
     if not present or not all(isinstance(v, np.ndarray) for v in present):
@@ -219,9 +236,9 @@ def _read_jsonl(path: Path, limit: int, text: bool = False) -> tuple[dict, int]:
                 continue
             for name in record:  # in the record's order: the fields' order is the file's
                 if name not in columns:  # absent from the records before
-                    columns[name] = [None] * len(wheres)
+                    columns[name] = [ABSENT] * len(wheres)
             for name, values in columns.items():
-                values.append(record.get(name))
+                values.append(record.get(name, ABSENT))
             wheres.append(f"{path.name}:{lineno}")
     if skipped and not columns:
         raise InputError(f"no record of the sample could be used; the first: {skipped[0]}",

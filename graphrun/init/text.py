@@ -89,28 +89,39 @@ def _prompt(value, ids: bool) -> bool:
 
 
 def non_texts(profile, field: str | list[str], generate: bool = False) -> list[str]:
-    """"file:line: why" for each sampled record texts_of leaves out, with run's reason.
-    generate: a prompt of token ids is no bad record (the run reads it, and init plans the
-    buckets from its length)."""
-    from graphrun.read.prompts import given_ids, kind
+    """"file:line: why" for each sampled record texts_of leaves out, with run's reason: the
+    record's own (no text field, a bad id; read/text.record_problem) where the sample kept
+    the records, else its text's. generate: a prompt of token ids is no bad record (the run
+    reads it, and init plans the buckets from its length)."""
+    from graphrun.read.text import record_problem
 
     names = [field] if isinstance(field, str) else field
-    wheres = profile.wheres or [f"record {i + 1}" for i in range(len(profile.texts[names[0]]))]
+    columns = [_column(profile, n) for n in names]
+    wheres = profile.wheres or [f"record {i + 1}" for i in range(len(columns[0]))]
+    rows = profile.rows or [dict(zip(names, values)) for values in zip(*columns)]
     out = []
-    for where, *row in zip(wheres, *(profile.texts[n] for n in names)):
-        bad = next(((n, v) for n, v in zip(names, row) if not isinstance(v, str)), None)
-        if bad is None:
-            continue
-        if generate and isinstance(bad[1], np.ndarray) and bad[1].ndim >= 1:
-            # a list where a generation job reads token ids: the run's own reason, if any
-            why = given_ids(bad[1].tolist(), bad[0])
-            if isinstance(why, str):
-                out.append(f"{where}: {why}")
-            continue
-        # the sample holds a JSON number or list as a numpy array
-        what = "an array" if getattr(bad[1], "ndim", 0) else kind(bad[1])
-        out.append(f"{where}: {bad[0]}: expected a string, got {what}")
+    for where, record in zip(wheres, rows):
+        why = ((record_problem(record, names, profile.id_field) if profile.rows else "")
+               or _text_problem(record, names, generate))
+        if why:
+            out.append(f"{where}: {why}")
     return out
+
+
+def _text_problem(record: dict, names: list[str], generate: bool) -> str:
+    """The run's reason for a record's text fields (read/prompts.Prompts.of), or ""."""
+    from graphrun.read.prompts import given_ids, kind
+
+    for name in names:
+        value = record[name]
+        value = value.tolist() if isinstance(value, np.ndarray) else value
+        if isinstance(value, str):
+            continue
+        if generate and isinstance(value, list):  # a generation job reads token ids
+            why = given_ids(value, name)
+            return why if isinstance(why, str) else ""
+        return f"{name}: expected a string, got {kind(value)}"
+    return ""
 
 
 def text_wheres(profile, field: str | list[str], ids: bool = False) -> list[str]:

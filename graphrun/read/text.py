@@ -286,7 +286,7 @@ def jsonl_text_candidates(spec: PipelineSpec, file: str, records: list, reasons:
         names = []  # a request line's keys are read_request's to check
     good, rejects = [], []
     for p, record in enumerate(records):
-        reason = reasons[p] or _record_problem(record, names, id_field)
+        reason = reasons[p] or record_problem(record, names, id_field)
         if reason:
             rid = record.get(id_field) if id_field and isinstance(record, dict) else None
             rejects.append(Reject(first + p, rid if id_field else first + p,
@@ -303,7 +303,9 @@ def jsonl_text_candidates(spec: PipelineSpec, file: str, records: list, reasons:
         fields={**fields, **extra}, problems=problems, rejects=rejects, cut=cut)
 
 
-def _record_problem(record, names: list[str], id_field: str | None) -> str:
+def record_problem(record, names: list[str], id_field: str | None) -> str:
+    """Why a text record cannot be read (it is no object, lacks a text field, or its id is
+    absent, null or of another kind), or "" where it can."""
     if not isinstance(record, dict):
         fields = " and ".join(repr(n) for n in names)
         return (f"the record is {kind(record)}; expected an object" + (
