@@ -24,6 +24,8 @@ PROBE_RECORDS = 8  # records kept per field for the model's probe calls
 SAMPLE_BYTES = 64 << 20  # a dense array's sample holds at most this much (and PROBE_RECORDS)
 SKIPPED = "\0skipped"  # the readers' entry for records left out of the sample, with why
 WHERE = "\0where"  # the readers' entry for each record's place (file:line, file[row n])
+MAJORITY = 0.9  # this share of the sample agreeing makes the rest outliers, not the rule
+_ID_NAMES = re.compile(r"^(id|ids|uid|guid|key|idx|index)$|_id$|^id_", re.IGNORECASE)
 
 
 class _Absent:
@@ -35,8 +37,6 @@ class _Absent:
 
 
 ABSENT = _Absent()
-MAJORITY = 0.9  # this share of the sample agreeing makes the rest outliers, not the rule
-_ID_NAMES = re.compile(r"^(id|ids|uid|guid|key|idx|index)$|_id$|^id_", re.IGNORECASE)
 
 
 @dataclass

@@ -136,8 +136,9 @@ def parameter_warnings(spec: PipelineSpec, names: list[str]) -> list[str]:
     """Warnings about the records' own parameters from `names`, the first records' fields,
     for what the run would otherwise pass over without a word: a field generate.per_record
     maps that those records lack (a typo gives every record the spec's value), and fields
-    named as generation parameters that per_record does not map. None where the first
-    records could not be read, or an OpenAI Batch request's body holds their parameters."""
+    named as generation parameters that per_record does not map. No warning where the
+    first records could not be read, or an OpenAI Batch request's body holds their
+    parameters."""
     g = spec.generate
     if (not names or g is None or spec.data.format == "openai_batch"
             or spec.data.text is None):
