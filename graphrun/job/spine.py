@@ -29,7 +29,8 @@ from graphrun.base.phases import BEFORE_RUN, PhaseClock, phase
 from graphrun.job.state import JobRunner, RunHashes, RunRecord, RunResources
 from graphrun.job.signals import StopSignals
 from graphrun.read.stream import ReadAhead, padded_batches
-from graphrun.read.prompts import first_fields, parameter_warnings
+from graphrun.read.formats import first_fields
+from graphrun.read.prompts import parameter_warnings
 from graphrun.read.text import TextCuts
 from graphrun.base.tuning import Tuning
 from graphrun.write.folder import completed_manifest, locked, prepare_out_dir

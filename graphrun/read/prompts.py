@@ -161,34 +161,3 @@ def parameter_warnings(spec: PipelineSpec, names: list[str]) -> list[str]:
                    "the spec's value. To apply each record's own, add to the spec's generate "
                    f"section per_record: {{{pairs}}}")
     return out
-
-
-FIRST_BYTES = 1 << 16  # the records whose fields parameter_warnings reads: the first block's
-
-
-def first_fields(path) -> list[str]:
-    """The field names the first records of a JSONL file hold (those in its first 64 KiB, at
-    least one), in order of appearance, or a Parquet file's columns; [] where they cannot be
-    read cheaply (the run names what is wrong with the file)."""
-    from pathlib import Path
-
-    from graphrun.read.formats.jsonl_lines import lines_of
-    from graphrun.read.formats.jsonl_parse import parse_line
-
-    path = Path(path)
-    try:
-        if path.suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            return list(pq.read_schema(path).names)
-        if path.suffix != ".jsonl":
-            return []
-        with open(path, "rb") as f:
-            names: dict[str, None] = {}
-            for line in lines_of(f).readlines(FIRST_BYTES):
-                record, _ = parse_line(line) if line.strip() else (None, "")
-                if isinstance(record, dict):
-                    names.update(dict.fromkeys(record))
-            return list(names)
-    except Exception:  # noqa: BLE001 - the reader reports an unreadable file as it reads
-        return []

@@ -6,6 +6,7 @@ file unreadable (check: an InputError naming the file), and its records [start, 
 chunks of Candidates (or Prechecked, where another thread or process checked them) in file
 order, about one chunk in memory whatever the file's size. The per-record checks and the
 batching are the same for every format (read/records.py, checks.py, stream.py).
+first_fields: the field names of a file's first records, read before the stream starts.
 """
 
 from __future__ import annotations
@@ -69,3 +70,32 @@ def reader_for(spec: PipelineSpec, tuning: Tuning) -> Reader:
         raise InputError(f"unknown input format {path.suffix or '(no suffix)'!r}; accepted: "
                          f"{', '.join(SUFFIXES)}", where=str(path))
     return found()(path, spec, tuning)
+
+
+FIRST_BYTES = 1 << 16  # first_fields reads the records in a JSONL file's first block
+
+
+def first_fields(path) -> list[str]:
+    """The field names the first records of a JSONL file hold (those in its first 64 KiB, at
+    least one), in order of appearance, or a Parquet file's columns; [] where they cannot be
+    read cheaply (the run names what is wrong with the file)."""
+    from graphrun.read.formats.jsonl_lines import lines_of
+    from graphrun.read.formats.jsonl_parse import parse_line
+
+    path = Path(path)
+    try:
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            return list(pq.read_schema(path).names)
+        if path.suffix != ".jsonl":
+            return []
+        with open(path, "rb") as f:
+            names: dict[str, None] = {}
+            for line in lines_of(f).readlines(FIRST_BYTES):
+                record, _ = parse_line(line) if line.strip() else (None, "")
+                if isinstance(record, dict):
+                    names.update(dict.fromkeys(record))
+            return list(names)
+    except Exception:  # noqa: BLE001 - the reader reports an unreadable file as it reads
+        return []
