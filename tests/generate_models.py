@@ -103,4 +103,9 @@ def tiny_causal(kind: str, **changes):
         "mixtral": lambda: transformers.MixtralConfig(**args, **moe, num_local_experts=4),
     }
     config = configs[kind]()
-    return _spread(transformers.AutoModelForCausalLM.from_config(config).eval())
+    model = _spread(transformers.AutoModelForCausalLM.from_config(config).eval())
+    if config.to_dict().get("attn_logit_softcapping"):
+        # transformers' own eager attention caps the scores; its sdpa, some versions' default
+        # for Gemma2, leaves them uncapped, and the reference would be another model
+        model.config._attn_implementation = "eager"
+    return model

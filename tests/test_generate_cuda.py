@@ -139,9 +139,9 @@ def test_decode_steps_the_device_waited_on_the_host_for_are_counted(monkeypatch)
         prompts = [p[:4] for p in PROMPTS[:4]]  # one prefill, then 11 decode steps
         decode = engine_module.Engine._decode
 
-        def slow_host(self):  # between a launch and the next: its step long done
+        def slow_host(self, **kw):  # between a launch and the next: its step long done
             time.sleep(0.003)
-            return decode(self)
+            return decode(self, **kw)
 
         # patches: a slow host, then a slow device, stood in on this engine's own steps
         monkeypatch.setattr(engine_module.Engine, "_decode", slow_host)
