@@ -245,10 +245,11 @@ def test_a_batch_file_s_max_tokens_raise_the_cap_and_refused_requests_are_named(
         assert f"{where.rstrip(')')}: {reason}" in said
 
 
-def test_a_record_without_the_prompt_field_or_its_id_is_named_as_the_run_names_it(tmp_path):
+def test_a_record_without_the_prompt_field_or_an_id_or_with_a_repeated_one_is_named(tmp_path):
     rows = [{"id": f"p{i}", "prompt": prompt(i)} for i in range(8)]
     rows[2] = {"id": "p2", "promt": "the river"}  # a typo'd field, not a null one
     rows[5] = {"prompt": "the city"}  # no id
+    rows[7]["id"] = "p6"  # a repeated id: rejected, the first one kept
     data = write(tmp_path / "p.jsonl", rows)
     spec_path = tmp_path / "gen.yaml"
     result = cli("init", "--hf", TINY, "--data", data, "-o", spec_path, "--task", "generate",
@@ -257,8 +258,8 @@ def test_a_record_without_the_prompt_field_or_its_id_is_named_as_the_run_names_i
     said = " ".join(result.output.split())
     spec = graphrun.load_spec(spec_path, ["data.on_bad_record=skip"])
     m = graphrun.run(spec)
-    assert (m.totals.records_out, m.totals.records_rejected) == (6, 2)
+    assert (m.totals.records_out, m.totals.records_rejected) == (5, 3)
     rejects = [json.loads(x) for x in (spec.output.dir / "rejects.jsonl").read_text().splitlines()]
-    assert [r["where"] for r in rejects] == ["p.jsonl:3", "p.jsonl:6"]
+    assert [r["where"] for r in rejects] == ["p.jsonl:3", "p.jsonl:6", "p.jsonl:8"]
     for r in rejects:
         assert f"{r['where']}: {r['reason']}" in said

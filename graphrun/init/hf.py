@@ -30,7 +30,7 @@ from graphrun.init.generate import (NEW_TOKENS, PROMPT_NAMES, Generation, Record
                                     prompt_source, record_params, rendered_prompts, stop_check)
 from graphrun.init.render import relative_to_spec, render_generate_spec, render_hf_spec, write_spec_files
 from graphrun.init.text import (TEXT_NAMES, chosen_fields, non_texts, plan_grouped,
-                                texts_of)
+                                repeated_ids, texts_of)
 from graphrun.spec.keys import BATCH
 
 TOPK = 5  # next tokens written per record
@@ -152,6 +152,8 @@ def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml
                       generation, special)
     else:
         _plan_inputs_and_outputs(found, texts, tokenizer, limit, config)
+    bad = {said.split(": ", 1)[0] for said in profile.skipped}
+    profile.skipped = sorted(profile.skipped + repeated_ids(profile, bad), key=_line)
     found.checks = _checks(found, config)
     spec_dir = spec_path.parent
     if hf.startswith(PKG):  # stays valid wherever the package is installed

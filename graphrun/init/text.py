@@ -108,6 +108,26 @@ def non_texts(profile, field: str | list[str], generate: bool = False) -> list[s
     return out
 
 
+def repeated_ids(profile, bad: set[str]) -> list[str]:
+    """"file:line: why" for each sampled record, not already bad (bad: places), whose id an
+    earlier such record holds: the run rejects it with this reason (read/ids.py, which
+    compares ids as text)."""
+    from graphrun.read.ids import id_texts
+
+    if not profile.id_field or not profile.rows:
+        return []
+    seen, out = set(), []
+    for where, row in zip(profile.wheres, profile.rows):
+        value = row.get(profile.id_field)
+        if where in bad or type(value) not in (str, int):
+            continue
+        text = id_texts([value])[0]
+        if text in seen:
+            out.append(f"{where}: duplicate id {value!r}: an earlier record has the same id")
+        seen.add(text)
+    return out
+
+
 def _text_problem(record: dict, names: list[str], generate: bool) -> str:
     """The run's reason for a record's text fields (read/prompts.Prompts.of), or ""."""
     from graphrun.read.prompts import given_ids, kind
