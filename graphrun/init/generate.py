@@ -135,44 +135,31 @@ def record_params(profile, fields: dict[str, str], notes: list[str], options: Ge
     where --max-new-tokens was not given and the model's positions leave half of them to the
     prompt; a record asking for n > 1 samples makes the output openai_batch, whose lines hold
     a prompt's choices."""
-    from types import SimpleNamespace
-
+    from graphrun.read.openai_batch import read_request
     from graphrun.read.requests import params_from_fields, unserved
+    from graphrun.spec.endpoints import file_endpoint
     from graphrun.spec.generate import GenerateSpec
 
-    wheres = profile.wheres or [f"record {i + 1}" for i in range(profile.sampled)]
-    read = (_request_params(profile) if batch else
-            lambda i: params_from_fields({n: profile.values[n][i] for n in fields.values()},
-                                         fields))
-    checked = [(w, read(i)) for i, w in enumerate(wheres) if w not in bad]
+    endpoint = file_endpoint(profile.path) if batch else None
+
+    def read(record: dict):  # the record's parameters, or why the run refuses them
+        if not batch:
+            return params_from_fields(record, fields)
+        request = read_request(record, endpoint)
+        return request if isinstance(request, str) else request.params
+
+    checked = [(w, read(r)) for w, r in zip(profile.wheres, profile.rows) if w not in bad]
     good = [p for _, p in checked if not isinstance(p, str)]
     asked = max((p.max_new_tokens or 0 for p in good), default=0)
     cap = options.max_new_tokens or max(NEW_TOKENS, asked if asked <= limit // 2 else 0)
     many = batch or any((p.n or 1) > 1 for p in good)
     found = RecordParams(fields, cap, notes, "openai_batch" if many else "jsonl")
-    spec = SimpleNamespace(generate=GenerateSpec(max_new_tokens=cap,
-                                                 sampling=options.sampling()),
-                           output=SimpleNamespace(format=found.output_format))
+    g = GenerateSpec(max_new_tokens=cap, sampling=options.sampling())
     for where, params in checked:
-        why = params if isinstance(params, str) else unserved(params, spec)
+        why = params if isinstance(params, str) else unserved(params, g, found.output_format)
         if why:
             found.rejected.append(f"{where}: {why}")
     return found
-
-
-def _request_params(profile):
-    """i -> the sampled Batch line i's parameters, or why the run refuses the request
-    (read/openai_batch.read_request; a null key counts as absent)."""
-    from graphrun.read.openai_batch import read_request
-    from graphrun.spec.endpoints import file_endpoint
-
-    endpoint = file_endpoint(profile.path)
-
-    def params(i: int):
-        line = {k: v[i] for k, v in profile.values.items() if v[i] is not None}
-        request = read_request(line, endpoint)
-        return request if isinstance(request, str) else request.params
-    return params
 
 
 BATCH_KEYS = {"custom_id", "method", "url", "body"}

@@ -144,16 +144,16 @@ def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml
         fields, notes = ({}, []) if batch else parameter_fields(
             profile, {found.text_field, profile.id_field})
         if fields or notes or batch:  # the run rejects what it cannot serve: name it now
-            bad = {said.split(": ", 1)[0] for said in profile.skipped}
-            found.params = record_params(profile, fields, notes, generation, limit, bad, batch)
+            found.params = record_params(profile, fields, notes, generation, limit,
+                                         _places(profile.skipped), batch)
             generation = replace(generation, max_new_tokens=found.params.max_new_tokens)
             profile.skipped = sorted(profile.skipped + found.params.rejected, key=_line)
         plan_generate(found, texts, tokenizer, limit, eos_ids(transformers, where, config),
                       generation, special)
     else:
         _plan_inputs_and_outputs(found, texts, tokenizer, limit, config)
-    bad = {said.split(": ", 1)[0] for said in profile.skipped}
-    profile.skipped = sorted(profile.skipped + repeated_ids(profile, bad), key=_line)
+    profile.skipped = sorted(profile.skipped + repeated_ids(profile, _places(profile.skipped)),
+                             key=_line)
     found.checks = _checks(found, config)
     spec_dir = spec_path.parent
     if hf.startswith(PKG):  # stays valid wherever the package is installed
@@ -503,6 +503,11 @@ def _longer(found: HfInferred) -> str:
     return (f"the sample is the whole file, so a longer text is rejected "
             f"(data.text.truncate: false); if the file grows, add {found.limit} (the model's "
             "limit) to buckets.seq and set truncate: true")
+
+
+def _places(said: list[str]) -> set[str]:
+    """The places ("file:line") that "file:line: why" lines name."""
+    return {line.split(": ", 1)[0] for line in said}
 
 
 def _line(said: str) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -79,11 +80,15 @@ class DataProfile:
     # text=True: fields of whole numbers, a list per record: prompts of token ids, which a
     # generation job reads as they are
     token_ids: dict[str, list] = field(default_factory=dict)
-    # text=True: every field's values as the records hold them (None: absent or null), for
-    # fields the run reads besides the text (a record's own generation parameters)
-    values: dict[str, list] = field(default_factory=dict)
     # text=True: each sampled record as the run reads it (a field it lacks is absent)
     rows: list[dict] = field(default_factory=list)
+
+    @cached_property
+    def values(self) -> dict[str, list]:
+        """Every field of the sampled rows, its value per row (None: absent or null): the
+        fields the run may read besides the text (a record's own generation parameters)."""
+        names = dict.fromkeys(name for row in self.rows for name in row)
+        return {name: [row.get(name) for row in self.rows] for name in names}
 
     @property
     def format(self) -> str:
@@ -168,9 +173,8 @@ def _text_profile(path: Path, columns: dict[str, list], total: int, skipped: lis
     if lists:
         kept, kept_wheres, disagree = outvote({n: columns[n] for n in lists}, wheres, None)
         keep = set(kept_wheres)
-        rows = [i for i, w in enumerate(wheres) if w in keep]
-        columns = {n: kept[n] if n in kept else [v[i] for i in rows]
-                   for n, v in columns.items()}
+        at = [i for i, w in enumerate(wheres) if w in keep]
+        columns = {n: kept[n] if n in kept else [v[i] for i in at] for n, v in columns.items()}
         wheres = kept_wheres
     if not wheres:
         raise InputError("holds no records to learn the inputs from"
@@ -183,16 +187,15 @@ def _text_profile(path: Path, columns: dict[str, list], total: int, skipped: lis
     others = [n for n in columns if n != chosen]
     texts = [n for n in others if fields[n].kind == "str"]
     # as JSON held them: the run's checks read these (a whole float 16.0 stays a float)
-    values = {n: [v.tolist() if isinstance(v, np.ndarray) else v for v in column]
-              for n, column in columns.items()}
+    raw = {n: [v.tolist() if isinstance(v, np.ndarray) else v for v in column]
+           for n, column in columns.items()}
     return DataProfile(
         path, total, len(wheres), {}, chosen, {}, texts, skipped,
         texts={n: columns[n] for n in texts}, wheres=wheres, disagree=disagree,
         objects={n: columns[n] for n in others if fields[n].kind == "object"},
         token_ids={n: columns[n] for n in others
                    if fields[n].kind == "int" and len(fields[n].dims) == 1},
-        values={n: [None if v is ABSENT else v for v in raw] for n, raw in values.items()},
-        rows=[{n: raw[i] for n, raw in values.items() if raw[i] is not ABSENT}
+        rows=[{n: column[i] for n, column in raw.items() if column[i] is not ABSENT}
               for i in range(len(wheres))])
 
 

@@ -231,7 +231,7 @@ def run_stream(record: RunRecord, held: RunResources, fingerprint: dict, resume_
             held.reader = ReadAhead(padded_batches(batches, spec),
                                     ahead=look_ahead(spec),
                                     hold_bytes=held.tuning.read_ahead_bytes)
-            for said in parameter_warnings(spec, first_fields(spec.data.path)):
+            for said in parameter_warnings(spec, lambda: first_fields(spec.data.path)):
                 (record.print_and_warn if show else record.warn)(said)
         engine: type[JobRunner] = parts.engine(spec)
         held.runner = runner = engine(spec, log=record.print_and_warn if show else record.warn,

@@ -160,7 +160,8 @@ def _one(spec: PipelineSpec, record: dict, base: RequestParams, vocab: int
     own = _params(record, base)
     if isinstance(own, str):
         return own
-    why = not_in_process(own) or unserved(own, spec)  # a job's advice does not serve a call
+    # a job's advice does not serve a call
+    why = not_in_process(own) or unserved(own, spec.generate, spec.output.format)
     if why:
         return why
     value = record[named[0]]

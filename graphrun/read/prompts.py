@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, replace
+from typing import Callable
 
 from graphrun.read.chat import chat_template, check_messages
 from graphrun.read.openai_batch import read_request
@@ -109,7 +110,8 @@ class Prompts:
         return self._served(prompt)
 
     def _served(self, prompt: Prompt) -> Prompt | str:
-        return unserved(prompt.params, self.spec) or prompt
+        g, output = self.spec.generate, self.spec.output.format
+        return unserved(prompt.params, g, output) or prompt
 
 
 def given_ids(value: list, named: str) -> Prompt | str:
@@ -132,16 +134,18 @@ def kind(value) -> str:
     return {dict: "an object", list: "an array", str: "a string"}.get(type(value), "a number")
 
 
-def parameter_warnings(spec: PipelineSpec, names: list[str]) -> list[str]:
-    """Warnings about the records' own parameters from `names`, the first records' fields,
-    for what the run would otherwise pass over without a word: a field generate.per_record
-    maps that those records lack (a typo gives every record the spec's value), and fields
-    named as generation parameters that per_record does not map. No warning where the
-    first records could not be read, or an OpenAI Batch request's body holds their
-    parameters."""
+def parameter_warnings(spec: PipelineSpec, fields: Callable[[], list[str]]) -> list[str]:
+    """Warnings about the records' own parameters, for what the run would otherwise pass
+    over without a word: a field generate.per_record maps that none of the first records
+    holds (a typo gives every record the spec's value), and fields named as generation
+    parameters that per_record does not map. fields(): the first records' field names, read
+    only for a job that takes parameters from its records (not an OpenAI Batch file, whose
+    requests hold their own); none where they cannot be read."""
     g = spec.generate
-    if (not names or g is None or spec.data.format == "openai_batch"
-            or spec.data.text is None):
+    if g is None or spec.data.format == "openai_batch" or spec.data.text is None:
+        return []
+    names = fields()
+    if not names:
         return []
     out = []
     mapped = g.per_record.fields

@@ -12,8 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from graphrun.spec.generate import MAX_LOGPROBS
-from graphrun.spec.keys import PipelineSpec
+from graphrun.spec.generate import MAX_LOGPROBS, GenerateSpec
 from graphrun.spec.request import DEFAULT_PARAMS, EXTRA_STOPS, RequestParams
 
 # RequestParams fields the engine takes per row (generate/engine.py's per-row buffers)
@@ -114,10 +113,10 @@ def params_from_fields(record: dict, per_record: dict[str, str],
     return replace(DEFAULT_PARAMS, **given)
 
 
-def unserved(params: RequestParams, spec: PipelineSpec) -> str:
-    """Why the engine cannot serve a record's parameters ("" where it can): a value that
-    differs from the spec's for a parameter the engine does not take per row."""
-    g = spec.generate
+def unserved(params: RequestParams, g: GenerateSpec, output_format: str) -> str:
+    """Why the engine cannot serve a record's parameters ("" where it can) in a job of
+    generate section `g` writing `output_format`: a value that differs from the spec's for a
+    parameter the engine does not take per row."""
     greedy = g.sampling.method == "greedy"
     # parameter -> (the spec's value, the key that sets it)
     spec_value = {"max_new_tokens": (g.max_new_tokens, "generate.max_new_tokens"),
@@ -131,7 +130,7 @@ def unserved(params: RequestParams, spec: PipelineSpec) -> str:
         return (f"max_new_tokens {params.max_new_tokens} is more than the job's cap "
                 f"(generate.max_new_tokens: {g.max_new_tokens}, which sizes the KV cache): "
                 "raise it in the spec")
-    if (params.n or 1) > 1 and spec.output.format != "openai_batch":
+    if (params.n or 1) > 1 and output_format != "openai_batch":
         return (f"n {params.n}: several samples per prompt are written as an OpenAI Batch "
                 "line's choices: set output.format: openai_batch")
     if len(params.stop_token_ids) > EXTRA_STOPS:
