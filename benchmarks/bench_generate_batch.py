@@ -125,7 +125,7 @@ def run_graphrun(folder: Path, prompts_file: Path, work: Path, *, new: int, slot
             "graph_setup_s": sum(g.get("set_up_s") or 0.0 for g in graphs),
             "graphs": len(graphs), "slots": gen["slots"], "wasted": gen["wasted_fraction"],
             "setup_s": totals["setup_s"], "imports_s": phases.get("interpreter and imports"),
-            "phases_s": phases}
+            "phases_s": phases, "warm_up": gen.get("warm_up")}
 
 
 # ---- transformers' generate_batch -------------------------------------------------------------
