@@ -118,16 +118,14 @@ class GenerationRunner:
         return self._decode
 
     def _token_text(self):
-        """token id -> its text as decoded alone (special tokens kept: a logprob belongs to
-        every token), each id decoded once."""
+        """token id -> its text in the logprob outputs (generate/token_bytes.py: its own
+        bytes, special tokens' included, as whole characters or `bytes:\\xNN`)."""
         if self._texts is None:
-            from functools import lru_cache
-
+            from graphrun.generate.token_bytes import token_texts
             from graphrun.models.hf import fast_tokenizer, remote_code
 
-            tok = fast_tokenizer(self.tokenizer_folder, remote_code(self.spec))
-            self._texts = lru_cache(maxsize=1 << 16)(
-                lambda t: tok.decode([t], skip_special_tokens=False))
+            self._texts = token_texts(fast_tokenizer(self.tokenizer_folder,
+                                                     remote_code(self.spec)))
         return self._texts
 
     def _stop_decoder(self):

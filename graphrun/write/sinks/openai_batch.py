@@ -7,6 +7,7 @@ too, with status_code 400 and error {code, message} (Shards hands the rejects ov
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from graphrun.generate.records import SAMPLES_OUTPUT
+from graphrun.generate.token_bytes import text_bytes
 from graphrun.spec.endpoints import CHAT, COMPLETIONS, file_endpoint
 from graphrun.spec.keys import PipelineSpec
 from graphrun.write.sinks.ids import plain
@@ -55,15 +57,34 @@ def choice_logprobs(outputs: dict, i: int, chat: bool) -> dict | None:
     top_lps, lps = outputs["top_logprobs"][i].tolist(), lps.tolist()
     if chat:
         def entry(text: str, lp: float) -> dict:
-            return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
+            return {"token": text, "logprob": lp, "bytes": text_bytes(text)}
 
         return {"content": [{**entry(t, lp), "top_logprobs": [entry(a, b) for a, b in zip(ta, tb)]}
                             for t, lp, ta, tb in zip(texts, lps, tops, top_lps)],
                 "refusal": None}
-    offsets = np.cumsum([0] + [len(t) for t in texts[:-1]]).tolist()
     return {"tokens": texts, "token_logprobs": lps,
-            "top_logprobs": [dict(zip(ta, tb)) for ta, tb in zip(tops, top_lps)],
-            "text_offset": offsets}
+            "top_logprobs": [_ranked(ta, tb) for ta, tb in zip(tops, top_lps)],
+            "text_offset": text_offsets(texts)}
+
+
+def _ranked(texts: list[str], logprobs: list[float]) -> dict[str, float]:
+    """Completions' {token: logprob} of one position, most likely first: where two ids read as
+    one text, the likelier one's value stands."""
+    out: dict[str, float] = {}
+    for text, lp in zip(texts, logprobs):
+        out.setdefault(text, lp)
+    return out
+
+
+def text_offsets(texts: list[str]) -> list[int]:
+    """Where each token starts in the completion's text, in characters: a token inside a
+    character (part of its bytes) starts where that character does."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    offsets, at = [], 0
+    for text in texts:
+        offsets.append(at)
+        at += len(decoder.decode(bytes(text_bytes(text))))
+    return offsets
 
 
 class OpenAIBatchSink(JsonlSink):
