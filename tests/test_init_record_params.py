@@ -264,3 +264,44 @@ def test_a_record_without_the_prompt_field_or_an_id_or_with_a_repeated_one_is_na
     assert [r["where"] for r in rejects] == ["p.jsonl:3", "p.jsonl:6", "p.jsonl:8"]
     for r in rejects:
         assert f"{r['where']}: {r['reason']}" in said
+
+
+def chat(i: int) -> list[dict]:
+    return [{"role": "user", "content": prompt(i)}]
+
+
+@pytest.mark.parametrize("kind", ["batch", "chat", "ids"])
+def test_records_the_run_rejects_for_their_messages_or_token_ids_are_named_by_init(tmp_path,
+                                                                                  kind):
+    """A Batch request or chat record whose messages the run rejects (a role missing, a
+    content not text, none at all, null), and a prompt of token ids past the model's
+    vocabulary: init names each with the run's own reason and place."""
+    if kind == "batch":
+        rows = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
+                 "body": {"model": "m", "messages": chat(i), "max_tokens": 2}} for i in range(8)]
+        rows[1]["body"]["messages"] = [{"content": "hi"}]
+        rows[3]["body"]["messages"] = [{"role": "user", "content": None}]
+        rows[6]["body"]["messages"] = []
+        bad = ["r1", "r3", "r6"]
+    elif kind == "chat":
+        rows = [{"id": f"c{i}", "messages": chat(i)} for i in range(8)]
+        rows[2]["messages"] = None
+        rows[5]["messages"] = [{"role": "robot", "content": "hi"}]
+        bad = ["c2", "c5"]
+    else:
+        rows = [{"id": f"t{i}", "prompt": [1, 5 + i, 9]} for i in range(8)]
+        rows[4]["prompt"] = [1, 600]  # the tiny model has 512 ids
+        bad = ["t4"]
+    data = write(tmp_path / "records.jsonl", rows)
+    spec_path = tmp_path / "gen.yaml"
+    result = cli("init", "--hf", TINY, "--data", data, "-o", spec_path, "--task", "generate",
+                 "--max-new-tokens", 2)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    spec = graphrun.load_spec(spec_path, ["data.on_bad_record=skip"])
+    m = graphrun.run(spec)
+    rejects = [json.loads(x) for x in (spec.output.dir / "rejects.jsonl").read_text().splitlines()]
+    assert sorted(r["id"] for r in rejects) == bad
+    assert m.totals.records_out + m.totals.records_rejected == 8
+    for r in rejects:
+        assert f"{r['where']}: {r['reason']}" in said

@@ -217,26 +217,27 @@ def rendered_prompts(profile, source: tuple[str, str | None], tokenizer
 
     kind, field = source
     texts, chats, rejected = [], [], []
-    if kind == "batch":
-        items = [(b.get("messages"), b.get("prompt"))
-                 for b in profile.objects.get("body") or profile.texts["body"]
+    wheres = profile.wheres or [f"record {i + 1}" for i in range(len(profile.rows))]
+    if kind == "batch":  # a body that is no object: record_params names it (read_request)
+        items = [(where, b.get("messages"), b.get("prompt"), "messages" in b)
+                 for where, b in ((w, r.get("body")) for w, r in zip(wheres, profile.rows))
                  if isinstance(b, dict)]
-        wheres = [None] * len(items)
+        named = "body.messages"
     else:
-        values = profile.objects.get(field) or profile.texts[field]
-        items = [(m, None) for m in values]
-        wheres = profile.wheres or [f"record {i + 1}" for i in range(len(items))]
-        for i, row in enumerate(profile.rows):  # no messages field, or a bad id
-            why = record_problem(row, [field], profile.id_field)
+        items = []
+        for where, row in zip(wheres, profile.rows):
+            why = record_problem(row, [field], profile.id_field)  # no such field, a bad id
             if why:
-                rejected.append(f"{wheres[i]}: {why}")
-                items[i] = (None, None)
-    for (messages, prompt), where in zip(items, wheres):
-        if messages is not None:
-            checked = check_messages(messages, field or "messages")
+                rejected.append(f"{where}: {why}")
+            else:  # a null one is checked as the run checks it
+                items.append((where, row.get(field), None, True))
+        named = field
+    for where, messages, prompt, chat in items:
+        if chat:  # a chat request or record: the run checks its messages
+            checked = check_messages(messages, named)
             if not isinstance(checked, str):
                 chats.append(checked)
-            elif where is not None:
+            else:
                 rejected.append(f"{where}: {checked}")
         elif isinstance(prompt, str):
             texts.append(prompt)

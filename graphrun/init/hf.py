@@ -32,6 +32,7 @@ from graphrun.init.render import relative_to_spec, render_generate_spec, render_
 from graphrun.init.text import (TEXT_NAMES, chosen_fields, non_texts, plan_grouped,
                                 repeated_ids, texts_of)
 from graphrun.spec.keys import BATCH
+from graphrun.spec.paths import model_vocab
 
 TOPK = 5  # next tokens written per record
 # auto: from config.json's architectures (embed, classify; a causal LM asks which of the others)
@@ -123,8 +124,8 @@ def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml
         found.text_field = source[1] or "body"
         if source[0] == "ids":  # taken as they are: no special tokens added
             texts, special = texts_of(profile, found.text_field, ids=True), False
-            profile.skipped = sorted(profile.skipped + non_texts(profile, found.text_field,
-                                                                 True), key=_line)
+            profile.skipped = sorted(profile.skipped + non_texts(
+                profile, found.text_field, True, model_vocab(Path(where))), key=_line)
         else:
             texts, special, rejected = rendered_prompts(profile, source, tokenizer)
             profile.skipped = sorted(profile.skipped + rejected, key=_line)
@@ -135,8 +136,9 @@ def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml
             raise GraphrunError("--text-field: a generation job reads one prompt field, not "
                                 "a pair")
         texts, special = texts_of(profile, found.text_field, kind.kind == "generate"), True
-        profile.skipped = sorted(
-            profile.skipped + non_texts(profile, found.text_field, kind.kind == "generate"),
+        generate = kind.kind == "generate"
+        profile.skipped = sorted(profile.skipped + non_texts(
+            profile, found.text_field, generate, model_vocab(Path(where)) if generate else None),
             key=_line)  # run rejects them too (or reads token ids): name them, in file order
     limit = model_limit(tokenizer, config, where)
     if kind.kind == "generate":

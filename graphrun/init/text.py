@@ -88,11 +88,13 @@ def _prompt(value, ids: bool) -> bool:
                                       and not isinstance(given_ids(value.tolist(), ""), str))
 
 
-def non_texts(profile, field: str | list[str], generate: bool = False) -> list[str]:
+def non_texts(profile, field: str | list[str], generate: bool = False,
+              vocab: int | None = None) -> list[str]:
     """"file:line: why" for each sampled record texts_of leaves out, with run's reason: the
     record's own (no text field, a bad id; read/text.record_problem) where the sample kept
     the records, else its text's. generate: a prompt of token ids is no bad record (the run
-    reads it, and init plans the buckets from its length)."""
+    reads it, and init plans the buckets from its length) unless an id is at or past the
+    model's `vocab` ids."""
     from graphrun.read.text import record_problem
 
     names = [field] if isinstance(field, str) else field
@@ -102,7 +104,7 @@ def non_texts(profile, field: str | list[str], generate: bool = False) -> list[s
     out = []
     for where, record in zip(wheres, rows):
         why = ((record_problem(record, names, profile.id_field) if profile.rows else "")
-               or _text_problem(record, names, generate))
+               or _text_problem(record, names, generate, vocab))
         if why:
             out.append(f"{where}: {why}")
     return out
@@ -128,9 +130,12 @@ def repeated_ids(profile, bad: set[str]) -> list[str]:
     return out
 
 
-def _text_problem(record: dict, names: list[str], generate: bool) -> str:
-    """The run's reason for a record's text fields (read/prompts.Prompts.of), or ""."""
+def _text_problem(record: dict, names: list[str], generate: bool,
+                  vocab: int | None = None) -> str:
+    """The run's reason for a record's text fields (read/prompts.Prompts.of, and for token
+    ids read/text.past_vocab against the model's `vocab` ids), or ""."""
     from graphrun.read.prompts import given_ids, kind
+    from graphrun.read.text import past_vocab
 
     for name in names:
         value = record[name]
@@ -139,7 +144,9 @@ def _text_problem(record: dict, names: list[str], generate: bool) -> str:
             continue
         if generate and isinstance(value, list):  # a generation job reads token ids
             why = given_ids(value, name)
-            return why if isinstance(why, str) else ""
+            if isinstance(why, str):
+                return why
+            return (past_vocab(value, vocab, name) or "") if vocab is not None else ""
         return f"{name}: expected a string, got {kind(value)}"
     return ""
 

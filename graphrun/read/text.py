@@ -119,17 +119,13 @@ def tokenize(spec: PipelineSpec, prompts: list[Prompt | None], *, too_long: str 
             if p not in problems and len(enc.ids) > length:
                 problems[p] = f"{text.named}: {len(enc.ids)} tokens, more than {length} {too_long}"
     vocab = _model_vocab(spec)
-    said = "model.args' vocab" if spec.model.builtin is not None else \
-        "its config.json's vocab_size"
     if vocab is not None:  # a tokenizer of another model: its ids would index past the table
         for p, enc in enumerate(encodings):
-            top = max(enc.ids, default=0)
-            if p not in problems and top >= vocab:
-                problems[p] = (f"{text.named}: token id {top} is past the model's vocabulary "
-                               f"({vocab} ids, {said}): " + (
-                                   "give ids below it" if prompts[p].ids is not None else
-                                   f"the tokenizer ({folder}) does not match the model; give "
-                                   "data.text.tokenizer the model's own tokenizer"))
+            if p not in problems:
+                why = past_vocab(enc.ids, vocab, text.named, spec.model.builtin is not None,
+                                 None if prompts[p].ids is not None else folder)
+                if why:
+                    problems[p] = why
     cut = ([p for p, enc in enumerate(encodings) if enc.overflowing and p not in problems]
            if text.truncate else [])
     fields = {}
@@ -157,6 +153,20 @@ def _prompted(spec: PipelineSpec, records: list[dict]
         params[:] = [DEFAULT_PARAMS if g is None else g.params for g in kept]
         extra[REQUEST_FIELD] = Field(dense=params)
     return kept, problems, extra
+
+
+def past_vocab(ids, vocab: int, named: str, builtin: bool = False,
+               tokenizer: str | None = None) -> str | None:
+    """Why a prompt's token ids cannot be embedded (one at or past the model's `vocab` ids),
+    or None. tokenizer: the folder that made them (None: the record gave them)."""
+    top = max(ids, default=0)
+    if top < vocab:
+        return None
+    said = "model.args' vocab" if builtin else "its config.json's vocab_size"
+    return (f"{named}: token id {top} is past the model's vocabulary ({vocab} ids, {said}): "
+            + ("give ids below it" if tokenizer is None else
+               f"the tokenizer ({tokenizer}) does not match the model; give data.text.tokenizer "
+               "the model's own tokenizer"))
 
 
 def _model_vocab(spec: PipelineSpec) -> int | None:
