@@ -260,8 +260,17 @@ def test_an_output_folder_that_cannot_be_made_is_one_clear_error(write_spec, tmp
     (tmp_path / "a-file").write_text("")
     result = cli("run", write_spec(), "-q", "--out", tmp_path / "a-file" / "sub")
     assert result.exit_code == 2 and "Traceback" not in result.output
-    assert f"cannot use output folder {tmp_path / 'a-file' / 'sub'}: Not a directory" in \
-        result.output
+    assert (f"output folder {tmp_path / 'a-file' / 'sub'} is inside {tmp_path / 'a-file'}, "
+            "a file, not a folder") in " ".join(result.output.split())
+
+
+def test_an_output_folder_that_is_a_file_is_named_so(write_spec, tmp_path):
+    (tmp_path / "a-file").write_text("")
+    result = cli("run", write_spec(), "-q", "--set", f"output.dir={tmp_path / 'a-file'}")
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert f"output.dir: {tmp_path / 'a-file'} is a file, not a folder" in \
+        " ".join(result.output.split())
+    assert (tmp_path / "a-file").read_text() == ""  # left as it was
 
 
 def test_a_full_disk_mid_run_is_an_output_error_and_the_manifest_says_failed(

@@ -257,6 +257,7 @@ def test_a_job_on_a_model_the_cache_cannot_serve_fails_before_reading_its_weight
     config = transformers.BloomConfig(vocab_size=96, hidden_size=32, n_layer=2, n_head=4)
     transformers.BloomForCausalLM(config).save_pretrained(folder)
     (folder / "model.safetensors").unlink()  # refused from config.json: never read
+    (folder / "tokenizer.json").write_text("{}")  # the spec's check: a tokenizer is there
     with pytest.raises(GenerationError, match=r"BloomForCausalLM \(model_type 'bloom'\) "
                                               r"cannot generate.*attention interface"):
         graphrun.run(graphrun.load_spec(job_spec(tmp_path, folder, ["a b c"])))

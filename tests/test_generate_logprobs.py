@@ -15,6 +15,7 @@ import torch  # noqa: E402
 
 from graphrun.generate.config import GenerateConfig, Sampling  # noqa: E402
 from graphrun.generate.engine import build_engine  # noqa: E402
+from graphrun.generate.token_bytes import text_bytes  # noqa: E402
 from graphrun.spec.request import RequestParams  # noqa: E402
 from tests.generate_models import IDS, PROMPTS, tiny_llama  # noqa: E402
 
@@ -204,10 +205,19 @@ def test_a_job_writes_each_tokens_logprob_and_its_alternatives(tmp_path, fmt):
         lp = logits.float().log_softmax(-1)
         assert row["logprobs"] == pytest.approx(
             [float(lp[j, t]) for j, t in enumerate(row["token_ids"])], abs=1e-4)
-        assert row["tokens"] == [tok.decode([t]) for t in row["token_ids"]]
+        # each token's own bytes: joined, the completion's text; alone, its decoded text
+        # where that is whole characters
+        joined = b"".join(bytes(text_bytes(t)) for t in row["tokens"])
+        assert joined.decode("utf-8", errors="replace") == tok.decode(row["token_ids"])
+        for t, text in zip(row["token_ids"], row["tokens"]):
+            alone = tok.decode([t])
+            assert text == alone if "\ufffd" not in alone else text.startswith("bytes:\\x")
         assert [len(x) for x in row["top_token_ids"]] == [k] * len(row["token_ids"])
         assert row["top_token_ids"] == lp.topk(k).indices.tolist()
-        assert row["top_tokens"] == [[tok.decode([t]) for t in x] for x in row["top_token_ids"]]
+        for ids_at, texts_at in zip(row["top_token_ids"], row["top_tokens"]):
+            for t, text in zip(ids_at, texts_at):
+                alone = tok.decode([t])
+                assert text == alone if "\ufffd" not in alone else text.startswith("bytes:")
         with torch.no_grad():
             lp = model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
         assert row["prompt_logprobs"] == pytest.approx(

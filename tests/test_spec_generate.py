@@ -37,6 +37,7 @@ def write_gen(tmp_path):
     """write_gen(text) -> a spec in tmp_path beside a prompts file and a model folder."""
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
+    (tmp_path / "model" / "tokenizer.json").write_text("{}")
     (tmp_path / "prompts.jsonl").write_text(
         "".join(f'{{"id": {i}, "prompt": "a prompt {i}"}}\n' for i in range(5)))
 
@@ -163,6 +164,11 @@ BROKEN = [
      "generate.sampling.presence_penalty: must be <= 2 (got 2.5)"),
     ("logprobs-past-twenty", edit("max_new_tokens: 16", "max_new_tokens: 16\n  logprobs: 21"),
      [], "13:13", "generate.logprobs: must be <= 20 (got 21)"),
+    ("kv-blocks-under-one-record",
+     edit("max_new_tokens: 16", "max_new_tokens: 16\n  kv_blocks: 3"), [], "13:14",
+     "generate.kv_blocks: 3 blocks of 16 tokens cannot hold one record: the longest prompt "
+     "(32, the largest buckets.seq) and max_new_tokens (16) take 3, and one more is the trash "
+     "block: give 4 or more"),
     ("override-located", GEN_SPEC, ["generate.min_new_tokens=99"], "--set",
      "--set generate.min_new_tokens=99: generate.min_new_tokens: 99 is more than"),
 ]
@@ -297,3 +303,46 @@ def test_a_stop_id_past_the_model_s_vocabulary_is_refused_at_validate(write_gen,
                    "  builtin: llama\n  args: {vocab: 64}")
     found = problems(write_gen(edited(builtin, "stop: {eos: auto}", "stop: {token_ids: [64]}")))
     assert any("64 past the model's vocabulary of 64 (model.args.vocab)" in p for p in found)
+
+
+def any_problems(path) -> list[str]:
+    """problems(path), or none where the spec loads."""
+    from graphrun import SpecError
+
+    try:
+        load_spec(path)
+    except SpecError as err:
+        return [str(p) for p in err.problems]
+    return []
+
+
+def test_enough_kv_blocks_for_one_record_validate(write_gen):
+    assert any_problems(write_gen(edit("max_new_tokens: 16",
+                                       "max_new_tokens: 16\n  kv_blocks: 4"))) == []
+
+
+@pytest.mark.parametrize("given", [False, True])
+def test_a_tokenizer_folder_without_a_tokenizer_is_refused_at_validate(write_gen, tmp_path,
+                                                                        given):
+    """The model folder holds no tokenizer files and data.text.tokenizer is not given (or
+    names another such folder): validate says which folder and what to save there, instead of
+    the run failing in transformers' conversion of a slow tokenizer."""
+    (tmp_path / "model" / "tokenizer.json").unlink()
+    text = GEN_SPEC
+    if given:
+        (tmp_path / "tok").mkdir()
+        (tmp_path / "tok" / "tokenizer_config.json").write_text("{}")
+        text = edit("text: {field: prompt}", "text: {field: prompt, tokenizer: tok}")
+    found = [p for p in problems(write_gen(text)) if "data.text.tokenizer" in p]
+    assert len(found) == 1, found
+    folder = tmp_path / ("tok" if given else "model")
+    assert f"{folder} holds no tokenizer" in found[0] or f"{folder} holds none" in found[0]
+    assert "save_pretrained" in found[0]
+    (folder / "vocab.json").write_text("{}")  # a slow tokenizer's files are enough
+    assert any_problems(write_gen(text)) == []
+
+
+def test_an_output_dir_that_is_a_file_is_refused_at_validate(write_gen, tmp_path):
+    (tmp_path / "out").write_text("not a folder")
+    found = [p for p in problems(write_gen()) if "output.dir" in p]
+    assert len(found) == 1 and "is a file, not a folder" in found[0], found

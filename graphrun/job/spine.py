@@ -33,7 +33,7 @@ from graphrun.read.formats import first_fields
 from graphrun.read.prompts import parameter_warnings
 from graphrun.read.text import TextCuts
 from graphrun.base.tuning import Tuning
-from graphrun.write.folder import completed_manifest, locked, prepare_out_dir
+from graphrun.write.folder import completed_manifest, locked, prepare_out_dir, unusable_folder
 from graphrun.write.journal import ShardPlace
 from graphrun.write.disk import write_failure, write_remedy
 from graphrun.write.sinks import shard_suffixes
@@ -197,8 +197,7 @@ def open_out_dir(record: RunRecord, held: RunResources, fingerprint: dict, resum
                 accept_model_change=accept_model_change, spec=record.spec_json,
                 shard_dir=held.place.folder if held.place else None)
     except OSError as err:
-        raise OutputError(f"cannot use output folder {record.out_dir}: {err.strerror or err}; "
-                          "pick a folder you can write to (--out or output.dir)") from err
+        raise unusable_folder(record.out_dir, err) from err
     if resume_point is not None:
         record.resumed(resume_point)
         start = max(start, resume_point.start)

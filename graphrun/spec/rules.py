@@ -216,10 +216,12 @@ def _generate(spec: PipelineSpec) -> Found:
     if "seq" not in spec.buckets:
         yield ("buckets",), ("a generation job needs buckets.seq: the prompt lengths prefill "
                              "is captured for, e.g. seq: [32, 64, 128, 256]")
-    elif gen.prefill_tokens is not None and gen.prefill_tokens < max(spec.buckets["seq"]):
+    elif gen.prefill_tokens is not None and isinstance(spec.buckets["seq"], list) and \
+            gen.prefill_tokens < max(spec.buckets["seq"]):
         yield ("generate", "prefill_tokens"), (
             f"{gen.prefill_tokens} is less than the longest prompt (the largest buckets.seq, "
             f"{max(spec.buckets['seq'])}), which one prefill must hold: raise it or remove it")
+    yield from _kv_blocks(spec)
     if gen.n > 1 and spec.output.format != "openai_batch":
         yield ("generate", "n"), (f"{gen.n} samples per prompt are written as an OpenAI Batch "
                                   "line's choices: set output.format: openai_batch, or n: 1")
@@ -231,6 +233,26 @@ def _generate(spec: PipelineSpec) -> Found:
         yield ("report", "baseline"), ("a generation job has no per-bucket eager baseline; "
                                        "compare with `graphrun bench` or "
                                        "benchmarks/bench_generate.py, and set baseline: none")
+
+
+def _kv_blocks(spec: PipelineSpec) -> Found:
+    """generate.kv_blocks holds one record at its longest (the largest buckets.seq, or where
+    it is auto one prompt token, and max_new_tokens) beside the trash block: fewer would
+    never admit a record (the engine refuses them at its build)."""
+    gen, seq = spec.generate, spec.buckets.get(PROMPT_AXIS)
+    if gen.kv_blocks is None:
+        return
+    longest = max(seq) if isinstance(seq, list) and seq else None
+    tokens = (longest or 1) + gen.max_new_tokens
+    need = -(-tokens // gen.kv_block_size) + 1
+    if gen.kv_blocks < need:
+        record = (f"the longest prompt ({longest}, the largest buckets.seq)" if longest
+                  else "a prompt of one token")
+        yield ("generate", "kv_blocks"), (
+            f"{gen.kv_blocks} blocks of {gen.kv_block_size} tokens cannot hold one record: "
+            f"{record} and max_new_tokens ({gen.max_new_tokens}) take {need - 1}, and one more "
+            f"is the trash block: give {need} or more, or leave kv_blocks out (enough for "
+            "every slot's longest record)")
 
 
 def _axes(spec: PipelineSpec) -> Found:
@@ -345,6 +367,10 @@ def _files(spec: PipelineSpec) -> Found:
         p = getattr(spec.model, key)
         if p is not None and not p.is_file():
             yield ("model", key), _missing("file", p)
+    out = spec.output.dir
+    if "\x00" not in str(out) and (out.is_file() or (out.exists() and not out.is_dir())):
+        yield ("output", "dir"), (f"{out} is a file, not a folder: give the folder the "
+                                  "outputs go in (it is made where missing)")
 
 
 def _missing(what: str, path: Path) -> str:
@@ -463,6 +489,33 @@ def _hf_paths(spec: PipelineSpec, base_dir: Path) -> Found:
                 from graphrun.spec.paths import model_vocab
 
                 yield from _stop_ids(spec, model_vocab(Path(folder)), "config.json's vocab_size")
+        text = spec.data.text
+        if text is not None and (key[0] == "data" or text.tokenizer is None):
+            yield from _tokenizer_files(spec, key, folder)
+
+
+# a tokenizer is read from tokenizer.json, or made from a slow tokenizer's own files
+TOKENIZER_FILES = ("tokenizer.json", "*.model", "vocab.json", "vocab.txt", "*.tiktoken")
+
+
+def _tokenizer_files(spec: PipelineSpec, key: tuple, folder: str) -> Found:
+    """The folder the texts are tokenized with holds a tokenizer's files (a folder's own
+    Python, where trust_remote_code lets it run, may read others)."""
+    hf = spec.model.hf
+    if not Path(folder).is_dir() or (hf is not None and hf.trust_remote_code):
+        return
+    if any(next(Path(folder).glob(pattern), None) for pattern in TOKENIZER_FILES):
+        return
+    if key[0] == "data":
+        yield key, (f"{folder} holds no tokenizer (tokenizer.json, or a slow tokenizer's "
+                    "tokenizer.model, vocab.json and merges.txt, vocab.txt): give the folder "
+                    "the model's tokenizer was saved in (tokenizer.save_pretrained)")
+    else:
+        yield ("data", "text", "tokenizer"), (
+            f"not given, so the texts are tokenized with the model folder's tokenizer, and "
+            f"{folder} holds none (tokenizer.json, or a slow tokenizer's tokenizer.model, "
+            "vocab.json and merges.txt, vocab.txt): save the model's tokenizer there "
+            "(tokenizer.save_pretrained), or give its folder here")
 
 
 def _stop_ids(spec: PipelineSpec, vocab: int | None, said: str) -> Found:

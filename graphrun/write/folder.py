@@ -462,14 +462,26 @@ def _change(key: str, was, now) -> str:
     return f"{key} changed (was {short(was)}, now {short(now)})"
 
 
+def unusable_folder(out_dir: Path, err: OSError) -> OutputError:
+    """The user's error for an output folder that cannot be made or written: a file in its
+    place (or in its path's) named as such, else the system's reason."""
+    place = next((p for p in (Path(out_dir), *Path(out_dir).parents)
+                  if p.exists() or p.is_symlink()), None)
+    if place is not None and not place.is_dir():
+        what = "is a file" if place == Path(out_dir) else f"is inside {place}, a file"
+        return OutputError(f"output folder {out_dir} {what}, not a folder; give output.dir "
+                           "(or --out) a folder's path, or move the file")
+    return OutputError(f"cannot use output folder {out_dir}: {err.strerror or err}; pick a "
+                       "folder you can write to (--out or output.dir)")
+
+
 @contextlib.contextmanager
 def locked(out_dir: Path, shared: bool = False):
     """FolderLock held for the block; a folder that cannot be made or opened is a user error."""
     try:
         lock = FolderLock(out_dir, shared).__enter__()
     except OSError as err:
-        raise OutputError(f"cannot use output folder {out_dir}: {err.strerror or err}; pick a "
-                          "folder you can write to (--out or output.dir)") from err
+        raise unusable_folder(out_dir, err) from err
     try:
         yield lock
     finally:

@@ -20,7 +20,7 @@ from graphrun.read.formats import reader_for
 from graphrun.read.stream import job_duplicates
 from graphrun.base.errors import GraphrunError, InputError, Interrupted, OutputError, error_chain
 from graphrun.job.signals import SignalTrap
-from graphrun.write.folder import RAY_PART, locked, prepare_out_dir
+from graphrun.write.folder import RAY_PART, locked, prepare_out_dir, unusable_folder
 from graphrun.write.journal import REJECTS, reject_line
 from graphrun.manifest.keys import Manifest, spec_digest, write_manifest
 from graphrun.scale.ray.data import dataset_map, need_ray
@@ -51,8 +51,7 @@ def run_ray(spec: PipelineSpec, *, out: str | Path | None = None, address: str |
             prepare_out_dir(out_dir, resume=False, overwrite=overwrite,
                             fingerprint=fingerprint, input_path=spec.data.path)
         except OSError as err:
-            raise OutputError(f"cannot use output folder {out_dir}: {err.strerror or err}; "
-                              "pick a folder you can write to (--out or output.dir)") from err
+            raise unusable_folder(out_dir, err) from err
         stop = RayStop()
         try:  # a failure from here on leaves a failed manifest: the next run starts over
             with stop:
