@@ -47,6 +47,17 @@ def outputs(spec) -> dict:
     return {r["id"]: r for r in rows}
 
 
+def init_then_run(data: Path):
+    """`graphrun init --task generate` on data (2 new tokens), then the spec it wrote run with
+    data.on_bad_record: skip: (what init printed, on one line; the spec; the manifest)."""
+    spec_path = data.parent / "gen.yaml"
+    result = cli("init", "--hf", TINY, "--data", data, "-o", spec_path, "--task", "generate",
+                 "--max-new-tokens", 2)
+    assert result.exit_code == 0, result.output
+    spec = graphrun.load_spec(spec_path, ["data.on_bad_record=skip"])
+    return " ".join(result.output.split()), spec, graphrun.run(spec)
+
+
 def test_records_own_parameters_are_mapped_and_served_record_by_record(tmp_path):
     """Fields absent from or null in some records, a metadata field in a few: every record
     is sampled and none is named bad; the spec reads max_tokens, temperature and stop per
@@ -251,14 +262,7 @@ def test_a_record_without_the_prompt_field_or_an_id_or_with_a_repeated_one_is_na
     rows[2] = {"id": "p2", "promt": "the river"}  # a typo'd field, not a null one
     rows[5] = {"prompt": "the city"}  # no id
     rows[7]["id"] = "p6"  # a repeated id: rejected, the first one kept
-    data = write(tmp_path / "p.jsonl", rows)
-    spec_path = tmp_path / "gen.yaml"
-    result = cli("init", "--hf", TINY, "--data", data, "-o", spec_path, "--task", "generate",
-                 "--max-new-tokens", 2)
-    assert result.exit_code == 0, result.output
-    said = " ".join(result.output.split())
-    spec = graphrun.load_spec(spec_path, ["data.on_bad_record=skip"])
-    m = graphrun.run(spec)
+    said, spec, m = init_then_run(write(tmp_path / "p.jsonl", rows))
     assert (m.totals.records_out, m.totals.records_rejected) == (5, 3)
     rejects = [json.loads(x) for x in (spec.output.dir / "rejects.jsonl").read_text().splitlines()]
     assert [r["where"] for r in rejects] == ["p.jsonl:3", "p.jsonl:6", "p.jsonl:8"]
@@ -292,14 +296,7 @@ def test_records_the_run_rejects_for_their_messages_or_token_ids_are_named_by_in
         rows = [{"id": f"t{i}", "prompt": [1, 5 + i, 9]} for i in range(8)]
         rows[4]["prompt"] = [1, 600]  # the tiny model has 512 ids
         bad = ["t4"]
-    data = write(tmp_path / "records.jsonl", rows)
-    spec_path = tmp_path / "gen.yaml"
-    result = cli("init", "--hf", TINY, "--data", data, "-o", spec_path, "--task", "generate",
-                 "--max-new-tokens", 2)
-    assert result.exit_code == 0, result.output
-    said = " ".join(result.output.split())
-    spec = graphrun.load_spec(spec_path, ["data.on_bad_record=skip"])
-    m = graphrun.run(spec)
+    said, spec, m = init_then_run(write(tmp_path / "records.jsonl", rows))
     rejects = [json.loads(x) for x in (spec.output.dir / "rejects.jsonl").read_text().splitlines()]
     assert sorted(r["id"] for r in rejects) == bad
     assert m.totals.records_out + m.totals.records_rejected == 8
