@@ -797,6 +797,24 @@ def test_a_reject_line_writes_any_id_as_strict_json():
                                       "reason": "why"}
 
 
+def test_jsonl_output_shards_are_strict_json_where_the_model_gives_nan_or_infinity(
+        write_spec, tmp_path):
+    """A record whose outputs are not finite (a NaN input, no finite: check): its line holds
+    "NaN" as rejects.jsonl writes it, so orjson, jq and JavaScript read every line."""
+    orjson = pytest.importorskip("orjson")
+    rows = "".join(f'{{"x": [{i}, 1, 2, 3]}}\n' for i in range(3))
+    from graphrun import run
+    from tests.conftest import MLP_SPEC
+
+    spec = write_spec(MLP_SPEC.replace("  dir: out\n", "  dir: out\n  format: jsonl\n"),
+                      data='{"x": [NaN, 1, 2, 3]}\n' + rows)
+    run(load_spec(spec))
+    lines = (tmp_path / "out" / "part-00000.jsonl").read_bytes().splitlines()
+    got = [orjson.loads(line) for line in lines]
+    assert got[0]["scores"] == ["NaN"] * 3
+    assert all(isinstance(v, float) for row in got[1:] for v in row["scores"])
+
+
 @pytest.mark.parametrize("fmt, stray", [("jsonl", "part-00015.jsonl"),
                                         ("npy", "part-00015.ids.npy")])
 def test_resume_of_a_completed_folder_names_a_stray_shard(tmp_path, fmt, stray):

@@ -234,3 +234,24 @@ def test_a_resumed_run_is_said_so_beside_its_totals(write_spec, tmp_path):
     out = CliRunner().invoke(main, ["compare", str(a), str(b)])
     assert note in " ".join(out.output.split())
     assert "B was resumed (--resume) at record 6" in compare_html([a, b], ["A", "B"])
+
+
+def test_a_run_that_failed_is_said_so_and_no_shared_record_is_no_pass(write_spec, tmp_path):
+    """B failed before committing a record: compare says B did not complete, and its outputs
+    are "not compared" rather than "within tolerance over 0 records"."""
+    spec = write_spec()
+    a = run_into(spec, tmp_path / "a")
+    b = run_into(spec, tmp_path / "b")
+    m = json.loads((b / "manifest.json").read_text())
+    m["status"], m["error"] = "failed", "the model failed on its first call\n  check the spec"
+    m["files"], m["totals"]["records_out"] = [], 0
+    for f in b.glob("part-*"):
+        f.unlink()
+    (b / "manifest.json").write_text(json.dumps(m))
+    result = compare(a, b)
+    assert result["notes"][0] == ("B's run did not complete (status failed: the model failed "
+                                  "on its first call): its outputs are the 0 records it "
+                                  "committed")
+    out = " ".join(CliRunner().invoke(main, ["compare", str(a), str(b)]).output.split())
+    assert "outputs: not compared, no record is in both runs (10 only in A, 0 only in B)" in out
+    assert "within A's verify tolerance" not in out and not result["only_timing_differs"]

@@ -261,10 +261,23 @@ def compare(a: Path, b: Path) -> dict:
     return {"a": str(a), "b": str(b),
             "spec_diff": [{"key": k, "a": va, "b": vb}
                           for k, va, vb in spec_diff(ma["spec"], mb["spec"])],
-            "notes": [n for n in (resumed_note("A", ma), resumed_note("B", mb)) if n],
+            "notes": [n for n in (status_note("A", ma), status_note("B", mb),
+                                  resumed_note("A", ma), resumed_note("B", mb)) if n],
             "buckets": bucket_rows(ma, mb, la, lb), "totals": totals_rows(ma, mb),
             "outputs": asdict(outputs), "only_timing_differs": outputs.equal,
             "timing": overall.model_dump(), "verdict": verdict_line(outputs.equal, overall)}
+
+
+def status_note(name: str, m: dict) -> str | None:
+    """Where a run did not complete: its status and why, first, so that outputs compared over
+    what it committed are not read as a finished run's."""
+    status = m.get("status", "completed")
+    if status == "completed":
+        return None
+    why = (m.get("error") or "").splitlines()[0] if m.get("error") else ""
+    return (f"{name}'s run did not complete (status {status}{': ' + why if why else ''}): "
+            f"its outputs are the {m.get('totals', {}).get('records_out', 0):,} records it "
+            "committed")
 
 
 def resumed_note(name: str, m: dict) -> str | None:
@@ -365,6 +378,9 @@ def outputs_line(o: dict) -> str:
     if o["how"] == "sha256":
         return "outputs: identical (same files, same sha256)"
     diffs = ", ".join(f"{k} {v:.3g}" for k, v in o["max_abs_diff"].items()) or "none"
+    if not o["common"]:
+        return (f"outputs: not compared, no record is in both runs ({o['only_a']} only in A, "
+                f"{o['only_b']} only in B)")
     verdict = "equal" if o["equal"] else (
         "within A's verify tolerance" if o["within_tolerance"] else "DIFFERENT")
     extra = f"; {o['only_a']} only in A, {o['only_b']} only in B" if (

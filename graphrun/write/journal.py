@@ -57,6 +57,7 @@ from graphrun.base.digest import file_sha256
 from graphrun.base.errors import InputError, OutputError
 from graphrun.write import digests
 from graphrun.write.guard import check_rejects_sha256, file_differs, refuse_foreign
+from graphrun.write.strict_json import strict_dumps
 from graphrun.base.nofollow import open_file
 from graphrun.base.tuning import Tuning
 
@@ -67,27 +68,9 @@ _SHARD = re.compile(r"(\.?)part-(\d{5,})\.(.+?)(\.rows)?(\.tmp)?")
 
 
 def reject_line(index: int, rid, where: str, reason: str) -> str:
-    """One line of rejects.jsonl (no newline), strict JSON whatever the record's id held:
-    a NaN or infinite number (1e400) is written as its name in a string, a lone surrogate
-    (UTF-8 cannot encode "\\ud800") as its escape's text."""
-    line = {"index": int(index), "id": rid, "where": where, "reason": reason}
-    try:
-        json.dumps(line, ensure_ascii=False, allow_nan=False).encode("utf-8")
-    except (ValueError, UnicodeEncodeError):
-        line = _strict(line)
-    return json.dumps(line)
-
-
-def _strict(value):
-    if isinstance(value, float) and (value != value or abs(value) == float("inf")):
-        return json.dumps(value)  # NaN, Infinity, -Infinity
-    if isinstance(value, str):
-        return value.encode("utf-8", "backslashreplace").decode("utf-8")
-    if isinstance(value, dict):
-        return {_strict(str(k)): _strict(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_strict(v) for v in value]
-    return value
+    """One line of rejects.jsonl (no newline), strict JSON whatever the record's id held
+    (write/strict_json.py)."""
+    return strict_dumps({"index": int(index), "id": rid, "where": where, "reason": reason})
 
 
 def shard_number(name: str, suffixes: list[str], *, temp: bool | None = None) -> int | None:

@@ -1,9 +1,8 @@
-"""jsonl shards: part-00000.jsonl, one {"id": ..., "<output>": nested lists, ...} per line
-(non-finite floats as NaN / Infinity, as Python's json writes them)."""
+"""jsonl shards: part-00000.jsonl, one {"id": ..., "<output>": nested lists, ...} per line,
+strict JSON (write/strict_json.py: a non-finite float as "NaN", "Infinity", "-Infinity")."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import numpy as np
 
 from graphrun.base.errors import OutputError
 from graphrun.write.sinks.ids import plain
+from graphrun.write.strict_json import strict_dumps
 from graphrun.base.tuning import Tuning
 from graphrun.base.nofollow import open_file
 
@@ -41,7 +41,7 @@ class JsonlSink:
         for i, rid in enumerate(ids):
             row = {"id": plain(rid)}
             row.update((name, v[i].tolist()) for name, v in outputs.items())
-            self.f.write(json.dumps(row, separators=(",", ":")) + "\n")
+            self.f.write(strict_dumps(row, separators=(",", ":")) + "\n")
 
     def checkpoint(self) -> list[tuple[Path, int]]:
         self.f.flush()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import codecs
 import hashlib
-import json
 import time
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from graphrun.spec.endpoints import CHAT, COMPLETIONS, file_endpoint
 from graphrun.spec.keys import PipelineSpec
 from graphrun.write.sinks.ids import plain
 from graphrun.write.sinks.jsonl import JsonlSink
+from graphrun.write.strict_json import strict_dumps
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}  # graphrun's -> OpenAI's
 ERROR_CODE = "invalid_request"
@@ -140,4 +140,4 @@ class OpenAIBatchSink(JsonlSink):
     def _line(self, rid, key, response: dict, error: dict | None) -> None:
         line = {"id": "batch_req_" + _hex("line", key), "custom_id": rid,
                 "response": response, "error": error}
-        self.f.write(json.dumps(line, separators=(",", ":"), ensure_ascii=False) + "\n")
+        self.f.write(strict_dumps(line, separators=(",", ":"), ensure_ascii=False) + "\n")
