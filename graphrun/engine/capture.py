@@ -22,12 +22,12 @@ from graphrun.base.errors import (CaptureError, GraphrunError, ModelError, error
                                   first_message)
 from graphrun.base.phases import phase
 from graphrun.base.units import MiB
-from graphrun.models.call import index_hint
+from graphrun.models.call import call_model, index_hint, name_outputs
 from graphrun.engine.graphs import Graph, GraphPool, SetUp, model_frame
 from graphrun.engine.lanes import Lane, Layout
 from graphrun.engine.padding import add_padded_positions
-from graphrun.engine.verify import (Tolerance, fill_verify_batch, verify_bucket, verify_real_batch,
-                                    verify_remedies)
+from graphrun.engine.verify import (Positions, Tolerance, fill_verify_batch, verify_bucket,
+                                    verify_real_batch, verify_remedies)
 
 
 @dataclass
@@ -73,6 +73,7 @@ class Capturer:
         self.pool = GraphPool(device, graphs=self.graphs, shared=self.cap.pool == "shared",
                               budget_bytes=budget * MiB if budget else None)
         self.tolerance = Tolerance.of(spec)
+        self.output_dims = {n: o.shape for n, o in spec.outputs.items()}
         # an eager bucket has no replay to check: only capture.verify.eager checks the model
         self.verifies = self.cap.verify.enabled and (self.graphs or self.cap.verify.eager)
 
@@ -190,7 +191,7 @@ class Capturer:
 
     def _verify_first(self, lane: Lane, state: BucketState, entry: Graph) -> None:
         lane.graphs[state.bucket] = entry
-        result = self._verify(lane, state, entry)
+        result = self._verify(lane, state, entry, first=True)
         if self.graphs and entry.graph is not None and state.reference is not None:
             # kept for a lane added later (host_slots), in host memory meanwhile
             state.reference = {n: t.cpu() for n, t in state.reference.items()}
@@ -201,24 +202,34 @@ class Capturer:
                                              on_failure=self.cap.on_failure)
             err = CaptureError("verification failed: " + "; ".join(result.failures) + note,
                                bucket=state.bucket.name, remedies=remedies)
-            if entry.graph is None or result.pad_isolated is False:  # eager would pad alike
-                raise err
+            if entry.graph is None or False in (result.pad_isolated, result.pad_positions):
+                raise err  # eager would pad alike
             self.fall_back([lane], state, err)
 
-    def _verify(self, lane: Lane, state: BucketState, entry: Graph):
-        """The lane's replay against the bucket's eager reference on its verification batch;
-        None with verify off."""
+    def _verify(self, lane: Lane, state: BucketState, entry: Graph, first: bool = False):
+        """The lane's replay against the bucket's eager reference on its verification batch,
+        and on the bucket's first lane its padded positions (a property of the model, not of
+        a lane); None with verify off."""
         if not self.verifies:
             return None
         bucket = state.bucket
+        outputs = lane.outputs.views(bucket)
+        positions = Positions(self.output_dims, self._eager(list(outputs))) if first else None
         with phase("verify", (bucket.name, lane.index)):
             entry.verify = verify_bucket(bucket, entry.run, state.reference,
-                                         lane.inputs.views(bucket), lane.outputs.views(bucket),
-                                         self.input_specs, self.tolerance)
+                                         lane.inputs.views(bucket), outputs,
+                                         self.input_specs, self.tolerance, positions)
         # an eager bucket needs no check against itself
         entry.check_real = entry.verify.passed and entry.graph is not None \
             and not state.real_checked
         return entry.verify
+
+    def _eager(self, names: list[str]):
+        """The model called eagerly on inputs of any shape: its outputs by name."""
+        def call(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            with torch.inference_mode():
+                return name_outputs(call_model(self.model, inputs, self.call), names)
+        return call
 
     def _fits(self, state: BucketState, step, table) -> bool:
         """memory_budget_mib: a bucket whose pool would pass the budget is dropped, not run

@@ -109,9 +109,11 @@ def fill_verify_batch(bucket: Bucket, inputs: dict[str, torch.Tensor],
 
 def verify_bucket(bucket: Bucket, run: Callable[[], None], reference: dict[str, torch.Tensor],
                   inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor],
-                  specs: dict[str, InputSpec], tol: Tolerance) -> VerifyResult:
+                  specs: dict[str, InputSpec], tol: Tolerance,
+                  positions: "Positions | None" = None) -> VerifyResult:
     """Check one lane's replay (`run`) on the verification batch against the bucket's eager
-    `reference` outputs on that batch, and pad isolation: two replays, no eager run."""
+    `reference` outputs on that batch, and pad isolation: two replays, no eager run. With
+    positions (the bucket's first lane): padded positions too (verify_positions)."""
     gen = fill_verify_batch(bucket, inputs, specs)
     run()
     replayed = {n: t.clone() for n, t in outputs.items()}
@@ -130,7 +132,75 @@ def verify_bucket(bucket: Bucket, run: Callable[[], None], reference: dict[str, 
                 f"padded rows change real rows of output(s) {', '.join(moved)}: the model mixes "
                 "rows of the batch (e.g. batch norm in training mode, or attention across the "
                 "batch), so it cannot be padded to buckets")
+    if positions is not None and result.passed:
+        moved = verify_positions(bucket, run, inputs, outputs, specs, positions, tol)
+        result.pad_positions = None if moved is None else not moved
+        if moved:
+            axes = " and ".join(a for a in bucket.axes[1:] if bucket.size(a) > 1)
+            result.passed = False
+            result.failures.append(
+                f"padded positions change real records' output(s) {', '.join(moved)}: a record "
+                f"padded along {axes} gives other values than the same record unpadded, so the "
+                "model reads the positions past a record's length (a mean, sum or attention "
+                "over them without a mask, or a mask input whose pad is not the value the "
+                "model masks)")
     return result
+
+
+@dataclass(frozen=True)
+class Positions:
+    """What the padded-positions check needs beside the lane's buffers: the outputs' spec
+    shapes (names are bucket axes) and the model called eagerly on inputs of any shape."""
+
+    output_dims: dict[str, list]
+    eager: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
+
+
+def verify_positions(bucket: Bucket, run: Callable[[], None], inputs: dict[str, torch.Tensor],
+                     outputs: dict[str, torch.Tensor], specs: dict[str, InputSpec],
+                     positions: Positions, tol: Tolerance) -> list[str] | None:
+    """Padded positions: the first rows (half the batch, at least one) get their inputs' pad
+    value past half of every axis but batch, as a record of that length is padded; the replay's
+    outputs for them, cut to that length, must equal the model's eager outputs on the inputs
+    cut there (the records unpadded). The outputs that differ; None where there is no axis to
+    pad or the model cannot run the shorter shape (nothing is claimed)."""
+    short = {a: bucket.size(a) // 2 for a in bucket.axes[1:] if bucket.size(a) > 1}
+    if not short:
+        return None
+    real = max(1, bucket.batch // 2)
+
+    def cut(t: torch.Tensor, dims: list) -> tuple:  # [:real], and [:length] along each axis
+        at = [slice(0, real)] + [slice(None)] * (t.dim() - 1)
+        for k, d in enumerate(dims[1:], 1):
+            if d in short:
+                at[k] = slice(0, short[d])
+        return tuple(at)
+
+    for name, t in inputs.items():
+        dims = specs[name].shape
+        for k, d in enumerate(dims[1:], 1):
+            if d in short:  # each padded axis's positions, whatever the others hold
+                at = [slice(0, real)] + [slice(None)] * (t.dim() - 1)
+                at[k] = slice(short[d], None)
+                t[tuple(at)] = specs[name].pad
+    unpadded = {n: t[cut(t, specs[n].shape)].clone() for n, t in inputs.items()}
+    run()
+    padded = {n: t[cut(t, positions.output_dims[n])] for n, t in outputs.items()}
+    try:
+        alone = positions.eager(unpadded)
+    except Exception:  # noqa: BLE001 - a model that runs only the buckets' shapes
+        return None
+    moved = []
+    for name, got in padded.items():
+        want = alone.get(name)
+        if want is None or tuple(want.shape) != tuple(got.shape):
+            return None  # not shaped as the check can compare: claim nothing
+        if name in tol.picks:
+            if not compare_picks(got, want.to(got.device, got.dtype), tol)[0]:
+                moved.append(name)
+        elif not compare(got, want.to(got.device, got.dtype), tol.rtol, tol.atol)[0]:
+            moved.append(name)
+    return moved
 
 
 def verify_real_batch(eager: Callable[[], None], outputs: dict[str, torch.Tensor],
@@ -180,6 +250,14 @@ def verify_remedies(result: VerifyResult, *, captured: bool,
         return "", ["make forward deterministic: the same inputs must give the same outputs "
                     "on every call (no dropout or random ops, no state kept between calls)",
                     "loosen capture.verify.rtol / atol if the differences are rounding"]
+    if result.pad_positions is False:
+        note = ("; capture.on_failure: eager does not help here: eager runs pad their records "
+                "to the same buckets" if on_failure == "eager" else "")
+        return note, [
+            "mask the padded positions in the model: an attention mask input (pad: 0) that "
+            "its attention and pooling honour",
+            "or give the input that marks them the pad value the model ignores "
+            "(inputs.<name>.pad)"]
     if result.pad_isolated is False:
         note = ("; capture.on_failure: eager does not help here: eager runs pad their batches "
                 "to the same buckets" if on_failure == "eager" else "")

@@ -344,7 +344,7 @@ def _checks(found: Inferred) -> list[str]:
     if padded:
         out.append(f"pad 0 fills padded rows and positions of {', '.join(padded)}; pick "
                    "another value where 0 means something to the model (verify checks that "
-                   "pads do not change real rows)")
+                   "padded rows and positions do not change real records' outputs)")
     for axis in (a for a in found.buckets if a != BATCH):
         lo, hi = p.axes[axis]
         out.append(f"buckets.{axis} {found.buckets[axis]}: lengths {lo}-{hi} {seen}; a longer "

@@ -212,8 +212,9 @@ class OutputSpec(Strict):
 class VerifySpec(Strict):
     """Replay-against-eager check run once per bucket before it is trusted."""
 
-    enabled: bool = Field(True, description="Check replay == eager and pad isolation per "
-                          "captured bucket.")
+    enabled: bool = Field(True, description="Check replay == eager and padding per captured "
+                          "bucket: padded rows must not move real rows, and a record padded "
+                          "along the other axes must give its outputs unpadded.")
     eager: bool = Field(False, description=(
         "Also check the buckets that run eagerly (the eager backend, e.g. the CPU), where there "
         "is no replay: the model gives the same outputs twice and padded rows do not move real "
