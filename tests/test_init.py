@@ -193,6 +193,29 @@ def test_a_model_that_fails_on_the_data_gets_runs_message_and_no_spec(tmp_path):
     assert not (tmp_path / "p.yaml").exists()
 
 
+def test_a_model_returning_one_number_for_the_batch_is_a_clear_error(tmp_path):
+    """A 0-d output (x.sum()): init names the output and the fix, writes no spec and no
+    schema, instead of an internal error about the spec it would have written."""
+    target, _ = model_from(tmp_path, """
+        import torch
+        from torch import nn
+        class Total(nn.Module):
+            def forward(self, x):
+                return x.sum()
+        def build():
+            return Total()
+        """)
+    np.save(tmp_path / "rows.npy", np.ones((4, 3), np.float32))
+    result = cli("init", "--model", target, "--data", tmp_path / "rows.npy", "-o",
+                 tmp_path / "p.yaml")
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and "Traceback" not in result.output and "report" not in said
+    assert "error: output 'output' is one number (a 0-d tensor) for a batch of 2 records" in said
+    assert "reduce over the other dimensions only (x.sum(dim=1))" in said
+    assert not (tmp_path / "p.yaml").exists()
+    assert not (tmp_path / "pipeline.schema.json").exists()
+
+
 def test_a_model_that_cannot_be_built_and_an_existing_spec_are_clear_errors(tmp_path):
     np.save(tmp_path / "rows.npy", np.zeros((4, 6), np.float32))
     result = cli("init", "--model", f"{tmp_path}/missing.py:build", "--data",

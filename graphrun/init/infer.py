@@ -199,6 +199,12 @@ def _probe_outputs(model, found: Inferred) -> dict[str, tuple[list, str]]:
     ret_b = _call(model, found, sizes_b, "init's probe (the largest buckets)")
     outputs = {}
     for name, (a, b) in _named(ret_a, ret_b).items():
+        if a.dim() == 0:
+            raise ModelError(f"output {name!r} is one number (a 0-d tensor) for a batch of "
+                             f"{sizes_a[BATCH]} records: graphrun needs the batch as every "
+                             "output's first dimension (one row per record); a reduction over "
+                             "the batch (x.sum(), x.mean()) drops it: reduce over the other "
+                             "dimensions only (x.sum(dim=1))")
         dims = [_output_dim(name, i, da, db, sizes_a, sizes_b)
                 for i, (da, db) in enumerate(zip(a.shape, b.shape))]
         outputs[name] = (dims, str(a.dtype).removeprefix("torch."))
