@@ -182,3 +182,7 @@ def test_a_run_of_an_empty_input_completes_and_warns_that_nothing_was_read(tmp_p
     assert m["status"] == "completed" and m["totals"]["records_in"] == 0
     spec = make_job(tmp_path, 3, bad=lambda i: False)
     assert "held no records" not in cli("run", spec, "--overwrite").output
+    # a slice past the file's records: the slice was empty, not the file
+    said = " ".join(cli("run", spec, "--overwrite", "--start", 500).output.split())
+    assert "warning: --start 500 selected no record of" in said and "(it holds 500 or fewer)" in \
+        said and "held no records" not in said

@@ -266,7 +266,17 @@ def test_bad_records_are_left_out_of_the_sample_and_whole_numbers_can_be_floats(
     assert "d.jsonl:5: fields ['y'] differ from the first record's ['x']" in said
     x = graphrun.load_spec(tmp_path / "p.yaml").inputs["x"]
     assert x.shape == ["batch", 6] and x.dtype == "float32" and x.range is None
-    assert "x hold whole numbers only, which the model took as float32" in result.output
+    assert "inputs x: whole numbers only in the file, which the model took as float32" in said
+
+
+def test_an_npy_file_of_whole_numbers_names_the_input_and_the_array(tmp_path):
+    target, _ = model_from(tmp_path, DENSE)
+    np.save(tmp_path / "counts.npy", np.random.default_rng(0).integers(0, 5, (20, 6)))
+    result = cli("init", "--model", target, "--data", tmp_path / "counts.npy", "-o",
+                 tmp_path / "p.yaml")
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "inputs x (the file's counts): whole numbers only in the file" in said
 
 
 def test_a_module_target_beside_the_working_directory_is_flagged(tmp_path, monkeypatch):

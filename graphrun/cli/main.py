@@ -145,8 +145,15 @@ def run(spec, overrides, out, resume, overwrite, accept_model_change, start, sto
                 click.echo(f"report -> {written}")
         if manifest.status == "completed" and not t.records_out and not t.records_rejected:
             # an empty shard of a larger job is no error, but a wrong path or filter often is
-            click.echo(f"graphrun: warning: the input held no records ({pipeline.data.path}); "
-                       "the outputs are empty", err=True)
+            if start or stop is not None:  # the slice was empty, not the file
+                span = f"--start {start}" + (f" --stop {stop}" if stop is not None else "")
+                fewer = f" (it holds {start} or fewer)" if start and (
+                    stop is None or stop > start) else ""
+                click.echo(f"graphrun: warning: {span} selected no record of "
+                           f"{pipeline.data.path}{fewer}; the outputs are empty", err=True)
+            else:
+                click.echo(f"graphrun: warning: the input held no records "
+                           f"({pipeline.data.path}); the outputs are empty", err=True)
         if manifest.status == "completed" and t.records_rejected and not t.records_out:
             # nothing came out: a script's next step must not take that for success
             click.echo(f"graphrun: every record ({t.records_rejected}) was rejected; see "

@@ -229,7 +229,9 @@ def _first_probe(model, found: Inferred, sizes: dict[str, int]):
             for f in whole:
                 f.kind = "int"
             raise err from None
-        found.checks.append(f"{', '.join(f.name for f in whole)} hold whole numbers only, "
+        named = [n + (f" (the file's {f.name})" if f.name != n else "")
+                 for n, f in found.inputs.items() if any(f is w for w in whole)]
+        found.checks.append(f"inputs {', '.join(named)}: whole numbers only in the file, "
                             "which the model took as float32 (as integers it failed)")
         return ret
 
