@@ -209,6 +209,27 @@ def test_buckets_are_planned_for_the_batches_grouping_forms(tmp_path, folders):
     assert m.totals.padding_ratio_positions["seq"] < 0.5
 
 
+def test_a_text_far_longer_than_the_rest_is_cut_and_its_batch_still_planned(tmp_path, folders):
+    """One text far longer than the rest: the seq buckets are planned without its length, but
+    the run cuts it and keeps it, so the batches counted with it: 100 records in batches of
+    16 end with one of 4, which a planned batch value holds without padded rows."""
+    rng = np.random.default_rng(2)
+    texts = [" ".join(rng.choice(WORDS, int(rng.integers(1, 8)))) for _ in range(100)]
+    texts[7] = " ".join(rng.choice(WORDS, 200))
+    (tmp_path / "texts.jsonl").write_text("".join(json.dumps({"id": i, "text": t}) + "\n"
+                                                  for i, t in enumerate(texts)))
+    result = cli("init", "--hf", folders["embed"], "--data", tmp_path / "texts.jsonl",
+                 "-o", tmp_path / "p.yaml", "--batch-size", 16, "--out-dir", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert "texts.jsonl:8 (202 tokens), was planned as long as the rest" in \
+        " ".join(result.output.split())
+    spec = graphrun.load_spec(tmp_path / "p.yaml")
+    assert 4 in spec.buckets["batch"]
+    m = graphrun.run(spec)
+    assert m.totals.records_out == 100 and m.totals.records_rejected == 0
+    assert sum(b.padded_rows for b in m.buckets) == 0
+
+
 def test_a_sample_of_a_bigger_file_windows_it_and_cuts_at_the_models_limit(tmp_path, folders):
     from graphrun.init.text import GROUP_CAP
 

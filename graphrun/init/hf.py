@@ -490,7 +490,9 @@ def _longer(found: HfInferred) -> str:
                 f"rejects such a text with its line (truncate: true cuts it {cut} instead)")
         n = len(found.outliers)
         return (f"{n} text{'s' * (n > 1)} far longer than the rest, {shown}{more}, "
-                f"{'were' if n > 1 else 'was'} planned without: data.text.max_length {last} "
+                f"{'were' if n > 1 else 'was'} planned "
+                f"{'without' if found.generate is not None else 'as long as the rest'}: "
+                f"data.text.max_length {last} "
                 f"{fate} (raise it, up to {found.limit}, and add it to buckets.seq to keep "
                 "more of them" + ("; or truncate: false to reject them)" if found.truncate
                                   else ")"))

@@ -258,12 +258,14 @@ def plan_grouped(found, texts: list[str], tokenizer, limit: int, *,
     whole = p.whole
     found.limit, found.lengths = limit, (int(lengths.min()), int(lengths.max()))
     far = outliers(lengths)
-    if far.any():  # planned without them; the run cuts them at the largest bucket (said)
-        wheres = text_wheres(p, found.text_field,
-                             found.task is not None and found.task.kind == "generate")
+    if far.any():  # the seq buckets are planned without them (said)
+        generate = found.task is not None and found.task.kind == "generate"
+        wheres = text_wheres(p, found.text_field, generate)
         found.outliers = [(wheres[i] if i < len(wheres) else f"text {i + 1}", int(lengths[i]))
                           for i in np.flatnonzero(far)]
-        lengths = lengths[~far]
+        # a generation job rejects them; otherwise the run cuts them at the largest bucket,
+        # so they join the batches as long as the longest of the rest
+        lengths = lengths[~far] if generate else np.where(far, lengths[~far].max(), lengths)
     found.truncate = not whole or found.lengths[1] > limit or bool(found.outliers)
     found.window = group_window(p, found.batch_size, window_most)
     # a sample of part of the file stands for the file's windows (file_batch_shapes)
