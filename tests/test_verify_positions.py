@@ -81,6 +81,7 @@ def test_a_model_that_reads_padded_positions_fails_setup_naming_them(tmp_path, b
     assert ("verification failed: padded positions change real records' output(s) pooled: a "
             "record padded along seq gives other values than the same record unpadded") in said
     assert "mask the padded positions in the model" in said
+    assert "capture.verify.positions: false" in said
     assert not list((tmp_path / "out").glob("part-*"))  # nothing wrong was written
 
 
@@ -95,3 +96,12 @@ def test_a_model_that_masks_padded_positions_passes_and_the_manifest_says_so(tmp
     rows = {r["id"]: r for r in map(json.loads, (tmp_path / "out" / "part-00000.jsonl")
                                     .read_text().splitlines())}
     assert len(rows["short"]["hidden"]) == 2 and len(rows["long"]["hidden"]) == 8
+
+
+def test_the_check_can_be_turned_off_and_the_manifest_says_it_was_not_made(tmp_path):
+    spec = job(tmp_path, "mean_tokens")
+    spec["capture"]["verify"]["positions"] = False
+    result = run(tmp_path, spec)
+    assert result.exit_code == 0, result.output
+    m = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert {b["lanes"][0]["verify"]["pad_positions"] for b in m["buckets"]} == {None}

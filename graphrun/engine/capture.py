@@ -214,7 +214,8 @@ class Capturer:
             return None
         bucket = state.bucket
         outputs = lane.outputs.views(bucket)
-        positions = Positions(self.output_dims, self._eager(list(outputs))) if first else None
+        positions = (Positions(self.output_dims, self._eager(list(outputs)))
+                     if first and self.cap.verify.positions else None)
         with phase("verify", (bucket.name, lane.index)):
             entry.verify = verify_bucket(bucket, entry.run, state.reference,
                                          lane.inputs.views(bucket), outputs,

@@ -257,7 +257,9 @@ def verify_remedies(result: VerifyResult, *, captured: bool,
             "mask the padded positions in the model: an attention mask input (pad: 0) that "
             "its attention and pooling honour",
             "or give the input that marks them the pad value the model ignores "
-            "(inputs.<name>.pad)"]
+            "(inputs.<name>.pad)",
+            "or, where the check's random inputs are ones your data never holds (a length "
+            "input pointing past a record's own length), set capture.verify.positions: false"]
     if result.pad_isolated is False:
         note = ("; capture.on_failure: eager does not help here: eager runs pad their batches "
                 "to the same buckets" if on_failure == "eager" else "")

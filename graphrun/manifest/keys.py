@@ -59,8 +59,8 @@ class VerifyResult(_M):
     pad_positions: Optional[bool] = Field(
         None, description="Records padded along the bucket's other axes give the outputs they "
         "give unpadded (the model called eagerly on them cut to their length); null where the "
-        "bucket has no other axis longer than 1, on a lane after the first, or where the model "
-        "cannot run the shorter shape.")
+        "bucket has no other axis longer than 1, on a lane after the first, where the model "
+        "cannot run the shorter shape, or with capture.verify.positions: false.")
     failures: list[str] = Field(default_factory=list)
     real_batch: Optional[BatchCheck] = Field(
         None, description="Replay vs eager on the first real batch that reached the bucket, "

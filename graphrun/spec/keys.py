@@ -220,6 +220,12 @@ class VerifySpec(Strict):
         "is no replay: the model gives the same outputs twice and padded rows do not move real "
         "rows, at one eager run more per bucket. false: an eager bucket gets no warm-up and no "
         "check (the manifest's reason says so)."))
+    positions: bool = Field(True, description=(
+        "Check padded positions on each bucket's first lane: its first rows, padded past half "
+        "of every axis but batch with their inputs' pad value, must give the outputs the model "
+        "gives them unpadded (called eagerly at that length). false: not checked, for a model "
+        "whose inputs the check's random values misread (a length input pointing past a "
+        "record's own length)."))
     rtol: float = Field(1e-3, ge=0, description="Relative tolerance.")
     atol: float = Field(1e-3, ge=0, description=(
         "Absolute tolerance. bfloat16 and float16 outputs get 2 units of their precision at "
