@@ -239,6 +239,18 @@ def compare_outputs(replayed: dict[str, torch.Tensor], eager: dict[str, torch.Te
     return result
 
 
+ROW_REMEDIES = (
+    "fix the model so that each row of a batch is computed from that row alone (batch norm in "
+    "eval mode; attention, pooling and sums within a record)",
+    "or run one record per batch, unpadded: buckets.batch: [1] and data.batch_size: 1 (slow)")
+POSITION_REMEDIES = (
+    "mask the padded positions in the model: an attention mask input (pad: 0) that its "
+    "attention and pooling honour",
+    "or give the input that marks them the pad value the model ignores (inputs.<name>.pad)",
+    "or, where the check's random inputs are ones your data never holds (a length input "
+    "pointing past a record's own length), set capture.verify.positions: false")
+
+
 def verify_remedies(result: VerifyResult, *, captured: bool,
                     on_failure: str) -> tuple[str, list[str]]:
     """(a note, the numbered remedies) for a failed verification: only those that work for
@@ -250,24 +262,13 @@ def verify_remedies(result: VerifyResult, *, captured: bool,
         return "", ["make forward deterministic: the same inputs must give the same outputs "
                     "on every call (no dropout or random ops, no state kept between calls)",
                     "loosen capture.verify.rtol / atol if the differences are rounding"]
-    if result.pad_positions is False:
-        note = ("; capture.on_failure: eager does not help here: eager runs pad their records "
+    padding = (("records", POSITION_REMEDIES) if result.pad_positions is False else
+               ("batches", ROW_REMEDIES) if result.pad_isolated is False else None)
+    if padding is not None:
+        what, remedies = padding
+        note = (f"; capture.on_failure: eager does not help here: eager runs pad their {what} "
                 "to the same buckets" if on_failure == "eager" else "")
-        return note, [
-            "mask the padded positions in the model: an attention mask input (pad: 0) that "
-            "its attention and pooling honour",
-            "or give the input that marks them the pad value the model ignores "
-            "(inputs.<name>.pad)",
-            "or, where the check's random inputs are ones your data never holds (a length "
-            "input pointing past a record's own length), set capture.verify.positions: false"]
-    if result.pad_isolated is False:
-        note = ("; capture.on_failure: eager does not help here: eager runs pad their batches "
-                "to the same buckets" if on_failure == "eager" else "")
-        return note, [
-            "fix the model so that each row of a batch is computed from that row alone "
-            "(batch norm in eval mode; attention, pooling and sums within a record)",
-            "or run one record per batch, unpadded: buckets.batch: [1] and "
-            "data.batch_size: 1 (slow)"]
+        return note, list(remedies)
     return "", ["loosen capture.verify.rtol / atol if the differences are rounding",
                 "set capture.on_failure: eager (the bucket runs eagerly; recorded in the "
                 "manifest)"]
