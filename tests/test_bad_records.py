@@ -202,7 +202,9 @@ def test_jsonl_error_stops_with_file_line_and_reason(tmp_path, name, line, rid, 
     assert result.output.startswith(head), result.output
     assert re.search(reason, result.output), result.output
     assert "Traceback" not in result.output and isinstance(result.exception, SystemExit)
-    assert "Fix that record and run again, or set data.on_bad_record: skip" in result.output
+    said = " ".join(result.output.split())
+    assert "Fix that record and run again with --overwrite (the input changed, so --resume " \
+        "cannot go on from them), or set data.on_bad_record: skip" in said
     m = manifest(tmp_path / "out")
     assert m["status"] == "failed"
     assert m["error"].startswith(head[len("error: "):]) and re.search(reason, m["error"])

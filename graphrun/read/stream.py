@@ -396,7 +396,8 @@ class _Held:
 def stopped_at(bad: Reject) -> InputError:
     """data.on_bad_record: error's stop at a bad record: what is wrong, where, what to do."""
     return InputError(f"{bad.reason}; the records before it are written. Fix that record and run "
-                      "again, or set data.on_bad_record: skip to go on past bad records (each "
+                      "again with --overwrite (the input changed, so --resume cannot go on from "
+                      "them), or set data.on_bad_record: skip to go on past bad records (each "
                       "one goes to rejects.jsonl with its place and reason)",
                       where=bad.where, record_id=bad.id)
 
