@@ -346,3 +346,12 @@ def test_an_output_dir_that_is_a_file_is_refused_at_validate(write_gen, tmp_path
     (tmp_path / "out").write_text("not a folder")
     found = [p for p in problems(write_gen()) if "output.dir" in p]
     assert len(found) == 1 and "is a file, not a folder" in found[0], found
+
+
+def test_prefill_tokens_beside_a_seq_planned_from_the_prompts_loads(write_gen):
+    """buckets.seq: auto has no largest value yet to hold prefill_tokens against; the rule
+    compared a number with the word auto (a TypeError's traceback)."""
+    spec = load_spec(write_gen(edit("max_new_tokens: 16",
+                                    "max_new_tokens: 16\n  prefill_tokens: 64")),
+                     ["buckets.seq=auto"])
+    assert spec.generate.prefill_tokens == 64 and spec.buckets["seq"] == "auto"
