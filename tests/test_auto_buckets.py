@@ -95,3 +95,36 @@ def test_a_runner_built_from_an_auto_spec_says_to_plan_first(tmp_path):
     with graphrun.Runner(resolve_auto(spec)[0]) as runner:
         out = runner.run_batch({"tokens": [np.arange(3)], "mask": [np.ones(3, np.int64)]})
     assert out["hidden"][0].shape == (3, 8)
+
+
+def test_auto_plans_from_the_slice_the_run_reads(tmp_path):
+    """--start past the file's short records: the plan is made from the slice's own (long)
+    records, so none of them is longer than the planned largest value and rejected."""
+    from functools import partial
+
+    from graphrun.job.parts import JobParts
+    from graphrun.plan.auto import resolve_auto
+
+    lengths = [2] * 8 + [30, 28, 25, 30, 27, 30, 29, 26]
+    path = auto_spec(tmp_path, lengths)
+    eight = JobParts(plan=partial(resolve_auto, sample=8))  # auto planned from 8 records
+    manifest = graphrun.run(graphrun.load_spec(path), out=tmp_path / "o", start=8, parts=eight)
+    assert manifest.status == "completed"
+    assert (manifest.totals.records_out, manifest.totals.records_rejected) == (8, 0)
+    assert manifest.spec["buckets"]["seq"][-1] >= 30
+    assert manifest.bucket_plan.sample_records == 8
+    # a worker of a job plans from the job's slice, not from its own share
+    from graphrun.write.journal import ShardPlace
+
+    share = graphrun.run(graphrun.load_spec(path), out=tmp_path / "w", start=12, stop=16,
+                         parts=eight, place=ShardPlace(tmp_path / "w", job_start=8, job_stop=16))
+    assert share.spec["buckets"]["seq"] == manifest.spec["buckets"]["seq"]
+    assert share.totals.records_out == 4
+
+
+def test_auto_from_an_empty_slice_names_where_it_read(tmp_path):
+    from graphrun.base.errors import InputError
+
+    path = auto_spec(tmp_path, [3, 5, 2])
+    with pytest.raises(InputError, match="from record 2"):
+        graphrun.run(graphrun.load_spec(path), out=tmp_path / "o", start=2, stop=2)

@@ -66,7 +66,9 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
     check_call(spec, start, stop)
     clock = clock or PhaseClock(BEFORE_RUN)
     with clock.active():
-        record, held, overlap = new_job(spec, out, overlap, tuning, clock, hashes, parts)
+        window = (place.job_start, place.job_stop) if place else (start, stop)
+        record, held, overlap = new_job(spec, out, overlap, tuning, clock, hashes, parts,
+                                        window)
     stop_signal = StopSignals()
     try:
         with stop_signal, clock.active(), locked(record.out_dir):
@@ -153,11 +155,12 @@ def run_locked(record: RunRecord, held: RunResources, stop_signal: StopSignals, 
 
 
 def new_job(spec, out, overlap, tuning: Tuning | None, clock: PhaseClock | None = None,
-            hashes: RunHashes | None = None, parts: JobParts | None = None
-            ) -> tuple[RunRecord, RunResources, object]:
+            hashes: RunHashes | None = None, parts: JobParts | None = None,
+            window: tuple = (0, None)) -> tuple[RunRecord, RunResources, object]:
     """What the run records and what it holds (the hashes started), its spec's `buckets: auto`
-    planned (plan/auto.py), and the overlap choice (the caller's, else GRAPHRUN_OVERLAP's;
-    None: by the device)."""
+    planned (plan/auto.py) from the job's slice of the input (window: [start, stop), a
+    worker's job's, not its share), and the overlap choice (the caller's, else
+    GRAPHRUN_OVERLAP's; None: by the device)."""
     how = "set by run()'s overlap" if overlap is not None else f"set by {OVERLAP_ENV}"
     overlap, parts = overlap_choice(overlap), parts or JobParts()
     started = DeviceStart.begin(spec)  # the CUDA context, on a thread beside what follows
@@ -166,7 +169,7 @@ def new_job(spec, out, overlap, tuning: Tuning | None, clock: PhaseClock | None 
 
         begin_warm_up(spec, started)
     with phase("bucket plan"):
-        spec, bucket_plan = parts.plan(with_implied_io(spec))
+        spec, bucket_plan = parts.plan(with_implied_io(spec), window=window)
     out_dir = Path(out).resolve() if out else spec.output.dir
     with phase("input hash start"):  # a child process for the input, a thread for the model
         record = RunRecord(spec, out_dir, resolved_json(spec), clock or PhaseClock(),

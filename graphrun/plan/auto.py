@@ -19,7 +19,7 @@ from graphrun.plan.generation import GenerationGraphs, plan_generation
 from graphrun.plan.planner import Evaluation, Histogram, histogram
 from graphrun.spec.keys import BATCH, PipelineSpec
 
-AUTO_SAMPLE = 10000  # records read from the start of the input to plan the `auto` axes
+AUTO_SAMPLE = 10000  # records read from the start of the job's slice to plan the `auto` axes
 # budget_plan scales a forward bucket, blind to the KV cache and graphs the generator budgets
 GENERATION_BUDGET = ("capture.memory_budget_mib: not planned for in a generation spec (the run "
                      "keeps its KV cache and graphs within it)")
@@ -59,11 +59,12 @@ def plan_spec(spec: PipelineSpec, hist: Histogram, max_graphs: int, multiple_of:
     return SpecPlan(chosen, note, model)
 
 
-def resolve_auto(spec: PipelineSpec, sample: int = AUTO_SAMPLE
+def resolve_auto(spec: PipelineSpec, sample: int = AUTO_SAMPLE, window: tuple = (0, None)
                  ) -> tuple[PipelineSpec, BucketPlan | None]:
-    """The spec with every `auto` axis planned from its first `sample` records, and what was
-    planned; unchanged without one. A record after the sample longer than the planned largest
-    value is a bad record (as for any list); data.on_bad_record decides."""
+    """The spec with every `auto` axis planned from the first `sample` records of the job's
+    slice (window: its [start, stop) of the input; every worker of a job plans from the same
+    one), and what was planned; unchanged without one. A record after the sample longer than
+    the planned largest value is a bad record (as for any list); data.on_bad_record decides."""
     auto = spec.auto_axes
     if not auto:
         return spec, None
@@ -76,11 +77,14 @@ def resolve_auto(spec: PipelineSpec, sample: int = AUTO_SAMPLE
         raise SpecError([Problem(where, "buckets_max_graphs", (
             f"the lists given make {fixed_graphs} graphs, more than buckets_max_graphs "
             f"({most}), so the auto axes {auto} get no value: raise it or shorten the lists"))])
-    hist = histogram(spec, stop=sample)
+    start, stop = window
+    end = start + sample if stop is None else min(stop, start + sample)
+    hist = histogram(spec, start=start, stop=end)
     if hist.batches == 0:
         fix = (": fix the records, or give buckets: lists (with data.on_bad_record: skip the "
                "run writes each bad one to rejects.jsonl)") if hist.rejected else ""
-        raise InputError(f"buckets: auto plans from the first {sample} records, and "
+        first = f"the first {sample} records" + (f" from record {start}" if start else "")
+        raise InputError(f"buckets: auto plans from {first}, and "
                          f"{hist.no_records()}{fix}", where=str(spec.data.path))
     spec, limits = _pin_text_length(spec, auto)
     planned = plan_spec(spec, covering(hist, limits), most, spec.buckets_multiple_of, fixed,

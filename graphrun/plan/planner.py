@@ -62,11 +62,13 @@ class Histogram:
 
 # ---- reading ------------------------------------------------------------------------------------
 
-def read_batches_for_plan(spec: PipelineSpec, stop: int | None = None) -> Iterator:
-    """The one place the planner reads records (RecordBatch: lengths per axis, len = records)."""
+def read_batches_for_plan(spec: PipelineSpec, stop: int | None = None, start: int = 0
+                          ) -> Iterator:
+    """The one place the planner reads records (RecordBatch: lengths per axis, len = records),
+    those with ordinals in [start, stop)."""
     from graphrun.read.stream import read_batches
 
-    return read_batches(spec, stop=stop)
+    return read_batches(spec, start=start, stop=stop)
 
 
 def reading_spec(spec: PipelineSpec) -> PipelineSpec:
@@ -96,8 +98,8 @@ def reading_spec(spec: PipelineSpec) -> PipelineSpec:
 
 
 def histogram(spec: PipelineSpec, sample: int | None = None, seed: int = 0,
-              stop: int | None = None) -> Histogram:
-    """Read the input once (streamed; the records before `stop`) and count batch shapes; with
+              stop: int | None = None, start: int = 0) -> Histogram:
+    """Read the input once (streamed; the records in [start, stop)) and count batch shapes; with
     `sample`, a uniform sample of whole batches (reservoir) of about that many records, so
     batch shapes stay real."""
     axes = tuple(spec.axes)
@@ -109,7 +111,7 @@ def histogram(spec: PipelineSpec, sample: int | None = None, seed: int = 0,
     seen = rejected = 0
     reasons: dict[str, int] = {}
     first_reject = ""
-    for batch in read_batches_for_plan(reading_spec(spec), stop):
+    for batch in read_batches_for_plan(reading_spec(spec), stop, start):
         rejected += len(batch.rejects)
         if batch.rejects and not first_reject:
             first_reject = f"{batch.rejects[0].where}: {batch.rejects[0].reason}"

@@ -105,6 +105,7 @@ class ShardPlace:
     first: int = 0
     end: int | None = None
     job_start: int = 0  # the job's first input ordinal: ids from there on count as seen
+    job_stop: int | None = None  # the ordinal the job stops before (None: the input's end)
 
     def holds(self, number: int | None) -> bool:
         return number is not None and self.first <= number < (self.end if self.end is not None

@@ -79,7 +79,7 @@ def run_rank(spec, world: World, top: Path, mark: dict, peers: list | None, time
         own = run_share(spec.model_copy(update={"device": devices[world.rank]}), top,
                         world.rank, shares(mark)[world.rank], hashes, resume=resume,
                         cores=cores, accept_model_change=accept_model_change,
-                        job_start=shares(mark)[0][0])
+                        job=(shares(mark)[0][0], shares(mark)[-1][1]))
     except GraphrunError as err:
         failure = err
     finally:
@@ -123,12 +123,12 @@ class JobFailed(GraphrunError):
 
 
 def run_share(spec, top: Path, rank: int, share: tuple, hashes, *, resume: bool,
-              cores: int, accept_model_change: bool, job_start: int = 0) -> Manifest:
+              cores: int, accept_model_change: bool, job: tuple = (0, None)) -> Manifest:
     """The spine's run() over [start, stop), shards numbered [first, end), into the job's
     folder (shared with the other workers; its own folder locked by run()); hashes: the
     input's and model's digests as the job shares them (input_digest.worker_hashes).
-    job_start: the job's first record (rank 0's share's start), from which ids count for
-    duplicates."""
+    job: the job's [start, stop) of the input (rank 0's share's start, the last share's
+    stop), from which ids count for duplicates and `buckets: auto` plans."""
     from graphrun.job.spine import run
 
     start, stop, first, end = share
@@ -137,7 +137,7 @@ def run_share(spec, top: Path, rank: int, share: tuple, hashes, *, resume: bool,
     try:
         with locked(top, shared=True):
             manifest = run(spec, out=worker_dir(top, rank), resume=resume, start=start,
-                           stop=stop, place=ShardPlace(top, first, end, job_start),
+                           stop=stop, place=ShardPlace(top, first, end, *job),
                            progress=progress, tuning=Tuning.from_machine(cores=cores),
                            accept_model_change=accept_model_change, hashes=hashes)
         state = manifest.status
