@@ -35,7 +35,10 @@ import torch
 class Model(torch.nn.Module):
     def forward(self, x, k, t):
         # x: [B, 4] float32; k: [B] int64; t: [B, S] int64
-        return {"y": x * 2 + k[:, None].to(x.dtype), "s": t.to(torch.float32) + 0.5}
+        y = x * 2 + k[:, None].to(x.dtype)
+        y[:, 0] = torch.where(k == 7, float("nan"), y[:, 0])  # non-finite values written
+        y[:, 1] = torch.where(k == 8, float("-inf"), y[:, 1])
+        return {"y": y, "s": t.to(torch.float32) + 0.5}
 
 
 def build():
@@ -148,6 +151,11 @@ def test_ray_run_equals_single_process(ray_cluster, tmp_path, fmt):
     out = tmp_path / "out"
     assert_same_outputs(read_back(out, fmt), read_back(tmp_path / "single", fmt))
     assert len(read_back(out, fmt)[0]) == N - 1
+    if fmt == "jsonl":  # line for line as one process writes them: strict JSON, same digits
+        lines = [p.read_text() for p in sorted(out.glob("part-*.jsonl"))]
+        want_lines = [p.read_text() for p in sorted((tmp_path / "single").glob("part-*.jsonl"))]
+        assert "".join(lines) == "".join(want_lines)
+        assert '"NaN"' in "".join(lines) and '"-Infinity"' in "".join(lines)
 
     # the reject, with the single-process run's id and reason
     got = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]

@@ -171,26 +171,12 @@ def map_input(spec: PipelineSpec, ray, workers: int | None,
 
 
 def write_output(mapped, out_dir: Path, spec: PipelineSpec) -> None:
-    """Ray's writer for output.format into out_dir (renamed in task order afterwards)."""
-    if spec.output.format == "parquet":  # a task's rows in order (write.py says why)
-        from graphrun.scale.ray.write import OrderedParquetSink
+    """graphrun's sink for output.format into out_dir (a task's rows in order, write.py says
+    why; renamed in task order afterwards)."""
+    from graphrun.scale.ray.write import OrderedJsonlSink, OrderedParquetSink
 
-        mapped.write_datasink(OrderedParquetSink(str(out_dir), spec.output.rows_per_file))
-    else:  # jsonl; 15 digits (pandas' most) keep float32 values exact
-        mapped.write_json(str(out_dir), filename_provider=ray_names("jsonl"),
-                          double_precision=15)
-
-
-def ray_names(fmt: str):
-    from ray.data.datasource import FilenameProvider
-
-    class RayNames(FilenameProvider):
-        """part-<task>-<write uuid>.<format>: the task number first, for the renaming."""
-
-        def get_filename_for_task(self, write_uuid: str, task_index: int) -> str:
-            return f"part-{task_index:05d}-{write_uuid}.{fmt}"
-
-    return RayNames()
+    sink = OrderedParquetSink if spec.output.format == "parquet" else OrderedJsonlSink
+    mapped.write_datasink(sink(str(out_dir), spec.output.rows_per_file))
 
 
 def rename_in_order(out_dir: Path) -> list[Path]:
