@@ -418,3 +418,35 @@ def test_ids_ending_in_nul_are_refused_for_npy_naming_the_record(tmp_path):
     got = [json.loads(line)["id"] for p in sorted((tmp_path / "out").glob("part-*.jsonl"))
            for line in p.open()]
     assert got == ids
+
+
+def test_a_null_among_a_prompts_token_ids_is_a_bad_record_not_a_crash(tmp_path):
+    """A token-id prompt holding null (JSONL, or a Parquet list with a null item) is rejected
+    with its place in the list, as any other non-id; a per-record stop list holding null is
+    named as JSON writes it."""
+    from graphrun.read.prompts import given_ids
+
+    assert given_ids([1, None, 3], "prompt") == (
+        "prompt: expected a string or a list of token ids (whole numbers >= 0), got null at "
+        "place 1 in the list")
+    assert "got null at place 0" in given_ids([None], "prompt")
+    assert "got 2.5 at place 1" in given_ids([1, 2.5], "prompt")
+    from graphrun.read.requests import stop_strings
+
+    assert stop_strings("stop", [None]) == (
+        "stop: [null] is not a string or a list of up to 4 non-empty strings")
+
+
+def test_a_generation_run_rejects_a_token_id_prompt_holding_null(tmp_path):
+    from tests.test_generate_job import write_spec
+
+    spec = write_spec(tmp_path, n=2, data__on_bad_record="skip")
+    data = tmp_path / "prompts.jsonl"
+    with open(data, "a") as f:
+        f.write(json.dumps({"id": "ids-null", "prompt": [5, None, 7]}) + "\n")
+    result = CliRunner().invoke(main, ["run", str(spec), "-q"])
+    assert result.exit_code == 0 and "Traceback" not in result.output, result.output
+    rejects = [json.loads(x) for x in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
+    assert [(r["id"], r["reason"]) for r in rejects] == [(
+        "ids-null", "prompt: expected a string or a list of token ids (whole numbers >= 0), "
+        "got null at place 1 in the list")]

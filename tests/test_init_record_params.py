@@ -136,7 +136,7 @@ def test_a_field_named_as_a_parameter_whose_values_are_none_is_not_read(tmp_path
     assert result.exit_code == 0, result.output
     said = " ".join(result.output.split())
     assert ("field 'logprobs' is not read as each record's logprobs (generate.per_record): "
-            "10 of the 10 values sampled are none, e.g. logprobs: True is not a whole number "
+            "10 of the 10 values sampled are none, e.g. logprobs: true is not a whole number "
             "in [0, 20]") in said
     assert "left out" not in said
     assert graphrun.load_spec(spec_path).generate.per_record.fields == {"seed": "seed"}

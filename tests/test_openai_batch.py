@@ -199,7 +199,7 @@ def test_a_whole_number_written_as_a_float_counts_as_that_number_in_a_per_record
     assert type(got.max_new_tokens) is int and type(got.seed) is int
     for record, why in (({"mt": 2.5}, "mt (generate.per_record.max_new_tokens): 2.5 is not"),
                         ({"s": float(2 ** 60)}, "s (generate.per_record.seed): 1.15"),
-                        ({"mt": float("nan")}, "mt (generate.per_record.max_new_tokens): nan"),
+                        ({"mt": float("nan")}, "mt (generate.per_record.max_new_tokens): NaN"),
                         ({"mt": 0.0}, "mt (generate.per_record.max_new_tokens): 0 is not")):
         assert why in params_from_fields(record, named)
 
@@ -259,7 +259,7 @@ def test_per_record_values_are_checked_record_by_record(tmp_path, model_dir):
     rejects = {json.loads(x)["id"]: json.loads(x) for x in
                (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()}
     assert "max_new_tokens 8 is more than the job's cap" in rejects["longer"]["reason"]
-    assert "max_tokens (generate.per_record.max_new_tokens): 'many'" in rejects["bad"]["reason"]
+    assert "max_tokens (generate.per_record.max_new_tokens): \"many\"" in rejects["bad"]["reason"]
     assert rejects["bad"]["where"].endswith("prompts.jsonl:4")
     assert "temp (generate.per_record.temperature): -1" in rejects["neg"]["reason"]
     assert manifest.totals.records_rejected == manifest.generation.prompts_rejected == 3
@@ -323,7 +323,7 @@ def test_params_from_fields_reads_each_named_field():
                         ({"pp": 2.5}, "pp (generate.per_record.presence_penalty): 2.5 is not"),
                         ({"lp": 21}, "lp (generate.per_record.logprobs): 21 is not a whole "
                                      "number in [0, 20]"),
-                        ({"lp": True}, "lp (generate.per_record.logprobs): True is not")):
+                        ({"lp": True}, "lp (generate.per_record.logprobs): true is not")):
         assert why in params_from_fields(record, named)
 
 

@@ -119,10 +119,11 @@ def given_ids(value: list, named: str) -> Prompt | str:
     it is known, read/text.tokenize), or why not."""
     if not value:
         return f"{named}: an empty list of token ids; give at least one"
-    bad = next((t for t in value if type(t) is not int or t < 0), None)
-    if bad is not None:
+    at = next((i for i, t in enumerate(value) if type(t) is not int or t < 0), None)
+    if at is not None:  # found by place: a null in the list is itself None
+        bad = value[at]
         return (f"{named}: expected a string or a list of token ids (whole numbers >= 0), "
-                f"got {bad!r} in the list")
+                f"got {'null' if bad is None else repr(bad)} at place {at} in the list")
     return Prompt("", special=False, ids=tuple(value))
 
 

@@ -9,6 +9,7 @@ the engine serves it too.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
@@ -23,15 +24,24 @@ ENGINE_SERVES: frozenset[str] = frozenset({
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
 
 
+def shown(v) -> str:
+    """A record's value as its JSON reads (null, not None), cut to 80 characters."""
+    try:
+        text = json.dumps(v, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(v)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def whole(name: str, v, low: int) -> int | str:
     if type(v) is not int or v < low:
-        return f"{name}: {v!r} is not a whole number >= {low}"
+        return f"{name}: {shown(v)} is not a whole number >= {low}"
     return v
 
 
 def whole_in(name: str, v, low: int, high: int) -> int | str:
     if type(v) is not int or not low <= v <= high:
-        return f"{name}: {v!r} is not a whole number in [{low}, {high}]"
+        return f"{name}: {shown(v)} is not a whole number in [{low}, {high}]"
     return v
 
 
@@ -40,7 +50,7 @@ def number_in(name: str, v, low: float, high: float, low_open: bool = False) -> 
           and (v > low if low_open else v >= low))
     if not ok:
         span = f"{'(' if low_open else '['}{low:g}, {high:g}]"
-        return f"{name}: {v!r} is not a number in {span}"
+        return f"{name}: {shown(v)} is not a number in {span}"
     return float(v)
 
 
@@ -48,7 +58,7 @@ def stop_strings(name: str, v) -> tuple[str, ...] | str:
     stops = [v] if isinstance(v, str) else v
     if (not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops)
             or len(stops) > MAX_STOP):
-        return f"{name}: {v!r} is not a string or a list of up to {MAX_STOP} non-empty strings"
+        return f"{name}: {shown(v)} is not a string or a list of up to {MAX_STOP} non-empty strings"
     return tuple(stops)
 
 
@@ -59,7 +69,7 @@ CHECKS = {
     "top_p": (lambda k, v: number_in(k, v, 0, 1, low_open=True), "top_p"),
     "top_k": (lambda k, v: whole(k, v, 0), "top_k"),
     "min_p": (lambda k, v: number_in(k, v, 0, 1), "min_p"),
-    "seed": (lambda k, v: v if type(v) is int else f"{k}: {v!r} is not a whole number", "seed"),
+    "seed": (lambda k, v: v if type(v) is int else f"{k}: {shown(v)} is not a whole number", "seed"),
     "stop": (stop_strings, "stop_strings"),
     "n": (lambda k, v: whole(k, v, 1), "n"),
     "repetition_penalty": (lambda k, v: number_in(k, v, 0, 1e4, low_open=True),
