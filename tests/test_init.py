@@ -342,6 +342,11 @@ def test_init_infers_from_the_majority_and_lists_the_records_that_disagree(tmp_p
                       (9, "tokens holds -1, outside [0, 50)"),
                       (10, "mask has 3 positions where tokens has 4")]:
         assert f"d.jsonl:{line}: {why}" in printed, (line, printed)
+    # the records outside the model's table come under their own line, not counted among the
+    # ones that disagree with the sample
+    head = "records holding what the model's tables cannot take"
+    assert printed.index("disagree") < printed.index(head) < printed.index(
+        "d.jsonl:8: tokens holds 70")
     spec.data.on_bad_record = "skip"
     manifest = graphrun.run(spec)
     assert manifest.status == "completed"

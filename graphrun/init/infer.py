@@ -68,6 +68,9 @@ def init(*, data: str | Path, target: str | None = None, builtin: str | None = N
     # ranges came first to keep the probe inside the model's tables; a probe that took whole
     # numbers as float32 leaves them none
     found.ranges = {n: r for n, r in found.ranges.items() if found.inputs[n].kind == "int"}
+    if outside:  # under a line of their own, not read as the sample's bad records above them
+        outside.insert(0, "records holding what the model's tables cannot take; `run` "
+                          "rejects them (data.on_bad_record: skip) or stops at them (error):")
     found.checks += _checks(found) + outside
     spec_dir = spec_path.parent
     if target:
