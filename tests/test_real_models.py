@@ -413,3 +413,13 @@ def test_seq_auto_plans_up_to_the_tokenizer_limit_not_the_sample(tmp_path):
     _, lists = _npy_outputs(tmp_path / "lists", "embedding")
     assert ids[-1] == "long"
     np.testing.assert_allclose(auto, lists, atol=1e-5)
+
+
+def test_a_missing_tokenizer_folder_asks_for_a_tokenizer_not_a_config(tmp_path):
+    from graphrun.spec.paths import resolve_path
+
+    with pytest.raises(ModelError, match=r"folder not found .*; give a folder holding "
+                                         r"tokenizer\.json"):
+        resolve_path(str(tmp_path / "nope"), None, "data.text.tokenizer")
+    with pytest.raises(ModelError, match="holding config.json"):
+        resolve_path(str(tmp_path / "nope"), None, "model.hf.path")

@@ -38,8 +38,10 @@ def resolve_path(path: str, base_dir: Path | None, key: str = "model.hf.path") -
         p = base_dir / p if (base_dir / p).exists() or path.startswith(".") else p
     if p.exists() or p.is_absolute() or path.startswith("."):
         if not p.is_dir():
+            holding = ("tokenizer.json (or a tokenizer's other files)"
+                       if key.endswith("tokenizer") else "config.json")
             raise ModelError(f"{key} {path!r}: folder not found ({p.resolve()}); give a folder "
-                             "holding config.json (relative to the spec's folder), a cached "
+                             f"holding {holding} (relative to the spec's folder), a cached "
                              "hub name, or pkg://PACKAGE/FOLDER")
         return str(p.resolve())
     return path  # a hub name: found in the local cache or not at all
