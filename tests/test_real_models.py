@@ -416,6 +416,7 @@ def test_seq_auto_plans_up_to_the_tokenizer_limit_not_the_sample(tmp_path):
 
 
 def test_a_missing_tokenizer_folder_asks_for_a_tokenizer_not_a_config(tmp_path):
+    from graphrun.base.errors import ModelError
     from graphrun.spec.paths import resolve_path
 
     with pytest.raises(ModelError, match=r"folder not found .*; give a folder holding "
