@@ -213,3 +213,18 @@ def test_a_prompt_past_a_folders_longest_names_the_llms_argument_not_spec_keys(t
     with graphrun.LLM(spec) as eng, pytest.raises(graphrun.InputError,
                                                  match="data.text.truncate: true"):
         eng.generate([" ".join(["word"] * 2000)])
+
+
+def test_a_prompt_too_long_says_what_can_still_be_changed():
+    """Below the model's positions the advice is max_prompt_tokens up to them; at them
+    (the default), raising it cannot help, so the advice is a smaller max_new_tokens."""
+    long = "word " * 3000
+    with graphrun.LLM(str(FOLDER), max_new_tokens=8, max_prompt_tokens=64, device="cpu") as llm:
+        with pytest.raises(graphrun.InputError, match=r"max_prompt_tokens=N\), N up to 1016"):
+            llm.generate(long)
+    with graphrun.LLM(str(FOLDER), max_new_tokens=8, device="cpu") as llm:
+        with pytest.raises(graphrun.InputError) as e:
+            llm.generate(long)
+    said = str(e.value)
+    assert "more than 1016" in said and "smaller max_new_tokens" in said
+    assert "max_prompt_tokens=N" not in said
