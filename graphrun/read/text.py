@@ -28,6 +28,7 @@ from graphrun.read.records import Candidates, Field, Reject, RowWhere
 from graphrun.spec.keys import BATCH, PipelineSpec
 from graphrun.spec.paths import model_vocab
 from graphrun.spec.request import DEFAULT_PARAMS, REQUEST_FIELD
+from graphrun.read.requests import shown
 
 # the tokenizer's name for each input the model may take
 ENCODING_FIELDS = {"input_ids": "ids", "attention_mask": "attention_mask",
@@ -333,7 +334,8 @@ def record_problem(record, names: list[str], id_field: str | None) -> str:
         if rid is None:
             return f"missing id: field {id_field!r} is absent or null"
         if type(rid) not in (str, int):
-            return f"id field {id_field!r} must be a string or an integer, got {kind(rid)}"
+            return (f"id field {id_field!r} must be a string or an integer, got {kind(rid)} "
+                    f"({shown(rid)})")
         if type(rid) is str and not encodable(rid):
             return (f"id field {id_field!r} is not valid Unicode (it holds a lone surrogate "
                     "escape such as \\ud800), so no output format can store it")

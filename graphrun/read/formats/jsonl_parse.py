@@ -20,6 +20,7 @@ from graphrun.read.formats.jsonl_lines import (close_field, encodable, readable_
 from graphrun.read.prompts import Prompts
 from graphrun.read.records import Candidates, Reject, field_from_values
 from graphrun.spec.keys import PipelineSpec
+from graphrun.read.requests import shown
 
 # orjson reads an integer literal past 64 bits as a float this large or larger
 _INT_RANGE = 2.0 ** 63
@@ -107,7 +108,7 @@ def _record_problem(spec: PipelineSpec, record) -> tuple[object, str]:
             return None, f"missing id: field {id_field!r} is absent or null"
         if type(rid) not in (str, int):
             return None, (f"id field {id_field!r} must be a string or an integer, got "
-                          f"{_json_kind(rid)}")
+                          f"{_json_kind(rid)} ({shown(rid)})")
         if type(rid) is str and not encodable(rid):
             return rid, (f"id field {id_field!r} is not valid Unicode (it holds a lone "
                          "surrogate escape such as \\ud800), so no output format can store it")
