@@ -577,3 +577,19 @@ def test_checking_a_few_host_integers_runs_no_torch_op():
         checked = check_batch(batch, spec.inputs, ("batch",))
     assert checked.n == 2 and checked.tensors
     assert ops.ran == []
+
+
+@pytest.mark.parametrize("as_tensors", [False, True])
+def test_a_record_longer_than_every_bucket_names_the_axis_its_inputs_and_the_largest(
+        as_tensors):
+    spec = graphrun.load_spec(Path(__file__).resolve().parent.parent / "pipelines" / "encoder.yaml")
+    ones = np.ones((1, 300), np.int64)
+    batch = {"tokens": ones, "mask": ones}
+    if as_tensors:
+        batch = {k: torch.from_numpy(v) for k, v in batch.items()}
+    with Runner(spec) as runner:
+        with pytest.raises(InputError) as e:
+            runner.run_batch(batch)
+    assert str(e.value) == (
+        "no bucket covers the batch: 300 along seq (tokens, mask), more than the largest seq "
+        "bucket, 64: cut the input to fit, or add a larger value to the spec's buckets")

@@ -81,6 +81,26 @@ class BucketTable:
             self._picked[want] = self._smallest_covering(want)
         return self._picked[want]
 
+    def uncovered(self, n: int, lengths: dict[str, int], in_dims: dict[str, list]) -> str:
+        """Why no active bucket covers n records of these lengths: each axis past its largest
+        value, the inputs that carry it (in_dims: input -> its spec dims) and what to do."""
+        active = self.active
+        if not active:
+            return "no bucket is left to run (every one was dropped at setup)"
+        said = []
+        for i, a in enumerate(self.axes):
+            want = n if i == 0 else lengths.get(a, 1)
+            top = max(b.sizes[i] for b in active)
+            if want > top:
+                carry = [name for name, dims in in_dims.items() if a in dims]
+                said.append(f"{want} {'records' if i == 0 else 'along ' + a}"
+                            + (f" ({', '.join(carry)})" if carry and i else "")
+                            + f", more than the largest {a} bucket, {top}")
+        if not said:  # each axis fits some bucket, but no one bucket fits them all
+            said.append(f"{n} records with lengths {lengths} fit no single active bucket")
+        return ("no bucket covers the batch: " + "; ".join(said)
+                + ": cut the input to fit, or add a larger value to the spec's buckets")
+
     def _smallest_covering(self, want: tuple[int, ...]) -> Bucket | None:
         best = None
         for b in self.active:

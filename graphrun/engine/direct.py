@@ -83,7 +83,7 @@ class Direct:
         want = {a: int(v[0]) if len(v) else 1 for a, v in batch.lengths.items()}
         bucket = self.launcher.table.pick(n, want)
         if bucket is None:
-            raise InputError(f"no bucket covers {n} records with lengths {want}")
+            raise InputError(self.launcher.table.uncovered(n, want, self.launcher.layout.in_dims))
         lane = self._lane(bucket)
         views = self.views(lane, bucket)
         for name, static in views.inputs.items():

@@ -180,7 +180,7 @@ class Launcher:
         want = {a: int(v.max()) if len(v) else 1 for a, v in lengths.items()}
         bucket = self.table.pick(n, want)
         if bucket is None:
-            raise InputError(f"no bucket covers {n} records with lengths {want}")
+            raise InputError(self.table.uncovered(n, want, self.layout.in_dims))
         staging = self.slots[slot].inputs
         for name, rows in fields.items():
             staging.pad_rows(name, bucket, rows, self.inputs[name].pad)
