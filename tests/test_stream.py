@@ -723,7 +723,7 @@ def test_parquet_nulls_and_checks(tmp_path):
         (1, None, "d.parquet[row 1]"), (2, "c", "d.parquet[row 2]"), (3, "d", "d.parquet[row 3]"),
         (4, "e", "d.parquet[row 4]"), (6, "a", "d.parquet[row 6]")]
     reasons = [r.reason for r in rejects]
-    assert "missing id" in reasons[0] and "null value" in reasons[1]
+    assert "missing id" in reasons[0] and "tokens: null, where" in reasons[1]
     assert "null value" in reasons[2] and "value 300 is outside range" in reasons[3]
     assert "duplicate id 'a'" in reasons[4]
 
@@ -866,7 +866,7 @@ def write_mixed_row_groups(path: Path) -> Path:
 MIXED = {"v": {"shape": ["batch", 1], "dtype": "int64", "range": [0, 100]},
          "x": {"shape": ["batch", 2], "dtype": "float32", "finite": True}}
 MIXED_BAD = {9: "v: value 150 is outside range [0, 100) (lo <= x < hi)",
-             12: "x: null value where a number is expected",
+             12: "x: null, where the record's value (an array of numbers, or a number) is expected",
              17: "x: value nan is NaN or Inf (finite: true)",
              20: "duplicate id 'r3': an earlier record has the same id",
              26: "x: value 1e+300 is too large for float32 (finite: true)"}

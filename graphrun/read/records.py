@@ -209,6 +209,8 @@ def _holds_bool(value) -> bool:
 
 def describe_unreadable(value) -> str:
     """Why a JSON value is not a rectangular array of numbers: the first offending part."""
+    if value is None:  # the field itself, not an item of its lists
+        return "null, where the record's value (an array of numbers, or a number) is expected"
     try:
         return _first_unreadable(value) or "not an array of numbers"
     except RecursionError:  # lists in lists thousands deep: numpy stops at 64 dimensions
