@@ -65,6 +65,21 @@ def test_auto_runs_with_the_lists_plan_proposes_and_counts_every_graph(tmp_path)
     assert [r["id"] for r in completions(out)] == [f"p{i:04d}" for i in range(40)]
 
 
+def test_plan_prints_the_runs_lists_when_long_prompts_are_rejected_not_cut(tmp_path):
+    """data.text.truncate: false: the run's auto prompt axis still ends at the model's limit
+    (a longer prompt after the sample is rejected there), and plan plans it the same way."""
+    spec = auto_spec(tmp_path, data={"path": str(tmp_path / "prompts.jsonl"), "id_field": "id",
+                                     "text": {"field": "prompt", "truncate": False},
+                                     "batch_size": 4})
+    lists = planned(spec)
+    out = tmp_path / "o"
+    run = cli("run", spec, "--out", out)
+    assert run.exit_code == 0, run.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["bucket_plan"]["buckets"] == lists
+    assert lists["seq"][-1] == 1024 - NEW  # the tiny Llama's positions less the new tokens
+
+
 def test_a_low_graph_bound_holds_with_the_decode_graphs_counted(tmp_path):
     spec = auto_spec(tmp_path, new=40, buckets_max_graphs=7)
     lists = planned(spec)

@@ -163,7 +163,7 @@ def run_plan(spec_path: Path, overrides, max_graphs: int | None, sample: int | N
     from rich.console import Console
 
     from graphrun.base.errors import InputError
-    from graphrun.plan.auto import covering, plan_spec
+    from graphrun.plan.auto import covering, pin_text_length, plan_spec
     from graphrun.plan.limits import axis_limits
     from graphrun.plan.planner import evaluate, histogram, power_of_two
     from graphrun.spec.load import load_spec
@@ -183,6 +183,11 @@ def run_plan(spec_path: Path, overrides, max_graphs: int | None, sample: int | N
     # texts are cut at a limit: the plan's last value stays there, so --write does not move
     # where the run cuts them
     cut = {a: lim.value for a, lim in limits.items() if lim.cut}
+    # an auto text axis ends at its limit in the run (a longer prompt the sample missed may
+    # come), cut or not: planned so here too, the lists printed are the ones the run takes
+    from graphrun.generate.records import with_implied_io
+
+    cut.update(pin_text_length(with_implied_io(spec), spec.auto_axes)[1])
     # nothing is measured on the device for a generation spec (a capture of one of its
     # buckets says little of its decode graphs)
     cuda = not generating and _cuda(spec)

@@ -86,7 +86,7 @@ def resolve_auto(spec: PipelineSpec, sample: int = AUTO_SAMPLE, window: tuple = 
         first = f"the first {sample} records" + (f" from record {start}" if start else "")
         raise InputError(f"buckets: auto plans from {first}, and "
                          f"{hist.no_records()}{fix}", where=str(spec.data.path))
-    spec, limits = _pin_text_length(spec, auto)
+    spec, limits = pin_text_length(spec, auto)
     planned = plan_spec(spec, covering(hist, limits), most, spec.buckets_multiple_of, fixed,
                         _cuda(spec), where)
     chosen, graphs = planned.chosen, planned.generation
@@ -106,7 +106,7 @@ def resolve_auto(spec: PipelineSpec, sample: int = AUTO_SAMPLE, window: tuple = 
     return spec.model_copy(update={"buckets": buckets}), info
 
 
-def _pin_text_length(spec: PipelineSpec, auto: list[str]) -> tuple[PipelineSpec, dict]:
+def pin_text_length(spec: PipelineSpec, auto: list[str]) -> tuple[PipelineSpec, dict]:
     """Text tokenized into an auto seq axis: its length limit is fixed before planning (the
     tokenizer's, or data.text.max_length), so a record the sample did not see is cut or
     rejected at that limit, never at whatever the plan's largest value happens to be, and
