@@ -282,7 +282,8 @@ def prepare_out_dir(out_dir: Path, *, resume: bool, overwrite: bool, fingerprint
             _start(out_dir, fingerprint)
             return None
         raise OutputError(f"output folder {out_dir} exists and holds a run; pass --resume to "
-                          "continue it or --overwrite to replace it")
+                          "continue it or --overwrite to replace it (from Python, resume=True "
+                          "or overwrite=True)")
     # before anything is written: restore would have to remove a user's entry to go on
     refuse_foreign(out_dir, shard_shaped(out_dir, fingerprint.get("shards") or []))
     refuse_links(out_dir, FIXED_NAMES)  # appended or replaced by name: never written through
