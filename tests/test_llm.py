@@ -228,3 +228,15 @@ def test_a_prompt_too_long_says_what_can_still_be_changed():
     said = str(e.value)
     assert "more than 1016" in said and "smaller max_new_tokens" in said
     assert "max_prompt_tokens=N" not in said
+
+
+def test_the_one_call_functions_take_the_llms_own_keywords():
+    """graphrun.generate(spec, ..., overrides=[...]) as LLM(spec, overrides=...) does; a
+    folder's engine sized for the call's max_new_tokens."""
+    spec = ROOT / "pipelines" / "generate.yaml"
+    out = graphrun.generate(str(spec), "An old fisherman",
+                            overrides=["generate.max_new_tokens=3"])
+    assert len(out[0].token_ids) == 3
+    out = graphrun.generate(str(FOLDER), ["hi"], max_new_tokens=300, max_prompt_tokens=16,
+                            device="cpu")
+    assert 1 <= len(out[0].token_ids) <= 300

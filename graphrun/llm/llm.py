@@ -124,16 +124,31 @@ class LLM:
         self.close()
 
 
+BUILD_KEYS = ("overrides", "max_prompt_tokens", "dtype", "device", "log")  # LLM()'s own
+
+
 def generate(model_or_spec, prompts, **params) -> list[GenerateOutput]:
-    """LLM(model_or_spec).generate(prompts, **params), the engine closed after."""
-    with LLM(model_or_spec) as llm:
+    """LLM(model_or_spec, ...).generate(prompts, ...), the engine closed after: params holds
+    both LLM()'s keywords (BUILD_KEYS) and generate()'s; a folder's engine is sized for the
+    call's max_new_tokens."""
+    with _llm_for_call(model_or_spec, params) as llm:
         return llm.generate(prompts, **params)
 
 
 def chat(model_or_spec, conversations, **params) -> list[GenerateOutput]:
-    """LLM(model_or_spec).chat(conversations, **params), the engine closed after."""
-    with LLM(model_or_spec) as llm:
+    """LLM(model_or_spec, ...).chat(conversations, ...), the engine closed after (params as
+    generate's)."""
+    with _llm_for_call(model_or_spec, params) as llm:
         return llm.chat(conversations, **params)
+
+
+def _llm_for_call(model_or_spec, params: dict) -> "LLM":
+    """The LLM of one call: BUILD_KEYS taken out of params for its constructor."""
+    build = {k: params.pop(k) for k in BUILD_KEYS if k in params}
+    if "max_new_tokens" in params and isinstance(model_or_spec, (str, Path)) \
+            and Path(model_or_spec).is_dir():
+        build["max_new_tokens"] = params["max_new_tokens"]  # the engine made for this call
+    return LLM(model_or_spec, **build)
 
 
 def _spec(given, overrides: list[str], max_new_tokens, max_prompt_tokens, dtype,
