@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from click.testing import CliRunner
 
 import graphrun
+from graphrun.cli.main import main
 from graphrun.generate.token_bytes import logprob_text
 from graphrun.read.openai_batch import body_params
 from graphrun.read.requests import params_from_fields
@@ -220,6 +222,28 @@ def test_a_parquet_column_of_max_tokens_with_nulls_is_served_record_by_record(tm
     assert [out[k]["output_tokens"] for k in ("short", "spec", "shorter")] == [2, 4, 1]
     assert out["short"]["token_ids"] == out["spec"]["token_ids"][:2]
     assert manifest.totals.records_rejected == 0
+
+
+def test_a_parquet_file_without_a_mapped_parameters_column_takes_the_specs_value(
+        tmp_path, model_dir):
+    """A column generate.per_record names but the file lacks is every record's absent field,
+    as in JSONL: the spec's value, with the run's warning; the text's own column stays
+    required."""
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    spec = per_record_job(tmp_path, [{"id": "x", "prompt": "a"}], model_dir,
+                          {"max_new_tokens": "max_tokens"})
+    pq.write_table(pa.table({"id": ["a", "b"], "prompt": ["g", "h"]}),
+                   tmp_path / "prompts.parquet")
+    raw = yaml.safe_load(spec.read_text())
+    raw["data"]["path"] = str(tmp_path / "prompts.parquet")
+    spec.write_text(yaml.safe_dump(raw))
+    result = CliRunner().invoke(main, ["run", str(spec)])
+    assert result.exit_code == 0, result.output
+    assert "reads field 'max_tokens', which none of the first records holds" in result.output
+    assert [r["output_tokens"] for r in rows(tmp_path / "out")] == [4, 4]
+    pq.write_table(pa.table({"id": ["a"], "text": ["g"]}), tmp_path / "prompts.parquet")
+    result = CliRunner().invoke(main, ["run", str(spec), "--overwrite"])
+    assert result.exit_code != 0 and "column 'prompt' is missing" in result.output
 
 
 def per_record_job(tmp_path: Path, records: list[dict], model: Path, per_record: dict,

@@ -346,8 +346,11 @@ def check_text_schema(spec: PipelineSpec, schema, file: str) -> None:
     import pyarrow as pa
 
     prompts = Prompts(spec)
+    # a per-record parameter's column may be absent: every record then takes the spec's value
+    # (as a JSONL record without the field does; the run's start warns of it)
+    optional = set(prompts.per_record.values()) - set(spec.data.text.fields)
     for field in prompts.fields:
-        if field not in schema.names:
+        if field not in schema.names and field not in optional:
             raise InputError(f"column {field!r} is missing (columns: "
                              f"{', '.join(schema.names)})", where=file)
     for field in spec.data.text.fields:
@@ -367,7 +370,7 @@ def parquet_text_candidates(spec: PipelineSpec, file: str, rb, first: int) -> Ca
     """A record batch's rows: each row's prompt tokenized (a null text is a bad record)."""
     import pyarrow as pa
 
-    names = Prompts(spec).fields
+    names = [n for n in Prompts(spec).fields if n in rb.schema.names]  # a parameter's may lack
     columns = {name: rb.column(name).to_pylist() for name in names}
     records = [dict(zip(columns, row)) for row in zip(*columns.values())]
     prompts, problems, extra = _prompted(spec, records)
