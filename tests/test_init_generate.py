@@ -704,6 +704,6 @@ def test_a_prompt_field_of_text_and_token_ids_names_its_bad_lists_as_the_run_doe
     said = " ".join(result.output.split())
     assert "mixed.jsonl:14: prompt: an empty list of token ids; give at least one" in said
     assert "mixed.jsonl:15: prompt: expected a string or a list of token ids (whole numbers " \
-           ">= 0), got 1.5 in the list" in said
+           ">= 0), got 1.5 at place 0 in the list" in said
     assert "expected a string, got" not in said
     assert graphrun.load_spec(spec_path).buckets["seq"][-1] == 32  # the 28 ids, planned

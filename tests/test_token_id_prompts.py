@@ -59,8 +59,9 @@ def test_token_id_prompts_complete_as_their_texts_do_and_bad_ids_are_rejected(tm
         assert rows[f"i{i}"]["prompt_tokens"] == rows[f"t{i}"]["prompt_tokens"] > 0
     why = {r["id"]: r["reason"] for r in got["rejects"]}
     assert why["empty"] == "prompt: an empty list of token ids; give at least one"
-    assert "got 'a' in the list" in why["word"] and "got -1 in the list" in why["negative"]
-    assert "got True in the list" in why["bool"]
+    assert 'got "a" at place 1 in the list' in why["word"]
+    assert "got -1 at place 0 in the list" in why["negative"]
+    assert "got true at place 0 in the list" in why["bool"]
     assert "token id 99999 is past the model's vocabulary (512 ids" in why["past"]
     assert got["rejects"][0]["where"].endswith("p.jsonl:7")
 

@@ -17,6 +17,7 @@ from graphrun.spec.endpoints import file_endpoint
 from graphrun.read.requests import named_as_parameters, params_from_fields, unserved
 from graphrun.spec.keys import PipelineSpec
 from graphrun.spec.request import DEFAULT_PARAMS, RequestParams
+from graphrun.read.requests import shown
 
 
 @dataclass(frozen=True)
@@ -120,10 +121,9 @@ def given_ids(value: list, named: str) -> Prompt | str:
     if not value:
         return f"{named}: an empty list of token ids; give at least one"
     at = next((i for i, t in enumerate(value) if type(t) is not int or t < 0), None)
-    if at is not None:  # found by place: a null in the list is itself None
-        bad = value[at]
+    if at is not None:  # found by place: a null item is itself None
         return (f"{named}: expected a string or a list of token ids (whole numbers >= 0), "
-                f"got {'null' if bad is None else repr(bad)} at place {at} in the list")
+                f"got {shown(value[at])} at place {at} in the list")
     return Prompt("", special=False, ids=tuple(value))
 
 
