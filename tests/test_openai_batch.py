@@ -617,3 +617,20 @@ def test_validate_finds_the_chat_template_missing_as_run_would(tmp_path, model_d
     spec, _ = write_batch(tmp_path, lines, folder)
     with pytest.raises(graphrun.SpecError, match="has no chat template"):
         graphrun.load_spec(spec)
+
+
+def test_a_last_shard_of_only_rejected_requests_resumes(tmp_path):
+    """The shipped batch's last request is rejected: with 5 rows a shard its error line is a
+    shard of no rows. --resume of the completed run, and of one killed before its manifest,
+    goes on from the journal instead of refusing it as not graphrun's."""
+    spec, out = str(ROOT / "pipelines" / "openai-batch.yaml"), tmp_path / "o"
+    args = ["run", spec, "-q", "--set", "output.rows_per_file=5", "--out", str(out)]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    lines = {p.name: p.read_bytes() for p in out.glob("part-*.jsonl")}
+    assert len(lines) == 2 and lines["part-00001.jsonl"].count(b"\n") == 1
+    result = CliRunner().invoke(main, [*args, "--resume"])
+    assert result.exit_code == 0 and "already complete" in result.output, result.output
+    (out / "manifest.json").unlink()  # killed after the last journal line, before the manifest
+    result = CliRunner().invoke(main, [*args, "--resume"])
+    assert result.exit_code == 0, result.output
+    assert {p.name: p.read_bytes() for p in out.glob("part-*.jsonl")} == lines

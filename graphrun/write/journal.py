@@ -380,7 +380,10 @@ def journal_line(line: dict, before: ResumePoint, first: int) -> ResumePoint:
     if line["shard"] != before.shard:
         raise ValueError(f"shard {line['shard']} where shard {before.shard} comes next")
     rows = line["rows"] - base.rows
-    if not files or any(f.rows != rows for f in files) or rows <= 0:
+    # a shard of no rows is one that holds rejected records' lines only (an OpenAI Batch
+    # output's error lines): it adds rejects
+    empty_ok = rows == 0 and line["rejects"] > base.rejects and all(f.bytes for f in files)
+    if not files or any(f.rows != rows for f in files) or (rows <= 0 and not empty_ok):
         raise ValueError(f"its files do not hold the {rows} rows it adds")
     if before.open is not None and rows < before.open.rows + is_open:
         raise ValueError(f"it holds {rows} rows of shard {before.shard}, where an open line "
