@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from graphrun.cli.main import main
@@ -314,3 +315,21 @@ def test_every_verb_declares_debug_once():
     for name, command in main.commands.items():
         debug = [p for p in command.params if p.name == "debug"]
         assert len(debug) == 1, f"graphrun {name}: --debug declared {len(debug)} times"
+
+
+def test_a_sigint_while_the_engine_imports_is_held_until_the_imports_end():
+    """A SIGINT inside the spec's load or torch's import is raised once they are done, so no
+    module is left half-imported; the CLI then exits 130 with its one line."""
+    import signal
+
+    from graphrun.cli.main import HeldInterrupt
+
+    before = signal.getsignal(signal.SIGINT)
+    reached = False
+    with pytest.raises(KeyboardInterrupt):
+        with HeldInterrupt():
+            os.kill(os.getpid(), signal.SIGINT)
+            reached = True  # the block runs to its end
+    assert reached and signal.getsignal(signal.SIGINT) is before
+    with HeldInterrupt():  # no signal: nothing raised
+        pass

@@ -101,10 +101,11 @@ def run(spec, overrides, out, resume, overwrite, accept_model_change, start, sto
                            "--start (it is the record to stop before), or leave it out"))
     show = not quiet  # a progress bar on a terminal, else a line every few seconds (logs, CI)
     try:
-        with clock.active(), clock.phase("spec"):
-            pipeline = load_spec(spec, overrides)
-        if gpus is None:  # a --gpus parent only starts and watches its workers: no torch
-            import_engine(pipeline, clock, alone=not use_ray)
+        with HeldInterrupt():  # a SIGINT inside an import would leave a module half-made
+            with clock.active(), clock.phase("spec"):
+                pipeline = load_spec(spec, overrides)
+            if gpus is None:  # a --gpus parent only starts and watches its workers: no torch
+                import_engine(pipeline, clock, alone=not use_ray)
         manifest = _run(pipeline, spec, overrides, gpus, (use_ray, address, workers), clock,
                         out=out, resume=resume, overwrite=overwrite, show=show, start=start,
                         stop=stop, accept_model_change=accept_model_change)
@@ -159,6 +160,37 @@ def run(spec, overrides, out, resume, overwrite, accept_model_change, start, sto
             click.echo(f"graphrun: every record ({t.records_rejected}) was rejected; see "
                        f"{dest}/rejects.jsonl", err=True)
             sys.exit(1)
+
+
+class HeldInterrupt:
+    """SIGINT held while the spec loads and torch and the engine import, then raised as
+    KeyboardInterrupt once they are done: raised inside an import, it can leave numpy or torch
+    half-imported (a later AttributeError, or an import lock's callback swallowing it and the
+    run going on). A second SIGINT meanwhile ends the process at once. Off the main thread
+    (where no signal handler can be set) it does nothing."""
+
+    def __enter__(self) -> "HeldInterrupt":
+        import threading
+
+        self.got, self.previous = False, None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._held)
+        return self
+
+    def _held(self, signum, frame) -> None:
+        if self.got:  # asked twice: no waiting for the imports
+            import os
+
+            os.write(2, b"graphrun: interrupted by SIGINT before the run started; nothing was "
+                        b"written\n")
+            os._exit(128 + signal.SIGINT)
+        self.got = True
+
+    def __exit__(self, kind, value, tb) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+        if self.got and kind is None:
+            raise KeyboardInterrupt
 
 
 def import_engine(pipeline, clock, alone: bool) -> None:
