@@ -186,3 +186,19 @@ def test_a_run_of_an_empty_input_completes_and_warns_that_nothing_was_read(tmp_p
     said = " ".join(cli("run", spec, "--overwrite", "--start", 500).output.split())
     assert "warning: --start 500 selected no record of" in said and "(it holds 500 or fewer)" in \
         said and "held no records" not in said
+
+
+def test_a_resumed_runs_last_line_says_what_came_before_it(tmp_path):
+    spec = make_job(tmp_path, 400)
+    assert cli("run", spec, "-q").exit_code == 0
+    clean = json.loads((tmp_path / "out" / "manifest.json").read_text())["totals"]
+    journal = tmp_path / "out" / "journal.jsonl"
+    first = json.loads(journal.read_text().splitlines()[0])
+    journal.write_text(journal.read_text().splitlines(keepends=True)[0])  # killed after it
+    (tmp_path / "out" / "manifest.json").unlink()
+    result = cli("run", spec, "--resume")
+    assert result.exit_code == 0, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith(f"completed: {clean['records_out']} records out, "
+                           f"{clean['records_rejected']} rejected (50 out and "
+                           f"{first['rejects']} rejected before this --resume), "), last

@@ -132,9 +132,13 @@ def run(spec, overrides, out, resume, overwrite, accept_model_change, start, sto
                        f"rejected -> {dest}/manifest.json; nothing to resume")
             return
         if not quiet:
+            # a resumed run's totals hold the earlier attempts'; its batches are this one's
+            before = t.earlier_records_out + t.earlier_records_rejected
+            resumed = (f" ({t.earlier_records_out} out and {t.earlier_records_rejected} "
+                       f"rejected before this --resume)" if before else "")
             click.echo(f"{manifest.status}: {t.records_out} records out, {t.records_rejected} "
-                       f"rejected, {t.batches} batches, {t.records_per_s:,.0f} records/s "
-                       f"-> {dest}/manifest.json")
+                       f"rejected{resumed}, {t.batches} batches, {t.records_per_s:,.0f} "
+                       f"records/s -> {dest}/manifest.json")
         if with_report:
             from graphrun.experiments.report import write_report
 
