@@ -14,10 +14,9 @@ from typing import Callable
 from graphrun.read.chat import chat_template, check_messages
 from graphrun.read.openai_batch import read_request
 from graphrun.spec.endpoints import file_endpoint
-from graphrun.read.requests import named_as_parameters, params_from_fields, unserved
+from graphrun.read.requests import named_as_parameters, params_from_fields, shown, unserved
 from graphrun.spec.keys import PipelineSpec
 from graphrun.spec.request import DEFAULT_PARAMS, RequestParams
-from graphrun.read.requests import shown
 
 
 @dataclass(frozen=True)

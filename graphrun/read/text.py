@@ -25,10 +25,10 @@ from graphrun.read.formats.dense import int64_ids
 from graphrun.read.formats.jsonl_lines import close_field, encodable
 from graphrun.read.prompts import Prompt, Prompts, kind
 from graphrun.read.records import Candidates, Field, Reject, RowWhere
+from graphrun.read.requests import shown
 from graphrun.spec.keys import BATCH, PipelineSpec
 from graphrun.spec.paths import model_vocab
 from graphrun.spec.request import DEFAULT_PARAMS, REQUEST_FIELD
-from graphrun.read.requests import shown
 
 # the tokenizer's name for each input the model may take
 ENCODING_FIELDS = {"input_ids": "ids", "attention_mask": "attention_mask",

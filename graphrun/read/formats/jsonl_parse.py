@@ -19,8 +19,8 @@ from graphrun.read.formats.jsonl_lines import (close_field, encodable, readable_
                                                repeated_keys)
 from graphrun.read.prompts import Prompts
 from graphrun.read.records import Candidates, Reject, field_from_values
-from graphrun.spec.keys import PipelineSpec
 from graphrun.read.requests import shown
+from graphrun.spec.keys import PipelineSpec
 
 # orjson reads an integer literal past 64 bits as a float this large or larger
 _INT_RANGE = 2.0 ** 63
