@@ -288,6 +288,17 @@ def test_resume_of_a_job_whose_input_changed_is_refused(job, tmp_path):
     assert record["input"]["sha256"] == {"input": want}
 
 
+def test_resume_of_a_job_whose_spec_changed_names_the_keys(job, tmp_path):
+    spec = own_copy(job, tmp_path)
+    out = tmp_path / "job"
+    run_here(spec, "--gpus", "2", "--out", out, "-q", "--stop", "320")
+    said = " ".join(run_here(spec, "--gpus", "2", "--out", out, "-q", "--stop", "320",
+                             "--resume", "--set", "capture.warmup_iters=7", rc=2).split())
+    assert "the spec changed since the job started (capture.warmup_iters was " in said, said
+    assert ", now 7); to resume it, repeat the interrupted run's settings (--set " \
+           "capture.warmup_iters=" in said, said
+
+
 def test_weights_hashed_once_and_resume_after_they_changed_is_refused(job, tmp_path):
     """The builtin mlp given a weights file: the --gpus parent hashes it once for the job, and
     every worker's run.json says the digest one process's says; --resume after the weights

@@ -397,12 +397,7 @@ def _check_fingerprint(out_dir: Path, fingerprint: dict, model: dict[str, Path],
                           "--overwrite to start over")
     differ = spec_changes(out_dir, spec) if "spec_sha256" in keys and spec else None
     if differ:  # the manifest names the keys: say them, and how to give them again
-        changed[keys.index("spec_sha256")] = "; ".join(
-            f"{k} was {_shown(a)}, now {_shown(b)}" for k, a, b in differ[:6]) + (
-            f"; and {len(differ) - 6} more keys" if len(differ) > 6 else "")
-        again = ("to resume it, repeat the interrupted run's settings ("
-                 + " ".join(f"--set {k}={_shown(a)}" for k, a, _ in differ[:6] if a is not None)
-                 + ", or the spec file as it was); ")
+        changed[keys.index("spec_sha256")], again = spec_change_text(differ)
     elif "spec_sha256" in keys:
         again = "to resume it, repeat the spec file and the --set options it ran with; "
     else:
@@ -428,6 +423,16 @@ def spec_changes(out_dir: Path, spec: dict) -> list[tuple[str, object, object]] 
     # output.dir is no part of the run (manifest.keys.spec_digest): a copied folder's differs
     return [(k, was.get(k), now.get(k)) for k in sorted(set(was) | set(now))
             if was.get(k) != now.get(k) and k != "output.dir"]
+
+
+def spec_change_text(differ: list[tuple[str, object, object]]) -> tuple[str, str]:
+    """spec_changes' keys as a reason ("k was a, now b; ...") and what to do to resume."""
+    said = "; ".join(f"{k} was {_shown(a)}, now {_shown(b)}" for k, a, b in differ[:6]) + (
+        f"; and {len(differ) - 6} more keys" if len(differ) > 6 else "")
+    again = ("to resume it, repeat the interrupted run's settings ("
+             + " ".join(f"--set {k}={_shown(a)}" for k, a, _ in differ[:6] if a is not None)
+             + ", or the spec file as it was); ")
+    return said, again
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:

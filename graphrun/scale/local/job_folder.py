@@ -117,8 +117,15 @@ def resumed_mark(top: Path, spec, workers: int, start: int, stop: int | None) ->
                           f"--gpus {count} (or torchrun --nproc-per-node {count}), or start "
                           "over with --overwrite")
     if mark.get("spec_sha256") != spec_digest(spec.model_dump(mode="json")):
-        raise OutputError(f"cannot resume {top}: the spec changed since the job started; "
-                          "rerun with --overwrite to start over, or pick another output folder")
+        from graphrun.write.folder import spec_change_text, spec_changes
+
+        differ = spec_changes(top, spec.model_dump(mode="json"))  # the job's manifest, if any
+        if differ:
+            said, again = spec_change_text(differ)
+            tail = f" ({said}); {again}--overwrite starts over, or pick another output folder"
+        else:
+            tail = "; rerun with --overwrite to start over, or pick another output folder"
+        raise OutputError(f"cannot resume {top}: the spec changed since the job started{tail}")
     if mark.get("slice") != [start, stop]:
         raise OutputError(f"cannot resume {top}: the job read records {mark.get('slice')} "
                           f"(--start, --stop), not {[start, stop]}; give the same")
