@@ -223,6 +223,25 @@ def test_validate_load_and_plan_take_a_generation_spec(tmp_path):
     assert "seq:" in planned.output and "bucket plans over 6 records" in planned.output
 
 
+def test_validate_load_sizes_the_kv_blocks_as_the_run_does(tmp_path):
+    # validate --load tries each bucket with a few new tokens, yet a record's blocks are
+    # counted with the spec's max_new_tokens, so both refuse the same kv_blocks alike
+    outcomes = {}
+    for blocks in (63, 64, 65):  # the prompt axis ends at 1,024 - 40 tokens: 64 blocks
+        spec = write_spec(tmp_path, n=6, buckets={"batch": [1, 4], "seq": "auto"},
+                          generate={"max_new_tokens": 40, "kv_blocks": blocks,
+                                    "sampling": {"method": "greedy"}})
+        checked = CliRunner().invoke(main, ["validate", "--load", str(spec)])
+        ran = CliRunner().invoke(main, ["run", str(spec), "-q", "--overwrite"])
+        told = [line for line in checked.output.splitlines() if "KV blocks" in line]
+        said = [line for line in ran.output.splitlines() if "KV blocks" in line]
+        outcomes[blocks] = checked.exit_code, ran.exit_code
+        assert (checked.exit_code == 0) == (ran.exit_code == 0), (blocks, checked.output,
+                                                                  ran.output)
+        assert [t.removeprefix("error: ") for t in said] == told
+    assert outcomes == {63: (1, 2), 64: (1, 2), 65: (0, 0)}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sampling", [{"method": "greedy"},
                                       {"method": "sample", "temperature": 1.3, "seed": 5}])

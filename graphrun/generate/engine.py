@@ -256,7 +256,8 @@ class Engine:
             raise GenerationError(
                 f"generate: {self.num_blocks} KV blocks cannot hold one record of "
                 f"{self.max_len} tokens ({self.max_blocks} blocks of {block_size}, and the "
-                "trash block): give more blocks or a smaller max_new_tokens")
+                f"trash block): give {self.max_blocks + 1} blocks or more, or a smaller "
+                "max_new_tokens")
         self.kv_bytes = self.num_blocks * PagedCache.bytes_per_block(layout, block_size,
                                                                    self.dtype)
         budget = memory_budget_mib * MiB if memory_budget_mib else None

@@ -39,6 +39,10 @@ from graphrun.models.causal.warm import (NO_CUDA, Skip, WarmUp, claim, layout_of
                                          warm_kernels)
 from graphrun.spec.generate import MAX_LOGPROBS, PROMPT_AXIS
 from graphrun.spec.keys import BATCH, PipelineSpec
+from graphrun.spec.request import RequestParams
+
+TRY_NEW_TOKENS = 3  # validate --load: a prefill and two decode steps per synthetic record
+
 
 class GenerationRunner:
     """The model on its device, and the engine (slots, paged KV cache, graphs) over it."""
@@ -147,7 +151,10 @@ class GenerationRunner:
         as the slots, generated: `validate --load`'s check that the model prefills and decodes
         at every shape before a long run. Returns how many graphs the engine has."""
         lengths = [t for t in self.engine.prefill_sizes if t <= self.max_prompt]
-        self.engine.generate([[1] * t for t in lengths for _ in range(self.slots)])
+        prompts = [[1] * t for t in lengths for _ in range(self.slots)]
+        cap = self.engine.config.max_new_tokens
+        short = RequestParams(max_new_tokens=min(TRY_NEW_TOKENS, cap))
+        self.engine.generate(prompts, params=[short] * len(prompts))
         return len(self.engine.graphs())
 
     # -- the manifest --------------------------------------------------------------------------
