@@ -266,6 +266,10 @@ def test_run_batch_refuses_inputs_that_disagree_on_a_shared_axis(tmp_path):
     (torch.ones(2, 4, dtype=torch.bool), "holds booleans, but inputs.x.dtype is float32"),
     (None, r"input 'x' is NoneType; pass a batch of shape \[batch, 4\]"),
     (np.float32(1), r"input 'x' is float32; pass a batch"),
+    ([np.ones(4), None], r"input 'x': record 1 is None; pass an array of shape \[4\] "
+                         r"\(float32\)"),
+    ([np.ones(4), "1 2 3 4"], r"input 'x': record 1 is str '1 2 3 4'; pass an array"),
+    ([{"x": 1}], r"input 'x': record 0 is dict"),
 ])
 def test_run_batch_refuses_what_is_not_numbers_as_the_reader_does(tmp_path, rows, message):
     """None became NaN past `finite: true`, a complex number lost its imaginary part, booleans
@@ -273,6 +277,12 @@ def test_run_batch_refuses_what_is_not_numbers_as_the_reader_does(tmp_path, rows
     with Runner(mlp_spec(tmp_path, inputs={"x": {"shape": ["batch", 4], "finite": True}})) as r:
         with pytest.raises(InputError, match=message):
             r.run_batch({"x": rows})
+
+
+def test_runner_takes_a_spec_not_its_path(tmp_path):
+    with pytest.raises(graphrun.GraphrunError, match="graphrun.Runner takes a PipelineSpec, got "
+                                                     r"str: graphrun.load_spec\(path\)"):
+        Runner("pipelines/encoder.yaml")
 
 
 def test_run_batch_refuses_what_is_not_a_dict(tmp_path):

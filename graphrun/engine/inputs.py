@@ -56,7 +56,7 @@ def check_batch(inputs: dict, specs: dict[str, InputSpec], axes: tuple[str, ...]
             value = value.detach() if tensors else _to_numpy(value)
         elif not isinstance(value, np.ndarray):
             try:
-                value = [np.asarray(r) for r in value]
+                value = [_record(name, spec, i, r) for i, r in enumerate(value)]
             except TypeError:  # None, a number: no rows to take
                 raise InputError(f"input {name!r} is {type(value).__name__}; pass a batch of "
                                  f"shape {_dims(spec.shape)} or a list of records") from None
@@ -116,6 +116,15 @@ def _check_tensors(inputs: dict, specs: dict[str, InputSpec], axes: tuple[str, .
         fields[name] = t
     return ApiBatch(fields, n, {a: lengths.get(a, np.zeros(0, np.int64)) for a in axes[1:]},
                     True)
+
+
+def _record(name: str, spec: InputSpec, i: int, r) -> np.ndarray:
+    """One record of a list as an array; None, text and mappings are no record's values."""
+    if r is None or isinstance(r, (str, bytes, Mapping)):
+        shown = "None" if r is None else f"{type(r).__name__} {str(r)[:40]!r}"
+        raise InputError(f"input {name!r}: record {i} is {shown}; pass an array of shape "
+                         f"{_dims(spec.shape[1:])} ({spec.dtype})")
+    return np.asarray(r)
 
 
 def _check_shape(name: str, spec: InputSpec, shape: tuple, record: int | None) -> None:

@@ -53,6 +53,9 @@ class Runner:
         against eager at setup; the others are set up on first use. None: all on first use.
         started: the device's context begun earlier, beside other setup (device_start.py).
         sampled: which of a bucket's batches are timed per phase (timing.sampled)."""
+        if not isinstance(spec, PipelineSpec):
+            raise GraphrunError(f"graphrun.Runner takes a PipelineSpec, got {type(spec).__name__}"
+                                ": graphrun.load_spec(path) reads a spec file into one")
         if spec.generate is not None:  # the model's forward is not what a generation job calls
             raise SpecError([Problem(
                 str(spec.source_path or "spec"), "generate",
