@@ -288,10 +288,13 @@ def test_resume_of_a_job_whose_input_changed_is_refused(job, tmp_path):
     assert record["input"]["sha256"] == {"input": want}
 
 
-def test_resume_of_a_job_whose_spec_changed_names_the_keys(job, tmp_path):
+@pytest.mark.parametrize("manifest", ["written", "never written (kill -9)"])
+def test_resume_of_a_job_whose_spec_changed_names_the_keys(job, tmp_path, manifest):
     spec = own_copy(job, tmp_path)
     out = tmp_path / "job"
     run_here(spec, "--gpus", "2", "--out", out, "-q", "--stop", "320")
+    if manifest != "written":  # the job's run.json holds the spec it started with
+        (out / "manifest.json").unlink()
     said = " ".join(run_here(spec, "--gpus", "2", "--out", out, "-q", "--stop", "320",
                              "--resume", "--set", "capture.warmup_iters=7", rc=2).split())
     assert "the spec changed since the job started (capture.warmup_iters was " in said, said

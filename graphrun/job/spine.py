@@ -34,7 +34,7 @@ from graphrun.read.prompts import parameter_warnings
 from graphrun.read.text import TextCuts
 from graphrun.base.tuning import Tuning
 from graphrun.write.folder import completed_manifest, locked, prepare_out_dir, unusable_folder
-from graphrun.write.journal import ShardPlace
+from graphrun.write.journal import SPEC_COPY, ShardPlace
 from graphrun.write.disk import write_failure, write_remedy
 from graphrun.write.sinks import shard_suffixes
 
@@ -114,7 +114,8 @@ def run_locked(record: RunRecord, held: RunResources, stop_signal: StopSignals, 
                        "input_sha256": held.input_hash.result() if resume else None,
                        "model_sha256": held.model_hash.result() if resume else None,
                        "slice": [start, stop],
-                       "shards": shard_suffixes(spec.output.format, list(spec.outputs))}
+                       "shards": shard_suffixes(spec.output.format, list(spec.outputs)),
+                       SPEC_COPY: record.spec_json}
     if place is not None:
         fingerprint["shard_range"] = [place.first, place.end]
     held.place = place

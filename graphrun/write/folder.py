@@ -23,7 +23,7 @@ from pathlib import Path
 
 from graphrun.base.errors import OutputError
 from graphrun.manifest.keys import Manifest
-from graphrun.write.journal import (JOURNAL, REJECTS, RUN_JSON, InputHash, ResumePoint, ShardPlace,
+from graphrun.write.journal import (JOURNAL, REJECTS, RUN_JSON, SPEC_COPY, InputHash, ResumePoint, ShardPlace,
                                     check_committed, fsync_path, journal_names, listed_names,
                                     read_journal, remove_and_sync, shard_number)
 from graphrun.write.guard import only_a_first_mark_temp, refuse_foreign
@@ -378,6 +378,7 @@ def _check_fingerprint(out_dir: Path, fingerprint: dict, model: dict[str, Path],
                           "spec_sha256), so the folder cannot be resumed; move it away or "
                           "pick another output folder")
     now = json.loads(json.dumps(fingerprint))  # compare as stored: tuples become lists
+    before.pop(SPEC_COPY, None), now.pop(SPEC_COPY, None)  # spec_sha256 stands for them
     if not (out_dir / JOURNAL).exists():  # nothing committed: hashes not taken yet are no change
         for key in ("input_sha256", "model_sha256"):
             if before.get(key, "") is None:
@@ -411,12 +412,16 @@ def _check_fingerprint(out_dir: Path, fingerprint: dict, model: dict[str, Path],
 
 def spec_changes(out_dir: Path, spec: dict) -> list[tuple[str, object, object]] | None:
     """(key path, then, now) for every key of the resolved spec but output.dir that differs
-    from the one the earlier attempt wrote into its manifest; None without a readable manifest
-    (kill -9)."""
-    try:
-        before = json.loads((out_dir / MANIFEST).read_text()).get("spec")
-    except (OSError, ValueError, AttributeError):
-        return None
+    from the one the earlier attempt wrote into its run.json (or, a folder older than that
+    copy, its manifest); None where neither holds it."""
+    before = None
+    for name, key in ((RUN_JSON, SPEC_COPY), (MANIFEST, "spec")):
+        try:
+            before = json.loads((out_dir / name).read_text()).get(key)
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(before, dict):
+            break
     if not isinstance(before, dict):
         return None
     was, now = _flat(before), _flat(json.loads(json.dumps(spec)))

@@ -64,6 +64,9 @@ from graphrun.base.tuning import Tuning
 JOURNAL = "journal.jsonl"
 REJECTS = "rejects.jsonl"
 RUN_JSON = "run.json"
+# run.json's copy of the resolved spec: never compared (spec_sha256 is), read to name the keys
+# a refused --resume changed, even where no manifest was written (kill -9)
+SPEC_COPY = "spec"
 _SHARD = re.compile(r"(\.?)part-(\d{5,})\.(.+?)(\.rows)?(\.tmp)?")
 
 

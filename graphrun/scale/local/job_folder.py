@@ -12,7 +12,7 @@ from graphrun.base.errors import OutputError
 from graphrun.write.folder import (ended_with_nothing_committed, input_inside, read_mark,
                                    shard_shaped, split_entries, write_fingerprint)
 from graphrun.write.guard import only_a_first_mark_temp, refuse_foreign
-from graphrun.write.journal import ShardPlace, listed_names, remove_and_sync, shard_number
+from graphrun.write.journal import SPEC_COPY, ShardPlace, listed_names, remove_and_sync, shard_number
 from graphrun.manifest.keys import spec_digest
 from graphrun.write.sinks import shard_suffixes
 from graphrun.job.progress import count_records
@@ -35,7 +35,8 @@ def job_mark(spec, workers: int, start: int, stop: int | None) -> dict:
             "shards": shard_suffixes(spec.output.format, list(spec.outputs)),
             "workers": [{"slice": [s, e], "shards": [f, g]} for s, e, f, g in
                         split(start, end, workers, spec.output.rows_per_file,
-                              spec.data.batch_size)]}
+                              spec.data.batch_size)],
+            SPEC_COPY: spec.model_dump(mode="json")}
 
 
 def prepare_job(top: Path, spec, workers: int, *, resume: bool, overwrite: bool, start: int,
