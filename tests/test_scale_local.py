@@ -278,11 +278,15 @@ def test_resume_of_a_job_whose_input_changed_is_refused(job, tmp_path):
     run_here(spec, "--gpus", "2", "--out", out, "-q", "--stop", "320")
     with open(tmp_path / "data.jsonl", "a") as f:  # records past the slice: still another input
         f.write(json.dumps({"id": "new", "x": [1, 2, 3, 4]}) + "\n")
+    manifest = (out / "manifest.json").read_bytes()
     err = finish(cli(spec, "--gpus", "2", "--out", out, "-q", "--stop", "320", "--resume"),
-                 rc=1)
+                 rc=2)  # as one process's refusal
     # either worker may be the first to report it
     assert re.search(r"worker rank [01] \(cpu\)", err) and "cannot resume" in err, err
     assert "input_sha256 changed" in err and "--overwrite" in err, err
+    # no worker ran: the completed job's manifest is left as it was, not rewritten as failed
+    assert "no worker ran: the job's folder is as it was" in err, err
+    assert (out / "manifest.json").read_bytes() == manifest
     want = sha256_file(tmp_path / "data.jsonl")
     record = json.loads((out / "workers/input.sha256").read_text())
     assert record["input"]["sha256"] == {"input": want}
@@ -325,7 +329,7 @@ def test_weights_hashed_once_and_resume_after_they_changed_is_refused(job, tmp_p
     check_hashed_once(out, tmp_path / "data.jsonl", {"weights": weights}, tmp_path / "one",
                       log, proc.pid)
     torch.save(build_mlp(**args, seed=4).state_dict(), weights)
-    err = run_here(spec, "--gpus", "2", "--out", out, "-q", "--stop", "320", "--resume", rc=1)
+    err = run_here(spec, "--gpus", "2", "--out", out, "-q", "--stop", "320", "--resume", rc=2)
     # either worker may be the first to report it
     assert re.search(r"worker rank [01] \(cpu\)", err) and "cannot resume" in err, err
     assert f"weights file {weights} changed" in err and "--accept-model-change" in err, err

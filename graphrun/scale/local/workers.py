@@ -16,16 +16,17 @@ import sys
 import time
 from pathlib import Path
 
-from graphrun.base.errors import GraphrunError, Interrupted
+from graphrun.base.errors import GraphrunError, Interrupted, OutputError
 from graphrun.base.phases import utc_now
 from graphrun.write.folder import locked
 from graphrun.manifest.keys import Manifest
 from graphrun.scale.local.input_digest import PublishedHash
 from graphrun.scale.local.job_folder import prepare_job
-from graphrun.write.job_layout import WORKERS, log_file, progress_file
+from graphrun.write.job_layout import WORKERS, log_file, manifest_since, progress_file, worker_dir
+from graphrun.write.journal import JOURNAL
 from graphrun.scale.local.merge import merge
-from graphrun.scale.local.watch import JobProgress, outcome, read_progress
-from graphrun.scale.local.worker import job_result
+from graphrun.scale.local.watch import JobProgress, last_line, outcome, read_progress
+from graphrun.scale.local.worker import JobFailed, job_result
 from graphrun.scale.local.world import worker_device
 from graphrun.job.signals import SignalTrap
 from graphrun.base.nofollow import open_file
@@ -72,6 +73,7 @@ def launch(spec, spec_path: Path, overrides, *, gpus: str, out, resume: bool, ov
     with locked(top) as lock:
         mark = prepare_job(top, spec, n, resume=resume, overwrite=overwrite, start=start,
                            stop=stop)
+        journals = journal_sizes(top, n)
         if lock.fd is not None:  # the workers share the folder; a one-process run stays out
             fcntl.flock(lock.fd, fcntl.LOCK_SH)
         # the input and model hashed once for the job, beside the workers' start
@@ -83,8 +85,41 @@ def launch(spec, spec_path: Path, overrides, *, gpus: str, out, resume: bool, ov
             stopped = watch(forward, JobProgress(top, mark, show))
         ends = [outcome(top, k, p.returncode, read_progress(progress_file(top, k))[1], since,
                         stopped) for k, p in enumerate(forward.procs)]
+        if resume and any(ends) and nothing_ran(top, n, since, journals):
+            raise untouched(top, ends, devices, forward)
         job = merge(top, spec, mark, ends, devices, t0, started, since)
     return job_result(job, Interrupted(forward.signum) if forward.signum else None)
+
+
+def journal_sizes(top: Path, n: int) -> list[int | None]:
+    """Each worker's journal's size (None: none yet): one that grew committed something."""
+    sizes = []
+    for k in range(n):
+        try:
+            sizes.append((worker_dir(top, k) / JOURNAL).stat().st_size)
+        except OSError:
+            sizes.append(None)
+    return sizes
+
+
+def nothing_ran(top: Path, n: int, since: float, journals: list[int | None]) -> bool:
+    """No worker wrote a manifest or committed a shard in this attempt: each stopped before
+    its run began (a refused --resume, say)."""
+    return (not any(manifest_since(top, k, since) for k in range(n))
+            and journal_sizes(top, n) == journals)
+
+
+def untouched(top: Path, ends: list, devices: list[str], forward) -> GraphrunError:
+    """The error of a --resume whose workers all stopped before their runs began. As for a
+    refused one-process --resume, the folder is left as it was, the job's manifest included."""
+    if forward.signum:
+        return Interrupted(forward.signum)
+    k = next((k for k, e in enumerate(ends) if e is not None and e[0] == "failed"), 0)
+    rc = forward.procs[k].returncode
+    err = OutputError if rc == OutputError.exit_code else JobFailed
+    line = last_line(log_file(top, k)).removeprefix("error: ")
+    return err(f"worker rank {k} ({devices[k]}): {line} (no worker ran: the job's folder is "
+               "as it was)")
 
 
 def start_workers(spec_path: Path, overrides, top: Path, n: int, *, resume: bool,
