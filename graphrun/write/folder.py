@@ -23,9 +23,9 @@ from pathlib import Path
 
 from graphrun.base.errors import OutputError
 from graphrun.manifest.keys import Manifest
-from graphrun.write.journal import (JOURNAL, REJECTS, RUN_JSON, SPEC_COPY, InputHash, ResumePoint, ShardPlace,
-                                    check_committed, fsync_path, journal_names, listed_names,
-                                    read_journal, remove_and_sync, shard_number)
+from graphrun.write.journal import (JOURNAL, REJECTS, RUN_JSON, SPEC_COPY, InputHash, ResumePoint,
+                                    ShardPlace, check_committed, fsync_path, journal_names,
+                                    listed_names, read_journal, remove_and_sync, shard_number)
 from graphrun.write.guard import only_a_first_mark_temp, refuse_foreign
 from graphrun.write.job_layout import WORKERS, is_job, job_shards, workers_entry
 from graphrun.base.nofollow import open_file, refuse_links

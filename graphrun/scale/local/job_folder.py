@@ -12,7 +12,8 @@ from graphrun.base.errors import OutputError
 from graphrun.write.folder import (ended_with_nothing_committed, input_inside, read_mark,
                                    shard_shaped, split_entries, write_fingerprint)
 from graphrun.write.guard import only_a_first_mark_temp, refuse_foreign
-from graphrun.write.journal import SPEC_COPY, ShardPlace, listed_names, remove_and_sync, shard_number
+from graphrun.write.journal import (SPEC_COPY, ShardPlace, listed_names, remove_and_sync,
+                                    shard_number)
 from graphrun.manifest.keys import spec_digest
 from graphrun.write.sinks import shard_suffixes
 from graphrun.job.progress import count_records
