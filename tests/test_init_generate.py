@@ -298,6 +298,17 @@ def test_a_completions_batch_file_is_planned_from_its_prompts_token_ids_too(tmp_
     assert (m.totals.records_out, m.totals.records_rejected) == (8, 1)
 
 
+def test_sharegpt_conversations_are_named_with_how_to_make_them_messages(tmp_path):
+    data = tmp_path / "sharegpt.jsonl"
+    data.write_text("".join(json.dumps({"id": f"s{i}", "conversations": [
+        {"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}) + "\n"
+        for i in range(3)))
+    result, _ = init(tmp_path, TINY, data=data)
+    assert result.exit_code == 2, result.output
+    assert "field 'conversations' holds lists of objects with keys from, value" in result.output
+    assert "role: user/assistant and content" in result.output
+
+
 def test_a_chat_file_for_a_model_without_a_template_is_one_message(tmp_path):
     from tests.test_chat import chat_model
 
