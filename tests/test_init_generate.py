@@ -298,6 +298,24 @@ def test_a_completions_batch_file_is_planned_from_its_prompts_token_ids_too(tmp_
     assert (m.totals.records_out, m.totals.records_rejected) == (8, 1)
 
 
+@pytest.mark.parametrize("batch", [False, True], ids=["chat", "batch"])
+def test_a_conversation_far_longer_than_the_rest_is_named_with_its_line(tmp_path, batch):
+    """The outlier of a chat or Batch file is named where its conversation is (it was a
+    KeyError: the messages are no text field to find the lines of)."""
+    rows = [{"id": f"c{i}", "messages": [{"role": "user", "content": "the river " * (1 + i % 3)}]}
+            for i in range(30)]
+    rows[7]["messages"][0]["content"] = "word " * 600
+    if batch:
+        rows = [{"custom_id": r["id"], "method": "POST", "url": "/v1/chat/completions",
+                 "body": {"messages": r["messages"]}} for r in rows]
+    data = tmp_path / "chats.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result, spec_path = init(tmp_path, TINY, data=data)
+    assert result.exit_code == 0, result.output
+    assert "1 text far longer than the rest, chats.jsonl:8 (" in result.output
+    assert cli("validate", spec_path).exit_code == 0
+
+
 def test_sharegpt_conversations_are_named_with_how_to_make_them_messages(tmp_path):
     data = tmp_path / "sharegpt.jsonl"
     data.write_text("".join(json.dumps({"id": f"s{i}", "conversations": [
