@@ -450,3 +450,20 @@ def test_a_generation_run_rejects_a_token_id_prompt_holding_null(tmp_path):
     assert [(r["id"], r["reason"]) for r in rejects] == [(
         "ids-null", "prompt: expected a string or a list of token ids (whole numbers >= 0), "
         "got null at place 1 in the list")]
+
+
+def test_a_prompt_record_whose_id_is_no_string_or_integer_has_a_null_id_in_rejects(tmp_path):
+    """As data.md says and the tensor reader does: NaN read back as the id "NaN" would be
+    another record's id."""
+    from tests.test_generate_job import write_spec
+
+    spec = write_spec(tmp_path, n=2, data__on_bad_record="skip")
+    with open(tmp_path / "prompts.jsonl", "a") as f:
+        f.write('{"id": NaN, "prompt": "a"}\n{"id": 1.5, "prompt": "b"}\n'
+                '{"id": ["x"], "prompt": "c"}\n{"id": true, "prompt": "d"}\n')
+    result = CliRunner().invoke(main, ["run", str(spec), "-q"])
+    assert result.exit_code == 0, result.output
+    lines = (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()
+    rejects = [json.loads(x) for x in lines]
+    assert [r["id"] for r in rejects] == [None] * 4
+    assert [r["reason"].rsplit("(", 1)[1] for r in rejects] == ["NaN)", "1.5)", '["x"])', "true)"]

@@ -171,6 +171,16 @@ def test_bad_conversations_are_rejected_with_their_lines(tmp_path, model_dir):
     assert manifest.totals.records_rejected == 4
 
 
+def test_messages_read_as_data_text_say_to_read_them_with_data_chat(tmp_path, model_dir):
+    records = [{"id": "c0", "messages": CHATS[0]}]
+    spec = write_job(tmp_path, records, {"text": {"field": "messages"}}, model_dir)
+    with pytest.raises(graphrun.InputError) as err:
+        graphrun.run(graphrun.load_spec(spec))
+    assert "chats.jsonl:1" in str(err.value)
+    assert ("messages: holds chat messages, not a prompt's text or token ids: read it with "
+            "data.chat: {field: messages} in place of data.text") in str(err.value)
+
+
 def test_a_model_without_a_chat_template_is_refused_before_any_work(tmp_path):
     bare = chat_model(tmp_path / "bare", template=None)
     spec = write_job(tmp_path, [{"id": "c0", "messages": CHATS[0]}], {"chat": {}}, bare)

@@ -275,6 +275,58 @@ def test_a_batch_file_with_a_body_that_is_no_object_is_still_a_batch_file(tmp_pa
     assert out[4]["error"] is not None and out[3]["error"] is None
 
 
+def test_a_completions_batch_file_is_planned_from_its_prompts_token_ids_too(tmp_path):
+    """A completions file's prompts of token ids (a list of one too) are planned from their
+    lengths; a chat body sent to /v1/completions is the run's error line, not the plan."""
+    def line(i, body):
+        return json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
+                           "body": body}) + "\n"
+    prompts = [list(range(5, 5 + 10 * (i + 1))) for i in range(8)]  # 10 to 80 ids
+    rows = [line(i, {"prompt": p if i % 2 else [p], "max_tokens": 4})
+            for i, p in enumerate(prompts)]
+    rows.append(line(8, {"messages": [{"role": "user", "content": "hi"}]}))
+    data = tmp_path / "batch.jsonl"
+    data.write_text("".join(rows))
+    spec_path = tmp_path / "batch.yaml"
+    result = cli("init", "--hf", TINY, "--data", data, "-o", spec_path)
+    assert result.exit_code == 0, result.output
+    assert "token lengths 10-80 in the 9 records sampled" in result.output
+    assert "batch.jsonl:9: body has no 'prompt'" in result.output
+    spec = graphrun.load_spec(spec_path)
+    assert spec.data.format == "openai_batch" and max(spec.buckets["seq"]) >= 80
+    m = graphrun.run(graphrun.load_spec(spec_path, ["generate.max_new_tokens=4"]))
+    assert (m.totals.records_out, m.totals.records_rejected) == (8, 1)
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["chat", "batch"])
+def test_a_conversation_far_longer_than_the_rest_is_named_with_its_line(tmp_path, batch):
+    """The outlier of a chat or Batch file is named where its conversation is (it was a
+    KeyError: the messages are no text field to find the lines of)."""
+    rows = [{"id": f"c{i}", "messages": [{"role": "user", "content": "the river " * (1 + i % 3)}]}
+            for i in range(30)]
+    rows[7]["messages"][0]["content"] = "word " * 600
+    if batch:
+        rows = [{"custom_id": r["id"], "method": "POST", "url": "/v1/chat/completions",
+                 "body": {"messages": r["messages"]}} for r in rows]
+    data = tmp_path / "chats.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result, spec_path = init(tmp_path, TINY, data=data)
+    assert result.exit_code == 0, result.output
+    assert "1 text far longer than the rest, chats.jsonl:8 (" in result.output
+    assert cli("validate", spec_path).exit_code == 0
+
+
+def test_sharegpt_conversations_are_named_with_how_to_make_them_messages(tmp_path):
+    data = tmp_path / "sharegpt.jsonl"
+    data.write_text("".join(json.dumps({"id": f"s{i}", "conversations": [
+        {"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}) + "\n"
+        for i in range(3)))
+    result, _ = init(tmp_path, TINY, data=data)
+    assert result.exit_code == 2, result.output
+    assert "field 'conversations' holds lists of objects with keys from, value" in result.output
+    assert "role: user/assistant and content" in result.output
+
+
 def test_a_chat_file_for_a_model_without_a_template_is_one_message(tmp_path):
     from tests.test_chat import chat_model
 

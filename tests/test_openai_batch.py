@@ -152,6 +152,22 @@ def test_a_completions_batch_file_tokenizes_its_prompts_with_special_tokens(tmp_
         assert body["usage"]["prompt_tokens"] == ids.shape[1]
 
 
+def test_a_completions_prompt_given_as_a_list_of_one_is_that_prompt(tmp_path, model_dir):
+    lines = [request("text", {"prompt": "An old fisherman", "max_tokens": 3}, url=COMPLETIONS),
+             request("one", {"prompt": ["An old fisherman"], "max_tokens": 3}, url=COMPLETIONS),
+             request("ids", {"prompt": [[5, 6, 7]], "max_tokens": 3}, url=COMPLETIONS),
+             request("two", {"prompt": ["a", "b"]}, url=COMPLETIONS),
+             request("none", {"prompt": []}, url=COMPLETIONS)]
+    spec, path = write_batch(tmp_path, lines, model_dir, generate={"max_new_tokens": 3})
+    graphrun.run(graphrun.load_spec(spec))
+    out = {x["custom_id"]: x for x in rows(tmp_path / "out")}
+    assert out["one"]["response"]["body"]["choices"] == out["text"]["response"]["body"][
+        "choices"]
+    assert out["ids"]["response"]["body"]["usage"]["prompt_tokens"] == 3
+    assert "several prompts is not served" in out["two"]["error"]["message"]
+    assert "an empty list" in out["none"]["error"]["message"]
+
+
 def test_rejected_requests_after_the_last_served_one_still_get_their_lines(tmp_path,
                                                                            model_dir):
     lines = [request("a", {"messages": CHATS[0]}),

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from graphrun.base.errors import InputError, ModelError
 from graphrun.init.render import GROUP_WINDOW
 from graphrun.init.text import SEQ_MULTIPLE, TEXT_NAMES, plan_grouped
@@ -206,22 +208,29 @@ def _messages(value) -> bool:
 
 
 def rendered_prompts(profile, source: tuple[str, str | None], tokenizer
-                     ) -> tuple[list[str], bool, list[str]]:
+                     ) -> tuple[list[str], bool, list[str], list[str]]:
     """The sampled prompts as the run tokenizes them, whether the tokenizer adds its special
-    tokens to them, and "where: why" for each sampled chat the run would reject: chats
-    rendered by the tokenizer's chat template (it adds none), a Batch file's completions
-    prompts as they are (it does). One the run would reject is left out."""
+    tokens to them, "where: why" for each sampled chat the run would reject, and where each
+    prompt is: chats rendered by the tokenizer's chat template (it adds none), a Batch file's
+    completions prompts as they are (it does). One the run would reject is left out."""
     from graphrun.read.chat import check_messages
+    from graphrun.read.openai_batch import one_prompt
+    from graphrun.read.prompts import given_ids
     from graphrun.read.text import record_problem
+    from graphrun.spec.endpoints import CHAT, file_endpoint
     from graphrun.spec.rules import no_chat_template
 
     kind, field = source
-    texts, chats, rejected = [], [], []
+    texts, chats, rejected, wheres_of = [], [], [], {"texts": [], "chats": []}
     wheres = profile.wheres or [f"record {i + 1}" for i in range(len(profile.rows))]
-    if kind == "batch":  # a body that is no object: record_params names it (read_request)
-        items = [(where, b.get("messages"), b.get("prompt"), "messages" in b)
-                 for where, b in ((w, r.get("body")) for w, r in zip(wheres, profile.rows))
-                 if isinstance(b, dict)]
+    if kind == "batch":
+        # the file's endpoint decides, as in the run; record_params names a request it refuses
+        endpoint = file_endpoint(profile.path)
+        chat, key = endpoint == CHAT, "messages" if endpoint == CHAT else "prompt"
+        items = [(where, b.get("messages"), one_prompt(b.get("prompt")), chat)
+                 for where, r in zip(wheres, profile.rows)
+                 if isinstance(b := r.get("body"), dict) and key in b
+                 and r.get("url") == endpoint]
         named = "body.messages"
     else:
         items = []
@@ -237,10 +246,15 @@ def rendered_prompts(profile, source: tuple[str, str | None], tokenizer
             checked = check_messages(messages, named)
             if not isinstance(checked, str):
                 chats.append(checked)
+                wheres_of["chats"].append(where)
             else:
                 rejected.append(f"{where}: {checked}")
         elif isinstance(prompt, str):
             texts.append(prompt)
+            wheres_of["texts"].append(where)
+        elif isinstance(prompt, list) and not isinstance(given_ids(prompt, ""), str):
+            texts.append(np.asarray(prompt, np.int64))  # token ids: counted as they are
+            wheres_of["texts"].append(where)
     if chats and not tokenizer.chat_template:
         raise InputError(no_chat_template(tokenizer.name_or_path), where=str(profile.path))
     if chats:  # a Batch file has one endpoint: chats, or completions prompts
@@ -250,7 +264,7 @@ def rendered_prompts(profile, source: tuple[str, str | None], tokenizer
         raise InputError("no record of the sample holds a prompt graphrun can read"
                          + (f"; the first: {rejected[0]}" if rejected else ""),
                          where=str(profile.path))
-    return texts, not chats, rejected
+    return texts, not chats, rejected, wheres_of["chats" if chats else "texts"]
 
 
 def slack(batch_size: int) -> int:

@@ -71,6 +71,8 @@ class HfInferred(Inferred):
     outliers: list[tuple[str, int]] = field(default_factory=list)  # (where, tokens) planned without
     max_length: int | None = None  # data.text.max_length: where the outliers are cut
     params: RecordParams | None = None  # --task generate: the records' own parameters
+    # where each planned prompt is (file:line) when they are no field's texts (chat, Batch)
+    prompt_wheres: list[str] | None = None
 
 
 def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml",
@@ -127,7 +129,8 @@ def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml
             profile.skipped = sorted(profile.skipped + non_texts(
                 profile, found.text_field, True, model_vocab(Path(where))), key=_line)
         else:
-            texts, special, rejected = rendered_prompts(profile, source, tokenizer)
+            texts, special, rejected, found.prompt_wheres = rendered_prompts(
+                profile, source, tokenizer)
             profile.skipped = sorted(profile.skipped + rejected, key=_line)
     else:
         found.text_field = chosen_fields(profile, text_field, kind.kind == "classify",

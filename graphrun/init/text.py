@@ -25,7 +25,8 @@ def text_field(profile, prefer: tuple[str, ...] = TEXT_NAMES) -> str:
         raise InputError("holds no text field (no string field besides the id"
                          + (f" {profile.id_field!r}" if profile.id_field else "") + "); "
                          "init --hf tokenizes a text field: give a .jsonl or .parquet file "
-                         "whose records hold the text as a string", where=str(profile.path))
+                         "whose records hold the text as a string" + _not_messages(profile),
+                         where=str(profile.path))
     named = [n for n in prefer if n in texts]
     if named:
         return named[0]
@@ -34,6 +35,20 @@ def text_field(profile, prefer: tuple[str, ...] = TEXT_NAMES) -> str:
     raise InputError(f"holds several string fields ({', '.join(texts)}) and none is named "
                      f"{' or '.join(prefer[:2])}: rename the text field to `{prefer[0]}`, or "
                      "pass --id-field for the one that is the id", where=str(profile.path))
+
+
+def _not_messages(profile) -> str:
+    """What to do with a field of conversations in another shape than OpenAI's messages
+    (ShareGPT's {from, value}): init writes data.chat only for messages with a role."""
+    for name, values in getattr(profile, "objects", {}).items():
+        turns = [v for v in values if isinstance(v, list) and v]
+        if turns and all(isinstance(m, dict) for v in turns for m in v):
+            keys = sorted({k for v in turns for m in v for k in m if isinstance(k, str)})
+            return (f", or chat messages: field {name!r} holds lists of objects with keys "
+                    f"{', '.join(keys[:4])}, not messages {{role, content}} (role system, "
+                    "user or assistant): rename them so (ShareGPT's from: human/gpt and value "
+                    "are role: user/assistant and content) and init writes a chat job")
+    return ""
 
 
 # field names of a pair of texts a cross-encoder scores together, as datasets name them
@@ -260,7 +275,8 @@ def plan_grouped(found, texts: list[str], tokenizer, limit: int, *,
     far = outliers(lengths)
     if far.any():  # the seq buckets are planned without them (said)
         generate = found.task is not None and found.task.kind == "generate"
-        wheres = text_wheres(p, found.text_field, generate)
+        wheres = (found.prompt_wheres if getattr(found, "prompt_wheres", None) is not None
+                  else text_wheres(p, found.text_field, generate))
         found.outliers = [(wheres[i] if i < len(wheres) else f"text {i + 1}", int(lengths[i]))
                           for i in np.flatnonzero(far)]
         # a generation job rejects them; otherwise the run cuts them at the largest bucket,

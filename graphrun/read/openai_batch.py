@@ -69,7 +69,17 @@ def read_request(line, endpoint: str | None) -> Request | str:
     params = body_params(body, url == CHAT)
     if isinstance(params, str):
         return params
+    if url == COMPLETIONS:  # the reader and init take the one prompt as it stands
+        body = {**body, "prompt": one_prompt(body["prompt"])}
     return Request(url, body, params)
+
+
+def one_prompt(prompt):
+    """A completions prompt given as OpenAI's list of one prompt (["text"], [[ids]]) -> that
+    prompt; any other value as it is."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        return prompt[0]
+    return prompt
 
 
 def body_params(body: dict, chat: bool) -> RequestParams | str:
@@ -77,11 +87,13 @@ def body_params(body: dict, chat: bool) -> RequestParams | str:
     prompt_key = "messages" if chat else "prompt"
     if prompt_key not in body:
         return f"body has no {prompt_key!r} (a {'chat' if chat else 'completions'} request's)"
-    prompt = body.get("prompt")
-    if not chat and not (isinstance(prompt, str) or isinstance(prompt, list) and prompt
+    prompt = one_prompt(body.get("prompt"))
+    if not chat and prompt == []:
+        return "body.prompt: an empty list; give a string or a list of token ids"
+    if not chat and not (isinstance(prompt, str) or isinstance(prompt, list)
                          and all(type(t) is int for t in prompt)):
         return ("body.prompt: give one string or one list of token ids per request (a list of "
-                "prompts is not served)")
+                "several prompts is not served)")
     given: dict = {}
     known = {prompt_key, "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
              "stop_token_ids", "n", "logprobs", "top_logprobs", "presence_penalty",

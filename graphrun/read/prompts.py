@@ -71,7 +71,11 @@ class Prompts:
         else:
             values = [record[name] for name in self.text.fields]
             if self.spec.generate is not None and isinstance(values[0], list):
-                prompt = given_ids(values[0], self.text.fields[0])
+                name = self.text.fields[0]
+                if values[0] and all(isinstance(m, dict) and "role" in m for m in values[0]):
+                    return (f"{name}: holds chat messages, not a prompt's text or token ids: "
+                            f"read it with data.chat: {{field: {name}}} in place of data.text")
+                prompt = given_ids(values[0], name)
                 if isinstance(prompt, str):
                     return prompt
             else:

@@ -300,6 +300,8 @@ def jsonl_text_candidates(spec: PipelineSpec, file: str, records: list, reasons:
         reason = reasons[p] or record_problem(record, names, id_field)
         if reason:
             rid = record.get(id_field) if id_field and isinstance(record, dict) else None
+            if type(rid) not in (str, int):  # 1.5, NaN, an array: no id (its reason shows it)
+                rid = None
             rejects.append(Reject(first + p, rid if id_field else first + p,
                                   f"{file}:{linenos[p]}", reason))
         else:
