@@ -4,7 +4,7 @@ reference attention, timed, and the winner printed to set as the default.
 
     python3 benchmarks/tune_paged_decode.py [--rows 256] [--kv-len 160,512] [--heads 32]
         [--kv-heads 8] [--head-dim 128] [--block-size 16] [--dtype bfloat16]
-        [--tiles 16,32,64,128] [--warps 2,4,8] [--stages 1,2,3,4] [--programs 128,4096]
+        [--tiles 16,32,64,128] [--warps 1,2,4,8] [--stages 1,2,3,4] [--programs 128,4096]
         [--max-splits 16] [--calls 20] [--replays 20] [--json FILE]
 
 A case is (rows, KV length): every row that long, its blocks scattered through one layer's
@@ -168,7 +168,7 @@ def main(argv=None) -> int:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     ap.add_argument("--tiles", type=ints, default=[16, 32, 64, 128])
-    ap.add_argument("--warps", type=ints, default=[2, 4, 8])
+    ap.add_argument("--warps", type=ints, default=[1, 2, 4, 8])
     ap.add_argument("--stages", type=ints, default=[1, 2, 3, 4])
     ap.add_argument("--programs", type=ints, default=sorted({KernelConfig().programs, 4096}))
     ap.add_argument("--max-splits", type=ints, default=[KernelConfig().max_splits])

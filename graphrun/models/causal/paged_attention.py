@@ -43,8 +43,11 @@ class KernelConfig:
     times others on a GPU against them."""
 
     tile: int = 32  # cache columns one program attends per loop step
-    warps: int = 4  # num_warps of both kernels
-    stages: int = 2  # Triton's software pipelining: the next tile loads while this one computes
+    # one warp a program, no software pipelining: more programs fit on an SM at once, and a
+    # short row's few tiles then load beside other rows' instead of behind a pipeline's prologue
+    warps: int = 1  # num_warps of the split kernel
+    stages: int = 1  # Triton's software pipelining: the next tile loads while this one computes
+    merge_warps: int = 4  # num_warps of the merge: it reads every share's [BG, BD] at once
     programs: int = 128  # split a row's columns until (rows x KV heads x shares) reaches this
     max_splits: int = 16  # shares of one row's columns at most; the merge reads them at once
 
@@ -53,8 +56,9 @@ class KernelConfig:
         if not (_is_pow2(self.tile) and 16 <= self.tile <= 256):
             # tensor-core products need 16 columns at least; tl.arange, a power of two
             errors.append(f"tile {self.tile}: a power of two from 16 to 256")
-        if self.warps not in (1, 2, 4, 8, 16):
-            errors.append(f"warps {self.warps}: 1, 2, 4, 8 or 16")
+        for name in ("warps", "merge_warps"):
+            if getattr(self, name) not in (1, 2, 4, 8, 16):
+                errors.append(f"{name} {getattr(self, name)}: 1, 2, 4, 8 or 16")
         if not 1 <= self.stages <= 8:
             errors.append(f"stages {self.stages}: 1 to 8")
         if self.programs < 1:
@@ -303,7 +307,7 @@ def _kernel_decode(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
     if shares > 1:
         merge[(b, kv_heads)](out, part, stat, seq_lens, chunk, shares, G=groups,
                              BG=_pow2(groups), PG=bg, D=dim, BD=bd, BS=c.max_splits,
-                             num_warps=c.warps)
+                             num_warps=c.merge_warps)
     return out
 
 
