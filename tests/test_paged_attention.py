@@ -322,7 +322,7 @@ def test_the_kernel_config_defaults_are_valid_and_a_bad_one_names_each_field():
     c = paged_attention.KernelConfig()
     assert paged_attention.CONFIG == c
     assert (c.tile, c.warps, c.stages, c.merge_warps, c.programs, c.max_splits) == (
-        32, 1, 1, 4, 128, 16)
+        32, 4, 2, 4, 128, 16)
     paged_attention.KernelConfig(tile=16, warps=4, stages=2, programs=1, max_splits=1)
     with pytest.raises(ValueError) as e:
         paged_attention.KernelConfig(tile=24, warps=3, stages=0, programs=0, max_splits=12,

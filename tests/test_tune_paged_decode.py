@@ -64,7 +64,7 @@ def test_the_case_is_laid_out_as_a_decode_graphs():
 
 
 def test_the_sweep_starts_at_the_default_and_leaves_out_invalid_configs(capsys):
-    a = argparse.Namespace(tiles=[32, 8, 64], warps=[1], stages=[1, 3], programs=[128],
+    a = argparse.Namespace(tiles=[32, 8, 64], warps=[4], stages=[2, 3], programs=[128],
                            max_splits=[16])
     got = tune.configs(a)
     assert got[0] == KernelConfig() and len(got) == len(set(got)) == 4

@@ -43,10 +43,10 @@ class KernelConfig:
     times others on a GPU against them."""
 
     tile: int = 32  # cache columns one program attends per loop step
-    # one warp a program, no software pipelining: more programs fit on an SM at once, and a
-    # short row's few tiles then load beside other rows' instead of behind a pipeline's prologue
-    warps: int = 1  # num_warps of the split kernel
-    stages: int = 1  # Triton's software pipelining: the next tile loads while this one computes
+    # a launch's warps change the softmax's reduction order, so the outputs' last bits: one
+    # launch for every row count keeps a record's tokens independent of its neighbours
+    warps: int = 4  # num_warps of the split kernel
+    stages: int = 2  # Triton's software pipelining: the next tile loads while this one computes
     merge_warps: int = 4  # num_warps of the merge: it reads every share's [BG, BD] at once
     programs: int = 128  # split a row's columns until (rows x KV heads x shares) reaches this
     max_splits: int = 16  # shares of one row's columns at most; the merge reads them at once
