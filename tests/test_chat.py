@@ -157,18 +157,20 @@ def test_bad_conversations_are_rejected_with_their_lines(tmp_path, model_dir):
                {"id": "image", "messages": [{"role": "user", "content": [
                    {"type": "image_url", "image_url": {"url": "x"}}]}]},
                {"id": "tool", "messages": [{"role": "tool", "content": "x"}]},
-               {"id": "empty", "messages": []}]
+               {"id": "empty", "messages": []},
+               {"id": "null role", "messages": [{"role": None, "content": "x"}]}]
     spec = write_job(tmp_path, records, {"chat": {}, "on_bad_record": "skip"}, model_dir)
     manifest = graphrun.run(graphrun.load_spec(spec))
     assert [r["id"] for r in rows(tmp_path / "out")] == ["ok"]
     rejects = {json.loads(x)["id"]: json.loads(x) for x in
                (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()}
-    assert set(rejects) == {"str", "image", "tool", "empty"}
+    assert set(rejects) == {"str", "image", "tool", "empty", "null role"}
+    assert "role null: give one of system" in rejects["null role"]["reason"]
     assert rejects["str"]["where"].endswith("chats.jsonl:2")
     assert "list of messages" in rejects["str"]["reason"]
     assert "image_url" in rejects["image"]["reason"]
     assert "'tool'" in rejects["tool"]["reason"]
-    assert manifest.totals.records_rejected == 4
+    assert manifest.totals.records_rejected == 5
 
 
 def test_messages_read_as_data_text_say_to_read_them_with_data_chat(tmp_path, model_dir):

@@ -116,6 +116,12 @@ def test_bad_prompts_are_refused_together_naming_their_places(llm):
                  "[4] logprobs is served by `graphrun run`",
                  f"[5] max_new_tokens {NEW + 1} is more than the job's cap"):
         assert part in message
+    with pytest.raises(graphrun.InputError) as err:
+        llm.generate([[], [1, None], 3.5])
+    for part in ("[0] prompt: an empty list of token ids", "[1] prompt: expected a string or a "
+                 "list of token ids, got null at place 1", "[2] prompt: expected a string or a "
+                 "list of token ids, got 3.5"):
+        assert part in str(err.value)
     with pytest.raises(graphrun.InputError, match=r"\[0\].*600 tokens; give 1 to 512"):
         llm.generate([[1] * 600])
     with pytest.raises(graphrun.InputError, match="unknown parameter 'temprature'"):

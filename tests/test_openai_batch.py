@@ -191,10 +191,16 @@ def test_rejected_requests_after_the_last_served_one_still_get_their_lines(tmp_p
     ({"prompt": "x"}, "no 'messages'"),
     ({"messages": [], "stop_token_ids": [-1]}, "not a list of token ids"),
     ({"messages": [], "logit_bias": {"5": 1}}, "body.logit_bias"),
+    ({"messages": [], "logprobs": "yes"}, 'body.logprobs: "yes" is not true or false'),
 ])
 def test_a_request_body_with_a_bad_or_unserved_value_says_why(body, why):
     got = body_params(body, chat=True)
     assert isinstance(got, str) and why in got
+
+
+def test_a_completions_requests_logprobs_is_shown_as_the_file_holds_it():
+    got = body_params({"prompt": "x", "logprobs": True}, chat=False)
+    assert "body.logprobs: true is not a whole number in [0, 5]" in got
 
 
 def test_a_request_body_becomes_its_request_params():

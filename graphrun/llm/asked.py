@@ -18,7 +18,7 @@ import numpy as np
 from graphrun.base.errors import InputError
 from graphrun.read.chat import chat_template, check_messages
 from graphrun.read.prompts import Prompt
-from graphrun.read.requests import CHECKS, params_from_fields, unserved
+from graphrun.read.requests import CHECKS, params_from_fields, shown, unserved
 from graphrun.read.text import tokenize
 from graphrun.spec.keys import PipelineSpec
 from graphrun.spec.request import DEFAULT_PARAMS, EXTRA_STOPS, RequestParams
@@ -118,9 +118,9 @@ def ask(spec: PipelineSpec, items, base: RequestParams, vocab: int, *,
             else:
                 ids[i] = arrays[k].tolist()
     if problems:
-        shown = [f"[{i}] {why}" for i, why in sorted(problems.items())[:5]]
-        more = len(problems) - len(shown)
-        raise InputError("; ".join(shown) + (f"; and {more} more" if more > 0 else ""),
+        listed = [f"[{i}] {why}" for i, why in sorted(problems.items())[:5]]
+        more = len(problems) - len(listed)
+        raise InputError("; ".join(listed) + (f"; and {more} more" if more > 0 else ""),
                          where=f"generate: {len(problems)} of {len(items)} prompts")
     return Asked(ids, record_ids, params)
 
@@ -176,8 +176,14 @@ def _one(spec: PipelineSpec, record: dict, base: RequestParams, vocab: int
     if isinstance(value, str):
         return Prompt(value, special=spec.data.text.add_special_tokens), own
     value = _as_list(value)
+    if isinstance(value, (list, tuple)) and not value:
+        return "prompt: an empty list of token ids; give at least one"
     if isinstance(value, (list, tuple)) and all(_is_id(t) for t in value):
         if any(not 0 <= t < vocab for t in value):
             return f"token ids outside the model's vocabulary of {vocab}"
         return [int(t) for t in value], own
-    return "prompt: expected a string or a list of token ids"
+    if isinstance(value, (list, tuple)):  # the item that is no token id, by its place
+        at = next(i for i, t in enumerate(value) if not _is_id(t))
+        return (f"prompt: expected a string or a list of token ids, got {shown(value[at])} "
+                f"at place {at} in the list")
+    return f"prompt: expected a string or a list of token ids, got {shown(value)}"

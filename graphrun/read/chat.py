@@ -12,6 +12,7 @@ from datetime import datetime
 from pathlib import Path
 
 from graphrun.base.errors import InputError, first_line
+from graphrun.read.requests import shown
 from graphrun.spec.keys import PipelineSpec
 from graphrun.spec.chat_template import folder_template, no_chat_template, read_json
 
@@ -32,6 +33,8 @@ def check_messages(messages, named: str) -> list[dict] | str:
         if missing:
             return f"{where}: {' and '.join(missing)} missing (a message has role and content)"
         if m["role"] not in ROLES:
+            if not isinstance(m["role"], str):
+                return f"{where}: role {shown(m['role'])}: give one of {', '.join(ROLES)}"
             return (f"{where}: role {m['role']!r} is not served (give {', '.join(ROLES)}; "
                     "tool calls are not)")
         extra = sorted(k for k, v in m.items() if k not in ("role", "content", "name")

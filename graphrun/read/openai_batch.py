@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 
-from graphrun.read.requests import CHECKS, number_in, stop_strings, whole
+from graphrun.read.requests import CHECKS, number_in, shown, stop_strings, whole
 from graphrun.spec.endpoints import CHAT, COMPLETIONS, ENDPOINTS
 from graphrun.spec.generate import MAX_LOGPROBS
 from graphrun.spec.request import DEFAULT_PARAMS, RequestParams
@@ -157,12 +157,13 @@ def _logprobs(body: dict, chat: bool) -> int | None | str:
         if top is not None:
             return "body.top_logprobs is a chat request's key: a completions request gives logprobs"
         if lp is not None and (type(lp) is not int or not 0 <= lp <= 5):
-            return f"body.logprobs: {lp!r} is not a whole number in [0, 5]"
+            return (f"body.logprobs: {shown(lp)} is not a whole number in [0, 5] (a completions "
+                    "request's logprobs counts the alternatives per token)")
         return lp
     if lp is not None and not isinstance(lp, bool):
-        return f"body.logprobs: {lp!r} is not true or false"
+        return f"body.logprobs: {shown(lp)} is not true or false"
     if top is not None and (type(top) is not int or not 0 <= top <= MAX_LOGPROBS):
-        return f"body.top_logprobs: {top!r} is not a whole number in [0, {MAX_LOGPROBS}]"
+        return f"body.top_logprobs: {shown(top)} is not a whole number in [0, {MAX_LOGPROBS}]"
     if top is not None and not lp:
         return "body.top_logprobs needs logprobs: true"
     return (top or 0) if lp else None
