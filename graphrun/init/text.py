@@ -40,7 +40,7 @@ def text_field(profile, prefer: tuple[str, ...] = TEXT_NAMES) -> str:
 def _not_messages(profile) -> str:
     """What to do with a field of conversations in another shape than OpenAI's messages
     (ShareGPT's {from, value}): init writes data.chat only for messages with a role."""
-    for name, values in getattr(profile, "objects", {}).items():
+    for name, values in profile.objects.items():
         turns = [v for v in values if isinstance(v, list) and v]
         if turns and all(isinstance(m, dict) for v in turns for m in v):
             keys = sorted({k for v in turns for m in v for k in m if isinstance(k, str)})
