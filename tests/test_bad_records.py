@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.dataset  # noqa: F401 - pa.dataset
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -418,6 +419,33 @@ def test_ids_ending_in_nul_are_refused_for_npy_naming_the_record(tmp_path):
     got = [json.loads(line)["id"] for p in sorted((tmp_path / "out").glob("part-*.jsonl"))
            for line in p.open()]
     assert got == ids
+
+
+@pytest.mark.parametrize("ids, kind, rejected", [
+    ([0, 1, 2, 3, 4, 5, "s6", 7, 8, "s9", 10, 11], pa.int64(), ["s6", "s9"]),
+    (["s0", 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], pa.string(), []),
+])
+def test_parquet_shards_hold_ids_of_one_type(tmp_path, ids, kind, rejected):
+    """Shards of 5 rows: the first all integers was an int64 column and the next a string
+    one, and pyarrow.dataset could not read them as one table."""
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({**good(i), "id": rid}) + "\n"
+                            for i, rid in enumerate(ids)))
+    spec = mixed_spec(str(data), on_bad_record="skip", fmt="parquet")
+    result = cli("run", write_spec(tmp_path, spec))
+    assert result.exit_code == 0, result.output
+    shards = sorted((tmp_path / "out").glob("part-*.parquet"))
+    assert len(shards) == 2 + (not rejected)
+    assert [pq.read_schema(p).field("id").type for p in shards] == [kind] * len(shards)
+    table = pa.dataset.dataset([str(p) for p in shards], format="parquet").to_table()
+    kept = [rid for rid in ids if rid not in rejected]
+    assert table.column("id").to_pylist() == (kept if kind == pa.int64() else
+                                              [str(rid) for rid in kept])
+    rejects = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").open()
+               ] if rejected else []
+    assert [r["id"] for r in rejects] == rejected
+    assert all("writes its ids to Parquet as integers (the input's first id, 0, is one)"
+               in r["reason"] for r in rejects)
 
 
 def test_a_null_among_a_prompts_token_ids_is_a_bad_record_not_a_crash(tmp_path):

@@ -130,19 +130,19 @@ def test_the_seen_ids_take_a_fixed_size_each_whatever_their_length():
     """The checker keeps no id itself: the chunks' id strings are freed once checked."""
     import tracemalloc
 
-    from graphrun.read.ids import check_duplicate_ids
+    from graphrun.read.ids import SeenIds, check_duplicate_ids
 
-    checker = RecordChecker(None)
+    seen = SeenIds()  # what a RecordChecker holds of the ids
 
     n, size = 200_000, 2000
     tracemalloc.start()
     try:
         for start in range(0, n, size):
             ids = [f"a-rather-long-request-id-{i:020d}" for i in range(start, start + size)]
-            check_duplicate_ids(ids, np.arange(size), checker.seen_ids, {})
+            check_duplicate_ids(ids, np.arange(size), seen, {})
             del ids
         held, _ = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert len(checker.seen_ids) == n
+    assert len(seen) == n
     assert held < 24 * n, held / n  # 16 bytes an id, and a little

@@ -802,7 +802,8 @@ def test_parquet_decodes_a_few_row_groups_ahead_at_most(tmp_path, monkeypatch, t
     for batch in read_batches(spec, tuning=tuning):
         if len(batch):  # held while its row group is read: the next `most` may be decoded
             assert max(started) <= batch.indices[0] // 4 + most
-    assert started == list(range(10))
+    # each group decoded once; the pool's threads may start two of them in either order
+    assert sorted(started) == list(range(10))
 
 
 def test_parquet_row_groups_too_big_to_decode_whole_are_streamed(tmp_path, monkeypatch):

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from graphrun.read.ids import SeenIds, check_duplicate_ids, check_npy_ids, mark_decided
+from graphrun.read.ids import (SeenIds, check_duplicate_ids, check_npy_ids, mark_decided,
+                               one_id_type, parquet_id_kind)
 from graphrun.read.records import (Candidates, Field, RecordBatch, Records, Reject, RowWhere,
                                    dense_if_uniform, numpy_dtype, pack_records, take,
                                    take_where, unpack_records)
@@ -217,18 +218,22 @@ class RecordChecker:
         self.duplicates = duplicates
         self._decided = np.array(sorted(duplicates or ()), np.int64)
         self.found_duplicates: dict[int, str] | None = None
+        self.id_kind = parquet_id_kind(spec)  # one type of id in every Parquet shard
 
     def check(self, c: Candidates | Prechecked) -> RecordBatch:
         """The valid records of a chunk, in file order, with the chunk's rejects. A chunk
         prechecked already (on another thread) is only checked for duplicate ids here."""
         p = c if isinstance(c, Prechecked) else precheck(self.spec, c)
         n, problems, shaped = len(p.indices), p.problems, p.shaped
+        rids = p.ids
+        if self.id_kind is not None and rids is not None:
+            rids = one_id_type(rids, self.id_kind, problems)
         if self.duplicates is not None:
             if self.duplicates:
                 mark_decided(p.indices, shaped, self._decided, self.duplicates, problems)
-        elif p.ids is not None:
+        elif rids is not None:
             known = len(problems)
-            check_duplicate_ids(p.ids, shaped, self.seen_ids, problems)
+            check_duplicate_ids(rids, shaped, self.seen_ids, problems)
             if self.found_duplicates is not None and len(problems) > known:
                 for q in list(problems)[known:]:  # a dict keeps its keys in insertion order
                     self.found_duplicates[int(p.indices[q])] = problems[q]
@@ -240,7 +245,7 @@ class RecordChecker:
         else:
             kept = np.flatnonzero(np.isin(shaped, good, assume_unique=True))  # [k] into shaped
             fields = {name: take(r, kept) for name, r in p.converted.items()}
-        ids = p.ids if p.ids is not None else p.indices
+        ids = rids if rids is not None else p.indices
         rejects = p.rejects + [Reject(int(p.indices[q]), _plain_id(ids[q]), p.where[q], reason)
                                for q, reason in problems.items()]
         everyone = len(good) == n

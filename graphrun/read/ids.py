@@ -92,6 +92,45 @@ def check_duplicate_ids(ids: np.ndarray | list, positions: np.ndarray, seen: See
                                        "the same id")
 
 
+def parquet_id_kind(spec) -> tuple[str, object] | None:
+    """(kind, the input's first id) for a run that writes Parquet from a JSONL file's ids, so
+    that its id column has one type in every shard (pyarrow reads the shards as one table only
+    then): "int" where the first id is an integer (a record with another id is refused), "str"
+    where it is text (integer ids are written as their text, the one id they are already for
+    duplicates). None where the ids have one type anyway (ordinals, a Parquet input's column)
+    or the output is not Parquet."""
+    from graphrun.read.formats import first_id
+
+    if spec.output.format != "parquet" or not spec.data.id_field:
+        return None
+    first = first_id(spec.data.path, spec.data.id_field)
+    if first is None:
+        return None
+    return ("int" if type(first) is int else "str"), first
+
+
+def one_id_type(ids: np.ndarray | list, kind: tuple[str, object], problems: dict[int, str]
+                ) -> np.ndarray | list:
+    """ids in the run's one Parquet id type (parquet_id_kind): integers as their text in a run
+    of text ids; in a run of integer ids, a record with another id gets a problem."""
+    name, first = kind
+    if isinstance(ids, np.ndarray) and ids.dtype.kind in "iu":
+        return ids if name == "int" else [str(x) for x in ids.tolist()]
+    if name == "str":
+        return [str(x) if _integral(x) else x for x in ids]
+    for p, rid in enumerate(ids):
+        if not _integral(rid) and type(rid) is str:  # other kinds are refused as no id already
+            problems.setdefault(p, (
+                f"id {rid!r} is text, but this run writes its ids to Parquet as integers (the "
+                f"input's first id, {first}, is one) and a Parquet column holds one type: give "
+                f"every record an integer id, or every record a text id (\"{first}\")"))
+    return ids
+
+
+def _integral(x) -> bool:
+    return (type(x) is int or isinstance(x, np.integer)) and not isinstance(x, np.bool_)
+
+
 def check_npy_ids(ids: np.ndarray | list, problems: dict[int, str]) -> None:
     """A str id ending in NUL is a problem of its record for npy output: the ids file holds
     fixed-width unicode, which drops trailing NULs ('a' and 'a\\x00' would both read 'a')."""

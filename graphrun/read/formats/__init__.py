@@ -75,6 +75,27 @@ def reader_for(spec: PipelineSpec, tuning: Tuning) -> Reader:
 FIRST_BYTES = 1 << 16  # first_fields reads the records in a JSONL file's first block
 
 
+def first_id(path, id_field: str):
+    """The first string or integer id among the records in a JSONL file's first 64 KiB, or
+    None (none there, or not a JSONL file)."""
+    from graphrun.read.formats.jsonl_lines import lines_of
+    from graphrun.read.formats.jsonl_parse import parse_line
+
+    path = Path(path)
+    if path.suffix.lower() != ".jsonl":
+        return None
+    try:
+        with open(path, "rb") as f:
+            for line in lines_of(f).readlines(FIRST_BYTES):
+                record, _ = parse_line(line) if line.strip() else (None, "")
+                rid = record.get(id_field) if isinstance(record, dict) else None
+                if type(rid) in (str, int):
+                    return rid
+    except Exception:  # noqa: BLE001 - the reader reports an unreadable file as it reads
+        return None
+    return None
+
+
 def first_fields(path) -> list[str]:
     """The field names the first records of a JSONL file hold (those in its first 64 KiB, at
     least one), in order of appearance, or a Parquet file's columns; [] where they cannot be
