@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from graphrun.read.ids import (SeenIds, check_duplicate_ids, check_npy_ids, mark_decided,
-                               one_id_type, parquet_id_kind)
+                               one_id_type)
 from graphrun.read.records import (Candidates, Field, RecordBatch, Records, Reject, RowWhere,
                                    dense_if_uniform, numpy_dtype, pack_records, take,
                                    take_where, unpack_records)
@@ -212,13 +212,14 @@ class RecordChecker:
     checker that sees only part of the file in no set order (a Ray actor); ids are then not
     remembered. found_duplicates, if set to a dict, gets the duplicates this checker finds."""
 
-    def __init__(self, spec: PipelineSpec, duplicates: dict[int, str] | None = None):
+    def __init__(self, spec: PipelineSpec, duplicates: dict[int, str] | None = None,
+                 id_kind: tuple[str, object] | None = None):
         self.spec = spec
         self.seen_ids = SeenIds()
         self.duplicates = duplicates
         self._decided = np.array(sorted(duplicates or ()), np.int64)
         self.found_duplicates: dict[int, str] | None = None
-        self.id_kind = parquet_id_kind(spec)  # one type of id in every Parquet shard
+        self.id_kind = id_kind  # formats.parquet_id_kind: one type of id in every Parquet shard
 
     def check(self, c: Candidates | Prechecked) -> RecordBatch:
         """The valid records of a chunk, in file order, with the chunk's rejects. A chunk

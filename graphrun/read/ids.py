@@ -92,23 +92,6 @@ def check_duplicate_ids(ids: np.ndarray | list, positions: np.ndarray, seen: See
                                        "the same id")
 
 
-def parquet_id_kind(spec) -> tuple[str, object] | None:
-    """(kind, the input's first id) for a run that writes Parquet from a JSONL file's ids, so
-    that its id column has one type in every shard (pyarrow reads the shards as one table only
-    then): "int" where the first id is an integer (a record with another id is refused), "str"
-    where it is text (integer ids are written as their text, the one id they are already for
-    duplicates). None where the ids have one type anyway (ordinals, a Parquet input's column)
-    or the output is not Parquet."""
-    from graphrun.read.formats import first_id
-
-    if spec.output.format != "parquet" or not spec.data.id_field:
-        return None
-    first = first_id(spec.data.path, spec.data.id_field)
-    if first is None:
-        return None
-    return ("int" if type(first) is int else "str"), first
-
-
 def one_id_type(ids: np.ndarray | list, kind: tuple[str, object], problems: dict[int, str]
                 ) -> np.ndarray | list:
     """ids in the run's one Parquet id type (parquet_id_kind): integers as their text in a run

@@ -17,7 +17,7 @@ import numpy as np
 
 from graphrun.base.errors import InputError
 from graphrun.read.grouping import PaddingCount, sorted_batches
-from graphrun.read.formats import reader_for
+from graphrun.read.formats import parquet_id_kind, reader_for
 from graphrun.read.checks import RecordChecker
 from graphrun.read.ids import last_repeat
 from graphrun.read.records import (PackedRecords, Reject, RecordBatch, concat_where,
@@ -48,7 +48,7 @@ def read_batches(spec: PipelineSpec, *, start: int = 0, stop: int | None = None,
     reader = reader_for(spec, tuning)
     if not Path(spec.data.path).is_file():
         raise InputError("input file not found", where=str(spec.data.path))
-    checker = RecordChecker(spec)
+    checker = RecordChecker(spec, id_kind=parquet_id_kind(spec))
     if ids_from is not None and ids_from < start and spec.data.id_field:
         # the records before start are another worker's (or committed before a resume):
         # checked again only for the ids one process would remember by now
@@ -108,7 +108,7 @@ def job_duplicates(spec: PipelineSpec, tuning: Tuning | None = None, reader=None
     if not spec.data.id_field:
         return {}
     reader = reader or reader_for(spec, tuning or Tuning.from_machine())
-    checker = RecordChecker(spec)
+    checker = RecordChecker(spec, id_kind=parquet_id_kind(spec))
     checker.found_duplicates = {}
     try:
         last = last_repeat(reader.ids())

@@ -96,6 +96,21 @@ def first_id(path, id_field: str):
     return None
 
 
+def parquet_id_kind(spec) -> tuple[str, object] | None:
+    """(kind, the input's first id) for a run that writes Parquet from a JSONL file's ids, so
+    that its id column has one type in every shard (pyarrow reads the shards as one table only
+    then): "int" where the first id is an integer (a record with another id is refused), "str"
+    where it is text (integer ids are written as their text, the one id they are already for
+    duplicates). None where the ids have one type anyway (ordinals, a Parquet input's column)
+    or the output is not Parquet."""
+    if spec.output.format != "parquet" or not spec.data.id_field:
+        return None
+    first = first_id(spec.data.path, spec.data.id_field)
+    if first is None:
+        return None
+    return ("int" if type(first) is int else "str"), first
+
+
 def first_fields(path) -> list[str]:
     """The field names the first records of a JSONL file hold (those in its first 64 KiB, at
     least one), in order of appearance, or a Parquet file's columns; [] where they cannot be

@@ -37,7 +37,8 @@ def need_ray():
 
 
 def dataset_map(spec: PipelineSpec, ds, *, workers: int | None = None, collector=None,
-                file: str = "ray", duplicates: dict[int, str] | None = None):
+                file: str = "ray", duplicates: dict[int, str] | None = None,
+                id_kind: tuple[str, object] | None = None):
     """ds mapped through graphrun: a Ray Dataset with an `id` column (data.id_field's value,
     else the record's ordinal in ds) and one column per output, in ds's order when the
     DataContext preserves order. ds holds one column per input (and the id field); a
@@ -50,7 +51,8 @@ def dataset_map(spec: PipelineSpec, ds, *, workers: int | None = None, collector
     file: the name rejects give as their place ("<file>[row 7]").
     duplicates: the records (by ordinal) to reject as duplicate ids, with the reason, as
     graphrun.read.stream.job_duplicates decides them for a file before Ray starts; None: each
-    actor finds the duplicates among the records it is handed only."""
+    actor finds the duplicates among the records it is handed only. id_kind: the Parquet id
+    column's one type (read.formats.parquet_id_kind), decided where the file is."""
     ray = need_ray()
     # the schema as known without running ds: a fetch would read the first block and cancel
     # the read tasks in flight, a race that can abort the driver inside Ray (graphrun's JSONL
@@ -62,7 +64,7 @@ def dataset_map(spec: PipelineSpec, ds, *, workers: int | None = None, collector
     collector = collector or Collector()
     resources = {"num_gpus": 1} if gpu else {"num_cpus": cpu_share(workers, ray)}
     mapped = ds.map_batches(
-        BatchMapper, fn_constructor_args=(spec, collector.actor, file, gpu, duplicates),
+        BatchMapper, fn_constructor_args=(spec, collector.actor, file, gpu, duplicates, id_kind),
         batch_size=spec.data.batch_size, batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=workers), **resources)
     mapped.context.execution_options.preserve_order = True  # ids and outputs in ds's order
@@ -106,12 +108,13 @@ class BatchMapper:
     """One pool actor: a Runner built once, then Ray batch after Ray batch."""
 
     def __init__(self, spec: PipelineSpec, collector, file: str, gpu: bool,
-                 duplicates: dict[int, str] | None = None):
+                 duplicates: dict[int, str] | None = None,
+                 id_kind: tuple[str, object] | None = None):
         import ray
 
         self.collector, self.ray = collector, ray
         with self.reported():
-            self.setup(spec, file, gpu, duplicates)
+            self.setup(spec, file, gpu, duplicates, id_kind)
 
     @contextlib.contextmanager
     def reported(self):
@@ -124,7 +127,8 @@ class BatchMapper:
             raise
 
     def setup(self, spec: PipelineSpec, file: str, gpu: bool,
-              duplicates: dict[int, str] | None) -> None:
+              duplicates: dict[int, str] | None,
+              id_kind: tuple[str, object] | None = None) -> None:
         from graphrun.engine import Runner
         from graphrun.read.checks import RecordChecker
 
@@ -135,7 +139,7 @@ class BatchMapper:
         said: list[str] = []
         self.runner = Runner(spec, log=lambda msg: said.append(msg[len("warning: "):])
                              if msg.startswith("warning: ") else None)
-        self.checker = RecordChecker(spec, duplicates)
+        self.checker = RecordChecker(spec, duplicates, id_kind)
         r = self.runner
         self.ray.get(self.collector.setup.remote(self.key, {
             "host": socket.gethostname(), "pid": os.getpid(), "device": str(r.device),

@@ -17,6 +17,7 @@ from pathlib import Path
 from graphrun.base.tuning import Tuning
 from graphrun.plan.auto import resolve_auto
 from graphrun.read.formats import reader_for
+from graphrun.read.formats import parquet_id_kind
 from graphrun.read.stream import job_duplicates
 from graphrun.base.errors import GraphrunError, InputError, Interrupted, OutputError, error_chain
 from graphrun.job.signals import SignalTrap
@@ -166,7 +167,7 @@ def map_input(spec: PipelineSpec, ray, workers: int | None,
     else:  # .npy: one column named "data"
         ds = ray.data.read_numpy(path).rename_columns({"data": next(iter(spec.inputs))})
     mapped = dataset_map(spec, ds, workers=workers, file=spec.data.path.name,
-                         duplicates=duplicates)
+                         duplicates=duplicates, id_kind=parquet_id_kind(spec))
     return mapped
 
 
