@@ -102,7 +102,7 @@ def one_id_type(ids: np.ndarray | list, kind: tuple[str, object], problems: dict
     if name == "str":
         return [str(x) if _integral(x) else x for x in ids]
     for p, rid in enumerate(ids):
-        if not _integral(rid) and type(rid) is str:  # other kinds are refused as no id already
+        if type(rid) is str:  # an id of another kind is refused as no id already
             problems.setdefault(p, (
                 f"id {rid!r} is text, but this run writes its ids to Parquet as integers (the "
                 f"input's first id, {first}, is one) and a Parquet column holds one type: give "

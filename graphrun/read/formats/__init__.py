@@ -75,25 +75,29 @@ def reader_for(spec: PipelineSpec, tuning: Tuning) -> Reader:
 FIRST_BYTES = 1 << 16  # first_fields reads the records in a JSONL file's first block
 
 
-def first_id(path, id_field: str):
-    """The first string or integer id among the records in a JSONL file's first 64 KiB, or
-    None (none there, or not a JSONL file)."""
+def _first_records(path: Path):
+    """The records (objects) among a JSONL file's first 64 KiB, in file order."""
     from graphrun.read.formats.jsonl_lines import lines_of
     from graphrun.read.formats.jsonl_parse import parse_line
 
+    with open(path, "rb") as f:
+        for line in lines_of(f).readlines(FIRST_BYTES):
+            record, _ = parse_line(line) if line.strip() else (None, "")
+            if isinstance(record, dict):
+                yield record
+
+
+def first_id(path, id_field: str):
+    """The first string or integer id among the records in a JSONL file's first 64 KiB, or
+    None (none there, or not a JSONL file)."""
     path = Path(path)
     if path.suffix.lower() != ".jsonl":
         return None
     try:
-        with open(path, "rb") as f:
-            for line in lines_of(f).readlines(FIRST_BYTES):
-                record, _ = parse_line(line) if line.strip() else (None, "")
-                rid = record.get(id_field) if isinstance(record, dict) else None
-                if type(rid) in (str, int):
-                    return rid
+        return next((r[id_field] for r in _first_records(path)
+                     if type(r.get(id_field)) in (str, int)), None)
     except Exception:  # noqa: BLE001 - the reader reports an unreadable file as it reads
         return None
-    return None
 
 
 def parquet_id_kind(spec) -> tuple[str, object] | None:
@@ -115,9 +119,6 @@ def first_fields(path) -> list[str]:
     """The field names the first records of a JSONL file hold (those in its first 64 KiB, at
     least one), in order of appearance, or a Parquet file's columns; [] where they cannot be
     read cheaply (the run names what is wrong with the file)."""
-    from graphrun.read.formats.jsonl_lines import lines_of
-    from graphrun.read.formats.jsonl_parse import parse_line
-
     path = Path(path)
     try:
         if path.suffix == ".parquet":
@@ -126,12 +127,9 @@ def first_fields(path) -> list[str]:
             return list(pq.read_schema(path).names)
         if path.suffix != ".jsonl":
             return []
-        with open(path, "rb") as f:
-            names: dict[str, None] = {}
-            for line in lines_of(f).readlines(FIRST_BYTES):
-                record, _ = parse_line(line) if line.strip() else (None, "")
-                if isinstance(record, dict):
-                    names.update(dict.fromkeys(record))
-            return list(names)
+        names: dict[str, None] = {}
+        for record in _first_records(path):
+            names.update(dict.fromkeys(record))
+        return list(names)
     except Exception:  # noqa: BLE001 - the reader reports an unreadable file as it reads
         return []
