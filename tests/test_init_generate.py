@@ -120,6 +120,26 @@ def test_the_prompt_field_is_preferred_to_other_text(tmp_path):
     assert "string fields not used: text" in result.output
 
 
+def test_alpaca_records_take_the_instruction_not_the_often_blank_input(tmp_path):
+    data = tmp_path / "alpaca.jsonl"
+    data.write_text("".join(json.dumps({"instruction": f"Name a colour, take {i}",
+                                        "input": "" if i % 3 else f"context {i}",
+                                        "output": "red"}) + "\n" for i in range(30)))
+    result, spec_path = init(tmp_path, TINY, data=data)
+    assert result.exit_code == 0, result.output
+    assert graphrun.load_spec(spec_path).data.text.field == "instruction"
+    assert "string fields not used: input, output" in result.output
+
+
+def test_a_named_prompt_field_blank_in_most_records_gives_way_to_one_with_text(tmp_path):
+    data = tmp_path / "blank.jsonl"
+    data.write_text("".join(json.dumps({"prompt": "" if i % 4 else "hi", "question": f"why {i}?"})
+                            + "\n" for i in range(20)))
+    result, spec_path = init(tmp_path, TINY, data=data)
+    assert result.exit_code == 0, result.output
+    assert graphrun.load_spec(spec_path).data.text.field == "question"
+
+
 def test_a_model_that_is_no_causal_lm_is_refused(tmp_path):
     from tests.test_init_hf import save_model
 

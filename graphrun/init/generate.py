@@ -16,7 +16,8 @@ from graphrun.init.text import SEQ_MULTIPLE, TEXT_NAMES, plan_grouped
 from graphrun.spec.generate import CAUSAL_LM_SUFFIXES
 
 NEW_TOKENS = 128  # generate.max_new_tokens of a written generation spec
-PROMPT_NAMES = ("prompt", "prompts", "input", "question", "instruction", "query", *TEXT_NAMES)
+# Alpaca's `instruction` is the prompt and its `input` an optional context, often blank
+PROMPT_NAMES = ("prompt", "prompts", "instruction", "question", "input", "query", *TEXT_NAMES)
 
 
 def causal_arch(config) -> str:

@@ -28,13 +28,21 @@ def text_field(profile, prefer: tuple[str, ...] = TEXT_NAMES) -> str:
                          "whose records hold the text as a string" + _not_messages(profile),
                          where=str(profile.path))
     named = [n for n in prefer if n in texts]
-    if named:
-        return named[0]
+    # a named field blank in most records (Alpaca's optional `input`) is no prompt beside one
+    # that holds text
+    held = [n for n in named if 2 * sum(_blank(v) for v in texts[n]) < len(texts[n])]
+    if held or named:
+        return (held or named)[0]
     if len(texts) == 1:
         return next(iter(texts))
     raise InputError(f"holds several string fields ({', '.join(texts)}) and none is named "
                      f"{' or '.join(prefer[:2])}: rename the text field to `{prefer[0]}`, or "
                      "pass --id-field for the one that is the id", where=str(profile.path))
+
+
+def _blank(value) -> bool:
+    """Whether a sampled value holds no text: an empty or whitespace string, or none."""
+    return not isinstance(value, str) or not value.strip()
 
 
 def _not_messages(profile) -> str:
