@@ -162,6 +162,21 @@ def test_overrides_take_yaml_typed_values(write_spec):
     assert spec.output.format == "jsonl"
 
 
+def test_overrides_of_the_wrong_type_are_one_clear_problem(write_spec):
+    """One string was taken a character at a time (a problem per character, none saying
+    why); a non-string item was an AttributeError; a path of None a TypeError from pathlib."""
+    with pytest.raises(SpecError) as got:
+        load_spec(write_spec(), "capture.warmup_iters=5")
+    assert [(p.where, p.message) for p in got.value.problems] == [
+        ("overrides", "expected a list of 'key.path=value' strings, got one string: pass "
+                      "overrides=['capture.warmup_iters=5']")]
+    with pytest.raises(SpecError, match=r"--set 5: expected a 'key.path=value' string"):
+        load_spec(write_spec(), [5])
+    with pytest.raises(SpecError, match=r"expected the spec file's path \(a str or Path\), "
+                                        "got NoneType"):
+        load_spec(None)
+
+
 def test_paths_resolve_against_the_spec_folder_not_the_cwd(write_spec, tmp_path, monkeypatch):
     path = write_spec()
     monkeypatch.chdir("/")
