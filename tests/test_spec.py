@@ -129,6 +129,20 @@ def test_broken_spec_names_where_and_what(write_spec, case, text, overrides, whe
         assert line.startswith(f"{path}:"), line
 
 
+def test_a_folder_where_a_file_belongs_is_named_a_folder_not_missing(write_spec, tmp_path):
+    """data.path or model.weights naming a folder was 'input file not found' though it is
+    there, which sent the user looking for a typo."""
+    (tmp_path / "shards.jsonl").mkdir()
+    (tmp_path / "w.pt").mkdir()
+    path = write_spec(replace("path: data.jsonl", "path: shards.jsonl")
+                      .replace("  builtin: mlp\n", "  builtin: mlp\n  weights: w.pt\n"))
+    said = {p.path: p.message for p in spec_error(path).problems}
+    assert said == {"data.path": f"{tmp_path / 'shards.jsonl'} is a folder, not a file: give "
+                                 "the input file itself",
+                    "model.weights": f"{tmp_path / 'w.pt'} is a folder, not a file: give the "
+                                     "file itself"}
+
+
 def test_all_errors_of_a_file_are_reported_at_once(write_spec):
     path = write_spec(replace("warmup_iters: 1", "warmup_iters: -1")
                       .replace("batch: [1, 2, 4]", "batch: [0, 2, 4]") + "extra: 1\n")
