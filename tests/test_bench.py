@@ -257,3 +257,26 @@ def test_new_tokens_on_a_forward_spec_is_one_message(write_spec):
     assert result.exit_code == 2, result.output
     assert "--new-tokens: only a generation spec (one with generate:) makes new tokens" \
         in result.output
+
+
+@pytest.mark.parametrize("plant, out, says", [
+    (lambda d: (d / "bench.json").mkdir(parents=True), "b",
+     "b/bench.json is a folder, not a file: remove it, or give --out another folder"),
+    (lambda d: d.write_text("x"), "b/sub", "b is a file, not a folder: give --out a folder"),
+    (lambda d: (d.mkdir(), (d / "bench.json").symlink_to(d.parent / "elsewhere")), "b",
+     "b/bench.json is a link"),
+])
+def test_an_out_that_cannot_take_bench_json_is_refused_before_the_timing(
+        write_spec, tmp_path, monkeypatch, plant, out, says):
+    """A folder named bench.json (or a link there, or a file above --out) was an
+    IsADirectoryError's (an OutputError's) traceback after every bucket was timed."""
+    import graphrun.experiments.bench as bench_module
+
+    plant(tmp_path / "b")
+    timed = []
+    monkeypatch.setattr(bench_module, "bench", lambda *a, **k: timed.append(1))
+    result = CliRunner().invoke(main, ["bench", str(write_spec()), "--iters", "1",
+                                       "--warmup", "0", "--out", str(tmp_path / out)])
+    assert result.exit_code == 2 and says in result.output, result.output
+    assert "Traceback" not in result.output and not timed
+    assert not (tmp_path / "elsewhere").exists()

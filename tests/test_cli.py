@@ -114,6 +114,9 @@ def test_schema_check_fails_on_a_stale_schema(tmp_path):
     (tmp_path / "pipeline.schema.json").write_text("{}\n")
     result = cli("schema", "pipeline", "--check", "--out", tmp_path)
     assert result.exit_code == 1 and "stale" in result.output
+    # the command that rewrites them: `graphrun schema` alone writes the checkout's, or fails
+    assert (f"; run `graphrun schema pipeline --out {tmp_path}`" in result.output
+            and "and commit" not in result.output), result.output
     assert cli("schema", "pipeline", "--out", tmp_path).exit_code == 0
     assert cli("schema", "pipeline", "--check", "--out", tmp_path).exit_code == 0
 

@@ -230,6 +230,20 @@ def test_a_model_that_cannot_be_built_and_an_existing_spec_are_clear_errors(tmp_
     assert (tmp_path / "p.yaml").read_text() == "mine\n"
 
 
+@pytest.mark.parametrize("force", [[], ["--force"]])
+def test_a_spec_named_as_the_schema_is_refused(tmp_path, force):
+    """-o pipeline.schema.json wrote the schema, then the spec over it: 'wrote ... (and
+    pipeline.schema.json beside it)', and the spec's $schema line named the spec itself."""
+    np.save(tmp_path / "rows.npy", np.zeros((4, 6), np.float32))
+    target, _ = model_from(tmp_path, DENSE)
+    result = cli("init", "--model", target, "--data", tmp_path / "rows.npy", "-o",
+                 tmp_path / "pipeline.schema.json", *force)
+    assert result.exit_code == 2, result.output
+    assert ("-o pipeline.schema.json: that name is the schema's, which init writes beside the "
+            "spec: name the spec another file, e.g. -o pipeline.yaml") in result.output
+    assert not (tmp_path / "pipeline.schema.json").exists()
+
+
 def test_a_jsonl_field_the_model_does_not_take_is_named(tmp_path):
     target, _ = model_from(tmp_path, DENSE)
     (tmp_path / "d.jsonl").write_text('{"x": [1, 2, 3, 4, 5, 6], "label": 1}\n')

@@ -673,6 +673,21 @@ def test_a_file_of_token_ids_is_planned_from_their_lengths_and_runs(tmp_path):
     assert all(r["output_tokens"] == 2 and len(r["token_ids"]) == 2 for r in rows)
 
 
+def test_a_file_whose_every_prompt_is_past_the_vocabulary_writes_no_spec(tmp_path):
+    """Every sampled record's token ids past the model's 512: init planned buckets from them,
+    wrote the spec and exited 0, listing all of them as records `run` rejects."""
+    data = tmp_path / "ids.jsonl"
+    data.write_text("".join(json.dumps({"id": i, "input_ids": [600 + i, 3]}) + "\n"
+                            for i in range(5)))
+    result, spec_path = init(tmp_path, TINY, data=data)
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert (f"error: {data}: no record of the sample could be used (5 read); the first: "
+            "ids.jsonl:1: input_ids: token id 600 is past the model's vocabulary (512 ids")\
+        in said, said
+    assert not spec_path.exists()
+
+
 def token_count(text: str) -> int:
     """A text's tokens as init counts them: the tiny Llama's tokenizer, special tokens added."""
     from tokenizers import Tokenizer

@@ -246,3 +246,21 @@ def test_the_one_call_functions_take_the_llms_own_keywords():
     out = graphrun.generate(str(FOLDER), ["hi"], max_new_tokens=300, max_prompt_tokens=16,
                             device="cpu")
     assert 1 <= len(out[0].token_ids) <= 300
+
+
+def test_overrides_that_cannot_apply_are_refused_not_dropped(tmp_path):
+    """A folder's or a PipelineSpec's overrides were dropped unsaid (the engine ran 256 new
+    tokens for generate.max_new_tokens=3); one string was a --set per character."""
+    with pytest.raises(graphrun.SpecError, match="overrides apply to a spec file, as --set; "
+                                                 "a model folder's engine takes max_new_tokens"):
+        graphrun.LLM(str(FOLDER), overrides=["generate.max_new_tokens=3"], device="cpu")
+    spec = graphrun.load_spec(write_spec(tmp_path, n=2))
+    with pytest.raises(graphrun.SpecError, match="pass the file's path, or change the "
+                                                 "PipelineSpec's fields"):
+        graphrun.LLM(spec, overrides=["generate.max_new_tokens=3"])
+    with pytest.raises(graphrun.SpecError) as got:
+        graphrun.LLM(str(ROOT / "pipelines" / "generate.yaml"),
+                     overrides="generate.max_new_tokens=3")
+    assert [p.message for p in got.value.problems] == [
+        "expected a list of 'key.path=value' strings, got one string: pass "
+        "overrides=['generate.max_new_tokens=3']"]

@@ -163,6 +163,57 @@ def test_a_folder_without_a_manifest_is_one_message(tmp_path):
     assert "Traceback" not in result.output
 
 
+FOREIGN = [
+    ("manifest.json", '[1]', "manifest.json: not a graphrun manifest (no spec, totals, "
+                             "buckets, files of the right type): give the folder `graphrun run`"),
+    ("manifest.json", '{"x": 1}', "manifest.json: not a graphrun manifest"),
+    ("bench.json", '{"x": 1}', "bench.json: not a bench.json graphrun wrote (8 problem(s); the "
+                               "first: x: Extra inputs are not permitted): give the folder "
+                               "`graphrun bench` wrote"),
+    ("bench.json", '', "bench.json: not a bench.json graphrun wrote (1 problem(s); the first: "
+                       "Invalid JSON"),
+    ("sweep.json", '{"x": 1}', "sweep.json: not a sweep.json graphrun wrote"),
+]
+
+
+@pytest.mark.parametrize("verb, name, text, says", [
+    (verb, *case) for verb in ("report", "compare") for case in FOREIGN
+    if verb == "report" or case[0] != "sweep.json"])  # compare reads run and bench folders
+def test_a_foreign_or_broken_json_file_is_one_message(tmp_path, verb, name, text, says):
+    """Such a file was a KeyError, an AttributeError or pydantic's ValidationError, with a
+    traceback, out of report and compare."""
+    for side in ("a", "b"):
+        (tmp_path / side).mkdir()
+        (tmp_path / side / name).write_text(text)
+    args = ([str(tmp_path / "a"), "-o", str(tmp_path / "r.html")] if verb == "report" else
+            [str(tmp_path / "a"), str(tmp_path / "b")])
+    result = CliRunner().invoke(main, [verb, *args])
+    assert result.exit_code == 2 and f"error: {tmp_path / 'a' / name}: " in result.output
+    assert says in result.output, result.output
+    assert "Traceback" not in result.output and not (tmp_path / "r.html").exists()
+
+
+def test_report_writes_no_file_through_a_link_and_names_a_file_in_a_folders_place(
+        write_spec, tmp_path):
+    """-o onto a link wrote through it (run --report too, into the output folder, which
+    graphrun writes through no link); a file where -o's folder belongs was mkdir's
+    FileExistsError traceback."""
+    spec = write_spec()
+    assert CliRunner().invoke(main, ["run", str(spec), "--out", str(tmp_path / "o")]
+                              ).exit_code == 0
+    (tmp_path / "elsewhere").write_text("keep")
+    (tmp_path / "r.html").symlink_to(tmp_path / "elsewhere")
+    result = CliRunner().invoke(main, ["report", str(tmp_path / "o"), "-o",
+                                       str(tmp_path / "r.html")])
+    assert result.exit_code == 2 and "r.html is a link" in result.output, result.output
+    assert (tmp_path / "elsewhere").read_text() == "keep"
+    result = CliRunner().invoke(main, ["report", str(tmp_path / "o"), "-o",
+                                       str(tmp_path / "elsewhere" / "x" / "r.html")])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert (f"cannot write {tmp_path / 'elsewhere' / 'x' / 'r.html'}: "
+            f"{tmp_path / 'elsewhere'} is a file, not a folder") in result.output
+
+
 def test_a_run_folder_killed_before_its_manifest_says_to_resume_it(tmp_path):
     (tmp_path / "run.json").write_text("{}")  # what a run killed mid-stream leaves, less shards
     (tmp_path / "journal.jsonl").write_text("")

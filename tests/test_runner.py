@@ -279,6 +279,22 @@ def test_run_batch_refuses_what_is_not_numbers_as_the_reader_does(tmp_path, rows
             r.run_batch({"x": rows})
 
 
+def test_run_batch_names_a_ragged_record_and_takes_an_object_array_of_records(tmp_path):
+    """A record of nested lists of unequal lengths was numpy's ValueError and its traceback;
+    a 1-D object array of per-record arrays (a pandas column) was 'each record has shape []'."""
+    with Runner(encoder_spec(tmp_path)) as runner:
+        with pytest.raises(InputError, match=r"input 'tokens': record 1 is ragged \(nested "
+                                             r"lists of unequal lengths\); pass an array of "
+                                             r"shape \[seq\] \(int64\)"):
+            runner.run_batch({"tokens": [[1, 2], [3, [4]]], "mask": [[1, 1], [1, 1]]})
+        column = np.empty(2, dtype=object)
+        column[:] = [np.array([1, 2, 3]), np.array([4])]
+        out = runner.run_batch({"tokens": column, "mask": [[1, 1, 1], [1]]})
+        want = runner.run_batch({"tokens": [[1, 2, 3], [4]], "mask": [[1, 1, 1], [1]]})
+        assert [h.shape for h in out["hidden"]] == [(3, 16), (1, 16)]
+        np.testing.assert_array_equal(out["pooled"], want["pooled"])
+
+
 def test_runner_takes_a_spec_not_its_path(tmp_path):
     with pytest.raises(graphrun.GraphrunError, match="graphrun.Runner takes a PipelineSpec, got "
                                                      r"str: graphrun.load_spec\(path\)"):

@@ -129,6 +129,20 @@ def test_broken_spec_names_where_and_what(write_spec, case, text, overrides, whe
         assert line.startswith(f"{path}:"), line
 
 
+def test_a_folder_where_a_file_belongs_is_named_a_folder_not_missing(write_spec, tmp_path):
+    """data.path or model.weights naming a folder was 'input file not found' though it is
+    there, which sent the user looking for a typo."""
+    (tmp_path / "shards.jsonl").mkdir()
+    (tmp_path / "w.pt").mkdir()
+    path = write_spec(replace("path: data.jsonl", "path: shards.jsonl")
+                      .replace("  builtin: mlp\n", "  builtin: mlp\n  weights: w.pt\n"))
+    said = {p.path: p.message for p in spec_error(path).problems}
+    assert said == {"data.path": f"{tmp_path / 'shards.jsonl'} is a folder, not a file: give "
+                                 "the input file itself",
+                    "model.weights": f"{tmp_path / 'w.pt'} is a folder, not a file: give the "
+                                     "file itself"}
+
+
 def test_all_errors_of_a_file_are_reported_at_once(write_spec):
     path = write_spec(replace("warmup_iters: 1", "warmup_iters: -1")
                       .replace("batch: [1, 2, 4]", "batch: [0, 2, 4]") + "extra: 1\n")
@@ -160,6 +174,21 @@ def test_overrides_take_yaml_typed_values(write_spec):
     assert spec.capture.warmup_iters == 5
     assert spec.capture.verify.enabled is False
     assert spec.output.format == "jsonl"
+
+
+def test_overrides_of_the_wrong_type_are_one_clear_problem(write_spec):
+    """One string was taken a character at a time (a problem per character, none saying
+    why); a non-string item was an AttributeError; a path of None a TypeError from pathlib."""
+    with pytest.raises(SpecError) as got:
+        load_spec(write_spec(), "capture.warmup_iters=5")
+    assert [(p.where, p.message) for p in got.value.problems] == [
+        ("overrides", "expected a list of 'key.path=value' strings, got one string: pass "
+                      "overrides=['capture.warmup_iters=5']")]
+    with pytest.raises(SpecError, match=r"--set 5: expected a 'key.path=value' string"):
+        load_spec(write_spec(), [5])
+    with pytest.raises(SpecError, match=r"expected the spec file's path \(a str or Path\), "
+                                        "got NoneType"):
+        load_spec(None)
 
 
 def test_paths_resolve_against_the_spec_folder_not_the_cwd(write_spec, tmp_path, monkeypatch):

@@ -424,8 +424,10 @@ def test_stop_before_start_is_refused_before_any_work(tmp_path, gpus):
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("slice_", [{"start": 10, "stop": 5}, {"start": -1}])
+@pytest.mark.parametrize("slice_", [{"start": 10, "stop": 5}, {"start": -1}, {"start": "3"},
+                                    {"start": 0, "stop": 2.5}])
 def test_graphrun_run_refuses_a_bad_slice_or_a_path_before_any_work(tmp_path, slice_):
+    """start="3" was a TypeError out of the check (str < int)."""
     path = make_job(tmp_path)
     with pytest.raises(graphrun.GraphrunError, match=r"give 0 <= start <= stop"):
         graphrun.run(graphrun.load_spec(path), out=tmp_path / "o", **slice_)

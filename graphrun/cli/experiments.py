@@ -9,7 +9,7 @@ import click
 
 from graphrun.base.nofollow import open_file
 from graphrun.cli.errors import debug_option, fail
-from graphrun.base.errors import GraphrunError
+from graphrun.base.errors import GraphrunError, OutputError
 
 
 @click.command()
@@ -155,6 +155,8 @@ def bench(spec, iters, warmup, with_compile, records, out, new_tokens, repeats,
 
     try:
         pipeline = load_spec(spec, overrides)
+        dest = Path(out or pipeline.output.dir / "bench")
+        bench_dest_problem(dest)  # before the timing: it was a traceback after all of it
         generation = pipeline.generate is not None
         if generation:
             from graphrun.generate.records import with_implied_io
@@ -182,10 +184,14 @@ def bench(spec, iters, warmup, with_compile, records, out, new_tokens, repeats,
                                records=records, repeats=repeats, log=log)
     except GraphrunError as err:
         fail(err)
-    dest = Path(out or pipeline.output.dir / "bench")
-    dest.mkdir(parents=True, exist_ok=True)
-    with open_file(dest / "bench.json", "w") as f:  # never through a link
-        f.write(result.model_dump_json(indent=2) + "\n")
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+        with open_file(dest / "bench.json", "w") as f:  # never through a link
+            f.write(result.model_dump_json(indent=2) + "\n")
+    except GraphrunError as err:  # a link planted meanwhile
+        fail(err)
+    except OSError as err:
+        fail(OutputError(f"cannot write {dest / 'bench.json'}: {err.strerror or err}"))
     Console(width=200).print(
         generation_table(result) if generation else bench_table(result))
     for line in verdict_lines(result):
@@ -193,6 +199,25 @@ def bench(spec, iters, warmup, with_compile, records, out, new_tokens, repeats,
     for note in result.notes:
         click.echo(f"note: {note}")
     click.echo(f"-> {dest}/bench.json")
+
+
+def bench_dest_problem(dest: Path) -> None:
+    """Raise OutputError where bench.json cannot be written into dest: a file in the folder's
+    place, a folder or a link in the file's."""
+    from graphrun.base.nofollow import linked
+
+    for folder in (dest, *dest.parents):  # the nearest that exists must be a folder
+        if folder.exists():
+            if not folder.is_dir():
+                raise OutputError(f"{folder} is a file, not a folder: give --out a folder "
+                                  "for bench.json")
+            break
+    target = dest / "bench.json"
+    if target.is_symlink():
+        raise linked(target)
+    if target.exists() and not target.is_file():
+        raise OutputError(f"{target} is a folder, not a file: remove it, or give --out "
+                          "another folder")
 
 
 def refuse_new_tokens() -> GraphrunError:

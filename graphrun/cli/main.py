@@ -337,9 +337,10 @@ def schema(kind, check, to_stdout, out) -> None:
         except OSError as err:
             fail(GraphrunError(f"cannot write {path}: {err.strerror or err}"))
         click.echo(f"wrote {path}")
-    if stale:
-        click.echo("stale schema(s): " + ", ".join(stale) + "; run `graphrun schema` and commit",
-                   err=True)
+    if stale:  # with --out, the command that rewrites them is that folder's, not the checkout's
+        again = ("run `graphrun schema` and commit" if out is None else
+                 f"run `graphrun schema{' ' + kind if kind else ''} --out {out}`")
+        click.echo("stale schema(s): " + ", ".join(stale) + "; " + again, err=True)
         sys.exit(1)
     if check:
         click.echo("schemas are current")

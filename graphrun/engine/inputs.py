@@ -54,7 +54,8 @@ def check_batch(inputs: dict, specs: dict[str, InputSpec], axes: tuple[str, ...]
         value = inputs[name]
         if isinstance(value, torch.Tensor):
             value = value.detach() if tensors else _to_numpy(value)
-        elif not isinstance(value, np.ndarray):
+        elif not isinstance(value, np.ndarray) or (value.dtype == object and value.ndim == 1):
+            # a 1-D object array (a pandas column of per-record arrays) is a list of records
             try:
                 value = [_record(name, spec, i, r) for i, r in enumerate(value)]
             except TypeError:  # None, a number: no rows to take
@@ -124,7 +125,12 @@ def _record(name: str, spec: InputSpec, i: int, r) -> np.ndarray:
         shown = "None" if r is None else f"{type(r).__name__} {str(r)[:40]!r}"
         raise InputError(f"input {name!r}: record {i} is {shown}; pass an array of shape "
                          f"{_dims(spec.shape[1:])} ({spec.dtype})")
-    return np.asarray(r)
+    try:
+        return np.asarray(r)
+    except ValueError:  # nested lists of unequal lengths: numpy makes no array of them
+        raise InputError(f"input {name!r}: record {i} is ragged (nested lists of unequal "
+                         f"lengths); pass an array of shape {_dims(spec.shape[1:])} "
+                         f"({spec.dtype})") from None
 
 
 def _check_shape(name: str, spec: InputSpec, shape: tuple, record: int | None) -> None:

@@ -15,7 +15,9 @@ GRAPH_BACKENDS = ("cuda-graph", "torch.compile reduce-overhead")  # backends tha
 
 
 def load_bench(folder: Path) -> Bench:
-    return Bench.model_validate_json((Path(folder) / "bench.json").read_text())
+    from graphrun.experiments.compare import load_result
+
+    return load_result(folder, "bench.json", Bench)
 
 
 def _modes(result: Bench) -> list[str]:

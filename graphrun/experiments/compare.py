@@ -30,7 +30,7 @@ GENERATION_TOTALS = ("output_tokens", "output_tokens_per_s")  # a generation run
 def load_manifest(folder: Path) -> dict:
     path = Path(folder) / "manifest.json"
     try:
-        return json.loads(path.read_text())
+        manifest = json.loads(path.read_text())
     except FileNotFoundError:
         if (Path(folder) / "run.json").is_file():  # a run's folder, killed before its manifest
             raise InputError("no manifest.json: the run in this folder has not finished (it "
@@ -41,6 +41,32 @@ def load_manifest(folder: Path) -> dict:
                          "first)", where=str(folder)) from None
     except (OSError, ValueError) as exc:
         raise InputError(f"unreadable manifest.json: {exc}", where=str(path)) from None
+    # another JSON file under that name was a KeyError or TypeError deep in compare or report
+    kinds = {"spec": dict, "totals": dict, "buckets": list, "files": list}
+    wrong = [k for k, kind in kinds.items() if not isinstance(manifest, dict)
+             or not isinstance(manifest.get(k), kind)]
+    if wrong:
+        raise InputError(f"not a graphrun manifest (no {', '.join(wrong)} of the right type): "
+                         "give the folder `graphrun run` wrote", where=str(path))
+    return manifest
+
+
+def load_result(folder: Path, name: str, model):
+    """bench.json or sweep.json (name) of folder as its pydantic model; an unreadable or
+    foreign file is one InputError, not pydantic's report and a traceback."""
+    from pydantic import ValidationError
+
+    path = Path(folder) / name
+    try:
+        return model.model_validate_json(path.read_bytes())
+    except OSError as exc:
+        raise InputError(f"unreadable {name}: {exc.strerror or exc}", where=str(path)) from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        at = ".".join(str(x) for x in first["loc"])
+        raise InputError(f"not a {name} graphrun wrote ({exc.error_count()} problem(s); the "
+                         f"first: {at + ': ' if at else ''}{first['msg']}): give the folder "
+                         f"`graphrun {name.split('.')[0]}` wrote", where=str(path)) from None
 
 
 def bucket_verified(bucket: dict) -> bool | None:
@@ -219,7 +245,7 @@ def compare_bench(a: Path, b: Path) -> dict:
     """Two bench folders: per bucket and mode, p50 and p99 of each and B/A."""
     from graphrun.experiments.bench import Bench
 
-    ba, bb = (Bench.model_validate_json((Path(x) / "bench.json").read_text()) for x in (a, b))
+    ba, bb = (load_result(x, "bench.json", Bench) for x in (a, b))
     rows = []
     theirs = {(k.name, m.mode): m for k in bb.buckets for m in k.modes}
     for bucket in ba.buckets:

@@ -514,8 +514,18 @@ def render(folders: list[Path]) -> str:
 
 
 def write_report(folders: list[Path], out: Path) -> Path:
+    from graphrun.base.errors import OutputError
+    from graphrun.base.nofollow import open_file
+
     out = Path(out)
     text = render(folders)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    try:  # an OSError here was a traceback; a link is refused as every output file's is
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with open_file(out, "w") as f:
+            f.write(text)
+    except (FileExistsError, NotADirectoryError):  # mkdir's "File exists" named no file
+        above = next(p for p in out.parents if p.exists())
+        raise OutputError(f"cannot write {out}: {above} is a file, not a folder") from None
+    except OSError as err:
+        raise OutputError(f"cannot write {out}: {err.strerror or err}") from None
     return out

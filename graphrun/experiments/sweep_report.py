@@ -95,7 +95,9 @@ def generation(result: Sweep) -> bool:
 
 
 def load_sweep(folder: Path) -> Sweep:
-    return Sweep.model_validate_json((Path(folder) / "sweep.json").read_text())
+    from graphrun.experiments.compare import load_result
+
+    return load_result(folder, "sweep.json", Sweep)
 
 
 def _tick(v) -> str:

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from graphrun.base.errors import GraphrunError, ModelError, first_line
+from graphrun.base.errors import GraphrunError, InputError, ModelError, first_line
 from graphrun.init.infer import MAX_LISTED, Inferred, sample_notes, spec_out_dir, spec_target
 from graphrun.init.sample import FieldInfo, sample_data
 from graphrun.init.generate import (NEW_TOKENS, PROMPT_NAMES, Generation, RecordParams,
@@ -159,6 +159,10 @@ def init_hf(*, hf: str, data: str | Path, spec_path: str | Path = "pipeline.yaml
         _plan_inputs_and_outputs(found, texts, tokenizer, limit, config)
     profile.skipped = sorted(profile.skipped + repeated_ids(profile, _places(profile.skipped)),
                              key=_line)
+    if profile.wheres and set(profile.wheres) <= _places(profile.skipped):
+        # a spec planned from records the run would all refuse was written, and exit 0
+        raise InputError(f"no record of the sample could be used ({len(profile.wheres)} read); "
+                         f"the first: {profile.skipped[0]}", where=str(profile.path))
     found.checks = _checks(found, config)
     spec_dir = spec_path.parent
     if hf.startswith(PKG):  # stays valid wherever the package is installed

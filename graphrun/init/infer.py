@@ -17,7 +17,8 @@ import numpy as np
 
 from graphrun.base.errors import GraphrunError, InputError, ModelError
 from graphrun.init.sample import MAJORITY, DataProfile, FieldInfo, sample_data
-from graphrun.init.render import relative_to_spec, render_spec, write_spec_files
+from graphrun.init.render import (SCHEMA_NAME, relative_to_spec, render_spec,
+                                  write_spec_files)
 from graphrun.spec.keys import BATCH
 
 MAX_LISTED = 20  # records listed by name among the "check:" lines; the rest counted
@@ -84,6 +85,9 @@ def init(*, data: str | Path, target: str | None = None, builtin: str | None = N
 def spec_target(spec_path: str | Path, force: bool) -> Path:
     """The spec file to write, absolute; an existing one only with --force."""
     spec_path = Path(spec_path).resolve()
+    if spec_path.name == SCHEMA_NAME:  # the schema written beside it would be the spec itself
+        raise GraphrunError(f"-o {SCHEMA_NAME}: that name is the schema's, which init writes "
+                            "beside the spec: name the spec another file, e.g. -o pipeline.yaml")
     if spec_path.exists() and not force:
         raise GraphrunError(f"{spec_path} exists; pass --force to replace it, or -o another "
                             "file name")

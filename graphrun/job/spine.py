@@ -13,6 +13,7 @@ import signal
 import threading
 import time
 from concurrent.futures import Future
+from numbers import Integral
 from pathlib import Path
 
 from graphrun.base.errors import GraphrunError, InputError, Interrupted, OutputError
@@ -94,6 +95,10 @@ def check_call(spec, start: int, stop: int | None) -> None:
     if not isinstance(spec, PipelineSpec):
         raise GraphrunError(f"graphrun.run takes a PipelineSpec, got {type(spec).__name__}: "
                             "graphrun.load_spec(path) reads a spec file into one")
+    for name, value in (("start", start), ("stop", stop)):  # "3" was a TypeError at start < 0
+        if value is not None and (isinstance(value, bool) or not isinstance(value, Integral)):
+            raise InputError(f"{name}={value!r} is not a whole number: give 0 <= start <= stop "
+                             "as ints (stop=None: to the end of the input)")
     if start < 0 or (stop is not None and stop < start):
         said = f"start={start} is negative" if start < 0 else f"stop={stop} is before start={start}"
         raise InputError(f"{said}: give 0 <= start <= stop (the records [start, stop) of the "

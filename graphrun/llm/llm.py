@@ -23,7 +23,7 @@ from graphrun.generate.runner import GenerationRunner
 from graphrun.llm.asked import Asked, ask, call_params
 from graphrun.plan.auto import resolve_auto
 from graphrun.spec.keys import PipelineSpec
-from graphrun.spec.load import Positions, load_spec, spec_from_data
+from graphrun.spec.load import Positions, load_spec, override_list, spec_from_data
 
 FOLDER_MAX_NEW_TOKENS = 256  # a model folder's default cap on new tokens (sizes the KV cache)
 FOLDER_MAX_PROMPT = 2048  # ... and on prompt tokens, within the model's position table
@@ -56,7 +56,7 @@ class LLM:
     def __init__(self, model_or_spec, *, overrides=(), max_new_tokens: int | None = None,
                  max_prompt_tokens: int | None = None, dtype: str = "float32",
                  device: str = "auto", log=None):
-        spec = _spec(model_or_spec, list(overrides), max_new_tokens, max_prompt_tokens, dtype,
+        spec = _spec(model_or_spec, override_list(overrides), max_new_tokens, max_prompt_tokens, dtype,
                      device)
         spec, _ = resolve_auto(with_implied_io(spec))  # buckets: auto, planned as the job does
         self.spec = spec
@@ -160,6 +160,9 @@ def _spec(given, overrides: list[str], max_new_tokens, max_prompt_tokens, dtype,
         if set_here:
             raise _refused("generate", f"{set_here[0]} sizes a model folder's engine; a "
                                 "spec sets it in its generate: and buckets: sections")
+        if isinstance(given, PipelineSpec) and overrides:  # they were dropped unsaid
+            raise _refused("generate", "overrides apply to a spec file's YAML, as --set: pass "
+                                "the file's path, or change the PipelineSpec's fields")
         spec = given if isinstance(given, PipelineSpec) else load_spec(given, overrides)
         if spec.generate is None:
             raise _refused(str(spec.source_path or "spec"),
@@ -169,6 +172,9 @@ def _spec(given, overrides: list[str], max_new_tokens, max_prompt_tokens, dtype,
     if not isinstance(given, (str, Path)) or not Path(given).is_dir():
         raise _refused("generate", f"{given!r} is neither a spec (a PipelineSpec or a "
                             ".yaml file) nor a model folder")
+    if overrides:  # a folder's spec is made here, from the arguments: they were dropped unsaid
+        raise _refused(str(given), "overrides apply to a spec file, as --set; a model folder's "
+                       "engine takes max_new_tokens, max_prompt_tokens, dtype and device")
     for name, value in sized.items():  # 0 is a value given, not "the default"
         if value is not None and (isinstance(value, bool) or not isinstance(value, Integral)
                                   or value < 1):

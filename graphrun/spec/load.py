@@ -9,6 +9,7 @@ override replaces the node at its path, and errors under that path name the over
 from __future__ import annotations
 
 import difflib
+from os import PathLike
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
@@ -190,6 +191,10 @@ def apply_overrides(data: Any, overrides: list[str], pos: Positions) -> list[Pro
     problems = []
     for item in overrides:
         label = f"--set {item}"
+        if not isinstance(item, str):  # from the Python API: item.partition was an AttributeError
+            problems.append(Problem(f"--set {item!r}", "", "expected a 'key.path=value' "
+                                    "string, e.g. 'capture.warmup_iters=5'"))
+            continue
         key, sep, raw = item.partition("=")
         path = tuple(key.strip().split("."))
         if not sep or not all(path):
@@ -365,8 +370,21 @@ def _order(p: Problem) -> tuple:
         return (1, 0, 0)
 
 
+def override_list(overrides) -> list[str]:
+    """The Python API's overrides as a list; one string is refused, not taken a character at a
+    time as the --set of each (a SpecError per character, none of them saying why)."""
+    if isinstance(overrides, (str, bytes)):
+        raise SpecError([Problem("overrides", "", f"expected a list of 'key.path=value' "
+                                 f"strings, got one string: pass overrides=[{overrides!r}]")])
+    return list(overrides)
+
+
 def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> PipelineSpec:
     """Read, override and validate a pipeline spec; raise SpecError listing every problem."""
+    if not isinstance(path, (str, PathLike)):  # Path(None) was a TypeError from pathlib
+        raise SpecError([Problem("load_spec", "", f"expected the spec file's path (a str or "
+                                 f"Path), got {type(path).__name__}")])
+    overrides = override_list(overrides)
     path = Path(path)
     source = str(path)
     try:
@@ -378,7 +396,7 @@ def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
     except UnicodeDecodeError as exc:
         raise SpecError([Problem(source, "", f"not UTF-8 text (byte {exc.start})")]) from None
     data, pos = parse_yaml(text, source)
-    problems = apply_overrides(data, list(overrides), pos)
+    problems = apply_overrides(data, overrides, pos)
     if problems:
         raise SpecError(problems)
     spec = spec_from_data(data, pos, path.resolve().parent)

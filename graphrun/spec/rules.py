@@ -374,6 +374,8 @@ def _files(spec: PipelineSpec) -> Found:
 
 
 def _missing(what: str, path: Path) -> str:
+    if path.is_dir():  # it exists: "not found" sent the user looking for a typo
+        return f"{path} is a folder, not a file: give the {what} itself"
     try:
         os.stat(path)
     except OSError as err:
