@@ -56,8 +56,8 @@ class LLM:
     def __init__(self, model_or_spec, *, overrides=(), max_new_tokens: int | None = None,
                  max_prompt_tokens: int | None = None, dtype: str = "float32",
                  device: str = "auto", log=None):
-        spec = _spec(model_or_spec, override_list(overrides), max_new_tokens, max_prompt_tokens, dtype,
-                     device)
+        spec = _spec(model_or_spec, override_list(overrides), max_new_tokens,
+                     max_prompt_tokens, dtype, device)
         spec, _ = resolve_auto(with_implied_io(spec))  # buckets: auto, planned as the job does
         self.spec = spec
         self._too_long = _too_long_advice(model_or_spec, spec)
