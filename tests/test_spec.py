@@ -215,3 +215,10 @@ def test_a_model_folder_s_vocabulary_from_its_config_or_text_config(tmp_path):
         (tmp_path / name / "config.json").write_text(json.dumps(config))
         assert model_vocab(tmp_path / name) == want, name
     assert model_vocab(tmp_path / "missing") is None
+
+
+def test_a_bucket_axis_given_text_asks_for_a_list():
+    with pytest.raises(SpecError) as err:
+        load_spec(MLP_SPEC, ["buckets.batch=1,8"])
+    assert ("buckets.batch: must be a list of sizes such as [1, 8, 32], or 'auto' (got '1,8')"
+            in str(err.value))

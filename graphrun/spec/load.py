@@ -275,7 +275,11 @@ def _either_message(errors: list[dict]) -> str:
     """One message for a value that no member of a union took: each member's, joined by
     or, the value once: "must be > 0, or must be 'auto' (got 0)"."""
     if len(errors) == 1:
-        return _value_message(errors[0])
+        e = errors[0]
+        if e["loc"][-1] == "str" and e["type"] == "literal_error" and isinstance(e["input"], str):
+            # a bucket axis (keys.BucketValues) given text: `--set buckets.batch=1,8` lacks []
+            return "must be a list of sizes such as [1, 8, 32], or 'auto'" + _got(e)
+        return _value_message(e)
     wants = [_value_message(e, value=False) for e in errors]
     return ", or ".join(dict.fromkeys(wants)) + _got(errors[0])
 
