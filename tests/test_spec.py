@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import partial
+from pathlib import Path
 
 import pytest
 
@@ -219,6 +220,7 @@ def test_a_model_folder_s_vocabulary_from_its_config_or_text_config(tmp_path):
 
 def test_a_bucket_axis_given_text_asks_for_a_list():
     with pytest.raises(SpecError) as err:
-        load_spec(MLP_SPEC, ["buckets.batch=1,8"])
+        load_spec(Path(__file__).parents[1] / "pipelines" / "mlp-scorer.yaml",
+                  ["buckets.batch=1,8"])
     assert ("buckets.batch: must be a list of sizes such as [1, 8, 32], or 'auto' (got '1,8')"
             in str(err.value))
