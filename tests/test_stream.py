@@ -393,6 +393,9 @@ BAD_JSONL = [  # (inputs, line 3 of 5, the record id a reject carries, reason)
     # json reads 2**70 as an int ("does not fit in 64 bits"), orjson as a float ("... int64")
     (DECODER, {"id": "r2", "tokens": [2], "positions": 2**70}, "r2", "does not fit"),
     (SMALL, {"id": "r2", "v": 300}, "r2", "v: value 300 does not fit int8 (-128..127)"),
+    # a whole float past any integer dtype is shown as written, not as its 301 digits
+    (SMALL, {"id": "r2", "v": 1e300}, "r2", "v: value 1e+300 does not fit int8 (-128..127)"),
+    (SMALL, {"id": "r2", "v": 3e9}, "r2", "v: value 3000000000 does not fit int8"),
     (FLOATS, '{"id": "r2", "x": [1, NaN, 2]}', "r2", "x: value nan is NaN or Inf (finite: true)"),
     (FLOATS, '{"id": "r2", "x": [1, -Infinity, 2]}', "r2", "x: value -inf is NaN or Inf"),
     (FLOATS, {"id": "r2", "x": [1, False, 2]}, "r2", "boolean value where float32"),
