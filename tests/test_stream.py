@@ -644,6 +644,23 @@ def test_uint64_ids_past_int64_stay_python_ints(tmp_path):
     assert got == [2**63 + 5, 3] and all(type(i) is int for i in got)
 
 
+@pytest.mark.parametrize("save", [np.savez, np.savez_compressed])
+def test_npz_bytes_ids_are_read_as_utf8_and_one_that_is_not_is_a_bad_record(tmp_path, save):
+    """A bytes (S) id array holding a non-ASCII id (b'\\xc3\\xa9', b'\\xff') stopped the run
+    with numpy's UnicodeDecodeError and a traceback."""
+    ids = np.array([b"a", "\u00e9".encode(), b"\xff\xfe", b"d"])
+    save(tmp_path / "d.npz", tokens=np.ones((4, 1), np.int64), positions=np.arange(4), key=ids)
+    spec = make_spec(tmp_path / "d.npz", DECODER, id_field="key", on_bad_record="skip")
+    got, rejects, _ = everything(spec)
+    assert got == ["a", "\u00e9", "d"]
+    assert [(r.index, r.id, r.where, r.reason) for r in rejects] == [
+        (2, None, "d.npz[row 2]", "id b'\\xff\\xfe' is not valid UTF-8 (byte 0xff at byte 0): "
+         "store the ids as text (a numpy str array) or integers")]
+    spec = make_spec(tmp_path / "d.npz", DECODER, id_field="key", on_bad_record="error")
+    with pytest.raises(InputError, match=r"^d\.npz\[row 2\]: id b'\\xff\\xfe' is not valid"):
+        everything(spec)
+
+
 def test_parquet_integer_ids_with_a_null_are_read_as_values(tmp_path):
     pq.write_table(pa.table({"key": pa.array([5, None, 6], pa.int64()),
                              "tokens": [[1], [2], [3]], "positions": [0, 1, 2]}),
