@@ -672,6 +672,24 @@ def test_parquet_integer_ids_with_a_null_are_read_as_values(tmp_path):
         (1, None, "missing id: 'key' is null")]
 
 
+def test_npz_stored_member_shorter_than_its_header_is_an_error(tmp_path):
+    """A stored member cut short (its .npy header whole): the memory map read the last rows
+    from the zip's directory after it, and the run completed with those values."""
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    np.save(buf, np.arange(12, dtype=np.float32).reshape(4, 3))
+    with zipfile.ZipFile(tmp_path / "d.npz", "w") as zf:  # stored, not deflated
+        zf.writestr("x.npy", buf.getvalue()[:-8])
+    spec = make_spec(tmp_path / "d.npz", {"x": {"shape": ["batch", 3], "dtype": "float32"}})
+    with pytest.raises(InputError) as err:
+        everything(spec)
+    assert str(err.value) == (
+        "d.npz: x.npy: its header says [4, 3] float32 (48 bytes) but the member holds 40 "
+        "bytes: the file is truncated or damaged; write it again")
+
+
 def test_npz_stored_members_are_memory_mapped(tmp_path):
     np.savez(tmp_path / "d.npz", x=np.arange(12, dtype=np.float32).reshape(4, 3))
     import zipfile
