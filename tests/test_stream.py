@@ -574,6 +574,26 @@ def test_npy_whole_file_problems_raise_even_when_skipping(tmp_path, array, messa
         list(read_batches(make_spec(tmp_path / "x.npy", FLOATS, on_bad_record="skip")))
 
 
+def test_npy_cut_short_or_not_npy_says_so(tmp_path):
+    """A .npy cut short was "cannot read the .npy file: mmap length is greater than file
+    size"; a file that is no .npy was numpy's "contains pickled (object) data ... load it
+    unsafely using allow_pickle", advice graphrun cannot take and the user should not."""
+    np.save(tmp_path / "x.npy", np.zeros((4, 3), np.float32))
+    raw = (tmp_path / "x.npy").read_bytes()
+    (tmp_path / "x.npy").write_bytes(raw[:-10])
+    with pytest.raises(InputError) as err:
+        list(read_batches(make_spec(tmp_path / "x.npy", FLOATS)))
+    assert str(err.value) == (
+        "x.npy: its header says [4, 3] float32 (48 bytes) but the file holds 38 bytes after "
+        "it: the file is truncated (a copy or download cut short?); write it again")
+    (tmp_path / "x.npy").write_bytes(b"id,x\n1,2\n")
+    with pytest.raises(InputError) as err:
+        list(read_batches(make_spec(tmp_path / "x.npy", FLOATS)))
+    assert str(err.value).startswith("x.npy: not a valid .npy array: the magic string is not "
+                                      "correct")
+    assert "pickle" not in str(err.value)
+
+
 def test_npy_needs_a_single_input_and_no_id_field(tmp_path):
     np.save(tmp_path / "x.npy", np.zeros((2, 1)))
     with pytest.raises(InputError, match="use .npz"):
