@@ -63,7 +63,9 @@ def _check_size(path: Path, where: str) -> None:
         with open(path, "rb") as f:
             shape, _, dtype = read_npy_header(f, where)
             offset = f.tell()
-    except OSError:
+    except InputError:
+        raise
+    except Exception:  # noqa: BLE001 - a damaged header (TokenError): np.load's message names it
         return
     needed, held = dtype.itemsize * int(np.prod(shape)), path.stat().st_size - offset
     if held < needed:
