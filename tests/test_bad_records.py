@@ -448,6 +448,36 @@ def test_parquet_shards_hold_ids_of_one_type(tmp_path, ids, kind, rejected):
                in r["reason"] for r in rejects)
 
 
+def test_parquet_shards_hold_int64_ids_when_an_integer_id_is_past_int64(tmp_path):
+    """An integer id past int64 (2**63) in a run of integer ids made its shard's id column
+    text, the others int64, so pyarrow.dataset could not read them as one table; it is a bad
+    record now. A first id past int64 makes the run's ids text."""
+    data = tmp_path / "data.jsonl"
+    ids = [0, 1, 2, 3, 4, 5, 2**63, 7, 8, 9, 10, -2**63 - 1]
+    data.write_text("".join(json.dumps({**good(i), "id": rid}) + "\n"
+                            for i, rid in enumerate(ids)))
+    result = cli("run", write_spec(tmp_path, mixed_spec(str(data), fmt="parquet")))
+    assert result.exit_code == 0, result.output
+    shards = sorted((tmp_path / "out").glob("part-*.parquet"))
+    assert [pq.read_schema(p).field("id").type for p in shards] == [pa.int64()] * 2
+    table = pa.dataset.dataset([str(p) for p in shards], format="parquet").to_table()
+    assert table.column("id").to_pylist() == [0, 1, 2, 3, 4, 5, 7, 8, 9, 10]
+    rejects = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").open()]
+    assert [(r["index"], r["id"]) for r in rejects] == [(6, 2**63), (11, -2**63 - 1)]
+    assert rejects[0]["reason"].startswith(
+        "id 9223372036854775808 does not fit the Parquet id column's int64 (the input's first "
+        "id, 0, is an integer)")
+
+    ids = [2**64, 1, 2, "x"]
+    data.write_text("".join(json.dumps({**good(i), "id": rid}) + "\n"
+                            for i, rid in enumerate(ids)))
+    result = cli("run", write_spec(tmp_path, mixed_spec(str(data), fmt="parquet")),
+                 "--overwrite")
+    assert result.exit_code == 0, result.output
+    table = pq.read_table(tmp_path / "out" / "part-00000.parquet")
+    assert table.column("id").to_pylist() == [str(2**64), "1", "2", "x"]
+
+
 def test_a_null_among_a_prompts_token_ids_is_a_bad_record_not_a_crash(tmp_path):
     """A token-id prompt holding null (JSONL, or a Parquet list with a null item) is rejected
     with its place in the list, as any other non-id; a per-record stop list holding null is

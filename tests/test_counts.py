@@ -99,6 +99,19 @@ def test_a_run_whose_every_record_was_rejected_warns_and_exits_1(tmp_path):
                for w in m["warnings"]), m["warnings"]
 
 
+def test_resume_of_a_run_whose_every_record_was_rejected_exits_1_too(tmp_path):
+    """--resume of it said "already complete" and exited 0: a script retrying with --resume
+    took the run that wrote nothing for a success."""
+    spec = make_job(tmp_path, 10, bad=lambda i: True)
+    assert cli("run", spec).exit_code == 1
+    before = (tmp_path / "out" / "manifest.json").read_bytes()
+    result = cli("run", spec, "--resume")
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith("already complete: 0 records out, 10 rejected")
+    assert "every record (10) was rejected; see " in result.output
+    assert (tmp_path / "out" / "manifest.json").read_bytes() == before
+
+
 def test_timings_are_called_noisy_only_where_they_matter_and_are_long_enough(tmp_path):
     """On the CPU the copies are host memcpys of microseconds: a p99 of 160x their median is
     the scheduler, not a finding. A replay of 2 ms with such a tail is worth a warning."""

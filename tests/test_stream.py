@@ -393,6 +393,9 @@ BAD_JSONL = [  # (inputs, line 3 of 5, the record id a reject carries, reason)
     # json reads 2**70 as an int ("does not fit in 64 bits"), orjson as a float ("... int64")
     (DECODER, {"id": "r2", "tokens": [2], "positions": 2**70}, "r2", "does not fit"),
     (SMALL, {"id": "r2", "v": 300}, "r2", "v: value 300 does not fit int8 (-128..127)"),
+    # a whole float past any integer dtype is shown as written, not as its 301 digits
+    (SMALL, {"id": "r2", "v": 1e300}, "r2", "v: value 1e+300 does not fit int8 (-128..127)"),
+    (SMALL, {"id": "r2", "v": 3e9}, "r2", "v: value 3000000000 does not fit int8"),
     (FLOATS, '{"id": "r2", "x": [1, NaN, 2]}', "r2", "x: value nan is NaN or Inf (finite: true)"),
     (FLOATS, '{"id": "r2", "x": [1, -Infinity, 2]}', "r2", "x: value -inf is NaN or Inf"),
     (FLOATS, {"id": "r2", "x": [1, False, 2]}, "r2", "boolean value where float32"),
@@ -571,6 +574,26 @@ def test_npy_whole_file_problems_raise_even_when_skipping(tmp_path, array, messa
         list(read_batches(make_spec(tmp_path / "x.npy", FLOATS, on_bad_record="skip")))
 
 
+def test_npy_cut_short_or_not_npy_says_so(tmp_path):
+    """A .npy cut short was "cannot read the .npy file: mmap length is greater than file
+    size"; a file that is no .npy was numpy's "contains pickled (object) data ... load it
+    unsafely using allow_pickle", advice graphrun cannot take and the user should not."""
+    np.save(tmp_path / "x.npy", np.zeros((4, 3), np.float32))
+    raw = (tmp_path / "x.npy").read_bytes()
+    (tmp_path / "x.npy").write_bytes(raw[:-10])
+    with pytest.raises(InputError) as err:
+        list(read_batches(make_spec(tmp_path / "x.npy", FLOATS)))
+    assert str(err.value) == (
+        "x.npy: its header says [4, 3] float32 (48 bytes) but the file holds 38 bytes after "
+        "it: the file is truncated (a copy or download cut short?); write it again")
+    (tmp_path / "x.npy").write_bytes(b"id,x\n1,2\n")
+    with pytest.raises(InputError) as err:
+        list(read_batches(make_spec(tmp_path / "x.npy", FLOATS)))
+    assert str(err.value).startswith("x.npy: not a valid .npy array: the magic string is not "
+                                      "correct")
+    assert "pickle" not in str(err.value)
+
+
 def test_npy_needs_a_single_input_and_no_id_field(tmp_path):
     np.save(tmp_path / "x.npy", np.zeros((2, 1)))
     with pytest.raises(InputError, match="use .npz"):
@@ -641,6 +664,23 @@ def test_uint64_ids_past_int64_stay_python_ints(tmp_path):
     assert got == [2**63 + 5, 3] and all(type(i) is int for i in got)
 
 
+@pytest.mark.parametrize("save", [np.savez, np.savez_compressed])
+def test_npz_bytes_ids_are_read_as_utf8_and_one_that_is_not_is_a_bad_record(tmp_path, save):
+    """A bytes (S) id array holding a non-ASCII id (b'\\xc3\\xa9', b'\\xff') stopped the run
+    with numpy's UnicodeDecodeError and a traceback."""
+    ids = np.array([b"a", "\u00e9".encode(), b"\xff\xfe", b"d"])
+    save(tmp_path / "d.npz", tokens=np.ones((4, 1), np.int64), positions=np.arange(4), key=ids)
+    spec = make_spec(tmp_path / "d.npz", DECODER, id_field="key", on_bad_record="skip")
+    got, rejects, _ = everything(spec)
+    assert got == ["a", "\u00e9", "d"]
+    assert [(r.index, r.id, r.where, r.reason) for r in rejects] == [
+        (2, None, "d.npz[row 2]", "id b'\\xff\\xfe' is not valid UTF-8 (byte 0xff at byte 0): "
+         "store the ids as text (a numpy str array) or integers")]
+    spec = make_spec(tmp_path / "d.npz", DECODER, id_field="key", on_bad_record="error")
+    with pytest.raises(InputError, match=r"^d\.npz\[row 2\]: id b'\\xff\\xfe' is not valid"):
+        everything(spec)
+
+
 def test_parquet_integer_ids_with_a_null_are_read_as_values(tmp_path):
     pq.write_table(pa.table({"key": pa.array([5, None, 6], pa.int64()),
                              "tokens": [[1], [2], [3]], "positions": [0, 1, 2]}),
@@ -650,6 +690,24 @@ def test_parquet_integer_ids_with_a_null_are_read_as_values(tmp_path):
     assert got == [5, 6]
     assert [(r.index, r.id, r.reason) for r in rejects] == [
         (1, None, "missing id: 'key' is null")]
+
+
+def test_npz_stored_member_shorter_than_its_header_is_an_error(tmp_path):
+    """A stored member cut short (its .npy header whole): the memory map read the last rows
+    from the zip's directory after it, and the run completed with those values."""
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    np.save(buf, np.arange(12, dtype=np.float32).reshape(4, 3))
+    with zipfile.ZipFile(tmp_path / "d.npz", "w") as zf:  # stored, not deflated
+        zf.writestr("x.npy", buf.getvalue()[:-8])
+    spec = make_spec(tmp_path / "d.npz", {"x": {"shape": ["batch", 3], "dtype": "float32"}})
+    with pytest.raises(InputError) as err:
+        everything(spec)
+    assert str(err.value) == (
+        "d.npz: x.npy: its header says [4, 3] float32 (48 bytes) but the member holds 40 "
+        "bytes: the file is truncated or damaged; write it again")
 
 
 def test_npz_stored_members_are_memory_mapped(tmp_path):
@@ -833,7 +891,8 @@ def test_parquet_row_groups_too_big_to_decode_whole_are_streamed(tmp_path, monke
 
 def test_parquet_damaged_row_group_in_the_middle(tmp_path, monkeypatch):
     """The row groups before the damaged one are read (those after it may be decoded already),
-    then the damage is an InputError naming the file."""
+    then the damage is an InputError naming the file, the row group and its rows (it named the
+    file alone: which records were lost was not said)."""
     tuning = Tuning(parquet_threads=4)
     path = write_row_groups(tmp_path / "d.parquet", 40, group_rows=8)
     column = pq.ParquetFile(path).metadata.row_group(2).column(1)  # tokens of rows 16..23
@@ -843,7 +902,9 @@ def test_parquet_damaged_row_group_in_the_middle(tmp_path, monkeypatch):
     path.write_bytes(bytes(raw))
     spec = make_spec(path, DECODER, id_field="id", batch_size=1, on_bad_record="skip")
     read = []
-    with pytest.raises(InputError, match=r"^d\.parquet: cannot decode the Parquet file"):
+    with pytest.raises(InputError, match=r"(?s)^d\.parquet: cannot decode row group 2 \(rows 16 "
+                       r"to 23\) of the Parquet file: .*; the file is damaged there: write it "
+                       r"again$"):
         for batch in read_batches(spec, tuning=tuning):
             read.extend(batch.indices.tolist())
     assert read == [i for i in range(16) if i != 13]

@@ -130,6 +130,10 @@ def run(spec, overrides, out, resume, overwrite, accept_model_change, start, sto
         if manifest.already_complete:
             click.echo(f"already complete: {t.records_out} records out, {t.records_rejected} "
                        f"rejected -> {dest}/manifest.json; nothing to resume")
+            if t.records_rejected and not t.records_out:  # as the run itself exited: 1, not 0
+                click.echo(f"graphrun: every record ({t.records_rejected}) was rejected; see "
+                           f"{dest}/rejects.jsonl", err=True)
+                sys.exit(1)
             return
         if not quiet:
             # a resumed run's totals hold the earlier attempts'; its batches are this one's

@@ -107,7 +107,8 @@ def check_values(name: str, inp: InputSpec, records: Records, positions: np.ndar
             if int(positions[i]) not in problems:
                 seg = slice(starts[i], ends[i])
                 value = flat[seg][bad[seg]][0].item()
-                if isinstance(value, float) and value.is_integer() and target.kind != "f":
+                if (isinstance(value, float) and value.is_integer() and target.kind != "f"
+                        and abs(value) < 2**64):  # 1e300 stays 1e+300, not 301 digits
                     value = int(value)  # records of floats and ints were promoted together
                 problems[int(positions[i])] = f"{name}: {describe(value)}"
 

@@ -107,6 +107,11 @@ def one_id_type(ids: np.ndarray | list, kind: tuple[str, object], problems: dict
                 f"id {rid!r} is text, but this run writes its ids to Parquet as integers (the "
                 f"input's first id, {first}, is one) and a Parquet column holds one type: give "
                 f"every record an integer id, or every record a text id (\"{first}\")"))
+        elif type(rid) is int and not -2**63 <= rid < 2**63:  # else its shard's column is text
+            problems.setdefault(p, (
+                f"id {rid} does not fit the Parquet id column's int64 (the input's first id, "
+                f"{first}, is an integer): give it an id from -2**63 to 2**63-1, or every "
+                f"record a text id (\"{rid}\")"))
     return ids
 
 

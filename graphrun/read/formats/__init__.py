@@ -112,7 +112,8 @@ def parquet_id_kind(spec) -> tuple[str, object] | None:
     first = first_id(spec.data.path, spec.data.id_field)
     if first is None:
         return None
-    return ("int" if type(first) is int else "str"), first
+    # a first id past int64 cannot start an int64 column: the ids are written as their text
+    return ("int" if type(first) is int and -2**63 <= first < 2**63 else "str"), first
 
 
 def first_fields(path) -> list[str]:

@@ -61,11 +61,13 @@ def dense_chunks(spec: PipelineSpec, file: str, arrays: dict, ids, n_rows: int, 
     for lo in range(start, stop, step):
         hi = min(lo + step, stop)
         rows = np.arange(lo, hi, dtype=np.int64)  # read-only from here on: shared
+        problems: dict[int, str] = {}
         yield Candidates(
             indices=rows,
-            ids=chunk_ids(ids[lo:hi]) if ids is not None else None,
+            ids=chunk_ids(ids[lo:hi], problems) if ids is not None else None,
             where=RowWhere(file, rows),
             fields={name: Field(dense=np.asarray(a[lo:hi])) for name, a in arrays.items()},
+            problems=problems,
         )
         # Records of the file's dtype stay views of the mapping until they are padded into
         # the host slots (no copy in between). The consumer asks for chunk k+1 only once it
@@ -127,15 +129,24 @@ def _libc_madvise():
     return fn
 
 
-def chunk_ids(ids: np.ndarray) -> np.ndarray | list:
+def chunk_ids(ids: np.ndarray, problems: dict[int, str]) -> np.ndarray | list:
     """A chunk of an id array: integers as int64 (no Python int per record), strings as a list
     of str. uint64 ids past the int64 range stay Python ints (the writer stores such a shard's
-    ids as strings, as it always did)."""
-    if ids.dtype.kind == "S":
-        return ids.astype(str).tolist()
+    ids as strings, as it always did). A bytes id that is not UTF-8 is None, with a problem."""
+    if ids.dtype.kind == "S":  # decoded as UTF-8: numpy's astype(str) raised on any non-ASCII
+        return [_utf8_id(p, b, problems) for p, b in enumerate(ids.tolist())]
     if ids.dtype.kind in "iu":
         return int64_ids(np.asarray(ids))
     return ids.tolist()
+
+
+def _utf8_id(p: int, raw: bytes, problems: dict[int, str]) -> str | None:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        problems[p] = (f"id {raw!r} is not valid UTF-8 (byte 0x{raw[e.start]:02x} at byte "
+                       f"{e.start}): store the ids as text (a numpy str array) or integers")
+        return None
 
 
 def int64_ids(ids: np.ndarray) -> np.ndarray | list:

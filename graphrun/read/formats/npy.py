@@ -49,7 +49,26 @@ class NpyReader:
         try:
             array = np.load(self.path, mmap_mode="r", allow_pickle=False)
         except Exception as e:  # noqa: BLE001 - a damaged header raises all sorts (TokenError)
+            _check_size(self.path, where)  # not .npy, or cut short: said so, not numpy's words
             raise InputError(f"cannot read the .npy file: {e}", where=where) from e
         name = next(iter(spec.inputs))
         check_array(spec, name, array, where)
         return name, array
+
+
+def _check_size(path: Path, where: str) -> None:
+    """An InputError where the file is no .npy (numpy calls it pickled data, and suggests
+    allow_pickle) or holds fewer bytes than its header's shape and dtype need."""
+    try:
+        with open(path, "rb") as f:
+            shape, _, dtype = read_npy_header(f, where)
+            offset = f.tell()
+    except InputError:
+        raise
+    except Exception:  # noqa: BLE001 - a damaged header (TokenError): np.load's message names it
+        return
+    needed, held = dtype.itemsize * int(np.prod(shape)), path.stat().st_size - offset
+    if held < needed:
+        raise InputError(f"its header says {list(shape)} {dtype} ({needed} bytes) but the file "
+                         f"holds {held} bytes after it: the file is truncated (a copy or "
+                         "download cut short?); write it again", where=where)

@@ -84,11 +84,18 @@ def npz_member(path: Path, zf: zipfile.ZipFile, member: str):
         if header[:4] != b"PK\x03\x04":
             raise InputError(f"corrupt .npz member {member!r}", where=path.name)
         name_len, extra_len = struct.unpack("<HH", header[26:30])
-        f.seek(info.header_offset + 30 + name_len + extra_len)
+        data_start = info.header_offset + 30 + name_len + extra_len
+        f.seek(data_start)
         shape, fortran, dtype = read_npy_header(f, f"{path.name}[{member}]")
         offset = f.tell()
     if dtype.hasobject:
         raise InputError(f"{member}: object arrays are not supported", where=path.name)
+    held = data_start + info.file_size - offset  # else the map reads on into the zip's directory
+    needed = dtype.itemsize * int(np.prod(shape))
+    if held < needed:
+        raise InputError(f"{member}: its header says {list(shape)} {dtype} ({needed} bytes) but "
+                         f"the member holds {max(held, 0)} bytes: the file is truncated or "
+                         "damaged; write it again", where=path.name)
     if int(np.prod(shape)) == 0:
         return np.empty(shape, dtype)
     return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape,

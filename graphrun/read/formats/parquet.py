@@ -261,6 +261,10 @@ def _stream_group(pf, file: str, group: int, columns: list[str], step: int) -> I
         except StopIteration:
             return
         except Exception as e:  # noqa: BLE001 - ArrowInvalid, OSError, ... from a damaged file
-            raise InputError(f"cannot decode the Parquet file: {type(e).__name__}: {e}",
-                             where=file) from e
+            # named by its row group and rows: which records were lost, and where to look
+            first = sum(pf.metadata.row_group(g).num_rows for g in range(group))
+            last = first + pf.metadata.row_group(group).num_rows - 1
+            raise InputError(f"cannot decode row group {group} (rows {first} to {last}) of the "
+                             f"Parquet file: {type(e).__name__}: {e}; the file is damaged "
+                             "there: write it again", where=file) from e
         yield rb
