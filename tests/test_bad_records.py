@@ -125,6 +125,8 @@ BAD_LINES = [
     ("duplicate id", with_(12, id="r0"), "r0", r"duplicate id 'r0'"),
     ("invalid UTF-8", b'{"id": "r\xff13", "x": [13, 1, 2, 3], "k": 3, "t": [1]}', None,
      r"invalid UTF-8 \(byte 0xff"),
+    ("two records joined at a lone CR", with_(14) + b"\r" + with_(15), None,
+     r"records joined at a lone carriage return \(column \d+\): the file mixes line ends"),
 ]
 TRUNCATED = (b'{"id": "r99", "x": [99, 1', None, r"truncated last line")
 

@@ -194,6 +194,11 @@ def parse_line(line: bytes) -> tuple[object, str]:
         if opened is not None:  # json names the newline, a control character, not the cause
             return None, (f"invalid JSON: the string opened at column {opened} is not closed "
                           "(no closing quote before the line ends)")
+        cr = text.find("\r")  # a lone CR ends a record only where the file's start has no LF
+        if e.msg.startswith("Extra data") and 0 <= cr <= e.pos:
+            return None, (f"invalid JSON: records joined at a lone carriage return (column "
+                          f"{cr + 1}): the file mixes line ends (a lone \\r ends lines only "
+                          "in a file whose first 64 KiB hold no \\n); end every line with \\n")
         return None, (f"invalid JSON: {e.msg.removesuffix(' at')} "
                       f"(column {min(e.pos, len(text)) + 1})")
     except ValueError:  # Python's limit on an integer's digits (sys.get_int_max_str_digits)
