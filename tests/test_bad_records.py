@@ -480,6 +480,28 @@ def test_parquet_shards_hold_int64_ids_when_an_integer_id_is_past_int64(tmp_path
     assert table.column("id").to_pylist() == [str(2**64), "1", "2", "x"]
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "npz", "parquet without statistics"])
+def test_parquet_shards_hold_text_ids_from_a_uint64_column_past_int64(tmp_path, fmt):
+    """A uint64 id column with ids past int64 (64-bit hashes) wrote int64 ids in the shards
+    without one and text in the others, which pyarrow.dataset cannot read as one table."""
+    ids = np.arange(12, dtype=np.uint64)
+    ids[9:] += np.uint64(2**63)
+    x = np.stack([np.arange(12), np.ones(12), np.ones(12), np.ones(12)], 1).astype(np.float32)
+    k, t = np.arange(12) % 10, np.ones((12, 2), np.int64)
+    if fmt == "npz":
+        np.savez(tmp_path / "data.npz", id=ids, x=x, k=k, t=t)
+    else:
+        pq.write_table(pa.table({"id": pa.array(ids), "x": list(x), "k": k, "t": list(t)}),
+                       tmp_path / "data.parquet", write_statistics=fmt == "parquet")
+    data = tmp_path / ("data.npz" if fmt == "npz" else "data.parquet")
+    result = cli("run", write_spec(tmp_path, mixed_spec(str(data), fmt="parquet")))
+    assert result.exit_code == 0, result.output
+    shards = sorted((tmp_path / "out").glob("part-*.parquet"))
+    assert [pq.read_schema(p).field("id").type for p in shards] == [pa.string()] * 3
+    table = pa.dataset.dataset([str(p) for p in shards], format="parquet").to_table()
+    assert table.column("id").to_pylist() == [str(i) for i in ids.tolist()]
+
+
 def test_a_null_among_a_prompts_token_ids_is_a_bad_record_not_a_crash(tmp_path):
     """A token-id prompt holding null (JSONL, or a Parquet list with a null item) is rejected
     with its place in the list, as any other non-id; a per-record stop list holding null is

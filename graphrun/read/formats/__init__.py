@@ -105,15 +105,52 @@ def parquet_id_kind(spec) -> tuple[str, object] | None:
     that its id column has one type in every shard (pyarrow reads the shards as one table only
     then): "int" where the first id is an integer (a record with another id is refused), "str"
     where it is text (integer ids are written as their text, the one id they are already for
-    duplicates). None where the ids have one type anyway (ordinals, a Parquet input's column)
-    or the output is not Parquet."""
+    duplicates). From a Parquet or .npz input's uint64 id column holding ids past int64, "str"
+    too: else the shards holding those would write text ids and the others int64. None where
+    the ids have one type anyway (ordinals, another column) or the output is not Parquet."""
     if spec.output.format != "parquet" or not spec.data.id_field:
         return None
+    if Path(spec.data.path).suffix.lower() != ".jsonl":
+        wide = _past_int64(Path(spec.data.path), spec.data.id_field)
+        return ("str", None) if wide else None
     first = first_id(spec.data.path, spec.data.id_field)
     if first is None:
         return None
     # a first id past int64 cannot start an int64 column: the ids are written as their text
     return ("int" if type(first) is int and -2**63 <= first < 2**63 else "str"), first
+
+
+def _past_int64(path: Path, id_field: str) -> bool:
+    """Whether a Parquet or .npz file's id column is uint64 with an id of 2**63 or more (read
+    from the row groups' statistics where they hold them, else from the column)."""
+    import numpy as np
+
+    try:
+        if path.suffix.lower() == ".npz":
+            with np.load(path, allow_pickle=False) as z:
+                ids = z[id_field] if id_field in z.files else None
+            return (ids is not None and ids.dtype == np.uint64 and len(ids) > 0
+                    and int(ids.max()) >= 2**63)
+        if path.suffix.lower() == ".parquet":
+            import pyarrow as pa
+            import pyarrow.compute as pc
+            import pyarrow.parquet as pq
+
+            pf = pq.ParquetFile(path)
+            if pf.schema_arrow.field(id_field).type != pa.uint64():
+                return False
+            column = pf.schema_arrow.get_field_index(id_field)
+            for g in range(pf.metadata.num_row_groups):
+                stats = pf.metadata.row_group(g).column(column).statistics
+                if stats is None or not stats.has_min_max:
+                    top = pc.max(pf.read_row_group(g, columns=[id_field]).column(0)).as_py()
+                else:
+                    top = stats.max
+                if top is not None and top >= 2**63:
+                    return True
+    except Exception:  # noqa: BLE001 - the reader reports an unreadable file as it reads
+        return False
+    return False
 
 
 def first_fields(path) -> list[str]:
