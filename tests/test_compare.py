@@ -189,7 +189,8 @@ def generation_run(folder, tokens_per_s: float, p50_us: float):
                 "latency_us": {"e2e": {"p50": p50_us, "p99": p50_us * 1.1}}}
                for p in (128, 256)]
     manifest = {"spec": {"outputs": {}}, "buckets": buckets, "files": [],
-                "totals": {"records_out": 64, "batches": 4},
+                "totals": {"records_in": 64, "records_out": 64, "records_rejected": 0,
+                           "batches": 4},
                 "generation": {"output_tokens": 8192, "output_tokens_per_s": tokens_per_s}}
     (folder / "manifest.json").write_text(json.dumps(manifest))
     return folder

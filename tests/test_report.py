@@ -167,6 +167,9 @@ FOREIGN = [
     ("manifest.json", '[1]', "manifest.json: not a graphrun manifest (no spec, totals, "
                              "buckets, files of the right type): give the folder `graphrun run`"),
     ("manifest.json", '{"x": 1}', "manifest.json: not a graphrun manifest"),
+    ("manifest.json", '{"spec": {}, "totals": {"records_in": 3}, "buckets": [], "files": []}',
+     "manifest.json: a damaged manifest: totals lacks records_out, records_rejected: run the "
+     "job again into this folder (--overwrite)"),
     ("bench.json", '{"x": 1}', "bench.json: not a bench.json graphrun wrote (8 problem(s); the "
                                "first: x: Extra inputs are not permitted): give the folder "
                                "`graphrun bench` wrote"),

@@ -27,6 +27,9 @@ TOTALS = ("records_out", "batches", "records_per_s", "wall_s", "setup_s", "strea
 GENERATION_TOTALS = ("output_tokens", "output_tokens_per_s")  # a generation run's, from its section
 
 
+COUNTS = ("records_in", "records_out", "records_rejected")  # in every manifest's totals
+
+
 def load_manifest(folder: Path) -> dict:
     path = Path(folder) / "manifest.json"
     try:
@@ -48,6 +51,12 @@ def load_manifest(folder: Path) -> dict:
     if wrong:
         raise InputError(f"not a graphrun manifest (no {', '.join(wrong)} of the right type): "
                          "give the folder `graphrun run` wrote", where=str(path))
+    # the counts every manifest has held: one missing was a KeyError in the table it fills
+    lacking = [k for k in COUNTS if not isinstance(manifest["totals"].get(k), int)]
+    if lacking:
+        raise InputError(f"a damaged manifest: totals lacks {', '.join(lacking)}: run the job "
+                         "again into this folder (--overwrite), or give another run's folder",
+                         where=str(path))
     return manifest
 
 
