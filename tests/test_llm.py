@@ -264,3 +264,12 @@ def test_overrides_that_cannot_apply_are_refused_not_dropped(tmp_path):
     assert [p.message for p in got.value.problems] == [
         "expected a list of 'key.path=value' strings, got one string: pass "
         "overrides=['generate.max_new_tokens=3']"]
+
+
+def test_a_calls_parameter_given_to_the_constructor_says_where_it_goes():
+    """LLM(folder, temperature=0.5), as vLLM's users write it, was Python's TypeError."""
+    with pytest.raises(graphrun.SpecError, match=r"temperature is a parameter of each call: "
+                                                 r"llm\.generate\(prompts, temperature=\.\.\.\)"):
+        graphrun.LLM(str(FOLDER), temperature=0.5)
+    with pytest.raises(graphrun.SpecError, match=r"unknown keyword 'foo': LLM\(\) takes overrides"):
+        graphrun.LLM(str(FOLDER), foo=1)

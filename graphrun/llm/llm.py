@@ -20,7 +20,7 @@ from graphrun.generate.config import GenerationError
 from graphrun.generate.engine import Request
 from graphrun.generate.records import with_implied_io
 from graphrun.generate.runner import GenerationRunner
-from graphrun.llm.asked import Asked, ask, call_params
+from graphrun.llm.asked import NOT_IN_PROCESS, PARAMS, Asked, ask, call_params
 from graphrun.plan.auto import resolve_auto
 from graphrun.spec.keys import PipelineSpec
 from graphrun.spec.load import Positions, load_spec, override_list, spec_from_data
@@ -55,7 +55,16 @@ class LLM:
 
     def __init__(self, model_or_spec, *, overrides=(), max_new_tokens: int | None = None,
                  max_prompt_tokens: int | None = None, dtype: str = "float32",
-                 device: str = "auto", log=None):
+                 device: str = "auto", log=None, **unknown):
+        if unknown:  # a sampling parameter given here (vLLM's habit) was Python's TypeError
+            name = sorted(unknown)[0]
+            said = (f"{name} is a parameter of each call: llm.generate(prompts, {name}=...)"
+                    if name in PARAMS else
+                    f"{NOT_IN_PROCESS[name]} is served by `graphrun run` (a spec's generate: "
+                    "section), not yet in process" if name in NOT_IN_PROCESS else
+                    f"unknown keyword {name!r}: LLM() takes overrides, max_new_tokens, "
+                    "max_prompt_tokens, dtype, device and log")
+            raise _refused("LLM", said)
         spec = _spec(model_or_spec, override_list(overrides), max_new_tokens,
                      max_prompt_tokens, dtype, device)
         spec, _ = resolve_auto(with_implied_io(spec))  # buckets: auto, planned as the job does
