@@ -174,6 +174,12 @@ def test_schema_in_a_checkout_rewrites_that_checkout_only(tmp_path, monkeypatch)
     assert stale.exit_code == 1 and "spec.md" in stale.output
 
 
+def test_report_help_names_every_folder_it_draws():
+    """report draws bench folders too (README, experiments.md), which its help left out."""
+    said = " ".join(cli("report", "--help").output.split())
+    assert "run folders (compared), a sweep folder or a bench folder" in said, said
+
+
 def test_debug_is_accepted_after_the_verb(write_spec):
     bad = write_spec(MLP_SPEC.replace("builtin: mlp", "builtin: nope"))
     proc = subprocess.run([sys.executable, "-m", "graphrun", "run", str(bad), "--debug"],

@@ -104,6 +104,28 @@ def test_each_prompts_own_parameters_are_honoured_and_order_kept(llm):
     assert [b.token_ids for b in both] == [greedy[0][:1], greedy[0][:3]]
 
 
+def test_a_stop_string_ends_the_text_before_it_as_the_job_writes_it(tmp_path, llm):
+    prompt = prompts_of_examples(3)[2]["prompt"]
+    full = llm.generate(prompt)[0]
+    # a stop string inside the greedy text, past its first character (text is left before it)
+    at = next(i for i in range(1, len(full.text) - 2) if "\ufffd" not in full.text[i:i + 3])
+    stop = full.text[at:at + 3]
+    got = llm.generate(prompt, stop=[stop])[0]
+    assert got.finish_reason == "stop"
+    assert got.text == full.text[:full.text.index(stop)] != full.text
+    assert full.token_ids[:len(got.token_ids)] == got.token_ids
+    # the job with the same stop string writes the same record
+    data = tmp_path / "one.jsonl"
+    data.write_text(json.dumps({"id": "p", "prompt": prompt}) + "\n")
+    spec = graphrun.load_spec(write_spec(tmp_path), overrides=[
+        f"data.path={data}", f"generate.max_new_tokens={NEW}", "data.group_by_length=null",
+        f"generate.stop.strings={json.dumps([stop])}"])
+    graphrun.run(spec)
+    row = completions(tmp_path / "out")[0]
+    assert (row["text"], row["token_ids"], row["finish_reason"]) == (
+        got.text, got.token_ids, got.finish_reason)
+
+
 def test_bad_prompts_are_refused_together_naming_their_places(llm):
     with pytest.raises(graphrun.InputError) as err:
         llm.generate(["fine", {"prompt": "x", "temperature": -1}, {"text": "y"},

@@ -67,7 +67,8 @@ def compare(a, b, as_json) -> None:
               default=Path("report.html"), show_default=True, help="The HTML file to write.")
 @debug_option
 def report(dirs, out) -> None:
-    """One self-contained HTML page of charts from run folders (compared) or a sweep folder."""
+    """One self-contained HTML page of charts from run folders (compared), a sweep folder or a
+    bench folder."""
     from graphrun.experiments.report import write_report
 
     try:

@@ -401,12 +401,13 @@ class OutputConfig(Strict):
     format: Literal["npy", "jsonl", "parquet", "openai_batch"] = Field(
         "npy", description="Shard format. openai_batch (a generation job): JSONL lines as the "
         "OpenAI Batch API writes them ({id, custom_id, response: {status_code, request_id, "
-        "body: a chat.completion or text_completion}, error}).")
+        "body: a chat.completion or text_completion}, error}). Left out in a generation "
+        "job: jsonl (openai_batch for an OpenAI Batch file).")
     rows_per_file: Optional[Size] = Field(
         None, description="Records per output shard. null: as many as make about 64 MiB of "
         "outputs (from the outputs' shapes and dtypes, an axis at its largest bucket), a "
-        "multiple of 1024 from 1024 to 100000: full shards commit in the background while the "
-        "stream goes on.")
+        "multiple of 1024 from 1024, at most 100000: full shards commit in the background while "
+        "the stream goes on.")
     commit_interval_s: float = Field(
         10.0, gt=0, description="Seconds after which the records written since the last "
         "commit are committed although their shard is not full (the shard stays open and "
