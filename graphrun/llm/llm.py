@@ -109,8 +109,8 @@ class LLM:
         with self.runner.device_context():
             done = self.engine.generate(asked.prompts, asked.record_ids, asked.params)
         # at a stop string the engine gives the text before it, as the job writes it
-        return [GenerateOutput(id=rid, text=self._decode(c.token_ids) if c.text is None else c.text,
-                               token_ids=list(c.token_ids),
+        return [GenerateOutput(id=rid, token_ids=list(c.token_ids),
+                               text=self._decode(c.token_ids) if c.text is None else c.text,
                                finish_reason=c.finish_reason, prompt_tokens=c.prompt_tokens,
                                output_tokens=c.output_tokens)
                 for rid, c in zip(asked.record_ids, done)]
