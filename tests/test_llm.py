@@ -255,6 +255,7 @@ def test_a_prompt_too_long_says_what_can_still_be_changed():
             llm.generate(long)
     said = str(e.value)
     assert "more than 1016" in said and "smaller max_new_tokens" in said
+    assert "the model's 1024 positions less max_new_tokens 8)" in said
     assert "max_prompt_tokens=N" not in said
 
 

@@ -245,9 +245,9 @@ def _too_long_advice(given, spec: PipelineSpec) -> str | None:
     new = spec.generate.max_new_tokens
     most = _positions(Path(given)) - new
     if max_length(spec, tokenizer_folder(spec)) >= most:  # already all the positions allow
-        return (f"(this LLM's longest prompt: the model's positions less max_new_tokens, "
-                f"{new}): shorten the prompt, or build the LLM with a smaller max_new_tokens "
-                "to leave a prompt more of them")
+        return (f"(this LLM's longest prompt: the model's {most + new} positions less "
+                f"max_new_tokens {new}): shorten the prompt, or build the LLM with a smaller "
+                "max_new_tokens to leave a prompt more of them")
     return (f"(this LLM's longest prompt): build it with LLM(folder, max_prompt_tokens=N), N "
             f"up to {most} (the model's positions less max_new_tokens), or shorten the prompt")
 
