@@ -140,6 +140,16 @@ def test_a_named_prompt_field_blank_in_most_records_gives_way_to_one_with_text(t
     assert graphrun.load_spec(spec_path).data.text.field == "question"
 
 
+def test_a_longer_file_is_grouped_in_windows_of_at_most_1024_prompts(tmp_path):
+    """A window's completions wait, unwritten, for its first ones (outputs in input order), so
+    an interrupt loses up to a window's work: init's generation windows stay small."""
+    data = tmp_path / "many.jsonl"
+    write_prompts(data, n=2500)
+    result, spec_path = init(tmp_path, TINY, data=data)
+    assert result.exit_code == 0, result.output
+    assert graphrun.load_spec(spec_path).data.group_by_length == 1024  # 128 batches of 8
+
+
 def test_a_model_that_is_no_causal_lm_is_refused(tmp_path):
     from tests.test_init_hf import save_model
 

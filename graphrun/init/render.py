@@ -18,7 +18,9 @@ from graphrun.spec.keys import BATCH
 SCHEMA_NAME = "pipeline.schema.json"
 _PLAIN = re.compile(r"[A-Za-z_./][A-Za-z0-9_./-]*")
 _COMMENT_COL = 44
-GROUP_WINDOW = 4096  # prompts per window of a generation spec at most (the whole file if fewer)
+# prompts per window of a generation spec at most (the whole file if fewer): a window's
+# completions wait, unwritten, for its first ones, so an interrupt can lose a window's work
+GROUP_WINDOW = 1024
 
 
 def render_spec(found, spec_dir: Path, out_dir: str) -> str:
