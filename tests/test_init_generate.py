@@ -111,33 +111,27 @@ def test_too_few_positions_for_the_new_tokens_is_one_message(tmp_path):
         result.output
 
 
-def test_the_prompt_field_is_preferred_to_other_text(tmp_path):
-    data = tmp_path / "two.jsonl"
-    write_prompts(data, extra={"text": "a reference answer"})
+ALPACA = [{"instruction": f"Name a colour, take {i}", "input": "" if i % 3 else f"context {i}",
+           "output": "red"} for i in range(30)]
+MOSTLY_BLANK = [{"prompt": "" if i % 4 else "hi", "question": f"why {i}?"} for i in range(20)]
+
+
+@pytest.mark.parametrize("records, field, unused", [
+    (None, "prompt", "text"),  # the prompt field is preferred to other text
+    (ALPACA, "instruction", "input, output"),  # not Alpaca's often blank, optional input
+    (MOSTLY_BLANK, "question", None),  # a named field blank in most records gives way
+], ids=["prompt beside text", "alpaca", "mostly blank prompt"])
+def test_the_prompt_field_is_the_named_one_that_holds_text(tmp_path, records, field, unused):
+    data = tmp_path / "prompts.jsonl"
+    if records is None:
+        write_prompts(data, extra={"text": "a reference answer"})
+    else:
+        data.write_text("".join(json.dumps(r) + "\n" for r in records))
     result, spec_path = init(tmp_path, TINY, data=data)
     assert result.exit_code == 0, result.output
-    assert graphrun.load_spec(spec_path).data.text.field == "prompt"
-    assert "string fields not used: text" in result.output
-
-
-def test_alpaca_records_take_the_instruction_not_the_often_blank_input(tmp_path):
-    data = tmp_path / "alpaca.jsonl"
-    data.write_text("".join(json.dumps({"instruction": f"Name a colour, take {i}",
-                                        "input": "" if i % 3 else f"context {i}",
-                                        "output": "red"}) + "\n" for i in range(30)))
-    result, spec_path = init(tmp_path, TINY, data=data)
-    assert result.exit_code == 0, result.output
-    assert graphrun.load_spec(spec_path).data.text.field == "instruction"
-    assert "string fields not used: input, output" in result.output
-
-
-def test_a_named_prompt_field_blank_in_most_records_gives_way_to_one_with_text(tmp_path):
-    data = tmp_path / "blank.jsonl"
-    data.write_text("".join(json.dumps({"prompt": "" if i % 4 else "hi", "question": f"why {i}?"})
-                            + "\n" for i in range(20)))
-    result, spec_path = init(tmp_path, TINY, data=data)
-    assert result.exit_code == 0, result.output
-    assert graphrun.load_spec(spec_path).data.text.field == "question"
+    assert graphrun.load_spec(spec_path).data.text.field == field
+    if unused:
+        assert f"string fields not used: {unused}" in result.output
 
 
 def test_a_longer_file_is_grouped_in_windows_of_at_most_1024_prompts(tmp_path):
