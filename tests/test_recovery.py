@@ -446,6 +446,30 @@ def test_resume_of_a_completed_run_changes_nothing(job, tmp_path):
     assert m.totals.records_out + m.totals.records_rejected == 500
 
 
+def test_a_signal_after_the_last_record_says_the_run_completed(tmp_path, monkeypatch):
+    """A SIGTERM during the final commit (the run's last step, signals held) said "run again
+    with --resume to continue", while the manifest said completed and --resume had nothing
+    to do."""
+    from graphrun.job.state import RunResources
+
+    spec = make_job(tmp_path, n=40)
+    hash_model = RunResources.record_model_hash
+
+    def signalled(self):  # the signal comes while the run completes
+        os.kill(os.getpid(), signal.SIGTERM)
+        return hash_model(self)
+
+    monkeypatch.setattr(RunResources, "record_model_hash", signalled)
+    result = cli("run", spec, "-q")
+    assert result.exit_code == 128 + signal.SIGTERM, result.output
+    assert ("interrupted by SIGTERM: the run had completed, every record written "
+            "(manifest.json says so); nothing is left to resume") in result.output
+    assert manifest(tmp_path / "out")["status"] == "completed"
+    monkeypatch.undo()
+    again = cli("run", spec, "--resume", "-q")
+    assert again.exit_code == 0 and "already complete" in again.output
+
+
 # ---- what a folder may be used for ---------------------------------------------------------------
 
 @pytest.fixture

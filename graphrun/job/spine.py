@@ -85,8 +85,10 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
         return manifest
     if show:
         summary_table(manifest, shown=record.printed)
-    if stop_signal.signum:
-        raise Interrupted(stop_signal.signum)
+    if stop_signal.signum:  # one that came after the last record: said so, not "resume"
+        raise Interrupted(stop_signal.signum) if manifest.status != "completed" else \
+            Interrupted(stop_signal.signum, after="the run had completed, every record "
+                        "written (manifest.json says so); nothing is left to resume")
     return manifest
 
 
