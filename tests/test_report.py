@@ -163,6 +163,19 @@ def test_a_folder_without_a_manifest_is_one_message(tmp_path):
     assert "Traceback" not in result.output
 
 
+def test_a_bench_folder_beside_a_run_folder_is_said_to_be_reported_alone(tmp_path):
+    """It said "no manifest.json: not a run folder" of the bench folder."""
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "bench.json").write_text("{}")
+    (tmp_path / "r").mkdir()
+    result = CliRunner().invoke(main, ["report", str(tmp_path / "r"), str(tmp_path / "b"),
+                                       "-o", str(tmp_path / "x.html")])
+    assert result.exit_code == 2, result.output
+    assert (f"{tmp_path / 'b'}: a bench folder is reported on its own: `graphrun report "
+            f"{tmp_path / 'b'}`; run folders are compared together") in result.output
+    assert "Traceback" not in result.output
+
+
 FOREIGN = [
     ("manifest.json", '[1]', "manifest.json: not a graphrun manifest (no spec, totals, "
                              "buckets, files of the right type): give the folder `graphrun run`"),

@@ -496,6 +496,14 @@ def render(folders: list[Path]) -> str:
 
         blocks = bench_blocks(c.plotly(), folders[0])
     else:
+        alone = next((f for f in folders for name in ("sweep.json", "bench.json")
+                      if (f / name).is_file() and not (f / "manifest.json").is_file()), None)
+        if alone is not None:  # it said "no manifest.json: not a run folder" of it
+            from graphrun.base.errors import InputError
+
+            kind = "sweep" if (alone / "sweep.json").is_file() else "bench"
+            raise InputError(f"a {kind} folder is reported on its own: `graphrun report "
+                             f"{alone}`; run folders are compared together", where=str(alone))
         blocks = run_blocks(folders)
     parts, first = [], True
     for block in blocks:
