@@ -31,7 +31,7 @@ def text_field(profile, prefer: tuple[str, ...] = TEXT_NAMES) -> str:
     # a named field blank in most records (Alpaca's optional `input`) is no prompt beside one
     # that holds text
     held = [n for n in named if 2 * sum(_blank(v) for v in texts[n]) < len(texts[n])]
-    if held or named:
+    if named:
         return (held or named)[0]
     if len(texts) == 1:
         return next(iter(texts))
