@@ -283,7 +283,7 @@ def plan_grouped(found, texts: list[str], tokenizer, limit: int, *,
     far = outliers(lengths)
     if far.any():  # the seq buckets are planned without them (said)
         generate = found.task is not None and found.task.kind == "generate"
-        wheres = (found.prompt_wheres if getattr(found, "prompt_wheres", None) is not None
+        wheres = (found.prompt_wheres if found.prompt_wheres is not None
                   else text_wheres(p, found.text_field, generate))
         found.outliers = [(wheres[i] if i < len(wheres) else f"text {i + 1}", int(lengths[i]))
                           for i in np.flatnonzero(far)]
