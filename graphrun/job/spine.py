@@ -85,10 +85,11 @@ def run(spec, *, out: str | Path | None = None, resume: bool = False, overwrite:
         return manifest
     if show:
         summary_table(manifest, shown=record.printed)
-    if stop_signal.signum:  # one that came after the last record: said so, not "resume"
-        raise Interrupted(stop_signal.signum) if manifest.status != "completed" else \
-            Interrupted(stop_signal.signum, after="the run had completed, every record "
-                        "written (manifest.json says so); nothing is left to resume")
+    if stop_signal.signum and manifest.status == "completed":  # it came after the last record
+        raise Interrupted(stop_signal.signum, after="the run had completed, every record "
+                          "written (manifest.json says so); nothing is left to resume")
+    if stop_signal.signum:
+        raise Interrupted(stop_signal.signum)
     return manifest
 
 
