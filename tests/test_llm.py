@@ -160,6 +160,23 @@ def test_bad_prompts_are_refused_together_naming_their_places(llm):
     assert "output.format" not in str(err.value)
 
 
+def test_chat_refuses_a_plain_prompt_and_names_generate(llm):
+    """A dict with `prompt` given to chat() was served as a plain prompt, no template rendered."""
+    hi = [{"role": "user", "content": "hi"}]
+    with pytest.raises(graphrun.InputError) as err:
+        llm.chat([hi, {"id": "p", "prompt": "An old fisherman"},
+                  {"prompt": "x", "messages": hi}, {"id": "q"}], max_new_tokens=2)
+    message = str(err.value)
+    assert "3 of 4 prompts" in message and "[0]" not in message
+    for i in (1, 2):
+        assert (f"[{i}] 'prompt' is a plain prompt, which chat() does not take: give a "
+                "conversation as messages, or the prompt to generate()") in message
+    assert "[3] give messages" in message
+    # the same dict is generate()'s, and a dict with messages is chat()'s
+    assert llm.generate({"prompt": "An old fisherman"}, max_new_tokens=2)[0].output_tokens == 2
+    assert llm.chat({"id": "c", "messages": hi}, max_new_tokens=2)[0].id == "c"
+
+
 def test_a_list_of_token_ids_is_one_prompt(llm):
     """An int is no prompt of its own: [5, 6, 7] is one prompt, as [[5, 6, 7]] is."""
     one = llm.generate([5, 6, 7], max_new_tokens=2)

@@ -4,8 +4,9 @@ token ids, record id and own parameters, checked all at once before any work.
 A prompt is a string (tokenized as the spec's data.text tokenizes a record's text), a list of
 token ids (used as given), a conversation (OpenAI messages, rendered by the model's chat
 template as data.chat renders a record's), or a dict holding one of these under `prompt` or
-`messages`, with an optional `id` and its own parameters (PARAMS). The call's parameters apply
-to every prompt; a dict's own win.
+`messages`, with an optional `id` and its own parameters (PARAMS). LLM.chat takes conversations
+only: a dict's `messages`, never its `prompt`. The call's parameters apply to every prompt; a
+dict's own win.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def ask(spec: PipelineSpec, items, base: RequestParams, vocab: int, *,
         record = {"messages": item} if chat and not isinstance(item, dict) else item
         if not isinstance(record, dict):
             record = {"prompt": record}
-        got = _one(spec, record, base, vocab)
+        got = _one(spec, record, base, vocab, chat)
         if isinstance(got, str):
             problems[i] = got
             continue
@@ -148,15 +149,19 @@ def _is_messages(items) -> bool:
         isinstance(m, dict) and "role" in m for m in items)
 
 
-def _one(spec: PipelineSpec, record: dict, base: RequestParams, vocab: int
+def _one(spec: PipelineSpec, record: dict, base: RequestParams, vocab: int, chat: bool
          ) -> tuple[Prompt | list[int], RequestParams] | str:
     """(a text to tokenize or token ids, its parameters), or why the prompt is refused."""
-    named = [k for k in PROMPT_KEYS if k in record]
+    if chat and "prompt" in record:  # as vLLM's LLM.chat: a plain prompt is no conversation
+        return ("'prompt' is a plain prompt, which chat() does not take: give a conversation "
+                "as messages, or the prompt to generate()")
+    keys = ("messages",) if chat else PROMPT_KEYS
+    named = [k for k in keys if k in record]
     if len(named) != 1:
-        return f"give one of {' or '.join(PROMPT_KEYS)}"
-    unknown = sorted(set(record) - {*PROMPT_KEYS, "id", *PARAMS})
+        return "give messages" if chat else f"give one of {' or '.join(keys)}"
+    unknown = sorted(set(record) - {*keys, "id", *PARAMS})
     if unknown:
-        return f"unknown key {unknown[0]!r}: give prompt or messages, id, {', '.join(PARAMS)}"
+        return f"unknown key {unknown[0]!r}: give {' or '.join(keys)}, id, {', '.join(PARAMS)}"
     own = _params(record, base)
     if isinstance(own, str):
         return own

@@ -89,7 +89,8 @@ class LLM:
     def chat(self, conversations, **params) -> list[GenerateOutput]:
         """Completions of conversations (each a list of OpenAI messages, or a dict with
         `messages`, `id` and its own parameters), rendered by the model's chat template with
-        the generation prompt, in their order."""
+        the generation prompt, in their order. A dict with `prompt` is refused: generate()
+        serves plain prompts."""
         with self._lock:
             self._check_open()
             return self._run(ask(self.spec, conversations, call_params(params),
