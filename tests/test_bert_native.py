@@ -150,12 +150,15 @@ def test_an_embedding_job_says_whose_code_ran_and_both_embed_alike(tmp_path):
     folder = save(tmp_path / "bert")
     ours = graphrun.run(graphrun.load_spec(embed_spec(tmp_path, folder)))
     assert ours.environment.model_code == "graphrun"
+    assert ours.environment.model_code_reason == (
+        "model.hf.implementation auto: graphrun's own BERT loads the folder as transformers' "
+        "AutoModel would")
     mine = embeddings(tmp_path / "out")
     theirs = graphrun.run(graphrun.load_spec(embed_spec(tmp_path, folder,
                                                         implementation="transformers")),
                           overwrite=True)
     assert theirs.environment.model_code == "transformers"
-    assert theirs.environment.model_code_reason is None
+    assert theirs.environment.model_code_reason == "model.hf.implementation: transformers"
     assert mine.shape == (40, 48)
     assert (mine * embeddings(tmp_path / "out")).sum(1).min() > 0.99999
 
@@ -184,7 +187,7 @@ def test_an_encoder_saved_without_its_pooler_runs_on_graphruns_code(tmp_path):
     assert not imports_transformers(spec)
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["environment"]["model_code"] == "graphrun"
-    assert manifest["environment"]["model_code_reason"] is None
+    assert "graphrun's own BERT loads the folder" in manifest["environment"]["model_code_reason"]
     mine = embeddings(tmp_path / "out")
     theirs = graphrun.run(graphrun.load_spec(embed_spec(tmp_path, folder,
                                                         implementation="transformers")),

@@ -169,18 +169,27 @@ def completions(out: Path) -> list[list[int]]:
 def test_the_manifest_says_whose_code_ran_and_both_give_the_same_completions(tmp_path):
     ours = graphrun.run(graphrun.load_spec(write_spec(tmp_path, TINY)))
     assert ours.environment.model_code == "graphrun"
-    assert ours.environment.model_code_reason is None
+    assert ours.environment.model_code_reason == (
+        "model.hf.implementation auto: graphrun's own Llama loads the folder as transformers' "
+        "AutoModelForCausalLM would")
     mine = completions(tmp_path / "out")
     theirs = graphrun.run(graphrun.load_spec(write_spec(tmp_path, TINY,
                                                         implementation="transformers")),
                           overwrite=True)
     assert theirs.environment.model_code == "transformers"
+    assert theirs.environment.model_code_reason == "model.hf.implementation: transformers"
     assert completions(tmp_path / "out") == mine
     fallback = graphrun.run(graphrun.load_spec(write_spec(tmp_path, TINY,
                                                           kwargs={"revision": "main"})),
                             overwrite=True)
     assert fallback.environment.model_code == "transformers"
     assert "kwargs (revision)" in fallback.environment.model_code_reason
+    named = graphrun.run(graphrun.load_spec(write_spec(tmp_path, TINY,
+                                                       implementation="graphrun")),
+                         overwrite=True)
+    assert (named.environment.model_code, named.environment.model_code_reason) == (
+        "graphrun", "model.hf.implementation: graphrun")
+    assert completions(tmp_path / "out") == mine
 
 
 def test_implementation_graphrun_on_a_folder_it_cannot_load_is_one_error(tmp_path):

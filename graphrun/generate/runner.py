@@ -304,11 +304,11 @@ def _checkpoint(spec: PipelineSpec) -> "Checkpoint | str | None":
 
 def build_generation_model(spec: PipelineSpec, device: torch.device,
                            layout_known: Callable[[object], None] | None = None):
-    """A generation spec's causal LM on `device`, and whose code it is (the manifest's
-    environment.model_code, and why transformers' where graphrun's could not): a builtin
-    (model.builtin); a Hugging Face folder graphrun's Llama or GPT-2 loads (model.hf.implementation:
-    auto or graphrun), which imports no transformers; else as every model is built
-    (models/load.py: transformers, target, ...). layout_known: called with graphrun's model's
+    """A generation spec's causal LM on `device`, and whose code it is and why (the manifest's
+    environment.model_code and model_code_reason): a builtin (model.builtin); a Hugging Face
+    folder graphrun's Llama or GPT-2 loads (model.hf.implementation: auto or graphrun), which
+    imports no transformers; else as every model is built (models/load.py: transformers,
+    target, ...). layout_known: called with graphrun's model's
     shape (LlamaShape, GPT2Shape) before its weights are made or read."""
     m = spec.model
     if m.builtin is not None:
@@ -320,24 +320,28 @@ def build_generation_model(spec: PipelineSpec, device: torch.device,
         return model, ("builtin", None)
     reason = None
     if m.hf is not None and m.hf.implementation != "transformers":
-        from graphrun.models.hf import not_graphruns
+        from graphrun.models.hf import code_reason, not_graphruns
 
         found = _checkpoint(spec)
         if isinstance(found, Checkpoint):
             if layout_known is not None:
                 layout_known(found.shape)
-            return load_checkpoint(found, device, torch_dtype(m.dtype)), ("graphrun", None)
+            return load_checkpoint(found, device, torch_dtype(m.dtype)), (
+                "graphrun", code_reason(m.hf, found.shape.family))
         if m.hf.implementation == "graphrun":
             raise not_graphruns(m.hf, found)
         reason = found
+    code = (None, None)
     if m.hf is not None:  # refused before its weights are read
+        from graphrun.models.hf import code_reason
         from graphrun.spec.paths import resolve_path
 
         check_before_loading(m.hf, resolve_path(m.hf.path, spec.base_dir),
                              max(spec.buckets[PROMPT_AXIS]) + spec.generate.max_new_tokens)
+        code = ("transformers", code_reason(m.hf, why_not=reason))
     from graphrun.models.load import build_model
 
-    return build_model(spec, device, spec.base_dir), ("transformers" if m.hf else None, reason)
+    return build_model(spec, device, spec.base_dir), code
 
 
 def folder_eos_ids(spec: PipelineSpec) -> tuple[int, ...]:

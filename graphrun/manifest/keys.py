@@ -40,8 +40,10 @@ class Environment(_M):
         "Llama or BERT, loading the folder's weights; no transformers import), transformers "
         "(the model.hf class), or builtin.")
     model_code_reason: Optional[str] = Field(
-        None, description="Why model.hf.implementation auto ran transformers' code: what "
-        "graphrun's own could not load as transformers would.")
+        None, description="Why that code ran a model.hf: the implementation the spec named "
+        "(model.hf.implementation: graphrun or transformers), or under auto that graphrun's own "
+        "code loads the folder as transformers would, or what it could not load (then "
+        "transformers' ran). Null where model_code is null or builtin.")
 
 
 class BatchCheck(_M):

@@ -204,8 +204,8 @@ def encoder_checkpoint(hf, where: str, outputs: dict | None):
 
 def model_code(spec) -> tuple[str | None, str | None]:
     """Whose code runs a one-pass spec's model.hf (the manifest's environment.model_code):
-    graphrun or transformers, and why transformers where auto chose it; (None, None) for
-    other model sources. A folder that cannot be read is the build's to report."""
+    graphrun or transformers, and why (code_reason); (None, None) for other model sources.
+    A folder that cannot be read is the build's to report."""
     hf = spec.model.hf
     if hf is None:
         return None, None
@@ -214,7 +214,20 @@ def model_code(spec) -> tuple[str | None, str | None]:
                                            spec.outputs)
     except ModelError:  # the build reports it
         return None, None
-    return ("graphrun", None) if found is not None else ("transformers", reason)
+    return (("graphrun", code_reason(hf, "BERT")) if found is not None
+            else ("transformers", code_reason(hf, why_not=reason)))
+
+
+def code_reason(hf, ours: str | None = None, why_not: str | None = None) -> str:
+    """Why model.hf runs on graphrun's own code (ours: its family, "Llama") or on transformers'
+    (why_not: what graphrun's could not load, where auto chose), for the manifest's
+    environment.model_code_reason."""
+    if hf.implementation != "auto":
+        return f"model.hf.implementation: {hf.implementation}"
+    if ours is not None:
+        return (f"model.hf.implementation auto: graphrun's own {ours} loads the folder as "
+                f"transformers' {hf.class_} would")
+    return why_not
 
 
 def import_model_code(transformers, cls, where: str, kwargs: dict) -> None:
