@@ -115,12 +115,14 @@ def test_repeats_alternate_the_modes_bucket_by_bucket():
                       lambda m: None)
     assert calls == [("eager", "b1"), ("graph", "b1"), ("eager", "b2"), ("graph", "b2")] * 2
     assert got["graph"]["b2"] == [4, 8] and got["eager"]["b1"] == [1, 5]
-    # a long repeat says how far it is
+    # a long repeat says how far the whole bench is: a later repeat's start is no "0 of 2"
     said = []
-    round_robin(sessions, ["b1", "b2"], 1, lambda s, key: 0, [], said.append, every_s=0)
-    assert [line.split(",")[0] for line in said[1:]] == [
-        "bench: repeat 1/1: 0 of 2 buckets timed", "bench: repeat 1/1: 1 of 2 buckets timed"]
-    assert all(line.endswith(" s so far") for line in said[1:])
+    round_robin(sessions, ["b1", "b2"], 2, lambda s, key: 0, [], said.append, every_s=0)
+    progress = [line for line in said if "so far" in line]
+    assert [line.split(",")[0] for line in progress] == [
+        f"bench: {done} of 4 bucket timings done (repeat {r}/2)"
+        for done, r in ((0, 1), (1, 1), (2, 2), (3, 2))]
+    assert all(line.endswith(" s so far") for line in progress)
 
 
 def test_the_fastest_mode_is_named_only_beyond_the_noise():

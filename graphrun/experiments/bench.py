@@ -253,8 +253,9 @@ def round_robin(sessions: list[Session], keys: list, repeats: int, measure, note
         for i, key in enumerate(keys):
             if time.monotonic() - said >= every_s:
                 said = time.monotonic()
-                log(f"bench: repeat {r + 1}/{repeats}: {i} of {len(keys)} buckets timed, "
-                    f"{said - t0:,.0f} s so far")
+                # counted across repeats: a later repeat's start is no "0 of N"
+                log(f"bench: {r * len(keys) + i} of {repeats * len(keys)} bucket timings done "
+                    f"(repeat {r + 1}/{repeats}), {said - t0:,.0f} s so far")
             for s in list(alive):
                 if key not in s.steps:
                     continue
