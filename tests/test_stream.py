@@ -707,7 +707,7 @@ def test_npz_stored_member_shorter_than_its_header_is_an_error(tmp_path):
         everything(spec)
     assert str(err.value) == (
         "d.npz: x.npy: its header says [4, 3] float32 (48 bytes) but the member holds 40 "
-        "bytes: the file is truncated or damaged; write it again")
+        "bytes after it: the file is truncated or damaged; write it again")
 
 
 def test_npz_stored_members_are_memory_mapped(tmp_path):

@@ -35,6 +35,14 @@ def read_npy_header(f, where: str) -> tuple[tuple, bool, np.dtype]:
                      where=where)
 
 
+def npy_too_short(shape: tuple, dtype: np.dtype, held: int, holder: str) -> str:
+    """Why `held` bytes after a .npy header cannot be its array ("" where they can); holder:
+    what holds them (the file, an .npz member)."""
+    needed = dtype.itemsize * int(np.prod(shape))
+    return (f"its header says {list(shape)} {dtype} ({needed} bytes) but {holder} holds "
+            f"{max(held, 0)} bytes after it" if held < needed else "")
+
+
 def check_array(spec: PipelineSpec, name: str, array, where: str) -> None:
     """Whole-file problems of a dense array: every record would fail, so they are errors even
     with on_bad_record: skip."""

@@ -9,7 +9,8 @@ from typing import Iterator
 import numpy as np
 
 from graphrun.base.errors import InputError
-from graphrun.read.formats.dense import check_array, dense_chunks, read_npy_header
+from graphrun.read.formats.dense import (check_array, dense_chunks, npy_too_short,
+                                         read_npy_header)
 from graphrun.read.records import Candidates
 from graphrun.spec.keys import PipelineSpec
 from graphrun.base.tuning import Tuning
@@ -67,8 +68,7 @@ def _check_size(path: Path, where: str) -> None:
         raise
     except Exception:  # noqa: BLE001 - a damaged header (TokenError): np.load's message names it
         return
-    needed, held = dtype.itemsize * int(np.prod(shape)), path.stat().st_size - offset
-    if held < needed:
-        raise InputError(f"its header says {list(shape)} {dtype} ({needed} bytes) but the file "
-                         f"holds {held} bytes after it: the file is truncated (a copy or "
-                         "download cut short?); write it again", where=where)
+    short = npy_too_short(shape, dtype, path.stat().st_size - offset, "the file")
+    if short:
+        raise InputError(f"{short}: the file is truncated (a copy or download cut short?); "
+                         "write it again", where=where)

@@ -12,7 +12,8 @@ from typing import Iterator
 import numpy as np
 
 from graphrun.base.errors import InputError
-from graphrun.read.formats.dense import check_array, dense_chunks, read_npy_header
+from graphrun.read.formats.dense import (check_array, dense_chunks, npy_too_short,
+                                         read_npy_header)
 from graphrun.read.records import Candidates
 from graphrun.spec.keys import PipelineSpec
 from graphrun.base.tuning import Tuning
@@ -90,12 +91,11 @@ def npz_member(path: Path, zf: zipfile.ZipFile, member: str):
         offset = f.tell()
     if dtype.hasobject:
         raise InputError(f"{member}: object arrays are not supported", where=path.name)
-    held = data_start + info.file_size - offset  # else the map reads on into the zip's directory
-    needed = dtype.itemsize * int(np.prod(shape))
-    if held < needed:
-        raise InputError(f"{member}: its header says {list(shape)} {dtype} ({needed} bytes) but "
-                         f"the member holds {max(held, 0)} bytes: the file is truncated or "
-                         "damaged; write it again", where=path.name)
+    # the member's own bytes, not the file's: past them the map would read the zip's directory
+    short = npy_too_short(shape, dtype, data_start + info.file_size - offset, "the member")
+    if short:
+        raise InputError(f"{member}: {short}: the file is truncated or damaged; write it again",
+                         where=path.name)
     if int(np.prod(shape)) == 0:
         return np.empty(shape, dtype)
     return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape,
