@@ -147,11 +147,11 @@ def test_the_overlapped_path_keeps_at_most_slots_batches_in_flight(runner):
     held, most = set(), [0]
     stage, launch = runner.launcher.stage, runner.launcher.launch
 
-    def staging(fields, n, lengths, slot, ids=None):
+    def staging(fields, n, lengths, slot, ids=None, indices=None):
         assert slot not in held, f"slot {slot} staged while still in flight"
         held.add(slot)
         most[0] = max(most[0], len(held))
-        return stage(fields, n, lengths, slot, ids=ids)
+        return stage(fields, n, lengths, slot, ids=ids, indices=indices)
 
     class Collecting:  # the launch's handle, its slot counted free once its result is taken
         def __init__(self, launched):

@@ -14,7 +14,7 @@ from graphrun.base.errors import GraphrunError
 VARIABLES: dict[str, tuple[str, str]] = {
     "GRAPHRUN_OVERLAP": (
         "auto", "the streaming path: on (threads side by side), off (serial), auto (on for "
-                "CUDA, off on the CPU)"),
+                "CUDA and for generation, off for a forward pass on the CPU)"),
     "GRAPHRUN_PARQUET_THREADS": (
         "cores - 4, 2 to 12", "threads decoding Parquet row groups at once"),
     "GRAPHRUN_JSONL_WORKERS": (

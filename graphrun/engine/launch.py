@@ -174,9 +174,9 @@ class Launcher:
                 BufferSet(lay.out_dims, lay.out_dtypes, largest, cpu, pin=self.cuda)))
 
     def stage(self, fields: dict, n: int, lengths: dict[str, np.ndarray], slot: int,
-              ids=None) -> Bucket:
+              ids=None, indices=None) -> Bucket:
         """Pick the bucket for n real rows and pad them into host slot `slot`'s staging views
-        (one forward pass: ids play no part)."""
+        (one forward pass: ids and indices play no part)."""
         want = {a: int(v.max()) if len(v) else 1 for a, v in lengths.items()}
         bucket = self.table.pick(n, want)
         if bucket is None:
@@ -246,7 +246,8 @@ class Launcher:
         outs, times = self.launch(bucket, 0, n, lengths, timed=timed).result()
         return outs, bucket, times
 
-    def run_rows(self, fields: dict, n: int, lengths: dict[str, np.ndarray], ids=None):
+    def run_rows(self, fields: dict, n: int, lengths: dict[str, np.ndarray], ids=None,
+                 indices=None):
         """n real rows, any n: through one bucket, or per data.oversize when n is larger than
         every batch bucket. Returns (outputs, [(bucket or None, phase times)])."""
         largest = self.table.max_batch

@@ -185,6 +185,12 @@ class Runner:
         """An IndexError is most often an input's range or pad past an embedding table."""
         return index_hint(self.model, self.spec.inputs) if isinstance(exc, IndexError) else None
 
+    @property
+    def default_path(self) -> tuple[bool, str]:
+        """(overlapped, why) where neither the caller nor GRAPHRUN_OVERLAP chose: serial on
+        the CPU, where torch's own threads run the model on every core."""
+        return (True, "the default on a GPU") if self.cuda else (False, "the default on the CPU")
+
     def first_use(self, state: BucketState, batch: int) -> None:
         """capture.lazy: batch number `batch` needs a bucket not set up yet. Wait for the lanes'
         work in flight (no capture beside it), set it up on every lane, then go on. Its time

@@ -46,8 +46,11 @@ class Completer:
     failing, say) is raised on the launching thread at its next call. Otherwise inline."""
 
     def __init__(self, sink: Sink, pool: SlotPool, on_batches: Callable, host: dict, *,
-                 threaded: bool, reorder: Reorder | None = None):
-        self.sink, self.pool = sink, pool
+                 threaded: bool, reorder: Reorder | None = None,
+                 on_done: Callable = lambda ordinals: None):
+        """on_done(ordinals): records finished (a part's rows, out of the engine) or
+        rejected, in the completer's order: what the progress counts."""
+        self.sink, self.pool, self.on_done = sink, pool, on_done
         self.reorder = reorder or Reorder()  # grouped batches' outputs, until their window ends
         self.on_batches, self.host = on_batches, host
         self._error: BaseException | None = None  # raised once on the launching thread
@@ -150,6 +153,7 @@ class Completer:
         if isinstance(job, RejectJob):
             r = job.reject
             self.sink.reject(r.index, r.id, r.where, r.reason)
+            self.on_done([r.index])
             return
         item = job.item
         if isinstance(job, Collect):
@@ -170,4 +174,5 @@ class Completer:
             if item.window_end:
                 self.sink.write(*self.reorder.flush(), item.window)
         self.on_batches(ran, item.n, int(item.indices[0]))
+        self.on_done(item.indices)
         self.host["write"] += time.perf_counter() - t0

@@ -27,8 +27,9 @@ Serially (slots=1, no threads) the same three steps run one after another per ba
 Order is kept everywhere: batches are launched, collected, written and rejected in input
 order, so outputs, the journal and --resume are the same on both paths.
 
-On a CPU the stream is serial by default: torch's own threads run the model on every core, and
-the stager and completer would take cores (and the GIL) from it. GRAPHRUN_OVERLAP (or run()'s
+On a CPU a forward pass's stream is serial by default: torch's own threads run the model on
+every core, and the stager and completer would take cores (and the GIL) from it. A generation
+job's is overlapped on every device (its runner's default_path). GRAPHRUN_OVERLAP (or run()'s
 overlap) forces either path (job/spine.py).
 """
 
@@ -73,8 +74,8 @@ def overlap_choice(overlap: bool | None) -> bool | None:
 
 def feed_stream(engine: Engine, batches: Iterable[Batch], sink: Sink, *,
                 on_batches: Callable, on_read: Callable, should_stop: Callable[[], bool],
-                start: int = 0, oversize: str = "split", overlap: bool = True
-                ) -> dict[str, float]:
+                start: int = 0, oversize: str = "split", overlap: bool = True,
+                on_done: Callable = lambda ordinals: None) -> dict[str, float]:
     """Run every record batch; return host seconds per phase and thread (manifest.py's
     host_phase_s says which).
 
@@ -82,9 +83,11 @@ def feed_stream(engine: Engine, batches: Iterable[Batch], sink: Sink, *,
     which journals it so that --resume re-reads whole batches (see journal.py).
     oversize: data.oversize; a batch larger than every bucket is split into parts here, or
     (eager, error) handed to engine.run_rows whole.
-    overlap: True (threads), False (serial)."""
+    overlap: True (threads), False (serial).
+    on_read(record batch) as each is read; on_done(ordinals) as records finish (Completer)."""
     host = dict.fromkeys(("read", "stage", "read_wait", "launch", "device_wait", "write"), 0.0)
-    stream = Stream(engine, sink, on_batches, on_read, should_stop, host, oversize == "split")
+    stream = Stream(engine, sink, on_batches, on_read, should_stop, host, oversize == "split",
+                    on_done=on_done)
     stream.run(with_batch_starts(batches, start), overlap)
     return host
 
@@ -119,6 +122,7 @@ class Stream:
     should_stop: Callable[[], bool]
     host: dict
     split: bool  # data.oversize: split
+    on_done: Callable = lambda ordinals: None
     # data.group_by_length: the window's outputs so far
     reorder: Reorder = field(default_factory=Reorder)
 
@@ -128,7 +132,7 @@ class Stream:
         work = self.staged(batches, pool)
         source = Prefetch(work, depth=pool.size) if overlap else work
         done = Completer(self.sink, pool, self.on_batches, self.host, threaded=overlap,
-                         reorder=self.reorder)
+                         reorder=self.reorder, on_done=self.on_done)
         stream = engine.current_stream()
         try:
             with engine.device_context():
@@ -168,7 +172,7 @@ class Stream:
             elif item.kind == "whole":  # data.oversize: eager, or error, which run_rows raises
                 with model_blamed(item, rb, self.engine):
                     outs, ran = self.engine.run_rows(item.fields, item.n, item.lengths,
-                                                     ids=item.ids)
+                                                     ids=item.ids, indices=item.indices)
                 done.written(item, outs, ran)
             if item.last and self.should_stop():
                 break
@@ -196,7 +200,8 @@ class Stream:
                     part.slot = pool.acquire()
                     t0 = time.perf_counter()
                     part.bucket = self.engine.stage(part.fields, part.n, part.lengths,
-                                                    part.slot, ids=part.ids)
+                                                    part.slot, ids=part.ids,
+                                                    indices=part.indices)
                     host["stage"] += time.perf_counter() - t0
                     part.fields = None  # staged: the rows live in the slot now
                 yield part

@@ -32,13 +32,16 @@ class Engine(Protocol):
     def make_room(self, overlap: bool) -> int: ...
 
     # ids: the part's record ids, for an engine whose result depends on them (a generation
-    # job's sampling stream); others ignore them
-    def stage(self, fields: dict, n: int, lengths: dict, slot: int, ids=None) -> Bucket: ...
+    # job's sampling stream); indices: their input ordinals, for an engine that keeps what
+    # finished by them (a generation job's finished.jsonl); others ignore both
+    def stage(self, fields: dict, n: int, lengths: dict, slot: int, ids=None,
+              indices=None) -> Bucket: ...
 
     def launch(self, bucket: Bucket, slot: int, n: int, lengths: dict, *,
                stream=None) -> Launched: ...
 
-    def run_rows(self, fields: dict, n: int, lengths: dict, ids=None) -> tuple[dict, list]: ...
+    def run_rows(self, fields: dict, n: int, lengths: dict, ids=None,
+                 indices=None) -> tuple[dict, list]: ...
 
     def current_stream(self): ...  # the stream launches go to (None: none of this thread's)
 

@@ -108,6 +108,13 @@ class GenerationRunner:
         """Output tokens of the records finished so far: the progress's tokens/s."""
         return self.engine.stats.output_tokens
 
+    @property
+    def default_path(self) -> tuple[bool, str]:
+        """(overlapped, why) where neither the caller nor GRAPHRUN_OVERLAP chose: overlapped on
+        every device. Serially one part is in flight, so no prompt waits to refill a slot
+        that frees up."""
+        return True, "the default for generation: prompts wait to refill the slots that free up"
+
     def device_context(self):
         """The runner's device made current (in-process generation: LLM)."""
         return torch.cuda.device(self.device) if self.cuda else nullcontext()
@@ -185,7 +192,8 @@ class GenerationRunner:
             kv_blocks=e.num_blocks, kv_cache_bytes=e.kv_bytes, graphs=graphs,
             prompts_truncated=truncated, prompts_rejected=rejected, mbu=self.mbu(),
             decode_attention=self.decode_attention(),
-            warm_up=KernelWarmUp(**self.warm.report()) if self.warm is not None else None)
+            warm_up=KernelWarmUp(**self.warm.report()) if self.warm is not None else None,
+            records_taken_back=self.launcher.taken_back)
 
     def decode_attention(self) -> str | None:
         """generation.decode_attention: which attention the decode steps ran (None without a

@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Callable
 
 import numpy as np
@@ -150,6 +150,17 @@ class Scheduler:
         self._error: BaseException | None = None
         self._inflight: set[Part] = set()  # launched, not yet finished (failed on an error)
         self._lock = threading.Lock()
+        self._log = None  # write/finished.FinishedLog: a job's completions kept as they finish
+
+    @property
+    def taken_back(self) -> int:
+        """Records whose completions finished.jsonl gave back (keep)."""
+        return self._log.taken if self._log is not None else 0
+
+    def keep(self, log) -> None:
+        """A job's finished.jsonl (write/finished.py): each sample is added to it as it
+        finishes, and a record an earlier attempt kept is taken back, not generated again."""
+        self._log = log
 
     # -- the feed's engine ---------------------------------------------------------------------
 
@@ -171,10 +182,11 @@ class Scheduler:
         """None: the engine's own errors say where and what to do."""
         return None
 
-    def stage(self, fields: dict, n: int, lengths: dict, slot: int, ids=None) -> Bucket:
-        """The part's prompts (unpadded token ids), record ids (each record's sampling stream)
-        and own parameters (where the records carry them) kept for its launch; its bucket is
-        its row count."""
+    def stage(self, fields: dict, n: int, lengths: dict, slot: int, ids=None,
+              indices=None) -> Bucket:
+        """The part's prompts (unpadded token ids), record ids (each record's sampling stream),
+        input ordinals (finished.jsonl's keys) and own parameters (where the records carry
+        them) kept for its launch; its bucket is its row count."""
         tokens, real = fields["input_ids"], lengths[PROMPT_AXIS]
         prompts = [np.asarray(tokens[i])[:int(real[i])].tolist() for i in range(n)]
         record_ids = list(range(n)) if ids is None else (
@@ -182,33 +194,45 @@ class Scheduler:
         own = fields.get(REQUEST_FIELD)
         params = [None] * n if own is None else [
             None if own[i] is None or own[i].is_default else own[i] for i in range(n)]
-        self._staged[slot] = (prompts, record_ids, params)
+        ordinals = [None] * n if indices is None else [int(k) for k in indices]
+        self._staged[slot] = (prompts, record_ids, params, ordinals)
         return Bucket((n,), (BATCH,))
 
     def launch(self, bucket: Bucket, slot: int, n: int, lengths: dict, *,
                stream=None) -> Part:
-        """The part's prompts handed to the scheduler; nothing waits here."""
-        prompts, record_ids, params = self._staged.pop(slot)
-        part = Part([self.engine.samples_of(p) for p in params], self.text_decoder(),
+        """The part's prompts handed to the scheduler, but for the records finished.jsonl
+        gave back; nothing waits here."""
+        prompts, record_ids, params, ordinals = self._staged.pop(slot)
+        samples = [self.engine.samples_of(p) for p in params]
+        part = Part(samples, self.text_decoder(),
                     self.token_text() if self.token_text is not None else None,
                     with_samples=self.with_samples)
         seen = self.parts.setdefault(bucket, PartRows())
         seen.batches += 1
         seen.records += len(prompts)
+        asked = []
+        for i, (prompt, rid, own, k) in enumerate(zip(prompts, record_ids, params, ordinals)):
+            kept = self._log.take(k, samples[i]) if self._log and k is not None else None
+            if kept is None:
+                asked.append(Request(prompt, rid, own, tag=(part, i, k)))
+                continue
+            for fields in kept:
+                part.finished(i, Completion(**fields))
+        if not asked:
+            return part
         with self._lock:
             if self._error is not None:
                 raise self._error
             self._inflight.add(part)
         self._start()
-        self._queue.put([Request(prompt, rid, own, tag=(part, i))
-                         for i, (prompt, rid, own) in enumerate(zip(prompts, record_ids,
-                                                                    params))])
+        self._queue.put(asked)
         return part
 
-    def run_rows(self, fields: dict, n: int, lengths: dict, ids=None) -> tuple[dict, list]:
+    def run_rows(self, fields: dict, n: int, lengths: dict, ids=None,
+                 indices=None) -> tuple[dict, list]:
         """A part larger than the slots (data.oversize eager): handed over whole, the engine
         admits it as slots free up."""
-        bucket = self.stage(fields, n, lengths, -1, ids=ids)
+        bucket = self.stage(fields, n, lengths, -1, ids=ids, indices=indices)
         rows, times = self.launch(bucket, -1, n, lengths).result()
         return rows, [(bucket, times)]
 
@@ -254,8 +278,11 @@ class Scheduler:
         return None if not got and self._ended else got
 
     def _emit(self, done: Finished) -> None:
-        part, i = done.request.tag
+        part, i, k = done.request.tag
         part.finished(i, done.completion)
+        if self._log is not None and k is not None:
+            self._log.add(k, len(part.completions[i]), done.completion.sample,
+                          asdict(done.completion))
         if not part.left:
             with self._lock:
                 self._inflight.discard(part)

@@ -19,7 +19,7 @@ SCHEMA_NAME = "pipeline.schema.json"
 _PLAIN = re.compile(r"[A-Za-z_./][A-Za-z0-9_./-]*")
 _COMMENT_COL = 44
 # prompts per window of a generation spec at most (the whole file if fewer): a window's
-# completions wait, unwritten, for its first ones, so an interrupt can lose a window's work
+# completions wait, unwritten (kept in finished.jsonl), for its first ones, held in memory
 GROUP_WINDOW = 1024
 
 

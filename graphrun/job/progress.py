@@ -56,8 +56,16 @@ class Progress:
         elif self._bar is not None:
             self._bar.update(self._task, total=total)
 
+    def streaming(self) -> None:
+        """The stream begins: rates count from now (setup and capture are not in them)."""
+        if self._lines is not None:
+            self._lines.t0 = self._lines.shown = time.monotonic()
+        elif self._bar is not None:
+            self._bar.reset(self._task, start=True, total=self._bar.tasks[0].total)
+
     def advance(self, n: int) -> None:
-        """Count n more records. Called on the launching thread once per batch: the bar is
+        """Count n more records finished. Called on the completer's thread (the launching one,
+        serially) once per batch and per rejected record: the bar is
         updated at most every UPDATE_S (an update costs tens of microseconds, a GPU batch
         may take less than a millisecond)."""
         if self._lines is not None:
@@ -91,7 +99,8 @@ class Progress:
 
 class ProgressLines:
     """`graphrun: 12,000/100,000 records (12%), 3,100 records/s, ETA 0:00:25`, a line every
-    LINE_S seconds; the rate counts from the first batch (setup and capture are not in it). A
+    LINE_S seconds; the rate counts from the stream's start (Progress.streaming; else the
+    first batch finished): setup and capture are not in it. A
     generation job's line has its output tokens/s after the records/s."""
 
     def __init__(self, total: int | None, out, tokens=None):
@@ -267,7 +276,8 @@ def generation_line(g) -> str:
     2,561; prompt tokens 9,100 computed, 31,000 reused (77%)`: the generation section in a
     line (the prefix cache's counts where it reused any; with
     model.compile, how many of its graphs compiled: a fallback's reasons are in the manifest;
-    on a GPU, the decode steps the device waited on the host for, where there were any)."""
+    on a GPU, the decode steps the device waited on the host for, where there were any; after
+    --resume, the records finished.jsonl gave back)."""
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(g.finish_reasons.items()))
     times = "; ".join(f"{name} {key} {values[key]:.1f} ms"
                       for name, values in (("TTFT", g.ttft_ms), ("TPOT", g.tpot_ms))
@@ -284,11 +294,13 @@ def generation_line(g) -> str:
               if g.prompt_tokens_reused else "")
     padded = (f"; prefill padding {g.prefill_padding:.0%} of {g.prefill_positions:,} positions"
               if g.prefill_positions else "")
+    kept = (f"; {g.records_taken_back:,} records' completions taken back from finished.jsonl"
+            if g.records_taken_back else "")
     return (f"generation: {g.output_tokens:,} output tokens ({reasons}), "
             f"{g.output_tokens_per_s:,.0f} tokens/s" + (f"; {times}" if times else "")
             + f"; {g.wasted_fraction:.0%} of decode row-steps wasted" + waste_causes(g)
             + slots + padded
-            + reused + compiled + waited)
+            + reused + compiled + waited + kept)
 
 
 def waste_causes(g) -> str:

@@ -29,6 +29,7 @@ from graphrun.read.grouping import PaddingCount
 from graphrun.base.phases import BEFORE_RUN, PhaseClock, phase
 from graphrun.job.state import JobRunner, RunHashes, RunRecord, RunResources
 from graphrun.job.signals import StopSignals
+from graphrun.write.finished import FinishedLog
 from graphrun.read.stream import ReadAhead, padded_batches
 from graphrun.read.formats import first_fields
 from graphrun.read.prompts import parameter_warnings
@@ -263,19 +264,23 @@ def run_stream(record: RunRecord, held: RunResources, fingerprint: dict, resume_
         # not beside the stream: reading the file to hash it slows the stream's reads
         held.record_hashes(record, fingerprint)
     if overlap is None:
-        overlap = runner.cuda
-        record.overlap_how = "the default on a GPU" if runner.cuda else "the default on the CPU"
+        overlap, record.overlap_how = runner.default_path
     record.overlapped = overlap
     if overlap:  # the overlapped path's pinned slots: setup, not the stream
         with phase("host slots"):
             runner.launcher.make_room(True)
+    if spec.generate is not None:  # completions that finish out of order, kept as they do
+        held.finished = FinishedLog.open(held.out_dir, lambda: held.run_key(fingerprint), start,
+                                         lambda: held.writer.committed_from)
+        runner.launcher.keep(held.finished)
     record.stream_t0 = time.perf_counter()
+    progress.streaming()
     stop_signal.streaming()  # from here a signal lets the batch in flight finish
     with phase("stream"):
         record.host_s = parts.feed_stream(
             runner.launcher, held.reader, held.writer, oversize=spec.data.oversize,
             on_batches=lambda ran, n, first: record.log_batches(held.latencies, ran, n, first),
-            on_read=lambda rb: progress.advance(record.count(rb)),
+            on_read=record.count, on_done=lambda done: progress.advance(record.new(done)),
             should_stop=lambda: bool(stop_signal.signum), start=start, overlap=overlap)
     # Full shards commit in the background: the stream is over once they are
     # journaled (and a commit that failed fails the run here, with its manifest).

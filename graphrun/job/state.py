@@ -21,7 +21,7 @@ from graphrun.feed.protocols import Engine
 from graphrun.manifest.latency import noise_floor_us, percentiles, spread_warning
 from graphrun.write.disk import write_failure, write_remedy
 from graphrun.write.folder import FilesHash, model_files, write_fingerprint
-from graphrun.write.journal import InputHash
+from graphrun.write.journal import SPEC_COPY, InputHash
 from graphrun.manifest.keys import (Digests, FileEntry, Manifest, Totals, all_rejected,
                                     environment, run_manifest, spec_digest)
 from graphrun.manifest.sections import BucketPhases, Phase, Phases
@@ -46,6 +46,9 @@ class JobRunner(Protocol):
     launcher: Engine
 
     def bucket_reports(self) -> list: ...  # manifest.keys.BucketReport per bucket or part size
+
+    @property
+    def default_path(self) -> tuple[bool, str]: ...  # (overlapped, why) where nobody chose
 
     # the manifest's sections of this engine's own (generation's), beside every job's
     def manifest_sections(self, percentiles, rejected: int = 0, truncated: int = 0) -> dict: ...
@@ -153,6 +156,12 @@ class RunRecord:
                 r.index >= self.count_from for r in rb.rejects)
         self.records_in += new
         return new
+
+    def new(self, ordinals) -> int:
+        """How many of these records finished were not committed by an earlier run."""
+        if self.count_from == 0:
+            return len(ordinals)
+        return int(np.count_nonzero(np.asarray(ordinals) >= self.count_from))
 
     def settle_counts(self) -> None:
         """A completed run's records_in is counted as read, independently of the writer's
@@ -295,8 +304,9 @@ class RunResources:
         self.input_hash, self.model_hash = hashes.input, hashes.model
         self.place = None  # a job's worker: where its shards go (journal.ShardPlace)
         self.fingerprint = None  # run.json's, once record_hashes wrote it
-        self.runner: JobRunner | None = None  # open while streaming, as the three below
+        self.runner: JobRunner | None = None  # open while streaming, as the four below
         self.writer = self.latencies = self.reader = None
+        self.finished = None  # a generation job's write/finished.FinishedLog
 
     def record_hashes(self, record: RunRecord, fingerprint: dict) -> None:
         """run.json gets the input's hash, waited for before the stream starts (hashing the
@@ -315,6 +325,15 @@ class RunResources:
                 then()
 
         self.writer.on_hand_over = model_hashed
+
+    def run_key(self, fingerprint: dict) -> str:
+        """The run's fingerprint with its input's and model's hashes (waited for), as one
+        sha256: what finished.jsonl's lines are kept for."""
+        import hashlib
+
+        whole = {k: v for k, v in fingerprint.items() if k != SPEC_COPY}
+        whole.update(input_sha256=self.input_hash.result(), model_sha256=self.model_hash.result())
+        return hashlib.sha256(json.dumps(whole, sort_keys=True).encode()).hexdigest()
 
     def record_model_hash(self) -> None:
         """The model's hash into run.json, once (record_hashes)."""
@@ -342,6 +361,12 @@ class RunResources:
                 record.fail_late(self.out_dir, err)
                 files = self.writer.committed_files()
             record.written(self.writer, files)
+        if self.finished is not None:  # after the writer's last commit: what it holds is out
+            self.finished.close(completed=record.status == "completed")
+            if self.finished.error is not None:
+                record.warn(f"{self.finished.path.name} could not be written "
+                            f"({self.finished.error}): completions that finished before an "
+                            "earlier one were not kept against an interrupt")
 
     def stop_hashes(self) -> None:
         self.input_hash.stop()

@@ -275,6 +275,10 @@ class Generation(_M):
     warm_up: Optional[KernelWarmUp] = Field(
         None, description="The kernels' warm-up before the graphs' set-up; null where none ran "
         "(a transformers model). Workers: the one that waited longest.")
+    records_taken_back: int = Field(
+        0, description="--resume: records whose completions an interrupted attempt had "
+        "finished but not committed, read back from finished.jsonl instead of generated again "
+        "(not in records).")
 
 
 def generation_summary(stats, percentiles, *, slots: int, kv_block_size: int, kv_blocks: int,
@@ -282,7 +286,8 @@ def generation_summary(stats, percentiles, *, slots: int, kv_block_size: int, kv
                        prompts_truncated: int = 0, prompts_rejected: int = 0,
                        mbu: float | None = None,
                        decode_attention: str | None = None,
-                       warm_up: KernelWarmUp | None = None) -> Generation:
+                       warm_up: KernelWarmUp | None = None,
+                       records_taken_back: int = 0) -> Generation:
     """The generation section from an engine's running sums (generate/stats.GenerationStats)."""
     row_steps, steps = stats.decode_row_steps, stats.decode_steps
     busy = stats.prefill_s + stats.decode_s
@@ -307,7 +312,7 @@ def generation_summary(stats, percentiles, *, slots: int, kv_block_size: int, kv
         **_padding(stats.prompt_computed, stats.prefill_tokens),
         prompts_truncated=prompts_truncated, prompts_rejected=prompts_rejected,
         decode_attention=decode_attention, host_bound_steps=stats.host_bound_steps,
-        warm_up=warm_up)
+        warm_up=warm_up, records_taken_back=records_taken_back)
 
 
 def _prefix_counts(computed: int, reused: int) -> dict:
@@ -383,4 +388,5 @@ def merged_generation(sections: list[Generation | None]) -> Generation | None:
                                            if g.decode_attention})) or None,
         host_bound_steps=_total(g.host_bound_steps for g in sections),
         warm_up=max((g.warm_up for g in sections if g.warm_up is not None),
-                    key=lambda w: w.wait_s, default=None))
+                    key=lambda w: w.wait_s, default=None),
+        records_taken_back=sum(g.records_taken_back for g in sections))

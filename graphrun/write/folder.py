@@ -26,6 +26,7 @@ from graphrun.manifest.keys import Manifest
 from graphrun.write.journal import (JOURNAL, REJECTS, RUN_JSON, SPEC_COPY, InputHash, ResumePoint,
                                     ShardPlace, check_committed, fsync_path, journal_names,
                                     listed_names, read_journal, remove_and_sync, shard_number)
+from graphrun.write.finished import FINISHED, FINISHED_TMP
 from graphrun.write.guard import only_a_first_mark_temp, refuse_foreign
 from graphrun.write.job_layout import WORKERS, is_job, job_shards, workers_entry
 from graphrun.base.nofollow import open_file, refuse_links
@@ -35,7 +36,8 @@ MANIFEST = "manifest.json"
 LATENCIES = "latencies.jsonl"
 # Bookkeeping files, and the temp names they are replaced through.
 FIXED_NAMES = frozenset({JOURNAL, REJECTS, RUN_JSON, MANIFEST, LATENCIES, f".{RUN_JSON}.tmp",
-                         f"{MANIFEST}.tmp", f"{LATENCIES}.tmp", f"{REJECTS}.tmp"})
+                         f"{MANIFEST}.tmp", f"{LATENCIES}.tmp", f"{REJECTS}.tmp", FINISHED,
+                         FINISHED_TMP})
 # What a Ray run's writers name a file: part-<task>-<write uuid>[-<k>].<format> (scale/ray)
 RAY_PART = re.compile(r"part-(\d{5})-([0-9a-f]{32})(?:[-_](\d+))?\.(parquet|jsonl)")
 
@@ -292,8 +294,9 @@ def prepare_out_dir(out_dir: Path, *, resume: bool, overwrite: bool, fingerprint
         write_fingerprint(out_dir, fingerprint)  # later resumes compare with the new model
     point = read_journal(out_dir, _first(fingerprint), first_shard(fingerprint), shard_dir)
     if point is None:
-        # Nothing was committed: whatever the earlier attempt left is incomplete.
-        remove_and_sync(out_dir, [p for p in own if p.name != RUN_JSON])
+        # Nothing was committed: whatever the earlier attempt left is incomplete, but for
+        # the completions it kept (finished.py checks they are this run's)
+        remove_and_sync(out_dir, [p for p in own if p.name not in (RUN_JSON, FINISHED)])
         write_fingerprint(out_dir, fingerprint)
     return point
 

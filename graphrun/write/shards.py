@@ -253,6 +253,12 @@ class ShardWriter:
         """What the journal holds now (after a close() that failed, say)."""
         return self._committer.files()
 
+    @property
+    def committed_from(self) -> int:
+        """The input ordinal a --resume would read from now (the last journal line's
+        read_from): nothing below it is read again."""
+        return self._committer.read_from
+
     # --- shards ---
 
     def _open_sink(self, rows: int = 0):
@@ -450,6 +456,7 @@ class _Committer:
         self._handed = self._settled = 0
         self.error: BaseException | None = None
         self._files, self.rows, self.rejects = list(point.files), point.rows, point.rejects
+        self.read_from = point.start  # the last journal line's: where a --resume reads from
         self._digest = point.digest  # the journal's last line's checksum (journal thread only)
         # Threads start at the first shard and end at close().
         self._syncers = ThreadPoolExecutor(tuning.in_flight, thread_name_prefix="graphrun-fsync")
@@ -505,6 +512,7 @@ class _Committer:
                     if shard.sizes is None:
                         self._files += infos
                     self.rows, self.rejects = shard.total_rows, shard.rejects
+                    self.read_from = shard.read_from
         except BaseException as err:  # noqa: BLE001 - raised on the writer's thread
             with self._lock:
                 self.error = err

@@ -22,7 +22,8 @@ WIDTH = 48  # the file's fixed size: rewritten in place, read whole
 
 
 class ProgressFile:
-    """A worker's side: advance() per batch read (Progress's interface), end() when it ends."""
+    """A worker's side: advance() per batch finished (Progress's interface), end() when it
+    ends."""
 
     def __init__(self, path: Path):
         self.path, self.done, self.shown = path, 0, 0.0
@@ -34,6 +35,9 @@ class ProgressFile:
     def count_tokens(self, tokens) -> None:
         """A generation job's tokens/s: each worker's manifest has its own; the bar shows
         records."""
+
+    def streaming(self) -> None:
+        """The job's bar (JobProgress) times the rates."""
 
     def advance(self, n: int) -> None:
         self.done += n

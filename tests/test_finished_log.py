@@ -1,0 +1,144 @@
+"""A generation job's finished.jsonl (write/finished.py): completions kept as they finish, taken
+back by --resume instead of generated again; and the feed that refills slots on the CPU too."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from graphrun.cli.main import main
+from graphrun.write import finished
+from graphrun.write.finished import FINISHED, FinishedLog
+from tests.children import child_env
+from tests.test_generate_job import completions, write_spec
+
+
+def fields(*tokens, logprobs=None) -> dict:
+    return {"token_ids": list(tokens), "finish_reason": "eos", "logprobs": logprobs}
+
+
+def kept_log(folder, key="run-a", start=0, committed=lambda: 0) -> FinishedLog:
+    return FinishedLog.open(folder, lambda: key, start, committed, flush_s=0.01)
+
+
+def test_a_run_takes_back_its_own_whole_records_from_where_it_reads(tmp_path):
+    log = kept_log(tmp_path)
+    log.add(5, 1, 0, fields(7, 8, logprobs=[-math.inf, -0.25]))
+    log.add(3, 2, 1, fields(1))
+    log.add(3, 2, 0, fields(2))
+    log.add(9, 2, 1, fields(4))  # one of its two samples only
+    log.add(6, 2, 0, fields(6))
+    log.add(6, 2, 1, fields(6, 6))
+    log.close(completed=False)
+    with open(tmp_path / FINISHED, "ab") as f:
+        f.write(b'{"i":11,"n":1,"s":0,"c":{"tok')  # torn by a kill mid-append
+
+    again = kept_log(tmp_path, start=4)  # a resume reading from ordinal 4
+    taken = again.take(5, 1)
+    assert taken[0]["token_ids"] == [7, 8] and taken[0]["logprobs"][0] == -math.inf
+    assert taken[0]["logprobs"][1] == -0.25
+    assert again.take(5, 1) is None  # given back once
+    assert again.take(3, 2) is None  # below where the resume reads
+    assert again.take(9, 2) is None  # a sample missing: generated again, whole
+    assert again.take(11, 1) is None  # its line torn
+    assert again.take(6, 1) is None  # asked another number of samples than were kept
+    assert again.taken == 1
+    # the file was started again with the whole records from 4 on, kept until a commit
+    lines = (tmp_path / FINISHED).read_text().splitlines()
+    assert json.loads(lines[0]) == {"run": "run-a"}
+    assert sorted((json.loads(x)["i"], json.loads(x)["s"]) for x in lines[1:]) == [
+        (5, 0), (6, 0), (6, 1)]
+    again.close(completed=False)
+
+
+def test_another_runs_completions_are_never_taken_back(tmp_path):
+    log = kept_log(tmp_path, key="run-a")
+    log.add(0, 1, 0, fields(1))
+    log.close(completed=False)
+    other = kept_log(tmp_path, key="run-b")  # another spec, input, model or slice
+    assert other.take(0, 1) is None
+    assert not (tmp_path / FINISHED).exists()
+    other.close(completed=False)
+
+
+def test_what_a_commit_covers_is_dropped_and_a_completed_run_leaves_no_file(tmp_path,
+                                                                           monkeypatch):
+    monkeypatch.setattr(finished, "REWRITE_BYTES", 0)  # rewritten as soon as it may shrink
+    committed = [0]
+    log = kept_log(tmp_path, committed=lambda: committed[0])
+    for i in range(12):
+        log.add(i, 1, 0, fields(i))
+    log._flush()
+    committed[0] = 10  # a shard holding 0..9 was journaled
+    log.add(12, 1, 0, fields(12))
+    log._flush()
+    kept = [json.loads(x)["i"] for x in (tmp_path / FINISHED).read_text().splitlines()[1:]]
+    assert kept == [10, 11, 12]
+    log.close(completed=True)
+    assert not (tmp_path / FINISHED).exists()
+
+
+@pytest.mark.slow
+def test_kill_9_before_any_commit_then_resume_takes_back_what_finished(tmp_path):
+    # one window of every prompt (group_by_length): nothing is written, so nothing commits,
+    # before the last of them finishes; an interrupt used to lose every completion
+    sampled = {"method": "sample", "temperature": 1.0, "seed": 1}
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    spec = write_spec(clean, n=48, data__group_by_length=48,
+                      generate={"max_new_tokens": 48, "sampling": sampled})
+    ran = CliRunner().invoke(main, ["run", str(spec), "-q"])
+    assert ran.exit_code == 0, ran.output
+    assert not (clean / "out" / FINISHED).exists()  # a completed run keeps none
+
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "graphrun", "run", str(spec), "--out",
+                             str(out), "-q"], env=child_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    log, deadline = out / FINISHED, time.monotonic() + 120
+    while not log.exists() or log.read_bytes().count(b"\n") < 5:  # the header and 4 records
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, "no completion was kept"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    assert not (out / "journal.jsonl").exists()  # nothing committed
+
+    resumed = CliRunner().invoke(main, ["run", str(spec), "--out", str(out), "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    assert completions(out) == completions(clean / "out")
+    gen = json.loads((out / "manifest.json").read_text())["generation"]
+    assert gen["records_taken_back"] >= 4
+    assert gen["records"] + gen["records_taken_back"] == 48
+    assert f"{gen['records_taken_back']} records' completions taken back" in resumed.output
+    assert not log.exists()
+
+
+def test_a_cpu_generation_job_refills_slots_as_a_gpu_one_does(tmp_path):
+    # stop ids end most rows early: serially one part of 4 runs at a time, each until its
+    # longest row ends; overlapped, a freed slot takes the next prompt
+    spec = write_spec(tmp_path, n=32, data__group_by_length=None,
+                      generate={"max_new_tokens": 32, "stop": {"token_ids": list(range(3, 40))},
+                                "sampling": {"method": "sample", "temperature": 1.0,
+                                             "seed": 1}})
+    runs = {}
+    for way, env in (("default", {}), ("serial", {"GRAPHRUN_OVERLAP": "off"})):
+        ran = CliRunner().invoke(main, ["run", str(spec), "-q", "--out",
+                                        str(tmp_path / way)], env=env)
+        assert ran.exit_code == 0, ran.output
+        runs[way] = json.loads((tmp_path / way / "manifest.json").read_text())
+    default, serial = runs["default"], runs["serial"]
+    assert default["totals"]["overlapped"] is True
+    assert "the default for generation" in default["totals"]["overlap_reason"]
+    assert completions(tmp_path / "default") == completions(tmp_path / "serial")
+    steps = {way: m["generation"]["decode_steps"] for way, m in runs.items()}
+    assert steps["default"] < 0.8 * steps["serial"], steps
+    assert (default["generation"]["waste"]["no_prompt"]
+            < serial["generation"]["waste"]["no_prompt"])
