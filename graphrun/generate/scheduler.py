@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -281,8 +281,9 @@ class Scheduler:
         part, i, k = done.request.tag
         part.finished(i, done.completion)
         if self._log is not None and k is not None:
+            # its own fields, not a deep copy (asdict): the log's thread encodes them
             self._log.add(k, len(part.completions[i]), done.completion.sample,
-                          asdict(done.completion))
+                          vars(done.completion))
         if not part.left:
             with self._lock:
                 self._inflight.discard(part)

@@ -110,7 +110,8 @@ class FinishedLog:
         return got
 
     def add(self, ordinal: int, n: int, sample: int, fields: dict) -> None:
-        """A sample of record `ordinal` (of n) finished: written within flush_s."""
+        """A sample of record `ordinal` (of n) finished: written within flush_s. Only a
+        reference is taken here (the engine's thread): fields must not change afterwards."""
         if self.error is None:
             self._pending.append((ordinal, n, sample, fields))
 
