@@ -38,7 +38,7 @@ def test_a_run_takes_back_its_own_whole_records_from_where_it_reads(tmp_path):
     log.add(6, 2, 1, fields(6, 6))
     log.close(completed=False)
     with open(tmp_path / FINISHED, "ab") as f:
-        f.write(b'{"i":11,"n":1,"s":0,"c":{"tok')  # torn by a kill mid-append
+        f.write(b'{"h":"00","e":{"i":11,"n":1,"s":0,"c":{"tok')  # torn by a kill mid-append
 
     again = kept_log(tmp_path, start=4)  # a resume reading from ordinal 4
     taken = again.take(5, 1)
@@ -53,8 +53,28 @@ def test_a_run_takes_back_its_own_whole_records_from_where_it_reads(tmp_path):
     # the file was started again with the whole records from 4 on, kept until a commit
     lines = (tmp_path / FINISHED).read_text().splitlines()
     assert json.loads(lines[0]) == {"run": "run-a"}
-    assert sorted((json.loads(x)["i"], json.loads(x)["s"]) for x in lines[1:]) == [
+    assert sorted((json.loads(x)["e"]["i"], json.loads(x)["e"]["s"]) for x in lines[1:]) == [
         (5, 0), (6, 0), (6, 1)]
+    again.close(completed=False)
+
+
+def test_an_edited_or_foreign_line_is_generated_again(tmp_path):
+    log = kept_log(tmp_path, key="run-a")
+    log.add(0, 1, 0, fields(1, 2))
+    log.add(1, 1, 0, fields(3))
+    log.close(completed=False)
+    text = (tmp_path / FINISHED).read_text()
+    (tmp_path / FINISHED).write_text(text.replace('"token_ids":[1,2]', '"token_ids":[1,9]'))
+    elsewhere = tmp_path / "other"
+    elsewhere.mkdir()
+    other = kept_log(elsewhere, key="run-b")
+    other.add(2, 1, 0, fields(5))
+    other.close(completed=False)
+    with open(tmp_path / FINISHED, "a") as f:  # another run's line spliced in
+        f.write((elsewhere / FINISHED).read_text().splitlines()[1] + "\n")
+    again = kept_log(tmp_path, key="run-a")
+    assert again.take(0, 1) is None and again.take(2, 1) is None
+    assert again.take(1, 1)[0]["token_ids"] == [3]
     again.close(completed=False)
 
 
@@ -79,7 +99,8 @@ def test_what_a_commit_covers_is_dropped_and_a_completed_run_leaves_no_file(tmp_
     committed[0] = 10  # a shard holding 0..9 was journaled
     log.add(12, 1, 0, fields(12))
     log._flush()
-    kept = [json.loads(x)["i"] for x in (tmp_path / FINISHED).read_text().splitlines()[1:]]
+    kept = [json.loads(x)["e"]["i"]
+            for x in (tmp_path / FINISHED).read_text().splitlines()[1:]]
     assert kept == [10, 11, 12]
     log.close(completed=True)
     assert not (tmp_path / FINISHED).exists()

@@ -9,8 +9,10 @@ unwritten, for a longer one before it: under grouping, for most of its window. A
 finishes and the file made durable every FLUSH_S, so an interrupt loses at most that much.
 
 The file: a first line {"run": key} (the run's fingerprint with its input's and model's
-hashes: job/state.RunResources.run_key), then a line per finished sample
-{"i": input ordinal, "n": samples its record asked, "s": which sample, "c": its fields}.
+hashes: job/state.RunResources.run_key), then a line per finished sample,
+{"h": check, "e": {"i": input ordinal, "n": samples its record asked, "s": which sample,
+"c": its fields}}, where check is sha256 of the key and the entry's bytes as written: a line
+edited, damaged or copied from another run is left out.
 A resumed run reads it back only where the key is its own (the same spec, input, model and
 slice), takes back the records from where it reads on (ResumePoint.start) whose samples are
 all there, and starts the file again with those. What lies below the last journal line's
@@ -21,6 +23,7 @@ left out: its record is generated again. A completed run removes the file.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -34,6 +37,8 @@ from graphrun.write.journal import fsync_path
 FINISHED = "finished.jsonl"
 FINISHED_TMP = f".{FINISHED}.tmp"
 FLUSH_S = 1.0  # how much of the finished completions an interrupt may lose, at most
+_HEAD, _MID = b'{"h":"', b'","e":'
+_CHECK = 32  # hex digits of a line's check
 REWRITE_BYTES = 8 << 20  # below this the file is never rewritten to drop what it no longer keeps
 
 
@@ -48,7 +53,8 @@ class FinishedLog:
         """run_key(): the run's key (may wait for the hashes: called on the log's thread);
         committed_from(): the ordinal a --resume would read from now (the writer's)."""
         self.path = Path(out_dir) / FINISHED
-        self.run_key, self.committed_from = run_key, committed_from
+        self._run_key, self.committed_from = run_key, committed_from
+        self._key: str | None = None
         self.flush_s = flush_s
         self.kept: dict[int, list[dict]] = {}  # taken back from an earlier attempt, by ordinal
         self.taken = 0  # records take() gave back
@@ -80,7 +86,7 @@ class FinishedLog:
         raw = self.path.read_bytes().split(b"\n")  # a link there was refused (folder.py)
         if _parsed(raw[0]) == {"run": self.run_key()}:
             for line in raw[1:-1]:  # the piece after the last newline: empty, or torn
-                got = _parsed(line)
+                got = self._checked(line)
                 entry = _entry(got) if isinstance(got, dict) else None
                 if entry is None or entry[0] < start:
                     continue
@@ -98,6 +104,25 @@ class FinishedLog:
             self._rewrite()
         else:
             self.path.unlink()
+
+    def run_key(self) -> str:
+        if self._key is None:
+            self._key = self._run_key()
+        return self._key
+
+    def _line(self, entry: bytes) -> bytes:
+        check = hashlib.sha256(self.run_key().encode() + entry).hexdigest()[:_CHECK]
+        return _HEAD + check.encode() + _MID + entry + b"}\n"
+
+    def _checked(self, line: bytes):
+        """The entry of a line whose check holds, else None."""
+        start = len(_HEAD) + _CHECK + len(_MID)
+        if not (line.startswith(_HEAD) and line[len(_HEAD) + _CHECK:start] == _MID
+                and line.endswith(b"}")):
+            return None
+        entry = line[start:-1]
+        check = hashlib.sha256(self.run_key().encode() + entry).hexdigest()[:_CHECK]
+        return _parsed(entry) if line[len(_HEAD):len(_HEAD) + _CHECK] == check.encode() else None
 
     # -- the run's side ---------------------------------------------------------------------
 
@@ -149,8 +174,8 @@ class FinishedLog:
         lines = []
         while self._pending:
             i, n, s, fields = self._pending.popleft()
-            line = (json.dumps({"i": i, "n": n, "s": s, "c": fields},
-                               separators=(",", ":")) + "\n").encode()
+            line = self._line(json.dumps({"i": i, "n": n, "s": s, "c": fields},
+                                         separators=(",", ":")).encode())
             self._live.setdefault(i, []).append(line)
             self._live_bytes += len(line)
             lines.append(line)
