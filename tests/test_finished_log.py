@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -86,6 +88,30 @@ def test_another_runs_completions_are_never_taken_back(tmp_path):
     assert other.take(0, 1) is None
     assert not (tmp_path / FINISHED).exists()
     other.close(completed=False)
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo", "temp folder"])
+def test_a_finished_file_that_cannot_be_read_stops_the_keeping_not_the_run(tmp_path, kind):
+    # used to fail the run at its start (a folder: "Is a directory") or hang it (a fifo)
+    if kind == "folder":
+        (tmp_path / FINISHED).mkdir()
+    elif kind == "fifo":
+        os.mkfifo(tmp_path / FINISHED)
+    else:
+        log = kept_log(tmp_path)
+        log.add(0, 1, 0, fields(1))
+        log.close(completed=False)
+        (tmp_path / finished.FINISHED_TMP).mkdir()
+    opened = []
+    thread = threading.Thread(target=lambda: opened.append(kept_log(tmp_path)), daemon=True)
+    thread.start()
+    thread.join(10)
+    assert opened, "opening the log hung"
+    log = opened[0]
+    assert log.error is not None
+    log.add(1, 1, 0, fields(2))
+    log.close(completed=True)  # what is not a regular file is left where it is
+    assert (tmp_path / (finished.FINISHED_TMP if kind == "temp folder" else FINISHED)).exists()
 
 
 def test_what_a_commit_covers_is_dropped_and_a_completed_run_leaves_no_file(tmp_path,
