@@ -114,6 +114,27 @@ def test_a_finished_file_that_cannot_be_read_stops_the_keeping_not_the_run(tmp_p
     assert (tmp_path / (finished.FINISHED_TMP if kind == "temp folder" else FINISHED)).exists()
 
 
+def test_records_taken_back_are_counted_but_left_out_of_the_progress_rate(tmp_path):
+    # a resume's taken-back records finish at once: counted in the rate, they made its ETA
+    # promise the rest at that speed too
+    import io
+
+    from graphrun.job.progress import ProgressLines
+
+    log = kept_log(tmp_path)
+    for i in (4, 5, 6):
+        log.add(i, 1, 0, fields(i))
+    log.close(completed=False)
+    again = kept_log(tmp_path, start=4)
+    assert all(again.take(i, 1) for i in (4, 5, 6))
+    assert again.given_among([3, 4, 5], low=5) == 1 and again.given_among([4, 5, 6]) == 1
+    again.close(completed=False)
+    lines = ProgressLines(total=1000, out=io.StringIO())
+    lines.advance(400, taken_back=300)
+    text = lines.line(10.0).split(" ", 1)[1]
+    assert text == "graphrun: 400/1,000 records (40%), 10 records/s, ETA 0:01:00"
+
+
 def test_what_a_commit_covers_is_dropped_and_a_completed_run_leaves_no_file(tmp_path,
                                                                            monkeypatch):
     monkeypatch.setattr(finished, "REWRITE_BYTES", 0)  # rewritten as soon as it may shrink

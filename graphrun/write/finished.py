@@ -61,6 +61,7 @@ class FinishedLog:
         self.flush_s = flush_s
         self.kept: dict[int, list[dict]] = {}  # taken back from an earlier attempt, by ordinal
         self.taken = 0  # records take() gave back
+        self._given: set[int] = set()  # their ordinals, until given_among counts them
         self.error: BaseException | None = None
         self._pending: deque = deque()  # (ordinal, n, sample, fields) not yet written
         self._live: dict[int, list[bytes]] = {}  # the lines the file must keep, by ordinal
@@ -139,7 +140,15 @@ class FinishedLog:
         if got is None or len(got) != n:
             return None
         self.taken += 1
+        self._given.add(ordinal)
         return got
+
+    def given_among(self, ordinals, low: int = 0) -> int:
+        """How many of these finished records (from `low` on) take() gave back: the progress
+        leaves them out of its rate, as they took no time."""
+        hit = [k for k in map(int, ordinals) if k in self._given]
+        self._given.difference_update(hit)
+        return sum(k >= low for k in hit)
 
     def add(self, ordinal: int, n: int, sample: int, fields: dict) -> None:
         """A sample of record `ordinal` (of n) finished: written within flush_s. Only a
