@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -88,6 +90,51 @@ def test_another_runs_completions_are_never_taken_back(tmp_path):
     other.close(completed=False)
 
 
+@pytest.mark.parametrize("kind", ["folder", "fifo", "temp folder"])
+def test_a_finished_file_that_cannot_be_read_stops_the_keeping_not_the_run(tmp_path, kind):
+    # used to fail the run at its start (a folder: "Is a directory") or hang it (a fifo)
+    if kind == "folder":
+        (tmp_path / FINISHED).mkdir()
+    elif kind == "fifo":
+        os.mkfifo(tmp_path / FINISHED)
+    else:
+        log = kept_log(tmp_path)
+        log.add(0, 1, 0, fields(1))
+        log.close(completed=False)
+        (tmp_path / finished.FINISHED_TMP).mkdir()
+    opened = []
+    thread = threading.Thread(target=lambda: opened.append(kept_log(tmp_path)), daemon=True)
+    thread.start()
+    thread.join(10)
+    assert opened, "opening the log hung"
+    log = opened[0]
+    assert log.error is not None
+    log.add(1, 1, 0, fields(2))
+    log.close(completed=True)  # what is not a regular file is left where it is
+    assert (tmp_path / (finished.FINISHED_TMP if kind == "temp folder" else FINISHED)).exists()
+
+
+def test_records_taken_back_are_counted_but_left_out_of_the_progress_rate(tmp_path):
+    # a resume's taken-back records finish at once: counted in the rate, they made its ETA
+    # promise the rest at that speed too
+    import io
+
+    from graphrun.job.progress import ProgressLines
+
+    log = kept_log(tmp_path)
+    for i in (4, 5, 6):
+        log.add(i, 1, 0, fields(i))
+    log.close(completed=False)
+    again = kept_log(tmp_path, start=4)
+    assert all(again.take(i, 1) for i in (4, 5, 6))
+    assert again.given_among([3, 4, 5], low=5) == 1 and again.given_among([4, 5, 6]) == 1
+    again.close(completed=False)
+    lines = ProgressLines(total=1000, out=io.StringIO())
+    lines.advance(400, taken_back=300)
+    text = lines.line(10.0).split(" ", 1)[1]
+    assert text == "graphrun: 400/1,000 records (40%), 10 records/s, ETA 0:01:00"
+
+
 def test_what_a_commit_covers_is_dropped_and_a_completed_run_leaves_no_file(tmp_path,
                                                                            monkeypatch):
     monkeypatch.setattr(finished, "REWRITE_BYTES", 0)  # rewritten as soon as it may shrink
@@ -106,6 +153,23 @@ def test_what_a_commit_covers_is_dropped_and_a_completed_run_leaves_no_file(tmp_
     assert not (tmp_path / FINISHED).exists()
 
 
+def interrupt_once_kept(spec, out, signum) -> "Path":
+    """Run spec into out and send signum once finished.jsonl holds 4 records, before any
+    commit (one window of every prompt); its path."""
+    proc = subprocess.Popen([sys.executable, "-m", "graphrun", "run", str(spec), "--out",
+                             str(out), "-q"], env=child_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    log, deadline = out / FINISHED, time.monotonic() + 120
+    while not log.exists() or log.read_bytes().count(b"\n") < 5:  # the header and 4 records
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, "no completion was kept"
+        time.sleep(0.01)
+    proc.send_signal(signum)
+    proc.communicate()
+    assert not (out / "journal.jsonl").exists()  # nothing committed
+    return log
+
+
 @pytest.mark.slow
 def test_kill_9_before_any_commit_then_resume_takes_back_what_finished(tmp_path):
     # one window of every prompt (group_by_length): nothing is written, so nothing commits,
@@ -120,17 +184,7 @@ def test_kill_9_before_any_commit_then_resume_takes_back_what_finished(tmp_path)
     assert not (clean / "out" / FINISHED).exists()  # a completed run keeps none
 
     out = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "graphrun", "run", str(spec), "--out",
-                             str(out), "-q"], env=child_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    log, deadline = out / FINISHED, time.monotonic() + 120
-    while not log.exists() or log.read_bytes().count(b"\n") < 5:  # the header and 4 records
-        assert proc.poll() is None, proc.stderr.read()
-        assert time.monotonic() < deadline, "no completion was kept"
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate()
-    assert not (out / "journal.jsonl").exists()  # nothing committed
+    log = interrupt_once_kept(spec, out, signal.SIGKILL)
 
     resumed = CliRunner().invoke(main, ["run", str(spec), "--out", str(out), "--resume"])
     assert resumed.exit_code == 0, resumed.output
@@ -139,6 +193,28 @@ def test_kill_9_before_any_commit_then_resume_takes_back_what_finished(tmp_path)
     assert gen["records_taken_back"] >= 4
     assert gen["records"] + gen["records_taken_back"] == 48
     assert f"{gen['records_taken_back']} records' completions taken back" in resumed.output
+    assert not log.exists()
+
+
+@pytest.mark.slow
+def test_a_plain_rerun_after_an_interrupt_before_any_commit_takes_back_what_finished(tmp_path):
+    # SIGINT before the first commit: the attempt says interrupted and a plain rerun starts
+    # over in its folder, which used to delete its finished completions with the rest (a
+    # stop lets the parts in flight finish: enough prompts that the window does not)
+    spec = write_spec(tmp_path, n=160, data__group_by_length=160,
+                      generate={"max_new_tokens": 48,
+                                "sampling": {"method": "sample", "temperature": 1.0, "seed": 1}})
+    clean = CliRunner().invoke(main, ["run", str(spec), "-q", "--out", str(tmp_path / "clean")])
+    assert clean.exit_code == 0, clean.output
+    out = tmp_path / "out"
+    log = interrupt_once_kept(spec, out, signal.SIGINT)
+    assert json.loads((out / "manifest.json").read_text())["status"] == "interrupted"
+    assert log.exists()
+    rerun = CliRunner().invoke(main, ["run", str(spec), "-q"])  # no --resume
+    assert rerun.exit_code == 0, rerun.output
+    assert json.loads((out / "manifest.json").read_text())["generation"][
+        "records_taken_back"] >= 4
+    assert completions(out) == completions(tmp_path / "clean")
     assert not log.exists()
 
 

@@ -63,13 +63,14 @@ class Progress:
         elif self._bar is not None:
             self._bar.reset(self._task, start=True, total=self._bar.tasks[0].total)
 
-    def advance(self, n: int) -> None:
-        """Count n more records finished. Called on the completer's thread (the launching one,
-        serially) once per batch and per rejected record: the bar is
-        updated at most every UPDATE_S (an update costs tens of microseconds, a GPU batch
+    def advance(self, n: int, taken_back: int = 0) -> None:
+        """Count n more records finished, taken_back of them read back from finished.jsonl
+        (counted, but not in the line's rate: they took no time). Called on the completer's
+        thread (the launching one, serially) once per batch and per rejected record: the bar
+        is updated at most every UPDATE_S (an update costs tens of microseconds, a GPU batch
         may take less than a millisecond)."""
         if self._lines is not None:
-            self._lines.advance(n)
+            self._lines.advance(n, taken_back)
             return
         if self._bar is None:
             return
@@ -106,19 +107,21 @@ class ProgressLines:
     def __init__(self, total: int | None, out, tokens=None):
         self.total, self.out, self.tokens = total, out, tokens
         self.done = 0
+        self.taken_back = 0  # of done: read back by --resume, so not in the rate
         self.t0 = self.shown = None
 
-    def advance(self, n: int) -> None:
+    def advance(self, n: int, taken_back: int = 0) -> None:
         now = time.monotonic()
         if self.t0 is None:
             self.t0 = self.shown = now
         self.done += n
+        self.taken_back += taken_back
         if now - self.shown >= LINE_S:
             self.shown = now
             print(self.line(now - self.t0), file=self.out, flush=True)
 
     def line(self, elapsed: float) -> str:
-        rate = self.done / elapsed if elapsed > 0 else 0.0
+        rate = (self.done - self.taken_back) / elapsed if elapsed > 0 else 0.0
         # a log read later (CI, a scheduler's file) says when each line was written
         stamp = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
         text = f"{stamp} graphrun: {self.done:,}"

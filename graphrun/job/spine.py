@@ -280,7 +280,9 @@ def run_stream(record: RunRecord, held: RunResources, fingerprint: dict, resume_
         record.host_s = parts.feed_stream(
             runner.launcher, held.reader, held.writer, oversize=spec.data.oversize,
             on_batches=lambda ran, n, first: record.log_batches(held.latencies, ran, n, first),
-            on_read=record.count, on_done=lambda done: progress.advance(record.new(done)),
+            on_read=record.count, on_done=lambda done: progress.advance(
+                record.new(done), taken_back=held.finished.given_among(done, record.count_from)
+                if held.finished is not None else 0),
             should_stop=lambda: bool(stop_signal.signum), start=start, overlap=overlap)
     # Full shards commit in the background: the stream is over once they are
     # journaled (and a commit that failed fails the run here, with its manifest).

@@ -364,7 +364,7 @@ class RunResources:
         if self.finished is not None:  # after the writer's last commit: what it holds is out
             self.finished.close(completed=record.status == "completed")
             if self.finished.error is not None:
-                record.warn(f"{self.finished.path.name} could not be written "
+                record.warn(f"{self.finished.path.name} could not be read or written "
                             f"({self.finished.error}): completions that finished before an "
                             "earlier one were not kept against an interrupt")
 

@@ -278,7 +278,8 @@ class Generation(_M):
     records_taken_back: int = Field(
         0, description="--resume: records whose completions an interrupted attempt had "
         "finished but not committed, read back from finished.jsonl instead of generated again "
-        "(not in records).")
+        "(not in records, which counts completions: a prompt of n samples counts once here, n "
+        "times there).")
 
 
 def generation_summary(stats, percentiles, *, slots: int, kv_block_size: int, kv_blocks: int,

@@ -23,9 +23,11 @@ left out: its record is generated again. A completed run removes the file.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import stat
 import threading
 from collections import deque
 from pathlib import Path
@@ -45,7 +47,8 @@ REWRITE_BYTES = 8 << 20  # below this the file is never rewritten to drop what i
 class FinishedLog:
     """finished.jsonl of one run (see the module docstring). add() is called on the engine's
     thread as each sample finishes, take() on the launching thread; a thread of its own writes
-    and fsyncs. A failure to write it (a full disk) stops the keeping, not the run: `error`
+    and fsyncs. A failure to read or write it (a full disk, a
+    folder of that name) stops the keeping, not the run: `error`
     says why."""
 
     def __init__(self, out_dir: Path, run_key: Callable[[], str],
@@ -58,6 +61,7 @@ class FinishedLog:
         self.flush_s = flush_s
         self.kept: dict[int, list[dict]] = {}  # taken back from an earlier attempt, by ordinal
         self.taken = 0  # records take() gave back
+        self._given: set[int] = set()  # their ordinals, until given_among counts them
         self.error: BaseException | None = None
         self._pending: deque = deque()  # (ordinal, n, sample, fields) not yet written
         self._live: dict[int, list[bytes]] = {}  # the lines the file must keep, by ordinal
@@ -83,7 +87,11 @@ class FinishedLog:
         samples: dict[int, dict[int, dict]] = {}
         asked: dict[int, int] = {}
         lines: dict[int, list[bytes]] = {}
-        raw = self.path.read_bytes().split(b"\n")  # a link there was refused (folder.py)
+        try:
+            raw = _read_file(self.path).split(b"\n")
+        except OSError as err:  # unreadable, a folder, a fifo: generated again, none kept
+            self.error = err
+            return
         if _parsed(raw[0]) == {"run": self.run_key()}:
             for line in raw[1:-1]:  # the piece after the last newline: empty, or torn
                 got = self._checked(line)
@@ -101,7 +109,7 @@ class FinishedLog:
                 self._live[i] = lines[i]
                 self._live_bytes += sum(map(len, lines[i]))
         if self.kept:
-            self._rewrite()
+            self._guarded(self._rewrite)
         else:
             self.path.unlink()
 
@@ -132,7 +140,15 @@ class FinishedLog:
         if got is None or len(got) != n:
             return None
         self.taken += 1
+        self._given.add(ordinal)
         return got
+
+    def given_among(self, ordinals, low: int = 0) -> int:
+        """How many of these finished records (from `low` on) take() gave back: the progress
+        leaves them out of its rate, as they took no time."""
+        hit = [k for k in map(int, ordinals) if k in self._given]
+        self._given.difference_update(hit)
+        return sum(k >= low for k in hit)
 
     def add(self, ordinal: int, n: int, sample: int, fields: dict) -> None:
         """A sample of record `ordinal` (of n) finished: written within flush_s. Only a
@@ -153,7 +169,8 @@ class FinishedLog:
             self._f = None
         if completed:
             for path in (self.path, self.path.with_name(FINISHED_TMP)):
-                path.unlink(missing_ok=True)
+                if path.is_file() and not path.is_symlink():  # never a folder or link there
+                    path.unlink()
 
     # -- the log's thread -----------------------------------------------------------------------
 
@@ -214,6 +231,15 @@ class FinishedLog:
         os.replace(tmp, self.path)
         fsync_path(self.path.parent)
         self._file_bytes = len(data)
+
+
+def _read_file(path: Path) -> bytes:
+    """A regular file's bytes, without following a link or waiting on a fifo."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        return f.read()
 
 
 def _parsed(line: bytes):

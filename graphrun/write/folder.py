@@ -279,8 +279,9 @@ def prepare_out_dir(out_dir: Path, *, resume: bool, overwrite: bool, fingerprint
         if not foreign and ended_with_nothing_committed(out_dir):
             # An earlier attempt failed (e.g. at setup) or was stopped before its first commit:
             # nothing here is worth protecting or resuming, and sending the user to --resume
-            # (refused once the spec is fixed) or --overwrite helps nobody. Start over in it.
-            remove_and_sync(out_dir, own)
+            # (refused once the spec is fixed) or --overwrite helps nobody. Start over in it,
+            # keeping the completions it finished: taken back only where the run is the same
+            remove_and_sync(out_dir, [p for p in own if p.name != FINISHED])
             _start(out_dir, fingerprint)
             return None
         raise OutputError(f"output folder {out_dir} exists and holds a run; pass --resume to "

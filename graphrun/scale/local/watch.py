@@ -39,7 +39,8 @@ class ProgressFile:
     def streaming(self) -> None:
         """The job's bar (JobProgress) times the rates."""
 
-    def advance(self, n: int) -> None:
+    def advance(self, n: int, taken_back: int = 0) -> None:
+        # taken_back (read back from finished.jsonl): the job's bar does not tell them apart
         self.done += n
         now = time.monotonic()
         if now - self.shown >= UPDATE_S:
