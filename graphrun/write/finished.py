@@ -47,9 +47,8 @@ REWRITE_BYTES = 8 << 20  # below this the file is never rewritten to drop what i
 class FinishedLog:
     """finished.jsonl of one run (see the module docstring). add() is called on the engine's
     thread as each sample finishes, take() on the launching thread; a thread of its own writes
-    and fsyncs. A failure to read or write it (a full disk, a
-    folder of that name) stops the keeping, not the run: `error`
-    says why."""
+    and fsyncs. A failure to read or write it (a full disk, a folder of that name) stops the
+    keeping, not the run: `error` says why."""
 
     def __init__(self, out_dir: Path, run_key: Callable[[], str],
                  committed_from: Callable[[], int], *, flush_s: float = FLUSH_S):
