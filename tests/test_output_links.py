@@ -76,6 +76,18 @@ def test_resume_refuses_a_link_under_any_of_graphruns_names_and_changes_no_outsi
     assert (out / name).is_symlink()
 
 
+def test_a_fifo_under_graphruns_names_is_refused_not_waited_on(tmp_path, monkeypatch):
+    # a fifo no one reads blocked the open for writing for good: --resume hung
+    spec, out = failed_run(tmp_path, "jsonl", monkeypatch)
+    (out / "latencies.jsonl").unlink()
+    os.mkfifo(out / "latencies.jsonl")
+    with pytest.raises(OutputError, match=r"latencies.jsonl is not a regular file .*remove it"):
+        graphrun.run(load_spec(spec), out=out, overlap=False, resume=True)
+    for mode in ("w", "ab"):
+        with pytest.raises(OutputError, match="is not a regular file"):
+            open_file(out / "latencies.jsonl", mode)
+
+
 @pytest.mark.parametrize("fmt", ["jsonl", "npy", "parquet"])
 def test_a_link_at_a_shards_temporary_name_is_refused_and_its_target_kept(tmp_path,
                                                                           monkeypatch, fmt):

@@ -29,25 +29,58 @@ def linked(path: str | os.PathLike) -> OutputError:
                        "then run again")
 
 
+class NotRegular(OutputError, OSError):
+    """A fifo, device or folder under one of graphrun's names. An OSError too: a reader that
+    takes an unreadable file as absent takes this one so."""
+
+
+def not_regular(path: str | os.PathLike) -> NotRegular:
+    return NotRegular(f"{path} is not a regular file (a fifo or a device, perhaps); graphrun "
+                      "reads and writes only regular files in its output folder: remove it (or "
+                      "move it away), then run again")
+
+
 def open_fd(path: str | os.PathLike, flags: int, mode: int = 0o666) -> int:
     """os.open(path, flags) that refuses a link as the last component: a symbolic one by
-    O_NOFOLLOW, a hard one (a regular file of more than one name) before it is truncated."""
+    O_NOFOLLOW, a hard one (a regular file of more than one name) before it is truncated; and
+    refuses anything but a regular file there, without waiting on a fifo for its reader."""
     try:
-        fd = os.open(path, (flags & ~os.O_TRUNC) | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        fd = os.open(path, (flags & ~os.O_TRUNC) | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                     mode)
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.EMLINK):
             raise linked(path) from None
+        if e.errno == errno.ENXIO:  # a fifo no one reads: refused, not waited on for good
+            raise not_regular(path) from None
         raise
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+        if not stat.S_ISREG(st.st_mode):
+            raise linked(path) if stat.S_ISLNK(st.st_mode) else not_regular(path)
+        if st.st_nlink > 1:
             raise linked(path)
+        os.set_blocking(fd, True)  # O_NONBLOCK was for the open alone
         if flags & os.O_TRUNC:
             os.ftruncate(fd, 0)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def read_own(path: str | os.PathLike) -> bytes:
+    """A file of the output folder, read whole: never through a link (refused, as a write
+    is), and without waiting on a fifo for its writer (NotRegular)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise linked(path) from None
+        raise
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise not_regular(path)
+        return f.read()
 
 
 def open_file(path: str | os.PathLike, mode: str, **kwargs: Any) -> IO:

@@ -23,17 +23,15 @@ left out: its record is generated again. A completed run removes the file.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
-import stat
 import threading
 from collections import deque
 from pathlib import Path
 from typing import Callable
 
-from graphrun.base.nofollow import open_file
+from graphrun.base.nofollow import open_file, read_own
 from graphrun.write.journal import fsync_path
 
 FINISHED = "finished.jsonl"
@@ -87,7 +85,7 @@ class FinishedLog:
         asked: dict[int, int] = {}
         lines: dict[int, list[bytes]] = {}
         try:
-            raw = _read_file(self.path).split(b"\n")
+            raw = read_own(self.path).split(b"\n")
         except OSError as err:  # unreadable, a folder, a fifo: generated again, none kept
             self.error = err
             return
@@ -230,15 +228,6 @@ class FinishedLog:
         os.replace(tmp, self.path)
         fsync_path(self.path.parent)
         self._file_bytes = len(data)
-
-
-def _read_file(path: Path) -> bytes:
-    """A regular file's bytes, without following a link or waiting on a fifo."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    with open(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
-        return f.read()
 
 
 def _parsed(line: bytes):

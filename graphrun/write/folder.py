@@ -29,7 +29,7 @@ from graphrun.write.journal import (JOURNAL, REJECTS, RUN_JSON, SPEC_COPY, Input
 from graphrun.write.finished import FINISHED, FINISHED_TMP
 from graphrun.write.guard import only_a_first_mark_temp, refuse_foreign
 from graphrun.write.job_layout import WORKERS, is_job, job_shards, workers_entry
-from graphrun.base.nofollow import open_file, refuse_links
+from graphrun.base.nofollow import open_file, read_own, refuse_links
 from graphrun.base.tuning import Tuning
 
 MANIFEST = "manifest.json"
@@ -45,7 +45,7 @@ RAY_PART = re.compile(r"part-(\d{5})-([0-9a-f]{32})(?:[-_](\d+))?\.(parquet|json
 def read_mark(out_dir: Path) -> dict | None:
     """run.json when it is graphrun's (an object with a spec_sha256), else None."""
     try:
-        data = json.loads((out_dir / RUN_JSON).read_text())
+        data = json.loads(read_own(out_dir / RUN_JSON))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) and isinstance(data.get("spec_sha256"), str) else None
@@ -339,7 +339,7 @@ def ended_with_nothing_committed(out_dir: Path) -> bool:
     if (out_dir / JOURNAL).exists() or any((out_dir / WORKERS).glob(f"rank-*/{JOURNAL}")):
         return False
     try:
-        status = json.loads((out_dir / "manifest.json").read_text()).get("status")
+        status = json.loads(read_own(out_dir / "manifest.json")).get("status")
     except (OSError, ValueError, AttributeError):
         return False  # absent or unreadable: keep refusing rather than guess
     return status in ("failed", "interrupted")
@@ -421,7 +421,7 @@ def spec_changes(out_dir: Path, spec: dict) -> list[tuple[str, object, object]] 
     before = None
     for name, key in ((RUN_JSON, SPEC_COPY), (MANIFEST, "spec")):
         try:
-            before = json.loads((out_dir / name).read_text()).get(key)
+            before = json.loads(read_own(out_dir / name)).get(key)
         except (OSError, ValueError, AttributeError):
             continue
         if isinstance(before, dict):
@@ -509,8 +509,8 @@ def completed_manifest(out_dir: Path, fingerprint: dict, *, with_model: bool = T
     False: --accept-model-change) and slice in out_dir (the one --resume would continue),
     else None: prepare_out_dir then decides, and explains."""
     try:
-        ran = json.loads((out_dir / "run.json").read_text())
-        manifest = Manifest.model_validate_json((out_dir / "manifest.json").read_text())
+        ran = json.loads(read_own(out_dir / "run.json"))
+        manifest = Manifest.model_validate_json(read_own(out_dir / "manifest.json"))
     except (OSError, ValueError):
         return None
     if not isinstance(ran, dict):

@@ -58,7 +58,7 @@ from graphrun.base.errors import InputError, OutputError
 from graphrun.write import digests
 from graphrun.write.guard import check_rejects_sha256, file_differs, refuse_foreign
 from graphrun.write.strict_json import strict_dumps
-from graphrun.base.nofollow import open_file
+from graphrun.base.nofollow import open_file, read_own
 from graphrun.base.tuning import Tuning
 
 JOURNAL = "journal.jsonl"
@@ -278,7 +278,7 @@ def truncate_durably(path: Path, size: int) -> None:
 def cut_torn_tail(path: Path) -> None:
     """Drop a journal line torn by a crash mid-append, so the next line starts on its own."""
     if path.exists():
-        data = path.read_bytes()
+        data = read_own(path)
         if data and not data.endswith(b"\n"):
             truncate_durably(path, data.rfind(b"\n") + 1)
 
@@ -319,7 +319,7 @@ def read_journal(out_dir: Path, first: int = 0, first_shard: int = 0,
         return None
     point = ResumePoint(next_index=first, shard=first_shard, rows=0, rejects=0, rejects_bytes=0)
     # The piece after the last newline is empty, or a line torn by a crash mid-append.
-    for number, raw in enumerate(path.read_bytes().split(b"\n")[:-1], 1):
+    for number, raw in enumerate(read_own(path).split(b"\n")[:-1], 1):
         try:
             point = journal_line(json.loads(raw), point, first)
         except (ValueError, KeyError, TypeError, AttributeError) as e:
@@ -423,7 +423,7 @@ def journal_names(out_dir: Path) -> tuple[set[str], int]:
     names: set[str] = set()
     shards = 0
     try:
-        raw = (Path(out_dir) / JOURNAL).read_bytes().split(b"\n")[:-1]
+        raw = read_own(Path(out_dir) / JOURNAL).split(b"\n")[:-1]
     except OSError:
         return names, 0
     for line in raw:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from graphrun.base.nofollow import open_fd, open_file
+from graphrun.base.nofollow import open_fd, open_file, read_own
 from pathlib import Path
 
 
@@ -55,7 +55,7 @@ def open_latencies(path: Path, keep_below: int | None) -> LatencyLog:
     if keep_below is None or not path.exists():
         return LatencyLog(path, 0, append=False)
     kept = []
-    for line in path.read_text(errors="replace").splitlines():
+    for line in read_own(path).decode(errors="replace").splitlines():
         try:
             entry = json.loads(line)
             if entry.get("first", 0) < keep_below and entry.get("batch") == len(kept) + 1:
