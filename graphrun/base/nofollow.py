@@ -56,7 +56,7 @@ def open_fd(path: str | os.PathLike, flags: int, mode: int = 0o666) -> int:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise linked(path) if stat.S_ISLNK(st.st_mode) else not_regular(path)
+            raise not_regular(path)
         if st.st_nlink > 1:
             raise linked(path)
         os.set_blocking(fd, True)  # O_NONBLOCK was for the open alone
