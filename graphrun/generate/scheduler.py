@@ -212,7 +212,8 @@ class Scheduler:
         seen.records += len(prompts)
         asked = []
         for i, (prompt, rid, own, k) in enumerate(zip(prompts, record_ids, params, ordinals)):
-            kept = self._log.take(k, samples[i]) if self._log and k is not None else None
+            kept = (self._log.take(k, samples[i]) if self._log is not None and k is not None
+                    else None)
             if kept is None:
                 asked.append(Request(prompt, rid, own, tag=(part, i, k)))
                 continue

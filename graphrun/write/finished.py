@@ -115,9 +115,11 @@ class FinishedLog:
             self._key = self._run_key()
         return self._key
 
+    def _check(self, entry: bytes) -> bytes:
+        return hashlib.sha256(self.run_key().encode() + entry).hexdigest()[:_CHECK].encode()
+
     def _line(self, entry: bytes) -> bytes:
-        check = hashlib.sha256(self.run_key().encode() + entry).hexdigest()[:_CHECK]
-        return _HEAD + check.encode() + _MID + entry + b"}\n"
+        return _HEAD + self._check(entry) + _MID + entry + b"}\n"
 
     def _checked(self, line: bytes):
         """The entry of a line whose check holds, else None."""
@@ -126,8 +128,8 @@ class FinishedLog:
                 and line.endswith(b"}")):
             return None
         entry = line[start:-1]
-        check = hashlib.sha256(self.run_key().encode() + entry).hexdigest()[:_CHECK]
-        return _parsed(entry) if line[len(_HEAD):len(_HEAD) + _CHECK] == check.encode() else None
+        held = line[len(_HEAD):len(_HEAD) + _CHECK]
+        return _parsed(entry) if held == self._check(entry) else None
 
     # -- the run's side ---------------------------------------------------------------------
 
@@ -143,6 +145,8 @@ class FinishedLog:
     def given_among(self, ordinals, low: int = 0) -> int:
         """How many of these finished records (from `low` on) take() gave back: the progress
         leaves them out of its rate, as they took no time."""
+        if not self._given:  # a run that took nothing back: no pass over every part's records
+            return 0
         hit = [k for k in map(int, ordinals) if k in self._given]
         self._given.difference_update(hit)
         return sum(k >= low for k in hit)
