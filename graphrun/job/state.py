@@ -7,6 +7,7 @@ runner), closed at the end whatever happened (finish)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from array import array
@@ -149,19 +150,15 @@ class RunRecord:
 
     def count(self, rb) -> int:
         """Count a record batch's records and rejects (those not committed by an earlier run)."""
-        if self.count_from == 0:  # not a resume: all of them, without a pass over indices
-            new = len(rb.indices) + len(rb.rejects)
-        else:
-            new = int(np.count_nonzero(rb.indices >= self.count_from)) + sum(
-                r.index >= self.count_from for r in rb.rejects)
+        new = self.new(rb.indices) + self.new([r.index for r in rb.rejects])
         self.records_in += new
         return new
 
     def new(self, ordinals) -> int:
-        """How many of these records finished were not committed by an earlier run."""
-        if self.count_from == 0:
+        """How many of these records were not committed by an earlier run."""
+        if self.count_from == 0:  # not a resume: all of them, without a pass over them
             return len(ordinals)
-        return int(np.count_nonzero(np.asarray(ordinals) >= self.count_from))
+        return int(np.count_nonzero(np.asarray(ordinals, np.int64) >= self.count_from))
 
     def settle_counts(self) -> None:
         """A completed run's records_in is counted as read, independently of the writer's
@@ -329,8 +326,6 @@ class RunResources:
     def run_key(self, fingerprint: dict) -> str:
         """The run's fingerprint with its input's and model's hashes (waited for), as one
         sha256: what finished.jsonl's lines are kept for."""
-        import hashlib
-
         whole = {k: v for k, v in fingerprint.items() if k != SPEC_COPY}
         whole.update(input_sha256=self.input_hash.result(), model_sha256=self.model_hash.result())
         return hashlib.sha256(json.dumps(whole, sort_keys=True).encode()).hexdigest()
